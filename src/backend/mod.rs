@@ -1,0 +1,115 @@
+//! Where a policy's memory comes from: a simulated device or real GPU memory.
+//!
+//! A policy never knows which backend it runs on. It asks for whole segments (`cudaMalloc`-like),
+//! or reserves address space and maps pages into it (the CUDA virtual-memory API that expandable
+//! segments and stitching use). The backend owns the accounting of reserved memory, so the replay
+//! engine reads reserved bytes from the backend, not from the policy's own claims.
+//!
+//! # Contract
+//! - Running out of device memory is not an error: [`Backend::segment_alloc`] and
+//!   [`Backend::map`] return `Ok(None)` / `Ok(false)`, and the policy takes its fallback path
+//!   (free cached memory, retry, report an OOM). `Err` means the backend itself failed.
+//! - Every address range a backend hands out is owned by the policy until it gives it back.
+//!   Giving back a range the backend did not hand out is an error.
+//! - Reserved address space costs no device memory; mapped pages and segments do.
+
+pub mod cuda;
+pub mod sim;
+
+pub use sim::SimDevice;
+
+use crate::error::Result;
+
+/// The memory a policy allocates from. See the module docs for the contract.
+pub trait Backend {
+    /// Allocates a segment of `size` bytes (`cudaMalloc`). `None` when the device is out of memory.
+    fn segment_alloc(&mut self, size: u64) -> Result<Option<u64>>;
+
+    /// Frees a segment returned by [`Backend::segment_alloc`] (`cudaFree`).
+    fn segment_free(&mut self, addr: u64, size: u64) -> Result<()>;
+
+    /// Reserves `size` bytes of virtual address space (`cuMemAddressReserve`); costs no memory.
+    fn reserve(&mut self, size: u64) -> Result<Option<u64>>;
+
+    /// Releases a reservation made by [`Backend::reserve`]; its pages must be unmapped first.
+    fn release(&mut self, addr: u64, size: u64) -> Result<()>;
+
+    /// Backs `[addr, addr + size)` of a reservation with physical memory (`cuMemCreate` +
+    /// `cuMemMap`). `false` when the device is out of memory; then nothing was mapped.
+    fn map(&mut self, addr: u64, size: u64) -> Result<bool>;
+
+    /// Unmaps and frees the physical memory behind `[addr, addr + size)`.
+    fn unmap(&mut self, addr: u64, size: u64) -> Result<()>;
+
+    /// The page size [`Backend::map`] works in (2 MiB on current NVIDIA GPUs).
+    fn granularity(&self) -> u64 {
+        2 << 20
+    }
+
+    /// Bytes of device memory this backend currently holds for the policy: live segments plus
+    /// mapped pages. This is PyTorch's "reserved".
+    fn reserved(&self) -> u64;
+}
+
+/// Allocates through a backend and records each call, so tests can see what a policy asked for.
+#[derive(Debug, Default)]
+pub struct Recording<B> {
+    /// The backend doing the work.
+    pub inner: B,
+    /// Every call made, in order.
+    pub calls: Vec<BackendCall>,
+}
+
+/// One call a [`Recording`] saw, with its outcome; fields are the call's arguments and result.
+#[allow(missing_docs)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendCall {
+    /// `segment_alloc(size)` and the address it returned, if any.
+    SegmentAlloc { size: u64, addr: Option<u64> },
+    /// `segment_free(addr, size)`.
+    SegmentFree { addr: u64, size: u64 },
+    /// `reserve(size)` and the address it returned, if any.
+    Reserve { size: u64, addr: Option<u64> },
+    /// `release(addr, size)`.
+    Release { addr: u64, size: u64 },
+    /// `map(addr, size)` and whether it succeeded.
+    Map { addr: u64, size: u64, ok: bool },
+    /// `unmap(addr, size)`.
+    Unmap { addr: u64, size: u64 },
+}
+
+impl<B: Backend> Backend for Recording<B> {
+    fn segment_alloc(&mut self, size: u64) -> Result<Option<u64>> {
+        let addr = self.inner.segment_alloc(size)?;
+        self.calls.push(BackendCall::SegmentAlloc { size, addr });
+        Ok(addr)
+    }
+    fn segment_free(&mut self, addr: u64, size: u64) -> Result<()> {
+        self.calls.push(BackendCall::SegmentFree { addr, size });
+        self.inner.segment_free(addr, size)
+    }
+    fn reserve(&mut self, size: u64) -> Result<Option<u64>> {
+        let addr = self.inner.reserve(size)?;
+        self.calls.push(BackendCall::Reserve { size, addr });
+        Ok(addr)
+    }
+    fn release(&mut self, addr: u64, size: u64) -> Result<()> {
+        self.calls.push(BackendCall::Release { addr, size });
+        self.inner.release(addr, size)
+    }
+    fn map(&mut self, addr: u64, size: u64) -> Result<bool> {
+        let ok = self.inner.map(addr, size)?;
+        self.calls.push(BackendCall::Map { addr, size, ok });
+        Ok(ok)
+    }
+    fn unmap(&mut self, addr: u64, size: u64) -> Result<()> {
+        self.calls.push(BackendCall::Unmap { addr, size });
+        self.inner.unmap(addr, size)
+    }
+    fn granularity(&self) -> u64 {
+        self.inner.granularity()
+    }
+    fn reserved(&self) -> u64 {
+        self.inner.reserved()
+    }
+}

@@ -1,0 +1,12 @@
+//! `fragsim convert` (not implemented yet).
+
+use fragsim::error::{Error, Result};
+use std::process::ExitCode;
+
+/// Not implemented yet.
+#[derive(Debug, clap::Args)]
+pub struct Args {}
+
+pub fn run(_args: Args) -> Result<ExitCode> {
+    Err(Error::usage("'convert' is not implemented yet"))
+}

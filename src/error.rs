@@ -1,0 +1,195 @@
+//! The one error type of the library.
+//!
+//! Every failure a user can cause (bad usage, a malformed trace, a missing CUDA driver) is an
+//! [`Error`] with an [`ErrorKind`] that decides the process exit code, and, for input errors, a
+//! [`Location`] naming the file, the format it was read as and the place inside it. Messages are
+//! lower case without a final period, and quote the bad value, so the binary can print
+//! `fragsim: {error}` and the user knows what to fix.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// What went wrong, coarsely: it decides the exit code (see `interface.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// Bad command-line usage or option value (exit code 2).
+    Usage,
+    /// An unreadable, malformed or unsupported input file (exit code 2).
+    Input,
+    /// An I/O failure while reading or writing a file (exit code 2).
+    Io,
+    /// A memory backend failed: no CUDA driver, a device error (exit code 3).
+    Backend,
+}
+
+impl ErrorKind {
+    /// The process exit code for an error of this kind.
+    pub fn exit_code(self) -> u8 {
+        match self {
+            ErrorKind::Usage | ErrorKind::Input | ErrorKind::Io => 2,
+            ErrorKind::Backend => 3,
+        }
+    }
+}
+
+/// Where inside a file an input error was found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Place {
+    /// A byte offset from the start of the (decompressed) file.
+    Byte(u64),
+    /// A 1-based line number.
+    Line(u64),
+    /// A 0-based index into a device's event list.
+    Event(u64),
+}
+
+impl fmt::Display for Place {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Place::Byte(b) => write!(f, "byte {b}"),
+            Place::Line(l) => write!(f, "line {l}"),
+            Place::Event(e) => write!(f, "event {e}"),
+        }
+    }
+}
+
+/// The file, format and place an input error refers to; each part is optional.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Location {
+    /// The file being read.
+    pub file: Option<PathBuf>,
+    /// The format it was read as, e.g. `pytorch-snapshot`.
+    pub format: Option<&'static str>,
+    /// Where in the file.
+    pub place: Option<Place>,
+}
+
+/// A fragsim error: a kind, a message and, for input, where.
+#[derive(Debug)]
+pub struct Error {
+    kind: ErrorKind,
+    message: String,
+    location: Location,
+    source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+}
+
+/// The library's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// A new error of `kind` with `message` (lower case, no final period).
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
+        Error { kind, message: message.into(), location: Location::default(), source: None }
+    }
+
+    /// A usage error: a bad flag or option value.
+    pub fn usage(message: impl Into<String>) -> Error {
+        Error::new(ErrorKind::Usage, message)
+    }
+
+    /// An input error: the file's content is malformed or unsupported.
+    pub fn input(message: impl Into<String>) -> Error {
+        Error::new(ErrorKind::Input, message)
+    }
+
+    /// A backend error: the memory backend failed or is unavailable.
+    pub fn backend(message: impl Into<String>) -> Error {
+        Error::new(ErrorKind::Backend, message)
+    }
+
+    /// An I/O error on `path`.
+    pub fn io(path: &Path, err: std::io::Error) -> Error {
+        let message = format!("{err}");
+        Error {
+            kind: ErrorKind::Io,
+            message,
+            location: Location::default(),
+            source: Some(Box::new(err)),
+        }
+        .in_file(path)
+    }
+
+    /// The kind, which decides the exit code.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The message without the location.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The location (file, format, place), as far as known.
+    pub fn location(&self) -> &Location {
+        &self.location
+    }
+
+    /// Names the file, unless one is named already.
+    pub fn in_file(mut self, path: &Path) -> Error {
+        if self.location.file.is_none() {
+            self.location.file = Some(path.to_path_buf());
+        }
+        self
+    }
+
+    /// Names the format the file was read as, unless one is named already.
+    pub fn in_format(mut self, format: &'static str) -> Error {
+        if self.location.format.is_none() {
+            self.location.format = Some(format);
+        }
+        self
+    }
+
+    /// Names the place in the file, unless one is named already.
+    pub fn at(mut self, place: Place) -> Error {
+        if self.location.place.is_none() {
+            self.location.place = Some(place);
+        }
+        self
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let loc = &self.location;
+        if let Some(file) = &loc.file {
+            write!(f, "{}: ", file.display())?;
+        }
+        if let Some(format) = loc.format {
+            write!(f, "{format}: ")?;
+        }
+        if let Some(place) = loc.place {
+            write!(f, "{place}: ")?;
+        }
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source.as_deref().map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_names_file_format_and_place() {
+        let e = Error::input("truncated pickle")
+            .at(Place::Byte(42))
+            .in_format("pytorch-snapshot")
+            .in_file(Path::new("a.pickle"));
+        assert_eq!(e.to_string(), "a.pickle: pytorch-snapshot: byte 42: truncated pickle");
+        assert_eq!(e.kind().exit_code(), 2);
+        assert_eq!(Error::backend("no driver").kind().exit_code(), 3);
+    }
+
+    #[test]
+    fn first_location_wins() {
+        let e = Error::input("x").at(Place::Line(3)).at(Place::Line(9));
+        assert_eq!(e.location().place, Some(Place::Line(3)));
+    }
+}

@@ -1,0 +1,41 @@
+//! fragsim replays GPU allocation traces against allocator policies and measures peak reserved
+//! memory and fragmentation: would this run have fit with another allocator, another setting, or
+//! a smaller GPU — and where did the memory go?
+//!
+//! Data flows one way:
+//!
+//! 1. **read** — [`trace::read_trace`] turns a PyTorch memory snapshot, a Kineto profiler trace,
+//!    an RMM log, an `.fst` file or a text trace into a [`trace::Trace`];
+//! 2. **replay** — [`replay::ReplayInput`] picks a device and the blocks live before the first
+//!    event; a [`policy::PolicyInfo`] from [`policy::POLICIES`] replays it on a
+//!    [`backend::Backend`] (simulated, or real GPU memory);
+//! 3. **measure** — the engine returns a [`replay::PolicyResult`] (the `replay --json` keys) and a
+//!    memory-over-time [`replay::Series`];
+//! 4. **report** — [`report`] prints tables and writes JSON, CSV, Markdown, plots and HTML.
+//!
+//! ```
+//! use fragsim::policy::{self, PolicySpec};
+//! use fragsim::replay::{ReplayInput, ReplayOptions};
+//! use fragsim::trace::{self, Format, ReadOptions};
+//!
+//! let text = "alloc 0x1000 4096 s0\nalloc 0x2000 1000 s0\nfree 0x1000 4096 s0\n";
+//! let trace = trace::read_bytes(text.as_bytes(), Format::Text, &ReadOptions::default())?;
+//! let input = ReplayInput::new(&trace, None)?;
+//! let spec = &PolicySpec::parse_list("bound")?[0];
+//! let out = policy::lookup(&spec.name)?.run(spec, &input, &ReplayOptions::default())?;
+//! assert_eq!(out.result.peak_reserved_bytes, 5096);
+//! # Ok::<(), fragsim::Error>(())
+//! ```
+
+#![warn(missing_docs)]
+
+pub mod backend;
+pub mod error;
+pub mod policy;
+pub mod replay;
+pub mod report;
+pub mod synth;
+pub mod trace;
+pub mod units;
+
+pub use error::{Error, ErrorKind, Result};

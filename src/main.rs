@@ -1,0 +1,30 @@
+//! The `fragsim` binary: parse, run, print an error once, exit with its code.
+
+mod cli;
+
+use clap::Parser;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = match cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
+        }
+    };
+    match cli.run() {
+        Ok(code) => code,
+        Err(err) => {
+            if let Some(io) =
+                std::error::Error::source(&err).and_then(|s| s.downcast_ref::<std::io::Error>())
+            {
+                if io.kind() == std::io::ErrorKind::BrokenPipe {
+                    return ExitCode::SUCCESS;
+                }
+            }
+            eprintln!("fragsim: {err}");
+            ExitCode::from(err.kind().exit_code())
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! `bound`: the peak of live requested bytes, the floor no allocator can go below.
+//!
+//! Every request gets a device allocation of exactly its size, released at its free, so reserved
+//! memory always equals the live requested bytes. This is XLA's `NoFragmentationStatsHeap`
+//! reference line: the overhead of any real policy over `bound` is what rounding, caching and
+//! fragmentation cost. It takes no options.
+
+use super::{parse_key_values, Allocation, Policy};
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+use crate::replay::AddrMap;
+
+/// The options `bound` accepts (none).
+pub const OPTIONS: &str = "(none)";
+
+/// The lower bound; see the module docs.
+#[derive(Debug, Default)]
+pub struct Bound {
+    live: AddrMap<u64>,
+    allocated: u64,
+}
+
+impl Bound {
+    /// Builds the policy; it accepts no options.
+    pub fn from_options(options: &str) -> Result<Bound> {
+        parse_key_values(options, |k, _| {
+            Err(Error::usage(format!("unknown option '{k}' (bound takes no options)")))
+        })?;
+        Ok(Bound::default())
+    }
+}
+
+impl Policy for Bound {
+    fn config(&self) -> String {
+        String::new()
+    }
+
+    fn malloc<B: Backend>(
+        &mut self,
+        backend: &mut B,
+        size: u64,
+        _stream: u64,
+    ) -> Result<Option<Allocation>> {
+        let Some(addr) = backend.segment_alloc(size)? else { return Ok(None) };
+        self.live.insert(addr, size);
+        self.allocated += size;
+        Ok(Some(Allocation { addr, block_size: size }))
+    }
+
+    fn free<B: Backend>(&mut self, backend: &mut B, addr: u64) -> Result<()> {
+        let size = self
+            .live
+            .remove(&addr)
+            .ok_or_else(|| Error::input(format!("bound: free of unknown block {addr:#x}")))?;
+        self.allocated -= size;
+        backend.segment_free(addr, size)
+    }
+
+    fn empty_cache<B: Backend>(&mut self, _backend: &mut B) -> Result<()> {
+        Ok(())
+    }
+
+    fn allocated(&self) -> u64 {
+        self.allocated
+    }
+
+    fn check_invariants(&self) -> std::result::Result<(), String> {
+        let sum: u64 = self.live.values().sum();
+        if sum != self.allocated {
+            return Err(format!(
+                "allocated counter {} != sum of live blocks {sum}",
+                self.allocated
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::SimDevice;
+
+    #[test]
+    fn reserved_equals_live_requested() {
+        let mut d = SimDevice::default();
+        let mut p = Bound::from_options("").unwrap();
+        let a = p.malloc(&mut d, 1000, 0).unwrap().unwrap();
+        let b = p.malloc(&mut d, 3, 1).unwrap().unwrap();
+        assert_eq!(d.reserved(), 1003);
+        p.free(&mut d, a.addr).unwrap();
+        assert_eq!(d.reserved(), 3);
+        p.free(&mut d, b.addr).unwrap();
+        assert_eq!((d.reserved(), p.allocated()), (0, 0));
+        assert!(Bound::from_options("x=1").is_err());
+    }
+}

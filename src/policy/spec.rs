@@ -1,0 +1,84 @@
+//! Policy specs as users write them: `NAME` or `NAME:OPTIONS` (`interface.md`).
+
+use crate::error::{Error, Result};
+
+/// A parsed `--policy` value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicySpec {
+    /// The policy name, e.g. `buddy`.
+    pub name: String,
+    /// Everything after the first `:`, in the policy's own syntax (may be empty).
+    pub options: String,
+}
+
+impl PolicySpec {
+    /// Parses `NAME[:OPTIONS]`. `all` expands to every built-in policy with its defaults.
+    pub fn parse_list(text: &str) -> Result<Vec<PolicySpec>> {
+        let text = text.trim();
+        if text == "all" {
+            return Ok(super::POLICIES
+                .iter()
+                .map(|p| PolicySpec { name: p.name.into(), options: String::new() })
+                .collect());
+        }
+        let (name, options) = match text.split_once(':') {
+            Some((n, o)) => (n.trim(), o.trim()),
+            None => (text, ""),
+        };
+        if name.is_empty() {
+            return Err(Error::usage(format!(
+                "invalid policy spec '{text}': expected NAME or NAME:OPTIONS"
+            )));
+        }
+        super::lookup(name)?;
+        Ok(vec![PolicySpec { name: name.to_string(), options: options.to_string() }])
+    }
+
+    /// Parses several `--policy` values, expanding `all`; the default is `pytorch`.
+    pub fn parse_many(values: &[String]) -> Result<Vec<PolicySpec>> {
+        if values.is_empty() {
+            return Self::parse_list("pytorch");
+        }
+        let mut out = Vec::new();
+        for v in values {
+            out.extend(Self::parse_list(v)?);
+        }
+        Ok(out)
+    }
+
+    /// The spec as a user would write it.
+    pub fn display(&self) -> String {
+        if self.options.is_empty() {
+            self.name.clone()
+        } else {
+            format!("{}:{}", self.name, self.options)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_name_and_options() {
+        let s = PolicySpec::parse_list("pytorch:expandable_segments:True,max_split_size_mb:128")
+            .unwrap();
+        assert_eq!(s[0].name, "pytorch");
+        assert_eq!(s[0].options, "expandable_segments:True,max_split_size_mb:128");
+        assert_eq!(
+            PolicySpec::parse_list("buddy:min_block=512").unwrap()[0].options,
+            "min_block=512"
+        );
+    }
+
+    #[test]
+    fn all_expands_and_unknown_names_list_the_accepted_ones() {
+        assert_eq!(PolicySpec::parse_list("all").unwrap().len(), super::super::POLICIES.len());
+        let err = PolicySpec::parse_list("tlsf").unwrap_err().to_string();
+        assert!(
+            err.contains("unknown policy 'tlsf'") && err.contains("buddy") && err.contains("all"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,455 @@
+//! The replay engine: one device's events, in order, through one policy, measured as it goes.
+//!
+//! Data flows one way: a [`Trace`] is read, [`ReplayInput`] picks a device and finds the blocks
+//! live before the first event, [`run_policy`] drives every event through a [`Policy`] on a
+//! backend, and the [`ReplayOutput`] carries the measurements ([`PolicyResult`], [`PeakDetail`], a
+//! [`Series`]) to the report writers.
+//!
+//! Semantics, following the PyTorch allocator (spec §6): an `alloc` calls the policy's malloc
+//! with the request size and stream; a free takes effect at `free_completed` (`free_requested`
+//! only marks the caller's intent) — or at `free_requested` in formats that record one kind of
+//! free; a run of recorded `segment_free`s outside any malloc is the program calling
+//! `empty_cache()`, so every policy is asked to flush there too. Blocks live before the first
+//! event are allocated first, in address order, so every policy carries them. Frees of addresses
+//! the replay never allocated are counted, never fatal. Reserved bytes are read from the backend,
+//! so a policy cannot misreport them.
+
+pub mod metrics;
+pub mod series;
+pub mod start_state;
+
+pub use metrics::{PeakDetail, PolicyResult};
+pub use series::{Point, Series};
+pub use start_state::{empty_cache_points, free_action, live_at_start, LiveBlock};
+
+use crate::backend::{Backend, SimDevice};
+use crate::error::{Error, Result};
+use crate::policy::Policy;
+use crate::trace::{Action, Event, Segment, Trace};
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::time::Instant;
+
+/// One device's events, ready to replay.
+pub struct ReplayInput<'a> {
+    /// The whole trace (policies may read its segments and recorded settings).
+    pub trace: &'a Trace,
+    /// The device replayed.
+    pub device: i32,
+    /// That device's events.
+    pub events: &'a [Event],
+    /// Blocks live before the first event (see [`start_state`]).
+    pub live_at_start: Vec<LiveBlock>,
+    /// Where the recorded program called `empty_cache()`.
+    pub empty_cache_at: Vec<bool>,
+}
+
+impl<'a> ReplayInput<'a> {
+    /// Picks `device` (default: the device with the most events) from `trace`.
+    pub fn new(trace: &'a Trace, device: Option<i32>) -> Result<ReplayInput<'a>> {
+        let device = match device {
+            Some(d) => d,
+            None => {
+                trace.default_device().ok_or_else(|| Error::input("the trace has no events"))?
+            }
+        };
+        let events = &trace
+            .device(device)
+            .ok_or_else(|| {
+                let have: Vec<String> =
+                    trace.devices.iter().map(|d| d.device.to_string()).collect();
+                Error::usage(format!(
+                    "the trace has no device {device} (devices: {})",
+                    have.join(", ")
+                ))
+            })?
+            .events;
+        Ok(ReplayInput {
+            trace,
+            device,
+            events,
+            live_at_start: live_at_start(trace, device, events),
+            empty_cache_at: empty_cache_points(events),
+        })
+    }
+}
+
+/// Which memory a replay runs on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BackendKind {
+    /// The simulated device (default).
+    #[default]
+    Sim,
+    /// Real GPU memory through the CUDA driver.
+    Cuda,
+}
+
+/// How to replay.
+#[derive(Clone, Debug)]
+pub struct ReplayOptions {
+    /// Device capacity (`--capacity`); `None` is unlimited.
+    pub capacity: Option<u64>,
+    /// Device memory used outside the allocator (context, other processes).
+    pub outside_bytes: u64,
+    /// The memory backend.
+    pub backend: BackendKind,
+    /// Keep the memory-over-time series (for plots).
+    pub keep_series: bool,
+    /// The series' point budget.
+    pub series_budget: usize,
+    /// Record the simulated run as events (for `--export-snapshot`).
+    pub record_events: bool,
+    /// Stop after this event index (inclusive), e.g. at the peak, to look at the state there.
+    pub stop_after: Option<u64>,
+    /// Check the policy's invariants after every event (slow; tests and debugging).
+    pub check_invariants: bool,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        ReplayOptions {
+            capacity: None,
+            outside_bytes: 0,
+            backend: BackendKind::Sim,
+            keep_series: false,
+            series_budget: series::DEFAULT_BUDGET,
+            record_events: false,
+            stop_after: None,
+            check_invariants: false,
+        }
+    }
+}
+
+/// Everything one policy's replay produced.
+#[derive(Clone, Debug, Default)]
+pub struct ReplayOutput {
+    /// The JSON-contract numbers.
+    pub result: PolicyResult,
+    /// More about the peak and the input's anomalies.
+    pub detail: PeakDetail,
+    /// Memory over time, if asked for.
+    pub series: Option<Series>,
+    /// The simulated run as events (policy addresses), if asked for.
+    pub events: Option<Vec<Event>>,
+    /// The policy's segments when the replay ended (or stopped).
+    pub segments: Vec<Segment>,
+}
+
+/// Replays `input` through `policy` on the backend `options` names.
+pub fn run_policy<P: Policy>(
+    name: &str,
+    policy: P,
+    input: &ReplayInput,
+    options: &ReplayOptions,
+) -> Result<ReplayOutput> {
+    match options.backend {
+        BackendKind::Sim => {
+            let device = SimDevice::new(options.capacity).with_outside_usage(options.outside_bytes);
+            run(name, policy, device, input, options)
+        }
+        BackendKind::Cuda => {
+            let device =
+                crate::backend::cuda::CudaDevice::open(input.device.max(0), options.capacity)?;
+            run(name, policy, device, input, options)
+        }
+    }
+}
+
+/// A fast hasher for address keys: addresses are already well spread, so a multiply suffices.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(5) ^ b as u64).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (n ^ (n >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// A map keyed by addresses.
+pub type AddrMap<V> = HashMap<u64, V, BuildHasherDefault<AddrHasher>>;
+
+/// Counts what the policy asks of the backend and, when asked, records it as trace events.
+struct Metered<B> {
+    inner: B,
+    mallocs: u64,
+    frees: u64,
+    maps: u64,
+    unmaps: u64,
+    log: Option<Vec<Event>>,
+    now: i64,
+    stream: u64,
+}
+
+impl<B> Metered<B> {
+    fn note(&mut self, action: Action, addr: u64, size: u64) {
+        if let Some(log) = &mut self.log {
+            log.push(Event::new(action, addr, size, self.stream, self.now));
+        }
+    }
+}
+
+impl<B: Backend> Backend for Metered<B> {
+    fn segment_alloc(&mut self, size: u64) -> Result<Option<u64>> {
+        let r = self.inner.segment_alloc(size)?;
+        if let Some(addr) = r {
+            self.mallocs += 1;
+            self.note(Action::SegmentAlloc, addr, size);
+        }
+        Ok(r)
+    }
+    fn segment_free(&mut self, addr: u64, size: u64) -> Result<()> {
+        self.inner.segment_free(addr, size)?;
+        self.frees += 1;
+        self.note(Action::SegmentFree, addr, size);
+        Ok(())
+    }
+    fn reserve(&mut self, size: u64) -> Result<Option<u64>> {
+        self.inner.reserve(size)
+    }
+    fn release(&mut self, addr: u64, size: u64) -> Result<()> {
+        self.inner.release(addr, size)
+    }
+    fn map(&mut self, addr: u64, size: u64) -> Result<bool> {
+        let ok = self.inner.map(addr, size)?;
+        if ok {
+            self.maps += 1;
+            self.note(Action::SegmentMap, addr, size);
+        }
+        Ok(ok)
+    }
+    fn unmap(&mut self, addr: u64, size: u64) -> Result<()> {
+        self.inner.unmap(addr, size)?;
+        self.unmaps += 1;
+        self.note(Action::SegmentUnmap, addr, size);
+        Ok(())
+    }
+    fn granularity(&self) -> u64 {
+        self.inner.granularity()
+    }
+    fn reserved(&self) -> u64 {
+        self.inner.reserved()
+    }
+}
+
+/// A live block as the replay tracks it.
+#[derive(Clone, Copy)]
+struct Live {
+    addr: u64,
+    request: u64,
+}
+
+/// The measuring state of one replay.
+struct Meter {
+    requested: u64,
+    peak_reserved: u64,
+    peak_allocated: u64,
+    peak_requested: u64,
+    detail: PeakDetail,
+    series: Option<Series>,
+    last: (u64, u64, u64),
+}
+
+impl Meter {
+    #[inline]
+    fn observe(&mut self, event: u64, time_us: i64, reserved: u64, allocated: u64) {
+        let requested = self.requested;
+        if reserved > self.peak_reserved {
+            self.peak_reserved = reserved;
+            self.detail.peak_reserved_event = event;
+            self.detail.peak_reserved_time_us = time_us;
+            self.detail.allocated_at_peak_bytes = allocated;
+            self.detail.requested_at_peak_bytes = requested;
+        }
+        self.peak_allocated = self.peak_allocated.max(allocated);
+        self.peak_requested = self.peak_requested.max(requested);
+        if let Some(series) = &mut self.series {
+            let now = (reserved, allocated, requested);
+            if now != self.last {
+                self.last = now;
+                series.push(Point { event, time_us, reserved, allocated, requested });
+            }
+        }
+    }
+}
+
+/// The generic engine; see the module docs.
+fn run<P: Policy, B: Backend>(
+    name: &str,
+    mut policy: P,
+    backend: B,
+    input: &ReplayInput,
+    options: &ReplayOptions,
+) -> Result<ReplayOutput> {
+    let started = Instant::now();
+    let events = input.events;
+    let mut backend = Metered {
+        inner: backend,
+        mallocs: 0,
+        frees: 0,
+        maps: 0,
+        unmaps: 0,
+        log: None,
+        now: 0,
+        stream: 0,
+    };
+    if options.record_events {
+        backend.log = Some(Vec::new());
+    }
+    policy.prepare(events)?;
+    let frees_at = free_action(events);
+    let mut live: AddrMap<Live> = AddrMap::default();
+    live.reserve(1024);
+    let mut meter = Meter {
+        requested: 0,
+        peak_reserved: 0,
+        peak_allocated: 0,
+        peak_requested: 0,
+        detail: PeakDetail { events: events.len() as u64, ..PeakDetail::default() },
+        series: options.keep_series.then(|| Series::with_budget(options.series_budget)),
+        last: (u64::MAX, 0, 0),
+    };
+    let mut first_oom: Option<u64> = None;
+    let start_time = events.first().map_or(0, |e| e.time_us);
+
+    // Blocks live before the first event: every policy must carry them.
+    for b in &input.live_at_start {
+        backend.now = start_time;
+        backend.stream = b.stream;
+        match policy.malloc(&mut backend, b.size.max(1), b.stream)? {
+            Some(a) => {
+                meter.requested += b.size;
+                live.insert(b.addr, Live { addr: a.addr, request: b.size });
+                if let Some(log) = &mut backend.log {
+                    log.push(Event::new(Action::Alloc, a.addr, b.size, b.stream, start_time));
+                }
+                meter.detail.live_at_start += 1;
+            }
+            None => {
+                meter.detail.oom_count += 1;
+                first_oom.get_or_insert(0);
+            }
+        }
+    }
+    if !input.live_at_start.is_empty() {
+        meter.observe(0, start_time, backend.reserved(), policy.allocated());
+    }
+
+    let last = options.stop_after.map_or(events.len(), |s| (s as usize + 1).min(events.len()));
+    for (i, e) in events[..last].iter().enumerate() {
+        let index = i as u64;
+        backend.now = e.time_us;
+        backend.stream = e.stream;
+        match e.action {
+            Action::Alloc => {
+                if e.size == 0 {
+                    continue; // zero-byte requests never reach the allocator (spec §16.6)
+                }
+                match policy.malloc(&mut backend, e.size, e.stream)? {
+                    Some(a) => {
+                        meter.requested += e.size;
+                        if let Some(old) =
+                            live.insert(e.addr, Live { addr: a.addr, request: e.size })
+                        {
+                            // The recording reused an address we still hold: its free was not
+                            // recorded. Free ours so the replay stays consistent.
+                            meter.requested -= old.request;
+                            policy.free(&mut backend, old.addr)?;
+                        }
+                        if let Some(log) = &mut backend.log {
+                            log.push(Event::new(
+                                Action::Alloc,
+                                a.addr,
+                                e.size,
+                                e.stream,
+                                e.time_us,
+                            ));
+                        }
+                    }
+                    None => {
+                        meter.detail.oom_count += 1;
+                        first_oom.get_or_insert(index);
+                        if let Some(log) = &mut backend.log {
+                            log.push(Event::new(Action::Oom, 0, e.size, e.stream, e.time_us));
+                        }
+                    }
+                }
+            }
+            a if a == frees_at => match live.remove(&e.addr) {
+                Some(b) => {
+                    meter.requested -= b.request;
+                    if let Some(log) = &mut backend.log {
+                        log.push(Event::new(
+                            Action::FreeRequested,
+                            b.addr,
+                            b.request,
+                            e.stream,
+                            e.time_us,
+                        ));
+                        log.push(Event::new(
+                            Action::FreeCompleted,
+                            b.addr,
+                            b.request,
+                            e.stream,
+                            e.time_us,
+                        ));
+                    }
+                    policy.free(&mut backend, b.addr)?;
+                }
+                None => meter.detail.orphan_frees += 1,
+            },
+            Action::SegmentFree | Action::SegmentUnmap
+                if input.empty_cache_at.get(i).copied().unwrap_or(false) =>
+            {
+                policy.empty_cache(&mut backend)?;
+            }
+            _ => continue,
+        }
+        meter.observe(index, e.time_us, backend.reserved(), policy.allocated());
+        if options.check_invariants {
+            policy.check_invariants().map_err(|m| {
+                Error::input(format!("policy '{name}' broke an invariant: {m}"))
+                    .at(crate::error::Place::Event(index))
+            })?;
+        }
+    }
+
+    let reserved_at_end = backend.reserved();
+    let segments = policy.segments();
+    let fragmentation_at_peak = if meter.peak_reserved == 0 {
+        0.0
+    } else {
+        1.0 - meter.detail.allocated_at_peak_bytes as f64 / meter.peak_reserved as f64
+    };
+    let result = PolicyResult {
+        policy: name.to_string(),
+        config: policy.config(),
+        peak_reserved_bytes: meter.peak_reserved,
+        peak_allocated_bytes: meter.peak_allocated,
+        peak_requested_bytes: meter.peak_requested,
+        reserved_at_end_bytes: reserved_at_end,
+        fragmentation_at_peak,
+        device_malloc_count: backend.mallocs,
+        device_free_count: backend.frees,
+        map_count: backend.maps,
+        unmap_count: backend.unmaps,
+        alloc_retries: policy.alloc_retries(),
+        oom: first_oom.is_some(),
+        first_oom_event: first_oom,
+        replay_seconds: started.elapsed().as_secs_f64(),
+    };
+    Ok(ReplayOutput {
+        result,
+        detail: meter.detail,
+        series: meter.series,
+        events: backend.log,
+        segments,
+    })
+}

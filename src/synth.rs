@@ -1,0 +1,1 @@
+//! Synthetic training traces (not implemented yet).

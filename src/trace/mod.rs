@@ -1,0 +1,260 @@
+//! The trace model: what every reader produces and every replay consumes.
+//!
+//! A [`Trace`] holds, per device, the ordered list of allocator [`Event`]s as PyTorch names them
+//! (`alloc`, `free_requested`, `free_completed`, `segment_*`, `oom`, `snapshot`), plus what a
+//! PyTorch snapshot records beside its trace: the final [`Segment`]s with their blocks and the
+//! [`AllocatorSettings`] the run used. The PyTorch policy needs both to recover the allocator state
+//! at the first event (spec §14.7).
+//!
+//! An [`Event`] is a small `Copy` struct (40 bytes): stack frames are interned once per distinct
+//! frame list in a [`FrameTable`] and referenced by [`FramesId`], and they are kept only when the
+//! reader is asked to, because most replays never look at them.
+
+pub mod detect;
+pub mod fst;
+pub mod kineto;
+pub mod pickle;
+pub mod rmm;
+pub mod snapshot;
+pub mod text;
+
+mod frames;
+mod read;
+
+pub use frames::{Frame, FrameTable, FramesId};
+pub use read::{
+    read_bytes, read_trace, write_to, write_trace, Format, ReadOptions, MAX_DECOMPRESSED_BYTES,
+};
+
+use serde::{Deserialize, Serialize};
+
+/// One allocator action, spelled as PyTorch's `TraceEntry` spells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Action {
+    /// A block was handed to the caller; `size` is the request size.
+    Alloc,
+    /// The caller released the block; the allocator may not reuse it yet (pending stream uses).
+    FreeRequested,
+    /// The block went back to the cache; from here on it can be reused or merged.
+    FreeCompleted,
+    /// A new segment was obtained from the device (`cudaMalloc`).
+    SegmentAlloc,
+    /// A whole segment was returned to the device (`cudaFree`).
+    SegmentFree,
+    /// Pages of an expandable segment were mapped.
+    SegmentMap,
+    /// Pages of an expandable segment were unmapped.
+    SegmentUnmap,
+    /// An allocation failed; `addr` holds the device's free bytes, `size` the rounded request.
+    Oom,
+    /// A `_snapshot()` call; `size` is the total active bytes at that moment.
+    Snapshot,
+}
+
+impl Action {
+    /// Every action, in the order `info` lists them.
+    pub const ALL: [Action; 9] = [
+        Action::Alloc,
+        Action::FreeRequested,
+        Action::FreeCompleted,
+        Action::SegmentAlloc,
+        Action::SegmentFree,
+        Action::SegmentMap,
+        Action::SegmentUnmap,
+        Action::Oom,
+        Action::Snapshot,
+    ];
+
+    /// PyTorch's name for the action (`"free_requested"`, ...), used in JSON and text traces.
+    pub fn name(self) -> &'static str {
+        match self {
+            Action::Alloc => "alloc",
+            Action::FreeRequested => "free_requested",
+            Action::FreeCompleted => "free_completed",
+            Action::SegmentAlloc => "segment_alloc",
+            Action::SegmentFree => "segment_free",
+            Action::SegmentMap => "segment_map",
+            Action::SegmentUnmap => "segment_unmap",
+            Action::Oom => "oom",
+            Action::Snapshot => "snapshot",
+        }
+    }
+
+    /// The action PyTorch spells `name`, if any.
+    pub fn from_name(name: &str) -> Option<Action> {
+        Action::ALL.into_iter().find(|a| a.name() == name)
+    }
+
+    /// True for the actions that change reserved memory (segment and page events).
+    pub fn is_segment_event(self) -> bool {
+        matches!(
+            self,
+            Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap
+        )
+    }
+}
+
+/// One allocator event on one device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// What happened.
+    pub action: Action,
+    /// The block or segment address; for [`Action::Oom`], the device's free bytes.
+    pub addr: u64,
+    /// Bytes: the request size for block events, the segment size for segment events.
+    pub size: u64,
+    /// The allocation stream as the raw `cudaStream_t` value (0 = the legacy default stream).
+    pub stream: u64,
+    /// Microseconds since the Unix epoch where the file records it, else the event's index.
+    pub time_us: i64,
+    /// The interned stack of the event, or [`FramesId::NONE`].
+    pub frames: FramesId,
+}
+
+impl Event {
+    /// An event without frames.
+    pub fn new(action: Action, addr: u64, size: u64, stream: u64, time_us: i64) -> Event {
+        Event { action, addr, size, stream, time_us, frames: FramesId::NONE }
+    }
+}
+
+/// The events of one device, oldest first.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DeviceTrace {
+    /// The device index: a CUDA ordinal, or -1 for host memory (Kineto).
+    pub device: i32,
+    /// The events in the order the allocator made them.
+    pub events: Vec<Event>,
+}
+
+/// Which pool a segment belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum PoolKind {
+    /// Blocks of rounded size ≤ 1 MiB, in 2 MiB segments.
+    Small,
+    /// Everything else.
+    Large,
+}
+
+/// The state of a block in a snapshot's final `segments`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum BlockState {
+    /// Handed out to the caller (`active_allocated`).
+    ActiveAllocated,
+    /// Freed by the caller but waiting on stream events (`active_pending_free`).
+    ActivePendingFree,
+    /// Free and cached (`inactive`).
+    Inactive,
+}
+
+impl BlockState {
+    /// PyTorch's spelling of the state.
+    pub fn name(self) -> &'static str {
+        match self {
+            BlockState::ActiveAllocated => "active_allocated",
+            BlockState::ActivePendingFree => "active_pending_free",
+            BlockState::Inactive => "inactive",
+        }
+    }
+}
+
+/// One block of a final segment.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Block {
+    /// Start address.
+    pub address: u64,
+    /// Block size in bytes (a multiple of 512).
+    pub size: u64,
+    /// The request size of the last allocation that used this block.
+    pub requested_size: u64,
+    /// Allocated, pending free, or cached.
+    pub state: BlockState,
+}
+
+/// One segment (or, for expandable segments, one contiguous mapped range) at the dump.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Segment {
+    /// The device index.
+    pub device: i32,
+    /// Start address.
+    pub address: u64,
+    /// Sum of the block sizes.
+    pub total_size: u64,
+    /// The allocation stream of the head block.
+    pub stream: u64,
+    /// Small or large pool.
+    pub pool: PoolKind,
+    /// True for a mapped range of an expandable segment.
+    pub is_expandable: bool,
+    /// The blocks in address order.
+    pub blocks: Vec<Block>,
+}
+
+/// The `allocator_settings` a PyTorch snapshot recorded (≈ 2.3+).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AllocatorSettings {
+    /// The last `PYTORCH_CUDA_ALLOC_CONF` string, if any.
+    pub conf: Option<String>,
+    /// `max_split_size` in bytes; `None` when unlimited (PyTorch records -1).
+    pub max_split_size: Option<u64>,
+    /// `garbage_collection_threshold` (0 = off).
+    pub garbage_collection_threshold: f64,
+    /// `expandable_segments`.
+    pub expandable_segments: bool,
+    /// `roundup_power2_divisions` as its 16 interval slots (sizes 1, 2, 4, ... 32768 MiB).
+    pub roundup_power2_divisions: [u64; 16],
+    /// `release_lock_on_cudamalloc`.
+    pub release_lock_on_cudamalloc: bool,
+}
+
+/// A whole trace: every device's events plus what a snapshot records beside them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Trace {
+    /// The format the trace was read from.
+    pub format: Format,
+    /// Per device, ordered by device index.
+    pub devices: Vec<DeviceTrace>,
+    /// The interned stack frames that events refer to (empty unless frames were kept).
+    pub frames: FrameTable,
+    /// The final segments (PyTorch snapshots only; empty otherwise).
+    pub segments: Vec<Segment>,
+    /// The recorded allocator settings (PyTorch snapshots ≈ 2.3+ only).
+    pub allocator_settings: Option<AllocatorSettings>,
+    /// True when event times are real microseconds, false when they are event indices.
+    pub has_times: bool,
+}
+
+impl Trace {
+    /// The events of `device`, if the trace has that device.
+    pub fn device(&self, device: i32) -> Option<&DeviceTrace> {
+        self.devices.iter().find(|d| d.device == device)
+    }
+
+    /// The device with the most events: the default of `--device`.
+    pub fn default_device(&self) -> Option<i32> {
+        self.devices.iter().max_by_key(|d| (d.events.len(), -(d.device as i64))).map(|d| d.device)
+    }
+
+    /// The final segments of `device`.
+    pub fn segments_of(&self, device: i32) -> impl Iterator<Item = &Segment> {
+        self.segments.iter().filter(move |s| s.device == device)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_fits_the_memory_budget() {
+        assert!(std::mem::size_of::<Event>() <= 40, "{}", std::mem::size_of::<Event>());
+    }
+
+    #[test]
+    fn action_names_round_trip() {
+        for a in Action::ALL {
+            assert_eq!(Action::from_name(a.name()), Some(a));
+        }
+        assert_eq!(Action::from_name("free"), None);
+    }
+}

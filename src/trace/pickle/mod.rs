@@ -1,0 +1,1 @@
+//! A plain-data pickle reader and writer: never executes anything.

@@ -1,0 +1,194 @@
+//! fragsim's plain text trace format, for hand-written tests and bug reports.
+//!
+//! One event per line; `#` starts a comment; blank lines are ignored:
+//!
+//! ```text
+//! # fragsim text trace v1
+//! device 0
+//! alloc 0x7f0000000000 4096 s0 @1700000000000000
+//! free 0x7f0000000000 4096 s0
+//! segment_alloc 0x7f0000000000 2097152 s0
+//! ```
+//!
+//! - `ACTION ADDR SIZE [sSTREAM] [@TIME_US]`, where ACTION is a PyTorch trace action
+//!   (`alloc`, `free_requested`, `free_completed`, `segment_alloc`, `segment_free`, `segment_map`,
+//!   `segment_unmap`, `oom`, `snapshot`), or `free`, which stands for `free_requested` followed by
+//!   `free_completed` (as PyTorch's viewer merges them).
+//! - ADDR and SIZE are decimal or `0x` hex; for `oom`, ADDR is the device's free bytes.
+//! - STREAM defaults to 0 (decimal or `0x` hex after the `s`); TIME defaults to the event index.
+//! - `device N` makes the following events belong to device N (default 0).
+
+use super::{Action, DeviceTrace, Event, Format, ReadOptions, Trace};
+use crate::error::{Error, Place, Result};
+use std::io::Write;
+
+/// True when `head` (the start of a file) reads like a text trace.
+pub fn looks_like_text(head: &str) -> bool {
+    for line in head.lines() {
+        let line = line.trim();
+        if line.starts_with("# fragsim text trace") {
+            return true;
+        }
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let word = line.split_whitespace().next().unwrap_or("");
+        return word == "device" || word == "free" || Action::from_name(word).is_some();
+    }
+    false
+}
+
+/// Reads a text trace.
+pub fn read(data: &[u8], _options: &ReadOptions) -> Result<Trace> {
+    let text = std::str::from_utf8(data).map_err(|e| {
+        Error::input(format!("not UTF-8 text: {e}")).at(Place::Byte(e.valid_up_to() as u64))
+    })?;
+    let mut trace = Trace { format: Format::Text, ..Trace::default() };
+    let mut device = 0i32;
+    let mut has_times = false;
+    for (n, line) in text.lines().enumerate() {
+        let place = Place::Line(n as u64 + 1);
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let words: Vec<&str> = line.split_whitespace().collect();
+        if words[0] == "device" {
+            device = match words.get(1).and_then(|w| w.parse::<i32>().ok()) {
+                Some(d) if words.len() == 2 => d,
+                _ => {
+                    return Err(
+                        Error::input(format!("expected 'device N', found '{line}'")).at(place)
+                    )
+                }
+            };
+            continue;
+        }
+        let rest = &words[1..];
+        let actions: &[Action] = match words[0] {
+            "free" => &[Action::FreeRequested, Action::FreeCompleted],
+            w => match Action::ALL.iter().find(|a| a.name() == w) {
+                Some(a) => std::slice::from_ref(a),
+                None => {
+                    return Err(Error::input(format!(
+                        "unknown action '{w}' (accepted: free, device, {})",
+                        Action::ALL.map(Action::name).join(", ")
+                    ))
+                    .at(place))
+                }
+            },
+        };
+        if rest.len() < 2 || rest.len() > 4 {
+            return Err(Error::input(format!(
+                "expected 'ACTION ADDR SIZE [sSTREAM] [@TIME]', found '{line}'"
+            ))
+            .at(place));
+        }
+        let addr = parse_u64(rest[0])
+            .ok_or_else(|| Error::input(format!("bad address '{}'", rest[0])).at(place))?;
+        let size = parse_u64(rest[1])
+            .ok_or_else(|| Error::input(format!("bad size '{}'", rest[1])).at(place))?;
+        let mut stream = 0;
+        let mut time = None;
+        for w in &rest[2..] {
+            if let Some(s) = w.strip_prefix('s') {
+                stream = parse_u64(s)
+                    .ok_or_else(|| Error::input(format!("bad stream '{w}'")).at(place))?;
+            } else if let Some(t) = w.strip_prefix('@') {
+                time = Some(
+                    t.parse::<i64>()
+                        .map_err(|_| Error::input(format!("bad time '{w}'")).at(place))?,
+                );
+            } else {
+                return Err(Error::input(format!(
+                    "unexpected field '{w}' (expected sSTREAM or @TIME)"
+                ))
+                .at(place));
+            }
+        }
+        let events = device_events(&mut trace, device);
+        for &action in actions {
+            let t = match time {
+                Some(t) => {
+                    has_times = true;
+                    t
+                }
+                None => events.len() as i64,
+            };
+            events.push(Event::new(action, addr, size, stream, t));
+        }
+    }
+    trace.has_times = has_times;
+    trace.devices.sort_by_key(|d| d.device);
+    Ok(trace)
+}
+
+/// Writes `trace`'s events as text (segments, settings and frames are not part of this format).
+pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
+    let io = |e: std::io::Error| Error::new(crate::error::ErrorKind::Io, e.to_string());
+    writeln!(out, "# fragsim text trace v1").map_err(io)?;
+    for d in &trace.devices {
+        writeln!(out, "device {}", d.device).map_err(io)?;
+        for e in &d.events {
+            write!(out, "{} {:#x} {} s{}", e.action.name(), e.addr, e.size, e.stream)
+                .map_err(io)?;
+            if trace.has_times {
+                write!(out, " @{}", e.time_us).map_err(io)?;
+            }
+            writeln!(out).map_err(io)?;
+        }
+    }
+    Ok(())
+}
+
+fn device_events(trace: &mut Trace, device: i32) -> &mut Vec<Event> {
+    let i = match trace.devices.iter().position(|d| d.device == device) {
+        Some(i) => i,
+        None => {
+            trace.devices.push(DeviceTrace { device, events: Vec::new() });
+            trace.devices.len() - 1
+        }
+    };
+    &mut trace.devices[i].events
+}
+
+fn parse_u64(w: &str) -> Option<u64> {
+    match w.strip_prefix("0x").or_else(|| w.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(hex, 16).ok(),
+        None => w.parse().ok(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_free_as_requested_then_completed() {
+        let t =
+            read(b"alloc 0x100 4096 s7\nfree 0x100 4096 s7\n", &ReadOptions::default()).unwrap();
+        let e = &t.devices[0].events;
+        assert_eq!(e.len(), 3);
+        assert_eq!(e[0], Event::new(Action::Alloc, 0x100, 4096, 7, 0));
+        assert_eq!(e[1].action, Action::FreeRequested);
+        assert_eq!(e[2].action, Action::FreeCompleted);
+        assert!(!t.has_times);
+    }
+
+    #[test]
+    fn round_trips() {
+        let src = "# fragsim text trace v1\ndevice 1\nalloc 0x100 4096 s0 @5\nfree_requested 0x100 4096 s0 @6\n";
+        let t = read(src.as_bytes(), &ReadOptions::default()).unwrap();
+        let mut out = Vec::new();
+        write(&t, &mut out).unwrap();
+        assert_eq!(String::from_utf8(out).unwrap(), src);
+    }
+
+    #[test]
+    fn errors_name_the_line() {
+        let err = read(b"alloc 0x100 4096\nmalloc 1 2\n", &ReadOptions::default()).unwrap_err();
+        assert!(err.to_string().starts_with("line 2: unknown action 'malloc'"), "{err}");
+        let err = read(b"alloc zz 4096\n", &ReadOptions::default()).unwrap_err();
+        assert!(err.to_string().contains("bad address 'zz'"), "{err}");
+    }
+}

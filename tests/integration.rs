@@ -1,0 +1,5 @@
+//! fragsim's integration tests: one binary, one module per area.
+
+mod util;
+
+mod cli;
