@@ -2,4 +2,12 @@
 
 mod util;
 
+mod bad_input;
 mod cli;
+mod cuda;
+mod policies;
+mod pytorch;
+mod readers;
+mod report;
+mod snapshot;
+mod synth;

@@ -1,0 +1,4 @@
+//! Integration tests: bad_input.
+
+#[allow(unused_imports)]
+use crate::util::*;

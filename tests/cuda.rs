@@ -1,0 +1,4 @@
+//! Integration tests: cuda.
+
+#[allow(unused_imports)]
+use crate::util::*;

@@ -1,0 +1,4 @@
+//! Integration tests: policies.
+
+#[allow(unused_imports)]
+use crate::util::*;

@@ -1,0 +1,4 @@
+//! Integration tests: pytorch.
+
+#[allow(unused_imports)]
+use crate::util::*;

@@ -1,0 +1,4 @@
+//! Integration tests: readers.
+
+#[allow(unused_imports)]
+use crate::util::*;

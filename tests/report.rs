@@ -1,0 +1,4 @@
+//! Integration tests: report.
+
+#[allow(unused_imports)]
+use crate::util::*;

@@ -1,0 +1,4 @@
+//! Integration tests: snapshot.
+
+#[allow(unused_imports)]
+use crate::util::*;

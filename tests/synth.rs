@@ -1,0 +1,4 @@
+//! Integration tests: synth.
+
+#[allow(unused_imports)]
+use crate::util::*;
