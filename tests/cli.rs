@@ -38,3 +38,40 @@ fn unreadable_input_names_the_file() {
         stderr(&o)
     );
 }
+
+#[test]
+fn capacity_makes_the_first_request_that_does_not_fit_an_oom() {
+    // Live: 4096, then 4096 + 1000 = 5096 > 5000: event 1 fails; its free is then ignored, and
+    // the third alloc (after the first is freed) fits again.
+    let (_d, path) = temp_file(
+        "t.txt",
+        b"alloc 0x1000 4096 s0\nalloc 0x2000 1000 s0\nfree 0x2000 1000 s0\nfree 0x1000 4096 s0\nalloc 0x3000 4900 s0\n",
+    );
+    let o = run(&[
+        "replay",
+        path.to_str().unwrap(),
+        "--policy",
+        "bound",
+        "--capacity",
+        "5000",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let r = &v["results"][0];
+    assert_eq!(r["oom"], true);
+    assert_eq!(r["first_oom_event"], 1);
+    assert_eq!(r["peak_reserved_bytes"], 4900);
+    assert_eq!(r["device_malloc_count"], 2);
+}
+
+#[test]
+fn csv_header_is_the_json_keys() {
+    let (_d, path) = temp_file("t.txt", b"alloc 0x1000 4096 s0\n");
+    let o = run(&["replay", path.to_str().unwrap(), "--policy", "bound", "--csv"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let mut lines = out.lines();
+    assert!(lines.next().unwrap().starts_with("policy,config,peak_reserved_bytes,"));
+    assert!(lines.next().unwrap().starts_with("bound,,4096,4096,4096,4096,0,1,0,"));
+}

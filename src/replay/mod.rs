@@ -317,6 +317,8 @@ fn run<P: Policy, B: Backend>(
         last: (u64::MAX, 0, 0),
     };
     let mut first_oom: Option<u64> = None;
+    // Recorded addresses whose alloc failed here: their frees are expected, not orphans.
+    let mut failed: AddrMap<()> = AddrMap::default();
     let start_time = events.first().map_or(0, |e| e.time_us);
 
     // Blocks live before the first event: every policy must carry them.
@@ -376,6 +378,7 @@ fn run<P: Policy, B: Backend>(
                     None => {
                         meter.detail.oom_count += 1;
                         first_oom.get_or_insert(index);
+                        failed.insert(e.addr, ());
                         if let Some(log) = &mut backend.log {
                             log.push(Event::new(Action::Oom, 0, e.size, e.stream, e.time_us));
                         }
@@ -403,6 +406,7 @@ fn run<P: Policy, B: Backend>(
                     }
                     policy.free(&mut backend, b.addr)?;
                 }
+                None if failed.remove(&e.addr).is_some() => continue,
                 None => meter.detail.orphan_frees += 1,
             },
             Action::SegmentFree | Action::SegmentUnmap
