@@ -67,6 +67,10 @@ pub struct ReadOptions {
     pub progress: bool,
 }
 
+/// Sizes at or above 2^60 bytes are rejected by every reader: PyTorch's caching allocator refuses
+/// such requests, so a trace that holds one is corrupt (and sums of them would overflow).
+pub const MAX_EVENT_BYTES: u64 = 1 << 60;
+
 /// The largest file fragsim will decompress into memory, to bound memory on hostile input.
 pub const MAX_DECOMPRESSED_BYTES: u64 = 8 << 30;
 
