@@ -41,6 +41,7 @@ pub const HOST_DEVICE: i32 = -1;
 /// Reads a Kineto trace.
 pub fn read(data: &[u8], _options: &ReadOptions) -> Result<Trace> {
     let mut found = Vec::new();
+    let data = data.strip_prefix(b"\xef\xbb\xbf").unwrap_or(data);
     let mut de = serde_json::Deserializer::from_slice(data);
     let saw_events = RootSeed { out: &mut found }
         .deserialize(&mut de)
