@@ -50,7 +50,8 @@ pub fn read(data: &[u8], _options: &ReadOptions) -> Result<Trace> {
     if !saw_events {
         return Err(Error::input(
             "no 'traceEvents' list: not a Chrome trace (expected {\"traceEvents\": [...]} or a bare array)",
-        ));
+        )
+        .at(Place::Byte(0)));
     }
     // Events from several threads interleave: order by time; a stable sort keeps file order
     // among equal times.
