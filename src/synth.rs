@@ -1,1 +1,0 @@
-//! Synthetic training traces (not implemented yet).
