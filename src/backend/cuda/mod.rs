@@ -1,5 +1,5 @@
 //! Real GPU memory through the CUDA driver API (cudarc), behind the same
-//! [`Backend`](super::Backend) trait as the simulated device, so a replay can check its simulated
+//! [`Backend`] trait as the simulated device, so a replay can check its simulated
 //! peak against what the GPU really grants (`fragsim replay --backend cuda`).
 //!
 //! - Segments are `cuMemAlloc_v2` / `cuMemFree_v2`, as PyTorch's `cudaMalloc` path.
