@@ -41,6 +41,10 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = Backend::Sim)]
     backend: Backend,
 
+    /// The GPU the cuda backend allocates on (its CUDA ordinal).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    cuda_device: i32,
+
     /// Print one JSON object (interface.md) instead of a table.
     #[arg(long)]
     json: bool,
@@ -73,6 +77,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             Backend::Sim => BackendKind::Sim,
             Backend::Cuda => BackendKind::Cuda,
         },
+        cuda_ordinal: args.cuda_device,
         ..ReplayOptions::default()
     };
     // A real GPU is one device: run policies one after another there.

@@ -93,6 +93,9 @@ pub struct ReplayOptions {
     pub outside_bytes: u64,
     /// The memory backend.
     pub backend: BackendKind,
+    /// The CUDA device ordinal the `cuda` backend allocates on (not the trace's device number,
+    /// which names the GPU the recording ran on).
+    pub cuda_ordinal: i32,
     /// Keep the memory-over-time series (for plots).
     pub keep_series: bool,
     /// The series' point budget.
@@ -111,6 +114,7 @@ impl Default for ReplayOptions {
             capacity: None,
             outside_bytes: 0,
             backend: BackendKind::Sim,
+            cuda_ordinal: 0,
             keep_series: false,
             series_budget: series::DEFAULT_BUDGET,
             record_events: false,
@@ -149,10 +153,16 @@ pub fn run_policy<P: Policy>(
         }
         BackendKind::Cuda => {
             let device =
-                crate::backend::cuda::CudaDevice::open(input.device.max(0), options.capacity)?;
+                crate::backend::cuda::CudaDevice::open(options.cuda_ordinal, cuda_cap(options))?;
             run(name, policy, device, input, options)
         }
     }
+}
+
+/// The cap on the CUDA backend's memory: `--capacity` less what is counted as used outside the
+/// allocator, so a big GPU can stand in for a smaller one.
+fn cuda_cap(options: &ReplayOptions) -> Option<u64> {
+    options.capacity.map(|c| c.saturating_sub(options.outside_bytes))
 }
 
 /// A fast hasher for address keys: addresses are already well spread, so a multiply suffices.
