@@ -48,6 +48,18 @@ fn losses(t: &trace::Trace, format: Option<Format>) -> Vec<String> {
         Some(Format::Text) if !t.segments.is_empty() || t.allocator_settings.is_some() => {
             vec!["final segments and allocator settings are not part of the text format".into()]
         }
+        Some(Format::PytorchSnapshot) => t
+            .devices
+            .iter()
+            .filter(|d| d.device < 0 && !d.events.is_empty())
+            .map(|d| {
+                format!(
+                    "device {} (host memory) has no place in a snapshot's device_traces; its {} events are left out",
+                    d.device,
+                    d.events.len()
+                )
+            })
+            .collect(),
         _ => Vec::new(),
     }
 }

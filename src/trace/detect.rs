@@ -40,6 +40,12 @@ mod tests {
         assert_eq!(detect(b"  {\"traceEvents\": []}"), Some(Format::Kineto));
         assert_eq!(detect(b"Thread,Time,Action,Pointer,Size,Stream\n"), Some(Format::RmmCsv));
         assert_eq!(detect(b"# fragsim text trace\nalloc 0x10 4 s0\n"), Some(Format::Text));
+        assert_eq!(detect(b"FRAGSIM\0\x01\0\0\0"), Some(Format::Fst));
+        assert_eq!(detect("\u{feff}[{\"ph\": \"i\"}]".as_bytes()), Some(Format::Kineto));
+        assert_eq!(
+            detect(b"thread, time, action, pointer, size, stream\r\n"),
+            Some(Format::RmmCsv)
+        );
         assert_eq!(detect(b"\x00\x01garbage"), None);
         assert_eq!(detect(b""), None);
     }

@@ -268,6 +268,42 @@ impl<'de> Visitor<'de> for EventsSeed<'_> {
     }
 }
 
+/// Visitor methods that accept any JSON value other than those a visitor handles itself,
+/// skipping it (lists and objects without recursion) and yielding `$value`.
+macro_rules! accept_other_values {
+    ($value:expr; $($skip:ident),*) => {
+        $(accept_other_values!(@one $skip, $value);)*
+    };
+    (@one str, $value:expr) => {
+        fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> { Ok($value) }
+    };
+    (@one u64, $value:expr) => {
+        fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> { Ok($value) }
+    };
+    (@one i64, $value:expr) => {
+        fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> { Ok($value) }
+    };
+    (@one f64, $value:expr) => {
+        fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> { Ok($value) }
+    };
+    (@one bool, $value:expr) => {
+        fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> { Ok($value) }
+    };
+    (@one unit, $value:expr) => {
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> { Ok($value) }
+    };
+    (@one seq, $value:expr) => {
+        fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+            IgnoredAny.visit_seq(seq).map(|_| $value)
+        }
+    };
+    (@one map, $value:expr) => {
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            IgnoredAny.visit_map(map).map(|_| $value)
+        }
+    };
+}
+
 /// One element of `traceEvents`: a `[memory]` event becomes a [`Found`], anything else `None`.
 ///
 /// Validation happens inside the element's object, so serde_json reports the line where the
@@ -290,6 +326,7 @@ impl<'de> Visitor<'de> for ElementSeed {
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a trace event")
     }
+    accept_other_values!(None; seq, str, u64, i64, f64, bool, unit);
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Option<Found>, A::Error> {
         let mut raw = RawEvent::default();
@@ -309,28 +346,6 @@ impl<'de> Visitor<'de> for ElementSeed {
         raw.to_found().map_err(|m| {
             de::Error::custom(format_args!("traceEvents[{}] ([memory]): {m}", self.index))
         })
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Option<Found>, A::Error> {
-        IgnoredAny.visit_seq(seq).map(|_| None)
-    }
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<Option<Found>, E> {
-        Ok(None)
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Option<Found>, E> {
-        Ok(None)
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Option<Found>, E> {
-        Ok(None)
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Option<Found>, E> {
-        Ok(None)
-    }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Option<Found>, E> {
-        Ok(None)
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<Option<Found>, E> {
-        Ok(None)
     }
 }
 
@@ -395,29 +410,9 @@ impl<'de> Deserialize<'de> for IsMemory {
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("an event name")
             }
+            accept_other_values!(IsMemory(false); u64, i64, f64, bool, unit, seq, map);
             fn visit_str<E: de::Error>(self, v: &str) -> Result<IsMemory, E> {
                 Ok(IsMemory(v == "[memory]"))
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<IsMemory, E> {
-                Ok(IsMemory(false))
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<IsMemory, E> {
-                Ok(IsMemory(false))
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<IsMemory, E> {
-                Ok(IsMemory(false))
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<IsMemory, E> {
-                Ok(IsMemory(false))
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<IsMemory, E> {
-                Ok(IsMemory(false))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<IsMemory, A::Error> {
-                IgnoredAny.visit_seq(seq).map(|_| IsMemory(false))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<IsMemory, A::Error> {
-                IgnoredAny.visit_map(map).map(|_| IsMemory(false))
             }
         }
         d.deserialize_any(V)
@@ -466,6 +461,7 @@ impl<'de> Deserialize<'de> for Scalar {
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("a JSON value")
             }
+            accept_other_values!(Scalar::Other; str, bool, unit, seq, map);
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<Scalar, E> {
                 Ok(Scalar::Int(v as i128))
             }
@@ -474,21 +470,6 @@ impl<'de> Deserialize<'de> for Scalar {
             }
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<Scalar, E> {
                 Ok(Scalar::Float(v))
-            }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<Scalar, E> {
-                Ok(Scalar::Other)
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Scalar, E> {
-                Ok(Scalar::Other)
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<Scalar, E> {
-                Ok(Scalar::Other)
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Scalar, A::Error> {
-                IgnoredAny.visit_seq(seq).map(|_| Scalar::Other)
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Scalar, A::Error> {
-                IgnoredAny.visit_map(map).map(|_| Scalar::Other)
             }
         }
         d.deserialize_any(V)
@@ -512,6 +493,7 @@ impl<'de> Deserialize<'de> for RawArgs {
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("event args")
             }
+            accept_other_values!(RawArgs::default(); seq, str, u64, i64, f64, bool, unit);
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawArgs, A::Error> {
                 let mut args = RawArgs::default();
                 while let Some(key) = map.next_key::<Key>()? {
@@ -528,27 +510,6 @@ impl<'de> Deserialize<'de> for RawArgs {
                     *slot = map.next_value()?;
                 }
                 Ok(args)
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<RawArgs, A::Error> {
-                IgnoredAny.visit_seq(seq).map(|_| RawArgs::default())
-            }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<RawArgs, E> {
-                Ok(RawArgs::default())
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<RawArgs, E> {
-                Ok(RawArgs::default())
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<RawArgs, E> {
-                Ok(RawArgs::default())
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<RawArgs, E> {
-                Ok(RawArgs::default())
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<RawArgs, E> {
-                Ok(RawArgs::default())
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<RawArgs, E> {
-                Ok(RawArgs::default())
             }
         }
         d.deserialize_any(V)

@@ -116,12 +116,13 @@ fn with_progress<T>(path: &Path, read: impl FnOnce() -> T) -> T {
     let size =
         std::fs::metadata(path).map(|m| crate::units::format_bytes(m.len())).unwrap_or_default();
     let (done, wait) = channel::<()>();
+    let start = std::time::Instant::now();
     std::thread::scope(|scope| {
         scope.spawn(move || {
             if wait.recv_timeout(Duration::from_secs(1)) != Err(RecvTimeoutError::Timeout) {
                 return;
             }
-            let bar = indicatif::ProgressBar::new_spinner();
+            let bar = indicatif::ProgressBar::new_spinner().with_elapsed(start.elapsed());
             if let Ok(style) =
                 indicatif::ProgressStyle::with_template("{spinner} reading {msg} {elapsed}")
             {

@@ -120,6 +120,12 @@ pub fn losses(trace: &Trace) -> Vec<String> {
             }
             continue;
         }
+        if d.device != 0 {
+            out.push(format!(
+                "device {} becomes device 0: an RMM log has no device column",
+                d.device
+            ));
+        }
         let frees = free_action(&d.events);
         let dropped = d
             .events
