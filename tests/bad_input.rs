@@ -302,5 +302,29 @@ fn corrupt_gzip() {
     let (_d, path) = temp_file("cut.json.gz", cut);
     let o = info_limited(&path);
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("cut.json.gz: gzip: corrupt gzip stream"), "{}", stderr(&o));
+    assert_rejected(&o, "cut.json.gz", "gzip", "corrupt or truncated gzip stream");
+}
+
+#[test]
+fn gzip_bomb_is_refused_in_proportion_to_the_file() {
+    // 300 MB of zeros compress to about 300 KB: far beyond any real trace's ratio.
+    let mut gz = Vec::new();
+    {
+        use std::io::Write;
+        let mut enc = flate2::write::GzEncoder::new(&mut gz, flate2::Compression::fast());
+        let zeros = vec![0u8; 1 << 20];
+        for _ in 0..300 {
+            enc.write_all(&zeros).expect("compress");
+        }
+        enc.finish().expect("finish");
+    }
+    let (_d, path) = temp_file("bomb.pickle.gz", &gz);
+    let o = info_limited(&path);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("bomb.pickle.gz: gzip: gzip stream expands to more than"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(stderr(&o).contains("decompression bomb"), "{}", stderr(&o));
 }

@@ -181,14 +181,29 @@ pub fn write_to(trace: &Trace, format: Format, out: &mut impl Write) -> Result<(
 }
 
 fn gunzip(raw: &[u8]) -> Result<Vec<u8>> {
+    let limit = decompression_limit(raw.len() as u64);
     let mut out = Vec::new();
-    let mut decoder = flate2::read::GzDecoder::new(raw).take(MAX_DECOMPRESSED_BYTES + 1);
-    decoder
-        .read_to_end(&mut out)
-        .map_err(|e| Error::input(format!("corrupt gzip stream: {e}")).in_format("gzip"))?;
-    if out.len() as u64 > MAX_DECOMPRESSED_BYTES {
-        return Err(Error::input("gzip stream expands to more than 8 GiB; refusing to read it")
-            .in_format("gzip"));
+    let mut decoder = flate2::read::GzDecoder::new(raw).take(limit + 1);
+    decoder.read_to_end(&mut out).map_err(|e| {
+        // The decoder has produced `out.len()` bytes when it fails: name that place.
+        Error::input(format!("corrupt or truncated gzip stream: {e}"))
+            .at(Place::Byte(out.len() as u64))
+            .in_format("gzip")
+    })?;
+    if out.len() as u64 > limit {
+        return Err(Error::input(format!(
+            "gzip stream expands to more than {limit} bytes ({}× its compressed size); refusing to read a likely decompression bomb",
+            limit / (raw.len() as u64).max(1)
+        ))
+        .in_format("gzip"));
     }
     Ok(out)
+}
+
+/// How far a gzip file of `compressed` bytes may expand. Real traces compress 5–20×; a ratio
+/// far beyond that is a decompression bomb, so memory stays in proportion to the file.
+pub fn decompression_limit(compressed: u64) -> u64 {
+    const RATIO: u64 = 200;
+    const FLOOR: u64 = 64 << 20;
+    compressed.saturating_mul(RATIO).clamp(FLOOR, MAX_DECOMPRESSED_BYTES)
 }
