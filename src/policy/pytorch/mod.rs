@@ -617,7 +617,8 @@ impl PyTorch {
             let id = if i == 0 {
                 head
             } else {
-                self.new_block(Block { ptr: a, size: s, prev, ..self.b(head).clone() })
+                let h = self.b(head).clone();
+                self.new_block(Block { ptr: a, size: s, prev, allocated: false, requested: 0, ..h })
             };
             let b = self.bm(id);
             b.ptr = a;
