@@ -240,15 +240,26 @@ impl PyTorch {
         if self.gc_enabled() {
             self.pools[p].gc_count += 1;
         }
-        let expandable_active = self.config.expandable_segments;
-        let pool = &self.pools[p];
+        let (key, id) = self.find_free_block(stream, size, small)?;
+        self.pools[p].blocks.remove(&key);
+        Some(id)
+    }
+
+    /// The search of `get_free_block`, without its side effects.
+    fn find_free_block(
+        &self,
+        stream: u64,
+        size: u64,
+        small: bool,
+    ) -> Option<((u64, u64, u64), u32)> {
+        let pool = &self.pools[pool_index(small)];
         let mut it = pool.blocks.range((stream, size, 0)..);
         let (mut key, mut id) = it.next().map(|(k, &v)| (*k, v))?;
         if key.0 != stream {
             return None;
         }
         if self.b(id).expandable != NIL {
-            if expandable_active {
+            if self.config.expandable_segments {
                 for (k, &next) in it {
                     if k.0 == stream
                         && self.b(id).expandable != NIL
@@ -279,8 +290,13 @@ impl PyTorch {
         if size >= max_split && found >= size.saturating_add(self.config.tolerance()) {
             return None;
         }
-        self.pools[p].blocks.remove(&key);
-        Some(id)
+        Some((key, id))
+    }
+
+    /// True when a request of `size` bytes on `stream` would be served from the cache now.
+    pub fn would_hit_cache(&self, size: u64, stream: u64) -> bool {
+        let rounded = self.config.round_size(size);
+        self.find_free_block(stream, rounded, rounded <= SMALL_SIZE).is_some()
     }
 
     /// `should_split` (§5).

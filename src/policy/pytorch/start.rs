@@ -218,6 +218,33 @@ impl StartState {
         s
     }
 
+    /// A copy with the orphan at `addr` given `size` bytes.
+    pub fn with_size(&self, addr: u64, size: u64) -> StartState {
+        let mut s = self.clone();
+        s.set_size(addr, size);
+        s
+    }
+
+    /// Gives the orphan at `addr` `size` bytes: a new lower bound the trace showed (§19.2).
+    pub fn set_size(&mut self, addr: u64, size: u64) {
+        for b in self.segments.iter_mut().flat_map(|s| s.live.iter_mut()) {
+            if b.addr == addr {
+                b.size = size.min(b.max_size);
+            }
+        }
+    }
+
+    /// The ambiguous orphans in the segment that holds `addr`.
+    pub fn ambiguous_near(&self, addr: u64) -> Vec<u64> {
+        self.segments
+            .iter()
+            .filter(|s| s.addr <= addr && addr < s.addr + s.size)
+            .flat_map(|s| &s.live)
+            .filter(|b| b.ambiguous())
+            .map(|b| b.addr)
+            .collect()
+    }
+
     /// Reserved bytes at the first event.
     pub fn reserved(&self) -> u64 {
         self.segments.iter().map(|s| s.size).sum()

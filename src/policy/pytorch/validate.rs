@@ -239,10 +239,19 @@ impl Backend for Guided<'_> {
     }
 
     fn reserve(&mut self, size: u64) -> Result<Option<u64>> {
-        // The first map of a new reservation is at its base (the lowest hole).
-        let addr = match self.expected() {
-            Some(e) if e.action == Action::SegmentMap => e.addr,
-            _ => self.fresh(size),
+        // The first map of a new reservation is at its base (the lowest hole), possibly after a
+        // failed first attempt and a flush within the same malloc.
+        let recorded = self.script[self.log.len().min(self.script.len())..]
+            .iter()
+            .map(|&i| &self.events[i])
+            .find(|e| {
+                e.action == Action::SegmentMap
+                    && !self.reservations.iter().any(|(&a, &s)| a <= e.addr && e.addr < a + s)
+            })
+            .map(|e| e.addr);
+        let addr = match recorded {
+            Some(a) => a,
+            None => self.fresh(size),
         };
         self.reservations.insert(addr, size);
         Ok(Some(addr))
@@ -281,6 +290,8 @@ struct Run {
     mismatches: Vec<Mismatch>,
     /// First alloc whose recorded address lies strictly inside a simulated free block.
     first_inside_free: Option<(usize, u64)>,
+    /// First alloc placed elsewhere: (event, recorded address, simulated address).
+    first_mismatch: Option<(usize, u64, Option<u64>)>,
     segment_events_matched: u64,
     peak: u64,
     log: Vec<Event>,
@@ -292,8 +303,8 @@ struct Run {
 enum Stop<'a> {
     /// To the end.
     Never,
-    /// At the first alloc whose recorded address is inside a simulated free block (§19.2).
-    FirstInsideFree,
+    /// At the first alloc placed elsewhere than recorded.
+    FirstMismatch,
     /// At the first alloc where the placement differs from this reference run's, or where both
     /// differ from the recording.
     Diverge(&'a [(usize, Option<u64>)]),
@@ -304,9 +315,12 @@ fn hex(a: u64) -> String {
 }
 
 /// Why the simulation placed a block elsewhere: what it holds at the recorded address.
-fn explain(policy: &PyTorch, recorded: u64) -> String {
+fn explain(policy: &PyTorch, recorded: u64, placed: Option<u64>) -> String {
     match policy.block_containing(recorded) {
         None => "the recorded address is in no simulated segment".into(),
+        Some((start, size, true)) if Some(start) == placed => format!(
+            "the recorded address was inside the free block the simulation split for this request ({start:#x}+{size}): a block boundary differs"
+        ),
         Some((start, size, true)) => {
             format!("the recorded address is inside a live block {start:#x}+{size} in the simulation")
         }
@@ -388,7 +402,28 @@ fn replay(
                 }
             }
             Op::Malloc { size, stream, oom, script } => {
-                dev.script.clone_from(script);
+                // A release run right before a malloc's new segment is either the malloc's own
+                // fallback or an empty_cache() just before it. If the cache could serve the
+                // request now, no fallback was needed: it was a flush.
+                let releases = script
+                    .iter()
+                    .take_while(|&&j| {
+                        matches!(events[j].action, Action::SegmentFree | Action::SegmentUnmap)
+                    })
+                    .count();
+                let mut script = &script[..];
+                if releases > 0 && policy.would_hit_cache(*size, *stream) {
+                    dev.script = script[..releases].to_vec();
+                    dev.oom = false;
+                    dev.log.clear();
+                    policy.empty_cache(&mut dev)?;
+                    compare_segments(events, &script[..releases], &dev.log, i, &mut run);
+                    if record {
+                        run.log.append(&mut dev.log);
+                    }
+                    script = &script[releases..];
+                }
+                dev.script = script.to_vec();
                 dev.oom = *oom;
                 dev.log.clear();
                 let got =
@@ -422,14 +457,20 @@ fn replay(
                 }
                 run.placed.push((i, sim));
                 if sim != Some(e.addr) {
-                    let why = explain(&policy, e.addr);
+                    let why = explain(&policy, e.addr, sim);
+                    // Before this malloc, was the recorded address strictly inside a free block?
+                    // Either it still is, or the simulation carved its block from that one.
                     if run.first_inside_free.is_none() {
-                        if let Some((s, _, false)) = policy.block_containing(e.addr) {
-                            if s < e.addr {
-                                run.first_inside_free = Some((i, e.addr));
-                            }
+                        let inside = match policy.block_containing(e.addr) {
+                            Some((s, _, false)) => s < e.addr,
+                            Some((s, _, true)) => Some(s) == sim && s < e.addr,
+                            None => false,
+                        };
+                        if inside {
+                            run.first_inside_free = Some((i, e.addr));
                         }
                     }
+                    run.first_mismatch.get_or_insert((i, e.addr, sim));
                     run.mismatches.push(Mismatch {
                         event: i as u64,
                         action: "alloc".into(),
@@ -440,8 +481,8 @@ fn replay(
                 }
                 match stop {
                     Stop::Never => {}
-                    Stop::FirstInsideFree => {
-                        if run.first_inside_free.is_some() {
+                    Stop::FirstMismatch => {
+                        if run.first_mismatch.is_some() {
                             break;
                         }
                     }
@@ -484,6 +525,50 @@ fn compare_segments(events: &[Event], script: &[usize], log: &[Event], at: usize
             why: "the simulated allocator obtained or released different memory here".into(),
         });
     }
+}
+
+/// §19.2 generalised: the smallest longer size of one ambiguous orphan, near the recorded or the
+/// simulated address, that makes every placement up to event `k` match the recording.
+fn longer_orphan(
+    events: &[Event],
+    ops: &[Op],
+    start: &StartState,
+    config: &Config,
+    k: usize,
+    recorded: u64,
+    simulated: Option<u64>,
+) -> Result<Option<(u64, u64)>> {
+    let mut candidates = start.ambiguous_near(recorded);
+    if let Some(s) = simulated {
+        candidates.extend(start.ambiguous_near(s));
+    }
+    candidates.sort_unstable();
+    candidates.dedup();
+    let upto = k + 1;
+    let passes = |o: u64, size: u64| -> Result<bool> {
+        let v = start.with_size(o, size);
+        let run = replay(&events[..upto], &ops[..upto], &v, config, Stop::FirstMismatch, false)?;
+        Ok(run.first_mismatch.is_none())
+    };
+    for o in candidates {
+        let Some(b) = start.orphan(o) else { continue };
+        let (mut lo, mut hi) = (b.size, b.max_size); // lo fails, hi is tested next
+        if !passes(o, hi)? {
+            continue;
+        }
+        while hi - lo > super::config::MIN_BLOCK_SIZE {
+            let mid =
+                lo + (hi - lo) / 2 / super::config::MIN_BLOCK_SIZE * super::config::MIN_BLOCK_SIZE;
+            let mid = mid.max(lo + super::config::MIN_BLOCK_SIZE);
+            if passes(o, mid)? {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
+        }
+        return Ok(Some((o, hi)));
+    }
+    Ok(None)
 }
 
 /// The recorded reserved curve's peak (§12.3), from `start` bytes.
@@ -540,18 +625,26 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
     // §19.2: learn orphan sizes from placements that prove them.
     let mut learned = Vec::new();
     loop {
-        let run = replay(events, &ops, &start, &config, Stop::FirstInsideFree, false)?;
-        let Some((_, addr)) = run.first_inside_free else { break };
-        match start.extend(addr) {
-            Some(orphan) => learned.push((orphan, addr)),
+        let run = replay(events, &ops, &start, &config, Stop::FirstMismatch, false)?;
+        let Some((k, recorded, simulated)) = run.first_mismatch else { break };
+        if run.first_inside_free == Some((k, recorded)) {
+            if let Some(orphan) = start.extend(recorded) {
+                learned.push((orphan, recorded - orphan, k));
+                continue;
+            }
+        }
+        match longer_orphan(events, &ops, &start, &config, k, recorded, simulated)? {
+            Some((orphan, size)) => {
+                start.set_size(orphan, size);
+                learned.push((orphan, size, k));
+            }
             None => break,
         }
     }
     let base = replay(events, &ops, &start, &config, Stop::Never, options.record_events)?;
-    for (o, addr) in &learned {
+    for (o, size, k) in &learned {
         notes.push(format!(
-            "orphan {o:#x} extended to {} bytes: a recorded alloc at {addr:#x} starts after it",
-            addr - o
+            "the block at {o:#x}, live before recording, is at least {size} bytes: event {k} shows it"
         ));
     }
     // §19.3: decisions that depend on an ambiguous orphan's size.
@@ -691,5 +784,175 @@ mod tests {
         assert_eq!(v.mismatches.len(), 1);
         assert_eq!(v.mismatches[0].event, 2);
         assert_eq!(v.mismatches[0].got, "0x10500000");
+    }
+
+    /// A device that logs segment events as PyTorch's trace would record them, with the stream
+    /// of the segment (or reservation) they belong to.
+    struct Logged {
+        inner: crate::backend::SimDevice,
+        log: Vec<Event>,
+        stream: u64,
+        streams: BTreeMap<u64, (u64, u64)>,
+    }
+
+    impl Logged {
+        fn stream_of(&self, addr: u64) -> u64 {
+            self.streams.range(..=addr).next_back().map_or(0, |(_, &(_, s))| s)
+        }
+    }
+
+    impl Backend for Logged {
+        fn segment_alloc(&mut self, size: u64) -> Result<Option<u64>> {
+            let r = self.inner.segment_alloc(size)?;
+            if let Some(a) = r {
+                self.streams.insert(a, (size, self.stream));
+                self.log.push(Event::new(Action::SegmentAlloc, a, size, self.stream, 0));
+            }
+            Ok(r)
+        }
+        fn segment_free(&mut self, addr: u64, size: u64) -> Result<()> {
+            let s = self.stream_of(addr);
+            self.log.push(Event::new(Action::SegmentFree, addr, size, s, 0));
+            self.inner.segment_free(addr, size)
+        }
+        fn reserve(&mut self, size: u64) -> Result<Option<u64>> {
+            let r = self.inner.reserve(size)?;
+            if let Some(a) = r {
+                self.streams.insert(a, (size, self.stream));
+            }
+            Ok(r)
+        }
+        fn release(&mut self, addr: u64, size: u64) -> Result<()> {
+            self.inner.release(addr, size)
+        }
+        fn map(&mut self, addr: u64, size: u64) -> Result<bool> {
+            let ok = self.inner.map(addr, size)?;
+            if ok {
+                let s = self.stream_of(addr);
+                self.log.push(Event::new(Action::SegmentMap, addr, size, s, 0));
+            }
+            Ok(ok)
+        }
+        fn unmap(&mut self, addr: u64, size: u64) -> Result<()> {
+            let s = self.stream_of(addr);
+            self.log.push(Event::new(Action::SegmentUnmap, addr, size, s, 0));
+            self.inner.unmap(addr, size)
+        }
+        fn reserved(&self) -> u64 {
+            self.inner.reserved()
+        }
+    }
+
+    /// A snapshot as the real allocator would record it: the policy itself driven by a seeded
+    /// workload (with flushes and, under a capacity, fallbacks and OOMs), its final segments and
+    /// settings. Validation must reproduce it exactly, from the start or from any point.
+    fn generate(conf: &str, seed: u64, capacity: Option<u64>) -> Trace {
+        use crate::policy::testing::{workload, Step};
+        let config = Config::parse(conf, Version::CURRENT).unwrap();
+        let mut p = PyTorch::new(config.clone());
+        let mut dev = Logged {
+            inner: crate::backend::SimDevice::new(capacity),
+            log: Vec::new(),
+            stream: 0,
+            streams: BTreeMap::new(),
+        };
+        let mut events = Vec::new();
+        let mut live = std::collections::HashMap::new();
+        for step in workload(seed, 3000) {
+            match step {
+                Step::Alloc { id, size, stream } => {
+                    dev.stream = stream;
+                    let r = p.malloc(&mut dev, size, stream).unwrap();
+                    events.append(&mut dev.log);
+                    match r {
+                        Some(a) => {
+                            events.push(Event::new(Action::Alloc, a.addr, size, stream, 0));
+                            live.insert(id, (a.addr, size, stream));
+                        }
+                        None => {
+                            let rounded = config.round_size(size);
+                            events.push(Event::new(Action::Oom, 0, rounded, stream, 0));
+                        }
+                    }
+                }
+                Step::Free { id } => {
+                    if let Some((a, size, stream)) = live.remove(&id) {
+                        events.push(Event::new(Action::FreeRequested, a, size, stream, 0));
+                        events.push(Event::new(Action::FreeCompleted, a, size, stream, 0));
+                        p.free(&mut dev, a).unwrap();
+                    }
+                }
+                Step::EmptyCache => {
+                    p.empty_cache(&mut dev).unwrap();
+                    events.append(&mut dev.log);
+                }
+            }
+        }
+        for (i, e) in events.iter_mut().enumerate() {
+            e.time_us = i as i64;
+        }
+        Trace {
+            format: crate::trace::Format::PytorchSnapshot,
+            devices: vec![crate::trace::DeviceTrace { device: 0, events }],
+            segments: p.segments(),
+            allocator_settings: Some(crate::trace::AllocatorSettings {
+                conf: Some(conf.to_string()),
+                max_split_size: (config.max_split_size != u64::MAX)
+                    .then_some(config.max_split_size),
+                garbage_collection_threshold: 0.0,
+                expandable_segments: config.expandable_segments,
+                roundup_power2_divisions: config.roundup_power2_divisions,
+                release_lock_on_cudamalloc: false,
+            }),
+            has_times: false,
+            frames: Default::default(),
+        }
+    }
+
+    fn assert_exact(t: &Trace, what: &str) -> Validation {
+        let v = validate(t, &ValidateOptions::default()).unwrap();
+        assert!(
+            v.mismatches.is_empty(),
+            "{what}: {:?}",
+            &v.mismatches[..v.mismatches.len().min(3)]
+        );
+        assert_eq!(v.allocs_addr_matched + v.undeterminable_events, v.allocs_total, "{what}");
+        assert_eq!(v.segment_events_matched, v.segment_events_recorded, "{what}");
+        v
+    }
+
+    #[test]
+    fn self_generated_snapshots_validate_exactly_from_the_start() {
+        for conf in
+            ["", "max_split_size_mb:64", "roundup_power2_divisions:4", "expandable_segments:True"]
+        {
+            for (seed, capacity) in [(1, None), (2, Some(160 << 20)), (3, Some(96 << 20))] {
+                let t = generate(conf, seed, capacity);
+                let v = assert_exact(&t, &format!("{conf} seed {seed}"));
+                assert_eq!(v.undeterminable_events, 0, "a cold start has nothing to guess");
+                assert!(v.segment_events_recorded > 0);
+                assert_eq!(v.peak_reserved_simulated_bytes, v.peak_reserved_recorded_bytes);
+            }
+        }
+    }
+
+    #[test]
+    fn self_generated_snapshots_validate_from_the_middle() {
+        // Cut the recording at an alloc after the first third: the start state must be recovered
+        // from the final segments (orphans, segments freed later), as with a ring buffer.
+        for conf in ["", "max_split_size_mb:64", "roundup_power2_divisions:4"] {
+            for seed in 4..16 {
+                let mut t = generate(conf, seed, Some(200 << 20));
+                let events = &t.devices[0].events;
+                let cut = (events.len() / 3..events.len())
+                    .find(|&i| {
+                        events[i].action == Action::Alloc
+                            && !events[i - 1].action.is_segment_event()
+                    })
+                    .unwrap();
+                t.devices[0].events.drain(..cut);
+                assert_exact(&t, &format!("{conf} seed {seed} from event {cut}"));
+            }
+        }
     }
 }
