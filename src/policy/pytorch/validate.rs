@@ -38,6 +38,8 @@ pub struct ValidateOptions {
     pub version: Option<Version>,
     /// Keep the simulated run as events (for `--export-snapshot`).
     pub record_events: bool,
+    /// Check the policy's invariants after every event (slow; tests and debugging).
+    pub check_invariants: bool,
 }
 
 /// One decision the simulation made differently from the recording.
@@ -342,6 +344,19 @@ fn replay(
     stop: Stop,
     record: bool,
 ) -> Result<Run> {
+    replay_checked(events, ops, start, config, stop, record, false)
+}
+
+/// [`replay`], checking the policy's invariants after every event when `check` is set.
+fn replay_checked(
+    events: &[Event],
+    ops: &[Op],
+    start: &StartState,
+    config: &Config,
+    stop: Stop,
+    record: bool,
+    check: bool,
+) -> Result<Run> {
     let mut policy = PyTorch::new(config.clone());
     start.install(&mut policy)?;
     let mut dev = Guided {
@@ -366,6 +381,12 @@ fn replay(
     let mut run = Run::default();
     let mut ref_pos = 0usize;
     for (i, (e, op)) in events.iter().zip(ops).enumerate() {
+        if check {
+            policy.check().map_err(|m| {
+                Error::input(format!("the pytorch policy broke an invariant: {m}"))
+                    .at(crate::error::Place::Event(i as u64))
+            })?;
+        }
         dev.now = e.time_us;
         match op {
             Op::Skip => {
@@ -641,7 +662,15 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
             None => break,
         }
     }
-    let base = replay(events, &ops, &start, &config, Stop::Never, options.record_events)?;
+    let base = replay_checked(
+        events,
+        &ops,
+        &start,
+        &config,
+        Stop::Never,
+        options.record_events,
+        options.check_invariants,
+    )?;
     for (o, size, k) in &learned {
         notes.push(format!(
             "the block at {o:#x}, live before recording, is at least {size} bytes: event {k} shows it"
@@ -752,6 +781,19 @@ mod tests {
         assert!(matches!(&ops[1], Op::Malloc { script, .. } if script.is_empty()));
         assert!(matches!(ops[2], Op::Skip));
         assert!(matches!(&ops[4], Op::Malloc { script, .. } if script == &vec![2, 3]));
+    }
+
+    #[test]
+    fn real_snapshots_keep_every_invariant() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces");
+        for name in ["cs336-lm-step-c.pickle", "cs336-medium-ctx512-infer.pickle"] {
+            let Ok(t) = crate::trace::read_trace(&dir.join(name), &Default::default()) else {
+                continue; // the shared traces are not there
+            };
+            let options = ValidateOptions { check_invariants: true, ..ValidateOptions::default() };
+            let v = validate(&t, &options).unwrap();
+            assert!(v.mismatches.is_empty(), "{name}");
+        }
     }
 
     #[test]
@@ -910,7 +952,8 @@ mod tests {
     }
 
     fn assert_exact(t: &Trace, what: &str) -> Validation {
-        let v = validate(t, &ValidateOptions::default()).unwrap();
+        let options = ValidateOptions { check_invariants: true, ..ValidateOptions::default() };
+        let v = validate(t, &options).unwrap();
         assert!(
             v.mismatches.is_empty(),
             "{what}: {:?}",
