@@ -12,6 +12,7 @@
 pub mod bfc;
 pub mod bound;
 pub mod buddy;
+pub mod chunks;
 pub mod nocache;
 pub mod offline;
 pub mod pytorch;
