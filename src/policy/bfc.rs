@@ -129,7 +129,7 @@ impl Bfc {
     fn find_chunk(&mut self, rounded: u64, request: u64) -> Option<u64> {
         let (addr, size) = self.chunks.best_fit(0, rounded)?;
         let split = size >= rounded * 2 || size - rounded >= MAX_INTERNAL_FRAGMENTATION;
-        self.chunks.take(addr, rounded, request, split);
+        self.chunks.take(addr, rounded, request, split, 0);
         Some(addr)
     }
 

@@ -133,9 +133,10 @@ impl Chunks {
         out
     }
 
-    /// Hands out the free chunk at `addr`: when `split` and it is bigger than `size`, the tail
-    /// beyond `size` stays free (on the same list) as a new chunk. Returns the block size.
-    pub fn take(&mut self, addr: u64, size: u64, request: u64, split: bool) -> u64 {
+    /// Hands out the free chunk at `addr` to `owner` (kept in the in-use chunk's `list`, e.g.
+    /// the allocating stream): when `split` and it is bigger than `size`, the tail beyond `size`
+    /// stays free (on the chunk's list) as a new chunk. Returns the block size.
+    pub fn take(&mut self, addr: u64, size: u64, request: u64, split: bool, owner: u64) -> u64 {
         let Some(c) = self.chunks.get(&addr).copied() else { return 0 };
         debug_assert!(!c.in_use && c.size >= size);
         self.free.remove(&(c.list, c.size, addr));
@@ -152,7 +153,7 @@ impl Chunks {
         } else {
             c.size
         };
-        self.chunks.insert(addr, Chunk { size: block, in_use: true, request, ..c });
+        self.chunks.insert(addr, Chunk { size: block, in_use: true, request, list: owner, ..c });
         self.allocated += block;
         block
     }
@@ -333,8 +334,8 @@ mod tests {
         let mut c = Chunks::default();
         c.add_region(0, 1000, 0);
         c.add_free(0, 1000, 0, 0);
-        assert_eq!(c.take(0, 100, 90, true), 100);
-        assert_eq!(c.take(100, 200, 200, true), 200);
+        assert_eq!(c.take(0, 100, 90, true, 0), 100);
+        assert_eq!(c.take(100, 200, 200, true, 0), 200);
         assert_eq!(c.best_fit(0, 50), Some((300, 700)));
         c.release(0, 0);
         // 100 free at 0, 700 free at 300: best fit for 60 is the 100-byte chunk.
@@ -350,8 +351,8 @@ mod tests {
         let mut c = Chunks::default();
         c.add_region(0, 300, 0);
         c.add_free(0, 300, 0, 1);
-        c.take(0, 100, 100, true);
-        c.take(100, 100, 100, true);
+        c.take(0, 100, 100, true, 1);
+        c.take(100, 100, 100, true, 1);
         c.release(100, 2);
         assert_eq!(c.lists(), vec![1, 2]);
         assert_eq!(c.best_fit(1, 150), None);
