@@ -205,6 +205,13 @@ impl Chunks {
         !self.chunks.range(base..base + r.size).any(|(_, c)| c.in_use)
     }
 
+    /// True when no chunk lies in region `base` (all its pages were unmapped).
+    pub fn region_is_empty(&self, base: u64) -> bool {
+        self.regions
+            .get(&base)
+            .is_some_and(|r| self.chunks.range(base..base + r.size).next().is_none())
+    }
+
     /// Forgets region `base` and its (free) chunks; returns its size. Call only when
     /// [`Chunks::region_is_free`].
     pub fn remove_region(&mut self, base: u64) -> Option<u64> {
