@@ -1,0 +1,1 @@
+//! Start-state recovery (in progress).
