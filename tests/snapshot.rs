@@ -149,3 +149,326 @@ fn shared_frame_lists_are_interned_once() {
     assert_eq!(ids.len(), t.frames.len() + ids.contains(&fragsim::trace::FramesId::NONE) as usize);
     assert!(t.frames.len() * 2 < t.devices[0].events.len(), "{} stacks", t.frames.len());
 }
+
+/// Runs `python3 -c SCRIPT ARGS...`, returning stdout; fails the test if Python fails.
+fn python(script: &str, args: &[&str]) -> Vec<u8> {
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("python3 is installed (the snapshot tests need it to make fixtures)");
+    assert!(out.status.success(), "python3 failed: {}", String::from_utf8_lossy(&out.stderr));
+    out.stdout
+}
+
+/// A small snapshot in PyTorch's 2.5+ schema, with one frame list shared by three entries and a
+/// segment block, a stream above 2^63, an oom, an annotate and a snapshot entry.
+const FIXTURE: &str = r#"
+import pickle, sys
+fr = [{'filename': 'a.py', 'line': 3, 'name': 'f'}, {'filename': 'b.py', 'line': 7, 'name': 'g\u00e9'}]
+base = 2**40
+s = 2**63 + 5
+snap = {
+  'segments': [{'device': 1, 'address': base, 'total_size': 2097152, 'allocated_size': 512,
+     'active_size': 512, 'requested_size': 100, 'stream': s, 'segment_type': 'small',
+     'segment_pool_id': (0, 0), 'is_expandable': False, 'frames': [],
+     'blocks': [
+        {'address': base, 'size': 512, 'requested_size': 100, 'state': 'active_allocated', 'frames': fr},
+        {'address': base + 512, 'size': 2097152 - 512, 'requested_size': 0, 'state': 'inactive', 'frames': []}]}],
+  'device_traces': [[], [
+     {'action': 'segment_alloc', 'addr': base, 'size': 2097152, 'stream': s, 'time_us': 10, 'frames': fr},
+     {'action': 'alloc', 'addr': base, 'size': 100, 'stream': s, 'time_us': 11, 'frames': fr},
+     {'action': 'oom', 'device_free': 12345, 'size': 4194304, 'stream': 0, 'time_us': 12, 'frames': []},
+     {'action': 'annotate', 'addr': base, 'size': 0, 'stream': 0, 'time_us': 13, 'user_metadata': 'x'},
+     {'action': 'free_requested', 'addr': base, 'size': 100, 'stream': s, 'time_us': 14, 'frames': fr},
+     {'action': 'free_completed', 'addr': base, 'size': 100, 'stream': s, 'time_us': 15},
+     {'action': 'snapshot', 'addr': 0, 'size': 512, 'stream': 0, 'time_us': 16, 'compile_context': 'N/A'}]],
+  'allocator_settings': {'PYTORCH_CUDA_ALLOC_CONF': 'garbage_collection_threshold:0.6',
+     'max_split_size': -1, 'garbage_collection_threshold': 0.6, 'expandable_segments': False,
+     'pinned_num_register_threads': 1, 'release_lock_on_cudamalloc': True,
+     'pinned_use_cuda_host_register': False,
+     'roundup_power2_divisions': {str(2**i): (4 if i == 3 else 0) for i in range(16)}},
+  'external_annotations': [{'device': 1, 'time_us': 13, 'stage': 'fwd'}],
+}
+sys.stdout.buffer.write(pickle.dumps(snap, protocol=int(sys.argv[1])))
+"#;
+
+#[test]
+fn python_pickles_of_every_protocol_read_the_same() {
+    let base = 1u64 << 40;
+    let s = (1u64 << 63) + 5;
+    let mut first: Option<Trace> = None;
+    for protocol in ["2", "3", "4", "5"] {
+        let data = python(FIXTURE, &[protocol]);
+        assert_eq!(data[..2], [0x80, protocol.parse::<u8>().unwrap()]);
+        let t = snapshot::read(&data, &ReadOptions { keep_frames: true, progress: false })
+            .unwrap_or_else(|e| panic!("protocol {protocol}: {e}"));
+        assert!(t.has_times);
+        assert_eq!(t.devices.len(), 2, "device 0 is kept although empty");
+        assert!(t.devices[0].events.is_empty());
+        let ev = &t.devices[1].events;
+        let got: Vec<_> =
+            ev.iter().map(|e| (e.action, e.addr, e.size, e.stream, e.time_us)).collect();
+        assert_eq!(
+            got,
+            vec![
+                (Action::SegmentAlloc, base, 2097152, s, 10),
+                (Action::Alloc, base, 100, s, 11),
+                (Action::Oom, 12345, 4194304, 0, 12),
+                (Action::FreeRequested, base, 100, s, 14),
+                (Action::FreeCompleted, base, 100, s, 15),
+                (Action::Snapshot, 0, 512, 0, 16),
+            ],
+            "protocol {protocol}"
+        );
+        // One shared list object: one id, interned once.
+        assert_eq!(t.frames.len(), 1);
+        assert_eq!(ev[0].frames, ev[1].frames);
+        assert_eq!(ev[0].frames, ev[3].frames);
+        assert_eq!(ev[2].frames, fragsim::trace::FramesId::NONE);
+        let f = t.frames.get(ev[0].frames);
+        assert_eq!((f[1].filename.as_str(), f[1].line, f[1].name.as_str()), ("b.py", 7, "gé"));
+        let seg = &t.segments[0];
+        assert_eq!((seg.device, seg.address, seg.stream, seg.pool), (1, base, s, PoolKind::Small));
+        assert_eq!(seg.blocks[1].address, base + 512);
+        let st = t.allocator_settings.as_ref().unwrap();
+        assert_eq!(st.conf.as_deref(), Some("garbage_collection_threshold:0.6"));
+        assert_eq!(st.max_split_size, None);
+        assert_eq!(st.garbage_collection_threshold, 0.6);
+        assert!(st.release_lock_on_cudamalloc);
+        assert_eq!(st.roundup_power2_divisions[3], 4);
+        assert_eq!(st.roundup_power2_divisions.iter().sum::<u64>(), 4);
+        match &first {
+            None => first = Some(t),
+            Some(f) => assert_eq!(&t, f, "protocol {protocol} reads differently"),
+        }
+    }
+}
+
+#[test]
+fn a_real_snapshot_repickled_at_protocol_2_reads_the_same() {
+    let Some(path) = shared_trace("cs336-lm-step-c.pickle") else { return };
+    let p2 = python(
+        "import pickle,sys; sys.stdout.buffer.write(pickle.dumps(pickle.load(open(sys.argv[1],'rb')), 2))",
+        &[path.to_str().unwrap()],
+    );
+    let options = ReadOptions { keep_frames: true, progress: false };
+    let a = snapshot::read(&p2, &options).unwrap();
+    let b = read_file(&path, true);
+    assert_eq!(a, b);
+}
+
+fn assert_input_error_fast(data: &[u8], what: &str) -> fragsim::Error {
+    let started = Instant::now();
+    let result = snapshot::read(data, &ReadOptions { keep_frames: true, progress: false });
+    assert!(started.elapsed() < Duration::from_secs(5), "{what}: too slow");
+    match result {
+        Ok(_) => panic!("{what}: read as a snapshot"),
+        Err(e) => {
+            assert_eq!(e.kind(), ErrorKind::Input, "{what}: {e}");
+            e
+        }
+    }
+}
+
+#[test]
+fn code_execution_opcodes_are_refused() {
+    // Python's own pickle of an object whose __reduce__ calls os.system (never unpickled here).
+    let data = python(
+        "import os,pickle,sys\nclass E:\n  def __reduce__(self): return (os.system, ('echo pwned',))\nsys.stdout.buffer.write(pickle.dumps({'segments': [E()]}, 4))",
+        &[],
+    );
+    let e = assert_input_error_fast(&data, "os.system via STACK_GLOBAL");
+    assert!(e.to_string().contains("STACK_GLOBAL (0x93) would import 'posix system'"), "{e}");
+    assert!(matches!(e.location().place, Some(Place::Byte(_))), "{e}");
+    // Protocol 2: GLOBAL then REDUCE, by hand: cos\nsystem\n then ('echo pwned',) R.
+    let e = assert_input_error_fast(
+        b"\x80\x02cos\nsystem\nX\x0a\x00\x00\x00echo pwned\x85R.",
+        "GLOBAL + REDUCE",
+    );
+    assert_eq!(
+        e.to_string(),
+        "byte 2: not a plain-data snapshot: opcode GLOBAL (0x63) would import 'os system'"
+    );
+    // An OrderedDict: a class reference even though it is data-like.
+    let data = python(
+        "import collections,pickle,sys; sys.stdout.buffer.write(pickle.dumps(collections.OrderedDict(a=1), 4))",
+        &[],
+    );
+    let e = assert_input_error_fast(&data, "OrderedDict");
+    assert!(e.to_string().contains("would import 'collections OrderedDict'"), "{e}");
+    // BUILD on a plain dict.
+    let e = assert_input_error_fast(b"\x80\x04}\x94}b.", "BUILD");
+    assert!(e.to_string().contains("BUILD (0x62) would set an object's state"), "{e}");
+}
+
+#[test]
+fn truncated_snapshots_fail_with_a_byte_offset() {
+    let Some(path) = shared_trace("cs336-lm-step-c.pickle") else { return };
+    let framed = std::fs::read(&path).unwrap();
+    // Without frames (protocol 2), truncation is found where the data stops, not at a FRAME.
+    let unframed = python(
+        "import pickle,sys; sys.stdout.buffer.write(pickle.dumps(pickle.load(open(sys.argv[1],'rb')), 2))",
+        &[path.to_str().unwrap()],
+    );
+    for data in [&framed, &unframed] {
+        let n = data.len();
+        let mut cuts: Vec<usize> = (0..300).collect();
+        cuts.extend((1..150).map(|i| i * n / 150));
+        cuts.extend(n - 40..n);
+        for cut in cuts {
+            let e = assert_input_error_fast(&data[..cut], &format!("cut at {cut}"));
+            match e.location().place {
+                Some(Place::Byte(b)) => assert!(b as usize <= cut, "cut {cut}: {e}"),
+                _ => panic!("cut {cut}: no byte offset: {e}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn hostile_lengths_nesting_and_garbage_are_input_errors() {
+    // BINUNICODE8 declaring 2^62 bytes.
+    let mut data = b"\x80\x04\x8d".to_vec();
+    data.extend_from_slice(&(1u64 << 62).to_le_bytes());
+    data.extend_from_slice(b"abc.");
+    let e = assert_input_error_fast(&data, "BINUNICODE8 2^62");
+    assert_eq!(e.location().place, Some(Place::Byte(2)));
+    assert!(e.to_string().contains("declares 4611686018427387904 bytes"), "{e}");
+
+    // 100,000 nested lists as the legacy segment list, and inside device_traces.
+    let n = 100_000;
+    let mut data = b"\x80\x04".to_vec();
+    data.extend(std::iter::repeat_n(b']', n));
+    data.extend(std::iter::repeat_n(b'a', n - 1));
+    data.push(b'.');
+    let e = assert_input_error_fast(&data, "nested lists");
+    assert!(e.to_string().contains("segment 0: is a list, not a dict"), "{e}");
+    let mut data = b"\x80\x04}\x8c\x0ddevice_traces".to_vec();
+    data.extend(std::iter::repeat_n(b']', n));
+    data.extend(std::iter::repeat_n(b'a', n - 1));
+    data.extend_from_slice(b"s.");
+    let e = assert_input_error_fast(&data, "nested device_traces");
+    assert!(e.to_string().contains("trace entry 0: is a list, not a dict"), "{e}");
+
+    // Seeded garbage after a valid protocol header.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for round in 0..300 {
+        let mut data = vec![0x80, 4];
+        for _ in 0..(round * 7 % 2000 + 1) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            data.push(x as u8);
+        }
+        let e = assert_input_error_fast(&data, &format!("garbage {round}"));
+        assert!(!e.message().is_empty());
+    }
+}
+
+#[test]
+fn written_snapshots_load_in_python_with_pytorchs_keys_and_values() {
+    let Some(path) = shared_trace("cs336-medium-ctx512-train.pickle") else { return };
+    let t = read_file(&path, true);
+    let mut bytes = Vec::new();
+    snapshot::write(&t, &mut bytes).unwrap();
+    let (_dir, ours) = temp_file("ours.pickle", &bytes);
+    // Python compares our file with the original, field by field, for everything we write.
+    let out = python(
+        r#"
+import pickle, sys
+a = pickle.load(open(sys.argv[1], 'rb'))
+b = pickle.load(open(sys.argv[2], 'rb'))
+assert set(b) == {'segments', 'device_traces', 'allocator_settings'}, set(b)
+seg_keys = ['device', 'address', 'total_size', 'allocated_size', 'active_size', 'requested_size',
+            'stream', 'segment_type', 'segment_pool_id', 'is_expandable']
+assert len(a['segments']) == len(b['segments'])
+for x, y in zip(a['segments'], b['segments']):
+    assert set(y) == set(seg_keys) | {'frames', 'blocks'}, set(y)
+    assert [x[k] for k in seg_keys] == [y[k] for k in seg_keys], (x, y)
+    assert type(y['segment_pool_id']) is tuple and y['frames'] == []
+    bk = ['address', 'size', 'requested_size', 'state']
+    assert [[p[k] for k in bk] for p in x['blocks']] == [[p[k] for k in bk] for p in y['blocks']]
+    assert all(set(p) == set(bk) | {'frames'} for p in y['blocks'])
+ek = ['action', 'addr', 'size', 'stream', 'time_us', 'frames']
+assert len(a['device_traces']) == len(b['device_traces'])
+for x, y in zip(a['device_traces'], b['device_traces']):
+    assert len(x) == len(y)
+    assert all(set(e) == set(ek) for e in y)
+    assert [[e[k] for k in ek] for e in x] == [[e[k] for k in ek] for e in y]
+sa, sb = a['allocator_settings'], b['allocator_settings']
+for k in ['PYTORCH_CUDA_ALLOC_CONF', 'max_split_size', 'garbage_collection_threshold',
+          'expandable_segments', 'release_lock_on_cudamalloc', 'roundup_power2_divisions']:
+    assert sa[k] == sb[k], k
+print(sum(len(x) for x in b['device_traces']), len(b['segments']))
+"#,
+        &[path.to_str().unwrap(), ours.to_str().unwrap()],
+    );
+    assert_eq!(String::from_utf8_lossy(&out).trim(), "22332 400");
+    // Shared frame lists stay shared: our file is not much larger than PyTorch's.
+    let original = std::fs::metadata(&path).unwrap().len() as f64;
+    assert!((bytes.len() as f64) < original * 1.2, "{} vs {original}", bytes.len());
+}
+
+#[test]
+fn write_then_read_is_the_same_trace() {
+    for name in ["cs336-lm-step-b.pickle", "cs336-medium-ctx512-infer.pickle"] {
+        let Some(path) = shared_trace(name) else { return };
+        for keep_frames in [false, true] {
+            let t = read_file(&path, keep_frames);
+            let mut bytes = Vec::new();
+            snapshot::write(&t, &mut bytes).unwrap();
+            let options = ReadOptions { keep_frames, progress: false };
+            let back = snapshot::read(&bytes, &options).unwrap();
+            assert_eq!(back, t, "{name}, keep_frames {keep_frames}");
+        }
+    }
+    // An untimed trace in another format round-trips through the snapshot writer too.
+    let text = b"device 1\nalloc 0x200000 1000 s7\nfree 0x200000 1000 s7\noom 777 2097152 s0\n";
+    let t = trace::read_bytes(text, Format::Text, &ReadOptions::default()).unwrap();
+    let mut bytes = Vec::new();
+    snapshot::write(&t, &mut bytes).unwrap();
+    let back = snapshot::read(&bytes, &ReadOptions::default()).unwrap();
+    assert!(!back.has_times);
+    assert!(back.devices[0].events.is_empty());
+    assert_eq!(back.devices[1].events, t.devices[0].events);
+}
+
+#[test]
+fn export_snapshot_writes_the_simulated_run() {
+    let Some(path) = shared_trace("cs336-medium-ctx512-infer.pickle") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("sim.pickle");
+    let o = run(&[
+        "replay",
+        path.to_str().unwrap(),
+        "--policy",
+        "bound",
+        "--export-snapshot",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let t = read_file(&out, false);
+    let input = read_file(&path, false);
+    assert_eq!(t.devices.len(), 1);
+    // bound: one alloc per input alloc plus one per block live before the first event (here the
+    // dump's allocated blocks, since every alloc of this trace is freed in it), one free pair per
+    // input free.
+    let count = |a: Action| t.devices[0].events.iter().filter(|e| e.action == a).count();
+    let live_at_start = input
+        .segments
+        .iter()
+        .flat_map(|s| &s.blocks)
+        .filter(|b| b.state == BlockState::ActiveAllocated)
+        .count();
+    assert_eq!(count(Action::Alloc), 1666 + live_at_start);
+    assert_eq!(count(Action::FreeCompleted), 1666);
+    assert_eq!(t.allocator_settings, input.allocator_settings);
+    let py = python(
+        "import pickle,sys; d=pickle.load(open(sys.argv[1],'rb')); print(sorted(d), len(d['device_traces'][0]))",
+        &[out.to_str().unwrap()],
+    );
+    assert!(String::from_utf8_lossy(&py)
+        .starts_with("['allocator_settings', 'device_traces', 'segments']"));
+}

@@ -1,16 +1,138 @@
-//! `--export-snapshot`: a simulated run as a PyTorch memory snapshot (not implemented yet).
+//! `--export-snapshot`: a simulated run as a PyTorch memory snapshot, so the simulated allocator's
+//! layout can be opened in the same viewers as a real recording (`torch.cuda._memory_viz`,
+//! pytorch.org/memory_viz).
+//!
+//! The snapshot holds the replayed device's simulated events (policy addresses, recorded by the
+//! engine when `ReplayOptions::record_events` is set), the policy's segments at the end of the
+//! replay, and the input's `allocator_settings`; the wire format is
+//! [`snapshot::write`](crate::trace::snapshot::write) (interface.md, `--export-snapshot`).
 
 use crate::error::{Error, Result};
 use crate::replay::ReplayOutput;
-use crate::trace::Trace;
+use crate::trace::{snapshot, DeviceTrace, Format, Trace};
 use std::path::Path;
 
-/// Writes `output`'s simulated events and segments as a snapshot pickle at `path`.
+/// Writes `output`'s simulated events and segments for `device` as a snapshot pickle at `path`.
+///
+/// Device numbering follows the input: `device_traces` has an (empty) entry for every other
+/// device of `trace`. Event times are the input's, or event indices when the input has none (the
+/// viewer needs some `time_us`).
 pub fn write_simulated(
-    _trace: &Trace,
-    _device: i32,
-    _output: &ReplayOutput,
-    _path: &Path,
+    trace: &Trace,
+    device: i32,
+    output: &ReplayOutput,
+    path: &Path,
 ) -> Result<()> {
-    Err(Error::usage("--export-snapshot is not implemented yet"))
+    let sim = simulated_trace(trace, device, output)?;
+    let mut bytes = Vec::new();
+    snapshot::write(&sim, &mut bytes).map_err(|e| e.in_file(path))?;
+    std::fs::write(path, bytes).map_err(|e| Error::io(path, e))
+}
+
+/// The simulated run as a trace in PyTorch's device numbering.
+fn simulated_trace(trace: &Trace, device: i32, output: &ReplayOutput) -> Result<Trace> {
+    let events = output.events.as_ref().ok_or_else(|| {
+        Error::usage(
+            "--export-snapshot needs the replay's events, but the replay did not record them (ReplayOptions::record_events)",
+        )
+    })?;
+    if device < 0 {
+        return Err(Error::usage(format!(
+            "device {device} is host memory, which a CUDA memory snapshot cannot hold; pick a GPU with --device"
+        )));
+    }
+    let max = trace.devices.iter().map(|d| d.device).max().unwrap_or(device).max(device);
+    let devices = (0..=max)
+        .map(|d| DeviceTrace {
+            device: d,
+            events: if d == device { events.clone() } else { Vec::new() },
+        })
+        .collect();
+    let segments = output
+        .segments
+        .iter()
+        .cloned()
+        .map(|mut s| {
+            s.device = device;
+            s
+        })
+        .collect();
+    Ok(Trace {
+        format: Format::PytorchSnapshot,
+        devices,
+        frames: Default::default(),
+        segments,
+        allocator_settings: trace.allocator_settings.clone(),
+        has_times: true,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::{Action, Block, BlockState, Event, PoolKind, ReadOptions, Segment};
+
+    fn output(events: Option<Vec<Event>>) -> ReplayOutput {
+        ReplayOutput {
+            events,
+            segments: vec![Segment {
+                device: 0,
+                address: 0x10000,
+                total_size: 2 << 20,
+                stream: 0,
+                pool: PoolKind::Small,
+                is_expandable: false,
+                blocks: vec![
+                    Block {
+                        address: 0x10000,
+                        size: 512,
+                        requested_size: 100,
+                        state: BlockState::ActiveAllocated,
+                    },
+                    Block {
+                        address: 0x10200,
+                        size: (2 << 20) - 512,
+                        requested_size: 0,
+                        state: BlockState::Inactive,
+                    },
+                ],
+            }],
+            ..ReplayOutput::default()
+        }
+    }
+
+    #[test]
+    fn exports_the_simulated_device_at_its_index() {
+        let input = crate::trace::text::read(
+            b"device 0\nalloc 0x5 100 s0\ndevice 2\nalloc 0x7 100 s0\n",
+            &ReadOptions::default(),
+        )
+        .unwrap();
+        let events = vec![
+            Event::new(Action::SegmentAlloc, 0x10000, 2 << 20, 0, 0),
+            Event::new(Action::Alloc, 0x10000, 100, 0, 0),
+        ];
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sim.pickle");
+        write_simulated(&input, 2, &output(Some(events.clone())), &path).unwrap();
+        let back = snapshot::read(&std::fs::read(&path).unwrap(), &ReadOptions::default()).unwrap();
+        assert_eq!(back.devices.len(), 3);
+        assert!(back.devices[0].events.is_empty() && back.devices[1].events.is_empty());
+        assert_eq!(back.devices[2].events, events);
+        assert_eq!(back.segments.len(), 1);
+        assert_eq!(back.segments[0].device, 2);
+        assert_eq!(back.segments[0].blocks[0].requested_size, 100);
+    }
+
+    #[test]
+    fn refuses_without_events_or_for_host_memory() {
+        let input = Trace::default();
+        let path = Path::new("/nonexistent/x.pickle");
+        let e = write_simulated(&input, 0, &output(None), path).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Usage);
+        let e = write_simulated(&input, -1, &output(Some(vec![])), path).unwrap_err();
+        assert!(e.to_string().contains("host memory"), "{e}");
+        let e = write_simulated(&input, 0, &output(Some(vec![])), path).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/x.pickle"), "{e}");
+    }
 }

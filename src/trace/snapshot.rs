@@ -47,7 +47,14 @@ pub fn read(data: &[u8], options: &ReadOptions) -> Result<Trace> {
     let mut reader = Reader { p: &p, keep_frames: options.keep_frames, frame_ids: HashMap::new() };
     let (segments, traces) = match root {
         Value::List(_) => (Some(root), None),
-        Value::Dict(_) => (p.get(root, "segments"), p.get(root, "device_traces")),
+        Value::Dict(_) => match (p.get(root, "segments"), p.get(root, "device_traces")) {
+            (None, None) => {
+                return Err(Error::input(
+                    "not a memory snapshot: the pickled dict has neither 'segments' nor 'device_traces'",
+                ))
+            }
+            found => found,
+        },
         other => {
             return Err(Error::input(format!(
                 "not a memory snapshot: the pickle holds a {}, not a dict with 'segments' and 'device_traces'",
@@ -629,4 +636,215 @@ fn write_settings(e: &mut Encoder, s: &AllocatorSettings) {
     }
     e.end_dict();
     e.end_dict();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(keep_frames: bool) -> ReadOptions {
+        ReadOptions { keep_frames, progress: false }
+    }
+
+    /// A 2.0-era snapshot: no `time_us`, the single `free` action, blocks without `address`.
+    fn legacy() -> Vec<u8> {
+        let mut e = Encoder::new();
+        e.begin_dict();
+        e.str("segments");
+        e.begin_list();
+        e.begin_dict();
+        for (k, v) in [("device", 1i128), ("address", 0x100000), ("total_size", 4096)] {
+            e.str(k);
+            e.int(v);
+        }
+        e.str("segment_type");
+        e.str("small");
+        e.str("blocks");
+        e.begin_list();
+        for (size, state, real) in [(1024, "active_allocated", 1000), (3072, "inactive", 0)] {
+            e.begin_dict();
+            e.str("size");
+            e.int(size);
+            e.str("state");
+            e.str(state);
+            e.str("history");
+            e.begin_list();
+            e.begin_dict();
+            e.str("real_size");
+            e.int(real);
+            e.end_dict();
+            e.end_list();
+            e.end_dict();
+        }
+        e.end_list();
+        e.end_dict();
+        e.end_list();
+        e.str("device_traces");
+        e.begin_list();
+        e.begin_list();
+        e.end_list();
+        e.begin_list();
+        for (action, addr, size) in [("alloc", 0x100000, 1000), ("free", 0x100000, 1000)] {
+            e.begin_dict();
+            e.str("action");
+            e.str(action);
+            e.str("addr");
+            e.int(addr);
+            e.str("size");
+            e.int(size);
+            e.str("stream");
+            e.int(0);
+            e.end_dict();
+        }
+        e.end_list();
+        e.end_list();
+        e.end_dict();
+        e.finish()
+    }
+
+    #[test]
+    fn reads_a_2_0_era_snapshot() {
+        let t = read(&legacy(), &opts(false)).unwrap();
+        assert!(!t.has_times);
+        assert_eq!(t.devices.len(), 2);
+        assert!(t.devices[0].events.is_empty());
+        let ev = &t.devices[1].events;
+        // `free` is requested then completed, both at entry index 1.
+        assert_eq!(ev.len(), 3);
+        assert_eq!(ev[0], Event::new(Action::Alloc, 0x100000, 1000, 0, 0));
+        assert_eq!(ev[1], Event::new(Action::FreeRequested, 0x100000, 1000, 0, 1));
+        assert_eq!(ev[2], Event::new(Action::FreeCompleted, 0x100000, 1000, 0, 1));
+        let s = &t.segments[0];
+        assert_eq!((s.device, s.pool, s.stream), (1, PoolKind::Small, 0));
+        // Block addresses: segment address, then + 1024; request sizes from history.
+        assert_eq!(s.blocks[0].address, 0x100000);
+        assert_eq!(s.blocks[1].address, 0x100400);
+        assert_eq!(s.blocks[0].requested_size, 1000);
+        assert_eq!(s.blocks[1].state, BlockState::Inactive);
+        assert_eq!(t.allocator_settings, None);
+    }
+
+    fn one_entry(fields: &[(&str, i128)], action: &str) -> Vec<u8> {
+        let mut e = Encoder::new();
+        e.begin_dict();
+        e.str("device_traces");
+        e.begin_list();
+        e.begin_list();
+        // A good entry first, so the bad one is entry 1.
+        e.begin_dict();
+        e.str("action");
+        e.str("alloc");
+        for k in ["addr", "size", "stream"] {
+            e.str(k);
+            e.int(512);
+        }
+        e.end_dict();
+        e.begin_dict();
+        e.str("action");
+        e.str(action);
+        for &(k, v) in fields {
+            e.str(k);
+            e.int(v);
+        }
+        e.end_dict();
+        e.end_list();
+        e.end_list();
+        e.end_dict();
+        e.finish()
+    }
+
+    #[test]
+    fn oom_takes_device_free_as_addr_and_annotate_is_skipped() {
+        let data = one_entry(&[("device_free", 12345), ("size", 4 << 20), ("stream", 0)], "oom");
+        let t = read(&data, &opts(false)).unwrap();
+        assert_eq!(t.devices[0].events[1], Event::new(Action::Oom, 12345, 4 << 20, 0, 1));
+        let data = one_entry(&[("addr", 512)], "annotate");
+        assert_eq!(read(&data, &opts(false)).unwrap().devices[0].events.len(), 1);
+    }
+
+    #[test]
+    fn bad_entries_name_device_and_event() {
+        for (fields, action, text) in [
+            (&[("addr", 1), ("size", 1)][..], "malloc", "unknown action 'malloc'"),
+            (&[("addr", 1), ("size", -5)], "alloc", "'size' is -5, outside 0..=2^60"),
+            (&[("addr", 1 << 61), ("size", 1)], "alloc", "'addr' is 2305843009213693952"),
+            (&[("size", 1)], "alloc", "has no 'addr'"),
+            (&[("addr", 1), ("size", 1), ("stream", -1)], "alloc", "'stream'"),
+        ] {
+            let e = read(&one_entry(fields, action), &opts(false)).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Input);
+            assert_eq!(e.location().place, Some(Place::Event(1)), "{e}");
+            assert!(e.to_string().starts_with("event 1: device 0: trace entry 1: "), "{e}");
+            assert!(e.to_string().contains(text), "{e}");
+        }
+    }
+
+    #[test]
+    fn settings_map_onto_the_model() {
+        let mut e = Encoder::new();
+        e.begin_dict();
+        e.str("segments");
+        e.begin_list();
+        e.end_list();
+        e.str("allocator_settings");
+        e.begin_dict();
+        e.str("PYTORCH_CUDA_ALLOC_CONF");
+        e.str("max_split_size_mb:64,roundup_power2_divisions:[256:8,>:2]");
+        e.str("max_split_size");
+        e.int(64 << 20);
+        e.str("garbage_collection_threshold");
+        e.float(0.6);
+        e.str("expandable_segments");
+        e.bool(true);
+        e.str("roundup_power2_divisions");
+        e.begin_dict();
+        for (k, v) in [("1", 8), ("256", 8), ("512", 2), ("32768", 2)] {
+            e.str(k);
+            e.int(v);
+        }
+        e.end_dict();
+        e.end_dict();
+        e.end_dict();
+        let t = read(&e.finish(), &opts(false)).unwrap();
+        let s = t.allocator_settings.unwrap();
+        assert_eq!(
+            s.conf.as_deref(),
+            Some("max_split_size_mb:64,roundup_power2_divisions:[256:8,>:2]")
+        );
+        assert_eq!(s.max_split_size, Some(64 << 20));
+        assert_eq!(s.garbage_collection_threshold, 0.6);
+        assert!(s.expandable_segments && !s.release_lock_on_cudamalloc);
+        let mut want = [0; 16];
+        (want[0], want[8], want[9], want[15]) = (8, 8, 2, 2);
+        assert_eq!(s.roundup_power2_divisions, want);
+    }
+
+    #[test]
+    fn a_bare_list_is_a_legacy_segment_list() {
+        let mut e = Encoder::new();
+        e.begin_list();
+        e.begin_dict();
+        for (k, v) in [("device", 0i128), ("address", 4096), ("total_size", 20 << 20)] {
+            e.str(k);
+            e.int(v);
+        }
+        e.end_dict();
+        e.end_list();
+        let t = read(&e.finish(), &opts(false)).unwrap();
+        assert_eq!(t.segments.len(), 1);
+        assert_eq!(t.segments[0].pool, PoolKind::Large);
+        assert_eq!(t.devices.len(), 1);
+        assert!(t.devices[0].events.is_empty());
+    }
+
+    #[test]
+    fn not_a_snapshot() {
+        for (data, text) in [
+            (&b"\x80\x04N."[..], "holds a None"),
+            (b"\x80\x04}.", "neither 'segments' nor 'device_traces'"),
+        ] {
+            let e = read(data, &opts(false)).unwrap_err();
+            assert!(e.to_string().contains(text), "{e}");
+        }
+    }
 }
