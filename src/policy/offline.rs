@@ -10,10 +10,12 @@
 //! How it works:
 //! - [`Policy::prepare`] walks the events. Each `alloc` of a positive size opens a lifetime at its
 //!   event; the free that takes effect (`replay::start_state::free_action`) of the same address
-//!   closes it; blocks never freed live to the end. A free of an address never allocated before
-//!   it is a block live before the first event (what the engine allocates first, in address
-//!   order); it lives from the start. When the trace re-allocates an address still live, the
-//!   engine frees the old block just after the new malloc, so the two overlap.
+//!   closes it; blocks never freed live to the end. Blocks live before the first event (which
+//!   the engine allocates first, in address order) live from the start: built by the registry,
+//!   `offline` gets them from the [`ReplayInput`] ([`Offline::from_input`]), including those only
+//!   the final segments show; without it, it finds the ones the events show (frees of addresses
+//!   never allocated before). When the trace re-allocates an address still live, the engine
+//!   frees the old block just after the new malloc, so the two overlap.
 //! - Blocks are placed in decreasing size (ties: earlier start, then trace order). Each goes into
 //!   the smallest gap, among blocks already placed whose lifetimes overlap its own, that fits it
 //!   (lowest offset on ties), or on top of them when no gap fits. Overlapping placed blocks are
@@ -27,6 +29,9 @@
 //!   plan matching.
 //! - `empty_cache` returns the planned segment when nothing in it is live (it is taken again at
 //!   the next planned malloc).
+//! - Because the whole range is reserved at the first malloc, `fragmentation_at_peak` (taken
+//!   where reserved first reaches its peak) says little for `offline`; its peak reserved is the
+//!   number to compare.
 //!
 //! Options (`offline:key=value,...`): `align` (default 256 B, CUDA's allocation alignment, so
 //! `offline` never rounds less than the online policies; `align=1` packs exact request sizes).
@@ -36,7 +41,7 @@ use super::chunks::{round_up, unknown_option};
 use super::{parse_key_values, Allocation, Policy};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
-use crate::replay::{free_action, AddrMap};
+use crate::replay::{free_action, AddrMap, ReplayInput};
 use crate::trace::{Action, Block, BlockState, Event, PoolKind, Segment};
 use crate::units::parse_size;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -175,10 +180,10 @@ fn query(
     }
 }
 
-/// The lifetimes of `events` in malloc order (see the module docs). Ticks: the blocks live at the
-/// start begin at 0; the malloc at event i is tick 2i + 2, a free at event j ends its block at
-/// 2j + 2, and a block whose address is re-allocated at event i ends at 2i + 3.
-pub fn lifetimes(events: &[Event]) -> Vec<(u64, Lifetime)> {
+/// The blocks live before the first event as far as `events` show them: frees of addresses
+/// never allocated before (what `replay::live_at_start` finds from the events), as (address,
+/// size), in address order. Blocks that only the final segments show are not among them.
+pub fn orphan_frees(events: &[Event]) -> Vec<(u64, u64)> {
     let frees_at = free_action(events);
     // Blocks live at the start, as `replay::live_at_start` finds them from the events.
     let mut seen_alloc = HashSet::new();
@@ -197,10 +202,19 @@ pub fn lifetimes(events: &[Event]) -> Vec<(u64, Lifetime)> {
         }
     }
     at_start.sort_by_key(|&(a, _)| a);
+    at_start
+}
+
+/// The lifetimes of `events` in malloc order, after the blocks `at_start` (address, size) that
+/// the engine allocates first (see the module docs). Ticks: the blocks live at the start begin
+/// at 0; the malloc at event i is tick 2i + 2, a free at event j ends its block at 2j + 2, and a
+/// block whose address is re-allocated at event i ends at 2i + 3.
+pub fn lifetimes(events: &[Event], at_start: &[(u64, u64)]) -> Vec<(u64, Lifetime)> {
+    let frees_at = free_action(events);
     let end_of_trace = 2 * events.len() as u64 + 2;
     let mut out: Vec<(u64, Lifetime)> = Vec::with_capacity(events.len() / 2 + at_start.len());
     let mut live: HashMap<u64, usize> = HashMap::new();
-    for &(addr, size) in &at_start {
+    for &(addr, size) in at_start {
         live.insert(addr, out.len());
         out.push((size, Lifetime { start: 0, end: end_of_trace, block: size }));
     }
@@ -224,9 +238,10 @@ pub fn lifetimes(events: &[Event]) -> Vec<(u64, Lifetime)> {
     out
 }
 
-/// Plans `events` with blocks rounded to `align`: the plan in malloc order and its peak.
-pub fn plan(events: &[Event], align: u64) -> (Vec<Planned>, u64) {
-    let mut lts = lifetimes(events);
+/// Plans `events`, after the blocks `at_start` (address, size) live before them, with blocks
+/// rounded to `align`: the plan in malloc order and its peak.
+pub fn plan(events: &[Event], at_start: &[(u64, u64)], align: u64) -> (Vec<Planned>, u64) {
+    let mut lts = lifetimes(events, at_start);
     for (_, lt) in &mut lts {
         lt.block = round_up(lt.block, align);
     }
@@ -270,6 +285,8 @@ pub struct Offline {
     live: AddrMap<Live>,
     allocated: u64,
     overflow_count: u64,
+    /// The blocks the engine allocates before the first event, when known.
+    at_start: Option<Vec<(u64, u64)>>,
 }
 
 impl Offline {
@@ -287,6 +304,15 @@ impl Offline {
             return Err(Error::usage("align must be positive"));
         }
         Ok(Offline { options: o, ..Offline::default() })
+    }
+
+    /// Builds the policy for a replay of `input`: it then knows the blocks live at the start
+    /// exactly (including those only the final segments show), so the plan matches the engine's
+    /// first mallocs.
+    pub fn from_input(options: &str, input: &ReplayInput) -> Result<Offline> {
+        let mut p = Offline::from_options(options)?;
+        p.at_start = Some(input.live_at_start.iter().map(|b| (b.addr, b.size.max(1))).collect());
+        Ok(p)
     }
 
     /// The planned peak (bytes of the planned range); 0 before `prepare`.
@@ -335,7 +361,11 @@ impl Policy for Offline {
     }
 
     fn prepare(&mut self, events: &[Event]) -> Result<()> {
-        let (plan, peak) = plan(events, self.options.align);
+        let at_start = match &self.at_start {
+            Some(blocks) => blocks.clone(),
+            None => orphan_frees(events),
+        };
+        let (plan, peak) = plan(events, &at_start, self.options.align);
         self.plan = plan;
         self.peak = peak;
         self.cursor = 0;
