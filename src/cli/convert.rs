@@ -1,12 +1,53 @@
-//! `fragsim convert` (not implemented yet).
+//! `fragsim convert`: a trace from one format into another.
 
 use fragsim::error::{Error, Result};
+use fragsim::trace::{self, Format};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// Not implemented yet.
+/// Convert a trace between formats; the output format follows OUT's extension.
+///
+/// Extensions: .pickle/.pkl (PyTorch snapshot), .json (Kineto), .csv (RMM log), .fst (fragsim
+/// binary: keeps everything, fastest to read again), .txt/.trace (fragsim text). Add .gz to
+/// compress. A format that cannot hold part of the trace (Kineto has no segment events, an RMM
+/// log holds one device) gets what it can, and a note on stderr says what was left out.
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// The trace to read (format detected by content; gzip accepted).
+    #[arg(value_name = "IN")]
+    input: PathBuf,
 
-pub fn run(_args: Args) -> Result<ExitCode> {
-    Err(Error::usage("'convert' is not implemented yet"))
+    /// The file to write.
+    #[arg(value_name = "OUT")]
+    output: PathBuf,
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    // Check the output extension before a possibly long read.
+    let format = Format::from_extension(&args.output);
+    if format.is_none() {
+        return Err(Error::usage(format!(
+            "cannot tell the output format from '{}': use .pickle, .json, .csv, .fst or .txt (optionally .gz)",
+            args.output.display()
+        )));
+    }
+    let keep_frames = matches!(format, Some(Format::Fst | Format::PytorchSnapshot));
+    let t = super::read_trace(&args.input, keep_frames)?;
+    trace::write_trace(&t, &args.output)?;
+    for note in losses(&t, format) {
+        eprintln!("fragsim: note: {}: {note}", args.output.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What `format` cannot hold of `t`.
+fn losses(t: &trace::Trace, format: Option<Format>) -> Vec<String> {
+    match format {
+        Some(Format::Kineto) => trace::kineto::losses(t),
+        Some(Format::RmmCsv) => trace::rmm::losses(t),
+        Some(Format::Text) if !t.segments.is_empty() || t.allocator_settings.is_some() => {
+            vec!["final segments and allocator settings are not part of the text format".into()]
+        }
+        _ => Vec::new(),
+    }
 }

@@ -1,12 +1,186 @@
-//! `fragsim info` (not implemented yet).
+//! `fragsim info`: what is in a trace, before replaying it.
 
-use fragsim::error::{Error, Result};
+use fragsim::error::{Error, ErrorKind, Result};
+use fragsim::trace::summary::{DeviceSummary, Summary};
+use fragsim::trace::Action;
+use fragsim::units::format_bytes;
+use std::fmt::Write as _;
+use std::io::Write;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// Not implemented yet.
+/// Show what a trace holds: format, devices, streams, events by kind, sizes, peak live bytes.
+///
+/// Orphan frees are frees of blocks allocated before the recording began (a snapshot that
+/// starts mid-run); peak live bytes counts the blocks allocated inside the trace.
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// The trace: PyTorch snapshot, Kineto JSON, RMM CSV, .fst or text (gzip accepted).
+    #[arg(value_name = "TRACE")]
+    trace: PathBuf,
 
-pub fn run(_args: Args) -> Result<ExitCode> {
-    Err(Error::usage("'info' is not implemented yet"))
+    /// Print one JSON object (interface.md) instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    let trace = super::read_trace(&args.trace, false)?;
+    let summary = Summary::of(&trace);
+    let text = if args.json {
+        serde_json::to_string_pretty(&summary).map_err(|e| Error::usage(e.to_string()))? + "\n"
+    } else {
+        render(&args.trace.display().to_string(), &summary)
+    };
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(text.as_bytes())
+        .map_err(|e| Error::new(ErrorKind::Io, format!("writing to stdout: {e}")))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The human summary.
+fn render(path: &str, s: &Summary) -> String {
+    let mut o = String::new();
+    let events: u64 = s.devices.iter().map(|d| d.events).sum();
+    let _ = writeln!(o, "{path}");
+    let _ = writeln!(
+        o,
+        "  format: {}, {} events on {} device{}, times {}",
+        s.format,
+        count(events),
+        s.devices.len(),
+        if s.devices.len() == 1 { "" } else { "s" },
+        if s.has_times { "recorded" } else { "not recorded (event indices)" }
+    );
+    for d in &s.devices {
+        o.push('\n');
+        render_device(&mut o, d, s.device == Some(d.device));
+    }
+    o.push('\n');
+    if s.segments_at_dump > 0 || s.format == "pytorch-snapshot" {
+        let _ = writeln!(
+            o,
+            "segments at dump: {} ({} reserved)",
+            count(s.segments_at_dump),
+            format_bytes(s.reserved_at_dump_bytes)
+        );
+    }
+    match &s.allocator_settings {
+        Some(a) => {
+            let split = a.max_split_size.map_or("unlimited".to_string(), format_bytes);
+            let _ = writeln!(
+                o,
+                "allocator settings: conf {:?}, expandable_segments {}, max_split_size {split}, \
+                 garbage_collection_threshold {}, roundup_power2_divisions {:?}",
+                a.conf.as_deref().unwrap_or(""),
+                a.expandable_segments,
+                a.garbage_collection_threshold,
+                a.roundup_power2_divisions
+            );
+        }
+        None => {
+            let _ = writeln!(o, "allocator settings: not recorded");
+        }
+    }
+    o
+}
+
+fn render_device(o: &mut String, d: &DeviceSummary, default: bool) {
+    let name = if d.device == -1 {
+        "device -1 (host)".to_string()
+    } else {
+        format!("device {}", d.device)
+    };
+    let _ = writeln!(
+        o,
+        "{name}{}: {} events",
+        if default { " (default for --device)" } else { "" },
+        count(d.events)
+    );
+    let kinds: Vec<String> = Action::ALL
+        .iter()
+        .filter(|&&a| d.by_action.get(a) > 0)
+        .map(|&a| format!("{} {}", count(d.by_action.get(a)), a.name()))
+        .collect();
+    let _ = writeln!(o, "  events:        {}", kinds.join(", "));
+    let streams: Vec<String> = d.streams.iter().map(|s| format!("{s:#x}")).collect();
+    let _ = writeln!(o, "  streams:       {}", streams.join(", "));
+    if let (Some(min), Some(max)) = (d.alloc_size_min, d.alloc_size_max) {
+        let _ = writeln!(o, "  alloc sizes:   {} .. {}", format_bytes(min), format_bytes(max));
+    }
+    let _ = writeln!(
+        o,
+        "  peak live:     {} (blocks allocated in the trace, frees at {})",
+        format_bytes(d.peak_live_bytes),
+        d.free_action
+    );
+    let _ = writeln!(
+        o,
+        "  orphan frees:  {} (blocks allocated before the trace began)",
+        count(d.orphan_frees)
+    );
+    let _ = writeln!(
+        o,
+        "  live at end:   {} blocks, {}",
+        count(d.allocated_in_trace_live_at_end),
+        format_bytes(d.live_at_end_bytes)
+    );
+    if let (Some(first), Some(span)) = (d.first_time_us, d.time_span_us) {
+        let _ = writeln!(
+            o,
+            "  time span:     {:.6} s (from {first} µs to {} µs)",
+            span as f64 / 1e6,
+            d.last_time_us.unwrap_or(first)
+        );
+    }
+    if d.segments_at_dump > 0 {
+        let _ = writeln!(
+            o,
+            "  segments:      {} at dump, {} reserved",
+            count(d.segments_at_dump),
+            format_bytes(d.reserved_at_dump_bytes)
+        );
+    }
+    if !d.size_histogram.is_empty() {
+        let _ = writeln!(o, "  alloc sizes by power of two:");
+        let widest = d.size_histogram.iter().map(|b| b.count).max().unwrap_or(1).max(1);
+        for b in &d.size_histogram {
+            let bar = "#".repeat(((b.count * 30).div_ceil(widest)) as usize);
+            let _ = writeln!(
+                o,
+                "    {:>12} .. <{:<12} {:>9} allocs {:>12}  {bar}",
+                format_bytes(b.min_bytes),
+                format_bytes(b.max_bytes.saturating_add(1)),
+                count(b.count),
+                format_bytes(b.bytes)
+            );
+        }
+    }
+}
+
+/// `26770` → `26,770`.
+fn count(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_get_thousands_separators() {
+        assert_eq!(count(0), "0");
+        assert_eq!(count(999), "999");
+        assert_eq!(count(26770), "26,770");
+        assert_eq!(count(1234567), "1,234,567");
+    }
 }

@@ -1,15 +1,641 @@
-//! PyTorch profiler (Kineto) Chrome traces with memory events.
+//! PyTorch profiler (Kineto) Chrome traces with memory events: reading and writing.
+//!
+//! `torch.profiler.profile(profile_memory=True)` exports a Chrome trace (`{"traceEvents": [...]}`,
+//! or a bare array) in which every allocator call is an instant event named `[memory]`
+//! (Kineto's `libkineto/src/output_json.cpp`, fed by PyTorch's `reportMemoryUsage`):
+//!
+//! ```text
+//! {"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 1, "tid": 2,
+//!  "ts": 1669783687464300, "args": {"Device Type": 1, "Device Id": 1, "Addr": 139926520725504,
+//!  "Bytes": 5242880, "Total Allocated": 5435638784, "Total Reserved": 12782141440}}
+//! ```
+//!
+//! - `Bytes` > 0 is an allocation, < 0 a free of `|Bytes|`; `Device Type` 0 is host (CPU)
+//!   memory, which fragsim files as device -1; other types keep their `Device Id`.
+//! - `ts` is in microseconds (an integer or a float). Events come from several threads and are
+//!   written per thread, so the reader sorts them by `ts` (stable: ties keep file order).
+//! - Kineto records no streams (stream 0 here), no segment events and no `free_requested`: a free
+//!   becomes [`Action::FreeCompleted`], so every free is one event.
+//!
+//! The file is large (tens of MB unzipped, almost all of it kernels and operators), so the
+//! reader deserialises each event into a small borrowed struct that only looks at `name`, `ts`
+//! and `args`, skipping everything else without building a JSON tree.
 
-use super::{ReadOptions, Trace};
-use crate::error::{Error, Result};
+use super::read::MAX_EVENT_BYTES;
+use super::{Action, DeviceTrace, Event, Format, ReadOptions, Trace};
+use crate::error::{Error, ErrorKind, Place, Result};
+use crate::replay::start_state::free_action;
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+use std::borrow::Cow;
+use std::fmt;
 use std::io::Write;
 
+/// Kineto's `Device Type` for host memory (c10::DeviceType::CPU).
+const DEVICE_TYPE_CPU: u64 = 0;
+/// Kineto's `Device Type` for CUDA memory (c10::DeviceType::CUDA).
+const DEVICE_TYPE_CUDA: u64 = 1;
+/// The device fragsim files host memory under (interface.md).
+pub const HOST_DEVICE: i32 = -1;
+
 /// Reads a Kineto trace.
-pub fn read(_data: &[u8], _options: &ReadOptions) -> Result<Trace> {
-    Err(Error::input("kineto reading is not implemented yet"))
+pub fn read(data: &[u8], _options: &ReadOptions) -> Result<Trace> {
+    let mut found = Vec::new();
+    let data = data.strip_prefix(b"\xef\xbb\xbf").unwrap_or(data);
+    let mut de = serde_json::Deserializer::from_slice(data);
+    let saw_events = RootSeed { out: &mut found }
+        .deserialize(&mut de)
+        .and_then(|saw| de.end().map(|_| saw))
+        .map_err(json_error)?;
+    if !saw_events {
+        return Err(Error::input(
+            "no 'traceEvents' list: not a Chrome trace (expected {\"traceEvents\": [...]} or a bare array)",
+        )
+        .at(Place::Byte(0)));
+    }
+    // Events from several threads interleave: order by time; a stable sort keeps file order
+    // among equal times.
+    found.sort_by(|a, b| a.ts.total_cmp(&b.ts));
+    let mut trace = Trace { format: Format::Kineto, has_times: true, ..Trace::default() };
+    for m in found {
+        let i = match trace.devices.binary_search_by_key(&m.device, |d| d.device) {
+            Ok(i) => i,
+            Err(i) => {
+                trace.devices.insert(i, DeviceTrace { device: m.device, events: Vec::new() });
+                i
+            }
+        };
+        trace.devices[i].events.push(m.event);
+    }
+    Ok(trace)
 }
 
-/// Writes `trace` as Kineto memory events.
-pub fn write(_trace: &Trace, _out: &mut impl Write) -> Result<()> {
-    Err(Error::usage("kineto writing is not implemented yet"))
+/// Writes `trace` as a Chrome trace holding one `[memory]` event per allocation and free.
+///
+/// Only allocations and frees (at the action where the trace's frees take effect, see
+/// [`free_action`]) exist in Kineto's vocabulary; segment, `oom` and `snapshot` events are left
+/// out (see [`losses`]). `Total Allocated` is the running sum of live request sizes and `Total
+/// Reserved` the running sum of segment events (0 when the trace has none). Times that go
+/// backwards within a device are written as the previous time, so that reading the file back
+/// (which sorts by `ts`) keeps the order of events.
+pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
+    let io = |e: std::io::Error| Error::new(ErrorKind::Io, e.to_string());
+    write!(out, "{{\"schemaVersion\": 1, \"profile_memory\": 1, \"traceEvents\": [").map_err(io)?;
+    let mut first = true;
+    for d in &trace.devices {
+        let frees = free_action(&d.events);
+        let (device_type, device_id) = if d.device == HOST_DEVICE {
+            (DEVICE_TYPE_CPU, -1)
+        } else {
+            (DEVICE_TYPE_CUDA, d.device)
+        };
+        let mut allocated: i128 = 0;
+        let mut reserved: i128 = 0;
+        let mut last_ts = i64::MIN;
+        for e in &d.events {
+            let bytes: i128 = match e.action {
+                Action::Alloc => e.size as i128,
+                a if a == frees => -(e.size as i128),
+                Action::SegmentAlloc | Action::SegmentMap => {
+                    reserved += e.size as i128;
+                    continue;
+                }
+                Action::SegmentFree | Action::SegmentUnmap => {
+                    reserved -= e.size as i128;
+                    continue;
+                }
+                _ => continue,
+            };
+            allocated += bytes;
+            last_ts = last_ts.max(e.time_us);
+            if !first {
+                out.write_all(b",").map_err(io)?;
+            }
+            first = false;
+            write!(
+                out,
+                "\n  {{\"ph\": \"i\", \"cat\": \"cpu_instant_event\", \"s\": \"t\", \"name\": \"[memory]\", \
+                 \"pid\": 0, \"tid\": 0, \"ts\": {last_ts}, \"args\": {{\"Device Type\": {device_type}, \
+                 \"Device Id\": {device_id}, \"Addr\": {}, \"Bytes\": {bytes}, \
+                 \"Total Allocated\": {allocated}, \"Total Reserved\": {reserved}}}}}",
+                e.addr
+            )
+            .map_err(io)?;
+        }
+    }
+    writeln!(out, "\n]}}").map_err(io)
+}
+
+/// What writing `trace` as Kineto JSON leaves out, one line each (empty when nothing is lost).
+pub fn losses(trace: &Trace) -> Vec<String> {
+    let mut out = Vec::new();
+    for d in &trace.devices {
+        let frees = free_action(&d.events);
+        let dropped =
+            d.events.iter().filter(|e| e.action != Action::Alloc && e.action != frees).count();
+        if dropped > 0 {
+            out.push(format!(
+                "device {}: {dropped} events other than alloc and {} are not part of the Kineto format",
+                d.device,
+                frees.name()
+            ));
+        }
+        if d.events.iter().any(|e| e.stream != 0) {
+            out.push(format!(
+                "device {}: Kineto records no streams; all become stream 0",
+                d.device
+            ));
+        }
+    }
+    if !trace.segments.is_empty() || trace.allocator_settings.is_some() {
+        out.push("final segments and allocator settings are not part of the Kineto format".into());
+    }
+    out
+}
+
+/// One `[memory]` event, before events are sorted by time and split by device.
+struct Found {
+    ts: f64,
+    device: i32,
+    event: Event,
+}
+
+/// Turns a serde_json error into an input error at its line.
+fn json_error(e: serde_json::Error) -> Error {
+    let text = e.to_string();
+    let message = match text.rsplit_once(" at line ") {
+        Some((m, _)) if e.line() > 0 => format!("{m} (column {})", e.column()),
+        _ => text,
+    };
+    let message = if e.is_eof() { format!("truncated JSON: {message}") } else { message };
+    let err = Error::input(message);
+    if e.line() > 0 {
+        err.at(Place::Line(e.line() as u64))
+    } else {
+        err
+    }
+}
+
+/// The top level: `{"traceEvents": [...], ...}` or a bare array of events. Yields whether a
+/// list of events was found.
+struct RootSeed<'o> {
+    out: &'o mut Vec<Found>,
+}
+
+impl<'de> DeserializeSeed<'de> for RootSeed<'_> {
+    type Value = bool;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for RootSeed<'_> {
+    type Value = bool;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a Chrome trace object or an array of trace events")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<bool, A::Error> {
+        EventsSeed { out: self.out }.visit_seq(seq)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+        let mut saw = false;
+        while let Some(key) = map.next_key::<Key>()? {
+            if key.0 == "traceEvents" && !saw {
+                saw = map.next_value_seed(EventsSeed { out: &mut *self.out })?;
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(saw)
+    }
+}
+
+/// A map key, borrowed from the input where it has no escapes.
+struct Key<'a>(Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string key")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(v.to_owned())))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// The `traceEvents` list: keeps the `[memory]` events, skips the rest.
+struct EventsSeed<'o> {
+    out: &'o mut Vec<Found>,
+}
+
+impl<'de> DeserializeSeed<'de> for EventsSeed<'_> {
+    type Value = bool;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for EventsSeed<'_> {
+    type Value = bool;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a list of trace events")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
+        let mut index = 0u64;
+        while let Some(found) = seq.next_element_seed(ElementSeed { index })? {
+            if let Some(f) = found {
+                self.out.push(f);
+            }
+            index += 1;
+        }
+        Ok(true)
+    }
+}
+
+/// One element of `traceEvents`: a `[memory]` event becomes a [`Found`], anything else `None`.
+///
+/// Validation happens inside the element's object, so serde_json reports the line where the
+/// bad event ends.
+struct ElementSeed {
+    index: u64,
+}
+
+impl<'de> DeserializeSeed<'de> for ElementSeed {
+    type Value = Option<Found>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Option<Found>, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ElementSeed {
+    type Value = Option<Found>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a trace event")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Option<Found>, A::Error> {
+        let mut raw = RawEvent::default();
+        while let Some(key) = map.next_key::<Key>()? {
+            match key.0.as_ref() {
+                "name" => raw.name = map.next_value()?,
+                "ts" => raw.ts = map.next_value()?,
+                "args" => raw.args = map.next_value()?,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        if !raw.name.0 {
+            return Ok(None);
+        }
+        raw.to_found().map_err(|m| {
+            de::Error::custom(format_args!("traceEvents[{}] ([memory]): {m}", self.index))
+        })
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Option<Found>, A::Error> {
+        IgnoredAny.visit_seq(seq).map(|_| None)
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<Option<Found>, E> {
+        Ok(None)
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Option<Found>, E> {
+        Ok(None)
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Option<Found>, E> {
+        Ok(None)
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Option<Found>, E> {
+        Ok(None)
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Option<Found>, E> {
+        Ok(None)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Option<Found>, E> {
+        Ok(None)
+    }
+}
+
+/// The fields of a trace event the reader looks at; all others are skipped unparsed.
+#[derive(Default)]
+struct RawEvent {
+    name: IsMemory,
+    ts: Scalar,
+    args: RawArgs,
+}
+
+impl RawEvent {
+    /// The event, `None` for a zero-byte event (no memory changes hands), or why it is invalid.
+    fn to_found(&self) -> std::result::Result<Option<Found>, String> {
+        let a = &self.args;
+        let bytes = a.bytes.integer("Bytes")?;
+        if bytes.unsigned_abs() >= MAX_EVENT_BYTES as u128 {
+            return Err(format!(
+                "Bytes {bytes} is 2^60 or more, beyond what any allocator accepts (PyTorch rejects such requests)"
+            ));
+        }
+        if bytes == 0 {
+            return Ok(None);
+        }
+        let raw = a.addr.integer("Addr")?;
+        // Kineto writes pointers as int64: a negative value is an address above 2^63.
+        let addr = if raw < 0 {
+            i64::try_from(raw).ok().map(|v| v as u64)
+        } else {
+            u64::try_from(raw).ok()
+        }
+        .ok_or_else(|| format!("Addr {raw} does not fit 64 bits"))?;
+        let device_type = a.device_type.integer("Device Type")?;
+        let device = if device_type == DEVICE_TYPE_CPU as i128 {
+            HOST_DEVICE
+        } else {
+            let id = a.device_id.integer("Device Id")?;
+            i32::try_from(id)
+                .ok()
+                .filter(|&d| d >= 0)
+                .ok_or_else(|| format!("Device Id {id} is not a device index"))?
+        };
+        let ts = self.ts.float("ts")?;
+        if !ts.is_finite() || ts.abs() >= 9.0e18 {
+            return Err(format!("ts {ts} is not a time in microseconds"));
+        }
+        let action = if bytes > 0 { Action::Alloc } else { Action::FreeCompleted };
+        let event = Event::new(action, addr, bytes.unsigned_abs() as u64, 0, ts.round() as i64);
+        Ok(Some(Found { ts, device, event }))
+    }
+}
+
+/// True for an event named `[memory]`; any other name or type is false (nothing is allocated).
+#[derive(Default)]
+struct IsMemory(bool);
+
+impl<'de> Deserialize<'de> for IsMemory {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = IsMemory;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an event name")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<IsMemory, E> {
+                Ok(IsMemory(v == "[memory]"))
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<IsMemory, E> {
+                Ok(IsMemory(false))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<IsMemory, E> {
+                Ok(IsMemory(false))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<IsMemory, E> {
+                Ok(IsMemory(false))
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<IsMemory, E> {
+                Ok(IsMemory(false))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<IsMemory, E> {
+                Ok(IsMemory(false))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<IsMemory, A::Error> {
+                IgnoredAny.visit_seq(seq).map(|_| IsMemory(false))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<IsMemory, A::Error> {
+                IgnoredAny.visit_map(map).map(|_| IsMemory(false))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A JSON value the reader may need as a number; anything else is kept only as "not a number".
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+enum Scalar {
+    /// The key was absent.
+    #[default]
+    Missing,
+    /// An integer.
+    Int(i128),
+    /// A number with a fraction or exponent.
+    Float(f64),
+    /// A string, boolean, null, list or object.
+    Other,
+}
+
+impl Scalar {
+    fn integer(self, key: &str) -> std::result::Result<i128, String> {
+        match self {
+            Scalar::Int(v) => Ok(v),
+            Scalar::Float(f) if f.fract() == 0.0 && f.abs() < 1.0e30 => Ok(f as i128),
+            Scalar::Missing => Err(format!("missing '{key}'")),
+            _ => Err(format!("'{key}' is not an integer")),
+        }
+    }
+
+    fn float(self, key: &str) -> std::result::Result<f64, String> {
+        match self {
+            Scalar::Int(v) => Ok(v as f64),
+            Scalar::Float(f) => Ok(f),
+            Scalar::Missing => Err(format!("missing '{key}'")),
+            Scalar::Other => Err(format!("'{key}' is not a number")),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Scalar {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Scalar;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON value")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Scalar, E> {
+                Ok(Scalar::Int(v as i128))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Scalar, E> {
+                Ok(Scalar::Int(v as i128))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Scalar, E> {
+                Ok(Scalar::Float(v))
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<Scalar, E> {
+                Ok(Scalar::Other)
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Scalar, E> {
+                Ok(Scalar::Other)
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Scalar, E> {
+                Ok(Scalar::Other)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Scalar, A::Error> {
+                IgnoredAny.visit_seq(seq).map(|_| Scalar::Other)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Scalar, A::Error> {
+                IgnoredAny.visit_map(map).map(|_| Scalar::Other)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// The `args` of an event: the memory fields when it is an object, nothing otherwise.
+#[derive(Default)]
+struct RawArgs {
+    addr: Scalar,
+    bytes: Scalar,
+    device_type: Scalar,
+    device_id: Scalar,
+}
+
+impl<'de> Deserialize<'de> for RawArgs {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawArgs;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("event args")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawArgs, A::Error> {
+                let mut args = RawArgs::default();
+                while let Some(key) = map.next_key::<Key>()? {
+                    let slot = match key.0.as_ref() {
+                        "Addr" => &mut args.addr,
+                        "Bytes" => &mut args.bytes,
+                        "Device Type" => &mut args.device_type,
+                        "Device Id" => &mut args.device_id,
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                            continue;
+                        }
+                    };
+                    *slot = map.next_value()?;
+                }
+                Ok(args)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<RawArgs, A::Error> {
+                IgnoredAny.visit_seq(seq).map(|_| RawArgs::default())
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<RawArgs, E> {
+                Ok(RawArgs::default())
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<RawArgs, E> {
+                Ok(RawArgs::default())
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<RawArgs, E> {
+                Ok(RawArgs::default())
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<RawArgs, E> {
+                Ok(RawArgs::default())
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<RawArgs, E> {
+                Ok(RawArgs::default())
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<RawArgs, E> {
+                Ok(RawArgs::default())
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mem(ts: &str, ty: u32, id: i32, addr: i64, bytes: i64) -> String {
+        format!(
+            r#"{{"ph":"i","name":"[memory]","ts":{ts},"args":{{"Device Type":{ty},"Device Id":{id},"Addr":{addr},"Bytes":{bytes},"Total Allocated":0,"Total Reserved":0}}}}"#
+        )
+    }
+
+    #[test]
+    fn orders_by_time_and_splits_devices() {
+        let events = [
+            mem("20", 1, 1, 4096, -512),
+            r#"{"ph":"X","name":"aten::mm","ts":5,"dur":3,"args":{"Bytes":"x"}}"#.to_string(),
+            mem("10.4", 1, 1, 4096, 512),
+            mem("15", 0, -1, 77, 64),
+        ];
+        let json = format!("{{\"schemaVersion\":1,\"traceEvents\":[{}]}}", events.join(","));
+        let t = read(json.as_bytes(), &ReadOptions::default()).unwrap();
+        assert_eq!(t.format, Format::Kineto);
+        assert!(t.has_times);
+        assert_eq!(t.devices.len(), 2);
+        assert_eq!(t.devices[0].device, -1);
+        assert_eq!(t.devices[0].events, vec![Event::new(Action::Alloc, 77, 64, 0, 15)]);
+        assert_eq!(
+            t.devices[1].events,
+            vec![
+                Event::new(Action::Alloc, 4096, 512, 0, 10),
+                Event::new(Action::FreeCompleted, 4096, 512, 0, 20),
+            ]
+        );
+    }
+
+    #[test]
+    fn reads_a_bare_array_and_negative_addresses() {
+        let json = format!("[{}]", mem("1", 1, 0, -4096, 8));
+        let t = read(json.as_bytes(), &ReadOptions::default()).unwrap();
+        assert_eq!(t.devices[0].events[0].addr, 0xffff_ffff_ffff_f000);
+    }
+
+    #[test]
+    fn round_trips_through_write() {
+        let json = format!(
+            "[{},{},{}]",
+            mem("1", 1, 2, 4096, 8),
+            mem("3", 0, -1, 8, 100),
+            mem("2", 1, 2, 4096, -8)
+        );
+        let t = read(json.as_bytes(), &ReadOptions::default()).unwrap();
+        let mut out = Vec::new();
+        write(&t, &mut out).unwrap();
+        let back = read(&out, &ReadOptions::default()).unwrap();
+        assert_eq!(back, t);
+        assert!(losses(&t).is_empty());
+    }
+
+    #[test]
+    fn rejects_bad_memory_events_with_their_index_and_line() {
+        let json = format!(
+            "{{\"traceEvents\":[\n{},\n{}\n]}}",
+            mem("1", 1, 0, 16, 8),
+            mem("2", 1, 0, 16, 1 << 61)
+        );
+        let err = read(json.as_bytes(), &ReadOptions::default()).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.starts_with(
+                "line 3: traceEvents[1] ([memory]): Bytes 2305843009213693952 is 2^60 or more"
+            ),
+            "{text}"
+        );
+        let err = read(
+            b"{\"traceEvents\":[{\"name\":\"[memory]\",\"ts\":1,\"args\":{}}]}",
+            &ReadOptions::default(),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("missing 'Bytes'"), "{err}");
+        let err = read(b"{\"traceEvents\":[", &ReadOptions::default()).unwrap_err();
+        assert!(err.to_string().contains("truncated JSON"), "{err}");
+        let err = read(b"{\"foo\":1}", &ReadOptions::default()).unwrap_err();
+        assert!(err.to_string().contains("no 'traceEvents'"), "{err}");
+    }
 }

@@ -16,6 +16,7 @@ pub mod kineto;
 pub mod pickle;
 pub mod rmm;
 pub mod snapshot;
+pub mod summary;
 pub mod text;
 
 mod frames;

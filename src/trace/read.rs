@@ -5,7 +5,7 @@
 //! read as, and the reader adds the place (byte, line or event).
 
 use super::{detect, fst, kineto, rmm, snapshot, text, Trace};
-use crate::error::{Error, Result};
+use crate::error::{Error, Place, Result};
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
 use std::path::Path;
@@ -67,24 +67,75 @@ pub struct ReadOptions {
     pub progress: bool,
 }
 
+/// Sizes at or above 2^60 bytes are rejected by every reader: PyTorch's caching allocator refuses
+/// such requests, so a trace that holds one is corrupt (and sums of them would overflow).
+pub const MAX_EVENT_BYTES: u64 = 1 << 60;
+
 /// The largest file fragsim will decompress into memory, to bound memory on hostile input.
 pub const MAX_DECOMPRESSED_BYTES: u64 = 8 << 30;
 
 /// Reads the trace at `path`, detecting its format by content.
+///
+/// With [`ReadOptions::progress`], a spinner on stderr shows the file being read once the read
+/// has taken more than a second (quick reads print nothing).
 pub fn read_trace(path: &Path, options: &ReadOptions) -> Result<Trace> {
+    if options.progress {
+        with_progress(path, || read_path(path, options))
+    } else {
+        read_path(path, options)
+    }
+}
+
+fn read_path(path: &Path, options: &ReadOptions) -> Result<Trace> {
     let raw = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     let data = if raw.starts_with(&[0x1f, 0x8b]) {
         gunzip(&raw).map_err(|e| e.in_file(path))?
     } else {
         raw
     };
+    if data.iter().all(|b| b.is_ascii_whitespace()) {
+        return Err(Error::input("empty file: no trace to read").in_file(path));
+    }
     let format = detect::detect(&data).ok_or_else(|| {
         Error::input(
             "unrecognised trace format (expected a PyTorch snapshot pickle, Kineto JSON, RMM CSV, .fst or fragsim text)",
         )
+        .at(Place::Byte(0))
         .in_file(path)
     })?;
     read_bytes(&data, format, options).map_err(|e| e.in_format(format.name()).in_file(path))
+}
+
+/// Runs `read` while a helper thread waits one second, then shows a spinner until it is done.
+fn with_progress<T>(path: &Path, read: impl FnOnce() -> T) -> T {
+    use std::sync::mpsc::{channel, RecvTimeoutError};
+    use std::time::Duration;
+    let name = path
+        .file_name()
+        .map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+    let size =
+        std::fs::metadata(path).map(|m| crate::units::format_bytes(m.len())).unwrap_or_default();
+    let (done, wait) = channel::<()>();
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            if wait.recv_timeout(Duration::from_secs(1)) != Err(RecvTimeoutError::Timeout) {
+                return;
+            }
+            let bar = indicatif::ProgressBar::new_spinner();
+            if let Ok(style) =
+                indicatif::ProgressStyle::with_template("{spinner} reading {msg} {elapsed}")
+            {
+                bar.set_style(style);
+            }
+            bar.set_message(format!("{name} ({size})"));
+            bar.enable_steady_tick(Duration::from_millis(100));
+            let _ = wait.recv();
+            bar.finish_and_clear();
+        });
+        let out = read();
+        drop(done);
+        out
+    })
 }
 
 /// Reads a trace of a known format from memory.

@@ -1,15 +1,352 @@
-//! RAPIDS RMM logging CSV.
+//! RAPIDS RMM `logging_resource_adaptor` CSV logs: reading and writing.
+//!
+//! Upstream: `rapidsai/rmm` `cpp/src/mr/detail/logging_resource_adaptor_impl.cpp` (the writer) and
+//! `cpp/benchmarks/utilities/log_parser.hpp` (RMM's own replay parser); anchors.md §1.1.
+//!
+//! ```text
+//! Thread,Time,Action,Pointer,Size,Stream
+//! 140573312345856,14:03:07.123456,allocate,0x7f8a40000000,1024,0
+//! 140573312345856,14:03:07.123789,free,0x7f8a40000000,1024,0
+//! 140573312345856,14:03:07.124001,allocate failure,(nil),68719476736,0
+//! ```
+//!
+//! - Actions: `allocate` → [`Action::Alloc`]; `free` (what the code writes) and `deallocate` (what
+//!   the user guide shows) → [`Action::FreeCompleted`], one event per free, as RMM frees at once;
+//!   `allocate failure` → [`Action::Oom`] with the request size (`addr` 0: RMM does not log the
+//!   free bytes).
+//! - Time: the code writes wall-clock `HH:MM:SS.ffffff` (no date), the user guide shows epoch
+//!   seconds (`1634567890.123456`); both are read. A clock time that jumps back by more than 12
+//!   hours is taken as passing midnight. An empty Time field makes the trace untimed.
+//! - Pointer: hex as `%p` prints it (`0x7f8a40000000`, or `(nil)` for null).
+//! - Stream: `format_stream` writes the `cudaStream_t` in hex; `0x…` or a value with hex letters
+//!   is read as hex, plain digits as decimal (the default stream is `0` either way).
+//! - An RMM log is one device: device 0.
 
-use super::{ReadOptions, Trace};
-use crate::error::{Error, Result};
+use super::read::MAX_EVENT_BYTES;
+use super::{Action, DeviceTrace, Event, Format, ReadOptions, Trace};
+use crate::error::{Error, ErrorKind, Place, Result};
+use crate::replay::start_state::free_action;
 use std::io::Write;
 
+/// The header RMM writes, exactly.
+pub const HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream";
+
+const DAY_US: i64 = 86_400_000_000;
+
 /// Reads an RMM log.
-pub fn read(_data: &[u8], _options: &ReadOptions) -> Result<Trace> {
-    Err(Error::input("rmm csv reading is not implemented yet"))
+pub fn read(data: &[u8], _options: &ReadOptions) -> Result<Trace> {
+    let text = std::str::from_utf8(data).map_err(|e| {
+        Error::input(format!("not UTF-8 text: {e}")).at(Place::Byte(e.valid_up_to() as u64))
+    })?;
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
+    match lines.next() {
+        Some((_, h)) if normalise_header(h) == normalise_header(HEADER) => {}
+        Some((n, h)) => {
+            return Err(Error::input(format!("expected the header '{HEADER}', found '{h}'"))
+                .at(Place::Line(n as u64 + 1)))
+        }
+        None => return Err(Error::input(format!("empty file: expected the header '{HEADER}'"))),
+    }
+    let mut events = Vec::new();
+    let mut clock = Clock::default();
+    let mut timed = true;
+    for (n, line) in lines {
+        let place = Place::Line(n as u64 + 1);
+        let row = parse_row(line, &mut clock).map_err(|m| Error::input(m).at(place))?;
+        let time = match row.time {
+            Some(t) => t,
+            None => {
+                timed = false;
+                events.len() as i64
+            }
+        };
+        events.push(Event::new(row.action, row.addr, row.size, row.stream, time));
+    }
+    if !timed {
+        for (i, e) in events.iter_mut().enumerate() {
+            e.time_us = i as i64;
+        }
+    }
+    Ok(Trace {
+        format: Format::RmmCsv,
+        devices: vec![DeviceTrace { device: 0, events }],
+        has_times: timed,
+        ..Trace::default()
+    })
 }
 
-/// Writes `trace` as an RMM log.
-pub fn write(_trace: &Trace, _out: &mut impl Write) -> Result<()> {
-    Err(Error::usage("rmm csv writing is not implemented yet"))
+/// Writes the events of the trace's device (the one with the most events, if several) as an
+/// RMM log: allocations, frees (at the action where the trace's frees take effect) and OOMs.
+/// Times are written as epoch seconds with six decimals, which RMM's user guide shows and which
+/// keep the microseconds exactly; an untimed trace gets an empty Time field.
+pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
+    let io = |e: std::io::Error| Error::new(ErrorKind::Io, e.to_string());
+    writeln!(out, "{HEADER}").map_err(io)?;
+    let Some(device) = trace.default_device().and_then(|d| trace.device(d)) else {
+        return Ok(());
+    };
+    let frees = free_action(&device.events);
+    for e in &device.events {
+        let (action, pointer) = match e.action {
+            Action::Alloc => ("allocate", Some(e.addr)),
+            a if a == frees => ("free", Some(e.addr)),
+            Action::Oom => ("allocate failure", None),
+            _ => continue,
+        };
+        let time = if trace.has_times { format_epoch(e.time_us) } else { String::new() };
+        let pointer = match pointer {
+            Some(p) if p != 0 => format!("{p:#x}"),
+            _ => "(nil)".to_string(),
+        };
+        let stream = if e.stream == 0 { "0".to_string() } else { format!("{:#x}", e.stream) };
+        writeln!(out, "0,{time},{action},{pointer},{},{stream}", e.size).map_err(io)?;
+    }
+    Ok(())
+}
+
+/// What writing `trace` as an RMM log leaves out, one line each (empty when nothing is lost).
+pub fn losses(trace: &Trace) -> Vec<String> {
+    let mut out = Vec::new();
+    let chosen = trace.default_device();
+    for d in &trace.devices {
+        if Some(d.device) != chosen {
+            if !d.events.is_empty() {
+                out.push(format!(
+                    "device {}: an RMM log holds one device; its {} events are left out",
+                    d.device,
+                    d.events.len()
+                ));
+            }
+            continue;
+        }
+        let frees = free_action(&d.events);
+        let dropped = d
+            .events
+            .iter()
+            .filter(|e| !matches!(e.action, Action::Alloc | Action::Oom) && e.action != frees)
+            .count();
+        if dropped > 0 {
+            out.push(format!(
+                "device {}: {dropped} events other than alloc, {} and oom are not part of an RMM log",
+                d.device,
+                frees.name()
+            ));
+        }
+    }
+    if !trace.segments.is_empty() || trace.allocator_settings.is_some() {
+        out.push("final segments and allocator settings are not part of an RMM log".into());
+    }
+    out
+}
+
+fn normalise_header(h: &str) -> String {
+    h.chars().filter(|c| !c.is_whitespace()).collect::<String>().to_ascii_lowercase()
+}
+
+/// One parsed line.
+struct Row {
+    action: Action,
+    addr: u64,
+    size: u64,
+    stream: u64,
+    time: Option<i64>,
+}
+
+/// Turns clock times (`HH:MM:SS.ffffff`, no date) into a monotone microsecond count.
+#[derive(Default)]
+struct Clock {
+    day_offset: i64,
+    last: Option<i64>,
+}
+
+impl Clock {
+    fn clock_time(&mut self, of_day: i64) -> i64 {
+        if let Some(last) = self.last {
+            if of_day + self.day_offset < last - DAY_US / 2 {
+                self.day_offset += DAY_US;
+            }
+        }
+        let t = of_day + self.day_offset;
+        self.last = Some(t);
+        t
+    }
+}
+
+fn parse_row(line: &str, clock: &mut Clock) -> std::result::Result<Row, String> {
+    let fields: Vec<&str> = line.split(',').map(str::trim).collect();
+    let [_thread, time, action, pointer, size, stream] = fields[..] else {
+        return Err(format!(
+            "expected 6 comma-separated fields (Thread,Time,Action,Pointer,Size,Stream), found {}: '{line}'",
+            fields.len()
+        ));
+    };
+    let action = match action.to_ascii_lowercase().as_str() {
+        "allocate" => Action::Alloc,
+        "free" | "deallocate" => Action::FreeCompleted,
+        "allocate failure" => Action::Oom,
+        _ => {
+            return Err(format!(
+                "unknown action '{action}' (accepted: allocate, free, deallocate, allocate failure)"
+            ))
+        }
+    };
+    let addr = parse_pointer(pointer).ok_or_else(|| format!("bad pointer '{pointer}'"))?;
+    let size: u64 = size.parse().map_err(|_| format!("bad size '{size}'"))?;
+    if size >= MAX_EVENT_BYTES {
+        return Err(format!(
+            "size {size} is 2^60 or more, beyond what any allocator accepts (PyTorch rejects such requests)"
+        ));
+    }
+    let stream = parse_stream(stream).ok_or_else(|| format!("bad stream '{stream}'"))?;
+    let time = if time.is_empty() {
+        None
+    } else if time.contains(':') {
+        Some(clock.clock_time(parse_clock(time).ok_or_else(|| {
+            format!("bad time '{time}' (expected HH:MM:SS.ffffff or epoch seconds)")
+        })?))
+    } else {
+        Some(parse_epoch(time).ok_or_else(|| {
+            format!("bad time '{time}' (expected HH:MM:SS.ffffff or epoch seconds)")
+        })?)
+    };
+    Ok(Row { action, addr, size, stream, time })
+}
+
+fn parse_pointer(p: &str) -> Option<u64> {
+    if p == "(nil)" || p == "0" {
+        return Some(0);
+    }
+    let hex = p.strip_prefix("0x").or_else(|| p.strip_prefix("0X")).unwrap_or(p);
+    u64::from_str_radix(hex, 16).ok()
+}
+
+fn parse_stream(s: &str) -> Option<u64> {
+    if let Some(hex) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        return u64::from_str_radix(hex, 16).ok();
+    }
+    if s.bytes().all(|b| b.is_ascii_digit()) {
+        return s.parse().ok();
+    }
+    u64::from_str_radix(s, 16).ok()
+}
+
+/// `HH:MM:SS[.ffffff]` → microseconds since midnight.
+fn parse_clock(t: &str) -> Option<i64> {
+    let mut parts = t.split(':');
+    let (h, m, s) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() {
+        return None;
+    }
+    let h: i64 = digits(h)?;
+    let m: i64 = digits(m)?;
+    let (sec, frac) = split_seconds(s)?;
+    if h > 23 || m > 59 || sec > 60 {
+        return None;
+    }
+    Some(((h * 60 + m) * 60 + sec) * 1_000_000 + frac)
+}
+
+/// `SECONDS[.ffffff]` since the epoch → microseconds, without going through a float.
+fn parse_epoch(t: &str) -> Option<i64> {
+    let (sec, frac) = split_seconds(t)?;
+    sec.checked_mul(1_000_000)?.checked_add(frac)
+}
+
+/// Whole seconds and the fraction in microseconds (digits past the sixth are dropped).
+fn split_seconds(s: &str) -> Option<(i64, i64)> {
+    let (whole, frac) = s.split_once('.').unwrap_or((s, ""));
+    let whole: i64 = digits(whole)?;
+    if !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let mut us = 0i64;
+    for i in 0..6 {
+        us = us * 10 + frac.as_bytes().get(i).map_or(0, |b| (b - b'0') as i64);
+    }
+    Some((whole, us))
+}
+
+fn digits(s: &str) -> Option<i64> {
+    if s.is_empty() || s.len() > 18 || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+fn format_epoch(us: i64) -> String {
+    let sign = if us < 0 { "-" } else { "" };
+    let a = us.unsigned_abs();
+    format!("{sign}{}.{:06}", a / 1_000_000, a % 1_000_000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read_str(s: &str) -> Result<Trace> {
+        read(s.as_bytes(), &ReadOptions::default())
+    }
+
+    #[test]
+    fn reads_the_format_the_code_writes() {
+        let t = read_str(
+            "Thread,Time,Action,Pointer,Size,Stream\n\
+             140573312345856,14:03:07.123456,allocate,0x7f8a40000000,1024,0\n\
+             140573312345856,14:03:07.123789,free,0x7f8a40000000,1024,0\n\
+             140573312345856,14:03:07.124001,allocate failure,(nil),68719476736,0x5581a0\n",
+        )
+        .unwrap();
+        assert_eq!(t.format, Format::RmmCsv);
+        assert!(t.has_times);
+        let base = (14 * 3600 + 3 * 60 + 7) * 1_000_000;
+        assert_eq!(
+            t.devices[0].events,
+            vec![
+                Event::new(Action::Alloc, 0x7f8a40000000, 1024, 0, base + 123_456),
+                Event::new(Action::FreeCompleted, 0x7f8a40000000, 1024, 0, base + 123_789),
+                Event::new(Action::Oom, 0, 68719476736, 0x5581a0, base + 124_001),
+            ]
+        );
+    }
+
+    #[test]
+    fn reads_the_format_the_docs_show_and_passes_midnight() {
+        let t = read_str(
+            "Thread,Time,Action,Pointer,Size,Stream\n1,1634567890.123456,allocate,0x100,8,0\n1,1634567890.5,deallocate,0x100,8,0\n",
+        )
+        .unwrap();
+        let e = &t.devices[0].events;
+        assert_eq!(e[0].time_us, 1_634_567_890_123_456);
+        assert_eq!(e[1].time_us, 1_634_567_890_500_000);
+        assert_eq!(e[1].action, Action::FreeCompleted);
+        let t = read_str("Thread,Time,Action,Pointer,Size,Stream\n1,23:59:59.9,allocate,0x100,8,0\n1,00:00:00.1,free,0x100,8,0\n").unwrap();
+        assert_eq!(t.devices[0].events[1].time_us - t.devices[0].events[0].time_us, 200_000);
+    }
+
+    #[test]
+    fn round_trips() {
+        let src = "Thread,Time,Action,Pointer,Size,Stream\n0,12.000001,allocate,0x100,8,0\n0,13.000000,allocate failure,(nil),99,0x7\n0,14.500000,free,0x100,8,0\n";
+        let t = read_str(src).unwrap();
+        let mut out = Vec::new();
+        write(&t, &mut out).unwrap();
+        assert_eq!(String::from_utf8(out).unwrap(), src);
+        assert!(losses(&t).is_empty());
+    }
+
+    #[test]
+    fn errors_name_the_line() {
+        let err = read_str("Thread,Time,Action,Pointer,Size,Stream\n1,1.0,allocate,0x1,8,0\n1,1.0,malloc,0x1,8,0\n").unwrap_err();
+        assert!(err.to_string().starts_with("line 3: unknown action 'malloc'"), "{err}");
+        let err = read_str("Thread,Time,Action,Pointer,Size,Stream\n1,1.0,allocate,0x1,-8,0\n")
+            .unwrap_err();
+        assert_eq!(err.to_string(), "line 2: bad size '-8'");
+        let err = read_str(
+            "Thread,Time,Action,Pointer,Size,Stream\n1,1.0,allocate,0x1,1152921504606846976,0\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("2^60"), "{err}");
+        let err = read_str("Thread,Time,Action\n").unwrap_err();
+        assert!(err.to_string().starts_with("line 1: expected the header"), "{err}");
+    }
 }

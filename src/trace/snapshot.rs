@@ -1,15 +1,632 @@
 //! PyTorch memory snapshots (`torch.cuda.memory._dump_snapshot`): reading and writing.
+//!
+//! Upstream: `torch/csrc/cuda/memory_snapshot.cpp` (`_memory_snapshot_pickled`, the dict builder)
+//! and `torch/cuda/memory.py` (`_snapshot`, `_dump_snapshot`); the schema is spec §14. The opcode
+//! level lives in [`super::pickle`]; this file only maps the schema onto the model, in one place:
+//!
+//! - `device_traces[i]` → `DeviceTrace { device: i }`, every index kept (even empty ones) so the
+//!   numbering matches PyTorch's; each entry's `action` per [`Action::from_name`], where the old
+//!   single `free` becomes `free_requested` then `free_completed`, `annotate` is skipped, and any
+//!   other action is an input error naming the device and entry index; `oom` entries carry
+//!   `device_free` instead of `addr` (spec §12.4), which becomes the event's `addr`.
+//! - `time_us` (≈ 2.2+) when every entry has it (`has_times`), else each entry's index.
+//! - `segments` → [`Segment`]s with their [`Block`]s; 2.0-era blocks without `address` sit at the
+//!   segment address plus the sizes of the blocks before them (their `history` is ignored).
+//! - `allocator_settings` (≈ 2.3+) → [`AllocatorSettings`].
+//! - A pickled bare list is the legacy `torch.cuda.memory_snapshot()` (segments only).
+//! - Frames (`[{filename, line, name}, ...]`) are interned once per shared list, and only when
+//!   [`ReadOptions::keep_frames`] asks for them.
+//!
+//! Other keys (`external_annotations`, `compile_context`, `user_metadata`, `pool_id`, segment
+//! `frames`, ...) are ignored. Sizes and addresses must be integers in `0..=2^60`.
+//!
+//! The writer emits the same schema as protocol 4 with plain dicts and lists, which Python's
+//! `pickle.load`, `torch.cuda._memory_viz` and pytorch.org/memory_viz read.
 
-use super::{ReadOptions, Trace};
-use crate::error::{Error, Result};
+use super::pickle::{self, encode::Encoder, Pickle, Value};
+use super::{
+    Action, AllocatorSettings, Block, BlockState, DeviceTrace, Event, Format, Frame, FramesId,
+    PoolKind, ReadOptions, Segment, Trace,
+};
+use crate::error::{Error, ErrorKind, Place, Result};
+use std::collections::HashMap;
 use std::io::Write;
 
+/// The largest size or address accepted (2^60 bytes): anything above is corrupt input.
+const MAX_BYTES: i128 = 1 << 60;
+
+/// The size of a small-pool segment (`kSmallBuffer`), used to tell the pool of very old segments
+/// that do not record their `segment_type`.
+const SMALL_SEGMENT: u64 = 2 << 20;
+
 /// Reads a snapshot pickle.
-pub fn read(_data: &[u8], _options: &ReadOptions) -> Result<Trace> {
-    Err(Error::input("pytorch snapshot reading is not implemented yet"))
+pub fn read(data: &[u8], options: &ReadOptions) -> Result<Trace> {
+    let p = pickle::decode(data)?;
+    let root = p.root();
+    let mut trace = Trace { format: Format::PytorchSnapshot, ..Trace::default() };
+    let mut reader = Reader { p: &p, keep_frames: options.keep_frames, frame_ids: HashMap::new() };
+    let (segments, traces) = match root {
+        Value::List(_) => (Some(root), None),
+        Value::Dict(_) => (p.get(root, "segments"), p.get(root, "device_traces")),
+        other => {
+            return Err(Error::input(format!(
+                "not a memory snapshot: the pickle holds a {}, not a dict with 'segments' and 'device_traces'",
+                other.type_name()
+            )))
+        }
+    };
+    if let Some(segments) = segments {
+        trace.segments = read_segments(&p, segments)?;
+    }
+    match traces {
+        Some(traces) => {
+            let lists = p.items(traces).ok_or_else(|| {
+                Error::input(format!("'device_traces' is a {}, not a list", traces.type_name()))
+            })?;
+            let mut all_timed = true;
+            let mut any = false;
+            let mut indices = Vec::with_capacity(lists.len());
+            for (i, &list) in lists.iter().enumerate() {
+                let device = i32::try_from(i)
+                    .map_err(|_| Error::input("more than 2^31 entries in 'device_traces'"))?;
+                let mut entry_index = Vec::new();
+                let (events, timed) =
+                    reader.device_trace(device, list, &mut trace, &mut entry_index)?;
+                any |= !events.is_empty();
+                all_timed &= timed;
+                trace.devices.push(DeviceTrace { device, events });
+                indices.push(entry_index);
+            }
+            trace.has_times = any && all_timed;
+            if !trace.has_times {
+                // Some entries lack `time_us`: times are entry indices throughout, so that events
+                // stay ordered and comparable.
+                for (d, index) in trace.devices.iter_mut().zip(&indices) {
+                    for (e, &i) in d.events.iter_mut().zip(index) {
+                        e.time_us = i;
+                    }
+                }
+            }
+        }
+        None => {
+            // Legacy or trace-less snapshots: one empty trace per device seen in the segments.
+            let max = trace.segments.iter().map(|s| s.device).max().unwrap_or(-1);
+            trace.devices =
+                (0..=max).map(|device| DeviceTrace { device, events: vec![] }).collect();
+        }
+    }
+    if let Value::Dict(_) = root {
+        if let Some(settings) = p.get(root, "allocator_settings") {
+            trace.allocator_settings = Some(read_settings(&p, settings)?);
+        }
+    }
+    Ok(trace)
+}
+
+struct Reader<'p, 'a> {
+    p: &'p Pickle<'a>,
+    keep_frames: bool,
+    /// Frame lists already interned, by their container id (PyTorch shares one list object per
+    /// distinct traceback, so this is a pointer-identity cache).
+    frame_ids: HashMap<u32, FramesId>,
+}
+
+/// An error about entry `index` of device `device`.
+fn entry_err(device: i32, index: usize, message: String) -> Error {
+    Error::input(format!("device {device}: trace entry {index}: {message}"))
+        .at(Place::Event(index as u64))
+}
+
+impl<'a> Reader<'_, 'a> {
+    /// Reads one device's entries. Returns the events and whether every entry had `time_us`
+    /// (an entry without one gets its index as time); `entry_index` receives each event's entry
+    /// index, for when the trace turns out not to be timed throughout.
+    fn device_trace(
+        &mut self,
+        device: i32,
+        list: Value<'a>,
+        trace: &mut Trace,
+        entry_index: &mut Vec<i64>,
+    ) -> Result<(Vec<Event>, bool)> {
+        let p = self.p;
+        let entries = p.items(list).ok_or_else(|| {
+            Error::input(format!("device_traces[{device}] is a {}, not a list", list.type_name()))
+        })?;
+        let mut events = Vec::with_capacity(entries.len().min(1 << 20));
+        let mut all_timed = true;
+        entry_index.clear();
+        for (index, &entry) in entries.iter().enumerate() {
+            let err = |m: String| entry_err(device, index, m);
+            let fields = p
+                .entries(entry)
+                .ok_or_else(|| err(format!("is a {}, not a dict", entry.type_name())))?;
+            let mut action: Option<&[u8]> = None;
+            let (mut addr, mut size, mut stream, mut time) = (None, None, None, None);
+            let mut device_free = None;
+            let mut frames = None;
+            for &(k, v) in fields {
+                let Value::Str(k) = k else { continue };
+                match k {
+                    b"action" => match v {
+                        Value::Str(s) => action = Some(s),
+                        _ => return Err(err(format!("'action' is a {}", v.type_name()))),
+                    },
+                    b"addr" => addr = Some(v),
+                    b"device_free" => device_free = Some(v),
+                    b"size" => size = Some(v),
+                    b"stream" => stream = Some(v),
+                    b"time_us" => time = Some(v),
+                    b"frames" => frames = Some(v),
+                    _ => {}
+                }
+            }
+            let action = action.ok_or_else(|| err("has no 'action'".into()))?;
+            let actions: &[Action] = match action {
+                b"alloc" => &[Action::Alloc],
+                b"free_requested" => &[Action::FreeRequested],
+                b"free_completed" => &[Action::FreeCompleted],
+                b"free" => &[Action::FreeRequested, Action::FreeCompleted],
+                b"segment_alloc" => &[Action::SegmentAlloc],
+                b"segment_free" => &[Action::SegmentFree],
+                b"segment_map" => &[Action::SegmentMap],
+                b"segment_unmap" => &[Action::SegmentUnmap],
+                b"oom" => &[Action::Oom],
+                b"snapshot" => &[Action::Snapshot],
+                b"annotate" => continue,
+                other => {
+                    return Err(err(format!(
+                        "unknown action '{}' (accepted: {}, free, annotate)",
+                        String::from_utf8_lossy(other),
+                        Action::ALL.map(Action::name).join(", ")
+                    )))
+                }
+            };
+            let (addr_key, addr) = if actions[0] == Action::Oom {
+                ("device_free", device_free.or(addr))
+            } else {
+                ("addr", addr)
+            };
+            let addr = bytes_field(p, addr_key, addr).map_err(err)?;
+            let size = bytes_field(p, "size", size).map_err(err)?;
+            let stream = match stream {
+                None => 0,
+                Some(v) => p
+                    .int(v)
+                    .and_then(|s| u64::try_from(s).ok())
+                    .ok_or_else(|| err(format!("'stream' is not a cudaStream_t value: {v:?}")))?,
+            };
+            let time_us = match time {
+                Some(v) => p
+                    .int(v)
+                    .and_then(|t| i64::try_from(t).ok())
+                    .filter(|t| *t >= 0)
+                    .ok_or_else(|| err(format!("'time_us' is not a time: {v:?}")))?,
+                None => {
+                    all_timed = false;
+                    index as i64
+                }
+            };
+            let frames = match frames {
+                Some(f) if self.keep_frames => self.frames(f, trace).map_err(err)?,
+                _ => FramesId::NONE,
+            };
+            for &a in actions {
+                events.push(Event { action: a, addr, size, stream, time_us, frames });
+                entry_index.push(index as i64);
+            }
+        }
+        Ok((events, all_timed))
+    }
+
+    /// Interns a frame list, once per list object.
+    fn frames(&mut self, v: Value<'a>, trace: &mut Trace) -> Result<FramesId, String> {
+        let p = self.p;
+        let key = match v {
+            Value::List(id) | Value::Tuple(id) => id,
+            Value::None => return Ok(FramesId::NONE),
+            other => return Err(format!("'frames' is a {}, not a list", other.type_name())),
+        };
+        if let Some(&id) = self.frame_ids.get(&key) {
+            return Ok(id);
+        }
+        let items = p.items(v).unwrap_or(&[]);
+        let mut frames = Vec::with_capacity(items.len().min(4096));
+        for &f in items {
+            let mut frame = Frame { filename: String::new(), line: 0, name: String::new() };
+            for &(k, x) in p.entries(f).ok_or_else(|| {
+                format!("a frame is a {}, not a dict with filename, line and name", f.type_name())
+            })? {
+                let Value::Str(k) = k else { continue };
+                match k {
+                    b"filename" => frame.filename = p.text(x).unwrap_or_default().into_owned(),
+                    b"name" => frame.name = p.text(x).unwrap_or_default().into_owned(),
+                    b"line" => {
+                        frame.line =
+                            p.int(x).and_then(|l| u32::try_from(l).ok()).unwrap_or_default()
+                    }
+                    _ => {}
+                }
+            }
+            frames.push(frame);
+        }
+        let id = trace.frames.intern(frames);
+        self.frame_ids.insert(key, id);
+        Ok(id)
+    }
+}
+
+/// A size or address field: a present integer in `0..=2^60`.
+fn bytes_field(p: &Pickle, key: &str, v: Option<Value>) -> Result<u64, String> {
+    let v = v.ok_or_else(|| format!("has no '{key}'"))?;
+    match p.int(v) {
+        Some(n) if (0..=MAX_BYTES).contains(&n) => Ok(n as u64),
+        Some(n) => Err(format!("'{key}' is {n}, outside 0..=2^60")),
+        None => Err(format!("'{key}' is a {}, not an integer", v.type_name())),
+    }
+}
+
+fn read_segments(p: &Pickle, v: Value) -> Result<Vec<Segment>> {
+    let items = p
+        .items(v)
+        .ok_or_else(|| Error::input(format!("'segments' is a {}, not a list", v.type_name())))?;
+    let mut out = Vec::with_capacity(items.len().min(1 << 16));
+    for (i, &s) in items.iter().enumerate() {
+        let err = |m: String| Error::input(format!("segment {i}: {m}"));
+        if p.entries(s).is_none() {
+            return Err(err(format!("is a {}, not a dict", s.type_name())));
+        }
+        let address = bytes_field(p, "address", p.get(s, "address")).map_err(err)?;
+        let device = match p.get(s, "device") {
+            None => 0,
+            Some(d) => p
+                .int(d)
+                .and_then(|d| i32::try_from(d).ok())
+                .ok_or_else(|| err(format!("'device' is not a device index: {d:?}")))?,
+        };
+        let stream = match p.get(s, "stream") {
+            None => 0,
+            Some(x) => p
+                .int(x)
+                .and_then(|x| u64::try_from(x).ok())
+                .ok_or_else(|| err(format!("'stream' is not a cudaStream_t value: {x:?}")))?,
+        };
+        let is_expandable = matches!(p.get(s, "is_expandable"), Some(Value::Bool(true)));
+        let mut blocks = Vec::new();
+        let mut next = address;
+        if let Some(bv) = p.get(s, "blocks") {
+            let bitems = p
+                .items(bv)
+                .ok_or_else(|| err(format!("'blocks' is a {}, not a list", bv.type_name())))?;
+            for (j, &b) in bitems.iter().enumerate() {
+                let berr = |m: String| err(format!("block {j}: {m}"));
+                if p.entries(b).is_none() {
+                    return Err(berr(format!("is a {}, not a dict", b.type_name())));
+                }
+                let size = bytes_field(p, "size", p.get(b, "size")).map_err(berr)?;
+                let address = match p.get(b, "address") {
+                    Some(a) => bytes_field(p, "address", Some(a)).map_err(berr)?,
+                    None => next, // 2.0-era block: segment address + earlier sizes
+                };
+                next = address
+                    .checked_add(size)
+                    .filter(|n| *n as i128 <= MAX_BYTES)
+                    .ok_or_else(|| berr("address + size exceeds 2^60".into()))?;
+                let requested_size = match p.get(b, "requested_size") {
+                    Some(r) => bytes_field(p, "requested_size", Some(r)).map_err(berr)?,
+                    None => legacy_requested(p, b).unwrap_or(size),
+                };
+                let state = match p.get(b, "state") {
+                    Some(st) if st.is_str("active_allocated") => BlockState::ActiveAllocated,
+                    Some(st) if st.is_str("active_pending_free") => BlockState::ActivePendingFree,
+                    // The memory.py docstring's spelling of the same state.
+                    Some(st) if st.is_str("active_awaiting_free") => BlockState::ActivePendingFree,
+                    Some(st) if st.is_str("inactive") => BlockState::Inactive,
+                    Some(st) => {
+                        return Err(berr(format!(
+                            "unknown state {} (accepted: active_allocated, active_pending_free, inactive)",
+                            describe(p, st)
+                        )))
+                    }
+                    None => return Err(berr("has no 'state'".into())),
+                };
+                blocks.push(Block { address, size, requested_size, state });
+            }
+        }
+        let total_size = match p.get(s, "total_size") {
+            Some(t) => bytes_field(p, "total_size", Some(t)).map_err(err)?,
+            None => blocks.iter().map(|b| b.size).sum(),
+        };
+        let pool = match p.get(s, "segment_type") {
+            Some(t) if t.is_str("small") => PoolKind::Small,
+            Some(t) if t.is_str("large") => PoolKind::Large,
+            Some(t) => {
+                return Err(err(format!(
+                    "unknown segment_type {} (accepted: small, large)",
+                    describe(p, t)
+                )))
+            }
+            None if total_size == SMALL_SEGMENT => PoolKind::Small,
+            None => PoolKind::Large,
+        };
+        out.push(Segment { device, address, total_size, stream, pool, is_expandable, blocks });
+    }
+    Ok(out)
+}
+
+/// A 2.0-era block's request size: `history[0].real_size`.
+fn legacy_requested(p: &Pickle, block: Value) -> Option<u64> {
+    let history = p.items(p.get(block, "history")?)?;
+    let real = p.int(p.get(*history.first()?, "real_size")?)?;
+    u64::try_from(real).ok()
+}
+
+/// A value for an error message: strings quoted, anything else by type.
+fn describe(p: &Pickle, v: Value) -> String {
+    match p.text(v) {
+        Some(t) => format!("'{t}'"),
+        None => format!("of type {}", v.type_name()),
+    }
+}
+
+fn read_settings(p: &Pickle, v: Value) -> Result<AllocatorSettings> {
+    let err = |m: String| Error::input(format!("allocator_settings: {m}"));
+    if p.entries(v).is_none() {
+        return Err(err(format!("is a {}, not a dict", v.type_name())));
+    }
+    let mut s = AllocatorSettings::default();
+    if let Some(c) = p.get(v, "PYTORCH_CUDA_ALLOC_CONF") {
+        match c {
+            Value::Str(_) => {
+                let text = p.text(c).unwrap_or_default();
+                if !text.is_empty() {
+                    s.conf = Some(text.into_owned());
+                }
+            }
+            Value::None => {}
+            other => {
+                return Err(err(format!(
+                    "'PYTORCH_CUDA_ALLOC_CONF' is a {}, not a str",
+                    other.type_name()
+                )))
+            }
+        }
+    }
+    if let Some(m) = p.get(v, "max_split_size") {
+        s.max_split_size = match p.int(m) {
+            Some(-1) => None,
+            Some(n) if n >= 0 => Some(u64::try_from(n).unwrap_or(u64::MAX)),
+            _ => return Err(err(format!("'max_split_size' is not a size: {}", describe(p, m)))),
+        };
+    }
+    if let Some(g) = p.get(v, "garbage_collection_threshold") {
+        s.garbage_collection_threshold = match g {
+            Value::Float(f) => f,
+            other => match p.int(other) {
+                Some(n) => n as f64,
+                None => {
+                    return Err(err(format!(
+                        "'garbage_collection_threshold' is a {}, not a float",
+                        other.type_name()
+                    )))
+                }
+            },
+        };
+    }
+    s.expandable_segments = truthy(p, p.get(v, "expandable_segments"));
+    s.release_lock_on_cudamalloc = truthy(p, p.get(v, "release_lock_on_cudamalloc"));
+    if let Some(r) = p.get(v, "roundup_power2_divisions") {
+        let div = |x: Value| {
+            p.int(x).and_then(|n| u64::try_from(n).ok()).ok_or_else(|| {
+                err(format!("roundup_power2_divisions: {} is not a count", describe(p, x)))
+            })
+        };
+        if let Some(pairs) = p.entries(r) {
+            // {"1": v0, "2": v1, "4": v2, ..., "32768": v15}: keys are interval starts in MiB.
+            for &(k, x) in pairs {
+                let mib = p
+                    .text(k)
+                    .and_then(|t| t.parse::<u64>().ok())
+                    .filter(|m| m.is_power_of_two() && *m <= 32768)
+                    .ok_or_else(|| {
+                        err(format!(
+                            "roundup_power2_divisions key {} is not a power of two from 1 to 32768",
+                            describe(p, k)
+                        ))
+                    })?;
+                s.roundup_power2_divisions[mib.trailing_zeros() as usize] = div(x)?;
+            }
+        } else if let Some(items) = p.items(r) {
+            for (slot, &x) in s.roundup_power2_divisions.iter_mut().zip(items) {
+                *slot = div(x)?;
+            }
+        } else {
+            // A single global value (PyTorch ≤ 1.13).
+            s.roundup_power2_divisions = [div(r)?; 16];
+        }
+    }
+    Ok(s)
+}
+
+fn truthy(p: &Pickle, v: Option<Value>) -> bool {
+    match v {
+        Some(Value::Bool(b)) => b,
+        Some(x) => p.int(x).is_some_and(|n| n != 0),
+        None => false,
+    }
 }
 
 /// Writes `trace` as a snapshot pickle that PyTorch's memory viewer opens.
-pub fn write(_trace: &Trace, _out: &mut impl Write) -> Result<()> {
-    Err(Error::usage("pytorch snapshot writing is not implemented yet"))
+///
+/// Devices go into `device_traces` at their index (missing indices get empty lists); a negative
+/// device (host memory, from Kineto) has no place in a CUDA snapshot and is left out. Events keep
+/// their frames when the trace has them; times are written only when the trace has real ones.
+pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
+    let bytes = encode(trace)?;
+    out.write_all(&bytes).map_err(|e| Error::new(ErrorKind::Io, e.to_string()))
+}
+
+/// The most device indices a written snapshot may hold (a guard against absurd device numbers).
+const MAX_DEVICES: i32 = 4096;
+
+fn encode(trace: &Trace) -> Result<Vec<u8>> {
+    let mut e = Encoder::new();
+    e.begin_dict();
+
+    e.str("segments");
+    e.begin_list();
+    for s in &trace.segments {
+        write_segment(&mut e, s);
+    }
+    e.end_list();
+
+    e.str("device_traces");
+    let max = trace.devices.iter().map(|d| d.device).max().unwrap_or(-1);
+    if max >= MAX_DEVICES {
+        return Err(Error::usage(format!(
+            "device {max} cannot be written to a snapshot (at most {MAX_DEVICES} devices)"
+        )));
+    }
+    let mut frames_memo: HashMap<FramesId, u32> = HashMap::new();
+    e.begin_list();
+    for device in 0..=max {
+        e.begin_list();
+        for d in trace.devices.iter().filter(|d| d.device == device) {
+            for ev in &d.events {
+                write_event(&mut e, trace, ev, &mut frames_memo);
+            }
+        }
+        e.end_list();
+    }
+    e.end_list();
+
+    if let Some(s) = &trace.allocator_settings {
+        e.str("allocator_settings");
+        write_settings(&mut e, s);
+    }
+    e.end_dict();
+    Ok(e.finish())
+}
+
+fn write_segment(e: &mut Encoder, s: &Segment) {
+    let allocated: u64 =
+        s.blocks.iter().filter(|b| b.state == BlockState::ActiveAllocated).map(|b| b.size).sum();
+    let active = s.blocks.iter().filter(|b| b.state != BlockState::Inactive);
+    let active_size: u64 = active.clone().map(|b| b.size).sum();
+    let requested: u64 = active.map(|b| b.requested_size).sum();
+    e.begin_dict();
+    e.str("device");
+    e.int(s.device as i128);
+    e.str("address");
+    e.int(s.address as i128);
+    e.str("total_size");
+    e.int(s.total_size as i128);
+    e.str("allocated_size");
+    e.int(allocated as i128);
+    e.str("active_size");
+    e.int(active_size as i128);
+    e.str("requested_size");
+    e.int(requested as i128);
+    e.str("stream");
+    e.int(s.stream as i128);
+    e.str("segment_type");
+    e.str(match s.pool {
+        PoolKind::Small => "small",
+        PoolKind::Large => "large",
+    });
+    e.str("segment_pool_id");
+    e.pair(0, 0);
+    e.str("is_expandable");
+    e.bool(s.is_expandable);
+    e.str("frames");
+    e.begin_list();
+    e.end_list();
+    e.str("blocks");
+    e.begin_list();
+    for b in &s.blocks {
+        e.begin_dict();
+        e.str("address");
+        e.int(b.address as i128);
+        e.str("size");
+        e.int(b.size as i128);
+        e.str("requested_size");
+        e.int(b.requested_size as i128);
+        e.str("state");
+        e.str(b.state.name());
+        e.str("frames");
+        e.begin_list();
+        e.end_list();
+        e.end_dict();
+    }
+    e.end_list();
+    e.end_dict();
+}
+
+fn write_event(
+    e: &mut Encoder,
+    trace: &Trace,
+    ev: &Event,
+    frames_memo: &mut HashMap<FramesId, u32>,
+) {
+    e.begin_dict();
+    e.str("action");
+    e.str(ev.action.name());
+    e.str(if ev.action == Action::Oom { "device_free" } else { "addr" });
+    e.int(ev.addr as i128);
+    e.str("size");
+    e.int(ev.size as i128);
+    e.str("stream");
+    e.int(ev.stream as i128);
+    if trace.has_times {
+        e.str("time_us");
+        e.int(ev.time_us as i128);
+    }
+    e.str("frames");
+    match frames_memo.get(&ev.frames) {
+        Some(&memo) => e.reuse(memo),
+        None => {
+            let frames = trace.frames.get(ev.frames);
+            if !frames.is_empty() {
+                frames_memo.insert(ev.frames, e.next_memo());
+            }
+            e.begin_list();
+            for f in frames {
+                e.begin_dict();
+                e.str("filename");
+                e.str(&f.filename);
+                e.str("line");
+                e.int(f.line as i128);
+                e.str("name");
+                e.str(&f.name);
+                e.end_dict();
+            }
+            e.end_list();
+        }
+    }
+    e.end_dict();
+}
+
+fn write_settings(e: &mut Encoder, s: &AllocatorSettings) {
+    e.begin_dict();
+    e.str("PYTORCH_CUDA_ALLOC_CONF");
+    e.str(s.conf.as_deref().unwrap_or(""));
+    e.str("max_split_size");
+    e.int(s.max_split_size.map_or(-1, |m| m as i128));
+    e.str("garbage_collection_threshold");
+    e.float(s.garbage_collection_threshold);
+    e.str("expandable_segments");
+    e.bool(s.expandable_segments);
+    e.str("pinned_num_register_threads");
+    e.int(1);
+    e.str("release_lock_on_cudamalloc");
+    e.bool(s.release_lock_on_cudamalloc);
+    e.str("pinned_use_cuda_host_register");
+    e.bool(false);
+    e.str("roundup_power2_divisions");
+    e.begin_dict();
+    for (i, &d) in s.roundup_power2_divisions.iter().enumerate() {
+        e.str(&(1u64 << i).to_string());
+        e.int(d as i128);
+    }
+    e.end_dict();
+    e.end_dict();
 }

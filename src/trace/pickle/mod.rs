@@ -1,1 +1,178 @@
-//! A plain-data pickle reader and writer: never executes anything.
+//! A plain-data pickle decoder and encoder that never executes anything.
+//!
+//! PyTorch writes memory snapshots with Python's `pickle.dump` (protocol 4 on Python 3.8–3.13, 5
+//! from 3.14; TorchScript's C++ pickler writes protocol 2), and the content is only dicts, lists,
+//! strings, ints, floats, bools, one tuple and None (spec §14.1). Python's own `pickle.load` is
+//! slow on these files and, worse, runs arbitrary code from a hostile one; `serde-pickle` fails on
+//! the shared frame lists PyTorch writes (rust-deps §3). So fragsim decodes the data opcodes of
+//! protocols 2–5 itself (upstream reference: CPython `Lib/pickle.py` and `Lib/pickletools.py`):
+//!
+//! - **Nothing is executed.** GLOBAL, STACK_GLOBAL, REDUCE, BUILD, INST, OBJ, NEWOBJ(_EX), EXT1/2/4
+//!   and PERSID/BINPERSID are input errors naming the opcode, its byte offset and, for imports,
+//!   what it would import.
+//! - **Sharing is kept.** Containers live in arenas inside [`Pickle`] and a [`Value`] refers to
+//!   them by index, so a memo hit (`BINGET`) is a copy of a small `Copy` value and a frame list
+//!   shared by thousands of trace entries is one container with one id: the snapshot reader
+//!   interns frames by that id.
+//! - **Strings are borrowed.** `str` and `bytes` values point into the input; UTF-8 is checked
+//!   only when a caller asks for text, so frame strings cost nothing when frames are not kept.
+//! - **Bounded by the input.** Nothing is pre-allocated from a declared length (lengths are checked
+//!   against the bytes that remain first); every stack slot, memo slot and container item costs an
+//!   opcode byte, so memory is a small multiple of the input size; decoding is a flat loop with no
+//!   recursion, and containers are dropped flat, so a hostile nesting depth cannot overflow the
+//!   call stack. The one recursive helper ([`Pickle::depth`]) is capped.
+//!
+//! [`encode`] is the matching writer: it emits protocol 4 that Python's `pickle.load` reads.
+
+mod decode;
+pub mod encode;
+
+pub use decode::decode;
+
+/// One pickled value. Containers are indices into their [`Pickle`]'s arenas, so copying a value
+/// never copies its content, just as Python shares objects.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Value<'a> {
+    /// `None`.
+    None,
+    /// `True` / `False`.
+    Bool(bool),
+    /// An `int` that fits in 64 signed bits.
+    Int(i64),
+    /// An `int` outside `i64` but inside `i128` (e.g. a `cudaStream_t` ≥ 2^63); read it with
+    /// [`Pickle::int`].
+    BigInt(u32),
+    /// An `int` wider than 128 bits; its value is not kept.
+    HugeInt,
+    /// A `float`.
+    Float(f64),
+    /// A `str` as its encoded bytes (UTF-8, or Python's `surrogatepass` variant); see
+    /// [`Pickle::text`].
+    Str(&'a [u8]),
+    /// A `bytes` or `bytearray`.
+    Bytes(&'a [u8]),
+    /// A `list`: index into the sequence arena.
+    List(u32),
+    /// A `tuple`: index into the sequence arena.
+    Tuple(u32),
+    /// A `set` or `frozenset`: index into the sequence arena.
+    Set(u32),
+    /// A `dict`: index into the dict arena.
+    Dict(u32),
+}
+
+impl Value<'_> {
+    /// The Python type name, for error messages.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Value::None => "None",
+            Value::Bool(_) => "bool",
+            Value::Int(_) | Value::BigInt(_) | Value::HugeInt => "int",
+            Value::Float(_) => "float",
+            Value::Str(_) => "str",
+            Value::Bytes(_) => "bytes",
+            Value::List(_) => "list",
+            Value::Tuple(_) => "tuple",
+            Value::Set(_) => "set",
+            Value::Dict(_) => "dict",
+        }
+    }
+
+    /// True when `self` is a `str` equal to `key` (no UTF-8 check needed for the comparison).
+    #[inline]
+    pub fn is_str(&self, key: &str) -> bool {
+        matches!(self, Value::Str(s) if *s == key.as_bytes())
+    }
+}
+
+/// A decoded pickle: the root value and the arenas its containers live in.
+#[derive(Debug, Default)]
+pub struct Pickle<'a> {
+    pub(crate) seqs: Vec<Vec<Value<'a>>>,
+    pub(crate) dicts: Vec<Vec<(Value<'a>, Value<'a>)>>,
+    pub(crate) bigs: Vec<i128>,
+    pub(crate) root: Option<Value<'a>>,
+}
+
+impl<'a> Pickle<'a> {
+    /// The object the pickle holds (what `pickle.load` returns).
+    pub fn root(&self) -> Value<'a> {
+        self.root.unwrap_or(Value::None)
+    }
+
+    /// The items of a list, tuple or set; `None` for any other value.
+    pub fn items(&self, v: Value<'a>) -> Option<&[Value<'a>]> {
+        match v {
+            Value::List(i) | Value::Tuple(i) | Value::Set(i) => {
+                self.seqs.get(i as usize).map(Vec::as_slice)
+            }
+            _ => None,
+        }
+    }
+
+    /// The (key, value) pairs of a dict in insertion order (a repeated key appears twice; the
+    /// later one is what Python keeps); `None` for any other value.
+    pub fn entries(&self, v: Value<'a>) -> Option<&[(Value<'a>, Value<'a>)]> {
+        match v {
+            Value::Dict(i) => self.dicts.get(i as usize).map(Vec::as_slice),
+            _ => None,
+        }
+    }
+
+    /// `dict[key]` for a string key; `None` when `dict` is not a dict or lacks the key.
+    pub fn get(&self, dict: Value<'a>, key: &str) -> Option<Value<'a>> {
+        self.entries(dict)?.iter().rev().find(|(k, _)| k.is_str(key)).map(|&(_, v)| v)
+    }
+
+    /// The value of an `int` (or `bool`, which Python treats as an int), if it fits in `i128`.
+    pub fn int(&self, v: Value<'a>) -> Option<i128> {
+        match v {
+            Value::Int(i) => Some(i as i128),
+            Value::Bool(b) => Some(b as i128),
+            Value::BigInt(i) => self.bigs.get(i as usize).copied(),
+            _ => None,
+        }
+    }
+
+    /// A `str` as text: borrowed when it is valid UTF-8, else decoded lossily (Python writes lone
+    /// surrogates, which UTF-8 cannot hold, with `surrogatepass`).
+    pub fn text(&self, v: Value<'a>) -> Option<std::borrow::Cow<'a, str>> {
+        match v {
+            Value::Str(s) => Some(String::from_utf8_lossy(s)),
+            _ => None,
+        }
+    }
+
+    /// The nesting depth of `v` (a scalar is 0, `[]` is 1, `[[1]]` is 2), counting at most `cap`
+    /// levels, so cycles (`l.append(l)`) and hostile depths stay cheap.
+    pub fn depth(&self, v: Value<'a>, cap: usize) -> usize {
+        if cap == 0 {
+            return 0;
+        }
+        let children: Box<dyn Iterator<Item = Value<'a>> + '_> = match v {
+            Value::Dict(_) => Box::new(
+                self.entries(v).unwrap_or(&[]).iter().flat_map(|&(k, x)| [k, x].into_iter()),
+            ),
+            _ => match self.items(v) {
+                Some(items) => Box::new(items.iter().copied()),
+                None => return 0,
+            },
+        };
+        1 + children.map(|c| self.depth(c, cap - 1)).max().unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn depth_is_capped_on_cycles() {
+        // A list containing itself: pickle.dumps(l) for l = []; l.append(l), protocol 4.
+        let data = b"\x80\x04]\x94h\x00a.";
+        let p = decode(data).unwrap();
+        assert!(matches!(p.root(), Value::List(0)));
+        assert_eq!(p.items(p.root()).unwrap(), &[Value::List(0)]);
+        assert_eq!(p.depth(p.root(), 50), 50);
+    }
+}

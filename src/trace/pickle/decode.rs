@@ -1,0 +1,795 @@
+//! The decoding loop: one flat pass over the opcodes, a value stack, a mark stack and a memo.
+//!
+//! Opcode semantics follow CPython `Lib/pickle.py` (`_Unpickler.load_*`); names and numbers follow
+//! `Lib/pickletools.py`. Every error is an input error at the byte offset of the opcode that
+//! failed.
+
+use super::{Pickle, Value};
+use crate::error::{Error, Place, Result};
+use std::collections::HashMap;
+
+/// The deepest run of unclosed MARKs accepted. Real snapshots nest fewer than ten; the cap keeps a
+/// hostile file from building a huge mark stack out of one-byte opcodes.
+const MAX_MARKS: usize = 10_000;
+
+/// Decodes one pickle from the start of `data` (bytes after its STOP are ignored, as
+/// `pickle.load` ignores them).
+pub fn decode(data: &[u8]) -> Result<Pickle<'_>> {
+    let mut d = Decoder {
+        data,
+        pos: 0,
+        op_at: 0,
+        stack: Vec::with_capacity(64),
+        marks: Vec::new(),
+        memo: Vec::new(),
+        sparse: HashMap::new(),
+        memo_count: 0,
+        out: Pickle::default(),
+    };
+    d.run()?;
+    Ok(d.out)
+}
+
+struct Decoder<'a> {
+    data: &'a [u8],
+    pos: usize,
+    /// Offset of the opcode being executed, for errors.
+    op_at: usize,
+    stack: Vec<Value<'a>>,
+    marks: Vec<usize>,
+    /// Dense memo (the normal case: MEMOIZE numbers entries 0, 1, 2, ...).
+    memo: Vec<Option<Value<'a>>>,
+    /// Memo entries whose index is far beyond the dense part (only hand-made pickles do that).
+    sparse: HashMap<u32, Value<'a>>,
+    /// Number of distinct memo keys, which is what MEMOIZE uses as the next index.
+    memo_count: u32,
+    out: Pickle<'a>,
+}
+
+/// The name pickletools gives opcode `op`, for messages.
+fn op_name(op: u8) -> &'static str {
+    match op {
+        0x80 => "PROTO",
+        0x95 => "FRAME",
+        b'.' => "STOP",
+        b'(' => "MARK",
+        b'0' => "POP",
+        b'1' => "POP_MARK",
+        b'2' => "DUP",
+        b'}' => "EMPTY_DICT",
+        b']' => "EMPTY_LIST",
+        b')' => "EMPTY_TUPLE",
+        b't' => "TUPLE",
+        0x85 => "TUPLE1",
+        0x86 => "TUPLE2",
+        0x87 => "TUPLE3",
+        b'l' => "LIST",
+        b'd' => "DICT",
+        b'a' => "APPEND",
+        b'e' => "APPENDS",
+        b's' => "SETITEM",
+        b'u' => "SETITEMS",
+        0x94 => "MEMOIZE",
+        b'q' => "BINPUT",
+        b'r' => "LONG_BINPUT",
+        b'p' => "PUT",
+        b'h' => "BINGET",
+        b'j' => "LONG_BINGET",
+        b'g' => "GET",
+        b'J' => "BININT",
+        b'K' => "BININT1",
+        b'M' => "BININT2",
+        b'I' => "INT",
+        b'L' => "LONG",
+        0x8a => "LONG1",
+        0x8b => "LONG4",
+        b'G' => "BINFLOAT",
+        b'F' => "FLOAT",
+        b'N' => "NONE",
+        0x88 => "NEWTRUE",
+        0x89 => "NEWFALSE",
+        0x8c => "SHORT_BINUNICODE",
+        b'X' => "BINUNICODE",
+        0x8d => "BINUNICODE8",
+        b'C' => "SHORT_BINBYTES",
+        b'B' => "BINBYTES",
+        0x8e => "BINBYTES8",
+        0x96 => "BYTEARRAY8",
+        0x8f => "EMPTY_SET",
+        0x90 => "ADDITEMS",
+        0x91 => "FROZENSET",
+        0x97 => "NEXT_BUFFER",
+        0x98 => "READONLY_BUFFER",
+        b'c' => "GLOBAL",
+        0x93 => "STACK_GLOBAL",
+        b'R' => "REDUCE",
+        b'b' => "BUILD",
+        b'i' => "INST",
+        b'o' => "OBJ",
+        0x81 => "NEWOBJ",
+        0x92 => "NEWOBJ_EX",
+        0x82 => "EXT1",
+        0x83 => "EXT2",
+        0x84 => "EXT4",
+        b'P' => "PERSID",
+        b'Q' => "BINPERSID",
+        b'S' => "STRING",
+        b'T' => "BINSTRING",
+        b'U' => "SHORT_BINSTRING",
+        b'V' => "UNICODE",
+        _ => "unknown",
+    }
+}
+
+impl<'a> Decoder<'a> {
+    fn err(&self, message: String) -> Error {
+        Error::input(message).at(Place::Byte(self.op_at as u64))
+    }
+
+    fn op_err(&self, op: u8, what: &str) -> Error {
+        self.err(format!("{} (0x{op:02x}): {what}", op_name(op)))
+    }
+
+    /// Takes the next `n` bytes (an opcode's argument).
+    #[inline]
+    fn take(&mut self, op: u8, n: usize) -> Result<&'a [u8]> {
+        let data: &'a [u8] = self.data;
+        match data.get(self.pos..self.pos.saturating_add(n)) {
+            Some(s) => {
+                self.pos += n;
+                Ok(s)
+            }
+            None => Err(self.err(format!(
+                "truncated pickle: {} (0x{op:02x}) needs {n} more bytes but only {} remain",
+                op_name(op),
+                data.len().saturating_sub(self.pos)
+            ))),
+        }
+    }
+
+    #[inline]
+    fn take_array<const N: usize>(&mut self, op: u8) -> Result<[u8; N]> {
+        let s = self.take(op, N)?;
+        let mut a = [0u8; N];
+        a.copy_from_slice(s);
+        Ok(a)
+    }
+
+    /// Takes a body whose length the file declares, checking it against what remains first.
+    #[inline]
+    fn take_declared(&mut self, op: u8, len: u64) -> Result<&'a [u8]> {
+        let remaining = self.data.len().saturating_sub(self.pos) as u64;
+        if len > remaining {
+            return Err(self.err(format!(
+                "truncated pickle: {} (0x{op:02x}) declares {len} bytes but only {remaining} remain",
+                op_name(op)
+            )));
+        }
+        self.take(op, len as usize)
+    }
+
+    /// Takes a text argument up to (not including) the next newline (protocol 0 opcodes).
+    fn take_line(&mut self, op: u8) -> Result<&'a [u8]> {
+        let data: &'a [u8] = self.data;
+        let rest = data.get(self.pos..).unwrap_or(&[]);
+        match rest.iter().position(|&b| b == b'\n') {
+            Some(n) => {
+                self.pos += n + 1;
+                Ok(&rest[..n])
+            }
+            None => Err(self
+                .err(format!("truncated pickle: {} (0x{op:02x}) has no end of line", op_name(op)))),
+        }
+    }
+
+    #[inline]
+    fn push(&mut self, v: Value<'a>) {
+        self.stack.push(v);
+    }
+
+    /// The lowest stack index the current opcode may pop (the last MARK, or 0).
+    #[inline]
+    fn floor(&self) -> usize {
+        self.marks.last().copied().unwrap_or(0)
+    }
+
+    #[inline]
+    fn pop(&mut self, op: u8) -> Result<Value<'a>> {
+        if self.stack.len() > self.floor() {
+            if let Some(v) = self.stack.pop() {
+                return Ok(v);
+            }
+        }
+        Err(self.op_err(op, "stack underflow"))
+    }
+
+    #[inline]
+    fn top(&self, op: u8) -> Result<Value<'a>> {
+        match self.stack.last() {
+            Some(&v) if self.stack.len() > self.floor() => Ok(v),
+            _ => Err(self.op_err(op, "stack underflow")),
+        }
+    }
+
+    /// Pops the last MARK and returns the stack index where its items start.
+    #[inline]
+    fn pop_mark(&mut self, op: u8) -> Result<usize> {
+        self.marks.pop().ok_or_else(|| self.op_err(op, "no MARK before it"))
+    }
+
+    fn new_seq(&mut self, items: Vec<Value<'a>>) -> Result<u32> {
+        let id = u32::try_from(self.out.seqs.len())
+            .map_err(|_| self.err("more than 2^32 containers".into()))?;
+        self.out.seqs.push(items);
+        Ok(id)
+    }
+
+    fn new_dict(&mut self, items: Vec<(Value<'a>, Value<'a>)>) -> Result<u32> {
+        let id = u32::try_from(self.out.dicts.len())
+            .map_err(|_| self.err("more than 2^32 containers".into()))?;
+        self.out.dicts.push(items);
+        Ok(id)
+    }
+
+    fn int(&mut self, v: i128) -> Result<Value<'a>> {
+        if let Ok(i) = i64::try_from(v) {
+            return Ok(Value::Int(i));
+        }
+        let id = u32::try_from(self.out.bigs.len())
+            .map_err(|_| self.err("more than 2^32 large integers".into()))?;
+        self.out.bigs.push(v);
+        Ok(Value::BigInt(id))
+    }
+
+    /// A little-endian two's-complement integer (LONG1 / LONG4 bodies).
+    fn long(&mut self, bytes: &[u8]) -> Result<Value<'a>> {
+        let negative = bytes.last().is_some_and(|&b| b & 0x80 != 0);
+        let fill = if negative { 0xff } else { 0 };
+        if bytes.len() > 16 {
+            // Wider than i128 unless the extra bytes are only sign extension.
+            let (low, high) = bytes.split_at(16);
+            let sign_ok = (low[15] & 0x80 != 0) == negative;
+            if !(high.iter().all(|&b| b == fill) && sign_ok) {
+                return Ok(Value::HugeInt);
+            }
+            return self.long(low);
+        }
+        let mut buf = [fill; 16];
+        buf[..bytes.len()].copy_from_slice(bytes);
+        self.int(i128::from_le_bytes(buf))
+    }
+
+    fn memo_put(&mut self, op: u8, idx: u32, v: Value<'a>) -> Result<()> {
+        let i = idx as usize;
+        if let Some(slot) = self.memo.get_mut(i) {
+            if slot.is_none() {
+                self.memo_count += 1;
+            }
+            *slot = Some(v);
+        } else if i <= 2 * self.memo_count as usize + 64 {
+            // Dense growth stays proportional to the entries actually stored.
+            self.memo.resize(i + 1, None);
+            self.memo[i] = Some(v);
+            self.memo_count += 1;
+        } else if self.sparse.insert(idx, v).is_none() {
+            self.memo_count = self
+                .memo_count
+                .checked_add(1)
+                .ok_or_else(|| self.op_err(op, "memo is full (2^32 entries)"))?;
+        }
+        Ok(())
+    }
+
+    fn memo_get(&self, op: u8, idx: u32) -> Result<Value<'a>> {
+        let v = match self.memo.get(idx as usize) {
+            Some(v) => *v,
+            None => self.sparse.get(&idx).copied(),
+        };
+        v.ok_or_else(|| self.op_err(op, &format!("memo entry {idx} was never stored")))
+    }
+
+    fn parse_text_u32(&self, op: u8, text: &[u8]) -> Result<u32> {
+        std::str::from_utf8(text)
+            .ok()
+            .and_then(|t| t.trim().parse::<u32>().ok())
+            .ok_or_else(|| self.op_err(op, &format!("bad memo index {:?}", lossy(text))))
+    }
+
+    fn forbidden(&mut self, op: u8) -> Result<()> {
+        let what = match op {
+            b'c' => {
+                let module = self.take_line(op)?;
+                let name = self.take_line(op)?;
+                format!("would import '{} {}'", lossy(module), lossy(name))
+            }
+            0x93 => {
+                let name = self.stack.last().copied();
+                let module = self.stack.len().checked_sub(2).and_then(|i| self.stack.get(i));
+                match (module, name) {
+                    (Some(Value::Str(m)), Some(Value::Str(n))) => {
+                        format!("would import '{} {}'", lossy(m), lossy(n))
+                    }
+                    _ => "would import a Python object".to_string(),
+                }
+            }
+            b'R' => "would call a Python function".to_string(),
+            b'b' => "would set an object's state".to_string(),
+            b'i' | b'o' | 0x81 | 0x92 => "would create a class instance".to_string(),
+            0x82..=0x84 => "would import an object from the extension registry".to_string(),
+            _ => "would load a persistent object".to_string(),
+        };
+        Err(self
+            .err(format!("not a plain-data snapshot: opcode {} (0x{op:02x}) {what}", op_name(op))))
+    }
+
+    fn run(&mut self) -> Result<()> {
+        let data: &'a [u8] = self.data;
+        loop {
+            self.op_at = self.pos;
+            let Some(&op) = data.get(self.pos) else {
+                return Err(self.err("truncated pickle: it ends before its STOP opcode".into()));
+            };
+            self.pos += 1;
+            match op {
+                // Control.
+                0x80 => {
+                    let [v] = self.take_array::<1>(op)?;
+                    if v > 5 {
+                        return Err(self.err(format!(
+                            "unsupported pickle protocol {v} (fragsim reads protocols 2 to 5)"
+                        )));
+                    }
+                }
+                0x95 => {
+                    // FRAME only groups opcodes for buffered readers; the opcodes inside are
+                    // decoded as usual, but the declared length must fit.
+                    let len = u64::from_le_bytes(self.take_array::<8>(op)?);
+                    let remaining = data.len().saturating_sub(self.pos) as u64;
+                    if len > remaining {
+                        return Err(self.err(format!(
+                            "truncated pickle: FRAME (0x95) declares {len} bytes but only {remaining} remain"
+                        )));
+                    }
+                }
+                b'.' => {
+                    let v = self.pop(op)?;
+                    self.out.root = Some(v);
+                    return Ok(());
+                }
+                b'(' => {
+                    if self.marks.len() >= MAX_MARKS {
+                        return Err(self.op_err(op, "more than 10000 nested MARKs"));
+                    }
+                    self.marks.push(self.stack.len());
+                }
+                b'0' => {
+                    // POP with nothing above the mark pops the mark (CPython does the same).
+                    if self.stack.len() > self.floor() {
+                        self.stack.pop();
+                    } else {
+                        self.pop_mark(op)?;
+                    }
+                }
+                b'1' => {
+                    let base = self.pop_mark(op)?;
+                    self.stack.truncate(base);
+                }
+                b'2' => {
+                    let v = self.top(op)?;
+                    self.push(v);
+                }
+
+                // Containers.
+                b'}' => {
+                    let id = self.new_dict(Vec::new())?;
+                    self.push(Value::Dict(id));
+                }
+                b']' => {
+                    let id = self.new_seq(Vec::new())?;
+                    self.push(Value::List(id));
+                }
+                b')' => {
+                    let id = self.new_seq(Vec::new())?;
+                    self.push(Value::Tuple(id));
+                }
+                0x8f => {
+                    let id = self.new_seq(Vec::new())?;
+                    self.push(Value::Set(id));
+                }
+                b't' | b'l' | 0x91 => {
+                    let base = self.pop_mark(op)?;
+                    let items = self.stack.split_off(base);
+                    let id = self.new_seq(items)?;
+                    self.push(match op {
+                        b't' => Value::Tuple(id),
+                        b'l' => Value::List(id),
+                        _ => Value::Set(id),
+                    });
+                }
+                0x85..=0x87 => {
+                    let n = (op - 0x84) as usize;
+                    if self.stack.len() < self.floor() + n {
+                        return Err(self.op_err(op, "stack underflow"));
+                    }
+                    let items = self.stack.split_off(self.stack.len() - n);
+                    let id = self.new_seq(items)?;
+                    self.push(Value::Tuple(id));
+                }
+                b'd' => {
+                    let base = self.pop_mark(op)?;
+                    if (self.stack.len() - base) % 2 != 0 {
+                        return Err(self.op_err(op, "odd number of items (a key without a value)"));
+                    }
+                    let pairs = self.stack[base..].chunks_exact(2).map(|c| (c[0], c[1])).collect();
+                    self.stack.truncate(base);
+                    let id = self.new_dict(pairs)?;
+                    self.push(Value::Dict(id));
+                }
+                b'a' => {
+                    let v = self.pop(op)?;
+                    match self.top(op)? {
+                        Value::List(id) => self.out.seqs[id as usize].push(v),
+                        t => {
+                            return Err(self
+                                .op_err(op, &format!("appends to a {}, not a list", t.type_name())))
+                        }
+                    }
+                }
+                b'e' | 0x90 => {
+                    let base = self.pop_mark(op)?;
+                    let target = base.checked_sub(1).and_then(|i| self.stack.get(i)).copied();
+                    let id = match (op, target) {
+                        (b'e', Some(Value::List(id))) | (0x90, Some(Value::Set(id))) => id,
+                        (_, t) => {
+                            let want = if op == b'e' { "list" } else { "set" };
+                            let found = t.map_or("nothing", |t| t.type_name());
+                            return Err(
+                                self.op_err(op, &format!("adds to a {found}, not a {want}"))
+                            );
+                        }
+                    };
+                    let seq = &mut self.out.seqs[id as usize];
+                    seq.extend(self.stack.drain(base..));
+                }
+                b's' => {
+                    let v = self.pop(op)?;
+                    let k = self.pop(op)?;
+                    match self.top(op)? {
+                        Value::Dict(id) => self.out.dicts[id as usize].push((k, v)),
+                        t => {
+                            return Err(
+                                self.op_err(op, &format!("sets an item of a {}", t.type_name()))
+                            )
+                        }
+                    }
+                }
+                b'u' => {
+                    let base = self.pop_mark(op)?;
+                    let id = match base.checked_sub(1).and_then(|i| self.stack.get(i)) {
+                        Some(Value::Dict(id)) => *id,
+                        t => {
+                            let found = t.map_or("nothing", |t| t.type_name());
+                            return Err(
+                                self.op_err(op, &format!("sets items of a {found}, not a dict"))
+                            );
+                        }
+                    };
+                    if (self.stack.len() - base) % 2 != 0 {
+                        return Err(self.op_err(op, "odd number of items (a key without a value)"));
+                    }
+                    let dict = &mut self.out.dicts[id as usize];
+                    dict.extend(self.stack[base..].chunks_exact(2).map(|c| (c[0], c[1])));
+                    self.stack.truncate(base);
+                }
+
+                // Memo.
+                0x94 => {
+                    let v = self.top(op)?;
+                    self.memo_put(op, self.memo_count, v)?;
+                }
+                b'q' => {
+                    let [i] = self.take_array::<1>(op)?;
+                    let v = self.top(op)?;
+                    self.memo_put(op, i as u32, v)?;
+                }
+                b'r' => {
+                    let i = u32::from_le_bytes(self.take_array::<4>(op)?);
+                    let v = self.top(op)?;
+                    self.memo_put(op, i, v)?;
+                }
+                b'p' => {
+                    let text = self.take_line(op)?;
+                    let i = self.parse_text_u32(op, text)?;
+                    let v = self.top(op)?;
+                    self.memo_put(op, i, v)?;
+                }
+                b'h' => {
+                    let [i] = self.take_array::<1>(op)?;
+                    let v = self.memo_get(op, i as u32)?;
+                    self.push(v);
+                }
+                b'j' => {
+                    let i = u32::from_le_bytes(self.take_array::<4>(op)?);
+                    let v = self.memo_get(op, i)?;
+                    self.push(v);
+                }
+                b'g' => {
+                    let text = self.take_line(op)?;
+                    let i = self.parse_text_u32(op, text)?;
+                    let v = self.memo_get(op, i)?;
+                    self.push(v);
+                }
+
+                // Numbers.
+                b'J' => {
+                    let v = i32::from_le_bytes(self.take_array::<4>(op)?);
+                    self.push(Value::Int(v as i64));
+                }
+                b'K' => {
+                    let [v] = self.take_array::<1>(op)?;
+                    self.push(Value::Int(v as i64));
+                }
+                b'M' => {
+                    let v = u16::from_le_bytes(self.take_array::<2>(op)?);
+                    self.push(Value::Int(v as i64));
+                }
+                b'I' | b'L' => {
+                    let text = self.take_line(op)?;
+                    let t = std::str::from_utf8(text).unwrap_or("").trim();
+                    let v = match t {
+                        "00" if op == b'I' => Value::Bool(false),
+                        "01" if op == b'I' => Value::Bool(true),
+                        _ => {
+                            let digits = if op == b'L' { t.strip_suffix('L').unwrap_or(t) } else { t };
+                            match digits.parse::<i128>() {
+                                Ok(n) => self.int(n)?,
+                                Err(_)
+                                    if !digits.is_empty()
+                                        && digits
+                                            .trim_start_matches(['-', '+'])
+                                            .bytes()
+                                            .all(|b| b.is_ascii_digit()) =>
+                                {
+                                    Value::HugeInt
+                                }
+                                Err(_) => {
+                                    return Err(self
+                                        .op_err(op, &format!("bad integer {:?}", lossy(text))))
+                                }
+                            }
+                        }
+                    };
+                    self.push(v);
+                }
+                0x8a => {
+                    let [n] = self.take_array::<1>(op)?;
+                    let body = self.take_declared(op, n as u64)?;
+                    let v = self.long(body)?;
+                    self.push(v);
+                }
+                0x8b => {
+                    let n = i32::from_le_bytes(self.take_array::<4>(op)?);
+                    if n < 0 {
+                        return Err(self.op_err(op, &format!("negative length {n}")));
+                    }
+                    let body = self.take_declared(op, n as u64)?;
+                    let v = self.long(body)?;
+                    self.push(v);
+                }
+                b'G' => {
+                    let v = f64::from_be_bytes(self.take_array::<8>(op)?);
+                    self.push(Value::Float(v));
+                }
+                b'F' => {
+                    let text = self.take_line(op)?;
+                    let v = std::str::from_utf8(text)
+                        .ok()
+                        .and_then(|t| t.trim().parse::<f64>().ok())
+                        .ok_or_else(|| self.op_err(op, &format!("bad float {:?}", lossy(text))))?;
+                    self.push(Value::Float(v));
+                }
+
+                // Singletons.
+                b'N' => self.push(Value::None),
+                0x88 => self.push(Value::Bool(true)),
+                0x89 => self.push(Value::Bool(false)),
+
+                // Strings and bytes.
+                0x8c | b'C' => {
+                    let [n] = self.take_array::<1>(op)?;
+                    let s = self.take_declared(op, n as u64)?;
+                    self.push(if op == b'C' { Value::Bytes(s) } else { Value::Str(s) });
+                }
+                b'X' | b'B' => {
+                    let n = u32::from_le_bytes(self.take_array::<4>(op)?);
+                    let s = self.take_declared(op, n as u64)?;
+                    self.push(if op == b'B' { Value::Bytes(s) } else { Value::Str(s) });
+                }
+                0x8d | 0x8e | 0x96 => {
+                    let n = u64::from_le_bytes(self.take_array::<8>(op)?);
+                    let s = self.take_declared(op, n)?;
+                    self.push(if op == 0x8d { Value::Str(s) } else { Value::Bytes(s) });
+                }
+
+                // Code execution: never.
+                b'c' | 0x93 | b'R' | b'b' | b'i' | b'o' | 0x81 | 0x92 | 0x82..=0x84 | b'P'
+                | b'Q' => self.forbidden(op)?,
+                0x97 | 0x98 => {
+                    return Err(self.op_err(
+                        op,
+                        "out-of-band buffers are not supported (not a plain-data snapshot)",
+                    ))
+                }
+                b'S' | b'T' | b'U' | b'V' => {
+                    return Err(self.op_err(
+                        op,
+                        "protocol 0/1 strings are not supported (PyTorch snapshots use protocol 2 or later)",
+                    ))
+                }
+                _ => return Err(self.err(format!("unknown pickle opcode 0x{op:02x}"))),
+            }
+        }
+    }
+}
+
+fn lossy(bytes: &[u8]) -> String {
+    let mut s = String::from_utf8_lossy(bytes).into_owned();
+    if s.len() > 80 {
+        let mut cut = 80;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push('…');
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+
+    fn err(data: &[u8]) -> Error {
+        match decode(data) {
+            Ok(p) => panic!("decoded {:?}", p.root()),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn decodes_scalars_and_containers() {
+        // pickle.dumps({'a': [1, -2, 300, 70000, None, True, 1.5], 'b': (b'x', 'é')}, 4),
+        // assembled by hand.
+        let data: &[u8] = b"\x80\x04}\x94(\x8c\x01a\x94](K\x01J\xfe\xff\xff\xffM,\x01J\x70\x11\x01\x00N\x88G\x3f\xf8\x00\x00\x00\x00\x00\x00e\x8c\x01b\x94C\x01x\x8c\x02\xc3\xa9\x86u.";
+        let p = decode(data).unwrap();
+        let root = p.root();
+        let a = p.items(p.get(root, "a").unwrap()).unwrap();
+        assert_eq!(
+            a,
+            &[
+                Value::Int(1),
+                Value::Int(-2),
+                Value::Int(300),
+                Value::Int(70000),
+                Value::None,
+                Value::Bool(true),
+                Value::Float(1.5)
+            ]
+        );
+        let b = p.get(root, "b").unwrap();
+        assert!(matches!(b, Value::Tuple(_)));
+        let b = p.items(b).unwrap();
+        assert_eq!(b[0], Value::Bytes(b"x"));
+        assert_eq!(p.text(b[1]).unwrap(), "é");
+    }
+
+    #[test]
+    fn long1_covers_i64_u64_and_beyond() {
+        // LONG1 of 2^63 (9 bytes: 00 .. 80 00), of -1 (ff), of 0 (no bytes), of 2^200.
+        let mut data =
+            b"\x80\x04(\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x80\x00\x8a\x01\xff\x8a\x00".to_vec();
+        data.extend_from_slice(b"\x8a\x1a");
+        data.extend_from_slice(&[0u8; 25]);
+        data.push(1);
+        data.extend_from_slice(b"l.");
+        let p = decode(&data).unwrap();
+        let items = p.items(p.root()).unwrap();
+        assert_eq!(p.int(items[0]), Some(1i128 << 63));
+        assert_eq!(items[1], Value::Int(-1));
+        assert_eq!(items[2], Value::Int(0));
+        assert_eq!(items[3], Value::HugeInt);
+    }
+
+    #[test]
+    fn memo_hits_share_the_container() {
+        // fr = [1]; pickle.dumps({'x': fr, 'y': fr}, 4)
+        let data = b"\x80\x04}\x94(\x8c\x01x\x94]\x94K\x01a\x8c\x01y\x94h\x02u.";
+        let p = decode(data).unwrap();
+        let x = p.get(p.root(), "x").unwrap();
+        let y = p.get(p.root(), "y").unwrap();
+        assert_eq!(x, y);
+        assert!(matches!(x, Value::List(_)));
+    }
+
+    #[test]
+    fn global_names_what_it_would_import() {
+        // cos\nsystem\n(S'echo hi'\ntR.  (the classic os.system payload)
+        let e = err(b"\x80\x02cos\nsystem\nX\x07\x00\x00\x00echo hi\x85R.");
+        assert_eq!(e.kind(), ErrorKind::Input);
+        assert_eq!(e.location().place, Some(Place::Byte(2)));
+        assert!(e.to_string().contains("opcode GLOBAL (0x63) would import 'os system'"), "{e}");
+        // STACK_GLOBAL with the names on the stack.
+        let e = err(b"\x80\x04\x8c\x02os\x8c\x06system\x93.");
+        assert!(e.to_string().contains("STACK_GLOBAL (0x93) would import 'os system'"), "{e}");
+        assert_eq!(e.location().place, Some(Place::Byte(14)));
+        let e = err(b"\x80\x04}\x94)b.");
+        assert!(e.to_string().contains("BUILD (0x62)"), "{e}");
+    }
+
+    #[test]
+    fn declared_lengths_are_checked_before_use() {
+        let mut data = b"\x80\x04\x8d".to_vec();
+        data.extend_from_slice(&(1u64 << 62).to_le_bytes());
+        data.extend_from_slice(b"abc.");
+        let e = err(&data);
+        assert_eq!(e.location().place, Some(Place::Byte(2)));
+        assert!(
+            e.to_string().contains("declares 4611686018427387904 bytes but only 4 remain"),
+            "{e}"
+        );
+        let e = err(b"\x80\x04\x95\xff\xff\x00\x00\x00\x00\x00\x00N.");
+        assert!(e.to_string().contains("FRAME (0x95) declares 65535 bytes"), "{e}");
+    }
+
+    #[test]
+    fn malformed_streams_are_errors_with_offsets() {
+        for (data, place, text) in [
+            (&b"\x80\x04N"[..], 3, "ends before its STOP"),
+            (b"\x80\x04h\x05.", 2, "memo entry 5 was never stored"),
+            (b"\x80\x04a.", 2, "APPEND (0x61): stack underflow"),
+            (b"\x80\x04]e.", 3, "APPENDS (0x65): no MARK before it"),
+            (b"\x80\x04K", 2, "BININT1 (0x4b) needs 1 more bytes but only 0 remain"),
+            (b"\x80\x04\xff.", 2, "unknown pickle opcode 0xff"),
+            (b"\x80\x09.", 0, "unsupported pickle protocol 9"),
+            (b"\x80\x04N(K\x01u.", 6, "sets items of a None"),
+            (b"", 0, "ends before its STOP"),
+        ] {
+            let e = err(data);
+            assert_eq!(e.kind(), ErrorKind::Input);
+            assert_eq!(e.location().place, Some(Place::Byte(place)), "{e}");
+            assert!(e.to_string().contains(text), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_mark_cannot_be_popped_through() {
+        // MARK then APPEND: the list is below the mark, so APPEND underflows.
+        let e = err(b"\x80\x04](K\x01a.");
+        assert!(e.to_string().contains("APPEND (0x61)"), "{e}");
+    }
+
+    #[test]
+    fn deep_nesting_is_flat_work() {
+        // 100,000 nested lists: [[[...]]] built with EMPTY_LIST ... APPEND, no recursion.
+        let n = 100_000;
+        let mut data = b"\x80\x04".to_vec();
+        data.extend(std::iter::repeat_n(b']', n));
+        data.extend(std::iter::repeat_n(b'a', n - 1));
+        data.push(b'.');
+        let p = decode(&data).unwrap();
+        assert_eq!(p.depth(p.root(), 1000), 1000);
+        // Too many open MARKs is refused.
+        let mut data = b"\x80\x04".to_vec();
+        data.extend(std::iter::repeat_n(b'(', 20_000));
+        assert!(err(&data).to_string().contains("nested MARKs"));
+    }
+
+    #[test]
+    fn sparse_memo_indices_do_not_allocate_up_to_the_index() {
+        // LONG_BINPUT 0xfffffff0, then LONG_BINGET of it.
+        let data = b"\x80\x04Nr\xf0\xff\xff\xff0j\xf0\xff\xff\xff.";
+        let p = decode(data).unwrap();
+        assert_eq!(p.root(), Value::None);
+    }
+}
