@@ -10,7 +10,8 @@ use super::plot;
 use crate::error::{Error, ErrorKind, Result};
 use crate::policy::{self, PolicySpec};
 use crate::replay::{ReplayInput, ReplayOptions, ReplayOutput};
-use crate::trace::{Action, Segment, Trace};
+use crate::trace::summary::{DeviceSummary, SizeBucket};
+use crate::trace::{DeviceTrace, Segment, Trace};
 use indicatif::{ProgressBar, ProgressStyle};
 use rayon::prelude::*;
 use std::path::{Path, PathBuf};
@@ -52,7 +53,7 @@ impl ReportPlan {
 }
 
 /// What the report says about the trace itself.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct TraceSummary {
     /// The path as given.
     pub path: String,
@@ -70,19 +71,17 @@ pub struct TraceSummary {
     pub first_time_us: i64,
     /// Time of the last event.
     pub last_time_us: i64,
-    /// Events of the replayed device by action, in PyTorch's spelling, zero counts left out.
-    pub by_action: Vec<(&'static str, u64)>,
+    /// What `fragsim info` says about the replayed device (counts by action, streams, sizes,
+    /// orphan frees, peak live bytes, ...).
+    pub info: DeviceSummary,
 }
 
 impl TraceSummary {
     /// Summarises `device`'s events of `trace`.
     pub fn of(trace: &Trace, path: &str, device: i32) -> TraceSummary {
-        let events = trace.device(device).map(|d| d.events.as_slice()).unwrap_or(&[]);
-        let by_action = Action::ALL
-            .iter()
-            .map(|&a| (a.name(), events.iter().filter(|e| e.action == a).count() as u64))
-            .filter(|&(_, n)| n > 0)
-            .collect();
+        let empty = DeviceTrace { device, events: Vec::new() };
+        let d = trace.device(device).unwrap_or(&empty);
+        let events = d.events.as_slice();
         TraceSummary {
             path: path.to_string(),
             format: trace.format.name(),
@@ -92,7 +91,7 @@ impl TraceSummary {
             has_times: trace.has_times,
             first_time_us: events.first().map_or(0, |e| e.time_us),
             last_time_us: events.last().map_or(0, |e| e.time_us),
-            by_action,
+            info: DeviceSummary::of(trace, d),
         }
     }
 
@@ -173,39 +172,27 @@ pub struct SegmentMap {
     pub note: Option<String>,
 }
 
-/// One power-of-two bin of allocation sizes: sizes in `(upper / 2, upper]`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SizeBin {
-    /// The bin's upper bound, a power of two.
-    pub upper: u64,
-    /// Allocations in the bin.
-    pub count: u64,
-    /// Their requested bytes.
-    pub bytes: u64,
-}
-
-/// Counts `alloc` events (size > 0) into power-of-two bins, from the smallest occupied bin to the
-/// largest, empty bins in between kept so the axis is continuous.
-pub fn size_histogram(trace: &Trace, device: i32) -> Vec<SizeBin> {
-    let mut bins = [(0u64, 0u64); 65];
-    let events = trace.device(device).map(|d| d.events.as_slice()).unwrap_or(&[]);
-    for e in events.iter().filter(|e| e.action == Action::Alloc && e.size > 0) {
-        // ceil(log2(size)): 1 → 0, 2 → 1, 3..=4 → 2, ...
-        let k = (64 - (e.size - 1).leading_zeros()) as usize;
-        if let Some(b) = bins.get_mut(k) {
-            b.0 += 1;
-            b.1 = b.1.saturating_add(e.size);
+/// The trace's allocation size classes (from [`DeviceSummary::size_histogram`]) from the
+/// smallest occupied class to the largest, with the empty classes between them filled in so a
+/// chart's axis is continuous. Zero-byte requests never reach an allocator and are left out.
+pub fn size_bins(info: &DeviceSummary) -> Vec<SizeBucket> {
+    let mut out: Vec<SizeBucket> = Vec::new();
+    for b in info.size_histogram.iter().filter(|b| b.min_bytes > 0) {
+        while let Some(last) = out.last().copied() {
+            let next = last.min_bytes.checked_mul(2).filter(|&n| n < b.min_bytes);
+            match next {
+                Some(n) => out.push(SizeBucket {
+                    min_bytes: n,
+                    max_bytes: n.saturating_mul(2) - 1,
+                    count: 0,
+                    bytes: 0,
+                }),
+                None => break,
+            }
         }
+        out.push(*b);
     }
-    let used: Vec<usize> = (0..bins.len()).filter(|&k| bins[k].0 > 0).collect();
-    let (Some(&lo), Some(&hi)) = (used.first(), used.last()) else { return Vec::new() };
-    (lo..=hi)
-        .map(|k| SizeBin {
-            upper: if k >= 64 { u64::MAX } else { 1u64 << k },
-            count: bins[k].0,
-            bytes: bins[k].1,
-        })
-        .collect()
+    out
 }
 
 /// Everything a report directory shows.
@@ -219,8 +206,8 @@ pub struct ReportData {
     pub skipped: Vec<Skipped>,
     /// The segment map.
     pub segment_map: SegmentMap,
-    /// Allocation sizes.
-    pub sizes: Vec<SizeBin>,
+    /// Allocation size classes ([`size_bins`]).
+    pub sizes: Vec<SizeBucket>,
     /// `--capacity`, if given.
     pub capacity: Option<u64>,
     /// fragsim's version.
@@ -320,12 +307,13 @@ pub fn collect(trace: &Trace, plan: &ReportPlan) -> Result<ReportData> {
         runs.sort_by_key(|r| r.output.result.peak_reserved_bytes);
     }
     let segment_map = segment_map(&input, &runs, plan, &options)?;
+    let summary = TraceSummary::of(trace, &plan.trace_path, input.device);
     Ok(ReportData {
-        trace: TraceSummary::of(trace, &plan.trace_path, input.device),
+        sizes: size_bins(&summary.info),
+        trace: summary,
         runs,
         skipped,
         segment_map,
-        sizes: size_histogram(trace, input.device),
         capacity: plan.capacity,
         version: env!("CARGO_PKG_VERSION"),
     })
@@ -527,14 +515,18 @@ mod tests {
     }
 
     #[test]
-    fn sizes_fall_into_power_of_two_bins() {
-        let trace = text_trace("alloc 0x0 1 s0\nalloc 0x10 512 s0\nalloc 0x1000 513 s0\nalloc 0x2000 1024 s0\nalloc 0x3000 0 s0\n");
-        let bins = size_histogram(&trace, 0);
-        // 1 -> bin 1; 512 -> bin 512; 513 and 1024 -> bin 1024; the 0-byte request is not counted.
-        assert_eq!(bins.first(), Some(&SizeBin { upper: 1, count: 1, bytes: 1 }));
-        assert_eq!(bins.len(), 11);
-        assert_eq!(bins[9], SizeBin { upper: 512, count: 1, bytes: 512 });
-        assert_eq!(bins[10], SizeBin { upper: 1024, count: 2, bytes: 1537 });
-        assert_eq!(bins.iter().map(|b| b.count).sum::<u64>(), 4);
+    fn size_classes_are_continuous_and_skip_zero_byte_requests() {
+        let trace = text_trace(
+            "alloc 0x0 1 s0\nalloc 0x10 512 s0\nalloc 0x1000 1023 s0\nalloc 0x2000 1024 s0\n\
+             alloc 0x3000 0 s0\n",
+        );
+        let bins = size_bins(&TraceSummary::of(&trace, "t", 0).info);
+        // Classes 1, 2, 4, ..., 512, 1024: eleven, of which 2..=256 are empty.
+        let mins: Vec<u64> = bins.iter().map(|b| b.min_bytes).collect();
+        assert_eq!(mins, (0..11).map(|k| 1u64 << k).collect::<Vec<_>>());
+        assert_eq!((bins[0].count, bins[0].bytes), (1, 1));
+        assert_eq!((bins[9].count, bins[9].bytes, bins[9].max_bytes), (2, 1535, 1023));
+        assert_eq!((bins[10].count, bins[10].bytes), (1, 1024));
+        assert_eq!(bins[1..9].iter().map(|b| b.count).sum::<u64>(), 0);
     }
 }

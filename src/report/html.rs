@@ -154,8 +154,41 @@ pub fn write_index(
     fact("devices", escape(&devices.join(", ")));
     fact("events", t.events.to_string());
     fact("time span", escape(&t.span_text()));
-    let actions: Vec<String> = t.by_action.iter().map(|(a, n)| format!("{a}: {n}")).collect();
+    let actions: Vec<String> = crate::trace::Action::ALL
+        .iter()
+        .map(|&a| (a.name(), t.info.by_action.get(a)))
+        .filter(|&(_, n)| n > 0)
+        .map(|(a, n)| format!("{a}: {n}"))
+        .collect();
     fact("events by action", escape(&actions.join(", ")));
+    let i = &t.info;
+    fact(
+        "streams",
+        escape(&i.streams.iter().map(|s| format!("{s:#x}")).collect::<Vec<_>>().join(", ")),
+    );
+    if let (Some(lo), Some(hi)) = (i.alloc_size_min, i.alloc_size_max) {
+        fact("allocation sizes", escape(&format!("{} to {}", format_bytes(lo), format_bytes(hi))));
+    }
+    fact("peak live requested bytes", escape(&format_bytes(i.peak_live_bytes)));
+    fact("frees of blocks allocated before recording began", i.orphan_frees.to_string());
+    fact(
+        "live at the end",
+        escape(&format!(
+            "{} blocks allocated in the trace, {}",
+            i.allocated_in_trace_live_at_end,
+            format_bytes(i.live_at_end_bytes)
+        )),
+    );
+    if i.segments_at_dump > 0 {
+        fact(
+            "segments at the dump",
+            escape(&format!(
+                "{}, {} reserved",
+                i.segments_at_dump,
+                format_bytes(i.reserved_at_dump_bytes)
+            )),
+        );
+    }
     h += "</dl>\n";
 
     // The configurations.

@@ -3,7 +3,7 @@
 //!
 //! Set `FRAGSIM_REPORT_PREVIEW=DIR` when running the report tests to keep the files written.
 
-use super::bundle::{size_histogram, PolicyRun, ReportData, SegmentMap, TraceSummary, PLOT_POINTS};
+use super::bundle::{size_bins, PolicyRun, ReportData, SegmentMap, TraceSummary, PLOT_POINTS};
 use crate::backend::Backend;
 use crate::error::Result;
 use crate::policy::{Allocation, Policy};
@@ -189,8 +189,10 @@ pub fn toy_report(trace: &Trace, n: usize) -> ReportData {
     let at_peak = ReplayOptions { stop_after: Some(peak), ..ReplayOptions::default() };
     let (round, cache) = configs[0];
     let out = run_policy("toy", Toy::new(round, cache), &input, &at_peak).expect("toy runs");
+    let summary = TraceSummary::of(trace, "/data/traces/toy-training.txt", input.device);
     ReportData {
-        trace: TraceSummary::of(trace, "/data/traces/toy-training.txt", input.device),
+        sizes: size_bins(&summary.info),
+        trace: summary,
         runs,
         skipped: Vec::new(),
         segment_map: SegmentMap {
@@ -200,7 +202,6 @@ pub fn toy_report(trace: &Trace, n: usize) -> ReportData {
             segments: out.segments,
             note: None,
         },
-        sizes: size_histogram(trace, input.device),
         capacity: None,
         version: env!("CARGO_PKG_VERSION"),
     }

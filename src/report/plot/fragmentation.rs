@@ -18,7 +18,7 @@ pub struct Fragmentation<'a> {
     pub data: &'a ReportData,
 }
 
-const PANEL: u32 = 132;
+const PANEL: u32 = 140;
 const TOP: u32 = 56;
 const BOTTOM: u32 = 60;
 
@@ -83,7 +83,7 @@ impl Chart for Fragmentation<'_> {
             let mut chart = ChartBuilder::on(area)
                 .margin_left(12)
                 .margin_right(24)
-                .margin_top(14)
+                .margin_top(28)
                 .margin_bottom(4)
                 .y_label_area_size(78)
                 .x_label_area_size(if i == last { 24 } else { 0 })
@@ -123,19 +123,13 @@ impl Chart for Fragmentation<'_> {
             let frag = run.output.result.fragmentation_at_peak * 100.0;
             let at = chart.backend_coord(&(peak_x, frag));
             draw_marker(root, policy_marker(run.index), at, 6, color)?;
-            // The panel's name, top left inside the plot, on a white box.
+            // The panel's name, above its plot (never over its data).
             let corner = chart.backend_coord(&(xr.start, 100.0));
-            let label = format!("{}: {:.1}% at peak reserved", truncate(&run.label, 40), frag);
-            let lw = text_width(&label, LABEL);
-            root.draw(&Rectangle::new(
-                [(corner.0 + 4, corner.1 + 2), (corner.0 + 40 + lw, corner.1 + 24)],
-                WHITE.mix(0.85).filled(),
-            ))
-            .or_draw_error()?;
-            draw_marker(root, policy_marker(run.index), (corner.0 + 16, corner.1 + 13), 5, color)?;
+            let label = format!("{}: {:.1}% at peak reserved", truncate(&run.label, 48), frag);
+            draw_marker(root, policy_marker(run.index), (corner.0 + 8, corner.1 - 13), 5, color)?;
             root.draw(&Text::new(
                 label,
-                (corner.0 + 30, corner.1 + 13),
+                (corner.0 + 20, corner.1 - 13),
                 anchored(bold(LABEL), HPos::Left, VPos::Center),
             ))
             .or_draw_error()?;

@@ -3,8 +3,8 @@
 //! ones are the usual picture; the pair shows which of them the memory goes to.
 
 use super::style::*;
-use crate::report::bundle::{ReportData, SizeBin};
-use crate::units::format_bytes;
+use crate::report::bundle::ReportData;
+use crate::trace::summary::SizeBucket;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, VPos};
@@ -15,7 +15,26 @@ pub struct Sizes<'a> {
     pub data: &'a ReportData,
 }
 
-/// A bin's upper bound, short: `512`, `1K`, `2M`, `1G`.
+/// Bytes in three significant digits with a one-letter binary unit: `640M`, `22.9G`, `12K`.
+pub fn compact_bytes(bytes: u64) -> String {
+    const UNITS: [(u64, &str); 4] =
+        [(1 << 40, "T"), (1 << 30, "G"), (1 << 20, "M"), (1 << 10, "K")];
+    for (unit, name) in UNITS {
+        if bytes >= unit {
+            let v = bytes as f64 / unit as f64;
+            return if v >= 100.0 {
+                format!("{v:.0}{name}")
+            } else if v >= 10.0 {
+                format!("{v:.1}{name}")
+            } else {
+                format!("{v:.2}{name}")
+            };
+        }
+    }
+    bytes.to_string()
+}
+
+/// A size class's lower bound, short: `512`, `1K`, `2M`, `1G`.
 pub fn short_size(bytes: u64) -> String {
     const UNITS: [(u64, &str); 4] =
         [(1 << 40, "T"), (1 << 30, "G"), (1 << 20, "M"), (1 << 10, "K")];
@@ -67,8 +86,8 @@ impl Chart for Sizes<'_> {
         let max_bytes = bins.iter().map(|b| b.bytes).max().unwrap_or(0);
         let scale = ByteScale::for_max(max_bytes);
         let panel = |area: &DrawingArea<DB, Shift>,
-                     value: &dyn Fn(&SizeBin) -> f64,
-                     label: &dyn Fn(&SizeBin) -> String,
+                     value: &dyn Fn(&SizeBucket) -> f64,
+                     label: &dyn Fn(&SizeBucket) -> String,
                      y_desc: String,
                      color: RGBColor,
                      x_axis: bool|
@@ -89,7 +108,7 @@ impl Chart for Sizes<'_> {
                 if (v - k).abs() > 1e-6 || k < 0.0 {
                     return String::new();
                 }
-                bins.get(k as usize).map(|b| short_size(b.upper)).unwrap_or_default()
+                bins.get(k as usize).map(|b| short_size(b.min_bytes)).unwrap_or_default()
             };
             let mut mesh = chart.configure_mesh();
             mesh.disable_x_mesh()
@@ -103,7 +122,7 @@ impl Chart for Sizes<'_> {
                 .bold_line_style(GRID)
                 .axis_style(INK);
             if x_axis {
-                mesh.x_desc("allocation size, power-of-two bin by its upper bound (bytes; K = KiB, M = MiB, G = GiB)");
+                mesh.x_desc("allocation size class: from the size shown up to twice it (bytes; K = KiB, M = MiB, G = GiB)");
             }
             mesh.draw().or_draw_error()?;
             for (k, b) in bins.iter().enumerate() {
@@ -119,7 +138,7 @@ impl Chart for Sizes<'_> {
                     )))
                     .or_draw_error()?;
                 let at = chart.backend_coord(&(x, v));
-                if n <= 24 {
+                if n <= 40 {
                     area.draw(&Text::new(
                         label(b),
                         (at.0 - area.get_base_pixel().0, at.1 - area.get_base_pixel().1 - 3),
@@ -141,13 +160,7 @@ impl Chart for Sizes<'_> {
         panel(
             &bottom,
             &|b| scale.of(b.bytes),
-            &|b| {
-                if b.bytes == 0 {
-                    String::new()
-                } else {
-                    format_bytes(b.bytes).replace(".00", "")
-                }
-            },
+            &|b| compact_bytes(b.bytes),
             format!("requested bytes ({})", scale.unit),
             BYTES,
             true,
@@ -167,5 +180,9 @@ mod tests {
         assert_eq!(short_size(2 << 20), "2M");
         assert_eq!(short_size(1 << 30), "1G");
         assert_eq!(short_size(1), "1");
+        assert_eq!(compact_bytes(640 << 20), "640M");
+        assert_eq!(compact_bytes(22_900 << 20), "22.4G");
+        assert_eq!(compact_bytes(3 << 9), "1.50K");
+        assert_eq!(compact_bytes(999), "999");
     }
 }
