@@ -1,11 +1,13 @@
-//! `segments.*`: one policy's segments at the moment its reserved memory peaked, one row per
-//! segment (largest first), blocks laid out by address and sized by bytes, coloured by state:
+//! `segments.*`: one policy's segments at the moment its reserved memory peaked, each a strip
+//! whose length is its size, blocks laid out by address inside it and coloured by state:
 //! allocated (the requested part), rounding (block size − request, where the request is known)
 //! and cached free. This is memory_viz's segment view reduced to what a page can print.
 //!
-//! Rows are linear in bytes, so a 2 MiB segment next to a 1 GiB one is a sliver, as it should be.
-//! Beyond [`MAX_ROWS`] segments the smallest are left out and the title says how many and how
-//! many bytes. A policy without segments gets a chart that says so instead of an empty plot.
+//! Up to [`ONE_PER_ROW`] segments get a row each (largest first, size written beside it). More
+//! are packed largest first into lines of equal byte length, a gap between neighbours, so that
+//! hundreds of segments stay distinct strips on one page rather than a solid block of 3-pixel
+//! rows. Lengths are linear in bytes everywhere: a 2 MiB segment beside a 1 GiB one is a sliver,
+//! as it should be. A policy without segments gets a chart that says so instead of an empty plot.
 
 use super::style::{self, *};
 use crate::report::bundle::ReportData;
@@ -15,8 +17,32 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, VPos};
 
-/// The most segments drawn as rows.
-pub const MAX_ROWS: usize = 600;
+/// The most segments drawn one per row; more are packed into lines.
+pub const ONE_PER_ROW: usize = 40;
+
+/// About how many lines packed segments fill.
+const TARGET_LINES: u64 = 48;
+
+/// Lays segments (sorted largest first) into lines of `line_bytes` each, in order, starting a new
+/// line when the next segment does not fit (the first segment of a line always fits, as no
+/// segment is longer than a line). Returns the lines as index lists into `sizes`.
+pub fn pack(sizes: &[u64], line_bytes: u64) -> Vec<Vec<usize>> {
+    let mut lines: Vec<Vec<usize>> = Vec::new();
+    let mut used = 0u64;
+    for (i, &size) in sizes.iter().enumerate() {
+        match lines.last_mut() {
+            Some(line) if used.saturating_add(size) <= line_bytes => {
+                line.push(i);
+                used += size;
+            }
+            _ => {
+                lines.push(vec![i]);
+                used = size;
+            }
+        }
+    }
+    lines
+}
 
 /// What a stretch of a segment holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,34 +96,49 @@ pub fn runs(segment: &Segment) -> Vec<(u64, u64, Part)> {
 /// The chart; see the module docs.
 pub struct SegmentChart<'a> {
     data: &'a ReportData,
-    /// The segments drawn, largest first.
-    rows: Vec<&'a Segment>,
+    /// The segments, largest first.
+    order: Vec<&'a Segment>,
+    /// Lines of indices into `order`.
+    lines: Vec<Vec<usize>>,
+    /// Bytes one line holds.
+    line_bytes: u64,
     row_h: u32,
 }
 
 impl<'a> SegmentChart<'a> {
-    /// Prepares the rows of `data`'s segment map.
+    /// Prepares the layout of `data`'s segment map.
     pub fn new(data: &'a ReportData) -> SegmentChart<'a> {
-        let mut rows: Vec<&Segment> = data.segment_map.segments.iter().collect();
-        rows.sort_by_key(|s| (std::cmp::Reverse(s.total_size), s.address));
-        rows.truncate(MAX_ROWS);
-        let row_h = match rows.len() {
-            0..=30 => 22,
-            31..=80 => 12,
-            81..=200 => 6,
-            201..=400 => 4,
-            _ => 3,
+        let mut order: Vec<&Segment> = data.segment_map.segments.iter().collect();
+        order.sort_by_key(|s| (std::cmp::Reverse(s.total_size), s.address));
+        let largest = order.first().map_or(1, |s| s.total_size.max(1));
+        let total: u64 = order.iter().map(|s| s.total_size).sum();
+        let (lines, line_bytes) = if order.len() <= ONE_PER_ROW {
+            ((0..order.len()).map(|i| vec![i]).collect(), largest)
+        } else {
+            let line_bytes = largest.max(total.div_ceil(TARGET_LINES));
+            let sizes: Vec<u64> = order.iter().map(|s| s.total_size).collect();
+            (pack(&sizes, line_bytes), line_bytes)
         };
-        SegmentChart { data, rows, row_h }
+        let row_h = match lines.len() {
+            0..=30 => 22,
+            31..=60 => 16,
+            61..=120 => 10,
+            _ => 6,
+        };
+        SegmentChart { data, order, lines, line_bytes, row_h }
+    }
+
+    fn packed(&self) -> bool {
+        self.order.len() > ONE_PER_ROW
     }
 }
 
 impl Chart for SegmentChart<'_> {
     fn size(&self) -> (u32, u32) {
-        if self.rows.is_empty() {
+        if self.order.is_empty() {
             (1300, 360)
         } else {
-            (1300, 210 + self.row_h * self.rows.len() as u32)
+            (1300, 210 + self.row_h * self.lines.len() as u32)
         }
     }
 
@@ -123,7 +164,7 @@ impl Chart for SegmentChart<'_> {
             anchored(bold(TITLE), HPos::Center, VPos::Top),
         ))
         .or_draw_error()?;
-        if self.rows.is_empty() {
+        if self.order.is_empty() {
             let note = map.note.clone().unwrap_or_else(|| "no segments at the peak".into());
             root.draw(&Rectangle::new([(40, 60), (w as i32 - 40, h as i32 - 40)], GRID.filled()))
                 .or_draw_error()?;
@@ -159,7 +200,6 @@ impl Chart for SegmentChart<'_> {
                 }
             }
         }
-        let hidden = segs.len() - self.rows.len();
         let mut sub = format!(
             "after event {}: {} segments, {} reserved = {} requested + {} rounding + {} cached free",
             map.event,
@@ -169,12 +209,9 @@ impl Chart for SegmentChart<'_> {
             format_bytes(round),
             format_bytes(cached)
         );
-        if hidden > 0 {
-            let bytes: u64 = {
-                let shown: u64 = self.rows.iter().map(|s| s.total_size).sum();
-                reserved - shown
-            };
-            sub = format!("{sub}; the {hidden} smallest ({}) not shown", format_bytes(bytes));
+        if self.packed() {
+            sub =
+                format!("{sub}; packed largest first, {} per line", format_bytes(self.line_bytes));
         }
         root.draw(&Text::new(
             sub,
@@ -198,9 +235,8 @@ impl Chart for SegmentChart<'_> {
             ],
         )?;
 
-        let largest = self.rows.first().map_or(1, |s| s.total_size.max(1));
-        let scale = ByteScale::for_max(largest);
-        let n = self.rows.len();
+        let scale = ByteScale::for_max(self.line_bytes);
+        let n = self.lines.len();
         let mut chart = ChartBuilder::on(root)
             .margin_top(104)
             .margin_left(12)
@@ -208,13 +244,24 @@ impl Chart for SegmentChart<'_> {
             .margin_bottom(8)
             .x_label_area_size(52)
             .y_label_area_size(78)
-            .build_cartesian_2d(0.0..scale.of(largest) * 1.1, 0.0..n as f64)
+            .build_cartesian_2d(
+                0.0..scale.of(self.line_bytes) * if self.packed() { 1.02 } else { 1.1 },
+                0.0..n as f64,
+            )
             .or_draw_error()?;
+        let (x_desc, y_desc) = if self.packed() {
+            (
+                format!("bytes along the line ({}); each strip is one segment", scale.unit),
+                "line of segments, largest first",
+            )
+        } else {
+            (format!("offset within the segment ({})", scale.unit), "segment, largest at the top")
+        };
         chart
             .configure_mesh()
             .disable_y_mesh()
-            .x_desc(format!("offset within the segment ({})", scale.unit))
-            .y_desc("segment, largest at the top")
+            .x_desc(x_desc)
+            .y_desc(y_desc)
             .x_label_formatter(&|v| tick(*v))
             .y_label_formatter(&|_| String::new())
             .y_labels(0)
@@ -225,8 +272,8 @@ impl Chart for SegmentChart<'_> {
             .axis_style(INK)
             .draw()
             .or_draw_error()?;
-        // Row numbers on the left: every row when there is room, else about ten.
-        let every = if self.row_h >= 12 { 1 } else { n.div_ceil(10).max(1) };
+        // Line numbers on the left: every line when there is room, else about ten.
+        let every = if self.row_h >= 16 { 1 } else { n.div_ceil(10).max(1) };
         for i in (0..n).filter(|i| i % every == 0 || *i + 1 == n) {
             let at = chart.backend_coord(&(0.0, (n - i) as f64 - 0.5));
             root.draw(&Text::new(
@@ -236,40 +283,46 @@ impl Chart for SegmentChart<'_> {
             ))
             .or_draw_error()?;
         }
-        let gap = if self.row_h >= 6 { 0.15 } else { 0.0 };
-        for (i, s) in self.rows.iter().enumerate() {
+        let gap = if self.row_h >= 10 { 0.15 } else { 0.1 };
+        for (i, line) in self.lines.iter().enumerate() {
             let y1 = (n - i) as f64 - gap;
             let y0 = (n - i - 1) as f64 + gap;
-            let parts = runs(s);
-            chart
-                .draw_series(parts.iter().map(|&(off, len, part)| {
-                    Rectangle::new(
-                        [(scale.of(off), y0), (scale.of(off + len), y1)],
+            let (top, bottom) =
+                (chart.backend_coord(&(0.0, y1)).1, chart.backend_coord(&(0.0, y0)).1);
+            let mut start = 0u64;
+            for &k in line {
+                let Some(s) = self.order.get(k) else { continue };
+                // Pixel span of the segment, 1 px kept free at each end so neighbours stay apart.
+                let px = |off: u64| chart.backend_coord(&(scale.of(start + off), y0)).0;
+                let (left, right) = (px(0), px(s.total_size));
+                let inset = if self.packed() && right - left >= 4 { 1 } else { 0 };
+                let (left, right) = (left + inset, (right - inset).max(left + inset + 1));
+                for (off, len, part) in runs(s) {
+                    let (a, b) = (px(off).max(left), px(off + len).min(right));
+                    root.draw(&Rectangle::new(
+                        [(a, top), (b.max(a + 1), bottom)],
                         part.color().filled(),
-                    )
-                }))
-                .or_draw_error()?;
-            if self.row_h >= 6 {
-                chart
-                    .draw_series(std::iter::once(Rectangle::new(
-                        [(0.0, y0), (scale.of(s.total_size), y1)],
-                        INK.stroke_width(1),
-                    )))
+                    ))
                     .or_draw_error()?;
-            }
-            if self.row_h >= 12 {
-                let at = chart.backend_coord(&(scale.of(s.total_size), (y0 + y1) / 2.0));
-                let label = format!(
-                    "{}{}",
-                    format_bytes(s.total_size),
-                    if s.is_expandable { " (expandable)" } else { "" }
-                );
-                root.draw(&Text::new(
-                    label,
-                    (at.0 + 6, at.1),
-                    anchored(text(SMALL), HPos::Left, VPos::Center),
-                ))
-                .or_draw_error()?;
+                }
+                if bottom - top >= 6 {
+                    root.draw(&Rectangle::new([(left, top), (right, bottom)], INK.stroke_width(1)))
+                        .or_draw_error()?;
+                }
+                if !self.packed() && self.row_h >= 12 {
+                    let label = format!(
+                        "{}{}",
+                        format_bytes(s.total_size),
+                        if s.is_expandable { " (expandable)" } else { "" }
+                    );
+                    root.draw(&Text::new(
+                        label,
+                        (right + 6, (top + bottom) / 2),
+                        anchored(text(SMALL), HPos::Left, VPos::Center),
+                    ))
+                    .or_draw_error()?;
+                }
+                start += s.total_size;
             }
         }
         Ok(())
@@ -280,6 +333,12 @@ impl Chart for SegmentChart<'_> {
 mod tests {
     use super::*;
     use crate::trace::{Block, PoolKind};
+
+    #[test]
+    fn packing_fills_lines_in_order_and_starts_a_new_one_when_full() {
+        assert_eq!(pack(&[8, 5, 3, 3, 2, 1], 8), vec![vec![0], vec![1, 2], vec![3, 4, 5]]);
+        assert_eq!(pack(&[], 8), Vec::<Vec<usize>>::new());
+    }
 
     #[test]
     fn blocks_split_into_request_rounding_and_cached_runs() {

@@ -45,11 +45,26 @@ impl Timeline<'_> {
             sample: Sample::Swatch(FLOOR_FILL),
             label: "live requested".into(),
         });
-        if self.data.capacity.is_some() {
-            entries
-                .push(LegendEntry { sample: Sample::Dashed(CAPACITY), label: "capacity".into() });
+        if let Some(c) = self.data.capacity {
+            let label = if self.capacity_drawn() {
+                format!("capacity {}", format_bytes(c))
+            } else {
+                format!("capacity {} (above the chart)", format_bytes(c))
+            };
+            entries.push(LegendEntry { sample: Sample::Dashed(CAPACITY), label });
         }
         entries
+    }
+
+    /// The highest peak reserved of any policy.
+    fn peak(&self) -> u64 {
+        self.data.runs.iter().map(|r| r.output.result.peak_reserved_bytes).max().unwrap_or(0)
+    }
+
+    /// True when `--capacity` is close enough to the peaks (at most twice the highest) to draw it
+    /// without flattening the lines.
+    fn capacity_drawn(&self) -> bool {
+        self.data.capacity.is_some_and(|c| c <= self.peak().saturating_mul(2))
     }
 }
 
@@ -87,12 +102,9 @@ impl Chart for Timeline<'_> {
         .or_draw_error()?;
         let (main, _) = root.split_horizontally(w as i32 - legend_w);
 
-        let peak = data.runs.iter().map(|r| r.output.result.peak_reserved_bytes).max().unwrap_or(0);
-        let mut top = peak;
-        if let Some(c) = data.capacity {
-            if c <= peak.saturating_mul(2) {
-                top = top.max(c);
-            }
+        let mut top = self.peak();
+        if let (Some(c), true) = (data.capacity, self.capacity_drawn()) {
+            top = top.max(c);
         }
         let scale = ByteScale::for_max(top);
         let y_max = (scale.of(top) * 1.08).max(1e-9);
