@@ -37,7 +37,8 @@ const CHARTS: [(&str, &str, &str); 5] = [
         "peaks",
         "Peak reserved memory by policy",
         "Each bar splits the peak into requested bytes, rounding (allocated − requested) and \
-         cached-but-free bytes (reserved − allocated), measured at the moment of the peak.",
+         reserved-but-free bytes (reserved − allocated: cached blocks, or page padding), measured at \
+         the moment of the peak.",
     ),
     (
         "fragmentation",
@@ -169,7 +170,10 @@ pub fn write_index(
     if let (Some(lo), Some(hi)) = (i.alloc_size_min, i.alloc_size_max) {
         fact("allocation sizes", escape(&format!("{} to {}", format_bytes(lo), format_bytes(hi))));
     }
-    fact("peak live requested bytes", escape(&format_bytes(i.peak_live_bytes)));
+    fact(
+        "peak live bytes of blocks allocated in the trace",
+        escape(&format_bytes(i.peak_live_bytes)),
+    );
     fact("frees of blocks allocated before recording began", i.orphan_frees.to_string());
     fact(
         "live at the end",

@@ -63,7 +63,7 @@ impl Chart for Peaks<'_> {
                 },
                 LegendEntry {
                     sample: Sample::Swatch(CACHED),
-                    label: "cached free (reserved − allocated)".into(),
+                    label: "reserved but free (reserved − allocated)".into(),
                 },
             ],
         )?;
