@@ -111,7 +111,7 @@ pub const FLOOR_LINE: RGBColor = RGBColor(120, 120, 120);
 /// Bytes the program asked for (dark: reads as black in greyscale).
 pub const REQUESTED: RGBColor = RGBColor(31, 60, 110);
 /// Bytes lost to the policy's rounding (mid lightness).
-pub const ROUNDING: RGBColor = RGBColor(230, 159, 0);
+pub const ROUNDING: RGBColor = RGBColor(213, 120, 0);
 /// Bytes held in cached free blocks (light).
 pub const CACHED: RGBColor = RGBColor(176, 212, 236);
 

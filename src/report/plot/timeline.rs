@@ -68,6 +68,9 @@ impl Timeline<'_> {
     }
 }
 
+/// Room for the marker at the start of a peak label.
+const LABEL_MARK: i32 = 14;
+
 /// The capacity line's colour.
 const CAPACITY: RGBColor = RGBColor(200, 0, 0);
 
@@ -227,7 +230,7 @@ impl Chart for Timeline<'_> {
         let boxes: Vec<(i32, i32, i32)> = peaks
             .iter()
             .map(|(at, label, _)| {
-                let width = text_width(label, SMALL);
+                let width = LABEL_MARK + text_width(label, SMALL);
                 let x =
                     if at.0 + 14 + width < px_range.end { at.0 + 14 } else { at.0 - 14 - width };
                 (x - 3, x + width + 3, at.1)
@@ -237,7 +240,8 @@ impl Chart for Timeline<'_> {
             spread_label_boxes(&boxes, SMALL as i32 + 7, py_range.start + 10, py_range.end - 10);
         for ((at, label, index), y) in peaks.iter().zip(placed) {
             let color = policy_color(*index);
-            let width = text_width(label, SMALL);
+            // The box holds the policy's marker, then the value: it reads in greyscale too.
+            let width = LABEL_MARK + text_width(label, SMALL);
             let right = at.0 + 14 + width < px_range.end;
             let x = if right { at.0 + 14 } else { at.0 - 14 - width };
             let (bx0, bx1) = (x - 3, x + width + 3);
@@ -250,9 +254,10 @@ impl Chart for Timeline<'_> {
                 .or_draw_error()?;
             root.draw(&Rectangle::new([(bx0, y - 9), (bx1, y + 9)], color.stroke_width(1)))
                 .or_draw_error()?;
+            draw_marker(root, policy_marker(*index), (x + 5, y), 4, color)?;
             root.draw(&Text::new(
                 label.clone(),
-                (x, y),
+                (x + LABEL_MARK, y),
                 anchored(text(SMALL), HPos::Left, VPos::Center),
             ))
             .or_draw_error()?;
