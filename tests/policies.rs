@@ -1,4 +1,121 @@
-//! Integration tests: policies.
+//! Integration tests: policies through the CLI, on hand-worked text traces and the real traces.
 
 #[allow(unused_imports)]
 use crate::util::*;
+use serde_json::Value;
+
+/// (policy, peak_reserved_bytes, peak_requested_bytes) from `replay --json` output.
+fn peaks(out: &std::process::Output) -> Vec<(String, u64, u64)> {
+    let v: Value = serde_json::from_slice(&out.stdout).expect("replay --json prints JSON");
+    v["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .map(|r| {
+            (
+                r["policy"].as_str().expect("policy").to_string(),
+                r["peak_reserved_bytes"].as_u64().expect("peak_reserved_bytes"),
+                r["peak_requested_bytes"].as_u64().expect("peak_requested_bytes"),
+            )
+        })
+        .collect()
+}
+
+fn peak_of(rows: &[(String, u64, u64)], name: &str) -> u64 {
+    rows.iter().find(|r| r.0 == name).unwrap_or_else(|| panic!("no result for {name}")).1
+}
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1 << 20;
+
+/// x (1 KiB) and y (2 KiB) live; x freed; z (2 KiB) allocated. Live bytes peak at 4 KiB.
+const XYZ: &str = "alloc 0x1000 1024\nalloc 0x2000 2048\nfree 0x1000 1024\n\
+                   alloc 0x3000 2048\nfree 0x2000 2048\nfree 0x3000 2048\n";
+
+#[test]
+fn hand_worked_trace_through_every_policy() {
+    let (_d, path) = temp_file("xyz.txt", XYZ.as_bytes());
+    let out = run(&["replay", path.to_str().unwrap(), "--policy", "all", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rows = peaks(&out);
+    assert_eq!(rows.len(), 9, "every built-in policy");
+    // bound: the live requested peak, y + z.
+    assert_eq!(peak_of(&rows, "bound"), 4 * KIB);
+    // offline: y at 0, z at 2 KiB, x on top of y at 2 KiB (its life ends before z's): 4 KiB.
+    assert_eq!(peak_of(&rows, "offline"), 4 * KIB);
+    // nocache: three 512-byte-rounded cudaMallocs, at most two live: 4 KiB.
+    assert_eq!(peak_of(&rows, "nocache"), 4 * KIB);
+    // bfc: the first 2 MiB region holds everything (allow_growth starts at 2 MiB).
+    assert_eq!(peak_of(&rows, "bfc"), 2 * MIB);
+    // buddy: one default 2 MiB arena.
+    assert_eq!(peak_of(&rows, "buddy"), 2 * MIB);
+    // rmm-pool: grows by 1 KiB (x), then max(2 KiB, 1 KiB) = 2 KiB (y); z reuses nothing it
+    // can (x's 1 KiB is too small) and grows by max(2 KiB, 3 KiB) = 3 KiB: 6 KiB.
+    assert_eq!(peak_of(&rows, "rmm-pool"), 6 * KIB);
+    // stitch: small requests share one 2 MiB small-pool segment.
+    assert_eq!(peak_of(&rows, "stitch"), 2 * MIB);
+}
+
+#[test]
+fn unknown_options_list_the_accepted_ones() {
+    let (_d, path) = temp_file("xyz.txt", XYZ.as_bytes());
+    for (spec, accepted) in [
+        ("buddy:order=3", "min_block"),
+        ("bfc:growth=true", "allow_growth"),
+        ("rmm-pool:init=1MiB", "initial"),
+        ("nocache:granularity=2MiB", "page"),
+        ("stitch:granule=2MiB", "small"),
+        ("offline:alignment=1", "align"),
+    ] {
+        let out = run(&["replay", path.to_str().unwrap(), "--policy", spec]);
+        assert_eq!(out.status.code(), Some(2), "{spec}");
+        assert!(stderr(&out).contains(accepted), "{spec}: {}", stderr(&out));
+    }
+}
+
+#[test]
+fn options_reach_the_policy() {
+    let (_d, path) = temp_file("xyz.txt", XYZ.as_bytes());
+    let out = run(&["replay", path.to_str().unwrap(), "--policy", "buddy:arena=4KiB", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // x (1 KiB) at 0 and y (2 KiB) at 2 KiB in one 4 KiB arena; freed x merges with its free
+    // buddy at 1 KiB into the lower 2 KiB half, which z takes: one arena throughout.
+    assert_eq!(peak_of(&peaks(&out), "buddy"), 4 * KIB);
+}
+
+/// Every real snapshot replays under every policy; the reference lines bracket the others.
+#[test]
+fn every_policy_on_every_real_snapshot() {
+    let traces: Vec<_> = shared_traces()
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "pickle"))
+        .collect();
+    if traces.is_empty() {
+        eprintln!("skipped: ../shared/traces is absent");
+        return;
+    }
+    for t in traces {
+        let out = run(&["replay", t.to_str().unwrap(), "--policy", "all", "--json"]);
+        assert!(out.status.success(), "{}: {}", t.display(), stderr(&out));
+        let rows = peaks(&out);
+        assert_eq!(rows.len(), 9);
+        let bound = peak_of(&rows, "bound");
+        for (name, peak, requested) in &rows {
+            assert_eq!(
+                *requested,
+                bound,
+                "{}: {name}: requested peak is the same input",
+                t.display()
+            );
+            assert!(*peak >= bound, "{}: {name} below bound", t.display());
+        }
+        let offline = peak_of(&rows, "offline");
+        for name in ["pytorch", "pytorch-expandable", "buddy", "bfc", "rmm-pool"] {
+            assert!(
+                offline <= peak_of(&rows, name),
+                "{}: offline {offline} above {name}",
+                t.display()
+            );
+        }
+    }
+}

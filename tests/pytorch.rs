@@ -1,4 +1,154 @@
-//! Integration tests: pytorch.
+//! Integration tests: the PyTorch policy against real snapshots (`fragsim validate`) and the
+//! `validate` command's contract (interface.md: JSON keys, exit codes).
 
-#[allow(unused_imports)]
 use crate::util::*;
+
+/// `fragsim validate --json` on `path`, parsed.
+fn validate_json(path: &std::path::Path) -> (i32, serde_json::Value) {
+    let out = run(&["validate", path.to_str().expect("utf-8 path"), "--json"]);
+    let code = out.status.code().unwrap_or(-1);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{}: bad JSON ({e}): {}", path.display(), stderr(&out)));
+    (code, v)
+}
+
+fn expected_counts() -> Option<serde_json::Value> {
+    let p = shared_trace("expected-counts.json")?;
+    serde_json::from_slice(&std::fs::read(p).ok()?).ok()
+}
+
+#[test]
+fn every_shared_snapshot_validates_exactly() {
+    let counts = expected_counts();
+    let snapshots: Vec<_> = shared_traces()
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "pickle"))
+        .collect();
+    for path in &snapshots {
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let (code, v) = validate_json(path);
+        let n = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{name}: missing {k}"));
+        assert_eq!(code, 0, "{name}: {v}");
+        assert!(v["mismatches"].as_array().is_some_and(|m| m.is_empty()), "{name}: {v}");
+        // Every recorded alloc is counted, as Python's pickle counts them.
+        if let Some(c) = &counts {
+            let allocs = c[name]["devices"][0]["by_action"]["alloc"].as_u64();
+            assert_eq!(Some(n("allocs_total")), allocs, "{name}");
+        }
+        // 100% of determinable allocs at the recorded address; few undeterminable (< 1%).
+        let undeterminable = n("undeterminable_events");
+        assert_eq!(n("allocs_addr_matched") + undeterminable, n("allocs_total"), "{name}");
+        assert!(undeterminable * 100 < n("allocs_total"), "{name}: {undeterminable}");
+        assert_eq!(n("segment_events_matched"), n("segment_events_recorded"), "{name}");
+        assert_eq!(n("peak_reserved_simulated_bytes"), n("peak_reserved_recorded_bytes"), "{name}");
+    }
+}
+
+#[test]
+fn ctx512_train_reproduces_its_one_segment_alloc_and_learns_orphan_sizes() {
+    let Some(path) = shared_trace("cs336-medium-ctx512-train.pickle") else { return };
+    let (_, v) = validate_json(&path);
+    assert_eq!(v["segment_events_recorded"], 1, "the trace has one segment_alloc (64 MiB)");
+    assert_eq!(v["segment_events_matched"], 1);
+    assert_eq!(v["allocs_total"], 7591);
+    // §19.2: the placement at event 179 proves the orphan before it was longer.
+    let out = run(&["validate", path.to_str().expect("utf-8"), "--verbose"]);
+    let text = stdout(&out);
+    assert!(text.contains("is at least"), "{text}");
+    assert!(text.contains("result: valid"), "{text}");
+}
+
+#[test]
+fn undeterminable_events_are_each_explained_with_verbose() {
+    let Some(path) = shared_trace("cs336-lm-step-b.pickle") else { return };
+    let (_, v) = validate_json(&path);
+    let out = run(&["validate", path.to_str().expect("utf-8"), "--verbose"]);
+    let lines = stdout(&out).lines().filter(|l| l.contains("undeterminable event")).count();
+    assert_eq!(Some(lines as u64), v["undeterminable_events"].as_u64());
+    assert!(stdout(&out).contains("live before recording"));
+}
+
+#[test]
+fn a_hand_made_snapshot_that_breaks_best_fit_fails_with_exit_1() {
+    // A 20 MiB segment; 5 MiB at its start, then 3 MiB recorded 8 MiB in — the real allocator
+    // would have put it right after the 5 MiB block.
+    let src =
+        "segment_alloc 0x10000000 20971520\nalloc 0x10000000 5242880\nalloc 0x10800000 3145728\n";
+    let (_dir, path) = temp_file("bad.txt", src.as_bytes());
+    let (code, v) = validate_json(&path);
+    assert_eq!(code, 1);
+    let m = &v["mismatches"][0];
+    assert_eq!(m["event"], 2);
+    assert_eq!(m["action"], "alloc");
+    assert_eq!(m["expected"], "0x10800000");
+    assert_eq!(m["got"], "0x10500000");
+    for key in [
+        "trace",
+        "device",
+        "allocs_total",
+        "allocs_addr_matched",
+        "segment_events_recorded",
+        "segment_events_matched",
+        "peak_reserved_recorded_bytes",
+        "peak_reserved_simulated_bytes",
+        "undeterminable_events",
+        "mismatches",
+    ] {
+        assert!(v.get(key).is_some(), "missing key {key}");
+    }
+}
+
+#[test]
+fn bad_version_is_a_usage_error() {
+    let Some(path) = shared_trace("cs336-lm-step-c.pickle") else { return };
+    let out = run(&["validate", path.to_str().expect("utf-8"), "--pytorch-version", "1.13"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = run(&["validate", path.to_str().expect("utf-8"), "--pytorch-version", "2.8"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+}
+
+#[test]
+fn pytorch_policy_runs_in_replay_with_options() {
+    let Some(path) = shared_trace("cs336-medium-ctx512-infer.pickle") else { return };
+    let p = path.to_str().expect("utf-8");
+    let out = run(&[
+        "replay",
+        p,
+        "--json",
+        "-p",
+        "pytorch",
+        "-p",
+        "pytorch:max_split_size_mb:64,roundup_power2_divisions:[256:1,>:4]",
+        "-p",
+        "pytorch-expandable",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let configs: Vec<String> =
+        v["results"].as_array().expect("results").iter().map(|r| r["config"].to_string()).collect();
+    assert!(configs.iter().any(|c| c.contains("max_split_size_mb:64")), "{configs:?}");
+    assert!(configs.iter().any(|c| c.contains("expandable_segments:True")), "{configs:?}");
+    let out = run(&["replay", p, "-p", "pytorch:max_split_size_mb:10"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("max_split_size_mb"), "{}", stderr(&out));
+}
+
+#[test]
+fn the_exported_replay_validates_like_the_recording() {
+    let Some(path) = shared_trace("cs336-medium-ctx512-train.pickle") else { return };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out_path = dir.path().join("sim.pickle");
+    let p = path.to_str().expect("utf-8");
+    let out = run(&["validate", p, "--export-snapshot", out_path.to_str().expect("utf-8")]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    // The export holds every recorded event at the simulated addresses and the simulated final
+    // segments; as those equal the recording, validating it gives the same numbers.
+    let (code, exported) = validate_json(&out_path);
+    let (_, original) = validate_json(&path);
+    assert_eq!(code, 0, "{exported}");
+    for key in
+        ["allocs_total", "allocs_addr_matched", "segment_events_matched", "undeterminable_events"]
+    {
+        assert_eq!(exported[key], original[key], "{key}");
+    }
+}

@@ -1,4 +1,226 @@
-//! Integration tests: report.
+//! `fragsim report`: the files it writes exist, are valid, and say what `replay` says.
 
-#[allow(unused_imports)]
 use crate::util::*;
+use std::path::Path;
+
+/// A small text trace with times: two blocks live together (4096 + 1000 bytes), then a third
+/// after the first is freed. Peak live requested bytes: 4096 + 1000 = 5096.
+const SMALL: &str = "# fragsim text trace v1\n\
+    alloc 0x1000 4096 s0 @1000000\n\
+    alloc 0x3000 1000 s0 @1250000\n\
+    free 0x1000 4096 s0 @1500000\n\
+    alloc 0x5000 3000 s0 @1750000\n\
+    free 0x3000 1000 s0 @2000000\n\
+    free 0x5000 3000 s0 @2500000\n";
+
+const CHARTS: [&str; 5] = ["timeline", "peaks", "fragmentation", "segments", "sizes"];
+
+/// Checks the PNG signature and reads the IHDR width and height.
+fn png_size(path: &Path) -> (u32, u32) {
+    let b = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert!(b.len() > 2000, "{} is only {} bytes", path.display(), b.len());
+    assert_eq!(&b[..8], b"\x89PNG\r\n\x1a\n", "{} is not a PNG", path.display());
+    assert_eq!(&b[12..16], b"IHDR");
+    let be = |i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    (be(16), be(20))
+}
+
+/// Parses each SVG with Python's XML parser (python3 is on CI), or, without python3, checks
+/// that it is one `<svg>` element.
+fn assert_svgs_parse(dir: &Path) {
+    let files: Vec<String> =
+        CHARTS.iter().map(|c| dir.join(format!("{c}.svg")).display().to_string()).collect();
+    let script = "import sys, xml.etree.ElementTree as E\n\
+                  for f in sys.argv[1:]:\n    r = E.parse(f).getroot()\n    \
+                  assert r.tag.endswith('svg'), f\nprint('ok')";
+    match std::process::Command::new("python3").arg("-c").arg(script).args(&files).output() {
+        Ok(o) => assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr)),
+        Err(_) => {
+            for f in &files {
+                let s = std::fs::read_to_string(f).unwrap();
+                assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"), "{f}");
+            }
+        }
+    }
+}
+
+/// Every `src="..."` and `href="..."` in the page names a file in `dir`.
+fn assert_html_links_exist(dir: &Path) -> Vec<String> {
+    let html = std::fs::read_to_string(dir.join("index.html")).unwrap();
+    let mut links = Vec::new();
+    for attr in ["src=\"", "href=\""] {
+        for part in html.split(attr).skip(1) {
+            let link = part.split('"').next().unwrap().to_string();
+            assert!(!link.contains("://") && !link.starts_with('/'), "external link {link}");
+            assert!(dir.join(&link).is_file(), "index.html links {link}, which is missing");
+            links.push(link);
+        }
+    }
+    links
+}
+
+/// Splits one CSV line (RFC 4180 quoting) into cells.
+fn csv_cells(line: &str) -> Vec<String> {
+    let (mut cells, mut cell, mut quoted, mut chars) =
+        (Vec::new(), String::new(), false, line.chars().peekable());
+    while let Some(c) = chars.next() {
+        match (c, quoted) {
+            ('"', true) if chars.peek() == Some(&'"') => {
+                cell.push('"');
+                chars.next();
+            }
+            ('"', _) => quoted = !quoted,
+            (',', false) => cells.push(std::mem::take(&mut cell)),
+            (c, _) => cell.push(c),
+        }
+    }
+    cells.push(cell);
+    cells
+}
+
+/// The results as `replay --json` gives them, replay time left out (it differs run to run).
+fn without_time(mut v: serde_json::Value) -> serde_json::Value {
+    for r in v["results"].as_array_mut().unwrap() {
+        r.as_object_mut().unwrap().remove("replay_seconds");
+    }
+    v
+}
+
+/// Checks that results.json equals `replay --json` on the same trace and policies, and that
+/// results.csv holds the same numbers under the same keys. Returns the JSON.
+fn assert_results_agree_with_replay(trace: &Path, dir: &Path) -> serde_json::Value {
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap()).unwrap();
+    let mut args = vec!["replay".to_string(), trace.display().to_string(), "--json".into()];
+    // The report ran each policy by its bare name (its defaults), as `replay --policy NAME` does.
+    for r in json["results"].as_array().unwrap() {
+        args.push("--policy".into());
+        args.push(r["policy"].as_str().unwrap().to_string());
+    }
+    let o = fragsim().args(&args).output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let replayed: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(without_time(json.clone()), without_time(replayed));
+
+    let csv = std::fs::read_to_string(dir.join("results.csv")).unwrap();
+    let mut lines = csv.lines();
+    let header = csv_cells(lines.next().unwrap());
+    let results = json["results"].as_array().unwrap();
+    let keys: Vec<&String> = results[0].as_object().unwrap().keys().collect();
+    let mut sorted_header = header.clone();
+    sorted_header.sort();
+    assert_eq!(sorted_header.iter().collect::<Vec<_>>(), keys, "CSV header = JSON keys");
+    let rows: Vec<Vec<String>> = lines.map(csv_cells).collect();
+    assert_eq!(rows.len(), results.len());
+    for (row, r) in rows.iter().zip(results) {
+        for (key, cell) in header.iter().zip(row) {
+            let want = match &r[key.as_str()] {
+                serde_json::Value::String(s) => s.clone(),
+                serde_json::Value::Null => String::new(),
+                other => other.to_string(),
+            };
+            if key == "replay_seconds" {
+                assert!(cell.parse::<f64>().is_ok(), "{cell}");
+            } else {
+                assert_eq!(cell, &want, "column {key}");
+            }
+        }
+    }
+    json
+}
+
+#[test]
+fn report_on_a_small_trace_writes_valid_files_that_agree_with_replay() {
+    let (dir, trace) = temp_file("small.txt", SMALL.as_bytes());
+    let out = dir.path().join("out/report");
+    let o = run(&["report", trace.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for chart in CHARTS {
+        let (w, h) = png_size(&out.join(format!("{chart}.png")));
+        assert!((1200..=2000).contains(&w) && (200..=4000).contains(&h), "{chart}: {w}x{h}");
+    }
+    assert_svgs_parse(&out);
+    let links = assert_html_links_exist(&out);
+    for chart in CHARTS {
+        assert!(links.contains(&format!("{chart}.png")), "index.html shows {chart}.png");
+    }
+    let json = assert_results_agree_with_replay(&trace, &out);
+    assert_eq!(json["format"], "text");
+    assert_eq!(json["events"], 9); // 3 allocs + 3 frees, each free = requested + completed
+    let bound = json["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["policy"] == "bound")
+        .expect("bound always runs");
+    assert_eq!(bound["peak_reserved_bytes"], 5096);
+    let md = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(md.contains("| bound |") && md.contains("4.98 KiB"), "{md}");
+    let html = std::fs::read_to_string(out.join("index.html")).unwrap();
+    assert!(html.contains(env!("CARGO_PKG_VERSION")) && html.contains("free_completed: 3"));
+}
+
+#[test]
+fn named_policies_and_segment_map_placeholder() {
+    let (dir, trace) = temp_file("small.txt", SMALL.as_bytes());
+    let out = dir.path().join("r");
+    let o = run(&[
+        "report",
+        trace.to_str().unwrap(),
+        "--policy",
+        "bound",
+        "--segment-map-policy",
+        "bound",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    assert_eq!(json["results"].as_array().unwrap().len(), 1);
+    // bound models no segments: the chart says so instead of failing.
+    png_size(&out.join("segments.png"));
+    let html = std::fs::read_to_string(out.join("index.html")).unwrap();
+    assert!(html.contains("reports no segments"), "{html}");
+}
+
+#[test]
+fn bad_usage_fails_before_writing() {
+    let (dir, trace) = temp_file("small.txt", SMALL.as_bytes());
+    let out = dir.path().join("never");
+    let o = run(&[
+        "report",
+        trace.to_str().unwrap(),
+        "--policy",
+        "tlsf",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("unknown policy 'tlsf'"), "{}", stderr(&o));
+    assert!(!out.exists());
+    let o = run(&["report", trace.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "--out is required");
+}
+
+#[test]
+fn report_on_a_real_snapshot() {
+    let Some(trace) = shared_trace("cs336-medium-ctx512-infer.pickle") else {
+        eprintln!("skipped: ../shared/traces is not here");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("r");
+    let o = run(&["report", trace.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for chart in CHARTS {
+        png_size(&out.join(format!("{chart}.png")));
+        let svg = std::fs::metadata(out.join(format!("{chart}.svg"))).unwrap().len();
+        assert!(svg < 4 << 20, "{chart}.svg is {svg} bytes");
+    }
+    assert_svgs_parse(&out);
+    assert_html_links_exist(&out);
+    let json = assert_results_agree_with_replay(&trace, &out);
+    assert_eq!(json["format"], "pytorch-snapshot");
+    assert_eq!(json["events"], 4998); // README: device_traces[0] entries
+}

@@ -1,12 +1,120 @@
-//! `fragsim validate` (not implemented yet).
+//! `fragsim validate`: replay a PyTorch snapshot with the PyTorch policy and its recorded settings,
+//! and compare every decision with the recording (spec §19; the library side is
+//! `fragsim::policy::pytorch::validate`).
 
 use fragsim::error::{Error, Result};
+use fragsim::policy::pytorch::validate::{validate, ValidateOptions};
+use fragsim::policy::pytorch::Version;
+use fragsim::units::format_bytes;
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// Not implemented yet.
+/// Check that fragsim's PyTorch policy makes the decisions the real allocator recorded.
+///
+/// Replays the snapshot from the allocator state recovered at its first event, with the
+/// snapshot's own allocator settings, and compares every alloc address, every segment event and
+/// the peak of reserved memory. Decisions that depend on a start-state guess are counted as
+/// undeterminable, never as matches. Exits 1 on any unexplained mismatch.
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// The PyTorch memory snapshot (pickle from torch.cuda.memory._dump_snapshot).
+    #[arg(value_name = "SNAPSHOT")]
+    snapshot: PathBuf,
 
-pub fn run(_args: Args) -> Result<ExitCode> {
-    Err(Error::usage("'validate' is not implemented yet"))
+    /// The device to validate (default: the device with the most events).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    device: Option<i32>,
+
+    /// The GPU's total memory (base of the memory fraction and of expandable reservations).
+    #[arg(long, value_name = "SIZE", value_parser = super::size_arg)]
+    gpu_mem: Option<u64>,
+
+    /// Print one JSON object (interface.md) instead of a summary.
+    #[arg(long)]
+    json: bool,
+
+    /// Write the validated replay as a PyTorch snapshot for pytorch.org/memory_viz.
+    #[arg(long, value_name = "FILE")]
+    export_snapshot: Option<PathBuf>,
+
+    /// List every mismatch and undeterminable decision, and what was assumed.
+    #[arg(long)]
+    verbose: bool,
+
+    /// Model an older PyTorch where versions differ, e.g. 2.8 (default: current main).
+    #[arg(long, value_name = "V", value_parser = version_arg)]
+    pytorch_version: Option<Version>,
+}
+
+fn version_arg(text: &str) -> std::result::Result<Version, String> {
+    Version::parse(text).map_err(|e| e.message().to_string())
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    let trace = super::read_trace(&args.snapshot, false)?;
+    let options = ValidateOptions {
+        device: args.device,
+        gpu_memory: args.gpu_mem,
+        version: args.pytorch_version,
+        record_events: args.export_snapshot.is_some(),
+        check_invariants: false,
+    };
+    let mut v = validate(&trace, &options)?;
+    v.trace = args.snapshot.display().to_string();
+    if let Some(path) = &args.export_snapshot {
+        fragsim::report::snapshot_out::write_simulated(&trace, v.device, &v.output, path)?;
+    }
+    let io =
+        |e: std::io::Error| Error::new(fragsim::ErrorKind::Io, format!("writing to stdout: {e}"));
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let text = serde_json::to_string_pretty(&v).map_err(|e| Error::usage(e.to_string()))?;
+        writeln!(out, "{text}").map_err(io)?;
+    } else {
+        let pct = |a: u64, b: u64| if b == 0 { 100.0 } else { 100.0 * a as f64 / b as f64 };
+        let determinable = v.allocs_total - v.undeterminable_events;
+        let mut s = String::new();
+        s += &format!("{} (device {}), settings {}\n", v.trace, v.device, v.config);
+        s += &format!(
+            "allocs at the recorded address: {} of {} determinable ({:.2}%); {} undeterminable\n",
+            v.allocs_addr_matched,
+            determinable,
+            pct(v.allocs_addr_matched, determinable),
+            v.undeterminable_events
+        );
+        s += &format!(
+            "segment events reproduced:      {} of {}\n",
+            v.segment_events_matched, v.segment_events_recorded
+        );
+        s += &format!(
+            "peak reserved:                  {} recorded, {} simulated\n",
+            format_bytes(v.peak_reserved_recorded_bytes),
+            format_bytes(v.peak_reserved_simulated_bytes)
+        );
+        let shown = if args.verbose { v.mismatches.len() } else { v.mismatches.len().min(10) };
+        for m in &v.mismatches[..shown] {
+            s += &format!(
+                "  mismatch at event {}: {} expected {}, got {}: {}\n",
+                m.event, m.action, m.expected, m.got, m.why
+            );
+        }
+        if shown < v.mismatches.len() {
+            s += &format!("  ... {} more (--verbose lists all)\n", v.mismatches.len() - shown);
+        }
+        if args.verbose {
+            for m in &v.undeterminable {
+                s += &format!("  undeterminable event {}: {}\n", m.event, m.why);
+            }
+            for n in &v.notes {
+                s += &format!("  note: {n}\n");
+            }
+        } else if let Some(n) = v.notes.iter().find(|n| n.contains("current main")) {
+            s += &format!("note: {n}\n");
+        }
+        s += if v.mismatches.is_empty() { "result: valid\n" } else { "result: MISMATCH\n" };
+        let _ = std::io::stdout().is_terminal();
+        write!(out, "{s}").map_err(io)?;
+    }
+    Ok(if v.mismatches.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }

@@ -12,6 +12,7 @@
 pub mod bfc;
 pub mod bound;
 pub mod buddy;
+pub mod chunks;
 pub mod nocache;
 pub mod offline;
 pub mod pytorch;
@@ -167,7 +168,7 @@ pub static POLICIES: &[PolicyInfo] = &[
         name: "offline",
         summary: "clairvoyant packing that knows every lifetime in advance",
         options: offline::OPTIONS,
-        run: |spec, input, opts| run_with(offline::Offline::from_options(&spec.options), spec, input, opts),
+        run: |spec, input, opts| run_with(offline::Offline::from_input(&spec.options, input), spec, input, opts),
     },
     PolicyInfo {
         name: "bound",

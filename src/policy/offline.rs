@@ -1,42 +1,668 @@
-//! `offline`: clairvoyant offline packing (not implemented yet).
+//! `offline`: clairvoyant packing that knows every lifetime in advance — a reference line.
+//!
+//! Modelled on XLA's `GlobalDecreasingSizeBestFitHeap` (`xla/service/heap_simulator/
+//! heap_simulator.cc`, spec anchors §6.2) and TFLite's `ArenaPlanner` "greedy by size" strategy:
+//! static buffer assignment over a known schedule. No online allocator can do this (it cannot
+//! know when a block will be freed), so the gap between `offline` and a real policy is what
+//! online placement costs, and the gap between `offline` and `bound` is what this heuristic (and
+//! rounding) leaves on the table.
+//!
+//! How it works:
+//! - [`Policy::prepare`] walks the events. Each `alloc` of a positive size opens a lifetime at its
+//!   event; the free that takes effect (`replay::start_state::free_action`) of the same address
+//!   closes it; blocks never freed live to the end. Blocks live before the first event (which
+//!   the engine allocates first, in address order) live from the start: built by the registry,
+//!   `offline` gets them from the [`ReplayInput`] ([`Offline::from_input`]), including those only
+//!   the final segments show; without it, it finds the ones the events show (frees of addresses
+//!   never allocated before). When the trace re-allocates an address still live, the engine
+//!   frees the old block just after the new malloc, so the two overlap.
+//! - Blocks are placed in decreasing size (ties: earlier start, then trace order). Each goes into
+//!   the smallest gap, among blocks already placed whose lifetimes overlap its own, that fits it
+//!   (lowest offset on ties), or on top of them when no gap fits. Overlapping placed blocks are
+//!   found with an augmented interval tree over lifetimes (sorted by start, subtree max end), as
+//!   XLA's `BufferIntervalTree` does, so planning is about O(n log n + overlaps).
+//! - The plan's peak is one address range. At the first malloc, `offline` takes one backend
+//!   segment of that size and serves the k-th malloc from the k-th planned block when the sizes
+//!   match. A request the plan does not know (a block live at the start that only the final
+//!   segments show; a replay without `prepare`) or whose planned range is unexpectedly still in
+//!   use gets its own exact-size segment, freed at its free, so correctness never depends on the
+//!   plan matching.
+//! - `empty_cache` returns the planned segment when nothing in it is live (it is taken again at
+//!   the next planned malloc).
+//! - Because the whole range is reserved at the first malloc, `fragmentation_at_peak` (taken
+//!   where reserved first reaches its peak) says little for `offline`; its peak reserved is the
+//!   number to compare.
+//!
+//! Options (`offline:key=value,...`): `align` (default 256 B, CUDA's allocation alignment, so
+//! `offline` never rounds less than the online policies; `align=1` packs exact request sizes).
+//! Streams are ignored.
 
-use super::{Allocation, Policy};
+use super::chunks::{round_up, unknown_option};
+use super::{parse_key_values, Allocation, Policy};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
+use crate::replay::{free_action, AddrMap, ReplayInput};
+use crate::trace::{Action, Block, BlockState, Event, PoolKind, Segment};
+use crate::units::parse_size;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
-/// The options this policy accepts.
-pub const OPTIONS: &str = "(not implemented yet)";
+/// The options `offline` accepts.
+pub const OPTIONS: &str = "align=SIZE";
 
-/// clairvoyant offline packing.
+/// `offline`'s options; see the module docs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OfflineOptions {
+    /// Every planned block is the request rounded up to this.
+    pub align: u64,
+}
+
+impl Default for OfflineOptions {
+    fn default() -> Self {
+        OfflineOptions { align: 256 }
+    }
+}
+
+/// One block of the plan, in malloc order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Planned {
+    /// The request size the malloc will ask for.
+    pub request: u64,
+    /// Bytes reserved for it (the request rounded up to `align`).
+    pub block: u64,
+    /// Offset in the planned range.
+    pub offset: u64,
+    /// Lifetime start, in half-event ticks (see [`plan`]).
+    pub start: u64,
+    /// Lifetime end (exclusive).
+    pub end: u64,
+}
+
+/// A lifetime to place: `[start, end)` in ticks, `block` bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lifetime {
+    /// First tick the block is live.
+    pub start: u64,
+    /// First tick it is no longer live.
+    pub end: u64,
+    /// Bytes.
+    pub block: u64,
+}
+
+/// Places `items` greedily by decreasing size with best fit over lifetime overlaps; returns each
+/// item's offset and the peak (the size of the planned range).
+pub fn pack(items: &[Lifetime]) -> (Vec<u64>, u64) {
+    let n = items.len();
+    let mut by_start: Vec<usize> = (0..n).collect();
+    by_start.sort_by_key(|&i| (items[i].start, i));
+    let starts: Vec<u64> = by_start.iter().map(|&i| items[i].start).collect();
+    let ends: Vec<u64> = by_start.iter().map(|&i| items[i].end).collect();
+    let mut pos_of = vec![0usize; n];
+    for (p, &i) in by_start.iter().enumerate() {
+        pos_of[i] = p;
+    }
+    let mut max_end = vec![0u64; n]; // per tree node (position): max end of placed below
+    let mut offset: Vec<Option<u64>> = vec![None; n]; // per position
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by_key(|&i| (std::cmp::Reverse(items[i].block), items[i].start, i));
+    let mut peak = 0;
+    let mut found: Vec<(u64, u64)> = Vec::new();
+    for &i in &order {
+        let it = items[i];
+        found.clear();
+        query(
+            0, n, it.start, it.end, &starts, &ends, &max_end, &offset, &by_start, items, &mut found,
+        );
+        found.sort_unstable();
+        let mut cur = 0u64;
+        let mut best: Option<(u64, u64)> = None; // (gap, offset)
+        for &(off, size) in &found {
+            if off > cur {
+                let gap = off - cur;
+                if gap >= it.block && best.is_none_or(|(g, _)| gap < g) {
+                    best = Some((gap, cur));
+                }
+            }
+            cur = cur.max(off + size);
+        }
+        let at = best.map_or(cur, |(_, o)| o);
+        peak = peak.max(at + it.block);
+        // Mark placed: walk the implicit tree down to its position.
+        let p = pos_of[i];
+        offset[p] = Some(at);
+        let (mut lo, mut hi) = (0, n);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            max_end[mid] = max_end[mid].max(it.end);
+            if p == mid {
+                break;
+            }
+            if p < mid {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+    }
+    let offsets = (0..n).map(|i| offset[pos_of[i]].unwrap_or(0)).collect();
+    (offsets, peak)
+}
+
+/// Collects (offset, block) of placed items at positions `[lo, hi)` overlapping `[s, e)`.
+#[allow(clippy::too_many_arguments)]
+fn query(
+    lo: usize,
+    hi: usize,
+    s: u64,
+    e: u64,
+    starts: &[u64],
+    ends: &[u64],
+    max_end: &[u64],
+    offset: &[Option<u64>],
+    by_start: &[usize],
+    items: &[Lifetime],
+    out: &mut Vec<(u64, u64)>,
+) {
+    if lo >= hi {
+        return;
+    }
+    let mid = lo + (hi - lo) / 2;
+    if max_end[mid] <= s {
+        return; // nothing placed below ends after s
+    }
+    query(lo, mid, s, e, starts, ends, max_end, offset, by_start, items, out);
+    if starts[mid] < e {
+        if let Some(off) = offset[mid] {
+            if ends[mid] > s {
+                out.push((off, items[by_start[mid]].block));
+            }
+        }
+        query(mid + 1, hi, s, e, starts, ends, max_end, offset, by_start, items, out);
+    }
+}
+
+/// The blocks live before the first event as far as `events` show them: frees of addresses
+/// never allocated before (what `replay::live_at_start` finds from the events), as (address,
+/// size), in address order. Blocks that only the final segments show are not among them.
+pub fn orphan_frees(events: &[Event]) -> Vec<(u64, u64)> {
+    let frees_at = free_action(events);
+    // Blocks live at the start, as `replay::live_at_start` finds them from the events.
+    let mut seen_alloc = HashSet::new();
+    let mut touched = HashSet::new();
+    let mut at_start: Vec<(u64, u64)> = Vec::new();
+    for e in events {
+        match e.action {
+            Action::Alloc => {
+                seen_alloc.insert(e.addr);
+                touched.insert(e.addr);
+            }
+            a if a == frees_at && !seen_alloc.remove(&e.addr) && touched.insert(e.addr) => {
+                at_start.push((e.addr, e.size.max(1)));
+            }
+            _ => {}
+        }
+    }
+    at_start.sort_by_key(|&(a, _)| a);
+    at_start
+}
+
+/// The lifetimes of `events` in malloc order, after the blocks `at_start` (address, size) that
+/// the engine allocates first (see the module docs). Ticks: the blocks live at the start begin
+/// at 0; the malloc at event i is tick 2i + 2, a free at event j ends its block at 2j + 2, and a
+/// block whose address is re-allocated at event i ends at 2i + 3.
+pub fn lifetimes(events: &[Event], at_start: &[(u64, u64)]) -> Vec<(u64, Lifetime)> {
+    let frees_at = free_action(events);
+    let end_of_trace = 2 * events.len() as u64 + 2;
+    let mut out: Vec<(u64, Lifetime)> = Vec::with_capacity(events.len() / 2 + at_start.len());
+    let mut live: HashMap<u64, usize> = HashMap::new();
+    for &(addr, size) in at_start {
+        live.insert(addr, out.len());
+        out.push((size, Lifetime { start: 0, end: end_of_trace, block: size }));
+    }
+    for (i, e) in events.iter().enumerate() {
+        let tick = 2 * i as u64 + 2;
+        match e.action {
+            Action::Alloc if e.size > 0 => {
+                if let Some(old) = live.insert(e.addr, out.len()) {
+                    out[old].1.end = tick + 1;
+                }
+                out.push((e.size, Lifetime { start: tick, end: end_of_trace, block: e.size }));
+            }
+            a if a == frees_at => {
+                if let Some(k) = live.remove(&e.addr) {
+                    out[k].1.end = tick;
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Plans `events`, after the blocks `at_start` (address, size) live before them, with blocks
+/// rounded to `align`: the plan in malloc order and its peak.
+pub fn plan(events: &[Event], at_start: &[(u64, u64)], align: u64) -> (Vec<Planned>, u64) {
+    let mut lts = lifetimes(events, at_start);
+    for (_, lt) in &mut lts {
+        lt.block = round_up(lt.block, align);
+    }
+    let items: Vec<Lifetime> = lts.iter().map(|&(_, lt)| lt).collect();
+    let (offsets, peak) = pack(&items);
+    let planned = lts
+        .iter()
+        .zip(offsets)
+        .map(|(&(request, lt), offset)| Planned {
+            request,
+            block: lt.block,
+            offset,
+            start: lt.start,
+            end: lt.end,
+        })
+        .collect();
+    (planned, peak)
+}
+
+/// A live block: planned (inside the range) or an overflow segment of its own.
+#[derive(Clone, Copy, Debug)]
+struct Live {
+    block: u64,
+    request: u64,
+    planned: bool,
+}
+
+/// The clairvoyant policy; see the module docs.
 #[derive(Debug, Default)]
-pub struct Offline;
+pub struct Offline {
+    options: OfflineOptions,
+    plan: Vec<Planned>,
+    peak: u64,
+    cursor: usize,
+    /// The planned range, while held.
+    base: Option<u64>,
+    /// The range could not be obtained: serve everything from overflow segments.
+    unusable: bool,
+    /// Live planned blocks by address (for the overlap guard and segments).
+    in_range: BTreeMap<u64, (u64, u64)>,
+    live: AddrMap<Live>,
+    allocated: u64,
+    overflow_count: u64,
+    /// The blocks the engine allocates before the first event, when known.
+    at_start: Option<Vec<(u64, u64)>>,
+}
 
 impl Offline {
-    /// Builds the policy from `key=value` options.
-    pub fn from_options(_options: &str) -> Result<Offline> {
-        Err(Error::usage("this policy is not implemented yet"))
+    /// Builds the policy from `key=value` options (see [`OPTIONS`]).
+    pub fn from_options(options: &str) -> Result<Offline> {
+        let mut o = OfflineOptions::default();
+        parse_key_values(options, |k, v| {
+            match k {
+                "align" => o.align = parse_size(v)?,
+                _ => return Err(unknown_option("offline", k, OPTIONS)),
+            }
+            Ok(())
+        })?;
+        if o.align == 0 {
+            return Err(Error::usage("align must be positive"));
+        }
+        Ok(Offline { options: o, ..Offline::default() })
+    }
+
+    /// Builds the policy for a replay of `input`: it then knows the blocks live at the start
+    /// exactly (including those only the final segments show), so the plan matches the engine's
+    /// first mallocs.
+    pub fn from_input(options: &str, input: &ReplayInput) -> Result<Offline> {
+        let mut p = Offline::from_options(options)?;
+        p.at_start = Some(input.live_at_start.iter().map(|b| (b.addr, b.size.max(1))).collect());
+        Ok(p)
+    }
+
+    /// The planned peak (bytes of the planned range); 0 before `prepare`.
+    pub fn planned_peak(&self) -> u64 {
+        self.peak
+    }
+
+    /// Requests served outside the plan so far.
+    pub fn overflow_count(&self) -> u64 {
+        self.overflow_count
+    }
+
+    /// True when `[addr, addr + size)` overlaps a live planned block.
+    fn range_busy(&self, addr: u64, size: u64) -> bool {
+        if let Some((&a, &(b, _))) = self.in_range.range(..addr + size).next_back() {
+            return a + b > addr;
+        }
+        false
+    }
+
+    fn planned<B: Backend>(&mut self, backend: &mut B, p: Planned) -> Result<Option<u64>> {
+        if self.unusable {
+            return Ok(None);
+        }
+        let base = match self.base {
+            Some(b) => b,
+            None => match backend.segment_alloc(self.peak)? {
+                Some(b) => {
+                    self.base = Some(b);
+                    b
+                }
+                None => {
+                    self.unusable = true;
+                    return Ok(None);
+                }
+            },
+        };
+        let addr = base + p.offset;
+        Ok((!self.range_busy(addr, p.block)).then_some(addr))
     }
 }
 
 impl Policy for Offline {
     fn config(&self) -> String {
-        String::new()
+        format!("align={}", self.options.align)
     }
+
+    fn prepare(&mut self, events: &[Event]) -> Result<()> {
+        let at_start = match &self.at_start {
+            Some(blocks) => blocks.clone(),
+            None => orphan_frees(events),
+        };
+        let (plan, peak) = plan(events, &at_start, self.options.align);
+        self.plan = plan;
+        self.peak = peak;
+        self.cursor = 0;
+        Ok(())
+    }
+
     fn malloc<B: Backend>(
         &mut self,
-        _backend: &mut B,
-        _size: u64,
+        backend: &mut B,
+        size: u64,
         _stream: u64,
     ) -> Result<Option<Allocation>> {
-        Ok(None)
+        if let Some(&p) = self.plan.get(self.cursor).filter(|p| p.request == size) {
+            self.cursor += 1;
+            if let Some(addr) = self.planned(backend, p)? {
+                self.in_range.insert(addr, (p.block, size));
+                self.live.insert(addr, Live { block: p.block, request: size, planned: true });
+                self.allocated += p.block;
+                return Ok(Some(Allocation { addr, block_size: p.block }));
+            }
+        }
+        self.overflow_count += 1;
+        let block = round_up(size.max(1), self.options.align);
+        let Some(addr) = backend.segment_alloc(block)? else { return Ok(None) };
+        self.live.insert(addr, Live { block, request: size, planned: false });
+        self.allocated += block;
+        Ok(Some(Allocation { addr, block_size: block }))
     }
-    fn free<B: Backend>(&mut self, _backend: &mut B, _addr: u64) -> Result<()> {
+
+    fn free<B: Backend>(&mut self, backend: &mut B, addr: u64) -> Result<()> {
+        let l = self
+            .live
+            .remove(&addr)
+            .ok_or_else(|| Error::input(format!("offline: free of unknown block {addr:#x}")))?;
+        self.allocated -= l.block;
+        if l.planned {
+            self.in_range.remove(&addr);
+            Ok(())
+        } else {
+            backend.segment_free(addr, l.block)
+        }
+    }
+
+    fn empty_cache<B: Backend>(&mut self, backend: &mut B) -> Result<()> {
+        if self.in_range.is_empty() {
+            if let Some(base) = self.base.take() {
+                backend.segment_free(base, self.peak)?;
+            }
+        }
         Ok(())
     }
-    fn empty_cache<B: Backend>(&mut self, _backend: &mut B) -> Result<()> {
-        Ok(())
-    }
+
     fn allocated(&self) -> u64 {
-        0
+        self.allocated
+    }
+
+    fn segments(&self) -> Vec<Segment> {
+        let block = |(&a, &(b, r)): (&u64, &(u64, u64))| Block {
+            address: a,
+            size: b,
+            requested_size: r,
+            state: BlockState::ActiveAllocated,
+        };
+        let mut out = Vec::new();
+        if let Some(base) = self.base {
+            let mut blocks: Vec<Block> = Vec::new();
+            let mut cur = base;
+            for b in self.in_range.iter().map(block) {
+                if b.address > cur {
+                    blocks.push(Block {
+                        address: cur,
+                        size: b.address - cur,
+                        requested_size: 0,
+                        state: BlockState::Inactive,
+                    });
+                }
+                cur = b.address + b.size;
+                blocks.push(b);
+            }
+            if base + self.peak > cur {
+                blocks.push(Block {
+                    address: cur,
+                    size: base + self.peak - cur,
+                    requested_size: 0,
+                    state: BlockState::Inactive,
+                });
+            }
+            out.push(Segment {
+                device: 0,
+                address: base,
+                total_size: self.peak,
+                stream: 0,
+                pool: PoolKind::Large,
+                is_expandable: false,
+                blocks,
+            });
+        }
+        let mut overflow: Vec<(u64, Live)> =
+            self.live.iter().filter(|(_, l)| !l.planned).map(|(&a, &l)| (a, l)).collect();
+        overflow.sort_by_key(|&(a, _)| a);
+        out.extend(overflow.into_iter().map(|(a, l)| Segment {
+            device: 0,
+            address: a,
+            total_size: l.block,
+            stream: 0,
+            pool: PoolKind::Large,
+            is_expandable: false,
+            blocks: vec![block((&a, &(l.block, l.request)))],
+        }));
+        out
+    }
+
+    fn check_invariants(&self) -> std::result::Result<(), String> {
+        let sum: u64 = self.live.values().map(|l| l.block).sum();
+        if sum != self.allocated {
+            return Err(format!("allocated {} != sum of live blocks {sum}", self.allocated));
+        }
+        let mut end = 0;
+        for (&a, &(b, _)) in &self.in_range {
+            if a < end {
+                return Err(format!("planned block {a:#x} overlaps the previous one"));
+            }
+            end = a + b;
+            match self.base {
+                Some(base) if a >= base && end <= base + self.peak => {}
+                _ => return Err(format!("planned block {a:#x} outside the planned range")),
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::SimDevice;
+    use crate::policy::testing::{run_checked, workload, Step};
+    use crate::replay::{run_policy, ReplayInput, ReplayOptions};
+    use crate::trace::{text, ReadOptions};
+
+    const K: u64 = 1024;
+
+    fn lt(start: u64, end: u64, block: u64) -> Lifetime {
+        Lifetime { start, end, block }
+    }
+
+    #[test]
+    fn greedy_by_size_reaches_the_optimum_on_small_instances() {
+        // x (1 KiB) [0,3), y (2 KiB) [1,6), z (2 KiB) [4,8). Live bytes peak at 4 KiB (y + z),
+        // so 4 KiB is optimal. Online first fit in trace order would put x at 0, y at 1 KiB and,
+        // with x freed, z (2 KiB) not in x's 1 KiB hole but at 3 KiB: 5 KiB.
+        // Greedy by size: y at 0; z overlaps y → 2 KiB; x overlaps only y → on top of it, 2 KiB.
+        let (offsets, peak) = pack(&[lt(0, 3, K), lt(1, 6, 2 * K), lt(4, 8, 2 * K)]);
+        assert_eq!((offsets, peak), (vec![2 * K, 0, 2 * K], 4 * K));
+        // A gap: a (4K) [0,10); c (2K) [0,5) → 4K; b (1K) [0,2) → on top, 6K; d (1K) [3,10)
+        // overlaps a and c only → 6K as well (b ended). Peak 7 KiB = a + b + c at t < 2.
+        let (offsets, peak) = pack(&[lt(0, 10, 4 * K), lt(0, 2, K), lt(0, 5, 2 * K), lt(3, 10, K)]);
+        assert_eq!((offsets, peak), (vec![0, 6 * K, 4 * K, 6 * K], 7 * K));
+        // p (3K), q (1K), r (2K) live throughout; s (2K) [0,1); t (1K) [2,9). Order p, r, s,
+        // q, t: p 0, r 3K, s 5K, q 7K; t overlaps p, r, q (s has ended): the 2 KiB hole at 5K
+        // takes it. Peak 8 KiB = p + q + r + s at t < 1, so optimal.
+        let (offsets, peak) =
+            pack(&[lt(0, 9, 3 * K), lt(0, 9, K), lt(0, 9, 2 * K), lt(0, 1, 2 * K), lt(2, 9, K)]);
+        assert_eq!(offsets, vec![0, 7 * K, 3 * K, 5 * K, 5 * K]);
+        assert_eq!(peak, 8 * K);
+    }
+
+    #[test]
+    fn best_fit_prefers_the_smallest_gap() {
+        // Floor: g1 (1K) [0,10) and g2 (2K) [0,10) separated by holes from blocks that end.
+        // Sizes decide order: A 4K [0,10) → 0; B 2K [0,1) → 4K; C 2K [0,10) → 6K;
+        // D 1K [0,1) → 8K; E 1K [0,10) → 9K. After t=1, holes: [4K,6K) (2K) and [8K,9K) (1K).
+        // F 1K [2,10): fits both; best fit takes the 1 KiB hole at 8K.
+        let items = [
+            lt(0, 10, 4 * K),
+            lt(0, 1, 2 * K),
+            lt(0, 10, 2 * K),
+            lt(0, 1, K),
+            lt(0, 10, K),
+            lt(2, 10, K),
+        ];
+        let (offsets, peak) = pack(&items);
+        assert_eq!(offsets, vec![0, 4 * K, 6 * K, 8 * K, 9 * K, 8 * K]);
+        assert_eq!(peak, 10 * K);
+    }
+
+    fn replay(src: &str) -> crate::replay::ReplayOutput {
+        let t = text::read(src.as_bytes(), &ReadOptions::default()).unwrap();
+        let input = ReplayInput::new(&t, None).unwrap();
+        let opts = ReplayOptions { check_invariants: true, ..ReplayOptions::default() };
+        run_policy("offline", Offline::from_options("").unwrap(), &input, &opts).unwrap()
+    }
+
+    #[test]
+    fn through_the_engine_with_a_block_live_at_the_start() {
+        // 0x9 is freed without being allocated: live from the start (1 KiB). Then x, y, z as
+        // above. Live bytes peak at 4 KiB (0x9 + x + y, then y + z). Greedy: y 0; z overlaps y →
+        // 2K; 0x9 (same size as x, earlier start) overlaps y → 2K; x overlaps y and 0x9 → 3K.
+        // Peak 4 KiB, in one planned range.
+        let out = replay(
+            "alloc 0x1 1024\nalloc 0x2 2048\nfree 0x9 1024\nfree 0x1 1024\nalloc 0x3 2048\n\
+             free 0x2 2048\nfree 0x3 2048\n",
+        );
+        assert_eq!(out.result.peak_reserved_bytes, 4 * K);
+        assert_eq!(out.result.peak_requested_bytes, 4 * K);
+        assert_eq!(out.result.device_malloc_count, 1, "one planned range, no overflow");
+    }
+
+    #[test]
+    fn unplanned_requests_get_their_own_segments() {
+        let mut d = SimDevice::default();
+        let mut p = Offline::from_options("align=1").unwrap();
+        let a = p.malloc(&mut d, 100, 0).unwrap().unwrap();
+        assert_eq!((a.block_size, d.reserved(), p.overflow_count()), (100, 100, 1));
+        p.free(&mut d, a.addr).unwrap();
+        assert_eq!(d.reserved(), 0);
+        assert!(Offline::from_options("alignment=2").is_err());
+    }
+
+    /// The events a checker workload stands for, so `offline` can plan it.
+    pub fn events_of(steps: &[Step]) -> Vec<Event> {
+        let addr = |id: usize| 0x1000 + id as u64;
+        let mut size_of = HashMap::new();
+        let mut out = Vec::new();
+        for (i, s) in steps.iter().enumerate() {
+            match *s {
+                Step::Alloc { id, size, stream } => {
+                    size_of.insert(id, size);
+                    out.push(Event::new(Action::Alloc, addr(id), size, stream, i as i64));
+                }
+                Step::Free { id } => {
+                    let size = size_of.get(&id).copied().unwrap_or(0);
+                    out.push(Event::new(Action::FreeRequested, addr(id), size, 0, i as i64));
+                }
+                Step::EmptyCache => {}
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn property_checker() {
+        for seed in 0..3 {
+            let steps = workload(seed, 1500);
+            let mut p = Offline::from_options("").unwrap();
+            p.prepare(&events_of(&steps)).unwrap();
+            let c = run_checked(&mut p, &steps, None);
+            assert_eq!(p.overflow_count(), 0);
+            assert!(c.peak_reserved >= c.peak_requested);
+            assert_eq!(c.peak_reserved, p.planned_peak());
+        }
+    }
+    /// Every policy on the same random sequences: the checker's properties, `bound` ≤ every
+    /// peak, and `offline` ≤ every caching policy's peak. The last is not a theorem (greedy by
+    /// size is a heuristic), but every caching policy pays for segment or region granularity
+    /// (2 MiB and up) and for placing blocks without knowing lifetimes. `nocache` is left out of
+    /// that comparison on purpose: a `cudaMalloc` per request on a device where physical memory is
+    /// fungible (spec §8) has no external fragmentation at all, so it is `bound` plus rounding,
+    /// while `offline` must fit every block into one contiguous range; seed 12 has `nocache` 0.24%
+    /// below `offline` (849,451,520 vs 851,525,120 bytes).
+    #[test]
+    fn every_policy_between_bound_and_offline() {
+        use crate::policy::bfc::Bfc;
+        use crate::policy::bound::Bound;
+        use crate::policy::buddy::Buddy;
+        use crate::policy::nocache::NoCache;
+        use crate::policy::pytorch::{Config, PyTorch};
+        use crate::policy::rmm_pool::RmmPool;
+        use crate::policy::stitch::Stitch;
+        for seed in 10..14 {
+            let steps = workload(seed, 2500);
+            let bound = run_checked(&mut Bound::default(), &steps, None).peak_reserved;
+            let mut off = Offline::from_options("").unwrap();
+            off.prepare(&events_of(&steps)).unwrap();
+            let offline = run_checked(&mut off, &steps, None).peak_reserved;
+            let expandable = Config { expandable_segments: true, ..Config::default() };
+            let online = [
+                ("pytorch", run_checked(&mut PyTorch::new(Config::default()), &steps, None)),
+                ("pytorch-expandable", run_checked(&mut PyTorch::new(expandable), &steps, None)),
+                ("buddy", run_checked(&mut Buddy::from_options("").unwrap(), &steps, None)),
+                ("bfc", run_checked(&mut Bfc::from_options("").unwrap(), &steps, None)),
+                ("rmm-pool", run_checked(&mut RmmPool::from_options("").unwrap(), &steps, None)),
+                ("nocache", run_checked(&mut NoCache::from_options("").unwrap(), &steps, None)),
+                ("stitch", run_checked(&mut Stitch::from_options("").unwrap(), &steps, None)),
+            ];
+            assert!(bound <= offline, "seed {seed}: bound {bound} > offline {offline}");
+            for (name, c) in online {
+                assert!(bound <= c.peak_reserved, "seed {seed}: {name} below bound");
+                if name == "nocache" {
+                    continue;
+                }
+                assert!(
+                    offline <= c.peak_reserved,
+                    "seed {seed}: offline {offline} > {name} {}",
+                    c.peak_reserved
+                );
+            }
+        }
     }
 }

@@ -1,42 +1,440 @@
-//! `stitch`: GMLake-style stitching (not implemented yet).
+//! `stitch`: GMLake-style virtual memory stitching of free physical granules.
+//!
+//! Upstream: "GMLake: Efficient and Transparent GPU Memory Defragmentation for Large-scale DNN
+//! Training with Virtual Memory Stitching" (Guo et al., ASPLOS 2024; code in
+//! `intelligent-machine-learning/glake`, `GMLake/`), spec anchors §5.1. GMLake keeps PyTorch's
+//! caching allocator for small blocks and serves large ones from physical chunks in 2 MiB
+//! granules (`cuMemCreate`), mapped into virtual ranges with the CUDA VMM API. When no single free
+//! block fits, it maps several free, non-contiguous physical chunks into one new virtual range
+//! ("stitching"), so free memory is never stranded between live blocks.
+//!
+//! Rules followed from the paper's allocation states (its Alg. 1):
+//! - **S1/S2, exact match or single block**: the smallest free large block that fits (lowest
+//!   address on ties) serves the request; a bigger one is split (GMLake's Split), at granule
+//!   boundaries.
+//! - **S3, multiple blocks**: when no single block fits but the free blocks together do, blocks
+//!   are taken largest first (lowest address on ties; fewest pieces, so fewest mappings) until
+//!   they cover the request, the last one split, and stitched into one new virtual range.
+//! - **S4, insufficient blocks**: when all free blocks together are too small, a new physical
+//!   chunk of the difference is created and stitched together with all of them.
+//! - **S5, OOM**: GMLake's StitchFree drops cached stitched *virtual* ranges; that frees no
+//!   physical memory, so here the only fallback is returning free small-pool segments before the
+//!   new physical chunk is created again; then the request fails.
+//! - **Small blocks** (≤ `small`, default 1 MiB, PyTorch's `kSmallSize`) go to a PyTorch-like small
+//!   pool: 512-byte rounding, 2 MiB `cudaMalloc` segments, best fit, split when ≥ 512 B remain,
+//!   coalescing. Large requests are rounded up to the granule ([`Backend::granularity`]).
+//!
+//! **How stitching is counted.** The simulated device counts mapped physical bytes as reserved.
+//! GMLake maps the *same* physical handles a second time, into the stitched range, while keeping
+//! the primitive mapping; a second mapping costs no physical memory, but `Backend::map` means
+//! "create and map new physical memory". Rather than add an aliasing call to the `Backend` trait,
+//! a stitch here *moves* the pieces: each is unmapped from its old range and the same number of
+//! bytes is mapped at its place in the new range (one `map` call for the whole new range, plus any
+//! new physical chunk, which is mapped first). Reserved bytes are the same at every instant as
+//! GMLake's physical memory, and the peak never rises by a stitch (unmap comes before map). What
+//! differs: `unmap_count` counts the moved pieces (GMLake keeps the primitive mapping) and the
+//! moved granules are no longer reachable through their old range. GMLake's cache of stitched
+//! ranges (sPool) saves mapping calls, not memory, so it is not modelled: a freed stitched block
+//! is simply a free block of its range, which can be split or stitched again. A reservation whose
+//! pages have all moved away is released.
+//!
+//! Options (`stitch:key=value,...`): `small` (default 1 MiB: requests up to this use the small
+//! pool), `stitch` (default `true`; `false` gives plain VMM blocks, one physical chunk per
+//! request that no free block fits, as an ablation). Streams are ignored (GMLake, like PyTorch,
+//! keeps blocks per stream; a single stream is modelled).
 
-use super::{Allocation, Policy};
+use super::chunks::{parse_bool, round_up, unknown_option, Chunks};
+use super::{parse_key_values, Allocation, Policy};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
+use crate::trace::{PoolKind, Segment};
+use crate::units::{parse_size, MIB};
 
-/// The options this policy accepts.
-pub const OPTIONS: &str = "(not implemented yet)";
+/// The options `stitch` accepts.
+pub const OPTIONS: &str = "small=SIZE, stitch=true|false";
 
-/// GMLake-style stitching.
-#[derive(Debug, Default)]
-pub struct Stitch;
+/// Small-pool rounding (PyTorch's `kMinBlockSize`).
+const SMALL_ROUND: u64 = 512;
+/// Small-pool segment size (PyTorch's `kSmallBuffer`).
+const SMALL_SEGMENT: u64 = 2 * MIB;
+
+/// `stitch`'s options; see the module docs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StitchOptions {
+    /// Requests up to this many bytes use the small pool.
+    pub small: u64,
+    /// Stitch free blocks together (false: plain VMM blocks).
+    pub stitch: bool,
+}
+
+impl Default for StitchOptions {
+    fn default() -> Self {
+        StitchOptions { small: MIB, stitch: true }
+    }
+}
+
+/// The stitching policy; see the module docs.
+#[derive(Debug)]
+pub struct Stitch {
+    options: StitchOptions,
+    small: Chunks,
+    /// Large blocks: regions are reservations, chunks their mapped ranges.
+    large: Chunks,
+    granule: u64,
+    stitches: u64,
+}
 
 impl Stitch {
-    /// Builds the policy from `key=value` options.
-    pub fn from_options(_options: &str) -> Result<Stitch> {
-        Err(Error::usage("this policy is not implemented yet"))
+    /// Builds the policy from `key=value` options (see [`OPTIONS`]).
+    pub fn from_options(options: &str) -> Result<Stitch> {
+        let mut o = StitchOptions::default();
+        parse_key_values(options, |k, v| {
+            match k {
+                "small" => o.small = parse_size(v)?,
+                "stitch" => o.stitch = parse_bool(k, v)?,
+                _ => return Err(unknown_option("stitch", k, OPTIONS)),
+            }
+            Ok(())
+        })?;
+        if o.small > SMALL_SEGMENT {
+            return Err(Error::usage(format!(
+                "small ({}) must be at most the 2 MiB small-pool segment",
+                o.small
+            )));
+        }
+        Ok(Stitch {
+            options: o,
+            small: Chunks::default(),
+            large: Chunks::default(),
+            granule: 2 * MIB,
+            stitches: 0,
+        })
+    }
+
+    /// How many stitched ranges were built.
+    pub fn stitches(&self) -> u64 {
+        self.stitches
+    }
+
+    /// Bytes of physical memory in large blocks (free and in use).
+    fn large_mapped(&self) -> u64 {
+        self.large.allocated() + self.large.free_bytes()
+    }
+
+    /// Returns every small segment with nothing in use.
+    fn release_small<B: Backend>(&mut self, backend: &mut B) -> Result<bool> {
+        let idle: Vec<u64> = self
+            .small
+            .regions()
+            .keys()
+            .copied()
+            .filter(|&b| self.small.region_is_free(b))
+            .collect();
+        for &base in &idle {
+            if let Some(size) = self.small.remove_region(base) {
+                backend.segment_free(base, size)?;
+            }
+        }
+        Ok(!idle.is_empty())
+    }
+
+    /// Unmaps every free large block and releases reservations left without pages.
+    fn release_large<B: Backend>(&mut self, backend: &mut B) -> Result<bool> {
+        let free: Vec<(u64, u64)> = self.large.free_chunks(0).collect();
+        for &(addr, size) in &free {
+            self.large.remove_free(addr);
+            backend.unmap(addr, size)?;
+        }
+        let all: Vec<u64> = self.large.regions().keys().copied().collect();
+        self.release_empty_reservations(backend, &all)?;
+        Ok(!free.is_empty())
+    }
+
+    /// Releases those of `bases` whose pages have all been unmapped.
+    fn release_empty_reservations<B: Backend>(
+        &mut self,
+        backend: &mut B,
+        bases: &[u64],
+    ) -> Result<()> {
+        for &base in bases {
+            if self.large.region_is_empty(base) {
+                if let Some(size) = self.large.remove_region(base) {
+                    backend.release(base, size)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn malloc_small<B: Backend>(
+        &mut self,
+        backend: &mut B,
+        size: u64,
+        stream: u64,
+    ) -> Result<Option<Allocation>> {
+        let rounded = round_up(size.max(1), SMALL_ROUND);
+        if self.small.best_fit(0, rounded).is_none() {
+            let mut base = backend.segment_alloc(SMALL_SEGMENT)?;
+            if base.is_none() && self.release_large(backend)? {
+                base = backend.segment_alloc(SMALL_SEGMENT)?;
+            }
+            let Some(base) = base else { return Ok(None) };
+            self.small.add_region(base, SMALL_SEGMENT, stream);
+            self.small.add_free(base, SMALL_SEGMENT, base, 0);
+        }
+        let Some((addr, chunk)) = self.small.best_fit(0, rounded) else { return Ok(None) };
+        let split = chunk - rounded >= SMALL_ROUND;
+        let block_size = self.small.take(addr, rounded, size, split, 0);
+        Ok(Some(Allocation { addr, block_size }))
+    }
+
+    /// Maps `size` new bytes at `addr`, returning free small segments once if the device is full.
+    fn map_new<B: Backend>(&mut self, backend: &mut B, addr: u64, size: u64) -> Result<bool> {
+        if backend.map(addr, size)? {
+            return Ok(true);
+        }
+        if self.release_small(backend)? {
+            return backend.map(addr, size);
+        }
+        Ok(false)
+    }
+
+    fn malloc_large<B: Backend>(
+        &mut self,
+        backend: &mut B,
+        size: u64,
+        stream: u64,
+    ) -> Result<Option<Allocation>> {
+        self.granule = backend.granularity().max(1);
+        let s = round_up(size, self.granule);
+        // S1/S2: one free block.
+        if let Some((addr, _)) = self.large.best_fit(0, s) {
+            let block_size = self.large.take(addr, s, size, true, 0);
+            return Ok(Some(Allocation { addr, block_size }));
+        }
+        // S3/S4: stitch free blocks, largest first, plus new memory for what they lack.
+        let mut pieces: Vec<(u64, u64)> = Vec::new();
+        let mut covered = 0u64;
+        if self.options.stitch {
+            let mut free: Vec<(u64, u64)> = self.large.free_chunks(0).collect();
+            free.sort_by_key(|&(a, len)| (std::cmp::Reverse(len), a));
+            for (addr, len) in free {
+                if covered >= s {
+                    break;
+                }
+                let take = len.min(s - covered);
+                pieces.push((addr, take));
+                covered += take;
+            }
+        }
+        let need = s - covered;
+        let Some(va) = backend.reserve(s)? else { return Ok(None) };
+        if need > 0 && !self.map_new(backend, va + covered, need)? {
+            backend.release(va, s)?;
+            return Ok(None);
+        }
+        let mut offset = 0;
+        let mut touched: Vec<u64> = Vec::with_capacity(pieces.len());
+        for &(addr, take) in &pieces {
+            let Some(c) = self.large.remove_free(addr) else {
+                return Err(Error::backend(format!("stitch: free block {addr:#x} vanished")));
+            };
+            touched.push(c.region);
+            if c.size > take {
+                self.large.add_free(addr + take, c.size - take, c.region, 0);
+            }
+            backend.unmap(addr, take)?;
+            offset += take;
+        }
+        if covered > 0 {
+            if !backend.map(va, covered)? {
+                return Err(Error::backend(format!(
+                    "stitch: remapping {covered} bytes just unmapped was refused"
+                )));
+            }
+            self.stitches += 1;
+        }
+        debug_assert_eq!(offset, covered);
+        self.release_empty_reservations(backend, &touched)?;
+        self.large.add_region(va, s, stream);
+        self.large.add_free(va, s, va, 0);
+        let block_size = self.large.take(va, s, size, false, 0);
+        Ok(Some(Allocation { addr: va, block_size }))
     }
 }
 
 impl Policy for Stitch {
     fn config(&self) -> String {
-        String::new()
+        format!("small={},stitch={}", self.options.small, self.options.stitch)
     }
+
     fn malloc<B: Backend>(
         &mut self,
-        _backend: &mut B,
-        _size: u64,
-        _stream: u64,
+        backend: &mut B,
+        size: u64,
+        stream: u64,
     ) -> Result<Option<Allocation>> {
-        Ok(None)
+        if size <= self.options.small {
+            self.malloc_small(backend, size, stream)
+        } else {
+            self.malloc_large(backend, size, stream)
+        }
     }
-    fn free<B: Backend>(&mut self, _backend: &mut B, _addr: u64) -> Result<()> {
+
+    fn free<B: Backend>(&mut self, _backend: &mut B, addr: u64) -> Result<()> {
+        if self.small.get(addr).is_some_and(|c| c.in_use) {
+            self.small.release(addr, 0);
+            return Ok(());
+        }
+        self.large
+            .release(addr, 0)
+            .map(|_| ())
+            .ok_or_else(|| Error::input(format!("stitch: free of unknown block {addr:#x}")))
+    }
+
+    fn empty_cache<B: Backend>(&mut self, backend: &mut B) -> Result<()> {
+        self.release_small(backend)?;
+        self.release_large(backend)?;
         Ok(())
     }
-    fn empty_cache<B: Backend>(&mut self, _backend: &mut B) -> Result<()> {
-        Ok(())
-    }
+
     fn allocated(&self) -> u64 {
-        0
+        self.small.allocated() + self.large.allocated()
+    }
+
+    fn segments(&self) -> Vec<Segment> {
+        let mut out = self.small.segments(0, PoolKind::Small, false);
+        // A reservation may have holes where pages moved away: one segment per mapped run.
+        for seg in self.large.segments(0, PoolKind::Large, true) {
+            let mut run: Option<Segment> = None;
+            for b in seg.blocks {
+                match &mut run {
+                    Some(r) if r.address + r.total_size == b.address => {
+                        r.total_size += b.size;
+                        r.blocks.push(b);
+                    }
+                    _ => {
+                        out.extend(run.take());
+                        run = Some(Segment {
+                            device: seg.device,
+                            address: b.address,
+                            total_size: b.size,
+                            stream: seg.stream,
+                            pool: seg.pool,
+                            is_expandable: true,
+                            blocks: vec![b],
+                        });
+                    }
+                }
+            }
+            out.extend(run);
+        }
+        out.sort_by_key(|s| s.address);
+        out
+    }
+
+    fn check_invariants(&self) -> std::result::Result<(), String> {
+        self.small.check().map_err(|e| format!("small pool: {e}"))?;
+        self.large.check().map_err(|e| format!("large pool: {e}"))?;
+        for (&base, r) in self.large.regions() {
+            if r.size % self.granule != 0 || self.large.region_is_empty(base) {
+                return Err(format!("reservation {base:#x} is not whole granules or is empty"));
+            }
+        }
+        if self.large_mapped() % self.granule != 0 {
+            return Err(format!("{} mapped bytes are not whole granules", self.large_mapped()));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::SimDevice;
+    use crate::policy::testing::{run_checked, workload};
+
+    #[test]
+    fn stitches_non_contiguous_free_blocks_without_new_memory() {
+        let mut d = SimDevice::default();
+        let mut p = Stitch::from_options("").unwrap();
+        let a = p.malloc(&mut d, 4 * MIB, 0).unwrap().unwrap();
+        let b = p.malloc(&mut d, 2 * MIB, 0).unwrap().unwrap();
+        let c = p.malloc(&mut d, 3 * MIB + 1, 0).unwrap().unwrap(); // rounds to 4 MiB
+        assert_eq!(c.block_size, 4 * MIB);
+        assert_eq!(d.reserved(), 10 * MIB);
+        p.free(&mut d, a.addr).unwrap();
+        p.free(&mut d, c.addr).unwrap();
+        // 8 MiB: no single free block (4 + 4, separated by b); together they fit: stitch.
+        let s = p.malloc(&mut d, 8 * MIB, 0).unwrap().unwrap();
+        assert_eq!(s.block_size, 8 * MIB);
+        assert_eq!(d.reserved(), 10 * MIB, "no new physical memory");
+        assert_eq!(p.stitches(), 1);
+        p.check_invariants().unwrap();
+        // S4: free 8 MiB, ask for 10 MiB: 2 MiB new physical memory, stitched with the 8 MiB.
+        p.free(&mut d, s.addr).unwrap();
+        let t = p.malloc(&mut d, 10 * MIB, 0).unwrap().unwrap();
+        assert_eq!((t.block_size, d.reserved()), (10 * MIB, 12 * MIB));
+        p.free(&mut d, t.addr).unwrap();
+        p.free(&mut d, b.addr).unwrap();
+        p.empty_cache(&mut d).unwrap();
+        assert_eq!(d.reserved(), 0);
+    }
+
+    #[test]
+    fn without_stitching_a_new_block_is_mapped() {
+        let mut d = SimDevice::default();
+        let mut p = Stitch::from_options("stitch=false").unwrap();
+        let a = p.malloc(&mut d, 4 * MIB, 0).unwrap().unwrap();
+        let _b = p.malloc(&mut d, 2 * MIB, 0).unwrap().unwrap();
+        let c = p.malloc(&mut d, 4 * MIB, 0).unwrap().unwrap();
+        p.free(&mut d, a.addr).unwrap();
+        p.free(&mut d, c.addr).unwrap();
+        p.malloc(&mut d, 8 * MIB, 0).unwrap().unwrap();
+        assert_eq!(d.reserved(), 18 * MIB);
+    }
+
+    #[test]
+    fn largest_pieces_first_and_the_last_one_is_split() {
+        let mut d = SimDevice::default();
+        let mut p = Stitch::from_options("").unwrap();
+        let a = p.malloc(&mut d, 4 * MIB, 0).unwrap().unwrap();
+        let _x = p.malloc(&mut d, 2 * MIB, 0).unwrap().unwrap();
+        let b = p.malloc(&mut d, 6 * MIB, 0).unwrap().unwrap();
+        p.free(&mut d, a.addr).unwrap();
+        p.free(&mut d, b.addr).unwrap();
+        // 8 MiB from free 6 + 4: all of b's 6 MiB, then 2 of a's 4; 2 MiB stay free at a + 2 MiB.
+        let s = p.malloc(&mut d, 8 * MIB, 0).unwrap().unwrap();
+        assert_eq!(d.reserved(), 12 * MIB);
+        assert_eq!(p.large.best_fit(0, 1), Some((a.addr + 2 * MIB, 2 * MIB)));
+        // The 2 MiB left over serves a 2 MiB request exactly (S1), with no new memory.
+        let e = p.malloc(&mut d, 2 * MIB, 0).unwrap().unwrap();
+        assert_eq!(e.addr, a.addr + 2 * MIB);
+        assert_eq!(d.reserved(), 12 * MIB);
+        p.free(&mut d, s.addr).unwrap();
+        p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn small_requests_use_a_small_pool() {
+        let mut d = SimDevice::default();
+        let mut p = Stitch::from_options("").unwrap();
+        let a = p.malloc(&mut d, 1000, 0).unwrap().unwrap();
+        let b = p.malloc(&mut d, 1 << 20, 0).unwrap().unwrap();
+        assert_eq!((a.block_size, b.block_size), (1024, 1 << 20));
+        assert_eq!(b.addr, a.addr + 1024);
+        assert_eq!(d.reserved(), 2 * MIB);
+        assert!(Stitch::from_options("small=4MiB").is_err());
+        assert!(Stitch::from_options("granule=1").unwrap_err().message().contains("small"));
+    }
+
+    #[test]
+    fn property_checker() {
+        for seed in 0..4 {
+            let mut p = Stitch::from_options("").unwrap();
+            let c = run_checked(&mut p, &workload(seed, 1500), None);
+            assert!(c.peak_reserved >= c.peak_requested);
+        }
+        run_checked(&mut Stitch::from_options("").unwrap(), &workload(3, 2000), Some(96 * MIB));
     }
 }

@@ -179,7 +179,10 @@ impl Hasher for AddrHasher {
         }
     }
     fn write_u64(&mut self, n: u64) {
-        self.0 = (n ^ (n >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        // Fold the product's high half down: addresses are 512-byte aligned, so the product's
+        // low bits alone (which hashbrown uses as the bucket index) would all be zero.
+        let x = (n ^ (n >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        self.0 = x ^ (x >> 32);
     }
 }
 

@@ -1,57 +1,25 @@
-//! CSV of replay results: one row per policy, the `replay --json` keys as header.
+//! CSV of replay results: one row per policy, the `replay --json` keys as header
+//! ([`columns::RESULT`](super::columns::RESULT)), values as the JSON writes them (null is empty).
 
+use super::columns::{self, Cell};
 use crate::error::{Error, ErrorKind, Result};
 use crate::replay::PolicyResult;
 use std::io::Write;
 
-/// The CSV header: exactly the JSON keys of a [`PolicyResult`], in their order.
-pub const COLUMNS: [&str; 15] = [
-    "policy",
-    "config",
-    "peak_reserved_bytes",
-    "peak_allocated_bytes",
-    "peak_requested_bytes",
-    "reserved_at_end_bytes",
-    "fragmentation_at_peak",
-    "device_malloc_count",
-    "device_free_count",
-    "map_count",
-    "unmap_count",
-    "alloc_retries",
-    "oom",
-    "first_oom_event",
-    "replay_seconds",
-];
-
 /// Writes `results` as CSV (RFC 4180 quoting where needed).
 pub fn write_results(results: &[PolicyResult], out: &mut impl Write) -> Result<()> {
     let io = |e: std::io::Error| Error::new(ErrorKind::Io, format!("writing CSV: {e}"));
-    writeln!(out, "{}", COLUMNS.join(",")).map_err(io)?;
-    for r in results {
-        let cells = [
-            quote(&r.policy),
-            quote(&r.config),
-            r.peak_reserved_bytes.to_string(),
-            r.peak_allocated_bytes.to_string(),
-            r.peak_requested_bytes.to_string(),
-            r.reserved_at_end_bytes.to_string(),
-            r.fragmentation_at_peak.to_string(),
-            r.device_malloc_count.to_string(),
-            r.device_free_count.to_string(),
-            r.map_count.to_string(),
-            r.unmap_count.to_string(),
-            r.alloc_retries.to_string(),
-            r.oom.to_string(),
-            r.first_oom_event.map(|e| e.to_string()).unwrap_or_default(),
-            r.replay_seconds.to_string(),
-        ];
+    let header: Vec<&str> = columns::RESULT.iter().map(|c| c.key).collect();
+    writeln!(out, "{}", header.join(",")).map_err(io)?;
+    for row in columns::cells(results, &columns::RESULT) {
+        let cells: Vec<String> = row.iter().map(|c| quote(&Cell::raw(c))).collect();
         writeln!(out, "{}", cells.join(",")).map_err(io)?;
     }
     Ok(())
 }
 
 fn quote(s: &str) -> String {
-    if s.contains([',', '"', '\n']) {
+    if s.contains([',', '"', '\n', '\r']) {
         format!("\"{}\"", s.replace('"', "\"\""))
     } else {
         s.to_string()
@@ -64,24 +32,30 @@ mod tests {
 
     #[test]
     fn header_equals_the_json_keys() {
+        let mut out = Vec::new();
+        write_results(&[], &mut out).unwrap();
         let json = serde_json::to_value(PolicyResult::default()).unwrap();
-        let keys: Vec<&str> = json.as_object().unwrap().keys().map(String::as_str).collect();
-        let mut sorted_cols = COLUMNS.to_vec();
-        sorted_cols.sort_unstable();
-        let mut sorted_keys = keys.clone();
-        sorted_keys.sort_unstable();
-        assert_eq!(sorted_cols, sorted_keys);
+        let mut keys: Vec<&str> = json.as_object().unwrap().keys().map(String::as_str).collect();
+        let text = String::from_utf8(out).unwrap();
+        let mut header: Vec<&str> = text.trim_end().split(',').collect();
+        keys.sort_unstable();
+        header.sort_unstable();
+        assert_eq!(header, keys);
     }
 
     #[test]
-    fn quotes_configs_with_commas() {
+    fn quotes_configs_with_commas_and_writes_null_as_empty() {
         let r = PolicyResult {
             policy: "pytorch".into(),
-            config: "a:1,b:2".into(),
+            config: "a:1,b:\"2\"".into(),
+            peak_reserved_bytes: 2097152,
             ..Default::default()
         };
         let mut out = Vec::new();
         write_results(&[r], &mut out).unwrap();
-        assert!(String::from_utf8(out).unwrap().contains("pytorch,\"a:1,b:2\","));
+        let text = String::from_utf8(out).unwrap();
+        let row = text.lines().nth(1).unwrap();
+        assert!(row.starts_with("pytorch,\"a:1,b:\"\"2\"\"\",2097152,0,0,0,0.0,"), "{row}");
+        assert!(row.ends_with(",false,,0.0"), "{row}");
     }
 }

@@ -1,7 +1,11 @@
-//! `replay --json`: one object per `interface.md`.
+//! `replay --json`: one object per `interface.md`; `report` writes the same object as
+//! `results.json`.
 
+use super::bundle::ReportData;
+use crate::error::{Error, ErrorKind, Result};
 use crate::replay::PolicyResult;
 use serde::Serialize;
+use std::io::Write;
 
 /// The object `replay --json` prints.
 #[derive(Clone, Debug, Serialize)]
@@ -16,4 +20,27 @@ pub struct ReplayReport<'a> {
     pub events: u64,
     /// One entry per policy.
     pub results: &'a [PolicyResult],
+}
+
+/// Writes `report` as pretty JSON and a final newline.
+pub fn write(report: &ReplayReport, out: &mut impl Write) -> Result<()> {
+    let io = |e: std::io::Error| Error::new(ErrorKind::Io, format!("writing JSON: {e}"));
+    serde_json::to_writer_pretty(&mut *out, report)
+        .map_err(|e| Error::new(ErrorKind::Io, format!("writing JSON: {e}")))?;
+    writeln!(out).map_err(io)
+}
+
+/// Writes a report's results as the `replay --json` object.
+pub fn write_report(data: &ReportData, out: &mut impl Write) -> Result<()> {
+    let results = data.results();
+    write(
+        &ReplayReport {
+            trace: data.trace.path.clone(),
+            format: data.trace.format,
+            device: data.trace.device,
+            events: data.trace.events,
+            results: &results,
+        },
+        out,
+    )
 }

@@ -1,57 +1,25 @@
-//! The terminal table `replay` prints.
+//! The terminal table `replay` prints: the [`columns::SUMMARY`](super::columns::SUMMARY) columns,
+//! aligned, numbers to the right.
 
+use super::columns::{self, Cell};
 use crate::replay::PolicyResult;
-use crate::units::format_bytes;
 use std::fmt::Write;
 
-/// Renders `results` as an aligned text table, sorted as given. `bound`, when present, gives the
-/// overhead column.
+/// Renders `results` as an aligned text table, in the order given. When `bound` is among them,
+/// the `over bound` column gives each policy's overhead over it.
 pub fn render(results: &[PolicyResult]) -> String {
-    let bound = results.iter().find(|r| r.policy == "bound").map(|r| r.peak_reserved_bytes);
-    let header = [
-        "policy",
-        "peak reserved",
-        "peak allocated",
-        "peak requested",
-        "frag@peak",
-        "mallocs",
-        "frees",
-        "over bound",
-        "oom",
-    ];
-    let mut rows: Vec<[String; 9]> = Vec::new();
-    for r in results {
-        let over = match bound {
-            Some(b) if b > 0 => {
-                format!("{:+.1}%", (r.peak_reserved_bytes as f64 / b as f64 - 1.0) * 100.0)
-            }
-            _ => "-".into(),
-        };
-        let oom = match r.first_oom_event {
-            Some(e) => format!("at event {e}"),
-            None => "no".into(),
-        };
-        rows.push([
-            r.policy.clone(),
-            format_bytes(r.peak_reserved_bytes),
-            format_bytes(r.peak_allocated_bytes),
-            format_bytes(r.peak_requested_bytes),
-            format!("{:.1}%", r.fragmentation_at_peak * 100.0),
-            (r.device_malloc_count + r.map_count).to_string(),
-            (r.device_free_count + r.unmap_count).to_string(),
-            over,
-            oom,
-        ]);
-    }
-    let mut widths = header.map(str::len);
-    for row in &rows {
+    let header: Vec<&str> = columns::SUMMARY.iter().map(|c| c.header).collect();
+    let rows = columns::cells(results, &columns::SUMMARY);
+    let text: Vec<Vec<String>> = rows.iter().map(|r| r.iter().map(Cell::human).collect()).collect();
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in &text {
         for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.len());
+            *w = (*w).max(cell.chars().count());
         }
     }
     let mut out = String::new();
     let line = |out: &mut String, cells: &[&str]| {
-        for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
+        for (i, (cell, &w)) in cells.iter().zip(&widths).enumerate() {
             if i == 0 {
                 let _ = write!(out, "{cell:<w$}");
             } else {
@@ -61,8 +29,41 @@ pub fn render(results: &[PolicyResult]) -> String {
         out.push('\n');
     };
     line(&mut out, &header);
-    for row in &rows {
+    for row in &text {
         line(&mut out, &row.iter().map(String::as_str).collect::<Vec<_>>());
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligns_columns_and_shows_overhead_over_bound() {
+        let results = [
+            PolicyResult {
+                policy: "bound".into(),
+                peak_reserved_bytes: 4096,
+                ..Default::default()
+            },
+            PolicyResult {
+                policy: "nocache".into(),
+                peak_reserved_bytes: 6144,
+                device_malloc_count: 3,
+                ..Default::default()
+            },
+        ];
+        let t = render(&results);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(
+            lines[0],
+            "policy   peak reserved  peak allocated  peak requested  frag@peak  mallocs  frees  over bound  oom"
+        );
+        assert_eq!(
+            lines[2],
+            "nocache       6.00 KiB         0 bytes         0 bytes       0.0%        3      0      +50.0%   no"
+        );
+        assert!(lines.iter().all(|l| l.chars().count() == lines[0].chars().count()));
+    }
 }

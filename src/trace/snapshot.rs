@@ -44,7 +44,12 @@ pub fn read(data: &[u8], options: &ReadOptions) -> Result<Trace> {
     let p = pickle::decode(data)?;
     let root = p.root();
     let mut trace = Trace { format: Format::PytorchSnapshot, ..Trace::default() };
-    let mut reader = Reader { p: &p, keep_frames: options.keep_frames, frame_ids: HashMap::new() };
+    let mut reader = Reader {
+        p: &p,
+        keep_frames: options.keep_frames,
+        frame_ids: Vec::new(),
+        frame_cache: Vec::new(),
+    };
     let (segments, traces) = match root {
         Value::List(_) => (Some(root), None),
         Value::Dict(_) => match (p.get(root, "segments"), p.get(root, "device_traces")) {
@@ -115,7 +120,11 @@ struct Reader<'p, 'a> {
     keep_frames: bool,
     /// Frame lists already interned, by their container id (PyTorch shares one list object per
     /// distinct traceback, so this is a pointer-identity cache).
-    frame_ids: HashMap<u32, FramesId>,
+    /// Indexed by list id; `None` until interned.
+    frame_ids: Vec<Option<FramesId>>,
+    /// One decoded [`Frame`] per frame dict, by dict id: PyTorch shares each frame dict between
+    /// all the stacks that contain it, so its strings are decoded once.
+    frame_cache: Vec<Option<Frame>>,
 }
 
 /// An error about entry `index` of device `device`.
@@ -131,7 +140,7 @@ impl<'a> Reader<'_, 'a> {
     fn device_trace(
         &mut self,
         device: i32,
-        list: Value<'a>,
+        list: Value,
         trace: &mut Trace,
         entry_index: &mut Vec<i64>,
     ) -> Result<(Vec<Event>, bool)> {
@@ -152,11 +161,11 @@ impl<'a> Reader<'_, 'a> {
             let mut device_free = None;
             let mut frames = None;
             for &(k, v) in fields {
-                let Value::Str(k) = k else { continue };
+                let Some(k) = p.str_bytes(k) else { continue };
                 match k {
-                    b"action" => match v {
-                        Value::Str(s) => action = Some(s),
-                        _ => return Err(err(format!("'action' is a {}", v.type_name()))),
+                    b"action" => match p.str_bytes(v) {
+                        Some(s) => action = Some(s),
+                        None => return Err(err(format!("'action' is a {}", v.type_name()))),
                     },
                     b"addr" => addr = Some(v),
                     b"device_free" => device_free = Some(v),
@@ -226,39 +235,60 @@ impl<'a> Reader<'_, 'a> {
     }
 
     /// Interns a frame list, once per list object.
-    fn frames(&mut self, v: Value<'a>, trace: &mut Trace) -> Result<FramesId, String> {
+    fn frames(&mut self, v: Value, trace: &mut Trace) -> Result<FramesId, String> {
         let p = self.p;
         let key = match v {
-            Value::List(id) | Value::Tuple(id) => id,
+            Value::List(id) | Value::Tuple(id) => id as usize,
             Value::None => return Ok(FramesId::NONE),
             other => return Err(format!("'frames' is a {}, not a list", other.type_name())),
         };
-        if let Some(&id) = self.frame_ids.get(&key) {
+        if let Some(&Some(id)) = self.frame_ids.get(key) {
             return Ok(id);
         }
         let items = p.items(v).unwrap_or(&[]);
         let mut frames = Vec::with_capacity(items.len().min(4096));
         for &f in items {
-            let mut frame = Frame { filename: String::new(), line: 0, name: String::new() };
-            for &(k, x) in p.entries(f).ok_or_else(|| {
-                format!("a frame is a {}, not a dict with filename, line and name", f.type_name())
-            })? {
-                let Value::Str(k) = k else { continue };
-                match k {
-                    b"filename" => frame.filename = p.text(x).unwrap_or_default().into_owned(),
-                    b"name" => frame.name = p.text(x).unwrap_or_default().into_owned(),
-                    b"line" => {
-                        frame.line =
-                            p.int(x).and_then(|l| u32::try_from(l).ok()).unwrap_or_default()
-                    }
-                    _ => {}
-                }
-            }
-            frames.push(frame);
+            frames.push(self.frame(f)?);
         }
         let id = trace.frames.intern(frames);
-        self.frame_ids.insert(key, id);
+        // Container ids are dense and bounded by the input, so a vector is a safe cache.
+        if self.frame_ids.len() <= key {
+            self.frame_ids.resize(key + 1, None);
+        }
+        self.frame_ids[key] = Some(id);
         Ok(id)
+    }
+
+    /// One frame dict as a [`Frame`], decoded once per dict object.
+    fn frame(&mut self, f: Value) -> Result<Frame, String> {
+        let p = self.p;
+        let Value::Dict(key) = f else {
+            return Err(format!(
+                "a frame is a {}, not a dict with filename, line and name",
+                f.type_name()
+            ));
+        };
+        let key = key as usize;
+        if let Some(Some(frame)) = self.frame_cache.get(key) {
+            return Ok(frame.clone());
+        }
+        let mut frame = Frame { filename: String::new(), line: 0, name: String::new() };
+        for &(k, x) in p.entries(f).unwrap_or(&[]) {
+            let Some(k) = p.str_bytes(k) else { continue };
+            match k {
+                b"filename" => frame.filename = p.text(x).unwrap_or_default().into_owned(),
+                b"name" => frame.name = p.text(x).unwrap_or_default().into_owned(),
+                b"line" => {
+                    frame.line = p.int(x).and_then(|l| u32::try_from(l).ok()).unwrap_or_default()
+                }
+                _ => {}
+            }
+        }
+        if self.frame_cache.len() <= key {
+            self.frame_cache.resize(key + 1, None);
+        }
+        self.frame_cache[key] = Some(frame.clone());
+        Ok(frame)
     }
 }
 
@@ -323,11 +353,11 @@ fn read_segments(p: &Pickle, v: Value) -> Result<Vec<Segment>> {
                     None => legacy_requested(p, b).unwrap_or(size),
                 };
                 let state = match p.get(b, "state") {
-                    Some(st) if st.is_str("active_allocated") => BlockState::ActiveAllocated,
-                    Some(st) if st.is_str("active_pending_free") => BlockState::ActivePendingFree,
+                    Some(st) if p.is_str(st, "active_allocated") => BlockState::ActiveAllocated,
+                    Some(st) if p.is_str(st, "active_pending_free") => BlockState::ActivePendingFree,
                     // The memory.py docstring's spelling of the same state.
-                    Some(st) if st.is_str("active_awaiting_free") => BlockState::ActivePendingFree,
-                    Some(st) if st.is_str("inactive") => BlockState::Inactive,
+                    Some(st) if p.is_str(st, "active_awaiting_free") => BlockState::ActivePendingFree,
+                    Some(st) if p.is_str(st, "inactive") => BlockState::Inactive,
                     Some(st) => {
                         return Err(berr(format!(
                             "unknown state {} (accepted: active_allocated, active_pending_free, inactive)",
@@ -344,8 +374,8 @@ fn read_segments(p: &Pickle, v: Value) -> Result<Vec<Segment>> {
             None => blocks.iter().map(|b| b.size).sum(),
         };
         let pool = match p.get(s, "segment_type") {
-            Some(t) if t.is_str("small") => PoolKind::Small,
-            Some(t) if t.is_str("large") => PoolKind::Large,
+            Some(t) if p.is_str(t, "small") => PoolKind::Small,
+            Some(t) if p.is_str(t, "large") => PoolKind::Large,
             Some(t) => {
                 return Err(err(format!(
                     "unknown segment_type {} (accepted: small, large)",

@@ -1,46 +1,888 @@
-//! `pytorch`: PyTorch's CUDA caching allocator (not implemented yet).
+//! `pytorch`: PyTorch's CUDA caching allocator, decision for decision.
+//!
+//! Upstream: `c10/cuda/CUDACachingAllocator.cpp` (`DeviceCachingAllocator`: `malloc`,
+//! `get_free_block`, `should_split`, `alloc_found_block`, `free_block`, `try_merge_blocks`,
+//! `alloc_block`, `release_available_cached_blocks`, `release_cached_blocks`,
+//! `garbage_collect_cached_blocks`, expandable segments), as specified in
+//! `pytorch-caching-allocator.md` (§2–§11, corrected by §19–§20). Options: [`config`].
+//!
+//! State: a block arena indexed by `u32` (neighbours are indices, as PyTorch's are pointers), and
+//! per pool (small, large) a `BTreeMap` of free blocks keyed by (stream, size, address) — the
+//! order of PyTorch's `BlockPool::blocks` — and one of unmapped expandable ranges keyed by
+//! (stream, address). Every choice is deterministic: best fit, then lowest address.
+//!
+//! Deviations: frees take effect when the engine calls [`Policy::free`] (at `free_completed`), so
+//! `record_stream` delays come from the trace; there are no CUDA-graph private pools and no IPC
+//! callbacks (the free-memory callback is taken to release nothing); `cudaMalloc` and page mapping
+//! go through the [`Backend`], whose capacity decides when they fail.
+
+pub mod config;
+mod expandable;
+pub mod start;
+pub mod validate;
+
+pub use config::{Config, Version};
 
 use super::{Allocation, Policy};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
-use crate::replay::ReplayInput;
+use crate::replay::{AddrMap, ReplayInput};
+use crate::trace::{Block as SnapBlock, BlockState, PoolKind, Segment};
+use config::{MIN_BLOCK_SIZE, SMALL_SIZE};
+use std::collections::BTreeMap;
 
-/// PyTorch's caching allocator.
+/// No block: the end of a neighbour list.
+const NIL: u32 = u32::MAX;
+
+/// One block of a segment (PyTorch's `Block`).
+#[derive(Clone, Debug)]
+struct Block {
+    ptr: u64,
+    size: u64,
+    /// Request size of the last allocation that used this block object.
+    requested: u64,
+    stream: u64,
+    prev: u32,
+    next: u32,
+    /// Index of the expandable segment, or [`NIL`] for a cudaMalloc segment.
+    expandable: u32,
+    /// The pool's GC clock when the block was last inserted into the free set.
+    gc_base: u64,
+    small: bool,
+    allocated: bool,
+    mapped: bool,
+    in_use: bool,
+}
+
+/// One pool's free sets (PyTorch's `BlockPool`).
 #[derive(Debug, Default)]
-pub struct PyTorch;
+struct Pool {
+    /// Free mapped blocks, by (stream, size, address).
+    blocks: BTreeMap<(u64, u64, u64), u32>,
+    /// Unmapped expandable ranges, by (stream, address).
+    unmapped: BTreeMap<(u64, u64), u32>,
+    /// `get_free_blocks_call_count`, the GC clock.
+    gc_count: u64,
+}
+
+/// A cudaMalloc segment: its size.
+#[derive(Clone, Copy, Debug)]
+struct SegmentInfo {
+    size: u64,
+}
+
+/// One expandable segment: a VA reservation for one (stream, pool).
+#[derive(Clone, Debug)]
+struct ExpandableSegment {
+    base: u64,
+    va_size: u64,
+    page: u64,
+    alive: bool,
+}
+
+/// Counters PyTorch keeps in `DeviceStats` that the simulator reports or checks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// `segment.all.current`: live cudaMalloc segments.
+    pub segments: u64,
+    /// `oversize_segments.current`.
+    pub oversize_segments: u64,
+    /// `oversize_allocations.current`.
+    pub oversize_allocations: u64,
+    /// `num_device_alloc`: cudaMalloc and map calls.
+    pub num_device_alloc: u64,
+    /// `num_device_free`: cudaFree and unmap calls.
+    pub num_device_free: u64,
+    /// `num_ooms`.
+    pub num_ooms: u64,
+    /// `requested_bytes.all.current`.
+    pub requested_bytes: u64,
+}
+
+/// PyTorch's caching allocator. See the module docs.
+#[derive(Debug)]
+pub struct PyTorch {
+    config: Config,
+    blocks: Vec<Block>,
+    spare: Vec<u32>,
+    /// Index 0: large pool; 1: small pool.
+    pools: [Pool; 2],
+    active: AddrMap<u32>,
+    segments: BTreeMap<u64, SegmentInfo>,
+    expandable: Vec<ExpandableSegment>,
+    allocated: u64,
+    /// `total_allocated_memory`: cudaMalloc'd segments plus mapped pages.
+    total_allocated: u64,
+    alloc_retries: u64,
+    stats: Stats,
+}
+
+fn pool_index(small: bool) -> usize {
+    small as usize
+}
 
 impl PyTorch {
+    /// A policy with `config` and an empty cache.
+    pub fn new(config: Config) -> PyTorch {
+        PyTorch {
+            config,
+            blocks: Vec::with_capacity(1024),
+            spare: Vec::new(),
+            pools: [Pool::default(), Pool::default()],
+            active: AddrMap::default(),
+            segments: BTreeMap::new(),
+            expandable: Vec::new(),
+            allocated: 0,
+            total_allocated: 0,
+            alloc_retries: 0,
+            stats: Stats::default(),
+        }
+    }
+
     /// Builds the policy from `PYTORCH_CUDA_ALLOC_CONF` options (`recorded` or empty: the trace's
     /// recorded settings, else PyTorch's defaults).
-    pub fn from_spec(_options: &str, _input: &ReplayInput) -> Result<PyTorch> {
-        Err(Error::usage("this policy is not implemented yet"))
+    pub fn from_spec(options: &str, input: &ReplayInput) -> Result<PyTorch> {
+        Ok(PyTorch::new(config_for(options, input, Version::CURRENT)?))
     }
 
     /// Like [`PyTorch::from_spec`] with `expandable_segments:True` forced.
-    pub fn expandable_from_spec(_options: &str, _input: &ReplayInput) -> Result<PyTorch> {
-        Err(Error::usage("this policy is not implemented yet"))
+    pub fn expandable_from_spec(options: &str, input: &ReplayInput) -> Result<PyTorch> {
+        let mut c = config_for(options, input, Version::CURRENT)?;
+        c.expandable_segments = true;
+        Ok(PyTorch::new(c))
     }
+
+    /// The effective settings.
+    pub fn settings(&self) -> &Config {
+        &self.config
+    }
+
+    /// PyTorch's counters.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// `total_allocated_memory` (= `reserved_bytes.all.current`).
+    pub fn reserved(&self) -> u64 {
+        self.total_allocated
+    }
+
+    fn new_block(&mut self, b: Block) -> u32 {
+        if let Some(i) = self.spare.pop() {
+            self.blocks[i as usize] = b;
+            i
+        } else {
+            self.blocks.push(b);
+            (self.blocks.len() - 1) as u32
+        }
+    }
+
+    fn drop_block(&mut self, id: u32) {
+        self.blocks[id as usize].in_use = false;
+        self.spare.push(id);
+    }
+
+    #[inline]
+    fn b(&self, id: u32) -> &Block {
+        &self.blocks[id as usize]
+    }
+
+    #[inline]
+    fn bm(&mut self, id: u32) -> &mut Block {
+        &mut self.blocks[id as usize]
+    }
+
+    fn gc_enabled(&self) -> bool {
+        self.config.garbage_collection_threshold > 0.0
+            && self.config.allowed_memory_maximum().is_some()
+    }
+
+    /// Puts a free mapped block into its pool's free set (GC base reset).
+    fn insert_free(&mut self, id: u32) {
+        let b = self.b(id);
+        let (key, p) = ((b.stream, b.size, b.ptr), pool_index(b.small));
+        let pool = &mut self.pools[p];
+        pool.blocks.insert(key, id);
+        let clock = pool.gc_count;
+        self.bm(id).gc_base = clock;
+    }
+
+    fn remove_free(&mut self, id: u32) {
+        let b = self.b(id);
+        let p = pool_index(b.small);
+        if b.mapped {
+            let key = (b.stream, b.size, b.ptr);
+            self.pools[p].blocks.remove(&key);
+        } else {
+            let key = (b.stream, b.ptr);
+            self.pools[p].unmapped.remove(&key);
+        }
+    }
+
+    fn is_split(&self, id: u32) -> bool {
+        let b = self.b(id);
+        b.prev != NIL || b.next != NIL
+    }
+
+    /// `expandable_size`: a block's size plus the unmapped range right after it.
+    fn expandable_size(&self, id: u32) -> u64 {
+        let b = self.b(id);
+        match b.next {
+            NIL => b.size,
+            n if !self.b(n).mapped => b.size + self.b(n).size,
+            _ => b.size,
+        }
+    }
+
+    /// `get_free_block` (§4): best fit on the request's stream, then the oversize rules.
+    fn get_free_block(&mut self, stream: u64, size: u64, small: bool) -> Option<u32> {
+        let p = pool_index(small);
+        if self.gc_enabled() {
+            self.pools[p].gc_count += 1;
+        }
+        let (key, id) = self.find_free_block(stream, size, small)?;
+        self.pools[p].blocks.remove(&key);
+        Some(id)
+    }
+
+    /// The search of `get_free_block`, without its side effects.
+    fn find_free_block(
+        &self,
+        stream: u64,
+        size: u64,
+        small: bool,
+    ) -> Option<((u64, u64, u64), u32)> {
+        let pool = &self.pools[pool_index(small)];
+        let mut it = pool.blocks.range((stream, size, 0)..);
+        let (mut key, mut id) = it.next().map(|(k, &v)| (*k, v))?;
+        if key.0 != stream {
+            return None;
+        }
+        if self.b(id).expandable != NIL {
+            if self.config.expandable_segments {
+                for (k, &next) in it {
+                    if k.0 == stream
+                        && self.b(id).expandable != NIL
+                        && self.expandable_size(next) < self.expandable_size(id)
+                    {
+                        key = *k;
+                        id = next;
+                    } else {
+                        break;
+                    }
+                }
+            } else {
+                let (k, next) = it
+                    .find(|(k, &v)| k.0 != stream || self.b(v).expandable == NIL)
+                    .map(|(k, &v)| (*k, v))?;
+                if k.0 != stream {
+                    return None;
+                }
+                key = k;
+                id = next;
+            }
+        }
+        let max_split = self.config.max_split_size;
+        let found = self.b(id).size;
+        if size < max_split && found >= max_split {
+            return None;
+        }
+        if size >= max_split && found >= size.saturating_add(self.config.tolerance()) {
+            return None;
+        }
+        Some((key, id))
+    }
+
+    /// True when a request of `size` bytes on `stream` would be served from the cache now.
+    pub fn would_hit_cache(&self, size: u64, stream: u64) -> bool {
+        let rounded = self.config.round_size(size);
+        self.find_free_block(stream, rounded, rounded <= SMALL_SIZE).is_some()
+    }
+
+    /// `should_split` (§5).
+    fn should_split(&self, id: u32, size: u64) -> bool {
+        let b = self.b(id);
+        let remaining = b.size - size;
+        if b.small || self.config.expandable_segments {
+            remaining >= MIN_BLOCK_SIZE
+        } else {
+            size < self.config.max_split_size && remaining > SMALL_SIZE
+        }
+    }
+
+    /// `alloc_found_block` (§5): splits off the low part if asked and hands it out.
+    fn alloc_found_block(&mut self, id: u32, size: u64, request: u64, split: bool) -> Allocation {
+        let mut id = id;
+        if split {
+            let old = self.b(id).clone();
+            let low = self.new_block(Block {
+                ptr: old.ptr,
+                size,
+                requested: 0,
+                next: id,
+                in_use: true,
+                allocated: false,
+                ..old
+            });
+            if old.prev != NIL {
+                self.bm(old.prev).next = low;
+            }
+            let rest = self.bm(id);
+            rest.prev = low;
+            rest.ptr += size;
+            rest.size -= size;
+            self.insert_free(id);
+            id = low;
+        }
+        let max_split = self.config.max_split_size;
+        let b = self.bm(id);
+        b.allocated = true;
+        b.requested = request;
+        let (ptr, block_size) = (b.ptr, b.size);
+        self.active.insert(ptr, id);
+        self.allocated += block_size;
+        self.stats.requested_bytes += request;
+        if block_size >= max_split {
+            self.stats.oversize_allocations += 1;
+        }
+        Allocation { addr: ptr, block_size }
+    }
+
+    /// `try_merge_blocks`: merges `src` into `dst` if it is free with the same mapping state.
+    fn try_merge(&mut self, dst: u32, src: u32) -> bool {
+        if src == NIL {
+            return false;
+        }
+        let s = self.b(src);
+        if s.allocated || s.mapped != self.b(dst).mapped {
+            return false;
+        }
+        let s = s.clone();
+        self.remove_free(src);
+        let d = self.bm(dst);
+        if s.next == dst {
+            d.ptr = s.ptr;
+            d.prev = s.prev;
+            d.size += s.size;
+            if s.prev != NIL {
+                self.bm(s.prev).next = dst;
+            }
+        } else {
+            d.next = s.next;
+            d.size += s.size;
+            if s.next != NIL {
+                self.bm(s.next).prev = dst;
+            }
+        }
+        self.drop_block(src);
+        true
+    }
+
+    /// `free_block` (§6.3): merge with free neighbours and return to the free set.
+    fn free_block(&mut self, id: u32) {
+        let (prev, next) = (self.b(id).prev, self.b(id).next);
+        self.try_merge(id, prev);
+        self.try_merge(id, next);
+        self.insert_free(id);
+    }
+
+    /// `release_block` (§9.1): cudaFree one whole cudaMalloc segment.
+    fn release_block<B: Backend>(&mut self, backend: &mut B, id: u32) -> Result<()> {
+        let b = self.b(id).clone();
+        debug_assert!(b.prev == NIL && b.next == NIL && b.expandable == NIL && !b.allocated);
+        backend.segment_free(b.ptr, b.size)?;
+        self.remove_free(id);
+        self.segments.remove(&b.ptr);
+        self.total_allocated -= b.size;
+        self.stats.segments -= 1;
+        self.stats.num_device_free += 1;
+        if b.size >= self.config.max_split_size {
+            self.stats.oversize_segments -= 1;
+        }
+        self.drop_block(id);
+        Ok(())
+    }
+
+    /// `alloc_block` (§8): a new segment (or pages of an expandable one) for the request.
+    #[allow(clippy::too_many_arguments)]
+    fn alloc_block<B: Backend>(
+        &mut self,
+        backend: &mut B,
+        stream: u64,
+        size: u64,
+        small: bool,
+        alloc_size: u64,
+        retry: bool,
+    ) -> Result<Option<u32>> {
+        if retry {
+            self.alloc_retries += 1;
+        }
+        if let Some(max) = self.config.allowed_memory_maximum() {
+            if self.total_allocated.saturating_add(alloc_size) > max {
+                return Ok(None);
+            }
+        }
+        if self.config.expandable_segments {
+            return self.try_allocate_expandable_block(backend, stream, size, small);
+        }
+        let Some(ptr) = backend.segment_alloc(alloc_size)? else { return Ok(None) };
+        Ok(Some(self.add_segment(ptr, alloc_size, stream, small)))
+    }
+
+    /// Records a new cudaMalloc segment as one block that is in no set yet.
+    fn add_segment(&mut self, ptr: u64, size: u64, stream: u64, small: bool) -> u32 {
+        self.total_allocated += size;
+        self.stats.segments += 1;
+        self.stats.num_device_alloc += 1;
+        if size >= self.config.max_split_size {
+            self.stats.oversize_segments += 1;
+        }
+        self.segments.insert(ptr, SegmentInfo { size });
+        self.new_block(Block {
+            ptr,
+            size,
+            requested: 0,
+            stream,
+            prev: NIL,
+            next: NIL,
+            expandable: NIL,
+            gc_base: 0,
+            small,
+            allocated: false,
+            mapped: true,
+            in_use: true,
+        })
+    }
+
+    /// `release_available_cached_blocks` (§9.2): with `max_split_size` set, free the smallest
+    /// oversize block that is large enough, else oversize blocks from the largest down.
+    fn release_available_cached_blocks<B: Backend>(
+        &mut self,
+        backend: &mut B,
+        stream: u64,
+        size: u64,
+        small: bool,
+    ) -> Result<bool> {
+        let max_split = self.config.max_split_size;
+        if max_split == u64::MAX {
+            return Ok(false);
+        }
+        let p = pool_index(small);
+        let target = size.max(max_split);
+        let bound = (stream, target, 0);
+        if let Some((k, &id)) = self.pools[p].blocks.range(bound..).next() {
+            if k.0 == stream && self.b(id).expandable == NIL {
+                self.release_block(backend, id)?;
+                return Ok(true);
+            }
+        }
+        let mut released = 0u64;
+        let mut cursor = bound;
+        while released < target {
+            let Some((&k, &id)) = self.pools[p].blocks.range(..cursor).next_back() else {
+                break;
+            };
+            if k.1 < max_split || k.0 != stream {
+                break;
+            }
+            cursor = k;
+            if self.b(id).expandable == NIL {
+                released += k.1;
+                self.release_block(backend, id)?;
+            }
+        }
+        Ok(released >= target)
+    }
+
+    /// `release_cached_blocks` (§9.3): `empty_cache()`; large pool first, then small.
+    fn release_cached_blocks<B: Backend>(&mut self, backend: &mut B) -> Result<()> {
+        self.release_blocks(backend, false)?;
+        self.release_blocks(backend, true)
+    }
+
+    /// `release_blocks(pool)`: every whole free cudaMalloc segment, then unmap free expandable
+    /// pages, in (stream, size, address) order.
+    fn release_blocks<B: Backend>(&mut self, backend: &mut B, small: bool) -> Result<()> {
+        let p = pool_index(small);
+        let ids: Vec<u32> = self.pools[p].blocks.values().copied().collect();
+        let mut expandable = Vec::new();
+        for id in ids {
+            let b = self.b(id);
+            if b.expandable != NIL {
+                expandable.push(id);
+            } else if b.prev == NIL && b.next == NIL {
+                self.release_block(backend, id)?;
+            }
+        }
+        for id in expandable {
+            self.unmap_block(backend, id)?;
+        }
+        Ok(())
+    }
+
+    /// `garbage_collect_cached_blocks` (§10, §20.4): free old whole segments of the default
+    /// large pool until reserved memory is back under the threshold.
+    fn garbage_collect<B: Backend>(&mut self, backend: &mut B) -> Result<()> {
+        let Some(allowed) = self.config.allowed_memory_maximum() else { return Ok(()) };
+        let threshold = (self.config.garbage_collection_threshold * allowed as f64) as u64;
+        if self.total_allocated <= threshold {
+            return Ok(());
+        }
+        let target = self.total_allocated - threshold;
+        let p = pool_index(false);
+        let clock = self.pools[p].gc_count;
+        let age = |b: &Block| clock.wrapping_sub(b.gc_base) as i64 as f64;
+        let mut total_age = 0.0;
+        let mut count = 0u64;
+        for &id in self.pools[p].blocks.values() {
+            if !self.is_split(id) {
+                total_age += age(self.b(id));
+                count += 1;
+            }
+        }
+        if count == 0 {
+            return Ok(());
+        }
+        let mut reclaimed = 0u64;
+        let mut freed_any = true;
+        while reclaimed < target && freed_any && count > 0 {
+            let avg = total_age / count as f64;
+            freed_any = false;
+            let ids: Vec<u32> = self.pools[p].blocks.values().copied().collect();
+            for id in ids {
+                let b = self.b(id);
+                if b.prev == NIL && b.next == NIL && b.expandable == NIL && age(b) >= avg {
+                    let (a, s) = (age(b), b.size);
+                    reclaimed += s;
+                    total_age -= a;
+                    count -= 1;
+                    self.release_block(backend, id)?;
+                    freed_any = true;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Looks at the block containing `addr`: (start, size, allocated), if any.
+    pub fn block_containing(&self, addr: u64) -> Option<(u64, u64, bool)> {
+        // Blocks are few per segment; find the segment, then walk it.
+        let head = self.head_containing(addr)?;
+        let mut id = head;
+        while id != NIL {
+            let b = self.b(id);
+            if b.ptr <= addr && addr < b.ptr + b.size {
+                return Some((b.ptr, b.size, b.allocated));
+            }
+            id = b.next;
+        }
+        None
+    }
+
+    fn head_containing(&self, addr: u64) -> Option<u32> {
+        let inside = match self.segments.range(..=addr).next_back() {
+            Some((&base, info)) if addr < base + info.size => {
+                self.blocks.iter().position(|b| b.in_use && b.expandable == NIL && b.ptr == base)
+            }
+            _ => {
+                let seg = self
+                    .expandable
+                    .iter()
+                    .position(|s| s.alive && s.base <= addr && addr < s.base + s.va_size)?
+                    as u32;
+                self.blocks.iter().position(|b| b.in_use && b.expandable == seg)
+            }
+        };
+        let mut id = inside? as u32;
+        while self.b(id).prev != NIL {
+            id = self.b(id).prev;
+        }
+        Some(id)
+    }
+
+    /// Installs a whole cudaMalloc segment as it stood before a trace (start-state recovery):
+    /// `blocks` tile `[addr, addr + size)` in address order as (start, size, live request or
+    /// `None` when free). Free neighbours are merged.
+    pub fn install_segment(
+        &mut self,
+        addr: u64,
+        size: u64,
+        stream: u64,
+        small: bool,
+        blocks: &[(u64, u64, Option<u64>)],
+    ) -> Result<()> {
+        let mut pos = addr;
+        for &(a, s, _) in blocks {
+            if a != pos || s == 0 {
+                return Err(Error::input(format!(
+                    "segment {addr:#x}: block at {a:#x} (+{s}) does not follow {pos:#x}"
+                )));
+            }
+            pos += s;
+        }
+        if pos != addr + size {
+            return Err(Error::input(format!(
+                "segment {addr:#x}: blocks cover {} of {size} bytes",
+                pos - addr
+            )));
+        }
+        let head = self.add_segment(addr, size, stream, small);
+        self.stats.num_device_alloc -= 1; // not a call made during the replay
+        let mut prev = NIL;
+        for (i, &(a, s, live)) in blocks.iter().enumerate() {
+            let id = if i == 0 {
+                head
+            } else {
+                let h = self.b(head).clone();
+                self.new_block(Block { ptr: a, size: s, prev, allocated: false, requested: 0, ..h })
+            };
+            let b = self.bm(id);
+            b.ptr = a;
+            b.size = s;
+            b.prev = prev;
+            b.next = NIL;
+            if prev != NIL {
+                self.bm(prev).next = id;
+            }
+            prev = id;
+            match live {
+                Some(request) => {
+                    self.alloc_found_block(id, s, request, false);
+                }
+                None => self.free_block(id),
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks every invariant in the module docs; see [`Policy::check_invariants`].
+    fn check(&self) -> std::result::Result<(), String> {
+        let mut allocated = 0u64;
+        let mut requested = 0u64;
+        let mut free_mapped = 0usize;
+        let mut free_unmapped = 0usize;
+        let mut mapped_bytes = 0u64;
+        let mut seg_bytes = 0u64;
+        for (i, b) in self.blocks.iter().enumerate() {
+            if !b.in_use {
+                continue;
+            }
+            let id = i as u32;
+            if b.size == 0 {
+                return Err(format!("block {:#x} has size 0", b.ptr));
+            }
+            if b.next != NIL {
+                let n = self.b(b.next);
+                if !n.in_use || n.prev != id || b.ptr + b.size != n.ptr {
+                    return Err(format!(
+                        "block {:#x}: next {:#x} does not follow it",
+                        b.ptr, n.ptr
+                    ));
+                }
+                if !b.allocated && !n.allocated && b.mapped == n.mapped {
+                    return Err(format!("free blocks {:#x} and {:#x} not merged", b.ptr, n.ptr));
+                }
+            }
+            if b.expandable != NIL && b.mapped {
+                mapped_bytes += b.size;
+            }
+            if b.allocated {
+                allocated += b.size;
+                requested += b.requested;
+                if self.active.get(&b.ptr) != Some(&id) {
+                    return Err(format!("allocated block {:#x} is not active", b.ptr));
+                }
+            } else if b.mapped {
+                free_mapped += 1;
+                let key = (b.stream, b.size, b.ptr);
+                if self.pools[pool_index(b.small)].blocks.get(&key) != Some(&id) {
+                    return Err(format!(
+                        "free block {:#x} (+{}) not in its free set",
+                        b.ptr, b.size
+                    ));
+                }
+            } else {
+                free_unmapped += 1;
+                if self.pools[pool_index(b.small)].unmapped.get(&(b.stream, b.ptr)) != Some(&id) {
+                    return Err(format!("unmapped block {:#x} not in its set", b.ptr));
+                }
+            }
+            if b.prev == NIL && b.expandable == NIL {
+                let Some(info) = self.segments.get(&b.ptr) else {
+                    return Err(format!("segment head {:#x} is not a segment", b.ptr));
+                };
+                let mut sum = 0;
+                let mut id = id;
+                while id != NIL {
+                    sum += self.b(id).size;
+                    id = self.b(id).next;
+                }
+                if sum != info.size {
+                    return Err(format!(
+                        "segment {:#x}: blocks sum to {sum}, not {}",
+                        b.ptr, info.size
+                    ));
+                }
+                seg_bytes += info.size;
+            }
+        }
+        let sets: usize = self.pools.iter().map(|p| p.blocks.len()).sum();
+        let unmapped: usize = self.pools.iter().map(|p| p.unmapped.len()).sum();
+        if sets != free_mapped || unmapped != free_unmapped {
+            return Err(format!(
+                "free sets hold {sets}+{unmapped} blocks, {free_mapped}+{free_unmapped} are free"
+            ));
+        }
+        if self.active.len() != self.blocks.iter().filter(|b| b.in_use && b.allocated).count() {
+            return Err("active map and allocated blocks differ".into());
+        }
+        if allocated != self.allocated {
+            return Err(format!("allocated counter {} != sum {allocated}", self.allocated));
+        }
+        if requested != self.stats.requested_bytes {
+            return Err(format!("requested counter {} != {requested}", self.stats.requested_bytes));
+        }
+        if seg_bytes + mapped_bytes != self.total_allocated {
+            return Err(format!(
+                "reserved {} != segments {seg_bytes} + mapped {mapped_bytes}",
+                self.total_allocated
+            ));
+        }
+        if self.segments.len() as u64 != self.stats.segments {
+            return Err("segment counter differs".into());
+        }
+        Ok(())
+    }
+}
+
+/// The configuration `options` asks for: `recorded` or empty means the trace's recorded
+/// settings (else PyTorch's defaults); anything else is `PYTORCH_CUDA_ALLOC_CONF` syntax.
+pub fn config_for(options: &str, input: &ReplayInput, version: Version) -> Result<Config> {
+    let o = options.trim();
+    if o.is_empty() || o == "recorded" {
+        return match &input.trace.allocator_settings {
+            Some(s) => Config::from_recorded(s, version),
+            None => Ok(Config { version, ..Config::default() }),
+        };
+    }
+    Config::parse(o, version)
 }
 
 impl Policy for PyTorch {
     fn config(&self) -> String {
-        String::new()
+        self.config.to_conf_string()
     }
+
     fn malloc<B: Backend>(
         &mut self,
-        _backend: &mut B,
-        _size: u64,
-        _stream: u64,
+        backend: &mut B,
+        size: u64,
+        stream: u64,
     ) -> Result<Option<Allocation>> {
-        Ok(None)
+        let rounded = self.config.round_size(size);
+        let small = rounded <= SMALL_SIZE;
+        let alloc_size = self.config.allocation_size(rounded);
+        let mut found = self.get_free_block(stream, rounded, small);
+        if found.is_none() {
+            if self.gc_enabled() {
+                self.garbage_collect(backend)?;
+            }
+            found = self.alloc_block(backend, stream, rounded, small, alloc_size, false)?;
+            if found.is_none()
+                && self.release_available_cached_blocks(backend, stream, rounded, small)?
+            {
+                found = self.alloc_block(backend, stream, rounded, small, alloc_size, false)?;
+            }
+            if found.is_none() {
+                self.release_cached_blocks(backend)?;
+                found = self.alloc_block(backend, stream, rounded, small, alloc_size, true)?;
+            }
+        }
+        let Some(id) = found else {
+            self.stats.num_ooms += 1;
+            return Ok(None);
+        };
+        let split = self.should_split(id, rounded);
+        Ok(Some(self.alloc_found_block(id, rounded, size, split)))
     }
-    fn free<B: Backend>(&mut self, _backend: &mut B, _addr: u64) -> Result<()> {
+
+    fn free<B: Backend>(&mut self, _backend: &mut B, addr: u64) -> Result<()> {
+        let id = self
+            .active
+            .remove(&addr)
+            .ok_or_else(|| Error::input(format!("pytorch: free of unknown block {addr:#x}")))?;
+        let max_split = self.config.max_split_size;
+        let b = self.bm(id);
+        b.allocated = false;
+        let (size, request) = (b.size, b.requested);
+        self.allocated -= size;
+        self.stats.requested_bytes -= request;
+        if size >= max_split {
+            self.stats.oversize_allocations -= 1;
+        }
+        self.free_block(id);
         Ok(())
     }
-    fn empty_cache<B: Backend>(&mut self, _backend: &mut B) -> Result<()> {
-        Ok(())
+
+    fn empty_cache<B: Backend>(&mut self, backend: &mut B) -> Result<()> {
+        self.release_cached_blocks(backend)
     }
+
     fn allocated(&self) -> u64 {
-        0
+        self.allocated
+    }
+
+    fn alloc_retries(&self) -> u64 {
+        self.alloc_retries
+    }
+
+    fn segments(&self) -> Vec<Segment> {
+        let mut out = Vec::new();
+        for (i, b) in self.blocks.iter().enumerate() {
+            if !b.in_use || b.prev != NIL {
+                continue;
+            }
+            // Walk the segment; an expandable one shows each mapped run as a segment (§11.5).
+            let mut id = i as u32;
+            let mut current: Option<Segment> = None;
+            while id != NIL {
+                let x = self.b(id);
+                if x.mapped {
+                    let seg = current.get_or_insert_with(|| Segment {
+                        device: 0,
+                        address: x.ptr,
+                        total_size: 0,
+                        stream: x.stream,
+                        pool: if x.small { PoolKind::Small } else { PoolKind::Large },
+                        is_expandable: x.expandable != NIL,
+                        blocks: Vec::new(),
+                    });
+                    seg.total_size += x.size;
+                    seg.blocks.push(SnapBlock {
+                        address: x.ptr,
+                        size: x.size,
+                        requested_size: x.requested,
+                        state: if x.allocated {
+                            BlockState::ActiveAllocated
+                        } else {
+                            BlockState::Inactive
+                        },
+                    });
+                } else if let Some(seg) = current.take() {
+                    out.push(seg);
+                }
+                id = x.next;
+            }
+            out.extend(current);
+        }
+        out.sort_by_key(|s| s.address);
+        out
+    }
+
+    fn check_invariants(&self) -> std::result::Result<(), String> {
+        self.check()
     }
 }
+
+#[cfg(test)]
+mod tests;

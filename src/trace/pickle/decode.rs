@@ -35,12 +35,12 @@ struct Decoder<'a> {
     pos: usize,
     /// Offset of the opcode being executed, for errors.
     op_at: usize,
-    stack: Vec<Value<'a>>,
+    stack: Vec<Value>,
     marks: Vec<usize>,
     /// Dense memo (the normal case: MEMOIZE numbers entries 0, 1, 2, ...).
-    memo: Vec<Option<Value<'a>>>,
+    memo: Vec<Option<Value>>,
     /// Memo entries whose index is far beyond the dense part (only hand-made pickles do that).
-    sparse: HashMap<u32, Value<'a>>,
+    sparse: HashMap<u32, Value>,
     /// Number of distinct memo keys, which is what MEMOIZE uses as the next index.
     memo_count: u32,
     out: Pickle<'a>,
@@ -183,7 +183,7 @@ impl<'a> Decoder<'a> {
     }
 
     #[inline]
-    fn push(&mut self, v: Value<'a>) {
+    fn push(&mut self, v: Value) {
         self.stack.push(v);
     }
 
@@ -194,7 +194,7 @@ impl<'a> Decoder<'a> {
     }
 
     #[inline]
-    fn pop(&mut self, op: u8) -> Result<Value<'a>> {
+    fn pop(&mut self, op: u8) -> Result<Value> {
         if self.stack.len() > self.floor() {
             if let Some(v) = self.stack.pop() {
                 return Ok(v);
@@ -204,7 +204,7 @@ impl<'a> Decoder<'a> {
     }
 
     #[inline]
-    fn top(&self, op: u8) -> Result<Value<'a>> {
+    fn top(&self, op: u8) -> Result<Value> {
         match self.stack.last() {
             Some(&v) if self.stack.len() > self.floor() => Ok(v),
             _ => Err(self.op_err(op, "stack underflow")),
@@ -217,21 +217,37 @@ impl<'a> Decoder<'a> {
         self.marks.pop().ok_or_else(|| self.op_err(op, "no MARK before it"))
     }
 
-    fn new_seq(&mut self, items: Vec<Value<'a>>) -> Result<u32> {
-        let id = u32::try_from(self.out.seqs.len())
-            .map_err(|_| self.err("more than 2^32 containers".into()))?;
-        self.out.seqs.push(items);
-        Ok(id)
+    /// A new list, tuple or set holding the stack items from `base` up (which are popped).
+    fn new_seq(&mut self, base: usize) -> Result<u32> {
+        if self.out.seqs.len() >= u32::MAX as usize {
+            return Err(self.err("more than 2^32 containers".into()));
+        }
+        let id = self.out.seqs.add(self.stack.get(base..).unwrap_or(&[]).iter().copied());
+        self.stack.truncate(base);
+        Ok(id as u32)
     }
 
-    fn new_dict(&mut self, items: Vec<(Value<'a>, Value<'a>)>) -> Result<u32> {
-        let id = u32::try_from(self.out.dicts.len())
-            .map_err(|_| self.err("more than 2^32 containers".into()))?;
-        self.out.dicts.push(items);
-        Ok(id)
+    /// A new dict holding the stack items from `base` up as key, value pairs (which are popped).
+    fn new_dict(&mut self, base: usize) -> Result<u32> {
+        if self.out.dicts.len() >= u32::MAX as usize {
+            return Err(self.err("more than 2^32 containers".into()));
+        }
+        let items = self.stack.get(base..).unwrap_or(&[]);
+        let id = self.out.dicts.add(items.chunks_exact(2).map(|c| (c[0], c[1])));
+        self.stack.truncate(base);
+        Ok(id as u32)
     }
 
-    fn int(&mut self, v: i128) -> Result<Value<'a>> {
+    /// A `str` (or `bytes`) value borrowing `body`.
+    #[inline]
+    fn string(&mut self, body: &'a [u8], is_str: bool) -> Result<Value> {
+        let id = u32::try_from(self.out.strs.len())
+            .map_err(|_| self.err("more than 2^32 strings".into()))?;
+        self.out.strs.push(body);
+        Ok(if is_str { Value::Str(id) } else { Value::Bytes(id) })
+    }
+
+    fn int(&mut self, v: i128) -> Result<Value> {
         if let Ok(i) = i64::try_from(v) {
             return Ok(Value::Int(i));
         }
@@ -242,7 +258,7 @@ impl<'a> Decoder<'a> {
     }
 
     /// A little-endian two's-complement integer (LONG1 / LONG4 bodies).
-    fn long(&mut self, bytes: &[u8]) -> Result<Value<'a>> {
+    fn long(&mut self, bytes: &[u8]) -> Result<Value> {
         let negative = bytes.last().is_some_and(|&b| b & 0x80 != 0);
         let fill = if negative { 0xff } else { 0 };
         if bytes.len() > 16 {
@@ -259,7 +275,7 @@ impl<'a> Decoder<'a> {
         self.int(i128::from_le_bytes(buf))
     }
 
-    fn memo_put(&mut self, op: u8, idx: u32, v: Value<'a>) -> Result<()> {
+    fn memo_put(&mut self, op: u8, idx: u32, v: Value) -> Result<()> {
         let i = idx as usize;
         if let Some(slot) = self.memo.get_mut(i) {
             if slot.is_none() {
@@ -280,12 +296,20 @@ impl<'a> Decoder<'a> {
         Ok(())
     }
 
-    fn memo_get(&self, op: u8, idx: u32) -> Result<Value<'a>> {
-        let v = match self.memo.get(idx as usize) {
-            Some(v) => *v,
-            None => self.sparse.get(&idx).copied(),
-        };
-        v.ok_or_else(|| self.op_err(op, &format!("memo entry {idx} was never stored")))
+    #[inline]
+    fn memo_get(&self, op: u8, idx: u32) -> Result<Value> {
+        if let Some(Some(v)) = self.memo.get(idx as usize) {
+            return Ok(*v);
+        }
+        self.memo_get_slow(op, idx)
+    }
+
+    #[cold]
+    fn memo_get_slow(&self, op: u8, idx: u32) -> Result<Value> {
+        self.sparse
+            .get(&idx)
+            .copied()
+            .ok_or_else(|| self.op_err(op, &format!("memo entry {idx} was never stored")))
     }
 
     fn parse_text_u32(&self, op: u8, text: &[u8]) -> Result<u32> {
@@ -306,9 +330,10 @@ impl<'a> Decoder<'a> {
                 let name = self.stack.last().copied();
                 let module = self.stack.len().checked_sub(2).and_then(|i| self.stack.get(i));
                 match (module, name) {
-                    (Some(Value::Str(m)), Some(Value::Str(n))) => {
-                        format!("would import '{} {}'", lossy(m), lossy(n))
-                    }
+                    (Some(&m), Some(n)) => match (self.out.str_bytes(m), self.out.str_bytes(n)) {
+                        (Some(m), Some(n)) => format!("would import '{} {}'", lossy(m), lossy(n)),
+                        _ => "would import a Python object".to_string(),
+                    },
                     _ => "would import a Python object".to_string(),
                 }
             }
@@ -381,25 +406,24 @@ impl<'a> Decoder<'a> {
 
                 // Containers.
                 b'}' => {
-                    let id = self.new_dict(Vec::new())?;
+                    let id = self.new_dict(self.stack.len())?;
                     self.push(Value::Dict(id));
                 }
                 b']' => {
-                    let id = self.new_seq(Vec::new())?;
+                    let id = self.new_seq(self.stack.len())?;
                     self.push(Value::List(id));
                 }
                 b')' => {
-                    let id = self.new_seq(Vec::new())?;
+                    let id = self.new_seq(self.stack.len())?;
                     self.push(Value::Tuple(id));
                 }
                 0x8f => {
-                    let id = self.new_seq(Vec::new())?;
+                    let id = self.new_seq(self.stack.len())?;
                     self.push(Value::Set(id));
                 }
                 b't' | b'l' | 0x91 => {
                     let base = self.pop_mark(op)?;
-                    let items = self.stack.split_off(base);
-                    let id = self.new_seq(items)?;
+                    let id = self.new_seq(base)?;
                     self.push(match op {
                         b't' => Value::Tuple(id),
                         b'l' => Value::List(id),
@@ -411,8 +435,7 @@ impl<'a> Decoder<'a> {
                     if self.stack.len() < self.floor() + n {
                         return Err(self.op_err(op, "stack underflow"));
                     }
-                    let items = self.stack.split_off(self.stack.len() - n);
-                    let id = self.new_seq(items)?;
+                    let id = self.new_seq(self.stack.len() - n)?;
                     self.push(Value::Tuple(id));
                 }
                 b'd' => {
@@ -420,15 +443,13 @@ impl<'a> Decoder<'a> {
                     if (self.stack.len() - base) % 2 != 0 {
                         return Err(self.op_err(op, "odd number of items (a key without a value)"));
                     }
-                    let pairs = self.stack[base..].chunks_exact(2).map(|c| (c[0], c[1])).collect();
-                    self.stack.truncate(base);
-                    let id = self.new_dict(pairs)?;
+                    let id = self.new_dict(base)?;
                     self.push(Value::Dict(id));
                 }
                 b'a' => {
                     let v = self.pop(op)?;
                     match self.top(op)? {
-                        Value::List(id) => self.out.seqs[id as usize].push(v),
+                        Value::List(id) => self.out.seqs.extend(id as usize, std::iter::once(v)),
                         t => {
                             return Err(self
                                 .op_err(op, &format!("appends to a {}, not a list", t.type_name())))
@@ -448,14 +469,15 @@ impl<'a> Decoder<'a> {
                             );
                         }
                     };
-                    let seq = &mut self.out.seqs[id as usize];
-                    seq.extend(self.stack.drain(base..));
+                    let items = self.stack.get(base..).unwrap_or(&[]).iter().copied();
+                    self.out.seqs.extend(id as usize, items);
+                    self.stack.truncate(base);
                 }
                 b's' => {
                     let v = self.pop(op)?;
                     let k = self.pop(op)?;
                     match self.top(op)? {
-                        Value::Dict(id) => self.out.dicts[id as usize].push((k, v)),
+                        Value::Dict(id) => self.out.dicts.extend(id as usize, std::iter::once((k, v))),
                         t => {
                             return Err(
                                 self.op_err(op, &format!("sets an item of a {}", t.type_name()))
@@ -477,8 +499,8 @@ impl<'a> Decoder<'a> {
                     if (self.stack.len() - base) % 2 != 0 {
                         return Err(self.op_err(op, "odd number of items (a key without a value)"));
                     }
-                    let dict = &mut self.out.dicts[id as usize];
-                    dict.extend(self.stack[base..].chunks_exact(2).map(|c| (c[0], c[1])));
+                    let items = self.stack.get(base..).unwrap_or(&[]);
+                    self.out.dicts.extend(id as usize, items.chunks_exact(2).map(|c| (c[0], c[1])));
                     self.stack.truncate(base);
                 }
 
@@ -598,17 +620,20 @@ impl<'a> Decoder<'a> {
                 0x8c | b'C' => {
                     let [n] = self.take_array::<1>(op)?;
                     let s = self.take_declared(op, n as u64)?;
-                    self.push(if op == b'C' { Value::Bytes(s) } else { Value::Str(s) });
+                    let v = self.string(s, op != b'C')?;
+                    self.push(v);
                 }
                 b'X' | b'B' => {
                     let n = u32::from_le_bytes(self.take_array::<4>(op)?);
                     let s = self.take_declared(op, n as u64)?;
-                    self.push(if op == b'B' { Value::Bytes(s) } else { Value::Str(s) });
+                    let v = self.string(s, op == b'X')?;
+                    self.push(v);
                 }
                 0x8d | 0x8e | 0x96 => {
                     let n = u64::from_le_bytes(self.take_array::<8>(op)?);
                     let s = self.take_declared(op, n)?;
-                    self.push(if op == 0x8d { Value::Str(s) } else { Value::Bytes(s) });
+                    let v = self.string(s, op == 0x8d)?;
+                    self.push(v);
                 }
 
                 // Code execution: never.
@@ -680,7 +705,7 @@ mod tests {
         let b = p.get(root, "b").unwrap();
         assert!(matches!(b, Value::Tuple(_)));
         let b = p.items(b).unwrap();
-        assert_eq!(b[0], Value::Bytes(b"x"));
+        assert_eq!(p.bytes(b[0]), Some(&b"x"[..]));
         assert_eq!(p.text(b[1]).unwrap(), "é");
     }
 

@@ -24,15 +24,16 @@
 //!
 //! [`encode`] is the matching writer: it emits protocol 4 that Python's `pickle.load` reads.
 
+mod arena;
 mod decode;
 pub mod encode;
 
 pub use decode::decode;
 
-/// One pickled value. Containers are indices into their [`Pickle`]'s arenas, so copying a value
-/// never copies its content, just as Python shares objects.
+/// One pickled value (16 bytes). Strings and containers are indices into their [`Pickle`]'s
+/// tables, so copying a value never copies its content, just as Python shares objects.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Value<'a> {
+pub enum Value {
     /// `None`.
     None,
     /// `True` / `False`.
@@ -46,11 +47,11 @@ pub enum Value<'a> {
     HugeInt,
     /// A `float`.
     Float(f64),
-    /// A `str` as its encoded bytes (UTF-8, or Python's `surrogatepass` variant); see
-    /// [`Pickle::text`].
-    Str(&'a [u8]),
-    /// A `bytes` or `bytearray`.
-    Bytes(&'a [u8]),
+    /// A `str`: index into the string table; its bytes are UTF-8, or Python's `surrogatepass`
+    /// variant (see [`Pickle::text`] and [`Pickle::str_bytes`]).
+    Str(u32),
+    /// A `bytes` or `bytearray`: index into the string table (see [`Pickle::bytes`]).
+    Bytes(u32),
     /// A `list`: index into the sequence arena.
     List(u32),
     /// A `tuple`: index into the sequence arena.
@@ -61,7 +62,7 @@ pub enum Value<'a> {
     Dict(u32),
 }
 
-impl Value<'_> {
+impl Value {
     /// The Python type name, for error messages.
     pub fn type_name(&self) -> &'static str {
         match self {
@@ -77,55 +78,72 @@ impl Value<'_> {
             Value::Dict(_) => "dict",
         }
     }
-
-    /// True when `self` is a `str` equal to `key` (no UTF-8 check needed for the comparison).
-    #[inline]
-    pub fn is_str(&self, key: &str) -> bool {
-        matches!(self, Value::Str(s) if *s == key.as_bytes())
-    }
 }
 
 /// A decoded pickle: the root value and the arenas its containers live in.
 #[derive(Debug, Default)]
 pub struct Pickle<'a> {
-    pub(crate) seqs: Vec<Vec<Value<'a>>>,
-    pub(crate) dicts: Vec<Vec<(Value<'a>, Value<'a>)>>,
+    pub(crate) seqs: arena::Arena<Value>,
+    pub(crate) dicts: arena::Arena<(Value, Value)>,
     pub(crate) bigs: Vec<i128>,
-    pub(crate) root: Option<Value<'a>>,
+    /// The bodies of `str` and `bytes` values, borrowed from the input.
+    pub(crate) strs: Vec<&'a [u8]>,
+    pub(crate) root: Option<Value>,
 }
 
 impl<'a> Pickle<'a> {
     /// The object the pickle holds (what `pickle.load` returns).
-    pub fn root(&self) -> Value<'a> {
+    pub fn root(&self) -> Value {
         self.root.unwrap_or(Value::None)
     }
 
     /// The items of a list, tuple or set; `None` for any other value.
-    pub fn items(&self, v: Value<'a>) -> Option<&[Value<'a>]> {
+    pub fn items(&self, v: Value) -> Option<&[Value]> {
         match v {
-            Value::List(i) | Value::Tuple(i) | Value::Set(i) => {
-                self.seqs.get(i as usize).map(Vec::as_slice)
-            }
+            Value::List(i) | Value::Tuple(i) | Value::Set(i) => self.seqs.get(i as usize),
             _ => None,
         }
     }
 
     /// The (key, value) pairs of a dict in insertion order (a repeated key appears twice; the
     /// later one is what Python keeps); `None` for any other value.
-    pub fn entries(&self, v: Value<'a>) -> Option<&[(Value<'a>, Value<'a>)]> {
+    pub fn entries(&self, v: Value) -> Option<&[(Value, Value)]> {
         match v {
-            Value::Dict(i) => self.dicts.get(i as usize).map(Vec::as_slice),
+            Value::Dict(i) => self.dicts.get(i as usize),
             _ => None,
         }
     }
 
     /// `dict[key]` for a string key; `None` when `dict` is not a dict or lacks the key.
-    pub fn get(&self, dict: Value<'a>, key: &str) -> Option<Value<'a>> {
-        self.entries(dict)?.iter().rev().find(|(k, _)| k.is_str(key)).map(|&(_, v)| v)
+    pub fn get(&self, dict: Value, key: &str) -> Option<Value> {
+        self.entries(dict)?.iter().rev().find(|(k, _)| self.is_str(*k, key)).map(|&(_, v)| v)
+    }
+
+    /// The encoded bytes of a `str` (no UTF-8 check); `None` for any other value.
+    #[inline]
+    pub fn str_bytes(&self, v: Value) -> Option<&'a [u8]> {
+        match v {
+            Value::Str(i) => self.strs.get(i as usize).copied(),
+            _ => None,
+        }
+    }
+
+    /// The content of a `bytes` or `bytearray`; `None` for any other value.
+    pub fn bytes(&self, v: Value) -> Option<&'a [u8]> {
+        match v {
+            Value::Bytes(i) => self.strs.get(i as usize).copied(),
+            _ => None,
+        }
+    }
+
+    /// True when `v` is a `str` equal to `key` (compared as bytes, no UTF-8 check needed).
+    #[inline]
+    pub fn is_str(&self, v: Value, key: &str) -> bool {
+        self.str_bytes(v) == Some(key.as_bytes())
     }
 
     /// The value of an `int` (or `bool`, which Python treats as an int), if it fits in `i128`.
-    pub fn int(&self, v: Value<'a>) -> Option<i128> {
+    pub fn int(&self, v: Value) -> Option<i128> {
         match v {
             Value::Int(i) => Some(i as i128),
             Value::Bool(b) => Some(b as i128),
@@ -136,20 +154,17 @@ impl<'a> Pickle<'a> {
 
     /// A `str` as text: borrowed when it is valid UTF-8, else decoded lossily (Python writes lone
     /// surrogates, which UTF-8 cannot hold, with `surrogatepass`).
-    pub fn text(&self, v: Value<'a>) -> Option<std::borrow::Cow<'a, str>> {
-        match v {
-            Value::Str(s) => Some(String::from_utf8_lossy(s)),
-            _ => None,
-        }
+    pub fn text(&self, v: Value) -> Option<std::borrow::Cow<'a, str>> {
+        self.str_bytes(v).map(String::from_utf8_lossy)
     }
 
     /// The nesting depth of `v` (a scalar is 0, `[]` is 1, `[[1]]` is 2), counting at most `cap`
     /// levels, so cycles (`l.append(l)`) and hostile depths stay cheap.
-    pub fn depth(&self, v: Value<'a>, cap: usize) -> usize {
+    pub fn depth(&self, v: Value, cap: usize) -> usize {
         if cap == 0 {
             return 0;
         }
-        let children: Box<dyn Iterator<Item = Value<'a>> + '_> = match v {
+        let children: Box<dyn Iterator<Item = Value> + '_> = match v {
             Value::Dict(_) => Box::new(
                 self.entries(v).unwrap_or(&[]).iter().flat_map(|&(k, x)| [k, x].into_iter()),
             ),
@@ -165,6 +180,12 @@ impl<'a> Pickle<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn values_stay_small() {
+        // Every stack slot, memo slot and container item is one Value: keep it two words.
+        assert_eq!(std::mem::size_of::<Value>(), 16);
+    }
 
     #[test]
     fn depth_is_capped_on_cycles() {

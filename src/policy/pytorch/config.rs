@@ -1,0 +1,773 @@
+//! `PYTORCH_CUDA_ALLOC_CONF`: the options of PyTorch's caching allocator, parsed as PyTorch parses
+//! them, and the size arithmetic they control (`round_size`, `get_allocation_size`).
+//!
+//! Upstream: `c10/core/AllocatorConfig.{h,cpp}` and `c10/cuda/CUDAAllocatorConfig.{h,cpp}` (the
+//! parsers), `c10/cuda/CUDACachingAllocator.cpp` (`round_size`, `roundup_power2_next_division`,
+//! `get_allocation_size`). Spec: `pytorch-caching-allocator.md` §1, §3, §13, §20.1–20.2.
+//!
+//! The baseline is current main (≈ 2.11, early 2026). [`Version`] selects older behaviour where it
+//! changes a decision and the trace cannot tell: how `>` fills the divisions table (≤ 2.8 fills from
+//! the last listed key itself), the lower limit of `max_split_size_mb` (≤ 2.8: > 20, later ≥ 20),
+//! the oversize tolerance (< 2.6: the constant 20 MiB, no `max_non_split_rounding_mb`), and whether a
+//! memory fraction of 1.0 sets a limit (2.5–2.8 did). Versions before 2.0 (one global divisions
+//! value, `roundup_bypass_threshold_mb`) are not modelled.
+//!
+//! Parsing is as lenient as current main where a recorded settings string depends on it: the `:` and
+//! `,` separators are not checked, numbers are read like `stoull` / `stod` (a numeric prefix; `-1`
+//! wraps). Options that change nothing a simulator sees (`release_lock_on_cudamalloc`, `pinned_*`,
+//! `graph_capture_record_stream_reuse`, ...) are accepted and kept only for display.
+
+use crate::error::{Error, Result};
+use crate::trace::AllocatorSettings;
+use crate::units::MIB;
+
+/// Every block size is a multiple of this (`kMinBlockSize`).
+pub const MIN_BLOCK_SIZE: u64 = 512;
+/// Rounded sizes up to and including this go to the small pool (`kSmallSize`).
+pub const SMALL_SIZE: u64 = MIB;
+/// Segment size of the small pool, and its expandable page size (`kSmallBuffer`).
+pub const SMALL_BUFFER: u64 = 2 * MIB;
+/// Rounded sizes below this get a `large_segment_size` segment (`kMinLargeAlloc`).
+pub const MIN_LARGE_ALLOC: u64 = 10 * MIB;
+/// The default large segment size, expandable page size and tolerance (`kLargeBuffer`).
+pub const LARGE_BUFFER: u64 = 20 * MIB;
+/// Segments for rounded sizes ≥ 10 MiB are rounded up to this (`kRoundLarge`).
+pub const ROUND_LARGE: u64 = 2 * MIB;
+/// Number of `roundup_power2_divisions` intervals.
+pub const INTERVALS: usize = 16;
+
+/// A PyTorch release, as far as it changes a decision (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Version {
+    /// Major number (2).
+    pub major: u32,
+    /// Minor number.
+    pub minor: u32,
+}
+
+impl Version {
+    /// Current main (early 2026), the default.
+    pub const CURRENT: Version = Version { major: 2, minor: 11 };
+
+    /// Parses `2.8`, `2.8.1` or `v2.8`.
+    pub fn parse(text: &str) -> Result<Version> {
+        let t = text.trim().trim_start_matches('v');
+        let mut parts = t.split('.');
+        let bad = || {
+            Error::usage(format!(
+                "invalid PyTorch version '{text}': expected MAJOR.MINOR, e.g. 2.8 (supported: 2.0 and newer)"
+            ))
+        };
+        let major: u32 = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
+        let minor: u32 = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
+        let v = Version { major, minor };
+        if v < (Version { major: 2, minor: 0 }) {
+            return Err(bad());
+        }
+        Ok(v)
+    }
+
+    fn at_most(self, major: u32, minor: u32) -> bool {
+        self <= Version { major, minor }
+    }
+}
+
+impl std::fmt::Display for Version {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+/// The allocator's effective settings. `Default` is PyTorch's defaults on current main.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// Blocks at least this large are never split and only serve oversize requests
+    /// (`max_split_size_mb`); `u64::MAX` means unlimited.
+    pub max_split_size: u64,
+    /// How much larger than the request an oversize cached block may be
+    /// (`max_non_split_rounding_mb`).
+    pub max_non_split_rounding: u64,
+    /// Divisions per power-of-two interval (`roundup_power2_divisions`); 0 = plain 512-byte rounding.
+    pub roundup_power2_divisions: [u64; INTERVALS],
+    /// `garbage_collection_threshold` (0 = off; needs a memory fraction).
+    pub garbage_collection_threshold: f64,
+    /// `expandable_segments`.
+    pub expandable_segments: bool,
+    /// Segment size for 1–10 MiB requests and large expandable page size (`large_segment_size_mb`).
+    pub large_segment_size: u64,
+    /// `per_process_memory_fraction` (`None`: not set).
+    pub per_process_memory_fraction: Option<f64>,
+    /// The device's total memory (`totalGlobalMem`): the base of the memory fraction and of the
+    /// expandable reservation (9/8 of it). Not in a snapshot; default 80 GiB (an H100/A100-80GB).
+    pub gpu_memory: u64,
+    /// The PyTorch version whose behaviour is modelled.
+    pub version: Version,
+    /// Options accepted but without effect on placement, kept for display (`key:value`).
+    pub other: Vec<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            max_split_size: u64::MAX,
+            max_non_split_rounding: LARGE_BUFFER,
+            roundup_power2_divisions: [0; INTERVALS],
+            garbage_collection_threshold: 0.0,
+            expandable_segments: false,
+            large_segment_size: LARGE_BUFFER,
+            per_process_memory_fraction: None,
+            gpu_memory: 80 << 30,
+            version: Version::CURRENT,
+            other: Vec::new(),
+        }
+    }
+}
+
+/// Splits a settings string into PyTorch's tokens: whitespace dropped, `, : [ ]` on their own.
+fn tokenize(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut word = String::new();
+    for c in text.chars() {
+        if c.is_whitespace() {
+            continue;
+        }
+        if matches!(c, ',' | ':' | '[' | ']') {
+            if !word.is_empty() {
+                out.push(std::mem::take(&mut word));
+            }
+            out.push(c.to_string());
+        } else {
+            word.push(c);
+        }
+    }
+    if !word.is_empty() {
+        out.push(word);
+    }
+    out
+}
+
+/// Reads an unsigned integer like C++ `stoull`: optional sign, then the longest digit prefix;
+/// a minus sign wraps (`-1` is 2^64 − 1).
+fn stoull(text: &str, key: &str) -> Result<u64> {
+    let (neg, rest) = match text.as_bytes().first() {
+        Some(b'-') => (true, &text[1..]),
+        Some(b'+') => (false, &text[1..]),
+        _ => (false, text),
+    };
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    if digits == 0 {
+        return Err(Error::usage(format!("invalid value '{text}' for {key}: expected an integer")));
+    }
+    let v: u64 = rest[..digits].parse().unwrap_or(u64::MAX); // stoull overflows to an error; clamp
+    Ok(if neg { v.wrapping_neg() } else { v })
+}
+
+/// Reads a floating-point number like C++ `stod`: the longest numeric prefix.
+fn stod(text: &str, key: &str) -> Result<f64> {
+    let end = (1..=text.len())
+        .rev()
+        .find(|&n| text.is_char_boundary(n) && text[..n].parse::<f64>().is_ok())
+        .ok_or_else(|| {
+            Error::usage(format!("invalid value '{text}' for {key}: expected a number"))
+        })?;
+    text[..end]
+        .parse::<f64>()
+        .map_err(|_| Error::usage(format!("invalid value '{text}' for {key}")))
+}
+
+/// A cursor over the tokens of one settings string.
+struct Tokens<'a> {
+    tokens: &'a [String],
+    i: usize,
+    strict: bool,
+}
+
+impl Tokens<'_> {
+    /// The value token after `key` (skipping the `:` separator, which current main does not check).
+    fn value(&mut self, key: &str) -> Result<&str> {
+        self.separator(":", key)?;
+        let v = self
+            .tokens
+            .get(self.i)
+            .ok_or_else(|| Error::usage(format!("expecting a value for {key}")))?;
+        self.i += 1;
+        Ok(v)
+    }
+
+    /// Skips the separator `sep`; older parsers (`strict`) insist on it.
+    fn separator(&mut self, sep: &str, key: &str) -> Result<()> {
+        match self.tokens.get(self.i) {
+            Some(t) if t == sep => {}
+            Some(t) if self.strict => {
+                return Err(Error::usage(format!("expected '{sep}' after {key}, found '{t}'")))
+            }
+            None if self.strict => {
+                return Err(Error::usage(format!("expected '{sep}' after {key}")))
+            }
+            _ => {}
+        }
+        self.i += 1;
+        Ok(())
+    }
+
+    fn boolean(&mut self, key: &str) -> Result<bool> {
+        match self.value(key)? {
+            "True" => Ok(true),
+            "False" => Ok(false),
+            v => Err(Error::usage(format!(
+                "expected a single True/False argument for {key}, found '{v}'"
+            ))),
+        }
+    }
+}
+
+/// The keys PyTorch accepts, for the unknown-key message.
+const KEYS: &str = "max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions, \
+garbage_collection_threshold, expandable_segments, large_segment_size_mb, \
+per_process_memory_fraction, release_lock_on_cudamalloc, backend, \
+graph_capture_record_stream_reuse, throw_on_cudamalloc_oom, pinned_use_cuda_host_register, \
+pinned_num_register_threads, pinned_use_background_threads, pinned_reserve_segment_size_mb";
+
+impl Config {
+    /// Parses a `PYTORCH_CUDA_ALLOC_CONF` string on top of PyTorch's defaults for `version`.
+    pub fn parse(text: &str, version: Version) -> Result<Config> {
+        let mut c = Config { version, ..Config::default() };
+        c.apply(text)?;
+        Ok(c)
+    }
+
+    /// Re-parses `text` as `_set_allocator_settings` does: `max_split_size`, divisions and the GC
+    /// threshold reset to their defaults, `max_non_split_rounding` to the large segment size;
+    /// every other option keeps its value unless named.
+    pub fn apply(&mut self, text: &str) -> Result<()> {
+        let tokens = tokenize(text);
+        self.max_split_size = u64::MAX;
+        self.roundup_power2_divisions = [0; INTERVALS];
+        self.garbage_collection_threshold = 0.0;
+        let old = self.version.at_most(2, 8);
+        // large_segment_size_mb is parsed first: other limits depend on it.
+        if !old {
+            if let Some(p) = tokens.iter().position(|t| t == "large_segment_size_mb") {
+                let mut t = Tokens { tokens: &tokens, i: p + 1, strict: false };
+                let mb = stoull(t.value("large_segment_size_mb")?, "large_segment_size_mb")?;
+                if mb <= 10 {
+                    return Err(Error::usage(format!(
+                        "large_segment_size_mb too small ({mb}), must be > 10"
+                    )));
+                }
+                self.large_segment_size = mb.min(u64::MAX / MIB) * MIB;
+            }
+        }
+        self.max_non_split_rounding = self.large_segment_size;
+        let mut t = Tokens { tokens: &tokens, i: 0, strict: old };
+        while t.i < tokens.len() {
+            let key = tokens[t.i].clone();
+            t.i += 1;
+            match key.as_str() {
+                "max_split_size_mb" | "max_non_split_rounding_mb" => {
+                    if key == "max_non_split_rounding_mb"
+                        && self.version < (Version { major: 2, minor: 6 })
+                    {
+                        return Err(unknown(&key, self.version));
+                    }
+                    let mb = stoull(t.value(&key)?, &key)?;
+                    let min_mb = self.large_segment_size / MIB;
+                    if old && mb <= min_mb {
+                        return Err(Error::usage(format!(
+                            "CachingAllocator option {key} too small, must be > {min_mb}"
+                        )));
+                    }
+                    if !old && mb < min_mb {
+                        return Err(Error::usage(format!(
+                            "CachingAllocator option {key} too small, must be >= {min_mb}"
+                        )));
+                    }
+                    let bytes = mb.min(u64::MAX / MIB) * MIB;
+                    if key == "max_split_size_mb" {
+                        self.max_split_size = bytes;
+                    } else {
+                        self.max_non_split_rounding = bytes;
+                    }
+                }
+                "roundup_power2_divisions" => self.parse_divisions(&mut t)?,
+                "garbage_collection_threshold" => {
+                    let v = stod(t.value(&key)?, &key)?;
+                    if v <= 0.0 {
+                        return Err(Error::usage(format!(
+                            "garbage_collection_threshold too small ({v}), set it 0.0~1.0"
+                        )));
+                    }
+                    if v >= 1.0 {
+                        return Err(Error::usage(format!(
+                            "garbage_collection_threshold too big ({v}), set it 0.0~1.0"
+                        )));
+                    }
+                    self.garbage_collection_threshold = v;
+                }
+                "expandable_segments" => self.expandable_segments = t.boolean(&key)?,
+                "large_segment_size_mb" if !old => {
+                    t.value(&key)?; // parsed above
+                }
+                "per_process_memory_fraction"
+                    if self.version >= (Version { major: 2, minor: 9 }) =>
+                {
+                    let v = stod(t.value(&key)?, &key)?;
+                    if !(0.0..=1.0).contains(&v) {
+                        return Err(Error::usage(format!(
+                            "per_process_memory_fraction is invalid ({v}), set it in [0.0, 1.0]"
+                        )));
+                    }
+                    self.per_process_memory_fraction = Some(v);
+                }
+                "release_lock_on_cudamalloc"
+                | "pinned_use_cuda_host_register"
+                | "pinned_use_background_threads"
+                | "graph_capture_record_stream_reuse"
+                | "throw_on_cudamalloc_oom" => {
+                    let v = t.boolean(&key)?;
+                    self.note_other(&key, if v { "True" } else { "False" });
+                }
+                "pinned_num_register_threads" | "pinned_reserve_segment_size_mb" => {
+                    let v = stoull(t.value(&key)?, &key)?;
+                    self.note_other(&key, &v.to_string());
+                }
+                "backend" => {
+                    let v = t.value(&key)?.to_string();
+                    if v == "cudaMallocAsync" {
+                        return Err(Error::usage(
+                            "backend:cudaMallocAsync replaces the caching allocator; fragsim models the native allocator only",
+                        ));
+                    }
+                    if v != "native" {
+                        return Err(Error::usage(format!(
+                            "unknown allocator backend '{v}' (accepted: native, cudaMallocAsync)"
+                        )));
+                    }
+                }
+                _ => return Err(unknown(&key, self.version)),
+            }
+            if t.i < tokens.len() {
+                t.separator(",", &key)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn note_other(&mut self, key: &str, value: &str) {
+        self.other.retain(|o| !o.starts_with(&format!("{key}:")));
+        self.other.push(format!("{key}:{value}"));
+    }
+
+    /// `roundup_power2_divisions:N` or `roundup_power2_divisions:[K:V,...,>:V]` (§13.3, §20.1).
+    fn parse_divisions(&mut self, t: &mut Tokens) -> Result<()> {
+        const KEY: &str = "roundup_power2_divisions";
+        t.separator(":", KEY)?;
+        let first = t
+            .tokens
+            .get(t.i)
+            .ok_or_else(|| Error::usage(format!("expecting a value for {KEY}")))?;
+        if first != "[" {
+            let v = stoull(first, KEY)?;
+            t.i += 1;
+            if !v.is_power_of_two() {
+                return Err(Error::usage(format!(
+                    "For roundups, the divisions has to be power of 2 (got {v} in {KEY})"
+                )));
+            }
+            self.roundup_power2_divisions = [v; INTERVALS];
+            return Ok(());
+        }
+        t.i += 1;
+        let old = self.version.at_most(2, 8);
+        let mut last = 0usize;
+        let mut first_numeric = true;
+        loop {
+            let key = t
+                .tokens
+                .get(t.i)
+                .ok_or_else(|| Error::usage(format!("unterminated list in {KEY}")))?
+                .clone();
+            t.i += 1;
+            if key == "]" {
+                break;
+            }
+            let value = stoull(t.value(KEY)?, KEY)?;
+            if value != 0 && !value.is_power_of_two() {
+                return Err(Error::usage(format!(
+                    "For roundups, the divisions has to be power of 2 or 0 to disable roundup (got {value} in {KEY})"
+                )));
+            }
+            if key == ">" {
+                let from = if old { last } else { last + 1 };
+                for slot in self.roundup_power2_divisions.iter_mut().skip(from) {
+                    *slot = value;
+                }
+            } else {
+                let interval = stoull(&key, KEY)?;
+                if !interval.is_power_of_two() {
+                    return Err(Error::usage(format!(
+                        "For roundups, the intervals have to be power of 2 (got {interval} in {KEY})"
+                    )));
+                }
+                let idx = (interval.ilog2() as usize).min(INTERVALS - 1);
+                if first_numeric {
+                    for slot in &mut self.roundup_power2_divisions[..idx] {
+                        *slot = value;
+                    }
+                    first_numeric = false;
+                }
+                self.roundup_power2_divisions[idx] = value;
+                last = idx;
+            }
+            match t.tokens.get(t.i).map(String::as_str) {
+                Some(",") => t.i += 1,
+                Some("]") => {}
+                Some(other) if t.strict => {
+                    return Err(Error::usage(format!(
+                        "expected ',' or ']' in {KEY}, found '{other}'"
+                    )))
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The settings a snapshot recorded: its settings string for the options it does not list
+    /// separately, then its recorded values, which are what the allocator actually used.
+    pub fn from_recorded(s: &AllocatorSettings, version: Version) -> Result<Config> {
+        let mut c = Config { version, ..Config::default() };
+        if let Some(conf) = s.conf.as_deref() {
+            c.apply(conf).map_err(|e| {
+                Error::input(format!("the recorded PYTORCH_CUDA_ALLOC_CONF: {}", e.message()))
+            })?;
+        }
+        c.max_split_size = s.max_split_size.unwrap_or(u64::MAX);
+        c.garbage_collection_threshold = s.garbage_collection_threshold;
+        c.expandable_segments = s.expandable_segments;
+        c.roundup_power2_divisions = s.roundup_power2_divisions;
+        Ok(c)
+    }
+
+    /// The effective settings in `PYTORCH_CUDA_ALLOC_CONF` syntax (parsing it gives this config).
+    pub fn to_conf_string(&self) -> String {
+        let mut parts = vec![format!(
+            "expandable_segments:{}",
+            if self.expandable_segments { "True" } else { "False" }
+        )];
+        if self.large_segment_size != LARGE_BUFFER {
+            parts.push(format!("large_segment_size_mb:{}", self.large_segment_size / MIB));
+        }
+        if self.max_split_size != u64::MAX {
+            parts.push(format!("max_split_size_mb:{}", self.max_split_size / MIB));
+        }
+        if self.max_non_split_rounding != self.large_segment_size {
+            parts.push(format!("max_non_split_rounding_mb:{}", self.max_non_split_rounding / MIB));
+        }
+        let d = &self.roundup_power2_divisions;
+        if d.iter().any(|&v| v != 0) {
+            if d.iter().all(|&v| v == d[0]) {
+                parts.push(format!("roundup_power2_divisions:{}", d[0]));
+            } else {
+                let list: Vec<String> =
+                    d.iter().enumerate().map(|(i, v)| format!("{}:{v}", 1u64 << i)).collect();
+                parts.push(format!("roundup_power2_divisions:[{}]", list.join(",")));
+            }
+        }
+        if self.garbage_collection_threshold > 0.0 {
+            parts.push(format!(
+                "garbage_collection_threshold:{}",
+                self.garbage_collection_threshold
+            ));
+        }
+        if let Some(f) = self.per_process_memory_fraction {
+            parts.push(format!("per_process_memory_fraction:{f}"));
+        }
+        parts.extend(self.other.iter().cloned());
+        parts.join(",")
+    }
+
+    /// The divisions that apply to a request of `n` bytes (§3.2: by the unrounded size).
+    pub fn divisions_for(&self, n: u64) -> u64 {
+        let idx = (n.max(1).ilog2() as i64 - 20).clamp(0, INTERVALS as i64 - 1) as usize;
+        self.roundup_power2_divisions[idx]
+    }
+
+    /// `round_size`: the block size a request of `n` bytes asks for (§3.1).
+    pub fn round_size(&self, n: u64) -> u64 {
+        if n < MIN_BLOCK_SIZE {
+            return MIN_BLOCK_SIZE;
+        }
+        let d = self.divisions_for(n);
+        if d > 1 && n > MIN_BLOCK_SIZE.saturating_mul(d) {
+            return roundup_power2_next_division(n, d);
+        }
+        n.div_ceil(MIN_BLOCK_SIZE).saturating_mul(MIN_BLOCK_SIZE)
+    }
+
+    /// `get_allocation_size`: the cudaMalloc size for a new segment serving `rounded` (§3.4).
+    pub fn allocation_size(&self, rounded: u64) -> u64 {
+        if rounded <= SMALL_SIZE {
+            SMALL_BUFFER
+        } else if rounded < MIN_LARGE_ALLOC {
+            self.large_segment_size
+        } else {
+            rounded.div_ceil(ROUND_LARGE).saturating_mul(ROUND_LARGE)
+        }
+    }
+
+    /// The oversize tolerance: how much larger than an oversize request a cached block may be.
+    pub fn tolerance(&self) -> u64 {
+        if self.version < (Version { major: 2, minor: 6 }) {
+            LARGE_BUFFER
+        } else {
+            self.max_non_split_rounding
+        }
+    }
+
+    /// `allowed_memory_maximum`: the memory-fraction limit, if one is set (§8).
+    pub fn allowed_memory_maximum(&self) -> Option<u64> {
+        let f = self.per_process_memory_fraction?;
+        if f >= 1.0 && !self.version.at_most(2, 8) {
+            return None;
+        }
+        Some((f * self.gpu_memory as f64) as u64)
+    }
+
+    /// The expandable page size of a pool (§11.1).
+    pub fn page_size(&self, small: bool) -> u64 {
+        if small {
+            SMALL_BUFFER
+        } else {
+            self.large_segment_size
+        }
+    }
+}
+
+fn unknown(key: &str, version: Version) -> Error {
+    if version.at_most(2, 8) {
+        Error::usage(format!("Unrecognized CachingAllocator option: {key} (accepted: {KEYS})"))
+    } else {
+        Error::usage(format!(
+            "Unrecognized key '{key}' in Accelerator allocator config. (accepted: {KEYS})"
+        ))
+    }
+}
+
+/// `roundup_power2_next_division`: `n` rounded up to the next of `d` steps of its power-of-two
+/// interval.
+pub fn roundup_power2_next_division(n: u64, d: u64) -> u64 {
+    if n.is_power_of_two() {
+        return n;
+    }
+    let floor = 1u64 << n.ilog2();
+    let step = floor >> d.max(1).ilog2();
+    if step == 0 {
+        return floor << 1;
+    }
+    let lo = n & !(step - 1);
+    if lo == n {
+        n
+    } else {
+        lo + step
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn divisions(s: &str) -> [u64; INTERVALS] {
+        Config::parse(&format!("roundup_power2_divisions:{s}"), Version::CURRENT)
+            .unwrap()
+            .roundup_power2_divisions
+    }
+
+    fn old(s: &str) -> [u64; INTERVALS] {
+        Config::parse(&format!("roundup_power2_divisions:{s}"), Version { major: 2, minor: 8 })
+            .unwrap()
+            .roundup_power2_divisions
+    }
+
+    /// Builds a slot table from (value, count) runs, as the spec writes them (`1×9, 2, 8×6`).
+    fn runs(r: &[(u64, usize)]) -> [u64; INTERVALS] {
+        let v: Vec<u64> = r.iter().flat_map(|&(v, n)| std::iter::repeat_n(v, n)).collect();
+        v.try_into().unwrap()
+    }
+
+    fn round(conf: &str, n: u64) -> u64 {
+        Config::parse(&format!("roundup_power2_divisions:{conf}"), Version::CURRENT)
+            .unwrap()
+            .round_size(n)
+    }
+
+    #[test]
+    fn round_size_vectors_r1_to_r18() {
+        let c = Config::default();
+        let l1 = "[256:1,512:2,>:8]";
+        let l2 = "[64:8,128:2,256:4,512:2,1024:4,>:1]";
+        let l3 = "[128:8,256:16,512:1,2048:8,>:2]";
+        let cases: &[(&str, u64, u64)] = &[
+            ("4", 1_200, 1_536),
+            ("4", 300_000, 327_680),
+            ("4", 4_194_304, 4_194_304),
+            ("4", 5_242_881, 6_291_456),
+            ("4", 9_961_472, 10_485_760),
+            ("4", 1_153_433_600, 1_342_177_280),
+            (l1, 314_572_801, 314_573_312),
+            (l1, 629_145_600, 805_306_368),
+            (l1, 1_258_291_200, 1_342_177_280),
+            (l1, 42_949_672_961, 47_244_640_256),
+            (l1, 107_374_182_400, 111_669_149_696),
+            ("[>:4]", 1_572_865, 1_573_376),
+            ("[>:4]", 3_145_729, 3_670_016),
+            (l2, 34_603_013, 37_748_736),
+            (l2, 209_715_200, 268_435_456),
+            (l3, 1_610_612_737, 1_610_613_248),
+            ("2", 62_914_560, 67_108_864),
+            ("16", 8_000, 8_192),
+        ];
+        for (i, &(conf, n, want)) in cases.iter().enumerate() {
+            assert_eq!(round(conf, n), want, "R{}: {conf} n={n}", i + 1);
+        }
+        assert_eq!(round(l1, 42_949_672_960), 42_949_672_960, "exactly 40 GiB stays");
+        assert_eq!(roundup_power2_next_division(1_200, 4), 1_280, "the helper alone");
+        // Segment sizes of the vectors (§20.2 "Pool / segment").
+        assert_eq!(c.allocation_size(1_536), 2 * MIB);
+        assert_eq!(c.allocation_size(6_291_456), 20 * MIB);
+        assert_eq!(c.allocation_size(10_485_760), 10 * MIB, "R5: exactly 10 MiB");
+        assert_eq!(c.allocation_size(314_573_312), 302 * MIB);
+        assert_eq!(c.allocation_size(37_748_736), 36 * MIB);
+    }
+
+    #[test]
+    fn older_parser_fills_from_the_last_key() {
+        let o = Version { major: 2, minor: 8 };
+        let c = Config::parse("roundup_power2_divisions:[256:1,512:2,>:8]", o).unwrap();
+        assert_eq!(c.round_size(629_145_600), 671_088_640, "R8 with the ≤ 2.8 parser");
+        let c = Config::parse("roundup_power2_divisions:[>:4]", o).unwrap();
+        assert_eq!(c.round_size(1_572_865), 1_835_008, "R12 with the ≤ 2.8 parser");
+    }
+
+    #[test]
+    fn plain_rounding_and_pool_boundaries() {
+        let c = Config::default();
+        assert_eq!(c.round_size(1), 512);
+        assert_eq!(c.round_size(512), 512);
+        assert_eq!(c.round_size(513), 1024);
+        assert_eq!(c.round_size(MIB), MIB, "exactly 1 MiB stays in the small pool");
+        assert_eq!(c.allocation_size(MIB), 2 * MIB);
+        assert_eq!(c.allocation_size(MIB + 512), 20 * MIB);
+        assert_eq!(c.allocation_size(10 * MIB - 512), 20 * MIB);
+        assert_eq!(c.allocation_size(10 * MIB), 10 * MIB);
+        assert_eq!(c.allocation_size(10 * MIB + 1), 12 * MIB);
+        let big = Config::parse("large_segment_size_mb:64", Version::CURRENT).unwrap();
+        assert_eq!(big.allocation_size(5 * MIB), 64 * MIB);
+        assert_eq!(big.tolerance(), 64 * MIB, "tolerance follows large_segment_size");
+    }
+
+    #[test]
+    fn divisions_parse_vectors() {
+        assert_eq!(divisions("[256:1,512:2,>:8]"), runs(&[(1, 9), (2, 1), (8, 6)]));
+        assert_eq!(old("[256:1,512:2,>:8]"), runs(&[(1, 9), (8, 7)]));
+        assert_eq!(divisions("[>:4]"), runs(&[(0, 1), (4, 15)]));
+        assert_eq!(old("[>:4]"), runs(&[(4, 16)]));
+        assert_eq!(divisions("[>:4,64:8,1024:2]"), runs(&[(8, 7), (4, 3), (2, 1), (4, 5)]));
+        assert_eq!(divisions("[32:2]"), runs(&[(2, 6), (0, 10)]));
+        let c = Config::parse(
+            "roundup_power2_divisions:4,roundup_power2_divisions:[256:1]",
+            Version::CURRENT,
+        )
+        .unwrap();
+        assert_eq!(c.roundup_power2_divisions, runs(&[(1, 9), (4, 7)]));
+        assert_eq!(
+            divisions("[64:8,128:2,256:4,512:2,1024:4,>:1]"),
+            runs(&[(8, 7), (2, 1), (4, 1), (2, 1), (4, 1), (1, 5)])
+        );
+        assert_eq!(
+            divisions("[128:8,256:16,512:1,2048:8,>:2]"),
+            runs(&[(8, 8), (16, 1), (1, 1), (0, 1), (8, 1), (2, 4)])
+        );
+    }
+
+    #[test]
+    fn divisions_errors_name_the_rule() {
+        let err = |s: &str| {
+            Config::parse(&format!("roundup_power2_divisions:{s}"), Version::CURRENT)
+                .unwrap_err()
+                .message()
+                .to_string()
+        };
+        assert!(err("0").contains("For roundups, the divisions has to be power of 2"));
+        assert!(err("3").contains("divisions has to be power of 2"));
+        assert!(err("[3:4]").contains("For roundups, the intervals have to be power of 2"));
+        assert!(err("[64:3]").contains("power of 2 or 0 to disable roundup"));
+        assert_eq!(divisions("1"), [1; INTERVALS], "1 is accepted and means plain rounding");
+        assert_eq!(round("1", 1_200), 1_536);
+        assert_eq!(divisions("[64:0,>:2]")[6], 0, "0 is accepted in the list form");
+    }
+
+    #[test]
+    fn max_split_limits_follow_the_version() {
+        let cur = Config::parse("max_split_size_mb:20", Version::CURRENT).unwrap();
+        assert_eq!(cur.max_split_size, 20 * MIB);
+        let e = Config::parse("max_split_size_mb:20", Version { major: 2, minor: 8 }).unwrap_err();
+        assert!(e.message().contains("max_split_size_mb too small, must be > 20"), "{e}");
+        let e = Config::parse("max_split_size_mb:19", Version::CURRENT).unwrap_err();
+        assert!(e.message().contains("max_split_size_mb"), "{e}");
+        // stoull leniency: separators unchecked, a numeric prefix, and -1 wrapping.
+        let c = Config::parse("max_split_size_mb,100", Version::CURRENT).unwrap();
+        assert_eq!(c.max_split_size, 100 * MIB);
+        let c = Config::parse("max_split_size_mb:20.5", Version::CURRENT).unwrap();
+        assert_eq!(c.max_split_size, 20 * MIB);
+        let c = Config::parse("max_split_size_mb:-1", Version::CURRENT).unwrap();
+        assert_eq!(c.max_split_size, ((1u64 << 44) - 1) << 20, "2^64 - 2^20");
+    }
+
+    #[test]
+    fn other_options_and_errors() {
+        let c = Config::parse(
+            " expandable_segments : True , garbage_collection_threshold:0.6,per_process_memory_fraction:0.5",
+            Version::CURRENT,
+        )
+        .unwrap();
+        assert!(c.expandable_segments);
+        assert_eq!(c.garbage_collection_threshold, 0.6);
+        assert_eq!(c.allowed_memory_maximum(), Some(40 << 30));
+        assert!(Config::parse("expandable_segments:true", Version::CURRENT).is_err());
+        assert!(Config::parse("garbage_collection_threshold:1.0", Version::CURRENT).is_err());
+        assert!(Config::parse("garbage_collection_threshold:0", Version::CURRENT).is_err());
+        let e = Config::parse("max_spilt_size_mb:100", Version::CURRENT).unwrap_err();
+        assert!(e.message().contains("Unrecognized key 'max_spilt_size_mb'"), "{e}");
+        let e = Config::parse("foo:1", Version { major: 2, minor: 5 }).unwrap_err();
+        assert!(e.message().contains("Unrecognized CachingAllocator option: foo"), "{e}");
+        assert!(
+            Config::parse("max_non_split_rounding_mb:40", Version { major: 2, minor: 5 }).is_err()
+        );
+        let one = Config::parse("per_process_memory_fraction:1.0", Version::CURRENT).unwrap();
+        assert_eq!(one.allowed_memory_maximum(), None, "1.0 removes the limit on current main");
+    }
+
+    #[test]
+    fn reparsing_resets_only_the_documented_options() {
+        let mut c =
+            Config::parse("max_split_size_mb:100,expandable_segments:True", Version::CURRENT)
+                .unwrap();
+        c.apply("garbage_collection_threshold:0.5").unwrap();
+        assert_eq!(c.max_split_size, u64::MAX);
+        assert!(c.expandable_segments, "expandable persists");
+    }
+
+    #[test]
+    fn conf_string_round_trips() {
+        for s in [
+            "max_split_size_mb:64,roundup_power2_divisions:[256:1,512:2,>:8]",
+            "expandable_segments:True,roundup_power2_divisions:4,max_non_split_rounding_mb:40",
+            "",
+        ] {
+            let c = Config::parse(s, Version::CURRENT).unwrap();
+            assert_eq!(Config::parse(&c.to_conf_string(), Version::CURRENT).unwrap(), c, "{s}");
+        }
+        assert_eq!(Config::default().to_conf_string(), "expandable_segments:False");
+    }
+}

@@ -1,0 +1,215 @@
+//! Expandable segments (`expandable_segments:True`): one VA reservation per (stream, pool), backed
+//! page by page as requests need it.
+//!
+//! Upstream: `ExpandableSegment`, `find_expandable_block`, `try_allocate_expandable_block`,
+//! `map_block`, `unmap_block` and `release_expandable_segment` in
+//! `c10/cuda/CUDACachingAllocator.cpp`; spec §11. Pages are 2 MiB in the small pool and
+//! `large_segment_size` (20 MiB) in the large pool; the reservation is 9/8 of the GPU's memory
+//! (`Config::gpu_memory`), rounded up to pages. Reserving emits no trace event; mapping and
+//! unmapping go through [`Backend::map`] / [`Backend::unmap`], which the replay engine records as
+//! `segment_map` / `segment_unmap`.
+
+use super::{Block, ExpandableSegment, PyTorch, NIL};
+use crate::backend::Backend;
+use crate::error::Result;
+
+impl PyTorch {
+    /// Not allocated: free mapped or unmapped (PyTorch's "allocatable" test in
+    /// `find_expandable_block`; there are no pending stream events in this model).
+    fn allocatable(&self, id: u32) -> bool {
+        id != NIL && !self.b(id).allocated
+    }
+
+    /// `find_expandable_block` (§11.2): the lowest-address hole of this stream and pool that,
+    /// together with a free mapped block just before it, holds `size`; else a new reservation.
+    fn find_expandable_block<B: Backend>(
+        &mut self,
+        backend: &mut B,
+        stream: u64,
+        size: u64,
+        small: bool,
+    ) -> Result<Option<u32>> {
+        let p = super::pool_index(small);
+        for (&(s, _), &id) in self.pools[p].unmapped.range((stream, 0)..) {
+            if s != stream {
+                break;
+            }
+            let mut c = id;
+            let prev = self.b(c).prev;
+            if self.allocatable(prev) {
+                c = prev;
+            }
+            let mut sum = 0u64;
+            let mut x = c;
+            while self.allocatable(x) {
+                sum += self.b(x).size;
+                if sum >= size {
+                    return Ok(Some(c));
+                }
+                x = self.b(x).next;
+            }
+        }
+        let page = self.config.page_size(small);
+        let gpu = self.config.gpu_memory;
+        let va_size = (gpu + gpu / 8).div_ceil(page).max(1) * page;
+        let Some(base) = backend.reserve(va_size)? else { return Ok(None) };
+        let seg = self.expandable.len() as u32;
+        self.expandable.push(ExpandableSegment { base, va_size, page, alive: true });
+        let id = self.new_block(Block {
+            ptr: base,
+            size: va_size,
+            requested: 0,
+            stream,
+            prev: NIL,
+            next: NIL,
+            expandable: seg,
+            gc_base: 0,
+            small,
+            allocated: false,
+            mapped: false,
+            in_use: true,
+        });
+        self.pools[p].unmapped.insert((stream, base), id);
+        Ok(Some(id))
+    }
+
+    /// `try_allocate_expandable_block` (§11.3): map what the chosen hole lacks, page by page.
+    pub(super) fn try_allocate_expandable_block<B: Backend>(
+        &mut self,
+        backend: &mut B,
+        stream: u64,
+        size: u64,
+        small: bool,
+    ) -> Result<Option<u32>> {
+        let Some(mut c) = self.find_expandable_block(backend, stream, size, small)? else {
+            return Ok(None);
+        };
+        if !self.b(c).mapped {
+            let bytes = self.b(c).size.min(size);
+            if !self.map_block(backend, c, bytes)? {
+                return Ok(None);
+            }
+        }
+        while self.b(c).size < size {
+            let n = self.b(c).next;
+            if n == NIL || self.b(n).mapped {
+                return Ok(None); // cannot happen: find_expandable_block checked the room
+            }
+            let bytes = (size - self.b(c).size).min(self.b(n).size);
+            if !self.map_block(backend, n, bytes)? {
+                return Ok(None);
+            }
+            c = n;
+        }
+        self.remove_free(c);
+        Ok(Some(c))
+    }
+
+    /// `map_block` (§11.3): backs the first `bytes` of unmapped block `id` (rounded up to whole
+    /// pages), merges it with free mapped neighbours and puts it in the free set.
+    fn map_block<B: Backend>(&mut self, backend: &mut B, id: u32, bytes: u64) -> Result<bool> {
+        if bytes == 0 {
+            return Ok(false);
+        }
+        let b = self.b(id).clone();
+        let seg = &self.expandable[b.expandable as usize];
+        let page = seg.page;
+        let mapped = bytes.div_ceil(page) * page;
+        let mapped = mapped.min(b.size);
+        if !backend.map(b.ptr, mapped)? {
+            return Ok(false);
+        }
+        self.remove_free(id);
+        if mapped < b.size {
+            let rest = self.new_block(Block {
+                ptr: b.ptr + mapped,
+                size: b.size - mapped,
+                prev: id,
+                next: b.next,
+                ..b.clone()
+            });
+            if b.next != NIL {
+                self.bm(b.next).prev = rest;
+            }
+            self.bm(id).next = rest;
+            self.pools[super::pool_index(b.small)]
+                .unmapped
+                .insert((b.stream, b.ptr + mapped), rest);
+        }
+        let x = self.bm(id);
+        x.mapped = true;
+        x.size = mapped;
+        let (prev, next) = (x.prev, x.next);
+        self.try_merge(id, prev);
+        self.try_merge(id, next);
+        self.insert_free(id);
+        self.total_allocated += mapped;
+        self.stats.num_device_alloc += 1;
+        Ok(true)
+    }
+
+    /// `unmap_block` (§11.4): unmaps the whole pages inside free block `id`; partial pages at
+    /// either end stay mapped as free blocks. Releases the reservation when nothing is left.
+    pub(super) fn unmap_block<B: Backend>(&mut self, backend: &mut B, id: u32) -> Result<()> {
+        let b = self.b(id).clone();
+        let seg = self.expandable[b.expandable as usize].clone();
+        let off = b.ptr - seg.base;
+        let first = off.div_ceil(seg.page);
+        let last = (off + b.size) / seg.page;
+        if first >= last {
+            return Ok(());
+        }
+        let start = seg.base + first * seg.page;
+        let end = seg.base + last * seg.page;
+        backend.unmap(start, end - start)?;
+        self.remove_free(id);
+        if b.ptr < start {
+            let before = self.new_block(Block {
+                ptr: b.ptr,
+                size: start - b.ptr,
+                requested: 0,
+                next: id,
+                ..b.clone()
+            });
+            if b.prev != NIL {
+                self.bm(b.prev).next = before;
+            }
+            self.bm(id).prev = before;
+            self.insert_free(before);
+        }
+        if end < b.ptr + b.size {
+            let after = self.new_block(Block {
+                ptr: end,
+                size: b.ptr + b.size - end,
+                requested: 0,
+                prev: id,
+                ..b.clone()
+            });
+            if b.next != NIL {
+                self.bm(b.next).prev = after;
+            }
+            self.bm(id).next = after;
+            self.insert_free(after);
+        }
+        let x = self.bm(id);
+        x.ptr = start;
+        x.size = end - start;
+        x.mapped = false;
+        let (prev, next) = (x.prev, x.next);
+        self.try_merge(id, prev);
+        self.try_merge(id, next);
+        let x = self.b(id);
+        let (stream, ptr, small) = (x.stream, x.ptr, x.small);
+        self.pools[super::pool_index(small)].unmapped.insert((stream, ptr), id);
+        self.total_allocated -= end - start;
+        self.stats.num_device_free += 1;
+        if self.b(id).prev == NIL && self.b(id).next == NIL {
+            // release_expandable_segment: the whole VA is unmapped.
+            self.pools[super::pool_index(small)].unmapped.remove(&(stream, ptr));
+            backend.release(seg.base, seg.va_size)?;
+            self.expandable[b.expandable as usize].alive = false;
+            self.drop_block(id);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,370 @@
+//! The allocator state at a snapshot's first event, recovered by walking back from its final
+//! `segments` (spec §14.7, corrected by §19.1–§19.3).
+//!
+//! A snapshot's ring buffer usually starts mid-run. Working backwards from the dump: segments
+//! allocated during the trace did not exist at its start, segments freed during it did; blocks
+//! live at the dump that no `alloc` produced were live at the start with their final size; blocks
+//! freed but never allocated in the trace (*orphans*) were live with a size the trace does not
+//! record; everything else in a segment was free, and free neighbours are one block (§6.4).
+//!
+//! An orphan's block size is inferred (§19.1): `round_size(request)` in the small pool and in
+//! expandable segments (512-byte splitting leaves no tail); in the large pool, when the room up to
+//! the next known boundary is at most 1 MiB the block fills it (a free large-pool block is always
+//! larger than 1 MiB); otherwise `round_size(request)` is the default and the block may be up to
+//! 1 MiB longer. Such an orphan is *ambiguous*, and the decisions that depend on its size are
+//! undeterminable unless the trace later proves its size (§19.2, [`StartState::extend`]). With
+//! `max_split_size`, an oversize orphan was never split: it fills a room below the tolerance.
+//!
+//! Not recovered: expandable segments (their unmapped VA is not in a snapshot); a trace with
+//! expandable segments starts from the segments it allocates itself, plus the mapped ranges of
+//! the dump as whole reservations (an approximation, reported by `validate`).
+
+use super::config::{Config, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE};
+use super::PyTorch;
+use crate::error::Result;
+use crate::replay::free_action;
+use crate::trace::{Action, BlockState, Event, Trace};
+use std::collections::{BTreeMap, HashSet};
+
+/// A block live at the first event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LiveAtStart {
+    /// Its address.
+    pub addr: u64,
+    /// Its block size (exact, or the current guess for an orphan).
+    pub size: u64,
+    /// Its request size.
+    pub request: u64,
+    /// For an orphan: the largest block size the trace allows (= `size` when exact).
+    pub max_size: u64,
+    /// True when freed inside the trace without an earlier alloc (an orphan free).
+    pub orphan: bool,
+    /// True when the trace proved this orphan's size (§19.2).
+    pub proven: bool,
+}
+
+impl LiveAtStart {
+    /// True when the size is a guess that could be up to `max_size`.
+    pub fn ambiguous(&self) -> bool {
+        self.orphan && !self.proven && self.max_size > self.size
+    }
+}
+
+/// One segment as it stood at the first event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StartSegment {
+    /// Its address.
+    pub addr: u64,
+    /// Its cudaMalloc size.
+    pub size: u64,
+    /// The allocation stream.
+    pub stream: u64,
+    /// Small pool (2 MiB segments) or large.
+    pub small: bool,
+    /// The blocks live in it, in address order.
+    pub live: Vec<LiveAtStart>,
+}
+
+/// The recovered state; see the module docs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StartState {
+    /// Segments present at the first event, by address.
+    pub segments: Vec<StartSegment>,
+    /// Orphan frees that fall in no start segment (the state could not hold them).
+    pub unplaced: Vec<u64>,
+    /// The recorded trace uses expandable segments (not recovered; see the module docs).
+    pub expandable: bool,
+}
+
+impl StartState {
+    /// Recovers the state of `device` at the first of `events` under `config`.
+    pub fn recover(trace: &Trace, device: i32, events: &[Event], config: &Config) -> StartState {
+        // Segments: undo segment events from the dump backwards.
+        let mut segs: BTreeMap<u64, (u64, u64, bool)> = BTreeMap::new();
+        let mut final_live: Vec<(u64, u64, u64)> = Vec::new(); // (addr, size, request)
+        let mut expandable = false;
+        for s in trace.segments_of(device) {
+            if s.is_expandable {
+                expandable = true;
+                continue;
+            }
+            segs.insert(
+                s.address,
+                (s.total_size, s.stream, s.pool == crate::trace::PoolKind::Small),
+            );
+            for b in &s.blocks {
+                if matches!(b.state, BlockState::ActiveAllocated | BlockState::ActivePendingFree) {
+                    final_live.push((b.address, b.size, b.requested_size));
+                }
+            }
+        }
+        for e in events.iter().rev() {
+            match e.action {
+                Action::SegmentAlloc => {
+                    segs.remove(&e.addr);
+                }
+                Action::SegmentFree => {
+                    segs.insert(e.addr, (e.size, e.stream, e.size == SMALL_BUFFER));
+                }
+                Action::SegmentMap | Action::SegmentUnmap => expandable = true,
+                _ => {}
+            }
+        }
+        // Live blocks: final blocks no alloc produced, and orphan frees.
+        let frees_at = free_action(events);
+        let mut allocated_in_trace = HashSet::new();
+        let mut orphans: Vec<(u64, u64)> = Vec::new();
+        let mut seen = HashSet::new();
+        for e in events {
+            match e.action {
+                Action::Alloc => {
+                    allocated_in_trace.insert(e.addr);
+                    seen.insert(e.addr);
+                }
+                a if a == frees_at && !seen.contains(&e.addr) => {
+                    seen.insert(e.addr);
+                    orphans.push((e.addr, e.size));
+                }
+                _ => {}
+            }
+        }
+        let mut segments: Vec<StartSegment> = segs
+            .iter()
+            .map(|(&addr, &(size, stream, small))| StartSegment {
+                addr,
+                size,
+                stream,
+                small,
+                live: Vec::new(),
+            })
+            .collect();
+        let find = |segments: &[StartSegment], addr: u64| {
+            let i = segments.partition_point(|s| s.addr <= addr);
+            (i > 0 && addr < segments[i - 1].addr + segments[i - 1].size).then(|| i - 1)
+        };
+        for (addr, size, request) in final_live {
+            if allocated_in_trace.contains(&addr) {
+                continue;
+            }
+            if let Some(i) = find(&segments, addr) {
+                segments[i].live.push(LiveAtStart {
+                    addr,
+                    size,
+                    request,
+                    max_size: size,
+                    orphan: false,
+                    proven: true,
+                });
+            }
+        }
+        let mut unplaced = Vec::new();
+        for (addr, request) in orphans {
+            match find(&segments, addr) {
+                Some(i) => segments[i].live.push(LiveAtStart {
+                    addr,
+                    size: config.round_size(request),
+                    request,
+                    max_size: 0,
+                    orphan: true,
+                    proven: false,
+                }),
+                None => unplaced.push(addr),
+            }
+        }
+        for s in &mut segments {
+            s.live.sort_by_key(|b| b.addr);
+            infer_orphan_sizes(s, config);
+        }
+        StartState { segments, unplaced, expandable }
+    }
+
+    /// The orphan at `addr`, if any.
+    pub fn orphan(&self, addr: u64) -> Option<&LiveAtStart> {
+        self.segments.iter().flat_map(|s| &s.live).find(|b| b.orphan && b.addr == addr)
+    }
+
+    /// Every ambiguous orphan's address.
+    pub fn ambiguous(&self) -> Vec<u64> {
+        self.segments
+            .iter()
+            .flat_map(|s| &s.live)
+            .filter(|b| b.ambiguous())
+            .map(|b| b.addr)
+            .collect()
+    }
+
+    /// §19.2: a recorded placement at `addr` shows that the ambiguous orphan ending just before it
+    /// was longer. Extends that orphan to end at `addr` and returns its address, if one fits.
+    pub fn extend(&mut self, addr: u64) -> Option<u64> {
+        let seg = self.segments.iter_mut().find(|s| s.addr <= addr && addr < s.addr + s.size)?;
+        let o = seg
+            .live
+            .iter_mut()
+            .filter(|b| b.ambiguous() && b.addr + b.size < addr && addr <= b.addr + b.max_size)
+            .max_by_key(|b| b.addr)?;
+        o.size = addr - o.addr;
+        o.proven = true;
+        Some(o.addr)
+    }
+
+    /// A copy with the orphan at `addr` at its largest feasible size (for undeterminable checks).
+    pub fn with_longest(&self, addr: u64) -> StartState {
+        let mut s = self.clone();
+        for b in s.segments.iter_mut().flat_map(|s| s.live.iter_mut()) {
+            if b.addr == addr {
+                b.size = b.max_size;
+            }
+        }
+        s
+    }
+
+    /// A copy with the orphan at `addr` given `size` bytes.
+    pub fn with_size(&self, addr: u64, size: u64) -> StartState {
+        let mut s = self.clone();
+        s.set_size(addr, size);
+        s
+    }
+
+    /// Gives the orphan at `addr` `size` bytes: a new lower bound the trace showed (§19.2).
+    pub fn set_size(&mut self, addr: u64, size: u64) {
+        for b in self.segments.iter_mut().flat_map(|s| s.live.iter_mut()) {
+            if b.addr == addr {
+                b.size = size.min(b.max_size);
+            }
+        }
+    }
+
+    /// The ambiguous orphans in the segment that holds `addr`.
+    pub fn ambiguous_near(&self, addr: u64) -> Vec<u64> {
+        self.segments
+            .iter()
+            .filter(|s| s.addr <= addr && addr < s.addr + s.size)
+            .flat_map(|s| &s.live)
+            .filter(|b| b.ambiguous())
+            .map(|b| b.addr)
+            .collect()
+    }
+
+    /// Reserved bytes at the first event.
+    pub fn reserved(&self) -> u64 {
+        self.segments.iter().map(|s| s.size).sum()
+    }
+
+    /// Builds the policy's state: every segment with its live and free blocks.
+    pub fn install(&self, policy: &mut PyTorch) -> Result<()> {
+        for s in &self.segments {
+            let mut blocks = Vec::with_capacity(2 * s.live.len() + 1);
+            let mut pos = s.addr;
+            let end = s.addr + s.size;
+            for b in &s.live {
+                if b.addr < pos {
+                    continue; // overlapping evidence: the earlier block wins
+                }
+                if b.addr > pos {
+                    blocks.push((pos, b.addr - pos, None));
+                }
+                let size = b.size.min(end - b.addr);
+                blocks.push((b.addr, size, Some(b.request)));
+                pos = b.addr + size;
+            }
+            if pos < end {
+                blocks.push((pos, end - pos, None));
+            }
+            policy.install_segment(s.addr, s.size, s.stream, s.small, &blocks)?;
+        }
+        Ok(())
+    }
+}
+
+/// §19.1: sizes of the orphans of one segment, from the boundaries the known blocks set.
+fn infer_orphan_sizes(s: &mut StartSegment, config: &Config) {
+    let end = s.addr + s.size;
+    for i in 0..s.live.len() {
+        if !s.live[i].orphan {
+            continue;
+        }
+        let boundary = s.live.get(i + 1).map_or(end, |n| n.addr);
+        let b = &mut s.live[i];
+        let room = boundary.saturating_sub(b.addr);
+        let rounded = b.size.min(room);
+        let gap = room - rounded;
+        let oversize = rounded >= config.max_split_size;
+        b.size = rounded;
+        b.max_size = rounded;
+        if s.small || rounded <= SMALL_SIZE || config.expandable_segments {
+            continue; // 512-byte splitting: round_size is exact
+        }
+        if oversize {
+            if gap < config.tolerance() {
+                b.size = room; // never split: it fills the room
+                b.max_size = room;
+            }
+        } else if gap <= SMALL_SIZE {
+            b.size = room; // the tail cannot be a free large-pool block
+            b.max_size = room;
+        } else {
+            // Up to 1 MiB longer, leaving a free tail of more than 1 MiB.
+            let longest = SMALL_SIZE.min(gap - SMALL_SIZE - MIN_BLOCK_SIZE);
+            b.max_size = rounded + longest;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::units::MIB;
+
+    fn seg(live: Vec<(u64, u64, bool)>) -> StartSegment {
+        StartSegment {
+            addr: 0,
+            size: 20 * MIB,
+            stream: 0,
+            small: false,
+            live: live
+                .into_iter()
+                .map(|(addr, request, orphan)| LiveAtStart {
+                    addr,
+                    size: if orphan { Config::default().round_size(request) } else { request },
+                    request,
+                    max_size: 0,
+                    orphan,
+                    proven: !orphan,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn orphan_sizes_follow_section_19_1() {
+        // Orphan of 5 MiB at 0, a known 4 MiB block at 5.5 MiB: the 0.5 MiB gap is part of it.
+        let mut s = seg(vec![(0, 5 * MIB, true), (5 * MIB + MIB / 2, 4 * MIB, false)]);
+        infer_orphan_sizes(&mut s, &Config::default());
+        assert_eq!((s.live[0].size, s.live[0].max_size), (5 * MIB + MIB / 2, 5 * MIB + MIB / 2));
+        // Orphan of 5 MiB at 0 with 15 MiB after it: default 5 MiB, up to 6 MiB.
+        let mut s = seg(vec![(0, 5 * MIB, true)]);
+        infer_orphan_sizes(&mut s, &Config::default());
+        assert_eq!((s.live[0].size, s.live[0].max_size), (5 * MIB, 6 * MIB));
+        assert!(s.live[0].ambiguous());
+        // A gap of 1.5 MiB: at most 0.5 MiB - 512 longer (the free tail must exceed 1 MiB).
+        let mut s = seg(vec![(0, 5 * MIB, true), (6 * MIB + MIB / 2, 4 * MIB, false)]);
+        infer_orphan_sizes(&mut s, &Config::default());
+        assert_eq!(s.live[0].max_size, 5 * MIB + MIB / 2 - 512);
+        // Small pool: exact.
+        let mut s = seg(vec![(0, 1000, true)]);
+        s.small = true;
+        infer_orphan_sizes(&mut s, &Config::default());
+        assert_eq!((s.live[0].size, s.live[0].max_size), (1024, 1024));
+    }
+
+    #[test]
+    fn a_later_placement_extends_the_orphan_before_it() {
+        let mut s = seg(vec![(0, 5 * MIB, true)]);
+        infer_orphan_sizes(&mut s, &Config::default());
+        let mut st = StartState { segments: vec![s], unplaced: vec![], expandable: false };
+        assert_eq!(st.extend(7 * MIB), None, "beyond the longest feasible size");
+        assert_eq!(st.extend(5 * MIB + 4096), Some(0));
+        assert_eq!(st.segments[0].live[0].size, 5 * MIB + 4096);
+        assert!(!st.segments[0].live[0].ambiguous());
+    }
+}

@@ -1,0 +1,416 @@
+//! Unit tests of the PyTorch policy: each rule of the spec pinned with numbers derived from the
+//! spec (§3–§11, §20.3–§20.4), not from this code's output.
+
+use super::*;
+use crate::backend::{BackendCall, Recording, SimDevice};
+use crate::policy::testing::{run_checked, workload};
+use crate::units::{GIB, MIB};
+
+fn policy(conf: &str) -> PyTorch {
+    PyTorch::new(Config::parse(conf, Version::CURRENT).unwrap())
+}
+
+fn device(capacity: Option<u64>) -> Recording<SimDevice> {
+    Recording { inner: SimDevice::new(capacity), calls: Vec::new() }
+}
+
+fn malloc(p: &mut PyTorch, d: &mut Recording<SimDevice>, size: u64) -> Allocation {
+    let a = p.malloc(d, size, 0).unwrap().expect("allocation succeeds");
+    p.check().unwrap();
+    a
+}
+
+fn free(p: &mut PyTorch, d: &mut Recording<SimDevice>, a: Allocation) {
+    p.free(d, a.addr).unwrap();
+    p.check().unwrap();
+}
+
+/// The segment sizes the policy asked the device for, in order (failed ones included).
+fn segment_allocs(d: &Recording<SimDevice>) -> Vec<u64> {
+    d.calls
+        .iter()
+        .filter_map(|c| match c {
+            BackendCall::SegmentAlloc { size, .. } => Some(*size),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn segment_sizes_follow_get_allocation_size() {
+    let mut p = policy("");
+    let mut d = device(None);
+    let small = malloc(&mut p, &mut d, MIB);
+    assert_eq!(segment_allocs(&d), vec![2 * MIB], "exactly 1 MiB is small: a 2 MiB segment");
+    // Each request on its own stream, so none fits into an earlier segment.
+    p.malloc(&mut d, MIB + 1, 1).unwrap().unwrap();
+    p.malloc(&mut d, 10 * MIB, 2).unwrap().unwrap();
+    let whole = p.malloc(&mut d, 19 * MIB + MIB / 2, 3).unwrap().unwrap();
+    assert_eq!(segment_allocs(&d), vec![2 * MIB, 20 * MIB, 10 * MIB, 20 * MIB]);
+    assert_eq!(small.block_size, MIB);
+    assert_eq!(whole.block_size, 20 * MIB, "0.5 MiB remainder is not split off");
+    assert_eq!(p.reserved(), 52 * MIB);
+}
+
+#[test]
+fn small_pool_splits_at_512_bytes_and_large_pool_only_above_1_mib() {
+    let mut p = policy("");
+    let mut d = device(None);
+    let a = malloc(&mut p, &mut d, 1000);
+    let b = malloc(&mut p, &mut d, 1000);
+    assert_eq!((a.block_size, b.addr), (1024, a.addr + 1024));
+    let c = malloc(&mut p, &mut d, 5 * MIB);
+    assert_eq!(c.block_size, 5 * MIB, "20 MiB segment split: 15 MiB remain");
+    // 15 MiB free; a 14 MiB request leaves exactly 1 MiB, which is not > 1 MiB: no split.
+    let e = malloc(&mut p, &mut d, 14 * MIB);
+    assert_eq!((e.addr, e.block_size), (c.addr + 5 * MIB, 15 * MIB));
+    assert_eq!(segment_allocs(&d), vec![2 * MIB, 20 * MIB]);
+    free(&mut p, &mut d, e);
+    let f = malloc(&mut p, &mut d, 14 * MIB - 512);
+    assert_eq!(f.block_size, 14 * MIB - 512, "1 MiB + 512 remains: split");
+}
+
+#[test]
+fn best_fit_then_lowest_address_then_merge_on_free() {
+    let mut p = policy("");
+    let mut d = device(None);
+    // Carve a 20 MiB segment into 4, 2, 4, 2, 4 MiB blocks and free the 4 MiB ones.
+    let blocks: Vec<Allocation> =
+        [4, 2, 4, 2, 4].iter().map(|&m| malloc(&mut p, &mut d, m * MIB)).collect();
+    let base = blocks[0].addr;
+    for i in [4, 2, 0] {
+        free(&mut p, &mut d, blocks[i]);
+    }
+    // Free: [0,4) [6,10) [12,20) (the last merged with the 4 MiB tail). Best fit for 3.5 MiB is
+    // a 4 MiB block, and of the two the lowest address.
+    let x = malloc(&mut p, &mut d, 3 * MIB + MIB / 2);
+    assert_eq!(x.addr, base, "equal sizes: lowest address");
+    assert_eq!(x.block_size, 4 * MIB, "0.5 MiB remainder not split");
+    let y = malloc(&mut p, &mut d, 5 * MIB);
+    assert_eq!(y.addr, base + 12 * MIB, "best fit, not first fit");
+    free(&mut p, &mut d, blocks[1]);
+    // [4,6) merges with its free neighbour [6,10) into one 6 MiB block.
+    let z = malloc(&mut p, &mut d, 6 * MIB);
+    assert_eq!((z.addr, z.block_size), (base + 4 * MIB, 6 * MIB));
+    assert_eq!(segment_allocs(&d), vec![20 * MIB]);
+}
+
+#[test]
+fn streams_never_share_free_blocks() {
+    let mut p = policy("");
+    let mut d = device(None);
+    let a = p.malloc(&mut d, 4 * MIB, 7).unwrap().unwrap();
+    p.free(&mut d, a.addr).unwrap();
+    let b = p.malloc(&mut d, 4 * MIB, 9).unwrap().unwrap();
+    assert_ne!(a.addr, b.addr);
+    assert_eq!(segment_allocs(&d), vec![20 * MIB, 20 * MIB]);
+    let c = p.malloc(&mut d, 4 * MIB, 7).unwrap().unwrap();
+    assert_eq!(c.addr, a.addr);
+}
+
+#[test]
+fn m1_oversize_reuse_and_boundaries() {
+    let mut p = policy("max_split_size_mb:64");
+    let mut d = device(None);
+    let a = malloc(&mut p, &mut d, 100 * MIB);
+    assert_eq!(segment_allocs(&d), vec![100 * MIB]);
+    assert_eq!((p.stats.oversize_segments, p.stats.oversize_allocations), (1, 1));
+    free(&mut p, &mut d, a);
+    let a2 = malloc(&mut p, &mut d, 85 * MIB);
+    assert_eq!((a2.addr, a2.block_size), (a.addr, 100 * MIB), "100 < 85 + 20: taken whole");
+    assert_eq!(p.allocated(), 100 * MIB);
+    assert_eq!(p.stats.requested_bytes, 85 * MIB);
+    free(&mut p, &mut d, a2);
+    let b = malloc(&mut p, &mut d, 80 * MIB);
+    assert_ne!(b.addr, a.addr, "100 >= 80 + 20: rejected");
+    assert_eq!(segment_allocs(&d), vec![100 * MIB, 80 * MIB]);
+    free(&mut p, &mut d, b);
+    let c = malloc(&mut p, &mut d, 30 * MIB);
+    assert_eq!(segment_allocs(&d), vec![100 * MIB, 80 * MIB, 30 * MIB], "80 is oversize for 30");
+    assert_eq!(c.block_size, 30 * MIB);
+    let e = malloc(&mut p, &mut d, 63 * MIB + 1);
+    assert_eq!(segment_allocs(&d).last(), Some(&(64 * MIB)));
+    assert_eq!(e.block_size, 64 * MIB, "remaining 1 MiB - 512 is not split");
+    assert_eq!(p.stats.oversize_segments, 3, "100, 80, 64");
+    assert_eq!(p.stats.oversize_allocations, 1, "the 64 MiB block counts although 63 MiB < 64");
+}
+
+#[test]
+fn m2_max_split_20_makes_free_20_mib_segments_unusable() {
+    let mut p = policy("max_split_size_mb:20");
+    let mut d = device(None);
+    let a = malloc(&mut p, &mut d, 5 * MIB);
+    assert_eq!(p.stats.oversize_segments, 1);
+    let b = malloc(&mut p, &mut d, 12 * MIB);
+    assert_eq!(b.addr, a.addr + 5 * MIB, "the 15 MiB remainder is < 20: usable, split");
+    assert_eq!(b.block_size, 12 * MIB);
+    free(&mut p, &mut d, a);
+    free(&mut p, &mut d, b);
+    let c = malloc(&mut p, &mut d, 5 * MIB);
+    assert_ne!(c.addr, a.addr, "the whole 20 MiB S1 is oversize now");
+    assert_eq!(segment_allocs(&d), vec![20 * MIB, 20 * MIB]);
+    let e = malloc(&mut p, &mut d, 20 * MIB);
+    assert_eq!((e.addr, e.block_size), (a.addr, 20 * MIB), "S1 taken whole");
+    assert_eq!(p.stats.oversize_allocations, 1);
+}
+
+/// Whole free segments of 30, 70, 100 and 150 MiB on stream 0 (§20.3 M3's setup).
+fn m3_setup(capacity: u64) -> (PyTorch, Recording<SimDevice>, Vec<u64>) {
+    let mut p = policy("max_split_size_mb:64");
+    let mut d = device(Some(capacity));
+    let a: Vec<Allocation> =
+        [30, 70, 100, 150].iter().map(|&m| malloc(&mut p, &mut d, m * MIB)).collect();
+    for &x in &a {
+        free(&mut p, &mut d, x);
+    }
+    d.calls.clear();
+    (p, d, a.iter().map(|x| x.addr).collect())
+}
+
+#[test]
+fn m3_release_available_cached_blocks_order_and_result() {
+    use BackendCall::*;
+    let fail = |size| SegmentAlloc { size, addr: None };
+    // 120 MiB: 150 rejected (150 >= 140); cudaMalloc fails; release 150 only; no retry counted.
+    let (mut p, mut d, s) = m3_setup(400 * MIB);
+    malloc(&mut p, &mut d, 120 * MIB);
+    assert_eq!(&d.calls[..2], &[fail(120 * MIB), SegmentFree { addr: s[3], size: 150 * MIB }]);
+    assert!(matches!(d.calls[2], SegmentAlloc { size, addr: Some(_) } if size == 120 * MIB));
+    assert_eq!(p.alloc_retries(), 0);
+    // 200 MiB: walk back from the end: 150, then 100 (250 >= 200); 70 and 30 stay.
+    let (mut p, mut d, s) = m3_setup(400 * MIB);
+    malloc(&mut p, &mut d, 200 * MIB);
+    assert_eq!(
+        &d.calls[..3],
+        &[
+            fail(200 * MIB),
+            SegmentFree { addr: s[3], size: 150 * MIB },
+            SegmentFree { addr: s[2], size: 100 * MIB }
+        ]
+    );
+    assert_eq!(d.calls.len(), 4);
+    assert_eq!(p.reserved(), 300 * MIB);
+    // 400 MiB: 150, 100, 70 released (320 < 400: false); then the full flush frees 30; retry.
+    let (mut p, mut d, s) = m3_setup(400 * MIB);
+    malloc(&mut p, &mut d, 400 * MIB);
+    let frees: Vec<u64> = d
+        .calls
+        .iter()
+        .filter_map(|c| match c {
+            SegmentFree { addr, .. } => Some(*addr),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(frees, vec![s[3], s[2], s[1], s[0]]);
+    assert_eq!(segment_allocs(&d), vec![400 * MIB, 400 * MIB], "a failed try, then the retry");
+    assert_eq!(p.alloc_retries(), 1);
+    // 50 MiB: 70 is rejected (50 < 64 <= 70); key is max(50, 64) = 64: release 70, not 30.
+    let (mut p, mut d, s) = m3_setup(390 * MIB);
+    malloc(&mut p, &mut d, 50 * MIB);
+    assert_eq!(&d.calls[..2], &[fail(50 * MIB), SegmentFree { addr: s[1], size: 70 * MIB }]);
+    assert_eq!(p.alloc_retries(), 0);
+}
+
+#[test]
+fn m3_blocks_of_other_streams_are_never_released() {
+    let mut p = policy("max_split_size_mb:64");
+    let mut d = device(Some(200 * MIB));
+    let a = p.malloc(&mut d, 150 * MIB, 5).unwrap().unwrap();
+    p.free(&mut d, a.addr).unwrap();
+    d.calls.clear();
+    assert!(!p.release_available_cached_blocks(&mut d, 0, 100 * MIB, false).unwrap());
+    assert!(d.calls.is_empty());
+}
+
+#[test]
+fn m4_tolerance_and_rounding_together() {
+    let reuse = |conf: &str, cached: u64, request: u64| {
+        let mut p = policy(&format!("max_split_size_mb:64{conf}"));
+        let mut d = device(None);
+        // The cached block is installed directly: with divisions, no request rounds to 80 MiB.
+        let a = d.segment_alloc(cached).unwrap().unwrap();
+        p.install_segment(a, cached, 0, false, &[(a, cached, None)]).unwrap();
+        let b = malloc(&mut p, &mut d, request);
+        (b.addr == a, b.block_size, segment_allocs(&d))
+    };
+    assert_eq!(reuse("", 100 * MIB, 70 * MIB), (false, 70 * MIB, vec![100 * MIB, 70 * MIB]));
+    assert!(reuse(",max_non_split_rounding_mb:40", 100 * MIB, 70 * MIB).0);
+    assert_eq!(reuse(",max_non_split_rounding_mb:40", 100 * MIB, 70 * MIB).1, 100 * MIB);
+    assert!(reuse(",roundup_power2_divisions:2", 80 * MIB, 60 * MIB).0);
+    let (hit, block, segs) = reuse(",roundup_power2_divisions:2", 84 * MIB, 60 * MIB);
+    assert!(!hit);
+    assert_eq!((block, segs), (64 * MIB, vec![84 * MIB, 64 * MIB]), "rounded to 64, unsplit");
+}
+
+#[test]
+fn fallback_order_flushes_then_retries() {
+    use BackendCall::*;
+    let mut p = policy("");
+    let mut d = device(Some(40 * MIB));
+    let a = malloc(&mut p, &mut d, 15 * MIB);
+    free(&mut p, &mut d, a);
+    d.calls.clear();
+    let b = malloc(&mut p, &mut d, 30 * MIB);
+    assert_eq!(d.calls[0], SegmentAlloc { size: 30 * MIB, addr: None });
+    assert_eq!(d.calls[1], SegmentFree { addr: a.addr, size: 16 * MIB });
+    assert_eq!(d.calls[2], SegmentAlloc { size: 30 * MIB, addr: Some(b.addr) });
+    assert_eq!(p.alloc_retries(), 1);
+    // Still too big after the flush: an OOM, with the flush kept.
+    assert!(p.malloc(&mut d, 30 * MIB, 0).unwrap().is_none());
+    assert_eq!(p.stats.num_ooms, 1);
+    assert_eq!(p.alloc_retries(), 2);
+}
+
+#[test]
+fn flush_returns_only_whole_free_segments() {
+    let mut p = policy("");
+    let mut d = device(None);
+    let a = malloc(&mut p, &mut d, 4 * MIB);
+    let b = malloc(&mut p, &mut d, 4 * MIB);
+    let c = malloc(&mut p, &mut d, 30 * MIB);
+    free(&mut p, &mut d, a);
+    free(&mut p, &mut d, c);
+    p.empty_cache(&mut d).unwrap();
+    assert_eq!(p.reserved(), 20 * MIB, "the split 20 MiB segment stays; 30 MiB goes");
+    free(&mut p, &mut d, b);
+    p.empty_cache(&mut d).unwrap();
+    assert_eq!(p.reserved(), 0);
+}
+
+/// Builds §20.4's GC setup: D 1, A 2, B 3, C 4 GiB whole free segments with ages 0, 10, 2, 6
+/// after the malloc's own tick, and an allocated filler so that total_allocated is `total`.
+fn gc_setup(total: u64) -> (PyTorch, Recording<SimDevice>, [u64; 4]) {
+    let mut c = Config::parse(
+        "garbage_collection_threshold:0.6,per_process_memory_fraction:0.5",
+        Version::CURRENT,
+    )
+    .unwrap();
+    c.gpu_memory = 80 * GIB;
+    let mut p = PyTorch::new(c);
+    let mut d = device(None);
+    let filler = total - 10 * GIB;
+    let f = d.segment_alloc(filler).unwrap().unwrap();
+    p.install_segment(f, filler, 0, false, &[(f, filler, Some(filler))]).unwrap();
+    let mut addrs = [0; 4];
+    let clock = 100u64;
+    for (i, (gib, age)) in [(1, 0), (2, 10), (3, 2), (4, 6)].into_iter().enumerate() {
+        let size = gib * GIB;
+        let a = d.segment_alloc(size).unwrap().unwrap();
+        p.install_segment(a, size, 0, false, &[(a, size, None)]).unwrap();
+        let id = p.pools[0].blocks[&(0, size, a)];
+        p.bm(id).gc_base = clock - age;
+        addrs[i] = a;
+    }
+    p.pools[0].gc_count = clock - 1; // the malloc's get_free_block ticks it to `clock`
+    d.calls.clear();
+    (p, d, addrs)
+}
+
+#[test]
+fn gc_frees_old_whole_segments_before_cudamalloc() {
+    use BackendCall::*;
+    let (mut p, mut d, [_d, a, _b, c]) = gc_setup(30 * GIB);
+    malloc(&mut p, &mut d, 5 * GIB);
+    assert_eq!(d.calls[0], SegmentFree { addr: a, size: 2 * GIB });
+    assert_eq!(d.calls[1], SegmentFree { addr: c, size: 4 * GIB });
+    assert!(matches!(d.calls[2], SegmentAlloc { size, addr: Some(_) } if size == 5 * GIB));
+    assert_eq!(d.calls.len(), 3);
+
+    let (mut p, mut d, [_d, a, b, c]) = gc_setup(31 * GIB);
+    malloc(&mut p, &mut d, 5 * GIB);
+    let frees: Vec<u64> = d
+        .calls
+        .iter()
+        .filter_map(|x| match x {
+            SegmentFree { addr, .. } => Some(*addr),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(frees, vec![a, c, b], "second pass: avg 1.0 keeps D (age 0), frees B (age 2)");
+}
+
+#[test]
+fn gc_needs_a_memory_fraction() {
+    let p = policy("garbage_collection_threshold:0.6");
+    assert!(!p.gc_enabled());
+}
+
+#[test]
+fn expandable_maps_whole_pages_and_reuses_holes() {
+    use BackendCall::*;
+    let mut p = policy("expandable_segments:True");
+    let mut d = device(None);
+    let a = malloc(&mut p, &mut d, 21 * MIB);
+    let Reserve { size: va, addr: Some(base) } = d.calls[0] else { panic!("{:?}", d.calls) };
+    assert_eq!(va, (80 * GIB + 10 * GIB).div_ceil(20 * MIB) * 20 * MIB, "9/8 of 80 GiB");
+    assert_eq!(d.calls[1], Map { addr: base, size: 40 * MIB, ok: true }, "21 MiB maps 40 MiB");
+    assert_eq!((a.addr, a.block_size), (base, 21 * MIB), "512-byte splitting");
+    assert_eq!(p.reserved(), 40 * MIB);
+    free(&mut p, &mut d, a);
+    let b = malloc(&mut p, &mut d, 30 * MIB);
+    assert_eq!(b.addr, base, "the mapped free block is reused: nothing mapped");
+    assert_eq!(d.calls.len(), 2);
+    let c = malloc(&mut p, &mut d, 50 * MIB);
+    assert_eq!(c.addr, base + 30 * MIB, "the free 10 MiB before the hole counts");
+    assert_eq!(d.calls[2], Map { addr: base + 40 * MIB, size: 40 * MIB, ok: true });
+    assert_eq!(p.reserved(), 80 * MIB);
+    // Free [0, 30 MiB): a flush unmaps only the whole page inside it, [0, 20 MiB).
+    free(&mut p, &mut d, b);
+    p.empty_cache(&mut d).unwrap();
+    p.check().unwrap();
+    assert_eq!(d.calls[3], Unmap { addr: base, size: 20 * MIB });
+    assert_eq!(p.reserved(), 60 * MIB);
+    // The lowest hole is at the base again: a 10 MiB request fits the mapped [20, 30) first.
+    let e = malloc(&mut p, &mut d, 10 * MIB);
+    assert_eq!(e.addr, base + 20 * MIB);
+    let f = malloc(&mut p, &mut d, 4 * MIB);
+    assert_eq!(f.addr, base, "the hole at the base is mapped again");
+    assert_eq!(d.calls[4], Map { addr: base, size: 20 * MIB, ok: true });
+    for x in [c, e, f] {
+        free(&mut p, &mut d, x);
+    }
+    p.empty_cache(&mut d).unwrap();
+    assert_eq!(p.reserved(), 0);
+    assert_eq!(d.calls.last(), Some(&Release { addr: base, size: va }), "VA released when empty");
+}
+
+#[test]
+fn expandable_small_pool_uses_2_mib_pages() {
+    let mut p = policy("expandable_segments:True");
+    let mut d = device(None);
+    malloc(&mut p, &mut d, 3000);
+    assert!(matches!(d.calls[1], BackendCall::Map { size, .. } if size == 2 * MIB));
+}
+
+#[test]
+fn segments_and_recorded_settings() {
+    let mut p = policy("");
+    let mut d = device(None);
+    let a = malloc(&mut p, &mut d, 4 * MIB);
+    let segs = p.segments();
+    assert_eq!(segs.len(), 1);
+    assert_eq!(segs[0].total_size, 20 * MIB);
+    assert_eq!(segs[0].blocks.len(), 2);
+    assert_eq!(segs[0].blocks[0].address, a.addr);
+    assert_eq!(segs[0].blocks[0].state, BlockState::ActiveAllocated);
+    assert_eq!(segs[0].blocks[1].state, BlockState::Inactive);
+    assert_eq!(p.config(), "expandable_segments:False");
+}
+
+#[test]
+fn property_checker_holds_for_every_configuration() {
+    for conf in
+        ["", "expandable_segments:True", "max_split_size_mb:64", "roundup_power2_divisions:4"]
+    {
+        for seed in 0..12 {
+            let mut p = policy(conf);
+            let c = run_checked(&mut p, &workload(seed, 1500), None);
+            assert!(c.peak_reserved >= c.peak_requested, "{conf} seed {seed}");
+        }
+        // Under a capacity, fallbacks and OOMs must keep every property.
+        for seed in 0..4 {
+            let mut p = policy(conf);
+            run_checked(&mut p, &workload(seed, 1500), Some(96 * MIB));
+        }
+    }
+}

@@ -1,0 +1,532 @@
+//! `fragsim report`: everything a report directory shows, gathered once, then written by format.
+//!
+//! [`collect`] runs the replays (in parallel, keeping each policy's memory-over-time series within
+//! a plotting budget), re-runs one policy up to its peak for the segment map, and summarises the
+//! trace; [`write_dir`] hands the resulting [`ReportData`] to one writer per file (charts in
+//! [`super::plot`], tables in [`super::markdown`], [`super::csv`], [`super::json`], the page in
+//! [`super::html`]). No writer re-reads the trace or re-runs a replay (style B12).
+
+use super::plot;
+use crate::error::{Error, ErrorKind, Result};
+use crate::policy::{self, PolicySpec};
+use crate::replay::{ReplayInput, ReplayOptions, ReplayOutput};
+use crate::trace::summary::{DeviceSummary, SizeBucket};
+use crate::trace::{DeviceTrace, Segment, Trace};
+use indicatif::{ProgressBar, ProgressStyle};
+use rayon::prelude::*;
+use std::path::{Path, PathBuf};
+
+/// How many points each policy's plotted series keeps at most. Series are down-sampled to this
+/// with [`crate::replay::series::downsample`], which keeps every peak, so a 10 M-event trace still
+/// makes charts of a few hundred kilobytes.
+pub const PLOT_POINTS: usize = 2_000;
+
+/// What to report on, decided from the command line before any slow work.
+#[derive(Clone, Debug, Default)]
+pub struct ReportPlan {
+    /// The trace path as the user gave it (shown in titles and `results.json`).
+    pub trace_path: String,
+    /// The policies to replay.
+    pub policies: Vec<PolicySpec>,
+    /// True when the user named the policies; false for the default set, where policies that
+    /// cannot run (not implemented, or unusable on this trace) are skipped with a note.
+    pub explicit: bool,
+    /// The device (`None`: the device with the most events).
+    pub device: Option<i32>,
+    /// Device capacity for OOM (`None`: unlimited).
+    pub capacity: Option<u64>,
+    /// The policy whose segments are drawn at its peak (`None`: `pytorch`, else the first with
+    /// segments). A name or a label (`NAME:OPTIONS`) of one of the replayed policies, or any spec.
+    pub segment_map_policy: Option<String>,
+    /// Show progress bars (only when stderr is a terminal).
+    pub progress: bool,
+}
+
+impl ReportPlan {
+    /// The default policy set: every built-in policy with its defaults.
+    pub fn default_policies() -> Vec<PolicySpec> {
+        policy::POLICIES
+            .iter()
+            .map(|p| PolicySpec { name: p.name.to_string(), options: String::new() })
+            .collect()
+    }
+}
+
+/// What the report says about the trace itself.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TraceSummary {
+    /// The path as given.
+    pub path: String,
+    /// The format name (`interface.md`), e.g. `pytorch-snapshot`.
+    pub format: &'static str,
+    /// The device replayed.
+    pub device: i32,
+    /// Every device in the trace with its event count.
+    pub devices: Vec<(i32, u64)>,
+    /// Events of the replayed device.
+    pub events: u64,
+    /// True when event times are real microseconds (else they are event indices).
+    pub has_times: bool,
+    /// Time of the first event (µs, or 0).
+    pub first_time_us: i64,
+    /// Time of the last event.
+    pub last_time_us: i64,
+    /// What `fragsim info` says about the replayed device (counts by action, streams, sizes,
+    /// orphan frees, peak live bytes, ...).
+    pub info: DeviceSummary,
+}
+
+impl TraceSummary {
+    /// Summarises `device`'s events of `trace`.
+    pub fn of(trace: &Trace, path: &str, device: i32) -> TraceSummary {
+        let empty = DeviceTrace { device, events: Vec::new() };
+        let d = trace.device(device).unwrap_or(&empty);
+        let events = d.events.as_slice();
+        TraceSummary {
+            path: path.to_string(),
+            format: trace.format.name(),
+            device,
+            devices: trace.devices.iter().map(|d| (d.device, d.events.len() as u64)).collect(),
+            events: events.len() as u64,
+            has_times: trace.has_times,
+            first_time_us: events.first().map_or(0, |e| e.time_us),
+            last_time_us: events.last().map_or(0, |e| e.time_us),
+            info: DeviceSummary::of(trace, d),
+        }
+    }
+
+    /// The file name of the trace, for chart titles.
+    pub fn file_name(&self) -> String {
+        Path::new(&self.path)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| self.path.clone())
+    }
+
+    /// Where a moment sits on a chart's x axis: seconds since the first event, or the event index
+    /// when the trace records no times.
+    pub fn x_of(&self, time_us: i64, event: u64) -> f64 {
+        if self.has_times {
+            (time_us - self.first_time_us) as f64 / 1e6
+        } else {
+            event as f64
+        }
+    }
+
+    /// The end of the x axis.
+    pub fn x_end(&self) -> f64 {
+        self.x_of(self.last_time_us, self.events.saturating_sub(1))
+    }
+
+    /// The x axis description.
+    pub fn x_desc(&self) -> &'static str {
+        if self.has_times {
+            "time since the first event (s)"
+        } else {
+            "event index (the trace records no times)"
+        }
+    }
+
+    /// The recorded time span in words, e.g. `2.31 s`.
+    pub fn span_text(&self) -> String {
+        if self.has_times {
+            format!("{:.3} s", (self.last_time_us - self.first_time_us) as f64 / 1e6)
+        } else {
+            "unknown (no times recorded)".into()
+        }
+    }
+}
+
+/// One replayed policy.
+#[derive(Clone, Debug)]
+pub struct PolicyRun {
+    /// The spec as the user would write it (`NAME` or `NAME:OPTIONS`): the label in charts.
+    pub label: String,
+    /// Its position in the report's policy order: decides its colour and marker in every chart.
+    pub index: usize,
+    /// What the replay measured (its series down-sampled to [`PLOT_POINTS`]).
+    pub output: ReplayOutput,
+}
+
+/// A policy left out of a default report, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Skipped {
+    /// The spec.
+    pub label: String,
+    /// The error message it failed with.
+    pub reason: String,
+}
+
+/// The segments of one policy at the moment its reserved memory peaked.
+#[derive(Clone, Debug, Default)]
+pub struct SegmentMap {
+    /// The policy's label (empty when none could be drawn).
+    pub policy: String,
+    /// The event after which reserved memory first peaked.
+    pub event: u64,
+    /// That event's time (µs or index).
+    pub time_us: i64,
+    /// The segments then, in address order.
+    pub segments: Vec<Segment>,
+    /// Why there is nothing to draw, when `segments` is empty.
+    pub note: Option<String>,
+}
+
+/// The trace's allocation size classes (from [`DeviceSummary::size_histogram`]) from the
+/// smallest occupied class to the largest, with the empty classes between them filled in so a
+/// chart's axis is continuous. Zero-byte requests never reach an allocator and are left out.
+pub fn size_bins(info: &DeviceSummary) -> Vec<SizeBucket> {
+    let mut out: Vec<SizeBucket> = Vec::new();
+    for b in info.size_histogram.iter().filter(|b| b.min_bytes > 0) {
+        while let Some(last) = out.last().copied() {
+            let next = last.min_bytes.checked_mul(2).filter(|&n| n < b.min_bytes);
+            match next {
+                Some(n) => out.push(SizeBucket {
+                    min_bytes: n,
+                    max_bytes: n.saturating_mul(2) - 1,
+                    count: 0,
+                    bytes: 0,
+                }),
+                None => break,
+            }
+        }
+        out.push(*b);
+    }
+    out
+}
+
+/// Everything a report directory shows.
+#[derive(Clone, Debug)]
+pub struct ReportData {
+    /// The trace.
+    pub trace: TraceSummary,
+    /// The replayed policies, sorted by peak reserved bytes (as `replay` prints them).
+    pub runs: Vec<PolicyRun>,
+    /// Policies of the default set that could not run.
+    pub skipped: Vec<Skipped>,
+    /// The segment map.
+    pub segment_map: SegmentMap,
+    /// Allocation size classes ([`size_bins`]).
+    pub sizes: Vec<SizeBucket>,
+    /// `--capacity`, if given.
+    pub capacity: Option<u64>,
+    /// fragsim's version.
+    pub version: &'static str,
+}
+
+impl ReportData {
+    /// The `bound` policy's peak reserved bytes, if it ran: the floor overheads are measured from.
+    pub fn bound(&self) -> Option<u64> {
+        self.runs
+            .iter()
+            .find(|r| r.output.result.policy == "bound")
+            .map(|r| r.output.result.peak_reserved_bytes)
+    }
+
+    /// The results in report order.
+    pub fn results(&self) -> Vec<crate::replay::PolicyResult> {
+        self.runs.iter().map(|r| r.output.result.clone()).collect()
+    }
+}
+
+/// True for the errors a default report skips a policy for: the policy cannot be built or used
+/// (usage errors such as "not implemented yet"), as opposed to a broken trace or a failed write.
+fn skippable(e: &Error) -> bool {
+    e.kind() == ErrorKind::Usage
+}
+
+fn bar(progress: bool, len: u64, what: &str) -> ProgressBar {
+    if !progress {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len);
+    if let Ok(style) = ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} ({elapsed})") {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_message(what.to_string());
+    bar
+}
+
+/// Runs the plan's replays on `trace` and gathers what the report shows. Skipped policies are
+/// returned in [`ReportData::skipped`]; the caller tells the user.
+pub fn collect(trace: &Trace, plan: &ReportPlan) -> Result<ReportData> {
+    let input = ReplayInput::new(trace, plan.device)?;
+    let options = ReplayOptions {
+        capacity: plan.capacity,
+        keep_series: true,
+        series_budget: PLOT_POINTS,
+        ..ReplayOptions::default()
+    };
+    let progress = bar(plan.progress, plan.policies.len() as u64, "replaying policies");
+    let outcomes: Vec<(String, Result<ReplayOutput>)> = plan
+        .policies
+        .par_iter()
+        .map(|spec| {
+            let out = policy::lookup(&spec.name).and_then(|p| p.run(spec, &input, &options));
+            progress.inc(1);
+            (spec.display(), out)
+        })
+        .collect();
+    progress.finish_and_clear();
+
+    let mut runs = Vec::new();
+    let mut skipped = Vec::new();
+    for (label, outcome) in outcomes {
+        match outcome {
+            Ok(mut output) => {
+                if let Some(series) = &mut output.series {
+                    let points = series.downsampled(PLOT_POINTS);
+                    let mut small = crate::replay::Series::with_budget(PLOT_POINTS);
+                    for p in points {
+                        small.push(p);
+                    }
+                    *series = small;
+                }
+                let index = runs.len();
+                runs.push(PolicyRun { label, index, output });
+            }
+            Err(e) if !plan.explicit && skippable(&e) => {
+                let prefix = format!("policy '{}': ", spec_name(&label));
+                let reason = e.message().strip_prefix(&prefix).unwrap_or(e.message()).to_string();
+                skipped.push(Skipped { label, reason })
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if runs.is_empty() {
+        return Err(Error::usage(format!(
+            "no policy could run on this trace ({})",
+            skipped
+                .iter()
+                .map(|s| format!("{}: {}", s.label, s.reason))
+                .collect::<Vec<_>>()
+                .join("; ")
+        )));
+    }
+    if runs.len() > 1 {
+        runs.sort_by_key(|r| r.output.result.peak_reserved_bytes);
+    }
+    let segment_map = segment_map(&input, &runs, plan, &options)?;
+    let summary = TraceSummary::of(trace, &plan.trace_path, input.device);
+    Ok(ReportData {
+        sizes: size_bins(&summary.info),
+        trace: summary,
+        runs,
+        skipped,
+        segment_map,
+        capacity: plan.capacity,
+        version: env!("CARGO_PKG_VERSION"),
+    })
+}
+
+/// The name part of a policy label (`NAME` of `NAME:OPTIONS`).
+fn spec_name(label: &str) -> &str {
+    label.split(':').next().unwrap_or(label)
+}
+
+/// Picks the segment-map policy and replays it up to its peak.
+fn segment_map(
+    input: &ReplayInput,
+    runs: &[PolicyRun],
+    plan: &ReportPlan,
+    options: &ReplayOptions,
+) -> Result<SegmentMap> {
+    let chosen = match &plan.segment_map_policy {
+        Some(wanted) => {
+            let hit = runs
+                .iter()
+                .find(|r| r.label == *wanted)
+                .or_else(|| runs.iter().find(|r| r.output.result.policy == *wanted));
+            match hit {
+                Some(r) => Some((one_spec(&r.label)?, Some(r.output.detail.peak_reserved_event))),
+                None => Some((one_spec(wanted)?, None)),
+            }
+        }
+        None => runs
+            .iter()
+            .find(|r| r.output.result.policy == "pytorch")
+            .or_else(|| runs.iter().find(|r| !r.output.segments.is_empty()))
+            .map(|r| Ok((one_spec(&r.label)?, Some(r.output.detail.peak_reserved_event))))
+            .transpose()?,
+    };
+    let Some((spec, peak_event)) = chosen else {
+        return Ok(SegmentMap {
+            note: Some(format!(
+                "none of the replayed policies ({}) reports its segments",
+                runs.iter().map(|r| r.label.as_str()).collect::<Vec<_>>().join(", ")
+            )),
+            ..SegmentMap::default()
+        });
+    };
+    let info = policy::lookup(&spec.name)?;
+    // A policy that was not among the replays: run it whole first to find its peak.
+    let peak_event = match peak_event {
+        Some(e) => e,
+        None => {
+            info.run(&spec, input, &ReplayOptions { keep_series: false, ..options.clone() })?
+                .detail
+                .peak_reserved_event
+        }
+    };
+    let at_peak =
+        ReplayOptions { keep_series: false, stop_after: Some(peak_event), ..options.clone() };
+    let out = info.run(&spec, input, &at_peak)?;
+    let mut segments = out.segments;
+    segments.sort_by_key(|s| s.address);
+    let note = segments.is_empty().then(|| {
+        format!(
+            "policy '{}' reports no segments (it does not model them, or held none at its peak)",
+            spec.display()
+        )
+    });
+    Ok(SegmentMap {
+        policy: spec.display(),
+        event: peak_event,
+        time_us: input.events.get(peak_event as usize).map_or(0, |e| e.time_us),
+        segments,
+        note,
+    })
+}
+
+/// Parses exactly one policy spec (`all` is not one).
+fn one_spec(text: &str) -> Result<PolicySpec> {
+    let mut specs = PolicySpec::parse_list(text)?;
+    match specs.len() {
+        1 => Ok(specs.remove(0)),
+        _ => Err(Error::usage(format!("--segment-map-policy takes one policy, not '{text}'"))),
+    }
+}
+
+/// Writes every file of the report into `dir` (created if missing) and returns their paths.
+pub fn write_dir(data: &ReportData, dir: &Path, progress: bool) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let bar = bar(progress, 9, "writing report");
+    let mut files = Vec::new();
+    let steps: [&dyn Fn() -> Result<Vec<PathBuf>>; 8] = [
+        &|| plot::write_timeline(data, dir),
+        &|| plot::write_peaks(data, dir),
+        &|| plot::write_fragmentation(data, dir),
+        &|| plot::write_segments(data, dir),
+        &|| plot::write_sizes(data, dir),
+        &|| write_file(dir, "results.json", |w| super::json::write_report(data, w)),
+        &|| write_file(dir, "results.csv", |w| super::csv::write_results(&data.results(), w)),
+        &|| write_file(dir, "summary.md", |w| super::markdown::write_summary(data, w)),
+    ];
+    for step in steps {
+        files.extend(step()?);
+        bar.inc(1);
+    }
+    files
+        .extend(write_file(dir, "index.html", |w| super::html::write_index(data, &files, dir, w))?);
+    bar.finish_and_clear();
+    Ok(files)
+}
+
+/// Creates `dir/name`, lets `write` fill it, and flushes it.
+fn write_file(
+    dir: &Path,
+    name: &str,
+    write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> Result<()>,
+) -> Result<Vec<PathBuf>> {
+    use std::io::Write;
+    let path = dir.join(name);
+    let file = std::fs::File::create(&path).map_err(|e| Error::io(&path, e))?;
+    let mut w = std::io::BufWriter::new(file);
+    write(&mut w).map_err(|e| e.in_file(&path))?;
+    w.flush().map_err(|e| Error::io(&path, e))?;
+    Ok(vec![path])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::testing::{text_trace, toy_report, training_text};
+
+    /// The report directory for a test: a temp dir, or `$FRAGSIM_REPORT_PREVIEW/NAME` to keep it.
+    fn out_dir(name: &str) -> (Option<tempfile::TempDir>, PathBuf) {
+        match std::env::var_os("FRAGSIM_REPORT_PREVIEW") {
+            Some(d) => (None, PathBuf::from(d).join(name)),
+            None => {
+                let t = tempfile::tempdir().unwrap();
+                let p = t.path().to_path_buf();
+                (Some(t), p)
+            }
+        }
+    }
+
+    /// Width and height from a PNG's IHDR chunk, after checking the signature.
+    fn png_size(path: &Path) -> (u32, u32) {
+        let b = std::fs::read(path).unwrap();
+        assert_eq!(&b[..8], b"\x89PNG\r\n\x1a\n", "{}", path.display());
+        assert_eq!(&b[12..16], b"IHDR");
+        let be = |i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        (be(16), be(20))
+    }
+
+    #[test]
+    fn a_report_with_nine_policies_writes_every_file() {
+        let trace = text_trace(&training_text(4));
+        let data = toy_report(&trace, 8);
+        let (_keep, dir) = out_dir("nine");
+        let files = write_dir(&data, &dir, false).unwrap();
+        let names: Vec<String> =
+            files.iter().map(|f| f.file_name().unwrap().to_string_lossy().into_owned()).collect();
+        for stem in ["timeline", "peaks", "fragmentation", "segments", "sizes"] {
+            assert!(
+                names.contains(&format!("{stem}.png")) && names.contains(&format!("{stem}.svg"))
+            );
+            let (w, h) = png_size(&dir.join(format!("{stem}.png")));
+            assert!(w >= 1200 && (300..4000).contains(&h), "{stem}: {w}x{h}");
+            let svg = std::fs::read_to_string(dir.join(format!("{stem}.svg"))).unwrap();
+            assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"), "{stem}");
+        }
+        // One fragmentation panel and one peak bar per policy make those charts grow with them.
+        assert_eq!(png_size(&dir.join("peaks.png")).1, 170 + 46 * 9);
+        for name in ["results.json", "results.csv", "summary.md", "index.html"] {
+            assert!(names.contains(&name.to_string()), "{name}");
+        }
+        let csv = std::fs::read_to_string(dir.join("results.csv")).unwrap();
+        assert_eq!(csv.lines().count(), 10);
+    }
+
+    #[test]
+    fn the_plotted_series_keeps_every_peak_exactly() {
+        // 40 steps × ~70 events: far more changes than the plotting budget.
+        let trace = text_trace(&training_text(40));
+        assert!(trace.devices[0].events.len() > 2 * PLOT_POINTS);
+        let data = toy_report(&trace, 3);
+        for run in &data.runs {
+            let pts = plot::plotted_points(run);
+            assert!(pts.len() <= PLOT_POINTS + 2, "{}", pts.len());
+            let r = &run.output.result;
+            assert_eq!(pts.iter().map(|p| p.reserved).max(), Some(r.peak_reserved_bytes));
+            assert_eq!(pts.iter().map(|p| p.allocated).max(), Some(r.peak_allocated_bytes));
+            assert_eq!(pts.iter().map(|p| p.requested).max(), Some(r.peak_requested_bytes));
+            // The first moment of the peak is a plotted point, so the marker sits on the line.
+            let d = &run.output.detail;
+            assert!(
+                pts.iter().any(
+                    |p| p.event == d.peak_reserved_event && p.reserved == r.peak_reserved_bytes
+                ),
+                "{}",
+                run.label
+            );
+        }
+    }
+
+    #[test]
+    fn size_classes_are_continuous_and_skip_zero_byte_requests() {
+        let trace = text_trace(
+            "alloc 0x0 1 s0\nalloc 0x10 512 s0\nalloc 0x1000 1023 s0\nalloc 0x2000 1024 s0\n\
+             alloc 0x3000 0 s0\n",
+        );
+        let bins = size_bins(&TraceSummary::of(&trace, "t", 0).info);
+        // Classes 1, 2, 4, ..., 512, 1024: eleven, of which 2..=256 are empty.
+        let mins: Vec<u64> = bins.iter().map(|b| b.min_bytes).collect();
+        assert_eq!(mins, (0..11).map(|k| 1u64 << k).collect::<Vec<_>>());
+        assert_eq!((bins[0].count, bins[0].bytes), (1, 1));
+        assert_eq!((bins[9].count, bins[9].bytes, bins[9].max_bytes), (2, 1535, 1023));
+        assert_eq!((bins[10].count, bins[10].bytes), (1, 1024));
+        assert_eq!(bins[1..9].iter().map(|b| b.count).sum::<u64>(), 0);
+    }
+}

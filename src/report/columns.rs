@@ -1,0 +1,301 @@
+//! Every column a results table can show, defined once: its JSON key, header, unit and how to read
+//! it from a [`PolicyResult`]. The terminal table, the Markdown summary, the HTML page and the CSV
+//! all take their columns from here, so they cannot drift apart (style B12; hyperfine's
+//! hand-synced CSV is the counter-example).
+
+use crate::replay::PolicyResult;
+use crate::units::format_bytes;
+
+/// What a table row is computed from: one result, plus the `bound` policy's peak when it ran.
+#[derive(Clone, Copy, Debug)]
+pub struct Row<'a> {
+    /// The policy's result.
+    pub result: &'a PolicyResult,
+    /// `bound`'s peak reserved bytes, if `bound` was replayed.
+    pub bound: Option<u64>,
+}
+
+/// One cell's value, typed so each format can write it its own way.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Cell {
+    /// Free text (policy name, configuration).
+    Text(String),
+    /// A byte count.
+    Bytes(u64),
+    /// A plain count.
+    Count(u64),
+    /// A fraction in 0..=1, shown as a percentage.
+    Ratio(f64),
+    /// A signed percentage (e.g. overhead over `bound`); `None` when it cannot be computed.
+    Percent(Option<f64>),
+    /// Yes or no.
+    Flag(bool),
+    /// An event index, or none (`first_oom_event`).
+    Event(Option<u64>),
+    /// Seconds.
+    Seconds(f64),
+}
+
+impl Cell {
+    /// The value as `replay --json` writes it (`""` for null), for CSV.
+    pub fn raw(&self) -> String {
+        let float = |x: f64| serde_json::to_string(&x).unwrap_or_else(|_| x.to_string());
+        match self {
+            Cell::Text(s) => s.clone(),
+            Cell::Bytes(n) | Cell::Count(n) => n.to_string(),
+            Cell::Ratio(x) | Cell::Seconds(x) => float(*x),
+            Cell::Percent(p) => p.map(float).unwrap_or_default(),
+            Cell::Flag(b) => b.to_string(),
+            Cell::Event(e) => e.map(|e| e.to_string()).unwrap_or_default(),
+        }
+    }
+
+    /// The value as a person reads it (`12.66 GiB`, `23.4%`, `at event 812`).
+    pub fn human(&self) -> String {
+        match self {
+            Cell::Text(s) => s.clone(),
+            Cell::Bytes(n) => format_bytes(*n),
+            Cell::Count(n) => n.to_string(),
+            Cell::Ratio(x) => format!("{:.1}%", x * 100.0),
+            Cell::Percent(Some(p)) => format!("{p:+.1}%"),
+            Cell::Percent(None) => "-".into(),
+            Cell::Flag(b) => if *b { "yes" } else { "no" }.into(),
+            Cell::Event(Some(e)) => format!("at event {e}"),
+            Cell::Event(None) => "no".into(),
+            Cell::Seconds(s) => format!("{s:.3} s"),
+        }
+    }
+
+    /// True for values that right-align in a table (everything but text).
+    pub fn is_numeric(&self) -> bool {
+        !matches!(self, Cell::Text(_))
+    }
+}
+
+/// One column. See the module docs.
+pub struct Column {
+    /// The JSON key (or, for a derived column, a key-like name that is not in the JSON).
+    pub key: &'static str,
+    /// The short header people read.
+    pub header: &'static str,
+    /// What the value measures, with its unit, for documentation and the HTML page.
+    pub unit: &'static str,
+    /// Reads the value from a row.
+    pub value: fn(&Row) -> Cell,
+}
+
+impl std::fmt::Debug for Column {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Column").field("key", &self.key).finish()
+    }
+}
+
+macro_rules! column {
+    ($name:ident, $key:literal, $header:literal, $unit:literal, $value:expr) => {
+        #[doc = concat!("`", $key, "`: ", $unit, ".")]
+        pub static $name: Column =
+            Column { key: $key, header: $header, unit: $unit, value: $value };
+    };
+}
+
+column!(POLICY, "policy", "policy", "the policy's name", |r| Cell::Text(r.result.policy.clone()));
+column!(CONFIG, "config", "config", "the exact configuration, in the policy's own syntax", |r| {
+    Cell::Text(r.result.config.clone())
+});
+column!(PEAK_RESERVED, "peak_reserved_bytes", "peak reserved", "bytes, peak", |r| {
+    Cell::Bytes(r.result.peak_reserved_bytes)
+});
+column!(PEAK_ALLOCATED, "peak_allocated_bytes", "peak allocated", "bytes, peak", |r| {
+    Cell::Bytes(r.result.peak_allocated_bytes)
+});
+column!(PEAK_REQUESTED, "peak_requested_bytes", "peak requested", "bytes, peak", |r| {
+    Cell::Bytes(r.result.peak_requested_bytes)
+});
+column!(
+    RESERVED_AT_END,
+    "reserved_at_end_bytes",
+    "reserved at end",
+    "bytes, after the last event",
+    |r| { Cell::Bytes(r.result.reserved_at_end_bytes) }
+);
+column!(
+    FRAGMENTATION,
+    "fragmentation_at_peak",
+    "frag@peak",
+    "1 − allocated ÷ reserved when reserved memory peaks",
+    |r| Cell::Ratio(r.result.fragmentation_at_peak)
+);
+column!(
+    DEVICE_MALLOCS,
+    "device_malloc_count",
+    "cudaMalloc",
+    "segment allocations, cumulative",
+    |r| { Cell::Count(r.result.device_malloc_count) }
+);
+column!(DEVICE_FREES, "device_free_count", "cudaFree", "segment releases, cumulative", |r| {
+    Cell::Count(r.result.device_free_count)
+});
+column!(MAPS, "map_count", "maps", "page mappings, cumulative", |r| Cell::Count(
+    r.result.map_count
+));
+column!(UNMAPS, "unmap_count", "unmaps", "page unmappings, cumulative", |r| {
+    Cell::Count(r.result.unmap_count)
+});
+column!(
+    ALLOC_RETRIES,
+    "alloc_retries",
+    "retries",
+    "mallocs that flushed the cache and retried",
+    |r| { Cell::Count(r.result.alloc_retries) }
+);
+column!(OOM, "oom", "oom", "whether a request could not be served under --capacity", |r| {
+    Cell::Flag(r.result.oom)
+});
+column!(
+    FIRST_OOM,
+    "first_oom_event",
+    "oom",
+    "index of the first event that could not be served",
+    |r| { Cell::Event(r.result.first_oom_event) }
+);
+column!(REPLAY_SECONDS, "replay_seconds", "replay time", "wall-clock seconds of the replay", |r| {
+    Cell::Seconds(r.result.replay_seconds)
+});
+column!(
+    MALLOCS,
+    "mallocs",
+    "mallocs",
+    "segment allocations plus page mappings (device_malloc_count + map_count)",
+    |r| Cell::Count(r.result.device_malloc_count + r.result.map_count)
+);
+column!(
+    FREES,
+    "frees",
+    "frees",
+    "segment releases plus page unmappings (device_free_count + unmap_count)",
+    |r| Cell::Count(r.result.device_free_count + r.result.unmap_count)
+);
+column!(
+    OVER_BOUND,
+    "over_bound",
+    "over bound",
+    "peak reserved over the bound policy's peak, in percent",
+    |r| Cell::Percent(over_bound(r.result.peak_reserved_bytes, r.bound))
+);
+
+/// Every key of a [`PolicyResult`], in the order `replay --json` writes them: the CSV columns.
+pub static RESULT: [&Column; 15] = [
+    &POLICY,
+    &CONFIG,
+    &PEAK_RESERVED,
+    &PEAK_ALLOCATED,
+    &PEAK_REQUESTED,
+    &RESERVED_AT_END,
+    &FRAGMENTATION,
+    &DEVICE_MALLOCS,
+    &DEVICE_FREES,
+    &MAPS,
+    &UNMAPS,
+    &ALLOC_RETRIES,
+    &OOM,
+    &FIRST_OOM,
+    &REPLAY_SECONDS,
+];
+
+/// The columns a person reads first: the terminal table, Markdown and HTML summaries.
+pub static SUMMARY: [&Column; 9] = [
+    &POLICY,
+    &PEAK_RESERVED,
+    &PEAK_ALLOCATED,
+    &PEAK_REQUESTED,
+    &FRAGMENTATION,
+    &MALLOCS,
+    &FREES,
+    &OVER_BOUND,
+    &FIRST_OOM,
+];
+
+/// `peak` over `bound` in percent (`None` without a positive bound).
+pub fn over_bound(peak: u64, bound: Option<u64>) -> Option<f64> {
+    match bound {
+        Some(b) if b > 0 => Some((peak as f64 / b as f64 - 1.0) * 100.0),
+        _ => None,
+    }
+}
+
+/// `bound`'s peak among `results`, if it ran.
+pub fn bound_of(results: &[PolicyResult]) -> Option<u64> {
+    results.iter().find(|r| r.policy == "bound").map(|r| r.peak_reserved_bytes)
+}
+
+/// The cells of `columns` for each result, in order.
+pub fn cells(results: &[PolicyResult], columns: &[&Column]) -> Vec<Vec<Cell>> {
+    let bound = bound_of(results);
+    results
+        .iter()
+        .map(|result| {
+            let row = Row { result, bound };
+            columns.iter().map(|c| (c.value)(&row)).collect()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn result_columns_are_the_json_keys_in_order() {
+        let json = serde_json::to_string(&PolicyResult::default()).unwrap();
+        // Keys in the serialised order: each `"key":` in turn.
+        let keys: Vec<&str> =
+            json.split('"').enumerate().filter(|(i, _)| i % 2 == 1).map(|(_, s)| s).collect();
+        let keys: Vec<&str> = keys.into_iter().filter(|k| !k.is_empty()).collect();
+        let ours: Vec<&str> = RESULT.iter().map(|c| c.key).collect();
+        assert_eq!(ours, keys);
+    }
+
+    #[test]
+    fn cells_format_for_people_and_for_machines() {
+        let r = PolicyResult {
+            policy: "buddy".into(),
+            peak_reserved_bytes: 3 << 30,
+            fragmentation_at_peak: 0.25,
+            device_malloc_count: 4,
+            map_count: 6,
+            first_oom_event: Some(812),
+            ..Default::default()
+        };
+        let b = PolicyResult {
+            policy: "bound".into(),
+            peak_reserved_bytes: 2 << 30,
+            ..Default::default()
+        };
+        let rows = cells(&[r, b], &SUMMARY);
+        let human: Vec<String> = rows[0].iter().map(Cell::human).collect();
+        assert_eq!(
+            human,
+            [
+                "buddy",
+                "3.00 GiB",
+                "0 bytes",
+                "0 bytes",
+                "25.0%",
+                "10",
+                "0",
+                "+50.0%",
+                "at event 812"
+            ]
+        );
+        assert_eq!(rows[1][7].human(), "+0.0%");
+        let raw: Vec<String> = cells(&[rows_result()], &RESULT)[0].iter().map(Cell::raw).collect();
+        assert_eq!(raw[6], "0.5");
+        assert_eq!(raw[13], "");
+        assert_eq!(raw[12], "false");
+        assert_eq!(over_bound(10, None), None);
+    }
+
+    fn rows_result() -> PolicyResult {
+        PolicyResult { fragmentation_at_peak: 0.5, ..Default::default() }
+    }
+}

@@ -1,0 +1,57 @@
+//! `summary.md`: the results table in Markdown (the [`columns::SUMMARY`](super::columns::SUMMARY)
+//! columns), each policy's exact configuration, and the trace it was measured on.
+
+use super::bundle::ReportData;
+use super::columns::{self, Cell};
+use crate::error::{Error, ErrorKind, Result};
+use std::io::Write;
+
+/// Escapes text for a Markdown table cell.
+fn cell(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('|', "\\|").replace('\n', " ")
+}
+
+/// Writes the summary of `data` as Markdown.
+pub fn write_summary(data: &ReportData, out: &mut impl Write) -> Result<()> {
+    let io = |e: std::io::Error| Error::new(ErrorKind::Io, format!("writing Markdown: {e}"));
+    let t = &data.trace;
+    let mut s = String::new();
+    s += &format!("# fragsim report: {}\n\n", cell(&t.file_name()));
+    s += &format!(
+        "Trace `{}` ({}), device {}, {} events, time span {}. fragsim {}.\n\n",
+        t.path,
+        t.format,
+        t.device,
+        t.events,
+        t.span_text(),
+        data.version
+    );
+    let results = data.results();
+    let header: Vec<&str> = columns::SUMMARY.iter().map(|c| c.header).collect();
+    s += &format!("| {} |\n", header.join(" | "));
+    let align: Vec<&str> = columns::SUMMARY
+        .iter()
+        .enumerate()
+        .map(|(i, _)| if i == 0 { ":--" } else { "--:" })
+        .collect();
+    s += &format!("| {} |\n", align.join(" | "));
+    for (run, row) in data.runs.iter().zip(columns::cells(&results, &columns::SUMMARY)) {
+        let mut cells: Vec<String> = row.iter().map(|c| cell(&Cell::human(c))).collect();
+        if let Some(first) = cells.first_mut() {
+            *first = cell(&run.label);
+        }
+        s += &format!("| {} |\n", cells.join(" | "));
+    }
+    s += "\nPeak reserved is the most device memory the policy held; `over bound` is its overhead \
+          over `bound`, the peak of live requested bytes that no allocator can go below.\n\n";
+    s += "## Configurations\n\n";
+    for run in &data.runs {
+        let config = &run.output.result.config;
+        let config = if config.is_empty() { "(no options)" } else { config.as_str() };
+        s += &format!("- `{}`: `{}`\n", run.label, config.replace('`', "'"));
+    }
+    for skip in &data.skipped {
+        s += &format!("- `{}`: skipped ({})\n", skip.label, skip.reason.replace('`', "'"));
+    }
+    out.write_all(s.as_bytes()).map_err(io)
+}

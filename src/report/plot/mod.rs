@@ -1,0 +1,57 @@
+//! The report's charts, one file each, every one written as PNG and SVG through
+//! [`style::write_chart`]. Colours, markers, fonts and shared drawing helpers live in [`style`],
+//! so no chart copies another's plotting code (style B12).
+
+pub mod fragmentation;
+pub mod peaks;
+pub mod segments;
+pub mod sizes;
+pub mod style;
+pub mod timeline;
+
+use super::bundle::{PolicyRun, ReportData, TraceSummary, PLOT_POINTS};
+use crate::error::Result;
+use crate::replay::Point;
+use std::path::{Path, PathBuf};
+
+/// The points of `run`'s series that a chart draws: at most [`PLOT_POINTS`], every peak kept
+/// (see [`crate::replay::series::downsample`]).
+pub fn plotted_points(run: &PolicyRun) -> Vec<Point> {
+    run.output.series.as_ref().map(|s| s.downsampled(PLOT_POINTS)).unwrap_or_default()
+}
+
+/// `(x, f(point))` for each point, x as [`TraceSummary::x_of`] places it.
+pub fn xy(trace: &TraceSummary, points: &[Point], f: impl Fn(&Point) -> f64) -> Vec<(f64, f64)> {
+    points.iter().map(|p| (trace.x_of(p.time_us, p.event), f(p))).collect()
+}
+
+/// The x range every time chart shares: from the first event to the last (never empty).
+pub fn x_range(trace: &TraceSummary) -> std::ops::Range<f64> {
+    let end = trace.x_end();
+    0.0..if end > 0.0 { end } else { 1.0 }
+}
+
+/// Writes `timeline.png` and `timeline.svg`.
+pub fn write_timeline(data: &ReportData, dir: &Path) -> Result<Vec<PathBuf>> {
+    style::write_chart(&timeline::Timeline { data }, dir, "timeline")
+}
+
+/// Writes `peaks.png` and `peaks.svg`.
+pub fn write_peaks(data: &ReportData, dir: &Path) -> Result<Vec<PathBuf>> {
+    style::write_chart(&peaks::Peaks { data }, dir, "peaks")
+}
+
+/// Writes `fragmentation.png` and `fragmentation.svg`.
+pub fn write_fragmentation(data: &ReportData, dir: &Path) -> Result<Vec<PathBuf>> {
+    style::write_chart(&fragmentation::Fragmentation { data }, dir, "fragmentation")
+}
+
+/// Writes `segments.png` and `segments.svg`.
+pub fn write_segments(data: &ReportData, dir: &Path) -> Result<Vec<PathBuf>> {
+    style::write_chart(&segments::SegmentChart::new(data), dir, "segments")
+}
+
+/// Writes `sizes.png` and `sizes.svg`.
+pub fn write_sizes(data: &ReportData, dir: &Path) -> Result<Vec<PathBuf>> {
+    style::write_chart(&sizes::Sizes { data }, dir, "sizes")
+}

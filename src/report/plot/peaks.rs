@@ -1,0 +1,195 @@
+//! `peaks.*`: peak reserved memory by policy as horizontal bars, lowest first, each split at the
+//! moment of its peak into requested bytes, rounding (allocated − requested) and cached-but-free
+//! bytes (reserved − allocated), with the overhead over `bound` written beside it.
+//!
+//! The three parts use fills of clearly different lightness (dark, mid, light), so the split reads
+//! in greyscale; the legend is a row above the plot.
+
+use super::style::{self, *};
+use crate::report::bundle::{PolicyRun, ReportData};
+use crate::report::columns::over_bound;
+use crate::units::format_bytes;
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, VPos};
+
+/// The chart; see the module docs.
+pub struct Peaks<'a> {
+    /// What to draw.
+    pub data: &'a ReportData,
+}
+
+const ROW: u32 = 46;
+
+/// The three parts of a policy's peak, in bytes: requested, rounding, cached free.
+pub fn split(run: &PolicyRun) -> (u64, u64, u64) {
+    let peak = run.output.result.peak_reserved_bytes;
+    let d = &run.output.detail;
+    let requested = d.requested_at_peak_bytes.min(peak);
+    let allocated = d.allocated_at_peak_bytes.clamp(requested, peak);
+    (requested, allocated - requested, peak - allocated)
+}
+
+impl Chart for Peaks<'_> {
+    fn size(&self) -> (u32, u32) {
+        (1300, 170 + ROW * self.data.runs.len().max(1) as u32)
+    }
+
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> ChartResult {
+        let data = self.data;
+        let (w, _) = self.size();
+        let title = format!(
+            "Peak reserved memory by policy: {} (device {})",
+            truncate(&data.trace.file_name(), 60),
+            data.trace.device
+        );
+        root.draw(&Text::new(
+            title,
+            (w as i32 / 2, 12),
+            anchored(bold(TITLE), HPos::Center, VPos::Top),
+        ))
+        .or_draw_error()?;
+        style::draw_legend_row(
+            root,
+            (90, 58),
+            &[
+                LegendEntry {
+                    sample: Sample::Swatch(REQUESTED),
+                    label: "requested (live at the peak)".into(),
+                },
+                LegendEntry {
+                    sample: Sample::Swatch(ROUNDING),
+                    label: "rounding (allocated − requested)".into(),
+                },
+                LegendEntry {
+                    sample: Sample::Swatch(CACHED),
+                    label: "reserved but free (reserved − allocated)".into(),
+                },
+            ],
+        )?;
+
+        let labels: Vec<String> = data.runs.iter().map(|r| truncate(&r.label, 30)).collect();
+        let label_w =
+            labels.iter().map(|l| text_width(l, LABEL)).max().unwrap_or(60).clamp(60, 300) + 16;
+        let peak = data.runs.iter().map(|r| r.output.result.peak_reserved_bytes).max().unwrap_or(0);
+        let scale = ByteScale::for_max(peak);
+        // Room right of the longest bar for its value and overhead.
+        let x_max = (scale.of(peak) * 1.38).max(1e-9);
+        let n = data.runs.len().max(1);
+        let mut chart = ChartBuilder::on(root)
+            .margin_top(84)
+            .margin_left(12)
+            .margin_right(24)
+            .margin_bottom(8)
+            .x_label_area_size(52)
+            .y_label_area_size(label_w)
+            .build_cartesian_2d(0.0..x_max, 0.0..n as f64)
+            .or_draw_error()?;
+        chart
+            .configure_mesh()
+            .disable_y_mesh()
+            .disable_y_axis()
+            .x_desc(format!("peak reserved memory ({})", scale.unit))
+            .x_label_formatter(&|v| tick(*v))
+            .axis_desc_style(text(LABEL))
+            .label_style(text(TICK))
+            .light_line_style(WHITE)
+            .bold_line_style(GRID)
+            .axis_style(INK)
+            .draw()
+            .or_draw_error()?;
+
+        let bound = data.bound();
+        for (i, run) in data.runs.iter().enumerate() {
+            // Lowest peak on top.
+            let y0 = (n - 1 - i) as f64 + 0.18;
+            let y1 = y0 + 0.64;
+            let (req, round, cached) = split(run);
+            let mut x = 0.0;
+            for (bytes, color) in [(req, REQUESTED), (round, ROUNDING), (cached, CACHED)] {
+                let x1 = x + scale.of(bytes);
+                if bytes > 0 {
+                    chart
+                        .draw_series(std::iter::once(Rectangle::new(
+                            [(x, y0), (x1, y1)],
+                            color.filled(),
+                        )))
+                        .or_draw_error()?;
+                }
+                x = x1;
+            }
+            chart
+                .draw_series(std::iter::once(Rectangle::new(
+                    [(0.0, y0), (x, y1)],
+                    INK.stroke_width(1),
+                )))
+                .or_draw_error()?;
+            let peak = run.output.result.peak_reserved_bytes;
+            let mut value = format_bytes(peak);
+            if run.output.result.policy != "bound" {
+                if let Some(p) = over_bound(peak, bound) {
+                    value = format!("{value}  ({p:+.1}% over bound)");
+                }
+            } else {
+                value = format!("{value}  (the floor)");
+            }
+            if run.output.result.oom {
+                value = format!("{value}  OOM");
+            }
+            let at = chart.backend_coord(&(x, (y0 + y1) / 2.0));
+            root.draw(&Text::new(
+                value,
+                (at.0 + 8, at.1),
+                anchored(text(SMALL), HPos::Left, VPos::Center),
+            ))
+            .or_draw_error()?;
+            let name_at = chart.backend_coord(&(0.0, (y0 + y1) / 2.0));
+            root.draw(&Text::new(
+                labels[i].clone(),
+                (name_at.0 - 10, name_at.1),
+                anchored(text(LABEL), HPos::Right, VPos::Center),
+            ))
+            .or_draw_error()?;
+        }
+        if let Some(b) = bound {
+            // The floor as a vertical line through every bar.
+            let x = scale.of(b);
+            let top = chart.backend_coord(&(x, n as f64));
+            let bottom = chart.backend_coord(&(x, 0.0));
+            let mut y = top.1;
+            while y < bottom.1 {
+                root.draw(&PathElement::new(
+                    vec![(top.0, y), (top.0, (y + 5).min(bottom.1))],
+                    INK.stroke_width(1),
+                ))
+                .or_draw_error()?;
+                y += 9;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replay::{PeakDetail, PolicyResult, ReplayOutput};
+
+    #[test]
+    fn the_parts_add_up_to_the_peak() {
+        let run = PolicyRun {
+            label: "p".into(),
+            index: 0,
+            output: ReplayOutput {
+                result: PolicyResult { peak_reserved_bytes: 100, ..Default::default() },
+                detail: PeakDetail {
+                    allocated_at_peak_bytes: 70,
+                    requested_at_peak_bytes: 60,
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        };
+        assert_eq!(split(&run), (60, 10, 30));
+    }
+}

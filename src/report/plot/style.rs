@@ -1,0 +1,576 @@
+//! The look every chart shares: the embedded font, colours, markers, line styles, byte and time
+//! scales, the legend, label placement, and the one function that renders a chart as PNG and SVG.
+//!
+//! Charts must read when printed in greyscale, so each policy gets a colour from a colour-blind
+//! safe palette (Okabe–Ito, extended) *and* its own marker shape; block states use fills of clearly
+//! different lightness. Text uses DejaVu Sans from the `dejavu` crate, registered with plotters'
+//! `ab_glyph` backend once per process, so no system font is needed (`rust-deps.md` §2).
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::units::{GIB, MIB};
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+use std::path::{Path, PathBuf};
+use std::sync::Once;
+
+/// The font family every chart uses (registered by [`ensure_font`]).
+pub const FONT: &str = "sans-serif";
+
+/// The outcome of drawing: plotters' errors carried as text (they are generic over the backend).
+pub type ChartResult<T = ()> = std::result::Result<T, String>;
+
+/// Turns any displayable drawing error into the text of a [`ChartResult`].
+pub trait OrDrawError<T> {
+    /// The value, or the error's text.
+    fn or_draw_error(self) -> ChartResult<T>;
+}
+
+impl<T, E: std::fmt::Display> OrDrawError<T> for std::result::Result<T, E> {
+    fn or_draw_error(self) -> ChartResult<T> {
+        self.map_err(|e| e.to_string())
+    }
+}
+
+/// Registers DejaVu Sans (regular and bold) as [`FONT`]; later calls do nothing.
+pub fn ensure_font() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // The bytes are a font compiled into the binary: registration cannot fail on them, and if
+        // it did, drawing text would return `FontUnavailable`, which surfaces as a report error.
+        let _ = plotters::style::register_font(FONT, FontStyle::Normal, dejavu::sans::regular());
+        let _ = plotters::style::register_font(FONT, FontStyle::Bold, dejavu::sans::bold());
+    });
+}
+
+/// A chart that can draw itself on any plotters backend.
+pub trait Chart {
+    /// Width and height in pixels.
+    fn size(&self) -> (u32, u32);
+    /// Draws the whole chart on `root` (already filled white).
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> ChartResult;
+}
+
+/// Renders `chart` as `DIR/STEM.png` and `DIR/STEM.svg` and returns both paths.
+pub fn write_chart(chart: &impl Chart, dir: &Path, stem: &str) -> Result<Vec<PathBuf>> {
+    ensure_font();
+    let size = chart.size();
+    let png = dir.join(format!("{stem}.png"));
+    let svg = dir.join(format!("{stem}.svg"));
+    let fail = |path: &Path, e: String| {
+        Error::new(ErrorKind::Io, format!("drawing chart: {e}")).in_file(path)
+    };
+    {
+        let root = BitMapBackend::new(&png, size).into_drawing_area();
+        root.fill(&WHITE).or_draw_error().map_err(|e| fail(&png, e))?;
+        chart.draw(&root).map_err(|e| fail(&png, e))?;
+        root.present().or_draw_error().map_err(|e| fail(&png, e))?;
+    }
+    {
+        let root = SVGBackend::new(&svg, size).into_drawing_area();
+        root.fill(&WHITE).or_draw_error().map_err(|e| fail(&svg, e))?;
+        chart.draw(&root).map_err(|e| fail(&svg, e))?;
+        root.present().or_draw_error().map_err(|e| fail(&svg, e))?;
+    }
+    Ok(vec![png, svg])
+}
+
+/// Text of `size` pixels in [`FONT`], dark grey.
+pub fn text(size: u32) -> TextStyle<'static> {
+    (FONT, size).into_font().color(&INK)
+}
+
+/// Bold text of `size` pixels.
+pub fn bold(size: u32) -> TextStyle<'static> {
+    (FONT, size).into_font().style(FontStyle::Bold).color(&INK)
+}
+
+/// Text anchored at `h`/`v` of its box.
+pub fn anchored(style: TextStyle<'static>, h: HPos, v: VPos) -> TextStyle<'static> {
+    style.pos(Pos::new(h, v))
+}
+
+/// Title size in pixels.
+pub const TITLE: u32 = 22;
+/// Axis description and legend size.
+pub const LABEL: u32 = 16;
+/// Tick label size.
+pub const TICK: u32 = 14;
+/// Small annotation size.
+pub const SMALL: u32 = 13;
+
+/// Near-black for text and axes.
+pub const INK: RGBColor = RGBColor(34, 34, 34);
+/// Grid lines.
+pub const GRID: RGBColor = RGBColor(230, 230, 230);
+/// The live-requested floor (filled).
+pub const FLOOR_FILL: RGBColor = RGBColor(214, 214, 214);
+/// The floor's outline.
+pub const FLOOR_LINE: RGBColor = RGBColor(120, 120, 120);
+
+/// Bytes the program asked for (dark: reads as black in greyscale).
+pub const REQUESTED: RGBColor = RGBColor(31, 60, 110);
+/// Bytes lost to the policy's rounding (mid lightness).
+pub const ROUNDING: RGBColor = RGBColor(213, 120, 0);
+/// Bytes held in cached free blocks (light).
+pub const CACHED: RGBColor = RGBColor(176, 212, 236);
+
+/// One policy's colour, by its position in the report (Okabe–Ito order, extended).
+pub fn policy_color(i: usize) -> RGBColor {
+    const PALETTE: [RGBColor; 10] = [
+        RGBColor(0, 114, 178),   // blue
+        RGBColor(213, 94, 0),    // vermillion
+        RGBColor(0, 158, 115),   // bluish green
+        RGBColor(204, 121, 167), // reddish purple
+        RGBColor(34, 34, 34),    // black
+        RGBColor(230, 159, 0),   // orange
+        RGBColor(86, 180, 233),  // sky blue
+        RGBColor(136, 34, 85),   // wine
+        RGBColor(153, 153, 51),  // olive
+        RGBColor(119, 119, 119), // grey
+    ];
+    PALETTE[i % PALETTE.len()]
+}
+
+/// A marker shape; each policy gets its own, so lines stay apart in greyscale.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Marker {
+    /// Filled circle.
+    Circle,
+    /// Filled square.
+    Square,
+    /// Filled upward triangle.
+    Triangle,
+    /// Filled diamond.
+    Diamond,
+    /// An × cross.
+    Cross,
+    /// Open circle.
+    OpenCircle,
+    /// Open square.
+    OpenSquare,
+    /// Filled downward triangle.
+    TriangleDown,
+    /// A + plus.
+    Plus,
+    /// Open diamond.
+    OpenDiamond,
+}
+
+/// One policy's marker, by its position in the report.
+pub fn policy_marker(i: usize) -> Marker {
+    const MARKERS: [Marker; 10] = [
+        Marker::Circle,
+        Marker::Square,
+        Marker::Triangle,
+        Marker::Diamond,
+        Marker::Cross,
+        Marker::OpenCircle,
+        Marker::OpenSquare,
+        Marker::TriangleDown,
+        Marker::Plus,
+        Marker::OpenDiamond,
+    ];
+    // Offset by the palette's period so colour/marker pairs repeat only after 10 × 11 policies.
+    MARKERS[(i + i / 10) % MARKERS.len()]
+}
+
+/// Draws `marker` centred at pixel `(x, y)` with half-size `r`.
+pub fn draw_marker<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    marker: Marker,
+    (x, y): (i32, i32),
+    r: i32,
+    color: RGBColor,
+) -> ChartResult {
+    let fill = color.filled();
+    let line = color.stroke_width(2);
+    let white = WHITE.filled();
+    match marker {
+        Marker::Circle => area.draw(&Circle::new((x, y), r, fill)),
+        Marker::OpenCircle => {
+            area.draw(&Circle::new((x, y), r, white)).or_draw_error()?;
+            area.draw(&Circle::new((x, y), r, line))
+        }
+        Marker::Square => area.draw(&Rectangle::new([(x - r, y - r), (x + r, y + r)], fill)),
+        Marker::OpenSquare => {
+            area.draw(&Rectangle::new([(x - r, y - r), (x + r, y + r)], white)).or_draw_error()?;
+            area.draw(&Rectangle::new([(x - r, y - r), (x + r, y + r)], line))
+        }
+        Marker::Triangle => area.draw(&Polygon::new(
+            vec![(x, y - r - 1), (x - r - 1, y + r), (x + r + 1, y + r)],
+            fill,
+        )),
+        Marker::TriangleDown => area.draw(&Polygon::new(
+            vec![(x, y + r + 1), (x - r - 1, y - r), (x + r + 1, y - r)],
+            fill,
+        )),
+        Marker::Diamond => area.draw(&Polygon::new(
+            vec![(x, y - r - 1), (x + r + 1, y), (x, y + r + 1), (x - r - 1, y)],
+            fill,
+        )),
+        Marker::OpenDiamond => {
+            let pts = vec![(x, y - r - 1), (x + r + 1, y), (x, y + r + 1), (x - r - 1, y)];
+            area.draw(&Polygon::new(pts.clone(), white)).or_draw_error()?;
+            let mut closed = pts;
+            closed.push((x, y - r - 1));
+            area.draw(&PathElement::new(closed, line))
+        }
+        Marker::Cross => {
+            area.draw(&PathElement::new(vec![(x - r, y - r), (x + r, y + r)], line))
+                .or_draw_error()?;
+            area.draw(&PathElement::new(vec![(x - r, y + r), (x + r, y - r)], line))
+        }
+        Marker::Plus => {
+            area.draw(&PathElement::new(vec![(x - r - 1, y), (x + r + 1, y)], line))
+                .or_draw_error()?;
+            area.draw(&PathElement::new(vec![(x, y - r - 1), (x, y + r + 1)], line))
+        }
+    }
+    .or_draw_error()
+}
+
+/// How a legend entry's sample is drawn.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Sample {
+    /// A solid line of the colour, with an optional marker in its middle.
+    Line(RGBColor, Option<Marker>),
+    /// A dashed line of the colour.
+    Dashed(RGBColor),
+    /// A filled box of the colour.
+    Swatch(RGBColor),
+    /// No sample: a heading.
+    Heading,
+}
+
+/// One line of a legend.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LegendEntry {
+    /// What the entry looks like.
+    pub sample: Sample,
+    /// Its text.
+    pub label: String,
+}
+
+/// Height of one legend line in pixels.
+pub const LEGEND_LINE: i32 = 24;
+
+/// Draws `entries` one per line from pixel `(x, y)` (top left) on `area`.
+pub fn draw_legend<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    (x, y): (i32, i32),
+    entries: &[LegendEntry],
+) -> ChartResult {
+    for (i, e) in entries.iter().enumerate() {
+        let cy = y + i as i32 * LEGEND_LINE + LEGEND_LINE / 2;
+        let text_x = draw_sample(area, e.sample, (x, cy))?;
+        let style = if e.sample == Sample::Heading { bold(LABEL) } else { text(LABEL) };
+        area.draw(&Text::new(
+            e.label.clone(),
+            (text_x, cy),
+            anchored(style, HPos::Left, VPos::Center),
+        ))
+        .or_draw_error()?;
+    }
+    Ok(())
+}
+
+/// Draws entries side by side in one row starting at `(x, cy)` (vertical centre).
+pub fn draw_legend_row<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    (x, cy): (i32, i32),
+    entries: &[LegendEntry],
+) -> ChartResult {
+    let mut x = x;
+    for e in entries {
+        let text_x = draw_sample(area, e.sample, (x, cy))?;
+        let style = anchored(text(LABEL), HPos::Left, VPos::Center);
+        area.draw(&Text::new(e.label.clone(), (text_x, cy), style)).or_draw_error()?;
+        x = text_x + text_width(&e.label, LABEL) + 28;
+    }
+    Ok(())
+}
+
+/// Draws one legend sample at `(x, cy)` and returns where its text starts.
+fn draw_sample<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    sample: Sample,
+    (x, cy): (i32, i32),
+) -> ChartResult<i32> {
+    match sample {
+        Sample::Heading => return Ok(x),
+        Sample::Line(c, marker) => {
+            area.draw(&PathElement::new(vec![(x, cy), (x + 36, cy)], c.stroke_width(2)))
+                .or_draw_error()?;
+            if let Some(m) = marker {
+                draw_marker(area, m, (x + 18, cy), 5, c)?;
+            }
+        }
+        Sample::Dashed(c) => {
+            for k in 0..3 {
+                let x0 = x + k * 14;
+                area.draw(&PathElement::new(vec![(x0, cy), (x0 + 8, cy)], c.stroke_width(2)))
+                    .or_draw_error()?;
+            }
+        }
+        Sample::Swatch(c) => {
+            area.draw(&Rectangle::new([(x + 6, cy - 8), (x + 30, cy + 8)], c.filled()))
+                .or_draw_error()?;
+            area.draw(&Rectangle::new([(x + 6, cy - 8), (x + 30, cy + 8)], INK.stroke_width(1)))
+                .or_draw_error()?;
+        }
+    }
+    Ok(x + 46)
+}
+
+/// An estimate of `s`'s width in pixels at `size` (DejaVu Sans averages ~0.58 em per character).
+/// Used for layout before drawing; it errs on the wide side.
+pub fn text_width(s: &str, size: u32) -> i32 {
+    (s.chars().count() as f64 * size as f64 * 0.60).ceil() as i32
+}
+
+/// `s`, shortened to at most `max` characters with a trailing ellipsis.
+pub fn truncate(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        s.to_string()
+    } else {
+        let mut out: String = s.chars().take(max.saturating_sub(1)).collect();
+        out.push('…');
+        out
+    }
+}
+
+/// Chooses vertical positions for labels that want to sit at `wanted` (pixel y of each label's
+/// centre), so that no two are closer than `gap`, all stay within `lo..=hi`, and each moves as
+/// little as the others allow. Returns positions in the input order.
+pub fn spread_labels(wanted: &[i32], gap: i32, lo: i32, hi: i32) -> Vec<i32> {
+    let mut order: Vec<usize> = (0..wanted.len()).collect();
+    order.sort_by_key(|&i| (wanted[i], i));
+    let mut placed: Vec<i32> = order.iter().map(|&i| wanted[i].clamp(lo, hi)).collect();
+    // Push down from the top, then pull up from the bottom if the stack overflows.
+    for k in 1..placed.len() {
+        placed[k] = placed[k].max(placed[k - 1] + gap);
+    }
+    if let Some(last) = placed.last_mut() {
+        if *last > hi {
+            *last = hi;
+        }
+    }
+    for k in (0..placed.len().saturating_sub(1)).rev() {
+        placed[k] = placed[k].min(placed[k + 1] - gap);
+    }
+    let mut out = vec![0; wanted.len()];
+    for (k, &i) in order.iter().enumerate() {
+        out[i] = placed[k];
+    }
+    out
+}
+
+/// Like [`spread_labels`] for labels that also have a horizontal extent `x0..x1`: only labels
+/// whose extents overlap (directly or through a chain of others) are spread against each other,
+/// so labels far apart in x keep their wanted heights.
+pub fn spread_label_boxes(boxes: &[(i32, i32, i32)], gap: i32, lo: i32, hi: i32) -> Vec<i32> {
+    let mut order: Vec<usize> = (0..boxes.len()).collect();
+    order.sort_by_key(|&i| (boxes[i].0, i));
+    let mut out: Vec<i32> = boxes.iter().map(|b| b.2).collect();
+    let mut group: Vec<usize> = Vec::new();
+    let mut group_end = i32::MIN;
+    let flush = |group: &mut Vec<usize>, out: &mut Vec<i32>| {
+        let wanted: Vec<i32> = group.iter().map(|&i| boxes[i].2).collect();
+        for (&i, y) in group.iter().zip(spread_labels(&wanted, gap, lo, hi)) {
+            out[i] = y;
+        }
+        group.clear();
+    };
+    for i in order {
+        let (x0, x1, _) = boxes[i];
+        if !group.is_empty() && x0 > group_end {
+            flush(&mut group, &mut out);
+            group_end = i32::MIN;
+        }
+        group.push(i);
+        group_end = group_end.max(x1);
+    }
+    flush(&mut group, &mut out);
+    out
+}
+
+/// A byte unit chosen so axis numbers stay short (GiB, MiB, KiB or bytes).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ByteScale {
+    /// Bytes per unit.
+    pub divisor: f64,
+    /// The unit's name, e.g. `GiB`.
+    pub unit: &'static str,
+}
+
+impl ByteScale {
+    /// The largest unit in which `max_bytes` is at least 1.
+    pub fn for_max(max_bytes: u64) -> ByteScale {
+        let (divisor, unit) = if max_bytes >= GIB {
+            (GIB as f64, "GiB")
+        } else if max_bytes >= MIB {
+            (MIB as f64, "MiB")
+        } else if max_bytes >= 1024 {
+            (1024.0, "KiB")
+        } else {
+            (1.0, "bytes")
+        };
+        ByteScale { divisor, unit }
+    }
+
+    /// `bytes` in this unit.
+    pub fn of(&self, bytes: u64) -> f64 {
+        bytes as f64 / self.divisor
+    }
+}
+
+/// A tick label with as few decimals as the axis needs.
+pub fn tick(v: f64) -> String {
+    if v == 0.0 {
+        "0".into()
+    } else if v.abs() >= 100.0 || (v - v.round()).abs() < 1e-9 {
+        format!("{v:.0}")
+    } else if v.abs() >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        let s = format!("{v:.2}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    }
+}
+
+/// Splits a step function (value holds from each point to the next) at `x` boundaries into dash
+/// pieces `[k·period, k·period + dash]`, so a dashed line costs one path per dash however jagged the
+/// data is (a dash laid along the path's length would cost one element per zig-zag in SVG).
+pub fn dash_by_x(path: &[(f64, f64)], period: f64, dash: f64) -> Vec<Vec<(f64, f64)>> {
+    let mut out = Vec::new();
+    let (Some(first), Some(last)) = (path.first(), path.last()) else { return out };
+    if period.is_nan() || dash.is_nan() || period <= 0.0 || dash <= 0.0 {
+        return vec![path.to_vec()];
+    }
+    let (x_start, x_end) = (first.0, last.0);
+    let mut k = (x_start / period).floor();
+    let mut i = 0usize; // index of the first path vertex with x >= the current dash start
+    while k * period <= x_end {
+        let (a, b) = ((k * period).max(x_start), (k * period + dash).min(x_end));
+        k += 1.0;
+        if b <= a {
+            continue;
+        }
+        while i < path.len() && path[i].0 < a {
+            i += 1;
+        }
+        let mut piece = vec![(a, value_before(path, i, a))];
+        let mut j = i;
+        while j < path.len() && path[j].0 <= b {
+            piece.push(path[j]);
+            j += 1;
+        }
+        piece.push((b, value_before(path, j, b)));
+        out.push(piece);
+    }
+    out
+}
+
+/// The y of the path at `x`, where `i` is the first vertex at or after `x` (linear between
+/// vertices; a step path has vertical segments, where the earlier value is taken).
+fn value_before(path: &[(f64, f64)], i: usize, x: f64) -> f64 {
+    match (i.checked_sub(1).and_then(|k| path.get(k)), path.get(i)) {
+        (Some(p), Some(q)) if q.0 > p.0 => p.1 + (q.1 - p.1) * (x - p.0) / (q.0 - p.0),
+        (Some(p), _) => p.1,
+        (None, Some(q)) => q.1,
+        (None, None) => 0.0,
+    }
+}
+
+/// The vertices of a step line through `(x, y)` points, held until `x_end`.
+pub fn step_path(points: &[(f64, f64)], x_end: f64) -> Vec<(f64, f64)> {
+    let mut out = Vec::with_capacity(points.len() * 2 + 1);
+    for (k, &(x, y)) in points.iter().enumerate() {
+        if k > 0 {
+            out.push((x, points[k - 1].1));
+        }
+        out.push((x, y));
+    }
+    if let Some(&(x, y)) = points.last() {
+        if x_end > x {
+            out.push((x_end, y));
+        }
+    }
+    out
+}
+
+/// The value of a step function (points sorted by x) at `x`.
+pub fn step_value(points: &[(f64, f64)], x: f64) -> Option<f64> {
+    let k = points.partition_point(|p| p.0 <= x);
+    k.checked_sub(1).and_then(|k| points.get(k)).map(|p| p.1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_never_overlap_and_stay_in_range() {
+        let wanted = [100, 101, 102, 103, 104, 105, 106, 107, 108];
+        let got = spread_labels(&wanted, 20, 0, 400);
+        let mut sorted = got.clone();
+        sorted.sort_unstable();
+        assert!(sorted.windows(2).all(|w| w[1] - w[0] >= 20), "{got:?}");
+        assert!(got.iter().all(|&y| (0..=400).contains(&y)));
+        // Near the bottom edge the stack is pulled up.
+        let got = spread_labels(&[395, 396, 397], 20, 0, 400);
+        assert_eq!(got, vec![360, 380, 400]);
+        // Labels already apart stay where they are.
+        assert_eq!(spread_labels(&[10, 200, 50], 20, 0, 400), vec![10, 200, 50]);
+    }
+
+    #[test]
+    fn only_labels_that_share_x_are_spread() {
+        // Two labels at the same height but far apart in x stay; the third overlaps the first.
+        let got = spread_label_boxes(&[(0, 100, 50), (500, 600, 50), (90, 150, 55)], 20, 0, 400);
+        assert_eq!(got[1], 50);
+        assert!((got[0] - got[2]).abs() >= 20, "{got:?}");
+    }
+
+    #[test]
+    fn byte_scale_follows_the_maximum() {
+        assert_eq!(ByteScale::for_max(12 * GIB).unit, "GiB");
+        assert_eq!(ByteScale::for_max(GIB - 1).unit, "MiB");
+        assert_eq!(ByteScale::for_max(5000).unit, "KiB");
+        assert_eq!(ByteScale::for_max(5).unit, "bytes");
+        assert_eq!(ByteScale::for_max(3 * GIB).of(3 * GIB / 2), 1.5);
+    }
+
+    #[test]
+    fn step_path_holds_each_value_until_the_next_point() {
+        let p = step_path(&[(0.0, 1.0), (2.0, 3.0)], 5.0);
+        assert_eq!(p, vec![(0.0, 1.0), (2.0, 1.0), (2.0, 3.0), (5.0, 3.0)]);
+        assert_eq!(step_value(&[(0.0, 1.0), (2.0, 3.0)], 1.9), Some(1.0));
+        assert_eq!(step_value(&[(0.0, 1.0), (2.0, 3.0)], 2.0), Some(3.0));
+        assert_eq!(step_value(&[(1.0, 1.0)], 0.5), None);
+    }
+
+    #[test]
+    fn dashes_cut_by_x_and_keep_the_vertices_inside() {
+        let path = step_path(&[(0.0, 0.0), (1.5, 10.0), (1.6, 0.0)], 4.0);
+        let dashes = dash_by_x(&path, 2.0, 1.8);
+        assert_eq!(dashes.len(), 2, "{dashes:?}"); // [0,1.8], [2,3.8]
+        assert_eq!(dashes[0].first(), Some(&(0.0, 0.0)));
+        // The spike at 1.5..1.6 lies inside the first dash, whole.
+        assert!(dashes[0].contains(&(1.5, 10.0)) && dashes[0].contains(&(1.6, 10.0)));
+        assert_eq!(dashes[0].last(), Some(&(1.8, 0.0)));
+        assert_eq!(dashes[1].first(), Some(&(2.0, 0.0)));
+        assert!(dash_by_x(&[], 1.0, 0.5).is_empty());
+    }
+
+    #[test]
+    fn ticks_are_short() {
+        assert_eq!(tick(0.0), "0");
+        assert_eq!(tick(12.0), "12");
+        assert_eq!(tick(2.5), "2.5");
+        assert_eq!(tick(0.126), "0.13");
+        assert_eq!(tick(12.26), "12.3");
+        assert_eq!(truncate("abcdef", 4), "abc…");
+    }
+}
