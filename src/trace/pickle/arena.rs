@@ -31,6 +31,13 @@ impl<T> Default for Arena<T> {
 }
 
 impl<T: Copy> Arena<T> {
+    /// An arena whose pool has room for `items` before it first grows. Callers size this from
+    /// the input's length (never from a length the input declares), so a large guess costs only
+    /// untouched virtual memory, while a good one saves the copies of repeated doubling.
+    pub(crate) fn with_capacity(items: usize) -> Self {
+        Arena { pool: Vec::with_capacity(items), spans: Vec::new() }
+    }
+
     /// The number of containers.
     pub(crate) fn len(&self) -> usize {
         self.spans.len()

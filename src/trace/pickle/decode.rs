@@ -4,6 +4,7 @@
 //! `Lib/pickletools.py`. Every error is an input error at the byte offset of the opcode that
 //! failed.
 
+use super::arena::Arena;
 use super::{Pickle, Value};
 use crate::error::{Error, Place, Result};
 use std::collections::HashMap;
@@ -24,7 +25,15 @@ pub fn decode(data: &[u8]) -> Result<Pickle<'_>> {
         memo: Vec::new(),
         sparse: HashMap::new(),
         memo_count: 0,
-        out: Pickle::default(),
+        out: Pickle {
+            // Real snapshots hold about one list item per 5 input bytes (BINGETs of shared frame
+            // dicts) and one dict pair per 20: reserve that much, bounded by the input's size and
+            // by a fixed cap (256 + 128 MiB), so a huge input never asks for a reservation the
+            // system might refuse; past it, the pools grow as usual.
+            seqs: Arena::with_capacity((data.len() / 4).min(1 << 24)),
+            dicts: Arena::with_capacity((data.len() / 16).min(1 << 22)),
+            ..Pickle::default()
+        },
     };
     d.run()?;
     Ok(d.out)
