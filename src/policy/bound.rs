@@ -9,6 +9,7 @@ use super::{parse_key_values, Allocation, Policy};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::replay::AddrMap;
+use crate::trace::{Block, BlockState, PoolKind, Segment};
 
 /// The options `bound` accepts (none).
 pub const OPTIONS: &str = "(none)";
@@ -16,7 +17,7 @@ pub const OPTIONS: &str = "(none)";
 /// The lower bound; see the module docs.
 #[derive(Debug, Default)]
 pub struct Bound {
-    live: AddrMap<u64>,
+    live: AddrMap<(u64, u64)>,
     allocated: u64,
 }
 
@@ -39,16 +40,16 @@ impl Policy for Bound {
         &mut self,
         backend: &mut B,
         size: u64,
-        _stream: u64,
+        stream: u64,
     ) -> Result<Option<Allocation>> {
         let Some(addr) = backend.segment_alloc(size)? else { return Ok(None) };
-        self.live.insert(addr, size);
+        self.live.insert(addr, (size, stream));
         self.allocated += size;
         Ok(Some(Allocation { addr, block_size: size }))
     }
 
     fn free<B: Backend>(&mut self, backend: &mut B, addr: u64) -> Result<()> {
-        let size = self
+        let (size, _) = self
             .live
             .remove(&addr)
             .ok_or_else(|| Error::input(format!("bound: free of unknown block {addr:#x}")))?;
@@ -64,8 +65,32 @@ impl Policy for Bound {
         self.allocated
     }
 
+    /// Every live block is its own exactly-sized segment.
+    fn segments(&self) -> Vec<Segment> {
+        let mut out: Vec<Segment> = self
+            .live
+            .iter()
+            .map(|(&address, &(size, stream))| Segment {
+                device: 0,
+                address,
+                total_size: size,
+                stream,
+                pool: PoolKind::Large,
+                is_expandable: false,
+                blocks: vec![Block {
+                    address,
+                    size,
+                    requested_size: size,
+                    state: BlockState::ActiveAllocated,
+                }],
+            })
+            .collect();
+        out.sort_by_key(|s| s.address);
+        out
+    }
+
     fn check_invariants(&self) -> std::result::Result<(), String> {
-        let sum: u64 = self.live.values().sum();
+        let sum: u64 = self.live.values().map(|&(size, _)| size).sum();
         if sum != self.allocated {
             return Err(format!(
                 "allocated counter {} != sum of live blocks {sum}",
@@ -88,8 +113,10 @@ mod tests {
         let a = p.malloc(&mut d, 1000, 0).unwrap().unwrap();
         let b = p.malloc(&mut d, 3, 1).unwrap().unwrap();
         assert_eq!(d.reserved(), 1003);
+        assert_eq!(p.segments().iter().map(|s| s.total_size).sum::<u64>(), 1003);
         p.free(&mut d, a.addr).unwrap();
         assert_eq!(d.reserved(), 3);
+        assert_eq!(p.segments()[0].blocks[0].requested_size, 3);
         p.free(&mut d, b.addr).unwrap();
         assert_eq!((d.reserved(), p.allocated()), (0, 0));
         assert!(Bound::from_options("x=1").is_err());
