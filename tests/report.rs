@@ -203,24 +203,32 @@ fn bad_usage_fails_before_writing() {
     assert_eq!(o.status.code(), Some(2), "--out is required");
 }
 
+/// Real traces (`../shared/traces/README.md`): a PyTorch snapshot (device 0, 4,998 entries) and
+/// a Kineto trace (CUDA device 1, 26,770 memory events; host memory is device -1).
 #[test]
-fn report_on_a_real_snapshot() {
-    let Some(trace) = shared_trace("cs336-medium-ctx512-infer.pickle") else {
-        eprintln!("skipped: ../shared/traces is not here");
-        return;
-    };
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("r");
-    let o = run(&["report", trace.to_str().unwrap(), "--out", out.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    for chart in CHARTS {
-        png_size(&out.join(format!("{chart}.png")));
-        let svg = std::fs::metadata(out.join(format!("{chart}.svg"))).unwrap().len();
-        assert!(svg < 4 << 20, "{chart}.svg is {svg} bytes");
+fn report_on_real_traces() {
+    for (name, format, device, events) in [
+        ("cs336-medium-ctx512-infer.pickle", "pytorch-snapshot", 0, 4998),
+        ("kineto-ddp-v100-rank1.json.gz", "kineto", 1, 26770),
+    ] {
+        let Some(trace) = shared_trace(name) else {
+            eprintln!("skipped {name}: ../shared/traces is not here");
+            continue;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("r");
+        let o = run(&["report", trace.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+        assert!(o.status.success(), "{name}: {}", stderr(&o));
+        for chart in CHARTS {
+            png_size(&out.join(format!("{chart}.png")));
+            let svg = std::fs::metadata(out.join(format!("{chart}.svg"))).unwrap().len();
+            assert!(svg < 4 << 20, "{name}: {chart}.svg is {svg} bytes");
+        }
+        assert_svgs_parse(&out);
+        assert_html_links_exist(&out);
+        let json = assert_results_agree_with_replay(&trace, &out);
+        assert_eq!(json["format"], format);
+        assert_eq!(json["device"], device);
+        assert_eq!(json["events"], events);
     }
-    assert_svgs_parse(&out);
-    assert_html_links_exist(&out);
-    let json = assert_results_agree_with_replay(&trace, &out);
-    assert_eq!(json["format"], "pytorch-snapshot");
-    assert_eq!(json["events"], 4998); // README: device_traces[0] entries
 }
