@@ -121,6 +121,10 @@ fn assert_results_agree_with_replay(trace: &Path, dir: &Path) -> serde_json::Val
             };
             if key == "replay_seconds" {
                 assert!(cell.parse::<f64>().is_ok(), "{cell}");
+            } else if r[key.as_str()].is_f64() {
+                // serde_json's default float parsing may be off by one ulp: compare as numbers.
+                let (a, b) = (cell.parse::<f64>().unwrap(), r[key.as_str()].as_f64().unwrap());
+                assert!((a - b).abs() <= 1e-12 * b.abs().max(1.0), "column {key}: {a} vs {b}");
             } else {
                 assert_eq!(cell, &want, "column {key}");
             }
