@@ -236,3 +236,36 @@ fn report_on_real_traces() {
         assert_eq!(json["events"], events);
     }
 }
+
+/// A long trace (100,000 allocations, each freed 50 allocations later) makes charts of bounded
+/// size: every series is down-sampled to a few thousand points, peaks kept.
+#[test]
+fn a_long_trace_makes_small_files() {
+    let mut text = String::from("# fragsim text trace v1\n");
+    let n: u64 = 100_000;
+    for i in 0..n {
+        // Sizes cycle through 1..=4 MiB in 1 KiB steps; time advances 10 µs per event.
+        let size = (1 << 20) + (i * 7919 % 3072) * 1024;
+        text += &format!("alloc {:#x} {size} s0 @{}\n", 0x1000_0000 + i * 0x40_0000, i * 20);
+        if i >= 50 {
+            let j = i - 50;
+            let size_j = (1 << 20) + (j * 7919 % 3072) * 1024;
+            text +=
+                &format!("free {:#x} {size_j} s0 @{}\n", 0x1000_0000 + j * 0x40_0000, i * 20 + 10);
+        }
+    }
+    let (dir, trace) = temp_file("long.txt", text.as_bytes());
+    let out = dir.path().join("r");
+    let o = run(&["report", trace.to_str().unwrap(), "-p", "bound", "-o", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for chart in CHARTS {
+        for ext in ["png", "svg"] {
+            let len = std::fs::metadata(out.join(format!("{chart}.{ext}"))).unwrap().len();
+            assert!(len < 1 << 20, "{chart}.{ext} is {len} bytes");
+        }
+    }
+    assert_svgs_parse(&out);
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    assert_eq!(json["events"], 100_000 + 2 * (100_000 - 50));
+}
