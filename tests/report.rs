@@ -121,6 +121,10 @@ fn assert_results_agree_with_replay(trace: &Path, dir: &Path) -> serde_json::Val
             };
             if key == "replay_seconds" {
                 assert!(cell.parse::<f64>().is_ok(), "{cell}");
+            } else if r[key.as_str()].is_f64() {
+                // serde_json's default float parsing may be off by one ulp: compare as numbers.
+                let (a, b) = (cell.parse::<f64>().unwrap(), r[key.as_str()].as_f64().unwrap());
+                assert!((a - b).abs() <= 1e-12 * b.abs().max(1.0), "column {key}: {a} vs {b}");
             } else {
                 assert_eq!(cell, &want, "column {key}");
             }
@@ -203,24 +207,65 @@ fn bad_usage_fails_before_writing() {
     assert_eq!(o.status.code(), Some(2), "--out is required");
 }
 
+/// Real traces (`../shared/traces/README.md`): a PyTorch snapshot (device 0, 4,998 entries) and
+/// a Kineto trace (CUDA device 1, 26,770 memory events; host memory is device -1).
 #[test]
-fn report_on_a_real_snapshot() {
-    let Some(trace) = shared_trace("cs336-medium-ctx512-infer.pickle") else {
-        eprintln!("skipped: ../shared/traces is not here");
-        return;
-    };
-    let dir = tempfile::tempdir().unwrap();
+fn report_on_real_traces() {
+    for (name, format, device, events) in [
+        ("cs336-medium-ctx512-infer.pickle", "pytorch-snapshot", 0, 4998),
+        ("kineto-ddp-v100-rank1.json.gz", "kineto", 1, 26770),
+    ] {
+        let Some(trace) = shared_trace(name) else {
+            eprintln!("skipped {name}: ../shared/traces is not here");
+            continue;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("r");
+        let o = run(&["report", trace.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+        assert!(o.status.success(), "{name}: {}", stderr(&o));
+        for chart in CHARTS {
+            png_size(&out.join(format!("{chart}.png")));
+            let svg = std::fs::metadata(out.join(format!("{chart}.svg"))).unwrap().len();
+            assert!(svg < 4 << 20, "{name}: {chart}.svg is {svg} bytes");
+        }
+        assert_svgs_parse(&out);
+        assert_html_links_exist(&out);
+        let json = assert_results_agree_with_replay(&trace, &out);
+        assert_eq!(json["format"], format);
+        assert_eq!(json["device"], device);
+        assert_eq!(json["events"], events);
+    }
+}
+
+/// A long trace (100,000 allocations, each freed 50 allocations later) makes charts of bounded
+/// size: every series is down-sampled to a few thousand points, peaks kept.
+#[test]
+fn a_long_trace_makes_small_files() {
+    let mut text = String::from("# fragsim text trace v1\n");
+    let n: u64 = 100_000;
+    for i in 0..n {
+        // Sizes cycle through 1..=4 MiB in 1 KiB steps; time advances 10 µs per event.
+        let size = (1 << 20) + (i * 7919 % 3072) * 1024;
+        text += &format!("alloc {:#x} {size} s0 @{}\n", 0x1000_0000 + i * 0x40_0000, i * 20);
+        if i >= 50 {
+            let j = i - 50;
+            let size_j = (1 << 20) + (j * 7919 % 3072) * 1024;
+            text +=
+                &format!("free {:#x} {size_j} s0 @{}\n", 0x1000_0000 + j * 0x40_0000, i * 20 + 10);
+        }
+    }
+    let (dir, trace) = temp_file("long.txt", text.as_bytes());
     let out = dir.path().join("r");
-    let o = run(&["report", trace.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    let o = run(&["report", trace.to_str().unwrap(), "-p", "bound", "-o", out.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
     for chart in CHARTS {
-        png_size(&out.join(format!("{chart}.png")));
-        let svg = std::fs::metadata(out.join(format!("{chart}.svg"))).unwrap().len();
-        assert!(svg < 4 << 20, "{chart}.svg is {svg} bytes");
+        for ext in ["png", "svg"] {
+            let len = std::fs::metadata(out.join(format!("{chart}.{ext}"))).unwrap().len();
+            assert!(len < 1 << 20, "{chart}.{ext} is {len} bytes");
+        }
     }
     assert_svgs_parse(&out);
-    assert_html_links_exist(&out);
-    let json = assert_results_agree_with_replay(&trace, &out);
-    assert_eq!(json["format"], "pytorch-snapshot");
-    assert_eq!(json["events"], 4998); // README: device_traces[0] entries
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    assert_eq!(json["events"], 100_000 + 2 * (100_000 - 50));
 }

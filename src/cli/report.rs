@@ -42,12 +42,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
-    let explicit = !args.policies.is_empty();
-    let policies = if explicit {
-        PolicySpec::parse_many(&args.policies)?
-    } else {
-        ReportPlan::default_policies()
-    };
+    let policies = ReportPlan::policies_from(&args.policies)?;
     if let Some(name) = &args.segment_map_policy {
         PolicySpec::parse_list(name)?;
     }
@@ -55,7 +50,6 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let plan = ReportPlan {
         trace_path: args.trace.display().to_string(),
         policies,
-        explicit,
         device: args.device,
         capacity: args.capacity,
         segment_map_policy: args.segment_map_policy,
@@ -67,9 +61,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
         eprintln!("fragsim: note: skipped policy '{}': {}", s.label, s.reason);
     }
     report::write_dir(&data, &args.out, progress)?;
+    let n = data.runs.len();
     eprintln!(
-        "fragsim: wrote the report for {} policies to {}",
-        data.runs.len(),
+        "fragsim: wrote the report for {n} {} to {}",
+        if n == 1 { "policy" } else { "policies" },
         args.out.join("index.html").display()
     );
     Ok(ExitCode::SUCCESS)

@@ -27,10 +27,7 @@ pub struct ReportPlan {
     /// The trace path as the user gave it (shown in titles and `results.json`).
     pub trace_path: String,
     /// The policies to replay.
-    pub policies: Vec<PolicySpec>,
-    /// True when the user named the policies; false for the default set, where policies that
-    /// cannot run (not implemented, or unusable on this trace) are skipped with a note.
-    pub explicit: bool,
+    pub policies: Vec<PlannedPolicy>,
     /// The device (`None`: the device with the most events).
     pub device: Option<i32>,
     /// Device capacity for OOM (`None`: unlimited).
@@ -42,13 +39,33 @@ pub struct ReportPlan {
     pub progress: bool,
 }
 
+/// One policy a report replays.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedPolicy {
+    /// The spec.
+    pub spec: PolicySpec,
+    /// True when the user named this policy: then it must run. Policies of the default set or of
+    /// `all` that cannot run (not implemented, or unusable on this trace) are skipped with a note.
+    pub named: bool,
+}
+
 impl ReportPlan {
-    /// The default policy set: every built-in policy with its defaults.
-    pub fn default_policies() -> Vec<PolicySpec> {
-        policy::POLICIES
-            .iter()
-            .map(|p| PolicySpec { name: p.name.to_string(), options: String::new() })
-            .collect()
+    /// The policies for `--policy` values as given (`all` expands to unnamed entries); with none,
+    /// every built-in policy, unnamed.
+    pub fn policies_from(values: &[String]) -> Result<Vec<PlannedPolicy>> {
+        if values.is_empty() {
+            return PolicySpec::parse_list("all").map(|specs| {
+                specs.into_iter().map(|spec| PlannedPolicy { spec, named: false }).collect()
+            });
+        }
+        let mut out = Vec::new();
+        for v in values {
+            let named = v.trim() != "all";
+            out.extend(
+                PolicySpec::parse_list(v)?.into_iter().map(|spec| PlannedPolicy { spec, named }),
+            );
+        }
+        Ok(out)
     }
 }
 
@@ -258,20 +275,21 @@ pub fn collect(trace: &Trace, plan: &ReportPlan) -> Result<ReportData> {
         ..ReplayOptions::default()
     };
     let progress = bar(plan.progress, plan.policies.len() as u64, "replaying policies");
-    let outcomes: Vec<(String, Result<ReplayOutput>)> = plan
+    let outcomes: Vec<(String, bool, Result<ReplayOutput>)> = plan
         .policies
         .par_iter()
-        .map(|spec| {
-            let out = policy::lookup(&spec.name).and_then(|p| p.run(spec, &input, &options));
+        .map(|p| {
+            let spec = &p.spec;
+            let out = policy::lookup(&spec.name).and_then(|info| info.run(spec, &input, &options));
             progress.inc(1);
-            (spec.display(), out)
+            (spec.display(), p.named, out)
         })
         .collect();
     progress.finish_and_clear();
 
     let mut runs = Vec::new();
     let mut skipped = Vec::new();
-    for (label, outcome) in outcomes {
+    for (label, named, outcome) in outcomes {
         match outcome {
             Ok(mut output) => {
                 if let Some(series) = &mut output.series {
@@ -285,7 +303,7 @@ pub fn collect(trace: &Trace, plan: &ReportPlan) -> Result<ReportData> {
                 let index = runs.len();
                 runs.push(PolicyRun { label, index, output });
             }
-            Err(e) if !plan.explicit && skippable(&e) => {
+            Err(e) if !named && skippable(&e) => {
                 let prefix = format!("policy '{}': ", spec_name(&label));
                 let reason = e.message().strip_prefix(&prefix).unwrap_or(e.message()).to_string();
                 skipped.push(Skipped { label, reason })
@@ -528,5 +546,23 @@ mod tests {
         assert_eq!((bins[9].count, bins[9].bytes, bins[9].max_bytes), (2, 1535, 1023));
         assert_eq!((bins[10].count, bins[10].bytes), (1, 1024));
         assert_eq!(bins[1..9].iter().map(|b| b.count).sum::<u64>(), 0);
+    }
+}
+
+#[cfg(test)]
+mod plan_tests {
+    use super::*;
+
+    #[test]
+    fn only_policies_named_one_by_one_must_run() {
+        let all = ReportPlan::policies_from(&[]).unwrap();
+        assert_eq!(all.len(), policy::POLICIES.len());
+        assert!(all.iter().all(|p| !p.named));
+        let some =
+            ReportPlan::policies_from(&["bound".into(), "all".into(), "buddy:x=1".into()]).unwrap();
+        assert_eq!(some.len(), 2 + policy::POLICIES.len());
+        assert!(some[0].named && some.last().unwrap().named);
+        assert_eq!(some.last().unwrap().spec.options, "x=1");
+        assert!(some[1..some.len() - 1].iter().all(|p| !p.named));
     }
 }

@@ -1,5 +1,5 @@
 //! CSV of replay results: one row per policy, the `replay --json` keys as header
-//! ([`columns::RESULT`](super::columns::RESULT)), values as the JSON writes them (null is empty).
+//! ([`super::columns::RESULT`]), values as the JSON writes them (null is empty).
 
 use super::columns::{self, Cell};
 use crate::error::{Error, ErrorKind, Result};

@@ -1,4 +1,4 @@
-//! `summary.md`: the results table in Markdown (the [`columns::SUMMARY`](super::columns::SUMMARY)
+//! `summary.md`: the results table in Markdown (the [`super::columns::SUMMARY`]
 //! columns), each policy's exact configuration, and the trace it was measured on.
 
 use super::bundle::ReportData;

@@ -1,4 +1,4 @@
-//! The terminal table `replay` prints: the [`columns::SUMMARY`](super::columns::SUMMARY) columns,
+//! The terminal table `replay` prints: the [`super::columns::SUMMARY`] columns,
 //! aligned, numbers to the right.
 
 use super::columns::{self, Cell};

@@ -19,6 +19,7 @@ pub struct Fragmentation<'a> {
 }
 
 const PANEL: u32 = 140;
+const LONG_DESC: &str = "fragmentation (% of reserved bytes held in free blocks)";
 const TOP: u32 = 56;
 const BOTTOM: u32 = 60;
 
@@ -26,7 +27,7 @@ const BOTTOM: u32 = 60;
 /// (no memory held, so no fragmentation to speak of).
 pub fn fragmentation_pieces(trace: &TraceSummary, run: &PolicyRun) -> Vec<Vec<(f64, f64)>> {
     let pts = plotted_points(run);
-    let x_end = trace.x_end();
+    let x_end = x_range(trace).end;
     let mut pieces = Vec::new();
     let mut current: Vec<(f64, f64)> = Vec::new();
     for (k, p) in pts.iter().enumerate() {
@@ -55,7 +56,7 @@ pub fn fragmentation_pieces(trace: &TraceSummary, run: &PolicyRun) -> Vec<Vec<(f
 
 impl Chart for Fragmentation<'_> {
     fn size(&self) -> (u32, u32) {
-        (1300, TOP + BOTTOM + PANEL * self.data.runs.len().max(1) as u32)
+        (1300, TOP + BOTTOM + (PANEL * self.data.runs.len().max(1) as u32).max(200))
     }
 
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> ChartResult {
@@ -135,7 +136,12 @@ impl Chart for Fragmentation<'_> {
             .or_draw_error()?;
         }
         root.draw(&Text::new(
-            "fragmentation (% of reserved bytes held in free blocks)",
+            // The long description where the panels are tall enough for it.
+            if text_width(LONG_DESC, LABEL) < h as i32 - TOP as i32 - BOTTOM as i32 {
+                LONG_DESC
+            } else {
+                "fragmentation (%)"
+            },
             (16, TOP as i32 + (h as i32 - TOP as i32 - BOTTOM as i32) / 2),
             anchored(text(LABEL), HPos::Center, VPos::Center).transform(FontTransform::Rotate270),
         ))

@@ -25,10 +25,12 @@ pub fn xy(trace: &TraceSummary, points: &[Point], f: impl Fn(&Point) -> f64) -> 
     points.iter().map(|p| (trace.x_of(p.time_us, p.event), f(p))).collect()
 }
 
-/// The x range every time chart shares: from the first event to the last (never empty).
+/// The x range every time chart shares: from the first event to a little past the last, so the
+/// value after the last event shows as a short step rather than a jump at the frame's edge.
 pub fn x_range(trace: &TraceSummary) -> std::ops::Range<f64> {
     let end = trace.x_end();
-    0.0..if end > 0.0 { end } else { 1.0 }
+    let pad = if trace.has_times { end * 0.01 } else { 1.0 };
+    0.0..if end > 0.0 { end + pad } else { 1.0 }
 }
 
 /// Writes `timeline.png` and `timeline.svg`.

@@ -93,6 +93,62 @@ pub fn runs(segment: &Segment) -> Vec<(u64, u64, Part)> {
     out
 }
 
+/// Turns byte runs into pixel spans `[a, b)` for drawing, `bytes_per_px` bytes to a pixel and
+/// offset 0 at pixel `x0`. A pixel shared by several runs takes the part that holds most of its
+/// bytes; neighbouring spans of one part are merged. So a segment costs at most one rectangle per
+/// pixel column however many blocks it has: a trace with a hundred thousand live blocks at its
+/// peak still makes a small SVG.
+pub fn pixel_runs(runs: &[(u64, u64, Part)], x0: i32, bytes_per_px: f64) -> Vec<(i32, i32, Part)> {
+    let bpp = if bytes_per_px > 0.0 { bytes_per_px } else { 1.0 };
+    let pixel = |o: u64| (o as f64 / bpp).floor() as i64;
+    let first_byte = |p: i64| (p as f64 * bpp).ceil().max(0.0) as u64;
+    let slot = |part: Part| match part {
+        Part::Allocated => 0,
+        Part::Rounding => 1,
+        Part::Cached => 2,
+    };
+    let dominant = |bytes: [u64; 3]| {
+        let parts = [Part::Allocated, Part::Rounding, Part::Cached];
+        parts[(0..3).max_by_key(|&k| (bytes[k], std::cmp::Reverse(k))).unwrap_or(0)]
+    };
+    let mut out: Vec<(i64, i64, Part)> = Vec::new();
+    let mut push = |a: i64, b: i64, part: Part| match out.last_mut() {
+        Some(last) if last.2 == part && last.1 >= a => last.1 = last.1.max(b),
+        _ => out.push((a, b, part)),
+    };
+    // The pixel column being shared, with its bytes per part.
+    let mut column: Option<(i64, [u64; 3])> = None;
+    for &(off, len, part) in runs {
+        let end = off.saturating_add(len);
+        let mut o = off;
+        while o < end {
+            let p = pixel(o);
+            let next = first_byte(p + 1).max(o + 1);
+            if let Some((c, bytes)) = column {
+                if c != p {
+                    push(c, c + 1, dominant(bytes));
+                    column = None;
+                }
+            }
+            if o == first_byte(p) && end >= next {
+                // Whole pixels from p up to the one holding `end`.
+                let q = pixel(end).max(p + 1);
+                push(p, q, part);
+                o = first_byte(q).clamp(o + 1, end);
+            } else {
+                let piece = end.min(next) - o;
+                let (_, bytes) = column.get_or_insert((p, [0; 3]));
+                bytes[slot(part)] += piece;
+                o += piece;
+            }
+        }
+    }
+    if let Some((c, bytes)) = column {
+        push(c, c + 1, dominant(bytes));
+    }
+    out.into_iter().map(|(a, b, part)| (x0 + a as i32, x0 + b as i32, part)).collect()
+}
+
 /// The chart; see the module docs.
 pub struct SegmentChart<'a> {
     data: &'a ReportData,
@@ -237,6 +293,7 @@ impl Chart for SegmentChart<'_> {
 
         let scale = ByteScale::for_max(self.line_bytes);
         let n = self.lines.len();
+        let x_factor = if self.packed() { 1.02 } else { 1.1 };
         let mut chart = ChartBuilder::on(root)
             .margin_top(104)
             .margin_left(12)
@@ -244,11 +301,12 @@ impl Chart for SegmentChart<'_> {
             .margin_bottom(8)
             .x_label_area_size(52)
             .y_label_area_size(78)
-            .build_cartesian_2d(
-                0.0..scale.of(self.line_bytes) * if self.packed() { 1.02 } else { 1.1 },
-                0.0..n as f64,
-            )
+            .build_cartesian_2d(0.0..scale.of(self.line_bytes) * x_factor, 0.0..n as f64)
             .or_draw_error()?;
+        let plot_px = {
+            let r = chart.plotting_area().get_pixel_range().0;
+            (r.end - r.start) as f64
+        };
         let (x_desc, y_desc) = if self.packed() {
             (
                 format!("bytes along the line ({}); each strip is one segment", scale.unit),
@@ -297,8 +355,9 @@ impl Chart for SegmentChart<'_> {
                 let (left, right) = (px(0), px(s.total_size));
                 let inset = if self.packed() && right - left >= 4 { 1 } else { 0 };
                 let (left, right) = (left + inset, (right - inset).max(left + inset + 1));
-                for (off, len, part) in runs(s) {
-                    let (a, b) = (px(off).max(left), px(off + len).min(right));
+                let bytes_per_px = self.line_bytes as f64 * x_factor / plot_px.max(1.0);
+                for (a, b, part) in pixel_runs(&runs(s), px(0), bytes_per_px) {
+                    let (a, b) = (a.max(left), b.min(right));
                     root.draw(&Rectangle::new(
                         [(a, top), (b.max(a + 1), bottom)],
                         part.color().filled(),
@@ -333,6 +392,32 @@ impl Chart for SegmentChart<'_> {
 mod tests {
     use super::*;
     use crate::trace::{Block, PoolKind};
+
+    #[test]
+    fn sub_pixel_blocks_share_a_pixel_and_the_majority_colours_it() {
+        // 10 bytes per pixel, drawn from pixel 100.
+        let runs = [
+            (0, 25, Part::Allocated), // pixels 0, 1 whole; 5 bytes of pixel 2
+            (25, 2, Part::Rounding),  // 2 bytes of pixel 2
+            (27, 3, Part::Cached),    // 3 bytes of pixel 2: allocated (5) wins it
+            (30, 4, Part::Rounding),  // 4 bytes of pixel 3
+            (34, 1, Part::Allocated), // 1 byte of pixel 3
+            (35, 31, Part::Cached),   // 5 bytes of pixel 3 (cached wins it), 4 and 5 whole, and 6
+            // bytes of pixel 6, against the 4 of the next run: cached wins pixel 6 too
+            (66, 34, Part::Rounding), // then pixels 7, 8, 9 whole
+        ];
+        assert_eq!(
+            pixel_runs(&runs, 100, 10.0),
+            vec![(100, 103, Part::Allocated), (103, 107, Part::Cached), (107, 110, Part::Rounding)]
+        );
+        // Thousands of tiny alternating blocks cost at most one span per pixel.
+        let many: Vec<(u64, u64, Part)> = (0..10_000u64)
+            .map(|i| (i * 3, 3, if i % 2 == 0 { Part::Allocated } else { Part::Rounding }))
+            .collect();
+        assert!(pixel_runs(&many, 0, 1000.0).len() <= 31);
+        // Wider pixels than bytes: a 4-byte block over 8 pixels.
+        assert_eq!(pixel_runs(&[(0, 4, Part::Cached)], 0, 0.5), vec![(0, 8, Part::Cached)]);
+    }
 
     #[test]
     fn packing_fills_lines_in_order_and_starts_a_new_one_when_full() {
