@@ -182,10 +182,27 @@ fn named_policies_and_segment_map_placeholder() {
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
     assert_eq!(json["results"].as_array().unwrap().len(), 1);
-    // bound models no segments: the chart says so instead of failing.
+    // bound shows each live block as its own segment: the map is drawn, no placeholder.
     png_size(&out.join("segments.png"));
     let html = std::fs::read_to_string(out.join("index.html")).unwrap();
-    assert!(html.contains("reports no segments"), "{html}");
+    assert!(!html.contains("reports no segments"), "{html}");
+
+    // A policy that holds nothing at its peak (only a zero-byte request, which never reaches
+    // an allocator): the chart says so instead of failing.
+    let (dir, trace) = temp_file("zero.txt", b"alloc 0x10 0 s0\nfree 0x10 0 s0\n");
+    let out = dir.path().join("r");
+    let o = run(&[
+        "report",
+        trace.to_str().unwrap(),
+        "--policy",
+        "bound",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    png_size(&out.join("segments.png"));
+    let html = std::fs::read_to_string(out.join("index.html")).unwrap();
+    assert!(html.contains("none of the replayed policies (bound) reports its segments"), "{html}");
 }
 
 #[test]

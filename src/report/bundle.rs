@@ -124,7 +124,7 @@ impl TraceSummary {
     /// when the trace records no times.
     pub fn x_of(&self, time_us: i64, event: u64) -> f64 {
         if self.has_times {
-            (time_us - self.first_time_us) as f64 / 1e6
+            (time_us - self.first_time_us) as f64 / self.time_unit().0
         } else {
             event as f64
         }
@@ -135,10 +135,27 @@ impl TraceSummary {
         self.x_of(self.last_time_us, self.events.saturating_sub(1))
     }
 
+    /// The unit of the time axis, chosen by the recorded span so ticks stay readable: (µs per
+    /// unit, unit name). A 14 ms trace is plotted in ms, not as a row of "0.01 s" ticks.
+    pub fn time_unit(&self) -> (f64, &'static str) {
+        let span = self.last_time_us.saturating_sub(self.first_time_us);
+        if span >= 2_000_000 {
+            (1e6, "s")
+        } else if span >= 2_000 {
+            (1e3, "ms")
+        } else {
+            (1.0, "µs")
+        }
+    }
+
     /// The x axis description.
     pub fn x_desc(&self) -> &'static str {
         if self.has_times {
-            "time since the first event (s)"
+            match self.time_unit().1 {
+                "s" => "time since the first event (s)",
+                "ms" => "time since the first event (ms)",
+                _ => "time since the first event (µs)",
+            }
         } else {
             "event index (the trace records no times)"
         }
