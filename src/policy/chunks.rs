@@ -184,15 +184,15 @@ impl Chunks {
     /// `merge_lists`).
     pub fn move_list(&mut self, from: u64, to: u64) {
         let moved: Vec<(u64, u64)> = self.free_chunks(from).collect();
-        for (addr, size) in moved {
+        for &(addr, size) in &moved {
             self.free.remove(&(from, size, addr));
             if let Some(c) = self.chunks.get_mut(&addr) {
                 c.list = to;
             }
             self.free.insert((to, size, addr));
         }
-        let addrs: Vec<u64> = self.free_chunks(to).map(|(a, _)| a).collect();
-        for a in addrs {
+        // Chunks already on `to` were merged among themselves: only moved ones can merge now.
+        for &(a, _) in &moved {
             if self.chunks.get(&a).is_some_and(|c| !c.in_use) {
                 self.coalesce(a);
             }

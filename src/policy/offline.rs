@@ -112,7 +112,7 @@ pub fn pack(items: &[Lifetime]) -> (Vec<u64>, u64) {
         query(
             0, n, it.start, it.end, &starts, &ends, &max_end, &offset, &by_start, items, &mut found,
         );
-        found.sort_unstable();
+        found.sort_unstable_by_key(|&(off, _)| off);
         let mut cur = 0u64;
         let mut best: Option<(u64, u64)> = None; // (gap, offset)
         for &(off, size) in &found {
