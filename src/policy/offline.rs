@@ -31,6 +31,9 @@
 //!   segments show; a replay without `prepare`) or whose planned range is unexpectedly still in
 //!   use gets its own exact-size segment, freed at its free, so correctness never depends on the
 //!   plan matching.
+//! - If the device cannot hold the planned range (`--capacity` below the plan), every request
+//!   gets its own segment instead, as in `bound`: `offline` then reports an OOM only where
+//!   `bound` would.
 //! - `empty_cache` returns the planned segment when nothing in it is live (it is taken again at
 //!   the next planned malloc).
 //! - Because the whole range is reserved at the first malloc, `fragmentation_at_peak` (taken
