@@ -1,1 +1,93 @@
-fn main() {}
+//! Replay speed per policy: events per second on one seeded synthetic workload.
+//!
+//! The workload is 120,000 events built directly as [`Event`]s (allocs and frees over three
+//! streams, sizes skewed small with some tens-of-MiB blocks and long-lived weights, like a
+//! training step) and replayed through `policy::lookup(name).run`, exactly as `fragsim replay`
+//! does, so the number includes the engine. Allocator quality (peaks) is a fragsim output, not a
+//! bench. Run with `cargo bench --bench policies`; criterion reports time per iteration and
+//! elements (events) per second.
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use fragsim::policy::{self, PolicySpec};
+use fragsim::replay::{ReplayInput, ReplayOptions};
+use fragsim::trace::{Action, DeviceTrace, Event, Trace};
+
+/// xorshift64*: a seeded generator, so every run replays the same events.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// About `n` events: 300 long-lived "weights", then activations allocated and freed with a
+/// bounded live set, sizes 512 B to 64 MiB.
+fn workload(n: usize) -> Vec<Event> {
+    let mut rng = Rng(0x5eed_1234_abcd_ef01);
+    let mut events = Vec::with_capacity(n + 1024);
+    let mut next_addr = 0x1000_0000u64;
+    let mut live: Vec<(u64, u64, u64)> = Vec::new();
+    let mut t = 0i64;
+    let mut push = |events: &mut Vec<Event>, a, addr, size, stream| {
+        events.push(Event::new(a, addr, size, stream, t));
+        t += 1;
+    };
+    for _ in 0..300 {
+        let size = (1 + rng.below(64)) * (256 << 10);
+        push(&mut events, Action::Alloc, next_addr, size, 0);
+        next_addr += 1 << 30;
+    }
+    while events.len() < n {
+        let free = !live.is_empty() && (live.len() > 600 || rng.below(100) < 48);
+        if free {
+            let i = rng.below(live.len() as u64) as usize;
+            let (addr, size, stream) = live.swap_remove(i);
+            push(&mut events, Action::FreeRequested, addr, size, stream);
+        } else {
+            let size = match rng.below(10) {
+                0..=4 => 1 + rng.below(64 << 10),
+                5..=7 => 1 + rng.below(4 << 20),
+                8 => 1 + rng.below(64 << 20),
+                _ => (1 + rng.below(16)) << 20,
+            };
+            let stream = rng.below(3);
+            push(&mut events, Action::Alloc, next_addr, size, stream);
+            live.push((next_addr, size, stream));
+            next_addr += 1 << 30;
+        }
+    }
+    events
+}
+
+fn bench_policies(c: &mut Criterion) {
+    let events = workload(120_000);
+    let trace = Trace { devices: vec![DeviceTrace { device: 0, events }], ..Trace::default() };
+    let input = ReplayInput::new(&trace, Some(0)).expect("device 0");
+    let options = ReplayOptions::default();
+    let mut group = c.benchmark_group("replay_policy");
+    group.throughput(Throughput::Elements(input.events.len() as u64));
+    group.sample_size(10);
+    for info in policy::POLICIES {
+        let spec = PolicySpec { name: info.name.to_string(), options: String::new() };
+        group.bench_function(info.name, |b| {
+            b.iter(|| {
+                let out = policy::lookup(info.name)
+                    .expect("built-in")
+                    .run(&spec, &input, &options)
+                    .expect("replay runs");
+                std::hint::black_box(out.result.peak_reserved_bytes)
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_policies);
+criterion_main!(benches);

@@ -8,9 +8,12 @@
 //! `(list, size, addr)`, so a best-fit query is one range lookup and every choice is
 //! deterministic. `list` separates free lists: RMM's per-stream lists; 0 for a single list.
 //!
-//! Regions may have holes (the `stitch` policy unmaps pages of a reservation): chunks merge only
-//! when they are exactly adjacent, in the same region and on the same list.
+//! Chunks live in an arena with links to their address neighbours, as TF's `ChunkHandle`s do, so
+//! splitting and merging never search by address; a hash map finds a chunk by its address.
+//! Regions may have holes (the `stitch` policy unmaps pages of a reservation): chunks are linked,
+//! and merge, only when exactly adjacent; merging also needs the same list.
 
+use crate::replay::AddrMap;
 use crate::trace::{Block, BlockState, PoolKind, Segment};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -44,7 +47,7 @@ pub struct Chunk {
     pub size: u64,
     /// Base address of the region holding it.
     pub region: u64,
-    /// The free list it belongs to when free (RMM: the stream).
+    /// The free list it belongs to when free (RMM: the stream); its owner when in use.
     pub list: u64,
     /// Handed out to the caller.
     pub in_use: bool,
@@ -59,12 +62,29 @@ pub struct Region {
     pub size: u64,
     /// The stream of the request that created it (shown in segments).
     pub stream: u64,
+    /// Chunks in it.
+    chunks: u32,
+    /// Chunks in it that are in use.
+    in_use: u32,
+}
+
+const NONE: u32 = u32::MAX;
+
+/// An arena slot: a chunk, its address and its adjacent neighbours.
+#[derive(Clone, Copy, Debug)]
+struct Node {
+    addr: u64,
+    chunk: Chunk,
+    prev: u32,
+    next: u32,
 }
 
 /// Regions split into chunks; see the module docs.
 #[derive(Clone, Debug, Default)]
 pub struct Chunks {
-    chunks: BTreeMap<u64, Chunk>,
+    nodes: Vec<Node>,
+    spare: Vec<u32>,
+    by_addr: AddrMap<u32>,
     free: BTreeSet<(u64, u64, u64)>,
     regions: BTreeMap<u64, Region>,
     allocated: u64,
@@ -89,21 +109,51 @@ impl Chunks {
 
     /// The chunk starting at `addr`.
     pub fn get(&self, addr: u64) -> Option<&Chunk> {
-        self.chunks.get(&addr)
+        self.by_addr.get(&addr).map(|&i| &self.nodes[i as usize].chunk)
+    }
+
+    fn new_node(&mut self, addr: u64, chunk: Chunk, prev: u32, next: u32) -> u32 {
+        let node = Node { addr, chunk, prev, next };
+        let i = match self.spare.pop() {
+            Some(i) => {
+                self.nodes[i as usize] = node;
+                i
+            }
+            None => {
+                self.nodes.push(node);
+                (self.nodes.len() - 1) as u32
+            }
+        };
+        self.by_addr.insert(addr, i);
+        if let Some(r) = self.regions.get_mut(&chunk.region) {
+            r.chunks += 1;
+        }
+        i
+    }
+
+    fn drop_node(&mut self, i: u32) {
+        let n = self.nodes[i as usize];
+        self.by_addr.remove(&n.addr);
+        if let Some(r) = self.regions.get_mut(&n.chunk.region) {
+            r.chunks -= 1;
+        }
+        self.spare.push(i);
     }
 
     /// Records a new region (holding no chunks yet).
     pub fn add_region(&mut self, base: u64, size: u64, stream: u64) {
-        self.regions.insert(base, Region { size, stream });
+        self.regions.insert(base, Region { size, stream, chunks: 0, in_use: 0 });
     }
 
-    /// Adds a free chunk `[addr, addr + size)` of `region` to `list` and merges it with free
-    /// neighbours; returns the merged chunk's address.
+    /// Adds a free chunk `[addr, addr + size)` of `region` to `list`. The range must have no
+    /// chunk adjacent to it in its region (a fresh region, or one whose pages around it are
+    /// unmapped). Returns its address.
     pub fn add_free(&mut self, addr: u64, size: u64, region: u64, list: u64) -> u64 {
-        self.chunks.insert(addr, Chunk { size, region, list, in_use: false, request: 0 });
+        let chunk = Chunk { size, region, list, in_use: false, request: 0 };
+        self.new_node(addr, chunk, NONE, NONE);
         self.free.insert((list, size, addr));
         self.free_bytes += size;
-        self.coalesce(addr)
+        addr
     }
 
     /// The smallest free chunk on `list` with at least `size` bytes (lowest address on ties).
@@ -125,35 +175,47 @@ impl Chunks {
         let mut next = self.free.iter().next().map(|&(l, _, _)| l);
         while let Some(l) = next {
             out.push(l);
-            next = self.free.range((l + 1, 0, 0)..).next().map(|&(l, _, _)| l);
             if l == u64::MAX {
                 break;
             }
+            next = self.free.range((l + 1, 0, 0)..).next().map(|&(l, _, _)| l);
         }
         out
     }
 
     /// Hands out the free chunk at `addr` to `owner` (kept in the in-use chunk's `list`, e.g.
     /// the allocating stream): when `split` and it is bigger than `size`, the tail beyond `size`
-    /// stays free (on the chunk's list) as a new chunk. Returns the block size.
+    /// stays free (on the chunk's list) as a new chunk. Returns the block size (0 when no free
+    /// chunk starts at `addr`).
     pub fn take(&mut self, addr: u64, size: u64, request: u64, split: bool, owner: u64) -> u64 {
-        let Some(c) = self.chunks.get(&addr).copied() else { return 0 };
-        debug_assert!(!c.in_use && c.size >= size);
+        let Some(&i) = self.by_addr.get(&addr) else { return 0 };
+        let n = self.nodes[i as usize];
+        if n.chunk.in_use || n.chunk.size < size {
+            return 0;
+        }
+        let c = n.chunk;
         self.free.remove(&(c.list, c.size, addr));
         self.free_bytes -= c.size;
         let block = if split && c.size > size {
             let rest = c.size - size;
-            self.chunks.insert(
-                addr + size,
-                Chunk { size: rest, region: c.region, list: c.list, in_use: false, request: 0 },
-            );
+            let tail =
+                Chunk { size: rest, region: c.region, list: c.list, in_use: false, request: 0 };
+            let t = self.new_node(addr + size, tail, i, n.next);
+            if n.next != NONE {
+                self.nodes[n.next as usize].prev = t;
+            }
+            self.nodes[i as usize].next = t;
             self.free.insert((c.list, rest, addr + size));
             self.free_bytes += rest;
             size
         } else {
             c.size
         };
-        self.chunks.insert(addr, Chunk { size: block, in_use: true, request, list: owner, ..c });
+        self.nodes[i as usize].chunk =
+            Chunk { size: block, in_use: true, request, list: owner, ..c };
+        if let Some(r) = self.regions.get_mut(&c.region) {
+            r.in_use += 1;
+        }
         self.allocated += block;
         block
     }
@@ -161,113 +223,186 @@ impl Chunks {
     /// Returns the in-use chunk at `addr` to `list`, merging it with free neighbours. Returns
     /// the merged chunk's address, or `None` when no in-use chunk starts at `addr`.
     pub fn release(&mut self, addr: u64, list: u64) -> Option<u64> {
-        let c = self.chunks.get_mut(&addr).filter(|c| c.in_use)?;
+        let i = *self.by_addr.get(&addr)?;
+        let c = &mut self.nodes[i as usize].chunk;
+        if !c.in_use {
+            return None;
+        }
         c.in_use = false;
         c.list = list;
-        let size = c.size;
+        let (size, region) = (c.size, c.region);
+        if let Some(r) = self.regions.get_mut(&region) {
+            r.in_use -= 1;
+        }
         self.allocated -= size;
         self.free_bytes += size;
-        self.free.insert((list, size, addr));
-        Some(self.coalesce(addr))
+        Some(self.merge_free(i))
+    }
+
+    /// Merges the free node `i` (not yet in the free set) with free neighbours on its list, then
+    /// puts the result in the free set; returns its address.
+    fn merge_free(&mut self, mut i: u32) -> u64 {
+        let n = self.nodes[i as usize];
+        let list = n.chunk.list;
+        let mut size = n.chunk.size;
+        let p = n.prev;
+        if p != NONE {
+            let pn = self.nodes[p as usize];
+            if !pn.chunk.in_use && pn.chunk.list == list {
+                self.free.remove(&(list, pn.chunk.size, pn.addr));
+                size += pn.chunk.size;
+                self.nodes[p as usize].next = n.next;
+                if n.next != NONE {
+                    self.nodes[n.next as usize].prev = p;
+                }
+                self.drop_node(i);
+                i = p;
+            }
+        }
+        let next = self.nodes[i as usize].next;
+        if next != NONE {
+            let nn = self.nodes[next as usize];
+            if !nn.chunk.in_use && nn.chunk.list == list {
+                self.free.remove(&(list, nn.chunk.size, nn.addr));
+                size += nn.chunk.size;
+                self.nodes[i as usize].next = nn.next;
+                if nn.next != NONE {
+                    self.nodes[nn.next as usize].prev = i;
+                }
+                self.drop_node(next);
+            }
+        }
+        let node = &mut self.nodes[i as usize];
+        node.chunk.size = size;
+        self.free.insert((list, size, node.addr));
+        node.addr
     }
 
     /// Removes the free chunk at `addr` (unmapped, or its region released); returns it.
     pub fn remove_free(&mut self, addr: u64) -> Option<Chunk> {
-        let c = self.chunks.get(&addr).copied().filter(|c| !c.in_use)?;
-        self.chunks.remove(&addr);
-        self.free.remove(&(c.list, c.size, addr));
-        self.free_bytes -= c.size;
-        Some(c)
+        let i = *self.by_addr.get(&addr)?;
+        let n = self.nodes[i as usize];
+        if n.chunk.in_use {
+            return None;
+        }
+        self.free.remove(&(n.chunk.list, n.chunk.size, addr));
+        self.free_bytes -= n.chunk.size;
+        if n.prev != NONE {
+            self.nodes[n.prev as usize].next = NONE;
+        }
+        if n.next != NONE {
+            self.nodes[n.next as usize].prev = NONE;
+        }
+        self.drop_node(i);
+        Some(n.chunk)
+    }
+
+    /// Removes the first `by` bytes of the free chunk at `addr` (less than its size); the rest
+    /// stays free at `addr + by`, with a hole before it. Returns false when there is no such chunk.
+    pub fn trim_front(&mut self, addr: u64, by: u64) -> bool {
+        let Some(&i) = self.by_addr.get(&addr) else { return false };
+        let n = self.nodes[i as usize];
+        if n.chunk.in_use || by == 0 || by >= n.chunk.size {
+            return false;
+        }
+        self.free.remove(&(n.chunk.list, n.chunk.size, addr));
+        let rest = n.chunk.size - by;
+        self.free.insert((n.chunk.list, rest, addr + by));
+        self.free_bytes -= by;
+        if n.prev != NONE {
+            self.nodes[n.prev as usize].next = NONE;
+        }
+        self.by_addr.remove(&addr);
+        self.by_addr.insert(addr + by, i);
+        let node = &mut self.nodes[i as usize];
+        node.addr = addr + by;
+        node.chunk.size = rest;
+        node.prev = NONE;
+        true
     }
 
     /// Moves every free chunk of list `from` to list `to`, merging as it goes (RMM's
     /// `merge_lists`).
     pub fn move_list(&mut self, from: u64, to: u64) {
         let moved: Vec<(u64, u64)> = self.free_chunks(from).collect();
-        for (addr, size) in moved {
+        for &(addr, size) in &moved {
             self.free.remove(&(from, size, addr));
-            if let Some(c) = self.chunks.get_mut(&addr) {
-                c.list = to;
+            if let Some(&i) = self.by_addr.get(&addr) {
+                self.nodes[i as usize].chunk.list = to;
             }
-            self.free.insert((to, size, addr));
         }
-        let addrs: Vec<u64> = self.free_chunks(to).map(|(a, _)| a).collect();
-        for a in addrs {
-            if self.chunks.get(&a).is_some_and(|c| !c.in_use) {
-                self.coalesce(a);
+        // Merge each moved chunk with its neighbours (chunks already on `to` are merged among
+        // themselves). A moved chunk absorbed by an earlier one is gone from the map.
+        for &(addr, _) in &moved {
+            let Some(&i) = self.by_addr.get(&addr) else { continue };
+            let c = self.nodes[i as usize].chunk;
+            if c.in_use || c.list != to {
+                continue;
             }
+            // It may be in the free set already, as the result of an earlier merge.
+            self.free.remove(&(to, c.size, addr));
+            self.merge_free(i);
         }
     }
 
     /// True when region `base` holds nothing in use.
     pub fn region_is_free(&self, base: u64) -> bool {
-        let Some(r) = self.regions.get(&base) else { return false };
-        !self.chunks.range(base..base + r.size).any(|(_, c)| c.in_use)
+        self.regions.get(&base).is_some_and(|r| r.in_use == 0)
     }
 
     /// True when no chunk lies in region `base` (all its pages were unmapped).
     pub fn region_is_empty(&self, base: u64) -> bool {
-        self.regions
-            .get(&base)
-            .is_some_and(|r| self.chunks.range(base..base + r.size).next().is_none())
+        self.regions.get(&base).is_some_and(|r| r.chunks == 0)
     }
 
     /// Forgets region `base` and its (free) chunks; returns its size. Call only when
     /// [`Chunks::region_is_free`].
     pub fn remove_region(&mut self, base: u64) -> Option<u64> {
-        let r = self.regions.remove(&base)?;
-        let inside: Vec<u64> = self.chunks.range(base..base + r.size).map(|(&a, _)| a).collect();
-        for a in inside {
-            self.remove_free(a);
+        let r = *self.regions.get(&base)?;
+        if r.chunks > 0 {
+            let inside: Vec<u64> = self
+                .by_addr
+                .iter()
+                .filter(|(_, &i)| self.nodes[i as usize].chunk.region == base)
+                .map(|(&a, _)| a)
+                .collect();
+            for a in inside {
+                self.remove_free(a);
+            }
         }
+        self.regions.remove(&base);
         Some(r.size)
     }
 
-    /// Merges the free chunk at `addr` with free, adjacent chunks of the same region and list.
-    fn coalesce(&mut self, mut addr: u64) -> u64 {
-        let Some(mut c) = self.chunks.get(&addr).copied() else { return addr };
-        if let Some((&pa, &p)) = self.chunks.range(..addr).next_back() {
-            if !p.in_use && p.region == c.region && p.list == c.list && pa + p.size == addr {
-                self.free.remove(&(c.list, c.size, addr));
-                self.free.remove(&(p.list, p.size, pa));
-                self.chunks.remove(&addr);
-                c.size += p.size;
-                addr = pa;
-                self.chunks.insert(addr, c);
-                self.free.insert((c.list, c.size, addr));
-            }
-        }
-        let next = addr + c.size;
-        if let Some(&n) = self.chunks.get(&next) {
-            if !n.in_use && n.region == c.region && n.list == c.list {
-                self.free.remove(&(c.list, c.size, addr));
-                self.free.remove(&(n.list, n.size, next));
-                self.chunks.remove(&next);
-                c.size += n.size;
-                self.chunks.insert(addr, c);
-                self.free.insert((c.list, c.size, addr));
-            }
-        }
-        addr
+    /// Every chunk, in address order.
+    fn sorted(&self) -> Vec<(u64, u32)> {
+        let mut all: Vec<(u64, u32)> = self.by_addr.iter().map(|(&a, &i)| (a, i)).collect();
+        all.sort_unstable();
+        all
     }
 
     /// The regions as PyTorch-style segments with their blocks (`is_expandable` for VMM ranges).
     pub fn segments(&self, device: i32, pool: PoolKind, is_expandable: bool) -> Vec<Segment> {
+        let all = self.sorted();
         self.regions
             .iter()
             .map(|(&base, r)| {
-                let blocks: Vec<Block> = self
-                    .chunks
-                    .range(base..base + r.size)
-                    .map(|(&a, c)| Block {
-                        address: a,
-                        size: c.size,
-                        requested_size: c.request,
-                        state: if c.in_use {
-                            BlockState::ActiveAllocated
-                        } else {
-                            BlockState::Inactive
-                        },
+                let lo = all.partition_point(|&(a, _)| a < base);
+                let hi = all.partition_point(|&(a, _)| a < base + r.size);
+                let blocks: Vec<Block> = all[lo..hi]
+                    .iter()
+                    .map(|&(a, i)| {
+                        let c = self.nodes[i as usize].chunk;
+                        Block {
+                            address: a,
+                            size: c.size,
+                            requested_size: c.request,
+                            state: if c.in_use {
+                                BlockState::ActiveAllocated
+                            } else {
+                                BlockState::Inactive
+                            },
+                        }
                     })
                     .collect();
                 Segment {
@@ -283,22 +418,43 @@ impl Chunks {
             .collect()
     }
 
-    /// Checks that chunks lie in their regions without overlap, the free set matches the free
-    /// chunks, no two free neighbours were left unmerged, and the counters match.
+    /// Checks that chunks lie in their regions without overlap, links join exactly the adjacent
+    /// chunks of a region, the free set matches the free chunks, no two free neighbours on one
+    /// list were left unmerged, and the counters match.
     pub fn check(&self) -> std::result::Result<(), String> {
-        let mut end = 0u64;
+        let all = self.sorted();
         let (mut allocated, mut free_bytes, mut free_count) = (0u64, 0u64, 0usize);
-        let mut prev: Option<(u64, Chunk)> = None;
-        for (&a, c) in &self.chunks {
-            if a < end {
-                return Err(format!("chunk {a:#x} overlaps the previous chunk"));
+        let mut per_region: BTreeMap<u64, (u32, u32)> = BTreeMap::new();
+        let mut prev: Option<(u64, u32)> = None;
+        for &(a, i) in &all {
+            let n = self.nodes[i as usize];
+            let c = n.chunk;
+            if n.addr != a {
+                return Err(format!("chunk {a:#x} is filed under the wrong address"));
             }
-            end = a + c.size;
             let Some(r) = self.regions.get(&c.region) else {
                 return Err(format!("chunk {a:#x} names unknown region {:#x}", c.region));
             };
-            if a < c.region || end > c.region + r.size || c.size == 0 {
+            if a < c.region || a + c.size > c.region + r.size || c.size == 0 {
                 return Err(format!("chunk {a:#x}+{} outside region {:#x}", c.size, c.region));
+            }
+            let e = per_region.entry(c.region).or_default();
+            e.0 += 1;
+            e.1 += c.in_use as u32;
+            let adjacent = prev.filter(|&(pa, pi)| {
+                let p = self.nodes[pi as usize].chunk;
+                p.region == c.region && pa + p.size == a
+            });
+            if let Some((pa, pi)) = prev {
+                if pa + self.nodes[pi as usize].chunk.size > a {
+                    return Err(format!("chunk {a:#x} overlaps the previous chunk"));
+                }
+            }
+            let linked = n.prev != NONE;
+            if linked != adjacent.is_some()
+                || adjacent.is_some_and(|(_, pi)| n.prev != pi || self.nodes[pi as usize].next != i)
+            {
+                return Err(format!("chunk {a:#x}: links disagree with adjacency"));
             }
             if c.in_use {
                 allocated += c.size;
@@ -308,13 +464,14 @@ impl Chunks {
                 if !self.free.contains(&(c.list, c.size, a)) {
                     return Err(format!("free chunk {a:#x} missing from the free set"));
                 }
-                if let Some((pa, p)) = prev {
-                    if !p.in_use && p.region == c.region && p.list == c.list && pa + p.size == a {
+                if let Some((pa, pi)) = adjacent {
+                    let p = self.nodes[pi as usize].chunk;
+                    if !p.in_use && p.list == c.list {
                         return Err(format!("free chunks {pa:#x} and {a:#x} were not merged"));
                     }
                 }
             }
-            prev = Some((a, *c));
+            prev = Some((a, i));
         }
         if free_count != self.free.len() {
             return Err(format!(
@@ -327,6 +484,12 @@ impl Chunks {
                 "counters allocated {} free {} != recomputed {allocated} {free_bytes}",
                 self.allocated, self.free_bytes
             ));
+        }
+        for (&base, r) in &self.regions {
+            let (chunks, in_use) = per_region.get(&base).copied().unwrap_or_default();
+            if (chunks, in_use) != (r.chunks, r.in_use) {
+                return Err(format!("region {base:#x}: chunk counters disagree"));
+            }
         }
         Ok(())
     }

@@ -16,7 +16,11 @@
 //!   the final segments show; without it, it finds the ones the events show (frees of addresses
 //!   never allocated before). When the trace re-allocates an address still live, the engine
 //!   frees the old block just after the new malloc, so the two overlap.
-//! - Blocks are placed in decreasing size (ties: earlier start, then trace order). Each goes into
+//! - Blocks live over the whole plan (typically weights and optimizer state live before the
+//!   first event and after the last) overlap every block, so they are stacked first at the
+//!   bottom, largest first, and left out of later overlap queries; this saves most of the
+//!   planning time on real traces and keeps them from splitting the free space above them.
+//! - The other blocks are placed in decreasing size (ties: earlier start, then trace order). Each goes into
 //!   the smallest gap, among blocks already placed whose lifetimes overlap its own, that fits it
 //!   (lowest offset on ties), or on top of them when no gap fits. Overlapping placed blocks are
 //!   found with an augmented interval tree over lifetimes (sorted by start, subtree max end), as
@@ -27,6 +31,9 @@
 //!   segments show; a replay without `prepare`) or whose planned range is unexpectedly still in
 //!   use gets its own exact-size segment, freed at its free, so correctness never depends on the
 //!   plan matching.
+//! - If the device cannot hold the planned range (`--capacity` below the plan), every request
+//!   gets its own segment instead, as in `bound`: `offline` then reports an OOM only where
+//!   `bound` would.
 //! - `empty_cache` returns the planned segment when nothing in it is live (it is taken again at
 //!   the next planned malloc).
 //! - Because the whole range is reserved at the first malloc, `fragmentation_at_peak` (taken
@@ -102,18 +109,29 @@ pub fn pack(items: &[Lifetime]) -> (Vec<u64>, u64) {
     }
     let mut max_end = vec![0u64; n]; // per tree node (position): max end of placed below
     let mut offset: Vec<Option<u64>> = vec![None; n]; // per position
+                                                      // Blocks live over the whole plan overlap every other block: stack them at the bottom,
+                                                      // largest first, and leave them out of every later overlap query.
+    let first = items.iter().map(|i| i.start).min().unwrap_or(0);
+    let last = items.iter().map(|i| i.end).max().unwrap_or(0);
+    let whole = |i: usize| items[i].start == first && items[i].end == last;
     let mut order: Vec<usize> = (0..n).collect();
-    order.sort_by_key(|&i| (std::cmp::Reverse(items[i].block), items[i].start, i));
-    let mut peak = 0;
+    order.sort_by_key(|&i| (!whole(i), std::cmp::Reverse(items[i].block), items[i].start, i));
+    let mut floor = 0;
+    let mut on_floor: Vec<Option<u64>> = vec![None; n]; // per item; not in the tree
+    for &i in order.iter().take_while(|&&i| whole(i)) {
+        on_floor[i] = Some(floor);
+        floor += items[i].block;
+    }
+    let mut peak = floor;
     let mut found: Vec<(u64, u64)> = Vec::new();
-    for &i in &order {
+    for &i in order.iter().skip_while(|&&i| whole(i)) {
         let it = items[i];
         found.clear();
         query(
             0, n, it.start, it.end, &starts, &ends, &max_end, &offset, &by_start, items, &mut found,
         );
-        found.sort_unstable();
-        let mut cur = 0u64;
+        found.sort_unstable_by_key(|&(off, _)| off);
+        let mut cur = floor;
         let mut best: Option<(u64, u64)> = None; // (gap, offset)
         for &(off, size) in &found {
             if off > cur {
@@ -143,7 +161,7 @@ pub fn pack(items: &[Lifetime]) -> (Vec<u64>, u64) {
             }
         }
     }
-    let offsets = (0..n).map(|i| offset[pos_of[i]].unwrap_or(0)).collect();
+    let offsets = (0..n).map(|i| on_floor[i].or(offset[pos_of[i]]).unwrap_or(0)).collect();
     (offsets, peak)
 }
 
@@ -520,16 +538,16 @@ mod tests {
         // Greedy by size: y at 0; z overlaps y → 2 KiB; x overlaps only y → on top of it, 2 KiB.
         let (offsets, peak) = pack(&[lt(0, 3, K), lt(1, 6, 2 * K), lt(4, 8, 2 * K)]);
         assert_eq!((offsets, peak), (vec![2 * K, 0, 2 * K], 4 * K));
-        // A gap: a (4K) [0,10); c (2K) [0,5) → 4K; b (1K) [0,2) → on top, 6K; d (1K) [3,10)
-        // overlaps a and c only → 6K as well (b ended). Peak 7 KiB = a + b + c at t < 2.
+        // a (4K) [0,10) spans the plan: the floor. c (2K) [0,5) → 4K; b (1K) [0,2) → on top,
+        // 6K; d (1K) [3,10) overlaps c only → 6K as well (b ended). Peak 7 KiB = a + b + c.
         let (offsets, peak) = pack(&[lt(0, 10, 4 * K), lt(0, 2, K), lt(0, 5, 2 * K), lt(3, 10, K)]);
         assert_eq!((offsets, peak), (vec![0, 6 * K, 4 * K, 6 * K], 7 * K));
-        // p (3K), q (1K), r (2K) live throughout; s (2K) [0,1); t (1K) [2,9). Order p, r, s,
-        // q, t: p 0, r 3K, s 5K, q 7K; t overlaps p, r, q (s has ended): the 2 KiB hole at 5K
-        // takes it. Peak 8 KiB = p + q + r + s at t < 1, so optimal.
+        // p (3K), q (1K), r (2K) live over the whole plan: stacked first, largest first: p 0,
+        // r 3K, q 5K. s (2K) [0,1) and t (1K) [2,9) both sit on that 6 KiB floor (they never
+        // overlap). Peak 8 KiB = p + q + r + s at t < 1, so optimal.
         let (offsets, peak) =
             pack(&[lt(0, 9, 3 * K), lt(0, 9, K), lt(0, 9, 2 * K), lt(0, 1, 2 * K), lt(2, 9, K)]);
-        assert_eq!(offsets, vec![0, 7 * K, 3 * K, 5 * K, 5 * K]);
+        assert_eq!(offsets, vec![0, 5 * K, 3 * K, 6 * K, 6 * K]);
         assert_eq!(peak, 8 * K);
     }
 
@@ -538,7 +556,8 @@ mod tests {
         // Floor: g1 (1K) [0,10) and g2 (2K) [0,10) separated by holes from blocks that end.
         // Sizes decide order: A 4K [0,10) → 0; B 2K [0,1) → 4K; C 2K [0,10) → 6K;
         // D 1K [0,1) → 8K; E 1K [0,10) → 9K. After t=1, holes: [4K,6K) (2K) and [8K,9K) (1K).
-        // F 1K [2,10): fits both; best fit takes the 1 KiB hole at 8K.
+        // F 1K [2,10): fits both; best fit takes the 1 KiB hole at 8K. G 1K [5,11) (which also
+        // keeps any block from spanning the whole plan) then finds only the 2 KiB hole: 4K.
         let items = [
             lt(0, 10, 4 * K),
             lt(0, 1, 2 * K),
@@ -546,9 +565,10 @@ mod tests {
             lt(0, 1, K),
             lt(0, 10, K),
             lt(2, 10, K),
+            lt(5, 11, K),
         ];
         let (offsets, peak) = pack(&items);
-        assert_eq!(offsets, vec![0, 4 * K, 6 * K, 8 * K, 9 * K, 8 * K]);
+        assert_eq!(offsets, vec![0, 4 * K, 6 * K, 8 * K, 9 * K, 8 * K, 4 * K]);
         assert_eq!(peak, 10 * K);
     }
 

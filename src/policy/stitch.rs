@@ -236,12 +236,14 @@ impl Stitch {
         let mut offset = 0;
         let mut touched: Vec<u64> = Vec::with_capacity(pieces.len());
         for &(addr, take) in &pieces {
-            let Some(c) = self.large.remove_free(addr) else {
+            let Some(c) = self.large.get(addr).copied() else {
                 return Err(Error::backend(format!("stitch: free block {addr:#x} vanished")));
             };
             touched.push(c.region);
             if c.size > take {
-                self.large.add_free(addr + take, c.size - take, c.region, 0);
+                self.large.trim_front(addr, take);
+            } else {
+                self.large.remove_free(addr);
             }
             backend.unmap(addr, take)?;
             offset += take;
