@@ -25,20 +25,22 @@
 //!   (lowest offset on ties), or on top of them when no gap fits. Overlapping placed blocks are
 //!   found with an augmented interval tree over lifetimes (sorted by start, subtree max end), as
 //!   XLA's `BufferIntervalTree` does, so planning is about O(n log n + overlaps).
-//! - The plan's peak is one address range. At the first malloc, `offline` takes one backend
-//!   segment of that size and serves the k-th malloc from the k-th planned block when the sizes
-//!   match. A request the plan does not know (a block live at the start that only the final
+//! - The plan's peak is one address range. At the first malloc, `offline` reserves address space
+//!   for it and serves the k-th malloc from the k-th planned block when the sizes match. Memory
+//!   behind the range is mapped (in the backend's pages) only as far as the planned blocks placed
+//!   live reach: up to the end of the highest live block, rounded up to a page. A free that
+//!   lowers that top unmaps the pages above it. An allocator that knew the future would hold no
+//!   memory above its highest live block, and this keeps reserved memory over time and
+//!   `fragmentation_at_peak` (free holes below the top) meaningful, while the peak is still the
+//!   plan's peak rounded up to a page. A request the plan does not know (a block live at the start that only the final
 //!   segments show; a replay without `prepare`) or whose planned range is unexpectedly still in
 //!   use gets its own exact-size segment, freed at its free, so correctness never depends on the
 //!   plan matching.
-//! - If the device cannot hold the planned range (`--capacity` below the plan), every request
-//!   gets its own segment instead, as in `bound`: `offline` then reports an OOM only where
-//!   `bound` would.
-//! - `empty_cache` returns the planned segment when nothing in it is live (it is taken again at
-//!   the next planned malloc).
-//! - Because the whole range is reserved at the first malloc, `fragmentation_at_peak` (taken
-//!   where reserved first reaches its peak) says little for `offline`; its peak reserved is the
-//!   number to compare.
+//! - If the device cannot back the next part of the range (`--capacity` below the plan), that
+//!   request gets its own segment instead, as in `bound`: `offline` then reports an OOM only
+//!   where `bound` would.
+//! - `empty_cache` unmaps and releases the planned range when nothing in it is live (it is
+//!   reserved again at the next planned malloc).
 //!
 //! Options (`offline:key=value,...`): `align` (default 256 B, CUDA's allocation alignment, so
 //! `offline` never rounds less than the online policies; `align=1` packs exact request sizes).
@@ -294,8 +296,12 @@ pub struct Offline {
     plan: Vec<Planned>,
     peak: u64,
     cursor: usize,
-    /// The planned range, while held.
-    base: Option<u64>,
+    /// The planned range's reservation (address, reserved bytes), while held.
+    base: Option<(u64, u64)>,
+    /// Per page of the range: how many live planned blocks touch it (mapped while > 0).
+    pages: Vec<u32>,
+    /// The backend's page size, fixed when the range is reserved.
+    page: u64,
     /// The range could not be obtained: serve everything from overflow segments.
     unusable: bool,
     /// Live planned blocks by address (for the overlap guard and segments).
@@ -355,21 +361,82 @@ impl Offline {
         if self.unusable {
             return Ok(None);
         }
-        let base = match self.base {
+        let (base, _) = match self.base {
             Some(b) => b,
-            None => match backend.segment_alloc(self.peak)? {
-                Some(b) => {
-                    self.base = Some(b);
-                    b
+            None => {
+                let page = backend.granularity().max(1);
+                let size = round_up(self.peak.max(1), page);
+                match backend.reserve(size)? {
+                    Some(b) => {
+                        self.base = Some((b, size));
+                        self.page = page;
+                        self.pages = vec![0; (size / page) as usize];
+                        (b, size)
+                    }
+                    None => {
+                        self.unusable = true;
+                        return Ok(None);
+                    }
                 }
-                None => {
-                    self.unusable = true;
-                    return Ok(None);
-                }
-            },
+            }
         };
         let addr = base + p.offset;
-        Ok((!self.range_busy(addr, p.block)).then_some(addr))
+        if self.range_busy(addr, p.block) {
+            return Ok(None);
+        }
+        // Map the runs of untouched pages the block covers; undo them all if one fails.
+        let pages = self.page_span(p.offset, p.block);
+        let mut mapped_now: Vec<(u64, u64)> = Vec::new();
+        for (first, count) in runs(pages.clone(), |i| self.pages[i] == 0) {
+            let (at, len) = (base + first as u64 * self.page, count as u64 * self.page);
+            if !backend.map(at, len)? {
+                for (a, l) in mapped_now {
+                    backend.unmap(a, l)?;
+                }
+                return Ok(None);
+            }
+            mapped_now.push((at, len));
+        }
+        for i in pages {
+            self.pages[i] += 1;
+        }
+        Ok(Some(addr))
+    }
+
+    /// The page indices a block at `offset` of `size` bytes touches.
+    fn page_span(&self, offset: u64, size: u64) -> std::ops::Range<usize> {
+        let first = offset / self.page;
+        let last = (offset + size.max(1) - 1) / self.page;
+        first as usize..(last as usize + 1).min(self.pages.len())
+    }
+}
+
+/// The maximal runs `(first, count)` of consecutive indices in `span` where `pick` holds.
+fn runs(span: std::ops::Range<usize>, pick: impl Fn(usize) -> bool) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for i in span {
+        if pick(i) {
+            match out.last_mut() {
+                Some((first, count)) if *first + *count == i => *count += 1,
+                _ => out.push((i, 1)),
+            }
+        }
+    }
+    out
+}
+
+impl Offline {
+    /// Drops a freed planned block's hold on its pages, unmapping those no live block touches.
+    fn release_pages<B: Backend>(&mut self, backend: &mut B, addr: u64, block: u64) -> Result<()> {
+        let Some((base, _)) = self.base else { return Ok(()) };
+        let span = self.page_span(addr - base, block);
+        for i in span.clone() {
+            self.pages[i] -= 1;
+        }
+        for (first, count) in runs(span, |i| self.pages[i] == 0) {
+            backend.unmap(base + first as u64 * self.page, count as u64 * self.page)?;
+        }
+        Ok(())
     }
 }
 
@@ -421,7 +488,7 @@ impl Policy for Offline {
         self.allocated -= l.block;
         if l.planned {
             self.in_range.remove(&addr);
-            Ok(())
+            self.release_pages(backend, addr, l.block)
         } else {
             backend.segment_free(addr, l.block)
         }
@@ -429,8 +496,10 @@ impl Policy for Offline {
 
     fn empty_cache<B: Backend>(&mut self, backend: &mut B) -> Result<()> {
         if self.in_range.is_empty() {
-            if let Some(base) = self.base.take() {
-                backend.segment_free(base, self.peak)?;
+            // Nothing planned is live, so every page is unmapped already.
+            if let Some((base, reserved)) = self.base.take() {
+                self.pages.clear();
+                backend.release(base, reserved)?;
             }
         }
         Ok(())
@@ -448,38 +517,44 @@ impl Policy for Offline {
             state: BlockState::ActiveAllocated,
         };
         let mut out = Vec::new();
-        if let Some(base) = self.base {
-            let mut blocks: Vec<Block> = Vec::new();
-            let mut cur = base;
-            for b in self.in_range.iter().map(block) {
-                if b.address > cur {
+        if let Some((base, _)) = self.base {
+            // One segment per run of mapped pages, its free parts as cached blocks.
+            for (first, count) in runs(0..self.pages.len(), |i| self.pages[i] > 0) {
+                let start = base + first as u64 * self.page;
+                let end = start + count as u64 * self.page;
+                let mut blocks: Vec<Block> = Vec::new();
+                let mut cur = start;
+                for b in self.in_range.range(start..end).map(block) {
+                    if b.address > cur {
+                        let gap = b.address - cur;
+                        blocks.push(Block {
+                            address: cur,
+                            size: gap,
+                            requested_size: 0,
+                            state: BlockState::Inactive,
+                        });
+                    }
+                    cur = b.address + b.size;
+                    blocks.push(b);
+                }
+                if end > cur {
                     blocks.push(Block {
                         address: cur,
-                        size: b.address - cur,
+                        size: end - cur,
                         requested_size: 0,
                         state: BlockState::Inactive,
                     });
                 }
-                cur = b.address + b.size;
-                blocks.push(b);
-            }
-            if base + self.peak > cur {
-                blocks.push(Block {
-                    address: cur,
-                    size: base + self.peak - cur,
-                    requested_size: 0,
-                    state: BlockState::Inactive,
+                out.push(Segment {
+                    device: 0,
+                    address: start,
+                    total_size: end - start,
+                    stream: 0,
+                    pool: PoolKind::Large,
+                    is_expandable: true,
+                    blocks,
                 });
             }
-            out.push(Segment {
-                device: 0,
-                address: base,
-                total_size: self.peak,
-                stream: 0,
-                pool: PoolKind::Large,
-                is_expandable: false,
-                blocks,
-            });
         }
         let mut overflow: Vec<(u64, Live)> =
             self.live.iter().filter(|(_, l)| !l.planned).map(|(&a, &l)| (a, l)).collect();
@@ -508,7 +583,10 @@ impl Policy for Offline {
             }
             end = a + b;
             match self.base {
-                Some(base) if a >= base && end <= base + self.peak => {}
+                Some((base, reserved))
+                    if a >= base
+                        && end <= base + reserved
+                        && self.page_span(a - base, b).all(|i| self.pages[i] > 0) => {}
                 _ => return Err(format!("planned block {a:#x} outside the planned range")),
             }
         }
@@ -584,14 +662,19 @@ mod tests {
         // 0x9 is freed without being allocated: live from the start (1 KiB). Then x, y, z as
         // above. Live bytes peak at 4 KiB (0x9 + x + y, then y + z). Greedy: y 0; z overlaps y →
         // 2K; 0x9 (same size as x, earlier start) overlaps y → 2K; x overlaps y and 0x9 → 3K.
-        // Peak 4 KiB, in one planned range.
-        let out = replay(
-            "alloc 0x1 1024\nalloc 0x2 2048\nfree 0x9 1024\nfree 0x1 1024\nalloc 0x3 2048\n\
-             free 0x2 2048\nfree 0x3 2048\n",
-        );
-        assert_eq!(out.result.peak_reserved_bytes, 4 * K);
+        // Peak 4 KiB, in one planned range, backed by one 2 MiB page of the simulated device.
+        let src = "alloc 0x1 1024\nalloc 0x2 2048\nfree 0x9 1024\nfree 0x1 1024\nalloc 0x3 2048\n\
+                   free 0x2 2048\nfree 0x3 2048\n";
+        let t = text::read(src.as_bytes(), &ReadOptions::default()).unwrap();
+        let input = ReplayInput::new(&t, None).unwrap();
+        let mut p = Offline::from_input("", &input).unwrap();
+        p.prepare(input.events).unwrap();
+        assert_eq!(p.planned_peak(), 4 * K);
+        let out = replay(src);
+        assert_eq!(out.result.peak_reserved_bytes, 2 << 20, "one page of the planned range");
         assert_eq!(out.result.peak_requested_bytes, 4 * K);
-        assert_eq!(out.result.device_malloc_count, 1, "one planned range, no overflow");
+        assert_eq!(out.result.device_malloc_count, 0, "no overflow segment");
+        assert_eq!(out.result.map_count, 1, "the range grows by one page, once");
     }
 
     #[test]
@@ -635,7 +718,8 @@ mod tests {
             let c = run_checked(&mut p, &steps, None);
             assert_eq!(p.overflow_count(), 0);
             assert!(c.peak_reserved >= c.peak_requested);
-            assert_eq!(c.peak_reserved, p.planned_peak());
+            // Only pages under live blocks are backed: never more than the whole planned range.
+            assert!(c.peak_reserved <= round_up(p.planned_peak(), 2 << 20));
         }
     }
     /// Every policy on the same random sequences: the checker's properties, `bound` ≤ every
