@@ -9,7 +9,7 @@
 //! unmapping go through [`Backend::map`] / [`Backend::unmap`], which the replay engine records as
 //! `segment_map` / `segment_unmap`.
 
-use super::{Block, ExpandableSegment, PyTorch, NIL};
+use super::{unmapped_key, Block, ExpandableSegment, PyTorch, NIL};
 use crate::backend::Backend;
 use crate::error::Result;
 
@@ -30,8 +30,9 @@ impl PyTorch {
         small: bool,
     ) -> Result<Option<u32>> {
         let p = super::pool_index(small);
-        for (&(s, _), &id) in self.pools[p].unmapped.range((stream, 0)..) {
-            if s != stream {
+        let sid = self.intern(stream)?;
+        for (&k, &id) in self.pools[p].unmapped.range(unmapped_key(sid, 0)..) {
+            if (k >> 64) as u16 != sid {
                 break;
             }
             let mut c = id;
@@ -53,6 +54,7 @@ impl PyTorch {
         let gpu = self.config.gpu_memory;
         let va_size = (gpu + gpu / 8).div_ceil(page).max(1) * page;
         let Some(base) = backend.reserve(va_size)? else { return Ok(None) };
+        Self::check_range(base, va_size)?;
         let seg = self.expandable.len() as u32;
         self.expandable.push(ExpandableSegment { base, va_size, page, alive: true });
         let id = self.new_block(Block {
@@ -60,6 +62,7 @@ impl PyTorch {
             size: va_size,
             requested: 0,
             stream,
+            sid,
             prev: NIL,
             next: NIL,
             expandable: seg,
@@ -69,7 +72,7 @@ impl PyTorch {
             mapped: false,
             in_use: true,
         });
-        self.pools[p].unmapped.insert((stream, base), id);
+        self.pools[p].unmapped.insert(unmapped_key(sid, base), id);
         Ok(Some(id))
     }
 
@@ -134,7 +137,7 @@ impl PyTorch {
             self.bm(id).next = rest;
             self.pools[super::pool_index(b.small)]
                 .unmapped
-                .insert((b.stream, b.ptr + mapped), rest);
+                .insert(unmapped_key(b.sid, b.ptr + mapped), rest);
         }
         let x = self.bm(id);
         x.mapped = true;
@@ -199,13 +202,13 @@ impl PyTorch {
         self.try_merge(id, prev);
         self.try_merge(id, next);
         let x = self.b(id);
-        let (stream, ptr, small) = (x.stream, x.ptr, x.small);
-        self.pools[super::pool_index(small)].unmapped.insert((stream, ptr), id);
+        let (sid, ptr, small) = (x.sid, x.ptr, x.small);
+        self.pools[super::pool_index(small)].unmapped.insert(unmapped_key(sid, ptr), id);
         self.total_allocated -= end - start;
         self.stats.num_device_free += 1;
         if self.b(id).prev == NIL && self.b(id).next == NIL {
             // release_expandable_segment: the whole VA is unmapped.
-            self.pools[super::pool_index(small)].unmapped.remove(&(stream, ptr));
+            self.pools[super::pool_index(small)].unmapped.remove(&unmapped_key(sid, ptr));
             backend.release(seg.base, seg.va_size)?;
             self.expandable[b.expandable as usize].alive = false;
             self.drop_block(id);

@@ -7,7 +7,8 @@
 //! `pytorch-caching-allocator.md` (§2–§11, corrected by §19–§20). Options: [`config`].
 //!
 //! State: a block arena indexed by `u32` (neighbours are indices, as PyTorch's are pointers), and
-//! per pool (small, large) a `BTreeMap` of free blocks keyed by (stream, size, address) — the
+//! per pool (small, large) a `BTreeMap` of free blocks keyed by (stream, size, address) packed in
+//! a `u128` (streams numbered by first sight; walks across streams re-sort by the raw value) — the
 //! order of PyTorch's `BlockPool::blocks` — and one of unmapped expandable ranges keyed by
 //! (stream, address). Every choice is deterministic: best fit, then lowest address.
 //!
@@ -42,6 +43,8 @@ struct Block {
     /// Request size of the last allocation that used this block object.
     requested: u64,
     stream: u64,
+    /// The stream's index in `PyTorch::streams`, the leading part of the free-set keys.
+    sid: u16,
     prev: u32,
     next: u32,
     /// Index of the expandable segment, or [`NIL`] for a cudaMalloc segment.
@@ -57,12 +60,39 @@ struct Block {
 /// One pool's free sets (PyTorch's `BlockPool`).
 #[derive(Debug, Default)]
 struct Pool {
-    /// Free mapped blocks, by (stream, size, address).
-    blocks: BTreeMap<(u64, u64, u64), u32>,
-    /// Unmapped expandable ranges, by (stream, address).
-    unmapped: BTreeMap<(u64, u64), u32>,
+    /// Free mapped blocks, by (stream, size, address) packed into one [`free_key`].
+    blocks: BTreeMap<u128, u32>,
+    /// Unmapped expandable ranges, by (stream, address) packed into one [`unmapped_key`].
+    unmapped: BTreeMap<u128, u32>,
     /// `get_free_blocks_call_count`, the GC clock.
     gc_count: u64,
+}
+
+/// Addresses and sizes must stay below this to pack into a key (real ones are below 2^48).
+const KEY_LIMIT: u64 = 1 << 56;
+const KEY_MASK: u128 = (1 << 56) - 1;
+
+/// The free-set key of a block: (stream index, size, address), ordered as PyTorch's
+/// `BlockComparatorSize`, in one integer so that comparisons and node moves are cheap.
+#[inline]
+fn free_key(sid: u16, size: u64, ptr: u64) -> u128 {
+    (sid as u128) << 112 | (size as u128) << 56 | ptr as u128
+}
+
+#[inline]
+fn key_sid(k: u128) -> u16 {
+    (k >> 112) as u16
+}
+
+#[inline]
+fn key_size(k: u128) -> u64 {
+    ((k >> 56) & KEY_MASK) as u64
+}
+
+/// The unmapped-set key of a block: (stream index, address), as `BlockComparatorAddress`.
+#[inline]
+fn unmapped_key(sid: u16, ptr: u64) -> u128 {
+    (sid as u128) << 64 | ptr as u128
 }
 
 /// A cudaMalloc segment: its size.
@@ -110,6 +140,8 @@ pub struct PyTorch {
     active: AddrMap<u32>,
     segments: BTreeMap<u64, SegmentInfo>,
     expandable: Vec<ExpandableSegment>,
+    /// Every stream seen, indexed by the `sid` in keys.
+    streams: Vec<u64>,
     allocated: u64,
     /// `total_allocated_memory`: cudaMalloc'd segments plus mapped pages.
     total_allocated: u64,
@@ -132,6 +164,7 @@ impl PyTorch {
             active: AddrMap::default(),
             segments: BTreeMap::new(),
             expandable: Vec::new(),
+            streams: Vec::new(),
             allocated: 0,
             total_allocated: 0,
             alloc_retries: 0,
@@ -192,6 +225,47 @@ impl PyTorch {
         &mut self.blocks[id as usize]
     }
 
+    /// The index of `stream`, if it was seen.
+    #[inline]
+    fn sid_of(&self, stream: u64) -> Option<u16> {
+        self.streams.iter().position(|&s| s == stream).map(|i| i as u16)
+    }
+
+    /// The index of `stream`, assigned on first sight.
+    fn intern(&mut self, stream: u64) -> Result<u16> {
+        if let Some(i) = self.sid_of(stream) {
+            return Ok(i);
+        }
+        if self.streams.len() > u16::MAX as usize {
+            return Err(Error::input("more than 65536 streams on one device"));
+        }
+        self.streams.push(stream);
+        Ok((self.streams.len() - 1) as u16)
+    }
+
+    /// Checks that a range from the backend fits the packed keys.
+    fn check_range(ptr: u64, size: u64) -> Result<()> {
+        if ptr.checked_add(size).is_none_or(|end| end >= KEY_LIMIT) {
+            return Err(Error::backend(format!(
+                "address range {ptr:#x}+{size} is beyond 2^56, which the pytorch policy cannot index"
+            )));
+        }
+        Ok(())
+    }
+
+    /// A pool's free blocks in PyTorch's (stream, size, address) order. Keys order streams by
+    /// first sight, so walks that cross streams (flush, GC) sort by the raw stream value.
+    fn free_blocks_in_order(&self, p: usize) -> Vec<u32> {
+        let mut ids: Vec<u32> = self.pools[p].blocks.values().copied().collect();
+        if self.streams.len() > 1 {
+            ids.sort_by_key(|&id| {
+                let b = self.b(id);
+                (b.stream, b.size, b.ptr)
+            });
+        }
+        ids
+    }
+
     fn gc_enabled(&self) -> bool {
         self.config.garbage_collection_threshold > 0.0
             && self.config.allowed_memory_maximum().is_some()
@@ -200,7 +274,7 @@ impl PyTorch {
     /// Puts a free mapped block into its pool's free set (GC base reset).
     fn insert_free(&mut self, id: u32) {
         let b = self.b(id);
-        let (key, p) = ((b.stream, b.size, b.ptr), pool_index(b.small));
+        let (key, p) = (free_key(b.sid, b.size, b.ptr), pool_index(b.small));
         let pool = &mut self.pools[p];
         pool.blocks.insert(key, id);
         let clock = pool.gc_count;
@@ -211,10 +285,10 @@ impl PyTorch {
         let b = self.b(id);
         let p = pool_index(b.small);
         if b.mapped {
-            let key = (b.stream, b.size, b.ptr);
+            let key = free_key(b.sid, b.size, b.ptr);
             self.pools[p].blocks.remove(&key);
         } else {
-            let key = (b.stream, b.ptr);
+            let key = unmapped_key(b.sid, b.ptr);
             self.pools[p].unmapped.remove(&key);
         }
     }
@@ -246,22 +320,18 @@ impl PyTorch {
     }
 
     /// The search of `get_free_block`, without its side effects.
-    fn find_free_block(
-        &self,
-        stream: u64,
-        size: u64,
-        small: bool,
-    ) -> Option<((u64, u64, u64), u32)> {
+    fn find_free_block(&self, stream: u64, size: u64, small: bool) -> Option<(u128, u32)> {
+        let sid = self.sid_of(stream)?;
         let pool = &self.pools[pool_index(small)];
-        let mut it = pool.blocks.range((stream, size, 0)..);
+        let mut it = pool.blocks.range(free_key(sid, size, 0)..);
         let (mut key, mut id) = it.next().map(|(k, &v)| (*k, v))?;
-        if key.0 != stream {
+        if key_sid(key) != sid {
             return None;
         }
         if self.b(id).expandable != NIL {
             if self.config.expandable_segments {
                 for (k, &next) in it {
-                    if k.0 == stream
+                    if key_sid(*k) == sid
                         && self.b(id).expandable != NIL
                         && self.expandable_size(next) < self.expandable_size(id)
                     {
@@ -273,9 +343,9 @@ impl PyTorch {
                 }
             } else {
                 let (k, next) = it
-                    .find(|(k, &v)| k.0 != stream || self.b(v).expandable == NIL)
+                    .find(|(k, &v)| key_sid(**k) != sid || self.b(v).expandable == NIL)
                     .map(|(k, &v)| (*k, v))?;
-                if k.0 != stream {
+                if key_sid(k) != sid {
                     return None;
                 }
                 key = k;
@@ -426,11 +496,13 @@ impl PyTorch {
             return self.try_allocate_expandable_block(backend, stream, size, small);
         }
         let Some(ptr) = backend.segment_alloc(alloc_size)? else { return Ok(None) };
-        Ok(Some(self.add_segment(ptr, alloc_size, stream, small)))
+        Ok(Some(self.add_segment(ptr, alloc_size, stream, small)?))
     }
 
     /// Records a new cudaMalloc segment as one block that is in no set yet.
-    fn add_segment(&mut self, ptr: u64, size: u64, stream: u64, small: bool) -> u32 {
+    fn add_segment(&mut self, ptr: u64, size: u64, stream: u64, small: bool) -> Result<u32> {
+        Self::check_range(ptr, size)?;
+        let sid = self.intern(stream)?;
         self.total_allocated += size;
         self.stats.segments += 1;
         self.stats.num_device_alloc += 1;
@@ -438,11 +510,12 @@ impl PyTorch {
             self.stats.oversize_segments += 1;
         }
         self.segments.insert(ptr, SegmentInfo { size });
-        self.new_block(Block {
+        Ok(self.new_block(Block {
             ptr,
             size,
             requested: 0,
             stream,
+            sid,
             prev: NIL,
             next: NIL,
             expandable: NIL,
@@ -451,7 +524,7 @@ impl PyTorch {
             allocated: false,
             mapped: true,
             in_use: true,
-        })
+        }))
     }
 
     /// `release_available_cached_blocks` (§9.2): with `max_split_size` set, free the smallest
@@ -469,9 +542,10 @@ impl PyTorch {
         }
         let p = pool_index(small);
         let target = size.max(max_split);
-        let bound = (stream, target, 0);
-        if let Some((k, &id)) = self.pools[p].blocks.range(bound..).next() {
-            if k.0 == stream && self.b(id).expandable == NIL {
+        let Some(sid) = self.sid_of(stream) else { return Ok(false) };
+        let bound = free_key(sid, target, 0);
+        if let Some((&k, &id)) = self.pools[p].blocks.range(bound..).next() {
+            if key_sid(k) == sid && self.b(id).expandable == NIL {
                 self.release_block(backend, id)?;
                 return Ok(true);
             }
@@ -482,12 +556,12 @@ impl PyTorch {
             let Some((&k, &id)) = self.pools[p].blocks.range(..cursor).next_back() else {
                 break;
             };
-            if k.1 < max_split || k.0 != stream {
+            if key_size(k) < max_split || key_sid(k) != sid {
                 break;
             }
             cursor = k;
             if self.b(id).expandable == NIL {
-                released += k.1;
+                released += key_size(k);
                 self.release_block(backend, id)?;
             }
         }
@@ -504,7 +578,7 @@ impl PyTorch {
     /// pages, in (stream, size, address) order.
     fn release_blocks<B: Backend>(&mut self, backend: &mut B, small: bool) -> Result<()> {
         let p = pool_index(small);
-        let ids: Vec<u32> = self.pools[p].blocks.values().copied().collect();
+        let ids = self.free_blocks_in_order(p);
         let mut expandable = Vec::new();
         for id in ids {
             let b = self.b(id);
@@ -548,7 +622,7 @@ impl PyTorch {
         while reclaimed < target && freed_any && count > 0 {
             let avg = total_age / count as f64;
             freed_any = false;
-            let ids: Vec<u32> = self.pools[p].blocks.values().copied().collect();
+            let ids = self.free_blocks_in_order(p);
             for id in ids {
                 let b = self.b(id);
                 if b.prev == NIL && b.next == NIL && b.expandable == NIL && age(b) >= avg {
@@ -626,7 +700,7 @@ impl PyTorch {
                 pos - addr
             )));
         }
-        let head = self.add_segment(addr, size, stream, small);
+        let head = self.add_segment(addr, size, stream, small)?;
         self.stats.num_device_alloc -= 1; // not a call made during the replay
         let mut prev = NIL;
         for (i, &(a, s, live)) in blocks.iter().enumerate() {
@@ -694,7 +768,7 @@ impl PyTorch {
                 }
             } else if b.mapped {
                 free_mapped += 1;
-                let key = (b.stream, b.size, b.ptr);
+                let key = free_key(b.sid, b.size, b.ptr);
                 if self.pools[pool_index(b.small)].blocks.get(&key) != Some(&id) {
                     return Err(format!(
                         "free block {:#x} (+{}) not in its free set",
@@ -703,7 +777,9 @@ impl PyTorch {
                 }
             } else {
                 free_unmapped += 1;
-                if self.pools[pool_index(b.small)].unmapped.get(&(b.stream, b.ptr)) != Some(&id) {
+                if self.pools[pool_index(b.small)].unmapped.get(&unmapped_key(b.sid, b.ptr))
+                    != Some(&id)
+                {
                     return Err(format!("unmapped block {:#x} not in its set", b.ptr));
                 }
             }
