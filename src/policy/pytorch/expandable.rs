@@ -215,4 +215,94 @@ impl PyTorch {
         }
         Ok(())
     }
+
+    /// Installs an expandable segment as it stood before a trace (start-state recovery): a
+    /// reservation of `va_size` bytes at `base` for (`stream`, pool) whose mapped ranges are
+    /// `ranges`, each tiled by `(start, size, live request or None)` blocks in address order.
+    /// Everything else in the reservation is unmapped.
+    pub fn install_expandable(
+        &mut self,
+        base: u64,
+        va_size: u64,
+        stream: u64,
+        small: bool,
+        ranges: &[(u64, u64, Vec<(u64, u64, Option<u64>)>)],
+    ) -> Result<()> {
+        Self::check_range(base, va_size)?;
+        let sid = self.intern(stream)?;
+        let page = self.config.page_size(small);
+        let seg = self.expandable.len() as u32;
+        self.expandable.push(ExpandableSegment { base, va_size, page, alive: true });
+        // The whole VA as a list of (start, size, mapped, live) pieces.
+        let mut pieces: Vec<(u64, u64, bool, Option<u64>)> = Vec::new();
+        let mut pos = base;
+        for (addr, size, blocks) in ranges {
+            if *addr < pos || addr + size > base + va_size {
+                return Err(crate::error::Error::input(format!(
+                    "expandable range {addr:#x}+{size} is outside the reservation at {base:#x} or overlaps"
+                )));
+            }
+            if *addr > pos {
+                pieces.push((pos, addr - pos, false, None));
+            }
+            let mut at = *addr;
+            for &(a, s, live) in blocks {
+                if a != at || s == 0 {
+                    return Err(crate::error::Error::input(format!(
+                        "expandable range {addr:#x}: block {a:#x}+{s} does not follow {at:#x}"
+                    )));
+                }
+                pieces.push((a, s, true, live));
+                at += s;
+            }
+            if at != addr + size {
+                return Err(crate::error::Error::input(format!(
+                    "expandable range {addr:#x}: blocks cover {} of {size} bytes",
+                    at - addr
+                )));
+            }
+            self.total_allocated += size;
+            pos = addr + size;
+        }
+        if pos < base + va_size {
+            pieces.push((pos, base + va_size - pos, false, None));
+        }
+        let p = super::pool_index(small);
+        let mut prev = NIL;
+        for (ptr, size, mapped, live) in pieces {
+            let id = self.new_block(Block {
+                ptr,
+                size,
+                requested: 0,
+                stream,
+                sid,
+                prev,
+                next: NIL,
+                expandable: seg,
+                gc_base: 0,
+                small,
+                allocated: false,
+                mapped,
+                in_use: true,
+            });
+            if prev != NIL {
+                self.bm(prev).next = id;
+            }
+            prev = id;
+            match (mapped, live) {
+                (true, Some(request)) => {
+                    self.alloc_found_block(id, size, request, false);
+                }
+                (true, None) => self.free_block(id),
+                (false, _) => {
+                    let pv = self.b(id).prev;
+                    if self.try_merge(id, pv) {
+                        prev = id;
+                    }
+                    self.pools[p].unmapped.insert(unmapped_key(sid, self.b(id).ptr), id);
+                }
+            }
+        }
+        Ok(())
+    }
 }

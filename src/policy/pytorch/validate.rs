@@ -364,8 +364,13 @@ fn replay_checked(
         script: Vec::new(),
         oom: false,
         log: Vec::new(),
-        segments: start.segments.iter().map(|s| (s.addr, s.size)).collect(),
-        reservations: BTreeMap::new(),
+        segments: start
+            .segments
+            .iter()
+            .filter(|s| !s.expandable)
+            .map(|s| (s.addr, s.size))
+            .collect(),
+        reservations: start.reservations.iter().map(|&(b, v, _, _)| (b, v)).collect(),
         reserved: start.reserved(),
         peak: start.reserved(),
         fresh: FRESH_BASE,
@@ -637,11 +642,11 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
     }
     let ops = plan(events);
     let mut start = StartState::recover(trace, device, events, &config);
-    if start.expandable {
-        notes.push(
-            "expandable segments: the start state holds only segments the trace allocates itself"
-                .into(),
-        );
+    if start.expandable && options.gpu_memory.is_none() {
+        notes.push(format!(
+            "expandable segments: reservations assumed 9/8 of {} of GPU memory (--gpu-mem)",
+            crate::units::format_bytes(config.gpu_memory)
+        ));
     }
     // §19.2: learn orphan sizes from placements that prove them.
     let mut learned = Vec::new();
@@ -983,7 +988,9 @@ mod tests {
     fn self_generated_snapshots_validate_from_the_middle() {
         // Cut the recording at an alloc after the first third: the start state must be recovered
         // from the final segments (orphans, segments freed later), as with a ring buffer.
-        for conf in ["", "max_split_size_mb:64", "roundup_power2_divisions:4"] {
+        for conf in
+            ["", "max_split_size_mb:64", "roundup_power2_divisions:4", "expandable_segments:True"]
+        {
             for seed in 4..16 {
                 let mut t = generate(conf, seed, Some(200 << 20));
                 let events = &t.devices[0].events;
