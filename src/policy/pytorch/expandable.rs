@@ -9,7 +9,7 @@
 //! unmapping go through [`Backend::map`] / [`Backend::unmap`], which the replay engine records as
 //! `segment_map` / `segment_unmap`.
 
-use super::{unmapped_key, Block, ExpandableSegment, PyTorch, NIL};
+use super::{unmapped_key, Block, ExpandableSegment, MappedRange, PyTorch, NIL};
 use crate::backend::Backend;
 use crate::error::Result;
 
@@ -226,7 +226,7 @@ impl PyTorch {
         va_size: u64,
         stream: u64,
         small: bool,
-        ranges: &[(u64, u64, Vec<(u64, u64, Option<u64>)>)],
+        ranges: &[MappedRange],
     ) -> Result<()> {
         Self::check_range(base, va_size)?;
         let sid = self.intern(stream)?;

@@ -32,6 +32,13 @@ use crate::trace::{Block as SnapBlock, BlockState, PoolKind, Segment};
 use config::{MIN_BLOCK_SIZE, SMALL_SIZE};
 use std::collections::BTreeMap;
 
+/// A segment's or mapped range's blocks in address order: (start, size, live request or `None`
+/// when free), as start-state recovery installs them.
+pub type Tiling = Vec<(u64, u64, Option<u64>)>;
+
+/// A mapped range of an expandable segment: (start, size, its blocks).
+pub type MappedRange = (u64, u64, Tiling);
+
 /// No block: the end of a neighbour list.
 const NIL: u32 = u32::MAX;
 

@@ -21,11 +21,14 @@
 //! byte, or lower when the trace later maps below it (the VA there was unmapped before recording).
 
 use super::config::{Config, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE};
-use super::PyTorch;
+use super::{MappedRange, PyTorch, Tiling};
 use crate::error::Result;
 use crate::replay::free_action;
 use crate::trace::{Action, BlockState, Event, Trace};
 use std::collections::{BTreeMap, HashSet};
+
+/// An expandable reservation at the first event: (base, VA size, stream, small pool).
+pub type Reservation = (u64, u64, u64, bool);
 
 /// A block live at the first event.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -77,8 +80,8 @@ pub struct StartState {
     pub unplaced: Vec<u64>,
     /// The recorded trace uses expandable segments.
     pub expandable: bool,
-    /// Expandable reservations at the start: (base, VA size, stream, small pool).
-    pub reservations: Vec<(u64, u64, u64, bool)>,
+    /// Expandable reservations at the start.
+    pub reservations: Vec<Reservation>,
 }
 
 impl StartState {
@@ -280,7 +283,7 @@ impl StartState {
     }
 
     /// The (start, size, live request) tiling of one segment or mapped range.
-    fn tiling(s: &StartSegment) -> Vec<(u64, u64, Option<u64>)> {
+    fn tiling(s: &StartSegment) -> Tiling {
         let mut blocks = Vec::with_capacity(2 * s.live.len() + 1);
         let mut pos = s.addr;
         let end = s.addr + s.size;
@@ -304,7 +307,7 @@ impl StartState {
     /// Builds the policy's state: every segment with its live and free blocks.
     pub fn install(&self, policy: &mut PyTorch) -> Result<()> {
         for &(base, va, stream, small) in &self.reservations {
-            let ranges: Vec<(u64, u64, Vec<(u64, u64, Option<u64>)>)> = self
+            let ranges: Vec<MappedRange> = self
                 .segments
                 .iter()
                 .filter(|s| {
@@ -371,7 +374,7 @@ fn reservations(
     mapped: &BTreeMap<u64, (u64, u64, bool)>,
     events: &[Event],
     config: &Config,
-) -> (Vec<StartSegment>, Vec<(u64, u64, u64, bool)>) {
+) -> (Vec<StartSegment>, Vec<Reservation>) {
     let mut ranges: Vec<StartSegment> = Vec::new();
     for (&addr, &(size, stream, small)) in mapped {
         match ranges.last_mut() {
@@ -389,7 +392,7 @@ fn reservations(
         }
     }
     let gpu = config.gpu_memory;
-    let mut out: Vec<(u64, u64, u64, bool)> = Vec::new();
+    let mut out: Vec<Reservation> = Vec::new();
     for r in &ranges {
         let page = config.page_size(r.small);
         let va = (gpu + gpu / 8).div_ceil(page).max(1) * page;
