@@ -597,6 +597,58 @@ fn longer_orphan(
     Ok(None)
 }
 
+/// §16.5: the simulated layout at the end must equal the snapshot's final `segments` (addresses,
+/// sizes and states of every block). Reported as one mismatch at the event after the last.
+fn compare_final_segments(
+    trace: &Trace,
+    device: i32,
+    policy: &PyTorch,
+    at: usize,
+) -> Option<Mismatch> {
+    let layout = |segs: &mut dyn Iterator<Item = &crate::trace::Segment>| {
+        let mut v: Vec<(u64, u64, u64, bool)> = segs
+            .flat_map(|s| {
+                s.blocks.iter().map(|b| {
+                    let live = !matches!(b.state, crate::trace::BlockState::Inactive);
+                    (s.address, b.address, b.size, live)
+                })
+            })
+            .collect();
+        v.sort_unstable();
+        v
+    };
+    let recorded = layout(&mut trace.segments_of(device));
+    let simulated_segments = policy.segments();
+    let simulated = layout(&mut simulated_segments.iter());
+    if recorded == simulated {
+        return None;
+    }
+    let first = recorded.iter().zip(&simulated).position(|(r, s)| r != s);
+    let show = |b: Option<&(u64, u64, u64, bool)>| {
+        b.map_or_else(
+            || "nothing".to_string(),
+            |&(seg, a, size, live)| {
+                format!(
+                    "block {a:#x}+{size} {} in segment {seg:#x}",
+                    if live { "live" } else { "free" }
+                )
+            },
+        )
+    };
+    let k = first.unwrap_or(recorded.len().min(simulated.len()));
+    Some(Mismatch {
+        event: at as u64,
+        action: "segments".into(),
+        expected: show(recorded.get(k)),
+        got: show(simulated.get(k)),
+        why: format!(
+            "the final layout differs ({} recorded blocks, {} simulated)",
+            recorded.len(),
+            simulated.len()
+        ),
+    })
+}
+
 /// The recorded reserved curve's peak (§12.3), from `start` bytes.
 fn recorded_peak(events: &[Event], start: u64) -> u64 {
     let mut cur = start;
@@ -710,6 +762,12 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
         }
     }
     let undetermined: BTreeSet<usize> = undeterminable.keys().copied().collect();
+    let policy = base.policy.as_ref().expect("replay returns its policy");
+    // Only a snapshot records the final layout (a text trace without segments has no dump).
+    let has_dump =
+        trace.format == crate::trace::Format::PytorchSnapshot || !trace.segments.is_empty();
+    let final_layout =
+        compare_final_segments(trace, device, policy, events.len()).filter(|_| has_dump);
     let allocs_total = events.iter().filter(|e| e.action == Action::Alloc).count() as u64;
     let allocs_addr_matched = base
         .placed
@@ -721,13 +779,13 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
         .iter()
         .filter(|m| !(m.action == "alloc" && undetermined.contains(&(m.event as usize))))
         .cloned()
+        .chain(final_layout.filter(|_| base.mismatches.is_empty()))
         .collect();
     for a in &start.unplaced {
         notes.push(format!("the orphan free at {a:#x} lies in no segment known at the start"));
     }
     let segment_events_recorded = events.iter().filter(|e| e.action.is_segment_event()).count();
     let peak_rec = recorded_peak(events, start.reserved());
-    let policy = base.policy.as_ref().expect("replay returns its policy");
     let output = ReplayOutput {
         result: PolicyResult {
             policy: "pytorch".into(),
@@ -817,6 +875,36 @@ mod tests {
         assert_eq!(v.peak_reserved_recorded_bytes, 20 << 20);
         assert_eq!(v.peak_reserved_simulated_bytes, 20 << 20);
         assert!(v.mismatches.is_empty(), "{:?}", v.mismatches);
+    }
+
+    #[test]
+    fn the_final_layout_is_compared_with_the_dump() {
+        use crate::trace::{Block, BlockState, PoolKind, Segment};
+        let mut t = trace("segment_alloc 0x10000000 20971520\nalloc 0x10000000 5242880\n");
+        let seg = |blocks: Vec<Block>| Segment {
+            device: 0,
+            address: 0x1000_0000,
+            total_size: 20 << 20,
+            stream: 0,
+            pool: PoolKind::Large,
+            is_expandable: false,
+            blocks,
+        };
+        let block = |address, size, state| Block { address, size, requested_size: 0, state };
+        // The dump as the real allocator leaves it: 5 MiB live, 15 MiB free.
+        t.segments = vec![seg(vec![
+            block(0x1000_0000, 5 << 20, BlockState::ActiveAllocated),
+            block(0x1050_0000, 15 << 20, BlockState::Inactive),
+        ])];
+        assert!(validate(&t, &ValidateOptions::default()).unwrap().mismatches.is_empty());
+        // A dump that disagrees (the block is 6 MiB) is a mismatch after the last event.
+        t.segments = vec![seg(vec![
+            block(0x1000_0000, 6 << 20, BlockState::ActiveAllocated),
+            block(0x1060_0000, 14 << 20, BlockState::Inactive),
+        ])];
+        let v = validate(&t, &ValidateOptions::default()).unwrap();
+        assert_eq!(v.mismatches.len(), 1);
+        assert_eq!((v.mismatches[0].event, v.mismatches[0].action.as_str()), (2, "segments"));
     }
 
     #[test]
