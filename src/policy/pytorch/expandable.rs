@@ -114,7 +114,7 @@ impl PyTorch {
         if bytes == 0 {
             return Ok(false);
         }
-        let b = self.b(id).clone();
+        let b = *self.b(id);
         let seg = &self.expandable[b.expandable as usize];
         let page = seg.page;
         let mapped = bytes.div_ceil(page) * page;
@@ -129,7 +129,7 @@ impl PyTorch {
                 size: b.size - mapped,
                 prev: id,
                 next: b.next,
-                ..b.clone()
+                ..b
             });
             if b.next != NIL {
                 self.bm(b.next).prev = rest;
@@ -154,7 +154,7 @@ impl PyTorch {
     /// `unmap_block` (§11.4): unmaps the whole pages inside free block `id`; partial pages at
     /// either end stay mapped as free blocks. Releases the reservation when nothing is left.
     pub(super) fn unmap_block<B: Backend>(&mut self, backend: &mut B, id: u32) -> Result<()> {
-        let b = self.b(id).clone();
+        let b = *self.b(id);
         let seg = self.expandable[b.expandable as usize].clone();
         let off = b.ptr - seg.base;
         let first = off.div_ceil(seg.page);
@@ -172,7 +172,7 @@ impl PyTorch {
                 size: start - b.ptr,
                 requested: 0,
                 next: id,
-                ..b.clone()
+                ..b
             });
             if b.prev != NIL {
                 self.bm(b.prev).next = before;
@@ -186,7 +186,7 @@ impl PyTorch {
                 size: b.ptr + b.size - end,
                 requested: 0,
                 prev: id,
-                ..b.clone()
+                ..b
             });
             if b.next != NIL {
                 self.bm(b.next).prev = after;

@@ -43,7 +43,7 @@ pub type MappedRange = (u64, u64, Tiling);
 const NIL: u32 = u32::MAX;
 
 /// One block of a segment (PyTorch's `Block`).
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug)]
 struct Block {
     ptr: u64,
     size: u64,
@@ -154,6 +154,8 @@ pub struct PyTorch {
     total_allocated: u64,
     alloc_retries: u64,
     stats: Stats,
+    /// GC is on (threshold and memory fraction both set): fixed at construction.
+    gc_on: bool,
 }
 
 fn pool_index(small: bool) -> usize {
@@ -164,7 +166,6 @@ impl PyTorch {
     /// A policy with `config` and an empty cache.
     pub fn new(config: Config) -> PyTorch {
         PyTorch {
-            config,
             blocks: Vec::with_capacity(1024),
             spare: Vec::new(),
             pools: [Pool::default(), Pool::default()],
@@ -176,6 +177,9 @@ impl PyTorch {
             total_allocated: 0,
             alloc_retries: 0,
             stats: Stats::default(),
+            gc_on: config.garbage_collection_threshold > 0.0
+                && config.allowed_memory_maximum().is_some(),
+            config,
         }
     }
 
@@ -274,8 +278,7 @@ impl PyTorch {
     }
 
     fn gc_enabled(&self) -> bool {
-        self.config.garbage_collection_threshold > 0.0
-            && self.config.allowed_memory_maximum().is_some()
+        self.gc_on
     }
 
     /// Puts a free mapped block into its pool's free set (GC base reset).
@@ -391,7 +394,7 @@ impl PyTorch {
     fn alloc_found_block(&mut self, id: u32, size: u64, request: u64, split: bool) -> Allocation {
         let mut id = id;
         if split {
-            let old = self.b(id).clone();
+            let old = *self.b(id);
             let low = self.new_block(Block {
                 ptr: old.ptr,
                 size,
@@ -434,7 +437,7 @@ impl PyTorch {
         if s.allocated || s.mapped != self.b(dst).mapped {
             return false;
         }
-        let s = s.clone();
+        let s = *s;
         self.remove_free(src);
         let d = self.bm(dst);
         if s.next == dst {
@@ -465,7 +468,7 @@ impl PyTorch {
 
     /// `release_block` (§9.1): cudaFree one whole cudaMalloc segment.
     fn release_block<B: Backend>(&mut self, backend: &mut B, id: u32) -> Result<()> {
-        let b = self.b(id).clone();
+        let b = *self.b(id);
         debug_assert!(b.prev == NIL && b.next == NIL && b.expandable == NIL && !b.allocated);
         backend.segment_free(b.ptr, b.size)?;
         self.remove_free(id);
@@ -714,7 +717,7 @@ impl PyTorch {
             let id = if i == 0 {
                 head
             } else {
-                let h = self.b(head).clone();
+                let h = *self.b(head);
                 self.new_block(Block { ptr: a, size: s, prev, allocated: false, requested: 0, ..h })
             };
             let b = self.bm(id);
