@@ -6,14 +6,15 @@
 //! succeeds exactly when the recording shows it did (a recorded release after it, or an `oom`,
 //! means it failed); a recorded run of `segment_free` outside a malloc is an `empty_cache()` that
 //! the simulated allocator performs itself. Compared: every `alloc` address, every segment event
-//! (kind, size, address, in order) and the peak of the reserved curve (§12.3) from the start
-//! state's reserved bytes.
+//! (kind, size, address, in order), the peak of the reserved curve (§12.3) from the start
+//! state's reserved bytes, and the final layout against the snapshot's `segments` (§16.5).
 //!
 //! Start-state guesses (§19.1–§19.3): a mismatch that a longer ambiguous orphan explains extends
-//! that orphan and replays again (§19.2). Then each remaining ambiguous orphan is tried at its
-//! longest feasible size; the first decision where that start state — agreeing with every
-//! recorded decision before — places a block elsewhere is *undeterminable*: counted apart, never
-//! as matched.
+//! that orphan — to the recorded address when it lies inside the free block after it (§19.2), or
+//! to the smallest feasible size that reproduces every placement so far — and replays again. Then
+//! each remaining ambiguous orphan is tried at its longest feasible size; the first decision where
+//! that start state — agreeing with every recorded decision before — places a block elsewhere is
+//! *undeterminable*: counted apart, never as matched.
 
 use super::config::{Config, Version};
 use super::start::StartState;
