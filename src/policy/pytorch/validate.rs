@@ -983,8 +983,14 @@ mod tests {
     /// workload (with flushes and, under a capacity, fallbacks and OOMs), its final segments and
     /// settings. Validation must reproduce it exactly, from the start or from any point.
     fn generate(conf: &str, seed: u64, capacity: Option<u64>) -> Trace {
+        generate_on(conf, seed, capacity, Config::default().gpu_memory)
+    }
+
+    /// [`generate`] on a GPU of `gpu_memory` bytes (the base of a memory fraction).
+    fn generate_on(conf: &str, seed: u64, capacity: Option<u64>, gpu_memory: u64) -> Trace {
         use crate::policy::testing::{workload, Step};
-        let config = Config::parse(conf, Version::CURRENT).unwrap();
+        let mut config = Config::parse(conf, Version::CURRENT).unwrap();
+        config.gpu_memory = gpu_memory;
         let mut p = PyTorch::new(config.clone());
         let mut dev = Logged {
             inner: crate::backend::SimDevice::new(capacity),
@@ -1035,7 +1041,7 @@ mod tests {
                 conf: Some(conf.to_string()),
                 max_split_size: (config.max_split_size != u64::MAX)
                     .then_some(config.max_split_size),
-                garbage_collection_threshold: 0.0,
+                garbage_collection_threshold: config.garbage_collection_threshold,
                 expandable_segments: config.expandable_segments,
                 roundup_power2_divisions: config.roundup_power2_divisions,
                 release_lock_on_cudamalloc: false,
@@ -1056,6 +1062,44 @@ mod tests {
         assert_eq!(v.allocs_addr_matched + v.undeterminable_events, v.allocs_total, "{what}");
         assert_eq!(v.segment_events_matched, v.segment_events_recorded, "{what}");
         v
+    }
+
+    #[test]
+    fn self_generated_snapshots_exercise_ooms_flushes_fallbacks_and_maps() {
+        let count =
+            |t: &Trace, a: Action| t.devices[0].events.iter().filter(|e| e.action == a).count();
+        let t = generate("", 3, Some(96 << 20));
+        let ops = plan(&t.devices[0].events);
+        assert!(count(&t, Action::Oom) > 0);
+        assert!(ops.iter().any(|o| matches!(o, Op::Flush { script } if !script.is_empty())));
+        assert!(ops.iter().any(|o| matches!(o, Op::Malloc { script, .. }
+            if script.first().is_some_and(|&j| t.devices[0].events[j].action == Action::SegmentFree))));
+        let t = generate("expandable_segments:True", 3, Some(96 << 20));
+        assert!(count(&t, Action::SegmentMap) > 0 && count(&t, Action::SegmentUnmap) > 0);
+    }
+
+    #[test]
+    fn garbage_collection_validates_with_the_gpu_memory_given() {
+        // A 256 MiB GPU at fraction 0.5: 128 MiB allowed, GC above 0.6 of that.
+        let conf = "garbage_collection_threshold:0.6,per_process_memory_fraction:0.5";
+        for seed in 20..24 {
+            let t = generate_on(conf, seed, None, 256 << 20);
+            let options = ValidateOptions {
+                gpu_memory: Some(256 << 20),
+                check_invariants: true,
+                ..ValidateOptions::default()
+            };
+            let v = validate(&t, &options).unwrap();
+            assert!(v.mismatches.is_empty(), "seed {seed}: {:?}", v.mismatches.first());
+            assert_eq!(v.allocs_addr_matched, v.allocs_total);
+            let e = &t.devices[0].events;
+            let ops = plan(e);
+            let released_in_malloc = ops.iter().any(|o| {
+                matches!(o, Op::Malloc { script, .. }
+                if script.iter().any(|&j| e[j].action == Action::SegmentFree))
+            });
+            assert!(released_in_malloc, "seed {seed}: GC never released anything");
+        }
     }
 
     #[test]
