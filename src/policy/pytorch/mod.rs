@@ -257,7 +257,7 @@ impl PyTorch {
     /// Checks that a range from the backend fits the packed keys.
     fn check_range(ptr: u64, size: u64) -> Result<()> {
         if ptr.checked_add(size).is_none_or(|end| end >= KEY_LIMIT) {
-            return Err(Error::backend(format!(
+            return Err(Error::input(format!(
                 "address range {ptr:#x}+{size} is beyond 2^56, which the pytorch policy cannot index"
             )));
         }

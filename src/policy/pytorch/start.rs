@@ -93,7 +93,10 @@ impl StartState {
         let mut mapped: BTreeMap<u64, (u64, u64, bool)> = BTreeMap::new();
         let mut final_live: Vec<(u64, u64, u64)> = Vec::new(); // (addr, size, request)
         let mut expandable = false;
-        for s in trace.segments_of(device) {
+        // Ranges that would overflow the address space are malformed input: ignored here, so the
+        // arithmetic below cannot overflow (validation then reports what they explain).
+        let fits = |addr: u64, size: u64| addr.checked_add(size).is_some_and(|e| e < 1 << 62);
+        for s in trace.segments_of(device).filter(|s| fits(s.address, s.total_size)) {
             if s.is_expandable {
                 expandable = true;
                 let small = s.pool == crate::trace::PoolKind::Small;
@@ -118,7 +121,7 @@ impl StartState {
                 }
             }
         }
-        for e in events.iter().rev() {
+        for e in events.iter().rev().filter(|e| fits(e.addr, e.size)) {
             match e.action {
                 Action::SegmentAlloc => {
                     segs.remove(&e.addr);
@@ -279,7 +282,7 @@ impl StartState {
 
     /// Reserved bytes at the first event.
     pub fn reserved(&self) -> u64 {
-        self.segments.iter().map(|s| s.size).sum()
+        self.segments.iter().fold(0u64, |sum, s| sum.saturating_add(s.size))
     }
 
     /// The (start, size, live request) tiling of one segment or mapped range.
@@ -295,6 +298,9 @@ impl StartState {
                 blocks.push((pos, b.addr - pos, None));
             }
             let size = b.size.min(end - b.addr);
+            if size == 0 {
+                continue; // two pieces of evidence for one address: the first wins
+            }
             blocks.push((b.addr, size, Some(b.request)));
             pos = b.addr + size;
         }
@@ -448,7 +454,7 @@ fn infer_orphan_sizes(s: &mut StartSegment, config: &Config) {
             b.max_size = room;
         } else {
             // Up to 1 MiB longer, leaving a free tail of more than 1 MiB.
-            let longest = SMALL_SIZE.min(gap - SMALL_SIZE - MIN_BLOCK_SIZE);
+            let longest = SMALL_SIZE.min(gap.saturating_sub(SMALL_SIZE + MIN_BLOCK_SIZE));
             b.max_size = rounded + longest;
         }
     }

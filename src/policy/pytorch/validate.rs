@@ -909,6 +909,43 @@ mod tests {
     }
 
     #[test]
+    fn nonsense_recordings_never_panic() {
+        use crate::policy::testing::Rng;
+        use crate::trace::{Block, BlockState, PoolKind, Segment};
+        for seed in 0..40 {
+            let mut rng = Rng::new(seed);
+            let mut pick = |choices: &[u64]| choices[rng.below(choices.len() as u64) as usize];
+            let addrs = [0, 0x1000_0000, 0x1000_0200, 0x1050_0000, u64::MAX - 5, 1 << 60];
+            let sizes = [0, 1, 512, 5 << 20, 20 << 20, u64::MAX / 2];
+            let mut events = Vec::new();
+            for _ in 0..60 {
+                let action = Action::ALL[pick(&[0, 1, 2, 3, 4, 5, 6, 7, 8]) as usize];
+                events.push(Event::new(action, pick(&addrs), pick(&sizes), pick(&[0, 7]), 0));
+            }
+            let segments = vec![Segment {
+                device: 0,
+                address: pick(&addrs),
+                total_size: pick(&sizes),
+                stream: 0,
+                pool: PoolKind::Large,
+                is_expandable: pick(&[0, 1]) == 1,
+                blocks: vec![Block {
+                    address: pick(&addrs),
+                    size: pick(&sizes),
+                    requested_size: pick(&sizes),
+                    state: BlockState::ActiveAllocated,
+                }],
+            }];
+            let t = Trace {
+                devices: vec![crate::trace::DeviceTrace { device: 0, events }],
+                segments,
+                ..Trace::default()
+            };
+            let _ = validate(&t, &ValidateOptions::default()); // Ok or Err, never a panic
+        }
+    }
+
+    #[test]
     fn a_wrong_recording_is_reported() {
         // A real allocator would put the 3 MiB block right after the 5 MiB one, not 8 MiB in.
         let t = trace(
