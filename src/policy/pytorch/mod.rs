@@ -7,9 +7,9 @@
 //! `pytorch-caching-allocator.md` (§2–§11, corrected by §19–§20). Options: [`config`].
 //!
 //! State: a block arena indexed by `u32` (neighbours are indices, as PyTorch's are pointers), and
-//! per pool (small, large) a `BTreeMap` of free blocks keyed by (stream, size, address) packed in
-//! a `u128` (streams numbered by first sight; walks across streams re-sort by the raw value) — the
-//! order of PyTorch's `BlockPool::blocks` — and one of unmapped expandable ranges keyed by
+//! per pool (small, large) a free set ordered by (stream, size, address) — the order of PyTorch's
+//! `BlockPool::blocks` (see `pool.rs`; walks across streams sort by the raw stream value) — and a
+//! `BTreeMap` of unmapped expandable ranges keyed by
 //! (stream, address). Every choice is deterministic: best fit, then lowest address.
 //!
 //! Deviations: frees take effect when the engine calls [`Policy::free`] (at `free_completed`), so
@@ -19,6 +19,7 @@
 
 pub mod config;
 mod expandable;
+mod pool;
 pub mod start;
 pub mod validate;
 
@@ -67,34 +68,16 @@ struct Block {
 /// One pool's free sets (PyTorch's `BlockPool`).
 #[derive(Debug, Default)]
 struct Pool {
-    /// Free mapped blocks, by (stream, size, address) packed into one [`free_key`].
-    blocks: BTreeMap<u128, u32>,
+    /// Free mapped blocks, by (stream, size, address).
+    blocks: pool::FreeSet,
     /// Unmapped expandable ranges, by (stream, address) packed into one [`unmapped_key`].
     unmapped: BTreeMap<u128, u32>,
     /// `get_free_blocks_call_count`, the GC clock.
     gc_count: u64,
 }
 
-/// Addresses and sizes must stay below this to pack into a key (real ones are below 2^48).
+/// Addresses and sizes must stay below this (real ones are below 2^48).
 const KEY_LIMIT: u64 = 1 << 56;
-const KEY_MASK: u128 = (1 << 56) - 1;
-
-/// The free-set key of a block: (stream index, size, address), ordered as PyTorch's
-/// `BlockComparatorSize`, in one integer so that comparisons and node moves are cheap.
-#[inline]
-fn free_key(sid: u16, size: u64, ptr: u64) -> u128 {
-    (sid as u128) << 112 | (size as u128) << 56 | ptr as u128
-}
-
-#[inline]
-fn key_sid(k: u128) -> u16 {
-    (k >> 112) as u16
-}
-
-#[inline]
-fn key_size(k: u128) -> u64 {
-    ((k >> 56) & KEY_MASK) as u64
-}
 
 /// The unmapped-set key of a block: (stream index, address), as `BlockComparatorAddress`.
 #[inline]
@@ -267,13 +250,11 @@ impl PyTorch {
     /// A pool's free blocks in PyTorch's (stream, size, address) order. Keys order streams by
     /// first sight, so walks that cross streams (flush, GC) sort by the raw stream value.
     fn free_blocks_in_order(&self, p: usize) -> Vec<u32> {
-        let mut ids: Vec<u32> = self.pools[p].blocks.values().copied().collect();
-        if self.streams.len() > 1 {
-            ids.sort_by_key(|&id| {
-                let b = self.b(id);
-                (b.stream, b.size, b.ptr)
-            });
-        }
+        let mut ids: Vec<u32> = self.pools[p].blocks.ids().collect();
+        ids.sort_by_key(|&id| {
+            let b = self.b(id);
+            (b.stream, b.size, b.ptr)
+        });
         ids
     }
 
@@ -284,9 +265,9 @@ impl PyTorch {
     /// Puts a free mapped block into its pool's free set (GC base reset).
     fn insert_free(&mut self, id: u32) {
         let b = self.b(id);
-        let (key, p) = (free_key(b.sid, b.size, b.ptr), pool_index(b.small));
+        let (sid, size, ptr, p) = (b.sid, b.size, b.ptr, pool_index(b.small));
         let pool = &mut self.pools[p];
-        pool.blocks.insert(key, id);
+        pool.blocks.insert(sid, size, ptr, id);
         let clock = pool.gc_count;
         self.bm(id).gc_base = clock;
     }
@@ -295,8 +276,8 @@ impl PyTorch {
         let b = self.b(id);
         let p = pool_index(b.small);
         if b.mapped {
-            let key = free_key(b.sid, b.size, b.ptr);
-            self.pools[p].blocks.remove(&key);
+            let (sid, size, ptr) = (b.sid, b.size, b.ptr);
+            self.pools[p].blocks.remove(sid, size, ptr);
         } else {
             let key = unmapped_key(b.sid, b.ptr);
             self.pools[p].unmapped.remove(&key);
@@ -324,53 +305,47 @@ impl PyTorch {
         if self.gc_enabled() {
             self.pools[p].gc_count += 1;
         }
-        let (key, id) = self.find_free_block(stream, size, small)?;
-        self.pools[p].blocks.remove(&key);
+        let (sid, found, ptr, id) = self.find_free_block(stream, size, small)?;
+        self.pools[p].blocks.remove(sid, found, ptr);
         Some(id)
     }
 
-    /// The search of `get_free_block`, without its side effects.
-    fn find_free_block(&self, stream: u64, size: u64, small: bool) -> Option<(u128, u32)> {
+    /// The search of `get_free_block`, without its side effects: (stream index, size, address,
+    /// id) of the block it would take.
+    fn find_free_block(&self, stream: u64, size: u64, small: bool) -> Option<(u16, u64, u64, u32)> {
         let sid = self.sid_of(stream)?;
-        let pool = &self.pools[pool_index(small)];
-        let mut it = pool.blocks.range(free_key(sid, size, 0)..);
-        let (mut key, mut id) = it.next().map(|(k, &v)| (*k, v))?;
-        if key_sid(key) != sid {
-            return None;
-        }
+        let blocks = &self.pools[pool_index(small)].blocks;
+        let (mut found, mut ptr, mut id) = blocks.first_from(sid, size, 0)?;
         if self.b(id).expandable != NIL {
             if self.config.expandable_segments {
-                for (k, &next) in it {
-                    if key_sid(*k) == sid
-                        && self.b(id).expandable != NIL
+                // Step forward while the expandable size keeps going down (§4).
+                while let Some((s, p, next)) = blocks.next_after(sid, found, ptr) {
+                    if self.b(id).expandable != NIL
                         && self.expandable_size(next) < self.expandable_size(id)
                     {
-                        key = *k;
-                        id = next;
+                        (found, ptr, id) = (s, p, next);
                     } else {
                         break;
                     }
                 }
             } else {
-                let (k, next) = it
-                    .find(|(k, &v)| key_sid(**k) != sid || self.b(v).expandable == NIL)
-                    .map(|(k, &v)| (*k, v))?;
-                if key_sid(k) != sid {
-                    return None;
+                // Expandable segments turned off: skip this stream's expandable blocks.
+                loop {
+                    (found, ptr, id) = blocks.next_after(sid, found, ptr)?;
+                    if self.b(id).expandable == NIL {
+                        break;
+                    }
                 }
-                key = k;
-                id = next;
             }
         }
         let max_split = self.config.max_split_size;
-        let found = self.b(id).size;
         if size < max_split && found >= max_split {
             return None;
         }
         if size >= max_split && found >= size.saturating_add(self.config.tolerance()) {
             return None;
         }
-        Some((key, id))
+        Some((sid, found, ptr, id))
     }
 
     /// True when a request of `size` bytes on `stream` would be served from the cache now.
@@ -553,25 +528,25 @@ impl PyTorch {
         let p = pool_index(small);
         let target = size.max(max_split);
         let Some(sid) = self.sid_of(stream) else { return Ok(false) };
-        let bound = free_key(sid, target, 0);
-        if let Some((&k, &id)) = self.pools[p].blocks.range(bound..).next() {
-            if key_sid(k) == sid && self.b(id).expandable == NIL {
+        if let Some((_, _, id)) = self.pools[p].blocks.first_from(sid, target, 0) {
+            if self.b(id).expandable == NIL {
                 self.release_block(backend, id)?;
                 return Ok(true);
             }
         }
         let mut released = 0u64;
-        let mut cursor = bound;
+        let mut cursor = (target, 0);
         while released < target {
-            let Some((&k, &id)) = self.pools[p].blocks.range(..cursor).next_back() else {
+            let Some((size, ptr, id)) = self.pools[p].blocks.last_before(sid, cursor.0, cursor.1)
+            else {
                 break;
             };
-            if key_size(k) < max_split || key_sid(k) != sid {
+            if size < max_split {
                 break;
             }
-            cursor = k;
+            cursor = (size, ptr);
             if self.b(id).expandable == NIL {
-                released += key_size(k);
+                released += size;
                 self.release_block(backend, id)?;
             }
         }
@@ -618,7 +593,7 @@ impl PyTorch {
         let age = |b: &Block| clock.wrapping_sub(b.gc_base) as i64 as f64;
         let mut total_age = 0.0;
         let mut count = 0u64;
-        for &id in self.pools[p].blocks.values() {
+        for id in self.pools[p].blocks.ids() {
             if !self.is_split(id) {
                 total_age += age(self.b(id));
                 count += 1;
@@ -778,8 +753,7 @@ impl PyTorch {
                 }
             } else if b.mapped {
                 free_mapped += 1;
-                let key = free_key(b.sid, b.size, b.ptr);
-                if self.pools[pool_index(b.small)].blocks.get(&key) != Some(&id) {
+                if self.pools[pool_index(b.small)].blocks.get(b.sid, b.size, b.ptr) != Some(id) {
                     return Err(format!(
                         "free block {:#x} (+{}) not in its free set",
                         b.ptr, b.size

@@ -297,7 +297,7 @@ fn gc_setup(total: u64) -> (PyTorch, Recording<SimDevice>, [u64; 4]) {
         let size = gib * GIB;
         let a = d.segment_alloc(size).unwrap().unwrap();
         p.install_segment(a, size, 0, false, &[(a, size, None)]).unwrap();
-        let id = p.pools[0].blocks[&free_key(0, size, a)];
+        let id = p.pools[0].blocks.get(0, size, a).unwrap();
         p.bm(id).gc_base = clock - age;
         addrs[i] = a;
     }
