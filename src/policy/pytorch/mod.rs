@@ -148,11 +148,13 @@ fn pool_index(small: bool) -> usize {
 impl PyTorch {
     /// A policy with `config` and an empty cache.
     pub fn new(config: Config) -> PyTorch {
+        let mut active = AddrMap::default();
+        active.reserve(4096); // typical live-block counts; avoids rehashing early in a replay
         PyTorch {
             blocks: Vec::with_capacity(1024),
             spare: Vec::new(),
             pools: [Pool::default(), Pool::default()],
-            active: AddrMap::default(),
+            active,
             segments: BTreeMap::new(),
             expandable: Vec::new(),
             streams: Vec::new(),
