@@ -152,3 +152,28 @@ fn the_exported_replay_validates_like_the_recording() {
         assert_eq!(exported[key], original[key], "{key}");
     }
 }
+
+#[test]
+fn a_replay_exported_by_the_pytorch_policy_validates_from_a_cold_start() {
+    // `replay --export-snapshot` records the policy's own decisions from an empty cache (blocks
+    // live before the trace are allocated first); validating that snapshot must reproduce every
+    // decision, segment events included.
+    let Some(path) = shared_trace("cs336-lm-step-c.pickle") else { return };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out_path = dir.path().join("replayed.pickle");
+    let out = run(&[
+        "replay",
+        path.to_str().expect("utf-8"),
+        "-p",
+        "pytorch",
+        "--export-snapshot",
+        out_path.to_str().expect("utf-8"),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let (code, v) = validate_json(&out_path);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["allocs_addr_matched"], v["allocs_total"]);
+    assert_eq!(v["undeterminable_events"], 0, "a cold start has nothing to guess");
+    assert!(v["segment_events_recorded"].as_u64().is_some_and(|n| n > 0));
+    assert_eq!(v["segment_events_matched"], v["segment_events_recorded"]);
+}

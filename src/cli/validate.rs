@@ -6,7 +6,7 @@ use fragsim::error::{Error, Result};
 use fragsim::policy::pytorch::validate::{validate, ValidateOptions};
 use fragsim::policy::pytorch::Version;
 use fragsim::units::format_bytes;
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -113,7 +113,6 @@ pub fn run(args: Args) -> Result<ExitCode> {
             s += &format!("note: {n}\n");
         }
         s += if v.mismatches.is_empty() { "result: valid\n" } else { "result: MISMATCH\n" };
-        let _ = std::io::stdout().is_terminal();
         write!(out, "{s}").map_err(io)?;
     }
     Ok(if v.mismatches.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })

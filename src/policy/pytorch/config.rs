@@ -770,4 +770,30 @@ mod tests {
         }
         assert_eq!(Config::default().to_conf_string(), "expandable_segments:False");
     }
+
+    #[test]
+    fn recorded_settings_win_over_the_string_and_keep_its_other_options() {
+        let mut divisions = [0; INTERVALS];
+        divisions[3] = 4;
+        let recorded = AllocatorSettings {
+            conf: Some("max_split_size_mb:128,max_non_split_rounding_mb:40".into()),
+            max_split_size: Some(64 * MIB),
+            garbage_collection_threshold: 0.0,
+            expandable_segments: true,
+            roundup_power2_divisions: divisions,
+            release_lock_on_cudamalloc: false,
+        };
+        let c = Config::from_recorded(&recorded, Version::CURRENT).unwrap();
+        assert_eq!(c.max_split_size, 64 * MIB, "the recorded value, not the string's 128");
+        assert_eq!(c.max_non_split_rounding, 40 * MIB, "only in the string");
+        assert!(c.expandable_segments);
+        assert_eq!(c.divisions_for(9 * MIB), 4);
+        let unlimited = AllocatorSettings { conf: Some(String::new()), ..recorded };
+        let c = Config::from_recorded(
+            &AllocatorSettings { max_split_size: None, ..unlimited },
+            Version::CURRENT,
+        )
+        .unwrap();
+        assert_eq!(c.max_split_size, u64::MAX, "PyTorch records -1 for unlimited");
+    }
 }

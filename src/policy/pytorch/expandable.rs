@@ -9,7 +9,7 @@
 //! unmapping go through [`Backend::map`] / [`Backend::unmap`], which the replay engine records as
 //! `segment_map` / `segment_unmap`.
 
-use super::{Block, ExpandableSegment, PyTorch, NIL};
+use super::{unmapped_key, Block, ExpandableSegment, MappedRange, PyTorch, NIL};
 use crate::backend::Backend;
 use crate::error::Result;
 
@@ -30,8 +30,9 @@ impl PyTorch {
         small: bool,
     ) -> Result<Option<u32>> {
         let p = super::pool_index(small);
-        for (&(s, _), &id) in self.pools[p].unmapped.range((stream, 0)..) {
-            if s != stream {
+        let sid = self.intern(stream)?;
+        for (&k, &id) in self.pools[p].unmapped.range(unmapped_key(sid, 0)..) {
+            if (k >> 64) as u16 != sid {
                 break;
             }
             let mut c = id;
@@ -53,6 +54,7 @@ impl PyTorch {
         let gpu = self.config.gpu_memory;
         let va_size = (gpu + gpu / 8).div_ceil(page).max(1) * page;
         let Some(base) = backend.reserve(va_size)? else { return Ok(None) };
+        Self::check_range(base, va_size)?;
         let seg = self.expandable.len() as u32;
         self.expandable.push(ExpandableSegment { base, va_size, page, alive: true });
         let id = self.new_block(Block {
@@ -60,6 +62,7 @@ impl PyTorch {
             size: va_size,
             requested: 0,
             stream,
+            sid,
             prev: NIL,
             next: NIL,
             expandable: seg,
@@ -69,7 +72,7 @@ impl PyTorch {
             mapped: false,
             in_use: true,
         });
-        self.pools[p].unmapped.insert((stream, base), id);
+        self.pools[p].unmapped.insert(unmapped_key(sid, base), id);
         Ok(Some(id))
     }
 
@@ -111,7 +114,7 @@ impl PyTorch {
         if bytes == 0 {
             return Ok(false);
         }
-        let b = self.b(id).clone();
+        let b = *self.b(id);
         let seg = &self.expandable[b.expandable as usize];
         let page = seg.page;
         let mapped = bytes.div_ceil(page) * page;
@@ -126,7 +129,7 @@ impl PyTorch {
                 size: b.size - mapped,
                 prev: id,
                 next: b.next,
-                ..b.clone()
+                ..b
             });
             if b.next != NIL {
                 self.bm(b.next).prev = rest;
@@ -134,7 +137,7 @@ impl PyTorch {
             self.bm(id).next = rest;
             self.pools[super::pool_index(b.small)]
                 .unmapped
-                .insert((b.stream, b.ptr + mapped), rest);
+                .insert(unmapped_key(b.sid, b.ptr + mapped), rest);
         }
         let x = self.bm(id);
         x.mapped = true;
@@ -151,7 +154,7 @@ impl PyTorch {
     /// `unmap_block` (§11.4): unmaps the whole pages inside free block `id`; partial pages at
     /// either end stay mapped as free blocks. Releases the reservation when nothing is left.
     pub(super) fn unmap_block<B: Backend>(&mut self, backend: &mut B, id: u32) -> Result<()> {
-        let b = self.b(id).clone();
+        let b = *self.b(id);
         let seg = self.expandable[b.expandable as usize].clone();
         let off = b.ptr - seg.base;
         let first = off.div_ceil(seg.page);
@@ -169,7 +172,7 @@ impl PyTorch {
                 size: start - b.ptr,
                 requested: 0,
                 next: id,
-                ..b.clone()
+                ..b
             });
             if b.prev != NIL {
                 self.bm(b.prev).next = before;
@@ -183,7 +186,7 @@ impl PyTorch {
                 size: b.ptr + b.size - end,
                 requested: 0,
                 prev: id,
-                ..b.clone()
+                ..b
             });
             if b.next != NIL {
                 self.bm(b.next).prev = after;
@@ -199,16 +202,106 @@ impl PyTorch {
         self.try_merge(id, prev);
         self.try_merge(id, next);
         let x = self.b(id);
-        let (stream, ptr, small) = (x.stream, x.ptr, x.small);
-        self.pools[super::pool_index(small)].unmapped.insert((stream, ptr), id);
+        let (sid, ptr, small) = (x.sid, x.ptr, x.small);
+        self.pools[super::pool_index(small)].unmapped.insert(unmapped_key(sid, ptr), id);
         self.total_allocated -= end - start;
         self.stats.num_device_free += 1;
         if self.b(id).prev == NIL && self.b(id).next == NIL {
             // release_expandable_segment: the whole VA is unmapped.
-            self.pools[super::pool_index(small)].unmapped.remove(&(stream, ptr));
+            self.pools[super::pool_index(small)].unmapped.remove(&unmapped_key(sid, ptr));
             backend.release(seg.base, seg.va_size)?;
             self.expandable[b.expandable as usize].alive = false;
             self.drop_block(id);
+        }
+        Ok(())
+    }
+
+    /// Installs an expandable segment as it stood before a trace (start-state recovery): a
+    /// reservation of `va_size` bytes at `base` for (`stream`, pool) whose mapped ranges are
+    /// `ranges`, each tiled by `(start, size, live request or None)` blocks in address order.
+    /// Everything else in the reservation is unmapped.
+    pub fn install_expandable(
+        &mut self,
+        base: u64,
+        va_size: u64,
+        stream: u64,
+        small: bool,
+        ranges: &[MappedRange],
+    ) -> Result<()> {
+        Self::check_range(base, va_size)?;
+        let sid = self.intern(stream)?;
+        let page = self.config.page_size(small);
+        let seg = self.expandable.len() as u32;
+        self.expandable.push(ExpandableSegment { base, va_size, page, alive: true });
+        // The whole VA as a list of (start, size, mapped, live) pieces.
+        let mut pieces: Vec<(u64, u64, bool, Option<u64>)> = Vec::new();
+        let mut pos = base;
+        for (addr, size, blocks) in ranges {
+            if *addr < pos || addr + size > base + va_size {
+                return Err(crate::error::Error::input(format!(
+                    "expandable range {addr:#x}+{size} is outside the reservation at {base:#x} or overlaps"
+                )));
+            }
+            if *addr > pos {
+                pieces.push((pos, addr - pos, false, None));
+            }
+            let mut at = *addr;
+            for &(a, s, live) in blocks {
+                if a != at || s == 0 {
+                    return Err(crate::error::Error::input(format!(
+                        "expandable range {addr:#x}: block {a:#x}+{s} does not follow {at:#x}"
+                    )));
+                }
+                pieces.push((a, s, true, live));
+                at += s;
+            }
+            if at != addr + size {
+                return Err(crate::error::Error::input(format!(
+                    "expandable range {addr:#x}: blocks cover {} of {size} bytes",
+                    at - addr
+                )));
+            }
+            self.total_allocated += size;
+            pos = addr + size;
+        }
+        if pos < base + va_size {
+            pieces.push((pos, base + va_size - pos, false, None));
+        }
+        let p = super::pool_index(small);
+        let mut prev = NIL;
+        for (ptr, size, mapped, live) in pieces {
+            let id = self.new_block(Block {
+                ptr,
+                size,
+                requested: 0,
+                stream,
+                sid,
+                prev,
+                next: NIL,
+                expandable: seg,
+                gc_base: 0,
+                small,
+                allocated: false,
+                mapped,
+                in_use: true,
+            });
+            if prev != NIL {
+                self.bm(prev).next = id;
+            }
+            prev = id;
+            match (mapped, live) {
+                (true, Some(request)) => {
+                    self.alloc_found_block(id, size, request, false);
+                }
+                (true, None) => self.free_block(id),
+                (false, _) => {
+                    let pv = self.b(id).prev;
+                    if self.try_merge(id, pv) {
+                        prev = id;
+                    }
+                    self.pools[p].unmapped.insert(unmapped_key(sid, self.b(id).ptr), id);
+                }
+            }
         }
         Ok(())
     }

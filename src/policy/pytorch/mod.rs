@@ -7,8 +7,9 @@
 //! `pytorch-caching-allocator.md` (§2–§11, corrected by §19–§20). Options: [`config`].
 //!
 //! State: a block arena indexed by `u32` (neighbours are indices, as PyTorch's are pointers), and
-//! per pool (small, large) a `BTreeMap` of free blocks keyed by (stream, size, address) — the
-//! order of PyTorch's `BlockPool::blocks` — and one of unmapped expandable ranges keyed by
+//! per pool (small, large) a free set ordered by (stream, size, address) — the order of PyTorch's
+//! `BlockPool::blocks` (see `pool.rs`; walks across streams sort by the raw stream value) — and a
+//! `BTreeMap` of unmapped expandable ranges keyed by
 //! (stream, address). Every choice is deterministic: best fit, then lowest address.
 //!
 //! Deviations: frees take effect when the engine calls [`Policy::free`] (at `free_completed`), so
@@ -18,6 +19,7 @@
 
 pub mod config;
 mod expandable;
+mod pool;
 pub mod start;
 pub mod validate;
 
@@ -31,17 +33,26 @@ use crate::trace::{Block as SnapBlock, BlockState, PoolKind, Segment};
 use config::{MIN_BLOCK_SIZE, SMALL_SIZE};
 use std::collections::BTreeMap;
 
+/// A segment's or mapped range's blocks in address order: (start, size, live request or `None`
+/// when free), as start-state recovery installs them.
+pub type Tiling = Vec<(u64, u64, Option<u64>)>;
+
+/// A mapped range of an expandable segment: (start, size, its blocks).
+pub type MappedRange = (u64, u64, Tiling);
+
 /// No block: the end of a neighbour list.
 const NIL: u32 = u32::MAX;
 
 /// One block of a segment (PyTorch's `Block`).
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug)]
 struct Block {
     ptr: u64,
     size: u64,
     /// Request size of the last allocation that used this block object.
     requested: u64,
     stream: u64,
+    /// The stream's index in `PyTorch::streams`, the leading part of the free-set keys.
+    sid: u16,
     prev: u32,
     next: u32,
     /// Index of the expandable segment, or [`NIL`] for a cudaMalloc segment.
@@ -58,11 +69,20 @@ struct Block {
 #[derive(Debug, Default)]
 struct Pool {
     /// Free mapped blocks, by (stream, size, address).
-    blocks: BTreeMap<(u64, u64, u64), u32>,
-    /// Unmapped expandable ranges, by (stream, address).
-    unmapped: BTreeMap<(u64, u64), u32>,
+    blocks: pool::FreeSet,
+    /// Unmapped expandable ranges, by (stream, address) packed into one [`unmapped_key`].
+    unmapped: BTreeMap<u128, u32>,
     /// `get_free_blocks_call_count`, the GC clock.
     gc_count: u64,
+}
+
+/// Addresses and sizes must stay below this (real ones are below 2^48).
+const KEY_LIMIT: u64 = 1 << 56;
+
+/// The unmapped-set key of a block: (stream index, address), as `BlockComparatorAddress`.
+#[inline]
+fn unmapped_key(sid: u16, ptr: u64) -> u128 {
+    (sid as u128) << 64 | ptr as u128
 }
 
 /// A cudaMalloc segment: its size.
@@ -110,11 +130,15 @@ pub struct PyTorch {
     active: AddrMap<u32>,
     segments: BTreeMap<u64, SegmentInfo>,
     expandable: Vec<ExpandableSegment>,
+    /// Every stream seen, indexed by the `sid` in keys.
+    streams: Vec<u64>,
     allocated: u64,
     /// `total_allocated_memory`: cudaMalloc'd segments plus mapped pages.
     total_allocated: u64,
     alloc_retries: u64,
     stats: Stats,
+    /// GC is on (threshold and memory fraction both set): fixed at construction.
+    gc_on: bool,
 }
 
 fn pool_index(small: bool) -> usize {
@@ -124,18 +148,23 @@ fn pool_index(small: bool) -> usize {
 impl PyTorch {
     /// A policy with `config` and an empty cache.
     pub fn new(config: Config) -> PyTorch {
+        let mut active = AddrMap::default();
+        active.reserve(4096); // typical live-block counts; avoids rehashing early in a replay
         PyTorch {
-            config,
             blocks: Vec::with_capacity(1024),
             spare: Vec::new(),
             pools: [Pool::default(), Pool::default()],
-            active: AddrMap::default(),
+            active,
             segments: BTreeMap::new(),
             expandable: Vec::new(),
+            streams: Vec::new(),
             allocated: 0,
             total_allocated: 0,
             alloc_retries: 0,
             stats: Stats::default(),
+            gc_on: config.garbage_collection_threshold > 0.0
+                && config.allowed_memory_maximum().is_some(),
+            config,
         }
     }
 
@@ -192,17 +221,55 @@ impl PyTorch {
         &mut self.blocks[id as usize]
     }
 
+    /// The index of `stream`, if it was seen.
+    #[inline]
+    fn sid_of(&self, stream: u64) -> Option<u16> {
+        self.streams.iter().position(|&s| s == stream).map(|i| i as u16)
+    }
+
+    /// The index of `stream`, assigned on first sight.
+    fn intern(&mut self, stream: u64) -> Result<u16> {
+        if let Some(i) = self.sid_of(stream) {
+            return Ok(i);
+        }
+        if self.streams.len() > u16::MAX as usize {
+            return Err(Error::input("more than 65536 streams on one device"));
+        }
+        self.streams.push(stream);
+        Ok((self.streams.len() - 1) as u16)
+    }
+
+    /// Checks that a range from the backend fits the packed keys.
+    fn check_range(ptr: u64, size: u64) -> Result<()> {
+        if ptr.checked_add(size).is_none_or(|end| end >= KEY_LIMIT) {
+            return Err(Error::input(format!(
+                "address range {ptr:#x}+{size} is beyond 2^56, which the pytorch policy cannot index"
+            )));
+        }
+        Ok(())
+    }
+
+    /// A pool's free blocks in PyTorch's (stream, size, address) order. Keys order streams by
+    /// first sight, so walks that cross streams (flush, GC) sort by the raw stream value.
+    fn free_blocks_in_order(&self, p: usize) -> Vec<u32> {
+        let mut ids: Vec<u32> = self.pools[p].blocks.ids().collect();
+        ids.sort_by_key(|&id| {
+            let b = self.b(id);
+            (b.stream, b.size, b.ptr)
+        });
+        ids
+    }
+
     fn gc_enabled(&self) -> bool {
-        self.config.garbage_collection_threshold > 0.0
-            && self.config.allowed_memory_maximum().is_some()
+        self.gc_on
     }
 
     /// Puts a free mapped block into its pool's free set (GC base reset).
     fn insert_free(&mut self, id: u32) {
         let b = self.b(id);
-        let (key, p) = ((b.stream, b.size, b.ptr), pool_index(b.small));
+        let (sid, size, ptr, p) = (b.sid, b.size, b.ptr, pool_index(b.small));
         let pool = &mut self.pools[p];
-        pool.blocks.insert(key, id);
+        pool.blocks.insert(sid, size, ptr, id);
         let clock = pool.gc_count;
         self.bm(id).gc_base = clock;
     }
@@ -211,10 +278,10 @@ impl PyTorch {
         let b = self.b(id);
         let p = pool_index(b.small);
         if b.mapped {
-            let key = (b.stream, b.size, b.ptr);
-            self.pools[p].blocks.remove(&key);
+            let (sid, size, ptr) = (b.sid, b.size, b.ptr);
+            self.pools[p].blocks.remove(sid, size, ptr);
         } else {
-            let key = (b.stream, b.ptr);
+            let key = unmapped_key(b.sid, b.ptr);
             self.pools[p].unmapped.remove(&key);
         }
     }
@@ -240,57 +307,47 @@ impl PyTorch {
         if self.gc_enabled() {
             self.pools[p].gc_count += 1;
         }
-        let (key, id) = self.find_free_block(stream, size, small)?;
-        self.pools[p].blocks.remove(&key);
+        let (sid, found, ptr, id) = self.find_free_block(stream, size, small)?;
+        self.pools[p].blocks.remove(sid, found, ptr);
         Some(id)
     }
 
-    /// The search of `get_free_block`, without its side effects.
-    fn find_free_block(
-        &self,
-        stream: u64,
-        size: u64,
-        small: bool,
-    ) -> Option<((u64, u64, u64), u32)> {
-        let pool = &self.pools[pool_index(small)];
-        let mut it = pool.blocks.range((stream, size, 0)..);
-        let (mut key, mut id) = it.next().map(|(k, &v)| (*k, v))?;
-        if key.0 != stream {
-            return None;
-        }
+    /// The search of `get_free_block`, without its side effects: (stream index, size, address,
+    /// id) of the block it would take.
+    fn find_free_block(&self, stream: u64, size: u64, small: bool) -> Option<(u16, u64, u64, u32)> {
+        let sid = self.sid_of(stream)?;
+        let blocks = &self.pools[pool_index(small)].blocks;
+        let (mut found, mut ptr, mut id) = blocks.first_from(sid, size, 0)?;
         if self.b(id).expandable != NIL {
             if self.config.expandable_segments {
-                for (k, &next) in it {
-                    if k.0 == stream
-                        && self.b(id).expandable != NIL
+                // Step forward while the expandable size keeps going down (§4).
+                while let Some((s, p, next)) = blocks.next_after(sid, found, ptr) {
+                    if self.b(id).expandable != NIL
                         && self.expandable_size(next) < self.expandable_size(id)
                     {
-                        key = *k;
-                        id = next;
+                        (found, ptr, id) = (s, p, next);
                     } else {
                         break;
                     }
                 }
             } else {
-                let (k, next) = it
-                    .find(|(k, &v)| k.0 != stream || self.b(v).expandable == NIL)
-                    .map(|(k, &v)| (*k, v))?;
-                if k.0 != stream {
-                    return None;
+                // Expandable segments turned off: skip this stream's expandable blocks.
+                loop {
+                    (found, ptr, id) = blocks.next_after(sid, found, ptr)?;
+                    if self.b(id).expandable == NIL {
+                        break;
+                    }
                 }
-                key = k;
-                id = next;
             }
         }
         let max_split = self.config.max_split_size;
-        let found = self.b(id).size;
         if size < max_split && found >= max_split {
             return None;
         }
         if size >= max_split && found >= size.saturating_add(self.config.tolerance()) {
             return None;
         }
-        Some((key, id))
+        Some((sid, found, ptr, id))
     }
 
     /// True when a request of `size` bytes on `stream` would be served from the cache now.
@@ -314,7 +371,7 @@ impl PyTorch {
     fn alloc_found_block(&mut self, id: u32, size: u64, request: u64, split: bool) -> Allocation {
         let mut id = id;
         if split {
-            let old = self.b(id).clone();
+            let old = *self.b(id);
             let low = self.new_block(Block {
                 ptr: old.ptr,
                 size,
@@ -357,7 +414,7 @@ impl PyTorch {
         if s.allocated || s.mapped != self.b(dst).mapped {
             return false;
         }
-        let s = s.clone();
+        let s = *s;
         self.remove_free(src);
         let d = self.bm(dst);
         if s.next == dst {
@@ -388,7 +445,7 @@ impl PyTorch {
 
     /// `release_block` (§9.1): cudaFree one whole cudaMalloc segment.
     fn release_block<B: Backend>(&mut self, backend: &mut B, id: u32) -> Result<()> {
-        let b = self.b(id).clone();
+        let b = *self.b(id);
         debug_assert!(b.prev == NIL && b.next == NIL && b.expandable == NIL && !b.allocated);
         backend.segment_free(b.ptr, b.size)?;
         self.remove_free(id);
@@ -426,11 +483,13 @@ impl PyTorch {
             return self.try_allocate_expandable_block(backend, stream, size, small);
         }
         let Some(ptr) = backend.segment_alloc(alloc_size)? else { return Ok(None) };
-        Ok(Some(self.add_segment(ptr, alloc_size, stream, small)))
+        Ok(Some(self.add_segment(ptr, alloc_size, stream, small)?))
     }
 
     /// Records a new cudaMalloc segment as one block that is in no set yet.
-    fn add_segment(&mut self, ptr: u64, size: u64, stream: u64, small: bool) -> u32 {
+    fn add_segment(&mut self, ptr: u64, size: u64, stream: u64, small: bool) -> Result<u32> {
+        Self::check_range(ptr, size)?;
+        let sid = self.intern(stream)?;
         self.total_allocated += size;
         self.stats.segments += 1;
         self.stats.num_device_alloc += 1;
@@ -438,11 +497,12 @@ impl PyTorch {
             self.stats.oversize_segments += 1;
         }
         self.segments.insert(ptr, SegmentInfo { size });
-        self.new_block(Block {
+        Ok(self.new_block(Block {
             ptr,
             size,
             requested: 0,
             stream,
+            sid,
             prev: NIL,
             next: NIL,
             expandable: NIL,
@@ -451,7 +511,7 @@ impl PyTorch {
             allocated: false,
             mapped: true,
             in_use: true,
-        })
+        }))
     }
 
     /// `release_available_cached_blocks` (§9.2): with `max_split_size` set, free the smallest
@@ -469,25 +529,26 @@ impl PyTorch {
         }
         let p = pool_index(small);
         let target = size.max(max_split);
-        let bound = (stream, target, 0);
-        if let Some((k, &id)) = self.pools[p].blocks.range(bound..).next() {
-            if k.0 == stream && self.b(id).expandable == NIL {
+        let Some(sid) = self.sid_of(stream) else { return Ok(false) };
+        if let Some((_, _, id)) = self.pools[p].blocks.first_from(sid, target, 0) {
+            if self.b(id).expandable == NIL {
                 self.release_block(backend, id)?;
                 return Ok(true);
             }
         }
         let mut released = 0u64;
-        let mut cursor = bound;
+        let mut cursor = (target, 0);
         while released < target {
-            let Some((&k, &id)) = self.pools[p].blocks.range(..cursor).next_back() else {
+            let Some((size, ptr, id)) = self.pools[p].blocks.last_before(sid, cursor.0, cursor.1)
+            else {
                 break;
             };
-            if k.1 < max_split || k.0 != stream {
+            if size < max_split {
                 break;
             }
-            cursor = k;
+            cursor = (size, ptr);
             if self.b(id).expandable == NIL {
-                released += k.1;
+                released += size;
                 self.release_block(backend, id)?;
             }
         }
@@ -504,7 +565,7 @@ impl PyTorch {
     /// pages, in (stream, size, address) order.
     fn release_blocks<B: Backend>(&mut self, backend: &mut B, small: bool) -> Result<()> {
         let p = pool_index(small);
-        let ids: Vec<u32> = self.pools[p].blocks.values().copied().collect();
+        let ids = self.free_blocks_in_order(p);
         let mut expandable = Vec::new();
         for id in ids {
             let b = self.b(id);
@@ -534,7 +595,7 @@ impl PyTorch {
         let age = |b: &Block| clock.wrapping_sub(b.gc_base) as i64 as f64;
         let mut total_age = 0.0;
         let mut count = 0u64;
-        for &id in self.pools[p].blocks.values() {
+        for id in self.pools[p].blocks.ids() {
             if !self.is_split(id) {
                 total_age += age(self.b(id));
                 count += 1;
@@ -548,7 +609,7 @@ impl PyTorch {
         while reclaimed < target && freed_any && count > 0 {
             let avg = total_age / count as f64;
             freed_any = false;
-            let ids: Vec<u32> = self.pools[p].blocks.values().copied().collect();
+            let ids = self.free_blocks_in_order(p);
             for id in ids {
                 let b = self.b(id);
                 if b.prev == NIL && b.next == NIL && b.expandable == NIL && age(b) >= avg {
@@ -626,14 +687,14 @@ impl PyTorch {
                 pos - addr
             )));
         }
-        let head = self.add_segment(addr, size, stream, small);
+        let head = self.add_segment(addr, size, stream, small)?;
         self.stats.num_device_alloc -= 1; // not a call made during the replay
         let mut prev = NIL;
         for (i, &(a, s, live)) in blocks.iter().enumerate() {
             let id = if i == 0 {
                 head
             } else {
-                let h = self.b(head).clone();
+                let h = *self.b(head);
                 self.new_block(Block { ptr: a, size: s, prev, allocated: false, requested: 0, ..h })
             };
             let b = self.bm(id);
@@ -694,8 +755,7 @@ impl PyTorch {
                 }
             } else if b.mapped {
                 free_mapped += 1;
-                let key = (b.stream, b.size, b.ptr);
-                if self.pools[pool_index(b.small)].blocks.get(&key) != Some(&id) {
+                if self.pools[pool_index(b.small)].blocks.get(b.sid, b.size, b.ptr) != Some(id) {
                     return Err(format!(
                         "free block {:#x} (+{}) not in its free set",
                         b.ptr, b.size
@@ -703,7 +763,9 @@ impl PyTorch {
                 }
             } else {
                 free_unmapped += 1;
-                if self.pools[pool_index(b.small)].unmapped.get(&(b.stream, b.ptr)) != Some(&id) {
+                if self.pools[pool_index(b.small)].unmapped.get(&unmapped_key(b.sid, b.ptr))
+                    != Some(&id)
+                {
                     return Err(format!("unmapped block {:#x} not in its set", b.ptr));
                 }
             }

@@ -15,16 +15,20 @@
 //! undeterminable unless the trace later proves its size (§19.2, [`StartState::extend`]). With
 //! `max_split_size`, an oversize orphan was never split: it fills a room below the tolerance.
 //!
-//! Not recovered: expandable segments (their unmapped VA is not in a snapshot); a trace with
-//! expandable segments starts from the segments it allocates itself, plus the mapped ranges of
-//! the dump as whole reservations (an approximation, reported by `validate`).
+//! Expandable segments (§19.6): the mapped ranges at the start follow from the dump's mapped
+//! ranges by undoing `segment_map` / `segment_unmap`; the ranges of one (stream, pool) form one
+//! reservation of 9/8 of the GPU's memory (`Config::gpu_memory`), whose base is its lowest mapped
+//! byte, or lower when the trace later maps below it (the VA there was unmapped before recording).
 
 use super::config::{Config, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE};
-use super::PyTorch;
+use super::{MappedRange, PyTorch, Tiling};
 use crate::error::Result;
 use crate::replay::free_action;
 use crate::trace::{Action, BlockState, Event, Trace};
 use std::collections::{BTreeMap, HashSet};
+
+/// An expandable reservation at the first event: (base, VA size, stream, small pool).
+pub type Reservation = (u64, u64, u64, bool);
 
 /// A block live at the first event.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -61,6 +65,8 @@ pub struct StartSegment {
     pub stream: u64,
     /// Small pool (2 MiB segments) or large.
     pub small: bool,
+    /// A mapped range of an expandable segment (not a cudaMalloc segment).
+    pub expandable: bool,
     /// The blocks live in it, in address order.
     pub live: Vec<LiveAtStart>,
 }
@@ -72,8 +78,10 @@ pub struct StartState {
     pub segments: Vec<StartSegment>,
     /// Orphan frees that fall in no start segment (the state could not hold them).
     pub unplaced: Vec<u64>,
-    /// The recorded trace uses expandable segments (not recovered; see the module docs).
+    /// The recorded trace uses expandable segments.
     pub expandable: bool,
+    /// Expandable reservations at the start.
+    pub reservations: Vec<Reservation>,
 }
 
 impl StartState {
@@ -81,11 +89,26 @@ impl StartState {
     pub fn recover(trace: &Trace, device: i32, events: &[Event], config: &Config) -> StartState {
         // Segments: undo segment events from the dump backwards.
         let mut segs: BTreeMap<u64, (u64, u64, bool)> = BTreeMap::new();
+        // Mapped expandable bytes, page-granular pieces: addr -> (size, stream, small).
+        let mut mapped: BTreeMap<u64, (u64, u64, bool)> = BTreeMap::new();
         let mut final_live: Vec<(u64, u64, u64)> = Vec::new(); // (addr, size, request)
         let mut expandable = false;
-        for s in trace.segments_of(device) {
+        // Ranges that would overflow the address space are malformed input: ignored here, so the
+        // arithmetic below cannot overflow (validation then reports what they explain).
+        let fits = |addr: u64, size: u64| addr.checked_add(size).is_some_and(|e| e < 1 << 62);
+        for s in trace.segments_of(device).filter(|s| fits(s.address, s.total_size)) {
             if s.is_expandable {
                 expandable = true;
+                let small = s.pool == crate::trace::PoolKind::Small;
+                mapped.insert(s.address, (s.total_size, s.stream, small));
+                for b in &s.blocks {
+                    if matches!(
+                        b.state,
+                        BlockState::ActiveAllocated | BlockState::ActivePendingFree
+                    ) {
+                        final_live.push((b.address, b.size, b.requested_size));
+                    }
+                }
                 continue;
             }
             segs.insert(
@@ -98,7 +121,7 @@ impl StartState {
                 }
             }
         }
-        for e in events.iter().rev() {
+        for e in events.iter().rev().filter(|e| fits(e.addr, e.size)) {
             match e.action {
                 Action::SegmentAlloc => {
                     segs.remove(&e.addr);
@@ -106,7 +129,15 @@ impl StartState {
                 Action::SegmentFree => {
                     segs.insert(e.addr, (e.size, e.stream, e.size == SMALL_BUFFER));
                 }
-                Action::SegmentMap | Action::SegmentUnmap => expandable = true,
+                Action::SegmentMap => {
+                    expandable = true;
+                    cut(&mut mapped, e.addr, e.size);
+                }
+                Action::SegmentUnmap => {
+                    expandable = true;
+                    let small = pool_near(&mapped, e.addr, e.size, e.stream, config);
+                    mapped.insert(e.addr, (e.size, e.stream, small));
+                }
                 _ => {}
             }
         }
@@ -135,9 +166,13 @@ impl StartState {
                 size,
                 stream,
                 small,
+                expandable: false,
                 live: Vec::new(),
             })
             .collect();
+        let (ranges, reservations) = reservations(&mapped, events, config);
+        segments.extend(ranges);
+        segments.sort_by_key(|s| s.addr);
         let find = |segments: &[StartSegment], addr: u64| {
             let i = segments.partition_point(|s| s.addr <= addr);
             (i > 0 && addr < segments[i - 1].addr + segments[i - 1].size).then(|| i - 1)
@@ -175,7 +210,7 @@ impl StartState {
             s.live.sort_by_key(|b| b.addr);
             infer_orphan_sizes(s, config);
         }
-        StartState { segments, unplaced, expandable }
+        StartState { segments, unplaced, expandable, reservations }
     }
 
     /// The orphan at `addr`, if any.
@@ -247,33 +282,148 @@ impl StartState {
 
     /// Reserved bytes at the first event.
     pub fn reserved(&self) -> u64 {
-        self.segments.iter().map(|s| s.size).sum()
+        self.segments.iter().fold(0u64, |sum, s| sum.saturating_add(s.size))
+    }
+
+    /// The (start, size, live request) tiling of one segment or mapped range.
+    fn tiling(s: &StartSegment) -> Tiling {
+        let mut blocks = Vec::with_capacity(2 * s.live.len() + 1);
+        let mut pos = s.addr;
+        let end = s.addr + s.size;
+        for b in &s.live {
+            if b.addr < pos {
+                continue; // overlapping evidence: the earlier block wins
+            }
+            if b.addr > pos {
+                blocks.push((pos, b.addr - pos, None));
+            }
+            let size = b.size.min(end - b.addr);
+            if size == 0 {
+                continue; // two pieces of evidence for one address: the first wins
+            }
+            blocks.push((b.addr, size, Some(b.request)));
+            pos = b.addr + size;
+        }
+        if pos < end {
+            blocks.push((pos, end - pos, None));
+        }
+        blocks
     }
 
     /// Builds the policy's state: every segment with its live and free blocks.
     pub fn install(&self, policy: &mut PyTorch) -> Result<()> {
-        for s in &self.segments {
-            let mut blocks = Vec::with_capacity(2 * s.live.len() + 1);
-            let mut pos = s.addr;
-            let end = s.addr + s.size;
-            for b in &s.live {
-                if b.addr < pos {
-                    continue; // overlapping evidence: the earlier block wins
-                }
-                if b.addr > pos {
-                    blocks.push((pos, b.addr - pos, None));
-                }
-                let size = b.size.min(end - b.addr);
-                blocks.push((b.addr, size, Some(b.request)));
-                pos = b.addr + size;
-            }
-            if pos < end {
-                blocks.push((pos, end - pos, None));
-            }
+        for &(base, va, stream, small) in &self.reservations {
+            let ranges: Vec<MappedRange> = self
+                .segments
+                .iter()
+                .filter(|s| {
+                    s.expandable
+                        && s.stream == stream
+                        && s.small == small
+                        && base <= s.addr
+                        && s.addr < base + va
+                })
+                .map(|s| (s.addr, s.size, Self::tiling(s)))
+                .collect();
+            policy.install_expandable(base, va, stream, small, &ranges)?;
+        }
+        for s in self.segments.iter().filter(|s| !s.expandable) {
+            let blocks = Self::tiling(s);
             policy.install_segment(s.addr, s.size, s.stream, s.small, &blocks)?;
         }
         Ok(())
     }
+}
+
+/// Removes `[addr, addr + size)` from the mapped pieces (undoing a `segment_map`).
+fn cut(mapped: &mut BTreeMap<u64, (u64, u64, bool)>, addr: u64, size: u64) {
+    let end = addr + size;
+    let touched: Vec<(u64, (u64, u64, bool))> = mapped
+        .range(..end)
+        .rev()
+        .take_while(|(&a, &(s, _, _))| a + s > addr)
+        .map(|(&a, &v)| (a, v))
+        .collect();
+    for (a, (s, stream, small)) in touched {
+        mapped.remove(&a);
+        if a < addr {
+            mapped.insert(a, (addr - a, stream, small));
+        }
+        if a + s > end {
+            mapped.insert(end, (a + s - end, stream, small));
+        }
+    }
+}
+
+/// The pool of a range re-added by undoing a `segment_unmap`: that of a mapped neighbour of the
+/// same stream, else by page size (a multiple of the large page is taken as large).
+fn pool_near(
+    mapped: &BTreeMap<u64, (u64, u64, bool)>,
+    addr: u64,
+    size: u64,
+    stream: u64,
+    config: &Config,
+) -> bool {
+    let before =
+        mapped.range(..addr).next_back().filter(|(&a, &(s, st, _))| a + s == addr && st == stream);
+    let after = mapped.get(&(addr + size)).filter(|&&(_, st, _)| st == stream);
+    match (before, after) {
+        (Some((_, &(_, _, small))), _) | (None, Some(&(_, _, small))) => small,
+        (None, None) => size % config.page_size(false) != 0,
+    }
+}
+
+/// Groups the mapped pieces into ranges (adjacent pieces of one stream and pool merge) and
+/// reservations: one per (stream, pool) span of at most the VA size, based at its lowest mapped
+/// byte or at the lowest address the trace later maps within reach below it.
+fn reservations(
+    mapped: &BTreeMap<u64, (u64, u64, bool)>,
+    events: &[Event],
+    config: &Config,
+) -> (Vec<StartSegment>, Vec<Reservation>) {
+    let mut ranges: Vec<StartSegment> = Vec::new();
+    for (&addr, &(size, stream, small)) in mapped {
+        match ranges.last_mut() {
+            Some(r) if r.addr + r.size == addr && r.stream == stream && r.small == small => {
+                r.size += size;
+            }
+            _ => ranges.push(StartSegment {
+                addr,
+                size,
+                stream,
+                small,
+                expandable: true,
+                live: Vec::new(),
+            }),
+        }
+    }
+    let gpu = config.gpu_memory;
+    let mut out: Vec<Reservation> = Vec::new();
+    for r in &ranges {
+        let page = config.page_size(r.small);
+        let va = (gpu + gpu / 8).div_ceil(page).max(1) * page;
+        let known = out.iter().any(|&(b, v, st, sm)| {
+            st == r.stream && sm == r.small && b <= r.addr && r.addr + r.size <= b + v
+        });
+        if known {
+            continue;
+        }
+        let end = r.addr + r.size;
+        let base = events
+            .iter()
+            .filter(|e| {
+                e.action == Action::SegmentMap
+                    && e.stream == r.stream
+                    && e.addr < r.addr
+                    && end - e.addr <= va
+                    && !out.iter().any(|&(b, v, _, _)| b <= e.addr && e.addr < b + v)
+            })
+            .map(|e| e.addr)
+            .min()
+            .unwrap_or(r.addr);
+        out.push((base, va, r.stream, r.small));
+    }
+    (ranges, out)
 }
 
 /// §19.1: sizes of the orphans of one segment, from the boundaries the known blocks set.
@@ -291,7 +441,7 @@ fn infer_orphan_sizes(s: &mut StartSegment, config: &Config) {
         let oversize = rounded >= config.max_split_size;
         b.size = rounded;
         b.max_size = rounded;
-        if s.small || rounded <= SMALL_SIZE || config.expandable_segments {
+        if s.small || s.expandable || rounded <= SMALL_SIZE || config.expandable_segments {
             continue; // 512-byte splitting: round_size is exact
         }
         if oversize {
@@ -304,7 +454,7 @@ fn infer_orphan_sizes(s: &mut StartSegment, config: &Config) {
             b.max_size = room;
         } else {
             // Up to 1 MiB longer, leaving a free tail of more than 1 MiB.
-            let longest = SMALL_SIZE.min(gap - SMALL_SIZE - MIN_BLOCK_SIZE);
+            let longest = SMALL_SIZE.min(gap.saturating_sub(SMALL_SIZE + MIN_BLOCK_SIZE));
             b.max_size = rounded + longest;
         }
     }
@@ -321,6 +471,7 @@ mod tests {
             size: 20 * MIB,
             stream: 0,
             small: false,
+            expandable: false,
             live: live
                 .into_iter()
                 .map(|(addr, request, orphan)| LiveAtStart {
@@ -361,7 +512,7 @@ mod tests {
     fn a_later_placement_extends_the_orphan_before_it() {
         let mut s = seg(vec![(0, 5 * MIB, true)]);
         infer_orphan_sizes(&mut s, &Config::default());
-        let mut st = StartState { segments: vec![s], unplaced: vec![], expandable: false };
+        let mut st = StartState { segments: vec![s], ..StartState::default() };
         assert_eq!(st.extend(7 * MIB), None, "beyond the longest feasible size");
         assert_eq!(st.extend(5 * MIB + 4096), Some(0));
         assert_eq!(st.segments[0].live[0].size, 5 * MIB + 4096);

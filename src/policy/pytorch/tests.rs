@@ -297,7 +297,7 @@ fn gc_setup(total: u64) -> (PyTorch, Recording<SimDevice>, [u64; 4]) {
         let size = gib * GIB;
         let a = d.segment_alloc(size).unwrap().unwrap();
         p.install_segment(a, size, 0, false, &[(a, size, None)]).unwrap();
-        let id = p.pools[0].blocks[&(0, size, a)];
+        let id = p.pools[0].blocks.get(0, size, a).unwrap();
         p.bm(id).gc_base = clock - age;
         addrs[i] = a;
     }
@@ -413,4 +413,24 @@ fn property_checker_holds_for_every_configuration() {
             run_checked(&mut p, &workload(seed, 1500), Some(96 * MIB));
         }
     }
+}
+
+#[test]
+fn flush_walks_streams_in_raw_value_order_not_first_sight() {
+    let mut p = policy("");
+    let mut d = device(None);
+    let a = p.malloc(&mut d, 30 * MIB, 0x500).unwrap().unwrap();
+    let b = p.malloc(&mut d, 40 * MIB, 0x300).unwrap().unwrap();
+    p.free(&mut d, a.addr).unwrap();
+    p.free(&mut d, b.addr).unwrap();
+    d.calls.clear();
+    p.empty_cache(&mut d).unwrap();
+    assert_eq!(
+        d.calls,
+        vec![
+            BackendCall::SegmentFree { addr: b.addr, size: 40 * MIB },
+            BackendCall::SegmentFree { addr: a.addr, size: 30 * MIB }
+        ],
+        "stream 0x300 sorts before 0x500"
+    );
 }

@@ -6,14 +6,15 @@
 //! succeeds exactly when the recording shows it did (a recorded release after it, or an `oom`,
 //! means it failed); a recorded run of `segment_free` outside a malloc is an `empty_cache()` that
 //! the simulated allocator performs itself. Compared: every `alloc` address, every segment event
-//! (kind, size, address, in order) and the peak of the reserved curve (§12.3) from the start
-//! state's reserved bytes.
+//! (kind, size, address, in order), the peak of the reserved curve (§12.3) from the start
+//! state's reserved bytes, and the final layout against the snapshot's `segments` (§16.5).
 //!
 //! Start-state guesses (§19.1–§19.3): a mismatch that a longer ambiguous orphan explains extends
-//! that orphan and replays again (§19.2). Then each remaining ambiguous orphan is tried at its
-//! longest feasible size; the first decision where that start state — agreeing with every
-//! recorded decision before — places a block elsewhere is *undeterminable*: counted apart, never
-//! as matched.
+//! that orphan — to the recorded address when it lies inside the free block after it (§19.2), or
+//! to the smallest feasible size that reproduces every placement so far — and replays again. Then
+//! each remaining ambiguous orphan is tried at its longest feasible size; the first decision where
+//! that start state — agreeing with every recorded decision before — places a block elsewhere is
+//! *undeterminable*: counted apart, never as matched.
 
 use super::config::{Config, Version};
 use super::start::StartState;
@@ -364,8 +365,13 @@ fn replay_checked(
         script: Vec::new(),
         oom: false,
         log: Vec::new(),
-        segments: start.segments.iter().map(|s| (s.addr, s.size)).collect(),
-        reservations: BTreeMap::new(),
+        segments: start
+            .segments
+            .iter()
+            .filter(|s| !s.expandable)
+            .map(|s| (s.addr, s.size))
+            .collect(),
+        reservations: start.reservations.iter().map(|&(b, v, _, _)| (b, v)).collect(),
         reserved: start.reserved(),
         peak: start.reserved(),
         fresh: FRESH_BASE,
@@ -592,6 +598,58 @@ fn longer_orphan(
     Ok(None)
 }
 
+/// §16.5: the simulated layout at the end must equal the snapshot's final `segments` (addresses,
+/// sizes and states of every block). Reported as one mismatch at the event after the last.
+fn compare_final_segments(
+    trace: &Trace,
+    device: i32,
+    policy: &PyTorch,
+    at: usize,
+) -> Option<Mismatch> {
+    let layout = |segs: &mut dyn Iterator<Item = &crate::trace::Segment>| {
+        let mut v: Vec<(u64, u64, u64, bool)> = segs
+            .flat_map(|s| {
+                s.blocks.iter().map(|b| {
+                    let live = !matches!(b.state, crate::trace::BlockState::Inactive);
+                    (s.address, b.address, b.size, live)
+                })
+            })
+            .collect();
+        v.sort_unstable();
+        v
+    };
+    let recorded = layout(&mut trace.segments_of(device));
+    let simulated_segments = policy.segments();
+    let simulated = layout(&mut simulated_segments.iter());
+    if recorded == simulated {
+        return None;
+    }
+    let first = recorded.iter().zip(&simulated).position(|(r, s)| r != s);
+    let show = |b: Option<&(u64, u64, u64, bool)>| {
+        b.map_or_else(
+            || "nothing".to_string(),
+            |&(seg, a, size, live)| {
+                format!(
+                    "block {a:#x}+{size} {} in segment {seg:#x}",
+                    if live { "live" } else { "free" }
+                )
+            },
+        )
+    };
+    let k = first.unwrap_or(recorded.len().min(simulated.len()));
+    Some(Mismatch {
+        event: at as u64,
+        action: "segments".into(),
+        expected: show(recorded.get(k)),
+        got: show(simulated.get(k)),
+        why: format!(
+            "the final layout differs ({} recorded blocks, {} simulated)",
+            recorded.len(),
+            simulated.len()
+        ),
+    })
+}
+
 /// The recorded reserved curve's peak (§12.3), from `start` bytes.
 fn recorded_peak(events: &[Event], start: u64) -> u64 {
     let mut cur = start;
@@ -637,11 +695,11 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
     }
     let ops = plan(events);
     let mut start = StartState::recover(trace, device, events, &config);
-    if start.expandable {
-        notes.push(
-            "expandable segments: the start state holds only segments the trace allocates itself"
-                .into(),
-        );
+    if start.expandable && options.gpu_memory.is_none() {
+        notes.push(format!(
+            "expandable segments: reservations assumed 9/8 of {} of GPU memory (--gpu-mem)",
+            crate::units::format_bytes(config.gpu_memory)
+        ));
     }
     // §19.2: learn orphan sizes from placements that prove them.
     let mut learned = Vec::new();
@@ -705,6 +763,12 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
         }
     }
     let undetermined: BTreeSet<usize> = undeterminable.keys().copied().collect();
+    let policy = base.policy.as_ref().expect("replay returns its policy");
+    // Only a snapshot records the final layout (a text trace without segments has no dump).
+    let has_dump =
+        trace.format == crate::trace::Format::PytorchSnapshot || !trace.segments.is_empty();
+    let final_layout =
+        compare_final_segments(trace, device, policy, events.len()).filter(|_| has_dump);
     let allocs_total = events.iter().filter(|e| e.action == Action::Alloc).count() as u64;
     let allocs_addr_matched = base
         .placed
@@ -716,13 +780,13 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
         .iter()
         .filter(|m| !(m.action == "alloc" && undetermined.contains(&(m.event as usize))))
         .cloned()
+        .chain(final_layout.filter(|_| base.mismatches.is_empty()))
         .collect();
     for a in &start.unplaced {
         notes.push(format!("the orphan free at {a:#x} lies in no segment known at the start"));
     }
     let segment_events_recorded = events.iter().filter(|e| e.action.is_segment_event()).count();
     let peak_rec = recorded_peak(events, start.reserved());
-    let policy = base.policy.as_ref().expect("replay returns its policy");
     let output = ReplayOutput {
         result: PolicyResult {
             policy: "pytorch".into(),
@@ -815,6 +879,73 @@ mod tests {
     }
 
     #[test]
+    fn the_final_layout_is_compared_with_the_dump() {
+        use crate::trace::{Block, BlockState, PoolKind, Segment};
+        let mut t = trace("segment_alloc 0x10000000 20971520\nalloc 0x10000000 5242880\n");
+        let seg = |blocks: Vec<Block>| Segment {
+            device: 0,
+            address: 0x1000_0000,
+            total_size: 20 << 20,
+            stream: 0,
+            pool: PoolKind::Large,
+            is_expandable: false,
+            blocks,
+        };
+        let block = |address, size, state| Block { address, size, requested_size: 0, state };
+        // The dump as the real allocator leaves it: 5 MiB live, 15 MiB free.
+        t.segments = vec![seg(vec![
+            block(0x1000_0000, 5 << 20, BlockState::ActiveAllocated),
+            block(0x1050_0000, 15 << 20, BlockState::Inactive),
+        ])];
+        assert!(validate(&t, &ValidateOptions::default()).unwrap().mismatches.is_empty());
+        // A dump that disagrees (the block is 6 MiB) is a mismatch after the last event.
+        t.segments = vec![seg(vec![
+            block(0x1000_0000, 6 << 20, BlockState::ActiveAllocated),
+            block(0x1060_0000, 14 << 20, BlockState::Inactive),
+        ])];
+        let v = validate(&t, &ValidateOptions::default()).unwrap();
+        assert_eq!(v.mismatches.len(), 1);
+        assert_eq!((v.mismatches[0].event, v.mismatches[0].action.as_str()), (2, "segments"));
+    }
+
+    #[test]
+    fn nonsense_recordings_never_panic() {
+        use crate::policy::testing::Rng;
+        use crate::trace::{Block, BlockState, PoolKind, Segment};
+        for seed in 0..40 {
+            let mut rng = Rng::new(seed);
+            let mut pick = |choices: &[u64]| choices[rng.below(choices.len() as u64) as usize];
+            let addrs = [0, 0x1000_0000, 0x1000_0200, 0x1050_0000, u64::MAX - 5, 1 << 60];
+            let sizes = [0, 1, 512, 5 << 20, 20 << 20, u64::MAX / 2];
+            let mut events = Vec::new();
+            for _ in 0..60 {
+                let action = Action::ALL[pick(&[0, 1, 2, 3, 4, 5, 6, 7, 8]) as usize];
+                events.push(Event::new(action, pick(&addrs), pick(&sizes), pick(&[0, 7]), 0));
+            }
+            let segments = vec![Segment {
+                device: 0,
+                address: pick(&addrs),
+                total_size: pick(&sizes),
+                stream: 0,
+                pool: PoolKind::Large,
+                is_expandable: pick(&[0, 1]) == 1,
+                blocks: vec![Block {
+                    address: pick(&addrs),
+                    size: pick(&sizes),
+                    requested_size: pick(&sizes),
+                    state: BlockState::ActiveAllocated,
+                }],
+            }];
+            let t = Trace {
+                devices: vec![crate::trace::DeviceTrace { device: 0, events }],
+                segments,
+                ..Trace::default()
+            };
+            let _ = validate(&t, &ValidateOptions::default()); // Ok or Err, never a panic
+        }
+    }
+
+    #[test]
     fn a_wrong_recording_is_reported() {
         // A real allocator would put the 3 MiB block right after the 5 MiB one, not 8 MiB in.
         let t = trace(
@@ -889,8 +1020,14 @@ mod tests {
     /// workload (with flushes and, under a capacity, fallbacks and OOMs), its final segments and
     /// settings. Validation must reproduce it exactly, from the start or from any point.
     fn generate(conf: &str, seed: u64, capacity: Option<u64>) -> Trace {
+        generate_on(conf, seed, capacity, Config::default().gpu_memory)
+    }
+
+    /// [`generate`] on a GPU of `gpu_memory` bytes (the base of a memory fraction).
+    fn generate_on(conf: &str, seed: u64, capacity: Option<u64>, gpu_memory: u64) -> Trace {
         use crate::policy::testing::{workload, Step};
-        let config = Config::parse(conf, Version::CURRENT).unwrap();
+        let mut config = Config::parse(conf, Version::CURRENT).unwrap();
+        config.gpu_memory = gpu_memory;
         let mut p = PyTorch::new(config.clone());
         let mut dev = Logged {
             inner: crate::backend::SimDevice::new(capacity),
@@ -941,7 +1078,7 @@ mod tests {
                 conf: Some(conf.to_string()),
                 max_split_size: (config.max_split_size != u64::MAX)
                     .then_some(config.max_split_size),
-                garbage_collection_threshold: 0.0,
+                garbage_collection_threshold: config.garbage_collection_threshold,
                 expandable_segments: config.expandable_segments,
                 roundup_power2_divisions: config.roundup_power2_divisions,
                 release_lock_on_cudamalloc: false,
@@ -965,6 +1102,44 @@ mod tests {
     }
 
     #[test]
+    fn self_generated_snapshots_exercise_ooms_flushes_fallbacks_and_maps() {
+        let count =
+            |t: &Trace, a: Action| t.devices[0].events.iter().filter(|e| e.action == a).count();
+        let t = generate("", 3, Some(96 << 20));
+        let ops = plan(&t.devices[0].events);
+        assert!(count(&t, Action::Oom) > 0);
+        assert!(ops.iter().any(|o| matches!(o, Op::Flush { script } if !script.is_empty())));
+        assert!(ops.iter().any(|o| matches!(o, Op::Malloc { script, .. }
+            if script.first().is_some_and(|&j| t.devices[0].events[j].action == Action::SegmentFree))));
+        let t = generate("expandable_segments:True", 3, Some(96 << 20));
+        assert!(count(&t, Action::SegmentMap) > 0 && count(&t, Action::SegmentUnmap) > 0);
+    }
+
+    #[test]
+    fn garbage_collection_validates_with_the_gpu_memory_given() {
+        // A 256 MiB GPU at fraction 0.5: 128 MiB allowed, GC above 0.6 of that.
+        let conf = "garbage_collection_threshold:0.6,per_process_memory_fraction:0.5";
+        for seed in 20..24 {
+            let t = generate_on(conf, seed, None, 256 << 20);
+            let options = ValidateOptions {
+                gpu_memory: Some(256 << 20),
+                check_invariants: true,
+                ..ValidateOptions::default()
+            };
+            let v = validate(&t, &options).unwrap();
+            assert!(v.mismatches.is_empty(), "seed {seed}: {:?}", v.mismatches.first());
+            assert_eq!(v.allocs_addr_matched, v.allocs_total);
+            let e = &t.devices[0].events;
+            let ops = plan(e);
+            let released_in_malloc = ops.iter().any(|o| {
+                matches!(o, Op::Malloc { script, .. }
+                if script.iter().any(|&j| e[j].action == Action::SegmentFree))
+            });
+            assert!(released_in_malloc, "seed {seed}: GC never released anything");
+        }
+    }
+
+    #[test]
     fn self_generated_snapshots_validate_exactly_from_the_start() {
         for conf in
             ["", "max_split_size_mb:64", "roundup_power2_divisions:4", "expandable_segments:True"]
@@ -983,7 +1158,9 @@ mod tests {
     fn self_generated_snapshots_validate_from_the_middle() {
         // Cut the recording at an alloc after the first third: the start state must be recovered
         // from the final segments (orphans, segments freed later), as with a ring buffer.
-        for conf in ["", "max_split_size_mb:64", "roundup_power2_divisions:4"] {
+        for conf in
+            ["", "max_split_size_mb:64", "roundup_power2_divisions:4", "expandable_segments:True"]
+        {
             for seed in 4..16 {
                 let mut t = generate(conf, seed, Some(200 << 20));
                 let events = &t.devices[0].events;

@@ -1,0 +1,273 @@
+//! The free set of one `BlockPool`: free blocks ordered by (stream, size, address), the order of
+//! PyTorch's `BlockComparatorSize` (`c10/cuda/CUDACachingAllocator.cpp`), with the queries the
+//! allocator makes — the first block at or after (stream, size, 0), the next one after a block,
+//! the last one before a bound.
+//!
+//! Why not a `BTreeMap`: every malloc and free touches this set two or three times, and a B-tree
+//! descent per touch was the replay's hot spot. Blocks are bucketed per stream by size class
+//! (TLSF-style: the power of two and the next three bits, so bucket order is size order), each
+//! bucket a short vector sorted by (size, address), with a bitmap of non-empty buckets. A query
+//! is one bucket search plus, when the bucket has nothing large enough, one bitmap scan.
+
+/// Buckets per stream: 64 powers of two × 8 sub-classes.
+const BUCKETS: usize = 64 * 8;
+
+/// The size class of `size`; monotonic in `size`.
+#[inline]
+fn bucket(size: u64) -> usize {
+    if size < 8 {
+        return size as usize; // classes 0..8 of the first powers; below every class ≥ 8 bytes
+    }
+    let fl = 63 - size.leading_zeros() as usize;
+    let sl = ((size >> (fl - 3)) & 7) as usize;
+    fl * 8 + sl
+}
+
+/// One entry: (size, address, block id).
+type Entry = (u64, u64, u32);
+
+/// The free blocks of one stream.
+#[derive(Debug, Clone)]
+struct Stream {
+    buckets: Vec<Vec<Entry>>,
+    nonempty: [u64; BUCKETS / 64],
+}
+
+impl Default for Stream {
+    fn default() -> Self {
+        Stream { buckets: vec![Vec::new(); BUCKETS], nonempty: [0; BUCKETS / 64] }
+    }
+}
+
+impl Stream {
+    /// The first non-empty bucket at or after `b`.
+    fn next_nonempty(&self, b: usize) -> Option<usize> {
+        let mut word = b / 64;
+        if word >= self.nonempty.len() {
+            return None;
+        }
+        let mut bits = self.nonempty[word] & (!0u64 << (b % 64));
+        loop {
+            if bits != 0 {
+                return Some(word * 64 + bits.trailing_zeros() as usize);
+            }
+            word += 1;
+            if word == self.nonempty.len() {
+                return None;
+            }
+            bits = self.nonempty[word];
+        }
+    }
+
+    /// The last non-empty bucket before `b`.
+    fn prev_nonempty(&self, b: usize) -> Option<usize> {
+        if b == 0 {
+            return None;
+        }
+        let last = b - 1;
+        let mut word = last / 64;
+        let mut bits = self.nonempty[word] & (!0u64 >> (63 - last % 64));
+        loop {
+            if bits != 0 {
+                return Some(word * 64 + 63 - bits.leading_zeros() as usize);
+            }
+            if word == 0 {
+                return None;
+            }
+            word -= 1;
+            bits = self.nonempty[word];
+        }
+    }
+
+    fn mark(&mut self, b: usize) {
+        if self.buckets[b].is_empty() {
+            self.nonempty[b / 64] &= !(1 << (b % 64));
+        } else {
+            self.nonempty[b / 64] |= 1 << (b % 64);
+        }
+    }
+
+    /// The first entry ≥ (size, ptr).
+    fn first_from(&self, size: u64, ptr: u64) -> Option<Entry> {
+        let b = bucket(size);
+        let v = &self.buckets[b];
+        let i = v.partition_point(|&(s, p, _)| (s, p) < (size, ptr));
+        if let Some(&e) = v.get(i) {
+            return Some(e);
+        }
+        let n = self.next_nonempty(b + 1)?;
+        self.buckets[n].first().copied()
+    }
+
+    /// The last entry < (size, ptr).
+    fn last_before(&self, size: u64, ptr: u64) -> Option<Entry> {
+        let b = bucket(size);
+        let v = &self.buckets[b];
+        let i = v.partition_point(|&(s, p, _)| (s, p) < (size, ptr));
+        if i > 0 {
+            return Some(v[i - 1]);
+        }
+        let n = self.prev_nonempty(b)?;
+        self.buckets[n].last().copied()
+    }
+}
+
+/// Free blocks of one pool, by (stream index, size, address); see the module docs.
+#[derive(Debug, Clone, Default)]
+pub(super) struct FreeSet {
+    streams: Vec<Stream>,
+    len: usize,
+}
+
+impl FreeSet {
+    /// Adds block `id` of `size` bytes at `ptr` on stream `sid`.
+    pub(super) fn insert(&mut self, sid: u16, size: u64, ptr: u64, id: u32) {
+        let sid = sid as usize;
+        if self.streams.len() <= sid {
+            self.streams.resize_with(sid + 1, Stream::default);
+        }
+        let s = &mut self.streams[sid];
+        let b = bucket(size);
+        let v = &mut s.buckets[b];
+        let i = v.partition_point(|&(sz, p, _)| (sz, p) < (size, ptr));
+        if v.get(i).is_some_and(|&(sz, p, _)| (sz, p) == (size, ptr)) {
+            v[i].2 = id;
+            return;
+        }
+        v.insert(i, (size, ptr, id));
+        s.mark(b);
+        self.len += 1;
+    }
+
+    /// Removes the block of `size` bytes at `ptr` on stream `sid`; its id, if it was there.
+    pub(super) fn remove(&mut self, sid: u16, size: u64, ptr: u64) -> Option<u32> {
+        let s = self.streams.get_mut(sid as usize)?;
+        let b = bucket(size);
+        let v = &mut s.buckets[b];
+        let i = v.partition_point(|&(sz, p, _)| (sz, p) < (size, ptr));
+        if v.get(i).is_none_or(|&(sz, p, _)| (sz, p) != (size, ptr)) {
+            return None;
+        }
+        let (_, _, id) = v.remove(i);
+        s.mark(b);
+        self.len -= 1;
+        Some(id)
+    }
+
+    /// The id of the block of `size` bytes at `ptr` on stream `sid`, if present.
+    pub(super) fn get(&self, sid: u16, size: u64, ptr: u64) -> Option<u32> {
+        self.streams
+            .get(sid as usize)?
+            .first_from(size, ptr)
+            .and_then(|(s, p, id)| ((s, p) == (size, ptr)).then_some(id))
+    }
+
+    /// The first block of stream `sid` at or after (size, ptr): `lower_bound`.
+    pub(super) fn first_from(&self, sid: u16, size: u64, ptr: u64) -> Option<(u64, u64, u32)> {
+        self.streams.get(sid as usize)?.first_from(size, ptr)
+    }
+
+    /// The next block of stream `sid` after the one of `size` bytes at `ptr`.
+    pub(super) fn next_after(&self, sid: u16, size: u64, ptr: u64) -> Option<(u64, u64, u32)> {
+        let s = self.streams.get(sid as usize)?;
+        match ptr.checked_add(1) {
+            Some(p) => s.first_from(size, p),
+            None => s.first_from(size.checked_add(1)?, 0),
+        }
+    }
+
+    /// The last block of stream `sid` before (size, ptr).
+    pub(super) fn last_before(&self, sid: u16, size: u64, ptr: u64) -> Option<(u64, u64, u32)> {
+        self.streams.get(sid as usize)?.last_before(size, ptr)
+    }
+
+    /// Every block id, in no particular order.
+    pub(super) fn ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.streams.iter().flat_map(|s| s.buckets.iter().flatten().map(|&(_, _, id)| id))
+    }
+
+    /// Number of blocks.
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::testing::Rng;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn size_classes_are_monotonic() {
+        for size in 1..200_000u64 {
+            assert!(bucket(size) <= bucket(size + 1), "{size}");
+        }
+        for shift in 3..63 {
+            let s = 1u64 << shift;
+            assert!(bucket(s - 1) <= bucket(s) && bucket(s) <= bucket(s + (s >> 3)), "{s}");
+        }
+        assert!(bucket(u64::MAX) < BUCKETS);
+    }
+
+    #[test]
+    fn queries_agree_with_a_btreemap() {
+        for seed in 0..20 {
+            let mut rng = Rng::new(seed);
+            let mut set = FreeSet::default();
+            let mut oracle: BTreeMap<(u16, u64, u64), u32> = BTreeMap::new();
+            for step in 0..3000u32 {
+                let sid = rng.below(3) as u16;
+                let size = match rng.below(3) {
+                    0 => 512 * (1 + rng.below(8)),
+                    1 => 512 * (1 + rng.below(4096)),
+                    _ => (1 + rng.below(64)) << 20,
+                };
+                let ptr = 512 * rng.below(1 << 20);
+                match rng.below(4) {
+                    0 | 1 => {
+                        set.insert(sid, size, ptr, step);
+                        oracle.insert((sid, size, ptr), step);
+                    }
+                    2 => {
+                        // Remove an existing element (or a missing one).
+                        let key = oracle.range((sid, size, 0)..).next().map(|(k, _)| *k);
+                        if let Some(k) = key.filter(|k| k.0 == sid) {
+                            assert_eq!(set.remove(k.0, k.1, k.2), oracle.remove(&k));
+                        } else {
+                            assert_eq!(set.remove(sid, size, ptr), None);
+                        }
+                    }
+                    _ => {}
+                }
+                let want = oracle
+                    .range((sid, size, ptr)..)
+                    .next()
+                    .filter(|(k, _)| k.0 == sid)
+                    .map(|(k, &v)| (k.1, k.2, v));
+                assert_eq!(set.first_from(sid, size, ptr), want, "seed {seed} step {step}");
+                let want = oracle
+                    .range(..(sid, size, ptr))
+                    .next_back()
+                    .filter(|(k, _)| k.0 == sid)
+                    .map(|(k, &v)| (k.1, k.2, v));
+                assert_eq!(set.last_before(sid, size, ptr), want, "seed {seed} step {step}");
+                if let Some((s, p, _)) = set.first_from(sid, size, ptr) {
+                    let want = oracle
+                        .range((sid, s, p + 1)..)
+                        .next()
+                        .filter(|(k, _)| k.0 == sid)
+                        .map(|(k, &v)| (k.1, k.2, v));
+                    assert_eq!(set.next_after(sid, s, p), want);
+                    assert!(set.get(sid, s, p).is_some());
+                }
+                assert_eq!(set.len(), oracle.len());
+            }
+            let mut ids: Vec<u32> = set.ids().collect();
+            let mut want: Vec<u32> = oracle.values().copied().collect();
+            ids.sort_unstable();
+            want.sort_unstable();
+            assert_eq!(ids, want);
+        }
+    }
+}
