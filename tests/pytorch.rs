@@ -177,3 +177,31 @@ fn a_replay_exported_by_the_pytorch_policy_validates_from_a_cold_start() {
     assert!(v["segment_events_recorded"].as_u64().is_some_and(|n| n > 0));
     assert_eq!(v["segment_events_matched"], v["segment_events_recorded"]);
 }
+
+/// A what-if export carries the policy's own settings, so the exported run validates as the run
+/// it claims to be (an expandable replay must record `expandable_segments: True`).
+#[test]
+fn exported_expandable_what_if_validates_under_its_own_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("what-if.pickle");
+    let trace = bundled("gpt-4l-512h.txt");
+    let o = run(&[
+        "replay",
+        trace.to_str().unwrap(),
+        "--policy",
+        "pytorch-expandable",
+        "--export-snapshot",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run(&["validate", out.to_str().unwrap(), "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["allocs_total"], 1086);
+    assert_eq!(v["allocs_addr_matched"], 1086);
+    assert!(v["segment_events_recorded"].as_u64().unwrap() > 0);
+    assert_eq!(v["segment_events_matched"], v["segment_events_recorded"]);
+    let info = run(&["info", out.to_str().unwrap(), "--json"]);
+    let i: serde_json::Value = serde_json::from_str(&stdout(&info)).unwrap();
+    assert_eq!(i["allocator_settings"]["expandable_segments"], true, "{i}");
+}

@@ -62,9 +62,20 @@ fn simulated_trace(trace: &Trace, device: i32, output: &ReplayOutput) -> Result<
         devices,
         frames: Default::default(),
         segments,
-        allocator_settings: trace.allocator_settings.clone(),
+        allocator_settings: settings_of(output),
         has_times: true,
     })
+}
+
+/// The `allocator_settings` of the simulated run: the PyTorch policy's own effective settings
+/// (not the input's: a `pytorch-expandable` what-if must say `expandable_segments: True`), and
+/// none for other policies, which have no such settings.
+fn settings_of(output: &ReplayOutput) -> Option<crate::trace::AllocatorSettings> {
+    use crate::policy::pytorch::{Config, Version};
+    if !output.result.policy.starts_with("pytorch") {
+        return None;
+    }
+    Config::parse(&output.result.config, Version::CURRENT).ok().map(|c| c.to_recorded())
 }
 
 #[cfg(test)]

@@ -449,6 +449,19 @@ impl Config {
         Ok(c)
     }
 
+    /// The `allocator_settings` a snapshot of a run under this config records (for
+    /// `--export-snapshot`), with the settings string that parses back to this config.
+    pub fn to_recorded(&self) -> AllocatorSettings {
+        AllocatorSettings {
+            conf: Some(self.to_conf_string()),
+            max_split_size: (self.max_split_size != u64::MAX).then_some(self.max_split_size),
+            garbage_collection_threshold: self.garbage_collection_threshold,
+            expandable_segments: self.expandable_segments,
+            roundup_power2_divisions: self.roundup_power2_divisions,
+            release_lock_on_cudamalloc: false,
+        }
+    }
+
     /// The effective settings in `PYTORCH_CUDA_ALLOC_CONF` syntax (parsing it gives this config).
     pub fn to_conf_string(&self) -> String {
         let mut parts = vec![format!(
