@@ -464,11 +464,13 @@ fn export_snapshot_writes_the_simulated_run() {
         .count();
     assert_eq!(count(Action::Alloc), 1666 + live_at_start);
     assert_eq!(count(Action::FreeCompleted), 1666);
-    assert_eq!(t.allocator_settings, input.allocator_settings);
+    // bound is not PyTorch's allocator: the input's recorded PyTorch settings would be a false
+    // claim about the simulated run, so none are written.
+    assert!(input.allocator_settings.is_some());
+    assert_eq!(t.allocator_settings, None);
     let py = python(
         "import pickle,sys; d=pickle.load(open(sys.argv[1],'rb')); print(sorted(d), len(d['device_traces'][0]))",
         &[out.to_str().unwrap()],
     );
-    assert!(String::from_utf8_lossy(&py)
-        .starts_with("['allocator_settings', 'device_traces', 'segments']"));
+    assert!(String::from_utf8_lossy(&py).starts_with("['device_traces', 'segments']"));
 }
