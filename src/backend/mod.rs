@@ -60,6 +60,19 @@ pub struct Recording<B> {
     pub calls: Vec<BackendCall>,
 }
 
+impl<B> Recording<B> {
+    /// The sizes of the segments obtained, in order: what a policy's growth rule asked for.
+    pub fn segment_sizes(&self) -> Vec<u64> {
+        self.calls
+            .iter()
+            .filter_map(|c| match *c {
+                BackendCall::SegmentAlloc { size, addr: Some(_) } => Some(size),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
 /// One call a [`Recording`] saw, with its outcome; fields are the call's arguments and result.
 #[allow(missing_docs)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

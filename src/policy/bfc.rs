@@ -285,18 +285,8 @@ impl Policy for Bfc {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{BackendCall, Recording, SimDevice};
+    use crate::backend::{Recording, SimDevice};
     use crate::policy::testing::{run_checked, workload};
-
-    fn sizes(calls: &[BackendCall]) -> Vec<u64> {
-        calls
-            .iter()
-            .filter_map(|c| match c {
-                BackendCall::SegmentAlloc { size, addr: Some(_) } => Some(*size),
-                _ => None,
-            })
-            .collect()
-    }
 
     #[test]
     fn bins_follow_powers_of_two_from_256() {
@@ -354,7 +344,7 @@ mod tests {
         p.malloc(&mut d, 60 * MIB, 0).unwrap().unwrap();
         p.malloc(&mut d, 70 * MIB, 0).unwrap().unwrap();
         assert_eq!(
-            sizes(&d.calls),
+            d.segment_sizes(),
             vec![2 * MIB, 4 * MIB, 8 * MIB, 32 * MIB, 64 * MIB, 64 * MIB, 128 * MIB]
         );
     }

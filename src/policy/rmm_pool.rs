@@ -235,18 +235,8 @@ impl Policy for RmmPool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{BackendCall, Recording, SimDevice};
+    use crate::backend::{Recording, SimDevice};
     use crate::policy::testing::{run_checked, workload};
-
-    fn grown(calls: &[BackendCall]) -> Vec<u64> {
-        calls
-            .iter()
-            .filter_map(|c| match c {
-                BackendCall::SegmentAlloc { size, addr: Some(_) } => Some(*size),
-                _ => None,
-            })
-            .collect()
-    }
 
     #[test]
     fn grows_by_max_of_request_and_pool_size() {
@@ -256,11 +246,11 @@ mod tests {
         p.malloc(&mut d, 3000, 0).unwrap().unwrap(); // 3072 > pool 1024 → grow 3072
         p.malloc(&mut d, 10_000, 0).unwrap().unwrap(); // 10240 > pool 4096 → grow 10240
         let small = p.malloc(&mut d, 100, 0).unwrap().unwrap(); // 256 < pool 14336 → grow 14336
-        assert_eq!(grown(&d.calls), vec![1024, 3072, 10_240, 14_336]);
+        assert_eq!(d.segment_sizes(), vec![1024, 3072, 10_240, 14_336]);
         assert_eq!(small.block_size, 256);
         // The 14080-byte remainder serves the next requests: no growth.
         p.malloc(&mut d, 14_000, 0).unwrap().unwrap();
-        assert_eq!(grown(&d.calls).len(), 4);
+        assert_eq!(d.segment_sizes().len(), 4);
     }
 
     #[test]
@@ -270,7 +260,7 @@ mod tests {
         let a = p.malloc(&mut d, 1000, 0).unwrap().unwrap();
         // 20000 → 20224; 15360 free; remaining 49152 → grow max(20224, 24576).
         p.malloc(&mut d, 20_000, 0).unwrap().unwrap();
-        assert_eq!(grown(&d.calls), vec![16_384, 24_576]);
+        assert_eq!(d.segment_sizes(), vec![16_384, 24_576]);
         // 30000 → 30208 > remaining 24576: no growth, OOM (the 4352 + 15360 free bytes don't fit).
         assert_eq!(p.malloc(&mut d, 30_000, 0).unwrap(), None);
         p.free(&mut d, a.addr).unwrap();
@@ -295,7 +285,7 @@ mod tests {
         // Stream 3 needs 1 MiB: no single list has it; merging lists 1 and 2 into 3 does.
         let z = p.malloc(&mut d, 1 << 20, 3).unwrap().unwrap();
         assert_eq!(z.addr, big.addr);
-        assert_eq!(grown(&d.calls), vec![1 << 20]);
+        assert_eq!(d.segment_sizes(), vec![1 << 20]);
         p.check_invariants().unwrap();
     }
 
