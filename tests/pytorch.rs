@@ -205,3 +205,21 @@ fn exported_expandable_what_if_validates_under_its_own_settings() {
     let i: serde_json::Value = serde_json::from_str(&stdout(&info)).unwrap();
     assert_eq!(i["allocator_settings"]["expandable_segments"], true, "{i}");
 }
+
+/// `--capacity` is the GPU's total memory for the PyTorch policy too: a memory fraction is taken
+/// of it (spec §8: the limit is fraction × totalGlobalMem, checked before cudaMalloc).
+#[test]
+fn memory_fraction_is_taken_of_the_capacity() {
+    // 60 MiB fits on a 100 MiB device, but not under half of it.
+    let (_d, path) = temp_file("f.txt", b"alloc 0x1000 62914560 s0\nfree 0x1000 62914560 s0\n");
+    let replay = |spec: &str| {
+        let o =
+            run(&["replay", path.to_str().unwrap(), "-p", spec, "--capacity", "100MiB", "--json"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        v["results"][0]["oom"].as_bool().unwrap()
+    };
+    assert!(!replay("pytorch"));
+    assert!(replay("pytorch:per_process_memory_fraction:0.5"));
+    assert!(!replay("pytorch:per_process_memory_fraction:0.7"));
+}

@@ -126,13 +126,20 @@ pub static POLICIES: &[PolicyInfo] = &[
         name: "pytorch",
         summary: "PyTorch's CUDA caching allocator (PYTORCH_CUDA_ALLOC_CONF options; default: recorded settings)",
         options: "PYTORCH_CUDA_ALLOC_CONF syntax, e.g. max_split_size_mb:128,roundup_power2_divisions:4; or 'recorded'",
-        run: |spec, input, opts| run_with(pytorch::PyTorch::from_spec(&spec.options, input), spec, input, opts),
+        run: |spec, input, opts| {
+            let policy = pytorch::PyTorch::from_spec(&spec.options, input).map(|p| p.on_gpu(opts.capacity));
+            run_with(policy, spec, input, opts)
+        },
     },
     PolicyInfo {
         name: "pytorch-expandable",
         summary: "PyTorch's caching allocator with expandable_segments:True",
         options: "PYTORCH_CUDA_ALLOC_CONF syntax (expandable_segments is forced on)",
-        run: |spec, input, opts| run_with(pytorch::PyTorch::expandable_from_spec(&spec.options, input), spec, input, opts),
+        run: |spec, input, opts| {
+            let policy =
+                pytorch::PyTorch::expandable_from_spec(&spec.options, input).map(|p| p.on_gpu(opts.capacity));
+            run_with(policy, spec, input, opts)
+        },
     },
     PolicyInfo {
         name: "buddy",

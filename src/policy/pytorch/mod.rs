@@ -181,6 +181,16 @@ impl PyTorch {
         Ok(PyTorch::new(c))
     }
 
+    /// The same policy on a GPU of `total` bytes (`--capacity`), the base of
+    /// `per_process_memory_fraction` and of expandable reservations (9/8 of it); `None` keeps
+    /// the default. Call it before the first malloc.
+    pub fn on_gpu(self, total: Option<u64>) -> PyTorch {
+        match total {
+            Some(t) => PyTorch::new(Config { gpu_memory: t, ..self.config }),
+            None => self,
+        }
+    }
+
     /// The effective settings.
     pub fn settings(&self) -> &Config {
         &self.config
