@@ -166,19 +166,7 @@ impl Bfc {
 
     /// Returns every region with no chunk in use to the device.
     fn release_free_regions<B: Backend>(&mut self, backend: &mut B) -> Result<()> {
-        let free: Vec<u64> = self
-            .chunks
-            .regions()
-            .keys()
-            .copied()
-            .filter(|&b| self.chunks.region_is_free(b))
-            .collect();
-        for base in free {
-            if let Some(size) = self.chunks.remove_region(base) {
-                self.total_region_allocated_bytes -= size;
-                backend.segment_free(base, size)?;
-            }
-        }
+        self.total_region_allocated_bytes -= self.chunks.release_idle_regions(backend)?;
         Ok(())
     }
 

@@ -355,6 +355,24 @@ impl Chunks {
         self.regions.get(&base).is_some_and(|r| r.chunks == 0)
     }
 
+    /// Returns every region with nothing in use to the device (`segment_free`), forgetting it;
+    /// returns the bytes released.
+    pub fn release_idle_regions<B: crate::backend::Backend>(
+        &mut self,
+        backend: &mut B,
+    ) -> crate::error::Result<u64> {
+        let idle: Vec<u64> =
+            self.regions.keys().copied().filter(|&b| self.region_is_free(b)).collect();
+        let mut released = 0;
+        for base in idle {
+            if let Some(size) = self.remove_region(base) {
+                released += size;
+                backend.segment_free(base, size)?;
+            }
+        }
+        Ok(released)
+    }
+
     /// Forgets region `base` and its (free) chunks; returns its size. Call only when
     /// [`Chunks::region_is_free`].
     pub fn remove_region(&mut self, base: u64) -> Option<u64> {

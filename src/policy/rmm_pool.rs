@@ -190,19 +190,7 @@ impl Policy for RmmPool {
     }
 
     fn empty_cache<B: Backend>(&mut self, backend: &mut B) -> Result<()> {
-        let idle: Vec<u64> = self
-            .chunks
-            .regions()
-            .keys()
-            .copied()
-            .filter(|&b| self.chunks.region_is_free(b))
-            .collect();
-        for base in idle {
-            if let Some(size) = self.chunks.remove_region(base) {
-                self.pool_size -= size;
-                backend.segment_free(base, size)?;
-            }
-        }
+        self.pool_size -= self.chunks.release_idle_regions(backend)?;
         Ok(())
     }
 

@@ -123,19 +123,7 @@ impl Stitch {
 
     /// Returns every small segment with nothing in use.
     fn release_small<B: Backend>(&mut self, backend: &mut B) -> Result<bool> {
-        let idle: Vec<u64> = self
-            .small
-            .regions()
-            .keys()
-            .copied()
-            .filter(|&b| self.small.region_is_free(b))
-            .collect();
-        for &base in &idle {
-            if let Some(size) = self.small.remove_region(base) {
-                backend.segment_free(base, size)?;
-            }
-        }
-        Ok(!idle.is_empty())
+        Ok(self.small.release_idle_regions(backend)? > 0)
     }
 
     /// Unmaps every free large block and releases reservations left without pages.
