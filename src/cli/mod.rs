@@ -47,6 +47,26 @@ impl Cli {
     }
 }
 
+/// The flags `replay` and `report` share: what to replay, against what, on which device.
+#[derive(Debug, clap::Args)]
+pub struct ReplaySource {
+    /// The trace: PyTorch snapshot, Kineto JSON, RMM CSV, .fst or text (gzip accepted).
+    #[arg(value_name = "TRACE")]
+    pub trace: std::path::PathBuf,
+
+    /// A policy as NAME or NAME:OPTIONS (repeatable; `all` for every built-in policy).
+    #[arg(long = "policy", short = 'p', value_name = "SPEC")]
+    pub policies: Vec<String>,
+
+    /// The device to replay (default: the device with the most events).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub device: Option<i32>,
+
+    /// Device memory, e.g. 40GiB or 80GB: allocations beyond it fail as OOM.
+    #[arg(long, value_name = "SIZE", value_parser = size_arg)]
+    pub capacity: Option<u64>,
+}
+
 /// Parses a size flag such as `40GiB` for clap.
 pub fn size_arg(text: &str) -> std::result::Result<u64, String> {
     fragsim::units::parse_size(text).map_err(|e| e.message().to_string())

@@ -17,21 +17,8 @@ use std::process::ExitCode;
 /// caught OOM error.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The trace: PyTorch snapshot, Kineto JSON, RMM CSV, .fst or text (gzip accepted).
-    #[arg(value_name = "TRACE")]
-    trace: PathBuf,
-
-    /// A policy as NAME or NAME:OPTIONS (repeatable; `all` for every built-in policy).
-    #[arg(long = "policy", short = 'p', value_name = "SPEC")]
-    policies: Vec<String>,
-
-    /// The device to replay (default: the device with the most events).
-    #[arg(long, value_name = "N", allow_negative_numbers = true)]
-    device: Option<i32>,
-
-    /// Device memory, e.g. 40GiB or 80GB: allocations beyond it fail as OOM.
-    #[arg(long, value_name = "SIZE", value_parser = super::size_arg)]
-    capacity: Option<u64>,
+    #[command(flatten)]
+    source: super::ReplaySource,
 
     /// Device memory used outside the allocator (CUDA context, NCCL), counted against --capacity.
     #[arg(long, value_name = "SIZE", value_parser = super::size_arg, default_value = "0")]
@@ -67,11 +54,11 @@ enum Backend {
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
-    let specs = PolicySpec::parse_many(&args.policies)?;
-    let trace = super::read_trace(&args.trace, false)?;
-    let input = ReplayInput::new(&trace, args.device)?;
+    let specs = PolicySpec::parse_many(&args.source.policies)?;
+    let trace = super::read_trace(&args.source.trace, false)?;
+    let input = ReplayInput::new(&trace, args.source.device)?;
     let options = ReplayOptions {
-        capacity: args.capacity,
+        capacity: args.source.capacity,
         outside_bytes: args.outside,
         backend: match args.backend {
             Backend::Sim => BackendKind::Sim,
@@ -103,7 +90,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         |e: std::io::Error| Error::new(fragsim::ErrorKind::Io, format!("writing to stdout: {e}"));
     if args.json {
         let report = ReplayReport {
-            trace: args.trace.display().to_string(),
+            trace: args.source.trace.display().to_string(),
             format: trace.format.name(),
             device: input.device,
             events: input.events.len() as u64,

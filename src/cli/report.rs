@@ -15,21 +15,8 @@ use std::process::ExitCode;
 /// results.json (the `replay --json` object), results.csv, summary.md and index.html.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The trace: PyTorch snapshot, Kineto JSON, RMM CSV, .fst or text (gzip accepted).
-    #[arg(value_name = "TRACE")]
-    trace: PathBuf,
-
-    /// A policy as NAME or NAME:OPTIONS (repeatable; `all` for every built-in policy).
-    #[arg(long = "policy", short = 'p', value_name = "SPEC")]
-    policies: Vec<String>,
-
-    /// The device to replay (default: the device with the most events).
-    #[arg(long, value_name = "N", allow_negative_numbers = true)]
-    device: Option<i32>,
-
-    /// Device memory, e.g. 40GiB or 80GB: allocations beyond it fail as OOM.
-    #[arg(long, value_name = "SIZE", value_parser = super::size_arg)]
-    capacity: Option<u64>,
+    #[command(flatten)]
+    source: super::ReplaySource,
 
     /// The directory to write into (created if missing; files in it are overwritten).
     #[arg(long, short = 'o', value_name = "DIR")]
@@ -42,20 +29,20 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
-    let policies = ReportPlan::policies_from(&args.policies)?;
+    let policies = ReportPlan::policies_from(&args.source.policies)?;
     if let Some(name) = &args.segment_map_policy {
         PolicySpec::parse_list(name)?;
     }
     let progress = std::io::stderr().is_terminal();
     let plan = ReportPlan {
-        trace_path: args.trace.display().to_string(),
+        trace_path: args.source.trace.display().to_string(),
         policies,
-        device: args.device,
-        capacity: args.capacity,
+        device: args.source.device,
+        capacity: args.source.capacity,
         segment_map_policy: args.segment_map_policy,
         progress,
     };
-    let trace = super::read_trace(&args.trace, false)?;
+    let trace = super::read_trace(&args.source.trace, false)?;
     let data = report::collect(&trace, &plan)?;
     for s in &data.skipped {
         eprintln!("fragsim: note: skipped policy '{}': {}", s.label, s.reason);
