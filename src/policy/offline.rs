@@ -23,18 +23,21 @@
 //! - The other blocks are placed in decreasing size (ties: earlier start, then trace order). Each goes into
 //!   the smallest gap, among blocks already placed whose lifetimes overlap its own, that fits it
 //!   (lowest offset on ties), or on top of them when no gap fits. Only the union of the offset
-//!   ranges those blocks occupy matters, so instead of listing them (XLA's `BufferIntervalTree`,
-//!   which `offline` used first: hundreds of overlaps per block on training traces, listed and
-//!   sorted each time) a segment tree over the time axis keeps, per node, the offset ranges
-//!   placed blocks occupy there merged into sorted disjoint runs: `cover` for blocks whose
-//!   lifetime's canonical decomposition holds the node, `sub` for blocks stored at the node or
-//!   below. A lifetime's union is `sub` of its O(log n) canonical nodes plus `cover` of the nodes
-//!   on the paths from its two end slots to the root (a block overlapping it is stored at, above
-//!   or below one of its canonical nodes); placing a block merges its range into those same
-//!   nodes. A tight packing merges into few runs (about 100 per query on the real traces where
-//!   the lifetimes overlapped 600–750 blocks), so a block costs O(log n) sets, a sort of their
-//!   runs and one scan, which stops at the first gap of exactly its size. The offsets are those
-//!   of the plain scan (a unit test compares them on random lifetimes).
+//!   ranges those blocks occupy matters. Listing the blocks with an augmented interval tree over
+//!   lifetimes (sorted by start, subtree max end), as XLA's `BufferIntervalTree` does, costs
+//!   about O(overlaps · log) per block: cheap when lifetimes are short, but training traces
+//!   have blocks that overlap 400–1500 others. There a segment tree over the time axis keeps, per
+//!   node, the offset ranges placed blocks occupy, merged into sorted disjoint runs: `cover` for
+//!   blocks whose lifetime's canonical decomposition holds the node, `sub` for blocks stored at
+//!   the node or below. A lifetime's union is `sub` of its O(log n) canonical nodes plus `cover`
+//!   of the nodes on the paths from its two end slots to the root (a block overlapping it is
+//!   stored at, above or below one of its canonical nodes); placing a block merges its range
+//!   into those same nodes. A tight packing merges into few runs (about 100 per query on the
+//!   real traces), so a block costs O(log n) sets, a sort of their runs and one scan, which
+//!   stops at the first gap of exactly its size. `pack` counts the overlaps first (O(n log n),
+//!   from sorted starts and ends) and lists them below 48 per block on average. Both give the
+//!   offsets of the plain scan (a unit test compares them on random lifetimes). A lifetime that
+//!   ends where it starts (never made by `prepare`) overlaps nothing and goes on the floor.
 //! - The plan's peak is one address range. At the first malloc, `offline` reserves address space
 //!   for it and serves the k-th malloc from the k-th planned block when the sizes match. Memory
 //!   behind the range is mapped (in the backend's pages) only as far as the planned blocks placed
@@ -63,7 +66,7 @@ use crate::error::{Error, Result};
 use crate::replay::{free_action, AddrMap, ReplayInput};
 use crate::trace::{Action, Block, BlockState, Event, PoolKind, Segment};
 use crate::units::parse_size;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 
 /// The options `offline` accepts.
 pub const OPTIONS: &str = "align=SIZE";
@@ -110,6 +113,15 @@ pub struct Lifetime {
 /// Places `items` greedily by decreasing size with best fit over lifetime overlaps; returns each
 /// item's offset and the peak (the size of the planned range).
 pub fn pack(items: &[Lifetime]) -> (Vec<u64>, u64) {
+    let first = items.iter().map(|i| i.start).min().unwrap_or(0);
+    let last = items.iter().map(|i| i.end).max().unwrap_or(0);
+    let queried: Vec<Lifetime> =
+        items.iter().copied().filter(|i| i.start != first || i.end != last).collect();
+    pack_using(items, mean_overlaps(&queried) < LISTING_BELOW)
+}
+
+/// [`pack`], looking the placed blocks up by listing them (`listing`) or in the segment tree.
+fn pack_using(items: &[Lifetime], listing: bool) -> (Vec<u64>, u64) {
     let n = items.len();
     // Blocks live over the whole plan overlap every other block: stack them at the bottom,
     // largest first, and leave them out of every later overlap query.
@@ -125,18 +137,25 @@ pub fn pack(items: &[Lifetime]) -> (Vec<u64>, u64) {
         floor += items[i].block;
     }
     let mut peak = floor;
-    let mut tree = SkylineTree::new(items);
+    let rest = order.iter().copied().skip_while(|&i| whole(i));
+    let mut tree = if listing {
+        Overlaps::Listing(IntervalTree::new(items))
+    } else {
+        Overlaps::Skyline(SkylineTree::new(items))
+    };
     let mut found: Vec<(u64, u64)> = Vec::new();
-    for &i in order.iter().skip_while(|&&i| whole(i)) {
+    for i in rest {
         let it = items[i];
-        let (l, r) = tree.span(it);
-        if l >= r {
+        if it.start >= it.end {
             // An empty lifetime overlaps nothing.
             offsets[i] = floor;
             peak = peak.max(floor + it.block);
             continue;
         }
-        tree.occupied(l, r, &mut found);
+        match &tree {
+            Overlaps::Listing(t) => t.occupied(it, &mut found),
+            Overlaps::Skyline(t) => t.occupied(it, &mut found),
+        }
         found.sort_unstable_by_key(|&(lo, _)| lo);
         let mut cur = floor;
         let mut best: Option<(u64, u64)> = None; // (gap, offset)
@@ -155,9 +174,120 @@ pub fn pack(items: &[Lifetime]) -> (Vec<u64>, u64) {
         let at = best.map_or(cur, |(_, o)| o);
         offsets[i] = at;
         peak = peak.max(at + it.block);
-        tree.insert(l, r, (at, at + it.block));
+        match &mut tree {
+            Overlaps::Listing(t) => t.insert(i, at, it.block),
+            Overlaps::Skyline(t) => t.insert(it, at),
+        }
     }
     (offsets, peak)
+}
+
+/// Below this many overlapping blocks per block (on average), listing them is cheaper than
+/// walking the segment tree's O(log n) nodes twice per block.
+const LISTING_BELOW: f64 = 48.0;
+
+/// The mean, over `items`, of the number of other items whose lifetime overlaps its own, halved
+/// (each block meets about half of its overlaps already placed): O(n log n), from the sorted
+/// starts and ends.
+fn mean_overlaps(items: &[Lifetime]) -> f64 {
+    let mut starts: Vec<u64> = items.iter().map(|i| i.start).collect();
+    let mut ends: Vec<u64> = items.iter().map(|i| i.end).collect();
+    starts.sort_unstable();
+    ends.sort_unstable();
+    let n = items.len();
+    let mut pairs = 0usize;
+    for it in items.iter().filter(|i| i.start < i.end) {
+        // Not overlapping: starts at or after its end, or ends at or before its start.
+        let after = n - starts.partition_point(|&s| s < it.end);
+        let before = ends.partition_point(|&e| e <= it.start);
+        pairs += n.saturating_sub(after + before + 1);
+    }
+    pairs as f64 / 2.0 / n.max(1) as f64
+}
+
+/// Where the placed blocks are looked up; both give the same offsets (see the module docs).
+enum Overlaps {
+    Listing(IntervalTree),
+    Skyline(SkylineTree),
+}
+
+/// XLA's `BufferIntervalTree`: an augmented interval tree over lifetimes (an implicit binary
+/// search tree over the items sorted by start, each node holding the largest end placed below
+/// it) that lists every placed block overlapping a lifetime.
+struct IntervalTree {
+    /// Per position (items by start): the item's lifetime.
+    spans: Vec<(u64, u64)>,
+    /// Per item: its position.
+    pos_of: Vec<usize>,
+    /// Per position: the largest end of the placed items at or below it.
+    max_end: Vec<u64>,
+    /// Per position: the placed item's offset range.
+    placed: Vec<Option<(u64, u64)>>,
+}
+
+impl IntervalTree {
+    fn new(items: &[Lifetime]) -> IntervalTree {
+        let n = items.len();
+        let mut by_start: Vec<usize> = (0..n).collect();
+        by_start.sort_by_key(|&i| (items[i].start, i));
+        let mut pos_of = vec![0usize; n];
+        for (p, &i) in by_start.iter().enumerate() {
+            pos_of[i] = p;
+        }
+        IntervalTree {
+            spans: by_start.iter().map(|&i| (items[i].start, items[i].end)).collect(),
+            pos_of,
+            max_end: vec![0; n],
+            placed: by_start.iter().map(|_| None).collect(),
+        }
+    }
+
+    /// Sets `out` to the offset ranges of the placed items overlapping `it` (unsorted).
+    fn occupied(&self, it: Lifetime, out: &mut Vec<(u64, u64)>) {
+        out.clear();
+        self.collect(0, self.spans.len(), it.start, it.end, out);
+    }
+
+    fn collect(&self, lo: usize, hi: usize, s: u64, e: u64, out: &mut Vec<(u64, u64)>) {
+        if lo >= hi {
+            return;
+        }
+        let mid = lo + (hi - lo) / 2;
+        if self.max_end[mid] <= s {
+            return; // nothing placed below ends after s
+        }
+        self.collect(lo, mid, s, e, out);
+        if self.spans[mid].0 < e {
+            if let Some(range) = self.placed[mid].filter(|_| self.spans[mid].1 > s) {
+                out.push(range);
+            }
+            self.collect(mid + 1, hi, s, e, out);
+        }
+    }
+
+    /// Places item `i` of `block` bytes at offset `at`.
+    fn insert(&mut self, i: usize, at: u64, block: u64) {
+        let p = self.pos_of[i];
+        self.placed[p] = Some((at, at + block));
+        self.mark(p, self.spans[p].1);
+    }
+
+    /// Raises `max_end` along the path down to position `p`.
+    fn mark(&mut self, p: usize, end: u64) {
+        let (mut lo, mut hi) = (0, self.spans.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            self.max_end[mid] = self.max_end[mid].max(end);
+            if p == mid {
+                break;
+            }
+            if p < mid {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+    }
 }
 
 /// A segment tree over the plan's time axis (the distinct lifetime bounds, as elementary
@@ -228,16 +358,19 @@ impl SkylineTree {
         }
     }
 
-    /// Appends the offset runs occupied, at some time in slots `[l, r)`, to `out` (cleared first).
-    fn occupied(&self, l: usize, r: usize, out: &mut Vec<(u64, u64)>) {
+    /// Sets `out` to the offset runs occupied at some time in the (non-empty) lifetime `it`.
+    fn occupied(&self, it: Lifetime, out: &mut Vec<(u64, u64)>) {
         out.clear();
+        let (l, r) = self.span(it);
         self.walk(l, r, |v, canonical| {
             out.extend_from_slice(if canonical { &self.sub[v] } else { &self.cover[v] })
         });
     }
 
-    /// Records `range` as occupied over slots `[l, r)` (l < r).
-    fn insert(&mut self, l: usize, r: usize, range: (u64, u64)) {
+    /// Records the (non-empty) lifetime `it` as placed at offset `at`.
+    fn insert(&mut self, it: Lifetime, at: u64) {
+        let (l, r) = self.span(it);
+        let range = (at, at + it.block);
         let mut nodes = std::mem::take(&mut self.nodes);
         nodes.clear();
         self.walk(l, r, |v, canonical| nodes.push((v, canonical)));
@@ -273,16 +406,19 @@ fn merge_run(runs: &mut Vec<(u64, u64)>, (lo, hi): (u64, u64)) {
 pub fn orphan_frees(events: &[Event]) -> Vec<(u64, u64)> {
     let frees_at = free_action(events);
     // Blocks live at the start, as `replay::live_at_start` finds them from the events.
-    let mut seen_alloc = HashSet::new();
-    let mut touched = HashSet::new();
+    let mut seen_alloc: AddrMap<()> = AddrMap::default();
+    let mut touched: AddrMap<()> = AddrMap::default();
     let mut at_start: Vec<(u64, u64)> = Vec::new();
     for e in events {
         match e.action {
             Action::Alloc => {
-                seen_alloc.insert(e.addr);
-                touched.insert(e.addr);
+                seen_alloc.insert(e.addr, ());
+                touched.insert(e.addr, ());
             }
-            a if a == frees_at && !seen_alloc.remove(&e.addr) && touched.insert(e.addr) => {
+            a if a == frees_at
+                && seen_alloc.remove(&e.addr).is_none()
+                && touched.insert(e.addr, ()).is_none() =>
+            {
                 at_start.push((e.addr, e.size.max(1)));
             }
             _ => {}
@@ -300,7 +436,8 @@ pub fn lifetimes(events: &[Event], at_start: &[(u64, u64)]) -> Vec<(u64, Lifetim
     let frees_at = free_action(events);
     let end_of_trace = 2 * events.len() as u64 + 2;
     let mut out: Vec<(u64, Lifetime)> = Vec::with_capacity(events.len() / 2 + at_start.len());
-    let mut live: HashMap<u64, usize> = HashMap::new();
+    let mut live: AddrMap<usize> = AddrMap::default();
+    live.reserve(at_start.len() + 1024);
     for &(addr, size) in at_start {
         live.insert(addr, out.len());
         out.push((size, Lifetime { start: 0, end: end_of_trace, block: size }));
@@ -756,7 +893,7 @@ mod tests {
     }
 
     #[test]
-    fn the_interval_tree_finds_the_same_gaps_as_a_plain_scan() {
+    fn both_lookups_find_the_same_gaps_as_a_plain_scan() {
         // Random lifetimes over a short time axis with few distinct sizes, so blocks overlap a
         // lot, gaps tie and exact fits are common; some live over the whole plan (the floor).
         let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
@@ -775,7 +912,9 @@ mod tests {
                     lt(start, (start + len).min(60), (1 + next(6)) * 256)
                 })
                 .collect();
-            assert_eq!(pack(&items), pack_by_scanning(&items), "round {round}");
+            let expected = pack_by_scanning(&items);
+            assert_eq!(pack_using(&items, true), expected, "round {round}, listing");
+            assert_eq!(pack_using(&items, false), expected, "round {round}, segment tree");
         }
     }
 
@@ -820,7 +959,7 @@ mod tests {
     /// The events a checker workload stands for, so `offline` can plan it.
     pub fn events_of(steps: &[Step]) -> Vec<Event> {
         let addr = |id: usize| 0x1000 + id as u64;
-        let mut size_of = HashMap::new();
+        let mut size_of = std::collections::HashMap::new();
         let mut out = Vec::new();
         for (i, s) in steps.iter().enumerate() {
             match *s {
