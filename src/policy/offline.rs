@@ -30,11 +30,13 @@
 //!   node, the offset ranges placed blocks occupy, merged into sorted disjoint runs: `cover` for
 //!   blocks whose lifetime's canonical decomposition holds the node, `sub` for blocks stored at
 //!   the node or below. A lifetime's union is `sub` of its O(log n) canonical nodes plus `cover`
-//!   of the nodes on the paths from its two end slots to the root (a block overlapping it is
-//!   stored at, above or below one of its canonical nodes); placing a block merges its range
-//!   into those same nodes. A tight packing merges into few runs (about 100 per query on the
-//!   real traces), so a block costs O(log n) sets, a sort of their runs and one scan, which
-//!   stops at the first gap of exactly its size. `pack` counts the overlaps first (O(n log n),
+//!   of their strict ancestors (a block overlapping it is stored at, above or below one of its
+//!   canonical nodes); placing a block merges its range into those same nodes. A tight packing
+//!   merges into few runs: 100–150 per query on the training traces, where the interval tree
+//!   listed 450–750 blocks, so a block costs O(log n) sets, a sort of their runs and one scan
+//!   (which stops at the first gap of exactly its size). The same runs still come back from
+//!   several nodes (the union itself has 10–15), and with random sizes (the bench) runs merge
+//!   less: about 760 per query there. `pack` counts the overlaps first (O(n log n),
 //!   from sorted starts and ends) and lists them below 48 per block on average. Both give the
 //!   offsets of the plain scan (a unit test compares them on random lifetimes). A lifetime that
 //!   ends where it starts (never made by `prepare`) overlaps nothing and goes on the floor.
@@ -293,9 +295,8 @@ impl IntervalTree {
 /// A segment tree over the plan's time axis (the distinct lifetime bounds, as elementary
 /// slots) whose nodes hold the offset ranges placed blocks occupy, merged into disjoint sorted
 /// runs: `cover` the blocks whose lifetime's canonical decomposition holds the node, `sub` every
-/// block stored at the node or below it (plus some whose lifetime covers it from above).
-/// The union of `sub` over a query's canonical nodes and `cover` over the two leaf-to-root
-/// paths of its ends is exactly the union of the placed blocks that overlap it in time (see the
+/// block stored at the node or below it. The union of `sub` over a query's canonical nodes and
+/// `cover` over their strict ancestors is exactly the union of the placed blocks that overlap it in time (see the
 /// module docs), in O(log n) sets that stay short because a tight packing merges into few runs.
 struct SkylineTree {
     /// The distinct lifetime bounds, sorted: slot k is `[bounds[k], bounds[k + 1])`.
@@ -331,29 +332,40 @@ impl SkylineTree {
         (slot(it.start), slot(it.end))
     }
 
-    /// The canonical nodes of slots `[l, r)` (l < r), then the nodes on the paths from leaves
-    /// `l` and `r - 1` up to the root, through `visit(node, canonical)`.
+    /// The canonical nodes of slots `[l, r)` (l < r), then their strict ancestors, through
+    /// `visit(node, canonical)`. Those ancestors lie on the paths to the root from the
+    /// canonical nodes holding slots `l` and `r - 1` (the lowest on each side).
     fn walk(&self, l: usize, r: usize, mut visit: impl FnMut(usize, bool)) {
         let (mut a, mut b) = (l + self.leaves, r + self.leaves);
+        // First and last canonical node found from the left end and from the right end.
+        let (mut left, mut right) = ((0, 0), (0, 0));
         while a < b {
             if a & 1 == 1 {
                 visit(a, true);
+                left = (if left.0 == 0 { a } else { left.0 }, a);
                 a += 1;
             }
             if b & 1 == 1 {
                 b -= 1;
                 visit(b, true);
+                right = (if right.0 == 0 { b } else { right.0 }, b);
             }
             a >>= 1;
             b >>= 1;
         }
-        let (mut x, mut y) = (l + self.leaves, r - 1 + self.leaves);
+        // The canonical nodes holding slots l and r - 1.
+        let at_l = if left.0 != 0 { left.0 } else { right.1 };
+        let at_r = if right.0 != 0 { right.0 } else { left.1 };
+        let mut x = at_l >> 1;
         while x > 0 {
             visit(x, false);
-            if y != x {
-                visit(y, false);
-            }
             x >>= 1;
+        }
+        let depth_l = at_l.ilog2();
+        let mut y = at_r >> 1;
+        // Up to where the path from `at_r` joins the one from `at_l`.
+        while y > 0 && !(y.ilog2() < depth_l && at_l >> (depth_l - y.ilog2()) == y) {
+            visit(y, false);
             y >>= 1;
         }
     }
