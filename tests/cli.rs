@@ -75,3 +75,23 @@ fn csv_header_is_the_json_keys() {
     assert!(lines.next().unwrap().starts_with("policy,config,peak_reserved_bytes,"));
     assert!(lines.next().unwrap().starts_with("bound,,4096,4096,4096,4096,0.0,1,0,"));
 }
+
+#[test]
+fn an_address_reused_while_live_frees_the_old_block_first() {
+    // The second alloc at 0x10 shows that the first block was freed (its free was not
+    // recorded): it is freed before the new malloc, so live bytes never exceed 200.
+    let (_d, path) = temp_file(
+        "t.txt",
+        b"alloc 0x10 100 s0\nalloc 0x10 200 s0\nfree 0x10 200 s0\nfree 0x99 7 s0\n",
+    );
+    let o = run(&["replay", path.to_str().unwrap(), "--policy", "bound", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let r = &v["results"][0];
+    // 0x99 is an orphan free: live (7 bytes) from the start.
+    assert_eq!(r["peak_requested_bytes"], 207);
+    assert_eq!(r["peak_reserved_bytes"], 207);
+    assert_eq!(r["reserved_at_end_bytes"], 0);
+    assert_eq!(r["device_malloc_count"], 3);
+    assert_eq!(r["device_free_count"], 3);
+}

@@ -15,7 +15,8 @@
 //!   `offline` gets them from the [`ReplayInput`] ([`Offline::from_input`]), including those only
 //!   the final segments show; without it, it finds the ones the events show (frees of addresses
 //!   never allocated before). When the trace re-allocates an address still live, the engine
-//!   frees the old block just after the new malloc, so the two overlap.
+//!   frees the old block just before the new malloc (its free was not recorded); the plan
+//!   still lets the two overlap by one tick, which only costs tightness, never correctness.
 //! - Blocks live over the whole plan (typically weights and optimizer state live before the
 //!   first event and after the last) overlap every block, so they are stacked first at the
 //!   bottom, largest first, and left out of later overlap queries; this saves most of the

@@ -42,6 +42,49 @@ pub struct ReplayInput<'a> {
     pub live_at_start: Vec<LiveBlock>,
     /// Where the recorded program called `empty_cache()`.
     pub empty_cache_at: Vec<bool>,
+    /// The action at which frees take effect (see [`free_action`]).
+    pub frees_at: Action,
+    /// Per event, the block it refers to, found once so that every policy's replay follows
+    /// indices instead of hashing addresses: for a free, the alloc (or live-at-start block) it
+    /// frees; for an alloc, the still-live block whose address the recording reused (its free
+    /// was not recorded). See [`Link`].
+    links: Vec<u32>,
+}
+
+/// How [`ReplayInput`] encodes a reference to a block: an event index, a live-at-start block
+/// (`START | k`), or [`Link::NONE`].
+struct Link;
+
+impl Link {
+    const NONE: u32 = u32::MAX;
+    const START: u32 = 1 << 31;
+}
+
+/// Pairs each free with the block it frees, and each alloc with the live block it displaces.
+fn link_events(
+    events: &[Event],
+    live_at_start: &[LiveBlock],
+    frees_at: Action,
+) -> Result<Vec<u32>> {
+    if events.len() >= Link::START as usize || live_at_start.len() >= Link::START as usize {
+        return Err(Error::input(format!(
+            "{} events are more than one replay can index",
+            events.len()
+        )));
+    }
+    let mut live: AddrMap<u32> = AddrMap::default();
+    for (k, b) in live_at_start.iter().enumerate() {
+        live.insert(b.addr, Link::START | k as u32);
+    }
+    let mut links = vec![Link::NONE; events.len()];
+    for (i, e) in events.iter().enumerate() {
+        if e.action == Action::Alloc && e.size > 0 {
+            links[i] = live.insert(e.addr, i as u32).unwrap_or(Link::NONE);
+        } else if e.action == frees_at {
+            links[i] = live.remove(&e.addr).unwrap_or(Link::NONE);
+        }
+    }
+    Ok(links)
 }
 
 impl<'a> ReplayInput<'a> {
@@ -64,12 +107,17 @@ impl<'a> ReplayInput<'a> {
                 ))
             })?
             .events;
+        let live_at_start = live_at_start(trace, device, events);
+        let frees_at = free_action(events);
+        let links = link_events(events, &live_at_start, frees_at)?;
         Ok(ReplayInput {
             trace,
             device,
             events,
-            live_at_start: live_at_start(trace, device, events),
+            live_at_start,
             empty_cache_at: empty_cache_points(events),
+            frees_at,
+            links,
         })
     }
 }
@@ -252,11 +300,33 @@ impl<B: Backend> Backend for Metered<B> {
     }
 }
 
-/// A live block as the replay tracks it.
-#[derive(Clone, Copy)]
-struct Live {
-    addr: u64,
-    request: u64,
+/// Where a replay keeps the policy's address of each live block: per alloc event and per
+/// live-at-start block, [`Slots::EMPTY`] when not live (never allocated, failed, or freed).
+struct Slots {
+    by_event: Vec<u64>,
+    at_start: Vec<u64>,
+}
+
+impl Slots {
+    const EMPTY: u64 = u64::MAX;
+
+    /// The slot a [`Link`] names, if any.
+    fn get(&mut self, link: u32) -> Option<&mut u64> {
+        match link {
+            Link::NONE => None,
+            l if l & Link::START != 0 => self.at_start.get_mut((l & !Link::START) as usize),
+            l => self.by_event.get_mut(l as usize),
+        }
+    }
+
+    /// The request size of the block a [`Link`] names.
+    fn request(input: &ReplayInput, link: u32) -> u64 {
+        if link & Link::START != 0 {
+            input.live_at_start.get((link & !Link::START) as usize).map_or(0, |b| b.size)
+        } else {
+            input.events.get(link as usize).map_or(0, |e| e.size)
+        }
+    }
 }
 
 /// The measuring state of one replay.
@@ -293,6 +363,14 @@ impl Meter {
     }
 }
 
+/// Records a free of the policy's block at `addr` in the simulated run's log, if kept.
+fn log_free(log: &mut Option<Vec<Event>>, addr: u64, request: u64, at: &Event) {
+    if let Some(log) = log {
+        log.push(Event::new(Action::FreeRequested, addr, request, at.stream, at.time_us));
+        log.push(Event::new(Action::FreeCompleted, addr, request, at.stream, at.time_us));
+    }
+}
+
 /// The generic engine; see the module docs.
 fn run<P: Policy, B: Backend>(
     name: &str,
@@ -317,9 +395,11 @@ fn run<P: Policy, B: Backend>(
         backend.log = Some(Vec::new());
     }
     policy.prepare(events)?;
-    let frees_at = free_action(events);
-    let mut live: AddrMap<Live> = AddrMap::default();
-    live.reserve(1024);
+    let frees_at = input.frees_at;
+    let mut slots = Slots {
+        by_event: vec![Slots::EMPTY; events.len()],
+        at_start: vec![Slots::EMPTY; input.live_at_start.len()],
+    };
     let mut meter = Meter {
         requested: 0,
         peak_reserved: 0,
@@ -330,18 +410,16 @@ fn run<P: Policy, B: Backend>(
         last: (u64::MAX, 0, 0),
     };
     let mut first_oom: Option<u64> = None;
-    // Recorded addresses whose alloc failed here: their frees are expected, not orphans.
-    let mut failed: AddrMap<()> = AddrMap::default();
     let start_time = events.first().map_or(0, |e| e.time_us);
 
     // Blocks live before the first event: every policy must carry them.
-    for b in &input.live_at_start {
+    for (k, b) in input.live_at_start.iter().enumerate() {
         backend.now = start_time;
         backend.stream = b.stream;
         match policy.malloc(&mut backend, b.size.max(1), b.stream)? {
             Some(a) => {
                 meter.requested += b.size;
-                live.insert(b.addr, Live { addr: a.addr, request: b.size });
+                slots.at_start[k] = a.addr;
                 if let Some(log) = &mut backend.log {
                     log.push(Event::new(Action::Alloc, a.addr, b.size, b.stream, start_time));
                 }
@@ -367,17 +445,22 @@ fn run<P: Policy, B: Backend>(
                 if e.size == 0 {
                     continue; // zero-byte requests never reach the allocator (spec §16.6)
                 }
+                // The recording reused the address of a block we still hold: that block was
+                // freed before this alloc, though its free was not recorded.
+                let displaced = input.links.get(i).copied().unwrap_or(Link::NONE);
+                if let Some(slot) = slots.get(displaced) {
+                    let addr = std::mem::replace(slot, Slots::EMPTY);
+                    if addr != Slots::EMPTY {
+                        let request = Slots::request(input, displaced);
+                        meter.requested -= request;
+                        log_free(&mut backend.log, addr, request, e);
+                        policy.free(&mut backend, addr)?;
+                    }
+                }
                 match policy.malloc(&mut backend, e.size, e.stream)? {
                     Some(a) => {
                         meter.requested += e.size;
-                        if let Some(old) =
-                            live.insert(e.addr, Live { addr: a.addr, request: e.size })
-                        {
-                            // The recording reused an address we still hold: its free was not
-                            // recorded. Free ours so the replay stays consistent.
-                            meter.requested -= old.request;
-                            policy.free(&mut backend, old.addr)?;
-                        }
+                        slots.by_event[i] = a.addr;
                         if let Some(log) = &mut backend.log {
                             log.push(Event::new(
                                 Action::Alloc,
@@ -391,37 +474,27 @@ fn run<P: Policy, B: Backend>(
                     None => {
                         meter.detail.oom_count += 1;
                         first_oom.get_or_insert(index);
-                        failed.insert(e.addr, ());
                         if let Some(log) = &mut backend.log {
                             log.push(Event::new(Action::Oom, 0, e.size, e.stream, e.time_us));
                         }
                     }
                 }
             }
-            a if a == frees_at => match live.remove(&e.addr) {
-                Some(b) => {
-                    meter.requested -= b.request;
-                    if let Some(log) = &mut backend.log {
-                        log.push(Event::new(
-                            Action::FreeRequested,
-                            b.addr,
-                            b.request,
-                            e.stream,
-                            e.time_us,
-                        ));
-                        log.push(Event::new(
-                            Action::FreeCompleted,
-                            b.addr,
-                            b.request,
-                            e.stream,
-                            e.time_us,
-                        ));
-                    }
-                    policy.free(&mut backend, b.addr)?;
+            a if a == frees_at => {
+                let link = input.links.get(i).copied().unwrap_or(Link::NONE);
+                let Some(slot) = slots.get(link) else {
+                    meter.detail.orphan_frees += 1;
+                    continue;
+                };
+                let addr = std::mem::replace(slot, Slots::EMPTY);
+                if addr == Slots::EMPTY {
+                    continue; // its alloc failed under --capacity: the block never existed
                 }
-                None if failed.remove(&e.addr).is_some() => continue,
-                None => meter.detail.orphan_frees += 1,
-            },
+                let request = Slots::request(input, link);
+                meter.requested -= request;
+                log_free(&mut backend.log, addr, request, e);
+                policy.free(&mut backend, addr)?;
+            }
             Action::SegmentFree | Action::SegmentUnmap
                 if input.empty_cache_at.get(i).copied().unwrap_or(false) =>
             {
