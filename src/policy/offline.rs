@@ -413,32 +413,11 @@ fn merge_run(runs: &mut Vec<(u64, u64)>, (lo, hi): (u64, u64)) {
     }
 }
 
-/// The blocks live before the first event as far as `events` show them: frees of addresses
-/// never allocated before (what `replay::live_at_start` finds from the events), as (address,
-/// size), in address order. Blocks that only the final segments show are not among them.
+/// The blocks live before the first event as far as `events` show them
+/// ([`replay::orphan_frees`](crate::replay::orphan_frees)), as (address, size), in address
+/// order. Blocks that only the final segments show are not among them.
 pub fn orphan_frees(events: &[Event]) -> Vec<(u64, u64)> {
-    let frees_at = free_action(events);
-    // Blocks live at the start, as `replay::live_at_start` finds them from the events.
-    let mut seen_alloc: AddrMap<()> = AddrMap::default();
-    let mut touched: AddrMap<()> = AddrMap::default();
-    let mut at_start: Vec<(u64, u64)> = Vec::new();
-    for e in events {
-        match e.action {
-            Action::Alloc => {
-                seen_alloc.insert(e.addr, ());
-                touched.insert(e.addr, ());
-            }
-            a if a == frees_at
-                && seen_alloc.remove(&e.addr).is_none()
-                && touched.insert(e.addr, ()).is_none() =>
-            {
-                at_start.push((e.addr, e.size.max(1)));
-            }
-            _ => {}
-        }
-    }
-    at_start.sort_by_key(|&(a, _)| a);
-    at_start
+    crate::replay::orphan_frees(events).into_iter().map(|b| (b.addr, b.size.max(1))).collect()
 }
 
 /// The lifetimes of `events` in malloc order, after the blocks `at_start` (address, size) that

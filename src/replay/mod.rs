@@ -20,7 +20,7 @@ pub mod start_state;
 
 pub use metrics::{PeakDetail, PolicyResult};
 pub use series::{Point, Series};
-pub use start_state::{empty_cache_points, free_action, live_at_start, LiveBlock};
+pub use start_state::{empty_cache_points, free_action, live_at_start, orphan_frees, LiveBlock};
 
 use crate::backend::{Backend, SimDevice};
 use crate::error::{Error, Result};

@@ -26,6 +26,36 @@ pub struct LiveBlock {
 /// The blocks live at the first of `events`, in address order: orphan frees, and blocks that
 /// the final segments of `device` show allocated but that no event allocated.
 pub fn live_at_start(trace: &Trace, device: i32, events: &[Event]) -> Vec<LiveBlock> {
+    let (mut out, touched) = scan_orphans(events);
+    for seg in trace.segments_of(device) {
+        for b in &seg.blocks {
+            let live =
+                matches!(b.state, BlockState::ActiveAllocated | BlockState::ActivePendingFree);
+            if live && !touched.contains(&b.address) {
+                out.push(LiveBlock {
+                    addr: b.address,
+                    size: b.requested_size.max(1),
+                    stream: seg.stream,
+                    freed_in_trace: false,
+                });
+            }
+        }
+    }
+    out.sort_by_key(|b| b.addr);
+    out
+}
+
+/// The blocks live at the first of `events` that the events alone show: frees of addresses
+/// with no earlier alloc (orphan frees), in address order. [`live_at_start`] adds those that
+/// only a snapshot's final segments show.
+pub fn orphan_frees(events: &[Event]) -> Vec<LiveBlock> {
+    let (mut out, _) = scan_orphans(events);
+    out.sort_by_key(|b| b.addr);
+    out
+}
+
+/// The orphan frees of `events` in trace order, and every address the events touch.
+fn scan_orphans(events: &[Event]) -> (Vec<LiveBlock>, HashSet<u64>) {
     let frees_at = free_action(events);
     let mut seen_alloc = HashSet::new();
     let mut touched = HashSet::new();
@@ -47,22 +77,7 @@ pub fn live_at_start(trace: &Trace, device: i32, events: &[Event]) -> Vec<LiveBl
             _ => {}
         }
     }
-    for seg in trace.segments_of(device) {
-        for b in &seg.blocks {
-            let live =
-                matches!(b.state, BlockState::ActiveAllocated | BlockState::ActivePendingFree);
-            if live && !touched.contains(&b.address) {
-                out.push(LiveBlock {
-                    addr: b.address,
-                    size: b.requested_size.max(1),
-                    stream: seg.stream,
-                    freed_in_trace: false,
-                });
-            }
-        }
-    }
-    out.sort_by_key(|b| b.addr);
-    out
+    (out, touched)
 }
 
 /// The action at which a free takes effect in `events`: `free_completed` when the trace has
