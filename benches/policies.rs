@@ -1,16 +1,25 @@
-//! Replay speed per policy: events per second on one seeded synthetic workload.
+//! Replay speed per policy: events per second on a seeded synthetic workload and on a real
+//! snapshot.
 //!
-//! The workload is 120,000 events built directly as [`Event`]s (allocs and frees over three
-//! streams, sizes skewed small with some tens-of-MiB blocks and long-lived weights, like a
-//! training step) and replayed through `policy::lookup(name).run`, exactly as `fragsim replay`
-//! does, so the number includes the engine. Allocator quality (peaks) is a fragsim output, not a
-//! bench. Run with `cargo bench --bench policies`; criterion reports time per iteration and
-//! elements (events) per second.
+//! `replay_policy`: 120,000 events built directly as [`Event`]s (allocs and frees over three
+//! streams, sizes skewed small with some tens-of-MiB blocks and long-lived weights, frees
+//! picked at random among the live blocks) and replayed through `policy::lookup(name).run`,
+//! exactly as `fragsim replay` does, so the number includes the engine and, for `offline`, its
+//! planning. `replay_policy_real`: the same for every policy on the largest shared snapshot
+//! (`../shared/traces/cs336-medium-ctx512-train.pickle`, 22,332 events; skipped with a message
+//! when it is not there), whose lifetimes nest as a training step's do. `offline_plan`: the
+//! `offline` planner alone on both, so its planning and its replay can be told apart.
+//! Allocator quality (peaks) is a fragsim output, not a bench. Run with `cargo bench --bench
+//! policies`; criterion reports time per iteration and elements (events) per second.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use fragsim::policy::{self, PolicySpec};
+use fragsim::policy::{self, offline, PolicySpec};
 use fragsim::replay::{ReplayInput, ReplayOptions};
-use fragsim::trace::{Action, DeviceTrace, Event, Trace};
+use fragsim::trace::{read_trace, Action, DeviceTrace, Event, ReadOptions, Trace};
+use std::path::Path;
+
+/// The real snapshot of `replay_policy_real`, relative to the crate.
+const REAL: &str = "../shared/traces/cs336-medium-ctx512-train.pickle";
 
 /// xorshift64*: a seeded generator, so every run replays the same events.
 struct Rng(u64);
@@ -66,12 +75,10 @@ fn workload(n: usize) -> Vec<Event> {
     events
 }
 
-fn bench_policies(c: &mut Criterion) {
-    let events = workload(120_000);
-    let trace = Trace { devices: vec![DeviceTrace { device: 0, events }], ..Trace::default() };
-    let input = ReplayInput::new(&trace, Some(0)).expect("device 0");
+/// Every policy over `input`, as the group `name`.
+fn bench_group(c: &mut Criterion, name: &str, input: &ReplayInput) {
     let options = ReplayOptions::default();
-    let mut group = c.benchmark_group("replay_policy");
+    let mut group = c.benchmark_group(name);
     group.throughput(Throughput::Elements(input.events.len() as u64));
     group.sample_size(10);
     for info in policy::POLICIES {
@@ -80,10 +87,39 @@ fn bench_policies(c: &mut Criterion) {
             b.iter(|| {
                 let out = policy::lookup(info.name)
                     .expect("built-in")
-                    .run(&spec, &input, &options)
+                    .run(&spec, input, &options)
                     .expect("replay runs");
                 std::hint::black_box(out.result.peak_reserved_bytes)
             })
+        });
+    }
+    group.finish();
+}
+
+fn bench_policies(c: &mut Criterion) {
+    let events = workload(120_000);
+    let trace = Trace { devices: vec![DeviceTrace { device: 0, events }], ..Trace::default() };
+    let input = ReplayInput::new(&trace, Some(0)).expect("device 0");
+    bench_group(c, "replay_policy", &input);
+
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(REAL);
+    let real = read_trace(&path, &ReadOptions::default()).ok();
+    let real_input = real.as_ref().map(|t| ReplayInput::new(t, None).expect("a device"));
+    match &real_input {
+        Some(real) => bench_group(c, "replay_policy_real", real),
+        None => eprintln!("policies bench: {REAL} is not there; replay_policy_real not measured"),
+    }
+
+    // The planner alone: what `offline` spends before its first malloc.
+    let mut group = c.benchmark_group("offline_plan");
+    group.sample_size(10);
+    for (name, input) in [("synthetic", Some(&input)), ("real", real_input.as_ref())] {
+        let Some(input) = input else { continue };
+        let at_start: Vec<(u64, u64)> =
+            input.live_at_start.iter().map(|b| (b.addr, b.size.max(1))).collect();
+        group.throughput(Throughput::Elements(input.events.len() as u64));
+        group.bench_function(name, |b| {
+            b.iter(|| std::hint::black_box(offline::plan(input.events, &at_start, 256).1))
         });
     }
     group.finish();
