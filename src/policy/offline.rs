@@ -50,8 +50,8 @@
 //!   as an online policy is. `cargo bench --bench policies` measures it alone (`offline_plan`):
 //!   on the ctx512-train snapshot planning takes 12 ms where `pytorch` replays the whole trace
 //!   in 1 ms; with random lifetimes and sizes (the synthetic workload) 1.7 s for 120,000
-//!   events. Following the plan afterwards (lifetimes, page mapping) costs about 3 ms there,
-//!   within 3 times `pytorch`'s replay.
+//!   events. Finding the lifetimes and following the plan (page mapping included) add about
+//!   3 ms on ctx512-train (the whole `offline` replay there: 15 ms).
 //! - The plan's peak is one address range. At the first malloc, `offline` reserves address space
 //!   for it and serves the k-th malloc from the k-th planned block when the sizes match. Memory
 //!   behind the range is mapped (in the backend's pages) only under live planned blocks: a page
