@@ -296,16 +296,16 @@ impl Offline {
         }
         // Map the runs of untouched pages the block covers; undo them all if one fails.
         let pages = self.page_span(p.offset, p.block);
-        let mut mapped_now: Vec<(u64, u64)> = Vec::new();
-        for (first, count) in runs(pages.clone(), |i| self.pages[i] == 0) {
-            let (at, len) = (base + first as u64 * self.page, count as u64 * self.page);
-            if !backend.map(at, len)? {
-                for (a, l) in mapped_now {
-                    backend.unmap(a, l)?;
+        let (page, counts) = (self.page, &self.pages);
+        let untouched = || runs(pages.clone(), |i| counts[i] == 0);
+        for (k, (first, count)) in untouched().enumerate() {
+            if !backend.map(base + first as u64 * page, count as u64 * page)? {
+                // Undo the runs mapped before this one (the counts have not changed yet).
+                for (first, count) in untouched().take(k) {
+                    backend.unmap(base + first as u64 * page, count as u64 * page)?;
                 }
                 return Ok(None);
             }
-            mapped_now.push((at, len));
         }
         for i in pages {
             self.pages[i] += 1;
@@ -321,18 +321,23 @@ impl Offline {
     }
 }
 
-/// The maximal runs `(first, count)` of consecutive indices in `span` where `pick` holds.
-fn runs(span: std::ops::Range<usize>, pick: impl Fn(usize) -> bool) -> Vec<(usize, usize)> {
-    let mut out: Vec<(usize, usize)> = Vec::new();
-    for i in span {
-        if pick(i) {
-            match out.last_mut() {
-                Some((first, count)) if *first + *count == i => *count += 1,
-                _ => out.push((i, 1)),
-            }
+/// The maximal runs `(first, count)` of consecutive indices in `span` where `pick` holds, in
+/// order (an iterator, so the per-malloc path allocates nothing).
+fn runs(
+    span: std::ops::Range<usize>,
+    pick: impl Fn(usize) -> bool,
+) -> impl Iterator<Item = (usize, usize)> {
+    let (mut i, end) = (span.start, span.end);
+    std::iter::from_fn(move || {
+        while i < end && !pick(i) {
+            i += 1;
         }
-    }
-    out
+        let first = i;
+        while i < end && pick(i) {
+            i += 1;
+        }
+        (i > first).then_some((first, i - first))
+    })
 }
 
 impl Offline {
