@@ -5,6 +5,7 @@ mod util;
 mod bad_input;
 mod cli;
 mod cuda;
+mod mutations;
 mod policies;
 mod pytorch;
 mod readers;
