@@ -1,5 +1,5 @@
-//! Greedy by size: `offline:order=size`, XLA's `GlobalDecreasingSizeBestFitHeap` over known
-//! lifetimes. See the parent module's docs for the rules and what the lookups cost.
+//! Greedy by size, how `offline` places its blocks: XLA's `GlobalDecreasingSizeBestFitHeap` over
+//! known lifetimes. The parent module's docs give the rules and what each lookup costs.
 
 use super::Lifetime;
 
@@ -100,7 +100,8 @@ fn mean_overlaps(items: &[Lifetime]) -> f64 {
     pairs as f64 / 2.0 / n.max(1) as f64
 }
 
-/// Where the placed blocks are looked up; both give the same offsets (see the module docs).
+/// Where the placed blocks are looked up; both give the same offsets (see the parent module's
+/// docs).
 enum Overlaps {
     Listing(IntervalTree),
     Skyline(SkylineTree),
@@ -189,8 +190,9 @@ impl IntervalTree {
 /// slots) whose nodes hold the offset ranges placed blocks occupy, merged into disjoint sorted
 /// runs: `cover` the blocks whose lifetime's canonical decomposition holds the node, `sub` every
 /// block stored at the node or below it. The union of `sub` over a query's canonical nodes and
-/// `cover` over their strict ancestors is exactly the union of the placed blocks that overlap it in time (see the
-/// module docs), in O(log n) sets that stay short because a tight packing merges into few runs.
+/// `cover` over their strict ancestors is exactly the union of the placed blocks that overlap it
+/// in time (see the parent module's docs), in O(log n) sets that stay short because a tight
+/// packing merges into few runs.
 struct SkylineTree {
     /// The clique points, sorted: slot k is the tick `bounds[k]` ([`clique_points`]).
     bounds: Vec<u64>,
