@@ -21,9 +21,9 @@
 //!   first event and after the last) overlap every block, so they are stacked first at the
 //!   bottom, largest first, and left out of later overlap queries; this saves most of the
 //!   planning time on real traces and keeps them from splitting the free space above them.
-//! - The other blocks are placed in decreasing size (ties: earlier start, then trace order). Each goes into
-//!   the smallest gap, among blocks already placed whose lifetimes overlap its own, that fits it
-//!   (lowest offset on ties), or on top of them when no gap fits. Only the union of the offset
+//! - The other blocks are placed in decreasing size (ties: earlier start, then trace order).
+//!   Each goes into the smallest gap, among blocks already placed whose lifetimes overlap its
+//!   own, that fits it (lowest offset on ties), or on top of them when no gap fits. Only the union of the offset
 //!   ranges those blocks occupy matters. Listing the blocks with an augmented interval tree over
 //!   lifetimes (sorted by start, subtree max end), as XLA's `BufferIntervalTree` does, costs
 //!   about O(overlaps · log) per block: cheap when lifetimes are short, but training traces
