@@ -21,30 +21,30 @@
 //!   first event and after the last) overlap every block, so they are stacked first at the
 //!   bottom, largest first, and left out of later overlap queries; this saves most of the
 //!   planning time on real traces and keeps them from splitting the free space above them.
-//! - The other blocks are placed in decreasing size (ties: earlier start, then trace order).
-//!   Each goes into the smallest gap, among blocks already placed whose lifetimes overlap its
-//!   own, that fits it (lowest offset on ties), or on top of them when no gap fits. Only the union of the offset
-//!   ranges those blocks occupy matters. Listing the blocks with an augmented interval tree over
-//!   lifetimes (sorted by start, subtree max end), as XLA's `BufferIntervalTree` does, costs
-//!   about O(overlaps · log) per block: cheap when lifetimes are short, but training traces
-//!   have blocks that overlap 400–1500 others. There a segment tree over time keeps, per
-//!   node, the offset ranges placed blocks occupy, merged into sorted disjoint runs: `cover` for
-//!   blocks whose lifetime's canonical decomposition holds the node, `sub` for blocks stored at
-//!   the node or below. A lifetime's union is `sub` of its O(log n) canonical nodes plus `cover`
-//!   of their strict ancestors (a block overlapping it is stored at, above or below one of its
-//!   canonical nodes); placing a block merges its range into its canonical nodes' `cover` and
-//!   `sub`, and into `sub` above them until a node already holds it. The tree's time axis is
-//!   not every tick but the lifetimes' clique points (a tick where a run of mallocs gives way to
-//!   a free): two lifetimes overlap exactly when they share one, and there are 3–5 times fewer
-//!   of them than ticks on the real traces, so the tree is shallower and its lists merge more.
-//!   A query unions about 10 non-empty lists of 4–10 runs each (the union itself has 5–12
-//!   runs) by linear merges, then scans the gaps once (stopping at the first gap of exactly its
-//!   size): about 1–2 µs per block on the real traces, where the interval tree listed 450–750
-//!   blocks. With random sizes (the policy bench) runs merge much less and a query reads
-//!   hundreds. `pack` counts the overlaps first (O(n log n), from sorted starts and ends) and
-//!   lists them below 48 per block on average. Both give the offsets of the plain scan (a unit
-//!   test compares them on random lifetimes). A lifetime that ends where it starts (never made
-//!   by `prepare`) overlaps nothing and goes on the floor.
+//! - The other blocks are placed in decreasing size (ties: earlier start, then trace order). Each
+//!   goes into the smallest gap, among blocks already placed whose lifetimes overlap its own, that
+//!   fits it (lowest offset on ties), or on top of them when no gap fits. Only the union of the
+//!   offset ranges those blocks occupy matters. Listing the blocks with an augmented interval tree
+//!   over lifetimes (sorted by start, subtree max end), as XLA's `BufferIntervalTree` does, costs
+//!   about O(overlaps · log) per block: cheap when lifetimes are short, but training traces have
+//!   blocks that overlap 400–1500 others. There a segment tree over time keeps, per node, the
+//!   offset ranges placed blocks occupy, merged into sorted disjoint runs: `cover` for blocks whose
+//!   lifetime's canonical decomposition holds the node, `sub` for blocks stored at the node or
+//!   below. A lifetime's union is `sub` of its O(log n) canonical nodes plus `cover` of their
+//!   strict ancestors (a block overlapping it is stored at, above or below one of its canonical
+//!   nodes); placing a block merges its range into its canonical nodes' `cover` and `sub`, and into
+//!   `sub` above them until a node already holds it. The tree's time axis is not every tick but the
+//!   lifetimes' clique points (a tick where a run of mallocs gives way to a free): two lifetimes
+//!   overlap exactly when they share one, and there are 3–5 times fewer of them than ticks on the
+//!   real traces, so the tree is shallower and its lists merge more. A query unions about 10
+//!   non-empty lists of 4–10 runs each (the union itself has 5–12 runs) by linear merges, then
+//!   scans the gaps once (stopping at the first gap of exactly its size): 0.5–3 µs per block on the
+//!   real traces (short lifetimes cost least), where the interval tree listed 450–750 blocks. With
+//!   random sizes (the policy bench) runs merge much less and a query reads hundreds. `pack` counts
+//!   the overlaps first (O(n log n), from sorted starts and ends) and lists them below 48 per block
+//!   on average. Both give the offsets of the plain scan (a unit test compares them on random
+//!   lifetimes). A lifetime that ends where it starts (never made by `prepare`) overlaps nothing
+//!   and goes on the floor.
 //! - Planning is the cost of this policy: greedy best fit needs, per block, the free gaps left
 //!   by every block placed before it that overlaps it in time, so it is not O(log n) per event
 //!   as an online policy is. `cargo bench --bench policies` measures it alone (`offline_plan`):
