@@ -13,7 +13,8 @@
 //! policies`; criterion reports time per iteration and elements (events) per second.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use fragsim::policy::{self, offline, PolicySpec};
+use fragsim::policy::offline::Offline;
+use fragsim::policy::{self, Policy, PolicySpec};
 use fragsim::replay::{ReplayInput, ReplayOptions};
 use fragsim::trace::{read_trace, Action, DeviceTrace, Event, ReadOptions, Trace};
 use std::path::Path;
@@ -115,11 +116,14 @@ fn bench_policies(c: &mut Criterion) {
     group.sample_size(10);
     for (name, input) in [("synthetic", Some(&input)), ("real", real_input.as_ref())] {
         let Some(input) = input else { continue };
-        let at_start: Vec<(u64, u64)> =
-            input.live_at_start.iter().map(|b| (b.addr, b.size.max(1))).collect();
         group.throughput(Throughput::Elements(input.events.len() as u64));
         group.bench_function(name, |b| {
-            b.iter(|| std::hint::black_box(offline::plan(input.events, &at_start, 256).1))
+            b.iter(|| {
+                // What the engine runs before the first event, on the policy `replay` builds.
+                let mut p = Offline::from_input("", input).expect("default options");
+                p.prepare(input.events).expect("plans");
+                std::hint::black_box(p.planned_peak())
+            })
         });
     }
     group.finish();
