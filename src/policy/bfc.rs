@@ -35,7 +35,7 @@
 //! free region, as garbage collection would, so the trace's recorded `empty_cache()` calls and
 //! the final flush behave as in PyTorch.
 
-use super::chunks::{parse_bool, round_up, unknown_option, Chunks};
+use super::chunks::{parse_bool, round_up, unknown_block, unknown_option, Chunks};
 use super::{parse_key_values, Allocation, Policy};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
@@ -236,10 +236,7 @@ impl Policy for Bfc {
     }
 
     fn free<B: Backend>(&mut self, _backend: &mut B, addr: u64) -> Result<()> {
-        self.chunks
-            .release(addr, 0)
-            .map(|_| ())
-            .ok_or_else(|| Error::input(format!("bfc: free of unknown block {addr:#x}")))
+        self.chunks.release(addr, 0).map(|_| ()).ok_or_else(|| unknown_block("bfc", addr))
     }
 
     fn empty_cache<B: Backend>(&mut self, backend: &mut B) -> Result<()> {

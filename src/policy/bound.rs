@@ -5,6 +5,7 @@
 //! reference line: the overhead of any real policy over `bound` is what rounding, caching and
 //! fragmentation cost. It takes no options.
 
+use super::chunks::unknown_block;
 use super::{parse_key_values, Allocation, Policy};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
@@ -49,10 +50,7 @@ impl Policy for Bound {
     }
 
     fn free<B: Backend>(&mut self, backend: &mut B, addr: u64) -> Result<()> {
-        let (size, _) = self
-            .live
-            .remove(&addr)
-            .ok_or_else(|| Error::input(format!("bound: free of unknown block {addr:#x}")))?;
+        let (size, _) = self.live.remove(&addr).ok_or_else(|| unknown_block("bound", addr))?;
         self.allocated -= size;
         backend.segment_free(addr, size)
     }

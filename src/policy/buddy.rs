@@ -26,7 +26,7 @@
 //! `buddy_system_allocator` crate's trusting `dealloc`, freeing an unknown address is an error,
 //! never a corruption of the free lists.
 
-use super::chunks::unknown_option;
+use super::chunks::{unknown_block, unknown_option};
 use super::{parse_key_values, Allocation, Policy};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
@@ -224,10 +224,7 @@ impl Policy for Buddy {
     }
 
     fn free<B: Backend>(&mut self, _backend: &mut B, addr: u64) -> Result<()> {
-        let (mut k, _) = self
-            .live
-            .remove(&addr)
-            .ok_or_else(|| Error::input(format!("buddy: free of unknown block {addr:#x}")))?;
+        let (mut k, _) = self.live.remove(&addr).ok_or_else(|| unknown_block("buddy", addr))?;
         self.allocated -= self.block_size(k);
         let (base, top) = self
             .arena_of(addr)

@@ -35,6 +35,12 @@ pub fn unknown_option(policy: &str, key: &str, accepted: &str) -> crate::error::
     ))
 }
 
+/// The error for a free of an address the policy never handed out (or already took back): the
+/// trace and the replay disagree, which is bad input, not a policy bug.
+pub fn unknown_block(policy: &str, addr: u64) -> crate::error::Error {
+    crate::error::Error::input(format!("{policy}: free of unknown block {addr:#x}"))
+}
+
 /// `value` rounded up to a multiple of `align` (> 0).
 pub fn round_up(value: u64, align: u64) -> u64 {
     value.div_ceil(align) * align

@@ -21,7 +21,7 @@
 //! `page` (default 2 MiB; `page=512` charges every request only its 512-byte rounding, the
 //! lowest estimate). Streams are ignored, and `empty_cache` has nothing to release.
 
-use super::chunks::{round_up, unknown_option};
+use super::chunks::{round_up, unknown_block, unknown_option};
 use super::{parse_key_values, Allocation, Policy};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
@@ -115,10 +115,7 @@ impl Policy for NoCache {
     }
 
     fn free<B: Backend>(&mut self, backend: &mut B, addr: u64) -> Result<()> {
-        let l = self
-            .live
-            .remove(&addr)
-            .ok_or_else(|| Error::input(format!("nocache: free of unknown block {addr:#x}")))?;
+        let l = self.live.remove(&addr).ok_or_else(|| unknown_block("nocache", addr))?;
         self.allocated -= l.block;
         backend.segment_free(addr, l.cost)
     }

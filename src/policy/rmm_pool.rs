@@ -36,7 +36,7 @@
 //! `release()` does for an idle pool), so recorded `empty_cache()` calls and the final flush behave
 //! as in PyTorch. An OOM releases nothing (RMM throws `out_of_memory`).
 
-use super::chunks::{round_up, unknown_option, Chunks};
+use super::chunks::{round_up, unknown_block, unknown_option, Chunks};
 use super::{parse_key_values, Allocation, Policy};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
@@ -181,10 +181,12 @@ impl Policy for RmmPool {
     }
 
     fn free<B: Backend>(&mut self, _backend: &mut B, addr: u64) -> Result<()> {
-        let owner =
-            self.chunks.get(addr).filter(|c| c.in_use).map(|c| c.list).ok_or_else(|| {
-                Error::input(format!("rmm-pool: free of unknown block {addr:#x}"))
-            })?;
+        let owner = self
+            .chunks
+            .get(addr)
+            .filter(|c| c.in_use)
+            .map(|c| c.list)
+            .ok_or_else(|| unknown_block("rmm-pool", addr))?;
         self.chunks.release(addr, owner);
         Ok(())
     }

@@ -43,7 +43,7 @@
 //! request that no free block fits, as an ablation). Streams are ignored (GMLake, like PyTorch,
 //! keeps blocks per stream; a single stream is modelled).
 
-use super::chunks::{parse_bool, round_up, unknown_option, Chunks};
+use super::chunks::{parse_bool, round_up, unknown_block, unknown_option, Chunks};
 use super::{parse_key_values, Allocation, Policy};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
@@ -276,10 +276,7 @@ impl Policy for Stitch {
             self.small.release(addr, 0);
             return Ok(());
         }
-        self.large
-            .release(addr, 0)
-            .map(|_| ())
-            .ok_or_else(|| Error::input(format!("stitch: free of unknown block {addr:#x}")))
+        self.large.release(addr, 0).map(|_| ()).ok_or_else(|| unknown_block("stitch", addr))
     }
 
     fn empty_cache<B: Backend>(&mut self, backend: &mut B) -> Result<()> {

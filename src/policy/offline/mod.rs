@@ -72,7 +72,7 @@
 //! `offline` never rounds less than the online policies; `align=1` packs exact request sizes).
 //! Streams are ignored.
 
-use super::chunks::{round_up, unknown_option};
+use super::chunks::{round_up, unknown_block, unknown_option};
 use super::{parse_key_values, Allocation, Policy};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
@@ -396,10 +396,7 @@ impl Policy for Offline {
     }
 
     fn free<B: Backend>(&mut self, backend: &mut B, addr: u64) -> Result<()> {
-        let l = self
-            .live
-            .remove(&addr)
-            .ok_or_else(|| Error::input(format!("offline: free of unknown block {addr:#x}")))?;
+        let l = self.live.remove(&addr).ok_or_else(|| unknown_block("offline", addr))?;
         self.allocated -= l.block;
         if l.planned {
             self.in_range.remove(&addr);

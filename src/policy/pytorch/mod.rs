@@ -25,6 +25,7 @@ pub mod validate;
 
 pub use config::{Config, Version};
 
+use super::chunks::unknown_block;
 use super::{Allocation, Policy};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
@@ -879,10 +880,7 @@ impl Policy for PyTorch {
     }
 
     fn free<B: Backend>(&mut self, _backend: &mut B, addr: u64) -> Result<()> {
-        let id = self
-            .active
-            .remove(&addr)
-            .ok_or_else(|| Error::input(format!("pytorch: free of unknown block {addr:#x}")))?;
+        let id = self.active.remove(&addr).ok_or_else(|| unknown_block("pytorch", addr))?;
         let max_split = self.config.max_split_size;
         let b = self.bm(id);
         b.allocated = false;
