@@ -20,7 +20,7 @@ use fragsim::trace::{read_trace, Action, DeviceTrace, Event, ReadOptions, Trace}
 use std::path::Path;
 
 /// The real snapshot of `replay_policy_real`, relative to the crate.
-const REAL: &str = "../shared/traces/cs336-medium-ctx512-train.pickle";
+const REAL: &str = "traces/real/cs336-medium-ctx512-train.pickle";
 
 /// xorshift64*: a seeded generator, so every run replays the same events.
 struct Rng(u64);

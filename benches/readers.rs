@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 fn shared(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("traces/real").join(name)
 }
 
 /// The file's bytes, gunzipped when compressed (the readers see decompressed data).
@@ -57,7 +57,7 @@ fn largest_snapshot(c: &mut Criterion) {
 }
 
 fn every_shared_trace(c: &mut Criterion) {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("traces/real");
     let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
         .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
         .unwrap_or_default();

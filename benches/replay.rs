@@ -12,7 +12,7 @@ use fragsim::replay::{ReplayInput, ReplayOptions};
 use fragsim::trace::{read_trace, DeviceTrace, ReadOptions, Trace};
 use std::path::Path;
 
-const TRACE: &str = "../shared/traces/cs336-medium-ctx512-train.pickle";
+const TRACE: &str = "traces/real/cs336-medium-ctx512-train.pickle";
 const MIN_EVENTS: usize = 1_000_000;
 
 /// The trace with its device-0 events repeated to at least [`MIN_EVENTS`].

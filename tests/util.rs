@@ -25,15 +25,16 @@ pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// `../shared/traces/NAME` beside the checkout, if present.
+/// `traces/real/NAME`: a real trace shipped with the repository (copied from `../shared/traces/`
+/// with its license notice), if present.
 pub fn shared_trace(name: &str) -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces").join(name);
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("traces/real").join(name);
     p.exists().then_some(p)
 }
 
-/// Every real trace in `../shared/traces/` (empty when the folder is absent).
+/// Every real trace in `traces/real/`.
 pub fn shared_traces() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("traces/real");
     let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
         .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
         .unwrap_or_default();

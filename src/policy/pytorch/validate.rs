@@ -849,7 +849,7 @@ mod tests {
 
     #[test]
     fn real_snapshots_keep_every_invariant() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces");
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("traces/real");
         for name in ["cs336-lm-step-c.pickle", "cs336-medium-ctx512-infer.pickle"] {
             let Ok(t) = crate::trace::read_trace(&dir.join(name), &Default::default()) else {
                 continue; // the shared traces are not there
