@@ -5,6 +5,7 @@ mod util;
 mod bad_input;
 mod cli;
 mod cuda;
+mod custom_policy;
 mod mutations;
 mod policies;
 mod pytorch;
