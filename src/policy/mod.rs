@@ -6,8 +6,8 @@
 //! options and every deviation.
 //!
 //! The static [`POLICIES`] table drives `--policy`, `all`, the help text and error messages;
-//! [`run`] builds the concrete policy once and instantiates the generic replay engine for it, so
-//! dispatch happens once per run, not once per event.
+//! [`PolicyInfo::run`] builds the concrete policy once and instantiates the generic replay engine
+//! for it, so dispatch happens once per run, not once per event.
 
 pub mod bfc;
 pub mod bound;
