@@ -5,9 +5,9 @@
 //! streams, sizes skewed small with some tens-of-MiB blocks and long-lived weights, frees
 //! picked at random among the live blocks) and replayed through `policy::lookup(name).run`,
 //! exactly as `fragsim replay` does, so the number includes the engine and, for `offline`, its
-//! planning. `replay_policy_real`: the same for every policy on the largest shared snapshot
-//! (`../shared/traces/cs336-medium-ctx512-train.pickle`, 22,332 events; skipped with a message
-//! when it is not there), whose lifetimes nest as a training step's do. `offline_plan`: the
+//! planning. `replay_policy_real`: the same for every policy on the largest real snapshot
+//! (`traces/real/cs336-medium-ctx512-train.pickle`, shipped with the repository, 22,332 events),
+//! whose lifetimes nest as a training step's do. `offline_plan`: the
 //! `offline` planner alone on both, so its planning and its replay can be told apart.
 //! Allocator quality (peaks) is a fragsim output, not a bench. Run with `cargo bench --bench
 //! policies`; criterion reports time per iteration and elements (events) per second.
@@ -104,18 +104,14 @@ fn bench_policies(c: &mut Criterion) {
     bench_group(c, "replay_policy", &input);
 
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(REAL);
-    let real = read_trace(&path, &ReadOptions::default()).ok();
-    let real_input = real.as_ref().map(|t| ReplayInput::new(t, None).expect("a device"));
-    match &real_input {
-        Some(real) => bench_group(c, "replay_policy_real", real),
-        None => eprintln!("policies bench: {REAL} is not there; replay_policy_real not measured"),
-    }
+    let real = read_trace(&path, &ReadOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    let real_input = ReplayInput::new(&real, None).expect("a device");
+    bench_group(c, "replay_policy_real", &real_input);
 
     // The planner alone: what `offline` spends before its first malloc.
     let mut group = c.benchmark_group("offline_plan");
     group.sample_size(10);
-    for (name, input) in [("synthetic", Some(&input)), ("real", real_input.as_ref())] {
-        let Some(input) = input else { continue };
+    for (name, input) in [("synthetic", &input), ("real", &real_input)] {
         group.throughput(Throughput::Elements(input.events.len() as u64));
         group.bench_function(name, |b| {
             b.iter(|| {

@@ -1,11 +1,10 @@
-//! Reading speed (MB/s of decompressed input) per trace format, on the real traces in
-//! `../shared/traces/`.
+//! Reading speed (MB/s of decompressed input) per trace format, on the real traces shipped in
+//! `traces/real/`.
 //!
 //! The headline is the largest PyTorch snapshot with and without frames (the Python baseline is
 //! `pickle.load` at ≈ 18 MB/s with its garbage collector on, ≈ 69 MB/s without, rust-deps §3).
-//! Every other shared trace is read through `trace::read_bytes` after content detection; a format
-//! whose reader is still a stub is skipped with a note. Missing traces are skipped too, so the
-//! bench runs anywhere.
+//! Every other real trace is read through `trace::read_bytes` after content detection; a format
+//! whose reader is still a stub is skipped with a note.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use fragsim::trace::{self, detect, Format, ReadOptions};
@@ -14,19 +13,22 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-fn shared(name: &str) -> PathBuf {
+fn real(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("traces/real").join(name)
 }
 
 /// The file's bytes, gunzipped when compressed (the readers see decompressed data).
-fn load(path: &Path) -> Option<Vec<u8>> {
-    let raw = std::fs::read(path).ok()?;
+/// Panics when it cannot: the real traces ship with the repository.
+fn load(path: &Path) -> Vec<u8> {
+    let raw = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     if raw.starts_with(&[0x1f, 0x8b]) {
         let mut out = Vec::new();
-        flate2::read::GzDecoder::new(&raw[..]).read_to_end(&mut out).ok()?;
-        Some(out)
+        flate2::read::GzDecoder::new(&raw[..])
+            .read_to_end(&mut out)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        out
     } else {
-        Some(raw)
+        raw
     }
 }
 
@@ -35,10 +37,7 @@ fn options(keep_frames: bool) -> ReadOptions {
 }
 
 fn largest_snapshot(c: &mut Criterion) {
-    let Some(data) = load(&shared("cs336-medium-ctx512-train.pickle")) else {
-        eprintln!("skipping: ../shared/traces/cs336-medium-ctx512-train.pickle not found");
-        return;
-    };
+    let data = load(&real("cs336-medium-ctx512-train.pickle"));
     let mut g = c.benchmark_group("snapshot");
     g.throughput(Throughput::Bytes(data.len() as u64));
     g.measurement_time(Duration::from_secs(5));
@@ -46,7 +45,7 @@ fn largest_snapshot(c: &mut Criterion) {
         g.bench_function(format!("cs336-medium-ctx512-train/{label}"), |b| {
             b.iter(|| {
                 trace::read_bytes(black_box(&data), Format::PytorchSnapshot, &options(keep_frames))
-                    .expect("the shared snapshot reads")
+                    .expect("the real snapshot reads")
             })
         });
     }
@@ -56,11 +55,12 @@ fn largest_snapshot(c: &mut Criterion) {
     g.finish();
 }
 
-fn every_shared_trace(c: &mut Criterion) {
+fn every_real_trace(c: &mut Criterion) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("traces/real");
     let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
-        .unwrap_or_default();
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("a directory entry").path())
+        .collect();
     paths.retain(|p| {
         let n = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
         (n.ends_with(".pickle") || n.ends_with(".json.gz"))
@@ -71,7 +71,7 @@ fn every_shared_trace(c: &mut Criterion) {
     g.measurement_time(Duration::from_secs(3));
     for path in paths {
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("?").to_string();
-        let Some(data) = load(&path) else { continue };
+        let data = load(&path);
         let Some(format) = detect::detect(&data) else {
             eprintln!("skipping {name}: format not recognised");
             continue;
@@ -88,5 +88,5 @@ fn every_shared_trace(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, largest_snapshot, every_shared_trace);
+criterion_group!(benches, largest_snapshot, every_real_trace);
 criterion_main!(benches);

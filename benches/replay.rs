@@ -1,10 +1,9 @@
 //! Replay speed: events per second through the PyTorch policy, with `bound` as a near-null
 //! baseline (its per-event work is one map insert or remove plus one device call).
 //!
-//! Input: the largest shared real snapshot (`../shared/traces/cs336-medium-ctx512-train.pickle`),
-//! its events repeated until there are at least 1 M, replayed by the same path the CLI uses
-//! (`policy::lookup(..).run(..)`). Without the shared traces the bench says so and measures
-//! nothing. Goal: ≥ 20 M events/s on one core for `pytorch`.
+//! Input: the largest real snapshot (`traces/real/cs336-medium-ctx512-train.pickle`, shipped with
+//! the repository), its events repeated until there are at least 1 M, replayed by the same path
+//! the CLI uses (`policy::lookup(..).run(..)`). Goal: ≥ 20 M events/s on one core for `pytorch`.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use fragsim::policy::{self, PolicySpec};
@@ -16,23 +15,20 @@ const TRACE: &str = "traces/real/cs336-medium-ctx512-train.pickle";
 const MIN_EVENTS: usize = 1_000_000;
 
 /// The trace with its device-0 events repeated to at least [`MIN_EVENTS`].
-fn repeated() -> Option<Trace> {
+fn repeated() -> Trace {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(TRACE);
-    let trace = read_trace(&path, &ReadOptions::default()).ok()?;
-    let device = trace.default_device()?;
-    let events = &trace.device(device)?.events;
+    let trace = read_trace(&path, &ReadOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    let device = trace.default_device().expect("the trace has events");
+    let events = &trace.device(device).expect("its default device").events;
     let mut all = Vec::with_capacity(MIN_EVENTS + events.len());
     while all.len() < MIN_EVENTS {
         all.extend_from_slice(events);
     }
-    Some(Trace { devices: vec![DeviceTrace { device, events: all }], ..trace })
+    Trace { devices: vec![DeviceTrace { device, events: all }], ..trace }
 }
 
 fn replay(c: &mut Criterion) {
-    let Some(trace) = repeated() else {
-        eprintln!("replay bench: {TRACE} is not there; nothing measured");
-        return;
-    };
+    let trace = repeated();
     let input = ReplayInput::new(&trace, None).expect("the trace has a device");
     let options = ReplayOptions::default();
     let mut group = c.benchmark_group("replay");

@@ -229,7 +229,7 @@ fn fst_huge_declared_lengths() {
 
 #[test]
 fn pickle_truncated_and_corrupt() {
-    let Some(path) = shared_trace("cs336-lm-step-c.pickle") else { return };
+    let path = real_trace("cs336-lm-step-c.pickle");
     let data = std::fs::read(path).expect("read pickle");
     reject("trunc.pickle", &data[..data.len() / 2], "pytorch-snapshot", "truncated");
     let mut corrupt = data.clone();

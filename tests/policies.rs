@@ -87,14 +87,8 @@ fn options_reach_the_policy() {
 /// Every real snapshot replays under every policy; the reference lines bracket the others.
 #[test]
 fn every_policy_on_every_real_snapshot() {
-    let traces: Vec<_> = shared_traces()
-        .into_iter()
-        .filter(|p| p.extension().is_some_and(|e| e == "pickle"))
-        .collect();
-    if traces.is_empty() {
-        eprintln!("skipped: ../shared/traces is absent");
-        return;
-    }
+    let traces = real_snapshots();
+    assert_eq!(traces.len(), 6, "the six snapshots in traces/real/");
     for t in traces {
         let out = run(&["replay", t.to_str().unwrap(), "--policy", "all", "--json"]);
         assert!(out.status.success(), "{}: {}", t.display(), stderr(&out));

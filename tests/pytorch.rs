@@ -12,18 +12,10 @@ fn validate_json(path: &std::path::Path) -> (i32, serde_json::Value) {
     (code, v)
 }
 
-fn expected_counts() -> Option<serde_json::Value> {
-    let p = shared_trace("expected-counts.json")?;
-    serde_json::from_slice(&std::fs::read(p).ok()?).ok()
-}
-
 #[test]
-fn every_shared_snapshot_validates_exactly() {
+fn every_real_snapshot_validates_exactly() {
     let counts = expected_counts();
-    let snapshots: Vec<_> = shared_traces()
-        .into_iter()
-        .filter(|p| p.extension().is_some_and(|e| e == "pickle"))
-        .collect();
+    let snapshots = real_snapshots();
     for path in &snapshots {
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
         let (code, v) = validate_json(path);
@@ -31,10 +23,8 @@ fn every_shared_snapshot_validates_exactly() {
         assert_eq!(code, 0, "{name}: {v}");
         assert!(v["mismatches"].as_array().is_some_and(|m| m.is_empty()), "{name}: {v}");
         // Every recorded alloc is counted, as Python's pickle counts them.
-        if let Some(c) = &counts {
-            let allocs = c[name]["devices"][0]["by_action"]["alloc"].as_u64();
-            assert_eq!(Some(n("allocs_total")), allocs, "{name}");
-        }
+        let allocs = counts[name]["devices"][0]["by_action"]["alloc"].as_u64();
+        assert_eq!(Some(n("allocs_total")), allocs, "{name}");
         // 100% of determinable allocs at the recorded address; few undeterminable (< 1%).
         let undeterminable = n("undeterminable_events");
         assert_eq!(n("allocs_addr_matched") + undeterminable, n("allocs_total"), "{name}");
@@ -46,7 +36,7 @@ fn every_shared_snapshot_validates_exactly() {
 
 #[test]
 fn ctx512_train_reproduces_its_one_segment_alloc_and_learns_orphan_sizes() {
-    let Some(path) = shared_trace("cs336-medium-ctx512-train.pickle") else { return };
+    let path = real_trace("cs336-medium-ctx512-train.pickle");
     let (_, v) = validate_json(&path);
     assert_eq!(v["segment_events_recorded"], 1, "the trace has one segment_alloc (64 MiB)");
     assert_eq!(v["segment_events_matched"], 1);
@@ -60,7 +50,7 @@ fn ctx512_train_reproduces_its_one_segment_alloc_and_learns_orphan_sizes() {
 
 #[test]
 fn undeterminable_events_are_each_explained_with_verbose() {
-    let Some(path) = shared_trace("cs336-lm-step-b.pickle") else { return };
+    let path = real_trace("cs336-lm-step-b.pickle");
     let (_, v) = validate_json(&path);
     let out = run(&["validate", path.to_str().expect("utf-8"), "--verbose"]);
     let lines = stdout(&out).lines().filter(|l| l.contains("undeterminable event")).count();
@@ -100,7 +90,7 @@ fn a_hand_made_snapshot_that_breaks_best_fit_fails_with_exit_1() {
 
 #[test]
 fn bad_version_is_a_usage_error() {
-    let Some(path) = shared_trace("cs336-lm-step-c.pickle") else { return };
+    let path = real_trace("cs336-lm-step-c.pickle");
     let out = run(&["validate", path.to_str().expect("utf-8"), "--pytorch-version", "1.13"]);
     assert_eq!(out.status.code(), Some(2));
     let out = run(&["validate", path.to_str().expect("utf-8"), "--pytorch-version", "2.8"]);
@@ -109,7 +99,7 @@ fn bad_version_is_a_usage_error() {
 
 #[test]
 fn pytorch_policy_runs_in_replay_with_options() {
-    let Some(path) = shared_trace("cs336-medium-ctx512-infer.pickle") else { return };
+    let path = real_trace("cs336-medium-ctx512-infer.pickle");
     let p = path.to_str().expect("utf-8");
     let out = run(&[
         "replay",
@@ -135,7 +125,7 @@ fn pytorch_policy_runs_in_replay_with_options() {
 
 #[test]
 fn the_exported_replay_validates_like_the_recording() {
-    let Some(path) = shared_trace("cs336-medium-ctx512-train.pickle") else { return };
+    let path = real_trace("cs336-medium-ctx512-train.pickle");
     let dir = tempfile::tempdir().expect("temp dir");
     let out_path = dir.path().join("sim.pickle");
     let p = path.to_str().expect("utf-8");
@@ -158,7 +148,7 @@ fn a_replay_exported_by_the_pytorch_policy_validates_from_a_cold_start() {
     // `replay --export-snapshot` records the policy's own decisions from an empty cache (blocks
     // live before the trace are allocated first); validating that snapshot must reproduce every
     // decision, segment events included.
-    let Some(path) = shared_trace("cs336-lm-step-c.pickle") else { return };
+    let path = real_trace("cs336-lm-step-c.pickle");
     let dir = tempfile::tempdir().expect("temp dir");
     let out_path = dir.path().join("replayed.pickle");
     let out = run(&[

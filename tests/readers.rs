@@ -1,7 +1,7 @@
 //! Integration tests: every reader against real traces and independent counts, round trips
 //! between formats, and hand-written RMM logs.
 //!
-//! `../shared/traces/expected-counts.json` was made with Python's own `pickle`/`json` modules,
+//! `traces/real/expected-counts.json` was made with Python's own `pickle`/`json` modules,
 //! not with fragsim, so agreement here checks the readers and `info`, not their consistency with
 //! themselves.
 
@@ -9,11 +9,6 @@ use crate::util::*;
 use fragsim::trace::{read_trace, DeviceTrace, Event, FramesId, ReadOptions, Trace};
 use serde_json::Value;
 use std::path::Path;
-
-fn expected() -> Option<Value> {
-    let path = shared_trace("expected-counts.json")?;
-    Some(serde_json::from_slice(&std::fs::read(path).expect("read expected counts")).expect("json"))
-}
 
 fn info_json(path: &Path) -> Value {
     let o = run(&["info", "--json", path.to_str().expect("utf-8 path")]);
@@ -51,10 +46,7 @@ fn convert(from: &Path, to: &Path) {
 
 #[test]
 fn kineto_counts_match_the_independent_count() {
-    let (Some(path), Some(expected)) = (shared_trace("kineto-ddp-v100-rank1.json.gz"), expected())
-    else {
-        return;
-    };
+    let (path, expected) = (real_trace("kineto-ddp-v100-rank1.json.gz"), expected_counts());
     let info = info_json(&path);
     assert_eq!(info["format"], "kineto");
     assert_eq!(info["devices"].as_array().map(Vec::len), Some(2));
@@ -74,12 +66,9 @@ fn kineto_counts_match_the_independent_count() {
 }
 
 #[test]
-fn every_shared_pickle_matches_the_independent_count() {
-    let Some(expected) = expected() else { return };
-    let pickles: Vec<_> = shared_traces()
-        .into_iter()
-        .filter(|p| p.extension().is_some_and(|e| e == "pickle"))
-        .collect();
+fn every_real_pickle_matches_the_independent_count() {
+    let expected = expected_counts();
+    let pickles = real_snapshots();
     assert_eq!(pickles.len(), 6);
     for path in pickles {
         let name = path.file_name().and_then(|n| n.to_str()).expect("name");
@@ -113,7 +102,7 @@ fn every_shared_pickle_matches_the_independent_count() {
 
 #[test]
 fn pickle_to_fst_to_text_to_fst_keeps_every_event() {
-    let Some(pickle) = shared_trace("cs336-medium-ctx512-train.pickle") else { return };
+    let pickle = real_trace("cs336-medium-ctx512-train.pickle");
     let dir = tempfile::tempdir().expect("temp dir");
     let (fst, txt, fst2) =
         (dir.path().join("a.fst"), dir.path().join("a.txt.gz"), dir.path().join("b.fst"));
@@ -132,7 +121,7 @@ fn pickle_to_fst_to_text_to_fst_keeps_every_event() {
 
 #[test]
 fn kineto_to_fst_to_json_keeps_every_event() {
-    let Some(kineto) = shared_trace("kineto-ddp-v100-rank1.json.gz") else { return };
+    let kineto = real_trace("kineto-ddp-v100-rank1.json.gz");
     let dir = tempfile::tempdir().expect("temp dir");
     let (fst, json) = (dir.path().join("k.fst"), dir.path().join("k.json"));
     convert(&kineto, &fst);
@@ -193,7 +182,7 @@ fn rmm_log_with_epoch_times_round_trips_through_fst_and_csv() {
 
 #[test]
 fn convert_names_what_a_format_cannot_hold() {
-    let Some(pickle) = shared_trace("cs336-medium-ctx512-train.pickle") else { return };
+    let pickle = real_trace("cs336-medium-ctx512-train.pickle");
     let dir = tempfile::tempdir().expect("temp dir");
     let out = dir.path().join("t.json");
     let o = run(&["convert", pickle.to_str().expect("utf-8"), out.to_str().expect("utf-8")]);

@@ -224,7 +224,7 @@ fn bad_usage_fails_before_writing() {
     assert_eq!(o.status.code(), Some(2), "--out is required");
 }
 
-/// Real traces (`../shared/traces/README.md`): a PyTorch snapshot (device 0, 4,998 entries) and
+/// Real traces (`traces/real/README.md`): a PyTorch snapshot (device 0, 4,998 entries) and
 /// a Kineto trace (CUDA device 1, 26,770 memory events; host memory is device -1).
 #[test]
 fn report_on_real_traces() {
@@ -232,10 +232,7 @@ fn report_on_real_traces() {
         ("cs336-medium-ctx512-infer.pickle", "pytorch-snapshot", 0, 4998),
         ("kineto-ddp-v100-rank1.json.gz", "kineto", 1, 26770),
     ] {
-        let Some(trace) = shared_trace(name) else {
-            eprintln!("skipped {name}: ../shared/traces is not here");
-            continue;
-        };
+        let trace = real_trace(name);
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("r");
         let o = run(&["report", trace.to_str().unwrap(), "--out", out.to_str().unwrap()]);

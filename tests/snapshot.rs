@@ -1,6 +1,6 @@
 //! Integration tests: PyTorch memory snapshots (reading real files, hostile input, writing).
 //!
-//! The real-data expectations come from `../shared/traces/expected-counts.json`, made
+//! The real-data expectations come from `traces/real/expected-counts.json`, made
 //! independently with Python's `pickle`; fixture pickles are generated at test time with
 //! `python3` (present on CI), so they are Python's own output, not ours.
 
@@ -16,12 +16,6 @@ use std::path::Path;
 use std::process::Command;
 #[allow(unused_imports)]
 use std::time::{Duration, Instant};
-
-fn expected() -> Option<serde_json::Value> {
-    let path = shared_trace("expected-counts.json")?;
-    let text = std::fs::read_to_string(path).expect("expected-counts.json is readable");
-    Some(serde_json::from_str(&text).expect("expected-counts.json is JSON"))
-}
 
 fn read_file(path: &Path, keep_frames: bool) -> Trace {
     let options = ReadOptions { keep_frames, progress: false };
@@ -45,14 +39,14 @@ fn orphans_and_live(events: &[fragsim::trace::Event]) -> (u64, u64) {
 }
 
 #[test]
-fn every_shared_snapshot_matches_the_python_counts() {
-    let Some(expected) = expected() else { return };
+fn every_real_snapshot_matches_the_python_counts() {
+    let expected = expected_counts();
     let mut checked = 0;
     for (name, want) in expected.as_object().expect("an object") {
         if want["format"] != "pytorch-snapshot" {
             continue;
         }
-        let path = shared_trace(name).expect("listed trace exists");
+        let path = real_trace(name);
         let t = read_file(&path, false);
         assert_eq!(t.format, Format::PytorchSnapshot);
         assert!(t.has_times, "{name}: these 2.5+ snapshots record time_us");
@@ -106,7 +100,7 @@ fn every_shared_snapshot_matches_the_python_counts() {
 
 #[test]
 fn the_largest_snapshot_reads_its_settings_segments_and_frames() {
-    let Some(path) = shared_trace("cs336-medium-ctx512-train.pickle") else { return };
+    let path = real_trace("cs336-medium-ctx512-train.pickle");
     let t = read_file(&path, true);
     let s = t.allocator_settings.as_ref().expect("settings");
     // From the file (checked with python3): conf '', max_split_size -1, all divisions 0.
@@ -142,7 +136,7 @@ fn the_largest_snapshot_reads_its_settings_segments_and_frames() {
 
 #[test]
 fn shared_frame_lists_are_interned_once() {
-    let Some(path) = shared_trace("cs336-lm-step-c.pickle") else { return };
+    let path = real_trace("cs336-lm-step-c.pickle");
     let t = read_file(&path, true);
     let ids: HashSet<_> = t.devices[0].events.iter().map(|e| e.frames).collect();
     // Every distinct id is one interned list, and lists are shared by many events.
@@ -248,7 +242,7 @@ fn python_pickles_of_every_protocol_read_the_same() {
 
 #[test]
 fn a_real_snapshot_repickled_at_protocol_2_reads_the_same() {
-    let Some(path) = shared_trace("cs336-lm-step-c.pickle") else { return };
+    let path = real_trace("cs336-lm-step-c.pickle");
     let p2 = python(
         "import pickle,sys; sys.stdout.buffer.write(pickle.dumps(pickle.load(open(sys.argv[1],'rb')), 2))",
         &[path.to_str().unwrap()],
@@ -305,7 +299,7 @@ fn code_execution_opcodes_are_refused() {
 
 #[test]
 fn truncated_snapshots_fail_with_a_byte_offset() {
-    let Some(path) = shared_trace("cs336-lm-step-c.pickle") else { return };
+    let path = real_trace("cs336-lm-step-c.pickle");
     let framed = std::fs::read(&path).unwrap();
     // Without frames (protocol 2), truncation is found where the data stops, not at a FRAME.
     let unframed = python(
@@ -369,7 +363,7 @@ fn hostile_lengths_nesting_and_garbage_are_input_errors() {
 
 #[test]
 fn written_snapshots_load_in_python_with_pytorchs_keys_and_values() {
-    let Some(path) = shared_trace("cs336-medium-ctx512-train.pickle") else { return };
+    let path = real_trace("cs336-medium-ctx512-train.pickle");
     let t = read_file(&path, true);
     let mut bytes = Vec::new();
     snapshot::write(&t, &mut bytes).unwrap();
@@ -414,7 +408,7 @@ print(sum(len(x) for x in b['device_traces']), len(b['segments']))
 #[test]
 fn write_then_read_is_the_same_trace() {
     for name in ["cs336-lm-step-b.pickle", "cs336-medium-ctx512-infer.pickle"] {
-        let Some(path) = shared_trace(name) else { return };
+        let path = real_trace(name);
         for keep_frames in [false, true] {
             let t = read_file(&path, keep_frames);
             let mut bytes = Vec::new();
@@ -437,7 +431,7 @@ fn write_then_read_is_the_same_trace() {
 
 #[test]
 fn export_snapshot_writes_the_simulated_run() {
-    let Some(path) = shared_trace("cs336-medium-ctx512-infer.pickle") else { return };
+    let path = real_trace("cs336-medium-ctx512-infer.pickle");
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("sim.pickle");
     let o = run(&[

@@ -25,25 +25,36 @@ pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// `traces/real/NAME`: a real trace shipped with the repository (copied from `../shared/traces/`
-/// with its license notice), if present.
-pub fn shared_trace(name: &str) -> Option<PathBuf> {
+/// `traces/real/NAME`: a real trace (or its notes) shipped with the repository, copied from
+/// their authors' repositories with their license notices (`traces/real/README.md`). Panics when
+/// the file is missing: it is part of the checkout, so a missing one is a broken checkout, not a
+/// reason to skip.
+pub fn real_trace(name: &str) -> PathBuf {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("traces/real").join(name);
-    p.exists().then_some(p)
+    assert!(p.is_file(), "{} is missing: it ships with the repository", p.display());
+    p
 }
 
-/// Every real trace in `traces/real/`.
-pub fn shared_traces() -> Vec<PathBuf> {
+/// Every real PyTorch snapshot in `traces/real/` (the `.pickle` files), sorted by name.
+/// Panics when there are none, for the reason [`real_trace`] gives.
+pub fn real_snapshots() -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("traces/real");
-    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
-        .unwrap_or_default();
-    out.retain(|p| {
-        let n = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        n.ends_with(".pickle") || n.ends_with(".json.gz")
-    });
+    let mut out: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e} (it ships with the repository)", dir.display()))
+        .map(|e| e.expect("a directory entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "pickle"))
+        .collect();
     out.sort();
+    assert!(!out.is_empty(), "{} holds no snapshots: they ship with the repository", dir.display());
     out
+}
+
+/// `traces/real/expected-counts.json`: per-trace counts made independently with Python's own
+/// `pickle` and `json` modules (`traces/real/README.md`), parsed.
+pub fn expected_counts() -> serde_json::Value {
+    let path = real_trace("expected-counts.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// A file in this repository's `traces/` folder.
