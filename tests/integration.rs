@@ -10,6 +10,7 @@ mod mutations;
 mod policies;
 mod pytorch;
 mod readers;
+mod readme;
 mod report;
 mod snapshot;
 mod synth;
