@@ -198,7 +198,8 @@ mod tests {
             let settings = RunSettings { jobs, ..RunSettings::default() };
             let c = run_specs(&specs, &input, &ReplayOptions::default(), &settings).unwrap();
             assert_eq!(c.runs.len(), specs.len());
-            let peaks: Vec<u64> = c.runs.iter().map(|r| r.output.result.peak_reserved_bytes).collect();
+            let peaks: Vec<u64> =
+                c.runs.iter().map(|r| r.output.result.peak_reserved_bytes).collect();
             assert!(peaks.windows(2).all(|w| w[0] <= w[1]), "{peaks:?}");
             let bound = c.bound().unwrap();
             assert_eq!(bound.policy, "bound");
