@@ -16,6 +16,37 @@ fn replay_bound_on_a_text_trace_prints_the_live_peak() {
 }
 
 #[test]
+fn format_flag_and_its_aliases_print_the_same_output() {
+    let trace = bundled("gpt-4l-512h.txt");
+    let t = trace.to_str().unwrap();
+    let out = |args: &[&str]| {
+        let mut argv = vec!["replay", t, "-p", "bound", "-p", "nocache"];
+        argv.extend_from_slice(args);
+        let o = run(&argv);
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        // Everything but the timings, which differ from run to run.
+        let text = stdout(&o);
+        let lines = text.lines().filter(|l| !l.contains("\"replay_seconds\""));
+        let csv = args.contains(&"csv") || args.contains(&"--csv");
+        lines
+            .map(|l| if csv { l.rsplit_once(',').map_or(l, |(head, _)| head) } else { l })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let json = out(&["--format", "json"]);
+    assert!(json.starts_with('{') && json.contains("\"results\""), "{json}");
+    assert_eq!(out(&["--json"]), json);
+    let csv = out(&["--format", "csv"]);
+    assert!(csv.starts_with("policy,config,"), "{csv}");
+    assert_eq!(out(&["--csv"]), csv);
+    let table = out(&["--format", "table"]);
+    assert!(table.starts_with("policy "), "{table}");
+    assert_eq!(out(&[]), table);
+    let o = run(&["replay", t, "--json", "--format", "csv"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}
+
+#[test]
 fn unknown_policy_is_a_usage_error_listing_the_accepted_ones() {
     let (_d, path) = temp_file("t.txt", b"alloc 0x1000 4096 s0\n");
     let o = run(&["replay", path.to_str().unwrap(), "--policy", "tlsf"]);

@@ -114,3 +114,35 @@ fn every_policy_on_every_real_snapshot() {
         }
     }
 }
+
+/// The counters mean what `interface.md` says: `device_free_count` counts segment releases
+/// (cudaFree) and `unmap_count` page unmappings, so neither can exceed the allocations and
+/// mappings it undoes, for any policy, on any bundled trace; `stitch` also under `--capacity`,
+/// where its fallbacks release memory.
+#[test]
+fn no_policy_frees_more_than_it_allocated() {
+    use fragsim::policy::PolicySpec;
+    use fragsim::replay::{run_specs, ReplayInput, ReplayOptions, RunSettings};
+    let mut paths = shared_traces();
+    paths.push(bundled("gpt-4l-512h.txt"));
+    assert!(paths.len() > 1, "traces/real/ holds the bundled real traces");
+    let all = PolicySpec::parse_list("all").unwrap();
+    let stitch = PolicySpec::parse_list("stitch").unwrap();
+    for path in &paths {
+        let trace = fragsim::trace::read_trace(path, &Default::default()).unwrap();
+        let input = ReplayInput::new(&trace, None).unwrap();
+        let mut runs = Vec::new();
+        for (specs, capacity) in
+            [(&all, None), (&stitch, Some(2u64 << 30)), (&stitch, Some(8u64 << 30))]
+        {
+            let options = ReplayOptions { capacity, ..ReplayOptions::default() };
+            let c = run_specs(specs, &input, &options, &RunSettings::default()).unwrap();
+            runs.extend(c.runs.into_iter().map(|r| (capacity, r.output.result)));
+        }
+        for (capacity, r) in runs {
+            let at = format!("{}: {} (capacity {capacity:?})", path.display(), r.policy);
+            assert!(r.device_free_count <= r.device_malloc_count, "{at}: {r:?}");
+            assert!(r.unmap_count <= r.map_count, "{at}: {r:?}");
+        }
+    }
+}

@@ -429,6 +429,42 @@ fn write_then_read_is_the_same_trace() {
     assert_eq!(back.devices[1].events, t.devices[0].events);
 }
 
+/// `--export-snapshot` writes the first policy given, whatever the table's order, and says so.
+#[test]
+fn export_snapshot_writes_the_first_policy_given_and_names_it() {
+    let trace = bundled("gpt-4l-512h.txt");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("sim.pickle");
+    let export = |policies: &[&str]| {
+        let mut argv = vec!["replay", trace.to_str().unwrap(), "--json"];
+        for p in policies {
+            argv.extend(["-p", p]);
+        }
+        argv.extend(["--export-snapshot", out.to_str().unwrap()]);
+        let o = run(&argv);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        (stderr(&o), v, read_file(&out, false))
+    };
+    let count = |t: &Trace, a: Action| t.devices[0].events.iter().filter(|e| e.action == a).count();
+
+    // nocache is the worst row (last in the table) but the first given: it is what is written.
+    let (err, v, t) = export(&["nocache", "bound"]);
+    assert_eq!(v["results"][0]["policy"], "bound");
+    assert!(err.contains("sim.pickle: the simulated run of nocache ("), "{err}");
+    let nocache_mallocs = v["results"][1]["device_malloc_count"].as_u64().unwrap() as usize;
+    assert_eq!(count(&t, Action::SegmentAlloc), nocache_mallocs);
+    assert_eq!(count(&t, Action::SegmentAlloc), count(&t, Action::Alloc));
+
+    // `all` expands in the built-in order, so it writes pytorch, not the table's first row.
+    let (err, v, t) = export(&["all"]);
+    assert_ne!(v["results"][0]["policy"], "pytorch");
+    assert!(err.contains("the simulated run of pytorch ("), "{err}");
+    let pytorch = v["results"].as_array().unwrap().iter().find(|r| r["policy"] == "pytorch");
+    let mallocs = pytorch.unwrap()["device_malloc_count"].as_u64().unwrap() as usize;
+    assert_eq!(count(&t, Action::SegmentAlloc), mallocs);
+}
+
 #[test]
 fn export_snapshot_writes_the_simulated_run() {
     let path = real_trace("cs336-medium-ctx512-infer.pickle");

@@ -67,6 +67,45 @@ pub struct ReplaySource {
     pub capacity: Option<u64>,
 }
 
+/// How a command prints its results (`--format`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    /// An aligned table for people.
+    #[default]
+    Table,
+    /// One JSON object (interface.md).
+    Json,
+    /// CSV, one row per result, with the JSON keys as header.
+    Csv,
+}
+
+/// The `--format table|json|csv` flag, with `--json` and `--csv` kept as its aliases.
+#[derive(Debug, clap::Args)]
+pub struct FormatArgs {
+    /// How to print the results.
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = OutputFormat::Table)]
+    format: OutputFormat,
+
+    /// Same as --format json.
+    #[arg(long, conflicts_with_all = ["format", "csv"])]
+    json: bool,
+
+    /// Same as --format csv.
+    #[arg(long, conflicts_with = "format")]
+    csv: bool,
+}
+
+impl FormatArgs {
+    /// The format asked for, by `--format` or an alias.
+    pub fn format(&self) -> OutputFormat {
+        match (self.json, self.csv) {
+            (true, _) => OutputFormat::Json,
+            (_, true) => OutputFormat::Csv,
+            _ => self.format,
+        }
+    }
+}
+
 /// Parses a size flag such as `40GiB` for clap.
 pub fn size_arg(text: &str) -> std::result::Result<u64, String> {
     fragsim::units::parse_size(text).map_err(|e| e.message().to_string())
@@ -88,6 +127,26 @@ mod tests {
     #[test]
     fn cli_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn format_aliases_choose_the_same_output_as_format() {
+        let parse = |args: &[&str]| {
+            let mut argv = vec!["fragsim", "replay", "t.txt"];
+            argv.extend_from_slice(args);
+            Cli::try_parse_from(argv).map(|cli| match cli.command {
+                Command::Replay(a) => a.output_format(),
+                _ => unreachable!("parsed as replay"),
+            })
+        };
+        assert_eq!(parse(&[]).unwrap(), OutputFormat::Table);
+        assert_eq!(parse(&["--json"]).unwrap(), OutputFormat::Json);
+        assert_eq!(parse(&["--format", "json"]).unwrap(), OutputFormat::Json);
+        assert_eq!(parse(&["--csv"]).unwrap(), OutputFormat::Csv);
+        assert_eq!(parse(&["--format", "csv"]).unwrap(), OutputFormat::Csv);
+        assert!(parse(&["--json", "--csv"]).is_err());
+        assert!(parse(&["--json", "--format", "table"]).is_err());
+        assert!(parse(&["--format", "yaml"]).is_err());
     }
 
     #[test]

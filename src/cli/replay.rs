@@ -1,10 +1,10 @@
 //! `fragsim replay`: one device's events against each policy, one row per policy.
 
+use super::OutputFormat;
 use fragsim::error::{Error, Result};
-use fragsim::policy::{self, PolicySpec};
-use fragsim::replay::{BackendKind, ReplayInput, ReplayOptions};
-use fragsim::report::{json::ReplayReport, table};
-use rayon::prelude::*;
+use fragsim::policy::PolicySpec;
+use fragsim::replay::{run_specs, BackendKind, Jobs, ReplayInput, ReplayOptions, RunSettings};
+use fragsim::report::{csv, json, table};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -12,9 +12,9 @@ use std::process::ExitCode;
 /// Replay a trace against allocator policies and compare peak reserved memory.
 ///
 /// Each policy replays the same events from the same start (blocks live before the first event
-/// are allocated first). Policies run in parallel. With `--capacity`, a policy that runs out
-/// reports the first event it could not serve, and the replay goes on as PyTorch would after a
-/// caught OOM error.
+/// are allocated first). Policies run in parallel (one after another on the cuda backend). With
+/// `--capacity`, a policy that runs out reports the first event it could not serve, and the
+/// replay goes on as PyTorch would after a caught OOM error.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     #[command(flatten)]
@@ -32,15 +32,11 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 0)]
     cuda_device: i32,
 
-    /// Print one JSON object (interface.md) instead of a table.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    output: super::FormatArgs,
 
-    /// Print CSV, one row per policy, with the JSON keys as header.
-    #[arg(long, conflicts_with = "json")]
-    csv: bool,
-
-    /// Write the first policy's simulated run as a PyTorch snapshot for pytorch.org/memory_viz.
+    /// Write the simulated run of the first policy given (`-p` order; `all` starts with pytorch)
+    /// as a PyTorch snapshot for pytorch.org/memory_viz. Not the first row: rows are sorted.
     #[arg(long, value_name = "FILE")]
     export_snapshot: Option<PathBuf>,
 }
@@ -52,6 +48,16 @@ enum Backend {
     /// Real GPU memory through the CUDA driver.
     Cuda,
 }
+
+impl Args {
+    /// The output format asked for (`--format`, `--json` or `--csv`).
+    pub fn output_format(&self) -> OutputFormat {
+        self.output.format()
+    }
+}
+
+/// The spec `--export-snapshot` writes: the first one given.
+const EXPORTED: usize = 0;
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let specs = PolicySpec::parse_many(&args.source.policies)?;
@@ -67,42 +73,35 @@ pub fn run(args: Args) -> Result<ExitCode> {
         cuda_ordinal: args.cuda_device,
         ..ReplayOptions::default()
     };
-    // A real GPU is one device: run policies one after another there.
-    let run_one = |(i, spec): (usize, &PolicySpec)| {
-        let mut opts = options.clone();
-        opts.record_events = i == 0 && args.export_snapshot.is_some();
-        policy::lookup(&spec.name)?.run(spec, &input, &opts)
+    let settings = RunSettings {
+        jobs: Jobs::AllCores,
+        record_events_of: args.export_snapshot.is_some().then_some(EXPORTED),
+        ..RunSettings::default()
     };
-    let outputs: Vec<_> = if matches!(args.backend, Backend::Cuda) {
-        specs.iter().enumerate().map(run_one).collect::<Result<_>>()?
-    } else {
-        specs.par_iter().enumerate().map(run_one).collect::<Result<_>>()?
-    };
+    let comparison = run_specs(&specs, &input, &options, &settings)?;
     if let Some(path) = &args.export_snapshot {
-        fragsim::report::snapshot_out::write_simulated(&trace, input.device, &outputs[0], path)?;
+        let run = comparison.run_of(EXPORTED).ok_or_else(|| {
+            Error::usage("--export-snapshot: the first policy given did not run".to_string())
+        })?;
+        fragsim::report::snapshot_out::write_simulated(&trace, input.device, &run.output, path)?;
+        eprintln!(
+            "fragsim: wrote {}: the simulated run of {} ({}), the first policy given",
+            path.display(),
+            run.spec.display(),
+            run.output.result.config
+        );
     }
-    let mut results: Vec<_> = outputs.into_iter().map(|o| o.result).collect();
-    if specs.len() > 1 {
-        results.sort_by_key(|r| r.peak_reserved_bytes);
-    }
+    let results = comparison.results();
     let mut stdout = std::io::stdout().lock();
     let io =
         |e: std::io::Error| Error::new(fragsim::ErrorKind::Io, format!("writing to stdout: {e}"));
-    if args.json {
-        let report = ReplayReport {
-            trace: args.source.trace.display().to_string(),
-            format: trace.format.name(),
-            device: input.device,
-            events: input.events.len() as u64,
-            results: &results,
-        };
-        let text =
-            serde_json::to_string_pretty(&report).map_err(|e| Error::usage(e.to_string()))?;
-        writeln!(stdout, "{text}").map_err(io)?;
-    } else if args.csv {
-        fragsim::report::csv::write_results(&results, &mut stdout)?;
-    } else {
-        write!(stdout, "{}", table::render(&results)).map_err(io)?;
+    match args.output_format() {
+        OutputFormat::Json => {
+            let path = args.source.trace.display().to_string();
+            json::write(&json::ReplayReport::new(&path, &input, &results), &mut stdout)?
+        }
+        OutputFormat::Csv => csv::write_results(&results, &mut stdout)?,
+        OutputFormat::Table => write!(stdout, "{}", table::render(&results)).map_err(io)?,
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -3,7 +3,8 @@
 //! Data flows one way: a [`Trace`] is read, [`ReplayInput`] picks a device and finds the blocks
 //! live before the first event, [`run_policy`] drives every event through a [`Policy`] on a
 //! backend, and the [`ReplayOutput`] carries the measurements ([`PolicyResult`], [`PeakDetail`], a
-//! [`Series`]) to the report writers.
+//! [`Series`]) to the report writers. [`run_specs`] replays a set of policy specs on one input
+//! (in parallel, sorted as `replay`'s table) for every command that compares policies.
 //!
 //! Semantics, following the PyTorch allocator (spec §6): an `alloc` calls the policy's malloc
 //! with the request size and stream; a free takes effect at `free_completed` (`free_requested`
@@ -14,10 +15,12 @@
 //! the replay never allocated are counted, never fatal. Reserved bytes are read from the backend,
 //! so a policy cannot misreport them.
 
+pub mod compare;
 pub mod metrics;
 pub mod series;
 pub mod start_state;
 
+pub use compare::{run_specs, Comparison, Jobs, RunSettings, SpecFailure, SpecRun};
 pub use metrics::{PeakDetail, PolicyResult};
 pub use series::{Point, Series};
 pub use start_state::{empty_cache_points, free_action, live_at_start, orphan_frees, LiveBlock};

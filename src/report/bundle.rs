@@ -1,19 +1,18 @@
 //! `fragsim report`: everything a report directory shows, gathered once, then written by format.
 //!
-//! [`collect`] runs the replays (in parallel, keeping each policy's memory-over-time series within
+//! [`collect`] runs the replays (through [`crate::replay::run_specs`], keeping each policy's memory-over-time series within
 //! a plotting budget), re-runs one policy up to its peak for the segment map, and summarises the
 //! trace; [`write_dir`] hands the resulting [`ReportData`] to one writer per file (charts in
 //! [`super::plot`], tables in [`super::markdown`], [`super::csv`], [`super::json`], the page in
 //! [`super::html`]). No writer re-reads the trace or re-runs a replay (style B12).
 
 use super::plot;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use crate::policy::{self, PolicySpec};
-use crate::replay::{ReplayInput, ReplayOptions, ReplayOutput};
+use crate::replay::{run_specs, ReplayInput, ReplayOptions, ReplayOutput, RunSettings};
 use crate::trace::summary::{DeviceSummary, SizeBucket};
 use crate::trace::{DeviceTrace, Segment, Trace};
 use indicatif::{ProgressBar, ProgressStyle};
-use rayon::prelude::*;
 use std::path::{Path, PathBuf};
 
 /// How many points each policy's plotted series keeps at most. Series are down-sampled to this
@@ -263,12 +262,6 @@ impl ReportData {
     }
 }
 
-/// True for the errors a default report skips a policy for: the policy cannot be built or used
-/// (usage errors such as "not implemented yet"), as opposed to a broken trace or a failed write.
-fn skippable(e: &Error) -> bool {
-    e.kind() == ErrorKind::Usage
-}
-
 fn bar(progress: bool, len: u64, what: &str) -> ProgressBar {
     if !progress {
         return ProgressBar::hidden();
@@ -291,43 +284,44 @@ pub fn collect(trace: &Trace, plan: &ReportPlan) -> Result<ReportData> {
         series_budget: PLOT_POINTS,
         ..ReplayOptions::default()
     };
-    let progress = bar(plan.progress, plan.policies.len() as u64, "replaying policies");
-    let outcomes: Vec<(String, bool, Result<ReplayOutput>)> = plan
-        .policies
-        .par_iter()
-        .map(|p| {
-            let spec = &p.spec;
-            let out = policy::lookup(&spec.name).and_then(|info| info.run(spec, &input, &options));
-            progress.inc(1);
-            (spec.display(), p.named, out)
-        })
-        .collect();
+    let specs: Vec<PolicySpec> = plan.policies.iter().map(|p| p.spec.clone()).collect();
+    let optional: Vec<bool> = plan.policies.iter().map(|p| !p.named).collect();
+    let progress = bar(plan.progress, specs.len() as u64, "replaying policies");
+    let tick = |done: usize, _total: usize| progress.set_position(done as u64);
+    let settings = RunSettings { optional: &optional, progress: Some(&tick), ..Default::default() };
+    let comparison = run_specs(&specs, &input, &options, &settings)?;
     progress.finish_and_clear();
 
-    let mut runs = Vec::new();
-    let mut skipped = Vec::new();
-    for (label, named, outcome) in outcomes {
-        match outcome {
-            Ok(mut output) => {
-                if let Some(series) = &mut output.series {
-                    let points = series.downsampled(PLOT_POINTS);
-                    let mut small = crate::replay::Series::with_budget(PLOT_POINTS);
-                    for p in points {
-                        small.push(p);
-                    }
-                    *series = small;
+    let skipped: Vec<Skipped> = comparison
+        .skipped
+        .into_iter()
+        .map(|s| {
+            let prefix = format!("policy '{}': ", s.spec.name);
+            let message = s.error.message();
+            let reason = message.strip_prefix(&prefix).unwrap_or(message).to_string();
+            Skipped { label: s.spec.display(), reason }
+        })
+        .collect();
+    // Colours and markers follow the order the policies ran in, as before sorting.
+    let mut by_given: Vec<usize> = comparison.runs.iter().map(|r| r.index).collect();
+    by_given.sort_unstable();
+    let runs: Vec<PolicyRun> = comparison
+        .runs
+        .into_iter()
+        .map(|r| {
+            let mut output = r.output;
+            if let Some(series) = &mut output.series {
+                let points = series.downsampled(PLOT_POINTS);
+                let mut small = crate::replay::Series::with_budget(PLOT_POINTS);
+                for p in points {
+                    small.push(p);
                 }
-                let index = runs.len();
-                runs.push(PolicyRun { label, index, output });
+                *series = small;
             }
-            Err(e) if !named && skippable(&e) => {
-                let prefix = format!("policy '{}': ", spec_name(&label));
-                let reason = e.message().strip_prefix(&prefix).unwrap_or(e.message()).to_string();
-                skipped.push(Skipped { label, reason })
-            }
-            Err(e) => return Err(e),
-        }
-    }
+            let index = by_given.binary_search(&r.index).unwrap_or(r.index);
+            PolicyRun { label: r.spec.display(), index, output }
+        })
+        .collect();
     if runs.is_empty() {
         return Err(Error::usage(format!(
             "no policy could run on this trace ({})",
@@ -337,9 +331,6 @@ pub fn collect(trace: &Trace, plan: &ReportPlan) -> Result<ReportData> {
                 .collect::<Vec<_>>()
                 .join("; ")
         )));
-    }
-    if runs.len() > 1 {
-        runs.sort_by_key(|r| r.output.result.peak_reserved_bytes);
     }
     let segment_map = segment_map(&input, &runs, plan, &options)?;
     let summary = TraceSummary::of(trace, &plan.trace_path, input.device);
@@ -352,11 +343,6 @@ pub fn collect(trace: &Trace, plan: &ReportPlan) -> Result<ReportData> {
         capacity: plan.capacity,
         version: env!("CARGO_PKG_VERSION"),
     })
-}
-
-/// The name part of a policy label (`NAME` of `NAME:OPTIONS`).
-fn spec_name(label: &str) -> &str {
-    label.split(':').next().unwrap_or(label)
 }
 
 /// Picks the segment-map policy and replays it up to its peak.

@@ -22,6 +22,23 @@ pub struct ReplayReport<'a> {
     pub results: &'a [PolicyResult],
 }
 
+impl<'a> ReplayReport<'a> {
+    /// The object for `results` of replaying `input`, read from the trace at `path`.
+    pub fn new(
+        path: &str,
+        input: &crate::replay::ReplayInput,
+        results: &'a [PolicyResult],
+    ) -> ReplayReport<'a> {
+        ReplayReport {
+            trace: path.to_string(),
+            format: input.trace.format.name(),
+            device: input.device,
+            events: input.events.len() as u64,
+            results,
+        }
+    }
+}
+
 /// Writes `report` as pretty JSON and a final newline.
 pub fn write(report: &ReplayReport, out: &mut impl Write) -> Result<()> {
     let io = |e: std::io::Error| Error::new(ErrorKind::Io, format!("writing JSON: {e}"));

@@ -1,0 +1,258 @@
+//! Running a set of policy specs on one input: the one place every command that compares
+//! policies (`replay`, `report`, and the what-if commands built on them) replays them.
+//!
+//! [`run_specs`] replays each [`PolicySpec`] on the same [`ReplayInput`] with the same
+//! [`ReplayOptions`], in parallel or one after another ([`Jobs`]), and returns a [`Comparison`]:
+//! the runs sorted by peak reserved bytes as `replay`'s table prints them (ties keep the order
+//! the specs were given in), the `bound` row when it ran, and the specs that were allowed to fail
+//! and did. The result does not depend on the parallelism: the same specs give the same order,
+//! and when several specs fail the error returned is the first one in the order given.
+
+use super::{BackendKind, PolicyResult, ReplayInput, ReplayOptions, ReplayOutput};
+use crate::error::{Error, ErrorKind, Result};
+use crate::policy::{self, PolicySpec};
+use rayon::prelude::*;
+use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// How many replays run at once.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Jobs {
+    /// One after another on the calling thread.
+    Sequential,
+    /// On rayon's global pool: every core (the default).
+    #[default]
+    AllCores,
+    /// On a pool of at most this many threads (`--jobs N`).
+    AtMost(NonZeroUsize),
+}
+
+impl Jobs {
+    /// The setting for a `--jobs N` flag: `None` or `0` is every core, `1` is sequential.
+    pub fn from_count(jobs: Option<usize>) -> Jobs {
+        match jobs.and_then(NonZeroUsize::new) {
+            None => Jobs::AllCores,
+            Some(n) if n.get() == 1 => Jobs::Sequential,
+            Some(n) => Jobs::AtMost(n),
+        }
+    }
+}
+
+/// A callback told `(finished, total)` after each replay ends (from any thread), e.g. to move a
+/// progress bar.
+pub type Progress<'a> = &'a (dyn Fn(usize, usize) + Sync);
+
+/// How [`run_specs`] runs the specs, beyond what each replay is told by [`ReplayOptions`].
+#[derive(Clone, Copy, Default)]
+pub struct RunSettings<'a> {
+    /// The parallelism. A replay on the `cuda` backend always runs sequentially: the GPU is one
+    /// device, and replays sharing it would count each other's memory.
+    pub jobs: Jobs,
+    /// The index (into the specs) of the one replay that records its simulated run as events
+    /// ([`ReplayOptions::record_events`], for `--export-snapshot`); the others never record,
+    /// which would cost memory for nothing.
+    pub record_events_of: Option<usize>,
+    /// Per spec (by index), true when the spec is optional: a usage error (the policy cannot be
+    /// built or cannot be used on this input) skips it into [`Comparison::skipped`] instead of
+    /// failing the whole run. Specs past the end of the slice are required.
+    pub optional: &'a [bool],
+    /// Told after each replay ends.
+    pub progress: Option<Progress<'a>>,
+}
+
+impl std::fmt::Debug for RunSettings<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunSettings")
+            .field("jobs", &self.jobs)
+            .field("record_events_of", &self.record_events_of)
+            .field("optional", &self.optional)
+            .field("progress", &self.progress.is_some())
+            .finish()
+    }
+}
+
+/// One spec's replay.
+#[derive(Clone, Debug)]
+pub struct SpecRun {
+    /// The spec's position in the slice given to [`run_specs`].
+    pub index: usize,
+    /// The spec.
+    pub spec: PolicySpec,
+    /// What the replay measured.
+    pub output: ReplayOutput,
+}
+
+/// An optional spec that could not run, and why.
+#[derive(Debug)]
+pub struct SpecFailure {
+    /// The spec's position in the slice given to [`run_specs`].
+    pub index: usize,
+    /// The spec.
+    pub spec: PolicySpec,
+    /// The usage error it failed with.
+    pub error: Error,
+}
+
+/// What [`run_specs`] returns.
+#[derive(Debug, Default)]
+pub struct Comparison {
+    /// The replays, sorted by peak reserved bytes, ties in the order the specs were given.
+    pub runs: Vec<SpecRun>,
+    /// The optional specs that could not run, in the order given.
+    pub skipped: Vec<SpecFailure>,
+}
+
+impl Comparison {
+    /// The `bound` policy's result, if it ran: the floor every overhead is measured from.
+    pub fn bound(&self) -> Option<&PolicyResult> {
+        self.runs.iter().map(|r| &r.output.result).find(|r| r.policy == "bound")
+    }
+
+    /// The results in table order.
+    pub fn results(&self) -> Vec<PolicyResult> {
+        self.runs.iter().map(|r| r.output.result.clone()).collect()
+    }
+
+    /// The run of the spec given at `index`, if it ran.
+    pub fn run_of(&self, index: usize) -> Option<&SpecRun> {
+        self.runs.iter().find(|r| r.index == index)
+    }
+}
+
+/// Replays every spec in `specs` on `input` with `options`; see the module docs.
+///
+/// Fails with the first error, in the order the specs were given, of a spec that is not optional
+/// ([`RunSettings::optional`]); errors other than usage errors (a broken trace, a backend
+/// failure) fail the run even for optional specs.
+pub fn run_specs(
+    specs: &[PolicySpec],
+    input: &ReplayInput,
+    options: &ReplayOptions,
+    settings: &RunSettings,
+) -> Result<Comparison> {
+    let total = specs.len();
+    let finished = AtomicUsize::new(0);
+    let run_one = |(index, spec): (usize, &PolicySpec)| {
+        let mut opts = options.clone();
+        opts.record_events = settings.record_events_of == Some(index);
+        let out = policy::lookup(&spec.name).and_then(|p| p.run(spec, input, &opts));
+        let done = finished.fetch_add(1, Ordering::Relaxed) + 1;
+        if let Some(progress) = settings.progress {
+            progress(done, total);
+        }
+        out
+    };
+    let jobs = if options.backend == BackendKind::Cuda { Jobs::Sequential } else { settings.jobs };
+    let outcomes: Vec<Result<ReplayOutput>> = match jobs {
+        Jobs::Sequential => specs.iter().enumerate().map(run_one).collect(),
+        Jobs::AllCores => specs.par_iter().enumerate().map(run_one).collect(),
+        Jobs::AtMost(n) => rayon::ThreadPoolBuilder::new()
+            .num_threads(n.get())
+            .build()
+            .map_err(|e| Error::new(ErrorKind::Usage, format!("--jobs {n}: {e}")))?
+            .install(|| specs.par_iter().enumerate().map(run_one).collect()),
+    };
+
+    let mut comparison = Comparison::default();
+    for ((index, spec), outcome) in specs.iter().enumerate().zip(outcomes) {
+        match outcome {
+            Ok(output) => comparison.runs.push(SpecRun { index, spec: spec.clone(), output }),
+            Err(error)
+                if error.kind() == ErrorKind::Usage
+                    && settings.optional.get(index).copied().unwrap_or(false) =>
+            {
+                comparison.skipped.push(SpecFailure { index, spec: spec.clone(), error })
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    comparison.runs.sort_by_key(|r| r.output.result.peak_reserved_bytes);
+    Ok(comparison)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::Trace;
+    use std::sync::Mutex;
+
+    fn trace() -> Trace {
+        let text = "alloc 0x0 3000000 s0\nalloc 0x400000 1000 s0\nfree 0x0 3000000 s0\n\
+                    alloc 0x800000 5000000 s0\nfree 0x400000 1000 s0\nfree 0x800000 5000000 s0\n";
+        crate::trace::read_bytes(text.as_bytes(), crate::trace::Format::Text, &Default::default())
+            .unwrap()
+    }
+
+    fn specs(text: &str) -> Vec<PolicySpec> {
+        let values: Vec<String> = text.split(' ').map(String::from).collect();
+        PolicySpec::parse_many(&values).unwrap()
+    }
+
+    #[test]
+    fn sorts_by_peak_reserved_and_finds_the_bound_whatever_the_parallelism() {
+        let trace = trace();
+        let input = ReplayInput::new(&trace, None).unwrap();
+        let specs = specs("all");
+        let mut orders = Vec::new();
+        for jobs in [Jobs::Sequential, Jobs::AllCores, Jobs::from_count(Some(2))] {
+            let settings = RunSettings { jobs, ..RunSettings::default() };
+            let c = run_specs(&specs, &input, &ReplayOptions::default(), &settings).unwrap();
+            assert_eq!(c.runs.len(), specs.len());
+            let peaks: Vec<u64> =
+                c.runs.iter().map(|r| r.output.result.peak_reserved_bytes).collect();
+            assert!(peaks.windows(2).all(|w| w[0] <= w[1]), "{peaks:?}");
+            let bound = c.bound().unwrap();
+            assert_eq!(bound.policy, "bound");
+            assert_eq!(bound.peak_reserved_bytes, 5_001_000);
+            assert!(c.runs.iter().all(|r| r.output.events.is_none()));
+            orders.push(c.runs.iter().map(|r| r.index).collect::<Vec<_>>());
+        }
+        assert!(orders.windows(2).all(|w| w[0] == w[1]), "{orders:?}");
+    }
+
+    #[test]
+    fn ties_keep_the_order_given_and_only_the_chosen_spec_records() {
+        let trace = trace();
+        let input = ReplayInput::new(&trace, None).unwrap();
+        let specs = specs("bound bound bound");
+        let settings = RunSettings { record_events_of: Some(1), ..RunSettings::default() };
+        let c = run_specs(&specs, &input, &ReplayOptions::default(), &settings).unwrap();
+        assert_eq!(c.runs.iter().map(|r| r.index).collect::<Vec<_>>(), [0, 1, 2]);
+        let recorded: Vec<usize> =
+            c.runs.iter().filter(|r| r.output.events.is_some()).map(|r| r.index).collect();
+        assert_eq!(recorded, [1]);
+        assert_eq!(c.run_of(1).unwrap().index, 1);
+    }
+
+    #[test]
+    fn optional_specs_are_skipped_on_usage_errors_and_required_ones_fail_first_in_order() {
+        let trace = trace();
+        let input = ReplayInput::new(&trace, None).unwrap();
+        let specs = specs("bound buddy:nonsense=1 nocache:bad=2");
+        let settings = RunSettings { optional: &[false, true, true], ..RunSettings::default() };
+        let c = run_specs(&specs, &input, &ReplayOptions::default(), &settings).unwrap();
+        assert_eq!(c.runs.len(), 1);
+        let skipped: Vec<usize> = c.skipped.iter().map(|s| s.index).collect();
+        assert_eq!(skipped, [1, 2]);
+        assert!(c.skipped[0].error.message().contains("nonsense"), "{:?}", c.skipped[0].error);
+
+        let required = RunSettings { optional: &[false, false, false], ..settings };
+        let e = run_specs(&specs, &input, &ReplayOptions::default(), &required).unwrap_err();
+        assert!(e.message().contains("nonsense"), "{}", e.message());
+    }
+
+    #[test]
+    fn progress_counts_every_replay_once() {
+        let trace = trace();
+        let input = ReplayInput::new(&trace, None).unwrap();
+        let specs = specs("all");
+        let seen = Mutex::new(Vec::new());
+        let progress = |done: usize, total: usize| seen.lock().unwrap().push((done, total));
+        let settings = RunSettings { progress: Some(&progress), ..RunSettings::default() };
+        run_specs(&specs, &input, &ReplayOptions::default(), &settings).unwrap();
+        let mut seen = seen.into_inner().unwrap();
+        seen.sort_unstable();
+        let n = specs.len();
+        assert_eq!(seen, (1..=n).map(|d| (d, n)).collect::<Vec<_>>());
+    }
+}
