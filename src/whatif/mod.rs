@@ -11,8 +11,10 @@
 //! - [`check`]: compares results with a baseline and lists regressions and improvements;
 //! - [`row`]: one (trace, policy) result as the JSON keys, the currency of `sweep` and `check`.
 
+pub mod check;
 pub mod fit;
 pub mod grid;
 pub mod row;
+pub mod sweep;
 
 pub use row::Row;
