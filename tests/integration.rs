@@ -12,3 +12,4 @@ mod readers;
 mod report;
 mod snapshot;
 mod synth;
+mod whatif;
