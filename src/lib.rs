@@ -37,5 +37,6 @@ pub mod report;
 pub mod synth;
 pub mod trace;
 pub mod units;
+pub mod whatif;
 
 pub use error::{Error, ErrorKind, Result};

@@ -56,6 +56,26 @@ pub fn parse_size(text: &str) -> Result<u64> {
     Ok(bytes.round() as u64)
 }
 
+/// Parses a device capacity (`--capacity`): a size as [`parse_size`] reads it, at least 1 MiB.
+///
+/// No GPU has less, and a smaller value is almost always a forgotten unit (`--capacity 40` is 40
+/// bytes and would OOM at the first event), so it is an error that suggests the units.
+pub fn parse_capacity(text: &str) -> Result<u64> {
+    let bytes = parse_size(text)?;
+    if bytes < MIB {
+        let n = text.trim();
+        return Err(Error::usage(format!(
+            "capacity '{n}' is {bytes} bytes, less than 1 MiB: give a unit, e.g. {n}GB or {n}GiB"
+        )));
+    }
+    Ok(bytes)
+}
+
+/// A capacity as the user typed it and in GiB, for headers: `40GB (37.25 GiB)`.
+pub fn describe_capacity(typed: &str, bytes: u64) -> String {
+    format!("{} ({:.2} GiB)", typed.trim(), bytes as f64 / GIB as f64)
+}
+
 /// Formats bytes with a binary prefix and two decimals, as PyTorch's `format_size` does
 /// (`"1023 bytes"`, `"20.00 MiB"`, `"12.66 GiB"`).
 pub fn format_bytes(bytes: u64) -> String {
@@ -89,6 +109,21 @@ mod tests {
         assert!(parse_size("12 parsecs").unwrap_err().to_string().contains("'12 parsecs'"));
         assert!(parse_size("99999999999TiB").is_err());
         assert!(parse_size("-5").is_err());
+    }
+
+    #[test]
+    fn capacities_below_a_mebibyte_suggest_a_unit() {
+        assert_eq!(parse_capacity("40GB").unwrap(), 40_000_000_000);
+        assert_eq!(parse_capacity("1MiB").unwrap(), MIB);
+        let e = parse_capacity("40").unwrap_err();
+        assert_eq!(e.kind().exit_code(), 2);
+        assert_eq!(
+            e.to_string(),
+            "capacity '40' is 40 bytes, less than 1 MiB: give a unit, e.g. 40GB or 40GiB"
+        );
+        assert!(parse_capacity("1048575").is_err());
+        assert!(parse_capacity("forty").unwrap_err().to_string().contains("'forty'"));
+        assert_eq!(describe_capacity("40GB", 40_000_000_000), "40GB (37.25 GiB)");
     }
 
     #[test]

@@ -14,3 +14,4 @@ mod readme;
 mod report;
 mod snapshot;
 mod synth;
+mod whatif;

@@ -1,0 +1,412 @@
+//! `check`: compares fresh results with a baseline, for CI.
+//!
+//! **Baseline file** (written by `check --update`, meant to be committed):
+//!
+//! ```text
+//! { "format": "fragsim-baseline", "version": 1,
+//!   "rows": [ { "trace": "traces/run.pickle", replay's result keys, without replay_seconds } ] }
+//! ```
+//!
+//! One row per (trace, policy); rows are in the order the check ran them, and `replay_seconds`
+//! (a timing, different on every run) is left out so a re-recorded baseline only differs where
+//! memory did. A `replay --json` output (`{"trace": ..., "results": [...]}`) and a
+//! `sweep --json` output (rows that carry their own `trace`) are read as baselines too.
+//!
+//! **Matching.** A result matches the baseline row with the same `policy`, `config` (the
+//! effective configuration, so `pytorch` with recorded settings matches only the same settings)
+//! and trace: the same path, or else the same file name when exactly one baseline trace has it
+//! (a CI job's checkout path differs from a laptop's). A result without a baseline row is an
+//! error (exit 2) naming every one missing; baseline rows nothing matched are ignored, so a job
+//! may check a subset.
+//!
+//! **Metrics.** Every numeric or boolean key of the baseline row except `replay_seconds` and
+//! `first_oom_event` (an event index, not an amount), unless the caller names the metrics. Higher
+//! is worse for all of them (bytes, counts, fragmentation; `oom` true is worse than false). A
+//! value above `baseline × (1 + tolerance)` is a regression, below `baseline × (1 − tolerance)` an
+//! improvement; `change` is `now ÷ baseline − 1` (0.1 = 10% more), `null` when the baseline is 0
+//! or for `oom`.
+
+use super::row::{as_number, Row};
+use crate::error::{Error, Result};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::path::Path;
+
+/// The `format` value of a baseline file.
+pub const BASELINE_FORMAT: &str = "fragsim-baseline";
+/// The baseline file version this code writes and reads.
+pub const BASELINE_VERSION: u32 = 1;
+/// Keys never compared: a wall-clock timing and an event index.
+pub const NOT_COMPARED: &[&str] = &["replay_seconds", "first_oom_event"];
+
+/// Results to compare against (see the module docs for the file format).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Baseline {
+    /// Always [`BASELINE_FORMAT`].
+    pub format: String,
+    /// Always [`BASELINE_VERSION`].
+    pub version: u32,
+    /// One row per (trace, policy).
+    pub rows: Vec<Row>,
+}
+
+impl Baseline {
+    /// A baseline of `rows` (what `check --update` writes), without `replay_seconds`.
+    pub fn new(rows: &[Row]) -> Baseline {
+        let rows = rows
+            .iter()
+            .map(|r| {
+                let mut r = r.clone();
+                r.result.remove("replay_seconds");
+                r
+            })
+            .collect();
+        Baseline { format: BASELINE_FORMAT.into(), version: BASELINE_VERSION, rows }
+    }
+
+    /// Reads a baseline file, a `replay --json` output or a `sweep --json` output; errors name
+    /// `file`.
+    pub fn parse(text: &str, file: &Path) -> Result<Baseline> {
+        let bad = |m: String| Error::input(m).in_file(file);
+        let v: Value = serde_json::from_str(text).map_err(|e| {
+            bad(format!("not JSON: {e} (line {}, column {})", e.line(), e.column()))
+        })?;
+        let obj = v.as_object().ok_or_else(|| bad("expected a JSON object".into()))?;
+        if let Some(format) = obj.get("format").and_then(Value::as_str) {
+            if format == BASELINE_FORMAT {
+                let version = obj.get("version").and_then(Value::as_u64).unwrap_or(0);
+                if version != u64::from(BASELINE_VERSION) {
+                    return Err(bad(format!(
+                        "baseline version {version} is not supported (this fragsim reads version {BASELINE_VERSION}); re-record it with check --update"
+                    )));
+                }
+                return serde_json::from_value(v.clone())
+                    .map_err(|e| bad(format!("malformed baseline: {e}")));
+            }
+        }
+        let results = obj.get("results").and_then(Value::as_array).ok_or_else(|| {
+            bad(format!(
+                "expected a baseline ({{\"format\": \"{BASELINE_FORMAT}\", ...}}) or a replay --json output with \"results\""
+            ))
+        })?;
+        let top_trace = obj.get("trace").and_then(Value::as_str);
+        let mut rows = Vec::new();
+        for (i, r) in results.iter().enumerate() {
+            let mut map: Map<String, Value> = r
+                .as_object()
+                .cloned()
+                .ok_or_else(|| bad(format!("results[{i}] is not an object")))?;
+            let trace = match map.remove("trace") {
+                Some(Value::String(t)) => t,
+                _ => top_trace
+                    .ok_or_else(|| bad(format!("results[{i}] names no trace")))?
+                    .to_string(),
+            };
+            if map.get("policy").and_then(Value::as_str).is_none() {
+                return Err(bad(format!("results[{i}] has no \"policy\"")));
+            }
+            rows.push(Row::from_json(trace, map));
+        }
+        Ok(Baseline { format: BASELINE_FORMAT.into(), version: BASELINE_VERSION, rows })
+    }
+
+    /// The file's text: pretty JSON and a final newline.
+    pub fn to_json(&self) -> String {
+        let mut s = serde_json::to_string_pretty(self).unwrap_or_default();
+        s.push('\n');
+        s
+    }
+
+    /// The baseline row `now` compares with (see the module docs on matching).
+    pub fn find(&self, now: &Row) -> Option<&Row> {
+        let same = |b: &&Row| b.policy() == now.policy() && b.config() == now.config();
+        if let Some(b) = self.rows.iter().filter(same).find(|b| b.trace == now.trace) {
+            return Some(b);
+        }
+        let name = file_name(&now.trace);
+        let by_name: Vec<&Row> =
+            self.rows.iter().filter(same).filter(|b| file_name(&b.trace) == name).collect();
+        let traces: std::collections::BTreeSet<&str> = self
+            .rows
+            .iter()
+            .filter(|b| file_name(&b.trace) == name)
+            .map(|b| b.trace.as_str())
+            .collect();
+        (traces.len() == 1).then(|| by_name.first().copied()).flatten()
+    }
+}
+
+fn file_name(path: &str) -> &str {
+    path.rsplit(['/', '\\']).next().unwrap_or(path)
+}
+
+/// Parses `--tolerance`: a percentage, `1%` or `1` (both 1%), `0.5%`; returned as a fraction
+/// (0.01), the unit `check --json` prints.
+pub fn parse_tolerance(text: &str) -> Result<f64> {
+    let t = text.trim();
+    let number = t.strip_suffix('%').unwrap_or(t).trim();
+    match number.parse::<f64>() {
+        Ok(p) if p.is_finite() && p >= 0.0 => Ok(p / 100.0),
+        _ => Err(Error::usage(format!(
+            "invalid tolerance '{text}': expected a percentage such as 1% or 0.5%"
+        ))),
+    }
+}
+
+/// One metric that moved beyond the tolerance.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Change {
+    /// The trace, as the fresh run named it.
+    pub trace: String,
+    /// The policy name.
+    pub policy: String,
+    /// The policy's effective configuration.
+    pub config: String,
+    /// The JSON key, e.g. `peak_reserved_bytes`.
+    pub metric: String,
+    /// The baseline's value.
+    pub baseline: Value,
+    /// The fresh value.
+    pub now: Value,
+    /// `now ÷ baseline − 1`; `null` when the baseline is 0 or not a number.
+    pub change: Option<f64>,
+}
+
+impl Change {
+    /// One line for people: `trace  policy  metric  baseline -> now (+12.50%)`.
+    pub fn line(&self) -> String {
+        let change = match self.change {
+            Some(c) => format!("{:+.2}%", c * 100.0),
+            None => "new".to_string(),
+        };
+        let policy = if self.config.is_empty() {
+            self.policy.clone()
+        } else {
+            format!("{}:{}", self.policy, self.config)
+        };
+        format!(
+            "{}  {}  {}  {} -> {} ({change})",
+            self.trace, policy, self.metric, self.baseline, self.now
+        )
+    }
+}
+
+/// What `check --json` prints.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CheckReport {
+    /// The baseline file as given.
+    pub baseline: String,
+    /// The tolerance as a fraction.
+    pub tolerance: f64,
+    /// True when nothing regressed (the exit code is 0).
+    pub ok: bool,
+    /// Metrics worse beyond the tolerance.
+    pub regressions: Vec<Change>,
+    /// Metrics better beyond the tolerance (reported, never failing).
+    pub improvements: Vec<Change>,
+}
+
+/// Compares `now` with `baseline` (see the module docs). `metrics` names the keys to compare
+/// (`None`: every numeric key but [`NOT_COMPARED`]). A result without a baseline row is an
+/// error naming `baseline_path` and every missing row.
+pub fn check(
+    baseline: &Baseline,
+    baseline_path: &Path,
+    now: &[Row],
+    tolerance: f64,
+    metrics: Option<&[String]>,
+) -> Result<CheckReport> {
+    let missing: Vec<String> = now
+        .iter()
+        .filter(|r| baseline.find(r).is_none())
+        .map(|r| format!("{} {}:{}", r.trace, r.policy(), r.config()))
+        .collect();
+    if !missing.is_empty() {
+        return Err(Error::input(format!(
+            "no baseline entry for {} (record them with check --update)",
+            missing.join("; ")
+        ))
+        .in_file(baseline_path));
+    }
+    let mut regressions = Vec::new();
+    let mut improvements = Vec::new();
+    for r in now {
+        let b = baseline.find(r).expect("checked above");
+        for (key, bv) in &b.result {
+            let wanted = match metrics {
+                Some(m) => m.iter().any(|k| k == key),
+                None => !NOT_COMPARED.contains(&key.as_str()),
+            };
+            let (Some(old), Some(nv)) = (as_number(bv), r.result.get(key)) else { continue };
+            let Some(new) = as_number(nv) else { continue };
+            if !wanted {
+                continue;
+            }
+            let change = (old != 0.0 && !bv.is_boolean()).then(|| new / old - 1.0);
+            let c = || Change {
+                trace: r.trace.clone(),
+                policy: r.policy().into(),
+                config: r.config().into(),
+                metric: key.clone(),
+                baseline: bv.clone(),
+                now: nv.clone(),
+                change,
+            };
+            if new > old * (1.0 + tolerance) {
+                regressions.push(c());
+            } else if new < old * (1.0 - tolerance) {
+                improvements.push(c());
+            }
+        }
+    }
+    Ok(CheckReport {
+        baseline: baseline_path.display().to_string(),
+        tolerance,
+        ok: regressions.is_empty(),
+        regressions,
+        improvements,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replay::PolicyResult;
+
+    fn row(trace: &str, peak: u64, mallocs: u64) -> Row {
+        Row::new(
+            trace,
+            &PolicyResult {
+                policy: "pytorch".into(),
+                config: "expandable_segments:False".into(),
+                peak_reserved_bytes: peak,
+                device_malloc_count: mallocs,
+                replay_seconds: 0.25,
+                ..PolicyResult::default()
+            },
+        )
+    }
+
+    fn path() -> &'static Path {
+        Path::new("base.json")
+    }
+
+    #[test]
+    fn own_baseline_passes_and_drops_the_timing() {
+        let now = vec![row("a.pickle", 1000, 5), row("b.pickle", 2000, 7)];
+        let base = Baseline::new(&now);
+        assert!(base.rows[0].result.get("replay_seconds").is_none());
+        let text = base.to_json();
+        assert!(text.contains("\"format\": \"fragsim-baseline\""), "{text}");
+        let back = Baseline::parse(&text, path()).unwrap();
+        assert_eq!(back, base);
+        let rep = check(&back, path(), &now, 0.0, None).unwrap();
+        assert!(rep.ok && rep.regressions.is_empty() && rep.improvements.is_empty(), "{rep:?}");
+    }
+
+    #[test]
+    fn a_better_baseline_is_a_regression_naming_the_key() {
+        let base = Baseline::new(&[row("a.pickle", 900, 5)]);
+        let rep = check(&base, path(), &[row("a.pickle", 1000, 5)], 0.01, None).unwrap();
+        assert!(!rep.ok);
+        assert_eq!(rep.regressions.len(), 1);
+        let r = &rep.regressions[0];
+        assert_eq!(
+            (r.metric.as_str(), r.trace.as_str(), r.policy.as_str()),
+            ("peak_reserved_bytes", "a.pickle", "pytorch")
+        );
+        assert_eq!((r.baseline.clone(), r.now.clone()), (Value::from(900), Value::from(1000)));
+        assert!((r.change.unwrap() - 1.0 / 9.0).abs() < 1e-12);
+        assert_eq!(r.line(), "a.pickle  pytorch:expandable_segments:False  peak_reserved_bytes  900 -> 1000 (+11.11%)");
+        let json = serde_json::to_value(&rep).unwrap();
+        assert_eq!(json["regressions"][0]["metric"], "peak_reserved_bytes");
+        assert_eq!(json["ok"], false);
+    }
+
+    #[test]
+    fn within_tolerance_passes_and_improvements_never_fail() {
+        let base = Baseline::new(&[row("a.pickle", 1000, 10)]);
+        let rep = check(&base, path(), &[row("a.pickle", 1009, 5)], 0.01, None).unwrap();
+        assert!(rep.ok, "{rep:?}");
+        assert_eq!(rep.improvements.len(), 1);
+        assert_eq!(rep.improvements[0].metric, "device_malloc_count");
+        let rep = check(&base, path(), &[row("a.pickle", 1011, 10)], 0.01, None).unwrap();
+        assert!(!rep.ok);
+    }
+
+    #[test]
+    fn oom_and_zero_baselines() {
+        let mut b = row("a.pickle", 1000, 0);
+        b.result.insert("map_count".into(), Value::from(0));
+        let mut now = b.clone();
+        now.result.insert("oom".into(), Value::Bool(true));
+        now.result.insert("map_count".into(), Value::from(3));
+        let rep = check(&Baseline::new(&[b]), path(), &[now], 0.01, None).unwrap();
+        let metrics: Vec<&str> = rep.regressions.iter().map(|c| c.metric.as_str()).collect();
+        assert_eq!(metrics, vec!["map_count", "oom"]);
+        assert!(rep.regressions.iter().all(|c| c.change.is_none()));
+        assert!(rep.regressions[0].line().ends_with("0 -> 3 (new)"));
+    }
+
+    #[test]
+    fn named_metrics_only() {
+        let base = Baseline::new(&[row("a.pickle", 900, 1)]);
+        let only = vec!["device_malloc_count".to_string()];
+        let rep = check(&base, path(), &[row("a.pickle", 1000, 9)], 0.0, Some(&only)).unwrap();
+        assert_eq!(rep.regressions.len(), 1);
+        assert_eq!(rep.regressions[0].metric, "device_malloc_count");
+    }
+
+    #[test]
+    fn a_missing_entry_is_an_error_naming_the_file_and_row() {
+        let base = Baseline::new(&[row("a.pickle", 900, 1)]);
+        let e = check(&base, path(), &[row("c.pickle", 900, 1)], 0.0, None).unwrap_err();
+        assert_eq!(e.kind().exit_code(), 2);
+        let m = e.to_string();
+        assert!(m.starts_with("base.json: no baseline entry for c.pickle pytorch:"), "{m}");
+        assert!(m.contains("--update"), "{m}");
+    }
+
+    #[test]
+    fn traces_match_by_file_name_when_unambiguous() {
+        let base = Baseline::new(&[row("traces/a.pickle", 900, 1)]);
+        let rep = check(&base, path(), &[row("/ci/work/traces/a.pickle", 900, 1)], 0.0, None);
+        assert!(rep.unwrap().ok);
+        let two = Baseline::new(&[row("x/a.pickle", 900, 1), row("y/a.pickle", 900, 1)]);
+        assert!(check(&two, path(), &[row("z/a.pickle", 900, 1)], 0.0, None).is_err());
+    }
+
+    #[test]
+    fn reads_replay_json_as_a_baseline() {
+        let text = r#"{ "trace": "t.pickle", "format": "pytorch-snapshot", "device": 0, "events": 3,
+            "results": [ { "policy": "pytorch", "config": "expandable_segments:False",
+                           "peak_reserved_bytes": 900, "oom": false, "first_oom_event": null } ] }"#;
+        let base = Baseline::parse(text, path()).unwrap();
+        assert_eq!(base.rows[0].trace, "t.pickle");
+        let rep = check(&base, path(), &[row("t.pickle", 1000, 1)], 0.0, None).unwrap();
+        assert_eq!(rep.regressions.len(), 1, "keys absent from the baseline are not compared");
+    }
+
+    #[test]
+    fn malformed_baselines_name_the_file() {
+        for (text, want) in [
+            ("[1]", "expected a JSON object"),
+            ("{", "not JSON"),
+            ("{\"results\": [{\"policy\": \"bfc\"}]}", "results[0] names no trace"),
+            ("{\"format\": \"fragsim-baseline\", \"version\": 9, \"rows\": []}", "version 9"),
+            ("{\"x\": 1}", "expected a baseline"),
+        ] {
+            let e = Baseline::parse(text, path()).unwrap_err().to_string();
+            assert!(e.starts_with("base.json: ") && e.contains(want), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn tolerances_are_percentages() {
+        assert_eq!(parse_tolerance("1%").unwrap(), 0.01);
+        assert_eq!(parse_tolerance("1").unwrap(), 0.01);
+        assert_eq!(parse_tolerance(" 0.5% ").unwrap(), 0.005);
+        assert!(parse_tolerance("-1%").is_err());
+        assert!(parse_tolerance("lots").unwrap_err().to_string().contains("'lots'"));
+    }
+}
