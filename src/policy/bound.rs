@@ -9,7 +9,7 @@ use super::chunks::unknown_block;
 use super::{parse_key_values, Allocation, Policy};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
-use crate::replay::AddrMap;
+use crate::trace::AddrMap;
 use crate::trace::{Block, BlockState, PoolKind, Segment};
 
 /// The options `bound` accepts (none).

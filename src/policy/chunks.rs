@@ -13,7 +13,7 @@
 //! Regions may have holes (the `stitch` policy unmaps pages of a reservation): chunks are linked,
 //! and merge, only when exactly adjacent; merging also needs the same list.
 
-use crate::replay::AddrMap;
+use crate::trace::AddrMap;
 use crate::trace::{Block, BlockState, PoolKind, Segment};
 use std::collections::{BTreeMap, BTreeSet};
 

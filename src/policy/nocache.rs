@@ -25,7 +25,7 @@ use super::chunks::{round_up, unknown_block, unknown_option};
 use super::{parse_key_values, Allocation, Policy};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
-use crate::replay::AddrMap;
+use crate::trace::AddrMap;
 use crate::trace::{Block, BlockState, PoolKind, Segment};
 use crate::units::{parse_size, MIB};
 

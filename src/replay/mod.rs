@@ -16,18 +16,18 @@
 
 pub mod metrics;
 pub mod series;
-pub mod start_state;
 
 pub use metrics::{PeakDetail, PolicyResult};
 pub use series::{Point, Series};
-pub use start_state::{empty_cache_points, free_action, live_at_start, orphan_frees, LiveBlock};
+// Trace semantics the engine reads, re-exported where callers have found them so far.
+pub use crate::trace::lifetimes::{
+    empty_cache_points, free_action, live_at_start, orphan_frees, AddrHasher, AddrMap, LiveBlock,
+};
 
 use crate::backend::{Backend, SimDevice};
 use crate::error::{Error, Result};
 use crate::policy::Policy;
 use crate::trace::{Action, Event, Segment, Trace};
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Instant;
 
 /// One device's events, ready to replay.
@@ -38,7 +38,7 @@ pub struct ReplayInput<'a> {
     pub device: i32,
     /// That device's events.
     pub events: &'a [Event],
-    /// Blocks live before the first event (see [`start_state`]).
+    /// Blocks live before the first event (see [`live_at_start`]).
     pub live_at_start: Vec<LiveBlock>,
     /// Where the recorded program called `empty_cache()`.
     pub empty_cache_at: Vec<bool>,
@@ -212,30 +212,6 @@ pub fn run_policy<P: Policy>(
 fn cuda_cap(options: &ReplayOptions) -> Option<u64> {
     options.capacity.map(|c| c.saturating_sub(options.outside_bytes))
 }
-
-/// A fast hasher for address keys: addresses are already well spread, so a multiply suffices.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct AddrHasher(u64);
-
-impl Hasher for AddrHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(5) ^ b as u64).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        // Fold the product's high half down: addresses are 512-byte aligned, so the product's
-        // low bits alone (which hashbrown uses as the bucket index) would all be zero.
-        let x = (n ^ (n >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        self.0 = x ^ (x >> 32);
-    }
-}
-
-/// A map keyed by addresses.
-pub type AddrMap<V> = HashMap<u64, V, BuildHasherDefault<AddrHasher>>;
 
 /// Counts what the policy asks of the backend and, when asked, records it as trace events.
 struct Metered<B> {

@@ -25,7 +25,7 @@
 use super::read::MAX_EVENT_BYTES;
 use super::{Action, DeviceTrace, Event, Format, ReadOptions, Trace};
 use crate::error::{Error, ErrorKind, Place, Result};
-use crate::replay::start_state::free_action;
+use super::lifetimes::free_action;
 use std::io::Write;
 
 /// The header RMM writes, exactly.

@@ -9,7 +9,7 @@
 //!
 //! How it works:
 //! - [`Policy::prepare`] walks the events. Each `alloc` of a positive size opens a lifetime at its
-//!   event; the free that takes effect (`replay::start_state::free_action`) of the same address
+//!   event; the free that takes effect ([`free_action`](crate::trace::lifetimes::free_action)) of the same address
 //!   closes it; blocks never freed live to the end. Blocks live before the first event (which
 //!   the engine allocates first, in address order) live from the start: built by the registry,
 //!   `offline` gets them from the [`ReplayInput`] ([`Offline::from_input`]), including those only
@@ -128,10 +128,10 @@ pub struct Lifetime {
 }
 
 /// The blocks live before the first event as far as `events` show them
-/// ([`replay::orphan_frees`](crate::replay::orphan_frees)), as (address, size), in address
+/// ([`lifetimes::orphan_frees`](crate::trace::lifetimes::orphan_frees)), as (address, size), in address
 /// order. Blocks that only the final segments show are not among them.
 pub fn orphan_frees(events: &[Event]) -> Vec<(u64, u64)> {
-    crate::replay::orphan_frees(events).into_iter().map(|b| (b.addr, b.size.max(1))).collect()
+    crate::trace::lifetimes::orphan_frees(events).into_iter().map(|b| (b.addr, b.size.max(1))).collect()
 }
 
 /// The lifetimes of `events` in malloc order, after the blocks `at_start` (address, size) that
