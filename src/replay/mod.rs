@@ -26,7 +26,7 @@ pub use crate::trace::lifetimes::{
 
 use crate::backend::{Backend, SimDevice};
 use crate::error::{Error, Result};
-use crate::policy::Policy;
+use crate::policy::{self, Policy, PolicyContext, PolicyInfo, PolicyRunner, PolicySpec};
 use crate::trace::{Action, Event, Segment, Trace};
 use std::time::Instant;
 
@@ -122,6 +122,59 @@ impl<'a> ReplayInput<'a> {
     }
 }
 
+impl<'a> ReplayInput<'a> {
+    /// What a policy's constructor is handed for this replay under `options`.
+    pub fn context(&self, options: &ReplayOptions) -> PolicyContext<'_> {
+        PolicyContext {
+            trace: self.trace,
+            device: self.device,
+            events: self.events,
+            live_at_start: &self.live_at_start,
+            capacity: options.capacity,
+        }
+    }
+}
+
+/// The engine side of running a table entry: the policy module's table builds the concrete
+/// policy, the engine runs it. (An inherent impl here, beside the engine, so that `policy` never
+/// names `replay`.)
+impl PolicyInfo {
+    /// Replays `input` with this policy built from `spec`'s options: one dispatch per run, then
+    /// the generic engine instantiated for the concrete policy type.
+    pub fn run(
+        &self,
+        spec: &PolicySpec,
+        input: &ReplayInput,
+        options: &ReplayOptions,
+    ) -> Result<ReplayOutput> {
+        let built = self.build(spec, &input.context(options))?;
+        built.run_with(&spec.name, Engine { input, options })
+    }
+}
+
+/// Replays `input` with the built-in policy `spec` names: [`policy::lookup`] then
+/// [`PolicyInfo::run`].
+pub fn run_spec(
+    spec: &PolicySpec,
+    input: &ReplayInput,
+    options: &ReplayOptions,
+) -> Result<ReplayOutput> {
+    policy::lookup(&spec.name)?.run(spec, input, options)
+}
+
+/// The engine as a [`PolicyRunner`]: what a built policy is handed to be run.
+struct Engine<'r, 'a> {
+    input: &'r ReplayInput<'a>,
+    options: &'r ReplayOptions,
+}
+
+impl PolicyRunner for Engine<'_, '_> {
+    type Output = Result<ReplayOutput>;
+    fn run<P: Policy>(self, name: &str, policy: P) -> Result<ReplayOutput> {
+        run_policy(name, policy, self.input, self.options)
+    }
+}
+
 /// Which memory a replay runs on.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum BackendKind {
@@ -185,6 +238,25 @@ pub struct ReplayOutput {
     pub events: Option<Vec<Event>>,
     /// The policy's segments when the replay ended (or stopped).
     pub segments: Vec<Segment>,
+}
+
+impl From<crate::policy::pytorch::validate::SimulatedRun> for ReplayOutput {
+    /// A validation's simulated run as a `pytorch` replay's output (for `--export-snapshot`).
+    fn from(run: crate::policy::pytorch::validate::SimulatedRun) -> ReplayOutput {
+        ReplayOutput {
+            result: PolicyResult {
+                policy: crate::policy::pytorch::NAME.into(),
+                config: run.config,
+                peak_reserved_bytes: run.peak_reserved_bytes,
+                reserved_at_end_bytes: run.reserved_at_end_bytes,
+                alloc_retries: run.alloc_retries,
+                ..PolicyResult::default()
+            },
+            events: run.events,
+            segments: run.segments,
+            ..ReplayOutput::default()
+        }
+    }
 }
 
 /// Replays `input` through `policy` on the backend `options` names.

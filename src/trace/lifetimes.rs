@@ -50,8 +50,7 @@ pub fn scan(events: &[Event]) -> Lifetimes {
             Action::Alloc => {
                 allocated.insert(e.addr);
             }
-            a if a == frees_at && !allocated.contains(&e.addr) && orphaned.insert(e.addr) =>
-            {
+            a if a == frees_at && !allocated.contains(&e.addr) && orphaned.insert(e.addr) => {
                 orphans.push(LiveBlock {
                     addr: e.addr,
                     size: e.size,
@@ -211,7 +210,7 @@ mod tests {
         let (_, e) = events("alloc 0x100 10 s0\nfree 0x100 10 s0\nfree 0x100 10 s0\nfree 0x200 4 s0\nfree 0x200 4 s0\n");
         let l = scan(&e);
         assert_eq!(l.orphans.iter().map(|b| b.addr).collect::<Vec<_>>(), vec![0x200]);
-        assert_eq!(l.frees_at, Action::FreeRequested);
+        assert_eq!(l.frees_at, free_action(&e));
     }
 
     #[test]

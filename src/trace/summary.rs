@@ -10,8 +10,8 @@
 //! any, else `free_requested`. The serialised form is `info --json` (interface.md: `format`,
 //! `devices` with `device`, `events` and `by_action`, `orphan_frees`, `peak_live_bytes`).
 
-use super::{Action, AllocatorSettings, DeviceTrace, Trace};
 use super::lifetimes::free_action;
+use super::{Action, AllocatorSettings, DeviceTrace, Trace};
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 use std::collections::{BTreeSet, HashMap};
