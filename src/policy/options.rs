@@ -87,8 +87,22 @@ mod tests {
     }
 
     const KEYS: &[OptionKey<Opts>] = &[
-        OptionKey { key: "on", value: "true|false", set: |o, k, v| Ok(o.on = parse_bool(k, v)?) },
-        OptionKey { key: "n", value: "N", set: |o, k, v| Ok(o.n = parse_int(k, v)?) },
+        OptionKey {
+            key: "on",
+            value: "true|false",
+            set: |o, k, v| {
+                o.on = parse_bool(k, v)?;
+                Ok(())
+            },
+        },
+        OptionKey {
+            key: "n",
+            value: "N",
+            set: |o, k, v| {
+                o.n = parse_int(k, v)?;
+                Ok(())
+            },
+        },
     ];
 
     #[test]
