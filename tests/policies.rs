@@ -99,7 +99,7 @@ fn every_policy_on_every_real_snapshot() {
         let out = run(&["replay", t.to_str().unwrap(), "--policy", "all", "--json"]);
         assert!(out.status.success(), "{}: {}", t.display(), stderr(&out));
         let rows = peaks(&out);
-        assert_eq!(rows.len(), 9);
+        assert_eq!(rows.len(), fragsim::policy::POLICIES.len());
         let bound = peak_of(&rows, "bound");
         for (name, peak, requested) in &rows {
             assert_eq!(
