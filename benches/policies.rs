@@ -116,7 +116,8 @@ fn bench_policies(c: &mut Criterion) {
         group.bench_function(name, |b| {
             b.iter(|| {
                 // What the engine runs before the first event, on the policy `replay` builds.
-                let mut p = Offline::from_input("", input).expect("default options");
+                let mut p = Offline::from_input("", &input.context(&ReplayOptions::default()))
+                    .expect("default options");
                 p.prepare(input.events).expect("plans");
                 std::hint::black_box(p.planned_peak())
             })

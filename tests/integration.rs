@@ -2,6 +2,7 @@
 
 mod util;
 
+mod architecture;
 mod bad_input;
 mod cli;
 mod cuda;

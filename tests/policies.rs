@@ -93,7 +93,7 @@ fn every_policy_on_every_real_snapshot() {
         let out = run(&["replay", t.to_str().unwrap(), "--policy", "all", "--json"]);
         assert!(out.status.success(), "{}: {}", t.display(), stderr(&out));
         let rows = peaks(&out);
-        assert_eq!(rows.len(), 9);
+        assert_eq!(rows.len(), fragsim::policy::POLICIES.len());
         let bound = peak_of(&rows, "bound");
         for (name, peak, requested) in &rows {
             assert_eq!(
@@ -123,7 +123,8 @@ fn every_policy_on_every_real_snapshot() {
 fn no_policy_frees_more_than_it_allocated() {
     use fragsim::policy::PolicySpec;
     use fragsim::replay::{run_specs, ReplayInput, ReplayOptions, RunSettings};
-    let mut paths = shared_traces();
+    let mut paths = real_snapshots();
+    paths.push(real_trace("kineto-ddp-v100-rank1.json.gz"));
     paths.push(bundled("gpt-4l-512h.txt"));
     assert!(paths.len() > 1, "traces/real/ holds the bundled real traces");
     let all = PolicySpec::parse_list("all").unwrap();

@@ -1,7 +1,7 @@
 //! The what-if library on real traces: `fit` is tight, `sweep`'s export line replays to the
 //! reported peak.
 
-use crate::util::shared_trace;
+use crate::util::real_trace;
 use fragsim::policy::{self, PolicySpec};
 use fragsim::replay::{PolicyResult, ReplayInput, ReplayOptions};
 use fragsim::trace::{self, ReadOptions};
@@ -19,7 +19,7 @@ fn replay(input: &ReplayInput, spec: &str, capacity: Option<u64>) -> PolicyResul
 
 #[test]
 fn fit_is_tight_on_a_real_snapshot() {
-    let Some(path) = shared_trace("cs336-lm-step-c.pickle") else { return };
+    let path = real_trace("cs336-lm-step-c.pickle");
     let trace = trace::read_trace(&path, &ReadOptions::default()).unwrap();
     let input = ReplayInput::new(&trace, None).unwrap();
     for spec in ["pytorch", "pytorch-expandable", "bound"] {
@@ -52,7 +52,7 @@ fn fit_is_tight_on_a_real_snapshot() {
 
 #[test]
 fn the_sweep_winner_replays_to_its_reported_peak() {
-    let Some(path) = shared_trace("cs336-lm-step-c.pickle") else { return };
+    let path = real_trace("cs336-lm-step-c.pickle");
     let trace = trace::read_trace(&path, &ReadOptions::default()).unwrap();
     let input = ReplayInput::new(&trace, None).unwrap();
     let name = path.display().to_string();

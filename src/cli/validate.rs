@@ -63,7 +63,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let mut v = validate(&trace, &options)?;
     v.trace = args.snapshot.display().to_string();
     if let Some(path) = &args.export_snapshot {
-        fragsim::report::snapshot_out::write_simulated(&trace, v.device, &v.output, path)?;
+        fragsim::report::snapshot_out::write_simulated(
+            &trace,
+            v.device,
+            &v.output.clone().into(),
+            path,
+        )?;
     }
     let io =
         |e: std::io::Error| Error::new(fragsim::ErrorKind::Io, format!("writing to stdout: {e}"));

@@ -35,16 +35,52 @@
 //! free region, as garbage collection would, so the trace's recorded `empty_cache()` calls and
 //! the final flush behave as in PyTorch.
 
-use super::chunks::{parse_bool, round_up, unknown_block, unknown_option, Chunks};
-use super::{parse_key_values, Allocation, Policy};
+use super::chunks::{round_up, unknown_block, Chunks};
+use super::options::{self as opt, OptionKey};
+use super::{Allocation, Policy, Registration};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::trace::{PoolKind, Segment};
-use crate::units::{parse_size, MIB};
+use crate::units::MIB;
 
-/// The options `bfc` accepts.
-pub const OPTIONS: &str =
-    "allow_growth=true|false, memory_limit=SIZE, garbage_collection=true|false";
+/// The policy's name in `--policy`.
+pub const NAME: &str = "bfc";
+
+/// The option keys `bfc` accepts: they drive the parser, the help and the errors.
+pub const KEYS: &[OptionKey<BfcOptions>] = &[
+    OptionKey {
+        key: "allow_growth",
+        value: "true|false",
+        set: |o, k, v| {
+            o.allow_growth = opt::parse_bool(k, v)?;
+            Ok(())
+        },
+    },
+    OptionKey {
+        key: "memory_limit",
+        value: "SIZE",
+        set: |o, k, v| {
+            o.memory_limit = Some(opt::parse_size(k, v)?);
+            Ok(())
+        },
+    },
+    OptionKey {
+        key: "garbage_collection",
+        value: "true|false",
+        set: |o, k, v| {
+            o.garbage_collection = opt::parse_bool(k, v)?;
+            Ok(())
+        },
+    },
+];
+
+/// `bfc`'s line in [`POLICIES`](super::POLICIES).
+pub const POLICY: Registration<Bfc> = Registration {
+    name: NAME,
+    summary: "TensorFlow/XLA best-fit with coalescing (bfc_allocator.cc)",
+    options: || opt::help(KEYS),
+    build: |options, _| Bfc::from_options(options),
+};
 
 /// `kMinAllocationSize`: the rounding unit and minimum chunk.
 pub const MIN_ALLOCATION: u64 = 256;
@@ -89,18 +125,10 @@ pub struct Bfc {
 }
 
 impl Bfc {
-    /// Builds the policy from `key=value` options (see [`OPTIONS`]).
+    /// Builds the policy from `key=value` options (see [`KEYS`]).
     pub fn from_options(options: &str) -> Result<Bfc> {
         let mut o = BfcOptions::default();
-        parse_key_values(options, |k, v| {
-            match k {
-                "allow_growth" => o.allow_growth = parse_bool(k, v)?,
-                "memory_limit" => o.memory_limit = Some(parse_size(v)?),
-                "garbage_collection" => o.garbage_collection = parse_bool(k, v)?,
-                _ => return Err(unknown_option("bfc", k, OPTIONS)),
-            }
-            Ok(())
-        })?;
+        opt::parse(NAME, options, KEYS, &mut o)?;
         Bfc::new(o)
     }
 
@@ -236,7 +264,7 @@ impl Policy for Bfc {
     }
 
     fn free<B: Backend>(&mut self, _backend: &mut B, addr: u64) -> Result<()> {
-        self.chunks.release(addr, 0).map(|_| ()).ok_or_else(|| unknown_block("bfc", addr))
+        self.chunks.release(addr, 0).map(|_| ()).ok_or_else(|| unknown_block(NAME, addr))
     }
 
     fn empty_cache<B: Backend>(&mut self, backend: &mut B) -> Result<()> {

@@ -6,14 +6,26 @@
 //! fragmentation cost. It takes no options.
 
 use super::chunks::unknown_block;
-use super::{parse_key_values, Allocation, Policy};
+use super::options::{self as opt, OptionKey};
+use super::{Allocation, Policy, Registration};
 use crate::backend::Backend;
-use crate::error::{Error, Result};
-use crate::replay::AddrMap;
+use crate::error::Result;
+use crate::trace::AddrMap;
 use crate::trace::{Block, BlockState, PoolKind, Segment};
 
 /// The options `bound` accepts (none).
-pub const OPTIONS: &str = "(none)";
+pub const KEYS: &[OptionKey<Bound>] = &[];
+
+/// The policy's name in `--policy`.
+pub const NAME: &str = "bound";
+
+/// `bound`'s line in [`POLICIES`](super::POLICIES).
+pub const POLICY: Registration<Bound> = Registration {
+    name: NAME,
+    summary: "the peak of live requested bytes: no allocator can reserve less",
+    options: || opt::help(KEYS),
+    build: |options, _| Bound::from_options(options),
+};
 
 /// The lower bound; see the module docs.
 #[derive(Debug, Default)]
@@ -25,10 +37,9 @@ pub struct Bound {
 impl Bound {
     /// Builds the policy; it accepts no options.
     pub fn from_options(options: &str) -> Result<Bound> {
-        parse_key_values(options, |k, _| {
-            Err(Error::usage(format!("unknown option '{k}' (bound takes no options)")))
-        })?;
-        Ok(Bound::default())
+        let mut bound = Bound::default();
+        opt::parse(NAME, options, KEYS, &mut bound)?;
+        Ok(bound)
     }
 }
 
@@ -50,7 +61,7 @@ impl Policy for Bound {
     }
 
     fn free<B: Backend>(&mut self, backend: &mut B, addr: u64) -> Result<()> {
-        let (size, _) = self.live.remove(&addr).ok_or_else(|| unknown_block("bound", addr))?;
+        let (size, _) = self.live.remove(&addr).ok_or_else(|| unknown_block(NAME, addr))?;
         self.allocated -= size;
         backend.segment_free(addr, size)
     }

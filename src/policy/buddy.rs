@@ -26,16 +26,53 @@
 //! `buddy_system_allocator` crate's trusting `dealloc`, freeing an unknown address is an error,
 //! never a corruption of the free lists.
 
-use super::chunks::{unknown_block, unknown_option};
-use super::{parse_key_values, Allocation, Policy};
+use super::chunks::unknown_block;
+use super::options::{self as opt, OptionKey};
+use super::{Allocation, Policy, Registration};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::trace::{Block, BlockState, PoolKind, Segment};
-use crate::units::{parse_size, MIB};
+use crate::units::MIB;
 use std::collections::{BTreeMap, BTreeSet};
 
-/// The options `buddy` accepts.
-pub const OPTIONS: &str = "min_block=SIZE (power of two), arena=SIZE, max_order=N";
+/// The policy's name in `--policy`.
+pub const NAME: &str = "buddy";
+
+/// The option keys `buddy` accepts: they drive the parser, the help and the errors.
+pub const KEYS: &[OptionKey<BuddyOptions>] = &[
+    OptionKey {
+        key: "min_block",
+        value: "SIZE (power of two)",
+        set: |o, k, v| {
+            o.min_block = opt::parse_size(k, v)?;
+            Ok(())
+        },
+    },
+    OptionKey {
+        key: "arena",
+        value: "SIZE",
+        set: |o, k, v| {
+            o.arena = opt::parse_size(k, v)?;
+            Ok(())
+        },
+    },
+    OptionKey {
+        key: "max_order",
+        value: "N",
+        set: |o, k, v| {
+            o.max_order = opt::parse_int(k, v)?;
+            Ok(())
+        },
+    },
+];
+
+/// `buddy`'s line in [`POLICIES`](super::POLICIES).
+pub const POLICY: Registration<Buddy> = Registration {
+    name: NAME,
+    summary: "binary buddy allocator over power-of-two arenas",
+    options: || opt::help(KEYS),
+    build: |options, _| Buddy::from_options(options),
+};
 
 /// `buddy`'s options; see the module docs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,22 +112,10 @@ pub struct Buddy {
 }
 
 impl Buddy {
-    /// Builds the policy from `key=value` options (see [`OPTIONS`]).
+    /// Builds the policy from `key=value` options (see [`KEYS`]).
     pub fn from_options(options: &str) -> Result<Buddy> {
         let mut o = BuddyOptions::default();
-        parse_key_values(options, |k, v| {
-            match k {
-                "min_block" => o.min_block = parse_size(v)?,
-                "arena" => o.arena = parse_size(v)?,
-                "max_order" => {
-                    o.max_order = v.parse().map_err(|_| {
-                        Error::usage(format!("option 'max_order': expected an integer, got '{v}'"))
-                    })?
-                }
-                _ => return Err(unknown_option("buddy", k, OPTIONS)),
-            }
-            Ok(())
-        })?;
+        opt::parse(NAME, options, KEYS, &mut o)?;
         Buddy::new(o)
     }
 
@@ -224,7 +249,7 @@ impl Policy for Buddy {
     }
 
     fn free<B: Backend>(&mut self, _backend: &mut B, addr: u64) -> Result<()> {
-        let (mut k, _) = self.live.remove(&addr).ok_or_else(|| unknown_block("buddy", addr))?;
+        let (mut k, _) = self.live.remove(&addr).ok_or_else(|| unknown_block(NAME, addr))?;
         self.allocated -= self.block_size(k);
         let (base, top) = self
             .arena_of(addr)

@@ -13,27 +13,9 @@
 //! Regions may have holes (the `stitch` policy unmaps pages of a reservation): chunks are linked,
 //! and merge, only when exactly adjacent; merging also needs the same list.
 
-use crate::replay::AddrMap;
+use crate::trace::AddrMap;
 use crate::trace::{Block, BlockState, PoolKind, Segment};
 use std::collections::{BTreeMap, BTreeSet};
-
-/// Parses a boolean option value (`true`/`false`, `1`/`0`, any case), naming `key` on error.
-pub fn parse_bool(key: &str, value: &str) -> crate::error::Result<bool> {
-    match value.to_ascii_lowercase().as_str() {
-        "true" | "1" | "yes" | "on" => Ok(true),
-        "false" | "0" | "no" | "off" => Ok(false),
-        _ => Err(crate::error::Error::usage(format!(
-            "option '{key}': expected true or false, got '{value}'"
-        ))),
-    }
-}
-
-/// The error for an option key a policy does not know, listing the ones it accepts.
-pub fn unknown_option(policy: &str, key: &str, accepted: &str) -> crate::error::Error {
-    crate::error::Error::usage(format!(
-        "unknown option '{key}' for {policy} (accepted: {accepted})"
-    ))
-}
 
 /// The error for a free of an address the policy never handed out (or already took back): the
 /// trace and the replay disagree, which is bad input, not a policy bug.

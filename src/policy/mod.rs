@@ -5,9 +5,13 @@
 //! lives in its own file, which opens by naming the system it models, its upstream source, its
 //! options and every deviation.
 //!
-//! The static [`POLICIES`] table drives `--policy`, `all`, the help text and error messages;
-//! [`PolicyInfo::run`] builds the concrete policy once and instantiates the generic replay engine
-//! for it, so dispatch happens once per run, not once per event.
+//! The static [`POLICIES`] table, one registration line per policy, drives `--policy`, `all`,
+//! the help text, error messages, tests and benches. A policy's file exports its
+//! [`Registration`] (name, summary, options, constructor); the table turns each into a
+//! [`PolicyInfo`] and a variant of [`BuiltPolicy`]. Data flows one way: the replay engine asks a
+//! [`PolicyInfo`] to build its policy from a [`PolicyContext`] (what the engine hands a policy)
+//! and then runs the concrete type through [`BuiltPolicy::run_with`], so dispatch happens once
+//! per run, not once per event, and this module never names the engine.
 
 pub mod bfc;
 pub mod bound;
@@ -15,6 +19,7 @@ pub mod buddy;
 pub mod chunks;
 pub mod nocache;
 pub mod offline;
+pub mod options;
 pub mod pytorch;
 pub mod rmm_pool;
 pub mod spec;
@@ -26,8 +31,7 @@ pub use spec::PolicySpec;
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
-use crate::replay::{self, ReplayInput, ReplayOptions, ReplayOutput};
-use crate::trace::{Event, Segment};
+use crate::trace::{Event, LiveBlock, Segment, Trace};
 
 /// What a successful malloc hands out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,127 +89,129 @@ pub trait Policy {
     }
 }
 
-/// A built-in policy: its name, what it models and how to run it.
+/// What the engine hands a policy's constructor: the device's events and what the trace knows
+/// about them. Most policies need only their options; `pytorch` reads the recorded settings and
+/// the capacity, `offline` the blocks live at the start.
+#[derive(Clone, Copy, Debug)]
+pub struct PolicyContext<'a> {
+    /// The whole trace (its segments and recorded settings).
+    pub trace: &'a Trace,
+    /// The device replayed.
+    pub device: i32,
+    /// That device's events.
+    pub events: &'a [Event],
+    /// Blocks live before the first event, in address order (the engine allocates them first).
+    pub live_at_start: &'a [LiveBlock],
+    /// Device capacity (`--capacity`); `None` is unlimited.
+    pub capacity: Option<u64>,
+}
+
+/// How a policy's file registers it: what [`POLICIES`] needs to list, document and build it.
+pub struct Registration<P> {
+    /// The name used in `--policy NAME[:OPTIONS]`.
+    pub name: &'static str,
+    /// One line for help and tables.
+    pub summary: &'static str,
+    /// The options it accepts, for help and error messages (usually [`options::help`] of the
+    /// policy's key table).
+    pub options: fn() -> String,
+    /// Builds the policy from its option string and the engine's context.
+    pub build: fn(&str, &PolicyContext) -> Result<P>,
+}
+
+/// What runs a built policy: the replay engine implements it, so that the engine is
+/// instantiated for each concrete policy type without this module naming it.
+pub trait PolicyRunner {
+    /// What a run produces.
+    type Output;
+    /// Runs `policy`, registered as `name`.
+    fn run<P: Policy>(self, name: &str, policy: P) -> Self::Output;
+}
+
+/// A built-in policy: its name, what it models and how to build it.
 pub struct PolicyInfo {
     /// The name used in `--policy NAME[:OPTIONS]`.
     pub name: &'static str,
     /// One line for help and tables.
     pub summary: &'static str,
-    /// The options it accepts, for error messages and help.
-    pub options: &'static str,
-    run: fn(&PolicySpec, &ReplayInput, &ReplayOptions) -> Result<ReplayOutput>,
+    options: fn() -> String,
+    build: fn(&str, &PolicyContext) -> Result<BuiltPolicy>,
 }
 
 impl PolicyInfo {
-    /// Replays `input` with this policy built from `spec`'s options.
-    pub fn run(
-        &self,
-        spec: &PolicySpec,
-        input: &ReplayInput,
-        options: &ReplayOptions,
-    ) -> Result<ReplayOutput> {
-        (self.run)(spec, input, options)
+    /// The options it accepts, for error messages and help.
+    pub fn options(&self) -> String {
+        (self.options)()
+    }
+
+    /// Builds the policy from `spec`'s options; errors name the policy.
+    pub fn build(&self, spec: &PolicySpec, context: &PolicyContext) -> Result<BuiltPolicy> {
+        (self.build)(&spec.options, context)
+            .map_err(|e| Error::usage(format!("policy '{}': {}", spec.name, e.message())))
     }
 }
 
-/// Builds the policy from its options and runs the generic engine on it.
-fn run_with<P: Policy>(
-    policy: Result<P>,
-    spec: &PolicySpec,
-    input: &ReplayInput,
-    options: &ReplayOptions,
-) -> Result<ReplayOutput> {
-    let policy =
-        policy.map_err(|e| Error::usage(format!("policy '{}': {}", spec.name, e.message())))?;
-    replay::run_policy(&spec.name, policy, input, options)
+/// Declares the table: one line per policy gives a [`BuiltPolicy`] variant and a [`PolicyInfo`].
+macro_rules! registry {
+    ($($variant:ident: $ty:ty = $reg:expr;)*) => {
+        /// A built-in policy, built: one variant per registration, holding the concrete type.
+        pub enum BuiltPolicy {
+            $(
+                #[doc = concat!("Built from `", stringify!($reg), "`.")]
+                $variant($ty),
+            )*
+        }
+
+        impl BuiltPolicy {
+            /// Hands the concrete policy to `runner`: the one dispatch of a run.
+            pub fn run_with<R: PolicyRunner>(self, name: &str, runner: R) -> R::Output {
+                match self {
+                    $(BuiltPolicy::$variant(p) => runner.run(name, p),)*
+                }
+            }
+        }
+
+        /// Every built-in policy, in the order `all` runs them.
+        pub static POLICIES: &[PolicyInfo] = &[$(
+            PolicyInfo {
+                name: $reg.name,
+                summary: $reg.summary,
+                options: $reg.options,
+                build: |options, context| ($reg.build)(options, context).map(BuiltPolicy::$variant),
+            },
+        )*];
+    };
 }
 
-/// Every built-in policy, in the order `all` runs them.
-pub static POLICIES: &[PolicyInfo] = &[
-    PolicyInfo {
-        name: "pytorch",
-        summary: "PyTorch's CUDA caching allocator (PYTORCH_CUDA_ALLOC_CONF options; default: recorded settings)",
-        options: "PYTORCH_CUDA_ALLOC_CONF syntax, e.g. max_split_size_mb:128,roundup_power2_divisions:4; or 'recorded'",
-        run: |spec, input, opts| {
-            let policy = pytorch::PyTorch::from_spec(&spec.options, input).map(|p| p.on_gpu(opts.capacity));
-            run_with(policy, spec, input, opts)
-        },
-    },
-    PolicyInfo {
-        name: "pytorch-expandable",
-        summary: "PyTorch's caching allocator with expandable_segments:True",
-        options: "PYTORCH_CUDA_ALLOC_CONF syntax (expandable_segments is forced on)",
-        run: |spec, input, opts| {
-            let policy =
-                pytorch::PyTorch::expandable_from_spec(&spec.options, input).map(|p| p.on_gpu(opts.capacity));
-            run_with(policy, spec, input, opts)
-        },
-    },
-    PolicyInfo {
-        name: "buddy",
-        summary: "binary buddy allocator over power-of-two arenas",
-        options: buddy::OPTIONS,
-        run: |spec, input, opts| run_with(buddy::Buddy::from_options(&spec.options), spec, input, opts),
-    },
-    PolicyInfo {
-        name: "bfc",
-        summary: "TensorFlow/XLA best-fit with coalescing (bfc_allocator.cc)",
-        options: bfc::OPTIONS,
-        run: |spec, input, opts| run_with(bfc::Bfc::from_options(&spec.options), spec, input, opts),
-    },
-    PolicyInfo {
-        name: "rmm-pool",
-        summary: "RAPIDS RMM pool_memory_resource (coalescing best fit per stream)",
-        options: rmm_pool::OPTIONS,
-        run: |spec, input, opts| run_with(rmm_pool::RmmPool::from_options(&spec.options), spec, input, opts),
-    },
-    PolicyInfo {
-        name: "nocache",
-        summary: "no caching: one cudaMalloc per request (PYTORCH_NO_CUDA_MEMORY_CACHING=1)",
-        options: nocache::OPTIONS,
-        run: |spec, input, opts| run_with(nocache::NoCache::from_options(&spec.options), spec, input, opts),
-    },
-    PolicyInfo {
-        name: "stitch",
-        summary: "GMLake-style virtual-memory stitching of free 2 MiB granules",
-        options: stitch::OPTIONS,
-        run: |spec, input, opts| run_with(stitch::Stitch::from_options(&spec.options), spec, input, opts),
-    },
-    PolicyInfo {
-        name: "offline",
-        summary: "clairvoyant packing that knows every lifetime in advance",
-        options: offline::OPTIONS,
-        run: |spec, input, opts| run_with(offline::Offline::from_input(&spec.options, input), spec, input, opts),
-    },
-    PolicyInfo {
-        name: "bound",
-        summary: "the peak of live requested bytes: no allocator can reserve less",
-        options: bound::OPTIONS,
-        run: |spec, input, opts| run_with(bound::Bound::from_options(&spec.options), spec, input, opts),
-    },
-];
+registry! {
+    PyTorch: pytorch::PyTorch = pytorch::POLICY;
+    PyTorchExpandable: pytorch::PyTorch = pytorch::EXPANDABLE;
+    Buddy: buddy::Buddy = buddy::POLICY;
+    Bfc: bfc::Bfc = bfc::POLICY;
+    RmmPool: rmm_pool::RmmPool = rmm_pool::POLICY;
+    NoCache: nocache::NoCache = nocache::POLICY;
+    Stitch: stitch::Stitch = stitch::POLICY;
+    Offline: offline::Offline = offline::POLICY;
+    Bound: bound::Bound = bound::POLICY;
+}
+
+/// The names of every built-in policy, in table order.
+pub fn names() -> Vec<&'static str> {
+    POLICIES.iter().map(|p| p.name).collect()
+}
 
 /// The built-in policy called `name`.
 pub fn lookup(name: &str) -> Result<&'static PolicyInfo> {
     POLICIES.iter().find(|p| p.name == name).ok_or_else(|| {
-        Error::usage(format!(
-            "unknown policy '{name}' (accepted: {}, all)",
-            POLICIES.iter().map(|p| p.name).collect::<Vec<_>>().join(", ")
-        ))
+        Error::usage(format!("unknown policy '{name}' (accepted: {}, all)", names().join(", ")))
     })
 }
 
-/// Parses `key=value,key=value` options, calling `set(key, value)` for each; shared by every
-/// policy except `pytorch`, whose options follow `PYTORCH_CUDA_ALLOC_CONF`.
-pub fn parse_key_values(
-    options: &str,
-    mut set: impl FnMut(&str, &str) -> Result<()>,
-) -> Result<()> {
-    for item in options.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let (key, value) = item
-            .split_once('=')
-            .ok_or_else(|| Error::usage(format!("option '{item}' is not of the form key=value")))?;
-        set(key.trim(), value.trim())?;
-    }
-    Ok(())
+/// Every built-in policy with its options, one per line, for `--help`.
+pub fn help() -> String {
+    POLICIES
+        .iter()
+        .map(|p| format!("  {:<20} {}\n  {:<20} options: {}", p.name, p.summary, "", p.options()))
+        .collect::<Vec<_>>()
+        .join("\n")
 }

@@ -21,16 +21,45 @@
 //! `page` (default 2 MiB; `page=512` charges every request only its 512-byte rounding, the
 //! lowest estimate). Streams are ignored, and `empty_cache` has nothing to release.
 
-use super::chunks::{round_up, unknown_block, unknown_option};
-use super::{parse_key_values, Allocation, Policy};
+use super::chunks::{round_up, unknown_block};
+use super::options::{self as opt, OptionKey};
+use super::{Allocation, Policy, Registration};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
-use crate::replay::AddrMap;
+use crate::trace::AddrMap;
 use crate::trace::{Block, BlockState, PoolKind, Segment};
-use crate::units::{parse_size, MIB};
+use crate::units::MIB;
 
-/// The options `nocache` accepts.
-pub const OPTIONS: &str = "align=SIZE, page=SIZE";
+/// The policy's name in `--policy`.
+pub const NAME: &str = "nocache";
+
+/// The option keys `nocache` accepts: they drive the parser, the help and the errors.
+pub const KEYS: &[OptionKey<NoCacheOptions>] = &[
+    OptionKey {
+        key: "align",
+        value: "SIZE",
+        set: |o, k, v| {
+            o.align = opt::parse_size(k, v)?;
+            Ok(())
+        },
+    },
+    OptionKey {
+        key: "page",
+        value: "SIZE",
+        set: |o, k, v| {
+            o.page = opt::parse_size(k, v)?;
+            Ok(())
+        },
+    },
+];
+
+/// `nocache`'s line in [`POLICIES`](super::POLICIES).
+pub const POLICY: Registration<NoCache> = Registration {
+    name: NAME,
+    summary: "no caching: one cudaMalloc per request (PYTORCH_NO_CUDA_MEMORY_CACHING=1)",
+    options: || opt::help(KEYS),
+    build: |options, _| NoCache::from_options(options),
+};
 
 /// `nocache`'s options; see the module docs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -65,17 +94,10 @@ pub struct NoCache {
 }
 
 impl NoCache {
-    /// Builds the policy from `key=value` options (see [`OPTIONS`]).
+    /// Builds the policy from `key=value` options (see [`KEYS`]).
     pub fn from_options(options: &str) -> Result<NoCache> {
         let mut o = NoCacheOptions::default();
-        parse_key_values(options, |k, v| {
-            match k {
-                "align" => o.align = parse_size(v)?,
-                "page" => o.page = parse_size(v)?,
-                _ => return Err(unknown_option("nocache", k, OPTIONS)),
-            }
-            Ok(())
-        })?;
+        opt::parse(NAME, options, KEYS, &mut o)?;
         if o.align == 0 || o.page == 0 || o.page % o.align != 0 {
             return Err(Error::usage(format!(
                 "align ({}) and page ({}) must be positive and page a multiple of align",
@@ -115,7 +137,7 @@ impl Policy for NoCache {
     }
 
     fn free<B: Backend>(&mut self, backend: &mut B, addr: u64) -> Result<()> {
-        let l = self.live.remove(&addr).ok_or_else(|| unknown_block("nocache", addr))?;
+        let l = self.live.remove(&addr).ok_or_else(|| unknown_block(NAME, addr))?;
         self.allocated -= l.block;
         backend.segment_free(addr, l.cost)
     }

@@ -36,15 +36,43 @@
 //! `release()` does for an idle pool), so recorded `empty_cache()` calls and the final flush behave
 //! as in PyTorch. An OOM releases nothing (RMM throws `out_of_memory`).
 
-use super::chunks::{round_up, unknown_block, unknown_option, Chunks};
-use super::{parse_key_values, Allocation, Policy};
+use super::chunks::{round_up, unknown_block, Chunks};
+use super::options::{self as opt, OptionKey};
+use super::{Allocation, Policy, Registration};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::trace::{PoolKind, Segment};
-use crate::units::parse_size;
 
-/// The options `rmm-pool` accepts.
-pub const OPTIONS: &str = "initial=SIZE, maximum=SIZE";
+/// The policy's name in `--policy`.
+pub const NAME: &str = "rmm-pool";
+
+/// The option keys `rmm-pool` accepts: they drive the parser, the help and the errors.
+pub const KEYS: &[OptionKey<RmmPoolOptions>] = &[
+    OptionKey {
+        key: "initial",
+        value: "SIZE",
+        set: |o, k, v| {
+            o.initial = opt::parse_size(k, v)?;
+            Ok(())
+        },
+    },
+    OptionKey {
+        key: "maximum",
+        value: "SIZE",
+        set: |o, k, v| {
+            o.maximum = Some(opt::parse_size(k, v)?);
+            Ok(())
+        },
+    },
+];
+
+/// `rmm-pool`'s line in [`POLICIES`](super::POLICIES).
+pub const POLICY: Registration<RmmPool> = Registration {
+    name: NAME,
+    summary: "RAPIDS RMM pool_memory_resource (coalescing best fit per stream)",
+    options: || opt::help(KEYS),
+    build: |options, _| RmmPool::from_options(options),
+};
 
 /// `CUDA_ALLOCATION_ALIGNMENT`.
 pub const ALIGNMENT: u64 = 256;
@@ -68,17 +96,10 @@ pub struct RmmPool {
 }
 
 impl RmmPool {
-    /// Builds the policy from `key=value` options (see [`OPTIONS`]).
+    /// Builds the policy from `key=value` options (see [`KEYS`]).
     pub fn from_options(options: &str) -> Result<RmmPool> {
         let mut o = RmmPoolOptions::default();
-        parse_key_values(options, |k, v| {
-            match k {
-                "initial" => o.initial = parse_size(v)?,
-                "maximum" => o.maximum = Some(parse_size(v)?),
-                _ => return Err(unknown_option("rmm-pool", k, OPTIONS)),
-            }
-            Ok(())
-        })?;
+        opt::parse(NAME, options, KEYS, &mut o)?;
         if let Some(max) = o.maximum {
             if o.initial > max {
                 return Err(Error::usage(format!(
@@ -186,7 +207,7 @@ impl Policy for RmmPool {
             .get(addr)
             .filter(|c| c.in_use)
             .map(|c| c.list)
-            .ok_or_else(|| unknown_block("rmm-pool", addr))?;
+            .ok_or_else(|| unknown_block(NAME, addr))?;
         self.chunks.release(addr, owner);
         Ok(())
     }

@@ -43,15 +43,44 @@
 //! request that no free block fits, as an ablation). Streams are ignored (GMLake, like PyTorch,
 //! keeps blocks per stream; a single stream is modelled).
 
-use super::chunks::{parse_bool, round_up, unknown_block, unknown_option, Chunks};
-use super::{parse_key_values, Allocation, Policy};
+use super::chunks::{round_up, unknown_block, Chunks};
+use super::options::{self as opt, OptionKey};
+use super::{Allocation, Policy, Registration};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::trace::{PoolKind, Segment};
-use crate::units::{parse_size, MIB};
+use crate::units::MIB;
 
-/// The options `stitch` accepts.
-pub const OPTIONS: &str = "small=SIZE, stitch=true|false";
+/// The policy's name in `--policy`.
+pub const NAME: &str = "stitch";
+
+/// The option keys `stitch` accepts: they drive the parser, the help and the errors.
+pub const KEYS: &[OptionKey<StitchOptions>] = &[
+    OptionKey {
+        key: "small",
+        value: "SIZE",
+        set: |o, k, v| {
+            o.small = opt::parse_size(k, v)?;
+            Ok(())
+        },
+    },
+    OptionKey {
+        key: "stitch",
+        value: "true|false",
+        set: |o, k, v| {
+            o.stitch = opt::parse_bool(k, v)?;
+            Ok(())
+        },
+    },
+];
+
+/// `stitch`'s line in [`POLICIES`](super::POLICIES).
+pub const POLICY: Registration<Stitch> = Registration {
+    name: NAME,
+    summary: "GMLake-style virtual-memory stitching of free 2 MiB granules",
+    options: || opt::help(KEYS),
+    build: |options, _| Stitch::from_options(options),
+};
 
 /// Small-pool rounding (PyTorch's `kMinBlockSize`).
 const SMALL_ROUND: u64 = 512;
@@ -85,17 +114,10 @@ pub struct Stitch {
 }
 
 impl Stitch {
-    /// Builds the policy from `key=value` options (see [`OPTIONS`]).
+    /// Builds the policy from `key=value` options (see [`KEYS`]).
     pub fn from_options(options: &str) -> Result<Stitch> {
         let mut o = StitchOptions::default();
-        parse_key_values(options, |k, v| {
-            match k {
-                "small" => o.small = parse_size(v)?,
-                "stitch" => o.stitch = parse_bool(k, v)?,
-                _ => return Err(unknown_option("stitch", k, OPTIONS)),
-            }
-            Ok(())
-        })?;
+        opt::parse(NAME, options, KEYS, &mut o)?;
         if o.small > SMALL_SEGMENT {
             return Err(Error::usage(format!(
                 "small ({}) must be at most the 2 MiB small-pool segment",
@@ -276,7 +298,7 @@ impl Policy for Stitch {
             self.small.release(addr, 0);
             return Ok(());
         }
-        self.large.release(addr, 0).map(|_| ()).ok_or_else(|| unknown_block("stitch", addr))
+        self.large.release(addr, 0).map(|_| ()).ok_or_else(|| unknown_block(NAME, addr))
     }
 
     fn empty_cache<B: Backend>(&mut self, backend: &mut B) -> Result<()> {

@@ -18,19 +18,19 @@
 pub mod compare;
 pub mod metrics;
 pub mod series;
-pub mod start_state;
 
 pub use compare::{run_specs, Comparison, Jobs, RunSettings, SpecFailure, SpecRun};
 pub use metrics::{PeakDetail, PolicyResult};
 pub use series::{Point, Series};
-pub use start_state::{empty_cache_points, free_action, live_at_start, orphan_frees, LiveBlock};
+// Trace semantics the engine reads, re-exported where callers have found them so far.
+pub use crate::trace::lifetimes::{
+    empty_cache_points, free_action, live_at_start, orphan_frees, AddrHasher, AddrMap, LiveBlock,
+};
 
 use crate::backend::{Backend, SimDevice};
 use crate::error::{Error, Result};
-use crate::policy::Policy;
+use crate::policy::{self, Policy, PolicyContext, PolicyInfo, PolicyRunner, PolicySpec};
 use crate::trace::{Action, Event, Segment, Trace};
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Instant;
 
 /// One device's events, ready to replay.
@@ -41,7 +41,7 @@ pub struct ReplayInput<'a> {
     pub device: i32,
     /// That device's events.
     pub events: &'a [Event],
-    /// Blocks live before the first event (see [`start_state`]).
+    /// Blocks live before the first event (see [`live_at_start`]).
     pub live_at_start: Vec<LiveBlock>,
     /// Where the recorded program called `empty_cache()`.
     pub empty_cache_at: Vec<bool>,
@@ -125,6 +125,59 @@ impl<'a> ReplayInput<'a> {
     }
 }
 
+impl<'a> ReplayInput<'a> {
+    /// What a policy's constructor is handed for this replay under `options`.
+    pub fn context(&self, options: &ReplayOptions) -> PolicyContext<'_> {
+        PolicyContext {
+            trace: self.trace,
+            device: self.device,
+            events: self.events,
+            live_at_start: &self.live_at_start,
+            capacity: options.capacity,
+        }
+    }
+}
+
+/// The engine side of running a table entry: the policy module's table builds the concrete
+/// policy, the engine runs it. (An inherent impl here, beside the engine, so that `policy` never
+/// names `replay`.)
+impl PolicyInfo {
+    /// Replays `input` with this policy built from `spec`'s options: one dispatch per run, then
+    /// the generic engine instantiated for the concrete policy type.
+    pub fn run(
+        &self,
+        spec: &PolicySpec,
+        input: &ReplayInput,
+        options: &ReplayOptions,
+    ) -> Result<ReplayOutput> {
+        let built = self.build(spec, &input.context(options))?;
+        built.run_with(&spec.name, Engine { input, options })
+    }
+}
+
+/// Replays `input` with the built-in policy `spec` names: [`policy::lookup`] then
+/// [`PolicyInfo::run`].
+pub fn run_spec(
+    spec: &PolicySpec,
+    input: &ReplayInput,
+    options: &ReplayOptions,
+) -> Result<ReplayOutput> {
+    policy::lookup(&spec.name)?.run(spec, input, options)
+}
+
+/// The engine as a [`PolicyRunner`]: what a built policy is handed to be run.
+struct Engine<'r, 'a> {
+    input: &'r ReplayInput<'a>,
+    options: &'r ReplayOptions,
+}
+
+impl PolicyRunner for Engine<'_, '_> {
+    type Output = Result<ReplayOutput>;
+    fn run<P: Policy>(self, name: &str, policy: P) -> Result<ReplayOutput> {
+        run_policy(name, policy, self.input, self.options)
+    }
+}
+
 /// Which memory a replay runs on.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum BackendKind {
@@ -190,6 +243,25 @@ pub struct ReplayOutput {
     pub segments: Vec<Segment>,
 }
 
+impl From<crate::policy::pytorch::validate::SimulatedRun> for ReplayOutput {
+    /// A validation's simulated run as a `pytorch` replay's output (for `--export-snapshot`).
+    fn from(run: crate::policy::pytorch::validate::SimulatedRun) -> ReplayOutput {
+        ReplayOutput {
+            result: PolicyResult {
+                policy: crate::policy::pytorch::NAME.into(),
+                config: run.config,
+                peak_reserved_bytes: run.peak_reserved_bytes,
+                reserved_at_end_bytes: run.reserved_at_end_bytes,
+                alloc_retries: run.alloc_retries,
+                ..PolicyResult::default()
+            },
+            events: run.events,
+            segments: run.segments,
+            ..ReplayOutput::default()
+        }
+    }
+}
+
 /// Replays `input` through `policy` on the backend `options` names.
 pub fn run_policy<P: Policy>(
     name: &str,
@@ -215,30 +287,6 @@ pub fn run_policy<P: Policy>(
 fn cuda_cap(options: &ReplayOptions) -> Option<u64> {
     options.capacity.map(|c| c.saturating_sub(options.outside_bytes))
 }
-
-/// A fast hasher for address keys: addresses are already well spread, so a multiply suffices.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct AddrHasher(u64);
-
-impl Hasher for AddrHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(5) ^ b as u64).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        // Fold the product's high half down: addresses are 512-byte aligned, so the product's
-        // low bits alone (which hashbrown uses as the bucket index) would all be zero.
-        let x = (n ^ (n >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        self.0 = x ^ (x >> 32);
-    }
-}
-
-/// A map keyed by addresses.
-pub type AddrMap<V> = HashMap<u64, V, BuildHasherDefault<AddrHasher>>;
 
 /// Counts what the policy asks of the backend and, when asked, records it as trace events.
 struct Metered<B> {

@@ -21,10 +21,10 @@
 //! reader deserialises each event into a small borrowed struct that only looks at `name`, `ts`
 //! and `args`, skipping everything else without building a JSON tree.
 
+use super::lifetimes::free_action;
 use super::read::MAX_EVENT_BYTES;
 use super::{Action, DeviceTrace, Event, Format, ReadOptions, Trace};
 use crate::error::{Error, ErrorKind, Place, Result};
-use crate::replay::start_state::free_action;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use std::borrow::Cow;

@@ -13,6 +13,7 @@
 pub mod detect;
 pub mod fst;
 pub mod kineto;
+pub mod lifetimes;
 pub mod pickle;
 pub mod rmm;
 pub mod snapshot;
@@ -23,6 +24,7 @@ mod frames;
 mod read;
 
 pub use frames::{Frame, FrameTable, FramesId};
+pub use lifetimes::{AddrHasher, AddrMap, LiveBlock};
 pub use read::{
     read_bytes, read_trace, write_to, write_trace, Format, ReadOptions, MAX_DECOMPRESSED_BYTES,
 };

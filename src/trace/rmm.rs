@@ -22,10 +22,10 @@
 //!   is read as hex, plain digits as decimal (the default stream is `0` either way).
 //! - An RMM log is one device: device 0.
 
+use super::lifetimes::free_action;
 use super::read::MAX_EVENT_BYTES;
 use super::{Action, DeviceTrace, Event, Format, ReadOptions, Trace};
 use crate::error::{Error, ErrorKind, Place, Result};
-use crate::replay::start_state::free_action;
 use std::io::Write;
 
 /// The header RMM writes, exactly.

@@ -6,12 +6,12 @@
 //! itself had live at most. None of this needs a policy: it is a single pass over the events.
 //!
 //! Frees take effect at the action the replay engine uses
-//! ([`free_action`]): `free_completed` when a trace has
+//! ([`free_action`](super::lifetimes::free_action)): `free_completed` when a trace has
 //! any, else `free_requested`. The serialised form is `info --json` (interface.md: `format`,
 //! `devices` with `device`, `events` and `by_action`, `orphan_frees`, `peak_live_bytes`).
 
+use super::lifetimes::free_action;
 use super::{Action, AllocatorSettings, DeviceTrace, Trace};
-use crate::replay::start_state::free_action;
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 use std::collections::{BTreeSet, HashMap};

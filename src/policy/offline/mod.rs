@@ -9,10 +9,10 @@
 //!
 //! How it works:
 //! - [`Policy::prepare`] walks the events. Each `alloc` of a positive size opens a lifetime at its
-//!   event; the free that takes effect (`replay::start_state::free_action`) of the same address
+//!   event; the free that takes effect ([`free_action`](crate::trace::lifetimes::free_action)) of the same address
 //!   closes it; blocks never freed live to the end. Blocks live before the first event (which
 //!   the engine allocates first, in address order) live from the start: built by the registry,
-//!   `offline` gets them from the [`ReplayInput`] ([`Offline::from_input`]), including those only
+//!   `offline` gets them from the engine's [`PolicyContext`] ([`Offline::from_input`]), including those only
 //!   the final segments show; without it, it finds the ones the events show (frees of addresses
 //!   never allocated before). When the trace re-allocates an address still live, the engine
 //!   frees the old block just before the new malloc (its free was not recorded); the plan
@@ -72,21 +72,41 @@
 //! `offline` never rounds less than the online policies; `align=1` packs exact request sizes).
 //! Streams are ignored.
 
-use super::chunks::{round_up, unknown_block, unknown_option};
-use super::{parse_key_values, Allocation, Policy};
+use super::chunks::{round_up, unknown_block};
+use super::options::{self as opt, OptionKey};
+use super::PolicyContext;
+use super::{Allocation, Policy, Registration};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
-use crate::replay::{free_action, AddrMap, ReplayInput};
+use crate::trace::lifetimes::free_action;
+use crate::trace::AddrMap;
 use crate::trace::{Action, Block, BlockState, Event, PoolKind, Segment};
-use crate::units::parse_size;
 use std::collections::BTreeMap;
 
 mod by_size;
 
 pub use by_size::pack;
 
-/// The options `offline` accepts.
-pub const OPTIONS: &str = "align=SIZE";
+/// The policy's name in `--policy`.
+pub const NAME: &str = "offline";
+
+/// The option keys `offline` accepts: they drive the parser, the help and the errors.
+pub const KEYS: &[OptionKey<OfflineOptions>] = &[OptionKey {
+    key: "align",
+    value: "SIZE",
+    set: |o, k, v| {
+        o.align = opt::parse_size(k, v)?;
+        Ok(())
+    },
+}];
+
+/// `offline`'s line in [`POLICIES`](super::POLICIES).
+pub const POLICY: Registration<Offline> = Registration {
+    name: NAME,
+    summary: "clairvoyant packing that knows every lifetime in advance",
+    options: || opt::help(KEYS),
+    build: |options, context| Offline::from_input(options, context),
+};
 
 /// `offline`'s options; see the module docs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -128,10 +148,13 @@ pub struct Lifetime {
 }
 
 /// The blocks live before the first event as far as `events` show them
-/// ([`replay::orphan_frees`](crate::replay::orphan_frees)), as (address, size), in address
+/// ([`lifetimes::orphan_frees`](crate::trace::lifetimes::orphan_frees)), as (address, size), in address
 /// order. Blocks that only the final segments show are not among them.
 pub fn orphan_frees(events: &[Event]) -> Vec<(u64, u64)> {
-    crate::replay::orphan_frees(events).into_iter().map(|b| (b.addr, b.size.max(1))).collect()
+    crate::trace::lifetimes::orphan_frees(events)
+        .into_iter()
+        .map(|b| (b.addr, b.size.max(1)))
+        .collect()
 }
 
 /// The lifetimes of `events` in malloc order, after the blocks `at_start` (address, size) that
@@ -224,28 +247,22 @@ pub struct Offline {
 }
 
 impl Offline {
-    /// Builds the policy from `key=value` options (see [`OPTIONS`]).
+    /// Builds the policy from `key=value` options (see [`KEYS`]).
     pub fn from_options(options: &str) -> Result<Offline> {
         let mut o = OfflineOptions::default();
-        parse_key_values(options, |k, v| {
-            match k {
-                "align" => o.align = parse_size(v)?,
-                _ => return Err(unknown_option("offline", k, OPTIONS)),
-            }
-            Ok(())
-        })?;
+        opt::parse(NAME, options, KEYS, &mut o)?;
         if o.align == 0 {
             return Err(Error::usage("align must be positive"));
         }
         Ok(Offline { options: o, ..Offline::default() })
     }
 
-    /// Builds the policy for a replay of `input`: it then knows the blocks live at the start
+    /// Builds the policy for a replay in `context`: it then knows the blocks live at the start
     /// exactly (including those only the final segments show), so the plan matches the engine's
     /// first mallocs.
-    pub fn from_input(options: &str, input: &ReplayInput) -> Result<Offline> {
+    pub fn from_input(options: &str, context: &PolicyContext) -> Result<Offline> {
         let mut p = Offline::from_options(options)?;
-        p.at_start = Some(input.live_at_start.iter().map(|b| (b.addr, b.size.max(1))).collect());
+        p.at_start = Some(context.live_at_start.iter().map(|b| (b.addr, b.size.max(1))).collect());
         Ok(p)
     }
 
@@ -396,7 +413,7 @@ impl Policy for Offline {
     }
 
     fn free<B: Backend>(&mut self, backend: &mut B, addr: u64) -> Result<()> {
-        let l = self.live.remove(&addr).ok_or_else(|| unknown_block("offline", addr))?;
+        let l = self.live.remove(&addr).ok_or_else(|| unknown_block(NAME, addr))?;
         self.allocated -= l.block;
         if l.planned {
             self.in_range.remove(&addr);
@@ -533,7 +550,7 @@ mod tests {
                    free 0x2 2048\nfree 0x3 2048\n";
         let t = text::read(src.as_bytes(), &ReadOptions::default()).unwrap();
         let input = ReplayInput::new(&t, None).unwrap();
-        let mut p = Offline::from_input("", &input).unwrap();
+        let mut p = Offline::from_input("", &input.context(&ReplayOptions::default())).unwrap();
         p.prepare(input.events).unwrap();
         assert_eq!(p.planned_peak(), 4 * K);
         let out = replay(src);

@@ -27,9 +27,10 @@ pub use config::{Config, Version};
 
 use super::chunks::unknown_block;
 use super::{Allocation, Policy};
+use super::{PolicyContext, Registration};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
-use crate::replay::{AddrMap, ReplayInput};
+use crate::trace::AddrMap;
 use crate::trace::{Block as SnapBlock, BlockState, PoolKind, Segment};
 use config::{MIN_BLOCK_SIZE, SMALL_SIZE};
 use std::collections::BTreeMap;
@@ -42,6 +43,27 @@ pub type Tiling = Vec<(u64, u64, Option<u64>)>;
 pub type MappedRange = (u64, u64, Tiling);
 
 /// No block: the end of a neighbour list.
+/// The policy's name in `--policy`.
+pub const NAME: &str = "pytorch";
+
+/// `pytorch`'s line in [`POLICIES`](super::POLICIES).
+pub const POLICY: Registration<PyTorch> = Registration {
+    name: NAME,
+    summary: "PyTorch's CUDA caching allocator (PYTORCH_CUDA_ALLOC_CONF options; default: recorded settings)",
+    options: || "PYTORCH_CUDA_ALLOC_CONF syntax, e.g. max_split_size_mb:128,roundup_power2_divisions:4; or 'recorded'".into(),
+    build: |options, context| PyTorch::from_spec(options, context).map(|p| p.on_gpu(context.capacity)),
+};
+
+/// `pytorch-expandable`'s line in [`POLICIES`](super::POLICIES).
+pub const EXPANDABLE: Registration<PyTorch> = Registration {
+    name: "pytorch-expandable",
+    summary: "PyTorch's caching allocator with expandable_segments:True",
+    options: || "PYTORCH_CUDA_ALLOC_CONF syntax (expandable_segments is forced on)".into(),
+    build: |options, context| {
+        PyTorch::expandable_from_spec(options, context).map(|p| p.on_gpu(context.capacity))
+    },
+};
+
 const NIL: u32 = u32::MAX;
 
 /// One block of a segment (PyTorch's `Block`).
@@ -171,13 +193,13 @@ impl PyTorch {
 
     /// Builds the policy from `PYTORCH_CUDA_ALLOC_CONF` options (`recorded` or empty: the trace's
     /// recorded settings, else PyTorch's defaults).
-    pub fn from_spec(options: &str, input: &ReplayInput) -> Result<PyTorch> {
-        Ok(PyTorch::new(config_for(options, input, Version::CURRENT)?))
+    pub fn from_spec(options: &str, context: &PolicyContext) -> Result<PyTorch> {
+        Ok(PyTorch::new(config_for(options, context, Version::CURRENT)?))
     }
 
     /// Like [`PyTorch::from_spec`] with `expandable_segments:True` forced.
-    pub fn expandable_from_spec(options: &str, input: &ReplayInput) -> Result<PyTorch> {
-        let mut c = config_for(options, input, Version::CURRENT)?;
+    pub fn expandable_from_spec(options: &str, context: &PolicyContext) -> Result<PyTorch> {
+        let mut c = config_for(options, context, Version::CURRENT)?;
         c.expandable_segments = true;
         Ok(PyTorch::new(c))
     }
@@ -830,10 +852,10 @@ impl PyTorch {
 
 /// The configuration `options` asks for: `recorded` or empty means the trace's recorded
 /// settings (else PyTorch's defaults); anything else is `PYTORCH_CUDA_ALLOC_CONF` syntax.
-pub fn config_for(options: &str, input: &ReplayInput, version: Version) -> Result<Config> {
+pub fn config_for(options: &str, context: &PolicyContext, version: Version) -> Result<Config> {
     let o = options.trim();
     if o.is_empty() || o == "recorded" {
-        return match &input.trace.allocator_settings {
+        return match &context.trace.allocator_settings {
             Some(s) => Config::from_recorded(s, version),
             None => Ok(Config { version, ..Config::default() }),
         };
@@ -880,7 +902,7 @@ impl Policy for PyTorch {
     }
 
     fn free<B: Backend>(&mut self, _backend: &mut B, addr: u64) -> Result<()> {
-        let id = self.active.remove(&addr).ok_or_else(|| unknown_block("pytorch", addr))?;
+        let id = self.active.remove(&addr).ok_or_else(|| unknown_block(NAME, addr))?;
         let max_split = self.config.max_split_size;
         let b = self.bm(id);
         b.allocated = false;

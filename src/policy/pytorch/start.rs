@@ -23,9 +23,8 @@
 use super::config::{Config, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE};
 use super::{MappedRange, PyTorch, Tiling};
 use crate::error::Result;
-use crate::replay::free_action;
-use crate::trace::{Action, BlockState, Event, Trace};
-use std::collections::{BTreeMap, HashSet};
+use crate::trace::{lifetimes, Action, BlockState, Event, Trace};
+use std::collections::BTreeMap;
 
 /// An expandable reservation at the first event: (base, VA size, stream, small pool).
 pub type Reservation = (u64, u64, u64, bool);
@@ -142,23 +141,9 @@ impl StartState {
             }
         }
         // Live blocks: final blocks no alloc produced, and orphan frees.
-        let frees_at = free_action(events);
-        let mut allocated_in_trace = HashSet::new();
-        let mut orphans: Vec<(u64, u64)> = Vec::new();
-        let mut seen = HashSet::new();
-        for e in events {
-            match e.action {
-                Action::Alloc => {
-                    allocated_in_trace.insert(e.addr);
-                    seen.insert(e.addr);
-                }
-                a if a == frees_at && !seen.contains(&e.addr) => {
-                    seen.insert(e.addr);
-                    orphans.push((e.addr, e.size));
-                }
-                _ => {}
-            }
-        }
+        let lifetimes = lifetimes::scan(events);
+        let allocated_in_trace = lifetimes.allocated;
+        let orphans = lifetimes.orphans.iter().map(|b| (b.addr, b.size));
         let mut segments: Vec<StartSegment> = segs
             .iter()
             .map(|(&addr, &(size, stream, small))| StartSegment {

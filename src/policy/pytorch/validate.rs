@@ -22,8 +22,8 @@ use super::PyTorch;
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::policy::Policy;
-use crate::replay::{free_action, AddrMap, PolicyResult, ReplayOutput};
-use crate::trace::{Action, Event, Trace};
+use crate::trace::lifetimes::free_action;
+use crate::trace::{Action, AddrMap, Event, Segment, Trace};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -92,7 +92,25 @@ pub struct Validation {
     pub config: String,
     /// The simulated run, for `--export-snapshot`.
     #[serde(skip)]
-    pub output: ReplayOutput,
+    pub output: SimulatedRun,
+}
+
+/// What the simulated allocator did in a validation, in the policy's own terms; the replay
+/// engine turns it into its `ReplayOutput` (`From<SimulatedRun>`) for the report writers.
+#[derive(Clone, Debug, Default)]
+pub struct SimulatedRun {
+    /// The settings replayed, in `PYTORCH_CUDA_ALLOC_CONF` syntax.
+    pub config: String,
+    /// Peak reserved bytes of the simulation.
+    pub peak_reserved_bytes: u64,
+    /// Reserved bytes when the simulation ended.
+    pub reserved_at_end_bytes: u64,
+    /// PyTorch's `num_alloc_retries`.
+    pub alloc_retries: u64,
+    /// The simulated run as events, if `record_events` asked for them.
+    pub events: Option<Vec<Event>>,
+    /// The simulated allocator's final segments, on the validated device.
+    pub segments: Vec<Segment>,
 }
 
 /// What happens at one recorded event.
@@ -787,15 +805,11 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
     }
     let segment_events_recorded = events.iter().filter(|e| e.action.is_segment_event()).count();
     let peak_rec = recorded_peak(events, start.reserved());
-    let output = ReplayOutput {
-        result: PolicyResult {
-            policy: "pytorch".into(),
-            config: policy.config(),
-            peak_reserved_bytes: base.peak,
-            reserved_at_end_bytes: policy.reserved(),
-            alloc_retries: policy.alloc_retries(),
-            ..PolicyResult::default()
-        },
+    let output = SimulatedRun {
+        config: policy.config(),
+        peak_reserved_bytes: base.peak,
+        reserved_at_end_bytes: policy.reserved(),
+        alloc_retries: policy.alloc_retries(),
         events: options.record_events.then(|| base.log.clone()),
         segments: policy
             .segments()
@@ -805,7 +819,6 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
                 s
             })
             .collect(),
-        ..ReplayOutput::default()
     };
     Ok(Validation {
         trace: String::new(),

@@ -1,0 +1,224 @@
+//! Block lifetimes as the trace itself shows them: where frees take effect, which frees have no
+//! alloc before them, which blocks were live at the first event.
+//!
+//! Most snapshots start mid-run (the ring buffer, or recording enabled late): blocks allocated
+//! before the first event show up only as frees (orphan frees) or as `active_allocated` blocks in
+//! the final segments that no `alloc` event produced. These are facts about the recording, not
+//! about any allocator, so they live beside the trace model: readers, `info`, the replay engine
+//! and the policies that recover a start state all read them from here, and the orphan-free scan
+//! is written once ([`scan`]).
+
+use super::{Action, BlockState, DeviceTrace, Event, Trace};
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// A block live at the first event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LiveBlock {
+    /// The address the recording knows it by.
+    pub addr: u64,
+    /// The request size, as far as known (the free's size, or the final block's requested size).
+    pub size: u64,
+    /// The allocation stream.
+    pub stream: u64,
+    /// True when the block is freed inside the trace (an orphan free); false when it lives on
+    /// to the end (it appears only in the final segments).
+    pub freed_in_trace: bool,
+}
+
+/// What one pass over a device's events finds about block lifetimes (see [`scan`]).
+#[derive(Clone, Debug)]
+pub struct Lifetimes {
+    /// The action at which frees take effect (see [`free_action`]).
+    pub frees_at: Action,
+    /// The orphan frees in trace order: the first free of each address that no earlier event
+    /// allocated.
+    pub orphans: Vec<LiveBlock>,
+    /// Every address an `alloc` event names.
+    pub allocated: HashSet<u64>,
+}
+
+/// The one orphan-free scan: finds where frees take effect, the orphan frees in trace order, and
+/// every allocated address.
+pub fn scan(events: &[Event]) -> Lifetimes {
+    let frees_at = free_action(events);
+    let mut allocated = HashSet::new();
+    let mut orphaned = HashSet::new();
+    let mut orphans = Vec::new();
+    for e in events {
+        match e.action {
+            Action::Alloc => {
+                allocated.insert(e.addr);
+            }
+            a if a == frees_at && !allocated.contains(&e.addr) && orphaned.insert(e.addr) => {
+                orphans.push(LiveBlock {
+                    addr: e.addr,
+                    size: e.size,
+                    stream: e.stream,
+                    freed_in_trace: true,
+                });
+            }
+            _ => {}
+        }
+    }
+    Lifetimes { frees_at, orphans, allocated }
+}
+
+/// The blocks live at the first of `events`, in address order: orphan frees, and blocks that
+/// the final segments of `device` in `trace` show allocated but that no event allocated.
+pub fn live_at_start(trace: &Trace, device: i32, events: &[Event]) -> Vec<LiveBlock> {
+    let Lifetimes { mut orphans, allocated, .. } = scan(events);
+    let orphaned: HashSet<u64> = orphans.iter().map(|b| b.addr).collect();
+    for seg in trace.segments_of(device) {
+        for b in &seg.blocks {
+            let live =
+                matches!(b.state, BlockState::ActiveAllocated | BlockState::ActivePendingFree);
+            if live && !allocated.contains(&b.address) && !orphaned.contains(&b.address) {
+                orphans.push(LiveBlock {
+                    addr: b.address,
+                    size: b.requested_size.max(1),
+                    stream: seg.stream,
+                    freed_in_trace: false,
+                });
+            }
+        }
+    }
+    orphans.sort_by_key(|b| b.addr);
+    orphans
+}
+
+/// The blocks live at the first of `events` that the events alone show: frees of addresses
+/// with no earlier alloc (orphan frees), in address order. [`live_at_start`] adds those that
+/// only a snapshot's final segments show.
+pub fn orphan_frees(events: &[Event]) -> Vec<LiveBlock> {
+    let mut out = scan(events).orphans;
+    out.sort_by_key(|b| b.addr);
+    out
+}
+
+/// The action at which a free takes effect in `events`: `free_completed` when the trace has
+/// any (PyTorch snapshots), else `free_requested` (traces that record one kind of free).
+pub fn free_action(events: &[Event]) -> Action {
+    if events.iter().any(|e| e.action == Action::FreeCompleted) {
+        Action::FreeCompleted
+    } else {
+        Action::FreeRequested
+    }
+}
+
+/// For each event, true where the recorded program released cached memory on its own: a run of
+/// `segment_free` / `segment_unmap` that is not part of a malloc's fallback, i.e. not followed
+/// (after any `free_completed`) by a `segment_alloc`, `segment_map` or `oom` of the same malloc.
+/// Spec §19.4: such runs are `empty_cache()` calls. Only the first event of each run is marked.
+pub fn empty_cache_points(events: &[Event]) -> Vec<bool> {
+    let mut marks = vec![false; events.len()];
+    let mut i = 0;
+    while i < events.len() {
+        if !matches!(events[i].action, Action::SegmentFree | Action::SegmentUnmap) {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < events.len()
+            && matches!(
+                events[i].action,
+                Action::SegmentFree | Action::SegmentUnmap | Action::FreeCompleted
+            )
+        {
+            i += 1;
+        }
+        let part_of_malloc = events.get(i).is_some_and(|e| {
+            matches!(e.action, Action::SegmentAlloc | Action::SegmentMap | Action::Oom)
+        });
+        if !part_of_malloc {
+            marks[start] = true;
+        }
+    }
+    marks
+}
+
+impl DeviceTrace {
+    /// The action at which frees take effect on this device (see [`free_action`]).
+    pub fn free_action(&self) -> Action {
+        free_action(&self.events)
+    }
+
+    /// This device's orphan frees, in address order (see [`orphan_frees`]).
+    pub fn orphan_frees(&self) -> Vec<LiveBlock> {
+        orphan_frees(&self.events)
+    }
+}
+
+impl Trace {
+    /// The blocks live at the first event of `device` (see [`live_at_start`]); empty when the
+    /// trace has no such device.
+    pub fn live_at_start(&self, device: i32) -> Vec<LiveBlock> {
+        self.device(device).map_or_else(Vec::new, |d| live_at_start(self, device, &d.events))
+    }
+}
+
+/// A fast hasher for address keys: addresses are already well spread, so a multiply suffices.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(5) ^ b as u64).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        // Fold the product's high half down: addresses are 512-byte aligned, so the product's
+        // low bits alone (which hashbrown uses as the bucket index) would all be zero.
+        let x = (n ^ (n >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        self.0 = x ^ (x >> 32);
+    }
+}
+
+/// A map keyed by addresses: what the replay engine and every policy use to find a block by
+/// its address. It lives beside the trace model, the layer every other one may read.
+pub type AddrMap<V> = HashMap<u64, V, BuildHasherDefault<AddrHasher>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::{text, ReadOptions};
+
+    fn events(src: &str) -> (Trace, Vec<Event>) {
+        let t = text::read(src.as_bytes(), &ReadOptions::default()).unwrap();
+        let e = t.devices[0].events.clone();
+        (t, e)
+    }
+
+    #[test]
+    fn orphan_frees_are_live_at_start() {
+        let (t, e) = events("alloc 0x100 10 s0\nfree 0x100 10 s0\nfree 0x300 30 s1\nalloc 0x300 5 s0\nfree 0x300 5 s0\n");
+        let live = live_at_start(&t, 0, &e);
+        assert_eq!(
+            live,
+            vec![LiveBlock { addr: 0x300, size: 30, stream: 1, freed_in_trace: true }]
+        );
+        assert_eq!(t.live_at_start(0), live);
+        assert_eq!(t.devices[0].orphan_frees(), live);
+    }
+
+    #[test]
+    fn a_double_free_is_not_an_orphan() {
+        let (_, e) = events("alloc 0x100 10 s0\nfree 0x100 10 s0\nfree 0x100 10 s0\nfree 0x200 4 s0\nfree 0x200 4 s0\n");
+        let l = scan(&e);
+        assert_eq!(l.orphans.iter().map(|b| b.addr).collect::<Vec<_>>(), vec![0x200]);
+        assert_eq!(l.frees_at, free_action(&e));
+    }
+
+    #[test]
+    fn flush_runs_outside_a_malloc_are_empty_cache_calls() {
+        let (_, e) = events(
+            "segment_free 0x0 2097152\nsegment_free 0x200000 2097152\nalloc 0x0 8\n\
+             segment_free 0x400000 2097152\nsegment_alloc 0x800000 20971520\nalloc 0x800000 4096\n",
+        );
+        assert_eq!(empty_cache_points(&e), vec![true, false, false, false, false, false]);
+    }
+}
