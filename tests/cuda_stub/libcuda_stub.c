@@ -27,6 +27,9 @@
  *   FRAGSIM_STUB_TOTAL_MB   device memory in MiB (default 81920)
  *   FRAGSIM_STUB_OTHER_MB   memory other processes use, in MiB (default 0)
  *   FRAGSIM_STUB_NODEV      when set, cuInit fails with CUDA_ERROR_NO_DEVICE
+ *   FRAGSIM_STUB_HIGH_AFTER after this many cuMemAlloc_v2 calls, segments are placed above 2^56
+ *                           (legal for a driver; fragsim's pytorch policy refuses such addresses
+ *                           with an input error, which lets tests fail a replay midway)
  *   FRAGSIM_STUB_REPORT     file the at-exit report is written to (see report() below)
  *   FRAGSIM_STUB_FAIL       fault injection: CALL:N:WHAT[,CALL:N:WHAT...]: the Nth call (1-based)
  *                           of driver function CALL returns the error named WHAT (e.g.
@@ -294,6 +297,9 @@ CUresult cuMemAlloc_v2(u64 *p, size_t size) {
   if (!p || size == 0) return INVALID_VALUE;
   u64 charged = round_up(size, granularity);
   if (charged > free_bytes()) return OUT_OF_MEMORY;
+  static u64 allocs;
+  const char *high = getenv("FRAGSIM_STUB_HIGH_AFTER");
+  if (high && ++allocs > strtoull(high, 0, 10) && next_seg < (1ull << 56)) next_seg = 1ull << 57;
   *p = next_seg;
   next_seg += charged;
   insert_sorted(&segs, (rec){*p, size, charged, 0});
