@@ -24,6 +24,10 @@ fn main() -> ExitCode {
                 }
             }
             eprintln!("fragsim: {err}");
+            if fragsim::backend::cuda::interrupt::requested() {
+                // Ctrl-C on the cuda backend: the device memory was released on the way out.
+                return ExitCode::from(fragsim::backend::cuda::interrupt::EXIT_CODE);
+            }
             ExitCode::from(err.kind().exit_code())
         }
     }

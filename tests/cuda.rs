@@ -118,169 +118,300 @@ fn a_replay_on_the_gpu_peaks_where_the_simulation_does() {
     assert_eq!(peak("cuda"), peak("sim"));
 }
 
-/// A stand-in libcuda for machines without a GPU: the driver calls the backend makes, keeping
-/// the books a real driver keeps and enforcing the rules the CUDA docs state (sizes in multiples
-/// of the granularity, `cuMemUnmap` only of a whole earlier `cuMemMap` range, no address freed
-/// while mapped, out of memory past `FAKECUDA_CAP_MB`). At exit it reports what is still held.
-const FAKE_LIBCUDA: &str = r#"
-#include <stdio.h>
-#include <stdlib.h>
-typedef unsigned long long u64;
-enum { N = 100000 };
-static const u64 GRAN = 2ull << 20;
-static u64 cap = 64ull << 20, used;
-static u64 seg_a[N], seg_s[N], res_a[N], res_s[N], map_a[N], map_s[N], map_h[N], h_size[N];
-static int nseg, nres, nmap, nh = 1, h_live[N], h_released[N], ctx_ref;
-static u64 next_seg = 0x100000000000ull, next_va = 0x200000000000ull;
-int cuInit(unsigned f) {
-  const char *c = getenv("FAKECUDA_CAP_MB");
-  if (c) cap = strtoull(c, 0, 10) << 20;
-  return getenv("FAKECUDA_NODEV") ? 100 : 0;
-}
-int cuDeviceGetCount(int *n) { *n = 1; return 0; }
-int cuDeviceGet(int *d, int o) { if (o != 0) return 101; *d = 0; return 0; }
-int cuDevicePrimaryCtxRetain(void **c, int d) { *c = (void *)0x1234; ctx_ref++; return 0; }
-int cuDevicePrimaryCtxRelease_v2(int d) { if (ctx_ref <= 0) return 201; ctx_ref--; return 0; }
-int cuCtxSetCurrent(void *c) { return 0; }
-int cuMemAlloc_v2(u64 *p, size_t s) {
-  if (used + s > cap) return 2;
-  *p = next_seg; next_seg += (s + GRAN - 1) / GRAN * GRAN;
-  seg_a[nseg] = *p; seg_s[nseg++] = s; used += s; return 0;
-}
-int cuMemFree_v2(u64 p) {
-  for (int i = 0; i < nseg; i++) if (seg_a[i] == p) {
-    used -= seg_s[i]; seg_a[i] = seg_a[--nseg]; seg_s[i] = seg_s[nseg]; return 0;
-  }
-  return 1;
-}
-int cuMemGetAllocationGranularity(size_t *g, const void *prop, int opt) { *g = GRAN; return 0; }
-int cuMemAddressReserve(u64 *p, size_t s, size_t align, u64 addr, u64 flags) {
-  if (s % GRAN || flags) return 1;
-  *p = next_va; next_va += s + GRAN; res_a[nres] = *p; res_s[nres++] = s; return 0;
-}
-static int mapped_in(u64 a, u64 s) {
-  for (int i = 0; i < nmap; i++) if (map_a[i] < a + s && map_a[i] + map_s[i] > a) return 1;
-  return 0;
-}
-int cuMemAddressFree(u64 p, size_t s) {
-  for (int i = 0; i < nres; i++) if (res_a[i] == p && res_s[i] == s) {
-    if (mapped_in(p, s)) return 1;
-    res_a[i] = res_a[--nres]; res_s[i] = res_s[nres]; return 0;
-  }
-  return 1;
-}
-static void maybe_free(u64 h) {
-  if (!h_released[h] || !h_live[h]) return;
-  for (int i = 0; i < nmap; i++) if (map_h[i] == h) return;
-  h_live[h] = 0; used -= h_size[h];
-}
-int cuMemCreate(u64 *h, size_t s, const void *prop, u64 flags) {
-  if (s % GRAN || flags) return 1;
-  if (used + s > cap) return 2;
-  *h = nh; h_size[nh] = s; h_live[nh] = 1; h_released[nh] = 0; nh++; used += s; return 0;
-}
-int cuMemMap(u64 p, size_t s, size_t off, u64 h, u64 flags) {
-  if (off || flags || h >= (u64)nh || !h_live[h] || h_size[h] != s || p % GRAN) return 1;
-  int inside = 0;
-  for (int i = 0; i < nres; i++) if (p >= res_a[i] && p + s <= res_a[i] + res_s[i]) inside = 1;
-  if (!inside || mapped_in(p, s)) return 1;
-  map_a[nmap] = p; map_s[nmap] = s; map_h[nmap++] = h; return 0;
-}
-int cuMemSetAccess(u64 p, size_t s, const void *d, size_t n) {
-  u64 covered = 0;
-  for (int i = 0; i < nmap; i++) if (map_a[i] >= p && map_a[i] + map_s[i] <= p + s) covered += map_s[i];
-  return covered == s && n == 1 ? 0 : 1;
-}
-int cuMemUnmap(u64 p, size_t s) {
-  for (int i = 0; i < nmap; i++) if (map_a[i] == p) {
-    if (map_s[i] != s) return 1;
-    u64 h = map_h[i]; map_a[i] = map_a[--nmap]; map_s[i] = map_s[nmap]; map_h[i] = map_h[nmap];
-    maybe_free(h); return 0;
-  }
-  return 1;
-}
-int cuMemRelease(u64 h) {
-  if (h >= (u64)nh || !h_live[h] || h_released[h]) return 1;
-  h_released[h] = 1; maybe_free(h); return 0;
-}
-int cuGetErrorName(int e, const char **s) { *s = "CUDA_ERROR_FAKE"; return 0; }
-int cuGetErrorString(int e, const char **s) { *s = "fake"; return 0; }
-__attribute__((destructor)) static void report(void) {
-  fprintf(stderr, "fakecuda at exit: used=%llu segments=%d reservations=%d mappings=%d contexts=%d\n",
-          used, nseg, nres, nmap, ctx_ref);
-}
-"#;
-
-/// Builds the fake libcuda into a temp dir with the system C compiler; `None` without one.
+/// The stand-in libcuda (`tests/cuda_stub/libcuda_stub.c`), built once per test run with the
+/// system C compiler into a directory as `libcuda.so.1` + `libcuda.so`; `None` (the test skips)
+/// without a compiler.
 #[cfg(target_os = "linux")]
-fn fake_libcuda() -> Option<tempfile::TempDir> {
-    let dir = tempfile::tempdir().unwrap();
-    let src = dir.path().join("fake.c");
-    std::fs::write(&src, FAKE_LIBCUDA).unwrap();
-    let lib = dir.path().join("libcuda.so.1");
-    let built = std::process::Command::new("cc")
-        .args(["-shared", "-fPIC", "-o"])
-        .arg(&lib)
-        .arg(&src)
-        .status()
-        .is_ok_and(|s| s.success());
-    if !built {
-        eprintln!("skipped: no C compiler to build the fake libcuda");
-        return None;
+fn stub_dir() -> Option<&'static std::path::Path> {
+    static DIR: std::sync::OnceLock<Option<tempfile::TempDir>> = std::sync::OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let src =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cuda_stub/libcuda_stub.c");
+        let lib = dir.path().join("libcuda.so.1");
+        let status = std::process::Command::new("cc")
+            .args(["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o"])
+            .arg(&lib)
+            .arg(&src)
+            .status();
+        match status {
+            Err(e) => {
+                eprintln!("skipped: the stand-in CUDA driver needs a C compiler (cc: {e})");
+                return None;
+            }
+            Ok(s) => assert!(s.success(), "cc could not build {}: {s}", src.display()),
+        }
+        std::os::unix::fs::symlink(&lib, dir.path().join("libcuda.so")).unwrap();
+        Some(dir)
+    });
+    if dir.is_none() {
+        eprintln!("skipped: no C compiler (cc) to build the stand-in libcuda");
     }
-    std::os::unix::fs::symlink(&lib, dir.path().join("libcuda.so")).unwrap();
-    Some(dir)
+    dir.as_ref().map(|d| d.path())
+}
+
+/// One fragsim run against the stand-in driver, and the driver's at-exit report of what was
+/// still held ("" when it wrote none).
+#[cfg(target_os = "linux")]
+struct StubRun {
+    out: std::process::Output,
+    held: String,
+}
+
+#[cfg(target_os = "linux")]
+impl StubRun {
+    fn new(stub: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> StubRun {
+        let report_dir = tempfile::tempdir().unwrap();
+        let report = report_dir.path().join("held.txt");
+        let mut cmd = fragsim();
+        cmd.args(args).env("LD_LIBRARY_PATH", stub).env("FRAGSIM_STUB_REPORT", &report);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        let held = std::fs::read_to_string(&report).unwrap_or_default();
+        StubRun { out, held }
+    }
+
+    /// Asserts the driver saw cuInit and that nothing was held at exit.
+    fn assert_released(&self, what: &str) {
+        assert!(
+            self.held.starts_with(
+                "held segments=0 reservations=0 mappings=0 handles=0 contexts=0 bytes=0 calls="
+            ),
+            "{what}: device memory left held at exit: {:?}; stderr: {}",
+            self.held,
+            stderr(&self.out)
+        );
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&stdout(&self.out))
+            .unwrap_or_else(|e| panic!("{e}: {} / {}", stdout(&self.out), stderr(&self.out)))
+    }
+}
+
+/// The online policies, plus `bound`, as replayed on a GPU.
+const ONLINE: [&str; 8] =
+    ["pytorch", "pytorch-expandable", "buddy", "bfc", "rmm-pool", "nocache", "stitch", "bound"];
+
+/// Two small real snapshots (1.9 and 12 GiB peaks).
+const REAL: [&str; 2] = ["cs336-lm-step-b.pickle", "cs336-lm-step-c.pickle"];
+
+fn policy_args<'a>(trace: &'a str, policies: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["replay", trace];
+    for p in policies {
+        args.extend(["--policy", p]);
+    }
+    args.push("--json");
+    args
 }
 
 #[cfg(target_os = "linux")]
 #[test]
-fn a_fake_driver_takes_every_driver_call_and_gets_everything_back() {
-    let Some(fake) = fake_libcuda() else { return };
-    let (_d, path) = temp_file("t.txt", TRACE.as_bytes());
-    let replay = |policy: &str, env: &[(&str, &str)]| {
-        let mut cmd = fragsim();
-        cmd.args(["replay", path.to_str().unwrap(), "--policy", policy, "--backend", "cuda"]);
-        cmd.arg("--json").env("LD_LIBRARY_PATH", fake.path());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        cmd.output().unwrap()
-    };
-    // bound takes the cudaMalloc path; pytorch-expandable the reserve/map/unmap path.
-    for policy in ["bound", "pytorch-expandable"] {
-        let sim = run(&["replay", path.to_str().unwrap(), "--policy", policy, "--json"]);
-        if stderr(&sim).contains("not implemented") {
-            eprintln!("skipped {policy}: not implemented in this build");
-            continue;
-        }
-        assert!(sim.status.success(), "{policy}: {}", stderr(&sim));
-        let o = replay(policy, &[]);
-        assert!(o.status.success(), "{policy}: {}", stderr(&o));
-        let json = |o: &std::process::Output| -> serde_json::Value {
-            serde_json::from_str(&stdout(o)).unwrap()
+fn every_online_policy_peaks_on_the_stand_in_driver_where_the_simulation_does() {
+    let Some(stub) = stub_dir() else { return };
+    for name in REAL {
+        let path = real_trace(name);
+        let trace = path.to_str().unwrap();
+        let sim = run(&policy_args(trace, &ONLINE));
+        assert!(sim.status.success(), "{name}: {}", stderr(&sim));
+        let sim: serde_json::Value = serde_json::from_str(&stdout(&sim)).unwrap();
+        let mut args = policy_args(trace, &ONLINE);
+        args.extend(["--backend", "cuda"]);
+        let cuda = StubRun::new(stub, &args, &[]);
+        assert!(cuda.out.status.success(), "{name}: {}", stderr(&cuda.out));
+        cuda.assert_released(name);
+        let cuda = cuda.json();
+        let by_policy = |v: &serde_json::Value, p: &str| -> serde_json::Value {
+            v["results"].as_array().unwrap().iter().find(|r| r["policy"] == p).unwrap().clone()
         };
-        let (cuda, sim) = (json(&o), json(&sim));
-        let key = "peak_reserved_bytes";
-        assert_eq!(cuda["results"][0][key], sim["results"][0][key], "{policy}");
-        assert!(
-            stderr(&o).contains(
-                "fakecuda at exit: used=0 segments=0 reservations=0 mappings=0 contexts=0"
-            ),
-            "{policy}: Drop gives everything back: {}",
-            stderr(&o)
-        );
+        for p in ONLINE {
+            let (c, s) = (by_policy(&cuda, p), by_policy(&sim, p));
+            for key in ["peak_reserved_bytes", "device_malloc_count", "map_count", "oom"] {
+                assert_eq!(c[key], s[key], "{name} {p}: {key}");
+            }
+            assert!(s.get("cuda").is_none(), "the simulation has no cuda measures");
+            let m = &c["cuda"];
+            let peak = c["peak_reserved_bytes"].as_u64().unwrap();
+            let calls = &m["device_calls"];
+            let count = |k: &str| calls[k]["count"].as_u64().unwrap();
+            assert_eq!(count("malloc"), c["device_malloc_count"].as_u64().unwrap(), "{p}");
+            assert_eq!(count("map"), c["map_count"].as_u64().unwrap(), "{p}");
+            assert_eq!(count("touch"), 0, "{p}: no --touch");
+            for k in ["malloc", "free", "reserve", "release", "map", "unmap"] {
+                let (p50, p99, max) = (
+                    calls[k]["p50_us"].as_f64().unwrap(),
+                    calls[k]["p99_us"].as_f64().unwrap(),
+                    calls[k]["max_us"].as_f64().unwrap(),
+                );
+                assert!(p50 <= p99 && p99 <= max, "{p} {k}: {p50} {p99} {max}");
+                assert_eq!(count(k) == 0, max == 0.0, "{p} {k}");
+            }
+            // The backend's own peak is at least the engine's (it also sees moments inside an
+            // event), and the stand-in charges whole 2 MiB pages as the driver does.
+            let at_peak = m["reserved_at_device_peak_bytes"].as_u64().unwrap();
+            assert!(at_peak >= peak, "{p}: {at_peak} < {peak}");
+            assert!(m["device_used_at_peak_bytes"].as_u64().unwrap() >= at_peak, "{p}");
+            assert_eq!(m["device_used_at_start_bytes"], 0, "{p}");
+            assert_eq!(m["device_total_bytes"], 81920u64 << 20, "{p}");
+            assert!(m["wall_seconds"].as_f64().unwrap() > 0.0, "{p}");
+        }
     }
-    // The driver's own out-of-memory is an OOM of the replay, not an error: the 8 MiB alloc
-    // does not fit in 4 MiB (and is the first event).
-    let o = replay("bound", &[("FAKECUDA_CAP_MB", "4")]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
-    assert_eq!(
-        (v["results"][0]["oom"].as_bool(), v["results"][0]["first_oom_event"].as_u64()),
-        (Some(true), Some(0))
-    );
-    // A driver without a GPU: exit code 3 naming the CUresult.
-    let o = replay("bound", &[("FAKECUDA_NODEV", "1")]);
-    assert_eq!(o.status.code(), Some(3));
-    assert!(stderr(&o).contains("fragsim: cuInit failed: CUDA_ERROR_NO_DEVICE"), "{}", stderr(&o));
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn out_of_memory_on_the_stand_in_gives_everything_back() {
+    let Some(stub) = stub_dir() else { return };
+    let path = real_trace("cs336-lm-step-c.pickle");
+    let trace = path.to_str().unwrap();
+    // Under --capacity: the backend's cap.
+    let mut args = policy_args(trace, &["pytorch", "pytorch-expandable", "nocache"]);
+    args.extend(["--backend", "cuda", "--capacity", "12.1GiB"]);
+    let r = StubRun::new(stub, &args, &[]);
+    assert!(r.out.status.success(), "{}", stderr(&r.out));
+    r.assert_released("--capacity");
+    let mut sim_args = policy_args(trace, &["pytorch", "pytorch-expandable", "nocache"]);
+    sim_args.extend(["--capacity", "12.1GiB"]);
+    let sim: serde_json::Value = serde_json::from_str(&stdout(&run(&sim_args))).unwrap();
+    let v = r.json();
+    for (c, s) in v["results"].as_array().unwrap().iter().zip(sim["results"].as_array().unwrap()) {
+        assert_eq!(c["oom"], true, "{}", c["policy"]);
+        assert_eq!(c["first_oom_event"], s["first_oom_event"], "{}", c["policy"]);
+        assert_eq!(c["peak_reserved_bytes"], s["peak_reserved_bytes"], "{}", c["policy"]);
+    }
+    // The driver's own CUDA_ERROR_OUT_OF_MEMORY: 13,350 MiB holds the 12.97 GiB bound peak
+    // (so the replay starts), not pytorch's 13.12 GiB.
+    let args = ["replay", trace, "--policy", "pytorch", "--backend", "cuda", "--json"];
+    let r = StubRun::new(stub, &args, &[("FRAGSIM_STUB_TOTAL_MB", "13350")]);
+    assert!(r.out.status.success(), "{}", stderr(&r.out));
+    r.assert_released("driver OOM");
+    assert_eq!(r.json()["results"][0]["oom"], true);
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_trace_that_does_not_fit_in_free_memory_is_refused_before_the_first_allocation() {
+    let Some(stub) = stub_dir() else { return };
+    let path = real_trace("cs336-lm-step-c.pickle");
+    let trace = path.to_str().unwrap();
+    let env = [("FRAGSIM_STUB_TOTAL_MB", "16384"), ("FRAGSIM_STUB_OTHER_MB", "8192")];
+    let args = ["replay", trace, "--policy", "nocache", "--backend", "cuda"];
+    let r = StubRun::new(stub, &args, &env);
+    assert_eq!(r.out.status.code(), Some(3), "{}", stderr(&r.out));
+    let err = stderr(&r.out);
+    assert!(err.contains("bound policy's peak") && err.contains("--capacity"), "{err}");
+    assert!(err.contains("8589934592 of 17179869184 bytes"), "free and total: {err}");
+    r.assert_released("refused");
+    assert!(!r.held.contains("cuMemAlloc"), "{}", r.held);
+    // Under a cap that fits in free memory it runs, and runs out like a small GPU.
+    let args = ["replay", trace, "--policy", "nocache", "--backend", "cuda", "--capacity", "6GiB"];
+    let r = StubRun::new(stub, &[&args[..], &["--json"]].concat(), &env);
+    assert!(r.out.status.success(), "{}", stderr(&r.out));
+    r.assert_released("capped");
+    assert_eq!(r.json()["results"][0]["oom"], true);
+}
+
+/// A small text trace whose recorded `segment_free` makes every policy empty its cache, so the
+/// expandable policy unmaps and releases too.
+const FLUSHING: &str = "alloc 0x1000 8388608 s0\nalloc 0x2000 1048576 s0\nfree 0x2000 1048576 s0\n\
+alloc 0x3000 3145728 s0\nfree 0x1000 8388608 s0\nalloc 0x4000 512 s0\nfree 0x3000 3145728 s0\n\
+segment_free 0x1000 8388608 s0\nalloc 0x5000 4194304 s1\nfree 0x5000 4194304 s1\nfree 0x4000 512 s0\n";
+
+#[cfg(target_os = "linux")]
+#[test]
+fn an_injected_driver_failure_exits_3_naming_the_call_and_releases_everything() {
+    let Some(stub) = stub_dir() else { return };
+    let (_d, path) = temp_file("t.txt", FLUSHING.as_bytes());
+    let trace = path.to_str().unwrap();
+    let cases = [
+        ("nocache", "cuMemAlloc_v2", 2, "CUDA_ERROR_UNKNOWN"),
+        ("nocache", "cuMemFree_v2", 1, "CUDA_ERROR_ILLEGAL_ADDRESS"),
+        ("pytorch", "cuMemGetInfo_v2", 3, "CUDA_ERROR_LAUNCH_FAILED"),
+        ("pytorch-expandable", "cuMemAddressReserve", 1, "CUDA_ERROR_NOT_PERMITTED"),
+        ("pytorch-expandable", "cuMemCreate", 3, "CUDA_ERROR_UNKNOWN"),
+        ("pytorch-expandable", "cuMemMap", 2, "CUDA_ERROR_INVALID_VALUE"),
+        ("pytorch-expandable", "cuMemSetAccess", 3, "CUDA_ERROR_NOT_SUPPORTED"),
+        ("pytorch-expandable", "cuMemUnmap", 1, "CUDA_ERROR_UNKNOWN"),
+        ("pytorch-expandable", "cuMemRelease", 1, "CUDA_ERROR_INVALID_HANDLE"),
+    ];
+    for (policy, call, nth, error) in cases {
+        let spec = format!("{call}:{nth}:{error}");
+        let args = ["replay", trace, "--policy", policy, "--backend", "cuda"];
+        let r = StubRun::new(stub, &args, &[("FRAGSIM_STUB_FAIL", &spec)]);
+        let err = stderr(&r.out);
+        assert_eq!(r.out.status.code(), Some(3), "{spec}: {err}");
+        assert!(!err.contains("panicked"), "{spec}: {err}");
+        assert_eq!(err.lines().count(), 1, "{spec}: one line: {err}");
+        assert!(err.starts_with(&format!("fragsim: {call}")), "{spec}: names the call: {err}");
+        assert!(err.trim_end().ends_with(&format!("failed: {error}")), "{spec}: {err}");
+        r.assert_released(&spec);
+    }
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn an_input_error_midway_releases_everything() {
+    let Some(stub) = stub_dir() else { return };
+    let path = real_trace("cs336-lm-step-c.pickle");
+    // The fourth segment lies above 2^56, which the pytorch policy refuses as an input error.
+    let args = ["replay", path.to_str().unwrap(), "--policy", "pytorch", "--backend", "cuda"];
+    let r = StubRun::new(stub, &args, &[("FRAGSIM_STUB_HIGH_AFTER", "3")]);
+    let err = stderr(&r.out);
+    assert_eq!(r.out.status.code(), Some(2), "{err}");
+    assert!(err.contains("beyond 2^56") && !err.contains("panicked"), "{err}");
+    r.assert_released("input error");
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn sigint_stops_the_replay_releases_everything_and_exits_130() {
+    let Some(stub) = stub_dir() else { return };
+    let path = real_trace("cs336-lm-step-c.pickle");
+    let trace = path.to_str().unwrap();
+    for (policy, at) in
+        [("nocache", "cuMemAlloc_v2:40:SIGINT"), ("pytorch-expandable", "cuMemMap:30:SIGINT")]
+    {
+        let args = ["replay", trace, "--policy", policy, "--policy", "bound", "--backend", "cuda"];
+        let r = StubRun::new(stub, &args, &[("FRAGSIM_STUB_FAIL", at)]);
+        let err = stderr(&r.out);
+        assert_eq!(r.out.status.code(), Some(130), "{policy}: {err}");
+        assert!(err.contains("interrupted") && !err.contains("panicked"), "{policy}: {err}");
+        assert!(stdout(&r.out).is_empty(), "{policy}: no results after an interrupt");
+        r.assert_released(policy);
+    }
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn touch_writes_every_segment_and_mapped_range_once() {
+    let Some(stub) = stub_dir() else { return };
+    let (_d, path) = temp_file("t.txt", FLUSHING.as_bytes());
+    for policy in ["pytorch", "pytorch-expandable"] {
+        let args =
+            ["replay", path.to_str().unwrap(), "--policy", policy, "--backend", "cuda", "--json"];
+        let r = StubRun::new(stub, &[&args[..], &["--touch"]].concat(), &[]);
+        assert!(r.out.status.success(), "{policy}: {}", stderr(&r.out));
+        r.assert_released(policy);
+        let v = r.json();
+        let res = &v["results"][0];
+        let grown =
+            res["device_malloc_count"].as_u64().unwrap() + res["map_count"].as_u64().unwrap();
+        assert!(grown > 0);
+        assert_eq!(res["cuda"]["touched"], true);
+        assert_eq!(res["cuda"]["device_calls"]["touch"]["count"].as_u64(), Some(grown), "{policy}");
+    }
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_driver_without_a_gpu_exits_3_naming_the_result() {
+    let Some(stub) = stub_dir() else { return };
+    let (_d, path) = temp_file("t.txt", TRACE.as_bytes());
+    let args = ["replay", path.to_str().unwrap(), "--policy", "bound", "--backend", "cuda"];
+    let r = StubRun::new(stub, &args, &[("FRAGSIM_STUB_NODEV", "1")]);
+    assert_eq!(r.out.status.code(), Some(3));
+    let err = stderr(&r.out);
+    assert_eq!(err, "fragsim: cuInit failed: CUDA_ERROR_NO_DEVICE\n");
 }

@@ -32,6 +32,11 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 0)]
     cuda_device: i32,
 
+    /// With --backend cuda: write every new segment and mapped range once, so the GPU really
+    /// backs its pages.
+    #[arg(long)]
+    touch: bool,
+
     #[command(flatten)]
     output: super::FormatArgs,
 
@@ -71,6 +76,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             Backend::Cuda => BackendKind::Cuda,
         },
         cuda_ordinal: args.cuda_device,
+        touch: args.touch,
         ..ReplayOptions::default()
     };
     let settings = RunSettings {

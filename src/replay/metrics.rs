@@ -35,6 +35,10 @@ pub struct PolicyResult {
     pub first_oom_event: Option<u64>,
     /// Wall-clock seconds the replay took.
     pub replay_seconds: f64,
+    /// What the cuda backend measured (device call latencies, `cuMemGetInfo` at the peak);
+    /// absent for the simulated device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda: Option<crate::backend::cuda::CudaMeasures>,
 }
 
 /// Measurements beyond the JSON contract, kept for reports and plots.

@@ -210,6 +210,8 @@ pub struct ReplayOptions {
     pub stop_after: Option<u64>,
     /// Check the policy's invariants after every event (slow; tests and debugging).
     pub check_invariants: bool,
+    /// Write each new segment and mapped range once on the cuda backend (`--touch`).
+    pub touch: bool,
 }
 
 impl Default for ReplayOptions {
@@ -224,6 +226,7 @@ impl Default for ReplayOptions {
             record_events: false,
             stop_after: None,
             check_invariants: false,
+            touch: false,
         }
     }
 }
@@ -275,11 +278,24 @@ pub fn run_policy<P: Policy>(
             run(name, policy, device, input, options)
         }
         BackendKind::Cuda => {
+            let needed = bound_peak(input)?;
             let device =
-                crate::backend::cuda::CudaDevice::open(options.cuda_ordinal, cuda_cap(options))?;
-            run(name, policy, device, input, options)
+                crate::backend::cuda::CudaDevice::open(options.cuda_ordinal, cuda_cap(options))?
+                    .with_touch(options.touch);
+            device.ensure_room(needed)?;
+            let measures = device.measures();
+            let mut output = run(name, policy, device, input, options)?;
+            output.result.cuda = Some(measures.summary());
+            Ok(output)
         }
     }
+}
+
+/// The trace's `bound` peak (live requested bytes at their highest): what any policy needs at
+/// least, checked against a real GPU's free memory before the first allocation.
+fn bound_peak(input: &ReplayInput) -> Result<u64> {
+    let bound = crate::policy::bound::Bound::default();
+    Ok(run_policy("bound", bound, input, &ReplayOptions::default())?.result.peak_reserved_bytes)
 }
 
 /// The cap on the CUDA backend's memory: `--capacity` less what is counted as used outside the
@@ -554,6 +570,9 @@ fn run<P: Policy, B: Backend>(
             _ => continue,
         }
         meter.observe(index, e.time_us, backend.reserved(), policy.allocated());
+        if crate::backend::cuda::interrupt::requested() {
+            return Err(Error::backend("interrupted").at(crate::error::Place::Event(index)));
+        }
         if options.check_invariants {
             policy.check_invariants().map_err(|m| {
                 Error::input(format!("policy '{name}' broke an invariant: {m}"))
@@ -585,6 +604,7 @@ fn run<P: Policy, B: Backend>(
         oom: first_oom.is_some(),
         first_oom_event: first_oom,
         replay_seconds: started.elapsed().as_secs_f64(),
+        cuda: None,
     };
     Ok(ReplayOutput {
         result,

@@ -17,15 +17,35 @@
 //! - [`Drop`] unmaps, releases and frees everything still held, then releases the context: the
 //!   engine relies on it on every exit path, including errors.
 //!
+//! - Safety: [`CudaDevice::ensure_room`] refuses, before the first allocation, a trace whose
+//!   `bound` peak does not fit in the device's free memory (unless `--capacity` keeps the replay
+//!   below it); no managed memory is ever allocated; the engine runs policies one at a time.
+//! - Measuring: every operation is timed and `cuMemGetInfo` is read at each new reserved peak
+//!   ([`stats`]); `--touch` writes each new segment and mapped range once (`cuMemsetD8_v2`) so
+//!   its pages are really backed.
+//! - Ctrl-C: opening the device installs a SIGINT handler ([`interrupt`]); the replay stops,
+//!   drops the device (freeing everything) and the binary exits 130.
+//!
 //! The machine must have an NVIDIA driver: without libcuda, [`CudaDevice::open`] returns a
 //! backend error (exit code 3) before any driver call, because cudarc panics on a missing library.
+//! The driver is found as cudarc finds it: `dlopen("libcuda.so")` and then `libcuda.so.1` and the
+//! other names cudarc tries, through the loader's search path (`LD_LIBRARY_PATH`). The tests put
+//! a stand-in driver first on that path (`tests/cuda_stub/libcuda_stub.c`).
 
+pub mod interrupt;
+pub mod stats;
 mod vmm;
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
+use crate::units::format_bytes;
+use stats::{CallKind, Recorder};
+pub use stats::{CallStats, CudaMeasures, DeviceCalls};
+use std::cell::RefCell;
 use std::collections::BTreeMap;
-use vmm::{CuResult, Driver, Handle, PrimaryContext};
+use std::rc::Rc;
+use std::time::Instant;
+use vmm::{Driver, Handle, PrimaryContext};
 
 /// True when the CUDA driver library can be loaded on this machine.
 pub fn driver_present() -> bool {
@@ -41,17 +61,33 @@ pub struct CudaDevice {
     capacity: Option<u64>,
     granularity: u64,
     reserved: u64,
+    touch: bool,
     /// Live `cuMemAlloc` segments: address → size asked for.
     segments: BTreeMap<u64, u64>,
     /// Live reservations: address → size reserved (a multiple of the granularity).
     reservations: BTreeMap<u64, u64>,
     /// Mapped pages (one granularity each): address → physical handle.
     pages: BTreeMap<u64, Handle>,
+    /// Handles unmapped but whose `cuMemRelease` failed: released again by [`Drop`].
+    unreleased: Vec<Handle>,
+    recorder: Rc<RefCell<Recorder>>,
 }
 
 /// Turns a failed driver call into a backend error naming the call and the `CUresult`.
 fn driver_error(call: String) -> impl FnOnce(cudarc::driver::sys::CUresult) -> Error {
     move |r| Error::backend(format!("{call} failed: {}", vmm::name(r)))
+}
+
+/// A handle on a [`CudaDevice`]'s measurements that outlives the device (the replay engine
+/// consumes the backend).
+#[derive(Clone, Debug)]
+pub struct Measures(Rc<RefCell<Recorder>>);
+
+impl Measures {
+    /// The measurements so far.
+    pub fn summary(&self) -> CudaMeasures {
+        self.0.borrow().summary()
+    }
 }
 
 impl CudaDevice {
@@ -70,24 +106,33 @@ impl CudaDevice {
         let count = driver.device_count().map_err(driver_error("cuDeviceGetCount".into()))?;
         if ordinal < 0 || ordinal >= count {
             return Err(Error::backend(format!(
-                "no CUDA device {ordinal} (the driver sees {count} device{}); pick one with --device",
+                "no CUDA device {ordinal} (the driver sees {count} device{}); pick one with --cuda-device",
                 if count == 1 { "" } else { "s" }
             )));
         }
         let context = driver
             .retain_primary_context(ordinal)
             .map_err(driver_error(format!("retaining the primary context of device {ordinal}")))?;
-        let granularity = match driver.granularity(context.device()) {
-            Ok(g) if g > 0 => g,
-            Ok(_) => {
-                let _ = driver.release_primary_context(context);
-                return Err(Error::backend("cuMemGetAllocationGranularity returned 0"));
-            }
+        let probe = driver
+            .granularity(context.device())
+            .map_err(driver_error("cuMemGetAllocationGranularity".into()))
+            .and_then(|g| match g {
+                0 => Err(Error::backend("cuMemGetAllocationGranularity returned 0")),
+                g => Ok(g),
+            })
+            .and_then(|g| {
+                let info = driver.mem_get_info().map_err(driver_error("cuMemGetInfo_v2".into()))?;
+                Ok((g, info))
+            });
+        let (granularity, (free, total)) = match probe {
+            Ok(p) => p,
             Err(e) => {
                 let _ = driver.release_primary_context(context);
-                return Err(driver_error("cuMemGetAllocationGranularity".into())(e));
+                return Err(e);
             }
         };
+        interrupt::install();
+        let used = total.saturating_sub(free);
         Ok(CudaDevice {
             driver,
             context: Some(context),
@@ -95,15 +140,56 @@ impl CudaDevice {
             capacity,
             granularity,
             reserved: 0,
+            touch: false,
             segments: BTreeMap::new(),
             reservations: BTreeMap::new(),
             pages: BTreeMap::new(),
+            unreleased: Vec::new(),
+            recorder: Rc::new(RefCell::new(Recorder::new(total, used, false))),
         })
+    }
+
+    /// With `touch`, every new segment and mapped range is written once (`cuMemsetD8_v2`), so
+    /// the driver really backs its pages (`--touch`).
+    pub fn with_touch(mut self, touch: bool) -> CudaDevice {
+        self.touch = touch;
+        let (total, used) = {
+            let s = self.recorder.borrow().summary();
+            (s.device_total_bytes, s.device_used_at_start_bytes)
+        };
+        *self.recorder.borrow_mut() = Recorder::new(total, used, touch);
+        self
     }
 
     /// The CUDA ordinal of the device.
     pub fn ordinal(&self) -> i32 {
         self.ordinal
+    }
+
+    /// A handle on this device's measurements, readable after the device is gone.
+    pub fn measures(&self) -> Measures {
+        Measures(Rc::clone(&self.recorder))
+    }
+
+    /// `(free, total)` device memory as the driver reports it now.
+    pub fn memory_info(&self) -> Result<(u64, u64)> {
+        self.driver.mem_get_info().map_err(driver_error("cuMemGetInfo_v2".into()))
+    }
+
+    /// Refuses to start a replay that needs `needed` bytes (the trace's `bound` peak) when the
+    /// device has less free, unless the capacity cap keeps the replay within the free memory.
+    /// Taking all of a GPU that a training job shares would make that job fail instead.
+    pub fn ensure_room(&self, needed: u64) -> Result<()> {
+        let (free, total) = self.memory_info()?;
+        if needed <= free || self.capacity.is_some_and(|cap| cap <= free) {
+            return Ok(());
+        }
+        Err(Error::backend(format!(
+            "the trace needs at least {} ({needed} bytes, the bound policy's peak) but CUDA device {} has only {} free ({free} of {total} bytes); free memory on the GPU, or replay as on a smaller GPU with --capacity {free} (or less): policies then run out of memory where they would on it",
+            format_bytes(needed),
+            self.ordinal,
+            format_bytes(free),
+        )))
     }
 
     fn device(&self) -> cudarc::driver::sys::CUdevice {
@@ -112,6 +198,26 @@ impl CudaDevice {
 
     fn fits(&self, size: u64) -> bool {
         self.capacity.is_none_or(|cap| self.reserved.saturating_add(size) <= cap)
+    }
+
+    fn time(&self, kind: CallKind, since: Instant) {
+        self.recorder.borrow_mut().time(kind, since.elapsed());
+    }
+
+    /// After reserved bytes grew: reads `cuMemGetInfo` when they reach a new peak, and writes
+    /// the new memory once with `--touch`.
+    fn grew(&mut self, addr: u64, size: u64) -> Result<()> {
+        if self.touch {
+            let t = Instant::now();
+            let r = self.driver.memset_d8(addr, 0, size);
+            self.time(CallKind::Touch, t);
+            r.map_err(driver_error(format!("cuMemsetD8_v2({addr:#x}, 0, {size})")))?;
+        }
+        if self.reserved > self.recorder.borrow().peak_reserved() {
+            let (free, total) = self.memory_info()?;
+            self.recorder.borrow_mut().peak_reading(self.reserved, total.saturating_sub(free));
+        }
+        Ok(())
     }
 
     fn check_pages(&self, call: &str, addr: u64, size: u64) -> Result<()> {
@@ -127,11 +233,45 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// Unmaps and releases one page; the page is forgotten even when the driver complains.
-    fn unmap_page(&mut self, page: u64, handle: Handle) -> CuResult<()> {
-        let unmapped = self.driver.mem_unmap(page, self.granularity);
-        let released = self.driver.mem_release(handle);
-        unmapped.and(released)
+    /// Unmaps one page and releases its handle. When `cuMemUnmap` fails the page is still
+    /// mapped (the caller keeps it for [`Drop`]); when only `cuMemRelease` fails the handle is
+    /// kept in `unreleased`. The error names the failed call.
+    fn drop_page(&mut self, page: u64, handle: Handle) -> Result<()> {
+        let g = self.granularity;
+        self.driver
+            .mem_unmap(page, g)
+            .map_err(driver_error(format!("cuMemUnmap({page:#x}, {g})")))?;
+        self.release_handle(handle)
+    }
+
+    fn release_handle(&mut self, handle: Handle) -> Result<()> {
+        self.driver.mem_release(handle).map_err(|e| {
+            self.unreleased.push(handle);
+            driver_error(format!("cuMemRelease({handle:#x})"))(e)
+        })
+    }
+
+    /// Maps one page at `page` with a new handle; on failure nothing of it stays held.
+    fn map_page(
+        &mut self,
+        page: u64,
+    ) -> std::result::Result<Handle, (cudarc::driver::sys::CUresult, String)> {
+        let (g, device) = (self.granularity, self.device());
+        let handle =
+            self.driver.mem_create(device, g).map_err(|e| (e, format!("cuMemCreate({g})")))?;
+        if let Err(e) = self.driver.mem_map(page, g, handle) {
+            let _ = self.release_handle(handle);
+            return Err((e, format!("cuMemMap({page:#x}, {g})")));
+        }
+        if let Err(e) = self.driver.set_access(device, page, g) {
+            if self.drop_page(page, handle).is_err() {
+                // Still mapped: keep it, so that Drop tries again.
+                self.pages.insert(page, handle);
+                self.reserved += g;
+            }
+            return Err((e, format!("cuMemSetAccess({page:#x}, {g})")));
+        }
+        Ok(handle)
     }
 }
 
@@ -140,10 +280,14 @@ impl Backend for CudaDevice {
         if size == 0 || !self.fits(size) {
             return Ok(None);
         }
-        match self.driver.mem_alloc(size) {
+        let t = Instant::now();
+        let r = self.driver.mem_alloc(size);
+        self.time(CallKind::Malloc, t);
+        match r {
             Ok(addr) => {
                 self.segments.insert(addr, size);
                 self.reserved += size;
+                self.grew(addr, size)?;
                 Ok(Some(addr))
             }
             Err(e) if vmm::is_out_of_memory(e) => Ok(None),
@@ -165,7 +309,10 @@ impl Backend for CudaDevice {
                 )))
             }
         }
-        self.driver.mem_free(addr).map_err(driver_error(format!("cuMemFree_v2({addr:#x})")))?;
+        let t = Instant::now();
+        let r = self.driver.mem_free(addr);
+        self.time(CallKind::Free, t);
+        r.map_err(driver_error(format!("cuMemFree_v2({addr:#x})")))?;
         self.segments.remove(&addr);
         self.reserved -= size;
         Ok(())
@@ -178,7 +325,10 @@ impl Backend for CudaDevice {
         let Some(aligned) = size.checked_next_multiple_of(self.granularity) else {
             return Ok(None);
         };
-        match self.driver.address_reserve(aligned, self.granularity) {
+        let t = Instant::now();
+        let r = self.driver.address_reserve(aligned, self.granularity);
+        self.time(CallKind::Reserve, t);
+        match r {
             Ok(addr) => {
                 self.reservations.insert(addr, aligned);
                 Ok(Some(addr))
@@ -195,9 +345,10 @@ impl Backend for CudaDevice {
         if self.pages.range(addr..addr + aligned).next().is_some() {
             return Err(Error::backend(format!("release({addr:#x}): pages are still mapped")));
         }
-        self.driver
-            .address_free(addr, aligned)
-            .map_err(driver_error(format!("cuMemAddressFree({addr:#x}, {aligned})")))?;
+        let t = Instant::now();
+        let r = self.driver.address_free(addr, aligned);
+        self.time(CallKind::Release, t);
+        r.map_err(driver_error(format!("cuMemAddressFree({addr:#x}, {aligned})")))?;
         self.reservations.remove(&addr);
         Ok(())
     }
@@ -220,33 +371,35 @@ impl Backend for CudaDevice {
         if size == 0 || !self.fits(size) {
             return Ok(false);
         }
-        let (g, device) = (self.granularity, self.device());
+        let t = Instant::now();
+        let g = self.granularity;
         let mut mapped: Vec<(u64, Handle)> = Vec::new();
         let mut failure = None;
         for page in (addr..addr + size).step_by(g as usize) {
-            let handle = match self.driver.mem_create(device, g) {
-                Ok(h) => h,
-                Err(e) => {
-                    failure = Some((e, format!("cuMemCreate({g})")));
+            match self.map_page(page) {
+                Ok(handle) => mapped.push((page, handle)),
+                Err(f) => {
+                    failure = Some(f);
                     break;
                 }
-            };
-            if let Err(e) = self.driver.mem_map(device, page, g, handle) {
-                let _ = self.driver.mem_release(handle);
-                failure = Some((e, format!("cuMemMap/cuMemSetAccess({page:#x}, {g})")));
-                break;
             }
-            mapped.push((page, handle));
         }
         if let Some((e, call)) = failure {
-            // Nothing stays mapped after a failed map, as the contract requires.
+            // Nothing stays mapped after a failed map, as the contract requires; a page the
+            // driver will not unmap is kept for Drop.
             for (page, handle) in mapped {
-                let _ = self.unmap_page(page, handle);
+                if self.drop_page(page, handle).is_err() && !self.unreleased.contains(&handle) {
+                    self.pages.insert(page, handle);
+                    self.reserved += g;
+                }
             }
+            self.time(CallKind::Map, t);
             return if vmm::is_out_of_memory(e) { Ok(false) } else { Err(driver_error(call)(e)) };
         }
         self.pages.extend(mapped);
         self.reserved += size;
+        self.time(CallKind::Map, t);
+        self.grew(addr, size)?;
         Ok(true)
     }
 
@@ -260,15 +413,24 @@ impl Backend for CudaDevice {
         }
         let pages: Vec<(u64, Handle)> =
             self.pages.range(addr..addr + size).map(|(&p, &h)| (p, h)).collect();
+        let t = Instant::now();
+        let mut result = Ok(());
         for (page, handle) in pages {
+            let g = self.granularity;
+            if let Err(e) = self.driver.mem_unmap(page, g) {
+                // Still mapped: keep the page for Drop.
+                result = Err(driver_error(format!("cuMemUnmap({page:#x}, {g})"))(e));
+                break;
+            }
             self.pages.remove(&page);
-            self.reserved -= self.granularity;
-            self.unmap_page(page, handle).map_err(driver_error(format!(
-                "cuMemUnmap/cuMemRelease({page:#x}, {})",
-                self.granularity
-            )))?;
+            self.reserved -= g;
+            if let Err(e) = self.release_handle(handle) {
+                result = Err(e);
+                break;
+            }
         }
-        Ok(())
+        self.time(CallKind::Unmap, t);
+        result
     }
 
     fn granularity(&self) -> u64 {
@@ -288,7 +450,10 @@ impl Drop for CudaDevice {
             let _ = self.driver.make_current(context);
         }
         for (page, handle) in std::mem::take(&mut self.pages) {
-            let _ = self.unmap_page(page, handle);
+            let _ = self.drop_page(page, handle);
+        }
+        for handle in std::mem::take(&mut self.unreleased) {
+            let _ = self.driver.mem_release(handle);
         }
         for (addr, size) in std::mem::take(&mut self.reservations) {
             let _ = self.driver.address_free(addr, size);

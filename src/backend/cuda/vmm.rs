@@ -189,30 +189,41 @@ impl Driver {
         Ok(handle)
     }
 
-    /// `cuMemMap` then `cuMemSetAccess` (read-write for `device`): backs `[ptr, ptr + size)`
-    /// with all of `handle`. On a failed access grant the mapping is undone.
-    pub fn mem_map(
-        self,
-        device: sys::CUdevice,
-        ptr: u64,
-        size: u64,
-        handle: Handle,
-    ) -> CuResult<()> {
+    /// `cuMemMap`: backs `[ptr, ptr + size)` with all of `handle` (not yet accessible).
+    pub fn mem_map(self, ptr: u64, size: u64, handle: Handle) -> CuResult<()> {
         let size = usize::try_from(size).map_err(|_| sys::CUresult::CUDA_ERROR_INVALID_VALUE)?;
         // SAFETY: device addresses and a handle from cuMemCreate; offset and flags must be 0.
-        check(unsafe { sys::cuMemMap(ptr, size, 0, handle, 0) })?;
+        check(unsafe { sys::cuMemMap(ptr, size, 0, handle, 0) })
+    }
+
+    /// `cuMemSetAccess`: read-write access for `device` to the mapped `[ptr, ptr + size)`.
+    pub fn set_access(self, device: sys::CUdevice, ptr: u64, size: u64) -> CuResult<()> {
+        let size = usize::try_from(size).map_err(|_| sys::CUresult::CUDA_ERROR_INVALID_VALUE)?;
         // SAFETY: as for `allocation_prop`: all-zero bytes are a valid access descriptor.
         let mut access: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
         access.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
         access.location.id = device;
         access.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
         // SAFETY: `access` is one initialised descriptor on the stack, and count is 1.
-        if let Err(e) = check(unsafe { sys::cuMemSetAccess(ptr, size, &access, 1) }) {
-            // SAFETY: undoes the map above, over exactly the range it mapped.
-            let _ = unsafe { sys::cuMemUnmap(ptr, size) };
-            return Err(e);
-        }
-        Ok(())
+        check(unsafe { sys::cuMemSetAccess(ptr, size, &access, 1) })
+    }
+
+    /// `cuMemGetInfo_v2`: (free, total) bytes of the current context's device, as the driver
+    /// sees them (other processes' memory included).
+    pub fn mem_get_info(self) -> CuResult<(u64, u64)> {
+        let (mut free, mut total): (usize, usize) = (0, 0);
+        // SAFETY: two live local out-parameters.
+        check(unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) })?;
+        Ok((free as u64, total as u64))
+    }
+
+    /// `cuMemsetD8_v2`: writes `value` to `[ptr, ptr + size)` of device memory, so the pages
+    /// behind it are really backed (`--touch`).
+    pub fn memset_d8(self, ptr: u64, value: u8, size: u64) -> CuResult<()> {
+        let size = usize::try_from(size).map_err(|_| sys::CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: the host never dereferences `ptr`; the driver checks the range is device
+        // memory this context owns and fails with an error code otherwise.
+        check(unsafe { sys::cuMemsetD8_v2(ptr, value, size) })
     }
 
     /// `cuMemUnmap`: unmaps exactly one earlier [`Driver::mem_map`] range (the driver cannot
