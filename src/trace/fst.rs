@@ -21,7 +21,7 @@
 
 use super::read::MAX_EVENT_BYTES;
 use super::{
-    AllocatorSettings, DeviceTrace, Format, Frame, FrameTable, FramesId, ReadOptions, Segment,
+    AllocatorSettings, DeviceTotals, DeviceTrace, Format, Frame, FrameTable, FramesId, ReadOptions, Segment,
     Trace,
 };
 use crate::error::{Error, ErrorKind, Place, Result};
@@ -32,7 +32,7 @@ use std::io::Write;
 pub const MAGIC: &[u8] = b"FRAGSIM\0";
 
 /// The version of the body layout this build reads and writes.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 /// Bytes before the body: magic, version, body length, CRC.
 const HEADER_LEN: usize = 24;
@@ -55,6 +55,7 @@ struct WireOut<'a> {
     frames: Vec<&'a [Frame]>,
     segments: &'a [Segment],
     allocator_settings: &'a Option<AllocatorSettings>,
+    recorded_totals: &'a [DeviceTotals],
 }
 
 /// What the body holds, as read.
@@ -66,6 +67,7 @@ struct WireIn {
     frames: Vec<Vec<Frame>>,
     segments: Vec<Segment>,
     allocator_settings: Option<AllocatorSettings>,
+    recorded_totals: Vec<DeviceTotals>,
 }
 
 /// Reads an .fst file.
@@ -177,6 +179,7 @@ fn from_wire(wire: WireIn) -> Result<Trace> {
         segments: wire.segments,
         allocator_settings: wire.allocator_settings,
         has_times: wire.has_times,
+        recorded_totals: wire.recorded_totals,
     })
 }
 
@@ -194,6 +197,7 @@ pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
         frames,
         segments: &trace.segments,
         allocator_settings: &trace.allocator_settings,
+        recorded_totals: &trace.recorded_totals,
     };
     let body = bincode::serde::encode_to_vec(&wire, config())
         .map_err(|e| Error::new(ErrorKind::Io, format!("encoding the .fst body: {e}")))?;
@@ -210,7 +214,7 @@ pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::{Action, Block, BlockState, Event, PoolKind};
+    use crate::trace::{Action, Block, BlockState, Event, PoolKind, RecordedTotals};
 
     fn sample() -> Trace {
         let mut frames = FrameTable::default();
@@ -266,6 +270,10 @@ mod tests {
                 release_lock_on_cudamalloc: false,
             }),
             has_times: true,
+            recorded_totals: vec![DeviceTotals {
+                device: 0,
+                totals: vec![RecordedTotals { allocated: 4096, reserved: 2 << 20 }; 2],
+            }],
         }
     }
 

@@ -1085,6 +1085,7 @@ mod tests {
             }),
             has_times: false,
             frames: Default::default(),
+            recorded_totals: Vec::new(),
         }
     }
 
