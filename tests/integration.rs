@@ -9,6 +9,7 @@ mod mutations;
 mod policies;
 mod pytorch;
 mod readers;
+mod recorded;
 mod report;
 mod snapshot;
 mod synth;
