@@ -304,11 +304,11 @@ mod tests {
         let mut bad = data.clone();
         bad[40] ^= 0x55;
         assert!(read(&bad, &opts).unwrap_err().to_string().contains("checksum mismatch"));
-        let mut v2 = data.clone();
-        v2[8] = 2;
+        let mut other = data.clone();
+        other[8] = 3;
         assert_eq!(
-            read(&v2, &opts).unwrap_err().to_string(),
-            "byte 8: unsupported .fst version 2 (this fragsim reads version 1); re-create the file from the original trace with 'fragsim convert'"
+            read(&other, &opts).unwrap_err().to_string(),
+            "byte 8: unsupported .fst version 3 (this fragsim reads version 2); re-create the file from the original trace with 'fragsim convert'"
         );
         let mut longer = data.clone();
         longer.push(0);
