@@ -77,3 +77,27 @@ fn kineto_recorded_figures_and_start_state() {
     let l = limit::infer(&trace, &r);
     assert_eq!((l.limit_bytes, l.at_least_bytes), (None, 12_782_141_440));
 }
+
+#[test]
+fn kineto_replay_carrying_the_start_state_comes_within_half_a_percent_of_peak_allocated() {
+    use fragsim::policy::{self, PolicySpec};
+    use fragsim::replay::{ReplayInput, ReplayOptions};
+    let Some(path) = shared_trace("kineto-ddp-v100-rank1.json.gz") else { return };
+    let trace = read_trace(&path, &ReadOptions::default()).expect("read");
+    let mut input = ReplayInput::new(&trace, Some(1)).expect("input");
+    // The hook: the memory no event frees, appended to the live-at-start blocks (appending keeps
+    // the indices the input's links use).
+    input.live_at_start.extend(kineto_start::opaque_live_block(&trace, 1));
+    let spec = &PolicySpec::parse_list("pytorch").expect("spec")[0];
+    let out = policy::lookup(&spec.name)
+        .expect("pytorch")
+        .run(spec, &input, &ReplayOptions::default())
+        .expect("replay");
+    let recorded = recorded::recorded(&trace, 1).and_then(|r| r.peak_allocated_bytes).expect("peak");
+    let replayed = out.result.peak_allocated_bytes;
+    // Not exact yet: Kineto's `Bytes` are block sizes, and the PyTorch policy, taking them as
+    // requests, leaves some unsplit (a large-pool remainder of at most 1 MiB stays in the block),
+    // so it holds more. Without the start state it was 4.1 GB short.
+    assert!(replayed >= recorded, "{replayed} < {recorded}");
+    assert!(replayed - recorded < recorded / 200, "{replayed} vs {recorded}");
+}
