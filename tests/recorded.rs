@@ -93,7 +93,8 @@ fn kineto_replay_carrying_the_start_state_comes_within_half_a_percent_of_peak_al
         .expect("pytorch")
         .run(spec, &input, &ReplayOptions::default())
         .expect("replay");
-    let recorded = recorded::recorded(&trace, 1).and_then(|r| r.peak_allocated_bytes).expect("peak");
+    let recorded =
+        recorded::recorded(&trace, 1).and_then(|r| r.peak_allocated_bytes).expect("peak");
     let replayed = out.result.peak_allocated_bytes;
     // Not exact yet: Kineto's `Bytes` are block sizes, and the PyTorch policy, taking them as
     // requests, leaves some unsplit (a large-pool remainder of at most 1 MiB stays in the block),

@@ -184,7 +184,8 @@ pub fn infer(trace: &Trace, recorded: &Recorded) -> DeviceLimit {
     {
         return limit;
     }
-    let gc = trace.allocator_settings.as_ref().is_some_and(|s| s.garbage_collection_threshold > 0.0);
+    let gc =
+        trace.allocator_settings.as_ref().is_some_and(|s| s.garbage_collection_threshold > 0.0);
     let reserved_before = |i: usize| {
         if i == 0 {
             recorded.reserved_at_start_bytes
@@ -210,7 +211,8 @@ pub fn infer(trace: &Trace, recorded: &Recorded) -> DeviceLimit {
             continue;
         }
         let start = i;
-        while i < events.len() && (releases(events[i].action) || events[i].action == Action::FreeCompleted)
+        while i < events.len()
+            && (releases(events[i].action) || events[i].action == Action::FreeCompleted)
         {
             i += 1;
         }

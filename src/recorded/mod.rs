@@ -348,7 +348,13 @@ impl Recorded {
             let allocated = totals.map_or(0, |t| t[i].allocated);
             if (reserved, allocated) != last {
                 last = (reserved, allocated);
-                s.push(Point { event: i as u64, time_us: e.time_us, reserved, allocated, requested: 0 });
+                s.push(Point {
+                    event: i as u64,
+                    time_us: e.time_us,
+                    reserved,
+                    allocated,
+                    requested: 0,
+                });
             }
         }
         s

@@ -21,8 +21,8 @@
 
 use super::read::MAX_EVENT_BYTES;
 use super::{
-    AllocatorSettings, DeviceTotals, DeviceTrace, Format, Frame, FrameTable, FramesId, ReadOptions, Segment,
-    Trace,
+    AllocatorSettings, DeviceTotals, DeviceTrace, Format, Frame, FrameTable, FramesId, ReadOptions,
+    Segment, Trace,
 };
 use crate::error::{Error, ErrorKind, Place, Result};
 use serde::{Deserialize, Serialize};
