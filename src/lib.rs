@@ -32,6 +32,7 @@
 pub mod backend;
 pub mod error;
 pub mod policy;
+pub mod recorded;
 pub mod replay;
 pub mod report;
 pub mod synth;

@@ -217,7 +217,7 @@ fn fst_huge_declared_lengths() {
         let mut crc = flate2::Crc::new();
         crc.update(&body);
         let mut data = b"FRAGSIM\0".to_vec();
-        data.extend(1u32.to_le_bytes());
+        data.extend(fragsim::trace::fst::VERSION.to_le_bytes());
         data.extend((body.len() as u64).to_le_bytes());
         data.extend(crc.sum().to_le_bytes());
         data.extend(&body);

@@ -12,6 +12,7 @@ mod policies;
 mod pytorch;
 mod readers;
 mod readme;
+mod recorded;
 mod report;
 mod snapshot;
 mod synth;

@@ -64,6 +64,7 @@ fn simulated_trace(trace: &Trace, device: i32, output: &ReplayOutput) -> Result<
         segments,
         allocator_settings: settings_of(output),
         has_times: true,
+        recorded_totals: Vec::new(),
     })
 }
 

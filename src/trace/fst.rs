@@ -21,8 +21,8 @@
 
 use super::read::MAX_EVENT_BYTES;
 use super::{
-    AllocatorSettings, DeviceTrace, Format, Frame, FrameTable, FramesId, ReadOptions, Segment,
-    Trace,
+    AllocatorSettings, DeviceTotals, DeviceTrace, Format, Frame, FrameTable, FramesId, ReadOptions,
+    Segment, Trace,
 };
 use crate::error::{Error, ErrorKind, Place, Result};
 use serde::{Deserialize, Serialize};
@@ -32,7 +32,7 @@ use std::io::Write;
 pub const MAGIC: &[u8] = b"FRAGSIM\0";
 
 /// The version of the body layout this build reads and writes.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 /// Bytes before the body: magic, version, body length, CRC.
 const HEADER_LEN: usize = 24;
@@ -55,6 +55,7 @@ struct WireOut<'a> {
     frames: Vec<&'a [Frame]>,
     segments: &'a [Segment],
     allocator_settings: &'a Option<AllocatorSettings>,
+    recorded_totals: &'a [DeviceTotals],
 }
 
 /// What the body holds, as read.
@@ -66,6 +67,7 @@ struct WireIn {
     frames: Vec<Vec<Frame>>,
     segments: Vec<Segment>,
     allocator_settings: Option<AllocatorSettings>,
+    recorded_totals: Vec<DeviceTotals>,
 }
 
 /// Reads an .fst file.
@@ -177,6 +179,7 @@ fn from_wire(wire: WireIn) -> Result<Trace> {
         segments: wire.segments,
         allocator_settings: wire.allocator_settings,
         has_times: wire.has_times,
+        recorded_totals: wire.recorded_totals,
     })
 }
 
@@ -194,6 +197,7 @@ pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
         frames,
         segments: &trace.segments,
         allocator_settings: &trace.allocator_settings,
+        recorded_totals: &trace.recorded_totals,
     };
     let body = bincode::serde::encode_to_vec(&wire, config())
         .map_err(|e| Error::new(ErrorKind::Io, format!("encoding the .fst body: {e}")))?;
@@ -210,7 +214,7 @@ pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::{Action, Block, BlockState, Event, PoolKind};
+    use crate::trace::{Action, Block, BlockState, Event, PoolKind, RecordedTotals};
 
     fn sample() -> Trace {
         let mut frames = FrameTable::default();
@@ -266,6 +270,10 @@ mod tests {
                 release_lock_on_cudamalloc: false,
             }),
             has_times: true,
+            recorded_totals: vec![DeviceTotals {
+                device: 0,
+                totals: vec![RecordedTotals { allocated: 4096, reserved: 2 << 20 }; 2],
+            }],
         }
     }
 
@@ -296,11 +304,11 @@ mod tests {
         let mut bad = data.clone();
         bad[40] ^= 0x55;
         assert!(read(&bad, &opts).unwrap_err().to_string().contains("checksum mismatch"));
-        let mut v2 = data.clone();
-        v2[8] = 2;
+        let mut other = data.clone();
+        other[8] = 3;
         assert_eq!(
-            read(&v2, &opts).unwrap_err().to_string(),
-            "byte 8: unsupported .fst version 2 (this fragsim reads version 1); re-create the file from the original trace with 'fragsim convert'"
+            read(&other, &opts).unwrap_err().to_string(),
+            "byte 8: unsupported .fst version 3 (this fragsim reads version 2); re-create the file from the original trace with 'fragsim convert'"
         );
         let mut longer = data.clone();
         longer.push(0);

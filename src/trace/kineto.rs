@@ -16,6 +16,9 @@
 //!   written per thread, so the reader sorts them by `ts` (stable: ties keep file order).
 //! - Kineto records no streams (stream 0 here), no segment events and no `free_requested`: a free
 //!   becomes [`Action::FreeCompleted`], so every free is one event.
+//! - `Total Allocated` and `Total Reserved` are the real allocator's own counters after the event
+//!   (PyTorch's `allocated_bytes` and `reserved_bytes`); they are kept in
+//!   [`Trace::recorded_totals`] when every event of a device has both as non-negative integers.
 //!
 //! The file is large (tens of MB unzipped, almost all of it kernels and operators), so the
 //! reader deserialises each event into a small borrowed struct that only looks at `name`, `ts`
@@ -23,7 +26,7 @@
 
 use super::lifetimes::free_action;
 use super::read::MAX_EVENT_BYTES;
-use super::{Action, DeviceTrace, Event, Format, ReadOptions, Trace};
+use super::{Action, DeviceTotals, DeviceTrace, Event, Format, ReadOptions, RecordedTotals, Trace};
 use crate::error::{Error, ErrorKind, Place, Result};
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
@@ -57,16 +60,29 @@ pub fn read(data: &[u8], _options: &ReadOptions) -> Result<Trace> {
     // among equal times.
     found.sort_by(|a, b| a.ts.total_cmp(&b.ts));
     let mut trace = Trace { format: Format::Kineto, has_times: true, ..Trace::default() };
+    // Per device (parallel to `trace.devices`): the totals, or `None` once an event lacks them.
+    let mut totals: Vec<Option<Vec<RecordedTotals>>> = Vec::new();
     for m in found {
         let i = match trace.devices.binary_search_by_key(&m.device, |d| d.device) {
             Ok(i) => i,
             Err(i) => {
                 trace.devices.insert(i, DeviceTrace { device: m.device, events: Vec::new() });
+                totals.insert(i, Some(Vec::new()));
                 i
             }
         };
         trace.devices[i].events.push(m.event);
+        totals[i] = totals[i].take().and_then(|mut t| {
+            t.push(m.totals?);
+            Some(t)
+        });
     }
+    trace.recorded_totals = trace
+        .devices
+        .iter()
+        .zip(totals)
+        .filter_map(|(d, t)| Some(DeviceTotals { device: d.device, totals: t? }))
+        .collect();
     Ok(trace)
 }
 
@@ -74,8 +90,9 @@ pub fn read(data: &[u8], _options: &ReadOptions) -> Result<Trace> {
 ///
 /// Only allocations and frees (at the action where the trace's frees take effect, see
 /// [`free_action`]) exist in Kineto's vocabulary; segment, `oom` and `snapshot` events are left
-/// out (see [`losses`]). `Total Allocated` is the running sum of live request sizes and `Total
-/// Reserved` the running sum of segment events (0 when the trace has none). Times that go
+/// out (see [`losses`]). `Total Allocated` and `Total Reserved` are the recorded totals where the
+/// trace has them ([`Trace::totals_of`]); otherwise the running sum of live request sizes and the
+/// running sum of segment events (0 when the trace has none). Times that go
 /// backwards within a device are written as the previous time, so that reading the file back
 /// (which sorts by `ts`) keeps the order of events.
 pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
@@ -92,7 +109,8 @@ pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
         let mut allocated: i128 = 0;
         let mut reserved: i128 = 0;
         let mut last_ts = i64::MIN;
-        for e in &d.events {
+        let recorded = trace.totals_of(d.device);
+        for (i, e) in d.events.iter().enumerate() {
             let bytes: i128 = match e.action {
                 Action::Alloc => e.size as i128,
                 a if a == frees => -(e.size as i128),
@@ -107,6 +125,10 @@ pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
                 _ => continue,
             };
             allocated += bytes;
+            let (total_allocated, total_reserved) = match recorded.map(|r| r[i]) {
+                Some(t) => (t.allocated as i128, t.reserved as i128),
+                None => (allocated, reserved),
+            };
             last_ts = last_ts.max(e.time_us);
             if !first {
                 out.write_all(b",").map_err(io)?;
@@ -117,7 +139,7 @@ pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
                 "\n  {{\"ph\": \"i\", \"cat\": \"cpu_instant_event\", \"s\": \"t\", \"name\": \"[memory]\", \
                  \"pid\": 0, \"tid\": 0, \"ts\": {last_ts}, \"args\": {{\"Device Type\": {device_type}, \
                  \"Device Id\": {device_id}, \"Addr\": {}, \"Bytes\": {bytes}, \
-                 \"Total Allocated\": {allocated}, \"Total Reserved\": {reserved}}}}}",
+                 \"Total Allocated\": {total_allocated}, \"Total Reserved\": {total_reserved}}}}}",
                 e.addr
             )
             .map_err(io)?;
@@ -158,6 +180,8 @@ struct Found {
     ts: f64,
     device: i32,
     event: Event,
+    /// `Total Allocated` and `Total Reserved`, when both are non-negative integers.
+    totals: Option<RecordedTotals>,
 }
 
 /// Turns a serde_json error into an input error at its line.
@@ -394,7 +418,12 @@ impl RawEvent {
         }
         let action = if bytes > 0 { Action::Alloc } else { Action::FreeCompleted };
         let event = Event::new(action, addr, bytes.unsigned_abs() as u64, 0, ts.round() as i64);
-        Ok(Some(Found { ts, device, event }))
+        let total = |v: Scalar| v.integer("").ok().and_then(|n| u64::try_from(n).ok());
+        let totals = match (total(a.total_allocated), total(a.total_reserved)) {
+            (Some(allocated), Some(reserved)) => Some(RecordedTotals { allocated, reserved }),
+            _ => None,
+        };
+        Ok(Some(Found { ts, device, event, totals }))
     }
 }
 
@@ -483,6 +512,8 @@ struct RawArgs {
     bytes: Scalar,
     device_type: Scalar,
     device_id: Scalar,
+    total_allocated: Scalar,
+    total_reserved: Scalar,
 }
 
 impl<'de> Deserialize<'de> for RawArgs {
@@ -502,6 +533,8 @@ impl<'de> Deserialize<'de> for RawArgs {
                         "Bytes" => &mut args.bytes,
                         "Device Type" => &mut args.device_type,
                         "Device Id" => &mut args.device_id,
+                        "Total Allocated" => &mut args.total_allocated,
+                        "Total Reserved" => &mut args.total_reserved,
                         _ => {
                             map.next_value::<IgnoredAny>()?;
                             continue;

@@ -225,6 +225,29 @@ pub struct Trace {
     pub allocator_settings: Option<AllocatorSettings>,
     /// True when event times are real microseconds, false when they are event indices.
     pub has_times: bool,
+    /// The real allocator's own running totals, per device, where the file records them
+    /// (Kineto's `Total Allocated` / `Total Reserved`); empty otherwise. They are what the
+    /// recorded run really held, so reports can show them beside every simulated policy.
+    #[serde(default)]
+    pub recorded_totals: Vec<DeviceTotals>,
+}
+
+/// The real allocator's totals right after one event, as the file records them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordedTotals {
+    /// Bytes of live blocks (PyTorch's `allocated_bytes.all.current`).
+    pub allocated: u64,
+    /// Device memory the allocator held (`reserved_bytes.all.current`).
+    pub reserved: u64,
+}
+
+/// One device's recorded totals, one per event of that device, in event order.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceTotals {
+    /// The device index, as in [`DeviceTrace::device`].
+    pub device: i32,
+    /// `totals[i]` holds right after `events[i]` of that device.
+    pub totals: Vec<RecordedTotals>,
 }
 
 impl Trace {
@@ -236,6 +259,16 @@ impl Trace {
     /// The device with the most events: the default of `--device`.
     pub fn default_device(&self) -> Option<i32> {
         self.devices.iter().max_by_key(|d| (d.events.len(), -(d.device as i64))).map(|d| d.device)
+    }
+
+    /// The recorded totals of `device`, one per event, if the file records them for every
+    /// event of that device.
+    pub fn totals_of(&self, device: i32) -> Option<&[RecordedTotals]> {
+        let events = self.device(device)?.events.len();
+        self.recorded_totals
+            .iter()
+            .find(|t| t.device == device && t.totals.len() == events)
+            .map(|t| t.totals.as_slice())
     }
 
     /// The final segments of `device`.

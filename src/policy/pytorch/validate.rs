@@ -1098,6 +1098,7 @@ mod tests {
             }),
             has_times: false,
             frames: Default::default(),
+            recorded_totals: Vec::new(),
         }
     }
 

@@ -1,0 +1,366 @@
+//! What the recorded run really did, read from the file, never simulated.
+//!
+//! Every what-if replay is measured against a baseline; the honest baseline is the real allocator's
+//! own figures where the file carries them:
+//!
+//! - a PyTorch snapshot records every change of reserved memory (`segment_alloc`/`segment_free`,
+//!   `segment_map`/`segment_unmap`, spec §12.3) and the final segments, so reserved memory at the
+//!   first event is the final total minus the net of those events, and reserved over time follows
+//!   exactly; request sizes (live-at-start blocks plus `alloc`/free events) give requested bytes.
+//!   Block sizes are not recorded, so allocated bytes are unknown;
+//! - a Kineto trace records the allocator's `Total Allocated` and `Total Reserved` after every
+//!   `[memory]` event ([`Trace::recorded_totals`]); requests and segment calls are unknown.
+//!
+//! [`recorded`] gathers these as a [`Recorded`]; [`Recorded::row`] shapes them as a
+//! [`RecordedRow`], the `replay --json` keys of [`PolicyResult`] with `null` for what the file
+//! cannot tell; [`Recorded::series`] is reserved memory over time for the timeline.
+//! [`limit`] infers the device limit the run had from its out-of-memory evidence, and
+//! [`kineto_start`] the memory a Kineto trace's run held before its first event.
+
+pub mod kineto_start;
+pub mod limit;
+
+use crate::replay::{free_action, live_at_start, Point, PolicyResult, Series};
+use crate::trace::{Action, Event, Format, Trace};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+
+/// The name the recorded run goes by beside the policies (`replay`, `report`, JSON).
+pub const POLICY_NAME: &str = "recorded";
+
+/// Where a trace's recorded figures come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Source {
+    /// A PyTorch snapshot: final segments and segment events.
+    SnapshotSegments,
+    /// A Kineto trace: the `Total Allocated` / `Total Reserved` args of `[memory]` events.
+    KinetoTotals,
+}
+
+/// The real allocator's figures for one device, as the file records them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Recorded {
+    /// The device.
+    pub device: i32,
+    /// Where the figures come from.
+    pub source: Source,
+    /// Reserved bytes before the first event.
+    pub reserved_at_start_bytes: u64,
+    /// Reserved bytes after each event, in event order (one per event of the device).
+    pub reserved_after: Vec<u64>,
+    /// The most device memory held at once.
+    pub peak_reserved_bytes: u64,
+    /// The event after which reserved memory first reached its peak; `None` when the peak is the
+    /// state before the first event.
+    pub peak_reserved_event: Option<u64>,
+    /// Reserved bytes after the last event.
+    pub reserved_at_end_bytes: u64,
+    /// The largest sum of live block sizes, where recorded (Kineto's `Total Allocated`).
+    pub peak_allocated_bytes: Option<u64>,
+    /// Allocated bytes at the first moment of peak reserved, where recorded.
+    pub allocated_at_peak_bytes: Option<u64>,
+    /// The largest sum of live request sizes, where the file records every request size.
+    pub peak_requested_bytes: Option<u64>,
+    /// Segment and page events, where the file records them: `segment_alloc`, `segment_free`,
+    /// `segment_map`, `segment_unmap` counts.
+    pub segment_counts: Option<[u64; 4]>,
+    /// Recorded `oom` entries.
+    pub oom_count: u64,
+    /// The index of the first `oom` entry.
+    pub first_oom_event: Option<u64>,
+    /// Where the recording contradicts itself (e.g. segment events that would take reserved
+    /// memory below zero), one line each.
+    pub warnings: Vec<String>,
+}
+
+/// The recorded run as a row beside the policies: the `replay --json` keys of [`PolicyResult`],
+/// `None` (JSON `null`) where the file cannot tell.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RecordedRow {
+    /// Always [`POLICY_NAME`].
+    pub policy: String,
+    /// Always empty: the recorded run has no fragsim configuration.
+    pub config: String,
+    /// See [`PolicyResult::peak_reserved_bytes`].
+    pub peak_reserved_bytes: Option<u64>,
+    /// See [`PolicyResult::peak_allocated_bytes`].
+    pub peak_allocated_bytes: Option<u64>,
+    /// See [`PolicyResult::peak_requested_bytes`].
+    pub peak_requested_bytes: Option<u64>,
+    /// See [`PolicyResult::reserved_at_end_bytes`].
+    pub reserved_at_end_bytes: Option<u64>,
+    /// See [`PolicyResult::fragmentation_at_peak`].
+    pub fragmentation_at_peak: Option<f64>,
+    /// See [`PolicyResult::device_malloc_count`].
+    pub device_malloc_count: Option<u64>,
+    /// See [`PolicyResult::device_free_count`].
+    pub device_free_count: Option<u64>,
+    /// See [`PolicyResult::map_count`].
+    pub map_count: Option<u64>,
+    /// See [`PolicyResult::unmap_count`].
+    pub unmap_count: Option<u64>,
+    /// See [`PolicyResult::alloc_retries`]; set by [`RecordedRow::with_limit`] when the device
+    /// limit tells OOM flushes from `empty_cache()` calls.
+    pub alloc_retries: Option<u64>,
+    /// See [`PolicyResult::oom`]: whether the file records an `oom` entry (snapshots only).
+    pub oom: Option<bool>,
+    /// See [`PolicyResult::first_oom_event`].
+    pub first_oom_event: Option<u64>,
+    /// Always `None`: nothing was replayed.
+    pub replay_seconds: Option<f64>,
+}
+
+impl RecordedRow {
+    /// The row as a [`PolicyResult`], for code that needs one: every unknown number becomes 0
+    /// (and `oom` false), so show it only beside [`RecordedRow`]'s own `None`s.
+    pub fn to_policy_result(&self) -> PolicyResult {
+        PolicyResult {
+            policy: self.policy.clone(),
+            config: self.config.clone(),
+            peak_reserved_bytes: self.peak_reserved_bytes.unwrap_or(0),
+            peak_allocated_bytes: self.peak_allocated_bytes.unwrap_or(0),
+            peak_requested_bytes: self.peak_requested_bytes.unwrap_or(0),
+            reserved_at_end_bytes: self.reserved_at_end_bytes.unwrap_or(0),
+            fragmentation_at_peak: self.fragmentation_at_peak.unwrap_or(0.0),
+            device_malloc_count: self.device_malloc_count.unwrap_or(0),
+            device_free_count: self.device_free_count.unwrap_or(0),
+            map_count: self.map_count.unwrap_or(0),
+            unmap_count: self.unmap_count.unwrap_or(0),
+            alloc_retries: self.alloc_retries.unwrap_or(0),
+            oom: self.oom.unwrap_or(false),
+            first_oom_event: self.first_oom_event,
+            replay_seconds: 0.0,
+            cuda: None,
+        }
+    }
+
+    /// The row with `alloc_retries` filled from an inferred device limit: the number of flushes
+    /// it proves were out-of-memory retries, when it classifies every candidate flush.
+    pub fn with_limit(mut self, limit: &limit::DeviceLimit) -> RecordedRow {
+        self.alloc_retries = limit.proven_retries();
+        self
+    }
+}
+
+/// The recorded figures of `device`, or `None` when the file records none for it (text traces,
+/// RMM logs, Kineto traces without totals, a device the trace does not have).
+pub fn recorded(trace: &Trace, device: i32) -> Option<Recorded> {
+    let events = &trace.device(device)?.events;
+    if let Some(totals) = trace.totals_of(device) {
+        return Some(from_totals(trace, device, events, totals));
+    }
+    (trace.format == Format::PytorchSnapshot).then(|| from_snapshot(trace, device, events))
+}
+
+/// Reserved over time from a snapshot: final segments minus the net of segment events.
+fn from_snapshot(trace: &Trace, device: i32, events: &[Event]) -> Recorded {
+    let mut warnings = Vec::new();
+    let final_reserved: u64 = trace.segments_of(device).map(|s| s.total_size).sum();
+    let mut net: i128 = 0;
+    let mut lowest: i128 = 0;
+    let mut counts = [0u64; 4];
+    let mut oom_count = 0;
+    let mut first_oom_event = None;
+    for (i, e) in events.iter().enumerate() {
+        match e.action {
+            Action::SegmentAlloc => (net, counts[0]) = (net + e.size as i128, counts[0] + 1),
+            Action::SegmentFree => (net, counts[1]) = (net - e.size as i128, counts[1] + 1),
+            Action::SegmentMap => (net, counts[2]) = (net + e.size as i128, counts[2] + 1),
+            Action::SegmentUnmap => (net, counts[3]) = (net - e.size as i128, counts[3] + 1),
+            Action::Oom => {
+                oom_count += 1;
+                first_oom_event.get_or_insert(i as u64);
+            }
+            _ => {}
+        }
+        lowest = lowest.min(net);
+    }
+    let mut start = final_reserved as i128 - net;
+    if start + lowest < 0 {
+        warnings.push(format!(
+            "device {device}: the final segments hold {final_reserved} B, less than the segment \
+             events add ({net} B net); reserved memory before the first event is taken as {} B, \
+             the least that never goes below zero",
+            -lowest
+        ));
+        start = -lowest;
+    }
+    let start = start as u64;
+    let mut reserved = start as i128;
+    let reserved_after = events
+        .iter()
+        .map(|e| {
+            match e.action {
+                Action::SegmentAlloc | Action::SegmentMap => reserved += e.size as i128,
+                Action::SegmentFree | Action::SegmentUnmap => reserved -= e.size as i128,
+                _ => {}
+            }
+            reserved as u64
+        })
+        .collect();
+    let mut r = Recorded {
+        device,
+        source: Source::SnapshotSegments,
+        reserved_at_start_bytes: start,
+        reserved_after,
+        peak_reserved_bytes: 0,
+        peak_reserved_event: None,
+        reserved_at_end_bytes: 0,
+        peak_allocated_bytes: None,
+        allocated_at_peak_bytes: None,
+        peak_requested_bytes: Some(peak_requested(trace, device, events)),
+        segment_counts: Some(counts),
+        oom_count,
+        first_oom_event,
+        warnings,
+    };
+    r.find_peak();
+    r
+}
+
+/// The largest sum of live request sizes: the blocks live at the first event, then every
+/// `alloc` and free (an `alloc` at the address of a block still live frees that block first, as
+/// the replay engine does).
+fn peak_requested(trace: &Trace, device: i32, events: &[Event]) -> u64 {
+    let frees_at = free_action(events);
+    let mut live: HashMap<u64, u64> =
+        live_at_start(trace, device, events).iter().map(|b| (b.addr, b.size)).collect();
+    let mut now: u64 = live.values().sum();
+    let mut peak = now;
+    for e in events {
+        match e.action {
+            Action::Alloc if e.size > 0 => {
+                now -= live.insert(e.addr, e.size).unwrap_or(0);
+                now += e.size;
+                peak = peak.max(now);
+            }
+            a if a == frees_at => now -= live.remove(&e.addr).unwrap_or(0),
+            _ => {}
+        }
+    }
+    peak
+}
+
+/// The figures from Kineto's recorded totals.
+fn from_totals(
+    trace: &Trace,
+    device: i32,
+    events: &[Event],
+    totals: &[crate::trace::RecordedTotals],
+) -> Recorded {
+    let start = kineto_start::start_state(trace, device);
+    let reserved_at_start_bytes = start.as_ref().map_or(0, |s| s.reserved_bytes);
+    let live_before = start.as_ref().map_or(0, |s| s.live_bytes);
+    let peak_allocated = totals.iter().map(|t| t.allocated).max().unwrap_or(0).max(live_before);
+    let oom_count = events.iter().filter(|e| e.action == Action::Oom).count() as u64;
+    let mut r = Recorded {
+        device,
+        source: Source::KinetoTotals,
+        reserved_at_start_bytes,
+        reserved_after: totals.iter().map(|t| t.reserved).collect(),
+        peak_reserved_bytes: 0,
+        peak_reserved_event: None,
+        reserved_at_end_bytes: 0,
+        peak_allocated_bytes: Some(peak_allocated),
+        allocated_at_peak_bytes: None,
+        peak_requested_bytes: None,
+        segment_counts: None,
+        oom_count,
+        first_oom_event: events.iter().position(|e| e.action == Action::Oom).map(|i| i as u64),
+        warnings: start.map(|s| s.warnings).unwrap_or_default(),
+    };
+    r.find_peak();
+    r.allocated_at_peak_bytes = Some(match r.peak_reserved_event {
+        Some(i) => totals[i as usize].allocated,
+        None => live_before,
+    });
+    r
+}
+
+impl Recorded {
+    /// Sets the peak and end figures from `reserved_after`.
+    fn find_peak(&mut self) {
+        self.peak_reserved_bytes = self.reserved_at_start_bytes;
+        self.peak_reserved_event = None;
+        for (i, &r) in self.reserved_after.iter().enumerate() {
+            if r > self.peak_reserved_bytes {
+                self.peak_reserved_bytes = r;
+                self.peak_reserved_event = Some(i as u64);
+            }
+        }
+        self.reserved_at_end_bytes =
+            self.reserved_after.last().copied().unwrap_or(self.reserved_at_start_bytes);
+    }
+
+    /// The recorded run as a row beside the policies (see [`RecordedRow`]).
+    pub fn row(&self) -> RecordedRow {
+        let counts = self.segment_counts;
+        let fragmentation_at_peak = self.allocated_at_peak_bytes.map(|a| {
+            if self.peak_reserved_bytes == 0 {
+                0.0
+            } else {
+                1.0 - a as f64 / self.peak_reserved_bytes as f64
+            }
+        });
+        let snapshot = self.source == Source::SnapshotSegments;
+        RecordedRow {
+            policy: POLICY_NAME.to_string(),
+            config: String::new(),
+            peak_reserved_bytes: Some(self.peak_reserved_bytes),
+            peak_allocated_bytes: self.peak_allocated_bytes,
+            peak_requested_bytes: self.peak_requested_bytes,
+            reserved_at_end_bytes: Some(self.reserved_at_end_bytes),
+            fragmentation_at_peak,
+            device_malloc_count: counts.map(|c| c[0]),
+            device_free_count: counts.map(|c| c[1]),
+            map_count: counts.map(|c| c[2]),
+            unmap_count: counts.map(|c| c[3]),
+            alloc_retries: None,
+            oom: snapshot.then_some(self.oom_count > 0),
+            first_oom_event: self.first_oom_event,
+            replay_seconds: None,
+        }
+    }
+
+    /// Reserved memory over time, for the timeline: a point before the first event (at event
+    /// 0) and one after every event that changes it, within `budget` points (peaks kept, see
+    /// [`Series`]). `allocated` holds the recorded allocated bytes where known (Kineto), else 0;
+    /// `requested` is always 0: only `reserved` is the recorded line.
+    pub fn series(&self, trace: &Trace, budget: usize) -> Series {
+        let mut s = Series::with_budget(budget);
+        let events = trace.device(self.device).map_or(&[][..], |d| &d.events[..]);
+        let totals = match self.source {
+            Source::KinetoTotals => trace.totals_of(self.device),
+            Source::SnapshotSegments => None,
+        };
+        let start_time = events.first().map_or(0, |e| e.time_us);
+        let live = totals
+            .and_then(|_| kineto_start::start_state(trace, self.device))
+            .map_or(0, |k| k.live_bytes);
+        let mut last = (self.reserved_at_start_bytes, live);
+        s.push(Point {
+            event: 0,
+            time_us: start_time,
+            reserved: last.0,
+            allocated: last.1,
+            requested: 0,
+        });
+        for (i, (&reserved, e)) in self.reserved_after.iter().zip(events).enumerate() {
+            let allocated = totals.map_or(0, |t| t[i].allocated);
+            if (reserved, allocated) != last {
+                last = (reserved, allocated);
+                s.push(Point {
+                    event: i as u64,
+                    time_us: e.time_us,
+                    reserved,
+                    allocated,
+                    requested: 0,
+                });
+            }
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests;
