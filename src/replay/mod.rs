@@ -22,7 +22,7 @@ pub use metrics::{PeakDetail, PolicyResult};
 pub use series::{Point, Series};
 pub use start_state::{empty_cache_points, free_action, live_at_start, orphan_frees, LiveBlock};
 
-use crate::backend::{Backend, SimDevice};
+use crate::backend::{Backend, BackendCall, Observed, Observer, SimDevice};
 use crate::error::{Error, Result};
 use crate::policy::Policy;
 use crate::trace::{Action, Event, Segment, Trace};
@@ -237,9 +237,9 @@ impl Hasher for AddrHasher {
 /// A map keyed by addresses.
 pub type AddrMap<V> = HashMap<u64, V, BuildHasherDefault<AddrHasher>>;
 
-/// Counts what the policy asks of the backend and, when asked, records it as trace events.
-struct Metered<B> {
-    inner: B,
+/// Counts what the policy asks of the backend and, when asked, records it as trace events: the
+/// [`Observer`] of the backend a replay runs on.
+struct Metered {
     mallocs: u64,
     frees: u64,
     maps: u64,
@@ -249,7 +249,7 @@ struct Metered<B> {
     stream: u64,
 }
 
-impl<B> Metered<B> {
+impl Metered {
     fn note(&mut self, action: Action, addr: u64, size: u64) {
         if let Some(log) = &mut self.log {
             log.push(Event::new(action, addr, size, self.stream, self.now));
@@ -257,46 +257,27 @@ impl<B> Metered<B> {
     }
 }
 
-impl<B: Backend> Backend for Metered<B> {
-    fn segment_alloc(&mut self, size: u64) -> Result<Option<u64>> {
-        let r = self.inner.segment_alloc(size)?;
-        if let Some(addr) = r {
-            self.mallocs += 1;
-            self.note(Action::SegmentAlloc, addr, size);
+impl Observer for Metered {
+    fn observe(&mut self, call: BackendCall) {
+        match call {
+            BackendCall::SegmentAlloc { size, addr: Some(addr) } => {
+                self.mallocs += 1;
+                self.note(Action::SegmentAlloc, addr, size);
+            }
+            BackendCall::SegmentFree { addr, size } => {
+                self.frees += 1;
+                self.note(Action::SegmentFree, addr, size);
+            }
+            BackendCall::Map { addr, size, ok: true } => {
+                self.maps += 1;
+                self.note(Action::SegmentMap, addr, size);
+            }
+            BackendCall::Unmap { addr, size } => {
+                self.unmaps += 1;
+                self.note(Action::SegmentUnmap, addr, size);
+            }
+            _ => {}
         }
-        Ok(r)
-    }
-    fn segment_free(&mut self, addr: u64, size: u64) -> Result<()> {
-        self.inner.segment_free(addr, size)?;
-        self.frees += 1;
-        self.note(Action::SegmentFree, addr, size);
-        Ok(())
-    }
-    fn reserve(&mut self, size: u64) -> Result<Option<u64>> {
-        self.inner.reserve(size)
-    }
-    fn release(&mut self, addr: u64, size: u64) -> Result<()> {
-        self.inner.release(addr, size)
-    }
-    fn map(&mut self, addr: u64, size: u64) -> Result<bool> {
-        let ok = self.inner.map(addr, size)?;
-        if ok {
-            self.maps += 1;
-            self.note(Action::SegmentMap, addr, size);
-        }
-        Ok(ok)
-    }
-    fn unmap(&mut self, addr: u64, size: u64) -> Result<()> {
-        self.inner.unmap(addr, size)?;
-        self.unmaps += 1;
-        self.note(Action::SegmentUnmap, addr, size);
-        Ok(())
-    }
-    fn granularity(&self) -> u64 {
-        self.inner.granularity()
-    }
-    fn reserved(&self) -> u64 {
-        self.inner.reserved()
     }
 }
 
@@ -381,18 +362,20 @@ fn run<P: Policy, B: Backend>(
 ) -> Result<ReplayOutput> {
     let started = Instant::now();
     let events = input.events;
-    let mut backend = Metered {
+    let mut backend = Observed {
         inner: backend,
-        mallocs: 0,
-        frees: 0,
-        maps: 0,
-        unmaps: 0,
-        log: None,
-        now: 0,
-        stream: 0,
+        observer: Metered {
+            mallocs: 0,
+            frees: 0,
+            maps: 0,
+            unmaps: 0,
+            log: None,
+            now: 0,
+            stream: 0,
+        },
     };
     if options.record_events {
-        backend.log = Some(Vec::new());
+        backend.observer.log = Some(Vec::new());
     }
     policy.prepare(events)?;
     let frees_at = input.frees_at;
@@ -414,13 +397,13 @@ fn run<P: Policy, B: Backend>(
 
     // Blocks live before the first event: every policy must carry them.
     for (k, b) in input.live_at_start.iter().enumerate() {
-        backend.now = start_time;
-        backend.stream = b.stream;
+        backend.observer.now = start_time;
+        backend.observer.stream = b.stream;
         match policy.malloc(&mut backend, b.size.max(1), b.stream)? {
             Some(a) => {
                 meter.requested += b.size;
                 slots.at_start[k] = a.addr;
-                if let Some(log) = &mut backend.log {
+                if let Some(log) = &mut backend.observer.log {
                     log.push(Event::new(Action::Alloc, a.addr, b.size, b.stream, start_time));
                 }
                 meter.detail.live_at_start += 1;
@@ -438,8 +421,8 @@ fn run<P: Policy, B: Backend>(
     let last = options.stop_after.map_or(events.len(), |s| (s as usize + 1).min(events.len()));
     for (i, e) in events[..last].iter().enumerate() {
         let index = i as u64;
-        backend.now = e.time_us;
-        backend.stream = e.stream;
+        backend.observer.now = e.time_us;
+        backend.observer.stream = e.stream;
         match e.action {
             Action::Alloc => {
                 if e.size == 0 {
@@ -453,7 +436,7 @@ fn run<P: Policy, B: Backend>(
                     if addr != Slots::EMPTY {
                         let request = Slots::request(input, displaced);
                         meter.requested -= request;
-                        log_free(&mut backend.log, addr, request, e);
+                        log_free(&mut backend.observer.log, addr, request, e);
                         policy.free(&mut backend, addr)?;
                     }
                 }
@@ -461,7 +444,7 @@ fn run<P: Policy, B: Backend>(
                     Some(a) => {
                         meter.requested += e.size;
                         slots.by_event[i] = a.addr;
-                        if let Some(log) = &mut backend.log {
+                        if let Some(log) = &mut backend.observer.log {
                             log.push(Event::new(
                                 Action::Alloc,
                                 a.addr,
@@ -474,7 +457,7 @@ fn run<P: Policy, B: Backend>(
                     None => {
                         meter.detail.oom_count += 1;
                         first_oom.get_or_insert(index);
-                        if let Some(log) = &mut backend.log {
+                        if let Some(log) = &mut backend.observer.log {
                             log.push(Event::new(Action::Oom, 0, e.size, e.stream, e.time_us));
                         }
                     }
@@ -492,7 +475,7 @@ fn run<P: Policy, B: Backend>(
                 }
                 let request = Slots::request(input, link);
                 meter.requested -= request;
-                log_free(&mut backend.log, addr, request, e);
+                log_free(&mut backend.observer.log, addr, request, e);
                 policy.free(&mut backend, addr)?;
             }
             Action::SegmentFree | Action::SegmentUnmap
@@ -526,10 +509,10 @@ fn run<P: Policy, B: Backend>(
         peak_requested_bytes: meter.peak_requested,
         reserved_at_end_bytes: reserved_at_end,
         fragmentation_at_peak,
-        device_malloc_count: backend.mallocs,
-        device_free_count: backend.frees,
-        map_count: backend.maps,
-        unmap_count: backend.unmaps,
+        device_malloc_count: backend.observer.mallocs,
+        device_free_count: backend.observer.frees,
+        map_count: backend.observer.maps,
+        unmap_count: backend.observer.unmaps,
         alloc_retries: policy.alloc_retries(),
         oom: first_oom.is_some(),
         first_oom_event: first_oom,
@@ -539,7 +522,7 @@ fn run<P: Policy, B: Backend>(
         result,
         detail: meter.detail,
         series: meter.series,
-        events: backend.log,
+        events: backend.observer.log,
         segments,
     })
 }
