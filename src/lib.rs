@@ -35,6 +35,7 @@ pub mod policy;
 pub mod replay;
 pub mod report;
 pub mod synth;
+pub mod testing;
 pub mod trace;
 pub mod units;
 
