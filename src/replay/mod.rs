@@ -509,6 +509,7 @@ fn run<P: Policy, B: Backend>(
         peak_requested_bytes: meter.peak_requested,
         reserved_at_end_bytes: reserved_at_end,
         fragmentation_at_peak,
+        peak_event: meter.detail.peak_reserved_event,
         device_malloc_count: backend.observer.mallocs,
         device_free_count: backend.observer.frees,
         map_count: backend.observer.maps,
@@ -525,4 +526,42 @@ fn run<P: Policy, B: Backend>(
         events: backend.observer.log,
         segments,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::pytorch::{Config, PyTorch};
+    use crate::trace::{text, ReadOptions};
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn fragmentation_at_peak_is_read_when_reserved_first_reaches_its_peak() {
+        // Reserved grows to 200 MiB at event 1 (both blocks live: nothing cached), then stays
+        // there while a block is freed (event 2) and a smaller one reuses its cached memory
+        // (event 3): a plateau whose later moments have a lower allocated share.
+        let src = format!(
+            "alloc 0x1000 {a} s0\nalloc 0x2000 {a} s0\nfree 0x1000 {a} s0\nalloc 0x3000 {b} s0\n",
+            a = 100 * MIB,
+            b = 50 * MIB
+        );
+        let t = text::read(src.as_bytes(), &ReadOptions::default()).unwrap();
+        let input = ReplayInput::new(&t, None).unwrap();
+        let opts = ReplayOptions { keep_series: true, ..ReplayOptions::default() };
+        let out = run_policy("pytorch", PyTorch::new(Config::default()), &input, &opts).unwrap();
+        let r = &out.result;
+        assert_eq!(r.peak_reserved_bytes, 200 * MIB);
+        // The plateau really has later moments with less allocated: a later reading would differ.
+        let points = out.series.as_ref().unwrap().points();
+        let later: Vec<&Point> =
+            points.iter().filter(|p| p.reserved == 200 * MIB && p.event > 1).collect();
+        assert!(!later.is_empty());
+        assert!(later.iter().all(|p| p.allocated < 200 * MIB), "{later:?}");
+        // The first moment of the peak is event 1, where everything reserved is allocated.
+        assert_eq!(r.peak_event, 1);
+        assert_eq!(out.detail.peak_reserved_event, 1);
+        assert_eq!(out.detail.allocated_at_peak_bytes, 200 * MIB);
+        assert_eq!(r.fragmentation_at_peak, 0.0);
+    }
 }
