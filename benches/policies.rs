@@ -16,31 +16,17 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use fragsim::policy::offline::Offline;
 use fragsim::policy::{self, Policy, PolicySpec};
 use fragsim::replay::{ReplayInput, ReplayOptions};
+use fragsim::testing::Rng;
 use fragsim::trace::{read_trace, Action, DeviceTrace, Event, ReadOptions, Trace};
 use std::path::Path;
 
 /// The real snapshot of `replay_policy_real`, relative to the crate.
 const REAL: &str = "traces/real/cs336-medium-ctx512-train.pickle";
 
-/// xorshift64*: a seeded generator, so every run replays the same events.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
 /// About `n` events: 300 long-lived "weights", then activations allocated and freed with a
 /// bounded live set, sizes 512 B to 64 MiB.
 fn workload(n: usize) -> Vec<Event> {
-    let mut rng = Rng(0x5eed_1234_abcd_ef01);
+    let mut rng = Rng::new(0x5eed_1234_abcd_ef01);
     let mut events = Vec::with_capacity(n + 1024);
     let mut next_addr = 0x1000_0000u64;
     let mut live: Vec<(u64, u64, u64)> = Vec::new();
@@ -57,7 +43,7 @@ fn workload(n: usize) -> Vec<Event> {
     while events.len() < n {
         let free = !live.is_empty() && (live.len() > 600 || rng.below(100) < 48);
         if free {
-            let i = rng.below(live.len() as u64) as usize;
+            let i = rng.index(live.len());
             let (addr, size, stream) = live.swap_remove(i);
             push(&mut events, Action::FreeRequested, addr, size, stream);
         } else {

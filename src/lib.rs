@@ -36,6 +36,7 @@ pub mod recorded;
 pub mod replay;
 pub mod report;
 pub mod synth;
+pub mod testing;
 pub mod trace;
 pub mod units;
 pub mod whatif;

@@ -104,7 +104,7 @@ fn csv_header_is_the_json_keys() {
     let out = stdout(&o);
     let mut lines = out.lines();
     assert!(lines.next().unwrap().starts_with("policy,config,peak_reserved_bytes,"));
-    assert!(lines.next().unwrap().starts_with("bound,,4096,4096,4096,4096,0.0,1,0,"));
+    assert!(lines.next().unwrap().starts_with("bound,,4096,4096,4096,4096,0.0,0,1,0,"));
 }
 
 #[test]

@@ -10,34 +10,23 @@
 
 use fragsim::policy::{self, PolicySpec};
 use fragsim::replay::{ReplayInput, ReplayOptions};
+use fragsim::testing::Rng;
 use fragsim::trace::{read_trace, write_to, DeviceTrace, Format, ReadOptions, Trace};
 use std::io::Write;
 
 /// Mutated files per format.
 const PER_FORMAT: u64 = 400;
 
-/// xorshift64*: the mutations are the same on every run.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n.max(1) as u64) as usize
-    }
-}
-
 /// One byte-fuzzer mutation of `data`, and what it did (for the failure message).
 fn mutate(data: &[u8], rng: &mut Rng) -> (Vec<u8>, String) {
     let mut d = data.to_vec();
-    let at = rng.below(d.len());
-    let span = (at + 1 + rng.below(256)).min(d.len());
-    let what = match rng.below(6) {
+    let at = rng.index(d.len());
+    let span = (at + 1 + rng.index(256)).min(d.len());
+    let what = match rng.index(6) {
         0 => {
-            for _ in 0..1 + rng.below(8) {
-                let i = rng.below(d.len());
-                d[i] = rng.below(256) as u8;
+            for _ in 0..1 + rng.index(8) {
+                let i = rng.index(d.len());
+                d[i] = rng.index(256) as u8;
             }
             "flipped bytes".to_string()
         }
@@ -46,7 +35,7 @@ fn mutate(data: &[u8], rng: &mut Rng) -> (Vec<u8>, String) {
             format!("truncated at {at}")
         }
         2 => {
-            let junk: Vec<u8> = (0..1 + rng.below(16)).map(|_| rng.below(256) as u8).collect();
+            let junk: Vec<u8> = (0..1 + rng.index(16)).map(|_| rng.index(256) as u8).collect();
             d.splice(at..at, junk);
             format!("inserted bytes at {at}")
         }
@@ -60,9 +49,9 @@ fn mutate(data: &[u8], rng: &mut Rng) -> (Vec<u8>, String) {
             format!("deleted {at}..{span}")
         }
         _ => {
-            for _ in 0..1 + rng.below(4) {
-                let i = rng.below(d.len());
-                d[i] = [0, 0x7f, 0x80, 0xff, b'-', b'9', b'e'][rng.below(7)];
+            for _ in 0..1 + rng.index(4) {
+                let i = rng.index(d.len());
+                d[i] = [0, 0x7f, 0x80, 0xff, b'-', b'9', b'e'][rng.index(7)];
             }
             "boundary bytes".to_string()
         }
@@ -102,7 +91,7 @@ fn mutated_traces_are_read_or_refused_never_a_panic() {
     let options = ReplayOptions::default();
     let (mut read, mut refused) = (0, 0);
     for (k, (ext, seed)) in seeds.iter().enumerate() {
-        let mut rng = Rng(0x5eed_0000 + k as u64 * 7919);
+        let mut rng = Rng::new(0x5eed_0000 + k as u64 * 7919);
         for n in 0..PER_FORMAT {
             let (bytes, what) = mutate(seed, &mut rng);
             let path = dir.path().join(format!("mutated.{ext}"));

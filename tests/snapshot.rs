@@ -347,14 +347,11 @@ fn hostile_lengths_nesting_and_garbage_are_input_errors() {
     assert!(e.to_string().contains("trace entry 0: is a list, not a dict"), "{e}");
 
     // Seeded garbage after a valid protocol header.
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rng = fragsim::testing::Rng::new(1);
     for round in 0..300 {
         let mut data = vec![0x80, 4];
         for _ in 0..(round * 7 % 2000 + 1) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            data.push(x as u8);
+            data.push(rng.next_u64() as u8);
         }
         let e = assert_input_error_fast(&data, &format!("garbage {round}"));
         assert!(!e.message().is_empty());

@@ -51,19 +51,52 @@ pub trait Backend {
     fn reserved(&self) -> u64;
 }
 
-/// Allocates through a backend and records each call, so tests can see what a policy asked for.
-#[derive(Debug, Default)]
-pub struct Recording<B> {
-    /// The backend doing the work.
-    pub inner: B,
-    /// Every call made, in order.
-    pub calls: Vec<BackendCall>,
+/// Sees every call a policy makes through an [`Observed`] backend, after the backend answered.
+///
+/// This is the one way to wrap a backend: [`Observed`] forwards each call to the backend it wraps
+/// and then shows the call and its outcome to the observer, so a wrapper that counts, logs or
+/// checks calls writes only what it does with them, never the forwarding. A call that failed
+/// with an error is not shown (the error ends the replay).
+pub trait Observer {
+    /// Called after each successful backend call, with its arguments and result.
+    fn observe(&mut self, call: BackendCall);
 }
 
-impl<B> Recording<B> {
+/// Keeps every call, in order: what [`Recording`] shows tests.
+impl Observer for Vec<BackendCall> {
+    fn observe(&mut self, call: BackendCall) {
+        self.push(call);
+    }
+}
+
+/// A backend that forwards every call to `inner` and shows it to `observer`. See [`Observer`].
+#[derive(Debug, Default)]
+pub struct Observed<B, O> {
+    /// The backend doing the work.
+    pub inner: B,
+    /// What sees each call.
+    pub observer: O,
+}
+
+impl<B, O: Default> Observed<B, O> {
+    /// Wraps `inner`, with a fresh observer.
+    pub fn new(inner: B) -> Self {
+        Observed { inner, observer: O::default() }
+    }
+}
+
+/// Allocates through a backend and records each call, so tests can see what a policy asked for.
+pub type Recording<B> = Observed<B, Vec<BackendCall>>;
+
+impl<B> Observed<B, Vec<BackendCall>> {
+    /// Every call made, in order.
+    pub fn calls(&self) -> &[BackendCall] {
+        &self.observer
+    }
+
     /// The sizes of the segments obtained, in order: what a policy's growth rule asked for.
     pub fn segment_sizes(&self) -> Vec<u64> {
-        self.calls
+        self.observer
             .iter()
             .filter_map(|c| match *c {
                 BackendCall::SegmentAlloc { size, addr: Some(_) } => Some(size),
@@ -73,7 +106,8 @@ impl<B> Recording<B> {
     }
 }
 
-/// One call a [`Recording`] saw, with its outcome; fields are the call's arguments and result.
+/// One backend call with its outcome, as an [`Observer`] sees it; fields are the call's arguments
+/// and result.
 #[allow(missing_docs)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendCall {
@@ -91,33 +125,36 @@ pub enum BackendCall {
     Unmap { addr: u64, size: u64 },
 }
 
-impl<B: Backend> Backend for Recording<B> {
+impl<B: Backend, O: Observer> Backend for Observed<B, O> {
     fn segment_alloc(&mut self, size: u64) -> Result<Option<u64>> {
         let addr = self.inner.segment_alloc(size)?;
-        self.calls.push(BackendCall::SegmentAlloc { size, addr });
+        self.observer.observe(BackendCall::SegmentAlloc { size, addr });
         Ok(addr)
     }
     fn segment_free(&mut self, addr: u64, size: u64) -> Result<()> {
-        self.calls.push(BackendCall::SegmentFree { addr, size });
-        self.inner.segment_free(addr, size)
+        self.inner.segment_free(addr, size)?;
+        self.observer.observe(BackendCall::SegmentFree { addr, size });
+        Ok(())
     }
     fn reserve(&mut self, size: u64) -> Result<Option<u64>> {
         let addr = self.inner.reserve(size)?;
-        self.calls.push(BackendCall::Reserve { size, addr });
+        self.observer.observe(BackendCall::Reserve { size, addr });
         Ok(addr)
     }
     fn release(&mut self, addr: u64, size: u64) -> Result<()> {
-        self.calls.push(BackendCall::Release { addr, size });
-        self.inner.release(addr, size)
+        self.inner.release(addr, size)?;
+        self.observer.observe(BackendCall::Release { addr, size });
+        Ok(())
     }
     fn map(&mut self, addr: u64, size: u64) -> Result<bool> {
         let ok = self.inner.map(addr, size)?;
-        self.calls.push(BackendCall::Map { addr, size, ok });
+        self.observer.observe(BackendCall::Map { addr, size, ok });
         Ok(ok)
     }
     fn unmap(&mut self, addr: u64, size: u64) -> Result<()> {
-        self.calls.push(BackendCall::Unmap { addr, size });
-        self.inner.unmap(addr, size)
+        self.inner.unmap(addr, size)?;
+        self.observer.observe(BackendCall::Unmap { addr, size });
+        Ok(())
     }
     fn granularity(&self) -> u64 {
         self.inner.granularity()

@@ -299,7 +299,7 @@ impl Policy for Bfc {
 mod tests {
     use super::*;
     use crate::backend::{Recording, SimDevice};
-    use crate::policy::testing::{run_checked, workload};
+    use crate::testing::{run_checked, workload};
 
     #[test]
     fn bins_follow_powers_of_two_from_256() {

@@ -367,7 +367,7 @@ impl Policy for Buddy {
 mod tests {
     use super::*;
     use crate::backend::SimDevice;
-    use crate::policy::testing::{run_checked, workload};
+    use crate::testing::{run_checked, workload};
 
     #[test]
     fn split_down_and_coalesce_up() {

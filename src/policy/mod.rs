@@ -24,8 +24,6 @@ pub mod pytorch;
 pub mod rmm_pool;
 pub mod spec;
 pub mod stitch;
-#[cfg(test)]
-pub mod testing;
 
 pub use spec::PolicySpec;
 

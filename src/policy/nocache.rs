@@ -204,7 +204,7 @@ impl Policy for NoCache {
 mod tests {
     use super::*;
     use crate::backend::SimDevice;
-    use crate::policy::testing::{run_checked, workload};
+    use crate::testing::{run_checked, workload};
 
     #[test]
     fn small_requests_cost_512_byte_steps_large_ones_whole_pages() {

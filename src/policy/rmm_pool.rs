@@ -247,7 +247,7 @@ impl Policy for RmmPool {
 mod tests {
     use super::*;
     use crate::backend::{Recording, SimDevice};
-    use crate::policy::testing::{run_checked, workload};
+    use crate::testing::{run_checked, workload};
 
     #[test]
     fn grows_by_max_of_request_and_pool_size() {

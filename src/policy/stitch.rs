@@ -361,7 +361,7 @@ impl Policy for Stitch {
 mod tests {
     use super::*;
     use crate::backend::SimDevice;
-    use crate::policy::testing::{run_checked, workload};
+    use crate::testing::{run_checked, workload};
 
     #[test]
     fn stitches_non_contiguous_free_blocks_without_new_memory() {

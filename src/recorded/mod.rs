@@ -106,6 +106,9 @@ pub struct RecordedRow {
     pub oom: Option<bool>,
     /// See [`PolicyResult::first_oom_event`].
     pub first_oom_event: Option<u64>,
+    /// See [`PolicyResult::peak_event`]: the event after which the recorded reserved memory first
+    /// reached its peak (0 when the peak is the state before the first event).
+    pub peak_event: Option<u64>,
     /// Always `None`: nothing was replayed.
     pub replay_seconds: Option<f64>,
 }
@@ -131,6 +134,7 @@ impl RecordedRow {
             first_oom_event: self.first_oom_event,
             replay_seconds: 0.0,
             cuda: None,
+            peak_event: self.peak_event.unwrap_or(0),
         }
     }
 
@@ -318,6 +322,7 @@ impl Recorded {
             alloc_retries: None,
             oom: snapshot.then_some(self.oom_count > 0),
             first_oom_event: self.first_oom_event,
+            peak_event: Some(self.peak_reserved_event.unwrap_or(0)),
             replay_seconds: None,
         }
     }

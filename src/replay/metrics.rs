@@ -19,6 +19,10 @@ pub struct PolicyResult {
     pub reserved_at_end_bytes: u64,
     /// 1 − allocated ÷ reserved at the first moment reserved memory reached its peak.
     pub fragmentation_at_peak: f64,
+    /// Index of the event after which reserved memory first reached its peak: the moment
+    /// `fragmentation_at_peak` is read (the allocation that forced the last growth), not a later
+    /// one on the plateau a caching allocator holds afterwards. 0 when nothing was reserved.
+    pub peak_event: u64,
     /// Segment allocations (`cudaMalloc` calls that succeeded).
     pub device_malloc_count: u64,
     /// Segment releases (`cudaFree` calls).

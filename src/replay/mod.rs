@@ -27,7 +27,7 @@ pub use crate::trace::lifetimes::{
     empty_cache_points, free_action, live_at_start, orphan_frees, AddrHasher, AddrMap, LiveBlock,
 };
 
-use crate::backend::{Backend, SimDevice};
+use crate::backend::{Backend, BackendCall, Observed, Observer, SimDevice};
 use crate::error::{Error, Result};
 use crate::policy::{self, Policy, PolicyContext, PolicyInfo, PolicyRunner, PolicySpec};
 use crate::trace::{Action, Event, Segment, Trace};
@@ -304,9 +304,9 @@ fn cuda_cap(options: &ReplayOptions) -> Option<u64> {
     options.capacity.map(|c| c.saturating_sub(options.outside_bytes))
 }
 
-/// Counts what the policy asks of the backend and, when asked, records it as trace events.
-struct Metered<B> {
-    inner: B,
+/// Counts what the policy asks of the backend and, when asked, records it as trace events: the
+/// [`Observer`] of the backend a replay runs on.
+struct Metered {
     mallocs: u64,
     frees: u64,
     maps: u64,
@@ -316,7 +316,7 @@ struct Metered<B> {
     stream: u64,
 }
 
-impl<B> Metered<B> {
+impl Metered {
     fn note(&mut self, action: Action, addr: u64, size: u64) {
         if let Some(log) = &mut self.log {
             log.push(Event::new(action, addr, size, self.stream, self.now));
@@ -324,46 +324,27 @@ impl<B> Metered<B> {
     }
 }
 
-impl<B: Backend> Backend for Metered<B> {
-    fn segment_alloc(&mut self, size: u64) -> Result<Option<u64>> {
-        let r = self.inner.segment_alloc(size)?;
-        if let Some(addr) = r {
-            self.mallocs += 1;
-            self.note(Action::SegmentAlloc, addr, size);
+impl Observer for Metered {
+    fn observe(&mut self, call: BackendCall) {
+        match call {
+            BackendCall::SegmentAlloc { size, addr: Some(addr) } => {
+                self.mallocs += 1;
+                self.note(Action::SegmentAlloc, addr, size);
+            }
+            BackendCall::SegmentFree { addr, size } => {
+                self.frees += 1;
+                self.note(Action::SegmentFree, addr, size);
+            }
+            BackendCall::Map { addr, size, ok: true } => {
+                self.maps += 1;
+                self.note(Action::SegmentMap, addr, size);
+            }
+            BackendCall::Unmap { addr, size } => {
+                self.unmaps += 1;
+                self.note(Action::SegmentUnmap, addr, size);
+            }
+            _ => {}
         }
-        Ok(r)
-    }
-    fn segment_free(&mut self, addr: u64, size: u64) -> Result<()> {
-        self.inner.segment_free(addr, size)?;
-        self.frees += 1;
-        self.note(Action::SegmentFree, addr, size);
-        Ok(())
-    }
-    fn reserve(&mut self, size: u64) -> Result<Option<u64>> {
-        self.inner.reserve(size)
-    }
-    fn release(&mut self, addr: u64, size: u64) -> Result<()> {
-        self.inner.release(addr, size)
-    }
-    fn map(&mut self, addr: u64, size: u64) -> Result<bool> {
-        let ok = self.inner.map(addr, size)?;
-        if ok {
-            self.maps += 1;
-            self.note(Action::SegmentMap, addr, size);
-        }
-        Ok(ok)
-    }
-    fn unmap(&mut self, addr: u64, size: u64) -> Result<()> {
-        self.inner.unmap(addr, size)?;
-        self.unmaps += 1;
-        self.note(Action::SegmentUnmap, addr, size);
-        Ok(())
-    }
-    fn granularity(&self) -> u64 {
-        self.inner.granularity()
-    }
-    fn reserved(&self) -> u64 {
-        self.inner.reserved()
     }
 }
 
@@ -448,18 +429,20 @@ fn run<P: Policy, B: Backend>(
 ) -> Result<ReplayOutput> {
     let started = Instant::now();
     let events = input.events;
-    let mut backend = Metered {
+    let mut backend = Observed {
         inner: backend,
-        mallocs: 0,
-        frees: 0,
-        maps: 0,
-        unmaps: 0,
-        log: None,
-        now: 0,
-        stream: 0,
+        observer: Metered {
+            mallocs: 0,
+            frees: 0,
+            maps: 0,
+            unmaps: 0,
+            log: None,
+            now: 0,
+            stream: 0,
+        },
     };
     if options.record_events {
-        backend.log = Some(Vec::new());
+        backend.observer.log = Some(Vec::new());
     }
     policy.prepare(events)?;
     let frees_at = input.frees_at;
@@ -481,13 +464,13 @@ fn run<P: Policy, B: Backend>(
 
     // Blocks live before the first event: every policy must carry them.
     for (k, b) in input.live_at_start.iter().enumerate() {
-        backend.now = start_time;
-        backend.stream = b.stream;
+        backend.observer.now = start_time;
+        backend.observer.stream = b.stream;
         match policy.malloc(&mut backend, b.size.max(1), b.stream)? {
             Some(a) => {
                 meter.requested += b.size;
                 slots.at_start[k] = a.addr;
-                if let Some(log) = &mut backend.log {
+                if let Some(log) = &mut backend.observer.log {
                     log.push(Event::new(Action::Alloc, a.addr, b.size, b.stream, start_time));
                 }
                 meter.detail.live_at_start += 1;
@@ -505,8 +488,8 @@ fn run<P: Policy, B: Backend>(
     let last = options.stop_after.map_or(events.len(), |s| (s as usize + 1).min(events.len()));
     for (i, e) in events[..last].iter().enumerate() {
         let index = i as u64;
-        backend.now = e.time_us;
-        backend.stream = e.stream;
+        backend.observer.now = e.time_us;
+        backend.observer.stream = e.stream;
         match e.action {
             Action::Alloc => {
                 if e.size == 0 {
@@ -520,7 +503,7 @@ fn run<P: Policy, B: Backend>(
                     if addr != Slots::EMPTY {
                         let request = Slots::request(input, displaced);
                         meter.requested -= request;
-                        log_free(&mut backend.log, addr, request, e);
+                        log_free(&mut backend.observer.log, addr, request, e);
                         policy.free(&mut backend, addr)?;
                     }
                 }
@@ -528,7 +511,7 @@ fn run<P: Policy, B: Backend>(
                     Some(a) => {
                         meter.requested += e.size;
                         slots.by_event[i] = a.addr;
-                        if let Some(log) = &mut backend.log {
+                        if let Some(log) = &mut backend.observer.log {
                             log.push(Event::new(
                                 Action::Alloc,
                                 a.addr,
@@ -541,7 +524,7 @@ fn run<P: Policy, B: Backend>(
                     None => {
                         meter.detail.oom_count += 1;
                         first_oom.get_or_insert(index);
-                        if let Some(log) = &mut backend.log {
+                        if let Some(log) = &mut backend.observer.log {
                             log.push(Event::new(Action::Oom, 0, e.size, e.stream, e.time_us));
                         }
                     }
@@ -559,7 +542,7 @@ fn run<P: Policy, B: Backend>(
                 }
                 let request = Slots::request(input, link);
                 meter.requested -= request;
-                log_free(&mut backend.log, addr, request, e);
+                log_free(&mut backend.observer.log, addr, request, e);
                 policy.free(&mut backend, addr)?;
             }
             Action::SegmentFree | Action::SegmentUnmap
@@ -596,10 +579,11 @@ fn run<P: Policy, B: Backend>(
         peak_requested_bytes: meter.peak_requested,
         reserved_at_end_bytes: reserved_at_end,
         fragmentation_at_peak,
-        device_malloc_count: backend.mallocs,
-        device_free_count: backend.frees,
-        map_count: backend.maps,
-        unmap_count: backend.unmaps,
+        peak_event: meter.detail.peak_reserved_event,
+        device_malloc_count: backend.observer.mallocs,
+        device_free_count: backend.observer.frees,
+        map_count: backend.observer.maps,
+        unmap_count: backend.observer.unmaps,
         alloc_retries: policy.alloc_retries(),
         oom: first_oom.is_some(),
         first_oom_event: first_oom,
@@ -610,7 +594,45 @@ fn run<P: Policy, B: Backend>(
         result,
         detail: meter.detail,
         series: meter.series,
-        events: backend.log,
+        events: backend.observer.log,
         segments,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::pytorch::{Config, PyTorch};
+    use crate::trace::{text, ReadOptions};
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn fragmentation_at_peak_is_read_when_reserved_first_reaches_its_peak() {
+        // Reserved grows to 200 MiB at event 1 (both blocks live: nothing cached), then stays
+        // there while a block is freed (event 2) and a smaller one reuses its cached memory
+        // (event 3): a plateau whose later moments have a lower allocated share.
+        let src = format!(
+            "alloc 0x1000 {a} s0\nalloc 0x2000 {a} s0\nfree 0x1000 {a} s0\nalloc 0x3000 {b} s0\n",
+            a = 100 * MIB,
+            b = 50 * MIB
+        );
+        let t = text::read(src.as_bytes(), &ReadOptions::default()).unwrap();
+        let input = ReplayInput::new(&t, None).unwrap();
+        let opts = ReplayOptions { keep_series: true, ..ReplayOptions::default() };
+        let out = run_policy("pytorch", PyTorch::new(Config::default()), &input, &opts).unwrap();
+        let r = &out.result;
+        assert_eq!(r.peak_reserved_bytes, 200 * MIB);
+        // The plateau really has later moments with less allocated: a later reading would differ.
+        let points = out.series.as_ref().unwrap().points();
+        let later: Vec<&Point> =
+            points.iter().filter(|p| p.reserved == 200 * MIB && p.event > 1).collect();
+        assert!(!later.is_empty());
+        assert!(later.iter().all(|p| p.allocated < 200 * MIB), "{later:?}");
+        // The first moment of the peak is event 1, where everything reserved is allocated.
+        assert_eq!(r.peak_event, 1);
+        assert_eq!(out.detail.peak_reserved_event, 1);
+        assert_eq!(out.detail.allocated_at_peak_bytes, 200 * MIB);
+        assert_eq!(r.fragmentation_at_peak, 0.0);
+    }
 }

@@ -126,6 +126,13 @@ column!(
     |r| Cell::Ratio(r.result.fragmentation_at_peak)
 );
 column!(
+    PEAK_EVENT,
+    "peak_event",
+    "peak at",
+    "index of the event after which reserved memory first reached its peak",
+    |r| Cell::Event(Some(r.result.peak_event))
+);
+column!(
     DEVICE_MALLOCS,
     "device_malloc_count",
     "cudaMalloc",
@@ -184,7 +191,7 @@ column!(
 );
 
 /// Every key of a [`PolicyResult`], in the order `replay --json` writes them: the CSV columns.
-pub static RESULT: [&Column; 15] = [
+pub static RESULT: [&Column; 16] = [
     &POLICY,
     &CONFIG,
     &PEAK_RESERVED,
@@ -192,6 +199,7 @@ pub static RESULT: [&Column; 15] = [
     &PEAK_REQUESTED,
     &RESERVED_AT_END,
     &FRAGMENTATION,
+    &PEAK_EVENT,
     &DEVICE_MALLOCS,
     &DEVICE_FREES,
     &MAPS,
@@ -290,8 +298,9 @@ mod tests {
         assert_eq!(rows[1][7].human(), "+0.0%");
         let raw: Vec<String> = cells(&[rows_result()], &RESULT)[0].iter().map(Cell::raw).collect();
         assert_eq!(raw[6], "0.5");
-        assert_eq!(raw[13], "");
-        assert_eq!(raw[12], "false");
+        assert_eq!(raw[7], "0");
+        assert_eq!(raw[14], "");
+        assert_eq!(raw[13], "false");
         assert_eq!(over_bound(10, None), None);
     }
 

@@ -296,19 +296,9 @@ impl<'a> Trainer<'a> {
         self.linear_param_grads(layer, (FC_W, FC_B), (bt, 4 * h, h));
         self.rec.free(s.ln2_out);
         self.rec.free(g_fc);
-        let g_x_ln2 = self.rec.alloc(bt * h * d);
-        let (pw, pb) = (self.block_param(layer, LN2_W), self.block_param(layer, LN2_B));
-        let gw = self.rec.alloc(h * d);
-        self.grad(pw, gw);
-        let gb = self.rec.alloc(h * d);
-        self.grad(pb, gb);
+        let ln2 = [s.ln2_mean, s.ln2_rstd, s.x_mid];
+        let g_mid = self.layer_norm_backward(layer, (LN2_W, LN2_B), bt, ln2, g_ln2);
         let r = &mut *self.rec;
-        r.free(s.ln2_mean);
-        r.free(s.ln2_rstd);
-        r.free(s.x_mid);
-        r.free(g_ln2);
-        let g_mid = r.alloc(bt * h * d);
-        r.free(g_x_ln2);
         r.free(g);
         // Attention branch.
         let g_drop = r.alloc(bt * h * d);
@@ -350,21 +340,39 @@ impl<'a> Trainer<'a> {
         self.linear_param_grads(layer, (ATTN_W, ATTN_B), (bt, 3 * h, h));
         self.rec.free(s.ln1_out);
         self.rec.free(g_qkv);
-        let g_x_ln1 = self.rec.alloc(bt * h * d);
-        let (pw, pb) = (self.block_param(layer, LN1_W), self.block_param(layer, LN1_B));
+        let g_x =
+            self.layer_norm_backward(layer, (LN1_W, LN1_B), bt, [s.ln1_mean, s.ln1_rstd, x], g_ln1);
+        self.rec.free(g_mid);
+        g_x
+    }
+
+    /// A LayerNorm's backward over `rows` rows, once the gradient of its output (`g_out`) is
+    /// complete: grad of its normalised input, grad_weight and grad_bias, then frees what the
+    /// forward saved (`saved`: mean, rstd and the input) and `g_out`, and returns the gradient
+    /// of its input.
+    fn layer_norm_backward(
+        &mut self,
+        layer: u64,
+        (w, b): (usize, usize),
+        rows: u64,
+        saved: [Tensor; 3],
+        g_out: Tensor,
+    ) -> Tensor {
+        let (h, d) = (self.c.hidden, self.d);
+        let g_normed = self.rec.alloc(rows * h * d);
+        let (pw, pb) = (self.block_param(layer, w), self.block_param(layer, b));
         let gw = self.rec.alloc(h * d);
         self.grad(pw, gw);
         let gb = self.rec.alloc(h * d);
         self.grad(pb, gb);
         let r = &mut *self.rec;
-        r.free(s.ln1_mean);
-        r.free(s.ln1_rstd);
-        r.free(x);
-        r.free(g_ln1);
-        let g_x = r.alloc(bt * h * d);
-        r.free(g_x_ln1);
-        r.free(g_mid);
-        g_x
+        for t in saved {
+            r.free(t);
+        }
+        r.free(g_out);
+        let g_in = r.alloc(rows * h * d);
+        r.free(g_normed);
+        g_in
     }
 
     /// One micro-batch of `t` tokens per sequence: forward, loss and backward.

@@ -83,6 +83,10 @@ use crate::trace::AddrMap;
 use crate::trace::{Action, Block, BlockState, Event, PoolKind, Segment};
 use std::collections::BTreeMap;
 
+/// The most pages the planned range may span (32 TiB at 2 MiB pages): far beyond any device,
+/// and a page table of at most 64 MiB.
+const MAX_PAGES: u64 = 1 << 24;
+
 mod by_size;
 
 pub use by_size::pack;
@@ -293,6 +297,15 @@ impl Offline {
             None => {
                 let page = backend.granularity().max(1);
                 let size = round_up(self.peak.max(1), page);
+                if size / page > MAX_PAGES {
+                    // One counter per page: refuse a plan no device could hold rather than
+                    // allocate a table of that size (a corrupt trace's sizes can ask for this).
+                    return Err(Error::input(format!(
+                        "offline: the planned peak of {size} bytes exceeds what fragsim tracks \
+                         ({} pages of {page} bytes)",
+                        MAX_PAGES
+                    )));
+                }
                 match backend.reserve(size)? {
                     Some(b) => {
                         self.base = Some((b, size));
@@ -527,8 +540,8 @@ impl Policy for Offline {
 mod tests {
     use super::*;
     use crate::backend::SimDevice;
-    use crate::policy::testing::{run_checked, workload, Step};
     use crate::replay::{run_policy, ReplayInput, ReplayOptions};
+    use crate::testing::{run_checked, workload, Step};
     use crate::trace::{text, ReadOptions};
 
     const K: u64 = 1024;
@@ -538,6 +551,18 @@ mod tests {
         let input = ReplayInput::new(&t, None).unwrap();
         let opts = ReplayOptions { check_invariants: true, ..ReplayOptions::default() };
         run_policy("offline", Offline::from_options("").unwrap(), &input, &opts).unwrap()
+    }
+
+    #[test]
+    fn a_plan_larger_than_any_device_is_an_error_not_an_abort() {
+        // 64 TiB: a corrupt trace's size; the page table would need 2^25 counters.
+        let t = text::read("alloc 0x1000 70368744177664 s0\n".as_bytes(), &ReadOptions::default())
+            .unwrap();
+        let input = ReplayInput::new(&t, None).unwrap();
+        let opts = ReplayOptions::default();
+        let e = run_policy("offline", Offline::from_options("").unwrap(), &input, &opts)
+            .expect_err("a 64 TiB plan is refused");
+        assert!(e.to_string().contains("exceeds what fragsim tracks"), "{e}");
     }
 
     #[test]

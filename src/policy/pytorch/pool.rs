@@ -195,7 +195,7 @@ impl FreeSet {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::testing::Rng;
+    use crate::testing::Rng;
     use std::collections::BTreeMap;
 
     #[test]

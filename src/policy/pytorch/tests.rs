@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::backend::{BackendCall, Recording, SimDevice};
-use crate::policy::testing::{run_checked, workload};
+use crate::testing::{run_checked, workload};
 use crate::units::{GIB, MIB};
 
 fn policy(conf: &str) -> PyTorch {
@@ -11,7 +11,7 @@ fn policy(conf: &str) -> PyTorch {
 }
 
 fn device(capacity: Option<u64>) -> Recording<SimDevice> {
-    Recording { inner: SimDevice::new(capacity), calls: Vec::new() }
+    Recording::new(SimDevice::new(capacity))
 }
 
 fn malloc(p: &mut PyTorch, d: &mut Recording<SimDevice>, size: u64) -> Allocation {
@@ -27,7 +27,7 @@ fn free(p: &mut PyTorch, d: &mut Recording<SimDevice>, a: Allocation) {
 
 /// The segment sizes the policy asked the device for, in order (failed ones included).
 fn segment_allocs(d: &Recording<SimDevice>) -> Vec<u64> {
-    d.calls
+    d.calls()
         .iter()
         .filter_map(|c| match c {
             BackendCall::SegmentAlloc { size, .. } => Some(*size),
@@ -163,7 +163,7 @@ fn m3_setup(capacity: u64) -> (PyTorch, Recording<SimDevice>, Vec<u64>) {
     for &x in &a {
         free(&mut p, &mut d, x);
     }
-    d.calls.clear();
+    d.observer.clear();
     (p, d, a.iter().map(|x| x.addr).collect())
 }
 
@@ -174,27 +174,27 @@ fn m3_release_available_cached_blocks_order_and_result() {
     // 120 MiB: 150 rejected (150 >= 140); cudaMalloc fails; release 150 only; no retry counted.
     let (mut p, mut d, s) = m3_setup(400 * MIB);
     malloc(&mut p, &mut d, 120 * MIB);
-    assert_eq!(&d.calls[..2], &[fail(120 * MIB), SegmentFree { addr: s[3], size: 150 * MIB }]);
-    assert!(matches!(d.calls[2], SegmentAlloc { size, addr: Some(_) } if size == 120 * MIB));
+    assert_eq!(&d.calls()[..2], &[fail(120 * MIB), SegmentFree { addr: s[3], size: 150 * MIB }]);
+    assert!(matches!(d.calls()[2], SegmentAlloc { size, addr: Some(_) } if size == 120 * MIB));
     assert_eq!(p.alloc_retries(), 0);
     // 200 MiB: walk back from the end: 150, then 100 (250 >= 200); 70 and 30 stay.
     let (mut p, mut d, s) = m3_setup(400 * MIB);
     malloc(&mut p, &mut d, 200 * MIB);
     assert_eq!(
-        &d.calls[..3],
+        &d.calls()[..3],
         &[
             fail(200 * MIB),
             SegmentFree { addr: s[3], size: 150 * MIB },
             SegmentFree { addr: s[2], size: 100 * MIB }
         ]
     );
-    assert_eq!(d.calls.len(), 4);
+    assert_eq!(d.calls().len(), 4);
     assert_eq!(p.reserved(), 300 * MIB);
     // 400 MiB: 150, 100, 70 released (320 < 400: false); then the full flush frees 30; retry.
     let (mut p, mut d, s) = m3_setup(400 * MIB);
     malloc(&mut p, &mut d, 400 * MIB);
     let frees: Vec<u64> = d
-        .calls
+        .calls()
         .iter()
         .filter_map(|c| match c {
             SegmentFree { addr, .. } => Some(*addr),
@@ -207,7 +207,7 @@ fn m3_release_available_cached_blocks_order_and_result() {
     // 50 MiB: 70 is rejected (50 < 64 <= 70); key is max(50, 64) = 64: release 70, not 30.
     let (mut p, mut d, s) = m3_setup(390 * MIB);
     malloc(&mut p, &mut d, 50 * MIB);
-    assert_eq!(&d.calls[..2], &[fail(50 * MIB), SegmentFree { addr: s[1], size: 70 * MIB }]);
+    assert_eq!(&d.calls()[..2], &[fail(50 * MIB), SegmentFree { addr: s[1], size: 70 * MIB }]);
     assert_eq!(p.alloc_retries(), 0);
 }
 
@@ -217,9 +217,9 @@ fn m3_blocks_of_other_streams_are_never_released() {
     let mut d = device(Some(200 * MIB));
     let a = p.malloc(&mut d, 150 * MIB, 5).unwrap().unwrap();
     p.free(&mut d, a.addr).unwrap();
-    d.calls.clear();
+    d.observer.clear();
     assert!(!p.release_available_cached_blocks(&mut d, 0, 100 * MIB, false).unwrap());
-    assert!(d.calls.is_empty());
+    assert!(d.calls().is_empty());
 }
 
 #[test]
@@ -249,11 +249,11 @@ fn fallback_order_flushes_then_retries() {
     let mut d = device(Some(40 * MIB));
     let a = malloc(&mut p, &mut d, 15 * MIB);
     free(&mut p, &mut d, a);
-    d.calls.clear();
+    d.observer.clear();
     let b = malloc(&mut p, &mut d, 30 * MIB);
-    assert_eq!(d.calls[0], SegmentAlloc { size: 30 * MIB, addr: None });
-    assert_eq!(d.calls[1], SegmentFree { addr: a.addr, size: 16 * MIB });
-    assert_eq!(d.calls[2], SegmentAlloc { size: 30 * MIB, addr: Some(b.addr) });
+    assert_eq!(d.calls()[0], SegmentAlloc { size: 30 * MIB, addr: None });
+    assert_eq!(d.calls()[1], SegmentFree { addr: a.addr, size: 16 * MIB });
+    assert_eq!(d.calls()[2], SegmentAlloc { size: 30 * MIB, addr: Some(b.addr) });
     assert_eq!(p.alloc_retries(), 1);
     // Still too big after the flush: an OOM, with the flush kept.
     assert!(p.malloc(&mut d, 30 * MIB, 0).unwrap().is_none());
@@ -302,7 +302,7 @@ fn gc_setup(total: u64) -> (PyTorch, Recording<SimDevice>, [u64; 4]) {
         addrs[i] = a;
     }
     p.pools[0].gc_count = clock - 1; // the malloc's get_free_block ticks it to `clock`
-    d.calls.clear();
+    d.observer.clear();
     (p, d, addrs)
 }
 
@@ -311,15 +311,15 @@ fn gc_frees_old_whole_segments_before_cudamalloc() {
     use BackendCall::*;
     let (mut p, mut d, [_d, a, _b, c]) = gc_setup(30 * GIB);
     malloc(&mut p, &mut d, 5 * GIB);
-    assert_eq!(d.calls[0], SegmentFree { addr: a, size: 2 * GIB });
-    assert_eq!(d.calls[1], SegmentFree { addr: c, size: 4 * GIB });
-    assert!(matches!(d.calls[2], SegmentAlloc { size, addr: Some(_) } if size == 5 * GIB));
-    assert_eq!(d.calls.len(), 3);
+    assert_eq!(d.calls()[0], SegmentFree { addr: a, size: 2 * GIB });
+    assert_eq!(d.calls()[1], SegmentFree { addr: c, size: 4 * GIB });
+    assert!(matches!(d.calls()[2], SegmentAlloc { size, addr: Some(_) } if size == 5 * GIB));
+    assert_eq!(d.calls().len(), 3);
 
     let (mut p, mut d, [_d, a, b, c]) = gc_setup(31 * GIB);
     malloc(&mut p, &mut d, 5 * GIB);
     let frees: Vec<u64> = d
-        .calls
+        .calls()
         .iter()
         .filter_map(|x| match x {
             SegmentFree { addr, .. } => Some(*addr),
@@ -341,37 +341,37 @@ fn expandable_maps_whole_pages_and_reuses_holes() {
     let mut p = policy("expandable_segments:True");
     let mut d = device(None);
     let a = malloc(&mut p, &mut d, 21 * MIB);
-    let Reserve { size: va, addr: Some(base) } = d.calls[0] else { panic!("{:?}", d.calls) };
+    let Reserve { size: va, addr: Some(base) } = d.calls()[0] else { panic!("{:?}", d.calls()) };
     assert_eq!(va, (80 * GIB + 10 * GIB).div_ceil(20 * MIB) * 20 * MIB, "9/8 of 80 GiB");
-    assert_eq!(d.calls[1], Map { addr: base, size: 40 * MIB, ok: true }, "21 MiB maps 40 MiB");
+    assert_eq!(d.calls()[1], Map { addr: base, size: 40 * MIB, ok: true }, "21 MiB maps 40 MiB");
     assert_eq!((a.addr, a.block_size), (base, 21 * MIB), "512-byte splitting");
     assert_eq!(p.reserved(), 40 * MIB);
     free(&mut p, &mut d, a);
     let b = malloc(&mut p, &mut d, 30 * MIB);
     assert_eq!(b.addr, base, "the mapped free block is reused: nothing mapped");
-    assert_eq!(d.calls.len(), 2);
+    assert_eq!(d.calls().len(), 2);
     let c = malloc(&mut p, &mut d, 50 * MIB);
     assert_eq!(c.addr, base + 30 * MIB, "the free 10 MiB before the hole counts");
-    assert_eq!(d.calls[2], Map { addr: base + 40 * MIB, size: 40 * MIB, ok: true });
+    assert_eq!(d.calls()[2], Map { addr: base + 40 * MIB, size: 40 * MIB, ok: true });
     assert_eq!(p.reserved(), 80 * MIB);
     // Free [0, 30 MiB): a flush unmaps only the whole page inside it, [0, 20 MiB).
     free(&mut p, &mut d, b);
     p.empty_cache(&mut d).unwrap();
     p.check().unwrap();
-    assert_eq!(d.calls[3], Unmap { addr: base, size: 20 * MIB });
+    assert_eq!(d.calls()[3], Unmap { addr: base, size: 20 * MIB });
     assert_eq!(p.reserved(), 60 * MIB);
     // The lowest hole is at the base again: a 10 MiB request fits the mapped [20, 30) first.
     let e = malloc(&mut p, &mut d, 10 * MIB);
     assert_eq!(e.addr, base + 20 * MIB);
     let f = malloc(&mut p, &mut d, 4 * MIB);
     assert_eq!(f.addr, base, "the hole at the base is mapped again");
-    assert_eq!(d.calls[4], Map { addr: base, size: 20 * MIB, ok: true });
+    assert_eq!(d.calls()[4], Map { addr: base, size: 20 * MIB, ok: true });
     for x in [c, e, f] {
         free(&mut p, &mut d, x);
     }
     p.empty_cache(&mut d).unwrap();
     assert_eq!(p.reserved(), 0);
-    assert_eq!(d.calls.last(), Some(&Release { addr: base, size: va }), "VA released when empty");
+    assert_eq!(d.calls().last(), Some(&Release { addr: base, size: va }), "VA released when empty");
 }
 
 #[test]
@@ -379,7 +379,7 @@ fn expandable_small_pool_uses_2_mib_pages() {
     let mut p = policy("expandable_segments:True");
     let mut d = device(None);
     malloc(&mut p, &mut d, 3000);
-    assert!(matches!(d.calls[1], BackendCall::Map { size, .. } if size == 2 * MIB));
+    assert!(matches!(d.calls()[1], BackendCall::Map { size, .. } if size == 2 * MIB));
 }
 
 #[test]
@@ -423,10 +423,10 @@ fn flush_walks_streams_in_raw_value_order_not_first_sight() {
     let b = p.malloc(&mut d, 40 * MIB, 0x300).unwrap().unwrap();
     p.free(&mut d, a.addr).unwrap();
     p.free(&mut d, b.addr).unwrap();
-    d.calls.clear();
+    d.observer.clear();
     p.empty_cache(&mut d).unwrap();
     assert_eq!(
-        d.calls,
+        d.calls(),
         vec![
             BackendCall::SegmentFree { addr: b.addr, size: 40 * MIB },
             BackendCall::SegmentFree { addr: a.addr, size: 30 * MIB }

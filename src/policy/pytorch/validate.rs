@@ -923,7 +923,7 @@ mod tests {
 
     #[test]
     fn nonsense_recordings_never_panic() {
-        use crate::policy::testing::Rng;
+        use crate::testing::Rng;
         use crate::trace::{Block, BlockState, PoolKind, Segment};
         for seed in 0..40 {
             let mut rng = Rng::new(seed);
@@ -1038,7 +1038,7 @@ mod tests {
 
     /// [`generate`] on a GPU of `gpu_memory` bytes (the base of a memory fraction).
     fn generate_on(conf: &str, seed: u64, capacity: Option<u64>, gpu_memory: u64) -> Trace {
-        use crate::policy::testing::{workload, Step};
+        use crate::testing::{workload, Step};
         let mut config = Config::parse(conf, Version::CURRENT).unwrap();
         config.gpu_memory = gpu_memory;
         let mut p = PyTorch::new(config.clone());

@@ -104,7 +104,7 @@ impl Chart for Fragmentation<'_> {
             mesh.draw().or_draw_error()?;
             let d = &run.output.detail;
             let peak_x = trace.x_of(d.peak_reserved_time_us, d.peak_reserved_event);
-            // The peak reserved moment: a dashed vertical line.
+            // The peak reserved moment (reserved first reaches its peak): a dashed vertical line.
             let top = chart.backend_coord(&(peak_x, 100.0));
             let bottom = chart.backend_coord(&(peak_x, 0.0));
             let mut y = top.1;
@@ -126,7 +126,12 @@ impl Chart for Fragmentation<'_> {
             draw_marker(root, policy_marker(run.index), at, 6, color)?;
             // The panel's name, above its plot (never over its data).
             let corner = chart.backend_coord(&(xr.start, 100.0));
-            let label = format!("{}: {:.1}% at peak reserved", truncate(&run.label, 48), frag);
+            let label = format!(
+                "{}: {:.1}% at peak reserved (event {})",
+                truncate(&run.label, 48),
+                frag,
+                d.peak_reserved_event
+            );
             draw_marker(root, policy_marker(run.index), (corner.0 + 8, corner.1 - 13), 5, color)?;
             root.draw(&Text::new(
                 label,

@@ -49,22 +49,13 @@ impl Chart for Peaks<'_> {
             anchored(bold(TITLE), HPos::Center, VPos::Top),
         ))
         .or_draw_error()?;
-        style::draw_legend_row(
+        style::draw_parts_legend(
             root,
             (90, 58),
-            &[
-                LegendEntry {
-                    sample: Sample::Swatch(REQUESTED),
-                    label: "requested (live at the peak)".into(),
-                },
-                LegendEntry {
-                    sample: Sample::Swatch(ROUNDING),
-                    label: "rounding (allocated − requested)".into(),
-                },
-                LegendEntry {
-                    sample: Sample::Swatch(CACHED),
-                    label: "reserved but free (reserved − allocated)".into(),
-                },
+            [
+                "requested (live at the peak)",
+                "rounding (allocated − requested)",
+                "reserved but free (reserved − allocated)",
             ],
         )?;
 

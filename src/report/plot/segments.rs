@@ -275,20 +275,10 @@ impl Chart for SegmentChart<'_> {
             anchored(text(LABEL), HPos::Center, VPos::Top),
         ))
         .or_draw_error()?;
-        style::draw_legend_row(
+        style::draw_parts_legend(
             root,
             (90, 84),
-            &[
-                LegendEntry {
-                    sample: Sample::Swatch(REQUESTED),
-                    label: "allocated (requested bytes)".into(),
-                },
-                LegendEntry {
-                    sample: Sample::Swatch(ROUNDING),
-                    label: "rounding (block − request)".into(),
-                },
-                LegendEntry { sample: Sample::Swatch(CACHED), label: "cached free".into() },
-            ],
+            ["allocated (requested bytes)", "rounding (block − request)", "cached free"],
         )?;
 
         let scale = ByteScale::for_max(self.line_bytes);

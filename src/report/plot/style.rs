@@ -291,6 +291,23 @@ pub fn draw_legend_row<DB: DrawingBackend>(
     Ok(())
 }
 
+/// Draws the legend of a chart that splits memory into requested, rounding and cached-free
+/// parts (the [`REQUESTED`], [`ROUNDING`] and [`CACHED`] swatches), with each chart's own words
+/// for the three, in one row at `at` (see [`draw_legend_row`]).
+pub fn draw_parts_legend<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    at: (i32, i32),
+    [requested, rounding, cached]: [&str; 3],
+) -> ChartResult {
+    let entry =
+        |colour, label: &str| LegendEntry { sample: Sample::Swatch(colour), label: label.into() };
+    draw_legend_row(
+        area,
+        at,
+        &[entry(REQUESTED, requested), entry(ROUNDING, rounding), entry(CACHED, cached)],
+    )
+}
+
 /// Draws one legend sample at `(x, cy)` and returns where its text starts.
 fn draw_sample<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,

@@ -221,8 +221,13 @@ impl Chart for Timeline<'_> {
                 let d = &run.output.detail;
                 let x = trace.x_of(d.peak_reserved_time_us, d.peak_reserved_event);
                 let at = chart.backend_coord(&(x, scale.of(run.output.result.peak_reserved_bytes)));
-                // The value only: the marker and the legend say whose peak it is.
-                let label = format_bytes(run.output.result.peak_reserved_bytes);
+                // The value and the moment (the event at which reserved first reaches its peak);
+                // the marker and the legend say whose peak it is.
+                let label = format!(
+                    "{} peak (event {})",
+                    format_bytes(run.output.result.peak_reserved_bytes),
+                    d.peak_reserved_event
+                );
                 (at, label, run.index)
             })
             .collect();

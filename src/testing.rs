@@ -1,17 +1,22 @@
-//! One property checker that every policy's tests call.
+//! Test support shared by the unit tests, the integration tests and the benches: one seeded
+//! random generator, one random alloc/free workload, and one property checker that every
+//! policy's tests call — and that a policy written outside the crate can call too.
 //!
-//! It drives a policy with seeded random alloc/free sequences over several streams, on a
-//! simulated device wrapped so the checker knows every segment and mapped range, and asserts after
-//! every call: live blocks never overlap, every live block lies in memory the policy holds,
+//! [`run_checked`] drives a policy with a [`workload`] over several streams, on a simulated
+//! device wrapped so the checker knows every segment and mapped range, and asserts after every
+//! call: live blocks never overlap, every live block lies in memory the policy holds,
 //! reserved ≥ allocated ≥ requested, and the policy's own invariants hold. At the end it frees
 //! everything, flushes, and asserts that reserved memory is back to zero.
+//!
+//! These are test helpers: they panic on the first violation, with the step index, as an
+//! `assert!` does. Nothing in the replay path uses them.
 
-use super::{Allocation, Policy};
-use crate::backend::{Backend, SimDevice};
-use crate::error::Result;
+use crate::backend::{Backend, BackendCall, Observed, Observer, SimDevice};
+use crate::policy::{Allocation, Policy};
 use std::collections::BTreeMap;
 
-/// A small, seedable random generator (xorshift64*), so tests need no extra crate.
+/// A small, seedable random generator (xorshift64*), so tests and benches need no extra crate
+/// and every run sees the same numbers.
 #[derive(Clone, Debug)]
 pub struct Rng(u64);
 
@@ -27,32 +32,27 @@ impl Rng {
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
-    /// A value in `[0, n)`.
+    /// A value in `[0, n)` (0 when `n` is 0).
     pub fn below(&mut self, n: u64) -> u64 {
         self.next_u64() % n.max(1)
     }
-}
-
-/// A simulated device that also knows which ranges are memory the policy holds.
-#[derive(Debug, Default)]
-pub struct Tracked {
-    /// The device doing the work.
-    pub inner: SimDevice,
-    held: BTreeMap<u64, u64>,
-}
-
-impl Tracked {
-    /// A tracked device with `capacity` bytes.
-    pub fn new(capacity: Option<u64>) -> Tracked {
-        Tracked { inner: SimDevice::new(capacity), held: BTreeMap::new() }
+    /// An index in `[0, len)` (0 when `len` is 0): [`Rng::below`] for lengths.
+    pub fn index(&mut self, len: usize) -> usize {
+        self.below(len as u64) as usize
     }
+}
 
+/// Which ranges are memory the policy holds: segments and mapped pages, as the backend saw them.
+#[derive(Debug, Default)]
+struct Held(BTreeMap<u64, u64>);
+
+impl Held {
     /// True when `[addr, addr + size)` lies in held memory (held ranges may be adjacent).
-    pub fn holds(&self, addr: u64, size: u64) -> bool {
+    fn holds(&self, addr: u64, size: u64) -> bool {
         let mut pos = addr;
         let end = addr + size;
         while pos < end {
-            match self.held.range(..=pos).next_back() {
+            match self.0.range(..=pos).next_back() {
                 Some((&a, &s)) if a + s > pos => pos = a + s,
                 _ => return false,
             }
@@ -63,62 +63,41 @@ impl Tracked {
     fn forget(&mut self, addr: u64, size: u64) {
         let end = addr + size;
         let touched: Vec<(u64, u64)> = self
-            .held
+            .0
             .range(..end)
             .rev()
             .take_while(|(&a, &s)| a + s > addr)
             .map(|(&a, &s)| (a, s))
             .collect();
         for (a, s) in touched {
-            self.held.remove(&a);
+            self.0.remove(&a);
             if a < addr {
-                self.held.insert(a, addr - a);
+                self.0.insert(a, addr - a);
             }
             if a + s > end {
-                self.held.insert(end, a + s - end);
+                self.0.insert(end, a + s - end);
             }
         }
     }
 }
 
-impl Backend for Tracked {
-    fn segment_alloc(&mut self, size: u64) -> Result<Option<u64>> {
-        let r = self.inner.segment_alloc(size)?;
-        if let Some(a) = r {
-            self.held.insert(a, size);
+impl Observer for Held {
+    fn observe(&mut self, call: BackendCall) {
+        match call {
+            BackendCall::SegmentAlloc { size, addr: Some(addr) }
+            | BackendCall::Map { addr, size, ok: true } => {
+                self.0.insert(addr, size);
+            }
+            BackendCall::SegmentFree { addr, size } | BackendCall::Unmap { addr, size } => {
+                self.forget(addr, size)
+            }
+            _ => {}
         }
-        Ok(r)
-    }
-    fn segment_free(&mut self, addr: u64, size: u64) -> Result<()> {
-        self.inner.segment_free(addr, size)?;
-        self.forget(addr, size);
-        Ok(())
-    }
-    fn reserve(&mut self, size: u64) -> Result<Option<u64>> {
-        self.inner.reserve(size)
-    }
-    fn release(&mut self, addr: u64, size: u64) -> Result<()> {
-        self.inner.release(addr, size)
-    }
-    fn map(&mut self, addr: u64, size: u64) -> Result<bool> {
-        let ok = self.inner.map(addr, size)?;
-        if ok {
-            self.held.insert(addr, size);
-        }
-        Ok(ok)
-    }
-    fn unmap(&mut self, addr: u64, size: u64) -> Result<()> {
-        self.inner.unmap(addr, size)?;
-        self.forget(addr, size);
-        Ok(())
-    }
-    fn granularity(&self) -> u64 {
-        self.inner.granularity()
-    }
-    fn reserved(&self) -> u64 {
-        self.inner.reserved()
     }
 }
+
+/// A simulated device that also knows which ranges are memory the policy holds.
+type Tracked = Observed<SimDevice, Held>;
 
 /// One step of a random workload (fields as named).
 #[allow(missing_docs)]
@@ -176,7 +155,7 @@ pub struct Checked {
 /// Runs `steps` through `policy`, asserting the properties in the module docs after every step.
 /// Panics (this is a test helper) with the seed-independent step index on the first violation.
 pub fn run_checked<P: Policy>(policy: &mut P, steps: &[Step], capacity: Option<u64>) -> Checked {
-    let mut dev = Tracked::new(capacity);
+    let mut dev = Tracked::new(SimDevice::new(capacity));
     let mut blocks: BTreeMap<u64, (u64, u64)> = BTreeMap::new(); // addr -> (block_size, request)
     let mut by_id: Vec<Option<Allocation>> = Vec::new();
     let mut requested = 0u64;
@@ -212,7 +191,7 @@ pub fn run_checked<P: Policy>(policy: &mut P, steps: &[Step], capacity: Option<u
                             );
                         }
                         assert!(
-                            dev.holds(a.addr, a.block_size),
+                            dev.observer.holds(a.addr, a.block_size),
                             "step {i}: block {:#x}+{} outside held memory",
                             a.addr,
                             a.block_size
@@ -244,7 +223,7 @@ pub fn run_checked<P: Policy>(policy: &mut P, steps: &[Step], capacity: Option<u
         );
         for (&addr, &(size, _)) in &blocks {
             assert!(
-                dev.holds(addr, size),
+                dev.observer.holds(addr, size),
                 "step {i}: live block {addr:#x}+{size} no longer in held memory"
             );
         }
