@@ -6,6 +6,7 @@ mod bad_input;
 mod cli;
 mod cuda;
 mod mutations;
+mod pipes;
 mod policies;
 mod pytorch;
 mod readers;

@@ -1,6 +1,6 @@
 //! `fragsim info`: what is in a trace, before replaying it.
 
-use fragsim::error::{Error, ErrorKind, Result};
+use fragsim::error::{Error, Result};
 use fragsim::trace::summary::{DeviceSummary, Summary};
 use fragsim::trace::Action;
 use fragsim::units::format_bytes;
@@ -33,9 +33,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         render(&args.trace.display().to_string(), &summary)
     };
     let mut stdout = std::io::stdout().lock();
-    stdout
-        .write_all(text.as_bytes())
-        .map_err(|e| Error::new(ErrorKind::Io, format!("writing to stdout: {e}")))?;
+    stdout.write_all(text.as_bytes()).map_err(|e| Error::writing("to stdout", e))?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -86,8 +86,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         results.sort_by_key(|r| r.peak_reserved_bytes);
     }
     let mut stdout = std::io::stdout().lock();
-    let io =
-        |e: std::io::Error| Error::new(fragsim::ErrorKind::Io, format!("writing to stdout: {e}"));
+    let io = |e: std::io::Error| Error::writing("to stdout", e);
     if args.json {
         let report = ReplayReport {
             trace: args.source.trace.display().to_string(),

@@ -65,8 +65,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     if let Some(path) = &args.export_snapshot {
         fragsim::report::snapshot_out::write_simulated(&trace, v.device, &v.output, path)?;
     }
-    let io =
-        |e: std::io::Error| Error::new(fragsim::ErrorKind::Io, format!("writing to stdout: {e}"));
+    let io = |e: std::io::Error| Error::writing("to stdout", e);
     let mut out = std::io::stdout().lock();
     if args.json {
         let text = serde_json::to_string_pretty(&v).map_err(|e| Error::usage(e.to_string()))?;

@@ -199,7 +199,7 @@ pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
         .map_err(|e| Error::new(ErrorKind::Io, format!("encoding the .fst body: {e}")))?;
     let mut crc = flate2::Crc::new();
     crc.update(&body);
-    let io = |e: std::io::Error| Error::new(ErrorKind::Io, e.to_string());
+    let io = Error::from_io;
     out.write_all(MAGIC).map_err(io)?;
     out.write_all(&VERSION.to_le_bytes()).map_err(io)?;
     out.write_all(&(body.len() as u64).to_le_bytes()).map_err(io)?;

@@ -29,7 +29,7 @@ use super::{
     Action, AllocatorSettings, Block, BlockState, DeviceTrace, Event, Format, Frame, FramesId,
     PoolKind, ReadOptions, Segment, Trace,
 };
-use crate::error::{Error, ErrorKind, Place, Result};
+use crate::error::{Error, Place, Result};
 use std::collections::HashMap;
 use std::io::Write;
 
@@ -527,7 +527,7 @@ fn truthy(p: &Pickle, v: Option<Value>) -> bool {
 /// their frames when the trace has them; times are written only when the trace has real ones.
 pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
     let bytes = encode(trace)?;
-    out.write_all(&bytes).map_err(|e| Error::new(ErrorKind::Io, e.to_string()))
+    out.write_all(&bytes).map_err(|e| Error::from_io(e))
 }
 
 /// The most device indices a written snapshot may hold (a guard against absurd device numbers).

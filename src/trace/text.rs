@@ -125,7 +125,7 @@ pub fn read(data: &[u8], _options: &ReadOptions) -> Result<Trace> {
 
 /// Writes `trace`'s events as text (segments, settings and frames are not part of this format).
 pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
-    let io = |e: std::io::Error| Error::new(crate::error::ErrorKind::Io, e.to_string());
+    let io = Error::from_io;
     writeln!(out, "# fragsim text trace v1").map_err(io)?;
     for d in &trace.devices {
         writeln!(out, "device {}", d.device).map_err(io)?;
