@@ -24,7 +24,8 @@ mod read;
 
 pub use frames::{Frame, FrameTable, FramesId};
 pub use read::{
-    read_bytes, read_trace, write_to, write_trace, Format, ReadOptions, MAX_DECOMPRESSED_BYTES,
+    read_bytes, read_trace, write_to, write_trace, Format, FormatInfo, ReadOptions, FORMATS,
+    MAX_DECOMPRESSED_BYTES,
 };
 
 use serde::{Deserialize, Serialize};

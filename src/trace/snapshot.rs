@@ -530,6 +530,23 @@ pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
     out.write_all(&bytes).map_err(|e| Error::from_io(e))
 }
 
+/// What writing `trace` as a snapshot leaves out, one line each (empty when nothing is lost):
+/// devices below 0 (host memory) have no place in `device_traces`.
+pub fn losses(trace: &Trace) -> Vec<String> {
+    trace
+        .devices
+        .iter()
+        .filter(|d| d.device < 0 && !d.events.is_empty())
+        .map(|d| {
+            format!(
+                "device {} (host memory) has no place in a snapshot's device_traces; its {} events are left out",
+                d.device,
+                d.events.len()
+            )
+        })
+        .collect()
+}
+
 /// The most device indices a written snapshot may hold (a guard against absurd device numbers).
 const MAX_DEVICES: i32 = 4096;
 
@@ -830,7 +847,7 @@ mod tests {
             (&[("addr", 1), ("size", 1), ("stream", -1)], "alloc", "'stream'"),
         ] {
             let e = read(&one_entry(fields, action), &opts(false)).unwrap_err();
-            assert_eq!(e.kind(), ErrorKind::Input);
+            assert_eq!(e.kind(), crate::error::ErrorKind::Input);
             assert_eq!(e.location().place, Some(Place::Event(1)), "{e}");
             assert!(e.to_string().starts_with("event 1: device 0: trace entry 1: "), "{e}");
             assert!(e.to_string().contains(text), "{e}");

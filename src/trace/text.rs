@@ -38,6 +38,14 @@ pub fn looks_like_text(head: &str) -> bool {
     false
 }
 
+/// What writing `trace` as text leaves out, one line each (empty when nothing is lost).
+pub fn losses(trace: &Trace) -> Vec<String> {
+    if trace.segments.is_empty() && trace.allocator_settings.is_none() {
+        return Vec::new();
+    }
+    vec!["final segments and allocator settings are not part of the text format".into()]
+}
+
 /// Reads a text trace.
 pub fn read(data: &[u8], _options: &ReadOptions) -> Result<Trace> {
     let text = std::str::from_utf8(data).map_err(|e| {
