@@ -95,7 +95,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
         for m in &v.mismatches[..shown] {
             s += &format!(
                 "  mismatch at event {}: {} expected {}, got {}: {}\n",
-                m.event, m.action, m.expected, m.got, m.why
+                m.event,
+                m.action_name(),
+                m.expected,
+                m.got,
+                m.why
             );
         }
         if shown < v.mismatches.len() {

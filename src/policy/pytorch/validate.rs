@@ -48,8 +48,10 @@ pub struct ValidateOptions {
 pub struct Mismatch {
     /// Index of the recorded event.
     pub event: u64,
-    /// Its action, as PyTorch spells it.
-    pub action: String,
+    /// Its action, or `None` for the final segment layout (compared after the last event). JSON
+    /// spells it as [`Mismatch::action_name`] does.
+    #[serde(serialize_with = "serialize_action")]
+    pub action: Option<Action>,
     /// What the recording shows.
     pub expected: String,
     /// What the simulation did.
@@ -93,6 +95,25 @@ pub struct Validation {
     /// The simulated run, for `--export-snapshot`.
     #[serde(skip)]
     pub output: ReplayOutput,
+}
+
+impl Mismatch {
+    /// The action as PyTorch spells it (`alloc`, `oom`, ...), or `segments` for the final layout.
+    pub fn action_name(&self) -> &'static str {
+        action_name(self.action)
+    }
+}
+
+/// `action`'s PyTorch name, `segments` for none (the final layout).
+fn action_name(action: Option<Action>) -> &'static str {
+    action.map_or("segments", Action::name)
+}
+
+fn serialize_action<S: serde::Serializer>(
+    action: &Option<Action>,
+    out: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    out.serialize_str(action_name(*action))
 }
 
 /// What happens at one recorded event.
@@ -411,7 +432,7 @@ fn replay_checked(
                 } else {
                     run.mismatches.push(Mismatch {
                         event: i as u64,
-                        action: e.action.name().into(),
+                        action: Some(e.action),
                         expected: hex(e.addr),
                         got: "no live block there".into(),
                         why: "the start state lacks this block (its segment is unknown)".into(),
@@ -463,7 +484,7 @@ fn replay_checked(
                     if let Some(a) = got {
                         run.mismatches.push(Mismatch {
                             event: i as u64,
-                            action: "oom".into(),
+                            action: Some(Action::Oom),
                             expected: "out of memory".into(),
                             got: hex(a.addr),
                             why: "the simulation found memory where the real allocator did not"
@@ -500,7 +521,7 @@ fn replay_checked(
                     run.first_mismatch.get_or_insert((i, e.addr, sim));
                     run.mismatches.push(Mismatch {
                         event: i as u64,
-                        action: "alloc".into(),
+                        action: Some(Action::Alloc),
                         expected: hex(e.addr),
                         got: sim.map_or_else(|| "out of memory".into(), hex),
                         why,
@@ -544,9 +565,7 @@ fn compare_segments(events: &[Event], script: &[usize], log: &[Event], at: usize
         let show = |e: &Event| format!("{} {:#x} {}", e.action.name(), e.addr, e.size);
         run.mismatches.push(Mismatch {
             event: rec.map_or(at, |(j, _)| j) as u64,
-            action: rec
-                .map_or(sim.map_or("segment", |s| s.action.name()), |(_, r)| r.action.name())
-                .into(),
+            action: rec.map(|(_, r)| r.action).or(sim.map(|s| s.action)),
             expected: rec.map_or_else(|| "nothing".into(), |(_, r)| show(r)),
             got: sim.map_or_else(|| "nothing".into(), show),
             why: "the simulated allocator obtained or released different memory here".into(),
@@ -639,7 +658,7 @@ fn compare_final_segments(
     let k = first.unwrap_or(recorded.len().min(simulated.len()));
     Some(Mismatch {
         event: at as u64,
-        action: "segments".into(),
+        action: None,
         expected: show(recorded.get(k)),
         got: show(simulated.get(k)),
         why: format!(
@@ -749,7 +768,7 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
                 event,
                 Mismatch {
                     event: event as u64,
-                    action: "alloc".into(),
+                    action: Some(Action::Alloc),
                     expected: hex(events[event].addr),
                     got: base_addr.map_or_else(|| "out of memory".into(), hex),
                     why: format!(
@@ -778,7 +797,9 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
     let mismatches: Vec<Mismatch> = base
         .mismatches
         .iter()
-        .filter(|m| !(m.action == "alloc" && undetermined.contains(&(m.event as usize))))
+        .filter(|m| {
+            !(m.action == Some(Action::Alloc) && undetermined.contains(&(m.event as usize)))
+        })
         .cloned()
         .chain(final_layout.filter(|_| base.mismatches.is_empty()))
         .collect();
@@ -905,7 +926,7 @@ mod tests {
         ])];
         let v = validate(&t, &ValidateOptions::default()).unwrap();
         assert_eq!(v.mismatches.len(), 1);
-        assert_eq!((v.mismatches[0].event, v.mismatches[0].action.as_str()), (2, "segments"));
+        assert_eq!((v.mismatches[0].event, v.mismatches[0].action_name()), (2, "segments"));
     }
 
     #[test]
