@@ -3,7 +3,7 @@
 //! `fragsim::policy::pytorch::validate`).
 
 use fragsim::error::{Error, Result};
-use fragsim::policy::pytorch::validate::{validate, ValidateOptions};
+use fragsim::policy::pytorch::validate::{validate, ValidateOptions, Warning};
 use fragsim::policy::pytorch::Version;
 use fragsim::units::format_bytes;
 use std::io::Write;
@@ -112,7 +112,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
             for n in &v.notes {
                 s += &format!("  note: {n}\n");
             }
-        } else if let Some(n) = v.notes.iter().find(|n| n.contains("current main")) {
+        } else if let Some(n) =
+            v.notes.iter().find(|n| matches!(n, Warning::ModelledCurrentVersion { .. }))
+        {
             s += &format!("note: {n}\n");
         }
         s += if v.mismatches.is_empty() { "result: valid\n" } else { "result: MISMATCH\n" };

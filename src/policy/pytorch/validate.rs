@@ -88,7 +88,7 @@ pub struct Validation {
     pub undeterminable: Vec<Mismatch>,
     /// What the validation assumed (version choices, learned orphan sizes, ...).
     #[serde(skip)]
-    pub notes: Vec<String>,
+    pub notes: Vec<Warning>,
     /// The settings replayed, in `PYTORCH_CUDA_ALLOC_CONF` syntax.
     #[serde(skip)]
     pub config: String,
@@ -114,6 +114,66 @@ fn serialize_action<S: serde::Serializer>(
     out: S,
 ) -> std::result::Result<S::Ok, S::Error> {
     out.serialize_str(action_name(*action))
+}
+
+/// Something validation assumed or could not place: not a mismatch, but worth knowing when
+/// reading its result. `Display` gives the sentence `validate --verbose` prints after `note:`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Warning {
+    /// The snapshot records no `allocator_settings`, so PyTorch's defaults were replayed.
+    NoAllocatorSettings,
+    /// No `--pytorch-version` was given: `version` (current main) was modelled where releases
+    /// differ.
+    ModelledCurrentVersion {
+        /// The version modelled.
+        version: Version,
+    },
+    /// Expandable segments reserve a share of GPU memory, and none was given (`--gpu-mem`).
+    AssumedGpuMemory {
+        /// The GPU memory assumed.
+        gpu_memory_bytes: u64,
+    },
+    /// A block live before recording proved to be at least `size` bytes at event `event`.
+    LearnedOrphanSize {
+        /// The block's address.
+        addr: u64,
+        /// Its smallest size consistent with the recording.
+        size: u64,
+        /// The event that shows it.
+        event: u64,
+    },
+    /// A free of a block allocated before recording lies in no segment known at the start.
+    UnplacedOrphanFree {
+        /// The freed address.
+        addr: u64,
+    },
+}
+
+impl std::fmt::Display for Warning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Warning::NoAllocatorSettings => {
+                f.write_str("the snapshot has no allocator_settings: PyTorch's defaults")
+            }
+            Warning::ModelledCurrentVersion { version } => write!(
+                f,
+                "modelled PyTorch {version} (current main) where versions differ; --pytorch-version selects older behaviour"
+            ),
+            Warning::AssumedGpuMemory { gpu_memory_bytes } => write!(
+                f,
+                "expandable segments: reservations assumed 9/8 of {} of GPU memory (--gpu-mem)",
+                crate::units::format_bytes(gpu_memory_bytes)
+            ),
+            Warning::LearnedOrphanSize { addr, size, event } => write!(
+                f,
+                "the block at {addr:#x}, live before recording, is at least {size} bytes: event {event} shows it"
+            ),
+            Warning::UnplacedOrphanFree { addr } => {
+                write!(f, "the orphan free at {addr:#x} lies in no segment known at the start")
+            }
+        }
+    }
 }
 
 /// What happens at one recorded event.
@@ -699,7 +759,7 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
     let mut config = match &trace.allocator_settings {
         Some(s) => Config::from_recorded(s, version)?,
         None => {
-            notes.push("the snapshot has no allocator_settings: PyTorch's defaults".to_string());
+            notes.push(Warning::NoAllocatorSettings);
             Config { version, ..Config::default() }
         }
     };
@@ -707,18 +767,12 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
         config.gpu_memory = g;
     }
     if options.version.is_none() {
-        notes.push(format!(
-            "modelled PyTorch {} (current main) where versions differ; --pytorch-version selects older behaviour",
-            Version::CURRENT
-        ));
+        notes.push(Warning::ModelledCurrentVersion { version: Version::CURRENT });
     }
     let ops = plan(events);
     let mut start = StartState::recover(trace, device, events, &config);
     if start.expandable && options.gpu_memory.is_none() {
-        notes.push(format!(
-            "expandable segments: reservations assumed 9/8 of {} of GPU memory (--gpu-mem)",
-            crate::units::format_bytes(config.gpu_memory)
-        ));
+        notes.push(Warning::AssumedGpuMemory { gpu_memory_bytes: config.gpu_memory });
     }
     // §19.2: learn orphan sizes from placements that prove them.
     let mut learned = Vec::new();
@@ -749,9 +803,7 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
         options.check_invariants,
     )?;
     for (o, size, k) in &learned {
-        notes.push(format!(
-            "the block at {o:#x}, live before recording, is at least {size} bytes: event {k} shows it"
-        ));
+        notes.push(Warning::LearnedOrphanSize { addr: *o, size: *size, event: *k as u64 });
     }
     // §19.3: decisions that depend on an ambiguous orphan's size.
     let mut undeterminable: BTreeMap<usize, Mismatch> = BTreeMap::new();
@@ -804,7 +856,7 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
         .chain(final_layout.filter(|_| base.mismatches.is_empty()))
         .collect();
     for a in &start.unplaced {
-        notes.push(format!("the orphan free at {a:#x} lies in no segment known at the start"));
+        notes.push(Warning::UnplacedOrphanFree { addr: *a });
     }
     let segment_events_recorded = events.iter().filter(|e| e.action.is_segment_event()).count();
     let peak_rec = recorded_peak(events, start.reserved());
@@ -1195,5 +1247,31 @@ mod tests {
                 assert_exact(&t, &format!("{conf} seed {seed} from event {cut}"));
             }
         }
+    }
+
+    #[test]
+    fn warnings_read_as_the_notes_always_did() {
+        let shown = |w: Warning| w.to_string();
+        assert_eq!(
+            shown(Warning::NoAllocatorSettings),
+            "the snapshot has no allocator_settings: PyTorch's defaults"
+        );
+        assert_eq!(
+            shown(Warning::AssumedGpuMemory { gpu_memory_bytes: 80 << 30 }),
+            "expandable segments: reservations assumed 9/8 of 80.00 GiB of GPU memory (--gpu-mem)"
+        );
+        assert_eq!(
+            shown(Warning::LearnedOrphanSize { addr: 0x200, size: 1024, event: 7 }),
+            "the block at 0x200, live before recording, is at least 1024 bytes: event 7 shows it"
+        );
+        assert_eq!(
+            shown(Warning::UnplacedOrphanFree { addr: 0x400 }),
+            "the orphan free at 0x400 lies in no segment known at the start"
+        );
+        let current = shown(Warning::ModelledCurrentVersion { version: Version::CURRENT });
+        assert_eq!(
+            current,
+            format!("modelled PyTorch {} (current main) where versions differ; --pytorch-version selects older behaviour", Version::CURRENT)
+        );
     }
 }
