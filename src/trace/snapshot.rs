@@ -527,7 +527,7 @@ fn truthy(p: &Pickle, v: Option<Value>) -> bool {
 /// their frames when the trace has them; times are written only when the trace has real ones.
 pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
     let bytes = encode(trace)?;
-    out.write_all(&bytes).map_err(|e| Error::from_io(e))
+    out.write_all(&bytes).map_err(Error::from_io)
 }
 
 /// What writing `trace` as a snapshot leaves out, one line each (empty when nothing is lost):
