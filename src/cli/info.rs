@@ -44,8 +44,9 @@ fn render(path: &str, s: &Summary) -> String {
     let _ = writeln!(o, "{path}");
     let _ = writeln!(
         o,
-        "  format: {}, {} events on {} device{}, times {}",
+        "  format: {}{}, {} events on {} device{}, times {}",
         s.format,
+        s.converted_from.map_or(String::new(), |f| format!(" (converted from {f})")),
         count(events),
         s.devices.len(),
         if s.devices.len() == 1 { "" } else { "s" },
@@ -56,7 +57,7 @@ fn render(path: &str, s: &Summary) -> String {
         render_device(&mut o, d, s.device == Some(d.device));
     }
     o.push('\n');
-    if s.segments_at_dump > 0 || s.format == "pytorch-snapshot" {
+    if s.segments_at_dump > 0 || s.converted_from.unwrap_or(s.format) == "pytorch-snapshot" {
         let _ = writeln!(
             o,
             "segments at dump: {} ({} reserved)",

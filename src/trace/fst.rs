@@ -171,7 +171,8 @@ fn from_wire(wire: WireIn) -> Result<Trace> {
         }
     }
     Ok(Trace {
-        format: wire.format,
+        format: Format::Fst,
+        converted_from: Some(wire.format),
         devices,
         frames,
         segments: wire.segments,
@@ -188,7 +189,7 @@ fn le_bytes<const N: usize>(data: &[u8], at: usize) -> Option<[u8; N]> {
 pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
     let frames = (1..=trace.frames.len() as u32).map(|i| trace.frames.get(FramesId(i))).collect();
     let wire = WireOut {
-        format: trace.format,
+        format: trace.source_format(),
         has_times: trace.has_times,
         devices: &trace.devices,
         frames,
@@ -223,6 +224,7 @@ mod tests {
         alloc.frames = f;
         Trace {
             format: Format::PytorchSnapshot,
+            converted_from: None,
             devices: vec![
                 DeviceTrace {
                     device: 0,
@@ -279,7 +281,10 @@ mod tests {
     fn round_trips_the_whole_model() {
         let t = sample();
         let back = read(&encode(&t), &ReadOptions::default()).unwrap();
-        assert_eq!(back, t);
+        assert_eq!((back.format, back.converted_from), (Format::Fst, Some(t.format)));
+        assert_eq!(Trace { format: t.format, converted_from: None, ..back.clone() }, t);
+        let again = read(&encode(&back), &ReadOptions::default()).unwrap();
+        assert_eq!(again, back, "an .fst of an .fst keeps the format of origin");
     }
 
     #[test]

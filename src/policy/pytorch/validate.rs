@@ -836,8 +836,8 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
     let undetermined: BTreeSet<usize> = undeterminable.keys().copied().collect();
     let policy = base.policy.as_ref().expect("replay returns its policy");
     // Only a snapshot records the final layout (a text trace without segments has no dump).
-    let has_dump =
-        trace.format == crate::trace::Format::PytorchSnapshot || !trace.segments.is_empty();
+    let has_dump = trace.source_format() == crate::trace::Format::PytorchSnapshot
+        || !trace.segments.is_empty();
     let final_layout =
         compare_final_segments(trace, device, policy, events.len()).filter(|_| has_dump);
     let allocs_total = events.iter().filter(|e| e.action == Action::Alloc).count() as u64;
@@ -1145,6 +1145,7 @@ mod tests {
         }
         Trace {
             format: crate::trace::Format::PytorchSnapshot,
+            converted_from: None,
             devices: vec![crate::trace::DeviceTrace { device: 0, events }],
             segments: p.segments(),
             allocator_settings: Some(crate::trace::AllocatorSettings {
