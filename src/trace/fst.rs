@@ -185,6 +185,11 @@ fn le_bytes<const N: usize>(data: &[u8], at: usize) -> Option<[u8; N]> {
     data.get(at..at + N)?.try_into().ok()
 }
 
+/// What writing `trace` as .fst leaves out: nothing, the format holds the whole model.
+pub fn losses(_trace: &Trace) -> Vec<String> {
+    Vec::new()
+}
+
 /// Writes `trace` as .fst (nothing is lost: the format holds the whole model).
 pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
     let frames = (1..=trace.frames.len() as u32).map(|i| trace.frames.get(FramesId(i))).collect();

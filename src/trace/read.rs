@@ -56,63 +56,36 @@ pub struct FormatInfo {
     pub keeps_frames: bool,
 }
 
-/// Every format fragsim reads and writes, in detection order.
+/// A [`FORMATS`] row for a format whose module `$module` has `read`, `write` and `losses`.
+macro_rules! format_row {
+    ($format:ident, $name:literal, $description:literal, ext $extensions:expr,
+     detect $detect:path, module $module:ident, keeps_frames $frames:literal) => {
+        FormatInfo {
+            format: Format::$format,
+            name: $name,
+            description: $description,
+            extensions: &$extensions,
+            detect: $detect,
+            read: $module::read,
+            write: |t, mut out| $module::write(t, &mut out),
+            losses: $module::losses,
+            keeps_frames: $frames,
+        }
+    };
+}
+
+/// Every format fragsim reads and writes, in detection order: one row each.
 pub const FORMATS: [FormatInfo; 5] = [
-    FormatInfo {
-        format: Format::PytorchSnapshot,
-        name: "pytorch-snapshot",
-        description: "a PyTorch snapshot pickle",
-        extensions: &["pickle", "pkl"],
-        detect: detect::is_pickle,
-        read: snapshot::read,
-        write: |t, mut out| snapshot::write(t, &mut out),
-        losses: snapshot::losses,
-        keeps_frames: true,
-    },
-    FormatInfo {
-        format: Format::Kineto,
-        name: "kineto",
-        description: "Kineto JSON",
-        extensions: &["json"],
-        detect: detect::is_kineto,
-        read: kineto::read,
-        write: |t, mut out| kineto::write(t, &mut out),
-        losses: kineto::losses,
-        keeps_frames: false,
-    },
-    FormatInfo {
-        format: Format::RmmCsv,
-        name: "rmm-csv",
-        description: "RMM CSV",
-        extensions: &["csv"],
-        detect: detect::is_rmm_csv,
-        read: rmm::read,
-        write: |t, mut out| rmm::write(t, &mut out),
-        losses: rmm::losses,
-        keeps_frames: false,
-    },
-    FormatInfo {
-        format: Format::Fst,
-        name: "fst",
-        description: ".fst",
-        extensions: &["fst"],
-        detect: detect::is_fst,
-        read: fst::read,
-        write: |t, mut out| fst::write(t, &mut out),
-        losses: |_| Vec::new(),
-        keeps_frames: true,
-    },
-    FormatInfo {
-        format: Format::Text,
-        name: "text",
-        description: "fragsim text",
-        extensions: &["txt", "trace"],
-        detect: detect::is_text,
-        read: text::read,
-        write: |t, mut out| text::write(t, &mut out),
-        losses: text::losses,
-        keeps_frames: false,
-    },
+    format_row! { PytorchSnapshot, "pytorch-snapshot", "a PyTorch snapshot pickle",
+    ext ["pickle", "pkl"], detect detect::is_pickle, module snapshot, keeps_frames true },
+    format_row! { Kineto, "kineto", "Kineto JSON",
+    ext ["json"], detect detect::is_kineto, module kineto, keeps_frames false },
+    format_row! { RmmCsv, "rmm-csv", "RMM CSV",
+    ext ["csv"], detect detect::is_rmm_csv, module rmm, keeps_frames false },
+    format_row! { Fst, "fst", ".fst",
+    ext ["fst"], detect detect::is_fst, module fst, keeps_frames true },
+    format_row! { Text, "text", "fragsim text",
+    ext ["txt", "trace"], detect detect::is_text, module text, keeps_frames false },
 ];
 
 impl Format {
