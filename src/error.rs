@@ -110,6 +110,38 @@ impl Error {
         .in_file(path)
     }
 
+    /// An I/O error while writing `what` (`"CSV"`, `"to stdout"`): the message reads
+    /// `writing {what}: {err}`, and `err` stays the [source](std::error::Error::source), so the
+    /// binary can tell a closed pipe (see [`Error::is_broken_pipe`]) from a full disk.
+    pub fn writing(what: &str, err: std::io::Error) -> Error {
+        Error {
+            kind: ErrorKind::Io,
+            message: format!("writing {what}: {err}"),
+            location: Location::default(),
+            source: Some(Box::new(err)),
+        }
+    }
+
+    /// Whether this error is a write to a pipe whose reader has gone (`fragsim ... | head`):
+    /// the reader got what it wanted, so the command ends quietly with exit code 0.
+    pub fn is_broken_pipe(&self) -> bool {
+        self.source
+            .as_deref()
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    }
+
+    /// An I/O error with no file to name (a writer the caller handed in); `err` stays the source,
+    /// so a closed pipe is still recognised.
+    pub fn from_io(err: std::io::Error) -> Error {
+        Error {
+            kind: ErrorKind::Io,
+            message: err.to_string(),
+            location: Location::default(),
+            source: Some(Box::new(err)),
+        }
+    }
+
     /// The kind, which decides the exit code.
     pub fn kind(&self) -> ErrorKind {
         self.kind
@@ -185,6 +217,21 @@ mod tests {
         assert_eq!(e.to_string(), "a.pickle: pytorch-snapshot: byte 42: truncated pickle");
         assert_eq!(e.kind().exit_code(), 2);
         assert_eq!(Error::backend("no driver").kind().exit_code(), 3);
+    }
+
+    #[test]
+    fn writing_keeps_the_io_error_as_source() {
+        use std::io::ErrorKind as Io;
+        let e = Error::writing("CSV", std::io::Error::new(Io::BrokenPipe, "Broken pipe"));
+        assert_eq!(e.to_string(), "writing CSV: Broken pipe");
+        assert_eq!(e.kind(), ErrorKind::Io);
+        assert!(e.is_broken_pipe());
+        let source = std::error::Error::source(&e).unwrap();
+        assert_eq!(source.downcast_ref::<std::io::Error>().unwrap().kind(), Io::BrokenPipe);
+        assert!(
+            !Error::writing("CSV", std::io::Error::new(Io::StorageFull, "full")).is_broken_pipe()
+        );
+        assert!(!Error::input("x").is_broken_pipe());
     }
 
     #[test]

@@ -16,12 +16,9 @@ fn main() -> ExitCode {
     match cli.run() {
         Ok(code) => code,
         Err(err) => {
-            if let Some(io) =
-                std::error::Error::source(&err).and_then(|s| s.downcast_ref::<std::io::Error>())
-            {
-                if io.kind() == std::io::ErrorKind::BrokenPipe {
-                    return ExitCode::SUCCESS;
-                }
+            // `fragsim ... | head`: the reader has what it wanted; end quietly, as ripgrep does.
+            if err.is_broken_pipe() {
+                return ExitCode::SUCCESS;
             }
             eprintln!("fragsim: {err}");
             if fragsim::backend::cuda::interrupt::requested() {

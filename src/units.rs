@@ -76,17 +76,77 @@ pub fn describe_capacity(typed: &str, bytes: u64) -> String {
     format!("{} ({:.2} GiB)", typed.trim(), bytes as f64 / GIB as f64)
 }
 
-/// Formats bytes with a binary prefix and two decimals, as PyTorch's `format_size` does
-/// (`"1023 bytes"`, `"20.00 MiB"`, `"12.66 GiB"`).
+/// The binary units human output uses, largest first: (bytes, long name, one-letter name).
+const UNITS: [(u64, &str, &str); 4] =
+    [(1 << 40, "TiB", "T"), (GIB, "GiB", "G"), (MIB, "MiB", "M"), (1 << 10, "KiB", "K")];
+
+/// Formats bytes with a binary prefix and two decimals, in the spelling of PyTorch's
+/// `format_size` (`"1023 bytes"`, `"20.00 MiB"`, `"12.66 GiB"`), GiB at most.
+///
+/// Each unit starts at its own size, so 1 MiB prints as `1.00 MiB` (PyTorch, and fragsim before,
+/// printed `1024.00 KiB`), and a size that would round to `1024.00` of one unit prints in the next.
 pub fn format_bytes(bytes: u64) -> String {
-    if bytes <= 1024 {
-        format!("{bytes} bytes")
-    } else if bytes <= MIB {
-        format!("{:.2} KiB", bytes as f64 / 1024.0)
-    } else if bytes <= GIB {
-        format!("{:.2} MiB", bytes as f64 / MIB as f64)
-    } else {
-        format!("{:.2} GiB", bytes as f64 / GIB as f64)
+    if bytes < 1024 {
+        return format!("{bytes} bytes");
+    }
+    // The largest unit in which the next smaller one would show 1024.00 or more.
+    let &(unit, name, _) = UNITS[1..]
+        .iter()
+        .find(|&&(unit, _, _)| (bytes as f64 / (unit / 1024) as f64 * 100.0).round() >= 102_400.0)
+        .unwrap_or(&UNITS[3]);
+    format!("{:.2} {name}", bytes as f64 / unit as f64)
+}
+
+/// Bytes in three significant digits with a one-letter binary unit: `640M`, `22.9G`, `12K`
+/// (chart labels, where space is short).
+pub fn compact_bytes(bytes: u64) -> String {
+    for (unit, _, name) in UNITS {
+        if bytes >= unit {
+            let v = bytes as f64 / unit as f64;
+            return if v >= 100.0 {
+                format!("{v:.0}{name}")
+            } else if v >= 10.0 {
+                format!("{v:.1}{name}")
+            } else {
+                format!("{v:.2}{name}")
+            };
+        }
+    }
+    bytes.to_string()
+}
+
+/// A power-of-two size, short: `512`, `1K`, `2M`, `1G` (size-class labels).
+pub fn short_size(bytes: u64) -> String {
+    for (unit, _, name) in UNITS {
+        if bytes >= unit && bytes % unit == 0 {
+            return format!("{}{name}", bytes / unit);
+        }
+    }
+    bytes.to_string()
+}
+
+/// A byte unit chosen so axis numbers stay short (GiB, MiB, KiB or bytes).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ByteScale {
+    /// Bytes per unit.
+    pub divisor: f64,
+    /// The unit's name, e.g. `GiB`.
+    pub unit: &'static str,
+}
+
+impl ByteScale {
+    /// The largest unit (GiB at most) in which `max_bytes` is at least 1.
+    pub fn for_max(max_bytes: u64) -> ByteScale {
+        let (divisor, unit) = UNITS[1..]
+            .iter()
+            .find(|&&(unit, _, _)| max_bytes >= unit)
+            .map_or((1.0, "bytes"), |&(unit, name, _)| (unit as f64, name));
+        ByteScale { divisor, unit }
+    }
+
+    /// `bytes` in this unit.
+    pub fn of(&self, bytes: u64) -> f64 {
+        bytes as f64 / self.divisor
     }
 }
 
@@ -128,8 +188,42 @@ mod tests {
 
     #[test]
     fn formats_like_pytorch() {
-        assert_eq!(format_bytes(1024), "1024 bytes");
+        assert_eq!(format_bytes(1023), "1023 bytes");
         assert_eq!(format_bytes(20 * MIB), "20.00 MiB");
         assert_eq!(format_bytes(12_660_506_624), "11.79 GiB");
+        assert_eq!(format_bytes(2048 * GIB), "2048.00 GiB");
+    }
+
+    #[test]
+    fn each_unit_starts_at_its_own_size() {
+        assert_eq!(format_bytes(1024), "1.00 KiB");
+        assert_eq!(format_bytes(MIB - 1), "1.00 MiB", "rounds to 1024.00 KiB: shown as MiB");
+        assert_eq!(format_bytes(MIB), "1.00 MiB");
+        assert_eq!(format_bytes(MIB + 1), "1.00 MiB");
+        assert_eq!(format_bytes(MIB - 10_000), "1014.23 KiB");
+        assert_eq!(format_bytes(GIB), "1.00 GiB");
+        assert_eq!(format_bytes(GIB - MIB), "1023.00 MiB");
+    }
+
+    #[test]
+    fn chart_labels_are_short() {
+        assert_eq!(short_size(512), "512");
+        assert_eq!(short_size(1024), "1K");
+        assert_eq!(short_size(2 << 20), "2M");
+        assert_eq!(short_size(1 << 30), "1G");
+        assert_eq!(short_size(1), "1");
+        assert_eq!(compact_bytes(640 << 20), "640M");
+        assert_eq!(compact_bytes(22_900 << 20), "22.4G");
+        assert_eq!(compact_bytes(3 << 9), "1.50K");
+        assert_eq!(compact_bytes(999), "999");
+    }
+
+    #[test]
+    fn byte_scale_follows_the_maximum() {
+        assert_eq!(ByteScale::for_max(12 * GIB).unit, "GiB");
+        assert_eq!(ByteScale::for_max(GIB - 1).unit, "MiB");
+        assert_eq!(ByteScale::for_max(5000).unit, "KiB");
+        assert_eq!(ByteScale::for_max(5).unit, "bytes");
+        assert_eq!(ByteScale::for_max(3 * GIB).of(3 * GIB / 2), 1.5);
     }
 }

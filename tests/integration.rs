@@ -8,6 +8,7 @@ mod cli;
 mod cuda;
 mod custom_policy;
 mod mutations;
+mod pipes;
 mod policies;
 mod pytorch;
 mod readers;

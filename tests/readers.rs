@@ -6,7 +6,7 @@
 //! themselves.
 
 use crate::util::*;
-use fragsim::trace::{read_trace, DeviceTrace, Event, FramesId, ReadOptions, Trace};
+use fragsim::trace::{read_trace, DeviceTrace, Event, Format, FramesId, ReadOptions, Trace};
 use serde_json::Value;
 use std::path::Path;
 
@@ -100,6 +100,29 @@ fn every_real_pickle_matches_the_independent_count() {
     }
 }
 
+/// `t`, read from .fst, checked to name .fst as its format and `origin` as the one it was
+/// converted from, then with those two as the original trace has them.
+fn from_fst(t: Trace, origin: Format) -> Trace {
+    assert_eq!((t.format, t.converted_from), (Format::Fst, Some(origin)));
+    Trace { format: origin, converted_from: None, ..t }
+}
+
+#[test]
+fn info_on_an_fst_names_fst_and_the_format_it_was_converted_from() {
+    let (dir, txt) = temp_file("t.txt", b"alloc 0x1000 4096 s0\nfree_completed 0x1000 4096 s0\n");
+    let fst = dir.path().join("t.fst");
+    convert(&txt, &fst);
+    let o = run(&["info", fst.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("  format: fst (converted from text), 2 events"), "{}", stdout(&o));
+    let o = run(&["info", fst.to_str().unwrap(), "--json"]);
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!((v["format"].as_str(), v["converted_from"].as_str()), (Some("fst"), Some("text")));
+    let o = run(&["info", txt.to_str().unwrap(), "--json"]);
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!((v["format"].as_str(), v.get("converted_from")), (Some("text"), None));
+}
+
 #[test]
 fn pickle_to_fst_to_text_to_fst_keeps_every_event() {
     let pickle = real_trace("cs336-medium-ctx512-train.pickle");
@@ -112,7 +135,7 @@ fn pickle_to_fst_to_text_to_fst_keeps_every_event() {
     let original = read(&pickle, true);
     assert_eq!(original.devices[0].events.len(), 22_332);
     // .fst holds the whole model: frames, final segments, settings, the format of origin.
-    assert_eq!(read(&fst, true), original);
+    assert_eq!(from_fst(read(&fst, true), Format::PytorchSnapshot), original);
     // Text holds events only.
     let back = read(&fst2, true);
     assert_eq!(back.devices, without_frames(&original.devices));
@@ -128,7 +151,7 @@ fn kineto_to_fst_to_json_keeps_every_event() {
     convert(&fst, &json);
     let original = read(&kineto, false);
     assert_eq!(original.devices.iter().map(|d| d.events.len()).sum::<usize>(), 28_010);
-    assert_eq!(read(&fst, false), original);
+    assert_eq!(from_fst(read(&fst, false), Format::Kineto), original);
     assert_eq!(read(&json, false), original);
 }
 

@@ -1,6 +1,6 @@
 //! `fragsim convert`: a trace from one format into another.
 
-use fragsim::error::{Error, Result};
+use fragsim::error::Result;
 use fragsim::trace::{self, Format};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -24,42 +24,11 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<ExitCode> {
     // Check the output extension before a possibly long read.
-    let format = Format::from_extension(&args.output);
-    if format.is_none() {
-        return Err(Error::usage(format!(
-            "cannot tell the output format from '{}': use .pickle, .json, .csv, .fst or .txt (optionally .gz)",
-            args.output.display()
-        )));
-    }
-    let keep_frames = matches!(format, Some(Format::Fst | Format::PytorchSnapshot));
-    let t = super::read_trace(&args.input, keep_frames)?;
+    let format = Format::for_output(&args.output)?.info();
+    let t = super::read_trace(&args.input, format.keeps_frames)?;
     trace::write_trace(&t, &args.output)?;
-    for note in losses(&t, format) {
+    for note in (format.losses)(&t) {
         eprintln!("fragsim: note: {}: {note}", args.output.display());
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// What `format` cannot hold of `t`.
-fn losses(t: &trace::Trace, format: Option<Format>) -> Vec<String> {
-    match format {
-        Some(Format::Kineto) => trace::kineto::losses(t),
-        Some(Format::RmmCsv) => trace::rmm::losses(t),
-        Some(Format::Text) if !t.segments.is_empty() || t.allocator_settings.is_some() => {
-            vec!["final segments and allocator settings are not part of the text format".into()]
-        }
-        Some(Format::PytorchSnapshot) => t
-            .devices
-            .iter()
-            .filter(|d| d.device < 0 && !d.events.is_empty())
-            .map(|d| {
-                format!(
-                    "device {} (host memory) has no place in a snapshot's device_traces; its {} events are left out",
-                    d.device,
-                    d.events.len()
-                )
-            })
-            .collect(),
-        _ => Vec::new(),
-    }
 }

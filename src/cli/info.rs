@@ -1,6 +1,6 @@
 //! `fragsim info`: what is in a trace, before replaying it.
 
-use fragsim::error::{Error, ErrorKind, Result};
+use fragsim::error::{Error, Result};
 use fragsim::trace::summary::{DeviceSummary, Summary};
 use fragsim::trace::Action;
 use fragsim::units::format_bytes;
@@ -33,9 +33,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         render(&args.trace.display().to_string(), &summary)
     };
     let mut stdout = std::io::stdout().lock();
-    stdout
-        .write_all(text.as_bytes())
-        .map_err(|e| Error::new(ErrorKind::Io, format!("writing to stdout: {e}")))?;
+    stdout.write_all(text.as_bytes()).map_err(|e| Error::writing("to stdout", e))?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -46,8 +44,9 @@ fn render(path: &str, s: &Summary) -> String {
     let _ = writeln!(o, "{path}");
     let _ = writeln!(
         o,
-        "  format: {}, {} events on {} device{}, times {}",
+        "  format: {}{}, {} events on {} device{}, times {}",
         s.format,
+        s.converted_from.map_or(String::new(), |f| format!(" (converted from {f})")),
         count(events),
         s.devices.len(),
         if s.devices.len() == 1 { "" } else { "s" },
@@ -58,7 +57,7 @@ fn render(path: &str, s: &Summary) -> String {
         render_device(&mut o, d, s.device == Some(d.device));
     }
     o.push('\n');
-    if s.segments_at_dump > 0 || s.format == "pytorch-snapshot" {
+    if s.segments_at_dump > 0 || s.converted_from.unwrap_or(s.format) == "pytorch-snapshot" {
         let _ = writeln!(
             o,
             "segments at dump: {} ({} reserved)",

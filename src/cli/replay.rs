@@ -99,8 +99,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
     let results = comparison.results();
     let mut stdout = std::io::stdout().lock();
-    let io =
-        |e: std::io::Error| Error::new(fragsim::ErrorKind::Io, format!("writing to stdout: {e}"));
+    let io = |e: std::io::Error| Error::writing("to stdout", e);
     match args.output_format() {
         OutputFormat::Json => {
             let path = args.source.trace.display().to_string();

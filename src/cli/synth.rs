@@ -106,6 +106,6 @@ pub fn run(args: Args) -> Result<ExitCode> {
         format_bytes(summary.live_at_end_bytes),
         args.out.display()
     )
-    .map_err(|e| Error::new(fragsim::ErrorKind::Io, format!("writing to stdout: {e}")))?;
+    .map_err(|e| Error::writing("to stdout", e))?;
     Ok(ExitCode::SUCCESS)
 }

@@ -3,7 +3,7 @@
 //! `fragsim::policy::pytorch::validate`).
 
 use fragsim::error::{Error, Result};
-use fragsim::policy::pytorch::validate::{validate, ValidateOptions};
+use fragsim::policy::pytorch::validate::{validate, ValidateOptions, Warning};
 use fragsim::policy::pytorch::Version;
 use fragsim::units::format_bytes;
 use std::io::Write;
@@ -70,8 +70,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             path,
         )?;
     }
-    let io =
-        |e: std::io::Error| Error::new(fragsim::ErrorKind::Io, format!("writing to stdout: {e}"));
+    let io = |e: std::io::Error| Error::writing("to stdout", e);
     let mut out = std::io::stdout().lock();
     if args.json {
         let text = serde_json::to_string_pretty(&v).map_err(|e| Error::usage(e.to_string()))?;
@@ -101,7 +100,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
         for m in &v.mismatches[..shown] {
             s += &format!(
                 "  mismatch at event {}: {} expected {}, got {}: {}\n",
-                m.event, m.action, m.expected, m.got, m.why
+                m.event,
+                m.action_name(),
+                m.expected,
+                m.got,
+                m.why
             );
         }
         if shown < v.mismatches.len() {
@@ -114,7 +117,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
             for n in &v.notes {
                 s += &format!("  note: {n}\n");
             }
-        } else if let Some(n) = v.notes.iter().find(|n| n.contains("current main")) {
+        } else if let Some(n) =
+            v.notes.iter().find(|n| matches!(n, Warning::ModelledCurrentVersion { .. }))
+        {
             s += &format!("note: {n}\n");
         }
         s += if v.mismatches.is_empty() { "result: valid\n" } else { "result: MISMATCH\n" };

@@ -2,13 +2,13 @@
 //! ([`super::columns::RESULT`]), values as the JSON writes them (null is empty).
 
 use super::columns::{self, Cell};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use crate::replay::PolicyResult;
 use std::io::Write;
 
 /// Writes `results` as CSV (RFC 4180 quoting where needed).
 pub fn write_results(results: &[PolicyResult], out: &mut impl Write) -> Result<()> {
-    let io = |e: std::io::Error| Error::new(ErrorKind::Io, format!("writing CSV: {e}"));
+    let io = |e: std::io::Error| Error::writing("CSV", e);
     let header: Vec<&str> = columns::RESULT.iter().map(|c| c.key).collect();
     writeln!(out, "{}", header.join(",")).map_err(io)?;
     for row in columns::cells(results, &columns::RESULT) {

@@ -4,7 +4,7 @@
 
 use super::bundle::ReportData;
 use super::columns;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use crate::units::format_bytes;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -76,7 +76,7 @@ pub fn write_index(
     dir: &Path,
     out: &mut impl Write,
 ) -> Result<()> {
-    let io = |e: std::io::Error| Error::new(ErrorKind::Io, format!("writing HTML: {e}"));
+    let io = |e: std::io::Error| Error::writing("HTML", e);
     let have = |name: &str| files.iter().any(|f| f == &dir.join(name));
     let t = &data.trace;
     let mut h = String::new();

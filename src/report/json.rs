@@ -2,7 +2,7 @@
 //! `results.json`.
 
 use super::bundle::ReportData;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use crate::replay::PolicyResult;
 use serde::Serialize;
 use std::io::Write;
@@ -41,9 +41,8 @@ impl<'a> ReplayReport<'a> {
 
 /// Writes `report` as pretty JSON and a final newline.
 pub fn write(report: &ReplayReport, out: &mut impl Write) -> Result<()> {
-    let io = |e: std::io::Error| Error::new(ErrorKind::Io, format!("writing JSON: {e}"));
-    serde_json::to_writer_pretty(&mut *out, report)
-        .map_err(|e| Error::new(ErrorKind::Io, format!("writing JSON: {e}")))?;
+    let io = |e: std::io::Error| Error::writing("JSON", e);
+    serde_json::to_writer_pretty(&mut *out, report).map_err(|e| io(e.into()))?;
     writeln!(out).map_err(io)
 }
 

@@ -3,7 +3,7 @@
 
 use super::bundle::ReportData;
 use super::columns::{self, Cell};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use std::io::Write;
 
 /// Escapes text for a Markdown table cell.
@@ -13,7 +13,7 @@ fn cell(s: &str) -> String {
 
 /// Writes the summary of `data` as Markdown.
 pub fn write_summary(data: &ReportData, out: &mut impl Write) -> Result<()> {
-    let io = |e: std::io::Error| Error::new(ErrorKind::Io, format!("writing Markdown: {e}"));
+    let io = |e: std::io::Error| Error::writing("Markdown", e);
     let t = &data.trace;
     let mut s = String::new();
     s += &format!("# fragsim report: {}\n\n", cell(&t.file_name()));

@@ -59,6 +59,7 @@ fn simulated_trace(trace: &Trace, device: i32, output: &ReplayOutput) -> Result<
         .collect();
     Ok(Trace {
         format: Format::PytorchSnapshot,
+        converted_from: None,
         devices,
         frames: Default::default(),
         segments,

@@ -3,31 +3,46 @@
 //! Users rename files and pipe them around, so the extension is only a hint for writing: reading
 //! looks at the content. Each format has a cheap, unambiguous signature.
 
-use super::{fst, Format};
+use super::{fst, Format, FORMATS};
 
-/// The format `data` (already decompressed) is in, or `None` when no reader recognises it.
+/// The format `data` (already decompressed) is in, or `None` when no reader recognises it: the
+/// first row of [`FORMATS`] whose signature matches.
 pub fn detect(data: &[u8]) -> Option<Format> {
-    if data.starts_with(fst::MAGIC) {
-        return Some(Format::Fst);
-    }
-    // A pickle of protocol 2+ starts with PROTO (0x80) and its version.
-    if data.len() >= 2 && data[0] == 0x80 && (2..=5).contains(&data[1]) {
-        return Some(Format::PytorchSnapshot);
-    }
-    let head = &data[..data.len().min(4096)];
-    let text = String::from_utf8_lossy(head);
-    let trimmed = text.trim_start_matches('\u{feff}').trim_start();
-    if trimmed.starts_with('{') || trimmed.starts_with('[') {
-        return Some(Format::Kineto);
-    }
-    let first_line = trimmed.lines().next().unwrap_or("");
-    if first_line.replace(' ', "").to_ascii_lowercase().starts_with("thread,time,action") {
-        return Some(Format::RmmCsv);
-    }
-    if super::text::looks_like_text(trimmed) {
-        return Some(Format::Text);
-    }
-    None
+    FORMATS.iter().find(|f| (f.detect)(data)).map(|f| f.format)
+}
+
+/// fragsim's binary format starts with its magic.
+pub fn is_fst(data: &[u8]) -> bool {
+    data.starts_with(fst::MAGIC)
+}
+
+/// A pickle of protocol 2+ starts with PROTO (0x80) and its version.
+pub fn is_pickle(data: &[u8]) -> bool {
+    data.len() >= 2 && data[0] == 0x80 && (2..=5).contains(&data[1])
+}
+
+/// JSON (a Kineto trace) starts with `{` or `[`, after a byte-order mark and white space.
+pub fn is_kineto(data: &[u8]) -> bool {
+    let head = text_head(data);
+    let head = head.trim_start_matches('\u{feff}').trim_start();
+    head.starts_with('{') || head.starts_with('[')
+}
+
+/// An RMM log's first line is its header, `Thread,Time,Action,...` (any case, spaces allowed).
+pub fn is_rmm_csv(data: &[u8]) -> bool {
+    let head = text_head(data);
+    let first_line = head.trim_start_matches('\u{feff}').trim_start().lines().next().unwrap_or("");
+    first_line.replace(' ', "").to_ascii_lowercase().starts_with("thread,time,action")
+}
+
+/// fragsim text: see [`super::text::looks_like_text`].
+pub fn is_text(data: &[u8]) -> bool {
+    super::text::looks_like_text(text_head(data).trim_start_matches('\u{feff}').trim_start())
+}
+
+/// The first 4 KiB as text, enough for every text signature.
+fn text_head(data: &[u8]) -> std::borrow::Cow<'_, str> {
+    String::from_utf8_lossy(&data[..data.len().min(4096)])
 }
 
 #[cfg(test)]

@@ -27,7 +27,7 @@
 use super::lifetimes::free_action;
 use super::read::MAX_EVENT_BYTES;
 use super::{Action, DeviceTotals, DeviceTrace, Event, Format, ReadOptions, RecordedTotals, Trace};
-use crate::error::{Error, ErrorKind, Place, Result};
+use crate::error::{Error, Place, Result};
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use std::borrow::Cow;
@@ -96,7 +96,7 @@ pub fn read(data: &[u8], _options: &ReadOptions) -> Result<Trace> {
 /// backwards within a device are written as the previous time, so that reading the file back
 /// (which sorts by `ts`) keeps the order of events.
 pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
-    let io = |e: std::io::Error| Error::new(ErrorKind::Io, e.to_string());
+    let io = Error::from_io;
     write!(out, "{{\"schemaVersion\": 1, \"profile_memory\": 1, \"traceEvents\": [").map_err(io)?;
     let mut first = true;
     for d in &trace.devices {

@@ -26,7 +26,8 @@ mod read;
 pub use frames::{Frame, FrameTable, FramesId};
 pub use lifetimes::{AddrHasher, AddrMap, LiveBlock};
 pub use read::{
-    read_bytes, read_trace, write_to, write_trace, Format, ReadOptions, MAX_DECOMPRESSED_BYTES,
+    read_bytes, read_trace, write_to, write_trace, Format, FormatInfo, ReadOptions, FORMATS,
+    MAX_DECOMPRESSED_BYTES,
 };
 
 use serde::{Deserialize, Serialize};
@@ -213,8 +214,12 @@ pub struct AllocatorSettings {
 /// A whole trace: every device's events plus what a snapshot records beside them.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Trace {
-    /// The format the trace was read from.
+    /// The format the trace was read from (`Fst` for an .fst file).
     pub format: Format,
+    /// For a trace read from .fst, the format it was converted from (what its events and
+    /// segments mean follows that format); `None` otherwise.
+    #[serde(default)]
+    pub converted_from: Option<Format>,
     /// Per device, ordered by device index.
     pub devices: Vec<DeviceTrace>,
     /// The interned stack frames that events refer to (empty unless frames were kept).
@@ -251,6 +256,12 @@ pub struct DeviceTotals {
 }
 
 impl Trace {
+    /// The format the trace was first recorded in: [`Trace::converted_from`] when read from .fst,
+    /// else [`Trace::format`].
+    pub fn source_format(&self) -> Format {
+        self.converted_from.unwrap_or(self.format)
+    }
+
     /// The events of `device`, if the trace has that device.
     pub fn device(&self, device: i32) -> Option<&DeviceTrace> {
         self.devices.iter().find(|d| d.device == device)

@@ -26,35 +26,107 @@ pub enum Format {
     Text,
 }
 
+/// One trace format: everything fragsim knows about it, as one row of [`FORMATS`].
+///
+/// Reading, writing, detection, the output extensions and what a conversion loses are all looked
+/// up here, so adding a format means writing its module and adding its row (and its [`Format`]
+/// variant), nothing else.
+#[derive(Clone, Copy, Debug)]
+pub struct FormatInfo {
+    /// The format this row describes.
+    pub format: Format,
+    /// The name used in messages and in `info --json`, e.g. `pytorch-snapshot`.
+    pub name: &'static str,
+    /// What a user calls it, for the "unrecognised trace format" message, e.g. `Kineto JSON`.
+    pub description: &'static str,
+    /// Output extensions (lower case, no dot) that ask for this format; the first is the one
+    /// messages suggest. `.gz` on top of any of them compresses.
+    pub extensions: &'static [&'static str],
+    /// Whether decompressed file content is in this format. Rows are tried in table order and
+    /// the first match wins, so a loose signature (text) comes last.
+    pub detect: fn(&[u8]) -> bool,
+    /// Reads a trace from decompressed file content; errors name the place, the caller adds
+    /// the file and format.
+    pub read: fn(&[u8], &ReadOptions) -> Result<Trace>,
+    /// Writes a trace in this format.
+    pub write: fn(&Trace, &mut dyn Write) -> Result<()>,
+    /// What writing a trace in this format leaves out, one line each (empty when nothing).
+    pub losses: fn(&Trace) -> Vec<String>,
+    /// Whether stack frames survive a write in this format (so a conversion should read them).
+    pub keeps_frames: bool,
+}
+
+/// A [`FORMATS`] row for a format whose module `$module` has `read`, `write` and `losses`.
+macro_rules! format_row {
+    ($format:ident, $name:literal, $description:literal, ext $extensions:expr,
+     detect $detect:path, module $module:ident, keeps_frames $frames:literal) => {
+        FormatInfo {
+            format: Format::$format,
+            name: $name,
+            description: $description,
+            extensions: &$extensions,
+            detect: $detect,
+            read: $module::read,
+            write: |t, mut out| $module::write(t, &mut out),
+            losses: $module::losses,
+            keeps_frames: $frames,
+        }
+    };
+}
+
+/// Every format fragsim reads and writes, in detection order: one row each.
+pub const FORMATS: [FormatInfo; 5] = [
+    format_row! { PytorchSnapshot, "pytorch-snapshot", "a PyTorch snapshot pickle",
+    ext ["pickle", "pkl"], detect detect::is_pickle, module snapshot, keeps_frames true },
+    format_row! { Kineto, "kineto", "Kineto JSON",
+    ext ["json"], detect detect::is_kineto, module kineto, keeps_frames false },
+    format_row! { RmmCsv, "rmm-csv", "RMM CSV",
+    ext ["csv"], detect detect::is_rmm_csv, module rmm, keeps_frames false },
+    format_row! { Fst, "fst", ".fst",
+    ext ["fst"], detect detect::is_fst, module fst, keeps_frames true },
+    format_row! { Text, "text", "fragsim text",
+    ext ["txt", "trace"], detect detect::is_text, module text, keeps_frames false },
+];
+
 impl Format {
-    /// Every format.
-    pub const ALL: [Format; 5] =
-        [Format::PytorchSnapshot, Format::Kineto, Format::RmmCsv, Format::Fst, Format::Text];
+    /// This format's row of [`FORMATS`].
+    pub fn info(self) -> &'static FormatInfo {
+        // Every variant has a row: `every_format_has_one_row` checks it.
+        FORMATS.iter().find(|f| f.format == self).expect("every Format has a row in FORMATS")
+    }
 
     /// The name used in messages and in `info --json`.
     pub fn name(self) -> &'static str {
-        match self {
-            Format::PytorchSnapshot => "pytorch-snapshot",
-            Format::Kineto => "kineto",
-            Format::RmmCsv => "rmm-csv",
-            Format::Fst => "fst",
-            Format::Text => "text",
-        }
+        self.info().name
     }
 
-    /// The format an output path asks for, by its extension.
+    /// The format an output path asks for, by its extension (`.gz` on top is ignored).
     pub fn from_extension(path: &Path) -> Option<Format> {
         let name = path.file_name()?.to_str()?.to_ascii_lowercase();
         let name = name.strip_suffix(".gz").unwrap_or(&name);
         let ext = name.rsplit('.').next()?;
-        match ext {
-            "pickle" | "pkl" => Some(Format::PytorchSnapshot),
-            "json" => Some(Format::Kineto),
-            "csv" => Some(Format::RmmCsv),
-            "fst" => Some(Format::Fst),
-            "txt" | "trace" => Some(Format::Text),
-            _ => None,
-        }
+        FORMATS.iter().find(|f| f.extensions.contains(&ext)).map(|f| f.format)
+    }
+
+    /// The output format `path`'s extension names, or a usage error listing the extensions.
+    pub fn for_output(path: &Path) -> Result<Format> {
+        Format::from_extension(path).ok_or_else(|| {
+            let exts: Vec<String> =
+                FORMATS.iter().map(|f| format!(".{}", f.extensions[0])).collect();
+            Error::usage(format!(
+                "cannot tell the output format from '{}': use {} (optionally .gz)",
+                path.display(),
+                or_list(&exts)
+            ))
+        })
+    }
+}
+
+/// `a, b or c`.
+fn or_list(items: &[String]) -> String {
+    match items.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        _ => items.concat(),
     }
 }
 
@@ -97,11 +169,10 @@ fn read_path(path: &Path, options: &ReadOptions) -> Result<Trace> {
         return Err(Error::input("empty file: no trace to read").in_file(path));
     }
     let format = detect::detect(&data).ok_or_else(|| {
-        Error::input(
-            "unrecognised trace format (expected a PyTorch snapshot pickle, Kineto JSON, RMM CSV, .fst or fragsim text)",
-        )
-        .at(Place::Byte(0))
-        .in_file(path)
+        let known: Vec<String> = FORMATS.iter().map(|f| f.description.to_string()).collect();
+        Error::input(format!("unrecognised trace format (expected {})", or_list(&known)))
+            .at(Place::Byte(0))
+            .in_file(path)
     })?;
     read_bytes(&data, format, options).map_err(|e| e.in_format(format.name()).in_file(path))
 }
@@ -141,23 +212,12 @@ fn with_progress<T>(path: &Path, read: impl FnOnce() -> T) -> T {
 
 /// Reads a trace of a known format from memory.
 pub fn read_bytes(data: &[u8], format: Format, options: &ReadOptions) -> Result<Trace> {
-    match format {
-        Format::PytorchSnapshot => snapshot::read(data, options),
-        Format::Kineto => kineto::read(data, options),
-        Format::RmmCsv => rmm::read(data, options),
-        Format::Fst => fst::read(data, options),
-        Format::Text => text::read(data, options),
-    }
+    (format.info().read)(data, options)
 }
 
 /// Writes `trace` to `path` in the format its extension names; `.gz` compresses.
 pub fn write_trace(trace: &Trace, path: &Path) -> Result<()> {
-    let format = Format::from_extension(path).ok_or_else(|| {
-        Error::usage(format!(
-            "cannot tell the output format from '{}': use .pickle, .json, .csv, .fst or .txt (optionally .gz)",
-            path.display()
-        ))
-    })?;
+    let format = Format::for_output(path)?;
     let mut buffer = Vec::new();
     write_to(trace, format, &mut buffer)?;
     let bytes = if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gz")) {
@@ -171,13 +231,7 @@ pub fn write_trace(trace: &Trace, path: &Path) -> Result<()> {
 
 /// Writes `trace` in `format` to `out`.
 pub fn write_to(trace: &Trace, format: Format, out: &mut impl Write) -> Result<()> {
-    match format {
-        Format::PytorchSnapshot => snapshot::write(trace, out),
-        Format::Kineto => kineto::write(trace, out),
-        Format::RmmCsv => rmm::write(trace, out),
-        Format::Fst => fst::write(trace, out),
-        Format::Text => text::write(trace, out),
-    }
+    (format.info().write)(trace, out)
 }
 
 fn gunzip(raw: &[u8]) -> Result<Vec<u8>> {
@@ -206,4 +260,49 @@ pub fn decompression_limit(compressed: u64) -> u64 {
     const RATIO: u64 = 200;
     const FLOOR: u64 = 64 << 20;
     compressed.saturating_mul(RATIO).clamp(FLOOR, MAX_DECOMPRESSED_BYTES)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_format_has_one_row() {
+        for f in
+            [Format::PytorchSnapshot, Format::Kineto, Format::RmmCsv, Format::Fst, Format::Text]
+        {
+            assert_eq!(FORMATS.iter().filter(|row| row.format == f).count(), 1, "{f:?}");
+        }
+        let mut names: Vec<&str> = FORMATS.iter().map(|f| f.name).collect();
+        names.dedup();
+        assert_eq!(names.len(), FORMATS.len());
+    }
+
+    #[test]
+    fn extensions_name_their_format() {
+        let ext = |p: &str| Format::from_extension(Path::new(p));
+        assert_eq!(ext("a.PKL"), Some(Format::PytorchSnapshot));
+        assert_eq!(ext("a.json.gz"), Some(Format::Kineto));
+        assert_eq!(ext("a.trace"), Some(Format::Text));
+        assert_eq!(ext("a.fst"), Some(Format::Fst));
+        assert_eq!(ext("a.xlsx"), None);
+        assert_eq!(
+            Format::for_output(Path::new("a.xlsx")).unwrap_err().to_string(),
+            "cannot tell the output format from 'a.xlsx': use .pickle, .json, .csv, .fst or .txt (optionally .gz)"
+        );
+    }
+
+    #[test]
+    fn every_format_reads_back_what_it_writes() {
+        let text = "alloc 0x1000 4096 s0\nfree_completed 0x1000 4096 s0\n";
+        let trace = read_bytes(text.as_bytes(), Format::Text, &ReadOptions::default()).unwrap();
+        for row in &FORMATS {
+            let mut bytes = Vec::new();
+            write_to(&trace, row.format, &mut bytes).unwrap();
+            assert_eq!(detect::detect(&bytes), Some(row.format), "{}", row.name);
+            let back = read_bytes(&bytes, row.format, &ReadOptions::default()).unwrap();
+            assert_eq!(back.devices[0].events.len(), 2, "{}", row.name);
+            assert!((row.losses)(&trace).is_empty(), "{}", row.name);
+        }
+    }
 }

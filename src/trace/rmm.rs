@@ -25,7 +25,7 @@
 use super::lifetimes::free_action;
 use super::read::MAX_EVENT_BYTES;
 use super::{Action, DeviceTrace, Event, Format, ReadOptions, Trace};
-use crate::error::{Error, ErrorKind, Place, Result};
+use crate::error::{Error, Place, Result};
 use std::io::Write;
 
 /// The header RMM writes, exactly.
@@ -81,7 +81,7 @@ pub fn read(data: &[u8], _options: &ReadOptions) -> Result<Trace> {
 /// Times are written as epoch seconds with six decimals, which RMM's user guide shows and which
 /// keep the microseconds exactly; an untimed trace gets an empty Time field.
 pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
-    let io = |e: std::io::Error| Error::new(ErrorKind::Io, e.to_string());
+    let io = Error::from_io;
     writeln!(out, "{HEADER}").map_err(io)?;
     let Some(device) = trace.default_device().and_then(|d| trace.device(d)) else {
         return Ok(());

@@ -29,7 +29,7 @@ use super::{
     Action, AllocatorSettings, Block, BlockState, DeviceTrace, Event, Format, Frame, FramesId,
     PoolKind, ReadOptions, Segment, Trace,
 };
-use crate::error::{Error, ErrorKind, Place, Result};
+use crate::error::{Error, Place, Result};
 use std::collections::HashMap;
 use std::io::Write;
 
@@ -527,7 +527,24 @@ fn truthy(p: &Pickle, v: Option<Value>) -> bool {
 /// their frames when the trace has them; times are written only when the trace has real ones.
 pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
     let bytes = encode(trace)?;
-    out.write_all(&bytes).map_err(|e| Error::new(ErrorKind::Io, e.to_string()))
+    out.write_all(&bytes).map_err(Error::from_io)
+}
+
+/// What writing `trace` as a snapshot leaves out, one line each (empty when nothing is lost):
+/// devices below 0 (host memory) have no place in `device_traces`.
+pub fn losses(trace: &Trace) -> Vec<String> {
+    trace
+        .devices
+        .iter()
+        .filter(|d| d.device < 0 && !d.events.is_empty())
+        .map(|d| {
+            format!(
+                "device {} (host memory) has no place in a snapshot's device_traces; its {} events are left out",
+                d.device,
+                d.events.len()
+            )
+        })
+        .collect()
 }
 
 /// The most device indices a written snapshot may hold (a guard against absurd device numbers).
@@ -830,7 +847,7 @@ mod tests {
             (&[("addr", 1), ("size", 1), ("stream", -1)], "alloc", "'stream'"),
         ] {
             let e = read(&one_entry(fields, action), &opts(false)).unwrap_err();
-            assert_eq!(e.kind(), ErrorKind::Input);
+            assert_eq!(e.kind(), crate::error::ErrorKind::Input);
             assert_eq!(e.location().place, Some(Place::Event(1)), "{e}");
             assert!(e.to_string().starts_with("event 1: device 0: trace entry 1: "), "{e}");
             assert!(e.to_string().contains(text), "{e}");

@@ -19,8 +19,11 @@ use std::collections::{BTreeSet, HashMap};
 /// A whole trace's summary.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Summary {
-    /// The format the trace was read as (`pytorch-snapshot`, `kineto`, ...).
+    /// The format the trace was read as (`pytorch-snapshot`, `kineto`, `fst`, ...).
     pub format: &'static str,
+    /// For an .fst file, the format it was converted from (absent from JSON otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub converted_from: Option<&'static str>,
     /// The device `--device` defaults to (the one with the most events); `None` without events.
     pub device: Option<i32>,
     /// Orphan frees of the default device (the same number is in its `devices` entry).
@@ -133,6 +136,7 @@ impl Summary {
         let chosen = devices.iter().find(|d| Some(d.device) == device);
         Summary {
             format: trace.format.name(),
+            converted_from: trace.converted_from.map(super::Format::name),
             device,
             orphan_frees: chosen.map_or(0, |d| d.orphan_frees),
             peak_live_bytes: chosen.map_or(0, |d| d.peak_live_bytes),

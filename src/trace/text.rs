@@ -38,6 +38,14 @@ pub fn looks_like_text(head: &str) -> bool {
     false
 }
 
+/// What writing `trace` as text leaves out, one line each (empty when nothing is lost).
+pub fn losses(trace: &Trace) -> Vec<String> {
+    if trace.segments.is_empty() && trace.allocator_settings.is_none() {
+        return Vec::new();
+    }
+    vec!["final segments and allocator settings are not part of the text format".into()]
+}
+
 /// Reads a text trace.
 pub fn read(data: &[u8], _options: &ReadOptions) -> Result<Trace> {
     let text = std::str::from_utf8(data).map_err(|e| {
@@ -125,7 +133,7 @@ pub fn read(data: &[u8], _options: &ReadOptions) -> Result<Trace> {
 
 /// Writes `trace`'s events as text (segments, settings and frames are not part of this format).
 pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
-    let io = |e: std::io::Error| Error::new(crate::error::ErrorKind::Io, e.to_string());
+    let io = Error::from_io;
     writeln!(out, "# fragsim text trace v1").map_err(io)?;
     for d in &trace.devices {
         writeln!(out, "device {}", d.device).map_err(io)?;

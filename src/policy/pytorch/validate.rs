@@ -48,8 +48,10 @@ pub struct ValidateOptions {
 pub struct Mismatch {
     /// Index of the recorded event.
     pub event: u64,
-    /// Its action, as PyTorch spells it.
-    pub action: String,
+    /// Its action, or `None` for the final segment layout (compared after the last event). JSON
+    /// spells it as [`Mismatch::action_name`] does.
+    #[serde(serialize_with = "serialize_action")]
+    pub action: Option<Action>,
     /// What the recording shows.
     pub expected: String,
     /// What the simulation did.
@@ -86,7 +88,7 @@ pub struct Validation {
     pub undeterminable: Vec<Mismatch>,
     /// What the validation assumed (version choices, learned orphan sizes, ...).
     #[serde(skip)]
-    pub notes: Vec<String>,
+    pub notes: Vec<Warning>,
     /// The settings replayed, in `PYTORCH_CUDA_ALLOC_CONF` syntax.
     #[serde(skip)]
     pub config: String,
@@ -111,6 +113,85 @@ pub struct SimulatedRun {
     pub events: Option<Vec<Event>>,
     /// The simulated allocator's final segments, on the validated device.
     pub segments: Vec<Segment>,
+}
+
+impl Mismatch {
+    /// The action as PyTorch spells it (`alloc`, `oom`, ...), or `segments` for the final layout.
+    pub fn action_name(&self) -> &'static str {
+        action_name(self.action)
+    }
+}
+
+/// `action`'s PyTorch name, `segments` for none (the final layout).
+fn action_name(action: Option<Action>) -> &'static str {
+    action.map_or("segments", Action::name)
+}
+
+fn serialize_action<S: serde::Serializer>(
+    action: &Option<Action>,
+    out: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    out.serialize_str(action_name(*action))
+}
+
+/// Something validation assumed or could not place: not a mismatch, but worth knowing when
+/// reading its result. `Display` gives the sentence `validate --verbose` prints after `note:`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Warning {
+    /// The snapshot records no `allocator_settings`, so PyTorch's defaults were replayed.
+    NoAllocatorSettings,
+    /// No `--pytorch-version` was given: `version` (current main) was modelled where releases
+    /// differ.
+    ModelledCurrentVersion {
+        /// The version modelled.
+        version: Version,
+    },
+    /// Expandable segments reserve a share of GPU memory, and none was given (`--gpu-mem`).
+    AssumedGpuMemory {
+        /// The GPU memory assumed.
+        gpu_memory_bytes: u64,
+    },
+    /// A block live before recording proved to be at least `size` bytes at event `event`.
+    LearnedOrphanSize {
+        /// The block's address.
+        addr: u64,
+        /// Its smallest size consistent with the recording.
+        size: u64,
+        /// The event that shows it.
+        event: u64,
+    },
+    /// A free of a block allocated before recording lies in no segment known at the start.
+    UnplacedOrphanFree {
+        /// The freed address.
+        addr: u64,
+    },
+}
+
+impl std::fmt::Display for Warning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Warning::NoAllocatorSettings => {
+                f.write_str("the snapshot has no allocator_settings: PyTorch's defaults")
+            }
+            Warning::ModelledCurrentVersion { version } => write!(
+                f,
+                "modelled PyTorch {version} (current main) where versions differ; --pytorch-version selects older behaviour"
+            ),
+            Warning::AssumedGpuMemory { gpu_memory_bytes } => write!(
+                f,
+                "expandable segments: reservations assumed 9/8 of {} of GPU memory (--gpu-mem)",
+                crate::units::format_bytes(gpu_memory_bytes)
+            ),
+            Warning::LearnedOrphanSize { addr, size, event } => write!(
+                f,
+                "the block at {addr:#x}, live before recording, is at least {size} bytes: event {event} shows it"
+            ),
+            Warning::UnplacedOrphanFree { addr } => {
+                write!(f, "the orphan free at {addr:#x} lies in no segment known at the start")
+            }
+        }
+    }
 }
 
 /// What happens at one recorded event.
@@ -429,7 +510,7 @@ fn replay_checked(
                 } else {
                     run.mismatches.push(Mismatch {
                         event: i as u64,
-                        action: e.action.name().into(),
+                        action: Some(e.action),
                         expected: hex(e.addr),
                         got: "no live block there".into(),
                         why: "the start state lacks this block (its segment is unknown)".into(),
@@ -481,7 +562,7 @@ fn replay_checked(
                     if let Some(a) = got {
                         run.mismatches.push(Mismatch {
                             event: i as u64,
-                            action: "oom".into(),
+                            action: Some(Action::Oom),
                             expected: "out of memory".into(),
                             got: hex(a.addr),
                             why: "the simulation found memory where the real allocator did not"
@@ -518,7 +599,7 @@ fn replay_checked(
                     run.first_mismatch.get_or_insert((i, e.addr, sim));
                     run.mismatches.push(Mismatch {
                         event: i as u64,
-                        action: "alloc".into(),
+                        action: Some(Action::Alloc),
                         expected: hex(e.addr),
                         got: sim.map_or_else(|| "out of memory".into(), hex),
                         why,
@@ -562,9 +643,7 @@ fn compare_segments(events: &[Event], script: &[usize], log: &[Event], at: usize
         let show = |e: &Event| format!("{} {:#x} {}", e.action.name(), e.addr, e.size);
         run.mismatches.push(Mismatch {
             event: rec.map_or(at, |(j, _)| j) as u64,
-            action: rec
-                .map_or(sim.map_or("segment", |s| s.action.name()), |(_, r)| r.action.name())
-                .into(),
+            action: rec.map(|(_, r)| r.action).or(sim.map(|s| s.action)),
             expected: rec.map_or_else(|| "nothing".into(), |(_, r)| show(r)),
             got: sim.map_or_else(|| "nothing".into(), show),
             why: "the simulated allocator obtained or released different memory here".into(),
@@ -657,7 +736,7 @@ fn compare_final_segments(
     let k = first.unwrap_or(recorded.len().min(simulated.len()));
     Some(Mismatch {
         event: at as u64,
-        action: "segments".into(),
+        action: None,
         expected: show(recorded.get(k)),
         got: show(simulated.get(k)),
         why: format!(
@@ -698,7 +777,7 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
     let mut config = match &trace.allocator_settings {
         Some(s) => Config::from_recorded(s, version)?,
         None => {
-            notes.push("the snapshot has no allocator_settings: PyTorch's defaults".to_string());
+            notes.push(Warning::NoAllocatorSettings);
             Config { version, ..Config::default() }
         }
     };
@@ -706,18 +785,12 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
         config.gpu_memory = g;
     }
     if options.version.is_none() {
-        notes.push(format!(
-            "modelled PyTorch {} (current main) where versions differ; --pytorch-version selects older behaviour",
-            Version::CURRENT
-        ));
+        notes.push(Warning::ModelledCurrentVersion { version: Version::CURRENT });
     }
     let ops = plan(events);
     let mut start = StartState::recover(trace, device, events, &config);
     if start.expandable && options.gpu_memory.is_none() {
-        notes.push(format!(
-            "expandable segments: reservations assumed 9/8 of {} of GPU memory (--gpu-mem)",
-            crate::units::format_bytes(config.gpu_memory)
-        ));
+        notes.push(Warning::AssumedGpuMemory { gpu_memory_bytes: config.gpu_memory });
     }
     // §19.2: learn orphan sizes from placements that prove them.
     let mut learned = Vec::new();
@@ -748,9 +821,7 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
         options.check_invariants,
     )?;
     for (o, size, k) in &learned {
-        notes.push(format!(
-            "the block at {o:#x}, live before recording, is at least {size} bytes: event {k} shows it"
-        ));
+        notes.push(Warning::LearnedOrphanSize { addr: *o, size: *size, event: *k as u64 });
     }
     // §19.3: decisions that depend on an ambiguous orphan's size.
     let mut undeterminable: BTreeMap<usize, Mismatch> = BTreeMap::new();
@@ -767,7 +838,7 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
                 event,
                 Mismatch {
                     event: event as u64,
-                    action: "alloc".into(),
+                    action: Some(Action::Alloc),
                     expected: hex(events[event].addr),
                     got: base_addr.map_or_else(|| "out of memory".into(), hex),
                     why: format!(
@@ -783,8 +854,8 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
     let undetermined: BTreeSet<usize> = undeterminable.keys().copied().collect();
     let policy = base.policy.as_ref().expect("replay returns its policy");
     // Only a snapshot records the final layout (a text trace without segments has no dump).
-    let has_dump =
-        trace.format == crate::trace::Format::PytorchSnapshot || !trace.segments.is_empty();
+    let has_dump = trace.source_format() == crate::trace::Format::PytorchSnapshot
+        || !trace.segments.is_empty();
     let final_layout =
         compare_final_segments(trace, device, policy, events.len()).filter(|_| has_dump);
     let allocs_total = events.iter().filter(|e| e.action == Action::Alloc).count() as u64;
@@ -796,12 +867,14 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
     let mismatches: Vec<Mismatch> = base
         .mismatches
         .iter()
-        .filter(|m| !(m.action == "alloc" && undetermined.contains(&(m.event as usize))))
+        .filter(|m| {
+            !(m.action == Some(Action::Alloc) && undetermined.contains(&(m.event as usize)))
+        })
         .cloned()
         .chain(final_layout.filter(|_| base.mismatches.is_empty()))
         .collect();
     for a in &start.unplaced {
-        notes.push(format!("the orphan free at {a:#x} lies in no segment known at the start"));
+        notes.push(Warning::UnplacedOrphanFree { addr: *a });
     }
     let segment_events_recorded = events.iter().filter(|e| e.action.is_segment_event()).count();
     let peak_rec = recorded_peak(events, start.reserved());
@@ -918,7 +991,7 @@ mod tests {
         ])];
         let v = validate(&t, &ValidateOptions::default()).unwrap();
         assert_eq!(v.mismatches.len(), 1);
-        assert_eq!((v.mismatches[0].event, v.mismatches[0].action.as_str()), (2, "segments"));
+        assert_eq!((v.mismatches[0].event, v.mismatches[0].action_name()), (2, "segments"));
     }
 
     #[test]
@@ -1085,6 +1158,7 @@ mod tests {
         }
         Trace {
             format: crate::trace::Format::PytorchSnapshot,
+            converted_from: None,
             devices: vec![crate::trace::DeviceTrace { device: 0, events }],
             segments: p.segments(),
             allocator_settings: Some(crate::trace::AllocatorSettings {
@@ -1188,5 +1262,31 @@ mod tests {
                 assert_exact(&t, &format!("{conf} seed {seed} from event {cut}"));
             }
         }
+    }
+
+    #[test]
+    fn warnings_read_as_the_notes_always_did() {
+        let shown = |w: Warning| w.to_string();
+        assert_eq!(
+            shown(Warning::NoAllocatorSettings),
+            "the snapshot has no allocator_settings: PyTorch's defaults"
+        );
+        assert_eq!(
+            shown(Warning::AssumedGpuMemory { gpu_memory_bytes: 80 << 30 }),
+            "expandable segments: reservations assumed 9/8 of 80.00 GiB of GPU memory (--gpu-mem)"
+        );
+        assert_eq!(
+            shown(Warning::LearnedOrphanSize { addr: 0x200, size: 1024, event: 7 }),
+            "the block at 0x200, live before recording, is at least 1024 bytes: event 7 shows it"
+        );
+        assert_eq!(
+            shown(Warning::UnplacedOrphanFree { addr: 0x400 }),
+            "the orphan free at 0x400 lies in no segment known at the start"
+        );
+        let current = shown(Warning::ModelledCurrentVersion { version: Version::CURRENT });
+        assert_eq!(
+            current,
+            format!("modelled PyTorch {} (current main) where versions differ; --pytorch-version selects older behaviour", Version::CURRENT)
+        );
     }
 }

@@ -5,6 +5,7 @@
 use super::style::*;
 use crate::report::bundle::ReportData;
 use crate::trace::summary::SizeBucket;
+use crate::units::{compact_bytes, short_size};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, VPos};
@@ -13,37 +14,6 @@ use plotters::style::text_anchor::{HPos, VPos};
 pub struct Sizes<'a> {
     /// What to draw.
     pub data: &'a ReportData,
-}
-
-/// Bytes in three significant digits with a one-letter binary unit: `640M`, `22.9G`, `12K`.
-pub fn compact_bytes(bytes: u64) -> String {
-    const UNITS: [(u64, &str); 4] =
-        [(1 << 40, "T"), (1 << 30, "G"), (1 << 20, "M"), (1 << 10, "K")];
-    for (unit, name) in UNITS {
-        if bytes >= unit {
-            let v = bytes as f64 / unit as f64;
-            return if v >= 100.0 {
-                format!("{v:.0}{name}")
-            } else if v >= 10.0 {
-                format!("{v:.1}{name}")
-            } else {
-                format!("{v:.2}{name}")
-            };
-        }
-    }
-    bytes.to_string()
-}
-
-/// A size class's lower bound, short: `512`, `1K`, `2M`, `1G`.
-pub fn short_size(bytes: u64) -> String {
-    const UNITS: [(u64, &str); 4] =
-        [(1 << 40, "T"), (1 << 30, "G"), (1 << 20, "M"), (1 << 10, "K")];
-    for (unit, name) in UNITS {
-        if bytes >= unit && bytes % unit == 0 {
-            return format!("{}{name}", bytes / unit);
-        }
-    }
-    bytes.to_string()
 }
 
 const COUNT: RGBColor = RGBColor(0, 114, 178);
@@ -166,23 +136,5 @@ impl Chart for Sizes<'_> {
             true,
         )?;
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bin_labels_are_short() {
-        assert_eq!(short_size(512), "512");
-        assert_eq!(short_size(1024), "1K");
-        assert_eq!(short_size(2 << 20), "2M");
-        assert_eq!(short_size(1 << 30), "1G");
-        assert_eq!(short_size(1), "1");
-        assert_eq!(compact_bytes(640 << 20), "640M");
-        assert_eq!(compact_bytes(22_900 << 20), "22.4G");
-        assert_eq!(compact_bytes(3 << 9), "1.50K");
-        assert_eq!(compact_bytes(999), "999");
     }
 }

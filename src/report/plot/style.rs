@@ -7,7 +7,6 @@
 //! `ab_glyph` backend once per process, so no system font is needed (`rust-deps.md` §2).
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::units::{GIB, MIB};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
@@ -412,35 +411,7 @@ pub fn spread_label_boxes(boxes: &[(i32, i32, i32)], gap: i32, lo: i32, hi: i32)
     out
 }
 
-/// A byte unit chosen so axis numbers stay short (GiB, MiB, KiB or bytes).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct ByteScale {
-    /// Bytes per unit.
-    pub divisor: f64,
-    /// The unit's name, e.g. `GiB`.
-    pub unit: &'static str,
-}
-
-impl ByteScale {
-    /// The largest unit in which `max_bytes` is at least 1.
-    pub fn for_max(max_bytes: u64) -> ByteScale {
-        let (divisor, unit) = if max_bytes >= GIB {
-            (GIB as f64, "GiB")
-        } else if max_bytes >= MIB {
-            (MIB as f64, "MiB")
-        } else if max_bytes >= 1024 {
-            (1024.0, "KiB")
-        } else {
-            (1.0, "bytes")
-        };
-        ByteScale { divisor, unit }
-    }
-
-    /// `bytes` in this unit.
-    pub fn of(&self, bytes: u64) -> f64 {
-        bytes as f64 / self.divisor
-    }
-}
+pub use crate::units::ByteScale;
 
 /// A tick label with as few decimals as the axis needs.
 pub fn tick(v: f64) -> String {
@@ -548,15 +519,6 @@ mod tests {
         let got = spread_label_boxes(&[(0, 100, 50), (500, 600, 50), (90, 150, 55)], 20, 0, 400);
         assert_eq!(got[1], 50);
         assert!((got[0] - got[2]).abs() >= 20, "{got:?}");
-    }
-
-    #[test]
-    fn byte_scale_follows_the_maximum() {
-        assert_eq!(ByteScale::for_max(12 * GIB).unit, "GiB");
-        assert_eq!(ByteScale::for_max(GIB - 1).unit, "MiB");
-        assert_eq!(ByteScale::for_max(5000).unit, "KiB");
-        assert_eq!(ByteScale::for_max(5).unit, "bytes");
-        assert_eq!(ByteScale::for_max(3 * GIB).of(3 * GIB / 2), 1.5);
     }
 
     #[test]
