@@ -114,8 +114,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
             for n in &v.notes {
                 s += &format!("  note: {n}\n");
             }
-        } else if let Some(n) = v.notes.iter().find(|n| n.contains("current main")) {
-            s += &format!("note: {n}\n");
+        } else {
+            // What was modelled without being recorded: the PyTorch version and the GPU's memory.
+            for n in
+                v.notes.iter().filter(|n| n.contains("current main") || n.contains("--gpu-mem"))
+            {
+                s += &format!("note: {n}\n");
+            }
         }
         s += if v.mismatches.is_empty() { "result: valid\n" } else { "result: MISMATCH\n" };
         write!(out, "{s}").map_err(io)?;

@@ -27,13 +27,70 @@ use crate::trace::{Action, AddrMap, Event, Segment, Trace};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 
+/// Sets `config.gpu_memory` from the recording's expandable layout (§11.1: it fixes every
+/// reservation's VA size and is recorded nowhere) and says what was inferred, from which pages,
+/// or why it could not be; `None` when the recording maps no expandable pages.
+fn infer_gpu_memory(events: &[Event], start: &StartState, config: &mut Config) -> Option<String> {
+    let large_page = config.page_size(false);
+    let mut pieces: Vec<(u64, u64, u64, bool)> = start
+        .segments
+        .iter()
+        .filter(|s| s.expandable)
+        .map(|s| (s.addr, s.size, s.stream, s.small))
+        .collect();
+    pieces.extend(
+        events
+            .iter()
+            .filter(|e| e.action == Action::SegmentMap)
+            .map(|e| (e.addr, e.size, e.stream, e.size % large_page != 0)),
+    );
+    let fit = super::expandable::gpu_memory_fit(&pieces, config)?;
+    let b = crate::units::format_bytes;
+    let exact = |v: u64| format!("{} ({v} B)", b(v));
+    let fraction = if config.per_process_memory_fraction.is_some() {
+        "; per_process_memory_fraction is a fraction of it"
+    } else {
+        ""
+    };
+    Some(match (fit.inferred(), fit.max, fit.evidence) {
+        (Some(g), _, Some((base, next))) => {
+            config.gpu_memory = g;
+            format!(
+                "expandable segments: GPU memory inferred as {} (the recording allows {} to {}): \
+                 the reservation at {base:#x} ends by {next:#x}, where another stream's or pool's \
+                 pages start{fraction}; --gpu-mem overrides",
+                exact(g),
+                exact(fit.min),
+                exact(g)
+            )
+        }
+        (None, Some(max), _) => format!(
+            "expandable segments: no GPU memory fits the recording's layout (its mapped runs need \
+             at least {}, the gaps between reservations allow at most {}); assumed {}: give the \
+             card's memory with --gpu-mem",
+            exact(fit.min),
+            exact(max),
+            exact(config.gpu_memory)
+        ),
+        _ => {
+            config.gpu_memory = config.gpu_memory.max(fit.min);
+            format!(
+                "expandable segments: the recording does not fix the GPU's memory (any value of \
+                 at least {} fits); assumed {}{fraction}: give the card's memory with --gpu-mem",
+                exact(fit.min),
+                exact(config.gpu_memory)
+            )
+        }
+    })
+}
+
 /// How to validate.
 #[derive(Clone, Debug, Default)]
 pub struct ValidateOptions {
     /// The device (default: the one with the most events).
     pub device: Option<i32>,
     /// The GPU's total memory (`--gpu-mem`): the memory fraction's and the expandable
-    /// reservation's base. Default: 80 GiB.
+    /// reservation's base. Default: inferred from the expandable layout, else 80 GiB.
     pub gpu_memory: Option<u64>,
     /// The PyTorch version to model (`--pytorch-version`); default: current main.
     pub version: Option<Version>,
@@ -713,11 +770,11 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
     }
     let ops = plan(events);
     let mut start = StartState::recover(trace, device, events, &config);
-    if start.expandable && options.gpu_memory.is_none() {
-        notes.push(format!(
-            "expandable segments: reservations assumed 9/8 of {} of GPU memory (--gpu-mem)",
-            crate::units::format_bytes(config.gpu_memory)
-        ));
+    if options.gpu_memory.is_none() {
+        if let Some(note) = infer_gpu_memory(events, &start, &mut config) {
+            notes.push(note);
+            start = StartState::recover(trace, device, events, &config);
+        }
     }
     // §19.2: learn orphan sizes from placements that prove them.
     let mut learned = Vec::new();
