@@ -57,7 +57,7 @@ impl Cell {
             Cell::Bytes(n) => format_bytes(*n),
             Cell::Count(n) => n.to_string(),
             Cell::Ratio(x) => format!("{:.1}%", x * 100.0),
-            Cell::Percent(Some(p)) => format!("{p:+.1}%"),
+            Cell::Percent(Some(p)) => signed_percent(*p),
             Cell::Percent(None) => "-".into(),
             Cell::Flag(b) => if *b { "yes" } else { "no" }.into(),
             Cell::Event(Some(e)) => format!("at event {e}"),
@@ -220,6 +220,17 @@ pub fn over_bound(peak: u64, bound: Option<u64>) -> Option<f64> {
     match bound {
         Some(b) if b > 0 => Some((peak as f64 / b as f64 - 1.0) * 100.0),
         _ => None,
+    }
+}
+
+/// `p` percent with one decimal and its sign, except that a value that rounds to zero is
+/// `0.0%` (never `-0.0%` or `+0.0%`: two OOM runs at the same level are not "below bound").
+pub fn signed_percent(p: f64) -> String {
+    let text = format!("{p:+.1}%");
+    if text.trim_start_matches(['+', '-']) == "0.0%" {
+        "0.0%".to_string()
+    } else {
+        text
     }
 }
 
