@@ -298,7 +298,7 @@ mod tests {
                 "at event 812"
             ]
         );
-        assert_eq!(rows[1][7].human(), "+0.0%");
+        assert_eq!(rows[1][7].human(), "0.0%");
         let raw: Vec<String> = cells(&[rows_result()], &RESULT)[0].iter().map(Cell::raw).collect();
         assert_eq!(raw[6], "0.5");
         assert_eq!(raw[13], "");

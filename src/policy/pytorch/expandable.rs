@@ -342,8 +342,8 @@ pub fn gpu_memory_fit(pieces: &[(u64, u64, u64, bool)], config: &Config) -> Opti
     let mut runs: Vec<(u64, u64, u64, bool)> = Vec::new();
     for &(addr, size, stream, small) in &pieces {
         match runs.last_mut() {
-            Some(r) if r.2 == stream && r.3 == small => r.1 = r.1.max(addr + size),
-            _ => runs.push((addr, addr + size, stream, small)),
+            Some(r) if r.2 == stream && r.3 == small => r.1 = r.1.max(addr.saturating_add(size)),
+            _ => runs.push((addr, addr.saturating_add(size), stream, small)),
         }
     }
     if runs.is_empty() {
