@@ -213,3 +213,37 @@ fn memory_fraction_is_taken_of_the_capacity() {
     assert!(replay("pytorch:per_process_memory_fraction:0.5"));
     assert!(!replay("pytorch:per_process_memory_fraction:0.7"));
 }
+
+/// Issue 14.6: a snapshot laid out by expandable segments on an 80 GB card (81559 MiB) validates
+/// without `--gpu-mem`: validate infers the GPU's memory from the gap between reservations and
+/// says so; the true value given with `--gpu-mem` validates too, and a value that makes the large
+/// reservation cover the small pool's pages (80 GiB) does not.
+#[test]
+fn expandable_snapshot_validates_without_gpu_mem() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let trace = dir.path().join("t.fst");
+    let snap = dir.path().join("x.pickle");
+    let out = run(&["synth", trace.to_str().unwrap(), "--steps", "2", "--layers", "2"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = run(&[
+        "replay",
+        trace.to_str().unwrap(),
+        "-p",
+        "pytorch-expandable",
+        "--capacity",
+        "81559MiB",
+        "--export-snapshot",
+        snap.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let s = snap.to_str().unwrap();
+    let out = run(&["validate", s]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("GPU memory inferred as"), "{text}");
+    assert!(text.contains("result: valid"), "{text}");
+    for (gpu, code) in [("81559MiB", 0), ("80GiB", 1)] {
+        let out = run(&["validate", s, "--gpu-mem", gpu]);
+        assert_eq!(out.status.code(), Some(code), "--gpu-mem {gpu}: {}", stdout(&out));
+    }
+}

@@ -3,7 +3,7 @@
 //! `fragsim::policy::pytorch::validate`).
 
 use fragsim::error::{Error, Result};
-use fragsim::policy::pytorch::validate::{validate, ValidateOptions, Warning};
+use fragsim::policy::pytorch::validate::{validate, ValidateOptions};
 use fragsim::policy::pytorch::Version;
 use fragsim::units::format_bytes;
 use std::io::Write;
@@ -117,10 +117,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
             for n in &v.notes {
                 s += &format!("  note: {n}\n");
             }
-        } else if let Some(n) =
-            v.notes.iter().find(|n| matches!(n, Warning::ModelledCurrentVersion { .. }))
-        {
-            s += &format!("note: {n}\n");
+        } else {
+            // What was modelled without being recorded: the PyTorch version and the GPU's memory.
+            for n in v.notes.iter().filter(|n| n.is_modelling_note()) {
+                s += &format!("note: {n}\n");
+            }
         }
         s += if v.mismatches.is_empty() { "result: valid\n" } else { "result: MISMATCH\n" };
         write!(out, "{s}").map_err(io)?;

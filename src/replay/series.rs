@@ -69,14 +69,16 @@ impl Series {
 }
 
 /// Reduces `points` to at most about `max_points`, keeping in each window the points with the
-/// highest and lowest reserved and the highest allocated and requested, plus the first and last.
+/// highest and lowest reserved, allocated and requested (a min/max envelope, so a chart with one
+/// window per pixel column still shows each step's rise and fall rather than a flat block of
+/// maxima), in time order, plus the first and last.
 pub fn downsample(points: &[Point], max_points: usize) -> Vec<Point> {
     let max_points = max_points.max(8);
     if points.len() <= max_points {
         return points.to_vec();
     }
-    // Each window keeps up to 4 points, so the window length is 4 × len / max.
-    let window = (4 * points.len()).div_ceil(max_points).max(2);
+    // Each window keeps up to 6 points, so the window length is 6 × len / max.
+    let window = (6 * points.len()).div_ceil(max_points).max(2);
     let mut out = Vec::with_capacity(max_points + 2);
     for chunk in points.chunks(window) {
         let pick = |key: fn(&Point) -> i128| {
@@ -91,7 +93,9 @@ pub fn downsample(points: &[Point], max_points: usize) -> Vec<Point> {
             pick(|p| p.reserved as i128),
             pick(|p| -(p.reserved as i128)),
             pick(|p| p.allocated as i128),
+            pick(|p| -(p.allocated as i128)),
             pick(|p| p.requested as i128),
+            pick(|p| -(p.requested as i128)),
         ];
         keep.sort_unstable();
         let mut last = usize::MAX;
@@ -142,6 +146,41 @@ mod tests {
         assert!(small.windows(2).all(|w| w[0].event < w[1].event), "order kept");
         assert_eq!(small.first(), pts.first());
         assert_eq!(small.last(), pts.last());
+    }
+
+    #[test]
+    fn downsampling_keeps_each_windows_envelope() {
+        // Training steps: live memory rises and falls every 50 events; 20 steps per window.
+        let pts: Vec<Point> = (0..60_000u64)
+            .map(|i| {
+                let live = 1000 + (i % 50) * 10;
+                Point {
+                    event: i,
+                    time_us: i as i64,
+                    reserved: 2000,
+                    allocated: live,
+                    requested: live - 1,
+                }
+            })
+            .collect();
+        let max_points = 600;
+        let small = downsample(&pts, max_points);
+        assert!(small.len() <= max_points + 2, "{}", small.len());
+        let window = (6 * pts.len()).div_ceil(max_points);
+        let keys: [fn(&Point) -> u64; 3] = [|p| p.reserved, |p| p.allocated, |p| p.requested];
+        for chunk in pts.chunks(window) {
+            let kept: Vec<&Point> = small
+                .iter()
+                .filter(|p| chunk[0].event <= p.event && p.event <= chunk[chunk.len() - 1].event)
+                .collect();
+            for key in keys {
+                let (lo, hi) = (chunk.iter().map(key).min(), chunk.iter().map(key).max());
+                assert_eq!(kept.iter().map(|p| key(p)).min(), lo, "window at {}", chunk[0].event);
+                assert_eq!(kept.iter().map(|p| key(p)).max(), hi, "window at {}", chunk[0].event);
+            }
+        }
+        // The falls stay visible: the live curve goes down between windows' peaks.
+        assert!(small.windows(2).any(|w| w[1].allocated < w[0].allocated));
     }
 
     #[test]

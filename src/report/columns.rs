@@ -57,7 +57,7 @@ impl Cell {
             Cell::Bytes(n) => format_bytes(*n),
             Cell::Count(n) => n.to_string(),
             Cell::Ratio(x) => format!("{:.1}%", x * 100.0),
-            Cell::Percent(Some(p)) => format!("{p:+.1}%"),
+            Cell::Percent(Some(p)) => signed_percent(*p),
             Cell::Percent(None) => "-".into(),
             Cell::Flag(b) => if *b { "yes" } else { "no" }.into(),
             Cell::Event(Some(e)) => format!("at event {e}"),
@@ -231,6 +231,17 @@ pub fn over_bound(peak: u64, bound: Option<u64>) -> Option<f64> {
     }
 }
 
+/// `p` percent with one decimal and its sign, except that a value that rounds to zero is
+/// `0.0%` (never `-0.0%` or `+0.0%`: two OOM runs at the same level are not "below bound").
+pub fn signed_percent(p: f64) -> String {
+    let text = format!("{p:+.1}%");
+    if text.trim_start_matches(['+', '-']) == "0.0%" {
+        "0.0%".to_string()
+    } else {
+        text
+    }
+}
+
 /// `bound`'s peak among `results`, if it ran.
 pub fn bound_of(results: &[PolicyResult]) -> Option<u64> {
     results.iter().find(|r| r.policy == "bound").map(|r| r.peak_reserved_bytes)
@@ -295,7 +306,7 @@ mod tests {
                 "at event 812"
             ]
         );
-        assert_eq!(rows[1][7].human(), "+0.0%");
+        assert_eq!(rows[1][7].human(), "0.0%");
         let raw: Vec<String> = cells(&[rows_result()], &RESULT)[0].iter().map(Cell::raw).collect();
         assert_eq!(raw[6], "0.5");
         assert_eq!(raw[7], "0");

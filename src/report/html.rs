@@ -88,7 +88,7 @@ pub fn write_index(
     h += &format!(
         "<p>Device {} of <code>{}</code>, replayed against {} polic{}{}.</p>\n",
         t.device,
-        escape(&t.path),
+        escape(&t.file_name()),
         data.runs.len(),
         if data.runs.len() == 1 { "y" } else { "ies" },
         data.capacity
@@ -148,7 +148,8 @@ pub fn write_index(
     // The trace.
     h += "<h2>Trace</h2>\n<dl>\n";
     let mut fact = |k: &str, v: String| h += &format!("<dt>{}</dt><dd>{}</dd>\n", escape(k), v);
-    fact("file", format!("<code>{}</code>", escape(&t.path)));
+    // The file's name only: the path given may be this machine's absolute one.
+    fact("file", format!("<code>{}</code>", escape(&t.file_name())));
     fact("format", escape(t.format));
     fact("device replayed", t.device.to_string());
     let devices: Vec<String> = t.devices.iter().map(|(d, n)| format!("{d} ({n} events)")).collect();
@@ -218,6 +219,28 @@ pub fn write_index(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_page_shows_the_trace_name_not_this_machines_path() {
+        let trace = crate::report::testing::text_trace(&crate::report::testing::training_text(2));
+        let mut data = crate::report::testing::toy_report(&trace, 1);
+        data.trace.path = "/home/someone/runs/secret-dir/step.pickle".into();
+        let mut out = Vec::new();
+        write_index(&data, &[], Path::new("/tmp/r"), &mut out).unwrap();
+        let page = String::from_utf8(out).unwrap();
+        assert!(page.contains("step.pickle"), "{page}");
+        assert!(!page.contains("/home/someone") && !page.contains("secret-dir"), "{page}");
+    }
+
+    #[test]
+    fn no_zero_percent_has_a_sign() {
+        use crate::report::columns::signed_percent;
+        for p in [0.0, -0.0, -0.04, 0.04, -1e-9] {
+            assert_eq!(signed_percent(p), "0.0%", "{p}");
+        }
+        assert_eq!(signed_percent(-0.06), "-0.1%");
+        assert_eq!(signed_percent(12.34), "+12.3%");
+    }
 
     #[test]
     fn escapes_markup() {

@@ -555,6 +555,13 @@ impl Config {
             self.large_segment_size
         }
     }
+
+    /// The VA size of one expandable reservation in the given pool (§11.1): PyTorch's
+    /// `numSegments(totalGlobalMem + totalGlobalMem / 8)` pages, i.e. 9/8 of the GPU's memory
+    /// (the `/ 8` rounds down) rounded up to whole pages.
+    pub fn va_size(&self, small: bool) -> u64 {
+        va_size_on(self.gpu_memory, self.page_size(small))
+    }
 }
 
 fn unknown(key: &str, version: Version) -> Error {
@@ -584,6 +591,12 @@ pub fn roundup_power2_next_division(n: u64, d: u64) -> u64 {
     } else {
         lo + step
     }
+}
+
+/// The expandable reservation's VA size on a GPU of `gpu_memory` bytes with pages of `page`
+/// bytes (§11.1); at least one page.
+pub fn va_size_on(gpu_memory: u64, page: u64) -> u64 {
+    (gpu_memory + gpu_memory / 8).div_ceil(page).max(1) * page
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 //! unmapping go through [`Backend::map`] / [`Backend::unmap`], which the replay engine records as
 //! `segment_map` / `segment_unmap`.
 
+use super::config::{va_size_on, Config};
 use super::{unmapped_key, Block, ExpandableSegment, MappedRange, PyTorch, NIL};
 use crate::backend::Backend;
 use crate::error::Result;
@@ -51,8 +52,7 @@ impl PyTorch {
             }
         }
         let page = self.config.page_size(small);
-        let gpu = self.config.gpu_memory;
-        let va_size = (gpu + gpu / 8).div_ceil(page).max(1) * page;
+        let va_size = self.config.va_size(small);
         let Some(base) = backend.reserve(va_size)? else { return Ok(None) };
         Self::check_range(base, va_size)?;
         let seg = self.expandable.len() as u32;
@@ -304,5 +304,134 @@ impl PyTorch {
             }
         }
         Ok(())
+    }
+}
+
+/// What a recording's expandable layout says about the GPU's memory (`totalGlobalMem`), which
+/// sets every reservation's VA size (§11.1) and is recorded nowhere.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuMemoryFit {
+    /// The smallest GPU memory whose reservations hold every run of mapped pages seen.
+    pub min: u64,
+    /// The largest whose reservations end before the next (stream, pool)'s pages start; `None`
+    /// when nothing above a reservation bounds it.
+    pub max: Option<u64>,
+    /// The tightest upper bound's evidence: (reservation base, next reservation's first page).
+    pub evidence: Option<(u64, u64)>,
+}
+
+impl GpuMemoryFit {
+    /// The value to model: the largest consistent one (real drivers place reservations back to
+    /// back, so the gap to the next one is the VA size itself); `None` when the bounds conflict
+    /// or nothing bounds it from above.
+    pub fn inferred(&self) -> Option<u64> {
+        self.max.filter(|&m| m >= self.min)
+    }
+}
+
+/// Infers the bounds on the GPU's memory from the expandable pages of a recording: `pieces` are
+/// every mapped range seen (start-state ranges and `segment_map` events) as (address, size,
+/// stream, small pool). Pages of one (stream, pool) that follow each other in address order
+/// share a reservation, so its VA holds them (a lower bound); a reservation starting at its
+/// lowest page ends before the next (stream, pool)'s first page (an upper bound). `None` when
+/// there are no expandable pages.
+pub fn gpu_memory_fit(pieces: &[(u64, u64, u64, bool)], config: &Config) -> Option<GpuMemoryFit> {
+    let mut pieces = pieces.to_vec();
+    pieces.sort_unstable();
+    // Runs of one (stream, pool) in address order: (start, end, small).
+    let mut runs: Vec<(u64, u64, u64, bool)> = Vec::new();
+    for &(addr, size, stream, small) in &pieces {
+        match runs.last_mut() {
+            Some(r) if r.2 == stream && r.3 == small => r.1 = r.1.max(addr.saturating_add(size)),
+            _ => runs.push((addr, addr.saturating_add(size), stream, small)),
+        }
+    }
+    if runs.is_empty() {
+        return None;
+    }
+    // Per pool (index 1 = small): the largest run and the smallest gap to another run.
+    let mut lower = [0u64; 2];
+    let mut upper: [Option<(u64, u64, u64)>; 2] = [None, None];
+    for (i, r) in runs.iter().enumerate() {
+        let p = usize::from(r.3);
+        lower[p] = lower[p].max(r.1 - r.0);
+        if let Some(next) = runs.get(i + 1) {
+            let gap = next.0 - r.0;
+            if upper[p].is_none_or(|(g, _, _)| gap < g) {
+                upper[p] = Some((gap, r.0, next.0));
+            }
+        }
+    }
+    let va = |gpu: u64, small: bool| va_size_on(gpu, config.page_size(small));
+    let holds = |gpu: u64| (0..2).all(|p| va(gpu, p == 1) >= lower[p]);
+    let fits = |gpu: u64| (0..2).all(|p| upper[p].is_none_or(|(g, _, _)| va(gpu, p == 1) <= g));
+    // Both predicates are monotone in the GPU's memory: binary search up to 1 PiB.
+    const TOP: u64 = 1 << 50;
+    let (mut lo, mut hi) = (0u64, TOP);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if holds(mid) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    let min = lo;
+    let bounded = upper.iter().any(Option::is_some);
+    let max = bounded.then(|| {
+        let (mut lo, mut hi) = (0u64, TOP);
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if fits(mid) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        lo
+    });
+    let evidence = upper.iter().flatten().min().map(|&(_, a, b)| (a, b));
+    Some(GpuMemoryFit { min, max, evidence })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn the_gap_between_reservations_fixes_the_gpu_memory() {
+        let config = Config::default();
+        let gpu = 81559 * MIB;
+        let (large, small) = (va_size_on(gpu, 20 * MIB), va_size_on(gpu, 2 * MIB));
+        // The large pool's reservation at 0, the small pool's right after it.
+        let pieces =
+            [(0, 100 * MIB, 0, false), (large, 2 * MIB, 0, true), (40 * MIB, 20 * MIB, 0, false)];
+        let fit = gpu_memory_fit(&pieces, &config).unwrap();
+        let g = fit.inferred().unwrap();
+        assert!(g >= gpu && va_size_on(g, 20 * MIB) == large, "{fit:?}");
+        assert!(va_size_on(g, 2 * MIB) >= small);
+        assert_eq!(fit.evidence, Some((0, large)));
+        assert_eq!(va_size_on(fit.min, 20 * MIB), 100 * MIB);
+        // 80 GiB's reservation would cover the small pool's pages.
+        assert!(va_size_on(80 << 30, 20 * MIB) > large);
+    }
+
+    #[test]
+    fn one_reservation_bounds_the_memory_only_from_below() {
+        let fit = gpu_memory_fit(&[(0, 200 * MIB, 0, false)], &Config::default()).unwrap();
+        assert_eq!((fit.max, fit.inferred()), (None, None));
+        assert_eq!(va_size_on(fit.min, 20 * MIB), 200 * MIB);
+        assert!(va_size_on(fit.min - 1, 20 * MIB) < 200 * MIB);
+        // Pages that need more VA than the gaps allow: no value fits.
+        let pieces = [
+            (0, 200 * MIB, 0, false),
+            (100 * MIB, 2 * MIB, 0, true),
+            (150 * MIB, 2 * MIB, 1, false),
+        ];
+        let fit = gpu_memory_fit(&pieces, &Config::default()).unwrap();
+        assert_eq!(fit.inferred(), None, "{fit:?}");
+        assert!(gpu_memory_fit(&[], &Config::default()).is_none());
     }
 }

@@ -27,13 +27,47 @@ use crate::trace::{Action, AddrMap, Event, Segment, Trace};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 
+/// Sets `config.gpu_memory` from the recording's expandable layout (§11.1: it fixes every
+/// reservation's VA size and is recorded nowhere) and says what was inferred, from which pages,
+/// or why it could not be; `None` when the recording maps no expandable pages.
+fn infer_gpu_memory(events: &[Event], start: &StartState, config: &mut Config) -> Option<Warning> {
+    let large_page = config.page_size(false);
+    let mut pieces: Vec<(u64, u64, u64, bool)> = start
+        .segments
+        .iter()
+        .filter(|s| s.expandable)
+        .map(|s| (s.addr, s.size, s.stream, s.small))
+        .collect();
+    pieces.extend(
+        events
+            .iter()
+            .filter(|e| e.action == Action::SegmentMap)
+            .map(|e| (e.addr, e.size, e.stream, e.size % large_page != 0)),
+    );
+    let fit = super::expandable::gpu_memory_fit(&pieces, config)?;
+    let fraction = config.per_process_memory_fraction.is_some();
+    Some(match (fit.inferred(), fit.max, fit.evidence) {
+        (Some(g), _, Some((reservation, next))) => {
+            config.gpu_memory = g;
+            Warning::InferredGpuMemory { bytes: g, min: fit.min, reservation, next, fraction }
+        }
+        (None, Some(max), _) => {
+            Warning::GpuMemoryConflict { min: fit.min, max, assumed: config.gpu_memory }
+        }
+        _ => {
+            config.gpu_memory = config.gpu_memory.max(fit.min);
+            Warning::GpuMemoryUnbounded { min: fit.min, assumed: config.gpu_memory, fraction }
+        }
+    })
+}
+
 /// How to validate.
 #[derive(Clone, Debug, Default)]
 pub struct ValidateOptions {
     /// The device (default: the one with the most events).
     pub device: Option<i32>,
     /// The GPU's total memory (`--gpu-mem`): the memory fraction's and the expandable
-    /// reservation's base. Default: 80 GiB.
+    /// reservation's base. Default: inferred from the expandable layout, else 80 GiB.
     pub gpu_memory: Option<u64>,
     /// The PyTorch version to model (`--pytorch-version`); default: current main.
     pub version: Option<Version>,
@@ -166,6 +200,54 @@ pub enum Warning {
         /// The freed address.
         addr: u64,
     },
+    /// Expandable segments: the GPU memory (`bytes`, the largest value the layout allows; `min`
+    /// the smallest) was inferred from the recorded address layout: the reservation at
+    /// `reservation` must end by `next`, where another stream's or pool's pages start.
+    InferredGpuMemory {
+        /// The memory used.
+        bytes: u64,
+        /// The smallest memory the recording's mapped runs allow.
+        min: u64,
+        /// The reservation whose end bounds the memory.
+        reservation: u64,
+        /// Where the next stream's or pool's pages start.
+        next: u64,
+        /// Whether a `per_process_memory_fraction` depends on it.
+        fraction: bool,
+    },
+    /// Expandable segments: no GPU memory fits the recording's layout.
+    GpuMemoryConflict {
+        /// What its mapped runs need at least.
+        min: u64,
+        /// What the gaps between reservations allow at most.
+        max: u64,
+        /// The memory assumed.
+        assumed: u64,
+    },
+    /// Expandable segments: the recording bounds the GPU memory only from below.
+    GpuMemoryUnbounded {
+        /// The smallest memory that fits.
+        min: u64,
+        /// The memory assumed.
+        assumed: u64,
+        /// Whether a `per_process_memory_fraction` depends on it.
+        fraction: bool,
+    },
+}
+
+impl Warning {
+    /// Whether the note says what was modelled without being recorded (the PyTorch version, the
+    /// GPU's memory): shown even without `--verbose`.
+    pub fn is_modelling_note(&self) -> bool {
+        matches!(
+            self,
+            Warning::ModelledCurrentVersion { .. }
+                | Warning::AssumedGpuMemory { .. }
+                | Warning::InferredGpuMemory { .. }
+                | Warning::GpuMemoryConflict { .. }
+                | Warning::GpuMemoryUnbounded { .. }
+        )
+    }
 }
 
 impl std::fmt::Display for Warning {
@@ -190,7 +272,48 @@ impl std::fmt::Display for Warning {
             Warning::UnplacedOrphanFree { addr } => {
                 write!(f, "the orphan free at {addr:#x} lies in no segment known at the start")
             }
+            Warning::InferredGpuMemory { bytes, min, reservation, next, fraction } => write!(
+                f,
+                "expandable segments: GPU memory inferred as {} (the recording allows {} to {}): \
+                 the reservation at {reservation:#x} ends by {next:#x}, where another stream's or pool's \
+                 pages start{}; --gpu-mem overrides",
+                exact_bytes(bytes),
+                exact_bytes(min),
+                exact_bytes(bytes),
+                fraction_note(fraction)
+            ),
+            Warning::GpuMemoryConflict { min, max, assumed } => write!(
+                f,
+                "expandable segments: no GPU memory fits the recording's layout (its mapped runs need \
+                 at least {}, the gaps between reservations allow at most {}); assumed {}: give the \
+                 card's memory with --gpu-mem",
+                exact_bytes(min),
+                exact_bytes(max),
+                exact_bytes(assumed)
+            ),
+            Warning::GpuMemoryUnbounded { min, assumed, fraction } => write!(
+                f,
+                "expandable segments: the recording does not fix the GPU's memory (any value of \
+                 at least {} fits); assumed {}{}: give the card's memory with --gpu-mem",
+                exact_bytes(min),
+                exact_bytes(assumed),
+                fraction_note(fraction)
+            ),
         }
+    }
+}
+
+/// `12.00 GiB (12884901888 B)`: a size to read and to pass back as `--gpu-mem`.
+fn exact_bytes(v: u64) -> String {
+    format!("{} ({v} B)", crate::units::format_bytes(v))
+}
+
+/// The clause a GPU-memory note adds when a memory fraction depends on it.
+fn fraction_note(fraction: bool) -> &'static str {
+    if fraction {
+        "; per_process_memory_fraction is a fraction of it"
+    } else {
+        ""
     }
 }
 
@@ -789,8 +912,11 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
     }
     let ops = plan(events);
     let mut start = StartState::recover(trace, device, events, &config);
-    if start.expandable && options.gpu_memory.is_none() {
-        notes.push(Warning::AssumedGpuMemory { gpu_memory_bytes: config.gpu_memory });
+    if options.gpu_memory.is_none() {
+        if let Some(note) = infer_gpu_memory(events, &start, &mut config) {
+            notes.push(note);
+            start = StartState::recover(trace, device, events, &config);
+        }
     }
     // §19.2: learn orphan sizes from placements that prove them.
     let mut learned = Vec::new();

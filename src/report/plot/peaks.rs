@@ -7,7 +7,7 @@
 
 use super::style::{self, *};
 use crate::report::bundle::{PolicyRun, ReportData};
-use crate::report::columns::over_bound;
+use crate::report::columns::{over_bound, signed_percent};
 use crate::units::format_bytes;
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -119,8 +119,11 @@ impl Chart for Peaks<'_> {
             let mut value = format_bytes(peak);
             if run.output.result.policy != "bound" {
                 if let Some(p) = over_bound(peak, bound) {
-                    value = format!("{value}  ({p:+.1}% over bound)");
+                    value = format!("{value}  ({} over bound)", signed_percent(p));
                 }
+            } else if data.capacity.is_some() {
+                // Under a capacity bound can OOM too: its peak is no floor for the others.
+                value = format!("{value}  (no floor under a capacity)");
             } else {
                 value = format!("{value}  (the floor)");
             }

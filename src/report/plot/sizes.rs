@@ -131,7 +131,7 @@ impl Chart for Sizes<'_> {
             &bottom,
             &|b| scale.of(b.bytes),
             &|b| compact_bytes(b.bytes),
-            format!("requested bytes ({})", scale.unit),
+            format!("bytes requested over the trace ({})", scale.unit),
             BYTES,
             true,
         )?;
