@@ -130,6 +130,7 @@ impl RecordedRow {
             oom: self.oom.unwrap_or(false),
             first_oom_event: self.first_oom_event,
             replay_seconds: 0.0,
+            first_oom: None,
             cuda: None,
         }
     }
