@@ -126,7 +126,7 @@ impl Chart for Fragmentation<'_> {
             draw_marker(root, policy_marker(run.index), at, 6, color)?;
             // The panel's name, above its plot (never over its data).
             let corner = chart.backend_coord(&(xr.start, 100.0));
-            let label = format!("{}: {:.1}% at peak reserved", truncate(&run.label, 48), frag);
+            let label = format!("{}: {:.1}% at peak reserved", run.label, frag);
             draw_marker(root, policy_marker(run.index), (corner.0 + 8, corner.1 - 13), 5, color)?;
             root.draw(&Text::new(
                 label,
