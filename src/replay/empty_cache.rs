@@ -147,12 +147,12 @@ mod tests {
     #[test]
     fn lines_say_what_it_buys_costs_and_why_not() {
         assert_eq!(
-            effect(4 << 20, 3 << 20, 2, 5).describe(),
-            "pytorch: peak reserved 4.00 MiB → 3.00 MiB (−1.00 MiB); device mallocs +1, frees +2"
+            effect(5 << 20, 3 << 20, 2, 5).describe(),
+            "pytorch: peak reserved 5.00 MiB → 3.00 MiB (−2.00 MiB); device mallocs +1, frees +2"
         );
         assert!(effect(4 << 20, 4 << 20, 0, 0).describe().contains("no empty_cache() call"));
         assert!(effect(4 << 20, 4 << 20, 0, 3).describe().contains("no call found"));
         assert!(effect(4 << 20, 4 << 20, 2, 3).describe().contains("wholly free segments"));
-        assert!(effect(3 << 20, 4 << 20, 2, 3).describe().contains("(+1.00 MiB)"));
+        assert!(effect(3 << 20, 5 << 20, 2, 3).describe().contains("(+2.00 MiB)"));
     }
 }

@@ -115,7 +115,7 @@ mod tests {
                 stream: 2,
                 capacity_bytes: Some(8 << 20),
                 reserved_bytes: 6 << 20,
-                allocated_bytes: 5 << 20,
+                allocated_bytes: 4 << 20,
                 free_bytes: Some(2 << 20),
                 stack: vec!["train.py:12 step".into()],
             }),
@@ -129,7 +129,7 @@ mod tests {
                 "",
                 "bfc: out of memory at event 7: tried to allocate 3.00 MiB on stream 2; \
                  capacity 8.00 MiB of which 2.00 MiB is free; 6.00 MiB reserved, of which \
-                 1.00 MiB is reserved but unallocated",
+                 2.00 MiB is reserved but unallocated",
                 "    at train.py:12 step"
             ]
         );
