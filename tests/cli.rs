@@ -72,28 +72,72 @@ fn unreadable_input_names_the_file() {
 
 #[test]
 fn capacity_makes_the_first_request_that_does_not_fit_an_oom() {
-    // Live: 4096, then 4096 + 1000 = 5096 > 5000: event 1 fails; its free is then ignored, and
-    // the third alloc (after the first is freed) fits again.
+    // Live: 4 MiB, then 4 MiB + (1 MiB + 1) > 5 MiB: event 1 fails; its free is then ignored,
+    // and the third alloc (after the first is freed) fits again.
     let (_d, path) = temp_file(
         "t.txt",
-        b"alloc 0x1000 4096 s0\nalloc 0x2000 1000 s0\nfree 0x2000 1000 s0\nfree 0x1000 4096 s0\nalloc 0x3000 4900 s0\n",
+        b"alloc 0x1000 4194304 s0\nalloc 0x600000 1048577 s3\nfree 0x600000 1048577 s3\n\
+          free 0x1000 4194304 s0\nalloc 0x800000 5138022 s0\n",
     );
-    let o = run(&[
-        "replay",
-        path.to_str().unwrap(),
-        "--policy",
-        "bound",
-        "--capacity",
-        "5000",
-        "--json",
-    ]);
+    let path = path.to_str().unwrap();
+    let o = run(&["replay", path, "--policy", "bound", "--capacity", "5MiB", "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     let r = &v["results"][0];
     assert_eq!(r["oom"], true);
     assert_eq!(r["first_oom_event"], 1);
-    assert_eq!(r["peak_reserved_bytes"], 4900);
+    assert_eq!(r["peak_reserved_bytes"], 5138022);
     assert_eq!(r["device_malloc_count"], 2);
+    let d = &r["first_oom"];
+    assert_eq!(d["event"], 1);
+    assert_eq!(d["size"], 1048577);
+    assert_eq!(d["stream"], 3);
+    assert_eq!(d["capacity_bytes"], 5 << 20);
+    assert_eq!(d["reserved_bytes"], 4 << 20);
+    assert_eq!(d["free_bytes"], 1 << 20);
+
+    let o = run(&["replay", path, "--policy", "bound", "--capacity", "5MiB"]);
+    let out = stdout(&o);
+    assert!(out.starts_with("capacity: 5MiB (0.00 GiB)\n"), "{out}");
+    assert!(
+        out.contains(
+            "bound: out of memory at event 1: tried to allocate 1.00 MiB on stream 3; \
+             capacity 5.00 MiB of which 1024.00 KiB is free"
+        ),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_capacity_without_a_unit_is_refused_with_a_suggestion() {
+    let (_d, path) = temp_file("t.txt", b"alloc 0x1000 4096 s0\n");
+    let o = run(&["replay", path.to_str().unwrap(), "--capacity", "40"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("40GB") && stderr(&o).contains("40GiB"), "{}", stderr(&o));
+}
+
+#[test]
+fn the_empty_cache_what_if_lowers_pytorchs_peak_on_the_bundled_trace() {
+    let trace = concat!(env!("CARGO_MANIFEST_DIR"), "/traces/gpt-4l-512h.txt");
+    let o = run(&["replay", trace, "-p", "pytorch", "--empty-cache-every", "100"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let line = out.lines().find(|l| l.trim_start().starts_with("pytorch: ")).unwrap_or("");
+    assert!(line.contains("peak reserved 2.04 GiB → 1.44 GiB"), "{out}");
+    assert!(line.contains("device mallocs +16, frees +30"), "{out}");
+    // The JSON holds the what-if's run, lower than the run without it.
+    let json = |extra: &[&str]| {
+        let mut args = vec!["replay", trace, "-p", "pytorch", "--json"];
+        args.extend_from_slice(extra);
+        let v: serde_json::Value = serde_json::from_str(&stdout(&run(&args))).unwrap();
+        v["results"][0]["peak_reserved_bytes"].as_u64().unwrap()
+    };
+    let plain = json(&[]);
+    let flushed = json(&["--empty-cache-every", "100"]);
+    assert!(flushed < plain, "{flushed} < {plain}");
+    // Flushing at every event of a list, or dropping the recorded calls, also runs.
+    assert!(json(&["--empty-cache-at", "10,500,2000"]) <= plain);
+    assert!(json(&["--no-recorded-empty-cache"]) >= plain);
 }
 
 #[test]

@@ -4,6 +4,7 @@ mod util;
 
 mod architecture;
 mod bad_input;
+mod capacity;
 mod cli;
 mod cuda;
 mod custom_policy;

@@ -17,6 +17,10 @@ use std::collections::{BTreeMap, VecDeque};
 const FIRST_ADDRESS: u64 = 0x7e00_0000_0000;
 /// Alignment of simulated segments and reservations.
 const ALIGN: u64 = 2 << 20;
+/// The end of the simulated address space (2^56 bytes, 64 PiB: more than any GPU's virtual
+/// address range). A segment or reservation that would pass it is refused as out of memory, so
+/// no policy ever holds a range whose `base + size` wraps, and reserved bytes cannot overflow.
+pub const ADDRESS_LIMIT: u64 = 1 << 56;
 
 /// A simulated device. See the module docs.
 #[derive(Debug, Clone)]
@@ -88,18 +92,23 @@ impl SimDevice {
         map.range(..end).next_back().is_some_and(|(&a, &s)| a + s > addr)
     }
 
-    fn address_for(&mut self, size: u64) -> u64 {
+    /// An address for a new range of `size` bytes, or `None` when the address space is spent.
+    fn address_for(&mut self, size: u64) -> Option<u64> {
+        let fits_space = |addr: u64| addr.checked_add(size).is_some_and(|e| e <= ADDRESS_LIMIT);
         if let Some(pos) = self.expected.iter().position(|&(s, _)| s == size) {
             let (_, addr) = self.expected.remove(pos).expect("position came from the queue");
-            if !Self::overlaps(&self.segments, addr, size)
+            if fits_space(addr)
+                && !Self::overlaps(&self.segments, addr, size)
                 && !Self::overlaps(&self.reservations, addr, size)
             {
-                return addr;
+                return Some(addr);
             }
         }
         let addr = self.next_address;
-        self.next_address = addr.saturating_add(size.div_ceil(ALIGN).max(1) * ALIGN);
-        addr
+        let step = size.div_ceil(ALIGN).max(1).checked_mul(ALIGN)?;
+        let next = addr.checked_add(step).filter(|&n| n <= ADDRESS_LIMIT)?;
+        self.next_address = next;
+        Some(addr)
     }
 
     fn hold(&mut self, size: u64) {
@@ -113,7 +122,7 @@ impl Backend for SimDevice {
         if size == 0 || !self.fits(size) {
             return Ok(None);
         }
-        let addr = self.address_for(size);
+        let Some(addr) = self.address_for(size) else { return Ok(None) };
         self.segments.insert(addr, size);
         self.hold(size);
         Ok(Some(addr))
@@ -141,7 +150,7 @@ impl Backend for SimDevice {
         if size == 0 {
             return Ok(None);
         }
-        let addr = self.address_for(size);
+        let Some(addr) = self.address_for(size) else { return Ok(None) };
         self.reservations.insert(addr, size);
         Ok(Some(addr))
     }
@@ -161,7 +170,7 @@ impl Backend for SimDevice {
             .reservations
             .range(..=addr)
             .next_back()
-            .is_some_and(|(&a, &s)| addr + size <= a + s);
+            .is_some_and(|(&a, &s)| addr.checked_add(size).is_some_and(|end| end <= a + s));
         if !inside {
             return Err(Error::backend(format!(
                 "map({addr:#x}, {size}): outside every reservation"
@@ -250,6 +259,21 @@ mod tests {
         assert!(d.unmap(va, 2 << 20).is_err());
         let va2 = d.reserve(1 << 30).unwrap().unwrap();
         assert!(!d.map(va2, 200 << 20).unwrap(), "over capacity");
+    }
+
+    #[test]
+    fn the_address_space_ends_and_past_it_requests_are_refused_not_wrapped() {
+        let mut d = SimDevice::default();
+        let huge = 1u64 << 59;
+        assert_eq!(d.segment_alloc(huge).unwrap(), None, "past 2^56");
+        assert_eq!(d.reserve(huge).unwrap(), None);
+        assert_eq!(d.segment_alloc(u64::MAX).unwrap(), None);
+        let big = ADDRESS_LIMIT / 4;
+        let n = (0..8).filter(|_| d.segment_alloc(big).unwrap().is_some()).count();
+        assert_eq!(n, 3, "the space below 2^56 holds three quarters after the first address");
+        assert_eq!(d.reserved(), 3 * big);
+        d.expect_address(ALIGN, u64::MAX - 1);
+        assert_eq!(d.segment_alloc(ALIGN).unwrap().map(|a| a < ADDRESS_LIMIT), Some(true));
     }
 
     #[test]

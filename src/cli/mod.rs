@@ -62,9 +62,67 @@ pub struct ReplaySource {
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub device: Option<i32>,
 
-    /// Device memory, e.g. 40GiB or 80GB: allocations beyond it fail as OOM.
-    #[arg(long, value_name = "SIZE", value_parser = size_arg)]
-    pub capacity: Option<u64>,
+    /// Device memory, e.g. 40GiB or 80GB (at least 1 MiB): allocations beyond it fail as OOM.
+    #[arg(long, value_name = "SIZE", value_parser = capacity_arg)]
+    pub capacity: Option<CapacityArg>,
+
+    /// What-if: every policy calls empty_cache() (releases its wholly free cached segments)
+    /// after every N-th event.
+    #[arg(long, value_name = "N")]
+    pub empty_cache_every: Option<u64>,
+
+    /// What-if: every policy calls empty_cache() after each of these event indices.
+    #[arg(long, value_name = "I,J,...", value_delimiter = ',')]
+    pub empty_cache_at: Vec<u64>,
+
+    /// What-if: drop the empty_cache() calls the recording holds.
+    #[arg(long)]
+    pub no_recorded_empty_cache: bool,
+}
+
+impl ReplaySource {
+    /// `--capacity` in bytes, if given.
+    pub fn capacity_bytes(&self) -> Option<u64> {
+        self.capacity.as_ref().map(|c| c.bytes)
+    }
+
+    /// The `empty_cache` what-if the flags describe.
+    pub fn empty_cache_plan(&self) -> Result<fragsim::replay::EmptyCachePlan> {
+        if self.empty_cache_every == Some(0) {
+            return Err(fragsim::error::Error::usage(
+                "--empty-cache-every 0: give a number of events of at least 1",
+            ));
+        }
+        Ok(fragsim::replay::EmptyCachePlan {
+            every: self.empty_cache_every,
+            at: self.empty_cache_at.clone(),
+            drop_recorded: self.no_recorded_empty_cache,
+        })
+    }
+}
+
+/// A `--capacity` flag: as typed (for headers) and in bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CapacityArg {
+    /// The text as the user typed it.
+    pub typed: String,
+    /// The capacity in bytes.
+    pub bytes: u64,
+}
+
+impl CapacityArg {
+    /// `40GB (37.25 GiB)`: as typed and in GiB.
+    pub fn describe(&self) -> String {
+        fragsim::units::describe_capacity(&self.typed, self.bytes)
+    }
+}
+
+/// Parses `--capacity` for clap: a size of at least 1 MiB (`40` alone is an error that
+/// suggests `40GB` or `40GiB`).
+pub fn capacity_arg(text: &str) -> std::result::Result<CapacityArg, String> {
+    fragsim::units::parse_capacity(text)
+        .map(|bytes| CapacityArg { typed: text.trim().to_string(), bytes })
+        .map_err(|e| e.message().to_string())
 }
 
 /// How a command prints its results (`--format`).
@@ -153,5 +211,16 @@ mod tests {
     fn sizes_accept_units() {
         assert_eq!(size_arg("40GiB"), Ok(40 << 30));
         assert!(size_arg("forty").is_err());
+    }
+
+    #[test]
+    fn a_capacity_needs_a_unit_and_keeps_what_was_typed() {
+        let c = capacity_arg("40GB").unwrap();
+        assert_eq!(c.bytes, 40_000_000_000);
+        assert_eq!(c.describe(), "40GB (37.25 GiB)");
+        let e = capacity_arg("40").unwrap_err();
+        assert!(e.contains("40GB") && e.contains("40GiB"), "{e}");
+        let parsed = Cli::try_parse_from(["fragsim", "replay", "t.txt", "--capacity", "40"]);
+        assert!(parsed.is_err());
     }
 }

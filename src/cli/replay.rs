@@ -3,7 +3,10 @@
 use super::OutputFormat;
 use fragsim::error::{Error, Result};
 use fragsim::policy::PolicySpec;
-use fragsim::replay::{run_specs, BackendKind, Jobs, ReplayInput, ReplayOptions, RunSettings};
+use fragsim::replay::{
+    empty_cache, run_specs, BackendKind, EmptyCachePlan, Jobs, ReplayInput, ReplayOptions,
+    RunSettings,
+};
 use fragsim::report::{csv, json, table};
 use std::io::Write;
 use std::path::PathBuf;
@@ -66,10 +69,13 @@ const EXPORTED: usize = 0;
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let specs = PolicySpec::parse_many(&args.source.policies)?;
-    let trace = super::read_trace(&args.source.trace, false)?;
+    let empty_cache = args.source.empty_cache_plan()?;
+    // Frames only matter for naming the stack of an OOM, which needs a capacity.
+    let trace = super::read_trace(&args.source.trace, args.source.capacity.is_some())?;
     let input = ReplayInput::new(&trace, args.source.device)?;
     let options = ReplayOptions {
-        capacity: args.source.capacity,
+        capacity: args.source.capacity_bytes(),
+        empty_cache: empty_cache.clone(),
         outside_bytes: args.outside,
         backend: match args.backend {
             Backend::Sim => BackendKind::Sim,
@@ -98,6 +104,14 @@ pub fn run(args: Args) -> Result<ExitCode> {
         );
     }
     let results = comparison.results();
+    // The what-if's price: the same specs with the recorded empty_cache() calls only.
+    let whatif = if empty_cache.is_recorded_only() || args.output_format() != OutputFormat::Table {
+        None
+    } else {
+        let plain = ReplayOptions { empty_cache: EmptyCachePlan::default(), ..options.clone() };
+        let baseline = run_specs(&specs, &input, &plain, &RunSettings::default())?;
+        Some(empty_cache::describe(&empty_cache, &empty_cache::effects(&baseline, &comparison)))
+    };
     let mut stdout = std::io::stdout().lock();
     let io = |e: std::io::Error| Error::writing("to stdout", e);
     match args.output_format() {
@@ -106,7 +120,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
             json::write(&json::ReplayReport::new(&path, &input, &results), &mut stdout)?
         }
         OutputFormat::Csv => csv::write_results(&results, &mut stdout)?,
-        OutputFormat::Table => write!(stdout, "{}", table::render(&results)).map_err(io)?,
+        OutputFormat::Table => {
+            if let Some(c) = &args.source.capacity {
+                writeln!(stdout, "capacity: {}", c.describe()).map_err(io)?;
+            }
+            write!(stdout, "{}", table::render(&results)).map_err(io)?;
+            if let Some(lines) = whatif {
+                write!(stdout, "\n{lines}").map_err(io)?;
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -38,7 +38,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
         trace_path: args.source.trace.display().to_string(),
         policies,
         device: args.source.device,
-        capacity: args.source.capacity,
+        capacity: args.source.capacity_bytes(),
+        empty_cache: args.source.empty_cache_plan()?,
         segment_map_policy: args.segment_map_policy,
         progress,
     };

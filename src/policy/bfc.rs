@@ -168,23 +168,32 @@ impl Bfc {
         if rounded > available {
             return Ok(false);
         }
+        // Region sizes double but never past the limit, so doubling cannot overflow (TF's
+        // size_t would wrap after 43 extensions from 2 MiB; `rounded ≤ available` ends the loop).
+        let limit = round_up(self.memory_limit, MIN_ALLOCATION);
         let mut increased = false;
         while rounded > self.curr_region_allocation_bytes {
-            self.curr_region_allocation_bytes *= 2;
+            self.curr_region_allocation_bytes =
+                self.curr_region_allocation_bytes.saturating_mul(2).min(limit);
             increased = true;
         }
         let mut bytes = self.curr_region_allocation_bytes.min(available);
         let mut addr = backend.segment_alloc(bytes)?;
         while addr.is_none() {
-            bytes = round_up((bytes as f64 * BACKPEDAL) as u64, MIN_ALLOCATION);
-            if bytes < rounded {
+            // Back off by 0.9×, rounded to 256 bytes. Below 2,560 bytes the rounding can undo
+            // the 0.9× (2,304 → 2,073.6 → 2,304): TF loops forever there when the device keeps
+            // refusing; here every retry must shrink, else the request is out of memory.
+            let next = round_up((bytes as f64 * BACKPEDAL) as u64, MIN_ALLOCATION);
+            if next < rounded || next >= bytes {
                 break;
             }
+            bytes = next;
             addr = backend.segment_alloc(bytes)?;
         }
         let Some(base) = addr else { return Ok(false) };
         if !increased {
-            self.curr_region_allocation_bytes *= 2;
+            self.curr_region_allocation_bytes =
+                self.curr_region_allocation_bytes.saturating_mul(2).min(limit);
         }
         self.total_region_allocated_bytes += bytes;
         self.chunks.add_region(base, bytes, stream);
@@ -402,6 +411,31 @@ mod tests {
         off.free(&mut d2, a.addr).unwrap();
         off.free(&mut d2, b.addr).unwrap();
         assert_eq!(off.malloc(&mut d2, 8 * MIB, 0).unwrap(), None);
+    }
+
+    #[test]
+    fn a_full_device_refuses_small_requests_without_looping() {
+        // The device is full: every Extend fails, and the 0.9× back-off from the region size
+        // reaches sizes where rounding to 256 bytes no longer shrinks them (2,304 B). The
+        // malloc must end, out of memory, after a bounded number of device calls.
+        let mut d = SimDevice::new(Some(2 * MIB));
+        let mut p = Bfc::from_options("").unwrap();
+        assert!(p.malloc(&mut d, 2 * MIB, 0).unwrap().is_some());
+        for size in [1, 256, 2000, 2304, 2560, 4096, MIB] {
+            assert_eq!(p.malloc(&mut d, size, 0).unwrap(), None, "{size} bytes");
+        }
+        assert_eq!(d.reserved(), 2 * MIB);
+        p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn region_sizes_stop_doubling_at_the_limit() {
+        let mut d = SimDevice::default();
+        let mut p = Bfc::from_options("memory_limit=8MiB").unwrap();
+        let served = (0..16).filter(|_| p.malloc(&mut d, MIB, 0).unwrap().is_some()).count();
+        assert_eq!(served, 8);
+        assert_eq!(p.curr_region_allocation_bytes, 8 * MIB);
+        p.check_invariants().unwrap();
     }
 
     #[test]

@@ -25,7 +25,8 @@ pub fn unknown_block(policy: &str, addr: u64) -> crate::error::Error {
 
 /// `value` rounded up to a multiple of `align` (> 0).
 pub fn round_up(value: u64, align: u64) -> u64 {
-    value.div_ceil(align) * align
+    // Saturates near 2^64: such a size is refused by every backend, never wrapped to a small one.
+    value.div_ceil(align).saturating_mul(align)
 }
 
 /// One chunk of a region.

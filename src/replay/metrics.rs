@@ -39,10 +39,63 @@ pub struct PolicyResult {
     pub first_oom_event: Option<u64>,
     /// Wall-clock seconds the replay took.
     pub replay_seconds: f64,
+    /// The first request that could not be served, as PyTorch's OOM message describes it;
+    /// absent when every request was served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_oom: Option<OomDetail>,
     /// What the cuda backend measured (device call latencies, `cuMemGetInfo` at the peak);
     /// absent for the simulated device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cuda: Option<crate::backend::cuda::CudaMeasures>,
+}
+
+/// The moment a request could not be served: what PyTorch's `OutOfMemoryError` says ("Tried to
+/// allocate X. GPU 0 has a total capacity of T of which F is free ... R is reserved by PyTorch
+/// but unallocated"), as data.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OomDetail {
+    /// Index of the event (0 for a block live before the first event).
+    pub event: u64,
+    /// The request size in bytes.
+    pub size: u64,
+    /// The request's stream.
+    pub stream: u64,
+    /// The device capacity (`--capacity`), if limited.
+    pub capacity_bytes: Option<u64>,
+    /// Device memory the policy held when the request failed.
+    pub reserved_bytes: u64,
+    /// Bytes of live blocks then (after rounding).
+    pub allocated_bytes: u64,
+    /// Device memory still free then: capacity − outside usage − reserved (`None` unlimited).
+    pub free_bytes: Option<u64>,
+    /// The allocation's stack, innermost frame first (`file:line function`), when the trace
+    /// kept frames.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stack: Vec<String>,
+}
+
+impl OomDetail {
+    /// One line in the words of PyTorch's message, e.g. `event 812: tried to allocate 2.00 GiB
+    /// on stream 0; capacity 8.00 GiB of which 1.20 GiB is free; 6.50 GiB reserved, of which
+    /// 300.00 MiB is reserved but unallocated`.
+    pub fn describe(&self) -> String {
+        use crate::units::format_bytes;
+        let mut s = format!(
+            "event {}: tried to allocate {} on stream {}",
+            self.event,
+            format_bytes(self.size),
+            self.stream
+        );
+        if let (Some(c), Some(f)) = (self.capacity_bytes, self.free_bytes) {
+            s += &format!("; capacity {} of which {} is free", format_bytes(c), format_bytes(f));
+        }
+        s += &format!(
+            "; {} reserved, of which {} is reserved but unallocated",
+            format_bytes(self.reserved_bytes),
+            format_bytes(self.reserved_bytes.saturating_sub(self.allocated_bytes))
+        );
+        s
+    }
 }
 
 /// Measurements beyond the JSON contract, kept for reports and plots.
@@ -64,4 +117,7 @@ pub struct PeakDetail {
     pub live_at_start: u64,
     /// Events replayed.
     pub events: u64,
+    /// `empty_cache()` calls the what-if added ([`super::EmptyCachePlan`]).
+    #[serde(default)]
+    pub empty_cache_calls: u64,
 }

@@ -16,11 +16,12 @@
 //! so a policy cannot misreport them.
 
 pub mod compare;
+pub mod empty_cache;
 pub mod metrics;
 pub mod series;
 
 pub use compare::{run_specs, Comparison, Jobs, RunSettings, SpecFailure, SpecRun};
-pub use metrics::{PeakDetail, PolicyResult};
+pub use metrics::{OomDetail, PeakDetail, PolicyResult};
 pub use series::{Point, Series};
 // Trace semantics the engine reads, re-exported where callers have found them so far.
 pub use crate::trace::lifetimes::{
@@ -212,6 +213,50 @@ pub struct ReplayOptions {
     pub check_invariants: bool,
     /// Write each new segment and mapped range once on the cuda backend (`--touch`).
     pub touch: bool,
+    /// Where `empty_cache()` is called beyond (or instead of) the recording's own calls.
+    pub empty_cache: EmptyCachePlan,
+}
+
+/// The `empty_cache` what-if: where every policy releases its wholly free cached segments, as
+/// `torch.cuda.empty_cache()` does, besides or instead of where the recorded program called it
+/// (`--empty-cache-every`, `--empty-cache-at`, `--no-recorded-empty-cache`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EmptyCachePlan {
+    /// Call it after every `N`th event (after events N−1, 2N−1, ...); `None` or 0: never.
+    pub every: Option<u64>,
+    /// Call it after each of these event indices.
+    pub at: Vec<u64>,
+    /// Skip the calls the recording holds ([`empty_cache_points`]).
+    pub drop_recorded: bool,
+}
+
+impl EmptyCachePlan {
+    /// True when the plan changes nothing: the recorded calls only.
+    pub fn is_recorded_only(&self) -> bool {
+        self.every.is_none_or(|n| n == 0) && self.at.is_empty() && !self.drop_recorded
+    }
+
+    /// True when the plan adds a call after event `index`.
+    fn adds_after(&self, index: u64, at: &[u64]) -> bool {
+        self.every.is_some_and(|n| n > 0 && (index + 1) % n == 0)
+            || at.binary_search(&index).is_ok()
+    }
+
+    /// Describes the plan for people, e.g. `empty_cache() every 1000 events, no recorded calls`.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(n) = self.every.filter(|&n| n > 0) {
+            parts.push(format!("every {n} events"));
+        }
+        if !self.at.is_empty() {
+            let at: Vec<String> = self.at.iter().map(u64::to_string).collect();
+            parts.push(format!("after events {}", at.join(",")));
+        }
+        if self.drop_recorded {
+            parts.push("without the recorded calls".to_string());
+        }
+        format!("empty_cache() {}", parts.join(", "))
+    }
 }
 
 impl Default for ReplayOptions {
@@ -227,6 +272,7 @@ impl Default for ReplayOptions {
             stop_after: None,
             check_invariants: false,
             touch: false,
+            empty_cache: EmptyCachePlan::default(),
         }
     }
 }
@@ -459,7 +505,28 @@ fn run<P: Policy, B: Backend>(
         series: options.keep_series.then(|| Series::with_budget(options.series_budget)),
         last: (u64::MAX, 0, 0),
     };
-    let mut first_oom: Option<u64> = None;
+    let mut first_oom: Option<OomDetail> = None;
+    // What PyTorch's OOM message says about the moment a request failed.
+    let oom_detail = |event: u64, size: u64, e: Option<&Event>, reserved: u64, allocated: u64| {
+        let stack = e
+            .map(|e| input.trace.frames.get(e.frames))
+            .unwrap_or_default()
+            .iter()
+            .map(|f| format!("{}:{} {}", f.filename, f.line, f.name))
+            .collect();
+        OomDetail {
+            event,
+            size,
+            stream: e.map_or(0, |e| e.stream),
+            capacity_bytes: options.capacity,
+            reserved_bytes: reserved,
+            allocated_bytes: allocated,
+            free_bytes: options
+                .capacity
+                .map(|c| c.saturating_sub(options.outside_bytes).saturating_sub(reserved)),
+            stack,
+        }
+    };
     let start_time = events.first().map_or(0, |e| e.time_us);
 
     // Blocks live before the first event: every policy must carry them.
@@ -477,7 +544,11 @@ fn run<P: Policy, B: Backend>(
             }
             None => {
                 meter.detail.oom_count += 1;
-                first_oom.get_or_insert(0);
+                if first_oom.is_none() {
+                    let mut d = oom_detail(0, b.size, None, backend.reserved(), policy.allocated());
+                    d.stream = b.stream;
+                    first_oom = Some(d);
+                }
             }
         }
     }
@@ -486,81 +557,95 @@ fn run<P: Policy, B: Backend>(
     }
 
     let last = options.stop_after.map_or(events.len(), |s| (s as usize + 1).min(events.len()));
+    let mut flush_at = options.empty_cache.at.clone();
+    flush_at.sort_unstable();
+    let plan = &options.empty_cache;
     for (i, e) in events[..last].iter().enumerate() {
         let index = i as u64;
         backend.observer.now = e.time_us;
         backend.observer.stream = e.stream;
-        match e.action {
-            Action::Alloc => {
-                if e.size == 0 {
-                    continue; // zero-byte requests never reach the allocator (spec §16.6)
+        'event: {
+            match e.action {
+                Action::Alloc => {
+                    if e.size == 0 {
+                        break 'event; // zero-byte requests never reach the allocator (spec §16.6)
+                    }
+                    // The recording reused the address of a block we still hold: that block was
+                    // freed before this alloc, though its free was not recorded.
+                    let displaced = input.links.get(i).copied().unwrap_or(Link::NONE);
+                    if let Some(slot) = slots.get(displaced) {
+                        let addr = std::mem::replace(slot, Slots::EMPTY);
+                        if addr != Slots::EMPTY {
+                            let request = Slots::request(input, displaced);
+                            meter.requested -= request;
+                            log_free(&mut backend.observer.log, addr, request, e);
+                            policy.free(&mut backend, addr)?;
+                        }
+                    }
+                    match policy.malloc(&mut backend, e.size, e.stream)? {
+                        Some(a) => {
+                            meter.requested += e.size;
+                            slots.by_event[i] = a.addr;
+                            if let Some(log) = &mut backend.observer.log {
+                                log.push(Event::new(
+                                    Action::Alloc,
+                                    a.addr,
+                                    e.size,
+                                    e.stream,
+                                    e.time_us,
+                                ));
+                            }
+                        }
+                        None => {
+                            meter.detail.oom_count += 1;
+                            if first_oom.is_none() {
+                                let (r, a) = (backend.reserved(), policy.allocated());
+                                first_oom = Some(oom_detail(index, e.size, Some(e), r, a));
+                            }
+                            if let Some(log) = &mut backend.observer.log {
+                                log.push(Event::new(Action::Oom, 0, e.size, e.stream, e.time_us));
+                            }
+                        }
+                    }
                 }
-                // The recording reused the address of a block we still hold: that block was
-                // freed before this alloc, though its free was not recorded.
-                let displaced = input.links.get(i).copied().unwrap_or(Link::NONE);
-                if let Some(slot) = slots.get(displaced) {
+                a if a == frees_at => {
+                    let link = input.links.get(i).copied().unwrap_or(Link::NONE);
+                    let Some(slot) = slots.get(link) else {
+                        meter.detail.orphan_frees += 1;
+                        break 'event;
+                    };
                     let addr = std::mem::replace(slot, Slots::EMPTY);
-                    if addr != Slots::EMPTY {
-                        let request = Slots::request(input, displaced);
-                        meter.requested -= request;
-                        log_free(&mut backend.observer.log, addr, request, e);
-                        policy.free(&mut backend, addr)?;
+                    if addr == Slots::EMPTY {
+                        break 'event; // its alloc failed under --capacity: the block never existed
                     }
+                    let request = Slots::request(input, link);
+                    meter.requested -= request;
+                    log_free(&mut backend.observer.log, addr, request, e);
+                    policy.free(&mut backend, addr)?;
                 }
-                match policy.malloc(&mut backend, e.size, e.stream)? {
-                    Some(a) => {
-                        meter.requested += e.size;
-                        slots.by_event[i] = a.addr;
-                        if let Some(log) = &mut backend.observer.log {
-                            log.push(Event::new(
-                                Action::Alloc,
-                                a.addr,
-                                e.size,
-                                e.stream,
-                                e.time_us,
-                            ));
-                        }
-                    }
-                    None => {
-                        meter.detail.oom_count += 1;
-                        first_oom.get_or_insert(index);
-                        if let Some(log) = &mut backend.observer.log {
-                            log.push(Event::new(Action::Oom, 0, e.size, e.stream, e.time_us));
-                        }
-                    }
+                Action::SegmentFree | Action::SegmentUnmap
+                    if !plan.drop_recorded
+                        && input.empty_cache_at.get(i).copied().unwrap_or(false) =>
+                {
+                    policy.empty_cache(&mut backend)?;
                 }
+                _ => break 'event,
             }
-            a if a == frees_at => {
-                let link = input.links.get(i).copied().unwrap_or(Link::NONE);
-                let Some(slot) = slots.get(link) else {
-                    meter.detail.orphan_frees += 1;
-                    continue;
-                };
-                let addr = std::mem::replace(slot, Slots::EMPTY);
-                if addr == Slots::EMPTY {
-                    continue; // its alloc failed under --capacity: the block never existed
-                }
-                let request = Slots::request(input, link);
-                meter.requested -= request;
-                log_free(&mut backend.observer.log, addr, request, e);
-                policy.free(&mut backend, addr)?;
+            meter.observe(index, e.time_us, backend.reserved(), policy.allocated());
+            if crate::backend::cuda::interrupt::requested() {
+                return Err(Error::backend("interrupted").at(crate::error::Place::Event(index)));
             }
-            Action::SegmentFree | Action::SegmentUnmap
-                if input.empty_cache_at.get(i).copied().unwrap_or(false) =>
-            {
-                policy.empty_cache(&mut backend)?;
+            if options.check_invariants {
+                policy.check_invariants().map_err(|m| {
+                    Error::input(format!("policy '{name}' broke an invariant: {m}"))
+                        .at(crate::error::Place::Event(index))
+                })?;
             }
-            _ => continue,
         }
-        meter.observe(index, e.time_us, backend.reserved(), policy.allocated());
-        if crate::backend::cuda::interrupt::requested() {
-            return Err(Error::backend("interrupted").at(crate::error::Place::Event(index)));
-        }
-        if options.check_invariants {
-            policy.check_invariants().map_err(|m| {
-                Error::input(format!("policy '{name}' broke an invariant: {m}"))
-                    .at(crate::error::Place::Event(index))
-            })?;
+        if plan.adds_after(index, &flush_at) {
+            policy.empty_cache(&mut backend)?;
+            meter.detail.empty_cache_calls += 1;
+            meter.observe(index, e.time_us, backend.reserved(), policy.allocated());
         }
     }
 
@@ -586,8 +671,9 @@ fn run<P: Policy, B: Backend>(
         unmap_count: backend.observer.unmaps,
         alloc_retries: policy.alloc_retries(),
         oom: first_oom.is_some(),
-        first_oom_event: first_oom,
+        first_oom_event: first_oom.as_ref().map(|d| d.event),
         replay_seconds: started.elapsed().as_secs_f64(),
+        first_oom,
         cuda: None,
     };
     Ok(ReplayOutput {

@@ -36,6 +36,8 @@ pub struct ReportPlan {
     pub segment_map_policy: Option<String>,
     /// Show progress bars (only when stderr is a terminal).
     pub progress: bool,
+    /// The `empty_cache` what-if every replay runs under (default: the recorded calls only).
+    pub empty_cache: crate::replay::EmptyCachePlan,
 }
 
 /// One policy a report replays.
@@ -280,6 +282,7 @@ pub fn collect(trace: &Trace, plan: &ReportPlan) -> Result<ReportData> {
     let input = ReplayInput::new(trace, plan.device)?;
     let options = ReplayOptions {
         capacity: plan.capacity,
+        empty_cache: plan.empty_cache.clone(),
         keep_series: true,
         series_budget: PLOT_POINTS,
         ..ReplayOptions::default()

@@ -223,6 +223,61 @@ pub static SUMMARY: [&Column; 9] = [
     &FIRST_OOM,
 ];
 
+/// The columns a summary of `results` shows: [`SUMMARY`], with `retries`
+/// ([`ALLOC_RETRIES`]) before `over bound` when any policy flushed its cache and retried.
+pub fn summary_for(results: &[PolicyResult]) -> Vec<&'static Column> {
+    let mut columns: Vec<&'static Column> = SUMMARY.to_vec();
+    if results.iter().any(|r| r.alloc_retries > 0) {
+        let at = columns.iter().position(|c| c.key == OVER_BOUND.key).unwrap_or(columns.len());
+        columns.insert(at, &ALLOC_RETRIES);
+    }
+    columns
+}
+
+/// A label per result that tells rows apart: the policy's name, and when several rows share
+/// that name with different configurations, the configuration items (`key:value` or
+/// `key=value`, split at commas outside brackets) that not all of them share, e.g.
+/// `pytorch (max_split_size_mb:128)`. Five `pytorch:...` variants are five distinct rows.
+pub fn labels(results: &[PolicyResult]) -> Vec<String> {
+    results
+        .iter()
+        .map(|r| {
+            let same: Vec<&PolicyResult> =
+                results.iter().filter(|o| o.policy == r.policy).collect();
+            if same.iter().all(|o| o.config == r.config) {
+                return r.policy.clone();
+            }
+            let own = config_items(&r.config);
+            let differing: Vec<&str> = own
+                .iter()
+                .copied()
+                .filter(|item| !same.iter().all(|o| config_items(&o.config).contains(item)))
+                .collect();
+            format!("{} ({})", r.policy, differing.join(","))
+        })
+        .collect()
+}
+
+/// `config` split at commas outside `[...]`.
+fn config_items(config: &str) -> Vec<&str> {
+    let mut items = Vec::new();
+    let (mut depth, mut start) = (0i32, 0);
+    for (i, c) in config.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ',' if depth <= 0 => {
+                items.push(&config[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    items.push(&config[start..]);
+    items.retain(|i| !i.is_empty());
+    items
+}
+
 /// `peak` over `bound` in percent (`None` without a positive bound).
 pub fn over_bound(peak: u64, bound: Option<u64>) -> Option<f64> {
     match bound {
@@ -313,6 +368,43 @@ mod tests {
         assert_eq!(raw[14], "");
         assert_eq!(raw[13], "false");
         assert_eq!(over_bound(10, None), None);
+    }
+
+    #[test]
+    fn labels_tell_configs_of_one_policy_apart() {
+        let r = |policy: &str, config: &str| PolicyResult {
+            policy: policy.into(),
+            config: config.into(),
+            ..Default::default()
+        };
+        let results = [
+            r("pytorch", "expandable_segments:False,max_split_size_mb:128,rp2:[256:1,512:2]"),
+            r("pytorch", "expandable_segments:False,max_split_size_mb:256,rp2:[256:1,512:2]"),
+            r("pytorch", "expandable_segments:False,max_split_size_mb:256,rp2:[>:8]"),
+            r("bound", ""),
+            r("buddy", "min_block=512"),
+            r("buddy", "min_block=512"),
+        ];
+        assert_eq!(
+            labels(&results),
+            [
+                "pytorch (max_split_size_mb:128,rp2:[256:1,512:2])",
+                "pytorch (max_split_size_mb:256,rp2:[256:1,512:2])",
+                "pytorch (max_split_size_mb:256,rp2:[>:8])",
+                "bound",
+                "buddy",
+                "buddy"
+            ]
+        );
+    }
+
+    #[test]
+    fn retries_are_a_summary_column_only_when_a_policy_retried() {
+        let none = [PolicyResult::default()];
+        assert_eq!(summary_for(&none).len(), SUMMARY.len());
+        let some = [PolicyResult { alloc_retries: 2, ..Default::default() }];
+        let keys: Vec<&str> = summary_for(&some).iter().map(|c| c.key).collect();
+        assert_eq!(&keys[6..9], ["frees", "alloc_retries", "over_bound"]);
     }
 
     fn rows_result() -> PolicyResult {

@@ -97,13 +97,14 @@ pub fn write_index(
     );
 
     // The table.
+    let results = data.results();
+    let summary = columns::summary_for(&results);
     h += "<h2>Results</h2>\n<table>\n<tr>";
-    for c in columns::SUMMARY {
+    for c in &summary {
         h += &format!("<th title=\"{}\">{}</th>", escape(c.unit), escape(c.header));
     }
     h += "</tr>\n";
-    let results = data.results();
-    for (run, row) in data.runs.iter().zip(columns::cells(&results, &columns::SUMMARY)) {
+    for (run, row) in data.runs.iter().zip(columns::cells(&results, &summary)) {
         h += "<tr>";
         for (i, c) in row.iter().enumerate() {
             let text = if i == 0 { run.label.clone() } else { c.human() };

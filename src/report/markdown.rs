@@ -27,15 +27,13 @@ pub fn write_summary(data: &ReportData, out: &mut impl Write) -> Result<()> {
         data.version
     );
     let results = data.results();
-    let header: Vec<&str> = columns::SUMMARY.iter().map(|c| c.header).collect();
+    let summary = columns::summary_for(&results);
+    let header: Vec<&str> = summary.iter().map(|c| c.header).collect();
     s += &format!("| {} |\n", header.join(" | "));
-    let align: Vec<&str> = columns::SUMMARY
-        .iter()
-        .enumerate()
-        .map(|(i, _)| if i == 0 { ":--" } else { "--:" })
-        .collect();
+    let align: Vec<&str> =
+        summary.iter().enumerate().map(|(i, _)| if i == 0 { ":--" } else { "--:" }).collect();
     s += &format!("| {} |\n", align.join(" | "));
-    for (run, row) in data.runs.iter().zip(columns::cells(&results, &columns::SUMMARY)) {
+    for (run, row) in data.runs.iter().zip(columns::cells(&results, &summary)) {
         let mut cells: Vec<String> = row.iter().map(|c| cell(&Cell::human(c))).collect();
         if let Some(first) = cells.first_mut() {
             *first = cell(&run.label);
@@ -44,6 +42,10 @@ pub fn write_summary(data: &ReportData, out: &mut impl Write) -> Result<()> {
     }
     s += "\nPeak reserved is the most device memory the policy held; `over bound` is its overhead \
           over `bound`, the peak of live requested bytes that no allocator can go below.\n\n";
+    let ooms = super::table::oom_lines(&results);
+    if !ooms.is_empty() {
+        s += &format!("```{ooms}```\n\n");
+    }
     s += "## Configurations\n\n";
     for run in &data.runs {
         let config = &run.output.result.config;

@@ -5,12 +5,23 @@ use super::columns::{self, Cell};
 use crate::replay::PolicyResult;
 use std::fmt::Write;
 
-/// Renders `results` as an aligned text table, in the order given. When `bound` is among them,
-/// the `over bound` column gives each policy's overhead over it.
+/// Renders `results` as an aligned text table, in the order given, then one line per policy
+/// that ran out of memory (see [`oom_lines`]). Rows are labelled by [`columns::labels`];
+/// `retries` shows when a policy retried ([`columns::summary_for`]). When `bound` is among
+/// them, the `over bound` column gives each policy's overhead over it.
 pub fn render(results: &[PolicyResult]) -> String {
-    let header: Vec<&str> = columns::SUMMARY.iter().map(|c| c.header).collect();
-    let rows = columns::cells(results, &columns::SUMMARY);
-    let text: Vec<Vec<String>> = rows.iter().map(|r| r.iter().map(Cell::human).collect()).collect();
+    let columns = columns::summary_for(results);
+    let header: Vec<&str> = columns.iter().map(|c| c.header).collect();
+    let rows = columns::cells(results, &columns);
+    let text: Vec<Vec<String>> = rows
+        .iter()
+        .zip(columns::labels(results))
+        .map(|(r, label)| {
+            let mut cells: Vec<String> = r.iter().map(Cell::human).collect();
+            cells[0] = label;
+            cells
+        })
+        .collect();
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in &text {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -31,6 +42,31 @@ pub fn render(results: &[PolicyResult]) -> String {
     line(&mut out, &header);
     for row in &text {
         line(&mut out, &row.iter().map(String::as_str).collect::<Vec<_>>());
+    }
+    out += &oom_lines(results);
+    out
+}
+
+/// The most stack frames an OOM line shows (innermost first).
+const OOM_FRAMES: usize = 5;
+
+/// Under the table, per policy that ran out of memory, its first OOM in PyTorch's words
+/// ([`crate::replay::OomDetail::describe`]) and the allocation's innermost frames when the
+/// trace kept them. Empty when nothing ran out.
+pub fn oom_lines(results: &[PolicyResult]) -> String {
+    let mut out = String::new();
+    for (r, label) in results.iter().zip(columns::labels(results)) {
+        let Some(d) = &r.first_oom else { continue };
+        let _ = writeln!(out, "{label}: out of memory at {}", d.describe());
+        for f in d.stack.iter().take(OOM_FRAMES) {
+            let _ = writeln!(out, "    at {f}");
+        }
+        if d.stack.len() > OOM_FRAMES {
+            let _ = writeln!(out, "    ... {} more frames", d.stack.len() - OOM_FRAMES);
+        }
+    }
+    if !out.is_empty() {
+        out.insert(0, '\n');
     }
     out
 }
@@ -65,5 +101,37 @@ mod tests {
             "nocache       6.00 KiB         0 bytes         0 bytes       0.0%        3      0      +50.0%   no"
         );
         assert!(lines.iter().all(|l| l.chars().count() == lines[0].chars().count()));
+    }
+
+    #[test]
+    fn out_of_memory_is_explained_under_the_table() {
+        let results = [PolicyResult {
+            policy: "bfc".into(),
+            oom: true,
+            first_oom_event: Some(7),
+            first_oom: Some(crate::replay::OomDetail {
+                event: 7,
+                size: 3 << 20,
+                stream: 2,
+                capacity_bytes: Some(8 << 20),
+                reserved_bytes: 6 << 20,
+                allocated_bytes: 4 << 20,
+                free_bytes: Some(2 << 20),
+                stack: vec!["train.py:12 step".into()],
+            }),
+            ..Default::default()
+        }];
+        let t = render(&results);
+        let tail: Vec<&str> = t.lines().skip(2).collect();
+        assert_eq!(
+            tail,
+            [
+                "",
+                "bfc: out of memory at event 7: tried to allocate 3.00 MiB on stream 2; \
+                 capacity 8.00 MiB of which 2.00 MiB is free; 6.00 MiB reserved, of which \
+                 2.00 MiB is reserved but unallocated",
+                "    at train.py:12 step"
+            ]
+        );
     }
 }

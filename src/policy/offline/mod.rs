@@ -395,7 +395,21 @@ impl Policy for Offline {
             Some(blocks) => blocks.clone(),
             None => orphan_frees(events),
         };
-        let (plan, peak) = plan(events, &at_start, self.options.align);
+        // Offsets in the plan are sums of block sizes: when all blocks together pass the
+        // device's address space, a packing could wrap past 2^64, so such a trace is refused.
+        let align = self.options.align;
+        let total = at_start
+            .iter()
+            .map(|&(_, size)| size)
+            .chain(events.iter().filter(|e| e.action == Action::Alloc).map(|e| e.size))
+            .try_fold(0u64, |sum, size| sum.checked_add(round_up(size, align)));
+        if total.is_none_or(|t| t > crate::backend::sim::ADDRESS_LIMIT) {
+            return Err(Error::usage(format!(
+                "policy '{NAME}': the trace's allocations add up to more than 2^56 bytes, \
+                 more than a plan can place"
+            )));
+        }
+        let (plan, peak) = plan(events, &at_start, align);
         self.plan = plan;
         self.peak = peak;
         self.cursor = 0;

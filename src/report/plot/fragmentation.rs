@@ -128,9 +128,7 @@ impl Chart for Fragmentation<'_> {
             let corner = chart.backend_coord(&(xr.start, 100.0));
             let label = format!(
                 "{}: {:.1}% at peak reserved (event {})",
-                truncate(&run.label, 48),
-                frag,
-                d.peak_reserved_event
+                run.label, frag, d.peak_reserved_event
             );
             draw_marker(root, policy_marker(run.index), (corner.0 + 8, corner.1 - 13), 5, color)?;
             root.draw(&Text::new(

@@ -59,9 +59,9 @@ impl Chart for Peaks<'_> {
             ],
         )?;
 
-        let labels: Vec<String> = data.runs.iter().map(|r| truncate(&r.label, 30)).collect();
+        let labels: Vec<String> = data.runs.iter().map(|r| r.label.clone()).collect();
         let label_w =
-            labels.iter().map(|l| text_width(l, LABEL)).max().unwrap_or(60).clamp(60, 300) + 16;
+            labels.iter().map(|l| text_width(l, LABEL)).max().unwrap_or(60).clamp(60, 560) + 16;
         let peak = data.runs.iter().map(|r| r.output.result.peak_reserved_bytes).max().unwrap_or(0);
         let scale = ByteScale::for_max(peak);
         // Room right of the longest bar for its value and overhead.

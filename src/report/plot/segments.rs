@@ -209,7 +209,7 @@ impl Chart for SegmentChart<'_> {
         } else {
             format!(
                 "Segments of {} at its peak reserved: {} (device {})",
-                truncate(&map.policy, 40),
+                map.policy.clone(),
                 truncate(&trace.file_name(), 50),
                 trace.device
             )

@@ -24,6 +24,11 @@ const WIDTH: u32 = 1400;
 const HEIGHT: u32 = 780;
 
 impl Timeline<'_> {
+    /// The legend's width: its longest label, at least 220 px.
+    fn legend_width(&self) -> i32 {
+        self.legend().iter().map(|e| text_width(&e.label, LABEL) + 60).max().unwrap_or(200).max(220)
+    }
+
     fn legend(&self) -> Vec<LegendEntry> {
         let mut entries =
             vec![LegendEntry { sample: Sample::Heading, label: "policy (peak reserved)".into() }];
@@ -32,7 +37,7 @@ impl Timeline<'_> {
                 sample: Sample::Line(policy_color(run.index), Some(policy_marker(run.index))),
                 label: format!(
                     "{} ({})",
-                    truncate(&run.label, 36),
+                    run.label.clone(),
                     format_bytes(run.output.result.peak_reserved_bytes)
                 ),
             });
@@ -77,7 +82,9 @@ const CAPACITY: RGBColor = RGBColor(200, 0, 0);
 impl Chart for Timeline<'_> {
     fn size(&self) -> (u32, u32) {
         let rows = self.data.runs.len() as u32 + 7;
-        (WIDTH, HEIGHT.max(110 + rows * LEGEND_LINE as u32))
+        // A legend wider than 520 px widens the chart rather than cutting a policy's label.
+        let wider = (self.legend_width() - 520).max(0) as u32;
+        (WIDTH + wider, HEIGHT.max(110 + rows * LEGEND_LINE as u32))
     }
 
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> ChartResult {
@@ -85,12 +92,7 @@ impl Chart for Timeline<'_> {
         let trace = &data.trace;
         let (w, h) = self.size();
         let legend = self.legend();
-        let legend_w = legend
-            .iter()
-            .map(|e| text_width(&e.label, LABEL) + 60)
-            .max()
-            .unwrap_or(200)
-            .clamp(220, 520);
+        let legend_w = self.legend_width();
         let title = format!(
             "Device memory over time: {} (device {}, {} events)",
             truncate(&trace.file_name(), 60),

@@ -1,0 +1,71 @@
+//! Capacity replays end and explain themselves: every policy on every real trace at 25%, 50%
+//! and 90% of what it needs (its own unlimited peak reserved) terminates, and reports an OOM
+//! with its details whenever the capacity is below what the trace keeps live.
+
+use fragsim::policy::{self, PolicySpec};
+use fragsim::replay::{run_spec, PolicyResult, ReplayInput, ReplayOptions};
+use fragsim::trace::{self, ReadOptions};
+use rayon::prelude::*;
+
+/// Every trace in traces/real/.
+fn real_traces() -> Vec<std::path::PathBuf> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("traces/real");
+    let mut paths: Vec<_> = std::fs::read_dir(&dir)
+        .expect("traces/real")
+        .map(|e| e.expect("directory entry").path())
+        .filter(|p| {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            name.ends_with(".pickle") || name.ends_with(".json.gz")
+        })
+        .collect();
+    paths.sort();
+    paths
+}
+
+fn replay(input: &ReplayInput, spec: &PolicySpec, capacity: Option<u64>) -> PolicyResult {
+    let options = ReplayOptions { capacity, ..ReplayOptions::default() };
+    run_spec(spec, input, &options)
+        .unwrap_or_else(|e| panic!("{} at {capacity:?}: {}", spec.display(), e.message()))
+        .result
+}
+
+#[test]
+fn every_policy_ends_on_every_real_trace_below_its_need() {
+    let traces = real_traces();
+    assert!(traces.len() >= 7, "{traces:?}");
+    let specs: Vec<PolicySpec> =
+        policy::names().iter().map(|n| PolicySpec::parse_list(n).unwrap().remove(0)).collect();
+    for path in &traces {
+        let trace = trace::read_trace(path, &ReadOptions::default()).unwrap();
+        let input = ReplayInput::new(&trace, None).unwrap();
+        let name = path.file_name().unwrap().to_string_lossy();
+        let needs: Vec<PolicyResult> = specs.par_iter().map(|s| replay(&input, s, None)).collect();
+        let live_peak = needs[0].peak_requested_bytes;
+        let jobs: Vec<(usize, u64)> = (0..specs.len())
+            .flat_map(|k| {
+                let need = needs[k].peak_reserved_bytes;
+                [25, 50, 90].map(|pct| (k, need / 100 * pct))
+            })
+            .collect();
+        let runs: Vec<PolicyResult> =
+            jobs.par_iter().map(|&(k, cap)| replay(&input, &specs[k], Some(cap))).collect();
+        for (&(k, cap), r) in jobs.iter().zip(&runs) {
+            let what = format!("{name}: {} at {cap} bytes", specs[k].display());
+            assert_eq!(r.oom, r.first_oom_event.is_some(), "{what}");
+            if cap < live_peak {
+                assert!(r.oom, "{what}: below the live peak {live_peak} yet no OOM");
+            }
+            if r.oom {
+                let d = r.first_oom.as_ref().unwrap_or_else(|| panic!("{what}: no details"));
+                assert_eq!(Some(d.event), r.first_oom_event, "{what}");
+                assert_eq!(d.capacity_bytes, Some(cap), "{what}");
+                assert!(d.size > 0, "{what}");
+                assert!(d.reserved_bytes <= cap, "{what}: {d:?}");
+                assert_eq!(d.free_bytes, Some(cap - d.reserved_bytes), "{what}");
+            } else {
+                assert_eq!(r.peak_requested_bytes, live_peak, "{what}: served all, same live peak");
+            }
+            assert!(r.peak_reserved_bytes <= cap, "{what}: held {}", r.peak_reserved_bytes);
+        }
+    }
+}
