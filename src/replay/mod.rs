@@ -11,8 +11,9 @@
 //! only marks the caller's intent) — or at `free_requested` in formats that record one kind of
 //! free; a run of recorded `segment_free`s outside any malloc is the program calling
 //! `empty_cache()`, so every policy is asked to flush there too. Blocks live before the first
-//! event are allocated first, in address order, so every policy carries them. Frees of addresses
-//! the replay never allocated are counted, never fatal. Reserved bytes are read from the backend,
+//! event are allocated first, in address order, so every policy carries them (a policy that knows
+//! how the recorded allocator held them installs that state instead, [`Policy::start`]). Frees of
+//! addresses the replay never allocated are counted, never fatal. Reserved bytes are read from the backend,
 //! so a policy cannot misreport them.
 
 pub mod compare;
@@ -480,10 +481,16 @@ fn run<P: Policy, B: Backend>(
     let start_time = events.first().map_or(0, |e| e.time_us);
 
     // Blocks live before the first event: every policy must carry them.
+    backend.now = start_time;
+    let installed = policy.start(&mut backend, &input.live_at_start)?;
     for (k, b) in input.live_at_start.iter().enumerate() {
         backend.now = start_time;
         backend.stream = b.stream;
-        match policy.malloc(&mut backend, b.size.max(1), b.stream)? {
+        let placed = match installed.get(k).copied().flatten() {
+            Some(a) => Some(a),
+            None => policy.malloc(&mut backend, b.size.max(1), b.stream)?,
+        };
+        match placed {
             Some(a) => {
                 meter.requested += b.size;
                 slots.at_start[k] = a.addr;
