@@ -111,7 +111,13 @@ impl<'a> ReplayInput<'a> {
                 ))
             })?
             .events;
-        let live_at_start = live_at_start(trace, device, events);
+        let mut live_at_start = live_at_start(trace, device, events);
+        // A Kineto trace's memory live before profiling that no event frees: one opaque block
+        // every policy carries, so peaks compare with the profiler's `Total Allocated`.
+        // Its address is below every recorded one: first, in address order.
+        if let Some(b) = crate::recorded::kineto_start::opaque_live_block(trace, device) {
+            live_at_start.insert(0, b);
+        }
         let frees_at = free_action(events);
         let links = link_events(events, &live_at_start, frees_at)?;
         Ok(ReplayInput {

@@ -165,6 +165,9 @@ pub struct PyTorch {
     /// The recorded allocator's segments at a snapshot's first event, installed by
     /// [`Policy::start`] (see [`PyTorch::with_recorded_start`]); taken when installed.
     start: Option<Box<start::StartState>>,
+    /// Requests are recorded block sizes (a Kineto trace, see [`PyTorch::reading_kineto`]): a
+    /// block found larger is split down to the request whenever the rest can be a block.
+    exact_blocks: bool,
 }
 
 fn pool_index(small: bool) -> usize {
@@ -192,7 +195,22 @@ impl PyTorch {
                 && config.allowed_memory_maximum().is_some(),
             config,
             start: None,
+            exact_blocks: false,
         }
+    }
+
+    /// The same policy reading a Kineto trace's `[memory]` `Bytes` as what they are: the
+    /// allocator reports `block->size` to the profiler (and sums block sizes into `Total
+    /// Allocated`), so each recorded size is the block the real allocator handed out — already
+    /// rounded, and already including any tail it chose not to split off. The request behind it is
+    /// not recorded. Replaying the size as a fresh request would let the policy add another
+    /// unsplit tail on top (a block up to 1 MiB larger in the large pool), counting bytes the real
+    /// run never allocated; so the recorded size is honoured as the block: a larger free block is
+    /// split down to it whenever the rest can be a block. Peak allocated bytes then equal the
+    /// profiler's `Total Allocated` wherever the replay serves every request.
+    pub fn reading_kineto(mut self, context: &PolicyContext) -> PyTorch {
+        self.exact_blocks = context.trace.format == crate::trace::Format::Kineto;
+        self
     }
 
     /// The same policy starting where the recorded allocator was at the first event of a
@@ -223,14 +241,15 @@ impl PyTorch {
     /// recorded settings, else PyTorch's defaults).
     pub fn from_spec(options: &str, context: &PolicyContext) -> Result<PyTorch> {
         Ok(PyTorch::new(config_for(options, context, Version::CURRENT)?)
-            .with_recorded_start(context))
+            .with_recorded_start(context)
+            .reading_kineto(context))
     }
 
     /// Like [`PyTorch::from_spec`] with `expandable_segments:True` forced.
     pub fn expandable_from_spec(options: &str, context: &PolicyContext) -> Result<PyTorch> {
         let mut c = config_for(options, context, Version::CURRENT)?;
         c.expandable_segments = true;
-        Ok(PyTorch::new(c))
+        Ok(PyTorch::new(c).reading_kineto(context))
     }
 
     /// The same policy on a GPU of `total` bytes (`--capacity`), the base of
@@ -425,7 +444,7 @@ impl PyTorch {
     fn should_split(&self, id: u32, size: u64) -> bool {
         let b = self.b(id);
         let remaining = b.size - size;
-        if b.small || self.config.expandable_segments {
+        if b.small || self.config.expandable_segments || self.exact_blocks {
             remaining >= MIN_BLOCK_SIZE
         } else {
             size < self.config.max_split_size && remaining > SMALL_SIZE
