@@ -62,9 +62,53 @@ pub struct ReplaySource {
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub device: Option<i32>,
 
-    /// Device memory, e.g. 40GiB or 80GB: allocations beyond it fail as OOM.
-    #[arg(long, value_name = "SIZE", value_parser = size_arg)]
-    pub capacity: Option<u64>,
+    /// Device memory, e.g. 40GiB or 80GB: allocations beyond it fail as OOM. `recorded`: the
+    /// limit inferred from the recording (the default when it shows the device running out);
+    /// `none`: unlimited.
+    #[arg(long, value_name = "SIZE|recorded|none", value_parser = capacity_arg)]
+    pub capacity: Option<CapacityArg>,
+}
+
+/// What `--capacity` says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CapacityArg {
+    /// A size.
+    Size(u64),
+    /// `recorded`: the device limit inferred from the recording.
+    Recorded,
+    /// `none`: unlimited, even where the recording shows a limit.
+    Unlimited,
+}
+
+/// Parses `--capacity`: a size, `recorded` or `none`.
+pub fn capacity_arg(text: &str) -> std::result::Result<CapacityArg, String> {
+    match text.trim() {
+        "recorded" => Ok(CapacityArg::Recorded),
+        "none" => Ok(CapacityArg::Unlimited),
+        t => size_arg(t).map(CapacityArg::Size),
+    }
+}
+
+/// The capacity a replay of `device` runs under, and a line saying where it came from when it
+/// was inferred: the flag's size; with no flag (or `recorded`) the device limit the recording
+/// shows ([`fragsim::recorded::limit::infer`]), if it shows one; `none` is unlimited.
+pub fn resolve_capacity(
+    arg: Option<CapacityArg>,
+    limit: Option<&fragsim::recorded::limit::DeviceLimit>,
+) -> Result<(Option<u64>, Option<String>)> {
+    let inferred = limit.and_then(|l| l.limit_bytes.map(|b| (b, l.describe())));
+    match arg {
+        Some(CapacityArg::Size(n)) => Ok((Some(n), None)),
+        Some(CapacityArg::Unlimited) => Ok((None, None)),
+        Some(CapacityArg::Recorded) => match inferred {
+            Some((b, why)) => Ok((Some(b), Some(why))),
+            None => Err(fragsim::error::Error::usage(format!(
+                "--capacity recorded: the recording shows no device limit ({})",
+                limit.map_or("no recorded allocator figures".to_string(), |l| l.describe())
+            ))),
+        },
+        None => Ok(inferred.map_or((None, None), |(b, why)| (Some(b), Some(why)))),
+    }
 }
 
 /// How a command prints its results (`--format`).

@@ -68,8 +68,22 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let specs = PolicySpec::parse_many(&args.source.policies)?;
     let trace = super::read_trace(&args.source.trace, false)?;
     let input = ReplayInput::new(&trace, args.source.device)?;
+    let recorded = fragsim::recorded::recorded(&trace, input.device);
+    let limit = recorded.as_ref().map(|r| fragsim::recorded::limit::infer(&trace, r));
+    let (capacity, inferred) = super::resolve_capacity(args.source.capacity, limit.as_ref())?;
+    let recorded_row = recorded.as_ref().map(|r| match &limit {
+        Some(l) if r.source == fragsim::recorded::Source::SnapshotSegments => r.row().with_limit(l),
+        _ => r.row(),
+    });
+    if let Some(why) = &inferred {
+        if args.output_format() == OutputFormat::Table {
+            eprintln!(
+                "fragsim: capacity inferred from the recording: {why} (--capacity overrides)"
+            );
+        }
+    }
     let options = ReplayOptions {
-        capacity: args.source.capacity,
+        capacity,
         outside_bytes: args.outside,
         backend: match args.backend {
             Backend::Sim => BackendKind::Sim,
@@ -104,10 +118,18 @@ pub fn run(args: Args) -> Result<ExitCode> {
     match args.output_format() {
         OutputFormat::Json => {
             let path = args.source.trace.display().to_string();
-            json::write(&json::ReplayReport::new(&path, &input, &results), &mut stdout)?
+            let mut report = json::ReplayReport::new(&path, &input, &results);
+            report.recorded = recorded_row;
+            report.capacity = Some(json::CapacityNote { bytes: capacity, inferred, limit });
+            json::write(&report, &mut stdout)?
         }
-        OutputFormat::Csv => csv::write_results(&results, &mut stdout)?,
-        OutputFormat::Table => write!(stdout, "{}", table::render(&results)).map_err(io)?,
+        OutputFormat::Csv => {
+            csv::write_with_recorded(&results, recorded_row.as_ref(), &mut stdout)?
+        }
+        OutputFormat::Table => {
+            let text = table::render_with_recorded(&results, recorded_row.as_ref());
+            write!(stdout, "{text}").map_err(io)?
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -34,15 +34,23 @@ pub fn run(args: Args) -> Result<ExitCode> {
         PolicySpec::parse_list(name)?;
     }
     let progress = std::io::stderr().is_terminal();
+    let trace = super::read_trace(&args.source.trace, false)?;
+    let device = args.source.device.or_else(|| trace.default_device());
+    let limit = device
+        .and_then(|d| fragsim::recorded::recorded(&trace, d))
+        .map(|r| fragsim::recorded::limit::infer(&trace, &r));
+    let (capacity, inferred) = super::resolve_capacity(args.source.capacity, limit.as_ref())?;
+    if let Some(why) = inferred {
+        eprintln!("fragsim: capacity inferred from the recording: {why} (--capacity overrides)");
+    }
     let plan = ReportPlan {
         trace_path: args.source.trace.display().to_string(),
         policies,
         device: args.source.device,
-        capacity: args.source.capacity,
+        capacity,
         segment_map_policy: args.segment_map_policy,
         progress,
     };
-    let trace = super::read_trace(&args.source.trace, false)?;
     let data = report::collect(&trace, &plan)?;
     for s in &data.skipped {
         eprintln!("fragsim: note: skipped policy '{}': {}", s.label, s.reason);

@@ -53,6 +53,14 @@ fn version_arg(text: &str) -> std::result::Result<Version, String> {
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let trace = super::read_trace(&args.snapshot, false)?;
+    if trace.format != fragsim::trace::Format::PytorchSnapshot {
+        return Err(fragsim::error::Error::usage(format!(
+            "{}: validate needs a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot), \
+             not a {} trace: only a snapshot records the allocator's own decisions",
+            args.snapshot.display(),
+            trace.format.name()
+        )));
+    }
     let options = ValidateOptions {
         device: args.device,
         gpu_memory: args.gpu_mem,

@@ -2,14 +2,31 @@
 //! aligned, numbers to the right.
 
 use super::columns::{self, Cell};
+use crate::recorded::RecordedRow;
 use crate::replay::PolicyResult;
 use std::fmt::Write;
 
 /// Renders `results` as an aligned text table, in the order given. When `bound` is among them,
 /// the `over bound` column gives each policy's overhead over it.
 pub fn render(results: &[PolicyResult]) -> String {
-    let header: Vec<&str> = columns::SUMMARY.iter().map(|c| c.header).collect();
-    let rows = columns::cells(results, &columns::SUMMARY);
+    render_with_recorded(results, None)
+}
+
+/// Like [`render`], with the recorded run (when the trace carries its figures) as a first row,
+/// `-` where the file cannot tell, and a `vs recorded` column: each policy's peak reserved
+/// against the recorded peak.
+pub fn render_with_recorded(results: &[PolicyResult], recorded: Option<&RecordedRow>) -> String {
+    let mut header: Vec<&str> = columns::SUMMARY.iter().map(|c| c.header).collect();
+    let mut rows = columns::cells(results, &columns::SUMMARY);
+    if let Some(rec) = recorded {
+        header.push(columns::VS_RECORDED);
+        for (row, r) in rows.iter_mut().zip(results) {
+            row.push(columns::vs_recorded(r, rec));
+        }
+        let mut first = columns::recorded_cells(rec, results, &columns::SUMMARY);
+        first.push(Cell::Unknown);
+        rows.insert(0, first);
+    }
     let text: Vec<Vec<String>> = rows.iter().map(|r| r.iter().map(Cell::human).collect()).collect();
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in &text {
