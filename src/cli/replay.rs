@@ -68,13 +68,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let specs = PolicySpec::parse_many(&args.source.policies)?;
     let trace = super::read_trace(&args.source.trace, false)?;
     let input = ReplayInput::new(&trace, args.source.device)?;
-    let recorded = fragsim::recorded::recorded(&trace, input.device);
-    let limit = recorded.as_ref().map(|r| fragsim::recorded::limit::infer(&trace, r));
+    let (recorded_row, limit) = fragsim::recorded::row_and_limit(&trace, input.device);
     let (capacity, inferred) = super::resolve_capacity(args.source.capacity, limit.as_ref())?;
-    let recorded_row = recorded.as_ref().map(|r| match &limit {
-        Some(l) if r.source == fragsim::recorded::Source::SnapshotSegments => r.row().with_limit(l),
-        _ => r.row(),
-    });
     if let Some(why) = &inferred {
         if args.output_format() == OutputFormat::Table {
             eprintln!(

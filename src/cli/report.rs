@@ -36,11 +36,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let progress = std::io::stderr().is_terminal();
     let trace = super::read_trace(&args.source.trace, false)?;
     let device = args.source.device.or_else(|| trace.default_device());
-    let limit = device
-        .and_then(|d| fragsim::recorded::recorded(&trace, d))
-        .map(|r| fragsim::recorded::limit::infer(&trace, &r));
+    let limit = device.and_then(|d| fragsim::recorded::row_and_limit(&trace, d).1);
     let (capacity, inferred) = super::resolve_capacity(args.source.capacity, limit.as_ref())?;
-    if let Some(why) = inferred {
+    if let Some(why) = &inferred {
         eprintln!("fragsim: capacity inferred from the recording: {why} (--capacity overrides)");
     }
     let plan = ReportPlan {
@@ -48,6 +46,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         policies,
         device: args.source.device,
         capacity,
+        capacity_inferred: inferred,
         segment_map_policy: args.segment_map_policy,
         progress,
     };

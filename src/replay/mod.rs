@@ -488,7 +488,13 @@ fn run<P: Policy, B: Backend>(
 
     // Blocks live before the first event: every policy must carry them.
     backend.now = start_time;
-    let installed = policy.start(&mut backend, &input.live_at_start)?;
+    // A recorded run (`--export-snapshot`) starts cold, every block malloc'd, so that `validate`
+    // can replay it decision for decision from its own events.
+    let installed = if options.record_events {
+        vec![None; input.live_at_start.len()]
+    } else {
+        policy.start(&mut backend, &input.live_at_start)?
+    };
     for (k, b) in input.live_at_start.iter().enumerate() {
         backend.now = start_time;
         backend.stream = b.stream;

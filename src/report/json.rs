@@ -110,8 +110,8 @@ pub fn write_report(data: &ReportData, out: &mut impl Write) -> Result<()> {
             device: data.trace.device,
             events: data.trace.events,
             results: &results,
-            recorded: None,
-            capacity: None,
+            recorded: data.recorded.clone(),
+            capacity: data.capacity_note.clone(),
         },
         out,
     )
