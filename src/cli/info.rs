@@ -30,15 +30,66 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let text = if args.json {
         serde_json::to_string_pretty(&summary).map_err(|e| Error::usage(e.to_string()))? + "\n"
     } else {
-        render(&args.trace.display().to_string(), &summary)
+        render(&args.trace.display().to_string(), &summary, &|d| start_lines(&trace, d))
     };
     let mut stdout = std::io::stdout().lock();
     stdout.write_all(text.as_bytes()).map_err(|e| Error::writing("to stdout", e))?;
     Ok(ExitCode::SUCCESS)
 }
 
+/// What `device` held before its first event, next to peak live: the blocks live at the start
+/// (as every replay carries them; a Kineto trace's opaque block included) and the peak of live
+/// bytes counting them, which is the `bound` policy's peak; then what the recording says the
+/// real allocator held (Kineto's start totals, the recorded peaks).
+fn start_lines(trace: &fragsim::trace::Trace, device: i32) -> Vec<String> {
+    let Ok(input) = fragsim::replay::ReplayInput::new(trace, Some(device)) else {
+        return Vec::new();
+    };
+    let blocks = input.live_at_start.len();
+    let bytes: u64 = input.live_at_start.iter().map(|b| b.size).sum();
+    let mut out =
+        vec![format!("live at start: {} blocks, {}", count(blocks as u64), format_bytes(bytes))];
+    let bound = fragsim::policy::PolicySpec::parse_list("bound")
+        .ok()
+        .and_then(|specs| fragsim::replay::run_spec(&specs[0], &input, &Default::default()).ok())
+        .map(|o| o.result.peak_reserved_bytes);
+    if let Some(peak) = bound {
+        out.push(format!("peak live with them: {} (= bound's peak reserved)", format_bytes(peak)));
+    }
+    if let Some(k) = fragsim::recorded::kineto_start::start_state(trace, device) {
+        out.push(format!(
+            "kineto start:  {} allocated, {} reserved before the first event ({} in no event's free: one opaque block)",
+            format_bytes(k.live_bytes),
+            format_bytes(k.reserved_bytes),
+            format_bytes(k.opaque_bytes)
+        ));
+        if k.mismatches > 0 {
+            out.push(format!(
+                "kineto check:  {} events where live at start plus the running sum of Bytes is not Total Allocated:",
+                count(k.mismatches)
+            ));
+            out.extend(k.warnings.iter().map(|w| format!("  {w}")));
+        }
+    }
+    if let Some(r) = fragsim::recorded::recorded(trace, device) {
+        let allocated = r
+            .peak_allocated_bytes
+            .map_or(String::new(), |a| format!(", peak allocated {}", format_bytes(a)));
+        out.push(format!(
+            "recorded:      reserved {} at the first event, peak reserved {}{allocated}",
+            format_bytes(r.reserved_at_start_bytes),
+            format_bytes(r.peak_reserved_bytes)
+        ));
+        let limit = fragsim::recorded::limit::infer(trace, &r);
+        if limit.limit_bytes.is_some() || !limit.consistent {
+            out.push(format!("device limit:  {}", limit.describe()));
+        }
+    }
+    out
+}
+
 /// The human summary.
-fn render(path: &str, s: &Summary) -> String {
+fn render(path: &str, s: &Summary, extra: &dyn Fn(i32) -> Vec<String>) -> String {
     let mut o = String::new();
     let events: u64 = s.devices.iter().map(|d| d.events).sum();
     let _ = writeln!(o, "{path}");
@@ -54,7 +105,7 @@ fn render(path: &str, s: &Summary) -> String {
     );
     for d in &s.devices {
         o.push('\n');
-        render_device(&mut o, d, s.device == Some(d.device));
+        render_device(&mut o, d, s.device == Some(d.device), &extra(d.device));
     }
     o.push('\n');
     if s.segments_at_dump > 0 || s.converted_from.unwrap_or(s.format) == "pytorch-snapshot" {
@@ -85,7 +136,7 @@ fn render(path: &str, s: &Summary) -> String {
     o
 }
 
-fn render_device(o: &mut String, d: &DeviceSummary, default: bool) {
+fn render_device(o: &mut String, d: &DeviceSummary, default: bool, extra: &[String]) {
     let name = if d.device == -1 {
         "device -1 (host)".to_string()
     } else {
@@ -114,6 +165,9 @@ fn render_device(o: &mut String, d: &DeviceSummary, default: bool) {
         format_bytes(d.peak_live_bytes),
         d.free_action
     );
+    for line in extra {
+        let _ = writeln!(o, "  {line}");
+    }
     let _ = writeln!(
         o,
         "  orphan frees:  {} (blocks allocated before the trace began)",

@@ -63,7 +63,9 @@ pub struct ReplaySource {
     pub device: Option<i32>,
 
     /// Device memory, e.g. 40GiB or 80GB (at least 1 MiB): allocations beyond it fail as OOM.
-    #[arg(long, value_name = "SIZE", value_parser = capacity_arg)]
+    /// `recorded`: the limit inferred from the recording (the default when it shows the device
+    /// running out); `none`: unlimited.
+    #[arg(long, value_name = "SIZE|recorded|none", value_parser = capacity_arg)]
     pub capacity: Option<CapacityArg>,
 
     /// What-if: every policy calls empty_cache() (releases its wholly free cached segments)
@@ -81,11 +83,6 @@ pub struct ReplaySource {
 }
 
 impl ReplaySource {
-    /// `--capacity` in bytes, if given.
-    pub fn capacity_bytes(&self) -> Option<u64> {
-        self.capacity.as_ref().map(|c| c.bytes)
-    }
-
     /// The `empty_cache` what-if the flags describe.
     pub fn empty_cache_plan(&self) -> Result<fragsim::replay::EmptyCachePlan> {
         if self.empty_cache_every == Some(0) {
@@ -101,28 +98,69 @@ impl ReplaySource {
     }
 }
 
-/// A `--capacity` flag: as typed (for headers) and in bytes.
+/// What `--capacity` says.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CapacityArg {
-    /// The text as the user typed it.
-    pub typed: String,
-    /// The capacity in bytes.
-    pub bytes: u64,
-}
-
-impl CapacityArg {
-    /// `40GB (37.25 GiB)`: as typed and in GiB.
-    pub fn describe(&self) -> String {
-        fragsim::units::describe_capacity(&self.typed, self.bytes)
-    }
+pub enum CapacityArg {
+    /// A size: as the user typed it (for headers) and in bytes.
+    Size {
+        /// The text as the user typed it.
+        typed: String,
+        /// The capacity in bytes.
+        bytes: u64,
+    },
+    /// `recorded`: the device limit inferred from the recording.
+    Recorded,
+    /// `none`: unlimited, even where the recording shows a limit.
+    Unlimited,
 }
 
 /// Parses `--capacity` for clap: a size of at least 1 MiB (`40` alone is an error that
-/// suggests `40GB` or `40GiB`).
+/// suggests `40GB` or `40GiB`), `recorded` or `none`.
 pub fn capacity_arg(text: &str) -> std::result::Result<CapacityArg, String> {
-    fragsim::units::parse_capacity(text)
-        .map(|bytes| CapacityArg { typed: text.trim().to_string(), bytes })
-        .map_err(|e| e.message().to_string())
+    match text.trim() {
+        "recorded" => Ok(CapacityArg::Recorded),
+        "none" => Ok(CapacityArg::Unlimited),
+        t => fragsim::units::parse_capacity(t)
+            .map(|bytes| CapacityArg::Size { typed: t.to_string(), bytes })
+            .map_err(|e| e.message().to_string()),
+    }
+}
+
+/// The capacity a replay of `device` runs under, and a line saying where it came from when it
+/// was inferred: the flag's size; with no flag (or `recorded`) the device limit the recording
+/// shows ([`fragsim::recorded::limit::infer`]), if it shows one; `none` is unlimited.
+pub fn resolve_capacity(
+    arg: Option<&CapacityArg>,
+    limit: Option<&fragsim::recorded::limit::DeviceLimit>,
+) -> Result<(Option<u64>, Option<String>)> {
+    let inferred = limit.and_then(|l| l.limit_bytes.map(|b| (b, l.describe())));
+    match arg {
+        Some(CapacityArg::Size { bytes, .. }) => Ok((Some(*bytes), None)),
+        Some(CapacityArg::Unlimited) => Ok((None, None)),
+        Some(CapacityArg::Recorded) => match inferred {
+            Some((b, why)) => Ok((Some(b), Some(why))),
+            None => Err(fragsim::error::Error::usage(format!(
+                "--capacity recorded: the recording shows no device limit ({})",
+                limit.map_or("no recorded allocator figures".to_string(), |l| l.describe())
+            ))),
+        },
+        None => Ok(inferred.map_or((None, None), |(b, why)| (Some(b), Some(why)))),
+    }
+}
+
+/// The table's first line for the capacity a replay ran under: as typed and in GiB, or the
+/// inferred limit; `None` when unlimited.
+pub fn capacity_header(arg: Option<&CapacityArg>, bytes: Option<u64>) -> Option<String> {
+    let bytes = bytes?;
+    Some(match arg {
+        Some(CapacityArg::Size { typed, bytes }) => {
+            format!("capacity: {}", fragsim::units::describe_capacity(typed, *bytes))
+        }
+        _ => format!(
+            "capacity: {} (inferred from the recording)",
+            fragsim::units::describe_capacity(&bytes.to_string(), bytes)
+        ),
+    })
 }
 
 /// How a command prints its results (`--format`).
@@ -216,8 +254,14 @@ mod tests {
     #[test]
     fn a_capacity_needs_a_unit_and_keeps_what_was_typed() {
         let c = capacity_arg("40GB").unwrap();
-        assert_eq!(c.bytes, 40_000_000_000);
-        assert_eq!(c.describe(), "40GB (37.25 GiB)");
+        assert_eq!(c, CapacityArg::Size { typed: "40GB".into(), bytes: 40_000_000_000 });
+        assert_eq!(
+            capacity_header(Some(&c), Some(40_000_000_000)).as_deref(),
+            Some("capacity: 40GB (37.25 GiB)")
+        );
+        assert_eq!(capacity_arg("recorded"), Ok(CapacityArg::Recorded));
+        assert_eq!(capacity_arg("none"), Ok(CapacityArg::Unlimited));
+        assert_eq!(capacity_header(Some(&CapacityArg::Unlimited), None), None);
         let e = capacity_arg("40").unwrap_err();
         assert!(e.contains("40GB") && e.contains("40GiB"), "{e}");
         let parsed = Cli::try_parse_from(["fragsim", "replay", "t.txt", "--capacity", "40"]);

@@ -73,8 +73,18 @@ pub fn run(args: Args) -> Result<ExitCode> {
     // Frames only matter for naming the stack of an OOM, which needs a capacity.
     let trace = super::read_trace(&args.source.trace, args.source.capacity.is_some())?;
     let input = ReplayInput::new(&trace, args.source.device)?;
+    let (recorded_row, limit) = fragsim::recorded::row_and_limit(&trace, input.device);
+    let (capacity, inferred) =
+        super::resolve_capacity(args.source.capacity.as_ref(), limit.as_ref())?;
+    if let Some(why) = &inferred {
+        if args.output_format() == OutputFormat::Table {
+            eprintln!(
+                "fragsim: capacity inferred from the recording: {why} (--capacity overrides)"
+            );
+        }
+    }
     let options = ReplayOptions {
-        capacity: args.source.capacity_bytes(),
+        capacity,
         empty_cache: empty_cache.clone(),
         outside_bytes: args.outside,
         backend: match args.backend {
@@ -117,14 +127,20 @@ pub fn run(args: Args) -> Result<ExitCode> {
     match args.output_format() {
         OutputFormat::Json => {
             let path = args.source.trace.display().to_string();
-            json::write(&json::ReplayReport::new(&path, &input, &results), &mut stdout)?
+            let mut report = json::ReplayReport::new(&path, &input, &results);
+            report.recorded = recorded_row;
+            report.capacity = Some(json::CapacityNote { bytes: capacity, inferred, limit });
+            json::write(&report, &mut stdout)?
         }
-        OutputFormat::Csv => csv::write_results(&results, &mut stdout)?,
+        OutputFormat::Csv => {
+            csv::write_with_recorded(&results, recorded_row.as_ref(), &mut stdout)?
+        }
         OutputFormat::Table => {
-            if let Some(c) = &args.source.capacity {
-                writeln!(stdout, "capacity: {}", c.describe()).map_err(io)?;
+            if let Some(line) = super::capacity_header(args.source.capacity.as_ref(), capacity) {
+                writeln!(stdout, "{line}").map_err(io)?;
             }
-            write!(stdout, "{}", table::render(&results)).map_err(io)?;
+            write!(stdout, "{}", table::render_with_recorded(&results, recorded_row.as_ref()))
+                .map_err(io)?;
             if let Some(lines) = whatif {
                 write!(stdout, "\n{lines}").map_err(io)?;
             }

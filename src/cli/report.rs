@@ -34,16 +34,24 @@ pub fn run(args: Args) -> Result<ExitCode> {
         PolicySpec::parse_list(name)?;
     }
     let progress = std::io::stderr().is_terminal();
+    let trace = super::read_trace(&args.source.trace, false)?;
+    let device = args.source.device.or_else(|| trace.default_device());
+    let limit = device.and_then(|d| fragsim::recorded::row_and_limit(&trace, d).1);
+    let (capacity, inferred) =
+        super::resolve_capacity(args.source.capacity.as_ref(), limit.as_ref())?;
+    if let Some(why) = &inferred {
+        eprintln!("fragsim: capacity inferred from the recording: {why} (--capacity overrides)");
+    }
     let plan = ReportPlan {
         trace_path: args.source.trace.display().to_string(),
         policies,
         device: args.source.device,
-        capacity: args.source.capacity_bytes(),
+        capacity,
+        capacity_inferred: inferred,
         empty_cache: args.source.empty_cache_plan()?,
         segment_map_policy: args.segment_map_policy,
         progress,
     };
-    let trace = super::read_trace(&args.source.trace, false)?;
     let data = report::collect(&trace, &plan)?;
     for s in &data.skipped {
         eprintln!("fragsim: note: skipped policy '{}': {}", s.label, s.reason);

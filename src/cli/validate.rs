@@ -53,6 +53,21 @@ fn version_arg(text: &str) -> std::result::Result<Version, String> {
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let trace = super::read_trace(&args.snapshot, false)?;
+    // A snapshot records the allocator's decisions; so does a text or .fst trace written from
+    // one (it keeps the segment events). Anything else (Kineto, RMM, a bare alloc/free list)
+    // has nothing to validate against.
+    let segment_events = trace.devices.iter().flat_map(|d| &d.events).any(|e| {
+        use fragsim::trace::Action::*;
+        matches!(e.action, SegmentAlloc | SegmentFree | SegmentMap | SegmentUnmap)
+    });
+    if trace.format != fragsim::trace::Format::PytorchSnapshot && !segment_events {
+        return Err(fragsim::error::Error::usage(format!(
+            "{}: validate needs a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot), \
+             not a {} trace: only a snapshot records the allocator's own decisions",
+            args.snapshot.display(),
+            trace.format.name()
+        )));
+    }
     let options = ValidateOptions {
         device: args.device,
         gpu_memory: args.gpu_mem,

@@ -52,6 +52,19 @@ pub trait Policy {
         Ok(())
     }
 
+    /// Called once before the first event with the blocks live at the start (in the engine's
+    /// order): a policy that knows how the recorded allocator held them (the `pytorch` policy
+    /// on a snapshot: its segments at the first event, cached free blocks included) installs that
+    /// state through `backend` and returns where each block now lives. `None` for a block (the
+    /// default for all) asks the engine to malloc it, as every other policy's start is built.
+    fn start<B: Backend>(
+        &mut self,
+        _backend: &mut B,
+        live_at_start: &[LiveBlock],
+    ) -> Result<Vec<Option<Allocation>>> {
+        Ok(vec![None; live_at_start.len()])
+    }
+
     /// Serves a request of `size` bytes (> 0) on `stream`. `Ok(None)` means out of memory after
     /// every fallback the real allocator would try; the request then never existed.
     fn malloc<B: Backend>(

@@ -157,6 +157,22 @@ pub fn recorded(trace: &Trace, device: i32) -> Option<Recorded> {
     (trace.format == Format::PytorchSnapshot).then(|| from_snapshot(trace, device, events))
 }
 
+/// The recorded run's row beside the policies and the device limit its recording shows, for
+/// `device` of `trace`; both `None` when the file records no allocator figures. The row's
+/// `alloc_retries` comes from the limit's flush classification (snapshots only).
+pub fn row_and_limit(
+    trace: &Trace,
+    device: i32,
+) -> (Option<RecordedRow>, Option<limit::DeviceLimit>) {
+    let Some(r) = recorded(trace, device) else { return (None, None) };
+    let l = limit::infer(trace, &r);
+    let row = match r.source {
+        Source::SnapshotSegments => r.row().with_limit(&l),
+        Source::KinetoTotals => r.row(),
+    };
+    (Some(row), Some(l))
+}
+
 /// Reserved over time from a snapshot: final segments minus the net of segment events.
 fn from_snapshot(trace: &Trace, device: i32, events: &[Event]) -> Recorded {
     let mut warnings = Vec::new();

@@ -11,8 +11,9 @@
 //! only marks the caller's intent) — or at `free_requested` in formats that record one kind of
 //! free; a run of recorded `segment_free`s outside any malloc is the program calling
 //! `empty_cache()`, so every policy is asked to flush there too. Blocks live before the first
-//! event are allocated first, in address order, so every policy carries them. Frees of addresses
-//! the replay never allocated are counted, never fatal. Reserved bytes are read from the backend,
+//! event are allocated first, in address order, so every policy carries them (a policy that knows
+//! how the recorded allocator held them installs that state instead, [`Policy::start`]). Frees of
+//! addresses the replay never allocated are counted, never fatal. Reserved bytes are read from the backend,
 //! so a policy cannot misreport them.
 
 pub mod compare;
@@ -111,7 +112,13 @@ impl<'a> ReplayInput<'a> {
                 ))
             })?
             .events;
-        let live_at_start = live_at_start(trace, device, events);
+        let mut live_at_start = live_at_start(trace, device, events);
+        // A Kineto trace's memory live before profiling that no event frees: one opaque block
+        // every policy carries, so peaks compare with the profiler's `Total Allocated`.
+        // Its address is below every recorded one: first, in address order.
+        if let Some(b) = crate::recorded::kineto_start::opaque_live_block(trace, device) {
+            live_at_start.insert(0, b);
+        }
         let frees_at = free_action(events);
         let links = link_events(events, &live_at_start, frees_at)?;
         Ok(ReplayInput {
@@ -530,10 +537,22 @@ fn run<P: Policy, B: Backend>(
     let start_time = events.first().map_or(0, |e| e.time_us);
 
     // Blocks live before the first event: every policy must carry them.
+    backend.observer.now = start_time;
+    // A recorded run (`--export-snapshot`) starts cold, every block malloc'd, so that `validate`
+    // can replay it decision for decision from its own events.
+    let installed = if options.record_events {
+        vec![None; input.live_at_start.len()]
+    } else {
+        policy.start(&mut backend, &input.live_at_start)?
+    };
     for (k, b) in input.live_at_start.iter().enumerate() {
         backend.observer.now = start_time;
         backend.observer.stream = b.stream;
-        match policy.malloc(&mut backend, b.size.max(1), b.stream)? {
+        let placed = match installed.get(k).copied().flatten() {
+            Some(a) => Some(a),
+            None => policy.malloc(&mut backend, b.size.max(1), b.stream)?,
+        };
+        match placed {
             Some(a) => {
                 meter.requested += b.size;
                 slots.at_start[k] = a.addr;

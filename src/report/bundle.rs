@@ -31,6 +31,8 @@ pub struct ReportPlan {
     pub device: Option<i32>,
     /// Device capacity for OOM (`None`: unlimited).
     pub capacity: Option<u64>,
+    /// When `capacity` was inferred from the recording: what was inferred and from which events.
+    pub capacity_inferred: Option<String>,
     /// The policy whose segments are drawn at its peak (`None`: `pytorch`, else the first with
     /// segments). A name or a label (`NAME:OPTIONS`) of one of the replayed policies, or any spec.
     pub segment_map_policy: Option<String>,
@@ -245,6 +247,10 @@ pub struct ReportData {
     pub sizes: Vec<SizeBucket>,
     /// `--capacity`, if given.
     pub capacity: Option<u64>,
+    /// The recorded run, when the trace carries the allocator's figures.
+    pub recorded: Option<crate::recorded::RecordedRow>,
+    /// The `capacity` key of `results.json`: the limit, whether inferred, what the recording says.
+    pub capacity_note: Option<super::json::CapacityNote>,
     /// fragsim's version.
     pub version: &'static str,
 }
@@ -280,6 +286,7 @@ fn bar(progress: bool, len: u64, what: &str) -> ProgressBar {
 /// returned in [`ReportData::skipped`]; the caller tells the user.
 pub fn collect(trace: &Trace, plan: &ReportPlan) -> Result<ReportData> {
     let input = ReplayInput::new(trace, plan.device)?;
+    let (recorded, limit) = crate::recorded::row_and_limit(trace, input.device);
     let options = ReplayOptions {
         capacity: plan.capacity,
         empty_cache: plan.empty_cache.clone(),
@@ -344,6 +351,12 @@ pub fn collect(trace: &Trace, plan: &ReportPlan) -> Result<ReportData> {
         skipped,
         segment_map,
         capacity: plan.capacity,
+        recorded,
+        capacity_note: Some(super::json::CapacityNote {
+            bytes: plan.capacity,
+            inferred: plan.capacity_inferred.clone(),
+            limit,
+        }),
         version: env!("CARGO_PKG_VERSION"),
     })
 }
@@ -433,7 +446,11 @@ pub fn write_dir(data: &ReportData, dir: &Path, progress: bool) -> Result<Vec<Pa
         &|| plot::write_segments(data, dir),
         &|| plot::write_sizes(data, dir),
         &|| write_file(dir, "results.json", |w| super::json::write_report(data, w)),
-        &|| write_file(dir, "results.csv", |w| super::csv::write_results(&data.results(), w)),
+        &|| {
+            write_file(dir, "results.csv", |w| {
+                super::csv::write_with_recorded(&data.results(), data.recorded.as_ref(), w)
+            })
+        },
         &|| write_file(dir, "summary.md", |w| super::markdown::write_summary(data, w)),
     ];
     for step in steps {

@@ -3,6 +3,7 @@
 //! all take their columns from here, so they cannot drift apart (style B12; hyperfine's
 //! hand-synced CSV is the counter-example).
 
+use crate::recorded::RecordedRow;
 use crate::replay::PolicyResult;
 use crate::units::format_bytes;
 
@@ -34,6 +35,8 @@ pub enum Cell {
     Event(Option<u64>),
     /// Seconds.
     Seconds(f64),
+    /// A value the source cannot know (the `recorded` row's JSON `null`).
+    Unknown,
 }
 
 impl Cell {
@@ -47,6 +50,7 @@ impl Cell {
             Cell::Percent(p) => p.map(float).unwrap_or_default(),
             Cell::Flag(b) => b.to_string(),
             Cell::Event(e) => e.map(|e| e.to_string()).unwrap_or_default(),
+            Cell::Unknown => String::new(),
         }
     }
 
@@ -63,6 +67,7 @@ impl Cell {
             Cell::Event(Some(e)) => format!("at event {e}"),
             Cell::Event(None) => "no".into(),
             Cell::Seconds(s) => format!("{s:.3} s"),
+            Cell::Unknown => "-".into(),
         }
     }
 
@@ -295,6 +300,44 @@ pub fn signed_percent(p: f64) -> String {
     } else {
         text
     }
+}
+
+/// The header of the column [`vs_recorded`] fills.
+pub const VS_RECORDED: &str = "vs recorded";
+
+/// A policy's peak reserved against the recorded run's, as a signed percentage.
+pub fn vs_recorded(result: &PolicyResult, recorded: &RecordedRow) -> Cell {
+    Cell::Percent(over_bound(result.peak_reserved_bytes, recorded.peak_reserved_bytes))
+}
+
+/// The cells of `columns` for the recorded run beside `results`: what the file cannot tell is
+/// [`Cell::Unknown`] (a derived column is unknown when any key it is made from is).
+pub fn recorded_cells(
+    recorded: &RecordedRow,
+    results: &[PolicyResult],
+    columns: &[&Column],
+) -> Vec<Cell> {
+    let result = recorded.to_policy_result();
+    let row = Row { result: &result, bound: bound_of(results) };
+    let json = serde_json::to_value(recorded).unwrap_or_default();
+    let known = |key: &str| json.get(key).is_none_or(|v| !v.is_null());
+    columns
+        .iter()
+        .map(|c| {
+            let sources: &[&str] = match c.key {
+                "mallocs" => &["device_malloc_count", "map_count"],
+                "frees" => &["device_free_count", "unmap_count"],
+                "over_bound" => &["peak_reserved_bytes"],
+                "replay_seconds" => &["replay_seconds"],
+                key => &[key][..],
+            };
+            match (c.key, sources.iter().all(|k| known(k))) {
+                ("first_oom_event", true) if recorded.oom.is_none() => Cell::Unknown,
+                (_, true) => (c.value)(&row),
+                (_, false) => Cell::Unknown,
+            }
+        })
+        .collect()
 }
 
 /// `bound`'s peak among `results`, if it ran.

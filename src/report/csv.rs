@@ -3,15 +3,28 @@
 
 use super::columns::{self, Cell};
 use crate::error::{Error, Result};
+use crate::recorded::RecordedRow;
 use crate::replay::PolicyResult;
 use std::io::Write;
 
 /// Writes `results` as CSV (RFC 4180 quoting where needed).
 pub fn write_results(results: &[PolicyResult], out: &mut impl Write) -> Result<()> {
+    write_with_recorded(results, None, out)
+}
+
+/// Like [`write_results`], with the recorded run as a last row when the trace carries its
+/// figures (the JSON's `null`s empty).
+pub fn write_with_recorded(
+    results: &[PolicyResult],
+    recorded: Option<&RecordedRow>,
+    out: &mut impl Write,
+) -> Result<()> {
     let io = |e: std::io::Error| Error::writing("CSV", e);
     let header: Vec<&str> = columns::RESULT.iter().map(|c| c.key).collect();
     writeln!(out, "{}", header.join(",")).map_err(io)?;
-    for row in columns::cells(results, &columns::RESULT) {
+    let mut rows = columns::cells(results, &columns::RESULT);
+    rows.extend(recorded.map(|r| columns::recorded_cells(r, results, &columns::RESULT)));
+    for row in rows {
         let cells: Vec<String> = row.iter().map(|c| quote(&Cell::raw(c))).collect();
         writeln!(out, "{}", cells.join(",")).map_err(io)?;
     }

@@ -3,6 +3,7 @@
 
 use super::bundle::ReportData;
 use crate::error::{Error, Result};
+use crate::recorded::{limit::DeviceLimit, RecordedRow};
 use crate::replay::PolicyResult;
 use serde::Serialize;
 use std::io::Write;
@@ -20,6 +21,26 @@ pub struct ReplayReport<'a> {
     pub events: u64,
     /// One entry per policy.
     pub results: &'a [PolicyResult],
+    /// The recorded run, written as the last entry of `results` (`"policy": "recorded"`,
+    /// `null` for what the file cannot tell) when the trace carries the allocator's figures.
+    #[serde(skip)]
+    pub recorded: Option<RecordedRow>,
+    /// The capacity the policies replayed under and where it came from (`capacity` key).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<CapacityNote>,
+}
+
+/// The `capacity` key: what limit every policy replayed under, and what the recording says.
+#[derive(Clone, Debug, Serialize)]
+pub struct CapacityNote {
+    /// The capacity in bytes; `null` for unlimited.
+    pub bytes: Option<u64>,
+    /// When inferred from the recording (no `--capacity`, or `--capacity recorded`): what was
+    /// inferred and from which events; `null` when given or unlimited.
+    pub inferred: Option<String>,
+    /// The device limit inferred from the recording, with every flush classified and every
+    /// `oom` entry; `null` when the trace records no allocator figures.
+    pub limit: Option<DeviceLimit>,
 }
 
 impl<'a> ReplayReport<'a> {
@@ -35,14 +56,46 @@ impl<'a> ReplayReport<'a> {
             device: input.device,
             events: input.events.len() as u64,
             results,
+            recorded: None,
+            capacity: None,
         }
     }
+}
+
+/// A `results` entry as written: a policy's result, or the recorded run.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Entry<'a> {
+    Policy(&'a PolicyResult),
+    Recorded(&'a RecordedRow),
+}
+
+/// [`ReplayReport`] as written, keys in the same order, the recorded run among the results.
+#[derive(Serialize)]
+struct Written<'a> {
+    trace: &'a str,
+    format: &'a str,
+    device: i32,
+    events: u64,
+    results: Vec<Entry<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    capacity: Option<&'a CapacityNote>,
 }
 
 /// Writes `report` as pretty JSON and a final newline.
 pub fn write(report: &ReplayReport, out: &mut impl Write) -> Result<()> {
     let io = |e: std::io::Error| Error::writing("JSON", e);
-    serde_json::to_writer_pretty(&mut *out, report).map_err(|e| io(e.into()))?;
+    let mut results: Vec<Entry> = report.results.iter().map(Entry::Policy).collect();
+    results.extend(report.recorded.as_ref().map(Entry::Recorded));
+    let written = Written {
+        trace: &report.trace,
+        format: report.format,
+        device: report.device,
+        events: report.events,
+        results,
+        capacity: report.capacity.as_ref(),
+    };
+    serde_json::to_writer_pretty(&mut *out, &written).map_err(|e| io(e.into()))?;
     writeln!(out).map_err(io)
 }
 
@@ -56,6 +109,8 @@ pub fn write_report(data: &ReportData, out: &mut impl Write) -> Result<()> {
             device: data.trace.device,
             events: data.trace.events,
             results: &results,
+            recorded: data.recorded.clone(),
+            capacity: data.capacity_note.clone(),
         },
         out,
     )

@@ -2,6 +2,7 @@
 //! aligned, numbers to the right.
 
 use super::columns::{self, Cell};
+use crate::recorded::RecordedRow;
 use crate::replay::PolicyResult;
 use std::fmt::Write;
 
@@ -10,12 +11,30 @@ use std::fmt::Write;
 /// `retries` shows when a policy retried ([`columns::summary_for`]). When `bound` is among
 /// them, the `over bound` column gives each policy's overhead over it.
 pub fn render(results: &[PolicyResult]) -> String {
+    render_with_recorded(results, None)
+}
+
+/// Like [`render`], with the recorded run (when the trace carries its figures) as a first row,
+/// `-` where the file cannot tell, and a `vs recorded` column: each policy's peak reserved
+/// against the recorded peak.
+pub fn render_with_recorded(results: &[PolicyResult], recorded: Option<&RecordedRow>) -> String {
     let columns = columns::summary_for(results);
-    let header: Vec<&str> = columns.iter().map(|c| c.header).collect();
-    let rows = columns::cells(results, &columns);
+    let mut header: Vec<&str> = columns.iter().map(|c| c.header).collect();
+    let mut rows = columns::cells(results, &columns);
+    let mut labels = columns::labels(results);
+    if let Some(rec) = recorded {
+        header.push(columns::VS_RECORDED);
+        for (row, r) in rows.iter_mut().zip(results) {
+            row.push(columns::vs_recorded(r, rec));
+        }
+        let mut first = columns::recorded_cells(rec, results, &columns);
+        first.push(Cell::Unknown);
+        rows.insert(0, first);
+        labels.insert(0, rec.policy.clone());
+    }
     let text: Vec<Vec<String>> = rows
         .iter()
-        .zip(columns::labels(results))
+        .zip(labels)
         .map(|(r, label)| {
             let mut cells: Vec<String> = r.iter().map(Cell::human).collect();
             cells[0] = label;

@@ -203,6 +203,8 @@ pub fn toy_report(trace: &Trace, n: usize) -> ReportData {
             note: None,
         },
         capacity: None,
+        recorded: None,
+        capacity_note: None,
         version: env!("CARGO_PKG_VERSION"),
     }
 }

@@ -162,6 +162,12 @@ pub struct PyTorch {
     stats: Stats,
     /// GC is on (threshold and memory fraction both set): fixed at construction.
     gc_on: bool,
+    /// The recorded allocator's segments at a snapshot's first event, installed by
+    /// [`Policy::start`] (see [`PyTorch::with_recorded_start`]); taken when installed.
+    start: Option<Box<start::StartState>>,
+    /// Requests are recorded block sizes (a Kineto trace, see [`PyTorch::reading_kineto`]): a
+    /// block found larger is split down to the request whenever the rest can be a block.
+    exact_blocks: bool,
 }
 
 fn pool_index(small: bool) -> usize {
@@ -188,20 +194,62 @@ impl PyTorch {
             gc_on: config.garbage_collection_threshold > 0.0
                 && config.allowed_memory_maximum().is_some(),
             config,
+            start: None,
+            exact_blocks: false,
         }
+    }
+
+    /// The same policy reading a Kineto trace's `[memory]` `Bytes` as what they are: the
+    /// allocator reports `block->size` to the profiler (and sums block sizes into `Total
+    /// Allocated`), so each recorded size is the block the real allocator handed out — already
+    /// rounded, and already including any tail it chose not to split off. The request behind it is
+    /// not recorded. Replaying the size as a fresh request would let the policy add another
+    /// unsplit tail on top (a block up to 1 MiB larger in the large pool), counting bytes the real
+    /// run never allocated; so the recorded size is honoured as the block: a larger free block is
+    /// split down to it whenever the rest can be a block. Peak allocated bytes then equal the
+    /// profiler's `Total Allocated` wherever the replay serves every request.
+    pub fn reading_kineto(mut self, context: &PolicyContext) -> PyTorch {
+        self.exact_blocks = context.trace.format == crate::trace::Format::Kineto;
+        self
+    }
+
+    /// The same policy starting where the recorded allocator was at the first event of a
+    /// PyTorch snapshot: every segment reserved then (recovered from the final segments walked
+    /// back over the segment events, [`start::StartState`]), with its live blocks and its cached
+    /// free blocks. Without this the replay would start from the live blocks alone and miss the
+    /// cache the real run already held — its reserved memory would start, and usually peak, below
+    /// the recording's. Kept only when the recovered state can be installed as cudaMalloc
+    /// segments under this configuration: not for expandable segments (recorded or configured),
+    /// and not for other formats (no final segments to walk back from).
+    pub fn with_recorded_start(mut self, context: &PolicyContext) -> PyTorch {
+        self.start = None;
+        let trace = context.trace;
+        if trace.format != crate::trace::Format::PytorchSnapshot
+            || self.config.expandable_segments
+            || trace.segments_of(context.device).next().is_none()
+        {
+            return self;
+        }
+        let start = start::StartState::recover(trace, context.device, context.events, &self.config);
+        if !start.expandable && !start.segments.is_empty() {
+            self.start = Some(Box::new(start));
+        }
+        self
     }
 
     /// Builds the policy from `PYTORCH_CUDA_ALLOC_CONF` options (`recorded` or empty: the trace's
     /// recorded settings, else PyTorch's defaults).
     pub fn from_spec(options: &str, context: &PolicyContext) -> Result<PyTorch> {
-        Ok(PyTorch::new(config_for(options, context, Version::CURRENT)?))
+        Ok(PyTorch::new(config_for(options, context, Version::CURRENT)?)
+            .with_recorded_start(context)
+            .reading_kineto(context))
     }
 
     /// Like [`PyTorch::from_spec`] with `expandable_segments:True` forced.
     pub fn expandable_from_spec(options: &str, context: &PolicyContext) -> Result<PyTorch> {
         let mut c = config_for(options, context, Version::CURRENT)?;
         c.expandable_segments = true;
-        Ok(PyTorch::new(c))
+        Ok(PyTorch::new(c).reading_kineto(context))
     }
 
     /// The same policy on a GPU of `total` bytes (`--capacity`), the base of
@@ -209,7 +257,10 @@ impl PyTorch {
     /// the default. Call it before the first malloc.
     pub fn on_gpu(self, total: Option<u64>) -> PyTorch {
         match total {
-            Some(t) => PyTorch::new(Config { gpu_memory: t, ..self.config }),
+            Some(t) => PyTorch {
+                start: self.start,
+                ..PyTorch::new(Config { gpu_memory: t, ..self.config })
+            },
             None => self,
         }
     }
@@ -393,7 +444,7 @@ impl PyTorch {
     fn should_split(&self, id: u32, size: u64) -> bool {
         let b = self.b(id);
         let remaining = b.size - size;
-        if b.small || self.config.expandable_segments {
+        if b.small || self.config.expandable_segments || self.exact_blocks {
             remaining >= MIN_BLOCK_SIZE
         } else {
             size < self.config.max_split_size && remaining > SMALL_SIZE
@@ -850,6 +901,18 @@ impl PyTorch {
     }
 }
 
+/// Joins adjacent free pieces of a tiling into one block, as the allocator holds them.
+fn merge_free_neighbours(tiling: &mut Tiling) {
+    let mut merged: Tiling = Vec::with_capacity(tiling.len());
+    for &(a, s, live) in tiling.iter() {
+        match merged.last_mut() {
+            Some(last) if last.2.is_none() && live.is_none() => last.1 += s,
+            _ => merged.push((a, s, live)),
+        }
+    }
+    *tiling = merged;
+}
+
 /// The configuration `options` asks for: `recorded` or empty means the trace's recorded
 /// settings (else PyTorch's defaults); anything else is `PYTORCH_CUDA_ALLOC_CONF` syntax.
 pub fn config_for(options: &str, context: &PolicyContext, version: Version) -> Result<Config> {
@@ -866,6 +929,42 @@ pub fn config_for(options: &str, context: &PolicyContext, version: Version) -> R
 impl Policy for PyTorch {
     fn config(&self) -> String {
         self.config.to_conf_string()
+    }
+
+    /// Installs the recorded start state ([`PyTorch::with_recorded_start`]): each segment is
+    /// obtained from `backend` (at the backend's address, the recorded layout shifted with it)
+    /// and tiled as it stood; the blocks of `live_at_start` found there are handed back at their
+    /// new addresses. A segment the backend refuses (a capacity below the recorded start) is
+    /// left out and its blocks are malloc'd by the engine, as are blocks the state does not hold.
+    fn start<B: Backend>(
+        &mut self,
+        backend: &mut B,
+        live_at_start: &[crate::trace::LiveBlock],
+    ) -> Result<Vec<Option<Allocation>>> {
+        let mut out = vec![None; live_at_start.len()];
+        let Some(state) = self.start.take() else { return Ok(out) };
+        let index: std::collections::HashMap<u64, usize> =
+            live_at_start.iter().enumerate().map(|(k, b)| (b.addr, k)).collect();
+        for s in state.segments.iter().filter(|s| !s.expandable) {
+            let Some(base) = backend.segment_alloc(s.size)? else { continue };
+            let mut tiling = start::StartState::tiling(s);
+            let mut placed = Vec::new();
+            for t in &mut tiling {
+                let recorded = t.0;
+                t.0 = t.0 - s.addr + base;
+                match (t.2, index.get(&recorded)) {
+                    (Some(_), Some(&k)) => placed.push((k, t.0, t.1)),
+                    (Some(_), None) => t.2 = None, // no block the engine will free: cached
+                    _ => {}
+                }
+            }
+            merge_free_neighbours(&mut tiling);
+            self.install_segment(base, s.size, s.stream, s.small, &tiling)?;
+            for (k, addr, block_size) in placed {
+                out[k] = Some(Allocation { addr, block_size });
+            }
+        }
+        Ok(out)
     }
 
     fn malloc<B: Backend>(

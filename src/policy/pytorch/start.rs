@@ -271,7 +271,7 @@ impl StartState {
     }
 
     /// The (start, size, live request) tiling of one segment or mapped range.
-    fn tiling(s: &StartSegment) -> Tiling {
+    pub fn tiling(s: &StartSegment) -> Tiling {
         let mut blocks = Vec::with_capacity(2 * s.live.len() + 1);
         let mut pos = s.addr;
         let end = s.addr + s.size;
