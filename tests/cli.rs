@@ -102,7 +102,7 @@ fn capacity_makes_the_first_request_that_does_not_fit_an_oom() {
     assert!(
         out.contains(
             "bound: out of memory at event 1: tried to allocate 1.00 MiB on stream 3; \
-             capacity 5.00 MiB of which 1024.00 KiB is free"
+             capacity 5.00 MiB of which 1.00 MiB is free"
         ),
         "{out}"
     );
