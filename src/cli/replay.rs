@@ -3,7 +3,7 @@
 use super::OutputFormat;
 use fragsim::error::{Error, Result};
 use fragsim::policy::PolicySpec;
-use fragsim::replay::{run_specs, BackendKind, Jobs, ReplayInput, ReplayOptions, RunSettings};
+use fragsim::replay::{run_specs, BackendKind, ReplayInput, ReplayOptions, RunSettings};
 use fragsim::report::{csv, json, table};
 use std::io::Write;
 use std::path::PathBuf;
@@ -44,6 +44,9 @@ pub struct Args {
     /// as a PyTorch snapshot for pytorch.org/memory_viz. Not the first row: rows are sorted.
     #[arg(long, value_name = "FILE")]
     export_snapshot: Option<PathBuf>,
+
+    #[command(flatten)]
+    control: super::progress::Control,
 }
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -66,7 +69,7 @@ const EXPORTED: usize = 0;
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let specs = PolicySpec::parse_many(&args.source.policies)?;
-    let trace = super::read_trace(&args.source.trace, false)?;
+    let trace = args.control.read_trace(&args.source.trace)?;
     let input = ReplayInput::new(&trace, args.source.device)?;
     let options = ReplayOptions {
         capacity: args.source.capacity,
@@ -79,12 +82,16 @@ pub fn run(args: Args) -> Result<ExitCode> {
         touch: args.touch,
         ..ReplayOptions::default()
     };
+    let bar = args.control.bar(specs.len(), "replaying");
+    let tick = bar.tick();
     let settings = RunSettings {
-        jobs: Jobs::AllCores,
+        jobs: args.control.jobs(),
         record_events_of: args.export_snapshot.is_some().then_some(EXPORTED),
+        progress: Some(&tick),
         ..RunSettings::default()
     };
     let comparison = run_specs(&specs, &input, &options, &settings)?;
+    bar.finish();
     if let Some(path) = &args.export_snapshot {
         let run = comparison.run_of(EXPORTED).ok_or_else(|| {
             Error::usage("--export-snapshot: the first policy given did not run".to_string())

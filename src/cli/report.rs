@@ -3,7 +3,6 @@
 use fragsim::error::Result;
 use fragsim::policy::PolicySpec;
 use fragsim::report::{self, ReportPlan};
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -26,6 +25,9 @@ pub struct Args {
     /// replayed policy that reports segments).
     #[arg(long, value_name = "NAME")]
     segment_map_policy: Option<String>,
+
+    #[command(flatten)]
+    control: super::progress::Control,
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
@@ -33,7 +35,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     if let Some(name) = &args.segment_map_policy {
         PolicySpec::parse_list(name)?;
     }
-    let progress = std::io::stderr().is_terminal();
+    let progress = args.control.show_progress();
     let plan = ReportPlan {
         trace_path: args.source.trace.display().to_string(),
         policies,
@@ -41,8 +43,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
         capacity: args.source.capacity,
         segment_map_policy: args.segment_map_policy,
         progress,
+        jobs: args.control.jobs(),
     };
-    let trace = super::read_trace(&args.source.trace, false)?;
+    let trace = args.control.read_trace(&args.source.trace)?;
     let data = report::collect(&trace, &plan)?;
     for s in &data.skipped {
         eprintln!("fragsim: note: skipped policy '{}': {}", s.label, s.reason);
