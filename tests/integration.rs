@@ -17,3 +17,4 @@ mod report;
 mod snapshot;
 mod synth;
 mod whatif;
+mod whatif_cli;

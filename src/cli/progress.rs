@@ -72,7 +72,8 @@ impl Control {
         bar: &Bar,
     ) -> Result<Vec<Vec<PolicyResult>>> {
         let tick = bar.tick();
-        let settings = RunSettings { jobs: self.jobs(), progress: Some(&tick), ..Default::default() };
+        let settings =
+            RunSettings { jobs: self.jobs(), progress: Some(&tick), ..Default::default() };
         let mut out = Vec::with_capacity(traces.len());
         for path in traces {
             let trace = self.read_trace(path)?;

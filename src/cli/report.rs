@@ -48,14 +48,14 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let trace = args.control.read_trace(&args.source.trace)?;
     let data = report::collect(&trace, &plan)?;
     for s in &data.skipped {
-        eprintln!("fragsim: note: skipped policy '{}': {}", s.label, s.reason);
+        args.control.note(&format!("note: skipped policy '{}': {}", s.label, s.reason));
     }
     report::write_dir(&data, &args.out, progress)?;
     let n = data.runs.len();
-    eprintln!(
-        "fragsim: wrote the report for {n} {} to {}",
+    args.control.note(&format!(
+        "wrote the report for {n} {} to {}",
         if n == 1 { "policy" } else { "policies" },
         args.out.join("index.html").display()
-    );
+    ));
     Ok(ExitCode::SUCCESS)
 }

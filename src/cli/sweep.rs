@@ -104,7 +104,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
             std::fs::write(path, text).map_err(|e| {
                 Error::new(ErrorKind::Io, format!("cannot write: {e}")).in_file(path)
             })?;
-            let part = shard.map(|s| format!(" (part {}/{})", s.index, s.count)).unwrap_or_default();
+            let part =
+                shard.map(|s| format!(" (part {}/{})", s.index, s.count)).unwrap_or_default();
             args.control.note(&format!(
                 "wrote the sweep of {} configs{part} to {}",
                 specs.len(),
@@ -218,7 +219,8 @@ fn table(report: &SweepReport) -> String {
             let _ = writeln!(s, "(the recorded settings differ per trace: no single export line)");
         }
         None => {
-            let _ = writeln!(s, "(not a PyTorch config: there is no PYTORCH_CUDA_ALLOC_CONF to set)");
+            let _ =
+                writeln!(s, "(not a PyTorch config: there is no PYTORCH_CUDA_ALLOC_CONF to set)");
         }
     }
     s

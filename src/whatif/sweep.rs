@@ -252,8 +252,12 @@ pub fn report(
 pub fn merge(mut parts: Vec<SweepReport>) -> Result<SweepReport> {
     let first = parts.first().ok_or_else(|| Error::usage("merge needs at least one part"))?;
     let count = first.shard.map_or(1, |s| s.count);
-    let (traces, objective, reference, grid) =
-        (first.traces.clone(), first.objective.clone(), first.reference.clone(), first.grid.clone());
+    let (traces, objective, reference, grid) = (
+        first.traces.clone(),
+        first.objective.clone(),
+        first.reference.clone(),
+        first.grid.clone(),
+    );
     for p in &parts {
         if p.traces != traces {
             return Err(Error::usage(format!(
