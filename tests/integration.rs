@@ -19,3 +19,4 @@ mod report;
 mod snapshot;
 mod synth;
 mod whatif;
+mod whatif_cli;

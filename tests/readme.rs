@@ -96,3 +96,51 @@ fn the_readme_examples_on_real_traces_run() {
         );
     }
 }
+
+/// The CI recipe under "Memory regressions in CI", run as written: its `fragsim` commands in
+/// order (the baseline goes to a temp directory), then the check must also fail on a baseline 10%
+/// better, as the pipeline would.
+#[test]
+fn the_readme_ci_recipe_runs() {
+    let readme = repo_file("README.md");
+    let section = readme
+        .split("### ")
+        .find(|s| s.starts_with("Memory regressions in CI"))
+        .expect("README.md has a section 'Memory regressions in CI'");
+    let recipe = section.split("<!-- ci-recipe").nth(1).expect("the recipe's marker");
+    let commands: Vec<String> = code_lines(recipe)
+        .into_iter()
+        .take_while(|(lang, _)| lang == "sh")
+        .map(|(_, line)| line.trim().to_string())
+        .collect();
+    assert_eq!(commands.len(), 2, "{commands:?}");
+    assert!(commands[0].ends_with("--update"), "{commands:?}");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let baseline = dir.path().join("memory-baseline.json");
+    let run_recipe = |command: &str| {
+        let mut words = command.split_whitespace();
+        assert_eq!(words.next(), Some("fragsim"), "{command}");
+        let args: Vec<String> = words
+            .map(|w| match w {
+                "memory-baseline.json" => baseline.to_string_lossy().into_owned(),
+                _ => w.to_string(),
+            })
+            .collect();
+        fragsim().current_dir(env!("CARGO_MANIFEST_DIR")).args(&args).output().expect("runs")
+    };
+    let out = run_recipe(&commands[0]);
+    assert!(out.status.success(), "`{}` failed: {}", commands[0], stderr(&out));
+    assert!(baseline.is_file(), "--update wrote no baseline");
+    let out = run_recipe(&commands[1]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).contains(": ok"), "{}", stdout(&out));
+    // The pipeline fails when memory got worse than the committed baseline.
+    let text = std::fs::read_to_string(&baseline).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let peak = v["rows"][0]["peak_reserved_bytes"].as_u64().unwrap();
+    v["rows"][0]["peak_reserved_bytes"] = (peak * 9 / 10).into();
+    std::fs::write(&baseline, v.to_string()).unwrap();
+    let out = run_recipe(&commands[1]);
+    assert_eq!(out.status.code(), Some(1), "{}{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).contains("peak_reserved_bytes"), "{}", stdout(&out));
+}

@@ -3,10 +3,15 @@
 //! Nothing in the library imports this module. Each command parses its flags into plain values
 //! (sizes, policy specs) before any slow work, so bad usage fails at once.
 
+mod check;
 mod convert;
+mod fit;
 mod info;
+mod merge;
+mod progress;
 mod replay;
 mod report;
+mod sweep;
 mod synth;
 mod validate;
 
@@ -31,6 +36,10 @@ enum Command {
     Validate(validate::Args),
     Report(report::Args),
     Synth(synth::Args),
+    Fit(fit::Args),
+    Sweep(sweep::Args),
+    Merge(merge::Args),
+    Check(check::Args),
 }
 
 impl Cli {
@@ -43,6 +52,10 @@ impl Cli {
             Command::Validate(a) => validate::run(a),
             Command::Report(a) => report::run(a),
             Command::Synth(a) => synth::run(a),
+            Command::Fit(a) => fit::run(a),
+            Command::Sweep(a) => sweep::run(a),
+            Command::Merge(a) => merge::run(a),
+            Command::Check(a) => check::run(a),
         }
     }
 }

@@ -4,8 +4,7 @@ use super::OutputFormat;
 use fragsim::error::{Error, Result};
 use fragsim::policy::PolicySpec;
 use fragsim::replay::{
-    empty_cache, run_specs, BackendKind, EmptyCachePlan, Jobs, ReplayInput, ReplayOptions,
-    RunSettings,
+    empty_cache, run_specs, BackendKind, EmptyCachePlan, ReplayInput, ReplayOptions, RunSettings,
 };
 use fragsim::report::{csv, json, table};
 use std::io::Write;
@@ -47,6 +46,9 @@ pub struct Args {
     /// as a PyTorch snapshot for pytorch.org/memory_viz. Not the first row: rows are sorted.
     #[arg(long, value_name = "FILE")]
     export_snapshot: Option<PathBuf>,
+
+    #[command(flatten)]
+    control: super::progress::Control,
 }
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -71,7 +73,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let specs = PolicySpec::parse_many(&args.source.policies)?;
     let empty_cache = args.source.empty_cache_plan()?;
     // Frames only matter for naming the stack of an OOM, which needs a capacity.
-    let trace = super::read_trace(&args.source.trace, args.source.capacity.is_some())?;
+    let trace =
+        args.control.read_trace_with_frames(&args.source.trace, args.source.capacity.is_some())?;
     let input = ReplayInput::new(&trace, args.source.device)?;
     let (recorded_row, limit) = fragsim::recorded::row_and_limit(&trace, input.device);
     let (capacity, inferred) =
@@ -95,12 +98,16 @@ pub fn run(args: Args) -> Result<ExitCode> {
         touch: args.touch,
         ..ReplayOptions::default()
     };
+    let bar = args.control.bar(specs.len(), "replaying");
+    let tick = bar.tick();
     let settings = RunSettings {
-        jobs: Jobs::AllCores,
+        jobs: args.control.jobs(),
         record_events_of: args.export_snapshot.is_some().then_some(EXPORTED),
+        progress: Some(&tick),
         ..RunSettings::default()
     };
     let comparison = run_specs(&specs, &input, &options, &settings)?;
+    bar.finish();
     if let Some(path) = &args.export_snapshot {
         let run = comparison.run_of(EXPORTED).ok_or_else(|| {
             Error::usage("--export-snapshot: the first policy given did not run".to_string())
@@ -119,7 +126,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
         None
     } else {
         let plain = ReplayOptions { empty_cache: EmptyCachePlan::default(), ..options.clone() };
-        let baseline = run_specs(&specs, &input, &plain, &RunSettings::default())?;
+        let settings = RunSettings { jobs: args.control.jobs(), ..RunSettings::default() };
+        let baseline = run_specs(&specs, &input, &plain, &settings)?;
         Some(empty_cache::describe(&empty_cache, &empty_cache::effects(&baseline, &comparison)))
     };
     let mut stdout = std::io::stdout().lock();

@@ -3,7 +3,6 @@
 use fragsim::error::Result;
 use fragsim::policy::PolicySpec;
 use fragsim::report::{self, ReportPlan};
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -26,6 +25,9 @@ pub struct Args {
     /// replayed policy that reports segments).
     #[arg(long, value_name = "NAME")]
     segment_map_policy: Option<String>,
+
+    #[command(flatten)]
+    control: super::progress::Control,
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
@@ -33,8 +35,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
     if let Some(name) = &args.segment_map_policy {
         PolicySpec::parse_list(name)?;
     }
-    let progress = std::io::stderr().is_terminal();
-    let trace = super::read_trace(&args.source.trace, false)?;
+    let progress = args.control.show_progress();
+    let trace = args.control.read_trace(&args.source.trace)?;
     let device = args.source.device.or_else(|| trace.default_device());
     let limit = device.and_then(|d| fragsim::recorded::row_and_limit(&trace, d).1);
     let (capacity, inferred) =
@@ -51,17 +53,18 @@ pub fn run(args: Args) -> Result<ExitCode> {
         empty_cache: args.source.empty_cache_plan()?,
         segment_map_policy: args.segment_map_policy,
         progress,
+        jobs: args.control.jobs(),
     };
     let data = report::collect(&trace, &plan)?;
     for s in &data.skipped {
-        eprintln!("fragsim: note: skipped policy '{}': {}", s.label, s.reason);
+        args.control.note(&format!("note: skipped policy '{}': {}", s.label, s.reason));
     }
     report::write_dir(&data, &args.out, progress)?;
     let n = data.runs.len();
-    eprintln!(
-        "fragsim: wrote the report for {n} {} to {}",
+    args.control.note(&format!(
+        "wrote the report for {n} {} to {}",
         if n == 1 { "policy" } else { "policies" },
         args.out.join("index.html").display()
-    );
+    ));
     Ok(ExitCode::SUCCESS)
 }

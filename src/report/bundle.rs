@@ -40,6 +40,8 @@ pub struct ReportPlan {
     pub progress: bool,
     /// The `empty_cache` what-if every replay runs under (default: the recorded calls only).
     pub empty_cache: crate::replay::EmptyCachePlan,
+    /// How many replays run at once (`--jobs`).
+    pub jobs: crate::replay::Jobs,
 }
 
 /// One policy a report replays.
@@ -298,7 +300,12 @@ pub fn collect(trace: &Trace, plan: &ReportPlan) -> Result<ReportData> {
     let optional: Vec<bool> = plan.policies.iter().map(|p| !p.named).collect();
     let progress = bar(plan.progress, specs.len() as u64, "replaying policies");
     let tick = |done: usize, _total: usize| progress.set_position(done as u64);
-    let settings = RunSettings { optional: &optional, progress: Some(&tick), ..Default::default() };
+    let settings = RunSettings {
+        jobs: plan.jobs,
+        optional: &optional,
+        progress: Some(&tick),
+        ..Default::default()
+    };
     let comparison = run_specs(&specs, &input, &options, &settings)?;
     progress.finish_and_clear();
 

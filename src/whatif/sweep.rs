@@ -125,9 +125,26 @@ pub struct SweepReport {
     /// The reference spec savings are measured against.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reference: Option<String>,
+    /// Identifies the grid swept (see [`grid_id`]): parts of different grids never merge.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grid: Option<String>,
     /// Set on a part of a sharded sweep.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<Shard>,
+}
+
+/// A short, stable name for a sweep's grid: 16 hex digits of the FNV-1a hash of `parts` (the
+/// whole expanded spec list and every setting that changes results, e.g. the capacity). The same
+/// on every machine and build, so parts run by different jobs of a scheduler compare equal.
+pub fn grid_id<S: AsRef<str>>(parts: &[S]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for b in p.as_ref().bytes().chain(std::iter::once(0)) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    format!("{h:016x}")
 }
 
 /// Ranks the configs of `rows` by `objective` (see the module docs). Every spec must have a row
@@ -225,6 +242,7 @@ pub fn report(
         ranking,
         best,
         reference: reference.map(str::to_string),
+        grid: None,
         shard: None,
     })
 }
@@ -234,12 +252,23 @@ pub fn report(
 pub fn merge(mut parts: Vec<SweepReport>) -> Result<SweepReport> {
     let first = parts.first().ok_or_else(|| Error::usage("merge needs at least one part"))?;
     let count = first.shard.map_or(1, |s| s.count);
-    let (traces, objective, reference) =
-        (first.traces.clone(), first.objective.clone(), first.reference.clone());
+    let (traces, objective, reference, grid) = (
+        first.traces.clone(),
+        first.objective.clone(),
+        first.reference.clone(),
+        first.grid.clone(),
+    );
     for p in &parts {
-        if p.traces != traces || p.objective != objective || p.reference != reference {
+        if p.traces != traces {
+            return Err(Error::usage(format!(
+                "the parts come from sweeps of different traces ({} and {})",
+                traces.join(" "),
+                p.traces.join(" ")
+            )));
+        }
+        if p.objective != objective || p.reference != reference || p.grid != grid {
             return Err(Error::usage(
-                "the parts come from different sweeps (traces, objective or reference differ)",
+                "the parts come from different sweeps (grid, capacity, objective or reference differ)",
             ));
         }
         if p.shard.map_or(1, |s| s.count) != count {
@@ -262,7 +291,9 @@ pub fn merge(mut parts: Vec<SweepReport>) -> Result<SweepReport> {
         )));
     }
     let results = parts.into_iter().flat_map(|p| p.results).collect();
-    report(traces, &objective, results, reference.as_deref())
+    let mut merged = report(traces, &objective, results, reference.as_deref())?;
+    merged.grid = grid;
+    Ok(merged)
 }
 
 #[cfg(test)]
@@ -409,6 +440,16 @@ mod tests {
             parts.push(part);
         }
         assert_eq!(merge(parts.clone()).unwrap(), whole);
+        let mut other = parts.clone();
+        other[0].grid = Some(grid_id(&["another grid"]));
+        let e = merge(other).unwrap_err().to_string();
+        assert!(e.contains("different sweeps"), "{e}");
+        let mut other = parts.clone();
+        other[1].traces = vec!["c".into()];
+        let e = merge(other).unwrap_err().to_string();
+        assert!(e.contains("different traces"), "{e}");
+        assert_eq!(grid_id(&["a", "b"]), grid_id(&["a".to_string(), "b".to_string()]));
+        assert_ne!(grid_id(&["ab"]), grid_id(&["a", "b"]));
         let e = merge(parts[..2].to_vec()).unwrap_err().to_string();
         assert!(e.contains("missing 2/3"), "{e}");
         assert!(

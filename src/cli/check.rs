@@ -1,0 +1,114 @@
+//! `fragsim check`: replays traces and compares with a committed baseline, for CI.
+
+use super::progress::Control;
+use fragsim::error::{Error, ErrorKind, Result};
+use fragsim::policy::PolicySpec;
+use fragsim::replay::ReplayOptions;
+use fragsim::whatif::check::{self, Baseline};
+use fragsim::whatif::Row;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Fail a CI job when memory got worse: replay traces and compare with a baseline.
+///
+/// Exit 0 when no metric got worse beyond the tolerance, 1 on a regression (one line each:
+/// trace, policy, metric, baseline, now, change), 2 when a result has no baseline entry.
+/// Improvements are reported and never fail. `--update` (re)writes the baseline from this run.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The traces to replay.
+    #[arg(value_name = "TRACE", required = true)]
+    traces: Vec<PathBuf>,
+
+    /// The baseline: a file written by `check --update`, or a `replay --json` output.
+    #[arg(long, value_name = "FILE")]
+    baseline: PathBuf,
+
+    /// How much worse a metric may get before it fails, in percent.
+    #[arg(long, value_name = "PCT", default_value = "1%")]
+    tolerance: String,
+
+    /// A policy as NAME or NAME:OPTIONS (repeatable; default: pytorch, the recorded settings).
+    #[arg(long = "policy", short = 'p', value_name = "SPEC")]
+    policies: Vec<String>,
+
+    /// Write this run's results as the baseline (replacing FILE) instead of comparing.
+    #[arg(long)]
+    update: bool,
+
+    /// Print the comparison as JSON.
+    #[arg(long)]
+    json: bool,
+
+    #[command(flatten)]
+    control: Control,
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    let specs = PolicySpec::parse_many(&args.policies)?;
+    let tolerance = check::parse_tolerance(&args.tolerance)?;
+    // A broken baseline fails before the replays, not after.
+    let baseline = if args.update {
+        None
+    } else {
+        let text = std::fs::read_to_string(&args.baseline).map_err(|e| {
+            Error::input(format!("cannot read the baseline: {e} (record one with check --update)"))
+                .in_file(&args.baseline)
+        })?;
+        Some(Baseline::parse(&text, &args.baseline)?)
+    };
+    let bar = args.control.bar(specs.len() * args.traces.len(), "checking");
+    let options = ReplayOptions::default();
+    let results = args.control.replay_traces(&args.traces, &specs, &options, &bar)?;
+    bar.finish();
+    let rows: Vec<Row> = args
+        .traces
+        .iter()
+        .zip(&results)
+        .flat_map(|(t, per)| per.iter().map(move |r| Row::new(t.display().to_string(), r)))
+        .collect();
+
+    let Some(baseline) = baseline else {
+        let text = Baseline::new(&rows).to_json();
+        std::fs::write(&args.baseline, text).map_err(|e| {
+            Error::new(ErrorKind::Io, format!("cannot write the baseline: {e}"))
+                .in_file(&args.baseline)
+        })?;
+        args.control.note(&format!(
+            "wrote the baseline of {} results to {}",
+            rows.len(),
+            args.baseline.display()
+        ));
+        return Ok(ExitCode::SUCCESS);
+    };
+    let report = check::check(&baseline, &args.baseline, &rows, tolerance, None)?;
+    let mut out = std::io::stdout().lock();
+    let io = |e: std::io::Error| Error::new(ErrorKind::Io, format!("writing to stdout: {e}"));
+    if args.json {
+        let text = serde_json::to_string_pretty(&report).unwrap_or_default();
+        writeln!(out, "{text}").map_err(io)?;
+    } else {
+        for c in &report.regressions {
+            writeln!(out, "regression: {}", c.line()).map_err(io)?;
+        }
+        for c in &report.improvements {
+            writeln!(out, "improvement: {}", c.line()).map_err(io)?;
+        }
+        let n = report.regressions.len();
+        writeln!(
+            out,
+            "check: {} results against {} (tolerance {}%): {}",
+            rows.len(),
+            args.baseline.display(),
+            tolerance * 100.0,
+            if n == 0 {
+                "ok".to_string()
+            } else {
+                format!("{n} regression{}", if n == 1 { "" } else { "s" })
+            }
+        )
+        .map_err(io)?;
+    }
+    Ok(if report.ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}

@@ -1,0 +1,184 @@
+//! `fragsim fit`: per policy, the smallest device capacity with no OOM, beside common GPU sizes.
+
+use super::progress::Control;
+use super::{FormatArgs, OutputFormat};
+use fragsim::error::{Error, ErrorKind, Result};
+use fragsim::policy::PolicySpec;
+use fragsim::replay::{run_specs, Jobs, PolicyResult, ReplayInput, ReplayOptions, RunSettings};
+use fragsim::units::format_bytes;
+use fragsim::whatif::fit::{self, Fit, FitOptions, Probe};
+use rayon::prelude::*;
+use serde::Serialize;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// The policies `fit` answers for when no `-p` is given.
+pub const DEFAULT_POLICIES: &[&str] = &["pytorch", "pytorch-expandable", "bound"];
+
+/// Find the smallest GPU a run fits on: per policy, the least device memory with no OOM.
+///
+/// Bisects `--capacity` per policy (to 2 MiB, then to the byte) and shows which common cards
+/// (16 to 192 GB, taken as GiB as the boards have) hold it with `--outside` memory used outside
+/// the allocator. Default policies: pytorch (the recorded settings), pytorch-expandable, bound.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The trace.
+    #[arg(value_name = "TRACE")]
+    trace: PathBuf,
+
+    /// A policy as NAME or NAME:OPTIONS (repeatable; default: pytorch, pytorch-expandable, bound).
+    #[arg(long = "policy", short = 'p', value_name = "SPEC")]
+    policies: Vec<String>,
+
+    /// The device to replay (default: the device with the most events).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    device: Option<i32>,
+
+    /// Device memory used outside the allocator (CUDA context, NCCL), added before comparing
+    /// with the cards. Default 512 MiB: a CUDA context with lazily loaded kernels.
+    #[arg(long, value_name = "SIZE", value_parser = super::size_arg, default_value = "512MiB")]
+    outside: u64,
+
+    #[command(flatten)]
+    output: FormatArgs,
+
+    #[command(flatten)]
+    control: Control,
+}
+
+/// One card and whether the policy fits on it.
+#[derive(Serialize)]
+struct CardFit {
+    card: &'static str,
+    bytes: u64,
+    fits: bool,
+}
+
+/// One policy's answer, as `fit --json` prints it.
+#[derive(Serialize)]
+struct PolicyFit {
+    policy: String,
+    config: String,
+    #[serde(flatten)]
+    fit: Fit,
+    cards: Vec<CardFit>,
+}
+
+/// What `fit --json` prints.
+#[derive(Serialize)]
+struct FitReport {
+    trace: String,
+    device: i32,
+    outside_bytes: u64,
+    results: Vec<PolicyFit>,
+}
+
+/// One replay of `spec` at `capacity` (`None`: unlimited), through the one replay entry point.
+fn replay(spec: &PolicySpec, input: &ReplayInput, capacity: Option<u64>) -> Result<PolicyResult> {
+    let options = ReplayOptions { capacity, ..ReplayOptions::default() };
+    let settings = RunSettings { jobs: Jobs::Sequential, ..RunSettings::default() };
+    let mut c = run_specs(std::slice::from_ref(spec), input, &options, &settings)?;
+    Ok(c.runs.remove(0).output.result)
+}
+
+/// The search for one policy: an unlimited replay bounds it (its peak passes; no policy serves
+/// in less than the peak of live requests), then [`fit::fit`] bisects.
+fn fit_one(spec: &PolicySpec, input: &ReplayInput, outside: u64) -> Result<PolicyFit> {
+    let free = replay(spec, input, None)?;
+    let options = FitOptions {
+        upper_hint: free.peak_reserved_bytes.max(1),
+        known_failing: free.peak_requested_bytes.saturating_sub(1),
+        ..FitOptions::default()
+    };
+    let probe = |c| {
+        let r = replay(spec, input, Some(c))?;
+        Ok(Probe { oom: r.oom, peak_reserved: r.peak_reserved_bytes })
+    };
+    let found = fit::fit(probe, &options)
+        .map_err(|e| Error::new(e.kind(), format!("{}: {}", spec.display(), e.message())))?;
+    let cards = fit::cards_fit(found.min_capacity_bytes, outside)
+        .into_iter()
+        .map(|(c, fits)| CardFit { card: c.label, bytes: c.bytes, fits })
+        .collect();
+    Ok(PolicyFit { policy: spec.display(), config: free.config, fit: found, cards })
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    let written: Vec<String> = if args.policies.is_empty() {
+        DEFAULT_POLICIES.iter().map(|s| s.to_string()).collect()
+    } else {
+        args.policies.clone()
+    };
+    let specs = PolicySpec::parse_many(&written)?;
+    if args.output.format() == OutputFormat::Csv {
+        return Err(Error::usage("fit prints a table or JSON (--format table|json)"));
+    }
+    let trace = args.control.read_trace(&args.trace)?;
+    let input = ReplayInput::new(&trace, args.device)?;
+    let bar = args.control.bar(specs.len(), "fitting");
+    let outcomes: Vec<Result<PolicyFit>> = args.control.install(|| {
+        specs
+            .par_iter()
+            .map(|s| {
+                let r = fit_one(s, &input, args.outside);
+                bar.inc();
+                r
+            })
+            .collect()
+    })?;
+    bar.finish();
+    let results = outcomes.into_iter().collect::<Result<Vec<_>>>()?;
+    let report = FitReport {
+        trace: args.trace.display().to_string(),
+        device: input.device,
+        outside_bytes: args.outside,
+        results,
+    };
+    let mut out = std::io::stdout().lock();
+    let io = |e: std::io::Error| Error::new(ErrorKind::Io, format!("writing to stdout: {e}"));
+    let text = match args.output.format() {
+        OutputFormat::Json => serde_json::to_string_pretty(&report).unwrap_or_default() + "\n",
+        _ => table(&report),
+    };
+    write!(out, "{text}").map_err(io)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn table(report: &FitReport) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "fit: {} (device {}): the least device memory each policy replays in without an OOM",
+        report.trace, report.device
+    );
+    let _ = writeln!(
+        s,
+        "cards: {} outside the allocator (--outside) is added; \"N GB\" boards hold N GiB",
+        format_bytes(report.outside_bytes)
+    );
+    for r in &report.results {
+        let f = &r.fit;
+        let exact = if f.exact { "exact" } else { "to 2 MiB" };
+        let config = if r.config.is_empty() { String::new() } else { format!("  ({})", r.config) };
+        let _ = writeln!(
+            s,
+            "\n{}{config}\n  needs {}, {exact}, {} replays",
+            r.policy,
+            fit::gib_and_gb(f.min_capacity_bytes),
+            f.probes
+        );
+        let _ = writeln!(s, "  {}", fit::cards_line(f.min_capacity_bytes, report.outside_bytes));
+        if let Some(nm) = f.non_monotonic {
+            let _ = writeln!(
+                s,
+                "  note: not monotonic: it passes at {} but runs out at {}; reported the least \
+                 capacity above every failure seen",
+                format_bytes(nm.passes_at),
+                format_bytes(nm.fails_at)
+            );
+        }
+    }
+    s
+}

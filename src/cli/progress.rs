@@ -1,0 +1,183 @@
+//! Progress and control for every command that replays: `--jobs N`, `--quiet`, and the progress
+//! bar on stderr. The one place the commands decide how many replays run at once and whether a
+//! bar is drawn, so `replay`, `report`, `fit`, `sweep` and `check` behave alike.
+//!
+//! A bar is drawn only when stderr is a terminal and `--quiet` is not given, so it never reaches a
+//! pipe, a log file or a `--json`/`--csv` consumer (those read stdout; the bar writes to stderr).
+//! It stays hidden for its first second: a run that ends sooner draws nothing.
+
+use fragsim::error::{Error, Result};
+use fragsim::policy::PolicySpec;
+use fragsim::replay::{run_specs, Jobs, PolicyResult, ReplayInput, ReplayOptions, RunSettings};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// How long a run goes before its bar appears.
+const SHOW_AFTER: Duration = Duration::from_secs(1);
+
+/// The `--jobs` and `--quiet` flags.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct Control {
+    /// Replays run at once (default: every core; 1 runs them one after another).
+    #[arg(long, short = 'j', value_name = "N")]
+    pub jobs: Option<usize>,
+
+    /// No progress bar and no notes on stderr (errors are still printed).
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+}
+
+impl Control {
+    /// The parallelism asked for.
+    pub fn jobs(&self) -> Jobs {
+        Jobs::from_count(self.jobs)
+    }
+
+    /// Whether progress may be drawn: stderr is a terminal and `--quiet` was not given.
+    pub fn show_progress(&self) -> bool {
+        !self.quiet && std::io::stderr().is_terminal()
+    }
+
+    /// Reads a trace, with the reader's progress bar when [`Control::show_progress`].
+    pub fn read_trace(&self, path: &std::path::Path) -> Result<fragsim::trace::Trace> {
+        self.read_trace_with_frames(path, false)
+    }
+
+    /// Reads a trace, keeping its stack frames when `keep_frames` (for naming an OOM's stack).
+    pub fn read_trace_with_frames(
+        &self,
+        path: &std::path::Path,
+        keep_frames: bool,
+    ) -> Result<fragsim::trace::Trace> {
+        let options = fragsim::trace::ReadOptions { keep_frames, progress: self.show_progress() };
+        fragsim::trace::read_trace(path, &options)
+    }
+
+    /// A progress bar of `total` steps described by `what` (hidden unless
+    /// [`Control::show_progress`], and for its first second).
+    pub fn bar(&self, total: usize, what: &str) -> Bar {
+        Bar::new(self.show_progress(), total, what)
+    }
+
+    /// A note for the user on stderr, unless `--quiet`.
+    pub fn note(&self, text: &str) {
+        if !self.quiet {
+            eprintln!("fragsim: {text}");
+        }
+    }
+
+    /// Replays every spec on every trace, the one loop `sweep` and `check` share: traces are read
+    /// one at a time (one trace's events in memory at once) and each trace's specs run through
+    /// [`run_specs`] with `--jobs`, advancing `bar` per replay. Returns, per trace, the results
+    /// in the order of `specs`.
+    pub fn replay_traces(
+        &self,
+        traces: &[PathBuf],
+        specs: &[PolicySpec],
+        options: &ReplayOptions,
+        bar: &Bar,
+    ) -> Result<Vec<Vec<PolicyResult>>> {
+        let tick = bar.tick();
+        let settings =
+            RunSettings { jobs: self.jobs(), progress: Some(&tick), ..Default::default() };
+        let mut out = Vec::with_capacity(traces.len());
+        for path in traces {
+            let trace = self.read_trace(path)?;
+            let input = ReplayInput::new(&trace, None)?;
+            let mut runs = run_specs(specs, &input, options, &settings)?.runs;
+            runs.sort_by_key(|r| r.index);
+            out.push(runs.into_iter().map(|r| r.output.result).collect());
+        }
+        Ok(out)
+    }
+
+    /// Runs `f` where rayon's parallel iterators use at most `--jobs` threads.
+    pub fn install<T: Send>(&self, f: impl FnOnce() -> T + Send) -> Result<T> {
+        match self.jobs() {
+            Jobs::AllCores => Ok(f()),
+            Jobs::Sequential => pool(1)?.install(|| Ok(f())),
+            Jobs::AtMost(n) => pool(n.get())?.install(|| Ok(f())),
+        }
+    }
+}
+
+fn pool(threads: usize) -> Result<rayon::ThreadPool> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|e| Error::usage(format!("--jobs {threads}: {e}")))
+}
+
+/// A progress bar with an ETA that appears after [`SHOW_AFTER`]; safe to advance from any thread.
+pub struct Bar {
+    bar: ProgressBar,
+    enabled: bool,
+    started: Instant,
+}
+
+impl Bar {
+    fn new(enabled: bool, total: usize, what: &str) -> Bar {
+        let bar = ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::hidden());
+        let template = "{msg} [{bar:30}] {pos}/{len} ({elapsed}, ETA {eta})";
+        if let Ok(style) = ProgressStyle::with_template(template) {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        bar.set_message(what.to_string());
+        Bar { bar, enabled, started: Instant::now() }
+    }
+
+    /// One more step done.
+    pub fn inc(&self) {
+        self.bar.inc(1);
+        if self.enabled && self.bar.is_hidden() && self.started.elapsed() >= SHOW_AFTER {
+            self.bar.set_draw_target(ProgressDrawTarget::stderr());
+        }
+    }
+
+    /// A callback for [`fragsim::replay::RunSettings::progress`]: each finished replay is a step
+    /// (the callback's own counts are per call, so a bar shared by several calls ignores them).
+    pub fn tick(&self) -> impl Fn(usize, usize) + Sync + '_ {
+        move |_, _| self.inc()
+    }
+
+    /// Removes the bar from the terminal.
+    pub fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+}
+
+impl Drop for Bar {
+    fn drop(&mut self) {
+        self.bar.finish_and_clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jobs_map_to_the_replay_settings() {
+        let c = |jobs| Control { jobs, quiet: false };
+        assert_eq!(c(None).jobs(), Jobs::AllCores);
+        assert_eq!(c(Some(0)).jobs(), Jobs::AllCores);
+        assert_eq!(c(Some(1)).jobs(), Jobs::Sequential);
+        assert_eq!(c(Some(3)).jobs(), Jobs::from_count(Some(3)));
+        let threads = c(Some(2)).install(rayon::current_num_threads).unwrap();
+        assert_eq!(threads, 2);
+    }
+
+    #[test]
+    fn quiet_never_draws_and_a_hidden_bar_counts() {
+        let quiet = Control { jobs: None, quiet: true };
+        assert!(!quiet.show_progress());
+        let bar = quiet.bar(3, "x");
+        let tick = bar.tick();
+        tick(1, 3);
+        tick(2, 3);
+        assert_eq!(bar.bar.position(), 2);
+        assert!(bar.bar.is_hidden());
+    }
+}

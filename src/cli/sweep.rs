@@ -1,0 +1,227 @@
+//! `fragsim sweep`: replays the product of brace-expanded specs on every trace, ranks them and
+//! names the `PYTORCH_CUDA_ALLOC_CONF` to set; `print` is shared with `merge`.
+
+use super::progress::Control;
+use super::{FormatArgs, OutputFormat};
+use fragsim::error::{Error, ErrorKind, Result};
+use fragsim::policy::PolicySpec;
+use fragsim::replay::{PolicyResult, ReplayOptions};
+use fragsim::units::format_bytes;
+use fragsim::whatif::grid;
+use fragsim::whatif::row::as_number;
+use fragsim::whatif::sweep::{self, Shard, SweepReport, SweepRow};
+use fragsim::whatif::Row;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// The spec savings are measured against: PyTorch with the trace's recorded settings.
+pub const REFERENCE: &str = "pytorch";
+
+/// Find the allocator settings that use the least memory: replay a grid of configs on traces.
+///
+/// `-p` takes specs with braces, expanded into their product:
+/// `pytorch:max_split_size_mb:{64,128,256},roundup_power2_divisions:{1,4}` is six configs.
+/// Without `-p`, a built-in grid of the PyTorch knobs users try. `pytorch` (the recorded
+/// settings) is always swept as the reference. Every (trace, config) is replayed in parallel;
+/// configs rank by the objective's worst value across the traces, and the winner is printed as
+/// the `export PYTORCH_CUDA_ALLOC_CONF=...` line to paste.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The traces (each config is replayed on every one).
+    #[arg(value_name = "TRACE", required = true)]
+    traces: Vec<PathBuf>,
+
+    /// A spec, with `{a,b,...}` alternatives (repeatable; default: the built-in grid).
+    #[arg(long = "policy", short = 'p', value_name = "SPEC")]
+    policies: Vec<String>,
+
+    /// The result key to minimise (any numeric key of `replay --json`).
+    #[arg(long, value_name = "KEY", default_value = sweep::DEFAULT_OBJECTIVE)]
+    objective: String,
+
+    /// Device memory, e.g. 40GiB or 80GB: configs that run out on any trace rank last.
+    #[arg(long, value_name = "SIZE")]
+    capacity: Option<String>,
+
+    /// Run only part I of N of the configs (1-based), for a job array; merge the parts with
+    /// `fragsim merge`.
+    #[arg(long, value_name = "I/N", requires = "out")]
+    shard: Option<String>,
+
+    /// Write the sweep's JSON to FILE instead of printing it (what `fragsim merge` reads).
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+
+    #[command(flatten)]
+    output: FormatArgs,
+
+    #[command(flatten)]
+    control: Control,
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    // Everything the user typed is checked before the first replay.
+    let written = if args.policies.is_empty() { grid::builtin_grid() } else { args.policies };
+    let all = grid::expand_all(std::iter::once(REFERENCE.to_string()).chain(written))?;
+    let mut specs = Vec::with_capacity(all.len());
+    for text in &all {
+        for spec in PolicySpec::parse_list(text)? {
+            specs.push(spec);
+        }
+    }
+    let names: Vec<String> = specs.iter().map(PolicySpec::display).collect();
+    Row::new("", &PolicyResult::default()).number(&args.objective)?;
+    let capacity = args.capacity.as_deref().map(fragsim::units::parse_capacity).transpose()?;
+    let shard = args.shard.as_deref().map(Shard::parse).transpose()?;
+    let mut identity = names.clone();
+    identity.push(format!("capacity={capacity:?}"));
+    let grid_id = sweep::grid_id(&identity);
+
+    let mine = shard.map_or(0..specs.len(), |s| s.range(specs.len()));
+    let specs = &specs[mine.clone()];
+    let names = &names[mine];
+    let options = ReplayOptions { capacity, ..ReplayOptions::default() };
+    let bar = args.control.bar(specs.len() * args.traces.len(), "sweeping");
+    let results = args.control.replay_traces(&args.traces, specs, &options, &bar)?;
+    bar.finish();
+
+    let traces: Vec<String> = args.traces.iter().map(|t| t.display().to_string()).collect();
+    // Spec-major: the parts of a sharded sweep concatenate into the unsharded order.
+    let mut rows = Vec::with_capacity(specs.len() * traces.len());
+    for (i, name) in names.iter().enumerate() {
+        for (t, per_trace) in traces.iter().zip(&results) {
+            rows.push(SweepRow { spec: name.clone(), row: Row::new(t.clone(), &per_trace[i]) });
+        }
+    }
+    let mut report = sweep::report(traces, &args.objective, rows, Some(REFERENCE))?;
+    report.grid = Some(grid_id);
+    report.shard = shard;
+    match &args.out {
+        Some(path) => {
+            let mut text = serde_json::to_string_pretty(&report).unwrap_or_default();
+            text.push('\n');
+            std::fs::write(path, text).map_err(|e| {
+                Error::new(ErrorKind::Io, format!("cannot write: {e}")).in_file(path)
+            })?;
+            let part =
+                shard.map(|s| format!(" (part {}/{})", s.index, s.count)).unwrap_or_default();
+            args.control.note(&format!(
+                "wrote the sweep of {} configs{part} to {}",
+                specs.len(),
+                path.display()
+            ));
+        }
+        None => print(&report, args.output.format())?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints a sweep report in `format`: `sweep` and `merge` print the same way, so a merged sweep
+/// prints exactly what the unsharded one does.
+pub fn print(report: &SweepReport, format: OutputFormat) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    let io = |e: std::io::Error| Error::new(ErrorKind::Io, format!("writing to stdout: {e}"));
+    match format {
+        OutputFormat::Json => {
+            let text = serde_json::to_string_pretty(report).unwrap_or_default();
+            writeln!(out, "{text}").map_err(io)
+        }
+        OutputFormat::Csv => {
+            writeln!(out, "rank,policy,config,spec,{},oom_free", report.objective).map_err(io)?;
+            for (i, r) in report.ranking.iter().enumerate() {
+                let cells = [r.policy.as_str(), r.config.as_str(), r.spec.as_str()].map(quote);
+                let line = format!("{},{},{},{}", i + 1, cells[0], cells[1], cells[2]);
+                writeln!(out, "{line},{},{}", r.worst, r.oom_free).map_err(io)?;
+            }
+            Ok(())
+        }
+        OutputFormat::Table => write!(out, "{}", table(report)).map_err(io),
+    }
+}
+
+fn quote(s: &str) -> String {
+    if s.contains([',', '"', '\n']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+/// A value of the objective for people: bytes with a unit, other numbers as they are.
+fn show(objective: &str, v: &serde_json::Value) -> String {
+    match (objective.ends_with("_bytes"), v.as_u64()) {
+        (true, Some(b)) => format_bytes(b),
+        _ => v.to_string(),
+    }
+}
+
+/// The ranked table, then the winner, its saving and the line to paste.
+fn table(report: &SweepReport) -> String {
+    use std::fmt::Write as _;
+    let obj = &report.objective;
+    let mut s = String::new();
+    let traces = report.traces.len();
+    let across = if traces == 1 { String::new() } else { format!(", worst of {traces} traces") };
+    let _ = writeln!(
+        s,
+        "sweep: {} configs ranked by {obj}{across}{}",
+        report.ranking.len(),
+        report.shard.map(|p| format!(" (part {}/{})", p.index, p.count)).unwrap_or_default()
+    );
+    let reference = report.reference.as_deref().unwrap_or(REFERENCE);
+    let ref_worst =
+        report.ranking.iter().find(|r| r.spec == reference).and_then(|r| as_number(&r.worst));
+    let width = report.ranking.iter().map(|r| r.spec.len()).max().unwrap_or(4).max(6);
+    let _ = writeln!(s, "{:>4}  {:<width$}  {:>14}  {:>11}", "rank", "config", obj, "vs recorded");
+    for (i, r) in report.ranking.iter().enumerate() {
+        let vs = match (ref_worst, as_number(&r.worst)) {
+            _ if r.spec == reference => "(recorded)".to_string(),
+            (Some(b), Some(x)) if b > 0.0 => format!("{:+.1}%", (x / b - 1.0) * 100.0),
+            _ => String::new(),
+        };
+        let oom = if r.oom_free { "" } else { "  OOM" };
+        let _ = writeln!(
+            s,
+            "{:>4}  {:<width$}  {:>14}  {:>11}{oom}",
+            i + 1,
+            r.spec,
+            show(obj, &r.worst),
+            vs
+        );
+    }
+    let Some(best) = &report.best else { return s };
+    let value = best.objective.get(obj.as_str()).map(|v| show(obj, v)).unwrap_or_default();
+    let _ = writeln!(s, "\nbest: {} ({obj} {value})", best.spec);
+    if best.spec == reference {
+        let _ = writeln!(s, "the recorded settings are already the best of this grid");
+    } else if let Some(saving) = &best.saving {
+        let amount = if obj.ends_with("_bytes") {
+            format_bytes(saving.amount.max(0.0) as u64)
+        } else {
+            format!("{}", saving.amount)
+        };
+        let _ = writeln!(
+            s,
+            "saves {amount} ({:.1}%) of {obj} against {} (the trace's recorded settings)",
+            saving.fraction * 100.0,
+            saving.reference
+        );
+    }
+    if !report.ranking.first().is_some_and(|r| r.oom_free) {
+        let _ = writeln!(s, "every config ran out of memory at this capacity on some trace");
+    }
+    match &best.env {
+        Some(env) => {
+            let _ = writeln!(s, "{env}");
+        }
+        None if best.policy.starts_with("pytorch") => {
+            let _ = writeln!(s, "(the recorded settings differ per trace: no single export line)");
+        }
+        None => {
+            let _ =
+                writeln!(s, "(not a PyTorch config: there is no PYTORCH_CUDA_ALLOC_CONF to set)");
+        }
+    }
+    s
+}

@@ -1,0 +1,211 @@
+//! The what-if commands end to end: `fit` is tight, `sweep`'s export line replays to its peak,
+//! merged shards equal the unsharded sweep, `check` exits 0/1/2, `--jobs`/`--quiet` change
+//! nothing but speed and noise.
+
+use crate::util::*;
+use fragsim::units::MIB;
+use serde_json::Value;
+
+fn json(o: &std::process::Output) -> Value {
+    assert!(o.status.success(), "{}", stderr(o));
+    serde_json::from_str(&stdout(o)).unwrap_or_else(|e| panic!("{e}: {}", stdout(o)))
+}
+
+/// The `replay --json` result of `spec` at `capacity` bytes.
+fn replay_at(trace: &str, spec: &str, capacity: u64) -> Value {
+    let cap = capacity.to_string();
+    let v = json(&run(&["replay", trace, "-p", spec, "--capacity", &cap, "--json"]));
+    v["results"][0].clone()
+}
+
+#[test]
+fn fit_is_tight_for_the_default_policies() {
+    let trace = real_trace("cs336-lm-step-c.pickle");
+    let t = trace.to_str().unwrap();
+    let v = json(&run(&["fit", t, "--json"]));
+    let results = v["results"].as_array().unwrap();
+    let policies: Vec<&str> = results.iter().map(|r| r["policy"].as_str().unwrap()).collect();
+    assert_eq!(policies, ["pytorch", "pytorch-expandable", "bound"]);
+    assert_eq!(v["outside_bytes"], 512 * MIB);
+    for r in results {
+        let (spec, need) =
+            (r["policy"].as_str().unwrap(), r["min_capacity_bytes"].as_u64().unwrap());
+        assert_eq!(replay_at(t, spec, need)["oom"], false, "{spec}: OOM at its answer {need}");
+        assert_eq!(replay_at(t, spec, need - 2 * MIB)["oom"], true, "{spec}: no OOM below {need}");
+        assert_eq!(r["cards"].as_array().unwrap().len(), 9);
+        let on_16 = r["cards"][0]["fits"].as_bool().unwrap();
+        assert_eq!(on_16, need + 512 * MIB <= 16 << 30, "{spec}");
+    }
+    let table = stdout(&run(&["fit", t]));
+    assert!(
+        table.contains("GiB (") && table.contains("GB)") && table.contains("16 GB "),
+        "{table}"
+    );
+    assert!(table.contains('✓') || table.contains('✗'), "{table}");
+}
+
+const GRID: &str = "pytorch:expandable_segments:{False,True},max_split_size_mb:{64,256}";
+
+#[test]
+fn the_sweep_export_line_replays_to_the_reported_peak() {
+    let trace = real_trace("cs336-lm-step-c.pickle");
+    let t = trace.to_str().unwrap();
+    let v = json(&run(&["sweep", t, "-p", GRID, "--json"]));
+    assert_eq!(v["ranking"].as_array().unwrap().len(), 5, "the grid and the recorded settings");
+    let best = &v["best"];
+    let env = best["env"].as_str().expect("a PyTorch winner has an export line");
+    let value = env.strip_prefix("export PYTORCH_CUDA_ALLOC_CONF=").unwrap().trim_matches('\'');
+    let again = json(&run(&["replay", t, "-p", &format!("pytorch:{value}"), "--json"]));
+    assert_eq!(again["results"][0]["peak_reserved_bytes"], best["peak_reserved_bytes"]);
+    // The table ends with the line to paste, after the saving against the recorded settings.
+    let table = stdout(&run(&["sweep", t, "-p", GRID]));
+    assert_eq!(table.lines().last(), Some(env), "{table}");
+    if best["spec"] != "pytorch" {
+        assert!(table.contains("against pytorch (the trace's recorded settings)"), "{table}");
+    }
+}
+
+#[test]
+fn malformed_braces_are_usage_errors_naming_the_brace() {
+    let trace = real_trace("cs336-lm-step-c.pickle");
+    let t = trace.to_str().unwrap();
+    for (spec, want) in [
+        ("pytorch:max_split_size_mb:{64,128", "'{' at column 27 is never closed"),
+        ("pytorch:max_split_size_mb:{64,{128}}", "nested braces are not supported"),
+        ("pytorch:max_split_size_mb:64}", "'}' at column 29 closes no '{'"),
+        ("pytorch:max_split_size_mb:{64,,128}", "alternative 2 of the '{' at column 27 is empty"),
+    ] {
+        let out = run(&["sweep", t, "-p", spec]);
+        assert_eq!(out.status.code(), Some(2), "{spec}");
+        assert!(stderr(&out).contains(want), "{spec}: {}", stderr(&out));
+        assert!(stdout(&out).is_empty(), "{spec}");
+    }
+    let out = run(&["sweep", t, "--objective", "peak"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("unknown result key 'peak'"), "{}", stderr(&out));
+}
+
+/// A sweep's JSON without its timings.
+fn untimed(mut v: Value) -> Value {
+    for r in v["results"].as_array_mut().unwrap() {
+        r.as_object_mut().unwrap().remove("replay_seconds");
+    }
+    v
+}
+
+#[test]
+fn merged_shards_equal_the_unsharded_sweep_and_other_grids_are_refused() {
+    let a = real_trace("cs336-lm-step-c.pickle");
+    let b = real_trace("cs336-medium-ctx512-infer.pickle");
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let whole = json(&run(&["sweep", a, b, "-p", GRID, "-p", "bfc", "--json"]));
+    let dir = tempfile::tempdir().unwrap();
+    let mut parts = Vec::new();
+    for i in [2, 3, 1] {
+        let part = dir.path().join(format!("part{i}.json")).to_string_lossy().into_owned();
+        let shard = format!("{i}/3");
+        let out = run(&["sweep", a, b, "-p", GRID, "-p", "bfc", "--shard", &shard, "--out", &part]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(stdout(&out).is_empty());
+        parts.push(part);
+    }
+    let mut args = vec!["merge".to_string()];
+    args.extend(parts.iter().cloned());
+    args.push("--json".into());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let merged = json(&run(&args));
+    assert_eq!(untimed(merged), untimed(whole.clone()));
+    // The tables are the same too.
+    let table = stdout(&run(&["sweep", a, b, "-p", GRID, "-p", "bfc"]));
+    assert_eq!(stdout(&run(&args[..args.len() - 1])), table);
+
+    // A part of another grid, or of other traces, is refused.
+    let other = dir.path().join("other.json").to_string_lossy().into_owned();
+    let out = run(&["sweep", a, b, "-p", "bfc", "--shard", "1/3", "--out", &other]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = run(&["merge", &other, &parts[0], &parts[1]]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("different sweeps"), "{}", stderr(&out));
+    let out = run(&["sweep", a, "-p", GRID, "-p", "bfc", "--shard", "1/3", "--out", &other]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = run(&["merge", &other, &parts[0], &parts[1]]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("different traces"), "{}", stderr(&out));
+    let out = run(&["merge", &parts[0], &parts[1]]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("missing 1/3"), "{}", stderr(&out));
+}
+
+#[test]
+fn check_exits_0_1_and_2() {
+    let trace = real_trace("cs336-lm-step-c.pickle");
+    let t = trace.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base.json");
+    let b = base.to_str().unwrap();
+    let policies = ["-p", "pytorch", "-p", "bound"];
+    let with = |extra: &[&str]| {
+        let mut args = vec!["check", t, "--baseline", b];
+        args.extend_from_slice(&policies);
+        args.extend_from_slice(extra);
+        run(&args)
+    };
+    let out = with(&["--update"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = with(&[]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+
+    // A baseline 10% better: exit 1, naming the metric.
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&base).unwrap()).unwrap();
+    for row in v["rows"].as_array_mut().unwrap() {
+        let peak = row["peak_reserved_bytes"].as_u64().unwrap();
+        row["peak_reserved_bytes"] = (peak * 9 / 10).into();
+    }
+    std::fs::write(&base, v.to_string()).unwrap();
+    let out = with(&[]);
+    assert_eq!(out.status.code(), Some(1), "{}{}", stdout(&out), stderr(&out));
+    let text = stdout(&out);
+    let regressions: Vec<&str> = text.lines().filter(|l| l.starts_with("regression:")).collect();
+    assert_eq!(regressions.len(), 2, "{text}");
+    assert!(
+        regressions.iter().all(|l| l.contains("peak_reserved_bytes") && l.contains(t)),
+        "{text}"
+    );
+    let out = with(&["--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let report: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(report["ok"], false);
+    assert_eq!(report["regressions"][0]["metric"], "peak_reserved_bytes");
+    assert!((report["regressions"][0]["change"].as_f64().unwrap() - 1.0 / 9.0).abs() < 1e-3);
+
+    // A policy the baseline has no entry for: exit 2, naming the file.
+    let out = run(&["check", t, "--baseline", b, "-p", "bfc"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("no baseline entry") && stderr(&out).contains(b),
+        "{}",
+        stderr(&out)
+    );
+    let out = run(&["check", t, "--baseline", &format!("{b}.missing")]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
+
+#[test]
+fn jobs_and_quiet_change_neither_results_nor_stdout() {
+    let trace = real_trace("cs336-lm-step-c.pickle");
+    let t = trace.to_str().unwrap();
+    let table = stdout(&run(&["replay", t, "-p", "all"]));
+    let out = run(&["replay", t, "-p", "all", "--jobs", "1", "--quiet"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), table);
+    // Never a bar into a pipe: stderr stays empty on a pipe.
+    let out =
+        run(&["sweep", t, "-p", "pytorch:max_split_size_mb:{64,128}", "--jobs", "2", "--csv"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).is_empty(), "{}", stderr(&out));
+    assert!(stdout(&out).starts_with("rank,policy,config,spec,peak_reserved_bytes,oom_free\n"));
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let out = run(&["report", t, "-p", "bfc", "--out", d, "-j", "1", "-q"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
