@@ -51,7 +51,13 @@
 //!   on the ctx512-train snapshot planning takes 12 ms where `pytorch` replays the whole trace
 //!   in 1 ms; with random lifetimes and sizes (the synthetic workload) 1.7 s for 120,000
 //!   events. Finding the lifetimes and following the plan (page mapping included) add about
-//!   3 ms on ctx512-train (the whole `offline` replay there: 15 ms).
+//!   3 ms on ctx512-train (the whole `offline` replay there: 15 ms). At scale it stays near
+//!   n log n, so `all` keeps it at every size. CPU seconds of `fragsim replay -p offline` (release
+//!   build, trace load included; `bound` in brackets): `fragsim synth --steps 1060 / 5300 /
+//!   10600` traces of 1.0 M / 4.9 M / 9.9 M events, 0.78 (0.12) / 4.81 (0.80) / 8.72 (1.44) s,
+//!   peak RSS 144 / 736 / 1467 MB; ctx512-train repeated to 89 k / 223 k / 1.0 M events, 0.12 /
+//!   0.38 / 2.04 s (1.35 / 1.7 / 2.0 µs per event). There `offline` is about 60% of the
+//!   CPU time of `replay -p all`, so it sets that command's wall time on two cores.
 //! - The plan's peak is one address range. At the first malloc, `offline` reserves address space
 //!   for it and serves the k-th malloc from the k-th planned block when the sizes match. Memory
 //!   behind the range is mapped (in the backend's pages) only under live planned blocks: a page
