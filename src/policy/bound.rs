@@ -37,8 +37,7 @@ pub struct Bound {
 impl Bound {
     /// Builds the policy; it accepts no options.
     pub fn from_options(options: &str) -> Result<Bound> {
-        let mut bound = Bound::default();
-        opt::parse(NAME, options, KEYS, &mut bound)?;
+        let bound = opt::parse(NAME, options, KEYS)?;
         Ok(bound)
     }
 }

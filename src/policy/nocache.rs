@@ -34,24 +34,8 @@ use crate::units::MIB;
 pub const NAME: &str = "nocache";
 
 /// The option keys `nocache` accepts: they drive the parser, the help and the errors.
-pub const KEYS: &[OptionKey<NoCacheOptions>] = &[
-    OptionKey {
-        key: "align",
-        value: "SIZE",
-        set: |o, k, v| {
-            o.align = opt::parse_size(k, v)?;
-            Ok(())
-        },
-    },
-    OptionKey {
-        key: "page",
-        value: "SIZE",
-        set: |o, k, v| {
-            o.page = opt::parse_size(k, v)?;
-            Ok(())
-        },
-    },
-];
+pub const KEYS: &[OptionKey<NoCacheOptions>] =
+    &[OptionKey::size("align", |o, v| o.align = v), OptionKey::size("page", |o, v| o.page = v)];
 
 /// `nocache`'s line in [`POLICIES`](super::POLICIES).
 pub const POLICY: Registration<NoCache> = Registration {
@@ -96,8 +80,7 @@ pub struct NoCache {
 impl NoCache {
     /// Builds the policy from `key=value` options (see [`KEYS`]).
     pub fn from_options(options: &str) -> Result<NoCache> {
-        let mut o = NoCacheOptions::default();
-        opt::parse(NAME, options, KEYS, &mut o)?;
+        let o = opt::parse(NAME, options, KEYS)?;
         if o.align == 0 || o.page == 0 || o.page % o.align != 0 {
             return Err(Error::usage(format!(
                 "align ({}) and page ({}) must be positive and page a multiple of align",

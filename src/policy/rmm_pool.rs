@@ -48,22 +48,8 @@ pub const NAME: &str = "rmm-pool";
 
 /// The option keys `rmm-pool` accepts: they drive the parser, the help and the errors.
 pub const KEYS: &[OptionKey<RmmPoolOptions>] = &[
-    OptionKey {
-        key: "initial",
-        value: "SIZE",
-        set: |o, k, v| {
-            o.initial = opt::parse_size(k, v)?;
-            Ok(())
-        },
-    },
-    OptionKey {
-        key: "maximum",
-        value: "SIZE",
-        set: |o, k, v| {
-            o.maximum = Some(opt::parse_size(k, v)?);
-            Ok(())
-        },
-    },
+    OptionKey::size("initial", |o, v| o.initial = v),
+    OptionKey::size("maximum", |o, v| o.maximum = Some(v)),
 ];
 
 /// `rmm-pool`'s line in [`POLICIES`](super::POLICIES).
@@ -98,8 +84,7 @@ pub struct RmmPool {
 impl RmmPool {
     /// Builds the policy from `key=value` options (see [`KEYS`]).
     pub fn from_options(options: &str) -> Result<RmmPool> {
-        let mut o = RmmPoolOptions::default();
-        opt::parse(NAME, options, KEYS, &mut o)?;
+        let o = opt::parse(NAME, options, KEYS)?;
         if let Some(max) = o.maximum {
             if o.initial > max {
                 return Err(Error::usage(format!(
@@ -226,14 +211,7 @@ impl Policy for RmmPool {
     }
 
     fn check_invariants(&self) -> std::result::Result<(), String> {
-        self.chunks.check()?;
-        let regions: u64 = self.chunks.regions().values().map(|r| r.size).sum();
-        if regions != self.pool_size {
-            return Err(format!(
-                "pool size {} != sum of upstream blocks {regions}",
-                self.pool_size
-            ));
-        }
+        self.chunks.check_region_total(self.pool_size, "pool size", "upstream blocks")?;
         if let Some(max) = self.options.maximum {
             if self.pool_size > round_up(max, ALIGNMENT) {
                 return Err(format!("pool size {} exceeds maximum {max}", self.pool_size));

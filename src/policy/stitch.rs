@@ -55,24 +55,8 @@ use crate::units::MIB;
 pub const NAME: &str = "stitch";
 
 /// The option keys `stitch` accepts: they drive the parser, the help and the errors.
-pub const KEYS: &[OptionKey<StitchOptions>] = &[
-    OptionKey {
-        key: "small",
-        value: "SIZE",
-        set: |o, k, v| {
-            o.small = opt::parse_size(k, v)?;
-            Ok(())
-        },
-    },
-    OptionKey {
-        key: "stitch",
-        value: "true|false",
-        set: |o, k, v| {
-            o.stitch = opt::parse_bool(k, v)?;
-            Ok(())
-        },
-    },
-];
+pub const KEYS: &[OptionKey<StitchOptions>] =
+    &[OptionKey::size("small", |o, v| o.small = v), OptionKey::flag("stitch", |o, v| o.stitch = v)];
 
 /// `stitch`'s line in [`POLICIES`](super::POLICIES).
 pub const POLICY: Registration<Stitch> = Registration {
@@ -116,8 +100,7 @@ pub struct Stitch {
 impl Stitch {
     /// Builds the policy from `key=value` options (see [`KEYS`]).
     pub fn from_options(options: &str) -> Result<Stitch> {
-        let mut o = StitchOptions::default();
-        opt::parse(NAME, options, KEYS, &mut o)?;
+        let o = opt::parse(NAME, options, KEYS)?;
         if o.small > SMALL_SEGMENT {
             return Err(Error::usage(format!(
                 "small ({}) must be at most the 2 MiB small-pool segment",

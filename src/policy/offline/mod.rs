@@ -95,14 +95,7 @@ pub use by_size::pack;
 pub const NAME: &str = "offline";
 
 /// The option keys `offline` accepts: they drive the parser, the help and the errors.
-pub const KEYS: &[OptionKey<OfflineOptions>] = &[OptionKey {
-    key: "align",
-    value: "SIZE",
-    set: |o, k, v| {
-        o.align = opt::parse_size(k, v)?;
-        Ok(())
-    },
-}];
+pub const KEYS: &[OptionKey<OfflineOptions>] = &[OptionKey::size("align", |o, v| o.align = v)];
 
 /// `offline`'s line in [`POLICIES`](super::POLICIES).
 pub const POLICY: Registration<Offline> = Registration {
@@ -253,8 +246,7 @@ pub struct Offline {
 impl Offline {
     /// Builds the policy from `key=value` options (see [`KEYS`]).
     pub fn from_options(options: &str) -> Result<Offline> {
-        let mut o = OfflineOptions::default();
-        opt::parse(NAME, options, KEYS, &mut o)?;
+        let o = opt::parse(NAME, options, KEYS)?;
         if o.align == 0 {
             return Err(Error::usage("align must be positive"));
         }
