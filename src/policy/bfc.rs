@@ -37,7 +37,7 @@
 
 use super::chunks::{round_up, unknown_block, Chunks};
 use super::options::{self as opt, OptionKey};
-use super::{Allocation, Policy, Registration};
+use super::{Allocation, Policy, Registration, Role};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::trace::{PoolKind, Segment};
@@ -57,6 +57,7 @@ pub const KEYS: &[OptionKey<BfcOptions>] = &[
 pub const POLICY: Registration<Bfc> = Registration {
     name: NAME,
     summary: "TensorFlow/XLA best-fit with coalescing (bfc_allocator.cc)",
+    role: Role::Online,
     options: || opt::help(KEYS),
     build: |options, _| Bfc::from_options(options),
 };

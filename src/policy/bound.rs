@@ -7,7 +7,7 @@
 
 use super::chunks::unknown_block;
 use super::options::{self as opt, OptionKey};
-use super::{Allocation, Policy, Registration};
+use super::{Allocation, Policy, Registration, Role};
 use crate::backend::Backend;
 use crate::error::Result;
 use crate::trace::AddrMap;
@@ -23,6 +23,7 @@ pub const NAME: &str = "bound";
 pub const POLICY: Registration<Bound> = Registration {
     name: NAME,
     summary: "the peak of live requested bytes: no allocator can reserve less",
+    role: Role::Floor,
     options: || opt::help(KEYS),
     build: |options, _| Bound::from_options(options),
 };

@@ -28,7 +28,7 @@
 
 use super::chunks::unknown_block;
 use super::options::{self as opt, OptionKey, Setter};
-use super::{Allocation, Policy, Registration};
+use super::{Allocation, Policy, Registration, Role};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::trace::{Block, BlockState, PoolKind, Segment};
@@ -49,6 +49,7 @@ pub const KEYS: &[OptionKey<BuddyOptions>] = &[
 pub const POLICY: Registration<Buddy> = Registration {
     name: NAME,
     summary: "binary buddy allocator over power-of-two arenas",
+    role: Role::Online,
     options: || opt::help(KEYS),
     build: |options, _| Buddy::from_options(options),
 };

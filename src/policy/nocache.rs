@@ -23,7 +23,7 @@
 
 use super::chunks::{round_up, unknown_block};
 use super::options::{self as opt, OptionKey};
-use super::{Allocation, Policy, Registration};
+use super::{Allocation, Policy, Registration, Role};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::trace::AddrMap;
@@ -41,6 +41,7 @@ pub const KEYS: &[OptionKey<NoCacheOptions>] =
 pub const POLICY: Registration<NoCache> = Registration {
     name: NAME,
     summary: "no caching: one cudaMalloc per request (PYTORCH_NO_CUDA_MEMORY_CACHING=1)",
+    role: Role::Online,
     options: || opt::help(KEYS),
     build: |options, _| NoCache::from_options(options),
 };

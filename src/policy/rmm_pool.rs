@@ -38,7 +38,7 @@
 
 use super::chunks::{round_up, unknown_block, Chunks};
 use super::options::{self as opt, OptionKey};
-use super::{Allocation, Policy, Registration};
+use super::{Allocation, Policy, Registration, Role};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::trace::{PoolKind, Segment};
@@ -56,6 +56,7 @@ pub const KEYS: &[OptionKey<RmmPoolOptions>] = &[
 pub const POLICY: Registration<RmmPool> = Registration {
     name: NAME,
     summary: "RAPIDS RMM pool_memory_resource (coalescing best fit per stream)",
+    role: Role::Online,
     options: || opt::help(KEYS),
     build: |options, _| RmmPool::from_options(options),
 };

@@ -45,7 +45,7 @@
 
 use super::chunks::{round_up, unknown_block, Chunks};
 use super::options::{self as opt, OptionKey};
-use super::{Allocation, Policy, Registration};
+use super::{Allocation, Policy, Registration, Role};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::trace::{PoolKind, Segment};
@@ -62,6 +62,7 @@ pub const KEYS: &[OptionKey<StitchOptions>] =
 pub const POLICY: Registration<Stitch> = Registration {
     name: NAME,
     summary: "GMLake-style virtual-memory stitching of free 2 MiB granules",
+    role: Role::Online,
     options: || opt::help(KEYS),
     build: |options, _| Stitch::from_options(options),
 };
