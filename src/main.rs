@@ -2,11 +2,10 @@
 
 mod cli;
 
-use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let cli = match cli::Cli::try_parse() {
+    let cli = match cli::Cli::try_parse_with_policies() {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();

@@ -133,26 +133,21 @@ fn rmm_truncated_line() {
     );
 }
 
+/// Rejects each edit of the valid RMM log: (file name, text replaced, replacement, error).
+fn reject_rmm_edits(cases: &[(&str, &str, &str, &str)]) {
+    for &(name, from, to, why) in cases {
+        assert!(RMM_OK.contains(from), "{name}: the edit applies");
+        reject(name, RMM_OK.replace(from, to).as_bytes(), "rmm-csv", why);
+    }
+}
+
 #[test]
 fn rmm_corrupt_fields() {
-    reject(
-        "ptr.csv",
-        RMM_OK.replace("0x1000,1024", "0xzz,1024").as_bytes(),
-        "rmm-csv",
-        "line 2: bad pointer '0xzz'",
-    );
-    reject(
-        "time.csv",
-        RMM_OK.replace("10:00:00.000002", "25:61:00").as_bytes(),
-        "rmm-csv",
-        "line 3: bad time '25:61:00'",
-    );
-    reject(
-        "action.csv",
-        RMM_OK.replace(",free,", ",release,").as_bytes(),
-        "rmm-csv",
-        "line 3: unknown action 'release'",
-    );
+    reject_rmm_edits(&[
+        ("ptr.csv", "0x1000,1024", "0xzz,1024", "line 2: bad pointer '0xzz'"),
+        ("time.csv", "10:00:00.000002", "25:61:00", "line 3: bad time '25:61:00'"),
+        ("action.csv", ",free,", ",release,", "line 3: unknown action 'release'"),
+    ]);
     let mut binary = RMM_OK.as_bytes().to_vec();
     binary.extend([0xff, 0xfe, b'\n']);
     reject("binary.csv", &binary, "rmm-csv", &format!("byte {}: not UTF-8", RMM_OK.len()));
@@ -160,26 +155,22 @@ fn rmm_corrupt_fields() {
 
 #[test]
 fn rmm_negative_and_absurd_sizes() {
-    reject(
-        "neg.csv",
-        RMM_OK.replace(",1024,0\n1,10:00:00.000002", ",-1024,0\n1,10:00:00.000002").as_bytes(),
-        "rmm-csv",
-        "line 2: bad size '-1024'",
-    );
-    reject(
-        "absurd.csv",
-        RMM_OK.replace("allocate,0x1000,1024", "allocate,0x1000,1152921504606846976").as_bytes(),
-        "rmm-csv",
-        "line 2: size 1152921504606846976 is 2^60 or more",
-    );
-    reject(
-        "overflow.csv",
-        RMM_OK
-            .replace("allocate,0x1000,1024", "allocate,0x1000,99999999999999999999999")
-            .as_bytes(),
-        "rmm-csv",
-        "line 2: bad size",
-    );
+    let alloc = "allocate,0x1000,1024";
+    reject_rmm_edits(&[
+        (
+            "neg.csv",
+            ",1024,0\n1,10:00:00.000002",
+            ",-1024,0\n1,10:00:00.000002",
+            "line 2: bad size '-1024'",
+        ),
+        (
+            "absurd.csv",
+            alloc,
+            "allocate,0x1000,1152921504606846976",
+            "line 2: size 1152921504606846976 is 2^60 or more",
+        ),
+        ("overflow.csv", alloc, "allocate,0x1000,99999999999999999999999", "line 2: bad size"),
+    ]);
 }
 
 // --- .fst --------------------------------------------------------------------------------------

@@ -37,7 +37,7 @@
 
 use super::chunks::{round_up, unknown_block, Chunks};
 use super::options::{self as opt, OptionKey};
-use super::{Allocation, Policy, Registration};
+use super::{Allocation, Policy, Registration, Role};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::trace::{PoolKind, Segment};
@@ -48,36 +48,16 @@ pub const NAME: &str = "bfc";
 
 /// The option keys `bfc` accepts: they drive the parser, the help and the errors.
 pub const KEYS: &[OptionKey<BfcOptions>] = &[
-    OptionKey {
-        key: "allow_growth",
-        value: "true|false",
-        set: |o, k, v| {
-            o.allow_growth = opt::parse_bool(k, v)?;
-            Ok(())
-        },
-    },
-    OptionKey {
-        key: "memory_limit",
-        value: "SIZE",
-        set: |o, k, v| {
-            o.memory_limit = Some(opt::parse_size(k, v)?);
-            Ok(())
-        },
-    },
-    OptionKey {
-        key: "garbage_collection",
-        value: "true|false",
-        set: |o, k, v| {
-            o.garbage_collection = opt::parse_bool(k, v)?;
-            Ok(())
-        },
-    },
+    OptionKey::flag("allow_growth", |o, v| o.allow_growth = v),
+    OptionKey::size("memory_limit", |o, v| o.memory_limit = Some(v)),
+    OptionKey::flag("garbage_collection", |o, v| o.garbage_collection = v),
 ];
 
 /// `bfc`'s line in [`POLICIES`](super::POLICIES).
 pub const POLICY: Registration<Bfc> = Registration {
     name: NAME,
     summary: "TensorFlow/XLA best-fit with coalescing (bfc_allocator.cc)",
+    role: Role::Online,
     options: || opt::help(KEYS),
     build: |options, _| Bfc::from_options(options),
 };
@@ -127,8 +107,7 @@ pub struct Bfc {
 impl Bfc {
     /// Builds the policy from `key=value` options (see [`KEYS`]).
     pub fn from_options(options: &str) -> Result<Bfc> {
-        let mut o = BfcOptions::default();
-        opt::parse(NAME, options, KEYS, &mut o)?;
+        let o = opt::parse(NAME, options, KEYS)?;
         Bfc::new(o)
     }
 
@@ -289,14 +268,11 @@ impl Policy for Bfc {
     }
 
     fn check_invariants(&self) -> std::result::Result<(), String> {
-        self.chunks.check()?;
-        let regions: u64 = self.chunks.regions().values().map(|r| r.size).sum();
-        if regions != self.total_region_allocated_bytes {
-            return Err(format!(
-                "total_region_allocated_bytes {} != sum of regions {regions}",
-                self.total_region_allocated_bytes
-            ));
-        }
+        let regions = self.chunks.check_region_total(
+            self.total_region_allocated_bytes,
+            "total_region_allocated_bytes",
+            "regions",
+        )?;
         if regions > self.memory_limit {
             return Err(format!("regions {regions} exceed memory_limit {}", self.memory_limit));
         }

@@ -7,7 +7,7 @@
 
 use super::chunks::unknown_block;
 use super::options::{self as opt, OptionKey};
-use super::{Allocation, Policy, Registration};
+use super::{Allocation, Policy, Registration, Role};
 use crate::backend::Backend;
 use crate::error::Result;
 use crate::trace::AddrMap;
@@ -23,6 +23,7 @@ pub const NAME: &str = "bound";
 pub const POLICY: Registration<Bound> = Registration {
     name: NAME,
     summary: "the peak of live requested bytes: no allocator can reserve less",
+    role: Role::Floor,
     options: || opt::help(KEYS),
     build: |options, _| Bound::from_options(options),
 };
@@ -37,8 +38,7 @@ pub struct Bound {
 impl Bound {
     /// Builds the policy; it accepts no options.
     pub fn from_options(options: &str) -> Result<Bound> {
-        let mut bound = Bound::default();
-        opt::parse(NAME, options, KEYS, &mut bound)?;
+        let bound = opt::parse(NAME, options, KEYS)?;
         Ok(bound)
     }
 }

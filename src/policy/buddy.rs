@@ -27,8 +27,8 @@
 //! never a corruption of the free lists.
 
 use super::chunks::unknown_block;
-use super::options::{self as opt, OptionKey};
-use super::{Allocation, Policy, Registration};
+use super::options::{self as opt, OptionKey, Setter};
+use super::{Allocation, Policy, Registration, Role};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::trace::{Block, BlockState, PoolKind, Segment};
@@ -40,36 +40,16 @@ pub const NAME: &str = "buddy";
 
 /// The option keys `buddy` accepts: they drive the parser, the help and the errors.
 pub const KEYS: &[OptionKey<BuddyOptions>] = &[
-    OptionKey {
-        key: "min_block",
-        value: "SIZE (power of two)",
-        set: |o, k, v| {
-            o.min_block = opt::parse_size(k, v)?;
-            Ok(())
-        },
-    },
-    OptionKey {
-        key: "arena",
-        value: "SIZE",
-        set: |o, k, v| {
-            o.arena = opt::parse_size(k, v)?;
-            Ok(())
-        },
-    },
-    OptionKey {
-        key: "max_order",
-        value: "N",
-        set: |o, k, v| {
-            o.max_order = opt::parse_int(k, v)?;
-            Ok(())
-        },
-    },
+    OptionKey::new("min_block", "SIZE (power of two)", Setter::Size(|o, v| o.min_block = v)),
+    OptionKey::size("arena", |o, v| o.arena = v),
+    OptionKey::count("max_order", |o, v| o.max_order = v),
 ];
 
 /// `buddy`'s line in [`POLICIES`](super::POLICIES).
 pub const POLICY: Registration<Buddy> = Registration {
     name: NAME,
     summary: "binary buddy allocator over power-of-two arenas",
+    role: Role::Online,
     options: || opt::help(KEYS),
     build: |options, _| Buddy::from_options(options),
 };
@@ -114,8 +94,7 @@ pub struct Buddy {
 impl Buddy {
     /// Builds the policy from `key=value` options (see [`KEYS`]).
     pub fn from_options(options: &str) -> Result<Buddy> {
-        let mut o = BuddyOptions::default();
-        opt::parse(NAME, options, KEYS, &mut o)?;
+        let o = opt::parse(NAME, options, KEYS)?;
         Buddy::new(o)
     }
 

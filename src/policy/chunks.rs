@@ -425,6 +425,23 @@ impl Chunks {
             .collect()
     }
 
+    /// [`Chunks::check`], then that `counted`, a policy's own running total of region bytes
+    /// (called `counter` in the message, the regions `regions`), equals the regions' sizes summed.
+    /// Returns that sum for the policy's further checks. Shared by `bfc` and `rmm-pool`.
+    pub fn check_region_total(
+        &self,
+        counted: u64,
+        counter: &str,
+        regions: &str,
+    ) -> std::result::Result<u64, String> {
+        self.check()?;
+        let sum: u64 = self.regions.values().map(|r| r.size).sum();
+        if sum != counted {
+            return Err(format!("{counter} {counted} != sum of {regions} {sum}"));
+        }
+        Ok(sum)
+    }
+
     /// Checks that chunks lie in their regions without overlap, links join exactly the adjacent
     /// chunks of a region, the free set matches the free chunks, no two free neighbours on one
     /// list were left unmerged, and the counters match.

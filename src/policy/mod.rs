@@ -117,12 +117,27 @@ pub struct PolicyContext<'a> {
     pub capacity: Option<u64>,
 }
 
+/// What a policy stands for when results are compared: a real allocator, or one of the two
+/// reference lines that bracket them. Tests and reports derive their subsets from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// An allocator that serves each call as it comes, knowing nothing of later calls.
+    Online,
+    /// A reference that plans with every lifetime in advance (`offline`): a target, not an
+    /// allocator.
+    Clairvoyant,
+    /// The floor no allocator can reserve less than (`bound`).
+    Floor,
+}
+
 /// How a policy's file registers it: what [`POLICIES`] needs to list, document and build it.
 pub struct Registration<P> {
     /// The name used in `--policy NAME[:OPTIONS]`.
     pub name: &'static str,
     /// One line for help and tables.
     pub summary: &'static str,
+    /// Whether it is an allocator or a reference line.
+    pub role: Role,
     /// The options it accepts, for help and error messages (usually [`options::help`] of the
     /// policy's key table).
     pub options: fn() -> String,
@@ -145,6 +160,8 @@ pub struct PolicyInfo {
     pub name: &'static str,
     /// One line for help and tables.
     pub summary: &'static str,
+    /// Whether it is an allocator or a reference line.
+    pub role: Role,
     options: fn() -> String,
     build: fn(&str, &PolicyContext) -> Result<BuiltPolicy>,
 }
@@ -187,6 +204,7 @@ macro_rules! registry {
             PolicyInfo {
                 name: $reg.name,
                 summary: $reg.summary,
+                role: $reg.role,
                 options: $reg.options,
                 build: |options, context| ($reg.build)(options, context).map(BuiltPolicy::$variant),
             },

@@ -23,7 +23,7 @@
 
 use super::chunks::{round_up, unknown_block};
 use super::options::{self as opt, OptionKey};
-use super::{Allocation, Policy, Registration};
+use super::{Allocation, Policy, Registration, Role};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::trace::AddrMap;
@@ -34,29 +34,14 @@ use crate::units::MIB;
 pub const NAME: &str = "nocache";
 
 /// The option keys `nocache` accepts: they drive the parser, the help and the errors.
-pub const KEYS: &[OptionKey<NoCacheOptions>] = &[
-    OptionKey {
-        key: "align",
-        value: "SIZE",
-        set: |o, k, v| {
-            o.align = opt::parse_size(k, v)?;
-            Ok(())
-        },
-    },
-    OptionKey {
-        key: "page",
-        value: "SIZE",
-        set: |o, k, v| {
-            o.page = opt::parse_size(k, v)?;
-            Ok(())
-        },
-    },
-];
+pub const KEYS: &[OptionKey<NoCacheOptions>] =
+    &[OptionKey::size("align", |o, v| o.align = v), OptionKey::size("page", |o, v| o.page = v)];
 
 /// `nocache`'s line in [`POLICIES`](super::POLICIES).
 pub const POLICY: Registration<NoCache> = Registration {
     name: NAME,
     summary: "no caching: one cudaMalloc per request (PYTORCH_NO_CUDA_MEMORY_CACHING=1)",
+    role: Role::Online,
     options: || opt::help(KEYS),
     build: |options, _| NoCache::from_options(options),
 };
@@ -96,8 +81,7 @@ pub struct NoCache {
 impl NoCache {
     /// Builds the policy from `key=value` options (see [`KEYS`]).
     pub fn from_options(options: &str) -> Result<NoCache> {
-        let mut o = NoCacheOptions::default();
-        opt::parse(NAME, options, KEYS, &mut o)?;
+        let o = opt::parse(NAME, options, KEYS)?;
         if o.align == 0 || o.page == 0 || o.page % o.align != 0 {
             return Err(Error::usage(format!(
                 "align ({}) and page ({}) must be positive and page a multiple of align",

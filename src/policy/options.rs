@@ -7,22 +7,68 @@
 
 use crate::error::{Error, Result};
 
+/// How a key's value is read and stored in the policy's options struct `O`: the kind decides the
+/// parser (and so the error a bad value gets), the function only stores the parsed value.
+pub enum Setter<O> {
+    /// A boolean (`true`/`false`, `1`/`0`, `yes`/`no`, `on`/`off`, any case): [`parse_bool`].
+    Bool(fn(&mut O, bool)),
+    /// A byte size (`512`, `2MiB`, ...): [`crate::units::parse_size`].
+    Size(fn(&mut O, u64)),
+    /// A whole number: [`parse_int`].
+    Count(fn(&mut O, u32)),
+}
+
 /// One option key a policy accepts, and how it sets the policy's options struct `O`.
 pub struct OptionKey<O> {
     /// The key, as written before `=`.
     pub key: &'static str,
     /// What the value looks like, for help and errors (`SIZE`, `true|false`, `N`).
     pub value: &'static str,
-    /// Stores `value` (the text after `=`) in the options; the key is passed for error messages.
-    pub set: fn(&mut O, key: &str, value: &str) -> Result<()>,
+    /// How the text after `=` is parsed and stored.
+    pub set: Setter<O>,
 }
 
-/// Parses `options` (`key=value,...`) into `into` with `keys`, the table of `policy`'s keys.
-pub fn parse<O>(policy: &str, options: &str, keys: &[OptionKey<O>], into: &mut O) -> Result<()> {
+impl<O> OptionKey<O> {
+    /// A key shown in help and errors as `key=VALUE` (e.g. `SIZE (power of two)`), set by `set`.
+    pub const fn new(key: &'static str, value: &'static str, set: Setter<O>) -> Self {
+        OptionKey { key, value, set }
+    }
+
+    /// A boolean key, shown as `key=true|false`.
+    pub const fn flag(key: &'static str, set: fn(&mut O, bool)) -> Self {
+        OptionKey { key, value: "true|false", set: Setter::Bool(set) }
+    }
+
+    /// A byte-size key, shown as `key=SIZE`.
+    pub const fn size(key: &'static str, set: fn(&mut O, u64)) -> Self {
+        OptionKey { key, value: "SIZE", set: Setter::Size(set) }
+    }
+
+    /// A whole-number key, shown as `key=N`.
+    pub const fn count(key: &'static str, set: fn(&mut O, u32)) -> Self {
+        OptionKey { key, value: "N", set: Setter::Count(set) }
+    }
+
+    /// Parses `value` (the text after `=`) and stores it in `into`; errors name the key.
+    pub fn apply(&self, into: &mut O, value: &str) -> Result<()> {
+        match self.set {
+            Setter::Bool(set) => set(into, parse_bool(self.key, value)?),
+            Setter::Size(set) => set(into, crate::units::parse_size(value)?),
+            Setter::Count(set) => set(into, parse_int(self.key, value)?),
+        }
+        Ok(())
+    }
+}
+
+/// Parses `options` (`key=value,...`) with `keys`, the table of `policy`'s keys, into the
+/// defaults of `O`: what every keyed policy's `from_options` starts with.
+pub fn parse<O: Default>(policy: &str, options: &str, keys: &[OptionKey<O>]) -> Result<O> {
+    let mut into = O::default();
     parse_key_values(options, |k, v| match keys.iter().find(|o| o.key == k) {
-        Some(o) => (o.set)(into, k, v),
+        Some(o) => o.apply(&mut into, v),
         None => Err(unknown_option(policy, k, keys)),
-    })
+    })?;
+    Ok(into)
 }
 
 /// The accepted keys as help text (`key=VALUE, key=VALUE`), or `(none)`.
@@ -71,11 +117,6 @@ pub fn parse_int<T: std::str::FromStr>(key: &str, value: &str) -> Result<T> {
         .map_err(|_| Error::usage(format!("option '{key}': expected an integer, got '{value}'")))
 }
 
-/// Parses a size option value (`512`, `2MiB`, ...): [`crate::units::parse_size`], for the tables.
-pub fn parse_size(_key: &str, value: &str) -> Result<u64> {
-    crate::units::parse_size(value)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -84,40 +125,34 @@ mod tests {
     struct Opts {
         on: bool,
         n: u32,
+        size: Option<u64>,
     }
 
     const KEYS: &[OptionKey<Opts>] = &[
-        OptionKey {
-            key: "on",
-            value: "true|false",
-            set: |o, k, v| {
-                o.on = parse_bool(k, v)?;
-                Ok(())
-            },
-        },
-        OptionKey {
-            key: "n",
-            value: "N",
-            set: |o, k, v| {
-                o.n = parse_int(k, v)?;
-                Ok(())
-            },
-        },
+        OptionKey::flag("on", |o, v| o.on = v),
+        OptionKey::count("n", |o, v| o.n = v),
+        OptionKey::new("size", "SIZE (even)", Setter::Size(|o, v| o.size = Some(v))),
     ];
 
     #[test]
     fn one_table_parses_and_documents() {
-        let mut o = Opts::default();
-        parse("p", " on=yes , n=7 ", KEYS, &mut o).unwrap();
+        let o = parse("p", " on=yes , n=7 ", KEYS).unwrap();
         assert!(o.on);
         assert_eq!(o.n, 7);
-        assert_eq!(help(KEYS), "on=true|false, n=N");
-        let e = parse("p", "x=1", KEYS, &mut o).unwrap_err().to_string();
-        assert!(e.contains("unknown option 'x' for p (accepted: on=true|false, n=N)"), "{e}");
-        let e = parse("p", "n=x", KEYS, &mut o).unwrap_err().to_string();
+        assert_eq!(o.size, None, "a key not given keeps its default");
+        assert_eq!(parse("p", "size=2KiB", KEYS).unwrap().size, Some(2048));
+        assert_eq!(help(KEYS), "on=true|false, n=N, size=SIZE (even)");
+        let e = parse("p", "x=1", KEYS).err().unwrap().to_string();
+        assert!(
+            e.contains("unknown option 'x' for p (accepted: on=true|false, n=N, size=SIZE (even))"),
+            "{e}"
+        );
+        let e = parse("p", "n=x", KEYS).err().unwrap().to_string();
         assert!(e.contains("option 'n': expected an integer, got 'x'"), "{e}");
+        let e = parse("p", "on=maybe", KEYS).err().unwrap().to_string();
+        assert!(e.contains("option 'on': expected true or false, got 'maybe'"), "{e}");
         let none: &[OptionKey<Opts>] = &[];
-        let e = parse("q", "x=1", none, &mut o).unwrap_err().to_string();
+        let e = parse("q", "x=1", none).err().unwrap().to_string();
         assert!(e.contains("unknown option 'x' (q takes no options)"), "{e}");
         assert_eq!(help(none), "(none)");
     }

@@ -38,7 +38,7 @@
 
 use super::chunks::{round_up, unknown_block, Chunks};
 use super::options::{self as opt, OptionKey};
-use super::{Allocation, Policy, Registration};
+use super::{Allocation, Policy, Registration, Role};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::trace::{PoolKind, Segment};
@@ -48,28 +48,15 @@ pub const NAME: &str = "rmm-pool";
 
 /// The option keys `rmm-pool` accepts: they drive the parser, the help and the errors.
 pub const KEYS: &[OptionKey<RmmPoolOptions>] = &[
-    OptionKey {
-        key: "initial",
-        value: "SIZE",
-        set: |o, k, v| {
-            o.initial = opt::parse_size(k, v)?;
-            Ok(())
-        },
-    },
-    OptionKey {
-        key: "maximum",
-        value: "SIZE",
-        set: |o, k, v| {
-            o.maximum = Some(opt::parse_size(k, v)?);
-            Ok(())
-        },
-    },
+    OptionKey::size("initial", |o, v| o.initial = v),
+    OptionKey::size("maximum", |o, v| o.maximum = Some(v)),
 ];
 
 /// `rmm-pool`'s line in [`POLICIES`](super::POLICIES).
 pub const POLICY: Registration<RmmPool> = Registration {
     name: NAME,
     summary: "RAPIDS RMM pool_memory_resource (coalescing best fit per stream)",
+    role: Role::Online,
     options: || opt::help(KEYS),
     build: |options, _| RmmPool::from_options(options),
 };
@@ -98,8 +85,7 @@ pub struct RmmPool {
 impl RmmPool {
     /// Builds the policy from `key=value` options (see [`KEYS`]).
     pub fn from_options(options: &str) -> Result<RmmPool> {
-        let mut o = RmmPoolOptions::default();
-        opt::parse(NAME, options, KEYS, &mut o)?;
+        let o = opt::parse(NAME, options, KEYS)?;
         if let Some(max) = o.maximum {
             if o.initial > max {
                 return Err(Error::usage(format!(
@@ -226,14 +212,7 @@ impl Policy for RmmPool {
     }
 
     fn check_invariants(&self) -> std::result::Result<(), String> {
-        self.chunks.check()?;
-        let regions: u64 = self.chunks.regions().values().map(|r| r.size).sum();
-        if regions != self.pool_size {
-            return Err(format!(
-                "pool size {} != sum of upstream blocks {regions}",
-                self.pool_size
-            ));
-        }
+        self.chunks.check_region_total(self.pool_size, "pool size", "upstream blocks")?;
         if let Some(max) = self.options.maximum {
             if self.pool_size > round_up(max, ALIGNMENT) {
                 return Err(format!("pool size {} exceeds maximum {max}", self.pool_size));

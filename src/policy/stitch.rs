@@ -45,7 +45,7 @@
 
 use super::chunks::{round_up, unknown_block, Chunks};
 use super::options::{self as opt, OptionKey};
-use super::{Allocation, Policy, Registration};
+use super::{Allocation, Policy, Registration, Role};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::trace::{PoolKind, Segment};
@@ -55,29 +55,14 @@ use crate::units::MIB;
 pub const NAME: &str = "stitch";
 
 /// The option keys `stitch` accepts: they drive the parser, the help and the errors.
-pub const KEYS: &[OptionKey<StitchOptions>] = &[
-    OptionKey {
-        key: "small",
-        value: "SIZE",
-        set: |o, k, v| {
-            o.small = opt::parse_size(k, v)?;
-            Ok(())
-        },
-    },
-    OptionKey {
-        key: "stitch",
-        value: "true|false",
-        set: |o, k, v| {
-            o.stitch = opt::parse_bool(k, v)?;
-            Ok(())
-        },
-    },
-];
+pub const KEYS: &[OptionKey<StitchOptions>] =
+    &[OptionKey::size("small", |o, v| o.small = v), OptionKey::flag("stitch", |o, v| o.stitch = v)];
 
 /// `stitch`'s line in [`POLICIES`](super::POLICIES).
 pub const POLICY: Registration<Stitch> = Registration {
     name: NAME,
     summary: "GMLake-style virtual-memory stitching of free 2 MiB granules",
+    role: Role::Online,
     options: || opt::help(KEYS),
     build: |options, _| Stitch::from_options(options),
 };
@@ -116,8 +101,7 @@ pub struct Stitch {
 impl Stitch {
     /// Builds the policy from `key=value` options (see [`KEYS`]).
     pub fn from_options(options: &str) -> Result<Stitch> {
-        let mut o = StitchOptions::default();
-        opt::parse(NAME, options, KEYS, &mut o)?;
+        let o = opt::parse(NAME, options, KEYS)?;
         if o.small > SMALL_SEGMENT {
             return Err(Error::usage(format!(
                 "small ({}) must be at most the 2 MiB small-pool segment",

@@ -46,8 +46,8 @@ pub fn read(data: &[u8], _options: &ReadOptions) -> Result<Trace> {
     let mut found = Vec::new();
     let data = data.strip_prefix(b"\xef\xbb\xbf").unwrap_or(data);
     let mut de = serde_json::Deserializer::from_slice(data);
-    let saw_events = RootSeed { out: &mut found }
-        .deserialize(&mut de)
+    let saw_events = (&mut de)
+        .deserialize_any(RootSeed { out: &mut found })
         .and_then(|saw| de.end().map(|_| saw))
         .map_err(json_error)?;
     if !saw_events {
@@ -200,18 +200,10 @@ fn json_error(e: serde_json::Error) -> Error {
     }
 }
 
-/// The top level: `{"traceEvents": [...], ...}` or a bare array of events. Yields whether a
-/// list of events was found.
+/// The top level: `{"traceEvents": [...], ...}` or a bare array of events, visited by the
+/// deserializer's `deserialize_any`. Yields whether a list of events was found.
 struct RootSeed<'o> {
     out: &'o mut Vec<Found>,
-}
-
-impl<'de> DeserializeSeed<'de> for RootSeed<'_> {
-    type Value = bool;
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
-        d.deserialize_any(self)
-    }
 }
 
 impl<'de> Visitor<'de> for RootSeed<'_> {

@@ -81,7 +81,7 @@
 use super::chunks::{round_up, unknown_block};
 use super::options::{self as opt, OptionKey};
 use super::PolicyContext;
-use super::{Allocation, Policy, Registration};
+use super::{Allocation, Policy, Registration, Role};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::trace::lifetimes::free_action;
@@ -101,19 +101,13 @@ pub use by_size::pack;
 pub const NAME: &str = "offline";
 
 /// The option keys `offline` accepts: they drive the parser, the help and the errors.
-pub const KEYS: &[OptionKey<OfflineOptions>] = &[OptionKey {
-    key: "align",
-    value: "SIZE",
-    set: |o, k, v| {
-        o.align = opt::parse_size(k, v)?;
-        Ok(())
-    },
-}];
+pub const KEYS: &[OptionKey<OfflineOptions>] = &[OptionKey::size("align", |o, v| o.align = v)];
 
 /// `offline`'s line in [`POLICIES`](super::POLICIES).
 pub const POLICY: Registration<Offline> = Registration {
     name: NAME,
     summary: "clairvoyant packing that knows every lifetime in advance",
+    role: Role::Clairvoyant,
     options: || opt::help(KEYS),
     build: |options, context| Offline::from_input(options, context),
 };
@@ -259,8 +253,7 @@ pub struct Offline {
 impl Offline {
     /// Builds the policy from `key=value` options (see [`KEYS`]).
     pub fn from_options(options: &str) -> Result<Offline> {
-        let mut o = OfflineOptions::default();
-        opt::parse(NAME, options, KEYS, &mut o)?;
+        let o = opt::parse(NAME, options, KEYS)?;
         if o.align == 0 {
             return Err(Error::usage("align must be positive"));
         }
@@ -660,40 +653,47 @@ mod tests {
     /// below `offline` (849,451,520 vs 851,525,120 bytes).
     #[test]
     fn every_policy_between_bound_and_offline() {
-        use crate::policy::bfc::Bfc;
-        use crate::policy::bound::Bound;
-        use crate::policy::buddy::Buddy;
-        use crate::policy::nocache::NoCache;
-        use crate::policy::pytorch::{Config, PyTorch};
-        use crate::policy::rmm_pool::RmmPool;
-        use crate::policy::stitch::Stitch;
+        use crate::policy::{PolicyContext, PolicyRunner, PolicySpec, Role, POLICIES};
+        use crate::testing::Checked;
+        /// Runs a built policy through the checker, after letting it plan as the engine would.
+        struct Check<'a>(&'a [Step], &'a [Event]);
+        impl PolicyRunner for Check<'_> {
+            type Output = Checked;
+            fn run<P: Policy>(self, _name: &str, mut policy: P) -> Checked {
+                policy.prepare(self.1).unwrap();
+                run_checked(&mut policy, self.0, None)
+            }
+        }
+        let trace = crate::trace::Trace::default();
         for seed in 10..14 {
             let steps = workload(seed, 2500);
-            let bound = run_checked(&mut Bound::default(), &steps, None).peak_reserved;
-            let mut off = Offline::from_options("").unwrap();
-            off.prepare(&events_of(&steps)).unwrap();
-            let offline = run_checked(&mut off, &steps, None).peak_reserved;
-            let expandable = Config { expandable_segments: true, ..Config::default() };
-            let online = [
-                ("pytorch", run_checked(&mut PyTorch::new(Config::default()), &steps, None)),
-                ("pytorch-expandable", run_checked(&mut PyTorch::new(expandable), &steps, None)),
-                ("buddy", run_checked(&mut Buddy::from_options("").unwrap(), &steps, None)),
-                ("bfc", run_checked(&mut Bfc::from_options("").unwrap(), &steps, None)),
-                ("rmm-pool", run_checked(&mut RmmPool::from_options("").unwrap(), &steps, None)),
-                ("nocache", run_checked(&mut NoCache::from_options("").unwrap(), &steps, None)),
-                ("stitch", run_checked(&mut Stitch::from_options("").unwrap(), &steps, None)),
-            ];
+            let events = events_of(&steps);
+            let context = PolicyContext {
+                trace: &trace,
+                device: 0,
+                events: &events,
+                live_at_start: &[],
+                capacity: None,
+            };
+            // Every registered policy, built from its registration with default options.
+            let runs: Vec<_> = POLICIES
+                .iter()
+                .map(|info| {
+                    let spec = PolicySpec { name: info.name.into(), options: String::new() };
+                    let built = info.build(&spec, &context).unwrap();
+                    (info, built.run_with(info.name, Check(&steps, &events)).peak_reserved)
+                })
+                .collect();
+            let peak_of = |role| runs.iter().find(|(i, _)| i.role == role).unwrap().1;
+            let (bound, offline) = (peak_of(Role::Floor), peak_of(Role::Clairvoyant));
             assert!(bound <= offline, "seed {seed}: bound {bound} > offline {offline}");
-            for (name, c) in online {
-                assert!(bound <= c.peak_reserved, "seed {seed}: {name} below bound");
+            for &(info, peak) in runs.iter().filter(|(i, _)| i.role == Role::Online) {
+                let name = info.name;
+                assert!(bound <= peak, "seed {seed}: {name} below bound");
                 if name == "nocache" {
                     continue;
                 }
-                assert!(
-                    offline <= c.peak_reserved,
-                    "seed {seed}: offline {offline} > {name} {}",
-                    c.peak_reserved
-                );
+                assert!(offline <= peak, "seed {seed}: offline {offline} > {name} {peak}");
             }
         }
     }

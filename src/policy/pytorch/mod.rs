@@ -27,7 +27,7 @@ pub use config::{Config, Version};
 
 use super::chunks::unknown_block;
 use super::{Allocation, Policy};
-use super::{PolicyContext, Registration};
+use super::{PolicyContext, Registration, Role};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::trace::AddrMap;
@@ -50,6 +50,7 @@ pub const NAME: &str = "pytorch";
 pub const POLICY: Registration<PyTorch> = Registration {
     name: NAME,
     summary: "PyTorch's CUDA caching allocator (PYTORCH_CUDA_ALLOC_CONF options; default: recorded settings)",
+    role: Role::Online,
     options: || "PYTORCH_CUDA_ALLOC_CONF syntax, e.g. max_split_size_mb:128,roundup_power2_divisions:4; or 'recorded'".into(),
     build: |options, context| PyTorch::from_spec(options, context).map(|p| p.on_gpu(context.capacity)),
 };
@@ -58,6 +59,7 @@ pub const POLICY: Registration<PyTorch> = Registration {
 pub const EXPANDABLE: Registration<PyTorch> = Registration {
     name: "pytorch-expandable",
     summary: "PyTorch's caching allocator with expandable_segments:True",
+    role: Role::Online,
     options: || "PYTORCH_CUDA_ALLOC_CONF syntax (expandable_segments is forced on)".into(),
     build: |options, context| {
         PyTorch::expandable_from_spec(options, context).map(|p| p.on_gpu(context.capacity))
