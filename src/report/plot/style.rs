@@ -238,6 +238,8 @@ pub enum Sample {
     Dashed(RGBColor),
     /// A filled box of the colour.
     Swatch(RGBColor),
+    /// A wide, translucent band of the colour: a reference line drawn under the others.
+    Band(RGBColor),
     /// No sample: a heading.
     Heading,
 }
@@ -250,6 +252,15 @@ pub struct LegendEntry {
     /// Its text.
     pub label: String,
 }
+
+/// The recorded run's colour (a hue no policy has): a [`Sample::Band`] on the timeline, a bar
+/// in the peaks chart.
+pub const RECORDED: RGBColor = RGBColor(112, 48, 160);
+
+/// The opacity of a [`Sample::Band`] line.
+pub const BAND_ALPHA: f64 = 0.35;
+/// The width of a [`Sample::Band`] line in pixels.
+pub const BAND_WIDTH: u32 = 10;
 
 /// Height of one legend line in pixels.
 pub const LEGEND_LINE: i32 = 24;
@@ -328,6 +339,13 @@ fn draw_sample<DB: DrawingBackend>(
                 area.draw(&PathElement::new(vec![(x0, cy), (x0 + 8, cy)], c.stroke_width(2)))
                     .or_draw_error()?;
             }
+        }
+        Sample::Band(c) => {
+            area.draw(&PathElement::new(
+                vec![(x, cy), (x + 36, cy)],
+                c.mix(BAND_ALPHA).stroke_width(BAND_WIDTH),
+            ))
+            .or_draw_error()?;
         }
         Sample::Swatch(c) => {
             area.draw(&Rectangle::new([(x + 6, cy - 8), (x + 30, cy + 8)], c.filled()))
