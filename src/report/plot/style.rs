@@ -257,6 +257,9 @@ pub struct LegendEntry {
 /// in the peaks chart.
 pub const RECORDED: RGBColor = RGBColor(112, 48, 160);
 
+/// [`RECORDED`] as a [`Sample::Band`] shows it over white: the recorded bar's fill.
+pub const RECORDED_FILL: RGBColor = RGBColor(205, 183, 222);
+
 /// The opacity of a [`Sample::Band`] line.
 pub const BAND_ALPHA: f64 = 0.35;
 /// The width of a [`Sample::Band`] line in pixels.
