@@ -363,7 +363,7 @@ pub fn summary_table(
     let mut rows: Vec<(String, Vec<Cell>)> =
         labels.into_iter().zip(cells(results, &columns)).collect();
     if let Some(rec) = recorded {
-        headers.push((VS_RECORDED, "peak reserved against the recorded run's, %"));
+        headers.push((VS_RECORDED, "peak reserved over the recorded peak, %"));
         for ((_, row), r) in rows.iter_mut().zip(results) {
             row.push(vs_recorded(r, rec));
         }
