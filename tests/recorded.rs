@@ -200,3 +200,30 @@ fn the_inferred_limit_is_the_default_capacity_and_none_removes_it() {
     assert_eq!(pytorch["alloc_retries"], 0, "{pytorch}");
     assert!(pytorch["peak_reserved_bytes"].as_u64() > Some(limit), "{pytorch}");
 }
+
+/// `info --json` tells the whole story on real snapshots: the blocks live before the first
+/// event and the peak of live bytes counting them, which is `bound`'s peak reserved and the
+/// peak requested Python computed independently; `peak_live_bytes` leaves them out.
+#[test]
+fn info_json_carries_the_live_at_start_blocks_and_the_peak_with_them() {
+    for (name, _, _, python_peak_requested) in [SNAPSHOTS[2], SNAPSHOTS[5]] {
+        let trace = real_trace(name);
+        let path = trace.to_str().unwrap();
+        let o = crate::util::run(&["info", path, "--json"]);
+        assert!(o.status.success(), "{name}: {}", crate::util::stderr(&o));
+        let info: serde_json::Value = serde_json::from_str(&crate::util::stdout(&o)).unwrap();
+        let o = crate::util::run(&["replay", path, "-p", "bound", "--json"]);
+        let replay: serde_json::Value = serde_json::from_str(&crate::util::stdout(&o)).unwrap();
+        let bound = replay["results"][0]["peak_reserved_bytes"].as_u64().unwrap();
+        let device = &info["devices"][0];
+        for v in [&info, device] {
+            assert_eq!(v["peak_live_with_start_bytes"].as_u64(), Some(bound), "{name}");
+            assert_eq!(bound, python_peak_requested, "{name}");
+            let blocks = v["live_at_start_blocks"].as_u64().unwrap();
+            let bytes = v["live_at_start_bytes"].as_u64().unwrap();
+            assert!(blocks > 0 && bytes > 0, "{name}: a snapshot taken mid-run");
+            let in_trace = v["peak_live_bytes"].as_u64().unwrap();
+            assert!(in_trace < bound && bound <= in_trace + bytes, "{name}");
+        }
+    }
+}
