@@ -113,3 +113,117 @@ fn pytorch_replays_reproduce_the_recorded_peak_reserved() {
         assert_eq!(replay(&trace, "pytorch").peak_reserved_bytes, peak, "{name}");
     }
 }
+
+/// A program that caches three 60 MiB segments, then needs 100 MiB: on a device with a 200 MiB
+/// limit the allocator must flush its cache and retry (an OOM-driven flush). An explicit
+/// `empty_cache()` at a low level comes first (the same events, but no OOM). The library's own
+/// test of the limit (`src/recorded/tests.rs`) replays the same program.
+fn pressure_program() -> String {
+    let mut s =
+        String::from("alloc 0x1000 62914560\nfree 0x1000 62914560\nsegment_free 0x0 62914560\n");
+    for k in 0..3u64 {
+        s += &format!("alloc {:#x} 62914560\n", 0x10000 + k * 0x1000);
+    }
+    for k in 0..3u64 {
+        s += &format!("free {:#x} 62914560\n", 0x10000 + k * 0x1000);
+    }
+    s + "alloc 0x20000 104857600\nfree 0x20000 104857600\n"
+}
+
+/// What a real recording of [`pressure_program`] on a 200 MiB device looks like: the PyTorch
+/// policy's own run of it under that capacity, written as a snapshot with the library's writer.
+fn pressure_snapshot(path: &std::path::Path) {
+    use fragsim::replay::{ReplayInput, ReplayOptions};
+    use fragsim::trace::{DeviceTrace, Format, Trace};
+    let program =
+        fragsim::trace::text::read(pressure_program().as_bytes(), &ReadOptions::default()).unwrap();
+    let input = ReplayInput::new(&program, Some(0)).unwrap();
+    let spec = &fragsim::policy::PolicySpec::parse_list("pytorch").unwrap()[0];
+    let options =
+        ReplayOptions { capacity: Some(200 << 20), record_events: true, ..Default::default() };
+    let out = fragsim::policy::lookup("pytorch").unwrap().run(spec, &input, &options).unwrap();
+    assert!(out.result.alloc_retries >= 1 && !out.result.oom, "{:?}", out.result);
+    let recording = Trace {
+        format: Format::PytorchSnapshot,
+        devices: vec![DeviceTrace { device: 0, events: out.events.unwrap() }],
+        segments: out.segments,
+        ..Trace::default()
+    };
+    fragsim::trace::write_trace(&recording, path).unwrap();
+}
+
+/// `replay --json` on a recording with OOM-driven flushes replays every policy under the device
+/// limit it infers (the PyTorch policy then reproduces the recorded peak and retries);
+/// `--capacity none` removes the limit.
+#[test]
+fn the_inferred_limit_is_the_default_capacity_and_none_removes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pressure.pickle");
+    pressure_snapshot(&path);
+    let json = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["replay", path.to_str().unwrap(), "-p", "all", "--json"];
+        args.extend(extra);
+        let o = crate::util::run(&args);
+        assert!(o.status.success(), "{}", crate::util::stderr(&o));
+        serde_json::from_str(&crate::util::stdout(&o)).unwrap()
+    };
+    let find = |v: &serde_json::Value, policy: &str| {
+        v["results"].as_array().unwrap().iter().find(|r| r["policy"] == policy).unwrap().clone()
+    };
+
+    let inferred = json(&[]);
+    let capacity = &inferred["capacity"];
+    assert!(capacity["inferred"].is_string(), "{capacity}");
+    let limit = capacity["bytes"].as_u64().expect("an inferred limit");
+    assert_eq!(Some(limit), capacity["limit"]["limit_bytes"].as_u64(), "{capacity}");
+    assert!(limit <= 200 << 20, "at most the device the recording ran on: {limit}");
+    let recorded = find(&inferred, "recorded");
+    assert_eq!(recorded["peak_reserved_bytes"].as_u64(), Some(limit));
+    let results = inferred["results"].as_array().unwrap();
+    assert!(results.len() > 2);
+    for r in results.iter().filter(|r| r["policy"] != "recorded") {
+        let peak = r["peak_reserved_bytes"].as_u64().unwrap();
+        if r["oom"] == true {
+            assert_eq!(r["first_oom"]["capacity_bytes"].as_u64(), Some(limit), "{r}");
+        } else {
+            assert!(peak <= limit, "{}: {peak} over the limit {limit}", r["policy"]);
+        }
+    }
+    let pytorch = find(&inferred, "pytorch");
+    assert_eq!(pytorch["peak_reserved_bytes"].as_u64(), Some(limit), "{pytorch}");
+    assert!(pytorch["alloc_retries"].as_u64() >= Some(1), "{pytorch}");
+
+    let unlimited = json(&["--capacity", "none"]);
+    assert!(unlimited["capacity"]["bytes"].is_null(), "{}", unlimited["capacity"]);
+    assert!(unlimited["capacity"]["inferred"].is_null(), "{}", unlimited["capacity"]);
+    let pytorch = find(&unlimited, "pytorch");
+    assert_eq!(pytorch["alloc_retries"], 0, "{pytorch}");
+    assert!(pytorch["peak_reserved_bytes"].as_u64() > Some(limit), "{pytorch}");
+}
+
+/// `info --json` tells the whole story on real snapshots: the blocks live before the first
+/// event and the peak of live bytes counting them, which is `bound`'s peak reserved and the
+/// peak requested Python computed independently; `peak_live_bytes` leaves them out.
+#[test]
+fn info_json_carries_the_live_at_start_blocks_and_the_peak_with_them() {
+    for (name, _, _, python_peak_requested) in [SNAPSHOTS[2], SNAPSHOTS[5]] {
+        let trace = real_trace(name);
+        let path = trace.to_str().unwrap();
+        let o = crate::util::run(&["info", path, "--json"]);
+        assert!(o.status.success(), "{name}: {}", crate::util::stderr(&o));
+        let info: serde_json::Value = serde_json::from_str(&crate::util::stdout(&o)).unwrap();
+        let o = crate::util::run(&["replay", path, "-p", "bound", "--json"]);
+        let replay: serde_json::Value = serde_json::from_str(&crate::util::stdout(&o)).unwrap();
+        let bound = replay["results"][0]["peak_reserved_bytes"].as_u64().unwrap();
+        let device = &info["devices"][0];
+        for v in [&info, device] {
+            assert_eq!(v["peak_live_with_start_bytes"].as_u64(), Some(bound), "{name}");
+            assert_eq!(bound, python_peak_requested, "{name}");
+            let blocks = v["live_at_start_blocks"].as_u64().unwrap();
+            let bytes = v["live_at_start_bytes"].as_u64().unwrap();
+            assert!(blocks > 0 && bytes > 0, "{name}: a snapshot taken mid-run");
+            let in_trace = v["peak_live_bytes"].as_u64().unwrap();
+            assert!(in_trace < bound && bound <= in_trace + bytes, "{name}");
+        }
+    }
+}

@@ -249,7 +249,34 @@ fn report_on_real_traces() {
         assert_eq!(json["format"], format);
         assert_eq!(json["device"], device);
         assert_eq!(json["events"], events);
+        assert_recorded_everywhere(name, &out, &json);
     }
+}
+
+/// Both real traces record the allocator's own figures: the `recorded` run is the first row of
+/// summary.md and index.html (with a `vs recorded` column), a band in the timeline's legend and
+/// a bar in the peaks chart, with the peak `results.json` gives. Neither file shows the path.
+fn assert_recorded_everywhere(name: &str, out: &Path, json: &serde_json::Value) {
+    let results = json["results"].as_array().unwrap();
+    let recorded = results.iter().find(|r| r["policy"] == "recorded").expect(name);
+    let peak = fragsim::units::format_bytes(recorded["peak_reserved_bytes"].as_u64().unwrap());
+    let md = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    let table: Vec<&str> = md.lines().filter(|l| l.starts_with("| ")).collect();
+    assert!(table[0].ends_with("| vs recorded |"), "{name}: {}", table[0]);
+    assert!(table[2].starts_with(&format!("| recorded | {peak} |")), "{name}: {}", table[2]);
+    assert_eq!(table.len(), 2 + 1 + results.len() - 1, "{name}: one row per run");
+    let html = std::fs::read_to_string(out.join("index.html")).unwrap();
+    assert!(html.contains("<th title=\"peak reserved over the recorded peak, %\">vs recorded</th>"));
+    assert!(html.contains(&format!("<tr><td>recorded</td><td class=\"n\">{peak}</td>")), "{name}");
+    let timeline = std::fs::read_to_string(out.join("timeline.svg")).unwrap();
+    assert!(timeline.contains(&format!("recorded ({peak})")), "{name}: legend entry");
+    assert!(timeline.contains(&format!("recorded {peak} peak")), "{name}: peak label");
+    let peaks = std::fs::read_to_string(out.join("peaks.svg")).unwrap();
+    assert!(peaks.contains("what the recorded run reserved"), "{name}");
+    let trace = real_trace(name);
+    let full = trace.to_str().unwrap();
+    assert!(full.contains('/') && !md.contains(full) && !html.contains(full), "{name}");
+    assert!(md.contains(&format!("Trace `{name}`")), "{name}");
 }
 
 /// A long trace (100,000 allocations, each freed 50 allocations later) makes charts of bounded

@@ -1,7 +1,7 @@
 //! `fragsim info`: what is in a trace, before replaying it.
 
 use fragsim::error::{Error, Result};
-use fragsim::trace::summary::{DeviceSummary, Summary};
+use fragsim::trace::summary::{DeviceSummary, StartFigures, Summary};
 use fragsim::trace::Action;
 use fragsim::units::format_bytes;
 use std::fmt::Write as _;
@@ -26,8 +26,9 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let trace = super::read_trace(&args.trace, false)?;
-    let summary = Summary::of(&trace);
+    let mut summary = Summary::of(&trace);
     let text = if args.json {
+        summary.set_start(|device| start_figures(&trace, device));
         serde_json::to_string_pretty(&summary).map_err(|e| Error::usage(e.to_string()))? + "\n"
     } else {
         render(&args.trace.display().to_string(), &summary, &|d| start_lines(&trace, d))
@@ -37,23 +38,34 @@ pub fn run(args: Args) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// What `device` held before its first event, next to peak live: the blocks live at the start
-/// (as every replay carries them; a Kineto trace's opaque block included) and the peak of live
-/// bytes counting them, which is the `bound` policy's peak; then what the recording says the
-/// real allocator held (Kineto's start totals, the recorded peaks).
-fn start_lines(trace: &fragsim::trace::Trace, device: i32) -> Vec<String> {
+/// What `device` held before its first event ([`StartFigures`]): the blocks live at the start,
+/// as every replay carries them, and the peak of live bytes counting them, `bound`'s peak
+/// reserved. All `None` when the device cannot be replayed.
+fn start_figures(trace: &fragsim::trace::Trace, device: i32) -> StartFigures {
     let Ok(input) = fragsim::replay::ReplayInput::new(trace, Some(device)) else {
-        return Vec::new();
+        return StartFigures::default();
     };
-    let blocks = input.live_at_start.len();
-    let bytes: u64 = input.live_at_start.iter().map(|b| b.size).sum();
-    let mut out =
-        vec![format!("live at start: {} blocks, {}", count(blocks as u64), format_bytes(bytes))];
     let bound = fragsim::policy::PolicySpec::parse_list("bound")
         .ok()
         .and_then(|specs| fragsim::replay::run_spec(&specs[0], &input, &Default::default()).ok())
         .map(|o| o.result.peak_reserved_bytes);
-    if let Some(peak) = bound {
+    StartFigures {
+        live_at_start_blocks: Some(input.live_at_start.len() as u64),
+        live_at_start_bytes: Some(input.live_at_start.iter().map(|b| b.size).sum()),
+        peak_live_with_start_bytes: bound,
+    }
+}
+
+/// What `device` held before its first event, next to peak live ([`start_figures`]); then what
+/// the recording says the real allocator held (Kineto's start totals, the recorded peaks).
+fn start_lines(trace: &fragsim::trace::Trace, device: i32) -> Vec<String> {
+    let start = start_figures(trace, device);
+    let (Some(blocks), Some(bytes)) = (start.live_at_start_blocks, start.live_at_start_bytes)
+    else {
+        return Vec::new();
+    };
+    let mut out = vec![format!("live at start: {} blocks, {}", count(blocks), format_bytes(bytes))];
+    if let Some(peak) = start.peak_live_with_start_bytes {
         out.push(format!("peak live with them: {} (= bound's peak reserved)", format_bytes(peak)));
     }
     if let Some(k) = fragsim::recorded::kineto_start::start_state(trace, device) {

@@ -251,6 +251,9 @@ pub struct ReportData {
     pub capacity: Option<u64>,
     /// The recorded run, when the trace carries the allocator's figures.
     pub recorded: Option<crate::recorded::RecordedRow>,
+    /// The recorded run's reserved memory over time (within [`PLOT_POINTS`]), for the timeline;
+    /// `None` when the trace records no allocator figures.
+    pub recorded_series: Option<crate::replay::Series>,
     /// The `capacity` key of `results.json`: the limit, whether inferred, what the recording says.
     pub capacity_note: Option<super::json::CapacityNote>,
     /// fragsim's version.
@@ -289,6 +292,8 @@ fn bar(progress: bool, len: u64, what: &str) -> ProgressBar {
 pub fn collect(trace: &Trace, plan: &ReportPlan) -> Result<ReportData> {
     let input = ReplayInput::new(trace, plan.device)?;
     let (recorded, limit) = crate::recorded::row_and_limit(trace, input.device);
+    let recorded_series =
+        crate::recorded::recorded(trace, input.device).map(|r| r.series(trace, PLOT_POINTS));
     let options = ReplayOptions {
         capacity: plan.capacity,
         empty_cache: plan.empty_cache.clone(),
@@ -359,6 +364,7 @@ pub fn collect(trace: &Trace, plan: &ReportPlan) -> Result<ReportData> {
         segment_map,
         capacity: plan.capacity,
         recorded,
+        recorded_series,
         capacity_note: Some(super::json::CapacityNote {
             bytes: plan.capacity,
             inferred: plan.capacity_inferred.clone(),

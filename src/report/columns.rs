@@ -340,6 +340,40 @@ pub fn recorded_cells(
         .collect()
 }
 
+/// The summary table as every writer shows it (terminal, Markdown, HTML): headers with their
+/// units, and one labelled row per result; with the recorded run, its row comes first (`-`
+/// where the file cannot tell) and a [`VS_RECORDED`] column gives each policy's peak reserved
+/// against it. Each writer passes its own row labels (`labels`, one per result).
+pub struct SummaryTable {
+    /// `(header, unit)` per column.
+    pub headers: Vec<(&'static str, &'static str)>,
+    /// `(label, cells)` per row; the first cell is the policy's and is replaced by the label.
+    pub rows: Vec<(String, Vec<Cell>)>,
+}
+
+/// Builds the [`SummaryTable`] of `results` labelled by `labels`, beside `recorded`.
+pub fn summary_table(
+    results: &[PolicyResult],
+    labels: Vec<String>,
+    recorded: Option<&RecordedRow>,
+) -> SummaryTable {
+    let columns = summary_for(results);
+    let mut headers: Vec<(&'static str, &'static str)> =
+        columns.iter().map(|c| (c.header, c.unit)).collect();
+    let mut rows: Vec<(String, Vec<Cell>)> =
+        labels.into_iter().zip(cells(results, &columns)).collect();
+    if let Some(rec) = recorded {
+        headers.push((VS_RECORDED, "peak reserved over the recorded peak, %"));
+        for ((_, row), r) in rows.iter_mut().zip(results) {
+            row.push(vs_recorded(r, rec));
+        }
+        let mut first = recorded_cells(rec, results, &columns);
+        first.push(Cell::Unknown);
+        rows.insert(0, (rec.policy.clone(), first));
+    }
+    SummaryTable { headers, rows }
+}
+
 /// `bound`'s peak among `results`, if it ran.
 pub fn bound_of(results: &[PolicyResult]) -> Option<u64> {
     results.iter().find(|r| r.policy == "bound").map(|r| r.peak_reserved_bytes)

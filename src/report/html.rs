@@ -98,16 +98,17 @@ pub fn write_index(
 
     // The table.
     let results = data.results();
-    let summary = columns::summary_for(&results);
+    let labels = data.runs.iter().map(|r| r.label.clone()).collect();
+    let table = columns::summary_table(&results, labels, data.recorded.as_ref());
     h += "<h2>Results</h2>\n<table>\n<tr>";
-    for c in &summary {
-        h += &format!("<th title=\"{}\">{}</th>", escape(c.unit), escape(c.header));
+    for (header, unit) in &table.headers {
+        h += &format!("<th title=\"{}\">{}</th>", escape(unit), escape(header));
     }
     h += "</tr>\n";
-    for (run, row) in data.runs.iter().zip(columns::cells(&results, &summary)) {
+    for (label, row) in &table.rows {
         h += "<tr>";
         for (i, c) in row.iter().enumerate() {
-            let text = if i == 0 { run.label.clone() } else { c.human() };
+            let text = if i == 0 { label.clone() } else { c.human() };
             let class = if c.is_numeric() { " class=\"n\"" } else { "" };
             h += &format!("<td{class}>{}</td>", escape(&text));
         }

@@ -19,7 +19,8 @@ pub fn write_summary(data: &ReportData, out: &mut impl Write) -> Result<()> {
     s += &format!("# fragsim report: {}\n\n", cell(&t.file_name()));
     s += &format!(
         "Trace `{}` ({}), device {}, {} events, time span {}. fragsim {}.\n\n",
-        t.path,
+        // The file's name only: the path given may be this machine's absolute one.
+        t.file_name().replace('`', "'"),
         t.format,
         t.device,
         t.events,
@@ -27,16 +28,17 @@ pub fn write_summary(data: &ReportData, out: &mut impl Write) -> Result<()> {
         data.version
     );
     let results = data.results();
-    let summary = columns::summary_for(&results);
-    let header: Vec<&str> = summary.iter().map(|c| c.header).collect();
+    let labels = data.runs.iter().map(|r| r.label.clone()).collect();
+    let table = columns::summary_table(&results, labels, data.recorded.as_ref());
+    let header: Vec<&str> = table.headers.iter().map(|h| h.0).collect();
     s += &format!("| {} |\n", header.join(" | "));
     let align: Vec<&str> =
-        summary.iter().enumerate().map(|(i, _)| if i == 0 { ":--" } else { "--:" }).collect();
+        header.iter().enumerate().map(|(i, _)| if i == 0 { ":--" } else { "--:" }).collect();
     s += &format!("| {} |\n", align.join(" | "));
-    for (run, row) in data.runs.iter().zip(columns::cells(&results, &summary)) {
+    for (label, row) in &table.rows {
         let mut cells: Vec<String> = row.iter().map(|c| cell(&Cell::human(c))).collect();
         if let Some(first) = cells.first_mut() {
-            *first = cell(&run.label);
+            *first = cell(label);
         }
         s += &format!("| {} |\n", cells.join(" | "));
     }

@@ -18,24 +18,12 @@ pub fn render(results: &[PolicyResult]) -> String {
 /// `-` where the file cannot tell, and a `vs recorded` column: each policy's peak reserved
 /// against the recorded peak.
 pub fn render_with_recorded(results: &[PolicyResult], recorded: Option<&RecordedRow>) -> String {
-    let columns = columns::summary_for(results);
-    let mut header: Vec<&str> = columns.iter().map(|c| c.header).collect();
-    let mut rows = columns::cells(results, &columns);
-    let mut labels = columns::labels(results);
-    if let Some(rec) = recorded {
-        header.push(columns::VS_RECORDED);
-        for (row, r) in rows.iter_mut().zip(results) {
-            row.push(columns::vs_recorded(r, rec));
-        }
-        let mut first = columns::recorded_cells(rec, results, &columns);
-        first.push(Cell::Unknown);
-        rows.insert(0, first);
-        labels.insert(0, rec.policy.clone());
-    }
-    let text: Vec<Vec<String>> = rows
-        .iter()
-        .zip(labels)
-        .map(|(r, label)| {
+    let table = columns::summary_table(results, columns::labels(results), recorded);
+    let header: Vec<&str> = table.headers.iter().map(|h| h.0).collect();
+    let text: Vec<Vec<String>> = table
+        .rows
+        .into_iter()
+        .map(|(label, r)| {
             let mut cells: Vec<String> = r.iter().map(Cell::human).collect();
             cells[0] = label;
             cells

@@ -204,6 +204,7 @@ pub fn toy_report(trace: &Trace, n: usize) -> ReportData {
         },
         capacity: None,
         recorded: None,
+        recorded_series: None,
         capacity_note: None,
         version: env!("CARGO_PKG_VERSION"),
     }

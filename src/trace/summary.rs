@@ -30,6 +30,9 @@ pub struct Summary {
     pub orphan_frees: u64,
     /// Peak live bytes of the default device (the same number is in its `devices` entry).
     pub peak_live_bytes: u64,
+    /// What the default device held before its first event (the same as in its `devices` entry).
+    #[serde(flatten)]
+    pub start: StartFigures,
     /// True when event times are real microseconds, false when they are event indices.
     pub has_times: bool,
     /// Per device, by device index.
@@ -44,6 +47,21 @@ pub struct Summary {
     pub allocator_settings: Option<AllocatorSettings>,
     /// Distinct stack-frame lists kept with the trace (0 unless frames were read).
     pub frame_lists: u64,
+}
+
+/// What a device held before its first event: the blocks live at the start as every replay
+/// carries them (a snapshot's live blocks, a Kineto trace's opaque block), and the peak of live
+/// bytes counting them, which is the `bound` policy's peak reserved. Reading them takes the
+/// replay engine, which the trace model does not use: [`Summary::of`] leaves them `None` (JSON
+/// `null`) and `fragsim info` fills them with [`Summary::set_start`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct StartFigures {
+    /// Blocks live at the first event.
+    pub live_at_start_blocks: Option<u64>,
+    /// Their bytes.
+    pub live_at_start_bytes: Option<u64>,
+    /// The largest sum of live request sizes counting them (`peak_live_bytes` does not).
+    pub peak_live_with_start_bytes: Option<u64>,
 }
 
 /// One device's summary.
@@ -66,6 +84,9 @@ pub struct DeviceSummary {
     /// The largest sum of live request sizes over the trace, counting blocks allocated in the
     /// trace (blocks live before the first event are not known in size until they are freed).
     pub peak_live_bytes: u64,
+    /// What the device held before its first event, next to `peak_live_bytes`.
+    #[serde(flatten)]
+    pub start: StartFigures,
     /// Frees of addresses with no live earlier allocation in the trace: blocks allocated
     /// before recording began.
     pub orphan_frees: u64,
@@ -128,6 +149,17 @@ pub struct SizeBucket {
 }
 
 impl Summary {
+    /// Fills every device's [`StartFigures`] (and the default device's at the top) from
+    /// `figures`, called once per device.
+    pub fn set_start(&mut self, figures: impl Fn(i32) -> StartFigures) {
+        for d in &mut self.devices {
+            d.start = figures(d.device);
+            if Some(d.device) == self.device {
+                self.start = d.start;
+            }
+        }
+    }
+
     /// Summarises `trace`.
     pub fn of(trace: &Trace) -> Summary {
         let devices: Vec<DeviceSummary> =
@@ -140,6 +172,7 @@ impl Summary {
             device,
             orphan_frees: chosen.map_or(0, |d| d.orphan_frees),
             peak_live_bytes: chosen.map_or(0, |d| d.peak_live_bytes),
+            start: StartFigures::default(),
             has_times: trace.has_times,
             devices,
             segments_at_dump: trace.segments.len() as u64,
@@ -212,6 +245,7 @@ impl DeviceSummary {
             alloc_size_min: min,
             alloc_size_max: max,
             peak_live_bytes: saturate(peak),
+            start: StartFigures::default(),
             orphan_frees: orphans,
             allocated_in_trace_live_at_end: live.len() as u64,
             live_at_end_bytes: saturate(live_bytes),

@@ -3,6 +3,7 @@
 //! so no chart copies another's plotting code (style B12).
 
 pub mod fragmentation;
+pub mod labels;
 pub mod peaks;
 pub mod segments;
 pub mod sizes;
@@ -18,6 +19,12 @@ use std::path::{Path, PathBuf};
 /// (see [`crate::replay::series::downsample`]).
 pub fn plotted_points(run: &PolicyRun) -> Vec<Point> {
     run.output.series.as_ref().map(|s| s.downsampled(PLOT_POINTS)).unwrap_or_default()
+}
+
+/// The points of the recorded run's reserved-memory series that the timeline draws (empty when
+/// the trace records none).
+pub fn recorded_points(data: &ReportData) -> Vec<Point> {
+    data.recorded_series.as_ref().map(|s| s.downsampled(PLOT_POINTS)).unwrap_or_default()
 }
 
 /// `(x, f(point))` for each point, x as [`TraceSummary::x_of`] places it.

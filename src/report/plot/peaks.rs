@@ -3,7 +3,9 @@
 //! bytes (reserved − allocated), with the overhead over `bound` written beside it.
 //!
 //! The three parts use fills of clearly different lightness (dark, mid, light), so the split reads
-//! in greyscale; the legend is a row above the plot.
+//! in greyscale; the legend is a row above the plot. When the trace records the real allocator's
+//! figures, the `recorded` run is the first row: one bar of its own colour (its split is not
+//! recorded). The x axis reaches far enough that every value written beside a bar fits.
 
 use super::style::{self, *};
 use crate::report::bundle::{PolicyRun, ReportData};
@@ -30,9 +32,59 @@ pub fn split(run: &PolicyRun) -> (u64, u64, u64) {
     (requested, allocated - requested, peak - allocated)
 }
 
+/// One bar of the chart.
+struct Bar<'a> {
+    /// The row's label.
+    label: String,
+    /// Peak reserved bytes.
+    peak: u64,
+    /// The policy's run; `None` for the recorded run.
+    run: Option<&'a PolicyRun>,
+}
+
+impl Peaks<'_> {
+    /// The bars top to bottom: the recorded run's (when known), then the policies'.
+    fn rows(&self) -> Vec<Bar<'_>> {
+        let recorded = self.data.recorded.as_ref().and_then(|r| {
+            r.peak_reserved_bytes.map(|peak| Bar { label: r.policy.clone(), peak, run: None })
+        });
+        recorded
+            .into_iter()
+            .chain(self.data.runs.iter().map(|r| Bar {
+                label: r.label.clone(),
+                peak: r.output.result.peak_reserved_bytes,
+                run: Some(r),
+            }))
+            .collect()
+    }
+
+    /// The text beside a bar: its value, its overhead over `bound`, OOM.
+    fn value_text(&self, bar: &Bar) -> String {
+        let data = self.data;
+        let mut value = format_bytes(bar.peak);
+        let Some(run) = bar.run else {
+            return format!("{value}  (what the recorded run reserved)");
+        };
+        if run.output.result.policy != "bound" {
+            if let Some(p) = over_bound(bar.peak, data.bound()) {
+                value = format!("{value}  ({} over bound)", signed_percent(p));
+            }
+        } else if data.capacity.is_some() {
+            // Under a capacity bound can OOM too: its peak is no floor for the others.
+            value = format!("{value}  (no floor under a capacity)");
+        } else {
+            value = format!("{value}  (the floor)");
+        }
+        if run.output.result.oom {
+            value = format!("{value}  OOM");
+        }
+        value
+    }
+}
+
 impl Chart for Peaks<'_> {
     fn size(&self) -> (u32, u32) {
-        (1300, 170 + ROW * self.data.runs.len().max(1) as u32)
+        (1300, 170 + ROW * self.rows().len().max(1) as u32)
     }
 
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> ChartResult {
@@ -59,14 +111,26 @@ impl Chart for Peaks<'_> {
             ],
         )?;
 
-        let labels: Vec<String> = data.runs.iter().map(|r| r.label.clone()).collect();
+        let rows = self.rows();
+        let values: Vec<String> = rows.iter().map(|b| self.value_text(b)).collect();
         let label_w =
-            labels.iter().map(|l| text_width(l, LABEL)).max().unwrap_or(60).clamp(60, 560) + 16;
-        let peak = data.runs.iter().map(|r| r.output.result.peak_reserved_bytes).max().unwrap_or(0);
+            rows.iter().map(|b| text_width(&b.label, LABEL)).max().unwrap_or(60).clamp(60, 560)
+                + 16;
+        let peak = rows.iter().map(|b| b.peak).max().unwrap_or(0);
         let scale = ByteScale::for_max(peak);
-        // Room right of the longest bar for its value and overhead.
-        let x_max = (scale.of(peak) * 1.38).max(1e-9);
-        let n = data.runs.len().max(1);
+        // Room right of every bar for its value and overhead: a bar of `p` ends at
+        // `plot_px * p / x_max`, and its text needs `8 + width` pixels after that.
+        let plot_px = f64::from(w as i32 - 12 - 24 - label_w).max(100.0);
+        let x_max = rows
+            .iter()
+            .zip(&values)
+            .map(|(b, v)| {
+                let room = (plot_px - 16.0 - f64::from(text_width(v, SMALL))).max(plot_px * 0.2);
+                scale.of(b.peak) * plot_px / room
+            })
+            .fold(scale.of(peak) * 1.05, f64::max)
+            .max(1e-9);
+        let n = rows.len().max(1);
         let mut chart = ChartBuilder::on(root)
             .margin_top(84)
             .margin_left(12)
@@ -91,13 +155,19 @@ impl Chart for Peaks<'_> {
             .or_draw_error()?;
 
         let bound = data.bound();
-        for (i, run) in data.runs.iter().enumerate() {
-            // Lowest peak on top.
+        for (i, (bar, value)) in rows.iter().zip(values).enumerate() {
+            // Lowest peak on top (after the recorded run).
             let y0 = (n - 1 - i) as f64 + 0.18;
             let y1 = y0 + 0.64;
-            let (req, round, cached) = split(run);
+            let parts = match bar.run {
+                Some(run) => {
+                    let (req, round, cached) = split(run);
+                    vec![(req, REQUESTED), (round, ROUNDING), (cached, CACHED)]
+                }
+                None => vec![(bar.peak, RECORDED_FILL)],
+            };
             let mut x = 0.0;
-            for (bytes, color) in [(req, REQUESTED), (round, ROUNDING), (cached, CACHED)] {
+            for (bytes, color) in parts {
                 let x1 = x + scale.of(bytes);
                 if bytes > 0 {
                     chart
@@ -109,27 +179,13 @@ impl Chart for Peaks<'_> {
                 }
                 x = x1;
             }
+            let outline = if bar.run.is_some() { INK } else { RECORDED };
             chart
                 .draw_series(std::iter::once(Rectangle::new(
                     [(0.0, y0), (x, y1)],
-                    INK.stroke_width(1),
+                    outline.stroke_width(1),
                 )))
                 .or_draw_error()?;
-            let peak = run.output.result.peak_reserved_bytes;
-            let mut value = format_bytes(peak);
-            if run.output.result.policy != "bound" {
-                if let Some(p) = over_bound(peak, bound) {
-                    value = format!("{value}  ({} over bound)", signed_percent(p));
-                }
-            } else if data.capacity.is_some() {
-                // Under a capacity bound can OOM too: its peak is no floor for the others.
-                value = format!("{value}  (no floor under a capacity)");
-            } else {
-                value = format!("{value}  (the floor)");
-            }
-            if run.output.result.oom {
-                value = format!("{value}  OOM");
-            }
             let at = chart.backend_coord(&(x, (y0 + y1) / 2.0));
             root.draw(&Text::new(
                 value,
@@ -139,7 +195,7 @@ impl Chart for Peaks<'_> {
             .or_draw_error()?;
             let name_at = chart.backend_coord(&(0.0, (y0 + y1) / 2.0));
             root.draw(&Text::new(
-                labels[i].clone(),
+                bar.label.clone(),
                 (name_at.0 - 10, name_at.1),
                 anchored(text(LABEL), HPos::Right, VPos::Center),
             ))

@@ -238,6 +238,8 @@ pub enum Sample {
     Dashed(RGBColor),
     /// A filled box of the colour.
     Swatch(RGBColor),
+    /// A wide, translucent band of the colour: a reference line drawn under the others.
+    Band(RGBColor),
     /// No sample: a heading.
     Heading,
 }
@@ -250,6 +252,18 @@ pub struct LegendEntry {
     /// Its text.
     pub label: String,
 }
+
+/// The recorded run's colour (a hue no policy has): a [`Sample::Band`] on the timeline, a bar
+/// in the peaks chart.
+pub const RECORDED: RGBColor = RGBColor(112, 48, 160);
+
+/// [`RECORDED`] as a [`Sample::Band`] shows it over white: the recorded bar's fill.
+pub const RECORDED_FILL: RGBColor = RGBColor(205, 183, 222);
+
+/// The opacity of a [`Sample::Band`] line.
+pub const BAND_ALPHA: f64 = 0.35;
+/// The width of a [`Sample::Band`] line in pixels.
+pub const BAND_WIDTH: u32 = 10;
 
 /// Height of one legend line in pixels.
 pub const LEGEND_LINE: i32 = 24;
@@ -329,6 +343,13 @@ fn draw_sample<DB: DrawingBackend>(
                     .or_draw_error()?;
             }
         }
+        Sample::Band(c) => {
+            area.draw(&PathElement::new(
+                vec![(x, cy), (x + 36, cy)],
+                c.mix(BAND_ALPHA).stroke_width(BAND_WIDTH),
+            ))
+            .or_draw_error()?;
+        }
         Sample::Swatch(c) => {
             area.draw(&Rectangle::new([(x + 6, cy - 8), (x + 30, cy + 8)], c.filled()))
                 .or_draw_error()?;
@@ -354,61 +375,6 @@ pub fn truncate(s: &str, max: usize) -> String {
         out.push('…');
         out
     }
-}
-
-/// Chooses vertical positions for labels that want to sit at `wanted` (pixel y of each label's
-/// centre), so that no two are closer than `gap`, all stay within `lo..=hi`, and each moves as
-/// little as the others allow. Returns positions in the input order.
-pub fn spread_labels(wanted: &[i32], gap: i32, lo: i32, hi: i32) -> Vec<i32> {
-    let mut order: Vec<usize> = (0..wanted.len()).collect();
-    order.sort_by_key(|&i| (wanted[i], i));
-    let mut placed: Vec<i32> = order.iter().map(|&i| wanted[i].clamp(lo, hi)).collect();
-    // Push down from the top, then pull up from the bottom if the stack overflows.
-    for k in 1..placed.len() {
-        placed[k] = placed[k].max(placed[k - 1] + gap);
-    }
-    if let Some(last) = placed.last_mut() {
-        if *last > hi {
-            *last = hi;
-        }
-    }
-    for k in (0..placed.len().saturating_sub(1)).rev() {
-        placed[k] = placed[k].min(placed[k + 1] - gap);
-    }
-    let mut out = vec![0; wanted.len()];
-    for (k, &i) in order.iter().enumerate() {
-        out[i] = placed[k];
-    }
-    out
-}
-
-/// Like [`spread_labels`] for labels that also have a horizontal extent `x0..x1`: only labels
-/// whose extents overlap (directly or through a chain of others) are spread against each other,
-/// so labels far apart in x keep their wanted heights.
-pub fn spread_label_boxes(boxes: &[(i32, i32, i32)], gap: i32, lo: i32, hi: i32) -> Vec<i32> {
-    let mut order: Vec<usize> = (0..boxes.len()).collect();
-    order.sort_by_key(|&i| (boxes[i].0, i));
-    let mut out: Vec<i32> = boxes.iter().map(|b| b.2).collect();
-    let mut group: Vec<usize> = Vec::new();
-    let mut group_end = i32::MIN;
-    let flush = |group: &mut Vec<usize>, out: &mut Vec<i32>| {
-        let wanted: Vec<i32> = group.iter().map(|&i| boxes[i].2).collect();
-        for (&i, y) in group.iter().zip(spread_labels(&wanted, gap, lo, hi)) {
-            out[i] = y;
-        }
-        group.clear();
-    };
-    for i in order {
-        let (x0, x1, _) = boxes[i];
-        if !group.is_empty() && x0 > group_end {
-            flush(&mut group, &mut out);
-            group_end = i32::MIN;
-        }
-        group.push(i);
-        group_end = group_end.max(x1);
-    }
-    flush(&mut group, &mut out);
-    out
 }
 
 pub use crate::units::ByteScale;
@@ -497,29 +463,6 @@ pub fn step_value(points: &[(f64, f64)], x: f64) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn labels_never_overlap_and_stay_in_range() {
-        let wanted = [100, 101, 102, 103, 104, 105, 106, 107, 108];
-        let got = spread_labels(&wanted, 20, 0, 400);
-        let mut sorted = got.clone();
-        sorted.sort_unstable();
-        assert!(sorted.windows(2).all(|w| w[1] - w[0] >= 20), "{got:?}");
-        assert!(got.iter().all(|&y| (0..=400).contains(&y)));
-        // Near the bottom edge the stack is pulled up.
-        let got = spread_labels(&[395, 396, 397], 20, 0, 400);
-        assert_eq!(got, vec![360, 380, 400]);
-        // Labels already apart stay where they are.
-        assert_eq!(spread_labels(&[10, 200, 50], 20, 0, 400), vec![10, 200, 50]);
-    }
-
-    #[test]
-    fn only_labels_that_share_x_are_spread() {
-        // Two labels at the same height but far apart in x stay; the third overlaps the first.
-        let got = spread_label_boxes(&[(0, 100, 50), (500, 600, 50), (90, 150, 55)], 20, 0, 400);
-        assert_eq!(got[1], 50);
-        assert!((got[0] - got[2]).abs() >= 20, "{got:?}");
-    }
 
     #[test]
     fn step_path_holds_each_value_until_the_next_point() {

@@ -3,11 +3,14 @@
 //!
 //! Lines are steps (a value holds until the next event changes it), drawn from the down-sampled
 //! series, which keeps every peak exactly. Policies differ by colour and marker shape; the legend
-//! sits in its own column right of the plot so it never hides data, and peak labels are spread
-//! apart vertically so they never overlap, however many policies there are.
+//! sits in its own column right of the plot so it never hides data, and peak labels are placed
+//! where they hide the least data ([`super::labels`]), never on each other. When the trace
+//! records the real allocator's figures, the `recorded` run's reserved memory is a wide
+//! translucent band under the policies' lines, with its own peak label.
 
+use super::labels::{self, Occupancy};
 use super::style::{self, *};
-use super::{plotted_points, x_range, xy};
+use super::{plotted_points, recorded_points, x_range, xy};
 use crate::report::bundle::ReportData;
 use crate::units::format_bytes;
 use plotters::coord::Shift;
@@ -32,6 +35,12 @@ impl Timeline<'_> {
     fn legend(&self) -> Vec<LegendEntry> {
         let mut entries =
             vec![LegendEntry { sample: Sample::Heading, label: "policy (peak reserved)".into() }];
+        if let Some(peak) = self.recorded_peak() {
+            entries.push(LegendEntry {
+                sample: Sample::Band(RECORDED),
+                label: format!("{} ({})", crate::recorded::POLICY_NAME, format_bytes(peak)),
+            });
+        }
         for run in &self.data.runs {
             entries.push(LegendEntry {
                 sample: Sample::Line(policy_color(run.index), Some(policy_marker(run.index))),
@@ -61,9 +70,16 @@ impl Timeline<'_> {
         entries
     }
 
-    /// The highest peak reserved of any policy.
+    /// The highest peak reserved of any policy and of the recorded run.
     fn peak(&self) -> u64 {
-        self.data.runs.iter().map(|r| r.output.result.peak_reserved_bytes).max().unwrap_or(0)
+        let policies = self.data.runs.iter().map(|r| r.output.result.peak_reserved_bytes);
+        policies.chain(self.recorded_peak()).max().unwrap_or(0)
+    }
+
+    /// The recorded run's peak reserved, when the timeline draws it.
+    fn recorded_peak(&self) -> Option<u64> {
+        let series = self.data.recorded_series.as_ref()?;
+        series.points().iter().map(|p| p.reserved).max()
     }
 
     /// True when `--capacity` is close enough to the peaks (at most twice the highest) to draw it
@@ -76,12 +92,25 @@ impl Timeline<'_> {
 /// Room for the marker at the start of a peak label.
 const LABEL_MARK: i32 = 14;
 
+/// The radius of the marker at each peak.
+const PEAK_MARKER: i32 = 7;
+
+/// One peak the timeline marks and labels.
+struct Peak {
+    /// The peak's pixel.
+    at: (i32, i32),
+    /// The label's text.
+    label: String,
+    /// The policy's index (its colour and marker); `None` for the recorded run.
+    index: Option<usize>,
+}
+
 /// The capacity line's colour.
 const CAPACITY: RGBColor = RGBColor(200, 0, 0);
 
 impl Chart for Timeline<'_> {
     fn size(&self) -> (u32, u32) {
-        let rows = self.data.runs.len() as u32 + 7;
+        let rows = self.data.runs.len() as u32 + 7 + u32::from(self.recorded_peak().is_some());
         // A legend wider than 520 px widens the chart rather than cutting a policy's label.
         let wider = (self.legend_width() - 520).max(0) as u32;
         (WIDTH + wider, HEIGHT.max(110 + rows * LEGEND_LINE as u32))
@@ -158,6 +187,34 @@ impl Chart for Timeline<'_> {
             }
         }
 
+        // Pixels that hold data, so the peak labels go elsewhere.
+        let (px_range, py_range) =
+            (chart.plotting_area().get_pixel_range().0, chart.plotting_area().get_pixel_range().1);
+        let mut occupancy =
+            Occupancy::new((px_range.start, px_range.end), (py_range.start, py_range.end));
+        let coord = chart.as_coord_spec().clone();
+        let to_px = |line: &[(f64, f64)]| -> Vec<(i32, i32)> {
+            line.iter().map(|p| coord.translate(p)).collect()
+        };
+        if let Some(first) = data.runs.first() {
+            let pts = plotted_points(first);
+            let line = step_path(&xy(trace, &pts, |p| scale.of(p.requested)), x_end);
+            occupancy.mark_below(&to_px(&line), 1);
+        }
+
+        // The recorded run: a wide translucent band under the policies' lines.
+        let recorded = recorded_points(data);
+        let recorded_line = step_path(&xy(trace, &recorded, |p| scale.of(p.reserved)), x_end);
+        if recorded_line.len() > 1 {
+            chart
+                .draw_series(std::iter::once(PathElement::new(
+                    recorded_line.clone(),
+                    RECORDED.mix(BAND_ALPHA).stroke_width(BAND_WIDTH),
+                )))
+                .or_draw_error()?;
+            occupancy.mark_path(&to_px(&recorded_line), BAND_WIDTH as i32 / 2, 4);
+        }
+
         // Allocated, dashed (dashes cut by x: a few dozen path elements however jagged the line).
         let plot_px = (main.dim_in_pixel().0 as f64 - 120.0).max(100.0);
         let period = (x_end - xr.start) * 14.0 / plot_px;
@@ -165,6 +222,7 @@ impl Chart for Timeline<'_> {
             let pts = plotted_points(run);
             let line = step_path(&xy(trace, &pts, |p| scale.of(p.allocated)), x_end);
             let color = policy_color(run.index);
+            occupancy.mark_path(&to_px(&line), 1, 3);
             let dashes = dash_by_x(&line, period, period * 0.6);
             chart
                 .draw_series(
@@ -178,17 +236,17 @@ impl Chart for Timeline<'_> {
             let pts = plotted_points(run);
             let xy_r = xy(trace, &pts, |p| scale.of(p.reserved));
             let color = policy_color(run.index);
+            let line = step_path(&xy_r, x_end);
+            occupancy.mark_path(&to_px(&line), 2, 4);
             chart
-                .draw_series(std::iter::once(PathElement::new(
-                    step_path(&xy_r, x_end),
-                    color.stroke_width(2),
-                )))
+                .draw_series(std::iter::once(PathElement::new(line, color.stroke_width(2))))
                 .or_draw_error()?;
             for k in 0..5 {
                 let x =
                     xr.start + (x_end - xr.start) * (k as f64 + (run.index as f64 + 0.5) / n) / 5.0;
                 if let Some(y) = step_value(&xy_r, x) {
                     let at = chart.backend_coord(&(x, y));
+                    occupancy.mark_rect((at.0 - 5, at.1 - 5), (at.0 + 5, at.1 + 5), 4);
                     draw_marker(root, policy_marker(run.index), at, 4, color)?;
                 }
             }
@@ -204,8 +262,15 @@ impl Chart for Timeline<'_> {
                     )
                     .or_draw_error()?;
                 let at = chart.backend_coord(&(xr.start, y));
+                let capacity_text = format!("capacity {}", format_bytes(c));
+                occupancy.mark_path(&[(px_range.start, at.1), (px_range.end, at.1)], 1, 3);
+                occupancy.mark_rect(
+                    (at.0 + 6, at.1 - 4 - SMALL as i32),
+                    (at.0 + 6 + text_width(&capacity_text, SMALL), at.1 - 4),
+                    4,
+                );
                 root.draw(&Text::new(
-                    format!("capacity {}", format_bytes(c)),
+                    capacity_text,
                     (at.0 + 6, at.1 - 4),
                     anchored(text(SMALL).color(&CAPACITY), HPos::Left, VPos::Bottom),
                 ))
@@ -213,62 +278,84 @@ impl Chart for Timeline<'_> {
             }
         }
 
-        // Peaks: a big marker at each, labels spread so none overlap.
-        let (px_range, py_range) =
-            (chart.plotting_area().get_pixel_range().0, chart.plotting_area().get_pixel_range().1);
-        let peaks: Vec<((i32, i32), String, usize)> = data
-            .runs
-            .iter()
-            .map(|run| {
-                let d = &run.output.detail;
-                let x = trace.x_of(d.peak_reserved_time_us, d.peak_reserved_event);
-                let at = chart.backend_coord(&(x, scale.of(run.output.result.peak_reserved_bytes)));
-                // The value and the moment (the event at which reserved first reaches its peak);
-                // the marker and the legend say whose peak it is.
-                let label = format!(
+        // Peaks: a big marker at each; each label where it hides the least data, the recorded
+        // run's first, then from the highest peak down.
+        occupancy.finish();
+        let mut peaks: Vec<Peak> = Vec::new();
+        if let Some(p) = recorded.iter().max_by_key(|p| (p.reserved, std::cmp::Reverse(p.event))) {
+            let x = trace.x_of(p.time_us, p.event);
+            peaks.push(Peak {
+                at: chart.backend_coord(&(x, scale.of(p.reserved))),
+                label: format!(
+                    "{} {} peak (event {})",
+                    crate::recorded::POLICY_NAME,
+                    format_bytes(p.reserved),
+                    p.event
+                ),
+                index: None,
+            });
+        }
+        let mut by_peak: Vec<&crate::report::bundle::PolicyRun> = data.runs.iter().collect();
+        by_peak.sort_by_key(|r| std::cmp::Reverse(r.output.result.peak_reserved_bytes));
+        for run in by_peak {
+            let d = &run.output.detail;
+            let x = trace.x_of(d.peak_reserved_time_us, d.peak_reserved_event);
+            // The value and the moment (the event at which reserved first reaches its peak);
+            // the marker and the legend say whose peak it is.
+            peaks.push(Peak {
+                at: chart.backend_coord(&(x, scale.of(run.output.result.peak_reserved_bytes))),
+                label: format!(
                     "{} peak (event {})",
                     format_bytes(run.output.result.peak_reserved_bytes),
                     d.peak_reserved_event
-                );
-                (at, label, run.index)
-            })
-            .collect();
-        // Right of the marker, unless that runs out of the plot.
-        let boxes: Vec<(i32, i32, i32)> = peaks
-            .iter()
-            .map(|(at, label, _)| {
-                let width = LABEL_MARK + text_width(label, SMALL);
-                let x =
-                    if at.0 + 14 + width < px_range.end { at.0 + 14 } else { at.0 - 14 - width };
-                (x - 3, x + width + 3, at.1)
-            })
-            .collect();
-        let placed =
-            spread_label_boxes(&boxes, SMALL as i32 + 7, py_range.start + 10, py_range.end - 10);
-        for ((at, label, index), y) in peaks.iter().zip(placed) {
-            let color = policy_color(*index);
+                ),
+                index: Some(run.index),
+            });
+        }
+        let anchors: Vec<(i32, i32)> = peaks.iter().map(|p| p.at).collect();
+        let sizes: Vec<(i32, i32)> =
+            peaks.iter().map(|p| (LABEL_MARK + text_width(&p.label, SMALL) + 6, 19)).collect();
+        let boxes = labels::place(&occupancy, &anchors, &sizes, PEAK_MARKER + 2);
+        for (peak, b) in peaks.iter().zip(&boxes) {
+            let color = peak.index.map_or(RECORDED, policy_color);
+            root.draw(&PathElement::new(
+                vec![peak.at, labels::nearest_edge(*b, peak.at)],
+                color.mix(0.8).stroke_width(1),
+            ))
+            .or_draw_error()?;
+        }
+        for (peak, b) in peaks.iter().zip(&boxes) {
+            let color = peak.index.map_or(RECORDED, policy_color);
+            let (bx0, by0, bx1, by1) = *b;
+            let y = (by0 + by1) / 2;
+            root.draw(&Rectangle::new([(bx0, by0), (bx1, by1)], WHITE.mix(0.9).filled()))
+                .or_draw_error()?;
+            root.draw(&Rectangle::new([(bx0, by0), (bx1, by1)], color.stroke_width(1)))
+                .or_draw_error()?;
             // The box holds the policy's marker, then the value: it reads in greyscale too.
-            let width = LABEL_MARK + text_width(label, SMALL);
-            let right = at.0 + 14 + width < px_range.end;
-            let x = if right { at.0 + 14 } else { at.0 - 14 - width };
-            let (bx0, bx1) = (x - 3, x + width + 3);
-            if (y - at.1).abs() > 3 {
-                let end = if right { bx0 } else { bx1 };
-                root.draw(&PathElement::new(vec![*at, (end, y)], color.mix(0.8).stroke_width(1)))
-                    .or_draw_error()?;
-            }
-            root.draw(&Rectangle::new([(bx0, y - 9), (bx1, y + 9)], WHITE.mix(0.85).filled()))
-                .or_draw_error()?;
-            root.draw(&Rectangle::new([(bx0, y - 9), (bx1, y + 9)], color.stroke_width(1)))
-                .or_draw_error()?;
-            draw_marker(root, policy_marker(*index), (x + 5, y), 4, color)?;
+            let text_x = match peak.index {
+                Some(i) => {
+                    draw_marker(root, policy_marker(i), (bx0 + 8, y), 4, color)?;
+                    bx0 + 3 + LABEL_MARK
+                }
+                None => bx0 + 5,
+            };
             root.draw(&Text::new(
-                label.clone(),
-                (x + LABEL_MARK, y),
+                peak.label.clone(),
+                (text_x, y),
                 anchored(text(SMALL), HPos::Left, VPos::Center),
             ))
             .or_draw_error()?;
-            draw_marker(root, policy_marker(*index), *at, 7, color)?;
+        }
+        for peak in &peaks {
+            match peak.index {
+                Some(i) => {
+                    draw_marker(root, policy_marker(i), peak.at, PEAK_MARKER, policy_color(i))?
+                }
+                None => root
+                    .draw(&Circle::new(peak.at, PEAK_MARKER, RECORDED.stroke_width(2)))
+                    .or_draw_error()?,
+            }
         }
 
         style::draw_legend(root, (w as i32 - legend_w + 8, 60), &legend)?;
