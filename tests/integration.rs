@@ -8,6 +8,7 @@ mod capacity;
 mod cli;
 mod cuda;
 mod custom_policy;
+mod deploy;
 mod mutations;
 mod pipes;
 mod policies;

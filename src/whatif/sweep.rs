@@ -425,6 +425,21 @@ mod tests {
     }
 
     #[test]
+    fn a_part_read_back_keeps_every_bit_of_its_floats() {
+        // `merge` reads parts back from their JSON text: a float that comes back one ulp off
+        // prints differently (0.1879107934145113 for 0.18791079341451133, found by
+        // scripts/slurm-check.sh), and the merged sweep would differ from the unsharded one.
+        let mut part = report(traces(), DEFAULT_OBJECTIVE, rows(), Some("pytorch")).unwrap();
+        let fragmentation = 0.18791079341451133_f64;
+        part.results[0].row.result.insert("fragmentation_at_peak".into(), fragmentation.into());
+        let text = serde_json::to_string(&part).unwrap();
+        let back: SweepReport = serde_json::from_str(&text).unwrap();
+        let read = back.results[0].row.result["fragmentation_at_peak"].as_f64().unwrap();
+        assert_eq!(read.to_bits(), fragmentation.to_bits(), "{read} != {fragmentation}");
+        assert_eq!(serde_json::to_string(&back).unwrap(), text);
+    }
+
+    #[test]
     fn shards_cover_the_specs_and_merge_back_to_the_unsharded_report() {
         let whole = report(traces(), DEFAULT_OBJECTIVE, rows(), Some("pytorch")).unwrap();
         let specs =
