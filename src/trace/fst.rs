@@ -42,9 +42,9 @@ pub const MAGIC: &[u8] = b"FRAGSIM\0";
 /// The version of the layout this build writes (it reads 1 to this).
 pub const VERSION: u32 = 3;
 
-/// The most events (and, separately, recorded totals) one record holds: about 1–2 MB encoded,
-/// the bound on what a reader buffers beside the events.
-pub const CHUNK: usize = 1 << 16;
+/// The most events (and, separately, recorded totals) one record holds: about 250 KB encoded and
+/// 650 KB decoded, the bound on what a reader buffers beside the events.
+pub const CHUNK: usize = 1 << 14;
 
 /// Bytes before the first record's body: magic, version, body length, CRC.
 const HEADER_LEN: usize = 24;
@@ -179,7 +179,9 @@ impl Chunked<'_> {
         let crc = u32::from_le_bytes(header[8..].try_into().unwrap_or_default());
         let start = self.at + 12;
         self.body.clear();
-        // Grows as bytes arrive: a hostile length costs nothing until the bytes exist.
+        // Room for a record of usual size at once; beyond that the buffer grows as bytes
+        // arrive, so a hostile length costs nothing until the bytes exist.
+        self.body.reserve_exact(len.min(4 << 20) as usize);
         self.input.take(len).read_to_end(&mut self.body).map_err(Error::from_io)?;
         if (self.body.len() as u64) < len {
             return Err(Error::input(format!(
@@ -288,17 +290,15 @@ struct Fill {
 
 impl Fill {
     fn new(devices: &[(i32, u64)], totals: &[(i32, u64)]) -> Fill {
-        // Capacity from a declared count is capped: a hostile count costs nothing up front.
-        let cap = |n: u64| n.min(CHUNK as u64) as usize;
         Fill {
             devices: devices
                 .iter()
-                .map(|&(device, n)| DeviceTrace { device, events: Vec::with_capacity(cap(n)) })
+                .map(|&(device, n)| DeviceTrace { device, events: room_for(n) })
                 .collect(),
             declared: devices.iter().map(|d| d.1).collect(),
             totals: totals
                 .iter()
-                .map(|&(device, n)| DeviceTotals { device, totals: Vec::with_capacity(cap(n)) })
+                .map(|&(device, n)| DeviceTotals { device, totals: room_for(n) })
                 .collect(),
             totals_declared: totals.iter().map(|t| t.1).collect(),
             events_read: 0,
@@ -341,6 +341,20 @@ impl Fill {
         }
         Ok(())
     }
+}
+
+/// A vector with room for the `n` items the head declares, so loading never copies a growing
+/// vector (which would hold the old and the new copy at once). The room is only reserved, not
+/// touched, so a hostile count costs address space, not memory; a count beyond the decode limit,
+/// or one the system refuses, starts at one chunk and grows as items arrive.
+fn room_for<T>(n: u64) -> Vec<T> {
+    let most = DECODE_LIMIT / std::mem::size_of::<T>().max(1);
+    let n = usize::try_from(n).unwrap_or(usize::MAX);
+    let mut v = Vec::new();
+    if n > most || v.try_reserve_exact(n).is_err() {
+        v.reserve(n.min(CHUNK));
+    }
+    v
 }
 
 /// Rejects an event no allocator could have made, or one naming a frame list the file lacks.
@@ -720,7 +734,7 @@ mod tests {
         let err = read(&data[..first], &ReadOptions::default()).unwrap_err().to_string();
         assert_eq!(
             err,
-            format!("byte {first}: truncated: the file ends after 65536 of the {} events its head declares", 2 * CHUNK + 8)
+            format!("byte {first}: truncated: the file ends after 16384 of the {} events its head declares", 2 * CHUNK + 8)
         );
     }
 }

@@ -95,7 +95,7 @@ pub const FORMATS: [FormatInfo; 5] = [
     format_row! { Fst, "fst", ".fst",
     ext ["fst"], detect detect::is_fst, module fst, reads stream, keeps_frames true },
     format_row! { Text, "text", "fragsim text",
-    ext ["txt", "trace"], detect detect::is_text, module text, reads whole, keeps_frames false },
+    ext ["txt", "trace"], detect detect::is_text, module text, reads stream, keeps_frames false },
 ];
 
 impl Format {
