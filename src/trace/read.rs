@@ -340,15 +340,29 @@ pub fn read_bytes(data: &[u8], format: Format, options: &ReadOptions) -> Result<
 /// Writes `trace` to `path` in the format its extension names; `.gz` compresses.
 pub fn write_trace(trace: &Trace, path: &Path) -> Result<()> {
     let format = Format::for_output(path)?;
-    let mut buffer = Vec::new();
-    write_to(trace, format, &mut buffer)?;
-    let bytes = if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gz")) {
-        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-        enc.write_all(&buffer).and_then(|_| enc.finish()).map_err(|e| Error::io(path, e))?
+    let file = std::fs::File::create(path).map_err(|e| Error::io(path, e))?;
+    // Streamed through a buffer: writing holds no copy of the encoded file.
+    let out = std::io::BufWriter::with_capacity(BUFFER, file);
+    let written = if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gz")) {
+        let mut enc = flate2::write::GzEncoder::new(out, flate2::Compression::default());
+        write_to(trace, format, &mut enc)
+            .and_then(|_| enc.finish().map_err(Error::from_io))
+            .and_then(|out| out.into_inner().map_err(|e| Error::from_io(e.into_error())))
     } else {
-        buffer
+        let mut out = out;
+        write_to(trace, format, &mut out)
+            .and_then(|_| out.into_inner().map_err(|e| Error::from_io(e.into_error())))
     };
-    std::fs::write(path, bytes).map_err(|e| Error::io(path, e))
+    written.map(drop).map_err(|e| {
+        // No half-written trace is left behind; a failed write names the file, an encoding
+        // error stays as the format writer worded it.
+        let _ = std::fs::remove_file(path);
+        if std::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>()) {
+            e.in_file(path)
+        } else {
+            e
+        }
+    })
 }
 
 /// Writes `trace` in `format` to `out`.

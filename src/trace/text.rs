@@ -220,7 +220,8 @@ mod tests {
 
     #[test]
     fn utf8_errors_name_the_byte_in_the_file_as_utf8error_does() {
-        for data in [&b"alloc 0x100 4096\nalloc \xff 1\n"[..], b"alloc 0x100 4096\nalloc \xe2\x82"] {
+        for data in [&b"alloc 0x100 4096\nalloc \xff 1\n"[..], b"alloc 0x100 4096\nalloc \xe2\x82"]
+        {
             let whole = std::str::from_utf8(data).unwrap_err();
             let err = read(data, &ReadOptions::default()).unwrap_err();
             assert_eq!(
