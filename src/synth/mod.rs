@@ -106,8 +106,10 @@ impl Default for SynthConfig {
 /// The largest tensor the generator agrees to describe (1 PiB): beyond any GPU, and far from u64
 /// overflow in the size arithmetic.
 const MAX_TENSOR_BYTES: u64 = 1 << 50;
-/// The most events a trace may hold (each is 40 bytes in memory).
-const MAX_EVENTS: u64 = 100_000_000;
+/// The most events a trace may hold, by the estimate in [`SynthConfig::validate`] (500 events per
+/// block and micro-batch, about three times what the generator makes): 10 GB at 40 bytes an
+/// event, so a 50 M-event trace (about 53,000 steps of the default model) fits with room.
+const MAX_EVENTS: u64 = 250_000_000;
 
 impl SynthConfig {
     /// Checks the configuration: every count ≥ 1, heads divide hidden, the sequence range fits the

@@ -4,41 +4,53 @@
 //! an `.fst` file holds the parsed [`Trace`] (events, interned frames, final segments, allocator
 //! settings, the format of origin, whether times are real) and decodes at memory speed.
 //!
-//! Layout (all integers little-endian):
+//! Layout (all integers little-endian), version 3:
 //!
 //! | bytes | content |
 //! |---|---|
 //! | 0..8 | [`MAGIC`] `FRAGSIM\0` |
 //! | 8..12 | format version ([`VERSION`]) as u32 |
-//! | 12..20 | body length in bytes as u64 |
-//! | 20..24 | CRC-32 of the body as u32 |
-//! | 24.. | body: bincode 2.0.1 (`bincode::serde`, `config::standard()`, varint) of a private wire struct |
+//! | 12.. | records, each: body length as u64, CRC-32 of the body as u32, body |
 //!
-//! The CRC catches corruption that would otherwise decode into wrong numbers (bincode is not
-//! self-describing); the body length catches truncation. Decoding borrows strings from the input
-//! and serde grows lists as elements arrive, so memory stays proportional to the file, and a
-//! bincode size limit bounds it as well. A change to the model types must bump [`VERSION`].
+//! Every body is bincode 2.0.1 (`bincode::serde`, `config::standard()`, varint). The first
+//! record's body is the head (the format of origin, whether times are real, each device with its
+//! event count, the interned frames, final segments, allocator settings, and each device's count
+//! of recorded totals) followed by a chunk; every later body is a chunk alone. A chunk is the next
+//! at most [`CHUNK`] events of the flat sequence "device 0's events, device 1's, ..." and the next
+//! at most [`CHUNK`] recorded totals of the same kind of sequence. So a small trace is one record,
+//! and a reader holds one record at a time: memory while reading is the events plus one chunk,
+//! and a replay could consume the events record by record.
+//!
+//! Versions 1 and 2 (one record holding the whole trace; version 1 without recorded totals) are
+//! still read. The CRC catches corruption that would otherwise decode into wrong numbers (bincode
+//! is not self-describing); the body length catches truncation. Lists grow as elements arrive,
+//! never from a declared length alone, and a bincode size limit bounds each record as well. A
+//! change to the model types must bump [`VERSION`].
 
 use super::read::MAX_EVENT_BYTES;
 use super::{
-    AllocatorSettings, DeviceTotals, DeviceTrace, Format, Frame, FrameTable, FramesId, ReadOptions,
-    Segment, Trace,
+    AllocatorSettings, DeviceTotals, DeviceTrace, Event, Format, Frame, FrameTable, FramesId,
+    ReadOptions, RecordedTotals, Segment, Trace,
 };
 use crate::error::{Error, ErrorKind, Place, Result};
 use serde::{Deserialize, Serialize};
-use std::io::Write;
+use std::io::{BufRead, Read, Write};
 
 /// The first bytes of every `.fst` file.
 pub const MAGIC: &[u8] = b"FRAGSIM\0";
 
-/// The version of the body layout this build reads and writes.
-pub const VERSION: u32 = 2;
+/// The version of the layout this build writes (it reads 1 to this).
+pub const VERSION: u32 = 3;
 
-/// Bytes before the body: magic, version, body length, CRC.
+/// The most events (and, separately, recorded totals) one record holds: about 250 KB encoded and
+/// 650 KB decoded, the bound on what a reader buffers beside the events.
+pub const CHUNK: usize = 1 << 14;
+
+/// Bytes before the first record's body: magic, version, body length, CRC.
 const HEADER_LEN: usize = 24;
 
-/// The most memory (in bincode's accounting of decoded values) one file may claim: far above any
-/// real trace (about 40 bytes per event: 800 million events), far below what would exhaust a
+/// The most memory (in bincode's accounting of decoded values) one record may claim: far above
+/// any real trace (about 40 bytes per event: 800 million events), far below what would exhaust a
 /// workstation.
 const DECODE_LIMIT: usize = 32 << 30;
 
@@ -46,21 +58,9 @@ fn config() -> impl bincode::config::Config {
     bincode::config::standard().with_limit::<DECODE_LIMIT>()
 }
 
-/// What the body holds, as written (borrowing the trace).
-#[derive(Serialize)]
-struct WireOut<'a> {
-    format: Format,
-    has_times: bool,
-    devices: &'a [DeviceTrace],
-    frames: Vec<&'a [Frame]>,
-    segments: &'a [Segment],
-    allocator_settings: &'a Option<AllocatorSettings>,
-    recorded_totals: &'a [DeviceTotals],
-}
-
-/// What the body holds, as read.
+/// What a version 1 or 2 body holds (version 1 ends before `recorded_totals`).
 #[derive(Deserialize)]
-struct WireIn {
+struct WireV2 {
     format: Format,
     has_times: bool,
     devices: Vec<DeviceTrace>,
@@ -70,25 +70,332 @@ struct WireIn {
     recorded_totals: Vec<DeviceTotals>,
 }
 
-/// Reads an .fst file.
-pub fn read(data: &[u8], _options: &ReadOptions) -> Result<Trace> {
-    let header = |what: &str| {
-        Error::input(format!("truncated header: the file ends before its {what}"))
-            .at(Place::Byte(data.len() as u64))
-    };
-    if !data.starts_with(MAGIC) {
+/// [`WireV2`] without the recorded totals.
+#[derive(Deserialize)]
+struct WireV1 {
+    format: Format,
+    has_times: bool,
+    devices: Vec<DeviceTrace>,
+    frames: Vec<Vec<Frame>>,
+    segments: Vec<Segment>,
+    allocator_settings: Option<AllocatorSettings>,
+}
+
+/// The head of a version 3 file, as written (borrowing the trace).
+#[derive(Serialize)]
+struct HeadOut<'a> {
+    format: Format,
+    has_times: bool,
+    devices: Vec<(i32, u64)>,
+    frames: Vec<&'a [Frame]>,
+    segments: &'a [Segment],
+    allocator_settings: &'a Option<AllocatorSettings>,
+    totals: Vec<(i32, u64)>,
+}
+
+/// The head of a version 3 file, as read.
+#[derive(Deserialize)]
+struct HeadIn {
+    format: Format,
+    has_times: bool,
+    devices: Vec<(i32, u64)>,
+    frames: Vec<Vec<Frame>>,
+    segments: Vec<Segment>,
+    allocator_settings: Option<AllocatorSettings>,
+    totals: Vec<(i32, u64)>,
+}
+
+/// Reads an .fst file held in memory.
+pub fn read(data: &[u8], options: &ReadOptions) -> Result<Trace> {
+    read_from(&mut &data[..], options)
+}
+
+/// Reads an .fst file from a stream, one record at a time.
+pub fn read_from(input: &mut dyn BufRead, _options: &ReadOptions) -> Result<Trace> {
+    let mut head = [0u8; 12];
+    let got = read_up_to(input, &mut head)?;
+    if !head[..got].starts_with(MAGIC) {
         return Err(
             Error::input("missing the FRAGSIM magic bytes: not an .fst file").at(Place::Byte(0))
         );
     }
-    let version = u32::from_le_bytes(le_bytes(data, 8).ok_or_else(|| header("version"))?);
-    if version != VERSION {
-        return Err(Error::input(format!(
-            "unsupported .fst version {version} (this fragsim reads version {VERSION}); \
+    if got < 12 {
+        return Err(Error::input("truncated header: the file ends before its version")
+            .at(Place::Byte(got as u64)));
+    }
+    let version = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
+    match version {
+        1 | 2 => {
+            let mut data = head.to_vec();
+            input.read_to_end(&mut data).map_err(Error::from_io)?;
+            read_whole(&data, version)
+        }
+        VERSION => Chunked { input, at: 12, body: Vec::new() }.read(),
+        _ => Err(Error::input(format!(
+            "unsupported .fst version {version} (this fragsim reads versions 1 to {VERSION}); \
              re-create the file from the original trace with 'fragsim convert'"
         ))
-        .at(Place::Byte(8)));
+        .at(Place::Byte(8))),
     }
+}
+
+/// Fills `buf` as far as the input goes; returns how many bytes were read.
+fn read_up_to(input: &mut dyn BufRead, buf: &mut [u8]) -> Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match input.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Error::from_io(e)),
+        }
+    }
+    Ok(got)
+}
+
+/// A version 3 file after its version: the input, the byte offset reached, and a buffer for one
+/// record's body.
+struct Chunked<'r> {
+    input: &'r mut dyn BufRead,
+    at: u64,
+    body: Vec<u8>,
+}
+
+impl Chunked<'_> {
+    /// Reads the next record's body into `self.body` and checks its length and CRC; returns
+    /// false at the end of the input. `what` names the record for a header cut short.
+    fn next_record(&mut self) -> Result<bool> {
+        let mut header = [0u8; 12];
+        let got = read_up_to(self.input, &mut header)?;
+        if got == 0 {
+            return Ok(false);
+        }
+        if got < 12 {
+            let what = if got < 8 { "body length" } else { "checksum" };
+            return Err(Error::input(format!("truncated header: the file ends before its {what}"))
+                .at(Place::Byte(self.at + got as u64)));
+        }
+        let len = u64::from_le_bytes(header[..8].try_into().unwrap_or_default());
+        let crc = u32::from_le_bytes(header[8..].try_into().unwrap_or_default());
+        let start = self.at + 12;
+        self.body.clear();
+        // Room for a record of usual size at once; beyond that the buffer grows as bytes
+        // arrive, so a hostile length costs nothing until the bytes exist.
+        self.body.reserve_exact(len.min(4 << 20) as usize);
+        self.input.take(len).read_to_end(&mut self.body).map_err(Error::from_io)?;
+        if (self.body.len() as u64) < len {
+            return Err(Error::input(format!(
+                "truncated: the header declares a {len}-byte body but only {} bytes follow",
+                self.body.len()
+            ))
+            .at(Place::Byte(start + self.body.len() as u64)));
+        }
+        let mut hasher = flate2::Crc::new();
+        hasher.update(&self.body);
+        if hasher.sum() != crc {
+            return Err(Error::input(format!(
+                "checksum mismatch (recorded {crc:#010x}, computed {:#010x}): the file is corrupt",
+                hasher.sum()
+            ))
+            .at(Place::Byte(start)));
+        }
+        self.at = start + len;
+        Ok(true)
+    }
+
+    /// Reads the records into a trace.
+    fn read(mut self) -> Result<Trace> {
+        if !self.next_record()? {
+            return Err(Error::input("truncated header: the file ends before its body length")
+                .at(Place::Byte(12)));
+        }
+        let start = self.at - self.body.len() as u64;
+        let undecodable = |e: bincode::error::DecodeError, at: u64| {
+            Error::input(format!("undecodable body ({e}): written by an incompatible build?"))
+                .at(Place::Byte(at))
+        };
+        let (head, used): (HeadIn, usize) = bincode::serde::decode_from_slice(&self.body, config())
+            .map_err(|e| undecodable(e, start))?;
+        let mut frames = FrameTable::default();
+        for (i, stack) in head.frames.into_iter().enumerate() {
+            if frames.intern(stack) != FramesId(i as u32 + 1) {
+                return Err(Error::input(format!("frame list {} is empty or repeated", i + 1)));
+            }
+        }
+        let mut fill = Fill::new(&head.devices, &head.totals);
+        let mut offset = used;
+        loop {
+            let start = self.at - self.body.len() as u64;
+            let ((events, totals), used): ((Vec<Event>, Vec<RecordedTotals>), usize) =
+                bincode::serde::decode_from_slice(&self.body[offset..], config())
+                    .map_err(|e| undecodable(e, start + offset as u64))?;
+            if offset + used != self.body.len() {
+                return Err(Error::input(format!(
+                    "{} unexpected bytes after the encoded chunk",
+                    self.body.len() - offset - used
+                ))
+                .at(Place::Byte(start + (offset + used) as u64)));
+            }
+            fill.add(events, totals, &frames).map_err(|e| e.at(Place::Byte(start)))?;
+            if fill.is_full() {
+                break;
+            }
+            if !self.next_record()? {
+                return Err(Error::input(format!(
+                    "truncated: the file ends after {} of the {} events its head declares",
+                    fill.events_read, fill.events_declared
+                ))
+                .at(Place::Byte(self.at)));
+            }
+            offset = 0;
+        }
+        let mut rest = [0u8; 1];
+        if read_up_to(self.input, &mut rest)? > 0 {
+            let mut extra = Vec::new();
+            self.input.read_to_end(&mut extra).map_err(Error::from_io)?;
+            return Err(Error::input(format!(
+                "{} unexpected bytes after the last record",
+                extra.len() + 1
+            ))
+            .at(Place::Byte(self.at)));
+        }
+        let mut devices = fill.devices;
+        devices.sort_by_key(|d| d.device);
+        if let Some(w) = devices.windows(2).find(|w| w[0].device == w[1].device) {
+            return Err(Error::input(format!("device {} appears twice", w[0].device)));
+        }
+        check_segments(&head.segments)?;
+        Ok(Trace {
+            format: Format::Fst,
+            converted_from: Some(head.format),
+            devices,
+            frames,
+            segments: head.segments,
+            allocator_settings: head.allocator_settings,
+            has_times: head.has_times,
+            recorded_totals: fill.totals,
+        })
+    }
+}
+
+/// The devices' events and totals as chunks arrive, against the counts the head declares.
+struct Fill {
+    devices: Vec<DeviceTrace>,
+    declared: Vec<u64>,
+    totals: Vec<DeviceTotals>,
+    totals_declared: Vec<u64>,
+    events_read: u64,
+    events_declared: u64,
+}
+
+impl Fill {
+    fn new(devices: &[(i32, u64)], totals: &[(i32, u64)]) -> Fill {
+        Fill {
+            devices: devices
+                .iter()
+                .map(|&(device, n)| DeviceTrace { device, events: room_for(n) })
+                .collect(),
+            declared: devices.iter().map(|d| d.1).collect(),
+            totals: totals
+                .iter()
+                .map(|&(device, n)| DeviceTotals { device, totals: room_for(n) })
+                .collect(),
+            totals_declared: totals.iter().map(|t| t.1).collect(),
+            events_read: 0,
+            events_declared: devices.iter().fold(0u64, |s, d| s.saturating_add(d.1)),
+        }
+    }
+
+    fn is_full(&self) -> bool {
+        self.devices.iter().zip(&self.declared).all(|(d, &n)| d.events.len() as u64 == n)
+            && self
+                .totals
+                .iter()
+                .zip(&self.totals_declared)
+                .all(|(t, &n)| t.totals.len() as u64 == n)
+    }
+
+    /// Appends one chunk, checking each event as it lands.
+    fn add(
+        &mut self,
+        events: Vec<Event>,
+        totals: Vec<RecordedTotals>,
+        frames: &FrameTable,
+    ) -> Result<()> {
+        let mut events = events.into_iter();
+        for (d, &n) in self.devices.iter_mut().zip(&self.declared) {
+            while (d.events.len() as u64) < n {
+                let Some(e) = events.next() else { break };
+                check_event(d.device, d.events.len(), &e, frames)?;
+                d.events.push(e);
+                self.events_read += 1;
+            }
+        }
+        let mut totals = totals.into_iter();
+        for (t, &n) in self.totals.iter_mut().zip(&self.totals_declared) {
+            let room = n.saturating_sub(t.totals.len() as u64) as usize;
+            t.totals.extend(totals.by_ref().take(room));
+        }
+        if events.next().is_some() || totals.next().is_some() {
+            return Err(Error::input("a record holds more than the head declares"));
+        }
+        Ok(())
+    }
+}
+
+/// A vector with room for the `n` items the head declares, so loading never copies a growing
+/// vector (which would hold the old and the new copy at once). The room is only reserved, not
+/// touched, so a hostile count costs address space, not memory; a count beyond the decode limit,
+/// or one the system refuses, starts at one chunk and grows as items arrive.
+fn room_for<T>(n: u64) -> Vec<T> {
+    let most = DECODE_LIMIT / std::mem::size_of::<T>().max(1);
+    let n = usize::try_from(n).unwrap_or(usize::MAX);
+    let mut v = Vec::new();
+    if n > most || v.try_reserve_exact(n).is_err() {
+        v.reserve(n.min(CHUNK));
+    }
+    v
+}
+
+/// Rejects an event no allocator could have made, or one naming a frame list the file lacks.
+fn check_event(device: i32, index: usize, e: &Event, frames: &FrameTable) -> Result<()> {
+    let place = Place::Event(index as u64);
+    if e.size >= MAX_EVENT_BYTES {
+        return Err(Error::input(format!(
+            "device {device}: size {} is 2^60 or more, beyond what any allocator accepts",
+            e.size
+        ))
+        .at(place));
+    }
+    if e.frames.0 as usize > frames.len() {
+        return Err(Error::input(format!(
+            "device {device}: frame list {} does not exist (the file has {})",
+            e.frames.0,
+            frames.len()
+        ))
+        .at(place));
+    }
+    Ok(())
+}
+
+fn check_segments(segments: &[Segment]) -> Result<()> {
+    for s in segments {
+        if s.total_size >= MAX_EVENT_BYTES || s.blocks.iter().any(|b| b.size >= MAX_EVENT_BYTES) {
+            return Err(Error::input(format!(
+                "segment at {:#x}: a size of 2^60 or more",
+                s.address
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Reads a version 1 or 2 file: one record holding the whole trace.
+fn read_whole(data: &[u8], version: u32) -> Result<Trace> {
+    let header = |what: &str| {
+        Error::input(format!("truncated header: the file ends before its {what}"))
+            .at(Place::Byte(data.len() as u64))
+    };
     let body_len = u64::from_le_bytes(le_bytes(data, 12).ok_or_else(|| header("body length"))?);
     let crc = u32::from_le_bytes(le_bytes(data, 20).ok_or_else(|| header("checksum"))?);
     let body = &data[HEADER_LEN.min(data.len())..];
@@ -115,11 +422,28 @@ pub fn read(data: &[u8], _options: &ReadOptions) -> Result<Trace> {
         ))
         .at(Place::Byte(HEADER_LEN as u64)));
     }
-    let (wire, used): (WireIn, usize) = bincode::serde::borrow_decode_from_slice(body, config())
-        .map_err(|e| {
-            Error::input(format!("undecodable body ({e}): written by an incompatible build?"))
-                .at(Place::Byte(HEADER_LEN as u64))
-        })?;
+    let undecodable = |e: bincode::error::DecodeError| {
+        Error::input(format!("undecodable body ({e}): written by an incompatible build?"))
+            .at(Place::Byte(HEADER_LEN as u64))
+    };
+    let (wire, used): (WireV2, usize) = if version == 1 {
+        let (w, used): (WireV1, usize) =
+            bincode::serde::decode_from_slice(body, config()).map_err(undecodable)?;
+        let WireV1 { format, has_times, devices, frames, segments, allocator_settings } = w;
+        let recorded_totals = Vec::new();
+        let wire = WireV2 {
+            format,
+            has_times,
+            devices,
+            frames,
+            segments,
+            allocator_settings,
+            recorded_totals,
+        };
+        (wire, used)
+    } else {
+        bincode::serde::decode_from_slice(body, config()).map_err(undecodable)?
+    };
     if used != body.len() {
         return Err(Error::input(format!(
             "{} unexpected bytes after the encoded trace",
@@ -127,11 +451,6 @@ pub fn read(data: &[u8], _options: &ReadOptions) -> Result<Trace> {
         ))
         .at(Place::Byte((HEADER_LEN + used) as u64)));
     }
-    from_wire(wire)
-}
-
-/// Checks what the body decoded to and turns it into a [`Trace`].
-fn from_wire(wire: WireIn) -> Result<Trace> {
     let mut frames = FrameTable::default();
     for (i, stack) in wire.frames.into_iter().enumerate() {
         if frames.intern(stack) != FramesId(i as u32 + 1) {
@@ -145,33 +464,10 @@ fn from_wire(wire: WireIn) -> Result<Trace> {
     }
     for d in &devices {
         for (i, e) in d.events.iter().enumerate() {
-            let place = Place::Event(i as u64);
-            if e.size >= MAX_EVENT_BYTES {
-                return Err(Error::input(format!(
-                    "device {}: size {} is 2^60 or more, beyond what any allocator accepts",
-                    d.device, e.size
-                ))
-                .at(place));
-            }
-            if e.frames.0 as usize > frames.len() {
-                return Err(Error::input(format!(
-                    "device {}: frame list {} does not exist (the file has {})",
-                    d.device,
-                    e.frames.0,
-                    frames.len()
-                ))
-                .at(place));
-            }
+            check_event(d.device, i, e, &frames)?;
         }
     }
-    for s in &wire.segments {
-        if s.total_size >= MAX_EVENT_BYTES || s.blocks.iter().any(|b| b.size >= MAX_EVENT_BYTES) {
-            return Err(Error::input(format!(
-                "segment at {:#x}: a size of 2^60 or more",
-                s.address
-            )));
-        }
-    }
+    check_segments(&wire.segments)?;
     Ok(Trace {
         format: Format::Fst,
         converted_from: Some(wire.format),
@@ -193,28 +489,42 @@ pub fn losses(_trace: &Trace) -> Vec<String> {
     Vec::new()
 }
 
-/// Writes `trace` as .fst (nothing is lost: the format holds the whole model).
+/// Writes `trace` as .fst version 3 (nothing is lost: the format holds the whole model), one
+/// record of at most [`CHUNK`] events and totals at a time.
 pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
     let frames = (1..=trace.frames.len() as u32).map(|i| trace.frames.get(FramesId(i))).collect();
-    let wire = WireOut {
+    let head = HeadOut {
         format: trace.source_format(),
         has_times: trace.has_times,
-        devices: &trace.devices,
+        devices: trace.devices.iter().map(|d| (d.device, d.events.len() as u64)).collect(),
         frames,
         segments: &trace.segments,
         allocator_settings: &trace.allocator_settings,
-        recorded_totals: &trace.recorded_totals,
+        totals: trace.recorded_totals.iter().map(|t| (t.device, t.totals.len() as u64)).collect(),
     };
-    let body = bincode::serde::encode_to_vec(&wire, config())
-        .map_err(|e| Error::new(ErrorKind::Io, format!("encoding the .fst body: {e}")))?;
-    let mut crc = flate2::Crc::new();
-    crc.update(&body);
+    let encoding = |e: bincode::error::EncodeError| {
+        Error::new(ErrorKind::Io, format!("encoding the .fst body: {e}"))
+    };
     let io = Error::from_io;
     out.write_all(MAGIC).map_err(io)?;
     out.write_all(&VERSION.to_le_bytes()).map_err(io)?;
-    out.write_all(&(body.len() as u64).to_le_bytes()).map_err(io)?;
-    out.write_all(&crc.sum().to_le_bytes()).map_err(io)?;
-    out.write_all(&body).map_err(io)
+    let mut events = trace.devices.iter().flat_map(|d| d.events.iter()).peekable();
+    let mut totals = trace.recorded_totals.iter().flat_map(|t| t.totals.iter()).peekable();
+    let mut body = bincode::serde::encode_to_vec(&head, config()).map_err(encoding)?;
+    let mut first = true;
+    while first || events.peek().is_some() || totals.peek().is_some() {
+        let chunk: (Vec<&Event>, Vec<&RecordedTotals>) =
+            (events.by_ref().take(CHUNK).collect(), totals.by_ref().take(CHUNK).collect());
+        body.extend(bincode::serde::encode_to_vec(&chunk, config()).map_err(encoding)?);
+        let mut crc = flate2::Crc::new();
+        crc.update(&body);
+        out.write_all(&(body.len() as u64).to_le_bytes()).map_err(io)?;
+        out.write_all(&crc.sum().to_le_bytes()).map_err(io)?;
+        out.write_all(&body).map_err(io)?;
+        body.clear();
+        first = false;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -315,10 +625,10 @@ mod tests {
         bad[40] ^= 0x55;
         assert!(read(&bad, &opts).unwrap_err().to_string().contains("checksum mismatch"));
         let mut other = data.clone();
-        other[8] = 3;
+        other[8] = 4;
         assert_eq!(
             read(&other, &opts).unwrap_err().to_string(),
-            "byte 8: unsupported .fst version 3 (this fragsim reads version 2); re-create the file from the original trace with 'fragsim convert'"
+            "byte 8: unsupported .fst version 4 (this fragsim reads versions 1 to 3); re-create the file from the original trace with 'fragsim convert'"
         );
         let mut longer = data.clone();
         longer.push(0);
@@ -341,5 +651,90 @@ mod tests {
         data.extend(&body);
         let err = read(&data, &ReadOptions::default()).unwrap_err();
         assert!(err.to_string().starts_with("byte 24: undecodable body"), "{err}");
+    }
+    /// A version 1 or 2 file as those builds wrote it: one record holding the whole trace.
+    fn encode_old(t: &Trace, version: u32) -> Vec<u8> {
+        #[derive(Serialize)]
+        struct Old<'a> {
+            format: Format,
+            has_times: bool,
+            devices: &'a [DeviceTrace],
+            frames: Vec<&'a [Frame]>,
+            segments: &'a [Segment],
+            allocator_settings: &'a Option<AllocatorSettings>,
+        }
+        let frames = (1..=t.frames.len() as u32).map(|i| t.frames.get(FramesId(i))).collect();
+        let old = Old {
+            format: t.format,
+            has_times: t.has_times,
+            devices: &t.devices,
+            frames,
+            segments: &t.segments,
+            allocator_settings: &t.allocator_settings,
+        };
+        let mut body = bincode::serde::encode_to_vec(&old, config()).unwrap();
+        if version == 2 {
+            body.extend(bincode::serde::encode_to_vec(&t.recorded_totals, config()).unwrap());
+        }
+        let mut crc = flate2::Crc::new();
+        crc.update(&body);
+        let mut data = MAGIC.to_vec();
+        data.extend(version.to_le_bytes());
+        data.extend((body.len() as u64).to_le_bytes());
+        data.extend(crc.sum().to_le_bytes());
+        data.extend(&body);
+        data
+    }
+
+    #[test]
+    fn reads_versions_1_and_2() {
+        let t = sample();
+        let v2 = read(&encode_old(&t, 2), &ReadOptions::default()).unwrap();
+        assert_eq!(Trace { format: t.format, converted_from: None, ..v2 }, t);
+        let v1 = read(&encode_old(&t, 1), &ReadOptions::default()).unwrap();
+        let want = Trace { recorded_totals: Vec::new(), ..t };
+        assert_eq!(Trace { format: want.format, converted_from: None, ..v1 }, want);
+    }
+
+    /// A trace of `n` events on device 0 and 3 on device 2, every event with recorded totals.
+    fn long(n: usize) -> Trace {
+        let event = |i: usize| Event::new(Action::Alloc, i as u64 * 512, 512, 0, i as i64);
+        let mut t = sample();
+        t.devices = vec![
+            DeviceTrace { device: 0, events: (0..n).map(event).collect() },
+            DeviceTrace { device: 2, events: (0..3).map(event).collect() },
+        ];
+        t.recorded_totals = vec![DeviceTotals {
+            device: 0,
+            totals: (0..n as u64)
+                .map(|i| RecordedTotals { allocated: i, reserved: 2 * i })
+                .collect(),
+        }];
+        t
+    }
+
+    #[test]
+    fn long_traces_are_cut_into_records_and_read_back_whole() {
+        let t = long(2 * CHUNK + 5);
+        let data = encode(&t);
+        let records = {
+            let (mut at, mut n) = (12, 0);
+            while at < data.len() {
+                at += 12 + u64::from_le_bytes(data[at..at + 8].try_into().unwrap()) as usize;
+                n += 1;
+            }
+            assert_eq!(at, data.len());
+            n
+        };
+        assert_eq!(records, 3, "{} events in chunks of {CHUNK}", 2 * CHUNK + 8);
+        let back = read(&data, &ReadOptions::default()).unwrap();
+        assert_eq!(Trace { format: t.format, converted_from: None, ..back }, t);
+        // Cut at the end of the first record: the file ends before the events it declares.
+        let first = 24 + u64::from_le_bytes(data[12..20].try_into().unwrap()) as usize;
+        let err = read(&data[..first], &ReadOptions::default()).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!("byte {first}: truncated: the file ends after 16384 of the {} events its head declares", 2 * CHUNK + 8)
+        );
     }
 }

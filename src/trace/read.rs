@@ -7,7 +7,7 @@
 use super::{detect, fst, kineto, rmm, snapshot, text, Trace};
 use crate::error::{Error, Place, Result};
 use serde::{Deserialize, Serialize};
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 
 /// A trace file format fragsim reads (and, for most, writes).
@@ -45,9 +45,10 @@ pub struct FormatInfo {
     /// Whether decompressed file content is in this format. Rows are tried in table order and
     /// the first match wins, so a loose signature (text) comes last.
     pub detect: fn(&[u8]) -> bool,
-    /// Reads a trace from decompressed file content; errors name the place, the caller adds
-    /// the file and format.
-    pub read: fn(&[u8], &ReadOptions) -> Result<Trace>,
+    /// Reads a trace from decompressed file content, streamed: errors name the place, the
+    /// caller adds the file and format. Readers that parse their input as a whole read it to
+    /// the end first ([`whole`]); the others hold one bounded buffer beside the events.
+    pub read: fn(&mut dyn BufRead, &ReadOptions) -> Result<Trace>,
     /// Writes a trace in this format.
     pub write: fn(&Trace, &mut dyn Write) -> Result<()>,
     /// What writing a trace in this format leaves out, one line each (empty when nothing).
@@ -56,36 +57,45 @@ pub struct FormatInfo {
     pub keeps_frames: bool,
 }
 
-/// A [`FORMATS`] row for a format whose module `$module` has `read`, `write` and `losses`.
+/// A [`FORMATS`] row for a format whose module `$module` has `read` (or, `reads stream`,
+/// `read_from`), `write` and `losses`.
 macro_rules! format_row {
     ($format:ident, $name:literal, $description:literal, ext $extensions:expr,
-     detect $detect:path, module $module:ident, keeps_frames $frames:literal) => {
+     detect $detect:path, module $module:ident, reads $how:ident, keeps_frames $frames:literal) => {
         FormatInfo {
             format: Format::$format,
             name: $name,
             description: $description,
             extensions: &$extensions,
             detect: $detect,
-            read: $module::read,
+            read: format_row!(@read $how $module),
             write: |t, mut out| $module::write(t, &mut out),
             losses: $module::losses,
             keeps_frames: $frames,
         }
+    };
+    // A module whose `read` parses the whole input at once.
+    (@read whole $module:ident) => {
+        |input, options| $module::read(&whole(input)?, options)
+    };
+    // A module whose `read_from` streams.
+    (@read stream $module:ident) => {
+        $module::read_from
     };
 }
 
 /// Every format fragsim reads and writes, in detection order: one row each.
 pub const FORMATS: [FormatInfo; 5] = [
     format_row! { PytorchSnapshot, "pytorch-snapshot", "a PyTorch snapshot pickle",
-    ext ["pickle", "pkl"], detect detect::is_pickle, module snapshot, keeps_frames true },
+    ext ["pickle", "pkl"], detect detect::is_pickle, module snapshot, reads whole, keeps_frames true },
     format_row! { Kineto, "kineto", "Kineto JSON",
-    ext ["json"], detect detect::is_kineto, module kineto, keeps_frames false },
+    ext ["json"], detect detect::is_kineto, module kineto, reads whole, keeps_frames false },
     format_row! { RmmCsv, "rmm-csv", "RMM CSV",
-    ext ["csv"], detect detect::is_rmm_csv, module rmm, keeps_frames false },
+    ext ["csv"], detect detect::is_rmm_csv, module rmm, reads whole, keeps_frames false },
     format_row! { Fst, "fst", ".fst",
-    ext ["fst"], detect detect::is_fst, module fst, keeps_frames true },
+    ext ["fst"], detect detect::is_fst, module fst, reads stream, keeps_frames true },
     format_row! { Text, "text", "fragsim text",
-    ext ["txt", "trace"], detect detect::is_text, module text, keeps_frames false },
+    ext ["txt", "trace"], detect detect::is_text, module text, reads stream, keeps_frames false },
 ];
 
 impl Format {
@@ -159,22 +169,134 @@ pub fn read_trace(path: &Path, options: &ReadOptions) -> Result<Trace> {
 }
 
 fn read_path(path: &Path, options: &ReadOptions) -> Result<Trace> {
-    let raw = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    let data = if raw.starts_with(&[0x1f, 0x8b]) {
-        gunzip(&raw).map_err(|e| e.in_file(path))?
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let compressed = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut raw = BufReader::with_capacity(BUFFER, file);
+    let is_gzip = raw.fill_buf().map_err(|e| Error::io(path, e))?.starts_with(&[0x1f, 0x8b]);
+    let failure = std::rc::Rc::new(std::cell::RefCell::new(None));
+    let mut input: Box<dyn BufRead> = if is_gzip {
+        let inflate = Inflate {
+            inner: flate2::read::MultiGzDecoder::new(raw),
+            produced: 0,
+            limit: decompression_limit(compressed),
+            compressed,
+            failure: failure.clone(),
+        };
+        Box::new(BufReader::with_capacity(BUFFER, inflate))
     } else {
-        raw
+        Box::new(raw)
     };
-    if data.iter().all(|b| b.is_ascii_whitespace()) {
+    // A gzip failure seen by the format reader is reported as what it is, not as the format
+    // error it caused.
+    let gzip_failure = |e: Error| failure.borrow_mut().take().unwrap_or(e).in_file(path);
+    let head = peek(&mut input).map_err(|e| gzip_failure(e.in_file(path)))?;
+    if head.is_empty() {
         return Err(Error::input("empty file: no trace to read").in_file(path));
     }
-    let format = detect::detect(&data).ok_or_else(|| {
+    let Some(format) = detect::detect(&head) else {
+        // A broken or bomb gzip stream is the real problem, not the format: inflate the rest
+        // (without holding it) to find out.
+        let _ = std::io::copy(&mut input, &mut std::io::sink());
         let known: Vec<String> = FORMATS.iter().map(|f| f.description.to_string()).collect();
-        Error::input(format!("unrecognised trace format (expected {})", or_list(&known)))
-            .at(Place::Byte(0))
-            .in_file(path)
-    })?;
-    read_bytes(&data, format, options).map_err(|e| e.in_format(format.name()).in_file(path))
+        let e = Error::input(format!("unrecognised trace format (expected {})", or_list(&known)))
+            .at(Place::Byte(0));
+        return Err(gzip_failure(e));
+    };
+    let mut input = std::io::Cursor::new(head).chain(input);
+    let mut trace = (format.info().read)(&mut input, options)
+        .map_err(|e| gzip_failure(e.in_format(format.name())))?;
+    if let Some(e) = failure.borrow_mut().take() {
+        return Err(e.in_file(path));
+    }
+    // Vectors grew by doubling; what was never touched costs no memory, but give it back so
+    // the trace holds what it uses (40 bytes an event).
+    for d in &mut trace.devices {
+        d.events.shrink_to_fit();
+    }
+    for t in &mut trace.recorded_totals {
+        t.totals.shrink_to_fit();
+    }
+    Ok(trace)
+}
+
+/// The buffer between the file (or the inflater) and a reader: what reading holds beside the
+/// trace it builds.
+const BUFFER: usize = 256 << 10;
+
+/// The bytes [`detect`] looks at: enough for every signature.
+const HEAD: usize = 64 << 10;
+
+/// Reads the first [`HEAD`] bytes of `input` (fewer at its end). Returns them, or nothing when
+/// the whole input is white space (read through without holding it).
+fn peek(input: &mut dyn BufRead) -> Result<Vec<u8>> {
+    let mut head = Vec::with_capacity(HEAD);
+    input.take(HEAD as u64).read_to_end(&mut head).map_err(Error::from_io)?;
+    if head.iter().all(|b| b.is_ascii_whitespace()) {
+        loop {
+            let buf = input.fill_buf().map_err(Error::from_io)?;
+            if buf.is_empty() {
+                return Ok(Vec::new());
+            }
+            if !buf.iter().all(|b| b.is_ascii_whitespace()) {
+                break;
+            }
+            let n = buf.len();
+            input.consume(n);
+        }
+    }
+    Ok(head)
+}
+
+/// All of `input`, for the readers that parse a whole file at once.
+pub fn whole(input: &mut dyn BufRead) -> Result<Vec<u8>> {
+    let mut data = Vec::new();
+    input.read_to_end(&mut data).map_err(Error::from_io)?;
+    Ok(data)
+}
+
+/// A streamed gzip decoder that stops at the decompression limit and keeps the first failure, so
+/// the error names gzip and the byte it reached rather than whatever the format reader made of
+/// the cut.
+struct Inflate<R: Read> {
+    inner: R,
+    produced: u64,
+    limit: u64,
+    compressed: u64,
+    failure: std::rc::Rc<std::cell::RefCell<Option<Error>>>,
+}
+
+impl<R: Read> Read for Inflate<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let fail = |this: &mut Self, e: Error| {
+            let message = e.to_string();
+            this.failure.borrow_mut().get_or_insert(e);
+            Err(std::io::Error::new(std::io::ErrorKind::InvalidData, message))
+        };
+        let room = (self.limit + 1).saturating_sub(self.produced).min(buf.len() as u64) as usize;
+        match self.inner.read(&mut buf[..room]) {
+            Ok(n) => {
+                self.produced += n as u64;
+                if self.produced > self.limit {
+                    let e = Error::input(format!(
+                        "gzip stream expands to more than {} bytes ({}× its compressed size); refusing to read a likely decompression bomb",
+                        self.limit,
+                        self.limit / self.compressed.max(1)
+                    ))
+                    .in_format("gzip");
+                    return fail(self, e);
+                }
+                Ok(n)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Err(e),
+            Err(e) => {
+                // The decoder has produced `produced` bytes when it fails: name that place.
+                let e = Error::input(format!("corrupt or truncated gzip stream: {e}"))
+                    .at(Place::Byte(self.produced))
+                    .in_format("gzip");
+                fail(self, e)
+            }
+        }
+    }
 }
 
 /// Runs `read` while a helper thread waits one second, then shows a spinner until it is done.
@@ -212,46 +334,40 @@ fn with_progress<T>(path: &Path, read: impl FnOnce() -> T) -> T {
 
 /// Reads a trace of a known format from memory.
 pub fn read_bytes(data: &[u8], format: Format, options: &ReadOptions) -> Result<Trace> {
-    (format.info().read)(data, options)
+    (format.info().read)(&mut &data[..], options)
 }
 
 /// Writes `trace` to `path` in the format its extension names; `.gz` compresses.
 pub fn write_trace(trace: &Trace, path: &Path) -> Result<()> {
     let format = Format::for_output(path)?;
-    let mut buffer = Vec::new();
-    write_to(trace, format, &mut buffer)?;
-    let bytes = if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gz")) {
-        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-        enc.write_all(&buffer).and_then(|_| enc.finish()).map_err(|e| Error::io(path, e))?
+    let file = std::fs::File::create(path).map_err(|e| Error::io(path, e))?;
+    // Streamed through a buffer: writing holds no copy of the encoded file.
+    let out = std::io::BufWriter::with_capacity(BUFFER, file);
+    let written = if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gz")) {
+        let mut enc = flate2::write::GzEncoder::new(out, flate2::Compression::default());
+        write_to(trace, format, &mut enc)
+            .and_then(|_| enc.finish().map_err(Error::from_io))
+            .and_then(|out| out.into_inner().map_err(|e| Error::from_io(e.into_error())))
     } else {
-        buffer
+        let mut out = out;
+        write_to(trace, format, &mut out)
+            .and_then(|_| out.into_inner().map_err(|e| Error::from_io(e.into_error())))
     };
-    std::fs::write(path, bytes).map_err(|e| Error::io(path, e))
+    written.map(drop).map_err(|e| {
+        // No half-written trace is left behind; a failed write names the file, an encoding
+        // error stays as the format writer worded it.
+        let _ = std::fs::remove_file(path);
+        if std::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>()) {
+            e.in_file(path)
+        } else {
+            e
+        }
+    })
 }
 
 /// Writes `trace` in `format` to `out`.
 pub fn write_to(trace: &Trace, format: Format, out: &mut impl Write) -> Result<()> {
     (format.info().write)(trace, out)
-}
-
-fn gunzip(raw: &[u8]) -> Result<Vec<u8>> {
-    let limit = decompression_limit(raw.len() as u64);
-    let mut out = Vec::new();
-    let mut decoder = flate2::read::GzDecoder::new(raw).take(limit + 1);
-    decoder.read_to_end(&mut out).map_err(|e| {
-        // The decoder has produced `out.len()` bytes when it fails: name that place.
-        Error::input(format!("corrupt or truncated gzip stream: {e}"))
-            .at(Place::Byte(out.len() as u64))
-            .in_format("gzip")
-    })?;
-    if out.len() as u64 > limit {
-        return Err(Error::input(format!(
-            "gzip stream expands to more than {limit} bytes ({}× its compressed size); refusing to read a likely decompression bomb",
-            limit / (raw.len() as u64).max(1)
-        ))
-        .in_format("gzip"));
-    }
-    Ok(out)
 }
 
 /// How far a gzip file of `compressed` bytes may expand. Real traces compress 5–20×; a ratio

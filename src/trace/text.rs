@@ -20,7 +20,7 @@
 
 use super::{Action, DeviceTrace, Event, Format, ReadOptions, Trace};
 use crate::error::{Error, Place, Result};
-use std::io::Write;
+use std::io::{BufRead, Write};
 
 /// True when `head` (the start of a file) reads like a text trace.
 pub fn looks_like_text(head: &str) -> bool {
@@ -46,16 +46,34 @@ pub fn losses(trace: &Trace) -> Vec<String> {
     vec!["final segments and allocator settings are not part of the text format".into()]
 }
 
-/// Reads a text trace.
-pub fn read(data: &[u8], _options: &ReadOptions) -> Result<Trace> {
-    let text = std::str::from_utf8(data).map_err(|e| {
-        Error::input(format!("not UTF-8 text: {e}")).at(Place::Byte(e.valid_up_to() as u64))
-    })?;
+/// Reads a text trace held in memory.
+pub fn read(data: &[u8], options: &ReadOptions) -> Result<Trace> {
+    read_from(&mut &data[..], options)
+}
+
+/// Reads a text trace from a stream, one line at a time: memory is the events plus one line.
+pub fn read_from(input: &mut dyn BufRead, _options: &ReadOptions) -> Result<Trace> {
     let mut trace = Trace { format: Format::Text, ..Trace::default() };
     let mut device = 0i32;
     let mut has_times = false;
-    for (n, line) in text.lines().enumerate() {
-        let place = Place::Line(n as u64 + 1);
+    let mut buffer = Vec::new();
+    let mut offset = 0u64;
+    for n in 0u64.. {
+        buffer.clear();
+        if input.read_until(b'\n', &mut buffer).map_err(Error::from_io)? == 0 {
+            break;
+        }
+        let line = std::str::from_utf8(&buffer).map_err(|e| {
+            // Worded as `Utf8Error` words it, with the index in the file, not in the line.
+            let at = offset + e.valid_up_to() as u64;
+            let what = match e.error_len() {
+                Some(n) => format!("invalid utf-8 sequence of {n} bytes from index {at}"),
+                None => format!("incomplete utf-8 byte sequence from index {at}"),
+            };
+            Error::input(format!("not UTF-8 text: {what}")).at(Place::Byte(at))
+        })?;
+        offset += buffer.len() as u64;
+        let place = Place::Line(n + 1);
         let line = line.split('#').next().unwrap_or("").trim();
         if line.is_empty() {
             continue;
@@ -198,5 +216,18 @@ mod tests {
         assert!(err.to_string().starts_with("line 2: unknown action 'malloc'"), "{err}");
         let err = read(b"alloc zz 4096\n", &ReadOptions::default()).unwrap_err();
         assert!(err.to_string().contains("bad address 'zz'"), "{err}");
+    }
+
+    #[test]
+    fn utf8_errors_name_the_byte_in_the_file_as_utf8error_does() {
+        for data in [&b"alloc 0x100 4096\nalloc \xff 1\n"[..], b"alloc 0x100 4096\nalloc \xe2\x82"]
+        {
+            let whole = std::str::from_utf8(data).unwrap_err();
+            let err = read(data, &ReadOptions::default()).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!("byte {}: not UTF-8 text: {whole}", whole.valid_up_to())
+            );
+        }
     }
 }
