@@ -164,10 +164,11 @@ fn table(report: &FitReport) -> String {
         let config = if r.config.is_empty() { String::new() } else { format!("  ({})", r.config) };
         let _ = writeln!(
             s,
-            "\n{}{config}\n  needs {}, {exact}, {} replays",
+            "\n{}{config}\n  needs {}, {exact}, {} replay{}",
             r.policy,
             fit::gib_and_gb(f.min_capacity_bytes),
-            f.probes
+            f.probes,
+            if f.probes == 1 { "" } else { "s" }
         );
         let _ = writeln!(s, "  {}", fit::cards_line(f.min_capacity_bytes, report.outside_bytes));
         if let Some(nm) = f.non_monotonic {
