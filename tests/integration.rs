@@ -7,6 +7,7 @@ mod bad_input;
 mod cli;
 mod cuda;
 mod custom_policy;
+mod hostile;
 mod mutations;
 mod pipes;
 mod policies;

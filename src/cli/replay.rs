@@ -67,7 +67,8 @@ const EXPORTED: usize = 0;
 pub fn run(args: Args) -> Result<ExitCode> {
     let specs = PolicySpec::parse_many(&args.source.policies)?;
     let trace = super::read_trace(&args.source.trace, false)?;
-    let input = ReplayInput::new(&trace, args.source.device)?;
+    let named = super::in_trace(&args.source.trace, &trace);
+    let input = ReplayInput::new(&trace, args.source.device).map_err(&named)?;
     let options = ReplayOptions {
         capacity: args.source.capacity,
         outside_bytes: args.outside,
@@ -84,7 +85,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         record_events_of: args.export_snapshot.is_some().then_some(EXPORTED),
         ..RunSettings::default()
     };
-    let comparison = run_specs(&specs, &input, &options, &settings)?;
+    let comparison = run_specs(&specs, &input, &options, &settings).map_err(&named)?;
     if let Some(path) = &args.export_snapshot {
         let run = comparison.run_of(EXPORTED).ok_or_else(|| {
             Error::usage("--export-snapshot: the first policy given did not run".to_string())

@@ -43,7 +43,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
         progress,
     };
     let trace = super::read_trace(&args.source.trace, false)?;
-    let data = report::collect(&trace, &plan)?;
+    let data =
+        report::collect(&trace, &plan).map_err(super::in_trace(&args.source.trace, &trace))?;
     for s in &data.skipped {
         eprintln!("fragsim: note: skipped policy '{}': {}", s.label, s.reason);
     }

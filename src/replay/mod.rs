@@ -488,6 +488,8 @@ fn run<P: Policy, B: Backend>(
     let last = options.stop_after.map_or(events.len(), |s| (s as usize + 1).min(events.len()));
     for (i, e) in events[..last].iter().enumerate() {
         let index = i as u64;
+        // A policy's error names the event it was replaying.
+        let at = |err: Error| err.at(crate::error::Place::Event(index));
         backend.observer.now = e.time_us;
         backend.observer.stream = e.stream;
         match e.action {
@@ -504,10 +506,10 @@ fn run<P: Policy, B: Backend>(
                         let request = Slots::request(input, displaced);
                         meter.requested -= request;
                         log_free(&mut backend.observer.log, addr, request, e);
-                        policy.free(&mut backend, addr)?;
+                        policy.free(&mut backend, addr).map_err(at)?;
                     }
                 }
-                match policy.malloc(&mut backend, e.size, e.stream)? {
+                match policy.malloc(&mut backend, e.size, e.stream).map_err(at)? {
                     Some(a) => {
                         meter.requested += e.size;
                         slots.by_event[i] = a.addr;
@@ -543,12 +545,12 @@ fn run<P: Policy, B: Backend>(
                 let request = Slots::request(input, link);
                 meter.requested -= request;
                 log_free(&mut backend.observer.log, addr, request, e);
-                policy.free(&mut backend, addr)?;
+                policy.free(&mut backend, addr).map_err(at)?;
             }
             Action::SegmentFree | Action::SegmentUnmap
                 if input.empty_cache_at.get(i).copied().unwrap_or(false) =>
             {
-                policy.empty_cache(&mut backend)?;
+                policy.empty_cache(&mut backend).map_err(at)?;
             }
             _ => continue,
         }

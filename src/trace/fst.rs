@@ -19,7 +19,7 @@
 //! and serde grows lists as elements arrive, so memory stays proportional to the file, and a
 //! bincode size limit bounds it as well. A change to the model types must bump [`VERSION`].
 
-use super::read::MAX_EVENT_BYTES;
+use super::limits;
 use super::{
     AllocatorSettings, DeviceTotals, DeviceTrace, Format, Frame, FrameTable, FramesId, ReadOptions,
     Segment, Trace,
@@ -145,14 +145,6 @@ fn from_wire(wire: WireIn) -> Result<Trace> {
     }
     for d in &devices {
         for (i, e) in d.events.iter().enumerate() {
-            let place = Place::Event(i as u64);
-            if e.size >= MAX_EVENT_BYTES {
-                return Err(Error::input(format!(
-                    "device {}: size {} is 2^60 or more, beyond what any allocator accepts",
-                    d.device, e.size
-                ))
-                .at(place));
-            }
             if e.frames.0 as usize > frames.len() {
                 return Err(Error::input(format!(
                     "device {}: frame list {} does not exist (the file has {})",
@@ -160,19 +152,11 @@ fn from_wire(wire: WireIn) -> Result<Trace> {
                     e.frames.0,
                     frames.len()
                 ))
-                .at(place));
+                .at(Place::Event(i as u64)));
             }
         }
     }
-    for s in &wire.segments {
-        if s.total_size >= MAX_EVENT_BYTES || s.blocks.iter().any(|b| b.size >= MAX_EVENT_BYTES) {
-            return Err(Error::input(format!(
-                "segment at {:#x}: a size of 2^60 or more",
-                s.address
-            )));
-        }
-    }
-    Ok(Trace {
+    let trace = Trace {
         format: Format::Fst,
         converted_from: Some(wire.format),
         devices,
@@ -181,7 +165,10 @@ fn from_wire(wire: WireIn) -> Result<Trace> {
         allocator_settings: wire.allocator_settings,
         has_times: wire.has_times,
         recorded_totals: wire.recorded_totals,
-    })
+    };
+    // Sizes, ranges, times, devices and streams: the one table every reader keeps.
+    limits::check_trace(&trace)?;
+    Ok(trace)
 }
 
 fn le_bytes<const N: usize>(data: &[u8], at: usize) -> Option<[u8; N]> {

@@ -4,7 +4,7 @@
 //! users rename files; gzip is undone first. Every error names the file and the format it was
 //! read as, and the reader adds the place (byte, line or event).
 
-use super::{detect, fst, kineto, rmm, snapshot, text, Trace};
+use super::{detect, fst, kineto, limits, rmm, snapshot, text, Trace};
 use crate::error::{Error, Place, Result};
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
@@ -137,14 +137,36 @@ pub struct ReadOptions {
     pub keep_frames: bool,
     /// Show a progress bar on stderr for slow reads (only when stderr is a terminal).
     pub progress: bool,
+    /// The most bytes the file may hold, raw or decompressed; `None` takes
+    /// `FRAGSIM_MAX_INPUT_SIZE` from the environment, else
+    /// [`limits::DEFAULT_MAX_INPUT_BYTES`]. A bound, so an endless or huge file fails with a
+    /// message instead of exhausting memory.
+    pub max_input_bytes: Option<u64>,
 }
 
-/// Sizes at or above 2^60 bytes are rejected by every reader: PyTorch's caching allocator refuses
-/// such requests, so a trace that holds one is corrupt (and sums of them would overflow).
-pub const MAX_EVENT_BYTES: u64 = 1 << 60;
+impl ReadOptions {
+    /// The input cap in force: [`ReadOptions::max_input_bytes`], `FRAGSIM_MAX_INPUT_SIZE`, or
+    /// the default; a malformed environment value is a usage error.
+    pub fn input_cap(&self) -> Result<u64> {
+        if let Some(n) = self.max_input_bytes {
+            return Ok(n);
+        }
+        match std::env::var("FRAGSIM_MAX_INPUT_SIZE") {
+            Ok(v) => crate::units::parse_size(&v).map_err(|e| {
+                Error::usage(format!("FRAGSIM_MAX_INPUT_SIZE '{v}': {}", e.message()))
+            }),
+            Err(_) => Ok(limits::DEFAULT_MAX_INPUT_BYTES),
+        }
+    }
+}
 
-/// The largest file fragsim will decompress into memory, to bound memory on hostile input.
-pub const MAX_DECOMPRESSED_BYTES: u64 = 8 << 30;
+
+/// The largest file fragsim reads into memory by default, raw or decompressed (see
+/// [`limits::DEFAULT_MAX_INPUT_BYTES`]).
+pub const MAX_DECOMPRESSED_BYTES: u64 = limits::DEFAULT_MAX_INPUT_BYTES;
+
+/// How much of a file is read before its format must be recognisable.
+const SNIFF_BYTES: u64 = 64 << 10;
 
 /// Reads the trace at `path`, detecting its format by content.
 ///
@@ -159,22 +181,63 @@ pub fn read_trace(path: &Path, options: &ReadOptions) -> Result<Trace> {
 }
 
 fn read_path(path: &Path, options: &ReadOptions) -> Result<Trace> {
-    let raw = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let cap = options.input_cap()?;
+    let raw = read_capped(path, cap)?;
     let data = if raw.starts_with(&[0x1f, 0x8b]) {
-        gunzip(&raw).map_err(|e| e.in_file(path))?
+        gunzip(&raw, cap).map_err(|e| e.in_file(path))?
     } else {
         raw
     };
     if data.iter().all(|b| b.is_ascii_whitespace()) {
         return Err(Error::input("empty file: no trace to read").in_file(path));
     }
-    let format = detect::detect(&data).ok_or_else(|| {
-        let known: Vec<String> = FORMATS.iter().map(|f| f.description.to_string()).collect();
-        Error::input(format!("unrecognised trace format (expected {})", or_list(&known)))
-            .at(Place::Byte(0))
-            .in_file(path)
-    })?;
+    let format = detect::detect(&data).ok_or_else(|| unrecognised().in_file(path))?;
     read_bytes(&data, format, options).map_err(|e| e.in_format(format.name()).in_file(path))
+}
+
+/// Reads the file at `path`, at most `cap` bytes. The first [`SNIFF_BYTES`] must already look
+/// like gzip or a trace format (or be blank so far), so an endless stream of junk such as
+/// `/dev/zero` fails at once rather than after `cap` bytes.
+fn read_capped(path: &Path, cap: u64) -> Result<Vec<u8>> {
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    if let Ok(meta) = file.metadata() {
+        if meta.is_file() && meta.len() > cap {
+            return Err(too_big(meta.len(), cap).in_file(path));
+        }
+    }
+    let mut reader = file.take(cap.saturating_add(1));
+    let mut raw = Vec::new();
+    (&mut reader).take(SNIFF_BYTES).read_to_end(&mut raw).map_err(|e| Error::io(path, e))?;
+    let blank = raw.iter().all(|b| b.is_ascii_whitespace());
+    if raw.len() as u64 == SNIFF_BYTES
+        && !raw.starts_with(&[0x1f, 0x8b])
+        && !blank
+        && detect::detect(&raw).is_none()
+    {
+        return Err(unrecognised().in_file(path));
+    }
+    reader.read_to_end(&mut raw).map_err(|e| Error::io(path, e))?;
+    if raw.len() as u64 > cap {
+        return Err(Error::input(format!(
+            "the file holds more than {cap} bytes, the input limit (raise it with --max-input-size or FRAGSIM_MAX_INPUT_SIZE)"
+        ))
+        .in_file(path));
+    }
+    Ok(raw)
+}
+
+/// The error for a file of `len` bytes over the input cap.
+fn too_big(len: u64, cap: u64) -> Error {
+    Error::input(format!(
+        "the file holds {len} bytes, more than the input limit of {cap} (raise it with --max-input-size or FRAGSIM_MAX_INPUT_SIZE)"
+    ))
+}
+
+/// The error for content no format recognises.
+fn unrecognised() -> Error {
+    let known: Vec<String> = FORMATS.iter().map(|f| f.description.to_string()).collect();
+    Error::input(format!("unrecognised trace format (expected {})", or_list(&known)))
+        .at(Place::Byte(0))
 }
 
 /// Runs `read` while a helper thread waits one second, then shows a spinner until it is done.
@@ -210,16 +273,18 @@ fn with_progress<T>(path: &Path, read: impl FnOnce() -> T) -> T {
     })
 }
 
-/// Reads a trace of a known format from memory.
+/// Reads a trace of a known format from memory; the result keeps every [limit](limits).
 pub fn read_bytes(data: &[u8], format: Format, options: &ReadOptions) -> Result<Trace> {
-    (format.info().read)(data, options)
+    let trace = (format.info().read)(data, options)?;
+    limits::check_trace(&trace)?;
+    Ok(trace)
 }
 
 /// Writes `trace` to `path` in the format its extension names; `.gz` compresses.
 pub fn write_trace(trace: &Trace, path: &Path) -> Result<()> {
     let format = Format::for_output(path)?;
     let mut buffer = Vec::new();
-    write_to(trace, format, &mut buffer)?;
+    write_to(trace, format, &mut buffer).map_err(|e| e.in_file(path))?;
     let bytes = if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gz")) {
         let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
         enc.write_all(&buffer).and_then(|_| enc.finish()).map_err(|e| Error::io(path, e))?
@@ -229,15 +294,27 @@ pub fn write_trace(trace: &Trace, path: &Path) -> Result<()> {
     std::fs::write(path, bytes).map_err(|e| Error::io(path, e))
 }
 
-/// Writes `trace` in `format` to `out`.
+/// Writes `trace` in `format` to `out`; a trace outside the [limits](limits) is refused, so
+/// nothing is written that fragsim could not read back.
 pub fn write_to(trace: &Trace, format: Format, out: &mut impl Write) -> Result<()> {
+    limits::check_trace(trace).map_err(|e| {
+        let message = format!("cannot write {}: {}", format.name(), e.message());
+        let place = e.location().place;
+        let err = Error::input(message);
+        match place {
+            Some(p) => err.at(p),
+            None => err,
+        }
+    })?;
     (format.info().write)(trace, out)
 }
 
-fn gunzip(raw: &[u8]) -> Result<Vec<u8>> {
-    let limit = decompression_limit(raw.len() as u64);
+/// Decompresses every member of a gzip file (`cat a.gz b.gz` makes a valid one), at most `cap`
+/// bytes and at most [`decompression_limit`] of its compressed size.
+fn gunzip(raw: &[u8], cap: u64) -> Result<Vec<u8>> {
+    let limit = decompression_limit(raw.len() as u64).min(cap);
     let mut out = Vec::new();
-    let mut decoder = flate2::read::GzDecoder::new(raw).take(limit + 1);
+    let mut decoder = flate2::read::MultiGzDecoder::new(raw).take(limit + 1);
     decoder.read_to_end(&mut out).map_err(|e| {
         // The decoder has produced `out.len()` bytes when it fails: name that place.
         Error::input(format!("corrupt or truncated gzip stream: {e}"))
