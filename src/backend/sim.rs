@@ -78,28 +78,32 @@ impl SimDevice {
 
     fn fits(&self, size: u64) -> bool {
         match self.capacity {
-            None => true,
+            // Without a capacity, only a count that would overflow does not fit.
+            None => self.reserved.checked_add(size).is_some(),
             Some(cap) => self.reserved.saturating_add(self.outside).saturating_add(size) <= cap,
         }
     }
 
     fn overlaps(map: &BTreeMap<u64, u64>, addr: u64, size: u64) -> bool {
         let end = addr.saturating_add(size);
-        map.range(..end).next_back().is_some_and(|(&a, &s)| a + s > addr)
+        map.range(..end).next_back().is_some_and(|(&a, &s)| a.saturating_add(s) > addr)
     }
 
-    fn address_for(&mut self, size: u64) -> u64 {
+    /// Where a new range of `size` bytes goes; `None` when the 64-bit address space has no room
+    /// left for it (a request near 2^64 fails as a real driver's would, instead of wrapping).
+    fn address_for(&mut self, size: u64) -> Option<u64> {
         if let Some(pos) = self.expected.iter().position(|&(s, _)| s == size) {
             let (_, addr) = self.expected.remove(pos).expect("position came from the queue");
             if !Self::overlaps(&self.segments, addr, size)
                 && !Self::overlaps(&self.reservations, addr, size)
             {
-                return addr;
+                return Some(addr);
             }
         }
         let addr = self.next_address;
-        self.next_address = addr.saturating_add(size.div_ceil(ALIGN).max(1) * ALIGN);
-        addr
+        let span = size.div_ceil(ALIGN).max(1).checked_mul(ALIGN)?;
+        self.next_address = addr.checked_add(span)?;
+        Some(addr)
     }
 
     fn hold(&mut self, size: u64) {
@@ -113,7 +117,7 @@ impl Backend for SimDevice {
         if size == 0 || !self.fits(size) {
             return Ok(None);
         }
-        let addr = self.address_for(size);
+        let Some(addr) = self.address_for(size) else { return Ok(None) };
         self.segments.insert(addr, size);
         self.hold(size);
         Ok(Some(addr))
@@ -141,7 +145,7 @@ impl Backend for SimDevice {
         if size == 0 {
             return Ok(None);
         }
-        let addr = self.address_for(size);
+        let Some(addr) = self.address_for(size) else { return Ok(None) };
         self.reservations.insert(addr, size);
         Ok(Some(addr))
     }

@@ -140,6 +140,7 @@ pub fn in_trace<'p>(
     let format = trace.format.name();
     move |e| match e.kind() {
         fragsim::error::ErrorKind::Input => e.in_format(format).in_file(path),
+        _ if e.location().format.is_some() => e.in_file(path),
         _ => e,
     }
 }

@@ -146,12 +146,20 @@ pub fn replay(data: &[u8]) {
     replay_trace(&trace, capacity);
 }
 
+/// Policies left out of capacity runs until their fix lands: `bfc`'s shrink-and-retry stops
+/// shrinking once the device refuses (issue 10, fixed on the `cap11` branch, which also brings
+/// its own termination test). Empty it once that fix is merged.
+pub const HANGS_UNDER_CAPACITY: &[&str] = &["bfc"];
+
 /// Replays `trace`'s default device through every built-in policy (invariants checked after
 /// every event) with `capacity`; errors are fine, panics are not.
 pub fn replay_trace(trace: &Trace, capacity: Option<u64>) {
     let Ok(input) = ReplayInput::new(trace, None) else { return };
     let options = ReplayOptions { capacity, check_invariants: true, ..ReplayOptions::default() };
     for name in policy::names() {
+        if capacity.is_some() && HANGS_UNDER_CAPACITY.contains(&name) {
+            continue;
+        }
         let spec = PolicySpec { name: name.to_string(), options: String::new() };
         let _ = run_spec(&spec, &input, &options);
     }

@@ -160,7 +160,6 @@ impl ReadOptions {
     }
 }
 
-
 /// The largest file fragsim reads into memory by default, raw or decompressed (see
 /// [`limits::DEFAULT_MAX_INPUT_BYTES`]).
 pub const MAX_DECOMPRESSED_BYTES: u64 = limits::DEFAULT_MAX_INPUT_BYTES;

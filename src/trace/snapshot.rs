@@ -26,9 +26,8 @@
 
 use super::pickle::{self, encode::Encoder, Pickle, Value};
 use super::{
-    limits,
-    Action, AllocatorSettings, Block, BlockState, DeviceTrace, Event, Format, Frame, FramesId,
-    PoolKind, ReadOptions, Segment, Trace,
+    limits, Action, AllocatorSettings, Block, BlockState, DeviceTrace, Event, Format, Frame,
+    FramesId, PoolKind, ReadOptions, Segment, Trace,
 };
 use crate::error::{Error, Place, Result};
 use std::collections::HashMap;

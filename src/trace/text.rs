@@ -66,9 +66,9 @@ pub fn read(data: &[u8], _options: &ReadOptions) -> Result<Trace> {
         let words: Vec<&str> = line.split_whitespace().collect();
         if words[0] == "device" {
             device = match words.get(1).and_then(|w| w.parse::<i64>().ok()) {
-                Some(d) if words.len() == 2 => limits::check_device(d).map_err(|m| {
-                    Error::input(m).at(place)
-                })?,
+                Some(d) if words.len() == 2 => {
+                    limits::check_device(d).map_err(|m| Error::input(m).at(place))?
+                }
                 _ => {
                     return Err(
                         Error::input(format!("expected 'device N', found '{line}'")).at(place)

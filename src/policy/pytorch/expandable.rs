@@ -52,7 +52,8 @@ impl PyTorch {
         }
         let page = self.config.page_size(small);
         let gpu = self.config.gpu_memory;
-        let va_size = (gpu + gpu / 8).div_ceil(page).max(1) * page;
+        // Saturating: `--capacity` may be any u64, and the range check below refuses the rest.
+        let va_size = gpu.saturating_add(gpu / 8).div_ceil(page).max(1).saturating_mul(page);
         let Some(base) = backend.reserve(va_size)? else { return Ok(None) };
         Self::check_range(base, va_size)?;
         let seg = self.expandable.len() as u32;
