@@ -292,3 +292,38 @@ fn the_interface_lists_the_table_of_limits() {
         assert!(doc.contains(&format!("| {} | {} |", l.what, l.rule)), "missing: {l:?}");
     }
 }
+
+#[test]
+fn every_bundled_and_generated_trace_round_trips_through_every_format_pair() {
+    use fragsim::testing::fuzz::round_trip_one;
+    let mut traces: Vec<(String, fragsim::trace::Trace)> = Vec::new();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("traces");
+    let real = dir.join("real");
+    let mut paths = vec![dir.join("gpt-4l-512h.txt"), real.join("kineto-ddp-v100-rank1.json.gz")];
+    paths.extend(real_snapshots());
+    for path in paths {
+        let options = ReadOptions { keep_frames: true, ..ReadOptions::default() };
+        let t = fragsim::trace::read_trace(&path, &options).unwrap();
+        traces.push((path.file_name().unwrap().to_string_lossy().into_owned(), t));
+    }
+    let config = fragsim::synth::SynthConfig::default();
+    traces.push(("synth".into(), fragsim::synth::generate(&config).unwrap().0));
+    let mut lossy = 0;
+    for (name, trace) in &traces {
+        for a in &FORMATS {
+            // First into format A (as `convert` would), then from A into every format B.
+            let mut bytes = Vec::new();
+            write_to(trace, a.format, &mut bytes).unwrap();
+            let via = read_bytes(&bytes, a.format, &ReadOptions::default()).unwrap();
+            for b in &FORMATS {
+                round_trip_one(&via, b.format)
+                    .unwrap_or_else(|m| panic!("{name}: {} -> {}: {m}", a.name, b.name));
+                let notes = (b.losses)(&via);
+                assert!(notes.iter().all(|n| !n.trim().is_empty()), "{name}: {notes:?}");
+                lossy += !notes.is_empty() as usize;
+            }
+        }
+    }
+    // Some pairs must lose something (Kineto has no segment events), or the notes are untested.
+    assert!(lossy > 0);
+}
