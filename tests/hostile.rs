@@ -225,10 +225,8 @@ fn errors_after_reading_name_the_file_format_and_event() {
     e.begin_list();
     e.begin_list();
     e.begin_dict();
-    for (k, v) in [("action", "alloc")] {
-        e.str(k);
-        e.str(v);
-    }
+    e.str("action");
+    e.str("alloc");
     for (k, v) in [("addr", 0x1000), ("size", 512)] {
         e.str(k);
         e.int(v);
