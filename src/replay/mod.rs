@@ -488,8 +488,12 @@ fn run<P: Policy, B: Backend>(
     let last = options.stop_after.map_or(events.len(), |s| (s as usize + 1).min(events.len()));
     for (i, e) in events[..last].iter().enumerate() {
         let index = i as u64;
-        // A policy's error names the event it was replaying.
-        let at = |err: Error| err.at(crate::error::Place::Event(index));
+        // A policy's input error names the event it was replaying (a backend error names the
+        // driver call instead, as interface.md promises).
+        let at = |err: Error| match err.kind() {
+            crate::error::ErrorKind::Backend => err,
+            _ => err.at(crate::error::Place::Event(index)),
+        };
         backend.observer.now = e.time_us;
         backend.observer.stream = e.stream;
         match e.action {

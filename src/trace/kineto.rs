@@ -422,7 +422,10 @@ impl RawEvent {
                 .ok()
                 .filter(|&d| d >= 0)
                 .ok_or_else(|| format!("Device Id {id} is not a device index"))
-                .and_then(limits::check_device)?
+                .and_then(|d| {
+                    limits::check_device(d)
+                        .map_err(|m| format!("Device Id {id} is not a device index ({m})"))
+                })?
         };
         let ts = self.ts.float("ts")?;
         if !ts.is_finite() || ts.abs() >= 9.0e18 {

@@ -848,7 +848,9 @@ mod tests {
         for (fields, action, text) in [
             (&[("addr", 1), ("size", 1)][..], "malloc", "unknown action 'malloc'"),
             (&[("addr", 1), ("size", -5)], "alloc", "'size' is -5, outside 0..=2^60"),
-            (&[("addr", 1 << 61), ("size", 1)], "alloc", "'addr' is 2305843009213693952"),
+            // Addresses use all 64 bits (as Kineto's do), and the range must not wrap.
+            (&[("addr", 1 << 64), ("size", 1)], "alloc", "'addr' is 18446744073709551616"),
+            (&[("addr", u64::MAX as i128), ("size", 2)], "alloc", "wraps past 2^64"),
             (&[("size", 1)], "alloc", "has no 'addr'"),
             (&[("addr", 1), ("size", 1), ("stream", -1)], "alloc", "'stream'"),
         ] {
