@@ -325,3 +325,13 @@ fn every_bundled_and_generated_trace_round_trips_through_every_format_pair() {
     // Some pairs must lose something (Kineto has no segment events), or the notes are untested.
     assert!(lossy > 0);
 }
+
+#[test]
+fn fuzz_finding_offline_huge_plan_work_is_bounded() {
+    // replay fuzz target, timeout: blocks near 2^52 bytes made `offline` count 2^24 pages per
+    // event; its page table is now at most 2^20 pages, and a bigger plan is an error.
+    let data = [0xd9, 0xe4, 0x5c, 0x80, 0x00, 0x40, 0x0b, 0xe4, 0x5c, 0x00, 0x00, 0x40, 0x0b];
+    let start = Instant::now();
+    fragsim::testing::fuzz::replay(&data);
+    assert!(start.elapsed() < Duration::from_secs(30), "took {:?}", start.elapsed());
+}
