@@ -33,7 +33,7 @@ fn load(path: &Path) -> Vec<u8> {
 }
 
 fn options(keep_frames: bool) -> ReadOptions {
-    ReadOptions { keep_frames, progress: false }
+    ReadOptions { keep_frames, ..ReadOptions::default() }
 }
 
 fn largest_snapshot(c: &mut Criterion) {

@@ -15,6 +15,8 @@ use crate::backend::{Backend, BackendCall, Observed, Observer, SimDevice};
 use crate::policy::{Allocation, Policy};
 use std::collections::BTreeMap;
 
+pub mod fuzz;
+
 /// A small, seedable random generator (xorshift64*), so tests and benches need no extra crate
 /// and every run sees the same numbers.
 #[derive(Clone, Debug)]

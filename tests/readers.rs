@@ -24,7 +24,7 @@ fn device(info: &Value, device: i64) -> &Value {
 }
 
 fn read(path: &Path, keep_frames: bool) -> Trace {
-    read_trace(path, &ReadOptions { keep_frames, progress: false })
+    read_trace(path, &ReadOptions { keep_frames, ..ReadOptions::default() })
         .unwrap_or_else(|e| panic!("{e}"))
 }
 

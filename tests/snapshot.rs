@@ -18,7 +18,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn read_file(path: &Path, keep_frames: bool) -> Trace {
-    let options = ReadOptions { keep_frames, progress: false };
+    let options = ReadOptions { keep_frames, ..ReadOptions::default() };
     trace::read_trace(path, &options).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
@@ -196,7 +196,7 @@ fn python_pickles_of_every_protocol_read_the_same() {
     for protocol in ["2", "3", "4", "5"] {
         let data = python(FIXTURE, &[protocol]);
         assert_eq!(data[..2], [0x80, protocol.parse::<u8>().unwrap()]);
-        let t = snapshot::read(&data, &ReadOptions { keep_frames: true, progress: false })
+        let t = snapshot::read(&data, &ReadOptions { keep_frames: true, ..ReadOptions::default() })
             .unwrap_or_else(|e| panic!("protocol {protocol}: {e}"));
         assert!(t.has_times);
         assert_eq!(t.devices.len(), 2, "device 0 is kept although empty");
@@ -247,7 +247,7 @@ fn a_real_snapshot_repickled_at_protocol_2_reads_the_same() {
         "import pickle,sys; sys.stdout.buffer.write(pickle.dumps(pickle.load(open(sys.argv[1],'rb')), 2))",
         &[path.to_str().unwrap()],
     );
-    let options = ReadOptions { keep_frames: true, progress: false };
+    let options = ReadOptions { keep_frames: true, ..ReadOptions::default() };
     let a = snapshot::read(&p2, &options).unwrap();
     let b = read_file(&path, true);
     assert_eq!(a, b);
@@ -255,7 +255,7 @@ fn a_real_snapshot_repickled_at_protocol_2_reads_the_same() {
 
 fn assert_input_error_fast(data: &[u8], what: &str) -> fragsim::Error {
     let started = Instant::now();
-    let result = snapshot::read(data, &ReadOptions { keep_frames: true, progress: false });
+    let result = snapshot::read(data, &ReadOptions { keep_frames: true, ..ReadOptions::default() });
     assert!(started.elapsed() < Duration::from_secs(5), "{what}: too slow");
     match result {
         Ok(_) => panic!("{what}: read as a snapshot"),
@@ -410,7 +410,7 @@ fn write_then_read_is_the_same_trace() {
             let t = read_file(&path, keep_frames);
             let mut bytes = Vec::new();
             snapshot::write(&t, &mut bytes).unwrap();
-            let options = ReadOptions { keep_frames, progress: false };
+            let options = ReadOptions { keep_frames, ..ReadOptions::default() };
             let back = snapshot::read(&bytes, &options).unwrap();
             assert_eq!(back, t, "{name}, keep_frames {keep_frames}");
         }

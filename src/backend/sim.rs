@@ -82,14 +82,15 @@ impl SimDevice {
 
     fn fits(&self, size: u64) -> bool {
         match self.capacity {
-            None => true,
+            // Without a capacity, only a count that would overflow does not fit.
+            None => self.reserved.checked_add(size).is_some(),
             Some(cap) => self.reserved.saturating_add(self.outside).saturating_add(size) <= cap,
         }
     }
 
     fn overlaps(map: &BTreeMap<u64, u64>, addr: u64, size: u64) -> bool {
         let end = addr.saturating_add(size);
-        map.range(..end).next_back().is_some_and(|(&a, &s)| a + s > addr)
+        map.range(..end).next_back().is_some_and(|(&a, &s)| a.saturating_add(s) > addr)
     }
 
     /// An address for a new range of `size` bytes, or `None` when the address space is spent.

@@ -26,7 +26,15 @@ use std::process::ExitCode;
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
+
+    /// The most bytes a trace file may hold, raw or decompressed (default 8GiB, or
+    /// FRAGSIM_MAX_INPUT_SIZE).
+    #[arg(long, global = true, value_name = "SIZE", value_parser = size_arg)]
+    max_input_size: Option<u64>,
 }
+
+/// `--max-input-size`, set once by [`Cli::run`] before any command reads a trace.
+static MAX_INPUT_SIZE: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
 
 #[derive(Debug, Subcommand)]
 enum Command {
@@ -61,6 +69,7 @@ impl Cli {
 
     /// Runs the chosen command; `Ok` carries the exit code (1 for a failed check).
     pub fn run(self) -> Result<ExitCode> {
+        let _ = MAX_INPUT_SIZE.set(self.max_input_size);
         match self.command {
             Command::Info(a) => info::run(a),
             Command::Convert(a) => convert::run(a),
@@ -239,9 +248,32 @@ pub fn size_arg(text: &str) -> std::result::Result<u64, String> {
 /// Reads a trace for a command, with a progress bar when stderr is a terminal.
 pub fn read_trace(path: &std::path::Path, keep_frames: bool) -> Result<fragsim::trace::Trace> {
     use std::io::IsTerminal;
-    let options =
-        fragsim::trace::ReadOptions { keep_frames, progress: std::io::stderr().is_terminal() };
+    let options = fragsim::trace::ReadOptions {
+        keep_frames,
+        progress: std::io::stderr().is_terminal(),
+        max_input_bytes: max_input_bytes(),
+    };
     fragsim::trace::read_trace(path, &options)
+}
+
+/// The global `--max-input-size`, if given (else the library's default and its environment
+/// variable apply).
+pub fn max_input_bytes() -> Option<u64> {
+    MAX_INPUT_SIZE.get().copied().flatten()
+}
+
+/// Names the trace's file and format on an input error raised after reading it (the engine or
+/// a policy refusing the trace, with the event's place), so every message says where.
+pub fn in_trace<'p>(
+    path: &'p std::path::Path,
+    trace: &fragsim::trace::Trace,
+) -> impl Fn(fragsim::error::Error) -> fragsim::error::Error + 'p {
+    let format = trace.format.name();
+    move |e| match e.kind() {
+        fragsim::error::ErrorKind::Input => e.in_format(format).in_file(path),
+        _ if e.location().format.is_some() => e.in_file(path),
+        _ => e,
+    }
 }
 
 #[cfg(test)]

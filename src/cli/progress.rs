@@ -51,7 +51,11 @@ impl Control {
         path: &std::path::Path,
         keep_frames: bool,
     ) -> Result<fragsim::trace::Trace> {
-        let options = fragsim::trace::ReadOptions { keep_frames, progress: self.show_progress() };
+        let options = fragsim::trace::ReadOptions {
+            keep_frames,
+            progress: self.show_progress(),
+            max_input_bytes: super::max_input_bytes(),
+        };
         fragsim::trace::read_trace(path, &options)
     }
 

@@ -75,7 +75,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
     // Frames only matter for naming the stack of an OOM, which needs a capacity.
     let trace =
         args.control.read_trace_with_frames(&args.source.trace, args.source.capacity.is_some())?;
-    let input = ReplayInput::new(&trace, args.source.device)?;
+    let named = super::in_trace(&args.source.trace, &trace);
+    let input = ReplayInput::new(&trace, args.source.device).map_err(&named)?;
     let (recorded_row, limit) = fragsim::recorded::row_and_limit(&trace, input.device);
     let (capacity, inferred) =
         super::resolve_capacity(args.source.capacity.as_ref(), limit.as_ref())?;
@@ -106,7 +107,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         progress: Some(&tick),
         ..RunSettings::default()
     };
-    let comparison = run_specs(&specs, &input, &options, &settings)?;
+    let comparison = run_specs(&specs, &input, &options, &settings).map_err(&named)?;
     bar.finish();
     if let Some(path) = &args.export_snapshot {
         let run = comparison.run_of(EXPORTED).ok_or_else(|| {

@@ -55,7 +55,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
         progress,
         jobs: args.control.jobs(),
     };
-    let data = report::collect(&trace, &plan)?;
+    let data =
+        report::collect(&trace, &plan).map_err(super::in_trace(&args.source.trace, &trace))?;
     for s in &data.skipped {
         args.control.note(&format!("note: skipped policy '{}': {}", s.label, s.reason));
     }

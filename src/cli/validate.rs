@@ -75,7 +75,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         record_events: args.export_snapshot.is_some(),
         check_invariants: false,
     };
-    let mut v = validate(&trace, &options)?;
+    let mut v = validate(&trace, &options).map_err(super::in_trace(&args.snapshot, &trace))?;
     v.trace = args.snapshot.display().to_string();
     if let Some(path) = &args.export_snapshot {
         fragsim::report::snapshot_out::write_simulated(

@@ -172,10 +172,17 @@ impl PolicyInfo {
         (self.options)()
     }
 
-    /// Builds the policy from `spec`'s options; errors name the policy.
+    /// Builds the policy from `spec`'s options; errors name the policy, and one about the
+    /// trace (a recorded setting the policy rejects) also names the trace's format, so the
+    /// command can name its file.
     pub fn build(&self, spec: &PolicySpec, context: &PolicyContext) -> Result<BuiltPolicy> {
-        (self.build)(&spec.options, context)
-            .map_err(|e| Error::usage(format!("policy '{}': {}", spec.name, e.message())))
+        (self.build)(&spec.options, context).map_err(|e| {
+            let err = Error::usage(format!("policy '{}': {}", spec.name, e.message()));
+            match e.kind() {
+                crate::error::ErrorKind::Input => err.in_format(context.trace.format.name()),
+                _ => err,
+            }
+        })
     }
 }
 

@@ -581,6 +581,12 @@ fn run<P: Policy, B: Backend>(
     let plan = &options.empty_cache;
     for (i, e) in events[..last].iter().enumerate() {
         let index = i as u64;
+        // A policy's input error names the event it was replaying (a backend error names the
+        // driver call instead, as interface.md promises).
+        let at = |err: Error| match err.kind() {
+            crate::error::ErrorKind::Backend => err,
+            _ => err.at(crate::error::Place::Event(index)),
+        };
         backend.observer.now = e.time_us;
         backend.observer.stream = e.stream;
         'event: {
@@ -598,10 +604,10 @@ fn run<P: Policy, B: Backend>(
                             let request = Slots::request(input, displaced);
                             meter.requested -= request;
                             log_free(&mut backend.observer.log, addr, request, e);
-                            policy.free(&mut backend, addr)?;
+                            policy.free(&mut backend, addr).map_err(at)?;
                         }
                     }
-                    match policy.malloc(&mut backend, e.size, e.stream)? {
+                    match policy.malloc(&mut backend, e.size, e.stream).map_err(at)? {
                         Some(a) => {
                             meter.requested += e.size;
                             slots.by_event[i] = a.addr;
@@ -640,13 +646,13 @@ fn run<P: Policy, B: Backend>(
                     let request = Slots::request(input, link);
                     meter.requested -= request;
                     log_free(&mut backend.observer.log, addr, request, e);
-                    policy.free(&mut backend, addr)?;
+                    policy.free(&mut backend, addr).map_err(at)?;
                 }
                 Action::SegmentFree | Action::SegmentUnmap
                     if !plan.drop_recorded
                         && input.empty_cache_at.get(i).copied().unwrap_or(false) =>
                 {
-                    policy.empty_cache(&mut backend)?;
+                    policy.empty_cache(&mut backend).map_err(at)?;
                 }
                 _ => break 'event,
             }
@@ -662,7 +668,7 @@ fn run<P: Policy, B: Backend>(
             }
         }
         if plan.adds_after(index, &flush_at) {
-            policy.empty_cache(&mut backend)?;
+            policy.empty_cache(&mut backend).map_err(at)?;
             meter.detail.empty_cache_calls += 1;
             meter.observe(index, e.time_us, backend.reserved(), policy.allocated());
         }

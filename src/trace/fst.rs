@@ -27,7 +27,7 @@
 //! never from a declared length alone, and a bincode size limit bounds each record as well. A
 //! change to the model types must bump [`VERSION`].
 
-use super::read::MAX_EVENT_BYTES;
+use super::limits;
 use super::{
     AllocatorSettings, DeviceTotals, DeviceTrace, Event, Format, Frame, FrameTable, FramesId,
     ReadOptions, RecordedTotals, Segment, Trace,
@@ -360,13 +360,7 @@ fn room_for<T>(n: u64) -> Vec<T> {
 /// Rejects an event no allocator could have made, or one naming a frame list the file lacks.
 fn check_event(device: i32, index: usize, e: &Event, frames: &FrameTable) -> Result<()> {
     let place = Place::Event(index as u64);
-    if e.size >= MAX_EVENT_BYTES {
-        return Err(Error::input(format!(
-            "device {device}: size {} is 2^60 or more, beyond what any allocator accepts",
-            e.size
-        ))
-        .at(place));
-    }
+    limits::check_event(e).map_err(|m| Error::input(format!("device {device}: {m}")).at(place))?;
     if e.frames.0 as usize > frames.len() {
         return Err(Error::input(format!(
             "device {device}: frame list {} does not exist (the file has {})",
@@ -378,14 +372,10 @@ fn check_event(device: i32, index: usize, e: &Event, frames: &FrameTable) -> Res
     Ok(())
 }
 
+/// Checks the final segments against the [limits](limits) table, as every reader does.
 fn check_segments(segments: &[Segment]) -> Result<()> {
-    for s in segments {
-        if s.total_size >= MAX_EVENT_BYTES || s.blocks.iter().any(|b| b.size >= MAX_EVENT_BYTES) {
-            return Err(Error::input(format!(
-                "segment at {:#x}: a size of 2^60 or more",
-                s.address
-            )));
-        }
+    for (i, s) in segments.iter().enumerate() {
+        limits::check_segment(s).map_err(|m| Error::input(format!("segment {i}: {m}")))?;
     }
     Ok(())
 }
@@ -467,8 +457,7 @@ fn read_whole(data: &[u8], version: u32) -> Result<Trace> {
             check_event(d.device, i, e, &frames)?;
         }
     }
-    check_segments(&wire.segments)?;
-    Ok(Trace {
+    let trace = Trace {
         format: Format::Fst,
         converted_from: Some(wire.format),
         devices,
@@ -477,7 +466,10 @@ fn read_whole(data: &[u8], version: u32) -> Result<Trace> {
         allocator_settings: wire.allocator_settings,
         has_times: wire.has_times,
         recorded_totals: wire.recorded_totals,
-    })
+    };
+    // Sizes, ranges, times, devices and streams: the one table every reader keeps.
+    limits::check_trace(&trace)?;
+    Ok(trace)
 }
 
 fn le_bytes<const N: usize>(data: &[u8], at: usize) -> Option<[u8; N]> {

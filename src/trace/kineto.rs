@@ -25,7 +25,7 @@
 //! and `args`, skipping everything else without building a JSON tree.
 
 use super::lifetimes::free_action;
-use super::read::MAX_EVENT_BYTES;
+use super::limits;
 use super::{Action, DeviceTotals, DeviceTrace, Event, Format, ReadOptions, RecordedTotals, Trace};
 use crate::error::{Error, Place, Result};
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -160,6 +160,17 @@ pub fn losses(trace: &Trace) -> Vec<String> {
                 "device {}: {dropped} events other than alloc and {} are not part of the Kineto format",
                 d.device,
                 frees.name()
+            ));
+        }
+        let zero = d
+            .events
+            .iter()
+            .filter(|e| e.size == 0 && (e.action == Action::Alloc || e.action == frees))
+            .count();
+        if zero > 0 {
+            out.push(format!(
+                "device {}: {zero} zero-byte alloc and free events are left out (Kineto records no zero-byte events)",
+                d.device
             ));
         }
         if d.events.iter().any(|e| e.stream != 0) {
@@ -378,7 +389,7 @@ impl RawEvent {
     fn to_found(&self) -> std::result::Result<Option<Found>, String> {
         let a = &self.args;
         let bytes = a.bytes.integer("Bytes")?;
-        if bytes.unsigned_abs() >= MAX_EVENT_BYTES as u128 {
+        if bytes.unsigned_abs() >= limits::SIZE_LIMIT as u128 {
             return Err(format!(
                 "Bytes {bytes} is 2^60 or more, beyond what any allocator accepts (PyTorch rejects such requests)"
             ));
@@ -399,10 +410,14 @@ impl RawEvent {
             HOST_DEVICE
         } else {
             let id = a.device_id.integer("Device Id")?;
-            i32::try_from(id)
+            i64::try_from(id)
                 .ok()
                 .filter(|&d| d >= 0)
-                .ok_or_else(|| format!("Device Id {id} is not a device index"))?
+                .ok_or_else(|| format!("Device Id {id} is not a device index"))
+                .and_then(|d| {
+                    limits::check_device(d)
+                        .map_err(|m| format!("Device Id {id} is not a device index ({m})"))
+                })?
         };
         let ts = self.ts.float("ts")?;
         if !ts.is_finite() || ts.abs() >= 9.0e18 {
@@ -410,6 +425,7 @@ impl RawEvent {
         }
         let action = if bytes > 0 { Action::Alloc } else { Action::FreeCompleted };
         let event = Event::new(action, addr, bytes.unsigned_abs() as u64, 0, ts.round() as i64);
+        limits::check_event(&event)?;
         let total = |v: Scalar| v.integer("").ok().and_then(|n| u64::try_from(n).ok());
         let totals = match (total(a.total_allocated), total(a.total_reserved)) {
             (Some(allocated), Some(reserved)) => Some(RecordedTotals { allocated, reserved }),

@@ -14,6 +14,7 @@ pub mod detect;
 pub mod fst;
 pub mod kineto;
 pub mod lifetimes;
+pub mod limits;
 pub mod pickle;
 pub mod rmm;
 pub mod snapshot;

@@ -4,7 +4,7 @@
 //! users rename files; gzip is undone first. Every error names the file and the format it was
 //! read as, and the reader adds the place (byte, line or event).
 
-use super::{detect, fst, kineto, rmm, snapshot, text, Trace};
+use super::{detect, fst, kineto, limits, rmm, snapshot, text, Trace};
 use crate::error::{Error, Place, Result};
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -147,14 +147,32 @@ pub struct ReadOptions {
     pub keep_frames: bool,
     /// Show a progress bar on stderr for slow reads (only when stderr is a terminal).
     pub progress: bool,
+    /// The most bytes the file may hold, raw or decompressed; `None` takes
+    /// `FRAGSIM_MAX_INPUT_SIZE` from the environment, else
+    /// [`limits::DEFAULT_MAX_INPUT_BYTES`]. A bound, so an endless or huge file fails with a
+    /// message instead of exhausting memory.
+    pub max_input_bytes: Option<u64>,
 }
 
-/// Sizes at or above 2^60 bytes are rejected by every reader: PyTorch's caching allocator refuses
-/// such requests, so a trace that holds one is corrupt (and sums of them would overflow).
-pub const MAX_EVENT_BYTES: u64 = 1 << 60;
+impl ReadOptions {
+    /// The input cap in force: [`ReadOptions::max_input_bytes`], `FRAGSIM_MAX_INPUT_SIZE`, or
+    /// the default; a malformed environment value is a usage error.
+    pub fn input_cap(&self) -> Result<u64> {
+        if let Some(n) = self.max_input_bytes {
+            return Ok(n);
+        }
+        match std::env::var("FRAGSIM_MAX_INPUT_SIZE") {
+            Ok(v) => crate::units::parse_size(&v).map_err(|e| {
+                Error::usage(format!("FRAGSIM_MAX_INPUT_SIZE '{v}': {}", e.message()))
+            }),
+            Err(_) => Ok(limits::DEFAULT_MAX_INPUT_BYTES),
+        }
+    }
+}
 
-/// The largest file fragsim will decompress into memory, to bound memory on hostile input.
-pub const MAX_DECOMPRESSED_BYTES: u64 = 8 << 30;
+/// The largest file fragsim reads into memory by default, raw or decompressed (see
+/// [`limits::DEFAULT_MAX_INPUT_BYTES`]).
+pub const MAX_DECOMPRESSED_BYTES: u64 = limits::DEFAULT_MAX_INPUT_BYTES;
 
 /// Reads the trace at `path`, detecting its format by content.
 ///
@@ -169,11 +187,19 @@ pub fn read_trace(path: &Path, options: &ReadOptions) -> Result<Trace> {
 }
 
 fn read_path(path: &Path, options: &ReadOptions) -> Result<Trace> {
+    let cap = options.input_cap()?;
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    let compressed = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let mut raw = BufReader::with_capacity(BUFFER, file);
-    let is_gzip = raw.fill_buf().map_err(|e| Error::io(path, e))?.starts_with(&[0x1f, 0x8b]);
+    let length = file.metadata().ok().filter(|m| m.is_file()).map(|m| m.len());
+    if let Some(len) = length.filter(|&len| len > cap) {
+        return Err(too_big(len, cap).in_file(path));
+    }
+    let compressed = length.unwrap_or(0);
+    // Errors met below the format reader (the input cap, a broken gzip stream) are kept here
+    // and reported as what they are, not as the format error they caused.
     let failure = std::rc::Rc::new(std::cell::RefCell::new(None));
+    let capped = Capped { inner: file, read: 0, cap, what: "file", failure: failure.clone() };
+    let mut raw = BufReader::with_capacity(BUFFER, capped);
+    let is_gzip = raw.fill_buf().map_err(|e| Error::io(path, e))?.starts_with(&[0x1f, 0x8b]);
     let mut input: Box<dyn BufRead> = if is_gzip {
         let inflate = Inflate {
             inner: flate2::read::MultiGzDecoder::new(raw),
@@ -182,7 +208,14 @@ fn read_path(path: &Path, options: &ReadOptions) -> Result<Trace> {
             compressed,
             failure: failure.clone(),
         };
-        Box::new(BufReader::with_capacity(BUFFER, inflate))
+        let capped = Capped {
+            inner: inflate,
+            read: 0,
+            cap,
+            what: "decompressed input",
+            failure: failure.clone(),
+        };
+        Box::new(BufReader::with_capacity(BUFFER, capped))
     } else {
         Box::new(raw)
     };
@@ -195,12 +228,12 @@ fn read_path(path: &Path, options: &ReadOptions) -> Result<Trace> {
     }
     let Some(format) = detect::detect(&head) else {
         // A broken or bomb gzip stream is the real problem, not the format: inflate the rest
-        // (without holding it) to find out.
-        let _ = std::io::copy(&mut input, &mut std::io::sink());
-        let known: Vec<String> = FORMATS.iter().map(|f| f.description.to_string()).collect();
-        let e = Error::input(format!("unrecognised trace format (expected {})", or_list(&known)))
-            .at(Place::Byte(0));
-        return Err(gzip_failure(e));
+        // (without holding it, and at most up to the caps) to find out. Plain input is not read
+        // further: an endless stream of junk such as `/dev/zero` fails at once.
+        if is_gzip {
+            let _ = std::io::copy(&mut input, &mut std::io::sink());
+        }
+        return Err(gzip_failure(unrecognised()));
     };
     let mut input = std::io::Cursor::new(head).chain(input);
     let mut trace = (format.info().read)(&mut input, options)
@@ -208,6 +241,7 @@ fn read_path(path: &Path, options: &ReadOptions) -> Result<Trace> {
     if let Some(e) = failure.borrow_mut().take() {
         return Err(e.in_file(path));
     }
+    limits::check_trace(&trace).map_err(|e| e.in_format(format.name()).in_file(path))?;
     // Vectors grew by doubling; what was never touched costs no memory, but give it back so
     // the trace holds what it uses (40 bytes an event).
     for d in &mut trace.devices {
@@ -252,6 +286,34 @@ pub fn whole(input: &mut dyn BufRead) -> Result<Vec<u8>> {
     let mut data = Vec::new();
     input.read_to_end(&mut data).map_err(Error::from_io)?;
     Ok(data)
+}
+
+/// A reader that fails once more than `cap` bytes have come through (the input limit), keeping
+/// the error so it is reported as the limit, not as whatever the format reader made of the cut.
+struct Capped<R: Read> {
+    inner: R,
+    read: u64,
+    cap: u64,
+    what: &'static str,
+    failure: std::rc::Rc<std::cell::RefCell<Option<Error>>>,
+}
+
+impl<R: Read> Read for Capped<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let room = (self.cap + 1).saturating_sub(self.read).min(buf.len() as u64) as usize;
+        let n = self.inner.read(&mut buf[..room])?;
+        self.read += n as u64;
+        if self.read > self.cap {
+            let e = Error::input(format!(
+                "the {} holds more than {} bytes, the input limit (raise it with --max-input-size or FRAGSIM_MAX_INPUT_SIZE)",
+                self.what, self.cap
+            ));
+            let message = e.to_string();
+            self.failure.borrow_mut().get_or_insert(e);
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, message));
+        }
+        Ok(n)
+    }
 }
 
 /// A streamed gzip decoder that stops at the decompression limit and keeps the first failure, so
@@ -299,6 +361,20 @@ impl<R: Read> Read for Inflate<R> {
     }
 }
 
+/// The error for a file of `len` bytes over the input cap.
+fn too_big(len: u64, cap: u64) -> Error {
+    Error::input(format!(
+        "the file holds {len} bytes, more than the input limit of {cap} (raise it with --max-input-size or FRAGSIM_MAX_INPUT_SIZE)"
+    ))
+}
+
+/// The error for content no format recognises.
+fn unrecognised() -> Error {
+    let known: Vec<String> = FORMATS.iter().map(|f| f.description.to_string()).collect();
+    Error::input(format!("unrecognised trace format (expected {})", or_list(&known)))
+        .at(Place::Byte(0))
+}
+
 /// Runs `read` while a helper thread waits one second, then shows a spinner until it is done.
 fn with_progress<T>(path: &Path, read: impl FnOnce() -> T) -> T {
     use std::sync::mpsc::{channel, RecvTimeoutError};
@@ -332,9 +408,11 @@ fn with_progress<T>(path: &Path, read: impl FnOnce() -> T) -> T {
     })
 }
 
-/// Reads a trace of a known format from memory.
+/// Reads a trace of a known format from memory; the result keeps every [limit](limits).
 pub fn read_bytes(data: &[u8], format: Format, options: &ReadOptions) -> Result<Trace> {
-    (format.info().read)(&mut &data[..], options)
+    let trace = (format.info().read)(&mut &data[..], options)?;
+    limits::check_trace(&trace)?;
+    Ok(trace)
 }
 
 /// Writes `trace` to `path` in the format its extension names; `.gz` compresses.
@@ -365,8 +443,18 @@ pub fn write_trace(trace: &Trace, path: &Path) -> Result<()> {
     })
 }
 
-/// Writes `trace` in `format` to `out`.
+/// Writes `trace` in `format` to `out`; a trace outside the [limits](limits) is refused, so
+/// nothing is written that fragsim could not read back.
 pub fn write_to(trace: &Trace, format: Format, out: &mut impl Write) -> Result<()> {
+    limits::check_trace(trace).map_err(|e| {
+        let message = format!("cannot write {}: {}", format.name(), e.message());
+        let place = e.location().place;
+        let err = Error::input(message);
+        match place {
+            Some(p) => err.at(p),
+            None => err,
+        }
+    })?;
     (format.info().write)(trace, out)
 }
 

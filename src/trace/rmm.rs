@@ -23,7 +23,7 @@
 //! - An RMM log is one device: device 0.
 
 use super::lifetimes::free_action;
-use super::read::MAX_EVENT_BYTES;
+use super::limits;
 use super::{Action, DeviceTrace, Event, Format, ReadOptions, Trace};
 use crate::error::{Error, Place, Result};
 use std::io::Write;
@@ -61,7 +61,9 @@ pub fn read(data: &[u8], _options: &ReadOptions) -> Result<Trace> {
                 events.len() as i64
             }
         };
-        events.push(Event::new(row.action, row.addr, row.size, row.stream, time));
+        let event = Event::new(row.action, row.addr, row.size, row.stream, time);
+        limits::check_event(&event).map_err(|m| Error::input(m).at(place))?;
+        events.push(event);
     }
     if !timed {
         for (i, e) in events.iter_mut().enumerate() {
@@ -199,11 +201,7 @@ fn parse_row(line: &str, clock: &mut Clock) -> std::result::Result<Row, String> 
     };
     let addr = parse_pointer(pointer).ok_or_else(|| format!("bad pointer '{pointer}'"))?;
     let size: u64 = size.parse().map_err(|_| format!("bad size '{size}'"))?;
-    if size >= MAX_EVENT_BYTES {
-        return Err(format!(
-            "size {size} is 2^60 or more, beyond what any allocator accepts (PyTorch rejects such requests)"
-        ));
-    }
+    limits::check_range(addr, size)?;
     let stream = parse_stream(stream).ok_or_else(|| format!("bad stream '{stream}'"))?;
     let time = if time.is_empty() {
         None

@@ -19,15 +19,15 @@
 //!   [`ReadOptions::keep_frames`] asks for them.
 //!
 //! Other keys (`external_annotations`, `compile_context`, `user_metadata`, `pool_id`, segment
-//! `frames`, ...) are ignored. Sizes and addresses must be integers in `0..=2^60`.
+//! `frames`, ...) are ignored. Sizes must be integers in `0..2^60`, addresses in `0..2^64` (see [`super::limits`]).
 //!
 //! The writer emits the same schema as protocol 4 with plain dicts and lists, which Python's
 //! `pickle.load`, `torch.cuda._memory_viz` and pytorch.org/memory_viz read.
 
 use super::pickle::{self, encode::Encoder, Pickle, Value};
 use super::{
-    Action, AllocatorSettings, Block, BlockState, DeviceTrace, Event, Format, Frame, FramesId,
-    PoolKind, ReadOptions, Segment, Trace,
+    limits, Action, AllocatorSettings, Block, BlockState, DeviceTrace, Event, Format, Frame,
+    FramesId, PoolKind, ReadOptions, Segment, Trace,
 };
 use crate::error::{Error, Place, Result};
 use std::collections::HashMap;
@@ -81,8 +81,9 @@ pub fn read(data: &[u8], options: &ReadOptions) -> Result<Trace> {
             let mut any = false;
             let mut indices = Vec::with_capacity(lists.len());
             for (i, &list) in lists.iter().enumerate() {
-                let device = i32::try_from(i)
-                    .map_err(|_| Error::input("more than 2^31 entries in 'device_traces'"))?;
+                let device = limits::check_device(i as i64).map_err(|m| {
+                    Error::input(format!("'device_traces' has {} entries: {m}", lists.len()))
+                })?;
                 let mut entry_index = Vec::new();
                 let (events, timed) =
                     reader.device_trace(device, list, &mut trace, &mut entry_index)?;
@@ -236,7 +237,9 @@ impl<'a> Reader<'_, 'a> {
                 _ => FramesId::NONE,
             };
             for &a in actions {
-                events.push(Event { action: a, addr, size, stream, time_us, frames });
+                let event = Event { action: a, addr, size, stream, time_us, frames };
+                limits::check_event(&event).map_err(err)?;
+                events.push(event);
                 entry_index.push(index as i64);
             }
         }
@@ -320,10 +323,13 @@ impl<'a> Reader<'_, 'a> {
     }
 }
 
-/// A size or address field: a present integer in `0..=2^60`.
+/// A size or address field: a present integer in `0..=2^60` (an address: `0..2^64`). The
+/// [limits](super::limits) check the range it makes with its size once the event is built.
 fn bytes_field(p: &Pickle, key: &str, v: Option<Value>) -> Result<u64, String> {
     let v = v.ok_or_else(|| format!("has no '{key}'"))?;
     match p.int(v) {
+        Some(n) if key.contains("addr") && (0..=u64::MAX as i128).contains(&n) => Ok(n as u64),
+        Some(n) if key.contains("addr") => Err(format!("'{key}' is {n}, outside 0..2^64")),
         Some(n) if (0..=MAX_BYTES).contains(&n) => Ok(n as u64),
         Some(n) => Err(format!("'{key}' is {n}, outside 0..=2^60")),
         None => Err(format!("'{key}' is a {}, not an integer", v.type_name())),
@@ -372,10 +378,8 @@ fn read_segments(p: &Pickle, v: Value) -> Result<Vec<Segment>> {
                     Some(a) => bytes_field(p, "address", Some(a)).map_err(berr)?,
                     None => next, // 2.0-era block: segment address + earlier sizes
                 };
-                next = address
-                    .checked_add(size)
-                    .filter(|n| *n as i128 <= MAX_BYTES)
-                    .ok_or_else(|| berr("address + size exceeds 2^60".into()))?;
+                limits::check_range(address, size).map_err(berr)?;
+                next = address.saturating_add(size);
                 let requested_size = match p.get(b, "requested_size") {
                     Some(r) => bytes_field(p, "requested_size", Some(r)).map_err(berr)?,
                     None => legacy_requested(p, b).unwrap_or(size),
@@ -399,7 +403,7 @@ fn read_segments(p: &Pickle, v: Value) -> Result<Vec<Segment>> {
         }
         let total_size = match p.get(s, "total_size") {
             Some(t) => bytes_field(p, "total_size", Some(t)).map_err(err)?,
-            None => blocks.iter().map(|b| b.size).sum(),
+            None => blocks.iter().fold(0u64, |sum, b| sum.saturating_add(b.size)),
         };
         let pool = match p.get(s, "segment_type") {
             Some(t) if p.is_str(t, "small") => PoolKind::Small,
@@ -413,7 +417,9 @@ fn read_segments(p: &Pickle, v: Value) -> Result<Vec<Segment>> {
             None if total_size == SMALL_SEGMENT => PoolKind::Small,
             None => PoolKind::Large,
         };
-        out.push(Segment { device, address, total_size, stream, pool, is_expandable, blocks });
+        let segment = Segment { device, address, total_size, stream, pool, is_expandable, blocks };
+        limits::check_segment(&segment).map_err(err)?;
+        out.push(segment);
     }
     Ok(out)
 }
@@ -718,7 +724,7 @@ mod tests {
     use super::*;
 
     fn opts(keep_frames: bool) -> ReadOptions {
-        ReadOptions { keep_frames, progress: false }
+        ReadOptions { keep_frames, ..ReadOptions::default() }
     }
 
     /// A 2.0-era snapshot: no `time_us`, the single `free` action, blocks without `address`.
@@ -842,7 +848,9 @@ mod tests {
         for (fields, action, text) in [
             (&[("addr", 1), ("size", 1)][..], "malloc", "unknown action 'malloc'"),
             (&[("addr", 1), ("size", -5)], "alloc", "'size' is -5, outside 0..=2^60"),
-            (&[("addr", 1 << 61), ("size", 1)], "alloc", "'addr' is 2305843009213693952"),
+            // Addresses use all 64 bits (as Kineto's do), and the range must not wrap.
+            (&[("addr", 1 << 64), ("size", 1)], "alloc", "'addr' is 18446744073709551616"),
+            (&[("addr", u64::MAX as i128), ("size", 2)], "alloc", "wraps past 2^64"),
             (&[("size", 1)], "alloc", "has no 'addr'"),
             (&[("addr", 1), ("size", 1), ("stream", -1)], "alloc", "'stream'"),
         ] {

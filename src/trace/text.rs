@@ -18,7 +18,7 @@
 //! - STREAM defaults to 0 (decimal or `0x` hex after the `s`); TIME defaults to the event index.
 //! - `device N` makes the following events belong to device N (default 0).
 
-use super::{Action, DeviceTrace, Event, Format, ReadOptions, Trace};
+use super::{limits, Action, DeviceTrace, Event, Format, ReadOptions, Trace};
 use crate::error::{Error, Place, Result};
 use std::io::{BufRead, Write};
 
@@ -55,6 +55,9 @@ pub fn read(data: &[u8], options: &ReadOptions) -> Result<Trace> {
 pub fn read_from(input: &mut dyn BufRead, _options: &ReadOptions) -> Result<Trace> {
     let mut trace = Trace { format: Format::Text, ..Trace::default() };
     let mut device = 0i32;
+    // The index in `trace.devices` of each device seen, so a `device` line costs O(1) however
+    // many devices there are (a linear search made 300,000 `device` lines take 28 s).
+    let mut index: std::collections::HashMap<i32, usize> = std::collections::HashMap::new();
     let mut has_times = false;
     let mut buffer = Vec::new();
     let mut offset = 0u64;
@@ -80,8 +83,10 @@ pub fn read_from(input: &mut dyn BufRead, _options: &ReadOptions) -> Result<Trac
         }
         let words: Vec<&str> = line.split_whitespace().collect();
         if words[0] == "device" {
-            device = match words.get(1).and_then(|w| w.parse::<i32>().ok()) {
-                Some(d) if words.len() == 2 => d,
+            device = match words.get(1).and_then(|w| w.parse::<i64>().ok()) {
+                Some(d) if words.len() == 2 => {
+                    limits::check_device(d).map_err(|m| Error::input(m).at(place))?
+                }
                 _ => {
                     return Err(
                         Error::input(format!("expected 'device N', found '{line}'")).at(place)
@@ -132,7 +137,7 @@ pub fn read_from(input: &mut dyn BufRead, _options: &ReadOptions) -> Result<Trac
                 .at(place));
             }
         }
-        let events = device_events(&mut trace, device);
+        let events = device_events(&mut trace, &mut index, device);
         for &action in actions {
             let t = match time {
                 Some(t) => {
@@ -141,7 +146,9 @@ pub fn read_from(input: &mut dyn BufRead, _options: &ReadOptions) -> Result<Trac
                 }
                 None => events.len() as i64,
             };
-            events.push(Event::new(action, addr, size, stream, t));
+            let event = Event::new(action, addr, size, stream, t);
+            limits::check_event(&event).map_err(|m| Error::input(m).at(place))?;
+            events.push(event);
         }
     }
     trace.has_times = has_times;
@@ -167,14 +174,16 @@ pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
     Ok(())
 }
 
-fn device_events(trace: &mut Trace, device: i32) -> &mut Vec<Event> {
-    let i = match trace.devices.iter().position(|d| d.device == device) {
-        Some(i) => i,
-        None => {
-            trace.devices.push(DeviceTrace { device, events: Vec::new() });
-            trace.devices.len() - 1
-        }
-    };
+/// The event list of `device`, created on its first event; `index` maps devices to positions.
+fn device_events<'t>(
+    trace: &'t mut Trace,
+    index: &mut std::collections::HashMap<i32, usize>,
+    device: i32,
+) -> &'t mut Vec<Event> {
+    let i = *index.entry(device).or_insert_with(|| {
+        trace.devices.push(DeviceTrace { device, events: Vec::new() });
+        trace.devices.len() - 1
+    });
     &mut trace.devices[i].events
 }
 

@@ -89,9 +89,11 @@ use crate::trace::AddrMap;
 use crate::trace::{Action, Block, BlockState, Event, PoolKind, Segment};
 use std::collections::BTreeMap;
 
-/// The most pages the planned range may span (32 TiB at 2 MiB pages): far beyond any device,
-/// and a page table of at most 64 MiB.
-const MAX_PAGES: u64 = 1 << 24;
+/// The most pages the planned range may span (2 TiB at 2 MiB pages): far beyond any device, a
+/// page table of at most 4 MiB, and at most 2^20 counter updates per planned block, so one
+/// event's work stays bounded (at 2^24 pages, 200 events of one huge block took minutes; the
+/// replay fuzz target found it).
+const MAX_PAGES: u64 = 1 << 20;
 
 mod by_size;
 

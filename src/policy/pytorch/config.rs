@@ -594,9 +594,10 @@ pub fn roundup_power2_next_division(n: u64, d: u64) -> u64 {
 }
 
 /// The expandable reservation's VA size on a GPU of `gpu_memory` bytes with pages of `page`
-/// bytes (§11.1); at least one page.
+/// bytes (§11.1); at least one page. Saturating: `--capacity` may be any u64, and the caller's
+/// range check refuses a reservation the address space cannot hold.
 pub fn va_size_on(gpu_memory: u64, page: u64) -> u64 {
-    (gpu_memory + gpu_memory / 8).div_ceil(page).max(1) * page
+    gpu_memory.saturating_add(gpu_memory / 8).div_ceil(page).max(1).saturating_mul(page)
 }
 
 #[cfg(test)]
