@@ -35,15 +35,15 @@ pub struct Lifetimes {
     /// allocated.
     pub orphans: Vec<LiveBlock>,
     /// Every address an `alloc` event names.
-    pub allocated: HashSet<u64>,
+    pub allocated: AddrSet,
 }
 
 /// The one orphan-free scan: finds where frees take effect, the orphan frees in trace order, and
 /// every allocated address.
 pub fn scan(events: &[Event]) -> Lifetimes {
     let frees_at = free_action(events);
-    let mut allocated = HashSet::new();
-    let mut orphaned = HashSet::new();
+    let mut allocated = AddrSet::default();
+    let mut orphaned = AddrSet::default();
     let mut orphans = Vec::new();
     for e in events {
         match e.action {
@@ -68,7 +68,7 @@ pub fn scan(events: &[Event]) -> Lifetimes {
 /// the final segments of `device` in `trace` show allocated but that no event allocated.
 pub fn live_at_start(trace: &Trace, device: i32, events: &[Event]) -> Vec<LiveBlock> {
     let Lifetimes { mut orphans, allocated, .. } = scan(events);
-    let orphaned: HashSet<u64> = orphans.iter().map(|b| b.addr).collect();
+    let orphaned: AddrSet = orphans.iter().map(|b| b.addr).collect();
     for seg in trace.segments_of(device) {
         for b in &seg.blocks {
             let live =
@@ -181,6 +181,10 @@ impl Hasher for AddrHasher {
 /// A map keyed by addresses: what the replay engine and every policy use to find a block by
 /// its address. It lives beside the trace model, the layer every other one may read.
 pub type AddrMap<V> = HashMap<u64, V, BuildHasherDefault<AddrHasher>>;
+
+/// A set of addresses with [`AddrHasher`]: the lifetime scan's sets, several times cheaper per
+/// lookup than the default SipHash on a million-event trace.
+pub type AddrSet = HashSet<u64, BuildHasherDefault<AddrHasher>>;
 
 #[cfg(test)]
 mod tests {

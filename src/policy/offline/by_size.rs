@@ -307,27 +307,48 @@ impl SkylineTree {
 
 /// Sets `acc` to the union of the sorted disjoint runs `acc` and `runs`, touching runs joined
 /// (`tmp` is scratch space). Linear in both: a query unions O(log n) short lists this way
-/// instead of sorting their concatenation.
+/// instead of sorting their concatenation. The run being built is kept in a local and written
+/// once complete, and the tail left when one list runs out is copied whole.
 fn union_into(acc: &mut Vec<(u64, u64)>, runs: &[(u64, u64)], tmp: &mut Vec<(u64, u64)>) {
-    if acc.is_empty() {
+    if acc.is_empty() || runs.is_empty() {
         acc.extend_from_slice(runs);
         return;
     }
     tmp.clear();
+    tmp.reserve(acc.len() + runs.len());
+    let (a, b) = (&acc[..], runs);
     let (mut i, mut j) = (0, 0);
-    while i < acc.len() || j < runs.len() {
-        let next = if j == runs.len() || (i < acc.len() && acc[i].0 <= runs[j].0) {
+    let mut cur = if a[0].0 <= b[0].0 {
+        i = 1;
+        a[0]
+    } else {
+        j = 1;
+        b[0]
+    };
+    while i < a.len() && j < b.len() {
+        let next = if a[i].0 <= b[j].0 {
             i += 1;
-            acc[i - 1]
+            a[i - 1]
         } else {
             j += 1;
-            runs[j - 1]
+            b[j - 1]
         };
-        match tmp.last_mut() {
-            Some(last) if next.0 <= last.1 => last.1 = last.1.max(next.1),
-            _ => tmp.push(next),
+        if next.0 <= cur.1 {
+            cur.1 = cur.1.max(next.1);
+        } else {
+            tmp.push(cur);
+            cur = next;
         }
     }
+    // One list is left: join its runs that touch `cur`; the others cannot touch each other.
+    let rest = if i < a.len() { &a[i..] } else { &b[j..] };
+    let mut k = 0;
+    while k < rest.len() && rest[k].0 <= cur.1 {
+        cur.1 = cur.1.max(rest[k].1);
+        k += 1;
+    }
+    tmp.push(cur);
+    tmp.extend_from_slice(&rest[k..]);
     std::mem::swap(acc, tmp);
 }
 
@@ -470,6 +491,42 @@ mod tests {
             placed.push(i);
         }
         (offsets, peak)
+    }
+
+    #[test]
+    fn union_joins_touching_runs_whichever_list_is_longer() {
+        // Runs as sets of unit cells: the union must cover exactly the cells either list
+        // covers, sorted, with touching runs joined.
+        let cells = |runs: &[(u64, u64)]| -> Vec<u64> {
+            let mut c: Vec<u64> = runs.iter().flat_map(|&(lo, hi)| lo..hi).collect();
+            c.sort_unstable();
+            c.dedup();
+            c
+        };
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for round in 0..500 {
+            let mut lists: Vec<Vec<(u64, u64)>> = Vec::new();
+            for k in 0..2 {
+                // One list long and the other short, either way round, or both alike.
+                let mut runs = Vec::new();
+                for _ in 0..next(if (round + k) % 3 == 0 { 40 } else { 5 }) {
+                    let lo = next(200);
+                    merge_run(&mut runs, (lo, lo + 1 + next(6)));
+                }
+                lists.push(runs);
+            }
+            let (mut acc, mut tmp) = (lists[0].clone(), Vec::new());
+            union_into(&mut acc, &lists[1], &mut tmp);
+            let want = cells(&[lists[0].clone(), lists[1].clone()].concat());
+            assert_eq!(cells(&acc), want, "round {round}");
+            assert!(acc.windows(2).all(|w| w[0].1 < w[1].0), "round {round}: {acc:?}");
+        }
     }
 
     #[test]

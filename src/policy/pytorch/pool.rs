@@ -8,6 +8,11 @@
 //! (TLSF-style: the power of two and the next three bits, so bucket order is size order), each
 //! bucket a short vector sorted by (size, address), with a bitmap of non-empty buckets. A query
 //! is one bucket search plus, when the bucket has nothing large enough, one bitmap scan.
+//!
+//! Each bucket is sorted in *descending* order, so its smallest entry is its last: most mallocs
+//! take a cached block of exactly their size at the lowest address, which is then the bucket's
+//! last entry, found by one comparison and removed without moving the others (in ascending
+//! order every such removal shifted the whole bucket, and a search found it first).
 
 /// Buckets per stream: 64 powers of two × 8 sub-classes.
 const BUCKETS: usize = 64 * 8;
@@ -91,25 +96,38 @@ impl Stream {
     fn first_from(&self, size: u64, ptr: u64) -> Option<Entry> {
         let b = bucket(size);
         let v = &self.buckets[b];
-        let i = v.partition_point(|&(s, p, _)| (s, p) < (size, ptr));
-        if let Some(&e) = v.get(i) {
-            return Some(e);
+        // Descending: the entries ≥ the key are a prefix, and the answer is its last.
+        match v.last() {
+            Some(&e) if (e.0, e.1) >= (size, ptr) => return Some(e),
+            Some(_) => {
+                let i = at_or_after(v, size, ptr);
+                if i > 0 {
+                    return Some(v[i - 1]);
+                }
+            }
+            None => {}
         }
         let n = self.next_nonempty(b + 1)?;
-        self.buckets[n].first().copied()
+        self.buckets[n].last().copied()
     }
 
     /// The last entry < (size, ptr).
     fn last_before(&self, size: u64, ptr: u64) -> Option<Entry> {
         let b = bucket(size);
         let v = &self.buckets[b];
-        let i = v.partition_point(|&(s, p, _)| (s, p) < (size, ptr));
-        if i > 0 {
-            return Some(v[i - 1]);
+        if let Some(&e) = v.get(at_or_after(v, size, ptr)) {
+            return Some(e);
         }
         let n = self.prev_nonempty(b)?;
-        self.buckets[n].last().copied()
+        self.buckets[n].first().copied()
     }
+}
+
+/// In a bucket sorted in descending order, the number of entries ≥ (size, ptr): the index of
+/// the first one below it.
+#[inline]
+fn at_or_after(v: &[Entry], size: u64, ptr: u64) -> usize {
+    v.partition_point(|&(s, p, _)| (s, p) >= (size, ptr))
 }
 
 /// Free blocks of one pool, by (stream index, size, address); see the module docs.
@@ -129,12 +147,17 @@ impl FreeSet {
         let s = &mut self.streams[sid];
         let b = bucket(size);
         let v = &mut s.buckets[b];
-        let i = v.partition_point(|&(sz, p, _)| (sz, p) < (size, ptr));
-        if v.get(i).is_some_and(|&(sz, p, _)| (sz, p) == (size, ptr)) {
-            v[i].2 = id;
-            return;
+        if v.last().is_none_or(|&(sz, p, _)| (sz, p) > (size, ptr)) {
+            // The new smallest entry: it goes last, with no search and nothing moved.
+            v.push((size, ptr, id));
+        } else {
+            let i = at_or_after(v, size, ptr);
+            if i > 0 && (v[i - 1].0, v[i - 1].1) == (size, ptr) {
+                v[i - 1].2 = id;
+                return;
+            }
+            v.insert(i, (size, ptr, id));
         }
-        v.insert(i, (size, ptr, id));
         s.mark(b);
         self.len += 1;
     }
@@ -144,8 +167,12 @@ impl FreeSet {
         let s = self.streams.get_mut(sid as usize)?;
         let b = bucket(size);
         let v = &mut s.buckets[b];
-        let i = v.partition_point(|&(sz, p, _)| (sz, p) < (size, ptr));
-        if v.get(i).is_none_or(|&(sz, p, _)| (sz, p) != (size, ptr)) {
+        // The block a malloc takes is usually the bucket's smallest: its last entry.
+        let i = match v.last() {
+            Some(&(sz, p, _)) if (sz, p) == (size, ptr) => v.len() - 1,
+            _ => at_or_after(v, size, ptr).checked_sub(1)?,
+        };
+        if v[i].0 != size || v[i].1 != ptr {
             return None;
         }
         let (_, _, id) = v.remove(i);
