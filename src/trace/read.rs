@@ -91,7 +91,7 @@ pub const FORMATS: [FormatInfo; 5] = [
     format_row! { Kineto, "kineto", "Kineto JSON",
     ext ["json"], detect detect::is_kineto, module kineto, reads whole, keeps_frames false },
     format_row! { RmmCsv, "rmm-csv", "RMM CSV",
-    ext ["csv"], detect detect::is_rmm_csv, module rmm, reads whole, keeps_frames false },
+    ext ["csv"], detect detect::is_rmm_csv, module rmm, reads stream, keeps_frames false },
     format_row! { Fst, "fst", ".fst",
     ext ["fst"], detect detect::is_fst, module fst, reads stream, keeps_frames true },
     format_row! { Text, "text", "fragsim text",
