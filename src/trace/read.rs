@@ -89,7 +89,7 @@ pub const FORMATS: [FormatInfo; 5] = [
     format_row! { PytorchSnapshot, "pytorch-snapshot", "a PyTorch snapshot pickle",
     ext ["pickle", "pkl"], detect detect::is_pickle, module snapshot, reads whole, keeps_frames true },
     format_row! { Kineto, "kineto", "Kineto JSON",
-    ext ["json"], detect detect::is_kineto, module kineto, reads whole, keeps_frames false },
+    ext ["json"], detect detect::is_kineto, module kineto, reads stream, keeps_frames false },
     format_row! { RmmCsv, "rmm-csv", "RMM CSV",
     ext ["csv"], detect detect::is_rmm_csv, module rmm, reads stream, keeps_frames false },
     format_row! { Fst, "fst", ".fst",
