@@ -240,16 +240,22 @@ struct Tracked<'a> {
     /// The last byte handed out, and whether the input has ended.
     last: Option<u8>,
     ended: bool,
+    /// Bytes read from `input` and not yet handed out from `next` on.
+    buffer: Vec<u8>,
+    next: usize,
 }
 
 impl<'a> Tracked<'a> {
     /// Line lengths kept: after an error, serde_json reads on through white space (and a comma)
     /// before it reports; more blank lines than this leave serde_json's own place.
     const KEPT: usize = 1024;
+    /// The most read from `input` at once.
+    const BUFFER: usize = 64 << 10;
 
     fn new(input: &'a mut dyn BufRead) -> Self {
         let lengths = std::collections::VecDeque::new();
-        Tracked { input, line: 1, column: 0, lengths, last: None, ended: false }
+        let (buffer, next) = (Vec::new(), 0);
+        Tracked { input, line: 1, column: 0, lengths, last: None, ended: false, buffer, next }
     }
 
     /// Where serde_json's in-memory parser places error `e` (line 0: no place).
@@ -288,15 +294,23 @@ impl<'a> Tracked<'a> {
 
 impl std::io::Read for Tracked<'_> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        // serde_json asks for one byte at a time.
-        let available = self.input.fill_buf()?;
-        let n = available.len().min(buf.len());
-        if n == 0 {
-            self.ended = !buf.is_empty();
-            return Ok(0);
+        // serde_json asks for one byte at a time: served from a buffer of its own, so a byte
+        // costs an index, not calls through the `dyn BufRead`.
+        if self.next == self.buffer.len() {
+            let available = self.input.fill_buf()?;
+            let n = available.len().min(Self::BUFFER);
+            self.buffer.clear();
+            self.buffer.extend_from_slice(&available[..n]);
+            self.input.consume(n);
+            self.next = 0;
+            if n == 0 {
+                self.ended = !buf.is_empty();
+                return Ok(0);
+            }
         }
-        buf[..n].copy_from_slice(&available[..n]);
-        self.input.consume(n);
+        let n = (self.buffer.len() - self.next).min(buf.len());
+        buf[..n].copy_from_slice(&self.buffer[self.next..self.next + n]);
+        self.next += n;
         for &b in &buf[..n] {
             if b == b'\n' {
                 if self.lengths.len() == Self::KEPT {
@@ -309,7 +323,9 @@ impl std::io::Read for Tracked<'_> {
                 self.column += 1;
             }
         }
-        self.last = Some(buf[n - 1]);
+        if n > 0 {
+            self.last = Some(buf[n - 1]);
+        }
         Ok(n)
     }
 }
