@@ -21,8 +21,8 @@
 //!   [`Trace::recorded_totals`] when every event of a device has both as non-negative integers.
 //!
 //! The file is large (tens of MB unzipped, almost all of it kernels and operators), so the
-//! reader deserialises each event into a small borrowed struct that only looks at `name`, `ts`
-//! and `args`, skipping everything else without building a JSON tree.
+//! reader streams it and deserialises each event into a small struct that only looks at `name`,
+//! `ts` and `args`, skipping everything else without building a JSON tree or holding the file.
 
 use super::lifetimes::free_action;
 use super::limits;
@@ -30,9 +30,8 @@ use super::{Action, DeviceTotals, DeviceTrace, Event, Format, ReadOptions, Recor
 use crate::error::{Error, Place, Result};
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
-use std::borrow::Cow;
 use std::fmt;
-use std::io::Write;
+use std::io::{BufRead, Write};
 
 /// Kineto's `Device Type` for host memory (c10::DeviceType::CPU).
 const DEVICE_TYPE_CPU: u64 = 0;
@@ -41,15 +40,21 @@ const DEVICE_TYPE_CUDA: u64 = 1;
 /// The device fragsim files host memory under (interface.md).
 pub const HOST_DEVICE: i32 = -1;
 
-/// Reads a Kineto trace.
-pub fn read(data: &[u8], _options: &ReadOptions) -> Result<Trace> {
+/// Reads a Kineto trace held in memory.
+pub fn read(data: &[u8], options: &ReadOptions) -> Result<Trace> {
+    read_from(&mut &data[..], options)
+}
+
+/// Reads a Kineto trace from a stream: memory is the `[memory]` events and serde_json's
+/// buffer, whatever else the file holds.
+pub fn read_from(input: &mut dyn BufRead, _options: &ReadOptions) -> Result<Trace> {
+    // A byte order mark is skipped. The first buffer holds at least its three bytes whenever
+    // the stream does: the file reader hands over the 64 KiB it detected the format from.
+    if input.fill_buf().map_err(Error::from_io)?.starts_with(b"\xef\xbb\xbf") {
+        input.consume(3);
+    }
     let mut found = Vec::new();
-    let data = data.strip_prefix(b"\xef\xbb\xbf").unwrap_or(data);
-    let mut de = serde_json::Deserializer::from_slice(data);
-    let saw_events = (&mut de)
-        .deserialize_any(RootSeed { out: &mut found })
-        .and_then(|saw| de.end().map(|_| saw))
-        .map_err(json_error)?;
+    let saw_events = parse_stream(input, &mut found)?;
     if !saw_events {
         return Err(Error::input(
             "no 'traceEvents' list: not a Chrome trace (expected {\"traceEvents\": [...]} or a bare array)",
@@ -195,21 +200,164 @@ struct Found {
     totals: Option<RecordedTotals>,
 }
 
-/// Turns a serde_json error into an input error at its line.
-fn json_error(e: serde_json::Error) -> Error {
+/// Runs the deserializer over the whole input, keeping the `[memory]` events in `found`.
+/// Returns whether a list of events was found.
+fn parse<'de, R: serde_json::de::Read<'de>>(
+    mut de: serde_json::Deserializer<R>,
+    found: &mut Vec<Found>,
+) -> serde_json::Result<bool> {
+    (&mut de).deserialize_any(RootSeed { out: found }).and_then(|saw| de.end().map(|_| saw))
+}
+
+/// [`parse`] over a stream, its errors placed where parsing the stream held in memory places them.
+fn parse_stream(input: &mut dyn BufRead, found: &mut Vec<Found>) -> Result<bool> {
+    let mut tracked = Tracked::new(input);
+    SKIPPING.with(|s| s.set(false));
+    let parsed = parse(serde_json::Deserializer::from_reader(&mut tracked), found);
+    parsed.map_err(|e| {
+        let at = tracked.place_in_memory(&e);
+        json_error(e, at)
+    })
+}
+
+/// Turns a serde_json error into an input error at `(line, column)` (line 0: no place).
+fn json_error(e: serde_json::Error, (line, column): (usize, usize)) -> Error {
     let text = e.to_string();
     let message = match text.rsplit_once(" at line ") {
-        Some((m, _)) if e.line() > 0 => format!("{m} (column {})", e.column()),
+        Some((m, _)) if line > 0 => format!("{m} (column {column})"),
         _ => text,
     };
     let message = if e.is_eof() { format!("truncated JSON: {message}") } else { message };
     let err = Error::input(message);
-    if e.line() > 0 {
-        err.at(Place::Line(e.line() as u64))
+    if line > 0 {
+        err.at(Place::Line(line as u64))
     } else {
         err
     }
 }
+
+/// The stream serde_json reads, byte by byte, knowing the lengths of the last lines it handed
+/// out: so that an error names the place serde_json names when it parses the file in memory.
+///
+/// Reading a stream, serde_json counts the byte it looked ahead at, and for a few errors its
+/// column is one byte past where its in-memory parser puts it ([`Tracked::place_in_memory`]).
+struct Tracked<'a> {
+    input: &'a mut dyn BufRead,
+    /// The line (1-based) and column (bytes since the line began) after the bytes handed out.
+    line: usize,
+    column: usize,
+    /// The lengths (without the `\n`) of the last [`Tracked::KEPT`] lines before `line`.
+    lengths: std::collections::VecDeque<usize>,
+    /// The last byte handed out, and whether the input has ended.
+    last: Option<u8>,
+    ended: bool,
+    /// Bytes read from `input` and not yet handed out from `next` on.
+    buffer: Vec<u8>,
+    next: usize,
+}
+
+impl<'a> Tracked<'a> {
+    /// Line lengths kept: after an error, serde_json reads on through white space (and a comma)
+    /// before it reports; more blank lines than this leave serde_json's own place.
+    const KEPT: usize = 1024;
+    /// The most read from `input` at once.
+    const BUFFER: usize = 64 << 10;
+
+    fn new(input: &'a mut dyn BufRead) -> Self {
+        let lengths = std::collections::VecDeque::new();
+        let (buffer, next) = (Vec::new(), 0);
+        Tracked { input, line: 1, column: 0, lengths, last: None, ended: false, buffer, next }
+    }
+
+    /// Where serde_json's in-memory parser places error `e` (line 0: no place).
+    ///
+    /// The errors for which serde_json's stream reader counts one byte more than its in-memory
+    /// reader: a control character in a skipped string (taken, not looked at), and a map, or a number
+    /// that more input follows (looked ahead at), where the top level or `traceEvents` needs a
+    /// list. The tests check this against the in-memory parser byte by byte.
+    fn place_in_memory(&self, e: &serde_json::Error) -> (usize, usize) {
+        let (line, column) = (e.line(), e.column());
+        let text = e.to_string();
+        let not_a_list = text.contains(ROOT_EXPECTED) || text.contains(LIST_EXPECTED);
+        let number = text.starts_with("invalid type: integer")
+            || text.starts_with("invalid type: floating point");
+        // A number at the end of the input: nothing was looked ahead at.
+        let number_ended = self.ended
+            && (line, column) == (self.line, self.column)
+            && self.last.is_some_and(|b| b.is_ascii_digit());
+        let skipped = SKIPPING.with(|s| s.get());
+        let one_past = (skipped && text.starts_with("control character"))
+            || (not_a_list && text.starts_with("invalid type: map"))
+            || (not_a_list && number && !number_ended);
+        if !one_past || line == 0 || line > self.line {
+            return (line, column);
+        }
+        if column > 0 {
+            return (line, column - 1);
+        }
+        // One byte back from the start of a line is the end of the line before.
+        match self.lengths.len().checked_sub(self.line - line + 1) {
+            Some(i) => (line - 1, self.lengths[i]),
+            None => (line, column),
+        }
+    }
+}
+
+impl std::io::Read for Tracked<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        // serde_json asks for one byte at a time: served from a buffer of its own, so a byte
+        // costs an index, not calls through the `dyn BufRead`.
+        if self.next == self.buffer.len() {
+            let available = self.input.fill_buf()?;
+            let n = available.len().min(Self::BUFFER);
+            self.buffer.clear();
+            self.buffer.extend_from_slice(&available[..n]);
+            self.input.consume(n);
+            self.next = 0;
+            if n == 0 {
+                self.ended = !buf.is_empty();
+                return Ok(0);
+            }
+        }
+        let n = (self.buffer.len() - self.next).min(buf.len());
+        buf[..n].copy_from_slice(&self.buffer[self.next..self.next + n]);
+        self.next += n;
+        for &b in &buf[..n] {
+            if b == b'\n' {
+                if self.lengths.len() == Self::KEPT {
+                    self.lengths.pop_front();
+                }
+                self.lengths.push_back(self.column);
+                self.line += 1;
+                self.column = 0;
+            } else {
+                self.column += 1;
+            }
+        }
+        if n > 0 {
+            self.last = Some(buf[n - 1]);
+        }
+        Ok(n)
+    }
+}
+
+thread_local! {
+    /// Whether the value being read is skipped (its strings are not validated): set by
+    /// [`skipping`], left set by a failure inside the skip, for [`Tracked::place_in_memory`].
+    static SKIPPING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `skip`, which skips a value, noting that a failure came from inside a skipped value.
+fn skipping<T, E>(skip: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
+    SKIPPING.with(|s| s.set(true));
+    let done = skip()?;
+    SKIPPING.with(|s| s.set(false));
+    Ok(done)
+}
+
+/// What the top level must be, and what `traceEvents` must be.
+const ROOT_EXPECTED: &str = "a Chrome trace object or an array of trace events";
+const LIST_EXPECTED: &str = "a list of trace events";
 
 /// The top level: `{"traceEvents": [...], ...}` or a bare array of events, visited by the
 /// deserializer's `deserialize_any`. Yields whether a list of events was found.
@@ -221,7 +369,7 @@ impl<'de> Visitor<'de> for RootSeed<'_> {
     type Value = bool;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a Chrome trace object or an array of trace events")
+        f.write_str(ROOT_EXPECTED)
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<bool, A::Error> {
@@ -234,29 +382,40 @@ impl<'de> Visitor<'de> for RootSeed<'_> {
             if key.0 == "traceEvents" && !saw {
                 saw = map.next_value_seed(EventsSeed { out: &mut *self.out })?;
             } else {
-                map.next_value::<IgnoredAny>()?;
+                skipping(|| map.next_value::<IgnoredAny>())?;
             }
         }
         Ok(saw)
     }
 }
 
-/// A map key, borrowed from the input where it has no escapes.
-struct Key<'a>(Cow<'a, str>);
+/// The map keys the reader looks at; any other key is read as "" (skipped).
+const KEYS: [&str; 10] = [
+    "traceEvents",
+    "name",
+    "ts",
+    "args",
+    "Addr",
+    "Bytes",
+    "Device Type",
+    "Device Id",
+    "Total Allocated",
+    "Total Reserved",
+];
 
-impl<'de> Deserialize<'de> for Key<'de> {
+/// A map key: one of [`KEYS`], or "" for any other, so reading keys allocates nothing.
+struct Key(&'static str);
+
+impl<'de> Deserialize<'de> for Key {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Key<'de>;
+        impl Visitor<'_> for V {
+            type Value = Key;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("a string key")
             }
-            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Key<'de>, E> {
-                Ok(Key(Cow::Borrowed(v)))
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Key<'de>, E> {
-                Ok(Key(Cow::Owned(v.to_owned())))
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Key, E> {
+                Ok(Key(KEYS.iter().find(|k| **k == v).copied().unwrap_or("")))
             }
         }
         d.deserialize_str(V)
@@ -280,7 +439,7 @@ impl<'de> Visitor<'de> for EventsSeed<'_> {
     type Value = bool;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a list of trace events")
+        f.write_str(LIST_EXPECTED)
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
@@ -321,12 +480,12 @@ macro_rules! accept_other_values {
     };
     (@one seq, $value:expr) => {
         fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
-            IgnoredAny.visit_seq(seq).map(|_| $value)
+            skipping(|| IgnoredAny.visit_seq(seq)).map(|_| $value)
         }
     };
     (@one map, $value:expr) => {
         fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-            IgnoredAny.visit_map(map).map(|_| $value)
+            skipping(|| IgnoredAny.visit_map(map)).map(|_| $value)
         }
     };
 }
@@ -358,12 +517,12 @@ impl<'de> Visitor<'de> for ElementSeed {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Option<Found>, A::Error> {
         let mut raw = RawEvent::default();
         while let Some(key) = map.next_key::<Key>()? {
-            match key.0.as_ref() {
+            match key.0 {
                 "name" => raw.name = map.next_value()?,
                 "ts" => raw.ts = map.next_value()?,
                 "args" => raw.args = map.next_value()?,
                 _ => {
-                    map.next_value::<IgnoredAny>()?;
+                    skipping(|| map.next_value::<IgnoredAny>())?;
                 }
             }
         }
@@ -536,7 +695,7 @@ impl<'de> Deserialize<'de> for RawArgs {
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawArgs, A::Error> {
                 let mut args = RawArgs::default();
                 while let Some(key) = map.next_key::<Key>()? {
-                    let slot = match key.0.as_ref() {
+                    let slot = match key.0 {
                         "Addr" => &mut args.addr,
                         "Bytes" => &mut args.bytes,
                         "Device Type" => &mut args.device_type,
@@ -544,7 +703,7 @@ impl<'de> Deserialize<'de> for RawArgs {
                         "Total Allocated" => &mut args.total_allocated,
                         "Total Reserved" => &mut args.total_reserved,
                         _ => {
-                            map.next_value::<IgnoredAny>()?;
+                            skipping(|| map.next_value::<IgnoredAny>())?;
                             continue;
                         }
                     };
@@ -639,5 +798,57 @@ mod tests {
         assert!(err.to_string().contains("truncated JSON"), "{err}");
         let err = read(b"{\"foo\":1}", &ReadOptions::default()).unwrap_err();
         assert!(err.to_string().contains("no 'traceEvents'"), "{err}");
+    }
+
+    /// The message of reading `data` through serde_json's in-memory parser, as the reader did
+    /// before it streamed (`Ok` with the count of `[memory]` events found).
+    fn parsed_whole(data: &[u8]) -> std::result::Result<(bool, usize), String> {
+        let mut found = Vec::new();
+        match parse(serde_json::Deserializer::from_slice(data), &mut found) {
+            Ok(saw) => Ok((saw, found.len())),
+            Err(e) => {
+                let at = (e.line(), e.column());
+                Err(json_error(e, at).to_string())
+            }
+        }
+    }
+
+    #[test]
+    fn streaming_reports_what_parsing_the_whole_file_reports() {
+        // Every cut, every byte replaced by every byte, and a few bytes inserted everywhere, in
+        // a trace with skipped and read strings, nested values, blank lines and a bare array.
+        let json = format!(
+            "{{\"traceEvents\":[\n{},\n{{\"name\":\"a\\u00e9\\\"\",\"ts\":[1,{{}}]}},\n\n{}\n], \"x\": [\"s\", -1.5]}}\n",
+            mem("1.5", 1, 0, 16, 8),
+            mem("2e0", 0, -1, 16, -8)
+        );
+        let bare = format!("[{}, 7, \"u\"]\n", mem("3", 1, 0, 32, 8));
+        let mut checked = 0;
+        let mut check = |bytes: &[u8]| {
+            let whole = parsed_whole(bytes);
+            let mut found = Vec::new();
+            let streamed = parse_stream(&mut &bytes[..], &mut found);
+            let streamed = streamed.map(|saw| (saw, found.len())).map_err(|e| e.to_string());
+            assert_eq!(streamed, whole, "{}", String::from_utf8_lossy(bytes));
+            checked += 1;
+        };
+        for data in [json.as_bytes(), bare.as_bytes()] {
+            for at in 0..data.len() {
+                check(&data[..at]);
+                for b in 0..=255u8 {
+                    let mut bad = data.to_vec();
+                    bad[at] = b;
+                    check(&bad);
+                }
+                for b in [b'\n', b'\x01', b'{', b'7', b' ', b','] {
+                    let mut bad = data.to_vec();
+                    bad.insert(at, b);
+                    check(&bad);
+                }
+            }
+        }
+        assert_eq!(checked, (json.len() + bare.len()) * 263);
+        assert_eq!(parsed_whole(json.as_bytes()), Ok((true, 2)));
+        assert_eq!(parsed_whole(bare.as_bytes()), Ok((true, 1)));
     }
 }

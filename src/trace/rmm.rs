@@ -26,33 +26,34 @@ use super::lifetimes::free_action;
 use super::limits;
 use super::{Action, DeviceTrace, Event, Format, ReadOptions, Trace};
 use crate::error::{Error, Place, Result};
-use std::io::Write;
+use std::io::{BufRead, Write};
 
 /// The header RMM writes, exactly.
 pub const HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream";
 
 const DAY_US: i64 = 86_400_000_000;
 
-/// Reads an RMM log.
-pub fn read(data: &[u8], _options: &ReadOptions) -> Result<Trace> {
-    let text = std::str::from_utf8(data).map_err(|e| {
-        Error::input(format!("not UTF-8 text: {e}")).at(Place::Byte(e.valid_up_to() as u64))
-    })?;
-    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
-    match lines.next() {
+/// Reads an RMM log held in memory.
+pub fn read(data: &[u8], options: &ReadOptions) -> Result<Trace> {
+    read_from(&mut &data[..], options)
+}
+
+/// Reads an RMM log from a stream, one line at a time: memory is the events plus one line.
+pub fn read_from(input: &mut dyn BufRead, _options: &ReadOptions) -> Result<Trace> {
+    let mut lines = Lines { input, buffer: Vec::new(), offset: 0, number: 0 };
+    match lines.next_nonblank()? {
         Some((_, h)) if normalise_header(h) == normalise_header(HEADER) => {}
         Some((n, h)) => {
             return Err(Error::input(format!("expected the header '{HEADER}', found '{h}'"))
-                .at(Place::Line(n as u64 + 1)))
+                .at(Place::Line(n)))
         }
         None => return Err(Error::input(format!("empty file: expected the header '{HEADER}'"))),
     }
     let mut events = Vec::new();
     let mut clock = Clock::default();
     let mut timed = true;
-    for (n, line) in lines {
-        let place = Place::Line(n as u64 + 1);
+    while let Some((n, line)) = lines.next_nonblank()? {
+        let place = Place::Line(n);
         let row = parse_row(line, &mut clock).map_err(|m| Error::input(m).at(place))?;
         let time = match row.time {
             Some(t) => t,
@@ -76,6 +77,52 @@ pub fn read(data: &[u8], _options: &ReadOptions) -> Result<Trace> {
         has_times: timed,
         ..Trace::default()
     })
+}
+
+/// The lines of a stream as `str::lines` splits them (a `\n` or `\r\n` ends a line; a leading
+/// byte order mark is dropped), one at a time in one reused buffer.
+struct Lines<'a> {
+    input: &'a mut dyn BufRead,
+    buffer: Vec<u8>,
+    /// Bytes of the stream before `buffer`.
+    offset: u64,
+    /// The 1-based number of the line in `buffer`.
+    number: u64,
+}
+
+impl Lines<'_> {
+    /// The next line that is not blank and its number, or `None` at the end of the stream.
+    fn next_nonblank(&mut self) -> Result<Option<(u64, &str)>> {
+        let (start, end) = loop {
+            self.offset += self.buffer.len() as u64;
+            self.buffer.clear();
+            if self.input.read_until(b'\n', &mut self.buffer).map_err(Error::from_io)? == 0 {
+                return Ok(None);
+            }
+            self.number += 1;
+            let line = std::str::from_utf8(&self.buffer).map_err(|e| {
+                // Worded as `Utf8Error` words it, with the index in the file, not in the line.
+                let at = self.offset + e.valid_up_to() as u64;
+                let what = match e.error_len() {
+                    Some(n) => format!("invalid utf-8 sequence of {n} bytes from index {at}"),
+                    None => format!("incomplete utf-8 byte sequence from index {at}"),
+                };
+                Error::input(format!("not UTF-8 text: {what}")).at(Place::Byte(at))
+            })?;
+            // The byte order mark starts the first line only; the line ending is not part of it.
+            let bom = if self.number == 1 && line.starts_with('\u{feff}') { 3 } else { 0 };
+            let mut rest = &line[bom..];
+            if let Some(l) = rest.strip_suffix('\n') {
+                rest = l.strip_suffix('\r').unwrap_or(l);
+            }
+            if !rest.trim().is_empty() {
+                break (bom, bom + rest.len());
+            }
+        };
+        // Validated above; borrowed again here, after the loop, to hand to the caller.
+        let line = std::str::from_utf8(&self.buffer[start..end]).unwrap_or_default();
+        Ok(Some((self.number, line)))
+    }
 }
 
 /// Writes the events of the trace's device (the one with the most events, if several) as an
@@ -352,5 +399,35 @@ mod tests {
         assert!(err.to_string().contains("2^60"), "{err}");
         let err = read_str("Thread,Time,Action\n").unwrap_err();
         assert!(err.to_string().starts_with("line 1: expected the header"), "{err}");
+    }
+
+    #[test]
+    fn streamed_lines_keep_the_places_of_the_whole_file() {
+        // A byte order mark, CRLF endings and blank lines: line numbers count every line.
+        let t = read_str(
+            "\u{feff}Thread,Time,Action,Pointer,Size,Stream\r\n\r\n  \n1,1.0,allocate,0x1,8,0\r\n",
+        )
+        .unwrap();
+        assert_eq!(t.devices[0].events.len(), 1);
+        let err = read_str("\n\u{feff}Thread,Time,Action,Pointer,Size,Stream\n").unwrap_err();
+        assert!(err.to_string().starts_with("line 2: expected the header"), "{err}");
+        let err = read_str("Thread,Time,Action,Pointer,Size,Stream\r\n\n1,1.0,alloc,0x1,8,0\r\n")
+            .unwrap_err();
+        assert!(err.to_string().starts_with("line 3: unknown action 'alloc'"), "{err}");
+        // Non-UTF-8 bytes: the offset in the file, worded as `Utf8Error` words it.
+        let data = b"Thread,Time,Action,Pointer,Size,Stream\n1,1.0,allocate,0x1,8,\xff\n";
+        let whole = String::from_utf8(data.to_vec()).unwrap_err().utf8_error();
+        let err = read(data, &ReadOptions::default()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("byte {}: not UTF-8 text: {whole}", whole.valid_up_to())
+        );
+        let data = b"Thread,Time,Action,Pointer,Size,Stream\n1,1.0,allocate,0x1,8,\xe2\x82";
+        let whole = String::from_utf8(data.to_vec()).unwrap_err().utf8_error();
+        let err = read(data, &ReadOptions::default()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("byte {}: not UTF-8 text: {whole}", whole.valid_up_to())
+        );
     }
 }
