@@ -99,10 +99,12 @@ fn a_segment_on_device_2_31_is_refused_without_a_table() {
     let (_d, path) = temp_file("far.pickle", &data);
     let o = run(&["info", path.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
+    // The place is the segment's dict: the second EMPTY_DICT, after the root's.
+    let segment = data.iter().enumerate().filter(|&(_, &b)| b == b'}').nth(1).unwrap().0;
     assert!(
-        stderr(&o).contains(
-            "far.pickle: pytorch-snapshot: segment 0: device 2147483647 is outside -1..=4095"
-        ),
+        stderr(&o).contains(&format!(
+            "far.pickle: pytorch-snapshot: byte {segment}: segment 0: device 2147483647 is outside -1..=4095"
+        )),
         "{}",
         stderr(&o)
     );

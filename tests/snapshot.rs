@@ -338,13 +338,15 @@ fn hostile_lengths_nesting_and_garbage_are_input_errors() {
     data.extend(std::iter::repeat_n(b'a', n - 1));
     data.push(b'.');
     let e = assert_input_error_fast(&data, "nested lists");
-    assert!(e.to_string().contains("segment 0: is a list, not a dict"), "{e}");
+    // Segment 0 is the second list: its EMPTY_LIST is byte 3.
+    assert!(e.to_string().contains("byte 3: segment 0: is a list, not a dict"), "{e}");
     let mut data = b"\x80\x04}\x8c\x0ddevice_traces".to_vec();
     data.extend(std::iter::repeat_n(b']', n));
     data.extend(std::iter::repeat_n(b'a', n - 1));
     data.extend_from_slice(b"s.");
     let e = assert_input_error_fast(&data, "nested device_traces");
-    assert!(e.to_string().contains("trace entry 0: is a list, not a dict"), "{e}");
+    // Root dict at 2, its 15-byte key, device_traces at 18, device 0 at 19, entry 0 at 20.
+    assert!(e.to_string().contains("trace entry 0: is a list, not a dict (pickle byte 20)"), "{e}");
 
     // Seeded garbage after a valid protocol header.
     let mut rng = fragsim::testing::Rng::new(1);

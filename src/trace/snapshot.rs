@@ -56,8 +56,10 @@ pub fn read(data: &[u8], options: &ReadOptions) -> Result<Trace> {
         Value::List(_) => (Some(root), None),
         Value::Dict(_) => match (p.get(root, "segments"), p.get(root, "device_traces")) {
             (None, None) => {
-                return Err(Error::input(
-                    "not a memory snapshot: the pickled dict has neither 'segments' nor 'device_traces'",
+                return Err(schema_err(
+                    "not a memory snapshot: the pickled dict has neither 'segments' nor 'device_traces'"
+                        .into(),
+                    p.offset_of(root),
                 ))
             }
             found => found,
@@ -70,23 +72,29 @@ pub fn read(data: &[u8], options: &ReadOptions) -> Result<Trace> {
         }
     };
     if let Some(segments) = segments {
-        trace.segments = read_segments(&p, segments)?;
+        trace.segments = read_segments(&p, segments, root)?;
     }
     match traces {
         Some(traces) => {
             let lists = p.items(traces).ok_or_else(|| {
-                Error::input(format!("'device_traces' is a {}, not a list", traces.type_name()))
+                schema_err(
+                    format!("'device_traces' is a {}, not a list", traces.type_name()),
+                    byte_of(&p, traces, root),
+                )
             })?;
             let mut all_timed = true;
             let mut any = false;
             let mut indices = Vec::with_capacity(lists.len());
             for (i, &list) in lists.iter().enumerate() {
                 let device = limits::check_device(i as i64).map_err(|m| {
-                    Error::input(format!("'device_traces' has {} entries: {m}", lists.len()))
+                    schema_err(
+                        format!("'device_traces' has {} entries: {m}", lists.len()),
+                        p.offset_of(traces),
+                    )
                 })?;
                 let mut entry_index = Vec::new();
                 let (events, timed) =
-                    reader.device_trace(device, list, &mut trace, &mut entry_index)?;
+                    reader.device_trace(device, (list, traces), &mut trace, &mut entry_index)?;
                 any |= !events.is_empty();
                 all_timed &= timed;
                 trace.devices.push(DeviceTrace { device, events });
@@ -112,7 +120,7 @@ pub fn read(data: &[u8], options: &ReadOptions) -> Result<Trace> {
     }
     if let Value::Dict(_) = root {
         if let Some(settings) = p.get(root, "allocator_settings") {
-            trace.allocator_settings = Some(read_settings(&p, settings)?);
+            trace.allocator_settings = Some(read_settings(&p, settings, root)?);
         }
     }
     Ok(trace)
@@ -137,32 +145,54 @@ struct Reader<'p, 'a> {
     stacks: HashMap<Vec<u32>, FramesId>,
 }
 
-/// An error about entry `index` of device `device`.
-fn entry_err(device: i32, index: usize, message: String) -> Error {
-    Error::input(format!("device {device}: trace entry {index}: {message}"))
+/// An error about entry `index` of device `device`, whose nearest object was built at pickle
+/// byte `at`: the place is the event index, and the message names the byte too.
+fn entry_err(device: i32, index: usize, message: String, at: Option<u64>) -> Error {
+    let byte = at.map(|b| format!(" (pickle byte {b})")).unwrap_or_default();
+    Error::input(format!("device {device}: trace entry {index}: {message}{byte}"))
         .at(Place::Event(index as u64))
+}
+
+/// A schema error whose nearest object was built at pickle byte `at` (when known), which
+/// becomes its place.
+fn schema_err(message: String, at: Option<u64>) -> Error {
+    match at {
+        Some(b) => Error::input(message).at(Place::Byte(b)),
+        None => Error::input(message),
+    }
+}
+
+/// Where a schema error about `v` points: the opcode that built `v` or, when `v` is a scalar
+/// (which has no object of its own), the one that built `parent`, the container holding it.
+fn byte_of(p: &Pickle, v: Value, parent: Value) -> Option<u64> {
+    p.offset_of(v).or_else(|| p.offset_of(parent))
 }
 
 impl<'a> Reader<'_, 'a> {
     /// Reads one device's entries. Returns the events and whether every entry had `time_us`
     /// (an entry without one gets its index as time); `entry_index` receives each event's entry
-    /// index, for when the trace turns out not to be timed throughout.
+    /// index, for when the trace turns out not to be timed throughout. `within` is the
+    /// `device_traces` list that holds `list`, for errors.
     fn device_trace(
         &mut self,
         device: i32,
-        list: Value,
+        (list, within): (Value, Value),
         trace: &mut Trace,
         entry_index: &mut Vec<i64>,
     ) -> Result<(Vec<Event>, bool)> {
         let p = self.p;
         let entries = p.items(list).ok_or_else(|| {
-            Error::input(format!("device_traces[{device}] is a {}, not a list", list.type_name()))
+            schema_err(
+                format!("device_traces[{device}] is a {}, not a list", list.type_name()),
+                byte_of(p, list, within),
+            )
         })?;
         let mut events = Vec::with_capacity(entries.len().min(1 << 20));
         let mut all_timed = true;
         entry_index.clear();
         for (index, &entry) in entries.iter().enumerate() {
-            let err = |m: String| entry_err(device, index, m);
+            let at = byte_of(p, entry, list);
+            let err = |m: String| entry_err(device, index, m, at);
             let fields = p
                 .entries(entry)
                 .ok_or_else(|| err(format!("is a {}, not a dict", entry.type_name())))?;
@@ -233,7 +263,9 @@ impl<'a> Reader<'_, 'a> {
                 }
             };
             let frames = match frames {
-                Some(f) if self.keep_frames => self.frames(f, trace).map_err(err)?,
+                Some(f) if self.keep_frames => self
+                    .frames(f, trace)
+                    .map_err(|(m, frame_at)| entry_err(device, index, m, frame_at.or(at)))?,
                 _ => FramesId::NONE,
             };
             for &a in actions {
@@ -246,13 +278,17 @@ impl<'a> Reader<'_, 'a> {
         Ok((events, all_timed))
     }
 
-    /// Interns a frame list, once per list object.
-    fn frames(&mut self, v: Value, trace: &mut Trace) -> Result<FramesId, String> {
+    /// Interns a frame list, once per list object. An error names the byte offset of the
+    /// offending frame or of the list, where there is one.
+    fn frames(&mut self, v: Value, trace: &mut Trace) -> Result<FramesId, (String, Option<u64>)> {
         let p = self.p;
         let key = match v {
             Value::List(id) | Value::Tuple(id) => id as usize,
             Value::None => return Ok(FramesId::NONE),
-            other => return Err(format!("'frames' is a {}, not a list", other.type_name())),
+            other => {
+                let message = format!("'frames' is a {}, not a list", other.type_name());
+                return Err((message, p.offset_of(other)));
+            }
         };
         if let Some(&Some(id)) = self.frame_ids.get(key) {
             return Ok(id);
@@ -263,10 +299,11 @@ impl<'a> Reader<'_, 'a> {
             match f {
                 Value::Dict(d) => dict_ids.push(d),
                 other => {
-                    return Err(format!(
+                    let message = format!(
                         "a frame is a {}, not a dict with filename, line and name",
                         other.type_name()
-                    ))
+                    );
+                    return Err((message, byte_of(p, other, v)));
                 }
             }
         }
@@ -275,7 +312,7 @@ impl<'a> Reader<'_, 'a> {
             None => {
                 let mut frames = Vec::with_capacity(items.len().min(4096));
                 for &f in items {
-                    frames.push(self.frame(f)?);
+                    frames.push(self.frame(f).map_err(|m| (m, byte_of(p, f, v)))?);
                 }
                 let id = trace.frames.intern(frames);
                 self.stacks.insert(dict_ids, id);
@@ -336,13 +373,15 @@ fn bytes_field(p: &Pickle, key: &str, v: Option<Value>) -> Result<u64, String> {
     }
 }
 
-fn read_segments(p: &Pickle, v: Value) -> Result<Vec<Segment>> {
-    let items = p
-        .items(v)
-        .ok_or_else(|| Error::input(format!("'segments' is a {}, not a list", v.type_name())))?;
+/// Reads the segment list `v`, which `root` holds (or is, in a legacy snapshot).
+fn read_segments(p: &Pickle, v: Value, root: Value) -> Result<Vec<Segment>> {
+    let items = p.items(v).ok_or_else(|| {
+        schema_err(format!("'segments' is a {}, not a list", v.type_name()), byte_of(p, v, root))
+    })?;
     let mut out = Vec::with_capacity(items.len().min(1 << 16));
     for (i, &s) in items.iter().enumerate() {
-        let err = |m: String| Error::input(format!("segment {i}: {m}"));
+        let at = byte_of(p, s, v);
+        let err = |m: String| schema_err(format!("segment {i}: {m}"), at);
         if p.entries(s).is_none() {
             return Err(err(format!("is a {}, not a dict", s.type_name())));
         }
@@ -365,11 +404,13 @@ fn read_segments(p: &Pickle, v: Value) -> Result<Vec<Segment>> {
         let mut blocks = Vec::new();
         let mut next = address;
         if let Some(bv) = p.get(s, "blocks") {
-            let bitems = p
-                .items(bv)
-                .ok_or_else(|| err(format!("'blocks' is a {}, not a list", bv.type_name())))?;
+            let bitems = p.items(bv).ok_or_else(|| {
+                let message = format!("segment {i}: 'blocks' is a {}, not a list", bv.type_name());
+                schema_err(message, byte_of(p, bv, s))
+            })?;
             for (j, &b) in bitems.iter().enumerate() {
-                let berr = |m: String| err(format!("block {j}: {m}"));
+                let bat = byte_of(p, b, bv);
+                let berr = |m: String| schema_err(format!("segment {i}: block {j}: {m}"), bat);
                 if p.entries(b).is_none() {
                     return Err(berr(format!("is a {}, not a dict", b.type_name())));
                 }
@@ -439,8 +480,10 @@ fn describe(p: &Pickle, v: Value) -> String {
     }
 }
 
-fn read_settings(p: &Pickle, v: Value) -> Result<AllocatorSettings> {
-    let err = |m: String| Error::input(format!("allocator_settings: {m}"));
+/// Reads the `allocator_settings` dict `v`, which `root` holds.
+fn read_settings(p: &Pickle, v: Value, root: Value) -> Result<AllocatorSettings> {
+    let at = byte_of(p, v, root);
+    let err = |m: String| schema_err(format!("allocator_settings: {m}"), at);
     if p.entries(v).is_none() {
         return Err(err(format!("is a {}, not a dict", v.type_name())));
     }
@@ -854,12 +897,66 @@ mod tests {
             (&[("size", 1)], "alloc", "has no 'addr'"),
             (&[("addr", 1), ("size", 1), ("stream", -1)], "alloc", "'stream'"),
         ] {
-            let e = read(&one_entry(fields, action), &opts(false)).unwrap_err();
+            let data = one_entry(fields, action);
+            let e = read(&data, &opts(false)).unwrap_err();
             assert_eq!(e.kind(), crate::error::ErrorKind::Input);
             assert_eq!(e.location().place, Some(Place::Event(1)), "{e}");
             assert!(e.to_string().starts_with("event 1: device 0: trace entry 1: "), "{e}");
             assert!(e.to_string().contains(text), "{e}");
+            // The place stays the event; the message adds where entry 1's dict is built (the
+            // last EMPTY_DICT: no field value here has a 0x7d byte).
+            let dict = data.iter().rposition(|&b| b == b'}').unwrap();
+            assert!(e.to_string().ends_with(&format!(" (pickle byte {dict})")), "{e}");
         }
+    }
+
+    #[test]
+    fn schema_errors_name_the_byte_of_the_offending_object() {
+        // {'segments': [{'address': 0, 'blocks': [<block>]}]}, written opcode by opcode so the
+        // offsets are known: the block is a list (its own EMPTY_LIST is the place) or an int
+        // (a scalar has no opcode of its own: the place is the blocks list holding it).
+        let key = |data: &mut Vec<u8>, k: &str| {
+            data.extend_from_slice(&[0x8c, k.len() as u8]);
+            data.extend_from_slice(k.as_bytes());
+        };
+        for (block, text) in [(&b"]"[..], "is a list"), (b"K\x07", "is a int")] {
+            let mut data = b"\x80\x04}".to_vec();
+            key(&mut data, "segments");
+            data.push(b']');
+            data.extend_from_slice(b"}(");
+            key(&mut data, "address");
+            data.extend_from_slice(b"K\x00");
+            key(&mut data, "blocks");
+            let blocks = data.len();
+            data.push(b']');
+            let list = data.len();
+            data.extend_from_slice(block);
+            // APPEND the block, SETITEMS the segment's pairs, APPEND it, SETITEM 'segments'.
+            data.extend_from_slice(b"auas.");
+            let e = read(&data, &opts(false)).unwrap_err();
+            let at = if block == b"]" { list } else { blocks };
+            assert_eq!(e.location().place, Some(Place::Byte(at as u64)), "{e}");
+            assert_eq!(
+                e.to_string(),
+                format!("byte {at}: segment 0: block 0: {text}, not a dict"),
+                "{data:?}"
+            );
+        }
+
+        // A device trace entry that is a list keeps its event place and names the byte.
+        let mut data = b"\x80\x04}".to_vec();
+        key(&mut data, "device_traces");
+        data.extend_from_slice(b"]]");
+        let entry = data.len();
+        data.extend_from_slice(b"]aas.");
+        let e = read(&data, &opts(false)).unwrap_err();
+        assert_eq!(e.location().place, Some(Place::Event(0)), "{e}");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "event 0: device 0: trace entry 0: is a list, not a dict (pickle byte {entry})"
+            )
+        );
     }
 
     #[test]

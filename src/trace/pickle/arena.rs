@@ -7,6 +7,11 @@
 //! contiguously at the end of a shared pool. A container that grows again after other items were
 //! pooled (a second batch, or single `APPEND`s interleaved with other containers) moves to its own
 //! `Vec` once; every item is copied at most once, so work and memory stay linear in the input.
+//!
+//! Each container also keeps the byte offset of the opcode that built it, so that schema errors
+//! found long after decoding can still say where in the file the offending object is. Offsets
+//! cost 4 bytes a container: containers are added in file order, so offsets only grow with the
+//! index, and the high bits are kept once per 4 GiB as the first index past each boundary.
 
 /// Where one container's items live.
 #[derive(Debug)]
@@ -22,11 +27,15 @@ enum Span<T> {
 pub(crate) struct Arena<T> {
     pool: Vec<T>,
     spans: Vec<Span<T>>,
+    /// The low 32 bits of each container's opcode offset, by index.
+    low: Vec<u32>,
+    /// `wraps[k]` is the first index whose offset is at least `(k + 1) << 32`.
+    wraps: Vec<usize>,
 }
 
 impl<T> Default for Arena<T> {
     fn default() -> Self {
-        Arena { pool: Vec::new(), spans: Vec::new() }
+        Arena { pool: Vec::new(), spans: Vec::new(), low: Vec::new(), wraps: Vec::new() }
     }
 }
 
@@ -35,7 +44,7 @@ impl<T: Copy> Arena<T> {
     /// the input's length (never from a length the input declares), so a large guess costs only
     /// untouched virtual memory, while a good one saves the copies of repeated doubling.
     pub(crate) fn with_capacity(items: usize) -> Self {
-        Arena { pool: Vec::with_capacity(items), spans: Vec::new() }
+        Arena { pool: Vec::with_capacity(items), ..Arena::default() }
     }
 
     /// The number of containers.
@@ -43,12 +52,26 @@ impl<T: Copy> Arena<T> {
         self.spans.len()
     }
 
-    /// Adds a container holding `items` and returns its index.
-    pub(crate) fn add(&mut self, items: impl Iterator<Item = T>) -> usize {
+    /// Adds a container holding `items`, built by the opcode at byte `offset`, and returns its
+    /// index. Offsets must not decrease from one container to the next (the decoder adds them in
+    /// file order).
+    pub(crate) fn add(&mut self, offset: u64, items: impl Iterator<Item = T>) -> usize {
+        let id = self.spans.len();
+        while (self.wraps.len() as u64) < offset >> 32 {
+            self.wraps.push(id);
+        }
+        self.low.push(offset as u32);
         let start = self.pool.len();
         self.pool.extend(items);
         self.spans.push(Span::Pooled { start, len: self.pool.len() - start });
-        self.spans.len() - 1
+        id
+    }
+
+    /// The byte offset of the opcode that built container `id`.
+    pub(crate) fn offset(&self, id: usize) -> Option<u64> {
+        let low = *self.low.get(id)?;
+        let high = self.wraps.partition_point(|&first| first <= id) as u64;
+        Some(high << 32 | low as u64)
     }
 
     /// Appends `items` to container `id` (which must exist).
@@ -90,9 +113,9 @@ mod tests {
     #[test]
     fn containers_keep_their_items_however_they_grow() {
         let mut a = Arena::default();
-        let x = a.add([1, 2].into_iter());
-        let y = a.add(std::iter::empty());
-        let z = a.add([9].into_iter());
+        let x = a.add(0, [1, 2].into_iter());
+        let y = a.add(0, std::iter::empty());
+        let z = a.add(0, [9].into_iter());
         a.extend(y, [5, 6].into_iter()); // empty: moves to the end
         a.extend(y, [7].into_iter()); // at the end: grows in place
         a.extend(x, [3].into_iter()); // not at the end: moves to its own vec
@@ -102,5 +125,16 @@ mod tests {
         assert_eq!(a.get(z), Some(&[9][..]));
         assert_eq!(a.get(3), None);
         assert_eq!(a.len(), 3);
+    }
+
+    #[test]
+    fn offsets_past_4_gib_keep_their_high_bits() {
+        let mut a = Arena::<u8>::default();
+        let at = [7, (1 << 32) - 1, 1 << 32, (3 << 32) + 5, (3 << 32) + 5, 1 << 40];
+        let ids: Vec<usize> = at.iter().map(|&o| a.add(o, std::iter::empty())).collect();
+        for (&id, &o) in ids.iter().zip(&at) {
+            assert_eq!(a.offset(id), Some(o), "container {id}");
+        }
+        assert_eq!(a.offset(ids.len()), None);
     }
 }

@@ -231,7 +231,10 @@ impl<'a> Decoder<'a> {
         if self.out.seqs.len() >= u32::MAX as usize {
             return Err(self.err("more than 2^32 containers".into()));
         }
-        let id = self.out.seqs.add(self.stack.get(base..).unwrap_or(&[]).iter().copied());
+        let id = self
+            .out
+            .seqs
+            .add(self.op_at as u64, self.stack.get(base..).unwrap_or(&[]).iter().copied());
         self.stack.truncate(base);
         Ok(id as u32)
     }
@@ -242,7 +245,7 @@ impl<'a> Decoder<'a> {
             return Err(self.err("more than 2^32 containers".into()));
         }
         let items = self.stack.get(base..).unwrap_or(&[]);
-        let id = self.out.dicts.add(items.chunks_exact(2).map(|c| (c[0], c[1])));
+        let id = self.out.dicts.add(self.op_at as u64, items.chunks_exact(2).map(|c| (c[0], c[1])));
         self.stack.truncate(base);
         Ok(id as u32)
     }

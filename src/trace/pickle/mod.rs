@@ -114,6 +114,17 @@ impl<'a> Pickle<'a> {
         }
     }
 
+    /// The byte offset in the input of the opcode that built container `v` (`EMPTY_LIST`,
+    /// `DICT`, `TUPLE2`, ...), so errors found in the decoded data can point into the file;
+    /// `None` for a scalar, which has no object of its own to point at.
+    pub fn offset_of(&self, v: Value) -> Option<u64> {
+        match v {
+            Value::List(i) | Value::Tuple(i) | Value::Set(i) => self.seqs.offset(i as usize),
+            Value::Dict(i) => self.dicts.offset(i as usize),
+            _ => None,
+        }
+    }
+
     /// `dict[key]` for a string key; `None` when `dict` is not a dict or lacks the key.
     pub fn get(&self, dict: Value, key: &str) -> Option<Value> {
         self.entries(dict)?.iter().rev().find(|(k, _)| self.is_str(*k, key)).map(|&(_, v)| v)
@@ -195,5 +206,22 @@ mod tests {
         assert!(matches!(p.root(), Value::List(0)));
         assert_eq!(p.items(p.root()).unwrap(), &[Value::List(0)]);
         assert_eq!(p.depth(p.root(), 50), 50);
+    }
+
+    #[test]
+    fn containers_know_the_offset_of_their_opcode() {
+        // PROTO 4, EMPTY_DICT, 'a', MARK, EMPTY_LIST, NONE, TUPLE1, LIST, SETITEM, STOP:
+        // {'a': [[], (None,)]}.
+        let data = b"\x80\x04}\x8c\x01a(]N\x85ls.";
+        let p = decode(data).unwrap();
+        let root = p.root();
+        assert_eq!(p.offset_of(root), Some(2));
+        let outer = p.get(root, "a").unwrap();
+        assert_eq!(p.offset_of(outer), Some(10), "LIST, not its MARK");
+        let items = p.items(outer).unwrap();
+        assert_eq!(p.offset_of(items[0]), Some(7));
+        assert_eq!(p.offset_of(items[1]), Some(9));
+        assert_eq!(p.offset_of(Value::Int(1)), None);
+        assert_eq!(p.offset_of(Value::List(9)), None);
     }
 }
