@@ -47,7 +47,7 @@ pub struct FormatInfo {
     pub detect: fn(&[u8]) -> bool,
     /// Reads a trace from decompressed file content, streamed: errors name the place, the
     /// caller adds the file and format. Readers that parse their input as a whole read it to
-    /// the end first ([`whole`]); the others hold one bounded buffer beside the events.
+    /// the end first (`whole`); the others hold one bounded buffer beside the events.
     pub read: fn(&mut dyn BufRead, &ReadOptions) -> Result<Trace>,
     /// Writes a trace in this format.
     pub write: fn(&Trace, &mut dyn Write) -> Result<()>,

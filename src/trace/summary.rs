@@ -6,7 +6,7 @@
 //! itself had live at most. None of this needs a policy: it is a single pass over the events.
 //!
 //! Frees take effect at the action the replay engine uses
-//! ([`free_action`](super::lifetimes::free_action)): `free_completed` when a trace has
+//! ([`free_action`]): `free_completed` when a trace has
 //! any, else `free_requested`. The serialised form is `info --json` (interface.md: `format`,
 //! `devices` with `device`, `events` and `by_action`, `orphan_frees`, `peak_live_bytes`).
 

@@ -9,7 +9,7 @@
 //!
 //! How it works:
 //! - [`Policy::prepare`] walks the events. Each `alloc` of a positive size opens a lifetime at its
-//!   event; the free that takes effect ([`free_action`](crate::trace::lifetimes::free_action)) of the same address
+//!   event; the free that takes effect ([`free_action`]) of the same address
 //!   closes it; blocks never freed live to the end. Blocks live before the first event (which
 //!   the engine allocates first, in address order) live from the start: built by the registry,
 //!   `offline` gets them from the engine's [`PolicyContext`] ([`Offline::from_input`]), including those only
