@@ -164,13 +164,7 @@ pub fn row_and_limit(
     trace: &Trace,
     device: i32,
 ) -> (Option<RecordedRow>, Option<limit::DeviceLimit>) {
-    let Some(r) = recorded(trace, device) else { return (None, None) };
-    let l = limit::infer(trace, &r);
-    let row = match r.source {
-        Source::SnapshotSegments => r.row().with_limit(&l),
-        Source::KinetoTotals => r.row(),
-    };
-    (Some(row), Some(l))
+    recorded(trace, device).map(|r| r.row_and_limit(trace)).unzip()
 }
 
 /// Reserved over time from a snapshot: final segments minus the net of segment events.
@@ -311,6 +305,18 @@ impl Recorded {
         }
         self.reserved_at_end_bytes =
             self.reserved_after.last().copied().unwrap_or(self.reserved_at_start_bytes);
+    }
+
+    /// The row (with `alloc_retries` from the inferred limit where the recording's segment
+    /// events prove them) and the device limit the recording implies: what [`row_and_limit`]
+    /// gives, for a caller that also wants [`Recorded::series`] without recovering it twice.
+    pub fn row_and_limit(&self, trace: &Trace) -> (RecordedRow, limit::DeviceLimit) {
+        let l = limit::infer(trace, self);
+        let row = match self.source {
+            Source::SnapshotSegments => self.row().with_limit(&l),
+            Source::KinetoTotals => self.row(),
+        };
+        (row, l)
     }
 
     /// The recorded run as a row beside the policies (see [`RecordedRow`]).

@@ -291,9 +291,10 @@ fn bar(progress: bool, len: u64, what: &str) -> ProgressBar {
 /// returned in [`ReportData::skipped`]; the caller tells the user.
 pub fn collect(trace: &Trace, plan: &ReportPlan) -> Result<ReportData> {
     let input = ReplayInput::new(trace, plan.device)?;
-    let (recorded, limit) = crate::recorded::row_and_limit(trace, input.device);
-    let recorded_series =
-        crate::recorded::recorded(trace, input.device).map(|r| r.series(trace, PLOT_POINTS));
+    // Recovered once: the row, the limit and the timeline's line all come from it.
+    let run = crate::recorded::recorded(trace, input.device);
+    let (recorded, limit) = run.as_ref().map(|r| r.row_and_limit(trace)).unzip();
+    let recorded_series = run.map(|r| r.series(trace, PLOT_POINTS));
     let options = ReplayOptions {
         capacity: plan.capacity,
         empty_cache: plan.empty_cache.clone(),

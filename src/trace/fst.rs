@@ -467,8 +467,8 @@ fn read_whole(data: &[u8], version: u32) -> Result<Trace> {
         has_times: wire.has_times,
         recorded_totals: wire.recorded_totals,
     };
-    // Sizes, ranges, times, devices and streams: the one table every reader keeps.
-    limits::check_trace(&trace)?;
+    // Each event was checked above; the whole-trace limits (streams per device, ...) are checked
+    // once for every format by `read::read_bytes` and the path reader.
     Ok(trace)
 }
 
@@ -634,13 +634,7 @@ mod tests {
         body.extend([0u8, 0, 0]); // format, has_times, no devices
         body.push(0xfd); // varint marker for a u64 length...
         body.extend((1u64 << 62).to_le_bytes());
-        let mut crc = flate2::Crc::new();
-        crc.update(&body);
-        let mut data = MAGIC.to_vec();
-        data.extend(VERSION.to_le_bytes());
-        data.extend((body.len() as u64).to_le_bytes());
-        data.extend(crc.sum().to_le_bytes());
-        data.extend(&body);
+        let data = framed(VERSION, &body);
         let err = read(&data, &ReadOptions::default()).unwrap_err();
         assert!(err.to_string().starts_with("byte 24: undecodable body"), "{err}");
     }
@@ -668,13 +662,18 @@ mod tests {
         if version == 2 {
             body.extend(bincode::serde::encode_to_vec(&t.recorded_totals, config()).unwrap());
         }
+        framed(version, &body)
+    }
+
+    /// `body` as the one record of a file of `version`: magic, version, length, CRC, body.
+    fn framed(version: u32, body: &[u8]) -> Vec<u8> {
         let mut crc = flate2::Crc::new();
-        crc.update(&body);
+        crc.update(body);
         let mut data = MAGIC.to_vec();
         data.extend(version.to_le_bytes());
         data.extend((body.len() as u64).to_le_bytes());
         data.extend(crc.sum().to_le_bytes());
-        data.extend(&body);
+        data.extend(body);
         data
     }
 

@@ -8,6 +8,7 @@
 //! checked here, once, at the boundary, the policies can trust that `addr + size` neither wraps
 //! nor exceeds [`ADDRESS_LIMIT`]. `docs/interface.md` lists the same table ([`LIMITS`]).
 
+use super::lifetimes::AddrSet;
 use super::{Event, Segment, Trace};
 use crate::error::{Error, Place, Result};
 
@@ -139,7 +140,8 @@ pub fn check_trace(trace: &Trace) -> Result<()> {
                 d.events.len()
             )));
         }
-        let mut streams = std::collections::HashSet::new();
+        // Every event passes here on load: the fast address hasher, not SipHash.
+        let mut streams = AddrSet::default();
         for (i, e) in d.events.iter().enumerate() {
             let err = |m: String| Error::input(format!("device {}: {m}", d.device));
             check_event(e).map_err(err).map_err(|x| x.at(Place::Event(i as u64)))?;
