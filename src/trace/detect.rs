@@ -61,6 +61,7 @@ mod tests {
             detect(b"thread, time, action, pointer, size, stream\r\n"),
             Some(Format::RmmCsv)
         );
+        assert_eq!(detect(b"# written by hand\n\n# nothing yet\n"), Some(Format::Text));
         assert_eq!(detect(b"\x00\x01garbage"), None);
         assert_eq!(detect(b""), None);
     }

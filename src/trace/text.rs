@@ -24,18 +24,22 @@ use std::io::{BufRead, Write};
 
 /// True when `head` (the start of a file) reads like a text trace.
 pub fn looks_like_text(head: &str) -> bool {
+    let mut commented = false;
     for line in head.lines() {
         let line = line.trim();
         if line.starts_with("# fragsim text trace") {
             return true;
         }
         if line.is_empty() || line.starts_with('#') {
+            commented |= !line.is_empty();
             continue;
         }
         let word = line.split_whitespace().next().unwrap_or("");
         return word == "device" || word == "free" || Action::from_name(word).is_some();
     }
-    false
+    // Only comments so far: no other format starts with `#`, so this is a text trace whose
+    // events come later, or one with none, which the reader then reports as such.
+    commented
 }
 
 /// What writing `trace` as text leaves out, one line each (empty when nothing is lost).
