@@ -209,3 +209,29 @@ fn jobs_and_quiet_change_neither_results_nor_stdout() {
     let out = run(&["report", t, "-p", "bfc", "--out", d, "-j", "1", "-q"]);
     assert!(out.status.success(), "{}", stderr(&out));
 }
+
+#[test]
+fn sweep_and_check_replay_the_device_asked_for() {
+    // The Kineto trace has a CUDA device (1, the default: most events) and host memory (-1).
+    let k = real_trace("kineto-ddp-v100-rank1.json.gz");
+    let k = k.to_str().unwrap();
+    let peak = |v: &Value, key: &str| v[key][0]["peak_reserved_bytes"].as_u64().unwrap();
+    let host = json(&run(&["replay", k, "-p", "bfc", "--device", "-1", "--json"]));
+    let cuda = json(&run(&["replay", k, "-p", "bfc", "--json"]));
+    assert_ne!(peak(&host, "results"), peak(&cuda, "results"));
+    for (args, want) in [(&["--device", "-1"][..], &host), (&[][..], &cuda)] {
+        let mut cmd = vec!["sweep", k, "-p", "bfc", "--json"];
+        cmd.extend_from_slice(args);
+        let swept = json(&run(&cmd));
+        let bfc = swept["results"].as_array().unwrap().iter().find(|r| r["policy"] == "bfc");
+        assert_eq!(bfc.unwrap()["peak_reserved_bytes"], want["results"][0]["peak_reserved_bytes"]);
+    }
+    // A device a trace lacks is a usage error naming that trace.
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base.json");
+    let base = base.to_str().unwrap();
+    let out = run(&["check", k, "--baseline", base, "--update", "--device", "7"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(err.contains("no device 7") && err.contains("kineto-ddp-v100-rank1"), "{err}");
+}

@@ -33,6 +33,10 @@ pub struct Args {
     #[arg(long = "policy", short = 'p', value_name = "SPEC")]
     policies: Vec<String>,
 
+    /// The device to replay in every trace (default: each trace's device with the most events).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    device: Option<i32>,
+
     /// Write this run's results as the baseline (replacing FILE) instead of comparing.
     #[arg(long)]
     update: bool,
@@ -60,7 +64,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     };
     let bar = args.control.bar(specs.len() * args.traces.len(), "checking");
     let options = ReplayOptions::default();
-    let results = args.control.replay_traces(&args.traces, &specs, &options, &bar)?;
+    let results = args.control.replay_traces(&args.traces, args.device, &specs, &options, &bar)?;
     bar.finish();
     let rows: Vec<Row> = args
         .traces

@@ -74,11 +74,13 @@ impl Control {
 
     /// Replays every spec on every trace, the one loop `sweep` and `check` share: traces are read
     /// one at a time (one trace's events in memory at once) and each trace's specs run through
-    /// [`run_specs`] with `--jobs`, advancing `bar` per replay. Returns, per trace, the results
-    /// in the order of `specs`.
+    /// [`run_specs`] with `--jobs`, advancing `bar` per replay, on `device` (default: each
+    /// trace's device with the most events). Returns, per trace, the results in the order of
+    /// `specs`.
     pub fn replay_traces(
         &self,
         traces: &[PathBuf],
+        device: Option<i32>,
         specs: &[PolicySpec],
         options: &ReplayOptions,
         bar: &Bar,
@@ -89,8 +91,10 @@ impl Control {
         let mut out = Vec::with_capacity(traces.len());
         for path in traces {
             let trace = self.read_trace(path)?;
-            let input = ReplayInput::new(&trace, None)?;
-            let mut runs = run_specs(specs, &input, options, &settings)?.runs;
+            let named = super::in_trace(path, &trace);
+            // With several traces, a missing device must say which trace lacks it.
+            let input = ReplayInput::new(&trace, device).map_err(|e| named(e).in_file(path))?;
+            let mut runs = run_specs(specs, &input, options, &settings).map_err(&named)?.runs;
             runs.sort_by_key(|r| r.index);
             out.push(runs.into_iter().map(|r| r.output.result).collect());
         }

@@ -40,6 +40,10 @@ pub struct Args {
     #[arg(long, value_name = "KEY", default_value = sweep::DEFAULT_OBJECTIVE)]
     objective: String,
 
+    /// The device to replay in every trace (default: each trace's device with the most events).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    device: Option<i32>,
+
     /// Device memory, e.g. 40GiB or 80GB: configs that run out on any trace rank last.
     #[arg(long, value_name = "SIZE")]
     capacity: Option<String>,
@@ -76,6 +80,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let shard = args.shard.as_deref().map(Shard::parse).transpose()?;
     let mut identity = names.clone();
     identity.push(format!("capacity={capacity:?}"));
+    // Parts of sweeps of different devices must not merge (the default keeps older grid ids).
+    if let Some(device) = args.device {
+        identity.push(format!("device={device}"));
+    }
     let grid_id = sweep::grid_id(&identity);
 
     let mine = shard.map_or(0..specs.len(), |s| s.range(specs.len()));
@@ -83,7 +91,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let names = &names[mine];
     let options = ReplayOptions { capacity, ..ReplayOptions::default() };
     let bar = args.control.bar(specs.len() * args.traces.len(), "sweeping");
-    let results = args.control.replay_traces(&args.traces, specs, &options, &bar)?;
+    let results = args.control.replay_traces(&args.traces, args.device, specs, &options, &bar)?;
     bar.finish();
 
     let traces: Vec<String> = args.traces.iter().map(|t| t.display().to_string()).collect();
