@@ -85,7 +85,7 @@ impl ActiveMap {
     }
 
     /// Removes `addr`; its id, if it was there.
-    #[inline]
+    #[inline(always)] // one caller, on the hot path
     pub(super) fn remove(&mut self, addr: u64) -> Option<u32> {
         let found = self.find(addr)?;
         let id = self.slots[found].1;

@@ -9,8 +9,9 @@
 //! State: a block arena indexed by `u32` (neighbours are indices, as PyTorch's are pointers), and
 //! per pool (small, large) a free set ordered by (stream, size, address) — the order of PyTorch's
 //! `BlockPool::blocks` (see `pool.rs`; walks across streams sort by the raw stream value) — and a
-//! `BTreeMap` of unmapped expandable ranges keyed by
-//! (stream, address). Every choice is deterministic: best fit, then lowest address.
+//! `BTreeMap` of unmapped expandable ranges keyed by (stream, address); allocated blocks are found
+//! by address in an open-addressing table (`active.rs`, PyTorch's `active_blocks`). Every choice
+//! is deterministic: best fit, then lowest address.
 //!
 //! Deviations: frees take effect when the engine calls [`Policy::free`] (at `free_completed`), so
 //! `record_stream` delays come from the trace; there are no CUDA-graph private pools and no IPC
@@ -404,6 +405,7 @@ impl PyTorch {
 
     /// The search of `get_free_block`, without its side effects: (stream index, size, address,
     /// id) of the block it would take.
+    #[inline(always)] // every malloc's search; the other caller is a what-if query
     fn find_free_block(&self, stream: u64, size: u64, small: bool) -> Option<(u16, u64, u64, u32)> {
         let sid = self.sid_of(stream)?;
         let blocks = &self.pools[pool_index(small)].blocks;

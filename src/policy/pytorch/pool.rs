@@ -85,7 +85,7 @@ impl Stream {
     }
 
     /// The first entry ≥ (size, ptr).
-    #[inline]
+    #[inline(always)] // the core of every malloc's search
     fn first_from(&self, size: u64, ptr: u64) -> Option<Entry> {
         let b = bucket(size);
         let v = &self.buckets[b];
@@ -157,7 +157,7 @@ impl FreeSet {
     }
 
     /// Removes the block of `size` bytes at `ptr` on stream `sid`; its id, if it was there.
-    #[inline]
+    #[inline(always)] // every malloc takes a block with it
     pub(super) fn remove(&mut self, sid: u16, size: u64, ptr: u64) -> Option<u32> {
         let s = self.streams.get_mut(sid as usize)?;
         let b = bucket(size);
