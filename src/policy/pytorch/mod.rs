@@ -9,14 +9,16 @@
 //! State: a block arena indexed by `u32` (neighbours are indices, as PyTorch's are pointers), and
 //! per pool (small, large) a free set ordered by (stream, size, address) — the order of PyTorch's
 //! `BlockPool::blocks` (see `pool.rs`; walks across streams sort by the raw stream value) — and a
-//! `BTreeMap` of unmapped expandable ranges keyed by
-//! (stream, address). Every choice is deterministic: best fit, then lowest address.
+//! `BTreeMap` of unmapped expandable ranges keyed by (stream, address); allocated blocks are found
+//! by address in an open-addressing table (`active.rs`, PyTorch's `active_blocks`). Every choice
+//! is deterministic: best fit, then lowest address.
 //!
 //! Deviations: frees take effect when the engine calls [`Policy::free`] (at `free_completed`), so
 //! `record_stream` delays come from the trace; there are no CUDA-graph private pools and no IPC
 //! callbacks (the free-memory callback is taken to release nothing); `cudaMalloc` and page mapping
 //! go through the [`Backend`], whose capacity decides when they fail.
 
+mod active;
 pub mod config;
 mod expandable;
 mod pool;
@@ -30,7 +32,6 @@ use super::{Allocation, Policy};
 use super::{PolicyContext, Registration, Role};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
-use crate::trace::AddrMap;
 use crate::trace::{Block as SnapBlock, BlockState, PoolKind, Segment};
 use config::{MIN_BLOCK_SIZE, SMALL_SIZE};
 use std::collections::BTreeMap;
@@ -152,7 +153,8 @@ pub struct PyTorch {
     spare: Vec<u32>,
     /// Index 0: large pool; 1: small pool.
     pools: [Pool; 2],
-    active: AddrMap<u32>,
+    /// Allocated blocks by address.
+    active: active::ActiveMap,
     segments: BTreeMap<u64, SegmentInfo>,
     expandable: Vec<ExpandableSegment>,
     /// Every stream seen, indexed by the `sid` in keys.
@@ -179,13 +181,11 @@ fn pool_index(small: bool) -> usize {
 impl PyTorch {
     /// A policy with `config` and an empty cache.
     pub fn new(config: Config) -> PyTorch {
-        let mut active = AddrMap::default();
-        active.reserve(4096); // typical live-block counts; avoids rehashing early in a replay
         PyTorch {
             blocks: Vec::with_capacity(1024),
             spare: Vec::new(),
             pools: [Pool::default(), Pool::default()],
-            active,
+            active: active::ActiveMap::default(),
             segments: BTreeMap::new(),
             expandable: Vec::new(),
             streams: Vec::new(),
@@ -282,6 +282,7 @@ impl PyTorch {
         self.total_allocated
     }
 
+    #[inline]
     fn new_block(&mut self, b: Block) -> u32 {
         if let Some(i) = self.spare.pop() {
             self.blocks[i as usize] = b;
@@ -292,6 +293,7 @@ impl PyTorch {
         }
     }
 
+    #[inline]
     fn drop_block(&mut self, id: u32) {
         self.blocks[id as usize].in_use = false;
         self.spare.push(id);
@@ -351,6 +353,7 @@ impl PyTorch {
     }
 
     /// Puts a free mapped block into its pool's free set (GC base reset).
+    #[inline]
     fn insert_free(&mut self, id: u32) {
         let b = self.b(id);
         let (sid, size, ptr, p) = (b.sid, b.size, b.ptr, pool_index(b.small));
@@ -360,6 +363,7 @@ impl PyTorch {
         self.bm(id).gc_base = clock;
     }
 
+    #[inline]
     fn remove_free(&mut self, id: u32) {
         let b = self.b(id);
         let p = pool_index(b.small);
@@ -388,6 +392,7 @@ impl PyTorch {
     }
 
     /// `get_free_block` (§4): best fit on the request's stream, then the oversize rules.
+    #[inline]
     fn get_free_block(&mut self, stream: u64, size: u64, small: bool) -> Option<u32> {
         let p = pool_index(small);
         if self.gc_enabled() {
@@ -400,6 +405,7 @@ impl PyTorch {
 
     /// The search of `get_free_block`, without its side effects: (stream index, size, address,
     /// id) of the block it would take.
+    #[inline(always)] // every malloc's search; the other caller is a what-if query
     fn find_free_block(&self, stream: u64, size: u64, small: bool) -> Option<(u16, u64, u64, u32)> {
         let sid = self.sid_of(stream)?;
         let blocks = &self.pools[pool_index(small)].blocks;
@@ -443,6 +449,7 @@ impl PyTorch {
     }
 
     /// `should_split` (§5).
+    #[inline]
     fn should_split(&self, id: u32, size: u64) -> bool {
         let b = self.b(id);
         let remaining = b.size - size;
@@ -492,6 +499,8 @@ impl PyTorch {
     }
 
     /// `try_merge_blocks`: merges `src` into `dst` if it is free with the same mapping state.
+    /// (Inlined: most frees have no free neighbour, and the test is a few instructions.)
+    #[inline]
     fn try_merge(&mut self, dst: u32, src: u32) -> bool {
         if src == NIL {
             return false;
@@ -500,7 +509,13 @@ impl PyTorch {
         if s.allocated || s.mapped != self.b(dst).mapped {
             return false;
         }
-        let s = *s;
+        self.merge(dst, src);
+        true
+    }
+
+    /// Merges the free block `src` into its neighbour `dst`.
+    fn merge(&mut self, dst: u32, src: u32) {
+        let s = *self.b(src);
         self.remove_free(src);
         let d = self.bm(dst);
         if s.next == dst {
@@ -518,10 +533,10 @@ impl PyTorch {
             }
         }
         self.drop_block(src);
-        true
     }
 
     /// `free_block` (§6.3): merge with free neighbours and return to the free set.
+    #[inline]
     fn free_block(&mut self, id: u32) {
         let (prev, next) = (self.b(id).prev, self.b(id).next);
         self.try_merge(id, prev);
@@ -836,7 +851,7 @@ impl PyTorch {
             if b.allocated {
                 allocated += b.size;
                 requested += b.requested;
-                if self.active.get(&b.ptr) != Some(&id) {
+                if self.active.get(b.ptr) != Some(id) {
                     return Err(format!("allocated block {:#x} is not active", b.ptr));
                 }
             } else if b.mapped {
@@ -1003,7 +1018,7 @@ impl Policy for PyTorch {
     }
 
     fn free<B: Backend>(&mut self, _backend: &mut B, addr: u64) -> Result<()> {
-        let id = self.active.remove(&addr).ok_or_else(|| unknown_block(NAME, addr))?;
+        let id = self.active.remove(addr).ok_or_else(|| unknown_block(NAME, addr))?;
         let max_split = self.config.max_split_size;
         let b = self.bm(id);
         b.allocated = false;

@@ -84,15 +84,8 @@ impl Stream {
         }
     }
 
-    fn mark(&mut self, b: usize) {
-        if self.buckets[b].is_empty() {
-            self.nonempty[b / 64] &= !(1 << (b % 64));
-        } else {
-            self.nonempty[b / 64] |= 1 << (b % 64);
-        }
-    }
-
     /// The first entry ≥ (size, ptr).
+    #[inline(always)] // the core of every malloc's search
     fn first_from(&self, size: u64, ptr: u64) -> Option<Entry> {
         let b = bucket(size);
         let v = &self.buckets[b];
@@ -139,6 +132,7 @@ pub(super) struct FreeSet {
 
 impl FreeSet {
     /// Adds block `id` of `size` bytes at `ptr` on stream `sid`.
+    #[inline]
     pub(super) fn insert(&mut self, sid: u16, size: u64, ptr: u64, id: u32) {
         let sid = sid as usize;
         if self.streams.len() <= sid {
@@ -158,25 +152,34 @@ impl FreeSet {
             }
             v.insert(i, (size, ptr, id));
         }
-        s.mark(b);
+        s.nonempty[b / 64] |= 1 << (b % 64);
         self.len += 1;
     }
 
     /// Removes the block of `size` bytes at `ptr` on stream `sid`; its id, if it was there.
+    #[inline(always)] // every malloc takes a block with it
     pub(super) fn remove(&mut self, sid: u16, size: u64, ptr: u64) -> Option<u32> {
         let s = self.streams.get_mut(sid as usize)?;
         let b = bucket(size);
         let v = &mut s.buckets[b];
-        // The block a malloc takes is usually the bucket's smallest: its last entry.
-        let i = match v.last() {
-            Some(&(sz, p, _)) if (sz, p) == (size, ptr) => v.len() - 1,
-            _ => at_or_after(v, size, ptr).checked_sub(1)?,
+        // The block a malloc takes is usually the bucket's smallest: its last entry, popped
+        // without moving the others.
+        let id = match v.last() {
+            Some(&(sz, p, id)) if (sz, p) == (size, ptr) => {
+                v.pop();
+                id
+            }
+            _ => {
+                let i = at_or_after(v, size, ptr).checked_sub(1)?;
+                if v[i].0 != size || v[i].1 != ptr {
+                    return None;
+                }
+                v.remove(i).2
+            }
         };
-        if v[i].0 != size || v[i].1 != ptr {
-            return None;
+        if v.is_empty() {
+            s.nonempty[b / 64] &= !(1 << (b % 64));
         }
-        let (_, _, id) = v.remove(i);
-        s.mark(b);
         self.len -= 1;
         Some(id)
     }
@@ -190,6 +193,7 @@ impl FreeSet {
     }
 
     /// The first block of stream `sid` at or after (size, ptr): `lower_bound`.
+    #[inline]
     pub(super) fn first_from(&self, sid: u16, size: u64, ptr: u64) -> Option<(u64, u64, u32)> {
         self.streams.get(sid as usize)?.first_from(size, ptr)
     }
