@@ -224,3 +224,53 @@ fn only_a_plain_version_3_file_streams() {
     let err = ReplayInput::streamed(&file, Some(9)).map(|_| ()).unwrap_err().to_string();
     assert_eq!(err, "the trace has no device 9 (devices: 0, 3)");
 }
+
+/// `replay --json` output without what differs between runs of the same results (timings) and
+/// between the two files (their names).
+fn comparable(o: &std::process::Output) -> serde_json::Value {
+    assert!(o.status.success(), "{}", crate::util::stderr(o));
+    let mut v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    v["trace"] = serde_json::Value::Null;
+    for r in v["results"].as_array_mut().expect("results") {
+        r["replay_seconds"] = serde_json::Value::Null;
+    }
+    v
+}
+
+#[test]
+fn the_cli_streams_an_fst_and_reports_what_loading_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = workload_trace(11, 4000);
+    let (fst, gz) = (dir.path().join("w.fst"), dir.path().join("w.fst.gz"));
+    write_trace(&trace, &fst).unwrap();
+    write_trace(&trace, &gz).unwrap();
+    let (fst, gz) = (fst.to_str().unwrap(), gz.to_str().unwrap());
+    for extra in
+        [&[][..], &["--capacity", "300MiB"], &["--empty-cache-every", "50", "--device", "3"]]
+    {
+        let args = |path| [&["replay", path, "-p", "all", "--json"][..], extra].concat();
+        let streamed = crate::util::run(&args(fst));
+        let loaded = crate::util::run(&args(gz));
+        assert_eq!(comparable(&streamed), comparable(&loaded), "{extra:?}");
+        // Only the planner loads, and says so; the loaded file needs no note.
+        let note = "offline plans with every lifetime: it loads the events of";
+        assert!(
+            crate::util::stderr(&streamed).contains(note),
+            "{}",
+            crate::util::stderr(&streamed)
+        );
+        assert!(!crate::util::stderr(&loaded).contains(note));
+    }
+    let online = crate::util::run(&["replay", fst, "-p", "pytorch", "-p", "bfc", "--json"]);
+    assert!(crate::util::stderr(&online).is_empty(), "{}", crate::util::stderr(&online));
+    // A corrupt file: the streamed replay refuses it with the loader's message and exit code.
+    let mut data = std::fs::read(fst).unwrap();
+    data[40] ^= 0x55;
+    let bad = dir.path().join("bad.fst");
+    std::fs::write(&bad, data).unwrap();
+    let bad = bad.to_str().unwrap();
+    let (replay, info) = (crate::util::run(&["replay", bad]), crate::util::run(&["info", bad]));
+    assert_eq!(replay.status.code(), Some(2));
+    assert_eq!(crate::util::stderr(&replay), crate::util::stderr(&info));
+    assert!(crate::util::stderr(&replay).contains("checksum mismatch"));
+}

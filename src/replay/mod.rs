@@ -6,6 +6,17 @@
 //! [`Series`]) to the report writers. [`run_specs`] replays a set of policy specs on one input
 //! (in parallel, sorted as `replay`'s table) for every command that compares policies.
 //!
+//! The events come from memory ([`ReplayInput::new`]) or stream from a version 3 `.fst` file
+//! ([`ReplayInput::streamed`]), the same engine consuming them in order either way. Loaded
+//! events are linked once (each free to its alloc, by index) so every policy's replay follows
+//! indices instead of hashing addresses. Streamed events are never all held: two pre-passes over
+//! the file find where frees take effect, the recorded `empty_cache()` calls (as sorted indices)
+//! and the few events that decide the blocks live at the start ([`digest`]), in memory that
+//! follows the live blocks; each policy's replay then reads the file again and finds a free's
+//! block in a map of the recording's live blocks (recorded address → the policy's address and
+//! the request size). The results are the same number for number. `offline`, which plans with
+//! every lifetime, loads a streamed input's events for its own replay.
+//!
 //! Semantics, following the PyTorch allocator (spec §6): an `alloc` calls the policy's malloc
 //! with the request size and stream; a free takes effect at `free_completed` (`free_requested`
 //! only marks the caller's intent) — or at `free_requested` in formats that record one kind of

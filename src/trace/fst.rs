@@ -18,8 +18,9 @@
 //! of recorded totals) followed by a chunk; every later body is a chunk alone. A chunk is the next
 //! at most [`CHUNK`] events of the flat sequence "device 0's events, device 1's, ..." and the next
 //! at most [`CHUNK`] recorded totals of the same kind of sequence. So a small trace is one record,
-//! and a reader holds one record at a time: memory while reading is the events plus one chunk,
-//! and a replay could consume the events record by record.
+//! and a reader holds one record at a time: memory while reading is the events plus one chunk.
+//! A replay consumes the events record by record without loading them ([`FstStream`]): it reads
+//! the head once, then the file from its start for each pass, holding one record at a time.
 //!
 //! Versions 1 and 2 (one record holding the whole trace; version 1 without recorded totals) are
 //! still read. The CRC catches corruption that would otherwise decode into wrong numbers (bincode
@@ -343,11 +344,11 @@ impl FstStream {
             return Ok(None);
         }
         let mut records = Chunked { input: &mut input, at: 12, body: Vec::new() };
-        let (head, first_chunk) = records.head().map_err(|e| e.in_file(path))?;
+        let in_file = |e: Error| e.in_format(Format::Fst.name()).in_file(path);
+        let (head, first_chunk) = records.head().map_err(in_file)?;
         if !head.totals.is_empty() {
             return Ok(None);
         }
-        let in_file = |e: Error| e.in_file(path);
         let frames = intern_frames(head.frames).map_err(in_file)?;
         let mut devices = head.devices.clone();
         devices.sort_by_key(|d| d.0);
@@ -427,7 +428,9 @@ impl FstStream {
         let mut start = [0u8; 12];
         read_up_to(&mut input, &mut start).map_err(|e| e.in_file(path))?;
         if !start.starts_with(MAGIC) || start[8..] != VERSION.to_le_bytes() {
-            return Err(Error::input("the file changed while it was replayed").in_file(path));
+            return Err(Error::input("the file changed while it was replayed")
+                .in_format(Format::Fst.name())
+                .in_file(path));
         }
         let mut records = Chunked { input: &mut input, at: 12, body: Vec::new() };
         let declared = self.devices.iter().fold(0u64, |s, d| s.saturating_add(d.1));
@@ -484,7 +487,7 @@ impl FstStream {
             }
             Ok(())
         };
-        run().map_err(|e| e.in_file(path))
+        run().map_err(|e| e.in_format(Format::Fst.name()).in_file(path))
     }
 }
 
