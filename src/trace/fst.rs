@@ -937,6 +937,10 @@ mod tests {
         assert!(collect(7, u64::MAX, false).is_empty());
         std::fs::write(&path, encode(&long(5))).unwrap();
         assert!(FstStream::open(&path).unwrap().is_none(), "recorded totals: loaded");
+        for version in [1, 2] {
+            std::fs::write(&path, encode_old(&t, version)).unwrap();
+            assert!(FstStream::open(&path).unwrap().is_none(), "version {version}: loaded");
+        }
     }
 
     #[test]
