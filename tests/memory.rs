@@ -1,14 +1,19 @@
 //! Memory while reading: every format is read from a file through a counting allocator, which
-//! shows what reading holds at its peak and what the loaded trace holds after, per event.
+//! shows what reading holds at its peak and what the loaded trace holds after, per event. And
+//! memory while replaying a streamed `.fst`: the peak does not grow with the trace's length.
 //!
 //! Its own test binary, because the counting allocator counts every thread of the process.
 //! Run with `--nocapture` to see the bytes per event of each format.
 
+use fragsim::policy::{self, PolicySpec};
+use fragsim::replay::{ReplayInput, ReplayOptions};
+use fragsim::trace::fst::FstStream;
 use fragsim::trace::{
     read_trace, write_trace, Action, DeviceTrace, Event, ReadOptions, RecordedTotals, Trace,
 };
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::Mutex;
 
 /// The system allocator, counting the bytes it holds and the most it held.
 struct Counting;
@@ -41,6 +46,9 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
+
+/// Held by each test while it measures: the counts are the whole process's.
+static MEASURING: Mutex<()> = Mutex::new(());
 
 /// `n` events on device 0: allocations and their two-step frees, with times.
 fn trace(n: usize) -> Trace {
@@ -81,6 +89,7 @@ const BUFFER: usize = 6 << 20;
 
 #[test]
 fn reading_holds_the_events_and_a_bounded_buffer() {
+    let _alone = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
     const N: usize = 300_000;
     let dir = tempfile::tempdir().expect("temp dir");
     let t = trace(N);
@@ -112,4 +121,79 @@ fn reading_holds_the_events_and_a_bounded_buffer() {
         };
         assert!(peak <= bound, "{name}: reading held {peak} bytes at its peak, over {bound}");
     }
+}
+
+/// `n` events of a steady training-like run on fresh addresses (as `synth` records them): each
+/// step allocates a block and frees the one allocated 64 steps before, in two steps; every 1000
+/// events the program calls `empty_cache()` (a recorded `segment_free`). What is live stays the
+/// same however long the run.
+fn steady(n: usize) -> Trace {
+    let mut events = Vec::with_capacity(n);
+    let addr = |k: usize| 0x7f00_0000_0000 + k as u64 * 4096;
+    let size = |k: usize| 512 * (1 + (k as u64 * 7) % 64);
+    let mut k = 0;
+    while events.len() < n {
+        events.push(Event::new(Action::Alloc, addr(k), size(k), 0, events.len() as i64));
+        if k >= 64 {
+            for a in [Action::FreeRequested, Action::FreeCompleted] {
+                events.push(Event::new(a, addr(k - 64), size(k - 64), 0, events.len() as i64));
+            }
+        }
+        if k % 333 == 332 {
+            events.push(Event::new(Action::SegmentFree, 0x10_0000_0000, 2 << 20, 0, k as i64));
+        }
+        k += 1;
+    }
+    events.truncate(n);
+    Trace { devices: vec![DeviceTrace { device: 0, events }], has_times: true, ..Trace::default() }
+}
+
+/// The most a `pytorch` replay of the .fst at `path`, streamed, held at once (pre-passes
+/// included), and the peak it found.
+fn streamed_replay_peak(path: &std::path::Path) -> (usize, u64) {
+    let before = HELD.load(Relaxed);
+    PEAK.store(before, Relaxed);
+    let file = FstStream::open(path).expect("opens").expect("streams");
+    let input = ReplayInput::streamed(&file, None).expect("prepares");
+    let spec = PolicySpec { name: "pytorch".into(), options: String::new() };
+    let out = policy::lookup("pytorch")
+        .and_then(|p| p.run(&spec, &input, &ReplayOptions::default()))
+        .expect("replays");
+    assert_eq!(out.detail.events, input.event_count());
+    drop(input);
+    drop(file);
+    (PEAK.load(Relaxed) - before, out.result.peak_reserved_bytes)
+}
+
+/// What a streamed replay may hold more for a 10× longer trace: nothing grows with the events,
+/// so only noise (hash tables meeting a growth point at another moment).
+const STREAM_SLACK: usize = 256 << 10;
+
+#[test]
+fn a_streamed_replay_holds_the_same_for_any_length() {
+    let _alone = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut peaks = Vec::new();
+    for n in [100_000, 1_000_000] {
+        let path = dir.path().join(format!("{n}.fst"));
+        write_trace(&steady(n), &path).expect("writes");
+        let (held, peak) = streamed_replay_peak(&path);
+        println!(
+            "{n:>9} events: replay held at most {held} bytes ({:.2} B/event)",
+            held as f64 / n as f64
+        );
+        peaks.push((n, held, peak));
+    }
+    let (short, long) = (peaks[0], peaks[1]);
+    assert_eq!(short.2, long.2, "the same steady state reaches the same peak");
+    assert!(
+        long.1 <= short.1 + STREAM_SLACK,
+        "{} events held {} bytes, {} events {}: memory grows with the length",
+        long.0,
+        long.1,
+        short.0,
+        short.1
+    );
+    // Loading the longer trace alone would take 40 bytes an event.
+    assert!(long.1 < long.0 * 40 / 10, "{} bytes for {} events", long.1, long.0);
 }

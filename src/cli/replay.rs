@@ -7,6 +7,7 @@ use fragsim::replay::{
     empty_cache, run_specs, BackendKind, EmptyCachePlan, ReplayInput, ReplayOptions, RunSettings,
 };
 use fragsim::report::{csv, json, table};
+use fragsim::trace::fst::FstStream;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -72,12 +73,44 @@ const EXPORTED: usize = 0;
 pub fn run(args: Args) -> Result<ExitCode> {
     let specs = PolicySpec::parse_many(&args.source.policies)?;
     let empty_cache = args.source.empty_cache_plan()?;
-    // Frames only matter for naming the stack of an OOM, which needs a capacity.
-    let trace =
-        args.control.read_trace_with_frames(&args.source.trace, args.source.capacity.is_some())?;
-    let named = super::in_trace(&args.source.trace, &trace);
-    let input = ReplayInput::new(&trace, args.source.device).map_err(&named)?;
-    let (recorded_row, limit) = fragsim::recorded::row_and_limit(&trace, input.device);
+    // An .fst file streams: each policy's replay reads it again, record by record, so memory
+    // does not grow with the trace (not for --export-snapshot, which keeps the whole run).
+    let path = &args.source.trace;
+    let stream = match &args.export_snapshot {
+        None => FstStream::open(path)?,
+        Some(_) => None,
+    };
+    let loaded;
+    let (trace, input) = match &stream {
+        Some(file) => {
+            let named = super::in_trace(path, file.head());
+            (file.head(), ReplayInput::streamed(file, args.source.device).map_err(&named)?)
+        }
+        None => {
+            // Frames only matter for naming the stack of an OOM, which needs a capacity.
+            loaded = args.control.read_trace_with_frames(path, args.source.capacity.is_some())?;
+            let named = super::in_trace(path, &loaded);
+            (&loaded, ReplayInput::new(&loaded, args.source.device).map_err(&named)?)
+        }
+    };
+    let named = super::in_trace(path, trace);
+    if input.is_streamed() {
+        let planners: Vec<&str> = specs
+            .iter()
+            .filter_map(|s| fragsim::policy::lookup(&s.name).ok())
+            .filter(|p| p.role == fragsim::policy::Role::Clairvoyant)
+            .map(|p| p.name)
+            .collect();
+        if !planners.is_empty() {
+            args.control.note(&format!(
+                "{} plans with every lifetime: it loads the events of {} (the other policies \
+                 stream them)",
+                planners.join(", "),
+                path.display()
+            ));
+        }
+    }
+    let (recorded_row, limit) = fragsim::recorded::row_and_limit(trace, input.device);
     let (capacity, inferred) =
         super::resolve_capacity(args.source.capacity.as_ref(), limit.as_ref())?;
     if let Some(why) = &inferred {
@@ -113,7 +146,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         let run = comparison.run_of(EXPORTED).ok_or_else(|| {
             Error::usage("--export-snapshot: the first policy given did not run".to_string())
         })?;
-        fragsim::report::snapshot_out::write_simulated(&trace, input.device, &run.output, path)?;
+        fragsim::report::snapshot_out::write_simulated(trace, input.device, &run.output, path)?;
         eprintln!(
             "fragsim: wrote {}: the simulated run of {} ({}), the first policy given",
             path.display(),

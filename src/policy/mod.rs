@@ -109,7 +109,11 @@ pub struct PolicyContext<'a> {
     pub trace: &'a Trace,
     /// The device replayed.
     pub device: i32,
-    /// That device's events.
+    /// That device's events; when the replay streams them from a file, only the few that
+    /// decide the state at the first event (the [`digest`](crate::trace::lifetimes::digest):
+    /// orphan frees, first allocs of blocks live at the end, first segment events), from which
+    /// the same start state is recovered. A policy that needs every event plans in
+    /// [`Policy::prepare`] instead.
     pub events: &'a [Event],
     /// Blocks live before the first event, in address order (the engine allocates them first).
     pub live_at_start: &'a [LiveBlock],

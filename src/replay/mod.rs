@@ -6,6 +6,17 @@
 //! [`Series`]) to the report writers. [`run_specs`] replays a set of policy specs on one input
 //! (in parallel, sorted as `replay`'s table) for every command that compares policies.
 //!
+//! The events come from memory ([`ReplayInput::new`]) or stream from a version 3 `.fst` file
+//! ([`ReplayInput::streamed`]), the same engine consuming them in order either way. Loaded
+//! events are linked once (each free to its alloc, by index) so every policy's replay follows
+//! indices instead of hashing addresses. Streamed events are never all held: two pre-passes over
+//! the file find where frees take effect, the recorded `empty_cache()` calls (as sorted indices)
+//! and the few events that decide the blocks live at the start ([`digest`]), in memory that
+//! follows the live blocks; each policy's replay then reads the file again and finds a free's
+//! block in a map of the recording's live blocks (recorded address → the policy's address and
+//! the request size). The results are the same number for number. `offline`, which plans with
+//! every lifetime, loads a streamed input's events for its own replay.
+//!
 //! Semantics, following the PyTorch allocator (spec §6): an `alloc` calls the policy's malloc
 //! with the request size and stream; a free takes effect at `free_completed` (`free_requested`
 //! only marks the caller's intent) — or at `free_requested` in formats that record one kind of
@@ -26,12 +37,15 @@ pub use metrics::{OomDetail, PeakDetail, PolicyResult};
 pub use series::{Point, Series};
 // Trace semantics the engine reads, re-exported where callers have found them so far.
 pub use crate::trace::lifetimes::{
-    empty_cache_points, free_action, live_at_start, orphan_frees, AddrHasher, AddrMap, LiveBlock,
+    digest, empty_cache_points, free_action, live_at_start, orphan_frees, AddrHasher, AddrMap,
+    AddrSet, EmptyCacheRuns, LiveBlock,
 };
 
 use crate::backend::{Backend, BackendCall, Observed, Observer, SimDevice};
 use crate::error::{Error, Result};
 use crate::policy::{self, Policy, PolicyContext, PolicyInfo, PolicyRunner, PolicySpec};
+use crate::trace::fst::FstStream;
+use crate::trace::limits::STREAMS_PER_DEVICE;
 use crate::trace::{Action, Event, Segment, Trace};
 use std::time::Instant;
 
@@ -41,19 +55,37 @@ pub struct ReplayInput<'a> {
     pub trace: &'a Trace,
     /// The device replayed.
     pub device: i32,
-    /// That device's events.
+    /// That device's events when they are loaded; empty when a replay streams them from a file
+    /// ([`ReplayInput::streamed`]; [`ReplayInput::event_count`] counts them either way).
     pub events: &'a [Event],
     /// Blocks live before the first event (see [`live_at_start`]).
     pub live_at_start: Vec<LiveBlock>,
-    /// Where the recorded program called `empty_cache()`.
-    pub empty_cache_at: Vec<bool>,
+    /// Where the recorded program called `empty_cache()`: the index of each call's first event,
+    /// in order (see [`EmptyCacheRuns`]).
+    pub empty_cache_at: Vec<u64>,
     /// The action at which frees take effect (see [`free_action`]).
     pub frees_at: Action,
-    /// Per event, the block it refers to, found once so that every policy's replay follows
-    /// indices instead of hashing addresses: for a free, the alloc (or live-at-start block) it
-    /// frees; for an alloc, the still-live block whose address the recording reused (its free
-    /// was not recorded). See [`Link`].
+    /// Per event, the block it refers to, found once so that every policy's replay of loaded
+    /// events follows indices instead of hashing addresses: for a free, the alloc (or
+    /// live-at-start block) it frees; for an alloc, the still-live block whose address the
+    /// recording reused (its free was not recorded). See [`Link`]. Empty when streamed: that
+    /// replay keeps a map of the live blocks instead ([`Keyed`]).
     links: Vec<u32>,
+    /// The file the events stream from, if they are not loaded.
+    stream: Option<Streamed<'a>>,
+}
+
+/// What a replay streamed from a file knows of its events before the first policy runs.
+struct Streamed<'a> {
+    /// The file.
+    file: &'a FstStream,
+    /// The device's number of events.
+    events: u64,
+    /// The first event's time.
+    first_time_us: i64,
+    /// The events that decide the start state ([`digest`]), handed to policies in place of the
+    /// events.
+    digest: Vec<Event>,
 }
 
 /// How [`ReplayInput`] encodes a reference to a block: an event index, a live-at-start block
@@ -95,23 +127,19 @@ fn link_events(
 impl<'a> ReplayInput<'a> {
     /// Picks `device` (default: the device with the most events) from `trace`.
     pub fn new(trace: &'a Trace, device: Option<i32>) -> Result<ReplayInput<'a>> {
-        let device = match device {
-            Some(d) => d,
-            None => {
-                trace.default_device().ok_or_else(|| Error::input("the trace has no events"))?
-            }
-        };
-        let events = &trace
-            .device(device)
-            .ok_or_else(|| {
-                let have: Vec<String> =
-                    trace.devices.iter().map(|d| d.device.to_string()).collect();
-                Error::usage(format!(
-                    "the trace has no device {device} (devices: {})",
-                    have.join(", ")
-                ))
-            })?
-            .events;
+        let have = || trace.devices.iter().map(|d| d.device).collect::<Vec<_>>();
+        let device = pick_device(device, trace.default_device(), have)?;
+        let events = &trace.device(device).map(|d| d.events.as_slice()).unwrap_or_default();
+        ReplayInput::of_events(trace, device, events)
+    }
+
+    /// The replay of `events`, the events of `device` in `trace` (whose segments and settings
+    /// the policies read; its own device list is not consulted).
+    pub fn of_events(
+        trace: &'a Trace,
+        device: i32,
+        events: &'a [Event],
+    ) -> Result<ReplayInput<'a>> {
         let mut live_at_start = live_at_start(trace, device, events);
         // A Kineto trace's memory live before profiling that no event frees: one opaque block
         // every policy carries, so peaks compare with the profiler's `Total Allocated`.
@@ -121,16 +149,130 @@ impl<'a> ReplayInput<'a> {
         }
         let frees_at = free_action(events);
         let links = link_events(events, &live_at_start, frees_at)?;
+        let mut runs = EmptyCacheRuns::default();
+        for (i, e) in events.iter().enumerate() {
+            runs.push(i as u64, e.action);
+        }
         Ok(ReplayInput {
             trace,
             device,
             events,
             live_at_start,
-            empty_cache_at: empty_cache_points(events),
+            empty_cache_at: runs.finish(),
             frees_at,
             links,
+            stream: None,
         })
     }
+
+    /// Picks `device` (default: the device with the most events) of an `.fst` file and prepares
+    /// to stream its events: two passes over the file (the first also checks all of it as
+    /// loading would; a third, up to the last candidate, when a free of an address not live
+    /// may follow an alloc of it) find where frees take effect, the `empty_cache()` calls, and
+    /// the [`digest`] from which the blocks live at the start follow. Every policy's replay then
+    /// reads the file again; memory follows the live blocks, not the trace's length.
+    pub fn streamed(file: &'a FstStream, device: Option<i32>) -> Result<ReplayInput<'a>> {
+        let have = || file.devices().into_iter().map(|d| d.0).collect::<Vec<_>>();
+        let device = pick_device(device, file.default_device(), have)?;
+        let trace = file.head();
+        let mut completes = false;
+        let mut runs = EmptyCacheRuns::default();
+        let mut first_time_us = None;
+        let mut streams = AddrSet::default();
+        file.each_event(device, u64::MAX, true, |i, e| {
+            completes |= e.action == Action::FreeCompleted;
+            runs.push(i, e.action);
+            first_time_us.get_or_insert(e.time_us);
+            if streams.len() >= STREAMS_PER_DEVICE && !streams.contains(&e.stream) {
+                return Err(Error::input(format!(
+                    "device {device}: stream {:#x} is more than {STREAMS_PER_DEVICE} distinct \
+                     streams on one device",
+                    e.stream
+                ))
+                .at(crate::error::Place::Event(i)));
+            }
+            streams.insert(e.stream);
+            Ok(())
+        })?;
+        drop(streams);
+        let frees_at = if completes { Action::FreeCompleted } else { Action::FreeRequested };
+        let digest = crate::trace::lifetimes::digest(trace, device, frees_at, |limit, f| {
+            file.each_event(device, limit, false, f)
+        })?;
+        Ok(ReplayInput {
+            trace,
+            device,
+            events: &[],
+            live_at_start: live_at_start(trace, device, &digest),
+            empty_cache_at: runs.finish(),
+            frees_at,
+            links: Vec::new(),
+            stream: Some(Streamed {
+                file,
+                events: file.events_of(device).unwrap_or(0),
+                first_time_us: first_time_us.unwrap_or(0),
+                digest,
+            }),
+        })
+    }
+
+    /// The device's number of events (loaded or streamed).
+    pub fn event_count(&self) -> u64 {
+        self.stream.as_ref().map_or(self.events.len() as u64, |s| s.events)
+    }
+
+    /// True when the events stream from a file instead of being held.
+    pub fn is_streamed(&self) -> bool {
+        self.stream.is_some()
+    }
+
+    /// The device's events, read from the file when streamed: for a policy that plans with
+    /// all of them (`offline`).
+    pub fn load_events(&self) -> Result<Vec<Event>> {
+        let Some(s) = &self.stream else { return Ok(self.events.to_vec()) };
+        let mut out = Vec::with_capacity(s.events.min(1 << 24) as usize);
+        s.file.each_event(self.device, u64::MAX, false, |_, e| {
+            out.push(*e);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Hands `f` the first `limit` events in order with their index, from memory or the file.
+    #[inline]
+    fn walk(&self, limit: u64, mut f: impl FnMut(u64, &Event) -> Result<()>) -> Result<()> {
+        match &self.stream {
+            None => {
+                let last = usize::try_from(limit).unwrap_or(usize::MAX).min(self.events.len());
+                for (i, e) in self.events[..last].iter().enumerate() {
+                    f(i as u64, e)?;
+                }
+                Ok(())
+            }
+            Some(s) => s.file.each_event(self.device, limit, false, f),
+        }
+    }
+}
+
+/// The device a replay runs on: `asked`, or the default; errors list the devices there are.
+fn pick_device(
+    asked: Option<i32>,
+    default: Option<i32>,
+    have: impl Fn() -> Vec<i32>,
+) -> Result<i32> {
+    let device = match asked {
+        Some(d) => d,
+        None => default.ok_or_else(|| Error::input("the trace has no events"))?,
+    };
+    let devices = have();
+    if !devices.contains(&device) {
+        let have: Vec<String> = devices.iter().map(i32::to_string).collect();
+        return Err(Error::usage(format!(
+            "the trace has no device {device} (devices: {})",
+            have.join(", ")
+        )));
+    }
+    Ok(device)
 }
 
 impl<'a> ReplayInput<'a> {
@@ -139,7 +281,7 @@ impl<'a> ReplayInput<'a> {
         PolicyContext {
             trace: self.trace,
             device: self.device,
-            events: self.events,
+            events: self.stream.as_ref().map_or(self.events, |s| &s.digest),
             live_at_start: &self.live_at_start,
             capacity: options.capacity,
         }
@@ -158,6 +300,12 @@ impl PolicyInfo {
         input: &ReplayInput,
         options: &ReplayOptions,
     ) -> Result<ReplayOutput> {
+        if self.role == policy::Role::Clairvoyant && input.is_streamed() {
+            // A planner needs every lifetime before the first event: it alone loads them.
+            let events = input.load_events()?;
+            let loaded = ReplayInput::of_events(input.trace, input.device, &events)?;
+            return self.run(spec, &loaded, options);
+        }
         let built = self.build(spec, &input.context(options))?;
         built.run_with(&spec.name, Engine { input, options })
     }
@@ -401,31 +549,130 @@ impl Observer for Metered {
     }
 }
 
-/// Where a replay keeps the policy's address of each live block: per alloc event and per
-/// live-at-start block, [`Slots::EMPTY`] when not live (never allocated, failed, or freed).
-struct Slots {
-    by_event: Vec<u64>,
-    at_start: Vec<u64>,
+/// How the engine finds the policy's block for a recorded address: by the precomputed links of
+/// loaded events ([`Indexed`]), or in a map of the live blocks when the events stream
+/// ([`Keyed`]). Both give the same answers; a block is the policy's address and the request size.
+trait Blocks {
+    /// Live-at-start block `k` was placed at `addr` (`None`: it did not fit).
+    fn started(&mut self, k: usize, block: &LiveBlock, addr: Option<u64>);
+    /// Alloc event `i` reuses the address of a block the replay still holds (its free was not
+    /// recorded): takes that block, if any.
+    fn displaced(&mut self, i: usize, e: &Event) -> Option<(u64, u64)>;
+    /// Alloc event `i` was placed at `addr` (`None`: out of memory).
+    fn allocated(&mut self, i: usize, e: &Event, addr: Option<u64>);
+    /// Free event `i`: the block it frees, [`Freed::Never`] when its alloc failed, or
+    /// [`Freed::Orphan`] when the replay never allocated the address.
+    fn freed(&mut self, i: usize, e: &Event) -> Freed;
 }
 
-impl Slots {
+/// What a free finds ([`Blocks::freed`]).
+enum Freed {
+    /// The policy's block: its address and request size.
+    Block(u64, u64),
+    /// The block's alloc failed under `--capacity`: the block never existed.
+    Never,
+    /// No alloc or live-at-start block had the address.
+    Orphan,
+}
+
+/// [`Blocks`] of loaded events: the policy's address of each live block, per alloc event and
+/// per live-at-start block, [`Indexed::EMPTY`] when not live (never allocated, failed, or
+/// freed), found through [`ReplayInput`]'s links.
+struct Indexed<'r> {
+    by_event: Vec<u64>,
+    at_start: Vec<u64>,
+    links: &'r [u32],
+    events: &'r [Event],
+    live_at_start: &'r [LiveBlock],
+}
+
+impl<'r> Indexed<'r> {
     const EMPTY: u64 = u64::MAX;
 
-    /// The slot a [`Link`] names, if any.
-    fn get(&mut self, link: u32) -> Option<&mut u64> {
-        match link {
-            Link::NONE => None,
-            l if l & Link::START != 0 => self.at_start.get_mut((l & !Link::START) as usize),
-            l => self.by_event.get_mut(l as usize),
+    fn new(input: &'r ReplayInput) -> Indexed<'r> {
+        Indexed {
+            by_event: vec![Self::EMPTY; input.events.len()],
+            at_start: vec![Self::EMPTY; input.live_at_start.len()],
+            links: &input.links,
+            events: input.events,
+            live_at_start: &input.live_at_start,
         }
     }
 
-    /// The request size of the block a [`Link`] names.
-    fn request(input: &ReplayInput, link: u32) -> u64 {
-        if link & Link::START != 0 {
-            input.live_at_start.get((link & !Link::START) as usize).map_or(0, |b| b.size)
-        } else {
-            input.events.get(link as usize).map_or(0, |e| e.size)
+    /// The link of event `i`.
+    #[inline]
+    fn link(&self, i: usize) -> u32 {
+        self.links.get(i).copied().unwrap_or(Link::NONE)
+    }
+
+    /// Takes the block a [`Link`] names: `None` for no slot, [`Self::EMPTY`] for a dead one.
+    #[inline]
+    fn take(&mut self, link: u32) -> Option<(u64, u64)> {
+        let (slot, request) = match link {
+            Link::NONE => return None,
+            l if l & Link::START != 0 => {
+                let k = (l & !Link::START) as usize;
+                (self.at_start.get_mut(k)?, self.live_at_start.get(k).map_or(0, |b| b.size))
+            }
+            l => (
+                self.by_event.get_mut(l as usize)?,
+                self.events.get(l as usize).map_or(0, |e| e.size),
+            ),
+        };
+        Some((std::mem::replace(slot, Self::EMPTY), request))
+    }
+}
+
+impl Blocks for Indexed<'_> {
+    fn started(&mut self, k: usize, _: &LiveBlock, addr: Option<u64>) {
+        if let Some(a) = addr {
+            self.at_start[k] = a;
+        }
+    }
+    #[inline]
+    fn displaced(&mut self, i: usize, _: &Event) -> Option<(u64, u64)> {
+        self.take(self.link(i)).filter(|b| b.0 != Self::EMPTY)
+    }
+    #[inline]
+    fn allocated(&mut self, i: usize, _: &Event, addr: Option<u64>) {
+        if let Some(a) = addr {
+            self.by_event[i] = a;
+        }
+    }
+    #[inline]
+    fn freed(&mut self, i: usize, _: &Event) -> Freed {
+        match self.take(self.link(i)) {
+            None => Freed::Orphan,
+            Some((Self::EMPTY, _)) => Freed::Never,
+            Some((a, request)) => Freed::Block(a, request),
+        }
+    }
+}
+
+/// [`Blocks`] of streamed events: recorded address → (policy's address, request size) of each
+/// block the recording holds, [`Indexed::EMPTY`] for one whose alloc failed. Sized by the live
+/// blocks, not by the events.
+#[derive(Default)]
+struct Keyed(AddrMap<(u64, u64)>);
+
+impl Blocks for Keyed {
+    fn started(&mut self, _: usize, block: &LiveBlock, addr: Option<u64>) {
+        self.0.insert(block.addr, (addr.unwrap_or(Indexed::EMPTY), block.size));
+    }
+    #[inline]
+    fn displaced(&mut self, _: usize, e: &Event) -> Option<(u64, u64)> {
+        self.0.remove(&e.addr).filter(|b| b.0 != Indexed::EMPTY)
+    }
+    #[inline]
+    fn allocated(&mut self, _: usize, e: &Event, addr: Option<u64>) {
+        self.0.insert(e.addr, (addr.unwrap_or(Indexed::EMPTY), e.size));
+    }
+    #[inline]
+    fn freed(&mut self, _: usize, e: &Event) -> Freed {
+        match self.0.remove(&e.addr) {
+            None => Freed::Orphan,
+            Some((Indexed::EMPTY, _)) => Freed::Never,
+            Some((a, request)) => Freed::Block(a, request),
         }
     }
 }
@@ -472,16 +719,34 @@ fn log_free(log: &mut Option<Vec<Event>>, addr: u64, request: u64, at: &Event) {
     }
 }
 
-/// The generic engine; see the module docs.
+/// The generic engine; see the module docs. Loaded events follow [`ReplayInput`]'s links,
+/// streamed ones a map of the live blocks.
 fn run<P: Policy, B: Backend>(
+    name: &str,
+    policy: P,
+    backend: B,
+    input: &ReplayInput,
+    options: &ReplayOptions,
+) -> Result<ReplayOutput> {
+    if input.is_streamed() {
+        drive(name, policy, backend, input, options, Keyed::default())
+    } else {
+        drive(name, policy, backend, input, options, Indexed::new(input))
+    }
+}
+
+/// [`run`] with the block lookup `blocks`.
+fn drive<P: Policy, B: Backend, K: Blocks>(
     name: &str,
     mut policy: P,
     backend: B,
     input: &ReplayInput,
     options: &ReplayOptions,
+    mut blocks: K,
 ) -> Result<ReplayOutput> {
     let started = Instant::now();
     let events = input.events;
+    let count = input.event_count();
     let mut backend = Observed {
         inner: backend,
         observer: Metered {
@@ -499,16 +764,12 @@ fn run<P: Policy, B: Backend>(
     }
     policy.prepare(events)?;
     let frees_at = input.frees_at;
-    let mut slots = Slots {
-        by_event: vec![Slots::EMPTY; events.len()],
-        at_start: vec![Slots::EMPTY; input.live_at_start.len()],
-    };
     let mut meter = Meter {
         requested: 0,
         peak_reserved: 0,
         peak_allocated: 0,
         peak_requested: 0,
-        detail: PeakDetail { events: events.len() as u64, ..PeakDetail::default() },
+        detail: PeakDetail { events: count, ..PeakDetail::default() },
         series: options.keep_series.then(|| Series::with_budget(options.series_budget)),
         last: (u64::MAX, 0, 0),
     };
@@ -534,7 +795,10 @@ fn run<P: Policy, B: Backend>(
             stack,
         }
     };
-    let start_time = events.first().map_or(0, |e| e.time_us);
+    let start_time = match &input.stream {
+        Some(s) => s.first_time_us,
+        None => events.first().map_or(0, |e| e.time_us),
+    };
 
     // Blocks live before the first event: every policy must carry them.
     backend.observer.now = start_time;
@@ -552,10 +816,10 @@ fn run<P: Policy, B: Backend>(
             Some(a) => Some(a),
             None => policy.malloc(&mut backend, b.size.max(1), b.stream)?,
         };
+        blocks.started(k, b, placed.map(|a| a.addr));
         match placed {
             Some(a) => {
                 meter.requested += b.size;
-                slots.at_start[k] = a.addr;
                 if let Some(log) = &mut backend.observer.log {
                     log.push(Event::new(Action::Alloc, a.addr, b.size, b.stream, start_time));
                 }
@@ -575,12 +839,13 @@ fn run<P: Policy, B: Backend>(
         meter.observe(0, start_time, backend.reserved(), policy.allocated());
     }
 
-    let last = options.stop_after.map_or(events.len(), |s| (s as usize + 1).min(events.len()));
+    let last = options.stop_after.map_or(count, |s| s.saturating_add(1).min(count));
     let mut flush_at = options.empty_cache.at.clone();
     flush_at.sort_unstable();
     let plan = &options.empty_cache;
-    for (i, e) in events[..last].iter().enumerate() {
-        let index = i as u64;
+    let recorded_flushes = &input.empty_cache_at;
+    input.walk(last, |index, e| {
+        let i = index as usize;
         // A policy's input error names the event it was replaying (a backend error names the
         // driver call instead, as interface.md promises).
         let at = |err: Error| match err.kind() {
@@ -597,20 +862,16 @@ fn run<P: Policy, B: Backend>(
                     }
                     // The recording reused the address of a block we still hold: that block was
                     // freed before this alloc, though its free was not recorded.
-                    let displaced = input.links.get(i).copied().unwrap_or(Link::NONE);
-                    if let Some(slot) = slots.get(displaced) {
-                        let addr = std::mem::replace(slot, Slots::EMPTY);
-                        if addr != Slots::EMPTY {
-                            let request = Slots::request(input, displaced);
-                            meter.requested -= request;
-                            log_free(&mut backend.observer.log, addr, request, e);
-                            policy.free(&mut backend, addr).map_err(at)?;
-                        }
+                    if let Some((addr, request)) = blocks.displaced(i, e) {
+                        meter.requested -= request;
+                        log_free(&mut backend.observer.log, addr, request, e);
+                        policy.free(&mut backend, addr).map_err(at)?;
                     }
-                    match policy.malloc(&mut backend, e.size, e.stream).map_err(at)? {
+                    let placed = policy.malloc(&mut backend, e.size, e.stream).map_err(at)?;
+                    blocks.allocated(i, e, placed.map(|a| a.addr));
+                    match placed {
                         Some(a) => {
                             meter.requested += e.size;
-                            slots.by_event[i] = a.addr;
                             if let Some(log) = &mut backend.observer.log {
                                 log.push(Event::new(
                                     Action::Alloc,
@@ -634,23 +895,21 @@ fn run<P: Policy, B: Backend>(
                     }
                 }
                 a if a == frees_at => {
-                    let link = input.links.get(i).copied().unwrap_or(Link::NONE);
-                    let Some(slot) = slots.get(link) else {
-                        meter.detail.orphan_frees += 1;
-                        break 'event;
+                    let (addr, request) = match blocks.freed(i, e) {
+                        Freed::Block(addr, request) => (addr, request),
+                        Freed::Orphan => {
+                            meter.detail.orphan_frees += 1;
+                            break 'event;
+                        }
+                        // Its alloc failed under --capacity: the block never existed.
+                        Freed::Never => break 'event,
                     };
-                    let addr = std::mem::replace(slot, Slots::EMPTY);
-                    if addr == Slots::EMPTY {
-                        break 'event; // its alloc failed under --capacity: the block never existed
-                    }
-                    let request = Slots::request(input, link);
                     meter.requested -= request;
                     log_free(&mut backend.observer.log, addr, request, e);
                     policy.free(&mut backend, addr).map_err(at)?;
                 }
                 Action::SegmentFree | Action::SegmentUnmap
-                    if !plan.drop_recorded
-                        && input.empty_cache_at.get(i).copied().unwrap_or(false) =>
+                    if !plan.drop_recorded && recorded_flushes.binary_search(&index).is_ok() =>
                 {
                     policy.empty_cache(&mut backend).map_err(at)?;
                 }
@@ -672,7 +931,8 @@ fn run<P: Policy, B: Backend>(
             meter.detail.empty_cache_calls += 1;
             meter.observe(index, e.time_us, backend.reserved(), policy.allocated());
         }
-    }
+        Ok(())
+    })?;
 
     let reserved_at_end = backend.reserved();
     let segments = policy.segments();

@@ -54,7 +54,7 @@ impl<'a> ReplayReport<'a> {
             trace: path.to_string(),
             format: input.trace.format.name(),
             device: input.device,
-            events: input.events.len() as u64,
+            events: input.event_count(),
             results,
             recorded: None,
             capacity: None,

@@ -18,8 +18,9 @@
 //! of recorded totals) followed by a chunk; every later body is a chunk alone. A chunk is the next
 //! at most [`CHUNK`] events of the flat sequence "device 0's events, device 1's, ..." and the next
 //! at most [`CHUNK`] recorded totals of the same kind of sequence. So a small trace is one record,
-//! and a reader holds one record at a time: memory while reading is the events plus one chunk,
-//! and a replay could consume the events record by record.
+//! and a reader holds one record at a time: memory while reading is the events plus one chunk.
+//! A replay consumes the events record by record without loading them ([`FstStream`]): it reads
+//! the head once, then the file from its start for each pass, holding one record at a time.
 //!
 //! Versions 1 and 2 (one record holding the whole trace; version 1 without recorded totals) are
 //! still read. The CRC catches corruption that would otherwise decode into wrong numbers (bincode
@@ -35,6 +36,7 @@ use super::{
 use crate::error::{Error, ErrorKind, Place, Result};
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, Read, Write};
+use std::path::{Path, PathBuf};
 
 /// The first bytes of every `.fst` file.
 pub const MAGIC: &[u8] = b"FRAGSIM\0";
@@ -203,52 +205,51 @@ impl Chunked<'_> {
         Ok(true)
     }
 
-    /// Reads the records into a trace.
-    fn read(mut self) -> Result<Trace> {
+    /// Reads the first record and decodes its head; returns the head and where its first chunk
+    /// starts in the body.
+    fn head(&mut self) -> Result<(HeadIn, usize)> {
         if !self.next_record()? {
             return Err(Error::input("truncated header: the file ends before its body length")
                 .at(Place::Byte(12)));
         }
-        let start = self.at - self.body.len() as u64;
-        let undecodable = |e: bincode::error::DecodeError, at: u64| {
-            Error::input(format!("undecodable body ({e}): written by an incompatible build?"))
-                .at(Place::Byte(at))
-        };
-        let (head, used): (HeadIn, usize) = bincode::serde::decode_from_slice(&self.body, config())
-            .map_err(|e| undecodable(e, start))?;
-        let mut frames = FrameTable::default();
-        for (i, stack) in head.frames.into_iter().enumerate() {
-            if frames.intern(stack) != FramesId(i as u32 + 1) {
-                return Err(Error::input(format!("frame list {} is empty or repeated", i + 1)));
-            }
+        bincode::serde::decode_from_slice(&self.body, config())
+            .map_err(|e| undecodable(e, self.body_start()))
+    }
+
+    /// The byte offset of the current record's body.
+    fn body_start(&self) -> u64 {
+        self.at - self.body.len() as u64
+    }
+
+    /// Decodes the chunk that fills the current record's body from `offset` on.
+    fn chunk(&self, offset: usize) -> Result<(Vec<Event>, Vec<RecordedTotals>)> {
+        let start = self.body_start();
+        let rest = self.body.get(offset..).unwrap_or_default();
+        let (chunk, used) = bincode::serde::decode_from_slice(rest, config())
+            .map_err(|e| undecodable(e, start + offset as u64))?;
+        if used != rest.len() {
+            return Err(Error::input(format!(
+                "{} unexpected bytes after the encoded chunk",
+                rest.len() - used
+            ))
+            .at(Place::Byte(start + (offset + used) as u64)));
         }
-        let mut fill = Fill::new(&head.devices, &head.totals);
-        let mut offset = used;
-        loop {
-            let start = self.at - self.body.len() as u64;
-            let ((events, totals), used): ((Vec<Event>, Vec<RecordedTotals>), usize) =
-                bincode::serde::decode_from_slice(&self.body[offset..], config())
-                    .map_err(|e| undecodable(e, start + offset as u64))?;
-            if offset + used != self.body.len() {
-                return Err(Error::input(format!(
-                    "{} unexpected bytes after the encoded chunk",
-                    self.body.len() - offset - used
-                ))
-                .at(Place::Byte(start + (offset + used) as u64)));
-            }
-            fill.add(events, totals, &frames).map_err(|e| e.at(Place::Byte(start)))?;
-            if fill.is_full() {
-                break;
-            }
-            if !self.next_record()? {
-                return Err(Error::input(format!(
-                    "truncated: the file ends after {} of the {} events its head declares",
-                    fill.events_read, fill.events_declared
-                ))
-                .at(Place::Byte(self.at)));
-            }
-            offset = 0;
+        Ok(chunk)
+    }
+
+    /// Reads the next record, where the head declares more events than were read.
+    fn next_chunk(&mut self, read: u64, declared: u64) -> Result<()> {
+        if self.next_record()? {
+            return Ok(());
         }
+        Err(Error::input(format!(
+            "truncated: the file ends after {read} of the {declared} events its head declares"
+        ))
+        .at(Place::Byte(self.at)))
+    }
+
+    /// Checks that nothing follows the last record.
+    fn end(&mut self) -> Result<()> {
         let mut rest = [0u8; 1];
         if read_up_to(self.input, &mut rest)? > 0 {
             let mut extra = Vec::new();
@@ -259,6 +260,24 @@ impl Chunked<'_> {
             ))
             .at(Place::Byte(self.at)));
         }
+        Ok(())
+    }
+
+    /// Reads the records into a trace.
+    fn read(mut self) -> Result<Trace> {
+        let (head, mut offset) = self.head()?;
+        let frames = intern_frames(head.frames)?;
+        let mut fill = Fill::new(&head.devices, &head.totals);
+        loop {
+            let (events, totals) = self.chunk(offset)?;
+            fill.add(events, totals, &frames).map_err(|e| e.at(Place::Byte(self.body_start())))?;
+            if fill.is_full() {
+                break;
+            }
+            self.next_chunk(fill.events_read, fill.events_declared)?;
+            offset = 0;
+        }
+        self.end()?;
         let mut devices = fill.devices;
         devices.sort_by_key(|d| d.device);
         if let Some(w) = devices.windows(2).find(|w| w[0].device == w[1].device) {
@@ -275,6 +294,200 @@ impl Chunked<'_> {
             has_times: head.has_times,
             recorded_totals: fill.totals,
         })
+    }
+}
+
+/// The error for a body bincode cannot decode, at byte `at`.
+fn undecodable(e: bincode::error::DecodeError, at: u64) -> Error {
+    Error::input(format!("undecodable body ({e}): written by an incompatible build?"))
+        .at(Place::Byte(at))
+}
+
+/// The frame table of a head's frame lists, numbered as written (each list once, none empty).
+fn intern_frames(lists: Vec<Vec<Frame>>) -> Result<FrameTable> {
+    let mut frames = FrameTable::default();
+    for (i, stack) in lists.into_iter().enumerate() {
+        if frames.intern(stack) != FramesId(i as u32 + 1) {
+            return Err(Error::input(format!("frame list {} is empty or repeated", i + 1)));
+        }
+    }
+    Ok(frames)
+}
+
+/// A version 3 `.fst` file opened to stream one device's events, record by record, without
+/// loading them: what `replay` runs on. Opening reads the head (frames, final segments, settings,
+/// each device's event count); [`FstStream::each_event`] then reads the file again from its start
+/// for each pass, holding one record at a time, so memory does not grow with the trace's length.
+#[derive(Debug)]
+pub struct FstStream {
+    path: PathBuf,
+    head: Trace,
+    devices: Vec<(i32, u64)>,
+    first_chunk: usize,
+}
+
+impl FstStream {
+    /// Opens `path` for streaming when it is an uncompressed version 3 `.fst` file whose head
+    /// declares no recorded totals (those belong beside every event: a trace with them is
+    /// loaded); `Ok(None)` for any other file, which the caller reads as usual. Errors in the
+    /// head name the file.
+    pub fn open(path: &Path) -> Result<Option<FstStream>> {
+        // Only a regular file can be read again from its start (not a pipe).
+        if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+            return Ok(None);
+        }
+        let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        let mut input = std::io::BufReader::new(file);
+        let mut start = [0u8; 12];
+        let got = read_up_to(&mut input, &mut start).map_err(|e| e.in_file(path))?;
+        if got < 12 || !start.starts_with(MAGIC) || start[8..] != VERSION.to_le_bytes() {
+            return Ok(None);
+        }
+        let mut records = Chunked { input: &mut input, at: 12, body: Vec::new() };
+        let in_file = |e: Error| e.in_format(Format::Fst.name()).in_file(path);
+        let (head, first_chunk) = records.head().map_err(in_file)?;
+        if !head.totals.is_empty() {
+            return Ok(None);
+        }
+        let frames = intern_frames(head.frames).map_err(in_file)?;
+        let mut devices = head.devices.clone();
+        devices.sort_by_key(|d| d.0);
+        if let Some(w) = devices.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(in_file(Error::input(format!("device {} appears twice", w[0].0))));
+        }
+        for &(device, n) in &devices {
+            limits::check_device(device as i64).map_err(|m| in_file(Error::input(m)))?;
+            if n > limits::EVENTS_PER_DEVICE as u64 {
+                return Err(in_file(Error::input(format!(
+                    "device {device}: {n} events, more than 2^32"
+                ))));
+            }
+        }
+        check_segments(&head.segments).map_err(in_file)?;
+        let trace = Trace {
+            format: Format::Fst,
+            converted_from: Some(head.format),
+            devices: Vec::new(),
+            frames,
+            segments: head.segments,
+            allocator_settings: head.allocator_settings,
+            has_times: head.has_times,
+            recorded_totals: Vec::new(),
+        };
+        Ok(Some(FstStream {
+            path: path.to_path_buf(),
+            head: trace,
+            devices: head.devices,
+            first_chunk,
+        }))
+    }
+
+    /// The trace without its events (no devices): format, frames, final segments, settings.
+    pub fn head(&self) -> &Trace {
+        &self.head
+    }
+
+    /// The file streamed.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Each device with its number of events, in device order.
+    pub fn devices(&self) -> Vec<(i32, u64)> {
+        let mut d = self.devices.clone();
+        d.sort_by_key(|d| d.0);
+        d
+    }
+
+    /// The number of events of `device`, if the file has it.
+    pub fn events_of(&self, device: i32) -> Option<u64> {
+        self.devices.iter().find(|d| d.0 == device).map(|d| d.1)
+    }
+
+    /// The device with the most events (ties: the lowest number), as [`Trace::default_device`]
+    /// picks it from a loaded trace.
+    pub fn default_device(&self) -> Option<i32> {
+        self.devices.iter().max_by_key(|d| (d.1, -(d.0 as i64))).map(|d| d.0)
+    }
+
+    /// Reads the file from its start and hands `f` the first `limit` events of `device` in
+    /// order, with their index, each checked as the loader checks it. With `whole`, it reads on
+    /// to the end and checks the rest as the loader does (every event of every device, the
+    /// declared counts, nothing after the last record): the first pass of a replay does, so a
+    /// file the loader rejects is rejected here too. Errors name the file.
+    pub fn each_event(
+        &self,
+        device: i32,
+        limit: u64,
+        whole: bool,
+        mut f: impl FnMut(u64, &Event) -> Result<()>,
+    ) -> Result<()> {
+        let path = &self.path;
+        let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        let mut input = std::io::BufReader::with_capacity(1 << 16, file);
+        let mut start = [0u8; 12];
+        read_up_to(&mut input, &mut start).map_err(|e| e.in_file(path))?;
+        if !start.starts_with(MAGIC) || start[8..] != VERSION.to_le_bytes() {
+            return Err(Error::input("the file changed while it was replayed")
+                .in_format(Format::Fst.name())
+                .in_file(path));
+        }
+        let mut records = Chunked { input: &mut input, at: 12, body: Vec::new() };
+        let declared = self.devices.iter().fold(0u64, |s, d| s.saturating_add(d.1));
+        // The flat sequence's bounds of each device, in file order.
+        let mut bounds = Vec::with_capacity(self.devices.len());
+        let mut at = 0u64;
+        for &(d, n) in &self.devices {
+            bounds.push((d, at, at + n));
+            at += n;
+        }
+        let (from, to) = bounds
+            .iter()
+            .find(|b| b.0 == device)
+            .map_or((0, 0), |&(_, from, to)| (from, to.min(from.saturating_add(limit))));
+        let end = if whole { declared } else { to };
+        let mut flat = 0u64;
+        let mut run = || -> Result<()> {
+            if !records.next_record()? {
+                return Err(Error::input("truncated header: the file ends before its body length")
+                    .at(Place::Byte(12)));
+            }
+            let (mut offset, mut current) = (self.first_chunk, 0);
+            loop {
+                let (events, totals) = records.chunk(offset)?;
+                offset = 0;
+                let place = Place::Byte(records.body_start());
+                let more = || Error::input("a record holds more than the head declares").at(place);
+                if !totals.is_empty() {
+                    return Err(more());
+                }
+                for e in &events {
+                    while bounds.get(current).is_some_and(|b| flat >= b.2) {
+                        current += 1;
+                    }
+                    let &(d, first, _) = bounds.get(current).ok_or_else(more)?;
+                    if whole || d == device {
+                        check_event(d, (flat - first) as usize, e, &self.head.frames)?;
+                    }
+                    if flat >= from && flat < to {
+                        f(flat - from, e)?;
+                    }
+                    flat += 1;
+                }
+                if flat >= end {
+                    break;
+                }
+                if events.is_empty() {
+                    return Err(Error::input("an empty record before the last").at(place));
+                }
+                records.next_chunk(flat, declared)?;
+            }
+            if whole {
+                records.end()?;
+            }
+            Ok(())
+        };
+        run().map_err(|e| e.in_format(Format::Fst.name()).in_file(path))
     }
 }
 
@@ -412,10 +625,7 @@ fn read_whole(data: &[u8], version: u32) -> Result<Trace> {
         ))
         .at(Place::Byte(HEADER_LEN as u64)));
     }
-    let undecodable = |e: bincode::error::DecodeError| {
-        Error::input(format!("undecodable body ({e}): written by an incompatible build?"))
-            .at(Place::Byte(HEADER_LEN as u64))
-    };
+    let undecodable = |e| undecodable(e, HEADER_LEN as u64);
     let (wire, used): (WireV2, usize) = if version == 1 {
         let (w, used): (WireV1, usize) =
             bincode::serde::decode_from_slice(body, config()).map_err(undecodable)?;
@@ -441,12 +651,7 @@ fn read_whole(data: &[u8], version: u32) -> Result<Trace> {
         ))
         .at(Place::Byte((HEADER_LEN + used) as u64)));
     }
-    let mut frames = FrameTable::default();
-    for (i, stack) in wire.frames.into_iter().enumerate() {
-        if frames.intern(stack) != FramesId(i as u32 + 1) {
-            return Err(Error::input(format!("frame list {} is empty or repeated", i + 1)));
-        }
-    }
+    let frames = intern_frames(wire.frames)?;
     let mut devices = wire.devices;
     devices.sort_by_key(|d| d.device);
     if let Some(w) = devices.windows(2).find(|w| w[0].device == w[1].device) {
@@ -702,6 +907,40 @@ mod tests {
                 .collect(),
         }];
         t
+    }
+
+    #[test]
+    fn a_stream_hands_one_device_its_events_record_by_record() {
+        // Without recorded totals: a trace with them is loaded, not streamed.
+        let t = Trace { recorded_totals: Vec::new(), ..long(2 * CHUNK + 5) };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.fst");
+        std::fs::write(&path, encode(&t)).unwrap();
+        let file = FstStream::open(&path).unwrap().expect("version 3");
+        assert!(file.head().devices.is_empty() && file.head().segments == t.segments);
+        assert_eq!(file.devices(), vec![(0, 2 * CHUNK as u64 + 5), (2, 3)]);
+        assert_eq!(file.default_device(), Some(0));
+        let collect = |device, limit, whole| {
+            let mut got = Vec::new();
+            file.each_event(device, limit, whole, |i, e| {
+                got.push((i, *e));
+                Ok(())
+            })
+            .unwrap();
+            got
+        };
+        let all: Vec<(u64, Event)> =
+            t.devices[0].events.iter().copied().enumerate().map(|(i, e)| (i as u64, e)).collect();
+        assert_eq!(collect(0, u64::MAX, true), all);
+        assert_eq!(collect(0, CHUNK as u64 + 1, false), all[..CHUNK + 1]);
+        assert_eq!(collect(2, u64::MAX, true).len(), 3);
+        assert!(collect(7, u64::MAX, false).is_empty());
+        std::fs::write(&path, encode(&long(5))).unwrap();
+        assert!(FstStream::open(&path).unwrap().is_none(), "recorded totals: loaded");
+        for version in [1, 2] {
+            std::fs::write(&path, encode_old(&t, version)).unwrap();
+            assert!(FstStream::open(&path).unwrap().is_none(), "version {version}: loaded");
+        }
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! is written once ([`scan`]).
 
 use super::{Action, BlockState, DeviceTrace, Event, Trace};
+use crate::error::Result;
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -110,32 +111,147 @@ pub fn free_action(events: &[Event]) -> Action {
 /// `segment_free` / `segment_unmap` that is not part of a malloc's fallback, i.e. not followed
 /// (after any `free_completed`) by a `segment_alloc`, `segment_map` or `oom` of the same malloc.
 /// Spec §19.4: such runs are `empty_cache()` calls. Only the first event of each run is marked.
+/// [`EmptyCacheRuns`] finds the same calls one event at a time.
 pub fn empty_cache_points(events: &[Event]) -> Vec<bool> {
     let mut marks = vec![false; events.len()];
-    let mut i = 0;
-    while i < events.len() {
-        if !matches!(events[i].action, Action::SegmentFree | Action::SegmentUnmap) {
-            i += 1;
-            continue;
-        }
-        let start = i;
-        while i < events.len()
-            && matches!(
-                events[i].action,
-                Action::SegmentFree | Action::SegmentUnmap | Action::FreeCompleted
-            )
-        {
-            i += 1;
-        }
-        let part_of_malloc = events.get(i).is_some_and(|e| {
-            matches!(e.action, Action::SegmentAlloc | Action::SegmentMap | Action::Oom)
-        });
-        if !part_of_malloc {
-            marks[start] = true;
-        }
+    let mut runs = EmptyCacheRuns::default();
+    for (i, e) in events.iter().enumerate() {
+        runs.push(i as u64, e.action);
+    }
+    for i in runs.finish() {
+        marks[i as usize] = true;
     }
     marks
 }
+
+/// The `empty_cache()` calls of [`empty_cache_points`], found one event at a time (for a trace
+/// streamed from a file): the index of each call's first event, in order. It holds the calls
+/// found and the start of the run being read, nothing per event.
+#[derive(Clone, Debug, Default)]
+pub struct EmptyCacheRuns {
+    run: Option<u64>,
+    calls: Vec<u64>,
+}
+
+impl EmptyCacheRuns {
+    /// Takes the next event's index and action.
+    #[inline]
+    pub fn push(&mut self, index: u64, action: Action) {
+        let flush = matches!(action, Action::SegmentFree | Action::SegmentUnmap);
+        match self.run {
+            Some(_) if flush || action == Action::FreeCompleted => {}
+            Some(start) => {
+                self.run = None;
+                if !matches!(action, Action::SegmentAlloc | Action::SegmentMap | Action::Oom) {
+                    self.calls.push(start);
+                }
+            }
+            None if flush => self.run = Some(index),
+            None => {}
+        }
+    }
+
+    /// The calls, in event order, once every event has been pushed.
+    pub fn finish(mut self) -> Vec<u64> {
+        self.calls.extend(self.run.take());
+        self.calls
+    }
+}
+
+/// The few events of a device that decide what lifetimes and start states are derived from it:
+/// each orphan free (the first free of an address no earlier event allocated), the first `alloc`
+/// of each address the final segments show live, the first segment event (`segment_alloc` or
+/// `segment_free`, within the address space) of each segment address, and the first
+/// `segment_map` or `segment_unmap`, in trace order. [`live_at_start`] and [`scan`]'s orphans
+/// on the digest equal those on the whole events, and so does the cudaMalloc-segment start state
+/// the `pytorch` policy recovers (of mapped memory the digest keeps only the fact that the trace
+/// maps, which is all that policy uses). It is what a replay streamed from a file hands the
+/// policies in place of the events.
+///
+/// `walk(limit, f)` must hand `f` the device's first `limit` events in order, from the start,
+/// each time it is called: it is called once, and again for the orphan candidates only when an
+/// earlier alloc of one cannot be ruled out. Memory: the blocks live at a time, the final
+/// segments' live blocks, the segment addresses and the candidate orphans; not the events.
+pub fn digest<W>(trace: &Trace, device: i32, frees_at: Action, mut walk: W) -> Result<Vec<Event>>
+where
+    W: FnMut(u64, &mut dyn FnMut(u64, &Event) -> Result<()>) -> Result<()>,
+{
+    let fits = |e: &Event| e.addr.checked_add(e.size).is_some_and(|end| end < 1 << 62);
+    let mut final_live: AddrMap<Option<(u64, Event)>> = AddrMap::default();
+    for seg in trace.segments_of(device) {
+        for b in &seg.blocks {
+            if matches!(b.state, BlockState::ActiveAllocated | BlockState::ActivePendingFree) {
+                final_live.insert(b.address, None);
+            }
+        }
+    }
+    let mut live = AddrSet::default();
+    // Every allocated address, hashed into a fixed bit set: a candidate whose bit is clear was
+    // never allocated before, so it is an orphan without a second pass.
+    let mut seen = vec![0u64; SEEN_WORDS];
+    let bit = |addr: u64| {
+        let mut h = AddrHasher::default();
+        h.write_u64(addr);
+        let k = h.finish() as usize % (SEEN_WORDS * 64);
+        (k / 64, 1u64 << (k % 64))
+    };
+    let mut candidates: Vec<(u64, Event, bool)> = Vec::new();
+    let mut orphaned = AddrSet::default();
+    let mut segments: AddrMap<(u64, Event)> = AddrMap::default();
+    let mut mapping: Option<(u64, Event)> = None;
+    walk(u64::MAX, &mut |i, e| {
+        match e.action {
+            Action::Alloc => {
+                live.insert(e.addr);
+                let (w, m) = bit(e.addr);
+                seen[w] |= m;
+                if let Some(first @ None) = final_live.get_mut(&e.addr) {
+                    *first = Some((i, *e));
+                }
+            }
+            // A free of an address not live now, the first such: an orphan unless the address
+            // was allocated and freed before.
+            a if a == frees_at && !live.remove(&e.addr) && orphaned.insert(e.addr) => {
+                let (w, m) = bit(e.addr);
+                candidates.push((i, *e, seen[w] & m == 0));
+            }
+            Action::SegmentAlloc | Action::SegmentFree if fits(e) => {
+                segments.entry(e.addr).or_insert((i, *e));
+            }
+            Action::SegmentMap | Action::SegmentUnmap if fits(e) && mapping.is_none() => {
+                mapping = Some((i, *e));
+            }
+            _ => {}
+        }
+        Ok(())
+    })?;
+    drop(live);
+    // A candidate the bit set cannot clear: an orphan only if no alloc of its address came first.
+    let unsure: AddrMap<u64> =
+        candidates.iter().filter(|c| !c.2).map(|c| (c.1.addr, c.0)).collect();
+    let mut allocated_first = AddrSet::default();
+    if let Some(&last) = unsure.values().max() {
+        walk(last, &mut |i, e| {
+            if e.action == Action::Alloc && unsure.get(&e.addr).is_some_and(|&at| i < at) {
+                allocated_first.insert(e.addr);
+            }
+            Ok(())
+        })?;
+    }
+    let mut out: Vec<(u64, Event)> = candidates
+        .into_iter()
+        .filter(|c| c.2 || !allocated_first.contains(&c.1.addr))
+        .map(|c| (c.0, c.1))
+        .chain(final_live.into_values().flatten())
+        .chain(segments.into_values())
+        .chain(mapping)
+        .collect();
+    out.sort_by_key(|p| p.0);
+    Ok(out.into_iter().map(|p| p.1).collect())
+}
+
+/// The words of [`digest`]'s bit set of allocated addresses (128 KiB).
+const SEEN_WORDS: usize = 1 << 14;
 
 impl DeviceTrace {
     /// The action at which frees take effect on this device (see [`free_action`]).
@@ -215,6 +331,60 @@ mod tests {
         let l = scan(&e);
         assert_eq!(l.orphans.iter().map(|b| b.addr).collect::<Vec<_>>(), vec![0x200]);
         assert_eq!(l.frees_at, free_action(&e));
+    }
+
+    #[test]
+    fn the_digest_gives_the_same_lifetimes_as_the_events() {
+        // 0x100 freed twice after its alloc (not an orphan: a second pass rules it out), 0x200
+        // an orphan, 0x300 allocated and live at the end, 0x400 live at the end and never
+        // allocated, 0x500 an orphan freed again later, segment events at 0x1000 twice.
+        let (mut t, e) = events(
+            "alloc 0x100 10 s0\nfree 0x100 10 s0\nsegment_free 0x1000 2097152\nfree 0x100 10 s0\n\
+             free 0x200 20 s1\nfree 0x500 5 s0\nalloc 0x300 30 s0\nsegment_alloc 0x1000 2097152\n\
+             alloc 0x500 5 s0\nfree 0x500 5 s0\nfree 0x500 5 s0\n",
+        );
+        let live = |address| crate::trace::Block {
+            address,
+            size: 512,
+            requested_size: 40,
+            state: BlockState::ActiveAllocated,
+        };
+        t.segments.push(crate::trace::Segment {
+            device: 0,
+            address: 0x300,
+            total_size: 0x300,
+            stream: 0,
+            pool: crate::trace::PoolKind::Small,
+            is_expandable: false,
+            blocks: vec![live(0x300), live(0x400)],
+        });
+        let frees_at = free_action(&e);
+        let mut passes = 0;
+        let digest = digest(&t, 0, frees_at, |limit, f| {
+            passes += 1;
+            e.iter()
+                .take(limit.min(e.len() as u64) as usize)
+                .enumerate()
+                .try_for_each(|(i, e)| f(i as u64, e))
+        })
+        .unwrap();
+        assert_eq!(passes, 2, "the double free of 0x100 needs the second pass");
+        assert_eq!(live_at_start(&t, 0, &digest), live_at_start(&t, 0, &e));
+        assert_eq!(
+            live_at_start(&t, 0, &e).iter().map(|b| b.addr).collect::<Vec<_>>(),
+            vec![0x200, 0x400, 0x500]
+        );
+        assert_eq!(scan(&digest).orphans, scan(&e).orphans);
+        let kept: Vec<(Action, u64)> = digest.iter().map(|e| (e.action, e.addr)).collect();
+        assert_eq!(
+            kept,
+            vec![
+                (Action::SegmentFree, 0x1000),
+                (frees_at, 0x200),
+                (frees_at, 0x500),
+                (Action::Alloc, 0x300),
+            ]
+        );
     }
 
     #[test]

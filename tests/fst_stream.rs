@@ -1,0 +1,276 @@
+//! A `.fst` replay streamed from the file (what `replay` does) gives exactly what the same file
+//! replayed loaded gives: every policy's result (but its timing), its peak detail and its final
+//! segments, on the real snapshots and on random workloads with blocks live at the start, orphan
+//! and double frees, reused addresses, recorded `empty_cache()` runs, `--capacity` OOMs,
+//! `--empty-cache-every` and `--stop-after`-style cuts.
+
+use fragsim::policy::{PolicySpec, POLICIES};
+use fragsim::replay::{EmptyCachePlan, ReplayInput, ReplayOptions, ReplayOutput};
+use fragsim::testing::{workload, Step};
+use fragsim::trace::fst::FstStream;
+use fragsim::trace::{
+    read_trace, write_trace, Action, Block, BlockState, DeviceTrace, Event, PoolKind, ReadOptions,
+    Segment, Trace,
+};
+use std::path::Path;
+
+const MIB: u64 = 1 << 20;
+
+/// Every built-in policy's output on `input`, timings zeroed.
+fn outputs(input: &ReplayInput, options: &ReplayOptions) -> Vec<ReplayOutput> {
+    POLICIES
+        .iter()
+        .map(|info| {
+            let spec = PolicySpec { name: info.name.into(), options: String::new() };
+            let mut out = info.run(&spec, input, options).unwrap_or_else(|e| panic!("{e}"));
+            out.result.replay_seconds = 0.0;
+            out
+        })
+        .collect()
+}
+
+/// Replays the .fst at `path` loaded and streamed under each of `options` and asserts the same
+/// outputs; returns the loaded outputs for further checks.
+fn same_both_ways(path: &Path, options: &[ReplayOptions]) -> Vec<Vec<ReplayOutput>> {
+    let trace = read_trace(path, &ReadOptions { keep_frames: true, ..ReadOptions::default() })
+        .unwrap_or_else(|e| panic!("{e}"));
+    let file = FstStream::open(path).unwrap().expect("a version 3 .fst streams");
+    let mut all = Vec::new();
+    for device in trace.devices.iter().map(|d| d.device) {
+        let loaded = ReplayInput::new(&trace, Some(device)).unwrap();
+        let streamed = ReplayInput::streamed(&file, Some(device)).unwrap();
+        assert!(streamed.is_streamed() && !loaded.is_streamed());
+        assert_eq!(streamed.event_count(), loaded.event_count());
+        assert_eq!(streamed.live_at_start, loaded.live_at_start, "{}", path.display());
+        assert_eq!(streamed.empty_cache_at, loaded.empty_cache_at);
+        assert_eq!(streamed.frees_at, loaded.frees_at);
+        for o in options {
+            let (a, b) = (outputs(&loaded, o), outputs(&streamed, o));
+            for (a, b) in a.iter().zip(&b) {
+                let what = format!("{} {} {o:?}", path.display(), a.result.policy);
+                assert_eq!(a.result, b.result, "{what}");
+                assert_eq!(a.detail, b.detail, "{what}");
+                assert_eq!(a.segments, b.segments, "{what}");
+            }
+            all.push(a);
+        }
+    }
+    all
+}
+
+/// The option sets every file is replayed under.
+fn option_sets(capacity: u64) -> Vec<ReplayOptions> {
+    let every = |n| EmptyCachePlan { every: Some(n), ..EmptyCachePlan::default() };
+    vec![
+        ReplayOptions::default(),
+        ReplayOptions { capacity: Some(capacity), ..ReplayOptions::default() },
+        ReplayOptions { empty_cache: every(97), ..ReplayOptions::default() },
+        ReplayOptions {
+            empty_cache: EmptyCachePlan { drop_recorded: true, at: vec![5, 40], ..every(0) },
+            stop_after: Some(700),
+            ..ReplayOptions::default()
+        },
+    ]
+}
+
+#[test]
+fn real_snapshots_replay_the_same_streamed() {
+    let dir = tempfile::tempdir().unwrap();
+    let real = Path::new(env!("CARGO_MANIFEST_DIR")).join("traces/real");
+    let mut names: Vec<_> = std::fs::read_dir(&real)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "pickle"))
+        .collect();
+    names.sort();
+    assert!(names.len() >= 5, "the real snapshots are in traces/real");
+    let mut ooms = 0;
+    for pickle in names {
+        let trace = read_trace(&pickle, &ReadOptions::default()).unwrap();
+        let fst = dir.path().join(pickle.with_extension("fst").file_name().unwrap());
+        write_trace(&trace, &fst).unwrap();
+        // Half the bound's peak: every policy runs out of memory somewhere.
+        let peak = {
+            let input = ReplayInput::new(&trace, None).unwrap();
+            let spec = PolicySpec { name: "bound".into(), options: String::new() };
+            let bound = fragsim::policy::lookup("bound").unwrap();
+            bound.run(&spec, &input, &ReplayOptions::default()).unwrap().result.peak_reserved_bytes
+        };
+        // The plain replay and the capacity one (the workloads below take every option set).
+        let runs = same_both_ways(&fst, &option_sets(peak / 2)[..2]);
+        ooms += runs.iter().flatten().filter(|o| o.result.oom).count();
+    }
+    assert!(ooms > 0, "the capacity runs hit OOMs");
+}
+
+/// `steps` as recorded events on fresh addresses, with segment events around `empty_cache()`
+/// steps (a flush run, sometimes followed by a malloc's `segment_alloc`, which makes it no call),
+/// an address reused while its block is live (its free unrecorded) and a double free.
+fn recorded(steps: &[Step], seed: u64) -> Vec<Event> {
+    let addr = |id: usize| 0x7f00_0000_0000 + id as u64 * 64 * MIB;
+    let mut sizes = std::collections::HashMap::new();
+    let mut out = Vec::new();
+    let mut t = 0i64;
+    let mut push = |out: &mut Vec<Event>, a, addr, size, stream| {
+        t += 1;
+        out.push(Event::new(a, addr, size, stream, t));
+    };
+    for (k, s) in steps.iter().enumerate() {
+        match *s {
+            Step::Alloc { id, size, stream } => {
+                sizes.insert(id, (size, stream));
+                push(&mut out, Action::Alloc, addr(id), size, stream);
+            }
+            Step::Free { id } => {
+                let (size, stream) = sizes[&id];
+                push(&mut out, Action::FreeRequested, addr(id), size, stream);
+                push(&mut out, Action::FreeCompleted, addr(id), size, stream);
+                if (k as u64 + seed) % 211 == 0 {
+                    push(&mut out, Action::FreeCompleted, addr(id), size, stream);
+                }
+            }
+            Step::EmptyCache => {
+                push(
+                    &mut out,
+                    Action::SegmentFree,
+                    0x10_0000_0000 + k as u64 * 2 * MIB,
+                    2 * MIB,
+                    0,
+                );
+                push(&mut out, Action::FreeCompleted, 0x20_0000_0000, 512, 0);
+                if k % 3 == 0 {
+                    push(&mut out, Action::SegmentAlloc, 0x10_0000_0000, 20 * MIB, 0);
+                }
+            }
+        }
+        if k % 389 == 17 {
+            // An alloc at the address of a block still live: the recording lost its free.
+            if let Some((&id, &(size, stream))) = sizes.iter().min_by_key(|(id, _)| **id) {
+                push(&mut out, Action::Alloc, addr(id), size / 2 + 1, stream);
+            }
+        }
+    }
+    out
+}
+
+/// A trace from workload `seed` with its first third cut (orphan frees: blocks live at the
+/// start), final segments holding two live blocks no event allocated, on two devices.
+fn workload_trace(seed: u64, len: usize) -> Trace {
+    let events = recorded(&workload(seed, len), seed);
+    let cut = events.len() / 3;
+    let events = events[cut..].to_vec();
+    let block = |address, size, requested_size| Block {
+        address,
+        size,
+        requested_size,
+        state: BlockState::ActiveAllocated,
+    };
+    let segments = vec![Segment {
+        device: 0,
+        address: 0x30_0000_0000,
+        total_size: 20 * MIB,
+        stream: 0,
+        pool: PoolKind::Large,
+        is_expandable: false,
+        blocks: vec![
+            block(0x30_0000_0000, 4 * MIB, 3 * MIB),
+            block(0x30_0040_0000, 16 * MIB, 9 * MIB),
+        ],
+    }];
+    let other = events.iter().take(300).copied().collect();
+    Trace {
+        devices: vec![DeviceTrace { device: 0, events }, DeviceTrace { device: 3, events: other }],
+        segments,
+        has_times: true,
+        ..Trace::default()
+    }
+}
+
+#[test]
+fn workloads_replay_the_same_streamed() {
+    let dir = tempfile::tempdir().unwrap();
+    for seed in 1..4 {
+        let trace = workload_trace(seed, 6000);
+        let fst = dir.path().join(format!("w{seed}.fst"));
+        write_trace(&trace, &fst).unwrap();
+        let runs = same_both_ways(&fst, &option_sets(600 * MIB));
+        let first = &runs[0];
+        assert!(first.iter().all(|o| o.detail.live_at_start > 2), "orphans and final blocks");
+        assert!(first.iter().all(|o| o.detail.orphan_frees > 0), "double frees count as orphans");
+        assert!(runs[1].iter().any(|o| o.result.oom), "the capacity runs hit OOMs");
+        assert!(runs[2].iter().all(|o| o.detail.empty_cache_calls > 0));
+    }
+}
+
+#[test]
+fn only_a_plain_version_3_file_streams() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = workload_trace(7, 30_000); // more than one record
+    let (fst, gz, txt) =
+        (dir.path().join("a.fst"), dir.path().join("a.fst.gz"), dir.path().join("a.txt"));
+    for p in [&fst, &gz, &txt] {
+        write_trace(&trace, p).unwrap();
+    }
+    assert!(FstStream::open(&fst).unwrap().is_some());
+    assert!(FstStream::open(&gz).unwrap().is_none(), "compressed: loaded");
+    assert!(FstStream::open(&txt).unwrap().is_none(), "not .fst: loaded");
+    // A cut file is refused by the first pass, as loading refuses it, naming the file.
+    let data = std::fs::read(&fst).unwrap();
+    let cut = dir.path().join("cut.fst");
+    std::fs::write(&cut, &data[..data.len() - 5]).unwrap();
+    let file = FstStream::open(&cut).unwrap().expect("the head is whole");
+    let err = ReplayInput::streamed(&file, None).map(|_| ()).unwrap_err().to_string();
+    assert!(err.contains("cut.fst") && err.contains("truncated"), "{err}");
+    let err = ReplayInput::streamed(&file, Some(9)).map(|_| ()).unwrap_err().to_string();
+    assert_eq!(err, "the trace has no device 9 (devices: 0, 3)");
+}
+
+/// `replay --json` output without what differs between runs of the same results (timings) and
+/// between the two files (their names).
+fn comparable(o: &std::process::Output) -> serde_json::Value {
+    assert!(o.status.success(), "{}", crate::util::stderr(o));
+    let mut v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    v["trace"] = serde_json::Value::Null;
+    for r in v["results"].as_array_mut().expect("results") {
+        r["replay_seconds"] = serde_json::Value::Null;
+    }
+    v
+}
+
+#[test]
+fn the_cli_streams_an_fst_and_reports_what_loading_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = workload_trace(11, 4000);
+    let (fst, gz) = (dir.path().join("w.fst"), dir.path().join("w.fst.gz"));
+    write_trace(&trace, &fst).unwrap();
+    write_trace(&trace, &gz).unwrap();
+    let (fst, gz) = (fst.to_str().unwrap(), gz.to_str().unwrap());
+    for extra in
+        [&[][..], &["--capacity", "300MiB"], &["--empty-cache-every", "50", "--device", "3"]]
+    {
+        let args = |path| [&["replay", path, "-p", "all", "--json"][..], extra].concat();
+        let streamed = crate::util::run(&args(fst));
+        let loaded = crate::util::run(&args(gz));
+        assert_eq!(comparable(&streamed), comparable(&loaded), "{extra:?}");
+        // Only the planner loads, and says so; the loaded file needs no note.
+        let note = "offline plans with every lifetime: it loads the events of";
+        assert!(
+            crate::util::stderr(&streamed).contains(note),
+            "{}",
+            crate::util::stderr(&streamed)
+        );
+        assert!(!crate::util::stderr(&loaded).contains(note));
+    }
+    let online = crate::util::run(&["replay", fst, "-p", "pytorch", "-p", "bfc", "--json"]);
+    assert!(crate::util::stderr(&online).is_empty(), "{}", crate::util::stderr(&online));
+    // A corrupt file: the streamed replay refuses it with the loader's message and exit code.
+    let mut data = std::fs::read(fst).unwrap();
+    data[40] ^= 0x55;
+    let bad = dir.path().join("bad.fst");
+    std::fs::write(&bad, data).unwrap();
+    let bad = bad.to_str().unwrap();
+    let (replay, info) = (crate::util::run(&["replay", bad]), crate::util::run(&["info", bad]));
+    assert_eq!(replay.status.code(), Some(2));
+    assert_eq!(crate::util::stderr(&replay), crate::util::stderr(&info));
+    assert!(crate::util::stderr(&replay).contains("checksum mismatch"));
+}
