@@ -110,7 +110,17 @@ pub fn run(args: Args) -> Result<ExitCode> {
             ));
         }
     }
-    let (recorded_row, limit) = fragsim::recorded::row_and_limit(trace, input.device);
+    let (recorded_row, limit) = match &stream {
+        Some(file) if input.is_streamed() => fragsim::recorded::row_and_limit_streamed(
+            trace,
+            input.device,
+            &input.live_at_start,
+            input.frees_at,
+            |f| file.each_event(input.device, u64::MAX, false, f),
+        )
+        .map_err(&named)?,
+        _ => fragsim::recorded::row_and_limit(trace, input.device),
+    };
     let (capacity, inferred) =
         super::resolve_capacity(args.source.capacity.as_ref(), limit.as_ref())?;
     if let Some(why) = &inferred {

@@ -20,7 +20,8 @@
 pub mod kineto_start;
 pub mod limit;
 
-use crate::replay::{free_action, live_at_start, Point, PolicyResult, Series};
+use crate::error::Result;
+use crate::replay::{free_action, live_at_start, AddrMap, LiveBlock, Point, PolicyResult, Series};
 use crate::trace::{Action, Event, Format, Trace};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -154,7 +155,7 @@ pub fn recorded(trace: &Trace, device: i32) -> Option<Recorded> {
     if let Some(totals) = trace.totals_of(device) {
         return Some(from_totals(trace, device, events, totals));
     }
-    (trace.format == Format::PytorchSnapshot).then(|| from_snapshot(trace, device, events))
+    (trace.source_format() == Format::PytorchSnapshot).then(|| from_snapshot(trace, device, events))
 }
 
 /// The recorded run's row beside the policies and the device limit its recording shows, for
@@ -165,6 +166,89 @@ pub fn row_and_limit(
     device: i32,
 ) -> (Option<RecordedRow>, Option<limit::DeviceLimit>) {
     recorded(trace, device).map(|r| r.row_and_limit(trace)).unzip()
+}
+
+/// [`row_and_limit`] for a snapshot's `device` whose events stream from a file instead of being
+/// loaded: `walk` hands every event of the device, in order, with its index, each time it is
+/// called (it is called once). `live_at_start` and `frees_at` are the replay input's.
+///
+/// Reserved memory changes only at segment events, and the limit's flush analysis reads only
+/// the releases, the `free_completed`s inside a release run and the event right after a
+/// non-`alloc`/free event; so the recording is recovered from those events alone (a handful
+/// per segment event) and its event indices mapped back, while requested bytes are summed on
+/// the way. The results equal [`row_and_limit`] on the loaded events; memory follows the
+/// segment events and the live blocks, not the trace's length.
+pub fn row_and_limit_streamed<W>(
+    head: &Trace,
+    device: i32,
+    live_at_start: &[LiveBlock],
+    frees_at: Action,
+    walk: W,
+) -> Result<(Option<RecordedRow>, Option<limit::DeviceLimit>)>
+where
+    W: FnOnce(&mut dyn FnMut(u64, &Event) -> Result<()>) -> Result<()>,
+{
+    if head.source_format() != Format::PytorchSnapshot || head.totals_of(device).is_some() {
+        return Ok((None, None));
+    }
+    let plain =
+        |a: Action| matches!(a, Action::Alloc | Action::FreeRequested | Action::FreeCompleted);
+    let releases = |a: Action| matches!(a, Action::SegmentFree | Action::SegmentUnmap);
+    let mut kept: Vec<Event> = Vec::new();
+    let mut index: Vec<u64> = Vec::new();
+    // Whether the next plain event is kept: right after a non-plain one, or inside a release run.
+    let (mut after_other, mut in_run) = (false, false);
+    let mut live: AddrMap<u64> = AddrMap::default();
+    for b in live_at_start {
+        live.insert(b.addr, b.size);
+    }
+    let mut now: u64 = live_at_start.iter().map(|b| b.size).sum();
+    let mut peak_requested = now;
+    walk(&mut |i, e| {
+        if !plain(e.action) || after_other || (in_run && e.action == Action::FreeCompleted) {
+            kept.push(*e);
+            index.push(i);
+        }
+        after_other = !plain(e.action);
+        in_run = releases(e.action) || (in_run && e.action == Action::FreeCompleted);
+        match e.action {
+            Action::Alloc if e.size > 0 => {
+                now -= live.insert(e.addr, e.size).unwrap_or(0);
+                now += e.size;
+                peak_requested = peak_requested.max(now);
+            }
+            a if a == frees_at => now -= live.remove(&e.addr).unwrap_or(0),
+            _ => {}
+        }
+        Ok(())
+    })?;
+    let compact = Trace {
+        format: head.format,
+        converted_from: head.converted_from,
+        devices: vec![crate::trace::DeviceTrace { device, events: kept }],
+        segments: head.segments_of(device).cloned().collect(),
+        allocator_settings: head.allocator_settings.clone(),
+        has_times: head.has_times,
+        ..Trace::default()
+    };
+    let events = &compact.devices[0].events;
+    let mut r = from_snapshot(&compact, device, events);
+    r.peak_requested_bytes = Some(peak_requested);
+    let (mut row, mut l) = r.row_and_limit(&compact);
+    let at = |k: u64| index.get(k as usize).copied().unwrap_or(k);
+    row.peak_event =
+        row.peak_event.map(|k| if r.peak_reserved_event.is_some() { at(k) } else { k });
+    row.first_oom_event = row.first_oom_event.map(at);
+    l.at_least_event = l.at_least_event.map(at);
+    l.below_event = l.below_event.map(at);
+    for f in &mut l.flushes {
+        f.event = at(f.event);
+        f.retry_event = f.retry_event.map(at);
+    }
+    for o in &mut l.oom_entries {
+        o.event = at(o.event);
+    }
+    Ok((Some(row), Some(l)))
 }
 
 /// Reserved over time from a snapshot: final segments minus the net of segment events.

@@ -211,7 +211,7 @@ impl PyTorch {
     /// split down to it whenever the rest can be a block. Peak allocated bytes then equal the
     /// profiler's `Total Allocated` wherever the replay serves every request.
     pub fn reading_kineto(mut self, context: &PolicyContext) -> PyTorch {
-        self.exact_blocks = context.trace.format == crate::trace::Format::Kineto;
+        self.exact_blocks = context.trace.source_format() == crate::trace::Format::Kineto;
         self
     }
 
@@ -226,7 +226,7 @@ impl PyTorch {
     pub fn with_recorded_start(mut self, context: &PolicyContext) -> PyTorch {
         self.start = None;
         let trace = context.trace;
-        if trace.format != crate::trace::Format::PytorchSnapshot
+        if trace.source_format() != crate::trace::Format::PytorchSnapshot
             || self.config.expandable_segments
             || trace.segments_of(context.device).next().is_none()
         {
