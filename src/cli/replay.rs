@@ -74,12 +74,30 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let specs = PolicySpec::parse_many(&args.source.policies)?;
     let empty_cache = args.source.empty_cache_plan()?;
     // An .fst file streams: each policy's replay reads it again, record by record, so memory
-    // does not grow with the trace (not for --export-snapshot, which keeps the whole run).
+    // does not grow with the trace. Not for --export-snapshot, which keeps the whole run, nor
+    // when a planner is asked for: it needs every lifetime, so the events are loaded once for
+    // every policy rather than streamed to the others and loaded for it.
     let path = &args.source.trace;
-    let stream = match &args.export_snapshot {
+    let planners: Vec<&str> = specs
+        .iter()
+        .filter_map(|s| fragsim::policy::lookup(&s.name).ok())
+        .filter(|p| p.role == fragsim::policy::Role::Clairvoyant)
+        .map(|p| p.name)
+        .collect();
+    let streamable = match &args.export_snapshot {
         None => FstStream::open(path)?,
         Some(_) => None,
     };
+    let would_stream = streamable.is_some();
+    let stream = streamable.filter(|_| planners.is_empty());
+    if !planners.is_empty() && would_stream {
+        args.control.note(&format!(
+            "{} plans with every lifetime: the events of {} are loaded (without it, the \
+             replay streams them)",
+            planners.join(", "),
+            path.display()
+        ));
+    }
     let loaded;
     let (trace, input) = match &stream {
         Some(file) => {
@@ -94,22 +112,6 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
     };
     let named = super::in_trace(path, trace);
-    if input.is_streamed() {
-        let planners: Vec<&str> = specs
-            .iter()
-            .filter_map(|s| fragsim::policy::lookup(&s.name).ok())
-            .filter(|p| p.role == fragsim::policy::Role::Clairvoyant)
-            .map(|p| p.name)
-            .collect();
-        if !planners.is_empty() {
-            args.control.note(&format!(
-                "{} plans with every lifetime: it loads the events of {} (the other policies \
-                 stream them)",
-                planners.join(", "),
-                path.display()
-            ));
-        }
-    }
     let (recorded_row, limit) = match &stream {
         Some(file) if input.is_streamed() => fragsim::recorded::row_and_limit_streamed(
             trace,
