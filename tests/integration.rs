@@ -11,6 +11,7 @@ mod custom_policy;
 mod deploy;
 mod hostile;
 mod mutations;
+mod pickle_stream;
 mod pipes;
 mod policies;
 mod pytorch;

@@ -24,14 +24,14 @@
 //! The writer emits the same schema as protocol 4 with plain dicts and lists, which Python's
 //! `pickle.load`, `torch.cuda._memory_viz` and pytorch.org/memory_viz read.
 
-use super::pickle::{self, encode::Encoder, Pickle, Value};
+use super::pickle::{self, encode::Encoder, Pickle, Stop, StreamedList, Value};
 use super::{
     limits, Action, AllocatorSettings, Block, BlockState, DeviceTrace, Event, Format, Frame,
     FramesId, PoolKind, ReadOptions, Segment, Trace,
 };
 use crate::error::{Error, Place, Result};
 use std::collections::HashMap;
-use std::io::Write;
+use std::io::{BufRead, Write};
 
 /// The largest size or address accepted (2^60 bytes): anything above is corrupt input.
 const MAX_BYTES: i128 = 1 << 60;
@@ -40,13 +40,65 @@ const MAX_BYTES: i128 = 1 << 60;
 /// that do not record their `segment_type`.
 const SMALL_SEGMENT: u64 = 2 << 20;
 
-/// Reads a snapshot pickle.
+/// Reads a snapshot pickle held whole in memory.
 pub fn read(data: &[u8], options: &ReadOptions) -> Result<Trace> {
     let p = pickle::decode(data)?;
+    build(&p, options, None).map_err(refusal_error)
+}
+
+/// Reads a snapshot pickle from a stream (see [`stream`]); what cannot be streamed is an input
+/// error naming the byte where the stream referred back to what it had discarded.
+pub fn read_from(input: &mut dyn BufRead, options: &ReadOptions) -> Result<Trace> {
+    stream(input, options).map_err(refusal_error)
+}
+
+/// The error for a [`Stop`]: itself, or, for a refusal, what was refused and where.
+pub fn refusal_error(stop: Stop) -> Error {
+    match stop {
+        Stop::Error(e) => e,
+        Stop::Refused { at, why } => Error::input(format!(
+            "cannot read this snapshot as a stream: {why} (fragsim reads it whole when it is a file)"
+        ))
+        .at(Place::Byte(at)),
+    }
+}
+
+/// Reads a snapshot pickle from a stream, turning each `device_traces` entry into events as soon
+/// as it is decoded and then discarding it ([`pickle::decode_stream`]), so that reading holds
+/// the events plus one batch of entries, not the whole object tree. Frames need the entries'
+/// shared frame objects, so with [`ReadOptions::keep_frames`] the input is read whole.
+///
+/// [`Stop::Refused`] when the file refers back to a discarded entry in a way the conversion
+/// needs (PyTorch's files never do); decoding the input whole ([`read`]) answers it. Any
+/// [`Stop::Error`] is an error of the input, but not always the one [`read`] reports first
+/// (the streamed reader sees the entries before the segments): callers that can read the input
+/// again do so for the message.
+pub fn stream(input: &mut dyn BufRead, options: &ReadOptions) -> std::result::Result<Trace, Stop> {
+    if options.keep_frames {
+        let data = super::read::whole(input)?;
+        return Ok(read(&data, options)?);
+    }
+    let mut sink = Streamer::default();
+    let streamed = pickle::decode_stream(input, "device_traces", &mut sink)?;
+    let p = &streamed.pickle;
+    if let Some(at) = p.find_dropped(p.root()) {
+        let why = "a discarded trace entry (or part of one) is used outside 'device_traces'";
+        return Err(Stop::Refused { at: at.unwrap_or(0), why: why.into() });
+    }
+    build(p, options, Some((&streamed.lists, &mut sink)))
+}
+
+/// Builds the trace from a decoded pickle; `streamed` holds the lists whose entries were
+/// already converted while decoding, and their events.
+fn build(
+    p: &Pickle,
+    options: &ReadOptions,
+    mut streamed: Option<(&[StreamedList], &mut Streamer)>,
+) -> std::result::Result<Trace, Stop> {
     let root = p.root();
     let mut trace = Trace { format: Format::PytorchSnapshot, ..Trace::default() };
     let mut reader = Reader {
-        p: &p,
+        p,
         keep_frames: options.keep_frames,
         frame_ids: Vec::new(),
         frame_cache: Vec::new(),
@@ -60,7 +112,8 @@ pub fn read(data: &[u8], options: &ReadOptions) -> Result<Trace> {
                     "not a memory snapshot: the pickled dict has neither 'segments' nor 'device_traces'"
                         .into(),
                     p.offset_of(root),
-                ))
+                )
+                .into())
             }
             found => found,
         },
@@ -68,18 +121,20 @@ pub fn read(data: &[u8], options: &ReadOptions) -> Result<Trace> {
             return Err(Error::input(format!(
                 "not a memory snapshot: the pickle holds a {}, not a dict with 'segments' and 'device_traces'",
                 other.type_name()
-            )))
+            ))
+            .into())
         }
     };
     if let Some(segments) = segments {
-        trace.segments = read_segments(&p, segments, root)?;
+        trace.segments = read_segments(p, segments, root)?;
     }
+    let mut used = vec![false; streamed.as_ref().map_or(0, |(lists, _)| lists.len())];
     match traces {
         Some(traces) => {
             let lists = p.items(traces).ok_or_else(|| {
                 schema_err(
                     format!("'device_traces' is a {}, not a list", traces.type_name()),
-                    byte_of(&p, traces, root),
+                    byte_of(p, traces, root),
                 )
             })?;
             let mut all_timed = true;
@@ -92,22 +147,41 @@ pub fn read(data: &[u8], options: &ReadOptions) -> Result<Trace> {
                         p.offset_of(traces),
                     )
                 })?;
-                let mut entry_index = Vec::new();
-                let (events, timed) =
-                    reader.device_trace(device, (list, traces), &mut trace, &mut entry_index)?;
-                any |= !events.is_empty();
-                all_timed &= timed;
-                trace.devices.push(DeviceTrace { device, events });
-                indices.push(entry_index);
+                let done = streamed.as_mut().and_then(|(streamed, sink)| {
+                    let k = streamed.iter().position(|l| l.list == list)?;
+                    Some((k, streamed[k], sink.take(i)))
+                });
+                let d = match done {
+                    // Converted while decoding: it must still be where it was then.
+                    Some((k, l, d)) => {
+                        if l.device != i
+                            || l.within != traces
+                            || used[k]
+                            || p.items(list) != Some(&[])
+                        {
+                            return Err(Stop::Refused {
+                                at: p.offset_of(list).unwrap_or(0),
+                                why: format!(
+                                    "device_traces[{i}] was streamed as another list's entries"
+                                ),
+                            });
+                        }
+                        used[k] = true;
+                        d
+                    }
+                    None => reader.device_trace(device, (list, traces), &mut trace)?,
+                };
+                any |= !d.events.is_empty();
+                all_timed &= d.all_timed;
+                trace.devices.push(DeviceTrace { device, events: d.events });
+                indices.push(d.index);
             }
             trace.has_times = any && all_timed;
             if !trace.has_times {
                 // Some entries lack `time_us`: times are entry indices throughout, so that events
                 // stay ordered and comparable.
                 for (d, index) in trace.devices.iter_mut().zip(&indices) {
-                    for (e, &i) in d.events.iter_mut().zip(index) {
-                        e.time_us = i;
-                    }
+                    index.apply(&mut d.events);
                 }
             }
         }
@@ -118,16 +192,272 @@ pub fn read(data: &[u8], options: &ReadOptions) -> Result<Trace> {
                 (0..=max).map(|device| DeviceTrace { device, events: vec![] }).collect();
         }
     }
+    if let Some(k) = used.iter().position(|u| !u) {
+        let at = streamed.as_ref().and_then(|(lists, _)| p.offset_of(lists[k].list));
+        return Err(Stop::Refused {
+            at: at.unwrap_or(0),
+            why: "a list whose entries were streamed is not in the final 'device_traces'".into(),
+        });
+    }
     if let Value::Dict(_) = root {
         if let Some(settings) = p.get(root, "allocator_settings") {
-            trace.allocator_settings = Some(read_settings(&p, settings, root)?);
+            trace.allocator_settings = Some(read_settings(p, settings, root)?);
         }
     }
     Ok(trace)
 }
 
-struct Reader<'p, 'a> {
-    p: &'p Pickle<'a>,
+/// The entry index of each event, kept run-length coded (a run ends where an entry gives two
+/// events or none), for when the trace turns out not to be timed throughout and times become
+/// entry indices. Events before the first timed entry already carry their index as time, so
+/// nothing is kept for them: an untimed 2.0-era trace keeps nothing at all.
+#[derive(Debug, Default)]
+struct EntryIndex {
+    /// (first event, entry index minus event position) per run.
+    runs: Vec<(usize, i64)>,
+}
+
+impl EntryIndex {
+    fn push(&mut self, pos: usize, index: usize, timed: bool) {
+        if !timed && self.runs.is_empty() {
+            return;
+        }
+        let delta = index as i64 - pos as i64;
+        if self.runs.last().map(|r| r.1) != Some(delta) {
+            self.runs.push((pos, delta));
+        }
+    }
+
+    /// Sets each event's time to its entry index.
+    fn apply(&self, events: &mut [Event]) {
+        for (k, &(start, delta)) in self.runs.iter().enumerate() {
+            let end = self.runs.get(k + 1).map_or(events.len(), |r| r.0);
+            for (pos, e) in events.iter_mut().enumerate().take(end).skip(start) {
+                e.time_us = pos as i64 + delta;
+            }
+        }
+    }
+}
+
+/// One device's events, as its entries are converted.
+#[derive(Debug, Default)]
+struct DeviceEvents {
+    events: Vec<Event>,
+    index: EntryIndex,
+    /// Whether every entry so far had `time_us`.
+    all_timed: bool,
+    /// Entries converted so far.
+    entries: usize,
+}
+
+impl DeviceEvents {
+    fn new(capacity: usize) -> Self {
+        DeviceEvents { events: Vec::with_capacity(capacity), all_timed: true, ..Default::default() }
+    }
+
+    /// Converts `entry`, the next entry of `list` (device `device`'s trace); `frames` interns
+    /// its frames, when they are kept.
+    fn add(
+        &mut self,
+        p: &Pickle,
+        device: i32,
+        (entry, list): (Value, Value),
+        frames: &mut dyn FnMut(Value, usize, Option<u64>) -> Result<FramesId>,
+    ) -> std::result::Result<(), Stop> {
+        let index = self.entries;
+        self.entries += 1;
+        let Some(e) = read_entry(p, device, index, entry, list)? else { return Ok(()) };
+        let at = byte_of(p, entry, list);
+        let frames = match e.frames {
+            Some(f) => frames(f, index, at)?,
+            None => FramesId::NONE,
+        };
+        self.all_timed &= e.time.is_some();
+        let time_us = e.time.unwrap_or(index as i64);
+        for &action in e.actions {
+            let event =
+                Event { action, addr: e.addr, size: e.size, stream: e.stream, time_us, frames };
+            limits::check_event(&event).map_err(|m| entry_err(device, index, m, at))?;
+            self.index.push(self.events.len(), index, e.time.is_some());
+            self.events.push(event);
+        }
+        Ok(())
+    }
+}
+
+/// The fields of one trace entry.
+struct Entry {
+    /// One action, or two for the old single `free`.
+    actions: &'static [Action],
+    addr: u64,
+    size: u64,
+    stream: u64,
+    time: Option<i64>,
+    /// The `frames` value, when it is there.
+    frames: Option<Value>,
+}
+
+/// Reads entry `index` of device `device`'s trace `list`; `None` for an `annotate`. A part of
+/// the entry that the streamed decoder discarded and the conversion needs is refused.
+fn read_entry(
+    p: &Pickle,
+    device: i32,
+    index: usize,
+    entry: Value,
+    list: Value,
+) -> std::result::Result<Option<Entry>, Stop> {
+    let at = byte_of(p, entry, list);
+    let err = |m: String| entry_err(device, index, m, at);
+    let refuse = || {
+        Stop::Refused {
+        at: at.unwrap_or(0),
+        why: format!(
+            "device {device}: trace entry {index} refers back to an object discarded after an earlier entry"
+        ),
+    }
+    };
+    if entry == Value::Dropped {
+        return Err(refuse());
+    }
+    let fields =
+        p.entries(entry).ok_or_else(|| err(format!("is a {}, not a dict", entry.type_name())))?;
+    let mut action: Option<&[u8]> = None;
+    let (mut addr, mut size, mut stream, mut time) = (None, None, None, None);
+    let mut device_free = None;
+    let mut frames = None;
+    for &(k, v) in fields {
+        // A discarded key is not one read here: the streamed decoder keeps those.
+        let Some(k) = p.str_bytes(k) else { continue };
+        match k {
+            b"action" => match p.str_bytes(v) {
+                Some(s) => action = Some(s),
+                None if v == Value::Dropped => return Err(refuse()),
+                None => return Err(err(format!("'action' is a {}", v.type_name())).into()),
+            },
+            b"addr" => addr = Some(v),
+            b"device_free" => device_free = Some(v),
+            b"size" => size = Some(v),
+            b"stream" => stream = Some(v),
+            b"time_us" => time = Some(v),
+            b"frames" => frames = Some(v),
+            _ => {}
+        }
+    }
+    let action = action.ok_or_else(|| err("has no 'action'".into()))?;
+    let actions: &'static [Action] = match action {
+        b"alloc" => &[Action::Alloc],
+        b"free_requested" => &[Action::FreeRequested],
+        b"free_completed" => &[Action::FreeCompleted],
+        b"free" => &[Action::FreeRequested, Action::FreeCompleted],
+        b"segment_alloc" => &[Action::SegmentAlloc],
+        b"segment_free" => &[Action::SegmentFree],
+        b"segment_map" => &[Action::SegmentMap],
+        b"segment_unmap" => &[Action::SegmentUnmap],
+        b"oom" => &[Action::Oom],
+        b"snapshot" => &[Action::Snapshot],
+        b"annotate" => return Ok(None),
+        other => {
+            return Err(err(format!(
+                "unknown action '{}' (accepted: {}, free, annotate)",
+                String::from_utf8_lossy(other),
+                Action::ALL.map(Action::name).join(", ")
+            ))
+            .into())
+        }
+    };
+    let (addr_key, addr) = if actions[0] == Action::Oom {
+        ("device_free", device_free.or(addr))
+    } else {
+        ("addr", addr)
+    };
+    if [addr, size, stream, time].contains(&Some(Value::Dropped)) {
+        return Err(refuse());
+    }
+    let addr = bytes_field(p, addr_key, addr).map_err(err)?;
+    let size = bytes_field(p, "size", size).map_err(err)?;
+    let stream = match stream {
+        None => 0,
+        Some(v) => p
+            .int(v)
+            .and_then(|s| u64::try_from(s).ok())
+            .ok_or_else(|| err(format!("'stream' is not a cudaStream_t value: {v:?}")))?,
+    };
+    let time = match time {
+        Some(v) => Some(
+            p.int(v)
+                .and_then(|t| i64::try_from(t).ok())
+                .filter(|t| *t >= 0)
+                .ok_or_else(|| err(format!("'time_us' is not a time: {v:?}")))?,
+        ),
+        None => None,
+    };
+    Ok(Some(Entry { actions, addr, size, stream, time, frames }))
+}
+
+/// The [`pickle::Sink`] of a streamed read: each device's events, converted as the decoder
+/// completes batches of entries.
+#[derive(Debug, Default)]
+struct Streamer {
+    /// By device index (at most [`limits`]' device count).
+    devices: Vec<DeviceEvents>,
+}
+
+impl Streamer {
+    /// Device `i`'s events, which leave the streamer.
+    fn take(&mut self, i: usize) -> DeviceEvents {
+        self.devices.get_mut(i).map(std::mem::take).unwrap_or_else(|| DeviceEvents::new(0))
+    }
+}
+
+impl pickle::Sink for Streamer {
+    fn items(
+        &mut self,
+        p: &Pickle<'_>,
+        device: usize,
+        list: Value,
+        items: &[Value],
+    ) -> std::result::Result<(), Stop> {
+        let d = limits::check_device(device as i64).map_err(|m| {
+            schema_err(format!("'device_traces' has more entries: {m}"), p.offset_of(list))
+        })?;
+        if self.devices.len() <= device {
+            self.devices.resize_with(device + 1, || DeviceEvents::new(0));
+        }
+        let events = &mut self.devices[device];
+        for &entry in items {
+            events.add(p, d, (entry, list), &mut |_, _, _| Ok(FramesId::NONE))?;
+        }
+        Ok(())
+    }
+
+    fn keeps(&self, bytes: &[u8]) -> bool {
+        // What `read_entry` compares a string with: its keys and the action names.
+        const READ: [&[u8]; 18] = [
+            b"action",
+            b"addr",
+            b"device_free",
+            b"size",
+            b"stream",
+            b"time_us",
+            b"frames",
+            b"alloc",
+            b"free_requested",
+            b"free_completed",
+            b"free",
+            b"segment_alloc",
+            b"segment_free",
+            b"segment_map",
+            b"segment_unmap",
+            b"oom",
+            b"snapshot",
+            b"annotate",
+        ];
+        READ.contains(&bytes)
+    }
+}
+
+struct Reader<'p> {
+    p: &'p Pickle<'p>,
     keep_frames: bool,
     /// Frame lists already interned, by their container id (PyTorch shares one list object per
     /// distinct traceback, so this is a pointer-identity cache).
@@ -168,18 +498,15 @@ fn byte_of(p: &Pickle, v: Value, parent: Value) -> Option<u64> {
     p.offset_of(v).or_else(|| p.offset_of(parent))
 }
 
-impl<'a> Reader<'_, 'a> {
-    /// Reads one device's entries. Returns the events and whether every entry had `time_us`
-    /// (an entry without one gets its index as time); `entry_index` receives each event's entry
-    /// index, for when the trace turns out not to be timed throughout. `within` is the
-    /// `device_traces` list that holds `list`, for errors.
+impl Reader<'_> {
+    /// Reads one device's entries. `within` is the `device_traces` list that holds `list`, for
+    /// errors.
     fn device_trace(
         &mut self,
         device: i32,
         (list, within): (Value, Value),
         trace: &mut Trace,
-        entry_index: &mut Vec<i64>,
-    ) -> Result<(Vec<Event>, bool)> {
+    ) -> Result<DeviceEvents> {
         let p = self.p;
         let entries = p.items(list).ok_or_else(|| {
             schema_err(
@@ -187,95 +514,19 @@ impl<'a> Reader<'_, 'a> {
                 byte_of(p, list, within),
             )
         })?;
-        let mut events = Vec::with_capacity(entries.len().min(1 << 20));
-        let mut all_timed = true;
-        entry_index.clear();
-        for (index, &entry) in entries.iter().enumerate() {
-            let at = byte_of(p, entry, list);
-            let err = |m: String| entry_err(device, index, m, at);
-            let fields = p
-                .entries(entry)
-                .ok_or_else(|| err(format!("is a {}, not a dict", entry.type_name())))?;
-            let mut action: Option<&[u8]> = None;
-            let (mut addr, mut size, mut stream, mut time) = (None, None, None, None);
-            let mut device_free = None;
-            let mut frames = None;
-            for &(k, v) in fields {
-                let Some(k) = p.str_bytes(k) else { continue };
-                match k {
-                    b"action" => match p.str_bytes(v) {
-                        Some(s) => action = Some(s),
-                        None => return Err(err(format!("'action' is a {}", v.type_name()))),
-                    },
-                    b"addr" => addr = Some(v),
-                    b"device_free" => device_free = Some(v),
-                    b"size" => size = Some(v),
-                    b"stream" => stream = Some(v),
-                    b"time_us" => time = Some(v),
-                    b"frames" => frames = Some(v),
-                    _ => {}
-                }
+        let mut events = DeviceEvents::new(entries.len().min(1 << 20));
+        let keep_frames = self.keep_frames;
+        let mut frames = |f: Value, index: usize, at: Option<u64>| {
+            if !keep_frames {
+                return Ok(FramesId::NONE);
             }
-            let action = action.ok_or_else(|| err("has no 'action'".into()))?;
-            let actions: &[Action] = match action {
-                b"alloc" => &[Action::Alloc],
-                b"free_requested" => &[Action::FreeRequested],
-                b"free_completed" => &[Action::FreeCompleted],
-                b"free" => &[Action::FreeRequested, Action::FreeCompleted],
-                b"segment_alloc" => &[Action::SegmentAlloc],
-                b"segment_free" => &[Action::SegmentFree],
-                b"segment_map" => &[Action::SegmentMap],
-                b"segment_unmap" => &[Action::SegmentUnmap],
-                b"oom" => &[Action::Oom],
-                b"snapshot" => &[Action::Snapshot],
-                b"annotate" => continue,
-                other => {
-                    return Err(err(format!(
-                        "unknown action '{}' (accepted: {}, free, annotate)",
-                        String::from_utf8_lossy(other),
-                        Action::ALL.map(Action::name).join(", ")
-                    )))
-                }
-            };
-            let (addr_key, addr) = if actions[0] == Action::Oom {
-                ("device_free", device_free.or(addr))
-            } else {
-                ("addr", addr)
-            };
-            let addr = bytes_field(p, addr_key, addr).map_err(err)?;
-            let size = bytes_field(p, "size", size).map_err(err)?;
-            let stream = match stream {
-                None => 0,
-                Some(v) => p
-                    .int(v)
-                    .and_then(|s| u64::try_from(s).ok())
-                    .ok_or_else(|| err(format!("'stream' is not a cudaStream_t value: {v:?}")))?,
-            };
-            let time_us = match time {
-                Some(v) => p
-                    .int(v)
-                    .and_then(|t| i64::try_from(t).ok())
-                    .filter(|t| *t >= 0)
-                    .ok_or_else(|| err(format!("'time_us' is not a time: {v:?}")))?,
-                None => {
-                    all_timed = false;
-                    index as i64
-                }
-            };
-            let frames = match frames {
-                Some(f) if self.keep_frames => self
-                    .frames(f, trace)
-                    .map_err(|(m, frame_at)| entry_err(device, index, m, frame_at.or(at)))?,
-                _ => FramesId::NONE,
-            };
-            for &a in actions {
-                let event = Event { action: a, addr, size, stream, time_us, frames };
-                limits::check_event(&event).map_err(err)?;
-                events.push(event);
-                entry_index.push(index as i64);
-            }
+            self.frames(f, trace)
+                .map_err(|(m, frame_at)| entry_err(device, index, m, frame_at.or(at)))
+        };
+        for &entry in entries {
+            events.add(p, device, (entry, list), &mut frames).map_err(refusal_error)?;
         }
-        Ok((events, all_timed))
+        Ok(events)
     }
 
     /// Interns a frame list, once per list object. An error names the byte offset of the

@@ -1,0 +1,82 @@
+//! Integration tests: a snapshot pickle read as a stream, whose trace entries are converted and
+//! discarded as they are decoded, gives exactly the trace that reading the whole pickle gives.
+
+use crate::util::*;
+use fragsim::trace::{read_bytes, read_trace, snapshot, Format, ReadOptions};
+
+fn options(keep_frames: bool) -> ReadOptions {
+    ReadOptions { keep_frames, ..ReadOptions::default() }
+}
+
+#[test]
+fn every_real_snapshot_streams_to_the_whole_readers_trace() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for path in real_snapshots() {
+        let data = std::fs::read(&path).expect("reads");
+        let gz = dir.path().join("s.pickle.gz");
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut enc, &data).expect("compresses");
+        std::fs::write(&gz, enc.finish().expect("compresses")).expect("writes");
+        for keep_frames in [false, true] {
+            let name = format!("{} (keep_frames {keep_frames})", path.display());
+            let whole = snapshot::read(&data, &options(keep_frames)).expect("reads whole");
+            // The streamed reader itself, with no fallback to the whole one.
+            let streamed = snapshot::stream(&mut &data[..], &options(keep_frames))
+                .map_err(snapshot::refusal_error)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(streamed == whole, "{name}: the streamed trace differs");
+            assert!(!whole.devices.iter().all(|d| d.events.is_empty()), "{name}: no events");
+            assert_eq!(whole.frames.is_empty(), !keep_frames, "{name}");
+            // Through a file, plain and gzip-compressed.
+            for file in [&path, &gz] {
+                let t = read_trace(file, &options(keep_frames)).expect("reads the file");
+                assert!(t == whole, "{name}: reading {} differs", file.display());
+            }
+        }
+    }
+}
+
+/// `{'device_traces': [[entry 0, entry 1]]}` where entry 1 is `BINGET` of entry 0's dict: a
+/// valid pickle (Python writes a shared object that way), but the streamed reader has converted
+/// and discarded entry 0, in an earlier `APPENDS` batch, when entry 1 refers back to it.
+/// Returns the pickle and the offset of that `BINGET`.
+fn shared_entry() -> (Vec<u8>, usize) {
+    let key = |data: &mut Vec<u8>, k: &str| {
+        data.extend_from_slice(&[0x8c, k.len() as u8]);
+        data.extend_from_slice(k.as_bytes());
+    };
+    // PROTO 4, EMPTY_DICT, MARK, 'device_traces', EMPTY_LIST (the devices), EMPTY_LIST (device
+    // 0), MARK, EMPTY_DICT, MEMOIZE (entry 0 is memo 0), MARK, its pairs, SETITEMS, APPENDS.
+    let mut data = b"\x80\x04}(".to_vec();
+    key(&mut data, "device_traces");
+    data.extend_from_slice(b"]](}\x94(");
+    key(&mut data, "action");
+    key(&mut data, "alloc");
+    for (k, v) in [("addr", 4096u16), ("size", 512), ("stream", 0), ("time_us", 7)] {
+        key(&mut data, k);
+        data.push(b'M');
+        data.extend_from_slice(&v.to_le_bytes());
+    }
+    data.extend_from_slice(b"ue(");
+    // BINGET 0, then APPENDS entry 1, APPEND device 0's list, SETITEMS the root, STOP.
+    let refer = data.len();
+    data.extend_from_slice(b"h\x00eau.");
+    (data, refer)
+}
+
+#[test]
+fn a_stream_that_refers_back_to_a_discarded_entry_is_read_whole_or_refused_by_byte() {
+    let (data, refer) = shared_entry();
+    let whole = snapshot::read(&data, &options(false)).expect("a valid snapshot");
+    let events = &whole.devices[0].events;
+    assert_eq!(events.len(), 2, "the same entry twice");
+    assert_eq!(events[0], events[1]);
+    // The streamed reader alone cannot answer, and says where.
+    let e = snapshot::read_from(&mut &data[..], &options(false)).unwrap_err();
+    assert_eq!(e.location().place, Some(fragsim::error::Place::Byte(refer as u64)), "{e}");
+    assert!(e.to_string().contains("refers back to an object discarded"), "{e}");
+    // From memory or from a file, fragsim reads it whole instead.
+    assert!(read_bytes(&data, Format::PytorchSnapshot, &options(false)).unwrap() == whole);
+    let (_d, path) = temp_file("shared.pickle", &data);
+    assert!(read_trace(&path, &options(false)).unwrap() == whole);
+}
