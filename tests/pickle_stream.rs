@@ -80,3 +80,27 @@ fn a_stream_that_refers_back_to_a_discarded_entry_is_read_whole_or_refused_by_by
     let (_d, path) = temp_file("shared.pickle", &data);
     assert!(read_trace(&path, &options(false)).unwrap() == whole);
 }
+
+#[test]
+fn from_a_pipe_a_stream_that_refers_back_is_an_input_error_naming_the_byte() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let (data, refer) = shared_entry();
+    let mut child = fragsim()
+        .args(["info", "/dev/stdin"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("fragsim runs");
+    child.stdin.take().expect("stdin").write_all(&data).expect("writes the pipe");
+    let o = child.wait_with_output().expect("fragsim ends");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!(
+            "/dev/stdin: pytorch-snapshot: byte {refer}: cannot read this snapshot as a stream"
+        )),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -18,6 +18,12 @@
 //!   sequence of frame dict objects (PyTorch shares both), and only when
 //!   [`ReadOptions::keep_frames`] asks for them.
 //!
+//! Reading streams ([`stream`]): each batch of `device_traces` entries becomes events as soon as
+//! the decoder has it, and is then dropped, so reading holds the events plus one batch; the
+//! segments and settings, small beside the entries, are decoded as a tree as before. The same
+//! per-entry conversion serves the whole-pickle reader ([`read`]), which a read with frames
+//! uses, and which answers a file that refers back to an entry the stream dropped.
+//!
 //! Other keys (`external_annotations`, `compile_context`, `user_metadata`, `pool_id`, segment
 //! `frames`, ...) are ignored. Sizes must be integers in `0..2^60`, addresses in `0..2^64` (see [`super::limits`]).
 //!

@@ -14,13 +14,21 @@
 //!   them by index, so a memo hit (`BINGET`) is a copy of a small `Copy` value and a frame list
 //!   shared by thousands of trace entries is one container with one id: the snapshot reader
 //!   interns frames by that id.
-//! - **Strings are borrowed.** `str` and `bytes` values point into the input; UTF-8 is checked
-//!   only when a caller asks for text, so frame strings cost nothing when frames are not kept.
-//! - **Bounded by the input.** Nothing is pre-allocated from a declared length (lengths are checked
-//!   against the bytes that remain first); every stack slot, memo slot and container item costs an
-//!   opcode byte, so memory is a small multiple of the input size; decoding is a flat loop with no
-//!   recursion, and containers are dropped flat, so a hostile nesting depth cannot overflow the
-//!   call stack. The one recursive helper ([`Pickle::depth`]) is capped.
+//! - **Strings are borrowed** from a whole input ([`decode`]); UTF-8 is checked only when a
+//!   caller asks for text, so frame strings cost nothing when frames are not kept. A streamed
+//!   input ([`decode_stream`]) owns its strings in one buffer.
+//! - **Bounded by the input.** Nothing is pre-allocated from a declared length: a whole input
+//!   checks it against the bytes that remain first, a stream reads the body into a buffer that
+//!   grows only as bytes arrive (and the reader beneath caps the input); every stack slot, memo
+//!   slot and container item costs an opcode byte, so memory is a small multiple of the input
+//!   size; decoding is a flat loop with no recursion, and containers are dropped flat, so a
+//!   hostile nesting depth cannot overflow the call stack. The recursive helper
+//!   ([`Pickle::depth`]) is capped; [`Pickle::find_dropped`] walks with its own stack.
+//! - **Streamed when asked.** [`decode_stream`] runs the same loop on a `BufRead` and hands the
+//!   items of `root[key][d]` (a snapshot's trace entries) to a [`Sink`] one batch at a time,
+//!   then discards them (see `stream.rs`): memory is the rest of the pickle plus one batch.
+//!   Where the file refers back to something discarded in a way that matters, it stops with
+//!   [`Stop::Refused`] and the byte offset, never with approximate data.
 //!
 //! [`encode`] is the matching writer: it emits protocol 4 that Python's `pickle.load` reads.
 

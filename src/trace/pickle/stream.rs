@@ -436,3 +436,152 @@ impl<'a, I: Input<'a>> Decoder<'a, '_, I> {
         memo.recent_start = memo.count;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::encode::Encoder;
+    use super::super::{decode, decode_stream};
+    use super::*;
+
+    /// Records each streamed item as (device, its 'addr'), or refuses a discarded one.
+    #[derive(Default)]
+    struct Record(Vec<(usize, i128)>);
+
+    impl Sink for Record {
+        fn items(
+            &mut self,
+            p: &Pickle<'_>,
+            device: usize,
+            _: Value,
+            items: &[Value],
+        ) -> Result<(), Stop> {
+            for &item in items {
+                let addr = p.get(item, "addr").and_then(|a| p.int(a));
+                let addr = addr.ok_or(Stop::Refused { at: 0, why: "no addr".into() })?;
+                self.0.push((device, addr));
+            }
+            Ok(())
+        }
+        fn keeps(&self, bytes: &[u8]) -> bool {
+            bytes == b"addr"
+        }
+    }
+
+    /// `{'segments': [], 'device_traces': [[n entries], [], [n entries]], 'x': 1}`.
+    fn snapshot(n: i128) -> Vec<u8> {
+        let mut e = Encoder::new();
+        e.begin_dict();
+        e.str("segments");
+        e.begin_list();
+        e.end_list();
+        e.str("device_traces");
+        e.begin_list();
+        for device in [0, 1, 2] {
+            e.begin_list();
+            for i in 0..if device == 1 { 0 } else { n } {
+                e.begin_dict();
+                e.str("addr");
+                e.int(device * 1_000_000 + i);
+                e.str("note");
+                e.str(&format!("entry {i}"));
+                e.end_dict();
+            }
+            e.end_list();
+        }
+        e.end_list();
+        e.str("x");
+        e.int(1);
+        e.end_dict();
+        e.finish()
+    }
+
+    #[test]
+    fn items_reach_the_sink_in_order_and_are_discarded() {
+        let n = 2500;
+        let data = snapshot(n);
+        let mut sink = Record::default();
+        let s = decode_stream(&mut &data[..], "device_traces", &mut sink).unwrap();
+        let want: Vec<(usize, i128)> = [0, 2]
+            .iter()
+            .flat_map(|&d| (0..n).map(move |i| (d, d as i128 * 1_000_000 + i)))
+            .collect();
+        assert_eq!(sink.0, want);
+        let p = &s.pickle;
+        let lists: Vec<Value> = s.lists.iter().map(|l| l.list).collect();
+        let traces = p.get(p.root(), "device_traces").unwrap();
+        let items = p.items(traces).unwrap();
+        // The encoder writes MARK … APPENDS even for the empty list: all three were streamed.
+        assert_eq!(lists, items);
+        assert!(s.lists.iter().enumerate().all(|(d, l)| l.device == d));
+        assert!(s.lists.iter().all(|l| l.within == traces && p.items(l.list) == Some(&[])));
+        assert_eq!(p.get(p.root(), "x"), Some(Value::Int(1)));
+        // Nothing of the 5000 entries is left: the root, 'segments', the lists; the first
+        // text of each content ('entry 0' ...) is kept, at most once each.
+        assert!(p.dicts.len() == 1 && p.seqs.len() == 5, "{} {}", p.dicts.len(), p.seqs.len());
+        assert!(p.find_dropped(p.root()).is_none());
+        // The whole decoder sees the same pickle.
+        let w = decode(&data).unwrap();
+        assert_eq!(w.items(w.get(w.root(), "device_traces").unwrap()).unwrap().len(), 3);
+    }
+
+    #[test]
+    fn a_reference_to_a_discarded_item_is_dropped_and_found() {
+        // {'device_traces': [[{'addr': 5}]], 'again': <the entry>}: PROTO, EMPTY_DICT, MARK,
+        // key, EMPTY_LIST, EMPTY_LIST, EMPTY_DICT, MEMOIZE (0), 'addr', 5, SETITEM, APPEND,
+        // APPEND, 'again', BINGET 0, SETITEMS, STOP.
+        let mut data = b"\x80\x04}(\x8c\x0ddevice_traces]]}\x94\x8c\x04addrK\x05saa".to_vec();
+        data.extend_from_slice(b"\x8c\x05againh\x00u.");
+        let mut sink = Record::default();
+        let s = decode_stream(&mut &data[..], "device_traces", &mut sink).unwrap();
+        assert_eq!(sink.0, [(0, 5)]);
+        let p = &s.pickle;
+        assert_eq!(p.get(p.root(), "again"), Some(Value::Dropped));
+        assert_eq!(p.find_dropped(p.root()), Some(Some(2)), "the root dict holds it");
+    }
+
+    #[test]
+    fn a_streamed_list_met_again_is_refused() {
+        // {'device_traces': [L, L]} where L = [{'addr': 5}] and the second L is BINGET 1.
+        let data = b"\x80\x04}(\x8c\x0ddevice_traces](]\x94}\x8c\x04addrK\x05sah\x00eu.";
+        let e = decode_stream(&mut &data[..], "device_traces", &mut Record::default()).unwrap_err();
+        let at = data.iter().position(|&b| b == b'h').unwrap() as u64;
+        assert!(matches!(e, Stop::Refused { at: a, .. } if a == at), "{e:?}");
+    }
+
+    #[test]
+    fn malformed_streams_fail_as_a_whole_input_does() {
+        let mut truncated = snapshot(3);
+        truncated.truncate(truncated.len() / 2);
+        let long = [b"\x80\x04\x8d".as_slice(), &(1u64 << 62).to_le_bytes(), b"abc."].concat();
+        for data in [
+            &truncated[..],
+            &long,
+            b"\x80\x02cos\nsystem\nX\x07\x00\x00\x00echo hi\x85R.",
+            b"\x80\x04\x8c\x02os\x8c\x06system\x93.",
+            b"\x80\x04h\x05.",
+            b"\x80\x04]e.",
+            b"\x80\x04K",
+            b"\x80\x09.",
+            b"",
+        ] {
+            let whole = decode(data).unwrap_err().to_string();
+            match decode_stream(&mut &data[..], "device_traces", &mut Record::default()) {
+                Err(Stop::Error(e)) => assert_eq!(e.to_string(), whole),
+                other => panic!("{whole}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn deep_nesting_streams_flat() {
+        // 9000 lists nested with MARK … LIST: [[[...]]], no recursion.
+        let n = 9000;
+        let mut data = b"\x80\x04".to_vec();
+        data.extend(std::iter::repeat_n(b'(', n));
+        data.extend(std::iter::repeat_n(b'l', n));
+        data.push(b'.');
+        let s = decode_stream(&mut &data[..], "device_traces", &mut Record::default()).unwrap();
+        assert_eq!(s.pickle.depth(s.pickle.root(), 1000), 1000);
+        assert!(s.pickle.find_dropped(s.pickle.root()).is_none());
+    }
+}
