@@ -104,3 +104,37 @@ fn from_a_pipe_a_stream_that_refers_back_is_an_input_error_naming_the_byte() {
         stderr(&o)
     );
 }
+
+#[test]
+fn frame_lists_shared_across_dropped_batches_keep_their_stacks() {
+    use fragsim::trace::{write_to, Action, DeviceTrace, Event, Frame, Trace};
+    // The snapshot writer memoizes each stack's frame list once and refers back to it
+    // (`BINGET`) from every later entry with the same stack, batches after the first included.
+    let mut t = Trace { has_times: true, ..Trace::default() };
+    let stacks: Vec<_> = (0..3)
+        .map(|s| {
+            let frames = (0..=s)
+                .map(|k| Frame { filename: format!("f{s}.py"), line: k, name: format!("fn{k}") })
+                .collect();
+            t.frames.intern(frames)
+        })
+        .collect();
+    let events = (0..2500u64)
+        .map(|i| {
+            let action = if i % 2 == 0 { Action::Alloc } else { Action::FreeCompleted };
+            let mut e = Event::new(action, 0x1000 * (i / 2 + 1), 512, 0, i as i64);
+            e.frames = stacks[(i as usize / 2) % 3];
+            e
+        })
+        .collect();
+    t.devices.push(DeviceTrace { device: 0, events });
+    let mut data = Vec::new();
+    write_to(&t, Format::PytorchSnapshot, &mut data).expect("writes");
+    let whole = snapshot::read(&data, &options(true)).expect("reads whole");
+    assert_eq!(whole.frames.len(), 3);
+    let streamed = snapshot::stream(&mut &data[..], &options(true))
+        .map_err(snapshot::refusal_error)
+        .expect("streams");
+    assert!(streamed == whole);
+    assert_eq!(streamed.devices[0].events[2499].frames, stacks[(2499 / 2) % 3]);
+}

@@ -47,8 +47,8 @@ pub struct FormatInfo {
     pub detect: fn(&[u8]) -> bool,
     /// Reads a trace from decompressed file content, streamed: errors name the place, the
     /// caller adds the file and format. Readers that parse their input as a whole read it to
-    /// the end first (`whole`; none does now, but a snapshot read with frames reads whole: see
-    /// [`snapshot::stream`]); the others hold one bounded buffer beside the events.
+    /// the end first (`whole`; none does now); the others hold one bounded buffer beside the
+    /// events.
     pub read: fn(&mut dyn BufRead, &ReadOptions) -> Result<Trace>,
     /// Writes a trace in this format.
     pub write: fn(&Trace, &mut dyn Write) -> Result<()>,
@@ -304,8 +304,8 @@ fn peek(input: &mut dyn BufRead) -> Result<Vec<u8>> {
     Ok(head)
 }
 
-/// All of `input`, for the readers that parse a whole file at once (and a snapshot read whole:
-/// with frames, or after its stream was refused).
+/// All of `input`, for the readers that parse a whole file at once (and a snapshot whose stream
+/// was refused).
 pub fn whole(input: &mut dyn BufRead) -> Result<Vec<u8>> {
     let mut data = Vec::new();
     input.read_to_end(&mut data).map_err(Error::from_io)?;

@@ -16,13 +16,17 @@
 //! - A pickled bare list is the legacy `torch.cuda.memory_snapshot()` (segments only).
 //! - Frames (`[{filename, line, name}, ...]`) are interned once per list object and once per
 //!   sequence of frame dict objects (PyTorch shares both), and only when
-//!   [`ReadOptions::keep_frames`] asks for them.
+//!   [`ReadOptions::keep_frames`] asks for them. While streaming, container indices are handed
+//!   out again after a batch is dropped, so these caches forget the dropped ones
+//!   (`Reader::forget`) and know the kept ones by handle instead.
 //!
 //! Reading streams ([`stream`]): each batch of `device_traces` entries becomes events as soon as
 //! the decoder has it, and is then dropped, so reading holds the events plus one batch; the
-//! segments and settings, small beside the entries, are decoded as a tree as before. The same
-//! per-entry conversion serves the whole-pickle reader ([`read`]), which a read with frames
-//! uses, and which answers a file that refers back to an entry the stream dropped.
+//! segments and settings, small beside the entries, are decoded as a tree as before. With
+//! frames, the frame lists and dicts of dropped entries that the file may refer back to are
+//! kept as what they became (an interned stack, a decoded frame). The same per-entry conversion
+//! serves the whole-pickle reader ([`read`]), which answers a file that refers back to an entry
+//! the stream dropped.
 //!
 //! Other keys (`external_annotations`, `compile_context`, `user_metadata`, `pool_id`, segment
 //! `frames`, ...) are ignored. Sizes must be integers in `0..2^60`, addresses in `0..2^64` (see [`super::limits`]).
@@ -33,7 +37,7 @@
 use super::pickle::{self, encode::Encoder, Pickle, Stop, StreamedList, Value};
 use super::{
     limits, Action, AllocatorSettings, Block, BlockState, DeviceTrace, Event, Format, Frame,
-    FramesId, PoolKind, ReadOptions, Segment, Trace,
+    FrameTable, FramesId, PoolKind, ReadOptions, Segment, Trace,
 };
 use crate::error::{Error, Place, Result};
 use std::collections::HashMap;
@@ -71,8 +75,10 @@ pub fn refusal_error(stop: Stop) -> Error {
 
 /// Reads a snapshot pickle from a stream, turning each `device_traces` entry into events as soon
 /// as it is decoded and then discarding it ([`pickle::decode_stream`]), so that reading holds
-/// the events plus one batch of entries, not the whole object tree. Frames need the entries'
-/// shared frame objects, so with [`ReadOptions::keep_frames`] the input is read whole.
+/// the events plus one batch of entries, not the whole object tree. With
+/// [`ReadOptions::keep_frames`], the frame lists and frame dicts of a dropped batch that the file
+/// may refer back to (every memoized one) are kept as what they became: an interned stack, a
+/// decoded frame.
 ///
 /// [`Stop::Refused`] when the file refers back to a discarded entry in a way the conversion
 /// needs (PyTorch's files never do); decoding the input whole ([`read`]) answers it. Any
@@ -80,11 +86,7 @@ pub fn refusal_error(stop: Stop) -> Error {
 /// (the streamed reader sees the entries before the segments): callers that can read the input
 /// again do so for the message.
 pub fn stream(input: &mut dyn BufRead, options: &ReadOptions) -> std::result::Result<Trace, Stop> {
-    if options.keep_frames {
-        let data = super::read::whole(input)?;
-        return Ok(read(&data, options)?);
-    }
-    let mut sink = Streamer::default();
+    let mut sink = Streamer { reader: Reader::new(options.keep_frames), ..Streamer::default() };
     let streamed = pickle::decode_stream(input, "device_traces", &mut sink)?;
     let p = &streamed.pickle;
     if let Some(at) = p.find_dropped(p.root()) {
@@ -103,12 +105,13 @@ fn build(
 ) -> std::result::Result<Trace, Stop> {
     let root = p.root();
     let mut trace = Trace { format: Format::PytorchSnapshot, ..Trace::default() };
-    let mut reader = Reader {
-        p,
-        keep_frames: options.keep_frames,
-        frame_ids: Vec::new(),
-        frame_cache: Vec::new(),
-        stacks: HashMap::new(),
+    // The frames and caches the streamed entries built (frame lists they dropped included).
+    let mut reader = match streamed.as_mut() {
+        Some((_, sink)) => {
+            trace.frames = std::mem::take(&mut sink.table);
+            std::mem::take(&mut sink.reader)
+        }
+        None => Reader::new(options.keep_frames),
     };
     let (segments, traces) = match root {
         Value::List(_) => (Some(root), None),
@@ -175,7 +178,7 @@ fn build(
                         used[k] = true;
                         d
                     }
-                    None => reader.device_trace(device, (list, traces), &mut trace)?,
+                    None => reader.device_trace(p, device, (list, traces), &mut trace)?,
                 };
                 any |= !d.events.is_empty();
                 all_timed &= d.all_timed;
@@ -268,7 +271,7 @@ impl DeviceEvents {
         p: &Pickle,
         device: i32,
         (entry, list): (Value, Value),
-        frames: &mut dyn FnMut(Value, usize, Option<u64>) -> Result<FramesId>,
+        frames: &mut dyn FnMut(Value, usize, Option<u64>) -> std::result::Result<FramesId, Stop>,
     ) -> std::result::Result<(), Stop> {
         let index = self.entries;
         self.entries += 1;
@@ -322,7 +325,7 @@ fn read_entry(
         ),
     }
     };
-    if entry == Value::Dropped {
+    if gone(entry) {
         return Err(refuse());
     }
     let fields =
@@ -337,7 +340,7 @@ fn read_entry(
         match k {
             b"action" => match p.str_bytes(v) {
                 Some(s) => action = Some(s),
-                None if v == Value::Dropped => return Err(refuse()),
+                None if gone(v) => return Err(refuse()),
                 None => return Err(err(format!("'action' is a {}", v.type_name())).into()),
             },
             b"addr" => addr = Some(v),
@@ -376,7 +379,7 @@ fn read_entry(
     } else {
         ("addr", addr)
     };
-    if [addr, size, stream, time].contains(&Some(Value::Dropped)) {
+    if [addr, size, stream, time].into_iter().flatten().any(gone) {
         return Err(refuse());
     }
     let addr = bytes_field(p, addr_key, addr).map_err(err)?;
@@ -400,12 +403,20 @@ fn read_entry(
     Ok(Some(Entry { actions, addr, size, stream, time, frames }))
 }
 
+/// Whether `v` is an object the streamed decoder dropped, or kept only as what it became.
+fn gone(v: Value) -> bool {
+    matches!(v, Value::Dropped | Value::Handle(_))
+}
+
 /// The [`pickle::Sink`] of a streamed read: each device's events, converted as the decoder
 /// completes batches of entries.
 #[derive(Debug, Default)]
 struct Streamer {
     /// By device index (at most [`limits`]' device count).
     devices: Vec<DeviceEvents>,
+    /// Frames, when kept: the caches (valid for the objects not yet dropped) and the stacks.
+    reader: Reader,
+    table: FrameTable,
 }
 
 impl Streamer {
@@ -430,15 +441,19 @@ impl pickle::Sink for Streamer {
             self.devices.resize_with(device + 1, || DeviceEvents::new(0));
         }
         let events = &mut self.devices[device];
+        let (reader, table) = (&mut self.reader, &mut self.table);
+        let mut frames =
+            |f: Value, index: usize, at: Option<u64>| reader.frames(p, f, table, (d, index, at));
         for &entry in items {
-            events.add(p, d, (entry, list), &mut |_, _, _| Ok(FramesId::NONE))?;
+            events.add(p, d, (entry, list), &mut frames)?;
         }
         Ok(())
     }
 
     fn keeps(&self, bytes: &[u8]) -> bool {
-        // What `read_entry` compares a string with: its keys and the action names.
-        const READ: [&[u8]; 18] = [
+        // What `read_entry` and `Reader::frame` compare a string with: the keys and the action
+        // names.
+        const READ: [&[u8]; 21] = [
             b"action",
             b"addr",
             b"device_free",
@@ -457,13 +472,29 @@ impl pickle::Sink for Streamer {
             b"oom",
             b"snapshot",
             b"annotate",
+            b"filename",
+            b"line",
+            b"name",
         ];
         READ.contains(&bytes)
     }
+
+    fn keep(&mut self, _: &Pickle<'_>, v: Value) -> Option<u32> {
+        if !self.reader.keep_frames {
+            return None;
+        }
+        self.reader.handle(v)
+    }
+
+    fn discarded(&mut self, seqs: usize, dicts: usize) {
+        self.reader.forget(seqs, dicts);
+    }
 }
 
-struct Reader<'p> {
-    p: &'p Pickle<'p>,
+/// Frame lists and frame dicts decoded so far, by container index (while streaming, only those
+/// not yet dropped: [`Reader::forget`]), and those of dropped batches by handle.
+#[derive(Debug, Default)]
+struct Reader {
     keep_frames: bool,
     /// Frame lists already interned, by their container id (PyTorch shares one list object per
     /// distinct traceback, so this is a pointer-identity cache).
@@ -477,9 +508,19 @@ struct Reader<'p> {
     /// lists hold only 243 distinct sequences), so this cheap key spares most [`FrameTable`]
     /// lookups, which hash whole strings.
     ///
-    /// [`FrameTable`]: super::FrameTable
-    stacks: HashMap<Vec<u32>, FramesId>,
+    /// Keys are dict indices, or [`HANDLE`] plus a handle's frame index.
+    stacks: HashMap<Vec<u64>, FramesId>,
+    /// The frames of dropped frame dicts the file may refer back to, each content once.
+    handles: Vec<Frame>,
+    /// `handles` by content.
+    handle_of: HashMap<Frame, u32>,
 }
+
+/// In a [`Value::Handle`] from [`Reader::handle`], the bit that marks a frame (the rest is its
+/// index in [`Reader::handles`]); without it, the handle is a [`FramesId`]. In a
+/// [`Reader::stacks`] key, the value above every dict index.
+const HANDLE: u64 = 1 << 32;
+const FRAME_HANDLE: u32 = 1 << 31;
 
 /// An error about entry `index` of device `device`, whose nearest object was built at pickle
 /// byte `at`: the place is the event index, and the message names the byte too.
@@ -504,16 +545,52 @@ fn byte_of(p: &Pickle, v: Value, parent: Value) -> Option<u64> {
     p.offset_of(v).or_else(|| p.offset_of(parent))
 }
 
-impl Reader<'_> {
+impl Reader {
+    fn new(keep_frames: bool) -> Self {
+        Reader { keep_frames, ..Reader::default() }
+    }
+
+    /// What a memoized frame list or frame dict that streaming is about to drop becomes: an
+    /// interned stack or a frame handle, when it was decoded (`None` otherwise).
+    fn handle(&mut self, v: Value) -> Option<u32> {
+        match v {
+            Value::List(i) | Value::Tuple(i) => {
+                let id = (*self.frame_ids.get(i as usize)?)?;
+                (id.0 < FRAME_HANDLE).then_some(id.0)
+            }
+            Value::Dict(i) => {
+                let frame = self.frame_cache.get(i as usize)?.as_ref()?;
+                let next = self.handles.len() as u32;
+                if next >= FRAME_HANDLE {
+                    return None;
+                }
+                let k = *self.handle_of.entry(frame.clone()).or_insert(next);
+                if k == next {
+                    self.handles.push(frame.clone());
+                }
+                Some(FRAME_HANDLE | k)
+            }
+            _ => None,
+        }
+    }
+
+    /// Forgets what it knows of the containers from index `seqs` (lists) and `dicts` (dicts)
+    /// on, which streaming dropped: their indices are handed out again.
+    fn forget(&mut self, seqs: usize, dicts: usize) {
+        self.frame_ids.truncate(seqs);
+        self.frame_cache.truncate(dicts);
+        self.stacks.retain(|key, _| key.iter().all(|&d| d >= HANDLE || d < dicts as u64));
+    }
+
     /// Reads one device's entries. `within` is the `device_traces` list that holds `list`, for
     /// errors.
     fn device_trace(
         &mut self,
+        p: &Pickle,
         device: i32,
         (list, within): (Value, Value),
         trace: &mut Trace,
     ) -> Result<DeviceEvents> {
-        let p = self.p;
         let entries = p.items(list).ok_or_else(|| {
             schema_err(
                 format!("device_traces[{device}] is a {}, not a list", list.type_name()),
@@ -521,13 +598,8 @@ impl Reader<'_> {
             )
         })?;
         let mut events = DeviceEvents::new(entries.len().min(1 << 20));
-        let keep_frames = self.keep_frames;
         let mut frames = |f: Value, index: usize, at: Option<u64>| {
-            if !keep_frames {
-                return Ok(FramesId::NONE);
-            }
-            self.frames(f, trace)
-                .map_err(|(m, frame_at)| entry_err(device, index, m, frame_at.or(at)))
+            self.frames(p, f, &mut trace.frames, (device, index, at))
         };
         for &entry in entries {
             events.add(p, device, (entry, list), &mut frames).map_err(refusal_error)?;
@@ -535,16 +607,36 @@ impl Reader<'_> {
         Ok(events)
     }
 
-    /// Interns a frame list, once per list object. An error names the byte offset of the
-    /// offending frame or of the list, where there is one.
-    fn frames(&mut self, v: Value, trace: &mut Trace) -> Result<FramesId, (String, Option<u64>)> {
-        let p = self.p;
+    /// Interns entry `index`'s frame list `v` (when frames are kept), once per list object.
+    /// `(device, index, at)` name the entry for errors, which name the byte offset of the
+    /// offending frame or of the list where there is one, else `at`.
+    fn frames(
+        &mut self,
+        p: &Pickle,
+        v: Value,
+        table: &mut FrameTable,
+        (device, index, at): (i32, usize, Option<u64>),
+    ) -> std::result::Result<FramesId, Stop> {
+        if !self.keep_frames {
+            return Ok(FramesId::NONE);
+        }
+        let err = |m: String, frame_at: Option<u64>| -> Stop {
+            entry_err(device, index, m, frame_at.or(at)).into()
+        };
+        let refuse = || Stop::Refused {
+            at: at.unwrap_or(0),
+            why: format!(
+                "device {device}: trace entry {index}: its frames refer back to a discarded object"
+            ),
+        };
         let key = match v {
             Value::List(id) | Value::Tuple(id) => id as usize,
             Value::None => return Ok(FramesId::NONE),
+            Value::Handle(h) if h & FRAME_HANDLE == 0 => return Ok(FramesId(h)),
+            Value::Handle(_) | Value::Dropped => return Err(refuse()),
             other => {
                 let message = format!("'frames' is a {}, not a list", other.type_name());
-                return Err((message, p.offset_of(other)));
+                return Err(err(message, p.offset_of(other)));
             }
         };
         if let Some(&Some(id)) = self.frame_ids.get(key) {
@@ -554,13 +646,17 @@ impl Reader<'_> {
         let mut dict_ids = Vec::with_capacity(items.len().min(4096));
         for &f in items {
             match f {
-                Value::Dict(d) => dict_ids.push(d),
+                Value::Dict(d) => dict_ids.push(d as u64),
+                Value::Handle(h) if h & FRAME_HANDLE != 0 => {
+                    dict_ids.push(HANDLE + (h & !FRAME_HANDLE) as u64)
+                }
+                Value::Handle(_) | Value::Dropped => return Err(refuse()),
                 other => {
                     let message = format!(
                         "a frame is a {}, not a dict with filename, line and name",
                         other.type_name()
                     );
-                    return Err((message, byte_of(p, other, v)));
+                    return Err(err(message, byte_of(p, other, v)));
                 }
             }
         }
@@ -569,9 +665,9 @@ impl Reader<'_> {
             None => {
                 let mut frames = Vec::with_capacity(items.len().min(4096));
                 for &f in items {
-                    frames.push(self.frame(f).map_err(|m| (m, byte_of(p, f, v)))?);
+                    frames.push(self.frame(p, f));
                 }
-                let id = trace.frames.intern(frames);
+                let id = table.intern(frames);
                 self.stacks.insert(dict_ids, id);
                 id
             }
@@ -584,20 +680,25 @@ impl Reader<'_> {
         Ok(id)
     }
 
-    /// One frame dict as a [`Frame`], decoded once per dict object.
-    fn frame(&mut self, f: Value) -> Result<Frame, String> {
-        let p = self.p;
-        let Value::Dict(key) = f else {
-            return Err(format!(
-                "a frame is a {}, not a dict with filename, line and name",
-                f.type_name()
-            ));
+    /// One frame dict (or frame handle) as a [`Frame`], decoded once per dict object; the
+    /// caller has checked that `f` is one.
+    fn frame(&mut self, p: &Pickle, f: Value) -> Frame {
+        let empty = || Frame { filename: String::new(), line: 0, name: String::new() };
+        let key = match f {
+            Value::Dict(key) => key as usize,
+            Value::Handle(h) => {
+                return self
+                    .handles
+                    .get((h & !FRAME_HANDLE) as usize)
+                    .cloned()
+                    .unwrap_or_else(empty)
+            }
+            _ => return empty(),
         };
-        let key = key as usize;
         if let Some(Some(frame)) = self.frame_cache.get(key) {
-            return Ok(frame.clone());
+            return frame.clone();
         }
-        let mut frame = Frame { filename: String::new(), line: 0, name: String::new() };
+        let mut frame = empty();
         for &(k, x) in p.entries(f).unwrap_or(&[]) {
             let Some(k) = p.str_bytes(k) else { continue };
             match k {
@@ -613,7 +714,7 @@ impl Reader<'_> {
             self.frame_cache.resize(key + 1, None);
         }
         self.frame_cache[key] = Some(frame.clone());
-        Ok(frame)
+        frame
     }
 }
 

@@ -75,6 +75,10 @@ pub enum Value {
     /// converted it, met again through the memo (`BINGET`). Its content is gone: a consumer
     /// that needs it must refuse ([`Stop::Refused`]). The whole-input decoder never makes one.
     Dropped,
+    /// An object the streaming decoder discarded but whose [`Sink`] kept what it had made of it
+    /// ([`Sink::keep`]), met again through the memo: the sink's own handle. The whole-input
+    /// decoder never makes one.
+    Handle(u32),
 }
 
 impl Value {
@@ -92,6 +96,7 @@ impl Value {
             Value::Set(_) => "set",
             Value::Dict(_) => "dict",
             Value::Dropped => "discarded object",
+            Value::Handle(_) => "converted object",
         }
     }
 }
@@ -241,11 +246,12 @@ impl<'a> Pickle<'a> {
         self.str_bytes(v).map(String::from_utf8_lossy)
     }
 
-    /// Whether a [`Value::Dropped`] is reachable from `v`: `Some` with the byte offset of the
-    /// container holding the first one found (when known). Each container is visited once, with
+    /// Whether a [`Value::Dropped`] or [`Value::Handle`] is reachable from `v`: `Some` with the
+    /// byte offset of the container holding the first one found (when known). Each container is visited once, with
     /// an explicit stack (no recursion), so cycles and hostile depths stay cheap.
     pub fn find_dropped(&self, v: Value) -> Option<Option<u64>> {
-        if v == Value::Dropped {
+        let gone = |x: Value| matches!(x, Value::Dropped | Value::Handle(_));
+        if gone(v) {
             return Some(None);
         }
         let mut seen_seqs = vec![false; self.seqs.len()];
@@ -264,7 +270,7 @@ impl<'a> Pickle<'a> {
             let pairs = self.entries(c).unwrap_or(&[]).iter().flat_map(|&(k, x)| [k, x]);
             let items = self.items(c).unwrap_or(&[]).iter().copied();
             for x in pairs.chain(items) {
-                if x == Value::Dropped {
+                if gone(x) {
                     return Some(self.offset_of(c));
                 }
                 todo.push(x);

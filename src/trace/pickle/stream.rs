@@ -77,6 +77,22 @@ pub trait Sink {
     /// entry makes of the same text (`'N/A'`) are never referred to again. Any other string
     /// reads as [`Value::Dropped`] afterwards.
     fn keeps(&self, bytes: &[u8]) -> bool;
+
+    /// What a memoized container `v` that is about to be discarded becomes, when the sink
+    /// made something of it that a later reference needs (say, the interned stack of a frame
+    /// list): a handle, which later reads as [`Value::Handle`]; `None` drops it
+    /// ([`Value::Dropped`]).
+    fn keep(&mut self, p: &Pickle<'_>, v: Value) -> Option<u32> {
+        let _ = (p, v);
+        None
+    }
+
+    /// The containers from index `seqs` (lists, tuples, sets) and `dicts` (dicts) on were
+    /// discarded; the next ones take their indices again, so anything the sink knows by those
+    /// indices must be forgotten.
+    fn discarded(&mut self, seqs: usize, dicts: usize) {
+        let _ = (seqs, dicts);
+    }
 }
 
 /// A list whose items were streamed to the sink.
@@ -400,7 +416,10 @@ impl<'a, I: Input<'a>> Decoder<'a, '_, I> {
                     Some(&b) => Survivor::Big(b),
                     None => continue,
                 },
-                _ => continue,
+                v => match s.sink.keep(&self.out, v) {
+                    Some(h) => Survivor::Same(Value::Handle(h)),
+                    None => continue,
+                },
             };
             survivors.push((idx, survivor));
         }
@@ -409,6 +428,7 @@ impl<'a, I: Input<'a>> Decoder<'a, '_, I> {
         self.out.dicts.rollback(r.dicts);
         self.out.strs.truncate(r.strs);
         self.out.bigs.truncate(r.bigs);
+        s.sink.discarded(r.seqs.containers, r.dicts.containers);
         for (idx, survivor) in survivors {
             let v = match survivor {
                 Survivor::Same(v) => v,
