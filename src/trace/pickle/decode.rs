@@ -84,8 +84,12 @@ pub(super) struct Memo {
     /// `recent` (see [`Streaming`]).
     pub(super) streaming: bool,
     /// Entries from `dense.len()` to `recent_start` that survived a discard, in index order;
-    /// the others in that range were discarded.
+    /// the others in that range were discarded, or survive in `handles`.
     pub(super) kept: Vec<(u32, Value)>,
+    /// The [`Value::Handle`]s among the survivors, apart (8 bytes each, where a frame list is
+    /// kept for every trace entry), so that `kept`, which the `BINGET`s of dict keys search,
+    /// stays small.
+    pub(super) handles: Vec<(u32, u32)>,
     /// The first index of `recent`.
     pub(super) recent_start: u32,
     /// The entries stored since the last discard, from `recent_start` on.
@@ -381,8 +385,11 @@ impl<'a, 's, I: Input<'a>> Decoder<'a, 's, I> {
             if idx >= memo.recent_start {
                 return Ok(memo.recent[(idx - memo.recent_start) as usize]);
             }
-            return Ok(match memo.kept.binary_search_by_key(&idx, |&(i, _)| i) {
-                Ok(k) => memo.kept[k].1,
+            if let Ok(k) = memo.kept.binary_search_by_key(&idx, |&(i, _)| i) {
+                return Ok(memo.kept[k].1);
+            }
+            return Ok(match memo.handles.binary_search_by_key(&idx, |&(i, _)| i) {
+                Ok(k) => Value::Handle(memo.handles[k].1),
                 Err(_) => Value::Dropped,
             });
         }

@@ -416,10 +416,12 @@ impl<'a, I: Input<'a>> Decoder<'a, '_, I> {
                     Some(&b) => Survivor::Big(b),
                     None => continue,
                 },
-                v => match s.sink.keep(&self.out, v) {
-                    Some(h) => Survivor::Same(Value::Handle(h)),
-                    None => continue,
-                },
+                v => {
+                    if let Some(h) = s.sink.keep(&self.out, v) {
+                        memo.handles.push((idx, h));
+                    }
+                    continue;
+                }
             };
             survivors.push((idx, survivor));
         }
