@@ -12,6 +12,7 @@ mod deploy;
 mod fst_stream;
 mod hostile;
 mod mutations;
+mod pickle_stream;
 mod pipes;
 mod policies;
 mod pytorch;

@@ -47,7 +47,8 @@ pub struct FormatInfo {
     pub detect: fn(&[u8]) -> bool,
     /// Reads a trace from decompressed file content, streamed: errors name the place, the
     /// caller adds the file and format. Readers that parse their input as a whole read it to
-    /// the end first (`whole`); the others hold one bounded buffer beside the events.
+    /// the end first (`whole`; none does now); the others hold one bounded buffer beside the
+    /// events.
     pub read: fn(&mut dyn BufRead, &ReadOptions) -> Result<Trace>,
     /// Writes a trace in this format.
     pub write: fn(&Trace, &mut dyn Write) -> Result<()>,
@@ -87,7 +88,7 @@ macro_rules! format_row {
 /// Every format fragsim reads and writes, in detection order: one row each.
 pub const FORMATS: [FormatInfo; 5] = [
     format_row! { PytorchSnapshot, "pytorch-snapshot", "a PyTorch snapshot pickle",
-    ext ["pickle", "pkl"], detect detect::is_pickle, module snapshot, reads whole, keeps_frames true },
+    ext ["pickle", "pkl"], detect detect::is_pickle, module snapshot, reads stream, keeps_frames true },
     format_row! { Kineto, "kineto", "Kineto JSON",
     ext ["json"], detect detect::is_kineto, module kineto, reads stream, keeps_frames false },
     format_row! { RmmCsv, "rmm-csv", "RMM CSV",
@@ -187,6 +188,12 @@ pub fn read_trace(path: &Path, options: &ReadOptions) -> Result<Trace> {
 }
 
 fn read_path(path: &Path, options: &ReadOptions) -> Result<Trace> {
+    read_path_as(path, options, false)
+}
+
+/// [`read_path`]; `whole_pickle` reads a snapshot pickle whole instead of streamed, for the
+/// files whose stream refers back to what streaming discarded.
+fn read_path_as(path: &Path, options: &ReadOptions, whole_pickle: bool) -> Result<Trace> {
     let cap = options.input_cap()?;
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let length = file.metadata().ok().filter(|m| m.is_file()).map(|m| m.len());
@@ -236,8 +243,24 @@ fn read_path(path: &Path, options: &ReadOptions) -> Result<Trace> {
         return Err(gzip_failure(unrecognised()));
     };
     let mut input = std::io::Cursor::new(head).chain(input);
-    let mut trace = (format.info().read)(&mut input, options)
-        .map_err(|e| gzip_failure(e.in_format(format.name())))?;
+    let read = match format {
+        // A regular file can be read again: a snapshot the stream cannot answer is read whole,
+        // and so is one with an error, whose message then is the one the whole reader gives
+        // (it checks the segments before the entries). The input limit or a broken gzip stream
+        // would only fail again.
+        Format::PytorchSnapshot if whole_pickle => {
+            whole(&mut input).and_then(|data| snapshot::read(&data, options))
+        }
+        Format::PytorchSnapshot if length.is_some() => {
+            match snapshot::stream(&mut input, options) {
+                Ok(trace) => Ok(trace),
+                Err(_) if failure.borrow().is_none() => return read_path_as(path, options, true),
+                Err(stop) => Err(snapshot::refusal_error(stop)),
+            }
+        }
+        _ => (format.info().read)(&mut input, options),
+    };
+    let mut trace = read.map_err(|e| gzip_failure(e.in_format(format.name())))?;
     if let Some(e) = failure.borrow_mut().take() {
         return Err(e.in_file(path));
     }
@@ -281,7 +304,8 @@ fn peek(input: &mut dyn BufRead) -> Result<Vec<u8>> {
     Ok(head)
 }
 
-/// All of `input`, for the readers that parse a whole file at once.
+/// All of `input`, for the readers that parse a whole file at once (and a snapshot whose stream
+/// was refused).
 pub fn whole(input: &mut dyn BufRead) -> Result<Vec<u8>> {
     let mut data = Vec::new();
     input.read_to_end(&mut data).map_err(Error::from_io)?;
@@ -410,7 +434,14 @@ fn with_progress<T>(path: &Path, read: impl FnOnce() -> T) -> T {
 
 /// Reads a trace of a known format from memory; the result keeps every [limit](limits).
 pub fn read_bytes(data: &[u8], format: Format, options: &ReadOptions) -> Result<Trace> {
-    let trace = (format.info().read)(&mut &data[..], options)?;
+    let trace = match format {
+        // Streamed like a file, and read whole again where the stream cannot answer (or fails,
+        // for the whole reader's message), as `read_path` does.
+        Format::PytorchSnapshot => {
+            snapshot::stream(&mut &data[..], options).or_else(|_| snapshot::read(data, options))?
+        }
+        _ => (format.info().read)(&mut &data[..], options)?,
+    };
     limits::check_trace(&trace)?;
     Ok(trace)
 }

@@ -16,7 +16,17 @@
 //! - A pickled bare list is the legacy `torch.cuda.memory_snapshot()` (segments only).
 //! - Frames (`[{filename, line, name}, ...]`) are interned once per list object and once per
 //!   sequence of frame dict objects (PyTorch shares both), and only when
-//!   [`ReadOptions::keep_frames`] asks for them.
+//!   [`ReadOptions::keep_frames`] asks for them. While streaming, container indices are handed
+//!   out again after a batch is dropped, so these caches forget the dropped ones
+//!   (`Reader::forget`) and know the kept ones by handle instead.
+//!
+//! Reading streams ([`stream`]): each batch of `device_traces` entries becomes events as soon as
+//! the decoder has it, and is then dropped, so reading holds the events plus one batch; the
+//! segments and settings, small beside the entries, are decoded as a tree as before. With
+//! frames, the frame lists and dicts of dropped entries that the file may refer back to are
+//! kept as what they became (an interned stack, a decoded frame). The same per-entry conversion
+//! serves the whole-pickle reader ([`read`]), which answers a file that refers back to an entry
+//! the stream dropped.
 //!
 //! Other keys (`external_annotations`, `compile_context`, `user_metadata`, `pool_id`, segment
 //! `frames`, ...) are ignored. Sizes must be integers in `0..2^60`, addresses in `0..2^64` (see [`super::limits`]).
@@ -24,14 +34,14 @@
 //! The writer emits the same schema as protocol 4 with plain dicts and lists, which Python's
 //! `pickle.load`, `torch.cuda._memory_viz` and pytorch.org/memory_viz read.
 
-use super::pickle::{self, encode::Encoder, Pickle, Value};
+use super::pickle::{self, encode::Encoder, Pickle, Stop, StreamedList, Value};
 use super::{
     limits, Action, AllocatorSettings, Block, BlockState, DeviceTrace, Event, Format, Frame,
-    FramesId, PoolKind, ReadOptions, Segment, Trace,
+    FrameTable, FramesId, PoolKind, ReadOptions, Segment, Trace,
 };
 use crate::error::{Error, Place, Result};
 use std::collections::HashMap;
-use std::io::Write;
+use std::io::{BufRead, Write};
 
 /// The largest size or address accepted (2^60 bytes): anything above is corrupt input.
 const MAX_BYTES: i128 = 1 << 60;
@@ -40,17 +50,68 @@ const MAX_BYTES: i128 = 1 << 60;
 /// that do not record their `segment_type`.
 const SMALL_SEGMENT: u64 = 2 << 20;
 
-/// Reads a snapshot pickle.
+/// Reads a snapshot pickle held whole in memory.
 pub fn read(data: &[u8], options: &ReadOptions) -> Result<Trace> {
     let p = pickle::decode(data)?;
+    build(&p, options, None).map_err(refusal_error)
+}
+
+/// Reads a snapshot pickle from a stream (see [`stream`]); what cannot be streamed is an input
+/// error naming the byte where the stream referred back to what it had discarded.
+pub fn read_from(input: &mut dyn BufRead, options: &ReadOptions) -> Result<Trace> {
+    stream(input, options).map_err(refusal_error)
+}
+
+/// The error for a [`Stop`]: itself, or, for a refusal, what was refused and where.
+pub fn refusal_error(stop: Stop) -> Error {
+    match stop {
+        Stop::Error(e) => e,
+        Stop::Refused { at, why } => Error::input(format!(
+            "cannot read this snapshot as a stream: {why} (fragsim reads it whole when it is a file)"
+        ))
+        .at(Place::Byte(at)),
+    }
+}
+
+/// Reads a snapshot pickle from a stream, turning each `device_traces` entry into events as soon
+/// as it is decoded and then discarding it ([`pickle::decode_stream`]), so that reading holds
+/// the events plus one batch of entries, not the whole object tree. With
+/// [`ReadOptions::keep_frames`], the frame lists and frame dicts of a dropped batch that the file
+/// may refer back to (every memoized one) are kept as what they became: an interned stack, a
+/// decoded frame.
+///
+/// [`Stop::Refused`] when the file refers back to a discarded entry in a way the conversion
+/// needs (PyTorch's files never do); decoding the input whole ([`read`]) answers it. Any
+/// [`Stop::Error`] is an error of the input, but not always the one [`read`] reports first
+/// (the streamed reader sees the entries before the segments): callers that can read the input
+/// again do so for the message.
+pub fn stream(input: &mut dyn BufRead, options: &ReadOptions) -> std::result::Result<Trace, Stop> {
+    let mut sink = Streamer { reader: Reader::new(options.keep_frames), ..Streamer::default() };
+    let streamed = pickle::decode_stream(input, "device_traces", &mut sink)?;
+    let p = &streamed.pickle;
+    if let Some(at) = p.find_dropped(p.root()) {
+        let why = "a discarded trace entry (or part of one) is used outside 'device_traces'";
+        return Err(Stop::Refused { at: at.unwrap_or(0), why: why.into() });
+    }
+    build(p, options, Some((&streamed.lists, &mut sink)))
+}
+
+/// Builds the trace from a decoded pickle; `streamed` holds the lists whose entries were
+/// already converted while decoding, and their events.
+fn build(
+    p: &Pickle,
+    options: &ReadOptions,
+    mut streamed: Option<(&[StreamedList], &mut Streamer)>,
+) -> std::result::Result<Trace, Stop> {
     let root = p.root();
     let mut trace = Trace { format: Format::PytorchSnapshot, ..Trace::default() };
-    let mut reader = Reader {
-        p: &p,
-        keep_frames: options.keep_frames,
-        frame_ids: Vec::new(),
-        frame_cache: Vec::new(),
-        stacks: HashMap::new(),
+    // The frames and caches the streamed entries built (frame lists they dropped included).
+    let mut reader = match streamed.as_mut() {
+        Some((_, sink)) => {
+            trace.frames = std::mem::take(&mut sink.table);
+            std::mem::take(&mut sink.reader)
+        }
+        None => Reader::new(options.keep_frames),
     };
     let (segments, traces) = match root {
         Value::List(_) => (Some(root), None),
@@ -60,7 +121,8 @@ pub fn read(data: &[u8], options: &ReadOptions) -> Result<Trace> {
                     "not a memory snapshot: the pickled dict has neither 'segments' nor 'device_traces'"
                         .into(),
                     p.offset_of(root),
-                ))
+                )
+                .into())
             }
             found => found,
         },
@@ -68,18 +130,20 @@ pub fn read(data: &[u8], options: &ReadOptions) -> Result<Trace> {
             return Err(Error::input(format!(
                 "not a memory snapshot: the pickle holds a {}, not a dict with 'segments' and 'device_traces'",
                 other.type_name()
-            )))
+            ))
+            .into())
         }
     };
     if let Some(segments) = segments {
-        trace.segments = read_segments(&p, segments, root)?;
+        trace.segments = read_segments(p, segments, root)?;
     }
+    let mut used = vec![false; streamed.as_ref().map_or(0, |(lists, _)| lists.len())];
     match traces {
         Some(traces) => {
             let lists = p.items(traces).ok_or_else(|| {
                 schema_err(
                     format!("'device_traces' is a {}, not a list", traces.type_name()),
-                    byte_of(&p, traces, root),
+                    byte_of(p, traces, root),
                 )
             })?;
             let mut all_timed = true;
@@ -92,22 +156,41 @@ pub fn read(data: &[u8], options: &ReadOptions) -> Result<Trace> {
                         p.offset_of(traces),
                     )
                 })?;
-                let mut entry_index = Vec::new();
-                let (events, timed) =
-                    reader.device_trace(device, (list, traces), &mut trace, &mut entry_index)?;
-                any |= !events.is_empty();
-                all_timed &= timed;
-                trace.devices.push(DeviceTrace { device, events });
-                indices.push(entry_index);
+                let done = streamed.as_mut().and_then(|(streamed, sink)| {
+                    let k = streamed.iter().position(|l| l.list == list)?;
+                    Some((k, streamed[k], sink.take(i)))
+                });
+                let d = match done {
+                    // Converted while decoding: it must still be where it was then.
+                    Some((k, l, d)) => {
+                        if l.device != i
+                            || l.within != traces
+                            || used[k]
+                            || p.items(list) != Some(&[])
+                        {
+                            return Err(Stop::Refused {
+                                at: p.offset_of(list).unwrap_or(0),
+                                why: format!(
+                                    "device_traces[{i}] was streamed as another list's entries"
+                                ),
+                            });
+                        }
+                        used[k] = true;
+                        d
+                    }
+                    None => reader.device_trace(p, device, (list, traces), &mut trace)?,
+                };
+                any |= !d.events.is_empty();
+                all_timed &= d.all_timed;
+                trace.devices.push(DeviceTrace { device, events: d.events });
+                indices.push(d.index);
             }
             trace.has_times = any && all_timed;
             if !trace.has_times {
                 // Some entries lack `time_us`: times are entry indices throughout, so that events
                 // stay ordered and comparable.
                 for (d, index) in trace.devices.iter_mut().zip(&indices) {
-                    for (e, &i) in d.events.iter_mut().zip(index) {
-                        e.time_us = i;
-                    }
+                    index.apply(&mut d.events);
                 }
             }
         }
@@ -118,16 +201,300 @@ pub fn read(data: &[u8], options: &ReadOptions) -> Result<Trace> {
                 (0..=max).map(|device| DeviceTrace { device, events: vec![] }).collect();
         }
     }
+    if let Some(k) = used.iter().position(|u| !u) {
+        let at = streamed.as_ref().and_then(|(lists, _)| p.offset_of(lists[k].list));
+        return Err(Stop::Refused {
+            at: at.unwrap_or(0),
+            why: "a list whose entries were streamed is not in the final 'device_traces'".into(),
+        });
+    }
     if let Value::Dict(_) = root {
         if let Some(settings) = p.get(root, "allocator_settings") {
-            trace.allocator_settings = Some(read_settings(&p, settings, root)?);
+            trace.allocator_settings = Some(read_settings(p, settings, root)?);
         }
     }
     Ok(trace)
 }
 
-struct Reader<'p, 'a> {
-    p: &'p Pickle<'a>,
+/// The entry index of each event, kept run-length coded (a run ends where an entry gives two
+/// events or none), for when the trace turns out not to be timed throughout and times become
+/// entry indices. Events before the first timed entry already carry their index as time, so
+/// nothing is kept for them: an untimed 2.0-era trace keeps nothing at all.
+#[derive(Debug, Default)]
+struct EntryIndex {
+    /// (first event, entry index minus event position) per run.
+    runs: Vec<(usize, i64)>,
+}
+
+impl EntryIndex {
+    fn push(&mut self, pos: usize, index: usize, timed: bool) {
+        if !timed && self.runs.is_empty() {
+            return;
+        }
+        let delta = index as i64 - pos as i64;
+        if self.runs.last().map(|r| r.1) != Some(delta) {
+            self.runs.push((pos, delta));
+        }
+    }
+
+    /// Sets each event's time to its entry index.
+    fn apply(&self, events: &mut [Event]) {
+        for (k, &(start, delta)) in self.runs.iter().enumerate() {
+            let end = self.runs.get(k + 1).map_or(events.len(), |r| r.0);
+            for (pos, e) in events.iter_mut().enumerate().take(end).skip(start) {
+                e.time_us = pos as i64 + delta;
+            }
+        }
+    }
+}
+
+/// One device's events, as its entries are converted.
+#[derive(Debug, Default)]
+struct DeviceEvents {
+    events: Vec<Event>,
+    index: EntryIndex,
+    /// Whether every entry so far had `time_us`.
+    all_timed: bool,
+    /// Entries converted so far.
+    entries: usize,
+}
+
+impl DeviceEvents {
+    fn new(capacity: usize) -> Self {
+        DeviceEvents { events: Vec::with_capacity(capacity), all_timed: true, ..Default::default() }
+    }
+
+    /// Converts `entry`, the next entry of `list` (device `device`'s trace); `frames` interns
+    /// its frames, when they are kept.
+    fn add(
+        &mut self,
+        p: &Pickle,
+        device: i32,
+        (entry, list): (Value, Value),
+        frames: &mut dyn FnMut(Value, usize, Option<u64>) -> std::result::Result<FramesId, Stop>,
+    ) -> std::result::Result<(), Stop> {
+        let index = self.entries;
+        self.entries += 1;
+        let Some(e) = read_entry(p, device, index, entry, list)? else { return Ok(()) };
+        let at = byte_of(p, entry, list);
+        let frames = match e.frames {
+            Some(f) => frames(f, index, at)?,
+            None => FramesId::NONE,
+        };
+        self.all_timed &= e.time.is_some();
+        let time_us = e.time.unwrap_or(index as i64);
+        for &action in e.actions {
+            let event =
+                Event { action, addr: e.addr, size: e.size, stream: e.stream, time_us, frames };
+            limits::check_event(&event).map_err(|m| entry_err(device, index, m, at))?;
+            self.index.push(self.events.len(), index, e.time.is_some());
+            self.events.push(event);
+        }
+        Ok(())
+    }
+}
+
+/// The fields of one trace entry.
+struct Entry {
+    /// One action, or two for the old single `free`.
+    actions: &'static [Action],
+    addr: u64,
+    size: u64,
+    stream: u64,
+    time: Option<i64>,
+    /// The `frames` value, when it is there.
+    frames: Option<Value>,
+}
+
+/// Reads entry `index` of device `device`'s trace `list`; `None` for an `annotate`. A part of
+/// the entry that the streamed decoder discarded and the conversion needs is refused.
+fn read_entry(
+    p: &Pickle,
+    device: i32,
+    index: usize,
+    entry: Value,
+    list: Value,
+) -> std::result::Result<Option<Entry>, Stop> {
+    let at = byte_of(p, entry, list);
+    let err = |m: String| entry_err(device, index, m, at);
+    let refuse = || {
+        Stop::Refused {
+        at: at.unwrap_or(0),
+        why: format!(
+            "device {device}: trace entry {index} refers back to an object discarded after an earlier entry"
+        ),
+    }
+    };
+    if gone(entry) {
+        return Err(refuse());
+    }
+    let fields =
+        p.entries(entry).ok_or_else(|| err(format!("is a {}, not a dict", entry.type_name())))?;
+    let mut action: Option<&[u8]> = None;
+    let (mut addr, mut size, mut stream, mut time) = (None, None, None, None);
+    let mut device_free = None;
+    let mut frames = None;
+    for &(k, v) in fields {
+        // A discarded key is not one read here: the streamed decoder keeps those.
+        let Some(k) = p.str_bytes(k) else { continue };
+        match k {
+            b"action" => match p.str_bytes(v) {
+                Some(s) => action = Some(s),
+                None if gone(v) => return Err(refuse()),
+                None => return Err(err(format!("'action' is a {}", v.type_name())).into()),
+            },
+            b"addr" => addr = Some(v),
+            b"device_free" => device_free = Some(v),
+            b"size" => size = Some(v),
+            b"stream" => stream = Some(v),
+            b"time_us" => time = Some(v),
+            b"frames" => frames = Some(v),
+            _ => {}
+        }
+    }
+    let action = action.ok_or_else(|| err("has no 'action'".into()))?;
+    let actions: &'static [Action] = match action {
+        b"alloc" => &[Action::Alloc],
+        b"free_requested" => &[Action::FreeRequested],
+        b"free_completed" => &[Action::FreeCompleted],
+        b"free" => &[Action::FreeRequested, Action::FreeCompleted],
+        b"segment_alloc" => &[Action::SegmentAlloc],
+        b"segment_free" => &[Action::SegmentFree],
+        b"segment_map" => &[Action::SegmentMap],
+        b"segment_unmap" => &[Action::SegmentUnmap],
+        b"oom" => &[Action::Oom],
+        b"snapshot" => &[Action::Snapshot],
+        b"annotate" => return Ok(None),
+        other => {
+            return Err(err(format!(
+                "unknown action '{}' (accepted: {}, free, annotate)",
+                String::from_utf8_lossy(other),
+                Action::ALL.map(Action::name).join(", ")
+            ))
+            .into())
+        }
+    };
+    let (addr_key, addr) = if actions[0] == Action::Oom {
+        ("device_free", device_free.or(addr))
+    } else {
+        ("addr", addr)
+    };
+    if [addr, size, stream, time].into_iter().flatten().any(gone) {
+        return Err(refuse());
+    }
+    let addr = bytes_field(p, addr_key, addr).map_err(err)?;
+    let size = bytes_field(p, "size", size).map_err(err)?;
+    let stream = match stream {
+        None => 0,
+        Some(v) => p
+            .int(v)
+            .and_then(|s| u64::try_from(s).ok())
+            .ok_or_else(|| err(format!("'stream' is not a cudaStream_t value: {v:?}")))?,
+    };
+    let time = match time {
+        Some(v) => Some(
+            p.int(v)
+                .and_then(|t| i64::try_from(t).ok())
+                .filter(|t| *t >= 0)
+                .ok_or_else(|| err(format!("'time_us' is not a time: {v:?}")))?,
+        ),
+        None => None,
+    };
+    Ok(Some(Entry { actions, addr, size, stream, time, frames }))
+}
+
+/// Whether `v` is an object the streamed decoder dropped, or kept only as what it became.
+fn gone(v: Value) -> bool {
+    matches!(v, Value::Dropped | Value::Handle(_))
+}
+
+/// The [`pickle::Sink`] of a streamed read: each device's events, converted as the decoder
+/// completes batches of entries.
+#[derive(Debug, Default)]
+struct Streamer {
+    /// By device index (at most [`limits`]' device count).
+    devices: Vec<DeviceEvents>,
+    /// Frames, when kept: the caches (valid for the objects not yet dropped) and the stacks.
+    reader: Reader,
+    table: FrameTable,
+}
+
+impl Streamer {
+    /// Device `i`'s events, which leave the streamer.
+    fn take(&mut self, i: usize) -> DeviceEvents {
+        self.devices.get_mut(i).map(std::mem::take).unwrap_or_else(|| DeviceEvents::new(0))
+    }
+}
+
+impl pickle::Sink for Streamer {
+    fn items(
+        &mut self,
+        p: &Pickle<'_>,
+        device: usize,
+        list: Value,
+        items: &[Value],
+    ) -> std::result::Result<(), Stop> {
+        let d = limits::check_device(device as i64).map_err(|m| {
+            schema_err(format!("'device_traces' has more entries: {m}"), p.offset_of(list))
+        })?;
+        if self.devices.len() <= device {
+            self.devices.resize_with(device + 1, || DeviceEvents::new(0));
+        }
+        let events = &mut self.devices[device];
+        let (reader, table) = (&mut self.reader, &mut self.table);
+        let mut frames =
+            |f: Value, index: usize, at: Option<u64>| reader.frames(p, f, table, (d, index, at));
+        for &entry in items {
+            events.add(p, d, (entry, list), &mut frames)?;
+        }
+        Ok(())
+    }
+
+    fn keeps(&self, bytes: &[u8]) -> bool {
+        // What `read_entry` and `Reader::frame` compare a string with: the keys and the action
+        // names.
+        const READ: [&[u8]; 21] = [
+            b"action",
+            b"addr",
+            b"device_free",
+            b"size",
+            b"stream",
+            b"time_us",
+            b"frames",
+            b"alloc",
+            b"free_requested",
+            b"free_completed",
+            b"free",
+            b"segment_alloc",
+            b"segment_free",
+            b"segment_map",
+            b"segment_unmap",
+            b"oom",
+            b"snapshot",
+            b"annotate",
+            b"filename",
+            b"line",
+            b"name",
+        ];
+        READ.contains(&bytes)
+    }
+
+    fn keep(&mut self, _: &Pickle<'_>, v: Value) -> Option<u32> {
+        if !self.reader.keep_frames {
+            return None;
+        }
+        self.reader.handle(v)
+    }
+
+    fn discarded(&mut self, seqs: usize, dicts: usize) {
+        self.reader.forget(seqs, dicts);
+    }
+}
+
+/// Frame lists and frame dicts decoded so far, by container index (while streaming, only those
+/// not yet dropped: [`Reader::forget`]), and those of dropped batches by handle.
+#[derive(Debug, Default)]
+struct Reader {
     keep_frames: bool,
     /// Frame lists already interned, by their container id (PyTorch shares one list object per
     /// distinct traceback, so this is a pointer-identity cache).
@@ -141,9 +508,19 @@ struct Reader<'p, 'a> {
     /// lists hold only 243 distinct sequences), so this cheap key spares most [`FrameTable`]
     /// lookups, which hash whole strings.
     ///
-    /// [`FrameTable`]: super::FrameTable
-    stacks: HashMap<Vec<u32>, FramesId>,
+    /// Keys are dict indices, or [`HANDLE`] plus a handle's frame index.
+    stacks: HashMap<Vec<u64>, FramesId>,
+    /// The frames of dropped frame dicts the file may refer back to, each content once.
+    handles: Vec<Frame>,
+    /// `handles` by content.
+    handle_of: HashMap<Frame, u32>,
 }
+
+/// In a [`Value::Handle`] from [`Reader::handle`], the bit that marks a frame (the rest is its
+/// index in [`Reader::handles`]); without it, the handle is a [`FramesId`]. In a
+/// [`Reader::stacks`] key, the value above every dict index.
+const HANDLE: u64 = 1 << 32;
+const FRAME_HANDLE: u32 = 1 << 31;
 
 /// An error about entry `index` of device `device`, whose nearest object was built at pickle
 /// byte `at`: the place is the event index, and the message names the byte too.
@@ -168,126 +545,98 @@ fn byte_of(p: &Pickle, v: Value, parent: Value) -> Option<u64> {
     p.offset_of(v).or_else(|| p.offset_of(parent))
 }
 
-impl<'a> Reader<'_, 'a> {
-    /// Reads one device's entries. Returns the events and whether every entry had `time_us`
-    /// (an entry without one gets its index as time); `entry_index` receives each event's entry
-    /// index, for when the trace turns out not to be timed throughout. `within` is the
-    /// `device_traces` list that holds `list`, for errors.
+impl Reader {
+    fn new(keep_frames: bool) -> Self {
+        Reader { keep_frames, ..Reader::default() }
+    }
+
+    /// What a memoized frame list or frame dict that streaming is about to drop becomes: an
+    /// interned stack or a frame handle, when it was decoded (`None` otherwise).
+    fn handle(&mut self, v: Value) -> Option<u32> {
+        match v {
+            Value::List(i) | Value::Tuple(i) => {
+                let id = (*self.frame_ids.get(i as usize)?)?;
+                (id.0 < FRAME_HANDLE).then_some(id.0)
+            }
+            Value::Dict(i) => {
+                let frame = self.frame_cache.get(i as usize)?.as_ref()?;
+                let next = self.handles.len() as u32;
+                if next >= FRAME_HANDLE {
+                    return None;
+                }
+                let k = *self.handle_of.entry(frame.clone()).or_insert(next);
+                if k == next {
+                    self.handles.push(frame.clone());
+                }
+                Some(FRAME_HANDLE | k)
+            }
+            _ => None,
+        }
+    }
+
+    /// Forgets what it knows of the containers from index `seqs` (lists) and `dicts` (dicts)
+    /// on, which streaming dropped: their indices are handed out again.
+    fn forget(&mut self, seqs: usize, dicts: usize) {
+        self.frame_ids.truncate(seqs);
+        self.frame_cache.truncate(dicts);
+        self.stacks.retain(|key, _| key.iter().all(|&d| d >= HANDLE || d < dicts as u64));
+    }
+
+    /// Reads one device's entries. `within` is the `device_traces` list that holds `list`, for
+    /// errors.
     fn device_trace(
         &mut self,
+        p: &Pickle,
         device: i32,
         (list, within): (Value, Value),
         trace: &mut Trace,
-        entry_index: &mut Vec<i64>,
-    ) -> Result<(Vec<Event>, bool)> {
-        let p = self.p;
+    ) -> Result<DeviceEvents> {
         let entries = p.items(list).ok_or_else(|| {
             schema_err(
                 format!("device_traces[{device}] is a {}, not a list", list.type_name()),
                 byte_of(p, list, within),
             )
         })?;
-        let mut events = Vec::with_capacity(entries.len().min(1 << 20));
-        let mut all_timed = true;
-        entry_index.clear();
-        for (index, &entry) in entries.iter().enumerate() {
-            let at = byte_of(p, entry, list);
-            let err = |m: String| entry_err(device, index, m, at);
-            let fields = p
-                .entries(entry)
-                .ok_or_else(|| err(format!("is a {}, not a dict", entry.type_name())))?;
-            let mut action: Option<&[u8]> = None;
-            let (mut addr, mut size, mut stream, mut time) = (None, None, None, None);
-            let mut device_free = None;
-            let mut frames = None;
-            for &(k, v) in fields {
-                let Some(k) = p.str_bytes(k) else { continue };
-                match k {
-                    b"action" => match p.str_bytes(v) {
-                        Some(s) => action = Some(s),
-                        None => return Err(err(format!("'action' is a {}", v.type_name()))),
-                    },
-                    b"addr" => addr = Some(v),
-                    b"device_free" => device_free = Some(v),
-                    b"size" => size = Some(v),
-                    b"stream" => stream = Some(v),
-                    b"time_us" => time = Some(v),
-                    b"frames" => frames = Some(v),
-                    _ => {}
-                }
-            }
-            let action = action.ok_or_else(|| err("has no 'action'".into()))?;
-            let actions: &[Action] = match action {
-                b"alloc" => &[Action::Alloc],
-                b"free_requested" => &[Action::FreeRequested],
-                b"free_completed" => &[Action::FreeCompleted],
-                b"free" => &[Action::FreeRequested, Action::FreeCompleted],
-                b"segment_alloc" => &[Action::SegmentAlloc],
-                b"segment_free" => &[Action::SegmentFree],
-                b"segment_map" => &[Action::SegmentMap],
-                b"segment_unmap" => &[Action::SegmentUnmap],
-                b"oom" => &[Action::Oom],
-                b"snapshot" => &[Action::Snapshot],
-                b"annotate" => continue,
-                other => {
-                    return Err(err(format!(
-                        "unknown action '{}' (accepted: {}, free, annotate)",
-                        String::from_utf8_lossy(other),
-                        Action::ALL.map(Action::name).join(", ")
-                    )))
-                }
-            };
-            let (addr_key, addr) = if actions[0] == Action::Oom {
-                ("device_free", device_free.or(addr))
-            } else {
-                ("addr", addr)
-            };
-            let addr = bytes_field(p, addr_key, addr).map_err(err)?;
-            let size = bytes_field(p, "size", size).map_err(err)?;
-            let stream = match stream {
-                None => 0,
-                Some(v) => p
-                    .int(v)
-                    .and_then(|s| u64::try_from(s).ok())
-                    .ok_or_else(|| err(format!("'stream' is not a cudaStream_t value: {v:?}")))?,
-            };
-            let time_us = match time {
-                Some(v) => p
-                    .int(v)
-                    .and_then(|t| i64::try_from(t).ok())
-                    .filter(|t| *t >= 0)
-                    .ok_or_else(|| err(format!("'time_us' is not a time: {v:?}")))?,
-                None => {
-                    all_timed = false;
-                    index as i64
-                }
-            };
-            let frames = match frames {
-                Some(f) if self.keep_frames => self
-                    .frames(f, trace)
-                    .map_err(|(m, frame_at)| entry_err(device, index, m, frame_at.or(at)))?,
-                _ => FramesId::NONE,
-            };
-            for &a in actions {
-                let event = Event { action: a, addr, size, stream, time_us, frames };
-                limits::check_event(&event).map_err(err)?;
-                events.push(event);
-                entry_index.push(index as i64);
-            }
+        let mut events = DeviceEvents::new(entries.len().min(1 << 20));
+        let mut frames = |f: Value, index: usize, at: Option<u64>| {
+            self.frames(p, f, &mut trace.frames, (device, index, at))
+        };
+        for &entry in entries {
+            events.add(p, device, (entry, list), &mut frames).map_err(refusal_error)?;
         }
-        Ok((events, all_timed))
+        Ok(events)
     }
 
-    /// Interns a frame list, once per list object. An error names the byte offset of the
-    /// offending frame or of the list, where there is one.
-    fn frames(&mut self, v: Value, trace: &mut Trace) -> Result<FramesId, (String, Option<u64>)> {
-        let p = self.p;
+    /// Interns entry `index`'s frame list `v` (when frames are kept), once per list object.
+    /// `(device, index, at)` name the entry for errors, which name the byte offset of the
+    /// offending frame or of the list where there is one, else `at`.
+    fn frames(
+        &mut self,
+        p: &Pickle,
+        v: Value,
+        table: &mut FrameTable,
+        (device, index, at): (i32, usize, Option<u64>),
+    ) -> std::result::Result<FramesId, Stop> {
+        if !self.keep_frames {
+            return Ok(FramesId::NONE);
+        }
+        let err = |m: String, frame_at: Option<u64>| -> Stop {
+            entry_err(device, index, m, frame_at.or(at)).into()
+        };
+        let refuse = || Stop::Refused {
+            at: at.unwrap_or(0),
+            why: format!(
+                "device {device}: trace entry {index}: its frames refer back to a discarded object"
+            ),
+        };
         let key = match v {
             Value::List(id) | Value::Tuple(id) => id as usize,
             Value::None => return Ok(FramesId::NONE),
+            Value::Handle(h) if h & FRAME_HANDLE == 0 => return Ok(FramesId(h)),
+            Value::Handle(_) | Value::Dropped => return Err(refuse()),
             other => {
                 let message = format!("'frames' is a {}, not a list", other.type_name());
-                return Err((message, p.offset_of(other)));
+                return Err(err(message, p.offset_of(other)));
             }
         };
         if let Some(&Some(id)) = self.frame_ids.get(key) {
@@ -297,13 +646,17 @@ impl<'a> Reader<'_, 'a> {
         let mut dict_ids = Vec::with_capacity(items.len().min(4096));
         for &f in items {
             match f {
-                Value::Dict(d) => dict_ids.push(d),
+                Value::Dict(d) => dict_ids.push(d as u64),
+                Value::Handle(h) if h & FRAME_HANDLE != 0 => {
+                    dict_ids.push(HANDLE + (h & !FRAME_HANDLE) as u64)
+                }
+                Value::Handle(_) | Value::Dropped => return Err(refuse()),
                 other => {
                     let message = format!(
                         "a frame is a {}, not a dict with filename, line and name",
                         other.type_name()
                     );
-                    return Err((message, byte_of(p, other, v)));
+                    return Err(err(message, byte_of(p, other, v)));
                 }
             }
         }
@@ -312,9 +665,9 @@ impl<'a> Reader<'_, 'a> {
             None => {
                 let mut frames = Vec::with_capacity(items.len().min(4096));
                 for &f in items {
-                    frames.push(self.frame(f).map_err(|m| (m, byte_of(p, f, v)))?);
+                    frames.push(self.frame(p, f));
                 }
-                let id = trace.frames.intern(frames);
+                let id = table.intern(frames);
                 self.stacks.insert(dict_ids, id);
                 id
             }
@@ -327,20 +680,25 @@ impl<'a> Reader<'_, 'a> {
         Ok(id)
     }
 
-    /// One frame dict as a [`Frame`], decoded once per dict object.
-    fn frame(&mut self, f: Value) -> Result<Frame, String> {
-        let p = self.p;
-        let Value::Dict(key) = f else {
-            return Err(format!(
-                "a frame is a {}, not a dict with filename, line and name",
-                f.type_name()
-            ));
+    /// One frame dict (or frame handle) as a [`Frame`], decoded once per dict object; the
+    /// caller has checked that `f` is one.
+    fn frame(&mut self, p: &Pickle, f: Value) -> Frame {
+        let empty = || Frame { filename: String::new(), line: 0, name: String::new() };
+        let key = match f {
+            Value::Dict(key) => key as usize,
+            Value::Handle(h) => {
+                return self
+                    .handles
+                    .get((h & !FRAME_HANDLE) as usize)
+                    .cloned()
+                    .unwrap_or_else(empty)
+            }
+            _ => return empty(),
         };
-        let key = key as usize;
         if let Some(Some(frame)) = self.frame_cache.get(key) {
-            return Ok(frame.clone());
+            return frame.clone();
         }
-        let mut frame = Frame { filename: String::new(), line: 0, name: String::new() };
+        let mut frame = empty();
         for &(k, x) in p.entries(f).unwrap_or(&[]) {
             let Some(k) = p.str_bytes(k) else { continue };
             match k {
@@ -356,7 +714,7 @@ impl<'a> Reader<'_, 'a> {
             self.frame_cache.resize(key + 1, None);
         }
         self.frame_cache[key] = Some(frame.clone());
-        Ok(frame)
+        frame
     }
 }
 

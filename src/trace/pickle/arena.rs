@@ -22,6 +22,15 @@ enum Span<T> {
     Owned(Vec<T>),
 }
 
+/// How full an [`Arena`] was at one moment, to go back to (streamed decoding discards what came
+/// after).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Mark {
+    /// Containers then; a container index at or past it came later.
+    pub(crate) containers: usize,
+    pool: usize,
+}
+
 /// Containers of `T` items, each named by its index.
 #[derive(Debug)]
 pub(crate) struct Arena<T> {
@@ -65,6 +74,23 @@ impl<T: Copy> Arena<T> {
         self.pool.extend(items);
         self.spans.push(Span::Pooled { start, len: self.pool.len() - start });
         id
+    }
+
+    /// How full the arena is now.
+    pub(crate) fn mark(&self) -> Mark {
+        Mark { containers: self.spans.len(), pool: self.pool.len() }
+    }
+
+    /// Drops every container added since `mark`, whose indices the next ones take again. The
+    /// caller makes sure no container older than `mark` grew since (it would have grown into
+    /// the pool past the mark).
+    pub(crate) fn rollback(&mut self, mark: Mark) {
+        self.spans.truncate(mark.containers);
+        self.low.truncate(mark.containers);
+        while self.wraps.last().is_some_and(|&first| first >= mark.containers) {
+            self.wraps.pop();
+        }
+        self.pool.truncate(mark.pool);
     }
 
     /// The byte offset of the opcode that built container `id`.
@@ -125,6 +151,22 @@ mod tests {
         assert_eq!(a.get(z), Some(&[9][..]));
         assert_eq!(a.get(3), None);
         assert_eq!(a.len(), 3);
+    }
+
+    #[test]
+    fn a_rollback_forgets_what_came_after_the_mark() {
+        let mut a = Arena::default();
+        let x = a.add(3, [1, 2].into_iter());
+        let mark = a.mark();
+        a.add(5, [3].into_iter());
+        a.add(6 + (1 << 32), std::iter::empty());
+        a.rollback(mark);
+        assert_eq!(a.len(), 1);
+        let y = a.add(7, [4].into_iter());
+        assert_eq!(y, 1, "indices past the mark are taken again");
+        assert_eq!(a.get(x), Some(&[1, 2][..]));
+        assert_eq!(a.get(y), Some(&[4][..]));
+        assert_eq!((a.offset(x), a.offset(y)), (Some(3), Some(7)));
     }
 
     #[test]

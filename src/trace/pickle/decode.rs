@@ -5,9 +5,12 @@
 //! failed.
 
 use super::arena::Arena;
-use super::{Pickle, Value};
+use super::input::{Input, Short, Slice, Stream};
+use super::stream::Streaming;
+use super::{Pickle, Sink, Stop, Streamed, Value};
 use crate::error::{Error, Place, Result};
 use std::collections::HashMap;
+use std::io::BufRead;
 
 /// The deepest run of unclosed MARKs accepted. Real snapshots nest fewer than ten; the cap keeps a
 /// hostile file from building a huge mark stack out of one-byte opcodes.
@@ -16,43 +19,81 @@ const MAX_MARKS: usize = 10_000;
 /// Decodes one pickle from the start of `data` (bytes after its STOP are ignored, as
 /// `pickle.load` ignores them).
 pub fn decode(data: &[u8]) -> Result<Pickle<'_>> {
-    let mut d = Decoder {
-        data,
-        pos: 0,
-        op_at: 0,
-        stack: Vec::with_capacity(64),
-        marks: Vec::new(),
-        memo: Vec::new(),
-        sparse: HashMap::new(),
-        memo_count: 0,
-        out: Pickle {
-            // Real snapshots hold about one list item per 5 input bytes (BINGETs of shared frame
-            // dicts) and one dict pair per 20: reserve that much, bounded by the input's size and
-            // by a fixed cap (256 + 128 MiB), so a huge input never asks for a reservation the
-            // system might refuse; past it, the pools grow as usual.
-            seqs: Arena::with_capacity((data.len() / 4).min(1 << 24)),
-            dicts: Arena::with_capacity((data.len() / 16).min(1 << 22)),
-            ..Pickle::default()
-        },
+    let out = Pickle {
+        // Real snapshots hold about one list item per 5 input bytes (BINGETs of shared frame
+        // dicts) and one dict pair per 20: reserve that much, bounded by the input's size and
+        // by a fixed cap (256 + 128 MiB), so a huge input never asks for a reservation the
+        // system might refuse; past it, the pools grow as usual.
+        seqs: Arena::with_capacity((data.len() / 4).min(1 << 24)),
+        dicts: Arena::with_capacity((data.len() / 16).min(1 << 22)),
+        ..Pickle::default()
     };
-    d.run()?;
-    Ok(d.out)
+    let mut d = Decoder::new(Slice { data, pos: 0 }, out, None);
+    match d.run() {
+        Ok(()) => Ok(d.out),
+        Err(Stop::Error(e)) => Err(e),
+        // Only a streaming decoder refuses.
+        Err(Stop::Refused { at, why }) => Err(Error::input(why).at(Place::Byte(at))),
+    }
 }
 
-struct Decoder<'a> {
-    data: &'a [u8],
-    pos: usize,
+/// Decodes one pickle from `input`, handing every item of the lists `root[key][d]` (the
+/// per-device lists of a dict's list of lists, such as a snapshot's `device_traces`) to `sink` as
+/// soon as it is complete, and then discarding it: see [`Sink`] for what is kept. The rest of the
+/// pickle is built as [`decode`] builds it, with its strings owned.
+///
+/// Memory is what the rest of the pickle holds, plus the items of one batch (`MARK … APPENDS`,
+/// at most 1000 items in the files Python writes), plus the memo entries that survive a
+/// discard; a discarded memo entry costs nothing. When the stream refers back to something
+/// discarded where that matters, the sink or the decoder answers [`Stop::Refused`] rather than
+/// anything approximate.
+pub fn decode_stream(
+    input: &mut dyn BufRead,
+    key: &'static str,
+    sink: &mut dyn Sink,
+) -> std::result::Result<Streamed, Stop> {
+    let streaming = Streaming::new(key, sink);
+    let mut d = Decoder::new(Stream::new(input), Pickle::default(), Some(streaming));
+    d.run()?;
+    let lists = d.stream.take().map(Streaming::finish).unwrap_or_default();
+    Ok(Streamed { pickle: d.out, lists })
+}
+
+pub(super) struct Decoder<'a, 's, I: Input<'a>> {
+    pub(super) input: I,
     /// Offset of the opcode being executed, for errors.
-    op_at: usize,
-    stack: Vec<Value>,
-    marks: Vec<usize>,
+    pub(super) op_at: u64,
+    pub(super) stack: Vec<Value>,
+    pub(super) marks: Vec<usize>,
+    pub(super) memo: Memo,
+    pub(super) out: Pickle<'a>,
+    /// The streaming state, when decoding with [`decode_stream`].
+    pub(super) stream: Option<Streaming<'s>>,
+}
+
+/// The memo: what `MEMOIZE`/`PUT` stored, by index.
+#[derive(Debug, Default)]
+pub(super) struct Memo {
     /// Dense memo (the normal case: MEMOIZE numbers entries 0, 1, 2, ...).
-    memo: Vec<Option<Value>>,
+    pub(super) dense: Vec<Option<Value>>,
     /// Memo entries whose index is far beyond the dense part (only hand-made pickles do that).
-    sparse: HashMap<u32, Value>,
+    pub(super) sparse: HashMap<u32, Value>,
     /// Number of distinct memo keys, which is what MEMOIZE uses as the next index.
-    memo_count: u32,
-    out: Pickle<'a>,
+    pub(super) count: u32,
+    /// Streamed decoding only: whether the entries from `dense.len()` on live in `kept` and
+    /// `recent` (see [`Streaming`]).
+    pub(super) streaming: bool,
+    /// Entries from `dense.len()` to `recent_start` that survived a discard, in index order;
+    /// the others in that range were discarded, or survive in `handles`.
+    pub(super) kept: Vec<(u32, Value)>,
+    /// The [`Value::Handle`]s among the survivors, apart (8 bytes each, where a frame list is
+    /// kept for every trace entry), so that `kept`, which the `BINGET`s of dict keys search,
+    /// stays small.
+    pub(super) handles: Vec<(u32, u32)>,
+    /// The first index of `recent`.
+    pub(super) recent_start: u32,
+    /// The entries stored since the last discard, from `recent_start` on.
+    pub(super) recent: Vec<Value>,
 }
 
 /// The name pickletools gives opcode `op`, for messages.
@@ -130,64 +171,79 @@ fn op_name(op: u8) -> &'static str {
     }
 }
 
-impl<'a> Decoder<'a> {
-    fn err(&self, message: String) -> Error {
-        Error::input(message).at(Place::Byte(self.op_at as u64))
+impl<'a, 's, I: Input<'a>> Decoder<'a, 's, I> {
+    fn new(input: I, out: Pickle<'a>, stream: Option<Streaming<'s>>) -> Self {
+        Decoder {
+            input,
+            op_at: 0,
+            stack: Vec::with_capacity(64),
+            marks: Vec::new(),
+            memo: Memo::default(),
+            out,
+            stream,
+        }
     }
 
-    fn op_err(&self, op: u8, what: &str) -> Error {
+    pub(super) fn err(&self, message: String) -> Error {
+        Error::input(message).at(Place::Byte(self.op_at))
+    }
+
+    pub(super) fn op_err(&self, op: u8, what: &str) -> Error {
         self.err(format!("{} (0x{op:02x}): {what}", op_name(op)))
     }
 
-    /// Takes the next `n` bytes (an opcode's argument).
-    #[inline]
-    fn take(&mut self, op: u8, n: usize) -> Result<&'a [u8]> {
-        let data: &'a [u8] = self.data;
-        match data.get(self.pos..self.pos.saturating_add(n)) {
-            Some(s) => {
-                self.pos += n;
-                Ok(s)
-            }
-            None => Err(self.err(format!(
-                "truncated pickle: {} (0x{op:02x}) needs {n} more bytes but only {} remain",
-                op_name(op),
-                data.len().saturating_sub(self.pos)
-            ))),
+    /// The error for an argument the input could not give; `declared` when its length came
+    /// from the file.
+    #[cold]
+    fn short(&self, op: u8, n: u64, declared: bool, short: Short) -> Error {
+        match short {
+            Short::End { remaining } if declared => self.err(format!(
+                "truncated pickle: {} (0x{op:02x}) declares {n} bytes but only {remaining} remain",
+                op_name(op)
+            )),
+            Short::End { remaining } => self.err(format!(
+                "truncated pickle: {} (0x{op:02x}) needs {n} more bytes but only {remaining} remain",
+                op_name(op)
+            )),
+            Short::NoEol => self
+                .err(format!("truncated pickle: {} (0x{op:02x}) has no end of line", op_name(op))),
+            Short::Io(e) => self.err(format!("cannot read the pickle: {e}")),
         }
     }
 
     #[inline]
     fn take_array<const N: usize>(&mut self, op: u8) -> Result<[u8; N]> {
-        let s = self.take(op, N)?;
         let mut a = [0u8; N];
-        a.copy_from_slice(s);
-        Ok(a)
+        match self.input.fill(&mut a) {
+            Ok(()) => Ok(a),
+            Err(e) => Err(self.short(op, N as u64, false, e)),
+        }
     }
 
-    /// Takes a body whose length the file declares, checking it against what remains first.
+    /// Takes a body whose length the file declares, checked against what remains, into `buf`
+    /// (at most 256 bytes: LONG1).
     #[inline]
-    fn take_declared(&mut self, op: u8, len: u64) -> Result<&'a [u8]> {
-        let remaining = self.data.len().saturating_sub(self.pos) as u64;
-        if len > remaining {
-            return Err(self.err(format!(
-                "truncated pickle: {} (0x{op:02x}) declares {len} bytes but only {remaining} remain",
-                op_name(op)
-            )));
+    fn take_small<'b>(&mut self, op: u8, len: u8, buf: &'b mut [u8; 256]) -> Result<&'b [u8]> {
+        let body = &mut buf[..len as usize];
+        match self.input.fill(body) {
+            Ok(()) => Ok(body),
+            Err(e) => Err(self.short(op, len as u64, true, e)),
         }
-        self.take(op, len as usize)
+    }
+
+    /// Takes a body whose length the file declares, checked against what remains first.
+    fn take_declared(&mut self, op: u8, len: u64) -> Result<Vec<u8>> {
+        match self.input.vec(len) {
+            Ok(v) => Ok(v),
+            Err(e) => Err(self.short(op, len, true, e)),
+        }
     }
 
     /// Takes a text argument up to (not including) the next newline (protocol 0 opcodes).
-    fn take_line(&mut self, op: u8) -> Result<&'a [u8]> {
-        let data: &'a [u8] = self.data;
-        let rest = data.get(self.pos..).unwrap_or(&[]);
-        match rest.iter().position(|&b| b == b'\n') {
-            Some(n) => {
-                self.pos += n + 1;
-                Ok(&rest[..n])
-            }
-            None => Err(self
-                .err(format!("truncated pickle: {} (0x{op:02x}) has no end of line", op_name(op)))),
+    fn take_line(&mut self, op: u8) -> Result<Vec<u8>> {
+        match self.input.line() {
+            Ok(v) => Ok(v),
+            Err(e) => Err(self.short(op, 0, false, e)),
         }
     }
 
@@ -227,14 +283,12 @@ impl<'a> Decoder<'a> {
     }
 
     /// A new list, tuple or set holding the stack items from `base` up (which are popped).
-    fn new_seq(&mut self, base: usize) -> Result<u32> {
+    pub(super) fn new_seq(&mut self, base: usize) -> Result<u32> {
         if self.out.seqs.len() >= u32::MAX as usize {
             return Err(self.err("more than 2^32 containers".into()));
         }
-        let id = self
-            .out
-            .seqs
-            .add(self.op_at as u64, self.stack.get(base..).unwrap_or(&[]).iter().copied());
+        let id =
+            self.out.seqs.add(self.op_at, self.stack.get(base..).unwrap_or(&[]).iter().copied());
         self.stack.truncate(base);
         Ok(id as u32)
     }
@@ -245,17 +299,19 @@ impl<'a> Decoder<'a> {
             return Err(self.err("more than 2^32 containers".into()));
         }
         let items = self.stack.get(base..).unwrap_or(&[]);
-        let id = self.out.dicts.add(self.op_at as u64, items.chunks_exact(2).map(|c| (c[0], c[1])));
+        let id = self.out.dicts.add(self.op_at, items.chunks_exact(2).map(|c| (c[0], c[1])));
         self.stack.truncate(base);
         Ok(id as u32)
     }
 
-    /// A `str` (or `bytes`) value borrowing `body`.
+    /// A `str` (or `bytes`) value of the next `len` input bytes (a length the file declares).
     #[inline]
-    fn string(&mut self, body: &'a [u8], is_str: bool) -> Result<Value> {
+    fn string(&mut self, op: u8, len: u64, is_str: bool) -> Result<Value> {
         let id = u32::try_from(self.out.strs.len())
             .map_err(|_| self.err("more than 2^32 strings".into()))?;
-        self.out.strs.push(body);
+        if let Err(e) = self.input.string(len, &mut self.out.strs) {
+            return Err(self.short(op, len, true, e));
+        }
         Ok(if is_str { Value::Str(id) } else { Value::Bytes(id) })
     }
 
@@ -287,41 +343,60 @@ impl<'a> Decoder<'a> {
         self.int(i128::from_le_bytes(buf))
     }
 
-    fn memo_put(&mut self, op: u8, idx: u32, v: Value) -> Result<()> {
+    fn memo_put(&mut self, op: u8, idx: u32, v: Value) -> std::result::Result<(), Stop> {
         let i = idx as usize;
-        if let Some(slot) = self.memo.get_mut(i) {
+        let memo = &mut self.memo;
+        if memo.streaming {
+            // Streaming keeps entries past the dense part in `recent` only, in order: anything
+            // else would hide a reference into what a discard drops.
+            return self.memo_put_streaming(idx, v);
+        }
+        if let Some(slot) = memo.dense.get_mut(i) {
             if slot.is_none() {
-                self.memo_count += 1;
+                memo.count += 1;
             }
             *slot = Some(v);
-        } else if i <= 2 * self.memo_count as usize + 64 {
+        } else if i <= 2 * memo.count as usize + 64 {
             // Dense growth stays proportional to the entries actually stored.
-            self.memo.resize(i + 1, None);
-            self.memo[i] = Some(v);
-            self.memo_count += 1;
-        } else if self.sparse.insert(idx, v).is_none() {
-            self.memo_count = self
-                .memo_count
-                .checked_add(1)
-                .ok_or_else(|| self.op_err(op, "memo is full (2^32 entries)"))?;
+            memo.dense.resize(i + 1, None);
+            memo.dense[i] = Some(v);
+            memo.count += 1;
+        } else if memo.sparse.insert(idx, v).is_none() {
+            match memo.count.checked_add(1) {
+                Some(n) => memo.count = n,
+                None => return Err(self.op_err(op, "memo is full (2^32 entries)").into()),
+            }
         }
         Ok(())
     }
 
     #[inline]
-    fn memo_get(&self, op: u8, idx: u32) -> Result<Value> {
-        if let Some(Some(v)) = self.memo.get(idx as usize) {
+    fn memo_get(&self, op: u8, idx: u32) -> std::result::Result<Value, Stop> {
+        if let Some(Some(v)) = self.memo.dense.get(idx as usize) {
             return Ok(*v);
         }
         self.memo_get_slow(op, idx)
     }
 
     #[cold]
-    fn memo_get_slow(&self, op: u8, idx: u32) -> Result<Value> {
-        self.sparse
+    fn memo_get_slow(&self, op: u8, idx: u32) -> std::result::Result<Value, Stop> {
+        let memo = &self.memo;
+        if memo.streaming && idx >= memo.dense.len() as u32 && idx < memo.count {
+            if idx >= memo.recent_start {
+                return Ok(memo.recent[(idx - memo.recent_start) as usize]);
+            }
+            if let Ok(k) = memo.kept.binary_search_by_key(&idx, |&(i, _)| i) {
+                return Ok(memo.kept[k].1);
+            }
+            return Ok(match memo.handles.binary_search_by_key(&idx, |&(i, _)| i) {
+                Ok(k) => Value::Handle(memo.handles[k].1),
+                Err(_) => Value::Dropped,
+            });
+        }
+        memo.sparse
             .get(&idx)
             .copied()
-            .ok_or_else(|| self.op_err(op, &format!("memo entry {idx} was never stored")))
+            .ok_or_else(|| self.op_err(op, &format!("memo entry {idx} was never stored")).into())
     }
 
     fn parse_text_u32(&self, op: u8, text: &[u8]) -> Result<u32> {
@@ -336,7 +411,7 @@ impl<'a> Decoder<'a> {
             b'c' => {
                 let module = self.take_line(op)?;
                 let name = self.take_line(op)?;
-                format!("would import '{} {}'", lossy(module), lossy(name))
+                format!("would import '{} {}'", lossy(&module), lossy(&name))
             }
             0x93 => {
                 let name = self.stack.last().copied();
@@ -359,43 +434,51 @@ impl<'a> Decoder<'a> {
             .err(format!("not a plain-data snapshot: opcode {} (0x{op:02x}) {what}", op_name(op))))
     }
 
-    fn run(&mut self) -> Result<()> {
-        let data: &'a [u8] = self.data;
+    fn run(&mut self) -> std::result::Result<(), Stop> {
         loop {
-            self.op_at = self.pos;
-            let Some(&op) = data.get(self.pos) else {
-                return Err(self.err("truncated pickle: it ends before its STOP opcode".into()));
+            self.op_at = self.input.pos();
+            let op = match self.input.byte() {
+                Ok(Some(op)) => op,
+                Ok(None) => {
+                    return Err(Stop::from(
+                        self.err("truncated pickle: it ends before its STOP opcode".into()),
+                    ))
+                }
+                Err(e) => return Err(Stop::from(self.short(0, 1, false, e))),
             };
-            self.pos += 1;
             match op {
                 // Control.
                 0x80 => {
                     let [v] = self.take_array::<1>(op)?;
                     if v > 5 {
-                        return Err(self.err(format!(
+                        return Err(Stop::from(self.err(format!(
                             "unsupported pickle protocol {v} (fragsim reads protocols 2 to 5)"
-                        )));
+                        ))));
                     }
                 }
                 0x95 => {
                     // FRAME only groups opcodes for buffered readers; the opcodes inside are
                     // decoded as usual, but the declared length must fit.
                     let len = u64::from_le_bytes(self.take_array::<8>(op)?);
-                    let remaining = data.len().saturating_sub(self.pos) as u64;
+                    // A stream cannot tell what remains: a short frame is found at its end.
+                    let remaining = self.input.remaining().unwrap_or(u64::MAX);
                     if len > remaining {
-                        return Err(self.err(format!(
+                        return Err(Stop::from(self.err(format!(
                             "truncated pickle: FRAME (0x95) declares {len} bytes but only {remaining} remain"
-                        )));
+                        ))));
                     }
                 }
                 b'.' => {
                     let v = self.pop(op)?;
                     self.out.root = Some(v);
+                    if self.stream.is_some() {
+                        self.end_region();
+                    }
                     return Ok(());
                 }
                 b'(' => {
                     if self.marks.len() >= MAX_MARKS {
-                        return Err(self.op_err(op, "more than 10000 nested MARKs"));
+                        return Err(Stop::from(self.op_err(op, "more than 10000 nested MARKs")));
                     }
                     self.marks.push(self.stack.len());
                 }
@@ -424,6 +507,9 @@ impl<'a> Decoder<'a> {
                 b']' => {
                     let id = self.new_seq(self.stack.len())?;
                     self.push(Value::List(id));
+                    if self.stream.is_some() {
+                        self.list_pushed();
+                    }
                 }
                 b')' => {
                     let id = self.new_seq(self.stack.len())?;
@@ -445,7 +531,7 @@ impl<'a> Decoder<'a> {
                 0x85..=0x87 => {
                     let n = (op - 0x84) as usize;
                     if self.stack.len() < self.floor() + n {
-                        return Err(self.op_err(op, "stack underflow"));
+                        return Err(Stop::from(self.op_err(op, "stack underflow")));
                     }
                     let id = self.new_seq(self.stack.len() - n)?;
                     self.push(Value::Tuple(id));
@@ -453,7 +539,7 @@ impl<'a> Decoder<'a> {
                 b'd' => {
                     let base = self.pop_mark(op)?;
                     if (self.stack.len() - base) % 2 != 0 {
-                        return Err(self.op_err(op, "odd number of items (a key without a value)"));
+                        return Err(Stop::from(self.op_err(op, "odd number of items (a key without a value)")));
                     }
                     let id = self.new_dict(base)?;
                     self.push(Value::Dict(id));
@@ -461,10 +547,17 @@ impl<'a> Decoder<'a> {
                 b'a' => {
                     let v = self.pop(op)?;
                     match self.top(op)? {
-                        Value::List(id) => self.out.seqs.extend(id as usize, std::iter::once(v)),
+                        Value::List(id) if self.streams_into(id) => {
+                            self.push(v);
+                            self.convert(self.stack.len() - 1)?;
+                        }
+                        Value::List(id) => {
+                            self.guard(id as usize, true);
+                            self.out.seqs.extend(id as usize, std::iter::once(v))
+                        }
                         t => {
-                            return Err(self
-                                .op_err(op, &format!("appends to a {}, not a list", t.type_name())))
+                            return Err(Stop::from(self
+                                .op_err(op, &format!("appends to a {}, not a list", t.type_name()))))
                         }
                     }
                 }
@@ -476,11 +569,16 @@ impl<'a> Decoder<'a> {
                         (_, t) => {
                             let want = if op == b'e' { "list" } else { "set" };
                             let found = t.map_or("nothing", |t| t.type_name());
-                            return Err(
+                            return Err(Stop::from(
                                 self.op_err(op, &format!("adds to a {found}, not a {want}"))
-                            );
+                            ));
                         }
                     };
+                    if op == b'e' && self.streams_into(id) {
+                        self.convert(base)?;
+                        continue;
+                    }
+                    self.guard(id as usize, true);
                     let items = self.stack.get(base..).unwrap_or(&[]).iter().copied();
                     self.out.seqs.extend(id as usize, items);
                     self.stack.truncate(base);
@@ -489,11 +587,14 @@ impl<'a> Decoder<'a> {
                     let v = self.pop(op)?;
                     let k = self.pop(op)?;
                     match self.top(op)? {
-                        Value::Dict(id) => self.out.dicts.extend(id as usize, std::iter::once((k, v))),
+                        Value::Dict(id) => {
+                            self.guard(id as usize, false);
+                            self.out.dicts.extend(id as usize, std::iter::once((k, v)))
+                        }
                         t => {
-                            return Err(
+                            return Err(Stop::from(
                                 self.op_err(op, &format!("sets an item of a {}", t.type_name()))
-                            )
+                            ))
                         }
                     }
                 }
@@ -503,14 +604,15 @@ impl<'a> Decoder<'a> {
                         Some(Value::Dict(id)) => *id,
                         t => {
                             let found = t.map_or("nothing", |t| t.type_name());
-                            return Err(
+                            return Err(Stop::from(
                                 self.op_err(op, &format!("sets items of a {found}, not a dict"))
-                            );
+                            ));
                         }
                     };
                     if (self.stack.len() - base) % 2 != 0 {
-                        return Err(self.op_err(op, "odd number of items (a key without a value)"));
+                        return Err(Stop::from(self.op_err(op, "odd number of items (a key without a value)")));
                     }
+                    self.guard(id as usize, false);
                     let items = self.stack.get(base..).unwrap_or(&[]);
                     self.out.dicts.extend(id as usize, items.chunks_exact(2).map(|c| (c[0], c[1])));
                     self.stack.truncate(base);
@@ -519,7 +621,7 @@ impl<'a> Decoder<'a> {
                 // Memo.
                 0x94 => {
                     let v = self.top(op)?;
-                    self.memo_put(op, self.memo_count, v)?;
+                    self.memo_put(op, self.memo.count, v)?;
                 }
                 b'q' => {
                     let [i] = self.take_array::<1>(op)?;
@@ -533,25 +635,25 @@ impl<'a> Decoder<'a> {
                 }
                 b'p' => {
                     let text = self.take_line(op)?;
-                    let i = self.parse_text_u32(op, text)?;
+                    let i = self.parse_text_u32(op, &text)?;
                     let v = self.top(op)?;
                     self.memo_put(op, i, v)?;
                 }
                 b'h' => {
                     let [i] = self.take_array::<1>(op)?;
                     let v = self.memo_get(op, i as u32)?;
-                    self.push(v);
+                    self.push_got(v)?;
                 }
                 b'j' => {
                     let i = u32::from_le_bytes(self.take_array::<4>(op)?);
                     let v = self.memo_get(op, i)?;
-                    self.push(v);
+                    self.push_got(v)?;
                 }
                 b'g' => {
                     let text = self.take_line(op)?;
-                    let i = self.parse_text_u32(op, text)?;
+                    let i = self.parse_text_u32(op, &text)?;
                     let v = self.memo_get(op, i)?;
-                    self.push(v);
+                    self.push_got(v)?;
                 }
 
                 // Numbers.
@@ -569,7 +671,7 @@ impl<'a> Decoder<'a> {
                 }
                 b'I' | b'L' => {
                     let text = self.take_line(op)?;
-                    let t = std::str::from_utf8(text).unwrap_or("").trim();
+                    let t = std::str::from_utf8(&text).unwrap_or("").trim();
                     let v = match t {
                         "00" if op == b'I' => Value::Bool(false),
                         "01" if op == b'I' => Value::Bool(true),
@@ -587,8 +689,8 @@ impl<'a> Decoder<'a> {
                                     Value::HugeInt
                                 }
                                 Err(_) => {
-                                    return Err(self
-                                        .op_err(op, &format!("bad integer {:?}", lossy(text))))
+                                    return Err(Stop::from(self
+                                        .op_err(op, &format!("bad integer {:?}", lossy(&text)))))
                                 }
                             }
                         }
@@ -597,17 +699,18 @@ impl<'a> Decoder<'a> {
                 }
                 0x8a => {
                     let [n] = self.take_array::<1>(op)?;
-                    let body = self.take_declared(op, n as u64)?;
+                    let mut buf = [0u8; 256];
+                    let body = self.take_small(op, n, &mut buf)?;
                     let v = self.long(body)?;
                     self.push(v);
                 }
                 0x8b => {
                     let n = i32::from_le_bytes(self.take_array::<4>(op)?);
                     if n < 0 {
-                        return Err(self.op_err(op, &format!("negative length {n}")));
+                        return Err(Stop::from(self.op_err(op, &format!("negative length {n}"))));
                     }
                     let body = self.take_declared(op, n as u64)?;
-                    let v = self.long(body)?;
+                    let v = self.long(&body)?;
                     self.push(v);
                 }
                 b'G' => {
@@ -616,10 +719,10 @@ impl<'a> Decoder<'a> {
                 }
                 b'F' => {
                     let text = self.take_line(op)?;
-                    let v = std::str::from_utf8(text)
+                    let v = std::str::from_utf8(&text)
                         .ok()
                         .and_then(|t| t.trim().parse::<f64>().ok())
-                        .ok_or_else(|| self.op_err(op, &format!("bad float {:?}", lossy(text))))?;
+                        .ok_or_else(|| self.op_err(op, &format!("bad float {:?}", lossy(&text))))?;
                     self.push(Value::Float(v));
                 }
 
@@ -631,20 +734,17 @@ impl<'a> Decoder<'a> {
                 // Strings and bytes.
                 0x8c | b'C' => {
                     let [n] = self.take_array::<1>(op)?;
-                    let s = self.take_declared(op, n as u64)?;
-                    let v = self.string(s, op != b'C')?;
+                    let v = self.string(op, n as u64, op != b'C')?;
                     self.push(v);
                 }
                 b'X' | b'B' => {
                     let n = u32::from_le_bytes(self.take_array::<4>(op)?);
-                    let s = self.take_declared(op, n as u64)?;
-                    let v = self.string(s, op == b'X')?;
+                    let v = self.string(op, n as u64, op == b'X')?;
                     self.push(v);
                 }
                 0x8d | 0x8e | 0x96 => {
                     let n = u64::from_le_bytes(self.take_array::<8>(op)?);
-                    let s = self.take_declared(op, n)?;
-                    let v = self.string(s, op == 0x8d)?;
+                    let v = self.string(op, n, op == 0x8d)?;
                     self.push(v);
                 }
 
@@ -652,18 +752,18 @@ impl<'a> Decoder<'a> {
                 b'c' | 0x93 | b'R' | b'b' | b'i' | b'o' | 0x81 | 0x92 | 0x82..=0x84 | b'P'
                 | b'Q' => self.forbidden(op)?,
                 0x97 | 0x98 => {
-                    return Err(self.op_err(
+                    return Err(Stop::from(self.op_err(
                         op,
                         "out-of-band buffers are not supported (not a plain-data snapshot)",
-                    ))
+                    )))
                 }
                 b'S' | b'T' | b'U' | b'V' => {
-                    return Err(self.op_err(
+                    return Err(Stop::from(self.op_err(
                         op,
                         "protocol 0/1 strings are not supported (PyTorch snapshots use protocol 2 or later)",
-                    ))
+                    )))
                 }
-                _ => return Err(self.err(format!("unknown pickle opcode 0x{op:02x}"))),
+                _ => return Err(Stop::from(self.err(format!("unknown pickle opcode 0x{op:02x}")))),
             }
         }
     }

@@ -14,21 +14,32 @@
 //!   them by index, so a memo hit (`BINGET`) is a copy of a small `Copy` value and a frame list
 //!   shared by thousands of trace entries is one container with one id: the snapshot reader
 //!   interns frames by that id.
-//! - **Strings are borrowed.** `str` and `bytes` values point into the input; UTF-8 is checked
-//!   only when a caller asks for text, so frame strings cost nothing when frames are not kept.
-//! - **Bounded by the input.** Nothing is pre-allocated from a declared length (lengths are checked
-//!   against the bytes that remain first); every stack slot, memo slot and container item costs an
-//!   opcode byte, so memory is a small multiple of the input size; decoding is a flat loop with no
-//!   recursion, and containers are dropped flat, so a hostile nesting depth cannot overflow the
-//!   call stack. The one recursive helper ([`Pickle::depth`]) is capped.
+//! - **Strings are borrowed** from a whole input ([`decode`]); UTF-8 is checked only when a
+//!   caller asks for text, so frame strings cost nothing when frames are not kept. A streamed
+//!   input ([`decode_stream`]) owns its strings in one buffer.
+//! - **Bounded by the input.** Nothing is pre-allocated from a declared length: a whole input
+//!   checks it against the bytes that remain first, a stream reads the body into a buffer that
+//!   grows only as bytes arrive (and the reader beneath caps the input); every stack slot, memo
+//!   slot and container item costs an opcode byte, so memory is a small multiple of the input
+//!   size; decoding is a flat loop with no recursion, and containers are dropped flat, so a
+//!   hostile nesting depth cannot overflow the call stack. The recursive helper
+//!   ([`Pickle::depth`]) is capped; [`Pickle::find_dropped`] walks with its own stack.
+//! - **Streamed when asked.** [`decode_stream`] runs the same loop on a `BufRead` and hands the
+//!   items of `root[key][d]` (a snapshot's trace entries) to a [`Sink`] one batch at a time,
+//!   then discards them (see `stream.rs`): memory is the rest of the pickle plus one batch.
+//!   Where the file refers back to something discarded in a way that matters, it stops with
+//!   [`Stop::Refused`] and the byte offset, never with approximate data.
 //!
 //! [`encode`] is the matching writer: it emits protocol 4 that Python's `pickle.load` reads.
 
 mod arena;
 mod decode;
 pub mod encode;
+mod input;
+mod stream;
 
-pub use decode::decode;
+pub use decode::{decode, decode_stream};
+pub use stream::{Sink, Stop, Streamed, StreamedList};
 
 /// One pickled value (16 bytes). Strings and containers are indices into their [`Pickle`]'s
 /// tables, so copying a value never copies its content, just as Python shares objects.
@@ -60,6 +71,14 @@ pub enum Value {
     Set(u32),
     /// A `dict`: index into the dict arena.
     Dict(u32),
+    /// An object the streaming decoder ([`decode_stream`]) discarded after its consumer had
+    /// converted it, met again through the memo (`BINGET`). Its content is gone: a consumer
+    /// that needs it must refuse ([`Stop::Refused`]). The whole-input decoder never makes one.
+    Dropped,
+    /// An object the streaming decoder discarded but whose [`Sink`] kept what it had made of it
+    /// ([`Sink::keep`]), met again through the memo: the sink's own handle. The whole-input
+    /// decoder never makes one.
+    Handle(u32),
 }
 
 impl Value {
@@ -76,7 +95,64 @@ impl Value {
             Value::Tuple(_) => "tuple",
             Value::Set(_) => "set",
             Value::Dict(_) => "dict",
+            Value::Dropped => "discarded object",
+            Value::Handle(_) => "converted object",
         }
+    }
+}
+
+/// The string table of a [`Pickle`]: bodies borrowed from a whole input, or, for a streamed
+/// input, owned in one byte buffer (strings are added in file order, so each one's end is
+/// enough to find it, and discarding the newest strings is a truncation).
+#[derive(Debug, Default)]
+pub(crate) struct Strings<'a> {
+    borrowed: Vec<&'a [u8]>,
+    bytes: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+impl<'a> Strings<'a> {
+    /// The number of strings.
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.borrowed.len() + self.ends.len()
+    }
+
+    /// Adds a string borrowed from the input (whole-input decoding only).
+    #[inline]
+    pub(crate) fn push_borrowed(&mut self, s: &'a [u8]) {
+        self.borrowed.push(s);
+    }
+
+    /// Adds an owned string whose bytes the caller appends with [`Strings::bytes_mut`] first.
+    #[inline]
+    pub(crate) fn bytes_mut(&mut self) -> &mut Vec<u8> {
+        &mut self.bytes
+    }
+
+    /// Closes the owned string whose bytes were appended since the last one.
+    #[inline]
+    pub(crate) fn close_owned(&mut self) {
+        self.ends.push(self.bytes.len());
+    }
+
+    /// String `i`.
+    #[inline]
+    pub(crate) fn get(&self, i: usize) -> Option<&[u8]> {
+        if let Some(s) = self.borrowed.get(i) {
+            return Some(s);
+        }
+        let i = i - self.borrowed.len();
+        let end = *self.ends.get(i)?;
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        self.bytes.get(start..end)
+    }
+
+    /// Drops the owned strings from index `len` on (streamed decoding discards them).
+    pub(crate) fn truncate(&mut self, len: usize) {
+        let owned = len.saturating_sub(self.borrowed.len());
+        self.ends.truncate(owned);
+        self.bytes.truncate(self.ends.last().copied().unwrap_or(0));
     }
 }
 
@@ -86,8 +162,9 @@ pub struct Pickle<'a> {
     pub(crate) seqs: arena::Arena<Value>,
     pub(crate) dicts: arena::Arena<(Value, Value)>,
     pub(crate) bigs: Vec<i128>,
-    /// The bodies of `str` and `bytes` values, borrowed from the input.
-    pub(crate) strs: Vec<&'a [u8]>,
+    /// The bodies of `str` and `bytes` values: borrowed from the input, or owned when the input
+    /// was streamed.
+    pub(crate) strs: Strings<'a>,
     pub(crate) root: Option<Value>,
 }
 
@@ -132,17 +209,17 @@ impl<'a> Pickle<'a> {
 
     /// The encoded bytes of a `str` (no UTF-8 check); `None` for any other value.
     #[inline]
-    pub fn str_bytes(&self, v: Value) -> Option<&'a [u8]> {
+    pub fn str_bytes(&self, v: Value) -> Option<&[u8]> {
         match v {
-            Value::Str(i) => self.strs.get(i as usize).copied(),
+            Value::Str(i) => self.strs.get(i as usize),
             _ => None,
         }
     }
 
     /// The content of a `bytes` or `bytearray`; `None` for any other value.
-    pub fn bytes(&self, v: Value) -> Option<&'a [u8]> {
+    pub fn bytes(&self, v: Value) -> Option<&[u8]> {
         match v {
-            Value::Bytes(i) => self.strs.get(i as usize).copied(),
+            Value::Bytes(i) => self.strs.get(i as usize),
             _ => None,
         }
     }
@@ -165,8 +242,41 @@ impl<'a> Pickle<'a> {
 
     /// A `str` as text: borrowed when it is valid UTF-8, else decoded lossily (Python writes lone
     /// surrogates, which UTF-8 cannot hold, with `surrogatepass`).
-    pub fn text(&self, v: Value) -> Option<std::borrow::Cow<'a, str>> {
+    pub fn text(&self, v: Value) -> Option<std::borrow::Cow<'_, str>> {
         self.str_bytes(v).map(String::from_utf8_lossy)
+    }
+
+    /// Whether a [`Value::Dropped`] or [`Value::Handle`] is reachable from `v`: `Some` with the
+    /// byte offset of the container holding the first one found (when known). Each container is visited once, with
+    /// an explicit stack (no recursion), so cycles and hostile depths stay cheap.
+    pub fn find_dropped(&self, v: Value) -> Option<Option<u64>> {
+        let gone = |x: Value| matches!(x, Value::Dropped | Value::Handle(_));
+        if gone(v) {
+            return Some(None);
+        }
+        let mut seen_seqs = vec![false; self.seqs.len()];
+        let mut seen_dicts = vec![false; self.dicts.len()];
+        let mut todo = vec![v];
+        while let Some(c) = todo.pop() {
+            let seen = match c {
+                Value::List(i) | Value::Tuple(i) | Value::Set(i) => seen_seqs.get_mut(i as usize),
+                Value::Dict(i) => seen_dicts.get_mut(i as usize),
+                _ => None,
+            };
+            match seen {
+                Some(s) if !*s => *s = true,
+                _ => continue,
+            }
+            let pairs = self.entries(c).unwrap_or(&[]).iter().flat_map(|&(k, x)| [k, x]);
+            let items = self.items(c).unwrap_or(&[]).iter().copied();
+            for x in pairs.chain(items) {
+                if gone(x) {
+                    return Some(self.offset_of(c));
+                }
+                todo.push(x);
+            }
+        }
+        None
     }
 
     /// The nesting depth of `v` (a scalar is 0, `[]` is 1, `[[1]]` is 2), counting at most `cap`
