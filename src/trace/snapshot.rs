@@ -128,8 +128,8 @@ fn build(
         },
         other => {
             return Err(Error::input(format!(
-                "not a memory snapshot: the pickle holds a {}, not a dict with 'segments' and 'device_traces'",
-                other.type_name()
+                "not a memory snapshot: the pickle holds {}, not a dict with 'segments' and 'device_traces'",
+                other.a_type_name()
             ))
             .into())
         }
@@ -142,7 +142,7 @@ fn build(
         Some(traces) => {
             let lists = p.items(traces).ok_or_else(|| {
                 schema_err(
-                    format!("'device_traces' is a {}, not a list", traces.type_name()),
+                    format!("'device_traces' is {}, not a list", traces.a_type_name()),
                     byte_of(p, traces, root),
                 )
             })?;
@@ -329,7 +329,7 @@ fn read_entry(
         return Err(refuse());
     }
     let fields =
-        p.entries(entry).ok_or_else(|| err(format!("is a {}, not a dict", entry.type_name())))?;
+        p.entries(entry).ok_or_else(|| err(format!("is {}, not a dict", entry.a_type_name())))?;
     let mut action: Option<&[u8]> = None;
     let (mut addr, mut size, mut stream, mut time) = (None, None, None, None);
     let mut device_free = None;
@@ -341,7 +341,7 @@ fn read_entry(
             b"action" => match p.str_bytes(v) {
                 Some(s) => action = Some(s),
                 None if gone(v) => return Err(refuse()),
-                None => return Err(err(format!("'action' is a {}", v.type_name())).into()),
+                None => return Err(err(format!("'action' is {}", v.a_type_name())).into()),
             },
             b"addr" => addr = Some(v),
             b"device_free" => device_free = Some(v),
@@ -593,7 +593,7 @@ impl Reader {
     ) -> Result<DeviceEvents> {
         let entries = p.items(list).ok_or_else(|| {
             schema_err(
-                format!("device_traces[{device}] is a {}, not a list", list.type_name()),
+                format!("device_traces[{device}] is {}, not a list", list.a_type_name()),
                 byte_of(p, list, within),
             )
         })?;
@@ -635,7 +635,7 @@ impl Reader {
             Value::Handle(h) if h & FRAME_HANDLE == 0 => return Ok(FramesId(h)),
             Value::Handle(_) | Value::Dropped => return Err(refuse()),
             other => {
-                let message = format!("'frames' is a {}, not a list", other.type_name());
+                let message = format!("'frames' is {}, not a list", other.a_type_name());
                 return Err(err(message, p.offset_of(other)));
             }
         };
@@ -653,8 +653,8 @@ impl Reader {
                 Value::Handle(_) | Value::Dropped => return Err(refuse()),
                 other => {
                     let message = format!(
-                        "a frame is a {}, not a dict with filename, line and name",
-                        other.type_name()
+                        "a frame is {}, not a dict with filename, line and name",
+                        other.a_type_name()
                     );
                     return Err(err(message, byte_of(p, other, v)));
                 }
@@ -727,21 +727,21 @@ fn bytes_field(p: &Pickle, key: &str, v: Option<Value>) -> Result<u64, String> {
         Some(n) if key.contains("addr") => Err(format!("'{key}' is {n}, outside 0..2^64")),
         Some(n) if (0..=MAX_BYTES).contains(&n) => Ok(n as u64),
         Some(n) => Err(format!("'{key}' is {n}, outside 0..=2^60")),
-        None => Err(format!("'{key}' is a {}, not an integer", v.type_name())),
+        None => Err(format!("'{key}' is {}, not an integer", v.a_type_name())),
     }
 }
 
 /// Reads the segment list `v`, which `root` holds (or is, in a legacy snapshot).
 fn read_segments(p: &Pickle, v: Value, root: Value) -> Result<Vec<Segment>> {
     let items = p.items(v).ok_or_else(|| {
-        schema_err(format!("'segments' is a {}, not a list", v.type_name()), byte_of(p, v, root))
+        schema_err(format!("'segments' is {}, not a list", v.a_type_name()), byte_of(p, v, root))
     })?;
     let mut out = Vec::with_capacity(items.len().min(1 << 16));
     for (i, &s) in items.iter().enumerate() {
         let at = byte_of(p, s, v);
         let err = |m: String| schema_err(format!("segment {i}: {m}"), at);
         if p.entries(s).is_none() {
-            return Err(err(format!("is a {}, not a dict", s.type_name())));
+            return Err(err(format!("is {}, not a dict", s.a_type_name())));
         }
         let address = bytes_field(p, "address", p.get(s, "address")).map_err(err)?;
         let device = match p.get(s, "device") {
@@ -763,14 +763,14 @@ fn read_segments(p: &Pickle, v: Value, root: Value) -> Result<Vec<Segment>> {
         let mut next = address;
         if let Some(bv) = p.get(s, "blocks") {
             let bitems = p.items(bv).ok_or_else(|| {
-                let message = format!("segment {i}: 'blocks' is a {}, not a list", bv.type_name());
+                let message = format!("segment {i}: 'blocks' is {}, not a list", bv.a_type_name());
                 schema_err(message, byte_of(p, bv, s))
             })?;
             for (j, &b) in bitems.iter().enumerate() {
                 let bat = byte_of(p, b, bv);
                 let berr = |m: String| schema_err(format!("segment {i}: block {j}: {m}"), bat);
                 if p.entries(b).is_none() {
-                    return Err(berr(format!("is a {}, not a dict", b.type_name())));
+                    return Err(berr(format!("is {}, not a dict", b.a_type_name())));
                 }
                 let size = bytes_field(p, "size", p.get(b, "size")).map_err(berr)?;
                 let address = match p.get(b, "address") {
@@ -843,7 +843,7 @@ fn read_settings(p: &Pickle, v: Value, root: Value) -> Result<AllocatorSettings>
     let at = byte_of(p, v, root);
     let err = |m: String| schema_err(format!("allocator_settings: {m}"), at);
     if p.entries(v).is_none() {
-        return Err(err(format!("is a {}, not a dict", v.type_name())));
+        return Err(err(format!("is {}, not a dict", v.a_type_name())));
     }
     let mut s = AllocatorSettings::default();
     if let Some(c) = p.get(v, "PYTORCH_CUDA_ALLOC_CONF") {
@@ -857,8 +857,8 @@ fn read_settings(p: &Pickle, v: Value, root: Value) -> Result<AllocatorSettings>
             Value::None => {}
             other => {
                 return Err(err(format!(
-                    "'PYTORCH_CUDA_ALLOC_CONF' is a {}, not a str",
-                    other.type_name()
+                    "'PYTORCH_CUDA_ALLOC_CONF' is {}, not a str",
+                    other.a_type_name()
                 )))
             }
         }
@@ -877,8 +877,8 @@ fn read_settings(p: &Pickle, v: Value, root: Value) -> Result<AllocatorSettings>
                 Some(n) => n as f64,
                 None => {
                     return Err(err(format!(
-                        "'garbage_collection_threshold' is a {}, not a float",
-                        other.type_name()
+                        "'garbage_collection_threshold' is {}, not a float",
+                        other.a_type_name()
                     )))
                 }
             },
@@ -1277,7 +1277,7 @@ mod tests {
             data.extend_from_slice(&[0x8c, k.len() as u8]);
             data.extend_from_slice(k.as_bytes());
         };
-        for (block, text) in [(&b"]"[..], "is a list"), (b"K\x07", "is a int")] {
+        for (block, text) in [(&b"]"[..], "is a list"), (b"K\x07", "is an int")] {
             let mut data = b"\x80\x04}".to_vec();
             key(&mut data, "segments");
             data.push(b']');
@@ -1409,7 +1409,7 @@ mod tests {
     #[test]
     fn not_a_snapshot() {
         for (data, text) in [
-            (&b"\x80\x04N."[..], "holds a None"),
+            (&b"\x80\x04N."[..], "holds None"),
             (b"\x80\x04}.", "neither 'segments' nor 'device_traces'"),
         ] {
             let e = read(data, &opts(false)).unwrap_err();

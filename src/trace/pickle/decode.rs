@@ -557,7 +557,7 @@ impl<'a, 's, I: Input<'a>> Decoder<'a, 's, I> {
                         }
                         t => {
                             return Err(Stop::from(self
-                                .op_err(op, &format!("appends to a {}, not a list", t.type_name()))))
+                                .op_err(op, &format!("appends to {}, not a list", t.a_type_name()))))
                         }
                     }
                 }
@@ -593,7 +593,7 @@ impl<'a, 's, I: Input<'a>> Decoder<'a, 's, I> {
                         }
                         t => {
                             return Err(Stop::from(
-                                self.op_err(op, &format!("sets an item of a {}", t.type_name()))
+                                self.op_err(op, &format!("sets an item of {}", t.a_type_name()))
                             ))
                         }
                     }

@@ -99,6 +99,25 @@ impl Value {
             Value::Handle(_) => "converted object",
         }
     }
+
+    /// The type name with its article ("an int", "a dict", "None"), for messages that say
+    /// what a value is.
+    pub fn a_type_name(&self) -> &'static str {
+        match self {
+            Value::None => "None",
+            Value::Bool(_) => "a bool",
+            Value::Int(_) | Value::BigInt(_) | Value::HugeInt => "an int",
+            Value::Float(_) => "a float",
+            Value::Str(_) => "a str",
+            Value::Bytes(_) => "a bytes object",
+            Value::List(_) => "a list",
+            Value::Tuple(_) => "a tuple",
+            Value::Set(_) => "a set",
+            Value::Dict(_) => "a dict",
+            Value::Dropped => "a discarded object",
+            Value::Handle(_) => "a converted object",
+        }
+    }
 }
 
 /// The string table of a [`Pickle`]: bodies borrowed from a whole input, or, for a streamed
