@@ -143,14 +143,26 @@ pub fn run_specs(
         out
     };
     let jobs = if options.backend == BackendKind::Cuda { Jobs::Sequential } else { settings.jobs };
+    // In parallel, each replay is its own job, started longest first (see `start_order`), and
+    // the outcomes go back into the order given.
+    let order = start_order(specs);
+    let in_parallel = || {
+        let mut ran: Vec<(usize, Result<ReplayOutput>)> = order
+            .par_iter()
+            .with_max_len(1)
+            .map(|&index| (index, run_one((index, &specs[index]))))
+            .collect();
+        ran.sort_by_key(|&(index, _)| index);
+        ran.into_iter().map(|(_, outcome)| outcome).collect()
+    };
     let outcomes: Vec<Result<ReplayOutput>> = match jobs {
         Jobs::Sequential => specs.iter().enumerate().map(run_one).collect(),
-        Jobs::AllCores => specs.par_iter().enumerate().map(run_one).collect(),
+        Jobs::AllCores => in_parallel(),
         Jobs::AtMost(n) => rayon::ThreadPoolBuilder::new()
             .num_threads(n.get())
             .build()
             .map_err(|e| Error::new(ErrorKind::Usage, format!("--jobs {n}: {e}")))?
-            .install(|| specs.par_iter().enumerate().map(run_one).collect()),
+            .install(in_parallel),
     };
 
     let mut comparison = Comparison::default();
@@ -168,6 +180,20 @@ pub fn run_specs(
     }
     comparison.runs.sort_by_key(|r| r.output.result.peak_reserved_bytes);
     Ok(comparison)
+}
+
+/// The order the replays of `specs` start in when they run in parallel: the clairvoyant
+/// policies (`offline`) first, the others as given. `offline` plans the whole trace before its
+/// replay, which makes it several times longer than any online policy's replay (its module docs
+/// give the numbers); started last, it would run alone after the others had finished, while
+/// started first it runs alongside them.
+fn start_order(specs: &[PolicySpec]) -> Vec<usize> {
+    let plans = |spec: &PolicySpec| {
+        policy::lookup(&spec.name).is_ok_and(|p| p.role == policy::Role::Clairvoyant)
+    };
+    let mut order: Vec<usize> = (0..specs.len()).collect();
+    order.sort_by_key(|&i| !plans(&specs[i]));
+    order
 }
 
 #[cfg(test)]
@@ -222,6 +248,17 @@ mod tests {
             c.runs.iter().filter(|r| r.output.events.is_some()).map(|r| r.index).collect();
         assert_eq!(recorded, [1]);
         assert_eq!(c.run_of(1).unwrap().index, 1);
+    }
+
+    #[test]
+    fn planners_start_first_and_the_others_keep_their_order() {
+        let given = specs("bound pytorch offline buddy offline:align=512 nocache");
+        assert_eq!(start_order(&given), [2, 4, 0, 1, 3, 5]);
+        let all = specs("all");
+        let order: Vec<&str> = start_order(&all).iter().map(|&i| all[i].name.as_str()).collect();
+        let online: Vec<&str> =
+            all.iter().map(|s| s.name.as_str()).filter(|&n| n != "offline").collect();
+        assert_eq!(order, [&["offline"][..], &online].concat());
     }
 
     #[test]

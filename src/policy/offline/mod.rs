@@ -39,7 +39,13 @@
 //!   real traces, so the tree is shallower and its lists merge more. A query unions about 10
 //!   non-empty lists of 4–10 runs each (the union itself has 5–12 runs) by linear merges, then
 //!   scans the gaps once (stopping at the first gap of exactly its size): 0.5–3 µs per block on the
-//!   real traces (short lifetimes cost least), where the interval tree listed 450–750 blocks. With
+//!   real traces (short lifetimes cost least), where the interval tree listed 450–750 blocks. On
+//!   a training trace repeated to 1 M events a query read 14 lists holding 290 runs, 230 of them
+//!   the `cover` of ancestors 7–12 levels down (blocks live through much of a step), which
+//!   change far less often than they are read; so the nodes down to depth 12 keep the union of
+//!   their ancestors' `cover`, recomputed from the parent's when one of those changed since
+//!   (stamps say when), and a query reads the ancestors above that depth as one list. That cut
+//!   `offline`'s instructions there by a third (10.3 G → 6.8 G) for 25 MB more memory. With
 //!   random sizes (the policy bench) runs merge much less and a query reads hundreds. `pack` counts
 //!   the overlaps first (O(n log n), from sorted starts and ends) and lists them below 48 per block
 //!   on average. Both give the offsets of the plain scan (a unit test compares them on random
@@ -56,8 +62,14 @@
 //!   build, trace load included; `bound` in brackets): `fragsim synth --steps 1060 / 5300 /
 //!   10600` traces of 1.0 M / 4.9 M / 9.9 M events, 0.78 (0.12) / 4.81 (0.80) / 8.72 (1.44) s,
 //!   peak RSS 144 / 736 / 1467 MB; ctx512-train repeated to 89 k / 223 k / 1.0 M events, 0.12 /
-//!   0.38 / 2.04 s (1.35 / 1.7 / 2.0 µs per event). There `offline` is about 60% of the
-//!   CPU time of `replay -p all`, so it sets that command's wall time on two cores.
+//!   0.38 / 2.04 s (1.35 / 1.7 / 2.0 µs per event), measured before the ancestors' cache above.
+//!   With it, on ctx512-train's text form repeated 45 times (1.0 M events), CPU seconds of a
+//!   single-policy replay, trace load included, went from 1.71 to 1.41–1.44 for `offline`,
+//!   against 0.12–0.20 for each of the others; `offline` is then about half of the summed
+//!   single-policy CPU time, and `replay -p all` starts it first (the replay engine's
+//!   `run_specs`) so that the other eight replay beside it on the second core: on two cores
+//!   `-p all` takes 54–57% of the summed single-policy times (67% before), on `synth --steps
+//!   1060` 43% (50% before). The README's performance section has the table.
 //! - The plan's peak is one address range. At the first malloc, `offline` reserves address space
 //!   for it and serves the k-th malloc from the k-th planned block when the sizes match. Memory
 //!   behind the range is mapped (in the backend's pages) only under live planned blocks: a page
