@@ -26,7 +26,9 @@ fn format_flag_and_its_aliases_print_the_same_output() {
         assert!(o.status.success(), "{args:?}: {}", stderr(&o));
         // Everything but the timings, which differ from run to run.
         let text = stdout(&o);
-        let lines = text.lines().filter(|l| !l.contains("\"replay_seconds\""));
+        let timing =
+            |l: &str| l.contains("\"replay_seconds\"") || l.contains("\"planning_seconds\"");
+        let lines = text.lines().filter(|l| !timing(l));
         let csv = args.contains(&"csv") || args.contains(&"--csv");
         lines
             .map(|l| if csv { l.rsplit_once(',').map_or(l, |(head, _)| head) } else { l })
@@ -169,4 +171,22 @@ fn an_address_reused_while_live_frees_the_old_block_first() {
     assert_eq!(r["reserved_at_end_bytes"], 0);
     assert_eq!(r["device_malloc_count"], 3);
     assert_eq!(r["device_free_count"], 3);
+}
+
+#[test]
+fn offline_reports_its_planning_time_on_its_own() {
+    let trace = bundled("gpt-4l-512h.txt");
+    let o = run(&["replay", trace.to_str().unwrap(), "-p", "offline", "-p", "pytorch", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    for r in v["results"].as_array().unwrap() {
+        let replay = r["replay_seconds"].as_f64().unwrap();
+        match r["policy"].as_str().unwrap() {
+            "offline" => {
+                let planning = r["planning_seconds"].as_f64().expect("offline plans");
+                assert!(planning > 0.0 && planning <= replay, "{r}");
+            }
+            _ => assert!(r.get("planning_seconds").is_none(), "an online policy plans: {r}"),
+        }
+    }
 }

@@ -78,6 +78,7 @@ fn traces() -> Vec<String> {
 fn untimed(mut v: Value) -> Value {
     for r in v["results"].as_array_mut().unwrap() {
         r.as_object_mut().unwrap().remove("replay_seconds");
+        r.as_object_mut().unwrap().remove("planning_seconds");
     }
     v
 }

@@ -82,6 +82,7 @@ fn csv_cells(line: &str) -> Vec<String> {
 fn without_time(mut v: serde_json::Value) -> serde_json::Value {
     for r in v["results"].as_array_mut().unwrap() {
         r.as_object_mut().unwrap().remove("replay_seconds");
+        r.as_object_mut().unwrap().remove("planning_seconds");
     }
     v
 }

@@ -89,6 +89,7 @@ fn malformed_braces_are_usage_errors_naming_the_brace() {
 fn untimed(mut v: Value) -> Value {
     for r in v["results"].as_array_mut().unwrap() {
         r.as_object_mut().unwrap().remove("replay_seconds");
+        r.as_object_mut().unwrap().remove("planning_seconds");
     }
     v
 }

@@ -88,6 +88,14 @@ pub trait Policy {
         0
     }
 
+    /// Wall-clock seconds [`Policy::prepare`] spent planning, for a policy that plans before the
+    /// first event (`offline`); `None` for an online policy. Reported on its own because a
+    /// planner's cost is its planning, which no online allocator pays (it is part of the
+    /// replay's time as well).
+    fn planning_seconds(&self) -> Option<f64> {
+        None
+    }
+
     /// The policy's memory as segments of blocks, for `--export-snapshot` and the segment map.
     fn segments(&self) -> Vec<Segment> {
         Vec::new()

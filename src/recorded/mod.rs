@@ -134,6 +134,7 @@ impl RecordedRow {
             oom: self.oom.unwrap_or(false),
             first_oom_event: self.first_oom_event,
             replay_seconds: 0.0,
+            planning_seconds: None,
             first_oom: None,
             cuda: None,
             peak_event: self.peak_event.unwrap_or(0),

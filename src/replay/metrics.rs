@@ -39,6 +39,10 @@ pub struct PolicyResult {
     pub first_oom_event: Option<u64>,
     /// Wall-clock seconds the replay took.
     pub replay_seconds: f64,
+    /// Of [`PolicyResult::replay_seconds`], the seconds a planner (`offline`) spent planning
+    /// before the first event; absent for online policies, which do not plan.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub planning_seconds: Option<f64>,
     /// The first request that could not be served, as PyTorch's OOM message describes it;
     /// absent when every request was served.
     #[serde(default, skip_serializing_if = "Option::is_none")]

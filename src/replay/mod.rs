@@ -958,6 +958,7 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
         oom: first_oom.is_some(),
         first_oom_event: first_oom.as_ref().map(|d| d.event),
         replay_seconds: started.elapsed().as_secs_f64(),
+        planning_seconds: policy.planning_seconds(),
         first_oom,
         cuda: None,
     };

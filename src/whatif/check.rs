@@ -4,11 +4,11 @@
 //!
 //! ```text
 //! { "format": "fragsim-baseline", "version": 1,
-//!   "rows": [ { "trace": "traces/run.pickle", replay's result keys, without replay_seconds } ] }
+//!   "rows": [ { "trace": "traces/run.pickle", replay's result keys, without timings } ] }
 //! ```
 //!
 //! One row per (trace, policy); rows are in the order the check ran them, and `replay_seconds`
-//! (a timing, different on every run) is left out so a re-recorded baseline only differs where
+//! and `planning_seconds` (timings, different on every run) are left out so a re-recorded baseline only differs where
 //! memory did. A `replay --json` output (`{"trace": ..., "results": [...]}`) and a
 //! `sweep --json` output (rows that carry their own `trace`) are read as baselines too.
 //!
@@ -19,7 +19,7 @@
 //! error (exit 2) naming every one missing; baseline rows nothing matched are ignored, so a job
 //! may check a subset.
 //!
-//! **Metrics.** Every numeric or boolean key of the baseline row except `replay_seconds` and
+//! **Metrics.** Every numeric or boolean key of the baseline row except the timings and
 //! `first_oom_event` (an event index, not an amount), unless the caller names the metrics. Higher
 //! is worse for all of them (bytes, counts, fragmentation; `oom` true is worse than false). A
 //! value above `baseline × (1 + tolerance)` is a regression, below `baseline × (1 − tolerance)` an
@@ -36,8 +36,10 @@ use std::path::Path;
 pub const BASELINE_FORMAT: &str = "fragsim-baseline";
 /// The baseline file version this code writes and reads.
 pub const BASELINE_VERSION: u32 = 1;
-/// Keys never compared: a wall-clock timing and an event index.
-pub const NOT_COMPARED: &[&str] = &["replay_seconds", "first_oom_event"];
+/// Keys never compared: the wall-clock timings and an event index.
+pub const NOT_COMPARED: &[&str] = &["replay_seconds", "planning_seconds", "first_oom_event"];
+/// The keys a baseline leaves out: timings, which differ from run to run.
+pub const TIMINGS: &[&str] = &["replay_seconds", "planning_seconds"];
 
 /// Results to compare against (see the module docs for the file format).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -51,13 +53,15 @@ pub struct Baseline {
 }
 
 impl Baseline {
-    /// A baseline of `rows` (what `check --update` writes), without `replay_seconds`.
+    /// A baseline of `rows` (what `check --update` writes), without the [`TIMINGS`].
     pub fn new(rows: &[Row]) -> Baseline {
         let rows = rows
             .iter()
             .map(|r| {
                 let mut r = r.clone();
-                r.result.remove("replay_seconds");
+                for key in TIMINGS {
+                    r.result.remove(*key);
+                }
                 r
             })
             .collect();
@@ -282,6 +286,7 @@ mod tests {
                 peak_reserved_bytes: peak,
                 device_malloc_count: mallocs,
                 replay_seconds: 0.25,
+                planning_seconds: Some(0.5),
                 ..PolicyResult::default()
             },
         )
@@ -296,6 +301,7 @@ mod tests {
         let now = vec![row("a.pickle", 1000, 5), row("b.pickle", 2000, 7)];
         let base = Baseline::new(&now);
         assert!(base.rows[0].result.get("replay_seconds").is_none());
+        assert!(base.rows[0].result.get("planning_seconds").is_none());
         let text = base.to_json();
         assert!(text.contains("\"format\": \"fragsim-baseline\""), "{text}");
         let back = Baseline::parse(&text, path()).unwrap();

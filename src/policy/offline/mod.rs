@@ -262,6 +262,8 @@ pub struct Offline {
     overflow_count: u64,
     /// The blocks the engine allocates before the first event, when known.
     at_start: Option<Vec<(u64, u64)>>,
+    /// Seconds the last [`Policy::prepare`] took.
+    planning_seconds: Option<f64>,
 }
 
 impl Offline {
@@ -404,6 +406,7 @@ impl Policy for Offline {
     }
 
     fn prepare(&mut self, events: &[Event]) -> Result<()> {
+        let started = std::time::Instant::now();
         let at_start = match &self.at_start {
             Some(blocks) => blocks.clone(),
             None => orphan_frees(events),
@@ -426,7 +429,12 @@ impl Policy for Offline {
         self.plan = plan;
         self.peak = peak;
         self.cursor = 0;
+        self.planning_seconds = Some(started.elapsed().as_secs_f64());
         Ok(())
+    }
+
+    fn planning_seconds(&self) -> Option<f64> {
+        self.planning_seconds
     }
 
     fn malloc<B: Backend>(
