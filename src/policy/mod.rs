@@ -29,6 +29,7 @@ pub use spec::PolicySpec;
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
+use crate::trace::lifetimes::Lifetimes;
 use crate::trace::{Event, LiveBlock, Segment, Trace};
 
 /// What a successful malloc hands out.
@@ -125,6 +126,10 @@ pub struct PolicyContext<'a> {
     pub events: &'a [Event],
     /// Blocks live before the first event, in address order (the engine allocates them first).
     pub live_at_start: &'a [LiveBlock],
+    /// The lifetime [`scan`](crate::trace::lifetimes::scan) of `events`, done once by the
+    /// engine (it finds `live_at_start` from it) so that a policy recovering a start state does
+    /// not scan every event again.
+    pub lifetimes: &'a Lifetimes,
     /// Device capacity (`--capacity`); `None` is unlimited.
     pub capacity: Option<u64>,
 }

@@ -36,9 +36,10 @@ pub use compare::{run_specs, Comparison, Jobs, RunSettings, SpecFailure, SpecRun
 pub use metrics::{OomDetail, PeakDetail, PolicyResult};
 pub use series::{Point, Series};
 // Trace semantics the engine reads, re-exported where callers have found them so far.
+use crate::trace::lifetimes::Lifetimes;
 pub use crate::trace::lifetimes::{
-    digest, empty_cache_points, free_action, live_at_start, orphan_frees, AddrHasher, AddrMap,
-    AddrSet, EmptyCacheRuns, LiveBlock,
+    digest, empty_cache_points, free_action, live_at_start, live_at_start_of, orphan_frees,
+    AddrHasher, AddrMap, AddrSet, EmptyCacheRuns, LiveBlock,
 };
 
 use crate::backend::{Backend, BackendCall, Observed, Observer, SimDevice};
@@ -65,6 +66,9 @@ pub struct ReplayInput<'a> {
     pub empty_cache_at: Vec<u64>,
     /// The action at which frees take effect (see [`free_action`]).
     pub frees_at: Action,
+    /// The lifetime scan of the events handed to policies (the loaded events, or a streamed
+    /// replay's digest), from which `live_at_start` follows; kept for [`PolicyContext`].
+    lifetimes: Lifetimes,
     /// Per event, the block it refers to, found once so that every policy's replay of loaded
     /// events follows indices instead of hashing addresses: for a free, the alloc (or
     /// live-at-start block) it frees; for an alloc, the still-live block whose address the
@@ -140,14 +144,15 @@ impl<'a> ReplayInput<'a> {
         device: i32,
         events: &'a [Event],
     ) -> Result<ReplayInput<'a>> {
-        let mut live_at_start = live_at_start(trace, device, events);
+        let lifetimes = crate::trace::lifetimes::scan(events);
+        let mut live_at_start = live_at_start_of(trace, device, &lifetimes);
         // A Kineto trace's memory live before profiling that no event frees: one opaque block
         // every policy carries, so peaks compare with the profiler's `Total Allocated`.
         // Its address is below every recorded one: first, in address order.
         if let Some(b) = crate::recorded::kineto_start::opaque_live_block(trace, device) {
             live_at_start.insert(0, b);
         }
-        let frees_at = free_action(events);
+        let frees_at = lifetimes.frees_at;
         let links = link_events(events, &live_at_start, frees_at)?;
         let mut runs = EmptyCacheRuns::default();
         for (i, e) in events.iter().enumerate() {
@@ -160,6 +165,7 @@ impl<'a> ReplayInput<'a> {
             live_at_start,
             empty_cache_at: runs.finish(),
             frees_at,
+            lifetimes,
             links,
             stream: None,
         })
@@ -199,13 +205,15 @@ impl<'a> ReplayInput<'a> {
         let digest = crate::trace::lifetimes::digest(trace, device, frees_at, |limit, f| {
             file.each_event(device, limit, false, f)
         })?;
+        let lifetimes = crate::trace::lifetimes::scan(&digest);
         Ok(ReplayInput {
             trace,
             device,
             events: &[],
-            live_at_start: live_at_start(trace, device, &digest),
+            live_at_start: live_at_start_of(trace, device, &lifetimes),
             empty_cache_at: runs.finish(),
             frees_at,
+            lifetimes,
             links: Vec::new(),
             stream: Some(Streamed {
                 file,
@@ -283,6 +291,7 @@ impl<'a> ReplayInput<'a> {
             device: self.device,
             events: self.stream.as_ref().map_or(self.events, |s| &s.digest),
             live_at_start: &self.live_at_start,
+            lifetimes: &self.lifetimes,
             capacity: options.capacity,
         }
     }

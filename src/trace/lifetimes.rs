@@ -68,7 +68,13 @@ pub fn scan(events: &[Event]) -> Lifetimes {
 /// The blocks live at the first of `events`, in address order: orphan frees, and blocks that
 /// the final segments of `device` in `trace` show allocated but that no event allocated.
 pub fn live_at_start(trace: &Trace, device: i32, events: &[Event]) -> Vec<LiveBlock> {
-    let Lifetimes { mut orphans, allocated, .. } = scan(events);
+    live_at_start_of(trace, device, &scan(events))
+}
+
+/// [`live_at_start`] from the [`scan`] of the events, for a caller that keeps the scan.
+pub fn live_at_start_of(trace: &Trace, device: i32, lifetimes: &Lifetimes) -> Vec<LiveBlock> {
+    let Lifetimes { orphans, allocated, .. } = lifetimes;
+    let mut orphans = orphans.clone();
     let orphaned: AddrSet = orphans.iter().map(|b| b.addr).collect();
     for seg in trace.segments_of(device) {
         for b in &seg.blocks {

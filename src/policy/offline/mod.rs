@@ -695,6 +695,7 @@ mod tests {
                 device: 0,
                 events: &events,
                 live_at_start: &[],
+                lifetimes: &crate::trace::lifetimes::scan(&events),
                 capacity: None,
             };
             // Every registered policy, built from its registration with default options.

@@ -232,7 +232,9 @@ impl PyTorch {
         {
             return self;
         }
-        let start = start::StartState::recover(trace, context.device, context.events, &self.config);
+        let (events, lifetimes) = (context.events, context.lifetimes);
+        let start =
+            start::StartState::recover_from(trace, context.device, events, lifetimes, &self.config);
         if !start.expandable && !start.segments.is_empty() {
             self.start = Some(Box::new(start));
         }

@@ -23,7 +23,8 @@
 use super::config::{Config, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE};
 use super::{MappedRange, PyTorch, Tiling};
 use crate::error::Result;
-use crate::trace::{lifetimes, Action, BlockState, Event, Trace};
+use crate::trace::lifetimes::{self, Lifetimes};
+use crate::trace::{Action, BlockState, Event, Trace};
 use std::collections::BTreeMap;
 
 /// An expandable reservation at the first event: (base, VA size, stream, small pool).
@@ -86,6 +87,18 @@ pub struct StartState {
 impl StartState {
     /// Recovers the state of `device` at the first of `events` under `config`.
     pub fn recover(trace: &Trace, device: i32, events: &[Event], config: &Config) -> StartState {
+        StartState::recover_from(trace, device, events, &lifetimes::scan(events), config)
+    }
+
+    /// [`StartState::recover`] with the events' lifetime [`scan`](lifetimes::scan) already done
+    /// (a replay's [`PolicyContext::lifetimes`](crate::policy::PolicyContext::lifetimes)).
+    pub fn recover_from(
+        trace: &Trace,
+        device: i32,
+        events: &[Event],
+        lifetimes: &Lifetimes,
+        config: &Config,
+    ) -> StartState {
         // Segments: undo segment events from the dump backwards.
         let mut segs: BTreeMap<u64, (u64, u64, bool)> = BTreeMap::new();
         // Mapped expandable bytes, page-granular pieces: addr -> (size, stream, small).
@@ -120,7 +133,8 @@ impl StartState {
                 }
             }
         }
-        for e in events.iter().rev().filter(|e| fits(e.addr, e.size)) {
+        let segment_events = events.iter().rev().filter(|e| e.action.is_segment_event());
+        for e in segment_events.filter(|e| fits(e.addr, e.size)) {
             match e.action {
                 Action::SegmentAlloc => {
                     segs.remove(&e.addr);
@@ -141,8 +155,7 @@ impl StartState {
             }
         }
         // Live blocks: final blocks no alloc produced, and orphan frees.
-        let lifetimes = lifetimes::scan(events);
-        let allocated_in_trace = lifetimes.allocated;
+        let allocated_in_trace = &lifetimes.allocated;
         let orphans = lifetimes.orphans.iter().map(|b| (b.addr, b.size));
         let mut segments: Vec<StartSegment> = segs
             .iter()
