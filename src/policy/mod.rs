@@ -128,7 +128,9 @@ pub struct PolicyContext<'a> {
     pub live_at_start: &'a [LiveBlock],
     /// The lifetime [`scan`](crate::trace::lifetimes::scan) of `events`, done once by the
     /// engine (it finds `live_at_start` from it) so that a policy recovering a start state does
-    /// not scan every event again.
+    /// not scan every event again. Its `allocated` set is kept only where the trace has final
+    /// segments for the device (the only case a start state is recovered from); elsewhere it is
+    /// empty.
     pub lifetimes: &'a Lifetimes,
     /// Device capacity (`--capacity`); `None` is unlimited.
     pub capacity: Option<u64>,

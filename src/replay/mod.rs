@@ -144,8 +144,14 @@ impl<'a> ReplayInput<'a> {
         device: i32,
         events: &'a [Event],
     ) -> Result<ReplayInput<'a>> {
-        let lifetimes = crate::trace::lifetimes::scan(events);
+        let mut lifetimes = crate::trace::lifetimes::scan(events);
         let mut live_at_start = live_at_start_of(trace, device, &lifetimes);
+        // Only a recorded start state is recovered from the scan again, and only where final
+        // segments show one: elsewhere the set of every allocated address (as large as the
+        // trace's distinct addresses) is freed before the links are built.
+        if trace.segments_of(device).next().is_none() {
+            lifetimes.allocated = AddrSet::default();
+        }
         // A Kineto trace's memory live before profiling that no event frees: one opaque block
         // every policy carries, so peaks compare with the profiler's `Total Allocated`.
         // Its address is below every recorded one: first, in address order.
