@@ -24,7 +24,6 @@ use crate::error::Result;
 use crate::replay::{free_action, live_at_start, AddrMap, LiveBlock, Point, PolicyResult, Series};
 use crate::trace::{Action, Event, Format, Trace};
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
 
 /// The name the recorded run goes by beside the policies (`replay`, `report`, JSON).
 pub const POLICY_NAME: &str = "recorded";
@@ -199,12 +198,7 @@ where
     let mut index: Vec<u64> = Vec::new();
     // Whether the next plain event is kept: right after a non-plain one, or inside a release run.
     let (mut after_other, mut in_run) = (false, false);
-    let mut live: AddrMap<u64> = AddrMap::default();
-    for b in live_at_start {
-        live.insert(b.addr, b.size);
-    }
-    let mut now: u64 = live_at_start.iter().map(|b| b.size).sum();
-    let mut peak_requested = now;
+    let mut requested = Requested::new(live_at_start);
     walk(&mut |i, e| {
         if !plain(e.action) || after_other || (in_run && e.action == Action::FreeCompleted) {
             kept.push(*e);
@@ -212,15 +206,7 @@ where
         }
         after_other = !plain(e.action);
         in_run = releases(e.action) || (in_run && e.action == Action::FreeCompleted);
-        match e.action {
-            Action::Alloc if e.size > 0 => {
-                now -= live.insert(e.addr, e.size).unwrap_or(0);
-                now += e.size;
-                peak_requested = peak_requested.max(now);
-            }
-            a if a == frees_at => now -= live.remove(&e.addr).unwrap_or(0),
-            _ => {}
-        }
+        requested.push(e, frees_at);
         Ok(())
     })?;
     let compact = Trace {
@@ -234,7 +220,7 @@ where
     };
     let events = &compact.devices[0].events;
     let mut r = from_snapshot(&compact, device, events);
-    r.peak_requested_bytes = Some(peak_requested);
+    r.peak_requested_bytes = Some(requested.peak);
     let (mut row, mut l) = r.row_and_limit(&compact);
     let at = |k: u64| index.get(k as usize).copied().unwrap_or(k);
     row.peak_event =
@@ -323,22 +309,44 @@ fn from_snapshot(trace: &Trace, device: i32, events: &[Event]) -> Recorded {
 /// the replay engine does).
 fn peak_requested(trace: &Trace, device: i32, events: &[Event]) -> u64 {
     let frees_at = free_action(events);
-    let mut live: HashMap<u64, u64> =
-        live_at_start(trace, device, events).iter().map(|b| (b.addr, b.size)).collect();
-    let mut now: u64 = live.values().sum();
-    let mut peak = now;
+    let mut requested = Requested::new(&live_at_start(trace, device, events));
     for e in events {
+        requested.push(e, frees_at);
+    }
+    requested.peak
+}
+
+/// Live request bytes followed event by event, and their peak.
+struct Requested {
+    live: AddrMap<u64>,
+    now: u64,
+    peak: u64,
+}
+
+impl Requested {
+    /// Starting with the blocks live at the first event.
+    fn new(live_at_start: &[LiveBlock]) -> Requested {
+        let mut live: AddrMap<u64> = AddrMap::default();
+        let mut now = 0;
+        for b in live_at_start {
+            now -= live.insert(b.addr, b.size).unwrap_or(0);
+            now += b.size;
+        }
+        Requested { live, now, peak: now }
+    }
+
+    /// Takes the next event; frees take effect at `frees_at`.
+    fn push(&mut self, e: &Event, frees_at: Action) {
         match e.action {
             Action::Alloc if e.size > 0 => {
-                now -= live.insert(e.addr, e.size).unwrap_or(0);
-                now += e.size;
-                peak = peak.max(now);
+                self.now -= self.live.insert(e.addr, e.size).unwrap_or(0);
+                self.now += e.size;
+                self.peak = self.peak.max(self.now);
             }
-            a if a == frees_at => now -= live.remove(&e.addr).unwrap_or(0),
+            a if a == frees_at => self.now -= self.live.remove(&e.addr).unwrap_or(0),
             _ => {}
         }
     }
-    peak
 }
 
 /// The figures from Kineto's recorded totals.
