@@ -75,14 +75,6 @@ fn traces() -> Vec<String> {
         .to_vec()
 }
 
-fn untimed(mut v: Value) -> Value {
-    for r in v["results"].as_array_mut().unwrap() {
-        r.as_object_mut().unwrap().remove("replay_seconds");
-        r.as_object_mut().unwrap().remove("planning_seconds");
-    }
-    v
-}
-
 /// Checks that `out` holds `sweep.json` and `sweep.txt` equal to the unsharded sweep's.
 fn assert_merged_equals_unsharded(out: &Path) {
     let traces = traces();

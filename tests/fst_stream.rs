@@ -232,11 +232,7 @@ fn comparable(o: &std::process::Output) -> serde_json::Value {
     assert!(o.status.success(), "{}", crate::util::stderr(o));
     let mut v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
     v["trace"] = serde_json::Value::Null;
-    for r in v["results"].as_array_mut().expect("results") {
-        r["replay_seconds"] = serde_json::Value::Null;
-        r["planning_seconds"] = serde_json::Value::Null;
-    }
-    v
+    crate::util::untimed(v)
 }
 
 #[test]

@@ -234,7 +234,7 @@ fn info_json_carries_the_live_at_start_blocks_and_the_peak_with_them() {
 /// file's; a snapshot's `.fst` streams, and its recording is recovered as it streams).
 #[test]
 fn a_converted_fst_replays_exactly_as_its_source() {
-    use crate::util::{run, stderr, stdout};
+    use crate::util::{run, stderr, stdout, untimed};
     let dir = tempfile::tempdir().unwrap();
     let json = |path: &str, policies: &[&str]| {
         let mut args = vec!["replay", path, "--json", "--quiet"];
@@ -243,11 +243,7 @@ fn a_converted_fst_replays_exactly_as_its_source() {
         }
         let out = run(&args);
         assert!(out.status.success(), "{path}: {}", stderr(&out));
-        let mut v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
-        for r in v["results"].as_array_mut().unwrap() {
-            r.as_object_mut().unwrap().remove("replay_seconds");
-            r.as_object_mut().unwrap().remove("planning_seconds");
-        }
+        let mut v = untimed(serde_json::from_str(&stdout(&out)).unwrap());
         let v = v.as_object_mut().unwrap();
         v.remove("trace");
         v.remove("format");

@@ -78,15 +78,6 @@ fn csv_cells(line: &str) -> Vec<String> {
     cells
 }
 
-/// The results as `replay --json` gives them, replay time left out (it differs run to run).
-fn without_time(mut v: serde_json::Value) -> serde_json::Value {
-    for r in v["results"].as_array_mut().unwrap() {
-        r.as_object_mut().unwrap().remove("replay_seconds");
-        r.as_object_mut().unwrap().remove("planning_seconds");
-    }
-    v
-}
-
 /// Checks that results.json equals `replay --json` on the same trace and policies, and that
 /// results.csv holds the same numbers under the same keys. Returns the JSON.
 fn assert_results_agree_with_replay(trace: &Path, dir: &Path) -> serde_json::Value {
@@ -102,7 +93,7 @@ fn assert_results_agree_with_replay(trace: &Path, dir: &Path) -> serde_json::Val
     let o = fragsim().args(&args).output().unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
     let replayed: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
-    assert_eq!(without_time(json.clone()), without_time(replayed));
+    assert_eq!(untimed(json.clone()), untimed(replayed));
 
     let csv = std::fs::read_to_string(dir.join("results.csv")).unwrap();
     let mut lines = csv.lines();

@@ -69,3 +69,15 @@ pub fn temp_file(name: &str, contents: &[u8]) -> (tempfile::TempDir, PathBuf) {
     std::fs::write(&path, contents).expect("write temp file");
     (dir, path)
 }
+
+/// A `replay --json` or `sweep --json` output without its timings
+/// ([`fragsim::whatif::check::TIMINGS`]), which differ from run to run of the same results.
+pub fn untimed(mut v: serde_json::Value) -> serde_json::Value {
+    for r in v["results"].as_array_mut().expect("results").iter_mut() {
+        let r = r.as_object_mut().expect("a result object");
+        for key in fragsim::whatif::check::TIMINGS {
+            r.remove(*key);
+        }
+    }
+    v
+}

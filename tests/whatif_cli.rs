@@ -85,15 +85,6 @@ fn malformed_braces_are_usage_errors_naming_the_brace() {
     assert!(stderr(&out).contains("unknown result key 'peak'"), "{}", stderr(&out));
 }
 
-/// A sweep's JSON without its timings.
-fn untimed(mut v: Value) -> Value {
-    for r in v["results"].as_array_mut().unwrap() {
-        r.as_object_mut().unwrap().remove("replay_seconds");
-        r.as_object_mut().unwrap().remove("planning_seconds");
-    }
-    v
-}
-
 #[test]
 fn merged_shards_equal_the_unsharded_sweep_and_other_grids_are_refused() {
     let a = real_trace("cs336-lm-step-c.pickle");

@@ -36,10 +36,10 @@ use std::path::Path;
 pub const BASELINE_FORMAT: &str = "fragsim-baseline";
 /// The baseline file version this code writes and reads.
 pub const BASELINE_VERSION: u32 = 1;
-/// Keys never compared: the wall-clock timings and an event index.
+/// Keys never compared: the wall-clock [`TIMINGS`] and an event index.
 pub const NOT_COMPARED: &[&str] = &["replay_seconds", "planning_seconds", "first_oom_event"];
-/// The keys a baseline leaves out: timings, which differ from run to run.
-pub const TIMINGS: &[&str] = &["replay_seconds", "planning_seconds"];
+/// The result keys that are timings, which differ from run to run: a baseline leaves them out.
+pub const TIMINGS: &[&str] = NOT_COMPARED.split_at(2).0;
 
 /// Results to compare against (see the module docs for the file format).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
