@@ -113,7 +113,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     };
     let named = super::in_trace(path, trace);
     let (recorded_row, limit) = match &stream {
-        Some(file) if input.is_streamed() => fragsim::recorded::row_and_limit_streamed(
+        Some(file) => fragsim::recorded::row_and_limit_streamed(
             trace,
             input.device,
             &input.live_at_start,
