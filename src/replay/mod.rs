@@ -8,8 +8,9 @@
 //!
 //! The events come from memory ([`ReplayInput::new`]) or stream from a version 3 `.fst` file
 //! ([`ReplayInput::streamed`]), the same engine consuming them in order either way. Loaded
-//! events are linked once (each free to its alloc, by index) so every policy's replay follows
-//! indices instead of hashing addresses. Streamed events are never all held: two pre-passes over
+//! events are given slots once (each block a small index, shared by its alloc and its free) so
+//! every policy's replay follows indices into a table as long as the most blocks live at once,
+//! instead of hashing addresses. Streamed events are never all held: two pre-passes over
 //! the file find where frees take effect, the recorded `empty_cache()` calls (as sorted indices)
 //! and the few events that decide the blocks live at the start ([`digest`]), in memory that
 //! follows the live blocks; each policy's replay then reads the file again and finds a free's
@@ -69,12 +70,10 @@ pub struct ReplayInput<'a> {
     /// The lifetime scan of the events handed to policies (the loaded events, or a streamed
     /// replay's digest), from which `live_at_start` follows; kept for [`PolicyContext`].
     lifetimes: Lifetimes,
-    /// Per event, the block it refers to, found once so that every policy's replay of loaded
-    /// events follows indices instead of hashing addresses: for a free, the alloc (or
-    /// live-at-start block) it frees; for an alloc, the still-live block whose address the
-    /// recording reused (its free was not recorded). See [`Link`]. Empty when streamed: that
-    /// replay keeps a map of the live blocks instead ([`Keyed`]).
-    links: Vec<u32>,
+    /// Per event, the slot of the block it refers to, found once so that every policy's replay
+    /// of loaded events follows small indices instead of hashing addresses. See [`Slots`]. Empty
+    /// when streamed: that replay keeps a map of the live blocks instead ([`Keyed`]).
+    slots: Slots,
     /// The file the events stream from, if they are not loaded.
     stream: Option<Streamed<'a>>,
 }
@@ -92,40 +91,70 @@ struct Streamed<'a> {
     digest: Vec<Event>,
 }
 
-/// How [`ReplayInput`] encodes a reference to a block: an event index, a live-at-start block
-/// (`START | k`), or [`Link::NONE`].
-struct Link;
-
-impl Link {
-    const NONE: u32 = u32::MAX;
-    const START: u32 = 1 << 31;
+/// Where each block of a loaded replay lives while it is live: a slot, numbered so that a
+/// replay's table of slots is as long as the most blocks live at once, not as the trace.
+/// Live-at-start block `k` starts in slot `k`; an alloc takes the slot released last (or a new
+/// one); the free that takes effect releases it. An alloc that reuses the address of a block still
+/// live (its free was not recorded) takes that block's slot, marked [`Slots::DISPLACES`]: the
+/// engine frees the block there first.
+///
+/// Why slots and not the index of the alloc a free pairs with: a table indexed by event is as
+/// long as the trace, and a free reads it (and the alloc event, for the request size) far from
+/// where the replay is, a cache miss on every free of a long trace; the slot table stays small.
+#[derive(Default)]
+struct Slots {
+    /// Per event: its slot (alloc and free) or [`Slots::NONE`].
+    of_event: Vec<u32>,
+    /// Number of slots the replay uses.
+    count: usize,
 }
 
-/// Pairs each free with the block it frees, and each alloc with the live block it displaces.
-fn link_events(
-    events: &[Event],
-    live_at_start: &[LiveBlock],
-    frees_at: Action,
-) -> Result<Vec<u32>> {
-    if events.len() >= Link::START as usize || live_at_start.len() >= Link::START as usize {
-        return Err(Error::input(format!(
-            "{} events are more than one replay can index",
-            events.len()
-        )));
-    }
-    let mut live: AddrMap<u32> = AddrMap::default();
-    for (k, b) in live_at_start.iter().enumerate() {
-        live.insert(b.addr, Link::START | k as u32);
-    }
-    let mut links = vec![Link::NONE; events.len()];
-    for (i, e) in events.iter().enumerate() {
-        if e.action == Action::Alloc && e.size > 0 {
-            links[i] = live.insert(e.addr, i as u32).unwrap_or(Link::NONE);
-        } else if e.action == frees_at {
-            links[i] = live.remove(&e.addr).unwrap_or(Link::NONE);
+impl Slots {
+    /// No slot: not an alloc or a free that takes effect, or a free of an address not live.
+    const NONE: u32 = u32::MAX;
+    /// On an alloc's slot: the slot still holds the block whose address the alloc reuses.
+    const DISPLACES: u32 = 1 << 31;
+
+    /// Assigns the slots of `events`, with the blocks of `live_at_start` live first.
+    fn assign(events: &[Event], live_at_start: &[LiveBlock], frees_at: Action) -> Result<Slots> {
+        if events.len() >= Slots::DISPLACES as usize
+            || live_at_start.len() >= Slots::DISPLACES as usize
+        {
+            return Err(Error::input(format!(
+                "{} events are more than one replay can index",
+                events.len()
+            )));
         }
+        let mut live: AddrMap<u32> = AddrMap::default();
+        for (k, b) in live_at_start.iter().enumerate() {
+            live.insert(b.addr, k as u32);
+        }
+        let mut count = live_at_start.len() as u32;
+        // Released slots, the last released on top: reused while still in cache.
+        let mut spare: Vec<u32> = Vec::new();
+        let mut of_event = vec![Slots::NONE; events.len()];
+        for (i, e) in events.iter().enumerate() {
+            if e.action == Action::Alloc && e.size > 0 {
+                of_event[i] = match live.get(&e.addr) {
+                    Some(&held) => held | Slots::DISPLACES,
+                    None => {
+                        let slot = spare.pop().unwrap_or_else(|| {
+                            count += 1;
+                            count - 1
+                        });
+                        live.insert(e.addr, slot);
+                        slot
+                    }
+                };
+            } else if e.action == frees_at {
+                if let Some(slot) = live.remove(&e.addr) {
+                    of_event[i] = slot;
+                    spare.push(slot);
+                }
+            }
+        }
+        Ok(Slots { of_event, count: count as usize })
     }
-    Ok(links)
 }
 
 impl<'a> ReplayInput<'a> {
@@ -148,7 +177,7 @@ impl<'a> ReplayInput<'a> {
         let mut live_at_start = live_at_start_of(trace, device, &lifetimes);
         // Only a recorded start state is recovered from the scan again, and only where final
         // segments show one: elsewhere the set of every allocated address (as large as the
-        // trace's distinct addresses) is freed before the links are built.
+        // trace's distinct addresses) is freed before the slots are assigned.
         if trace.segments_of(device).next().is_none() {
             lifetimes.allocated = AddrSet::default();
         }
@@ -159,7 +188,7 @@ impl<'a> ReplayInput<'a> {
             live_at_start.insert(0, b);
         }
         let frees_at = lifetimes.frees_at;
-        let links = link_events(events, &live_at_start, frees_at)?;
+        let slots = Slots::assign(events, &live_at_start, frees_at)?;
         let mut runs = EmptyCacheRuns::default();
         for (i, e) in events.iter().enumerate() {
             runs.push(i as u64, e.action);
@@ -172,7 +201,7 @@ impl<'a> ReplayInput<'a> {
             empty_cache_at: runs.finish(),
             frees_at,
             lifetimes,
-            links,
+            slots,
             stream: None,
         })
     }
@@ -220,7 +249,7 @@ impl<'a> ReplayInput<'a> {
             empty_cache_at: runs.finish(),
             frees_at,
             lifetimes,
-            links: Vec::new(),
+            slots: Slots::default(),
             stream: Some(Streamed {
                 file,
                 events: file.events_of(device).unwrap_or(0),
@@ -564,7 +593,7 @@ impl Observer for Metered {
     }
 }
 
-/// How the engine finds the policy's block for a recorded address: by the precomputed links of
+/// How the engine finds the policy's block for a recorded address: by the precomputed slots of
 /// loaded events ([`Indexed`]), or in a map of the live blocks when the events stream
 /// ([`Keyed`]). Both give the same answers; a block is the policy's address and the request size.
 trait Blocks {
@@ -590,15 +619,11 @@ enum Freed {
     Orphan,
 }
 
-/// [`Blocks`] of loaded events: the policy's address of each live block, per alloc event and
-/// per live-at-start block, [`Indexed::EMPTY`] when not live (never allocated, failed, or
-/// freed), found through [`ReplayInput`]'s links.
+/// [`Blocks`] of loaded events: per [`Slots`] slot, the policy's address and the request size of
+/// the block there, [`Indexed::EMPTY`] when none is live (never allocated, failed, or freed).
 struct Indexed<'r> {
-    by_event: Vec<u64>,
-    at_start: Vec<u64>,
-    links: &'r [u32],
-    events: &'r [Event],
-    live_at_start: &'r [LiveBlock],
+    table: Vec<(u64, u64)>,
+    of_event: &'r [u32],
 }
 
 impl<'r> Indexed<'r> {
@@ -606,57 +631,50 @@ impl<'r> Indexed<'r> {
 
     fn new(input: &'r ReplayInput) -> Indexed<'r> {
         Indexed {
-            by_event: vec![Self::EMPTY; input.events.len()],
-            at_start: vec![Self::EMPTY; input.live_at_start.len()],
-            links: &input.links,
-            events: input.events,
-            live_at_start: &input.live_at_start,
+            table: vec![(Self::EMPTY, 0); input.slots.count],
+            of_event: &input.slots.of_event,
         }
     }
 
-    /// The link of event `i`.
+    /// The slot of event `i`, with its flag.
     #[inline]
-    fn link(&self, i: usize) -> u32 {
-        self.links.get(i).copied().unwrap_or(Link::NONE)
+    fn slot(&self, i: usize) -> u32 {
+        self.of_event.get(i).copied().unwrap_or(Slots::NONE)
     }
 
-    /// Takes the block a [`Link`] names: `None` for no slot, [`Self::EMPTY`] for a dead one.
+    /// Empties slot `slot` (no flag): what it held.
     #[inline]
-    fn take(&mut self, link: u32) -> Option<(u64, u64)> {
-        let (slot, request) = match link {
-            Link::NONE => return None,
-            l if l & Link::START != 0 => {
-                let k = (l & !Link::START) as usize;
-                (self.at_start.get_mut(k)?, self.live_at_start.get(k).map_or(0, |b| b.size))
-            }
-            l => (
-                self.by_event.get_mut(l as usize)?,
-                self.events.get(l as usize).map_or(0, |e| e.size),
-            ),
-        };
-        Some((std::mem::replace(slot, Self::EMPTY), request))
+    fn take(&mut self, slot: u32) -> Option<(u64, u64)> {
+        let entry = self.table.get_mut(slot as usize)?;
+        Some(std::mem::replace(entry, (Self::EMPTY, 0)))
     }
 }
 
 impl Blocks for Indexed<'_> {
-    fn started(&mut self, k: usize, _: &LiveBlock, addr: Option<u64>) {
-        if let Some(a) = addr {
-            self.at_start[k] = a;
+    fn started(&mut self, k: usize, block: &LiveBlock, addr: Option<u64>) {
+        if let (Some(a), Some(entry)) = (addr, self.table.get_mut(k)) {
+            *entry = (a, block.size);
         }
     }
     #[inline]
     fn displaced(&mut self, i: usize, _: &Event) -> Option<(u64, u64)> {
-        self.take(self.link(i)).filter(|b| b.0 != Self::EMPTY)
+        match self.slot(i) {
+            s if s != Slots::NONE && s & Slots::DISPLACES != 0 => {
+                self.take(s & !Slots::DISPLACES).filter(|b| b.0 != Self::EMPTY)
+            }
+            _ => None,
+        }
     }
     #[inline]
-    fn allocated(&mut self, i: usize, _: &Event, addr: Option<u64>) {
-        if let Some(a) = addr {
-            self.by_event[i] = a;
+    fn allocated(&mut self, i: usize, e: &Event, addr: Option<u64>) {
+        let slot = self.slot(i) & !Slots::DISPLACES;
+        if let (Some(a), Some(entry)) = (addr, self.table.get_mut(slot as usize)) {
+            *entry = (a, e.size);
         }
     }
     #[inline]
     fn freed(&mut self, i: usize, _: &Event) -> Freed {
-        match self.take(self.link(i)) {
+        match self.take(self.slot(i)) {
             None => Freed::Orphan,
             Some((Self::EMPTY, _)) => Freed::Never,
             Some((a, request)) => Freed::Block(a, request),
@@ -734,7 +752,7 @@ fn log_free(log: &mut Option<Vec<Event>>, addr: u64, request: u64, at: &Event) {
     }
 }
 
-/// The generic engine; see the module docs. Loaded events follow [`ReplayInput`]'s links,
+/// The generic engine; see the module docs. Loaded events follow [`ReplayInput`]'s slots,
 /// streamed ones a map of the live blocks.
 fn run<P: Policy, B: Backend>(
     name: &str,
