@@ -37,6 +37,10 @@ pub struct Lifetimes {
     pub orphans: Vec<LiveBlock>,
     /// Every address an `alloc` event names.
     pub allocated: AddrSet,
+    /// The index of every segment event (`segment_alloc`, `_free`, `_map`, `_unmap`), in trace
+    /// order: the few events a start-state recovery walks, found here so that it does not read
+    /// every event again.
+    pub segment_events: Vec<usize>,
 }
 
 /// The one orphan-free scan: finds where frees take effect, the orphan frees in trace order, and
@@ -46,7 +50,8 @@ pub fn scan(events: &[Event]) -> Lifetimes {
     let mut allocated = AddrSet::default();
     let mut orphaned = AddrSet::default();
     let mut orphans = Vec::new();
-    for e in events {
+    let mut segment_events = Vec::new();
+    for (i, e) in events.iter().enumerate() {
         match e.action {
             Action::Alloc => {
                 allocated.insert(e.addr);
@@ -59,10 +64,11 @@ pub fn scan(events: &[Event]) -> Lifetimes {
                     freed_in_trace: true,
                 });
             }
+            a if a.is_segment_event() => segment_events.push(i),
             _ => {}
         }
     }
-    Lifetimes { frees_at, orphans, allocated }
+    Lifetimes { frees_at, orphans, allocated, segment_events }
 }
 
 /// The blocks live at the first of `events`, in address order: orphan frees, and blocks that

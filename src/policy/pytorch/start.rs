@@ -133,8 +133,9 @@ impl StartState {
                 }
             }
         }
-        let segment_events = events.iter().rev().filter(|e| e.action.is_segment_event());
-        for e in segment_events.filter(|e| fits(e.addr, e.size)) {
+        let segment_events: Vec<&Event> =
+            lifetimes.segment_events.iter().filter_map(|&i| events.get(i)).collect();
+        for e in segment_events.iter().rev().filter(|e| fits(e.addr, e.size)) {
             match e.action {
                 Action::SegmentAlloc => {
                     segs.remove(&e.addr);
@@ -168,7 +169,7 @@ impl StartState {
                 live: Vec::new(),
             })
             .collect();
-        let (ranges, reservations) = reservations(&mapped, events, config);
+        let (ranges, reservations) = reservations(&mapped, &segment_events, config);
         segments.extend(ranges);
         segments.sort_by_key(|s| s.addr);
         let find = |segments: &[StartSegment], addr: u64| {
@@ -376,7 +377,7 @@ fn pool_near(
 /// byte or at the lowest address the trace later maps within reach below it.
 fn reservations(
     mapped: &BTreeMap<u64, (u64, u64, bool)>,
-    events: &[Event],
+    segment_events: &[&Event],
     config: &Config,
 ) -> (Vec<StartSegment>, Vec<Reservation>) {
     let mut ranges: Vec<StartSegment> = Vec::new();
@@ -407,7 +408,7 @@ fn reservations(
             continue;
         }
         let end = r.addr + r.size;
-        let base = events
+        let base = segment_events
             .iter()
             .filter(|e| {
                 e.action == Action::SegmentMap
