@@ -355,7 +355,7 @@ impl PyTorch {
     }
 
     /// Puts a free mapped block into its pool's free set (GC base reset).
-    #[inline]
+    #[inline(always)]
     fn insert_free(&mut self, id: u32) {
         let b = self.b(id);
         let (sid, size, ptr, p) = (b.sid, b.size, b.ptr, pool_index(b.small));
@@ -394,7 +394,7 @@ impl PyTorch {
     }
 
     /// `get_free_block` (§4): best fit on the request's stream, then the oversize rules.
-    #[inline]
+    #[inline(always)]
     fn get_free_block(&mut self, stream: u64, size: u64, small: bool) -> Option<u32> {
         let p = pool_index(small);
         if self.gc_enabled() {
@@ -463,6 +463,7 @@ impl PyTorch {
     }
 
     /// `alloc_found_block` (§5): splits off the low part if asked and hands it out.
+    #[inline(always)]
     fn alloc_found_block(&mut self, id: u32, size: u64, request: u64, split: bool) -> Allocation {
         let mut id = id;
         if split {
@@ -538,7 +539,7 @@ impl PyTorch {
     }
 
     /// `free_block` (§6.3): merge with free neighbours and return to the free set.
-    #[inline]
+    #[inline(always)]
     fn free_block(&mut self, id: u32) {
         let (prev, next) = (self.b(id).prev, self.b(id).next);
         self.try_merge(id, prev);

@@ -116,6 +116,31 @@ impl Stream {
     }
 }
 
+/// Puts (size, ptr, id) in its place in bucket `v`, where it is not the smallest entry; false
+/// when the bucket had (size, ptr) already (its id is replaced). Out of line: the less common
+/// path of [`FreeSet::insert`] (a quarter of the inserts on a training trace).
+#[inline(never)]
+fn insert_sorted(v: &mut Vec<Entry>, size: u64, ptr: u64, id: u32) -> bool {
+    let i = at_or_after(v, size, ptr);
+    if i > 0 && (v[i - 1].0, v[i - 1].1) == (size, ptr) {
+        v[i - 1].2 = id;
+        return false;
+    }
+    v.insert(i, (size, ptr, id));
+    true
+}
+
+/// Removes (size, ptr) from bucket `v`, where it is not the last entry: its id, if it was
+/// there. Out of line, as [`insert_sorted`].
+#[inline(never)]
+fn remove_sorted(v: &mut Vec<Entry>, size: u64, ptr: u64) -> Option<u32> {
+    let i = at_or_after(v, size, ptr).checked_sub(1)?;
+    if v[i].0 != size || v[i].1 != ptr {
+        return None;
+    }
+    Some(v.remove(i).2)
+}
+
 /// In a bucket sorted in descending order, the number of entries ≥ (size, ptr): the index of
 /// the first one below it.
 #[inline]
@@ -132,11 +157,11 @@ pub(super) struct FreeSet {
 
 impl FreeSet {
     /// Adds block `id` of `size` bytes at `ptr` on stream `sid`.
-    #[inline]
+    #[inline(always)] // every free and every split: the common case is a few instructions
     pub(super) fn insert(&mut self, sid: u16, size: u64, ptr: u64, id: u32) {
         let sid = sid as usize;
         if self.streams.len() <= sid {
-            self.streams.resize_with(sid + 1, Stream::default);
+            self.add_streams(sid);
         }
         let s = &mut self.streams[sid];
         let b = bucket(size);
@@ -144,16 +169,18 @@ impl FreeSet {
         if v.last().is_none_or(|&(sz, p, _)| (sz, p) > (size, ptr)) {
             // The new smallest entry: it goes last, with no search and nothing moved.
             v.push((size, ptr, id));
-        } else {
-            let i = at_or_after(v, size, ptr);
-            if i > 0 && (v[i - 1].0, v[i - 1].1) == (size, ptr) {
-                v[i - 1].2 = id;
-                return;
-            }
-            v.insert(i, (size, ptr, id));
+        } else if !insert_sorted(v, size, ptr, id) {
+            return; // already there: its id replaced
         }
         s.nonempty[b / 64] |= 1 << (b % 64);
         self.len += 1;
+    }
+
+    /// Makes room for stream `sid`: the first block of a new stream.
+    #[cold]
+    #[inline(never)]
+    fn add_streams(&mut self, sid: usize) {
+        self.streams.resize_with(sid + 1, Stream::default);
     }
 
     /// Removes the block of `size` bytes at `ptr` on stream `sid`; its id, if it was there.
@@ -169,13 +196,7 @@ impl FreeSet {
                 v.pop();
                 id
             }
-            _ => {
-                let i = at_or_after(v, size, ptr).checked_sub(1)?;
-                if v[i].0 != size || v[i].1 != ptr {
-                    return None;
-                }
-                v.remove(i).2
-            }
+            _ => remove_sorted(v, size, ptr)?,
         };
         if v.is_empty() {
             s.nonempty[b / 64] &= !(1 << (b % 64));
