@@ -435,10 +435,11 @@ impl EmptyCachePlan {
         self.every.is_none_or(|n| n == 0) && self.at.is_empty() && !self.drop_recorded
     }
 
-    /// True when the plan adds a call after event `index`.
-    fn adds_after(&self, index: u64, at: &[u64]) -> bool {
-        self.every.is_some_and(|n| n > 0 && (index + 1) % n == 0)
-            || at.binary_search(&index).is_ok()
+    /// The calls the plan adds, asked event by event in order ([`AddedCalls::after`]).
+    fn added_calls(&self) -> AddedCalls {
+        let mut at = self.at.clone();
+        at.sort_unstable();
+        AddedCalls { every: self.every.filter(|&n| n > 0), at, next: 0 }
     }
 
     /// Describes the plan for people, e.g. `empty_cache() every 1000 events, no recorded calls`.
@@ -455,6 +456,28 @@ impl EmptyCachePlan {
             parts.push("without the recorded calls".to_string());
         }
         format!("empty_cache() {}", parts.join(", "))
+    }
+}
+
+/// The `empty_cache()` calls an [`EmptyCachePlan`] adds, for a replay that asks after each event
+/// in order: a cursor into the sorted indices instead of a search per event.
+struct AddedCalls {
+    every: Option<u64>,
+    at: Vec<u64>,
+    next: usize,
+}
+
+impl AddedCalls {
+    /// True when the plan adds a call after event `index`; indices must come in increasing order.
+    #[inline]
+    fn after(&mut self, index: u64) -> bool {
+        if self.every.is_some_and(|n| (index + 1) % n == 0) {
+            return true;
+        }
+        while self.at.get(self.next).is_some_and(|&a| a < index) {
+            self.next += 1;
+        }
+        self.at.get(self.next) == Some(&index)
     }
 }
 
@@ -873,8 +896,7 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
     }
 
     let last = options.stop_after.map_or(count, |s| s.saturating_add(1).min(count));
-    let mut flush_at = options.empty_cache.at.clone();
-    flush_at.sort_unstable();
+    let mut added_calls = options.empty_cache.added_calls();
     let plan = &options.empty_cache;
     let recorded_flushes = &input.empty_cache_at;
     input.walk(last, |index, e| {
@@ -959,7 +981,7 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
                 })?;
             }
         }
-        if plan.adds_after(index, &flush_at) {
+        if added_calls.after(index) {
             policy.empty_cache(&mut backend).map_err(at)?;
             meter.detail.empty_cache_calls += 1;
             meter.observe(index, e.time_us, backend.reserved(), policy.allocated());

@@ -995,9 +995,9 @@ impl Policy for PyTorch {
     ) -> Result<Option<Allocation>> {
         let rounded = self.config.round_size(size);
         let small = rounded <= SMALL_SIZE;
-        let alloc_size = self.config.allocation_size(rounded);
         let mut found = self.get_free_block(stream, rounded, small);
         if found.is_none() {
+            let alloc_size = self.config.allocation_size(rounded);
             if self.gc_enabled() {
                 self.garbage_collect(backend)?;
             }
