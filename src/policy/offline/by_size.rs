@@ -47,26 +47,24 @@ impl Order {
         let first = items.iter().map(|i| i.start).min().unwrap_or(0);
         let last = items.iter().map(|i| i.end).max().unwrap_or(0);
         let whole = |i: &Lifetime| i.start == first && i.end == last;
-        // Sort keys held by value (not looked up through the index while sorting): distinct,
-        // as each ends with the index, so an unstable sort gives the one order.
-        let mut keys: Vec<(bool, std::cmp::Reverse<u64>, u64, usize)> = items
-            .iter()
-            .enumerate()
-            .map(|(k, i)| (!whole(i), std::cmp::Reverse(i.block), i.start, k))
-            .collect();
         let queried = || items.iter().filter(|i| i.start < i.end && !whole(i));
         let mut starts: Vec<u64> = queried().map(|i| i.start).collect();
         let mut ends: Vec<u64> = queried().map(|i| i.end).collect();
-        rayon::join(
-            || keys.sort_unstable(),
+        let (order, _) = rayon::join(
+            || {
+                // Where starts never decrease with the index (as `lifetimes` makes them), ties
+                // by start then index are ties by index, and the rest of the key fits one u64.
+                let by_index = items.windows(2).all(|w| w[0].start <= w[1].start)
+                    && items.iter().all(|i| i.block < 1 << 63);
+                if by_index {
+                    sorted_by(items, |i| (u64::from(!whole(i)) << 63) | ((1 << 63) - 1 - i.block))
+                } else {
+                    sorted_by(items, |i| (!whole(i), std::cmp::Reverse(i.block), i.start))
+                }
+            },
             || rayon::join(|| starts.sort_unstable(), || ends.sort_unstable()),
         );
-        Order {
-            whole: keys.iter().take_while(|k| !k.0).count(),
-            order: keys.into_iter().map(|k| k.3).collect(),
-            starts,
-            ends,
-        }
+        Order { whole: items.iter().filter(|i| whole(i)).count(), order, starts, ends }
     }
 
     /// The mean, over the non-empty lifetimes not spanning the plan, of the number of others
@@ -99,6 +97,15 @@ impl Order {
     }
 }
 
+/// The indices of `items` sorted by `key`, then by index. The keys are held by value while
+/// sorting (not looked up through the index), and with the index they are distinct, so an
+/// unstable sort gives the one order.
+fn sorted_by<K: Ord>(items: &[Lifetime], key: impl Fn(&Lifetime) -> K) -> Vec<usize> {
+    let mut keys: Vec<(K, usize)> = items.iter().enumerate().map(|(k, i)| (key(i), k)).collect();
+    keys.sort_unstable();
+    keys.into_iter().map(|(_, k)| k).collect()
+}
+
 /// [`pack`], looking the placed blocks up as `lookup` says.
 #[cfg(test)]
 fn pack_using(items: &[Lifetime], lookup: Lookup) -> (Vec<u64>, u64) {
@@ -117,7 +124,8 @@ fn place(items: &[Lifetime], order: &Order, lookup: Lookup) -> (Vec<u64>, u64) {
     let mut tree = match lookup {
         Lookup::Listing => Overlaps::Listing(IntervalTree::new(items)),
         Lookup::Tree { cached } => {
-            Overlaps::Skyline(SkylineTree::new(clique_points(&order.starts, &order.ends), cached))
+            let bounds = clique_points(&order.starts, &order.ends);
+            Overlaps::Skyline(SkylineTree::new(&bounds, items, cached))
         }
     };
     let mut found: Vec<(u64, u64)> = Vec::new();
@@ -134,7 +142,7 @@ fn place(items: &[Lifetime], order: &Order, lookup: Lookup) -> (Vec<u64>, u64) {
                 t.occupied(it, &mut found);
                 found.sort_unstable_by_key(|&(lo, _)| lo);
             }
-            Overlaps::Skyline(t) => t.occupied(it, &mut found),
+            Overlaps::Skyline(t) => t.occupied(i, &mut found),
         }
         let mut cur = floor;
         let mut best: Option<(u64, u64)> = None; // (gap, offset)
@@ -155,7 +163,7 @@ fn place(items: &[Lifetime], order: &Order, lookup: Lookup) -> (Vec<u64>, u64) {
         peak = peak.max(at + it.block);
         match &mut tree {
             Overlaps::Listing(t) => t.insert(i, at, it.block),
-            Overlaps::Skyline(t) => t.insert(it, at),
+            Overlaps::Skyline(t) => t.insert(i, at, it.block),
         }
     }
     (offsets, peak)
@@ -259,8 +267,9 @@ impl IntervalTree {
 /// in time (see the parent module's docs), in O(log n) sets that stay short because a tight
 /// packing merges into few runs.
 struct SkylineTree {
-    /// The clique points, sorted: slot k is the tick `bounds[k]` ([`clique_points`]).
-    bounds: Vec<u64>,
+    /// Per item: the slots `[l, r)` its lifetime spans, the clique points `t` with
+    /// `start <= t < end` (slot k is the k-th clique point, [`clique_points`]).
+    slots: Vec<(usize, usize)>,
     /// Leaves: the first power of two at or above the number of slots.
     leaves: usize,
     /// Per node: the runs of blocks stored at it.
@@ -286,11 +295,15 @@ struct SkylineTree {
 }
 
 impl SkylineTree {
-    /// A tree with no block placed, over the clique points `bounds` ([`clique_points`]).
-    fn new(bounds: Vec<u64>, cached: u32) -> SkylineTree {
+    /// A tree over the clique points `bounds` ([`clique_points`]) of `items`, with no block
+    /// placed. Each item's slots are two binary searches, independent of the others: they
+    /// are found in parallel (rayon), before the first placement.
+    fn new(bounds: &[u64], items: &[Lifetime], cached: u32) -> SkylineTree {
+        use rayon::prelude::*;
         let leaves = bounds.len().max(1).next_power_of_two();
+        let slot = |t: u64| bounds.partition_point(|&b| b < t);
         SkylineTree {
-            bounds,
+            slots: items.par_iter().map(|it| (slot(it.start), slot(it.end))).collect(),
             leaves,
             cover: vec![Vec::new(); 2 * leaves],
             sub: vec![Vec::new(); leaves],
@@ -302,12 +315,6 @@ impl SkylineTree {
             nodes: Vec::new(),
             scratch: Vec::new(),
         }
-    }
-
-    /// The slots `[l, r)` a lifetime spans: the clique points `t` with `start <= t < end`.
-    fn span(&self, it: Lifetime) -> (usize, usize) {
-        let slot = |t: u64| self.bounds.partition_point(|&b| b < t);
-        (slot(it.start), slot(it.end))
     }
 
     /// The canonical nodes of slots `[l, r)` (l < r), then their strict ancestors at depth
@@ -359,11 +366,11 @@ impl SkylineTree {
         (at_l, at_r)
     }
 
-    /// Sets `out` to the offset runs occupied at some time in the (non-empty) lifetime `it`.
+    /// Sets `out` to the offset runs occupied at some time in item `i`'s (non-empty) lifetime.
     /// They come sorted and merged (touching runs joined).
-    fn occupied(&mut self, it: Lifetime, out: &mut Vec<(u64, u64)>) {
+    fn occupied(&mut self, i: usize, out: &mut Vec<(u64, u64)>) {
         out.clear();
-        let (l, r) = self.span(it);
+        let (l, r) = self.slots[i];
         let mut scratch = std::mem::take(&mut self.scratch);
         let (at_l, at_r) = self.walk(l, r, self.cached, |v, canonical| {
             let runs = if canonical && v < self.leaves { &self.sub[v] } else { &self.cover[v] };
@@ -405,10 +412,10 @@ impl SkylineTree {
         }
     }
 
-    /// Records the (non-empty) lifetime `it` as placed at offset `at`.
-    fn insert(&mut self, it: Lifetime, at: u64) {
-        let (l, r) = self.span(it);
-        let range = (at, at + it.block);
+    /// Records item `i` (a non-empty lifetime of `block` bytes) as placed at offset `at`.
+    fn insert(&mut self, i: usize, at: u64, block: u64) {
+        let (l, r) = self.slots[i];
+        let range = (at, at + block);
         let mut nodes = std::mem::take(&mut self.nodes);
         nodes.clear();
         self.stamp += 1;
@@ -523,6 +530,7 @@ fn clique_points(starts: &[u64], ends: &[u64]) -> Vec<u64> {
 
 /// Adds `[lo, hi)` to the sorted disjoint runs `runs`, merging it with the runs it overlaps or
 /// touches; false when one run already held it (nothing changed).
+#[inline]
 fn merge_run(runs: &mut Vec<(u64, u64)>, (lo, hi): (u64, u64)) -> bool {
     // First run that ends at or after `lo` (it may touch or overlap the new one).
     let a = runs.partition_point(|&(_, e)| e < lo);
@@ -610,8 +618,8 @@ mod tests {
         };
         let items = [lt(0, 3, K), lt(1, 6, K), lt(4, 8, K)];
         assert_eq!(points(&items), vec![1, 4]);
-        let tree = SkylineTree::new(points(&items), ABOVE_CACHED);
-        assert_eq!(items.map(|i| tree.span(i)), [(0, 1), (0, 2), (1, 2)]);
+        let tree = SkylineTree::new(&points(&items), &items, ABOVE_CACHED);
+        assert_eq!(tree.slots, [(0, 1), (0, 2), (1, 2)]);
         // A lifetime ending where another starts does not overlap it: [0,2) and [2,4) are two
         // cliques, not one.
         assert_eq!(points(&[lt(0, 2, K), lt(2, 4, K)]), vec![0, 2]);
@@ -755,6 +763,10 @@ mod tests {
                 })
                 .collect();
             let expected = pack_by_scanning(&items);
+            // Starts in index order (as `lifetimes` makes them) take the other sort key.
+            let mut by_start = items.clone();
+            by_start.sort_by_key(|i| i.start);
+            assert_eq!(pack(&by_start), pack_by_scanning(&by_start), "round {round}, by start");
             assert_eq!(pack_using(&items, Lookup::Listing), expected, "round {round}, listing");
             // The trees here are at most 7 levels deep: caching fewer levels than that makes
             // queries read some ancestors' `cover` one by one and the rest from the cache.

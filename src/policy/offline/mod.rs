@@ -232,14 +232,6 @@ pub fn plan(events: &[Event], at_start: &[(u64, u64)], align: u64) -> (Vec<Plann
     (planned, peak)
 }
 
-/// A live block: planned (inside the range) or an overflow segment of its own.
-#[derive(Clone, Copy, Debug)]
-struct Live {
-    block: u64,
-    request: u64,
-    planned: bool,
-}
-
 /// The clairvoyant policy; see the module docs.
 #[derive(Debug, Default)]
 pub struct Offline {
@@ -255,9 +247,10 @@ pub struct Offline {
     page: u64,
     /// The range could not be obtained: serve everything from overflow segments.
     unusable: bool,
-    /// Live planned blocks by address (for the overlap guard and segments).
+    /// Live planned blocks by address: (block, request). Also the overlap guard.
     in_range: BTreeMap<u64, (u64, u64)>,
-    live: AddrMap<Live>,
+    /// Live overflow segments by address: (block, request).
+    overflow: AddrMap<(u64, u64)>,
     allocated: u64,
     overflow_count: u64,
     /// The blocks the engine allocates before the first event, when known.
@@ -447,7 +440,6 @@ impl Policy for Offline {
             self.cursor += 1;
             if let Some(addr) = self.planned(backend, p)? {
                 self.in_range.insert(addr, (p.block, size));
-                self.live.insert(addr, Live { block: p.block, request: size, planned: true });
                 self.allocated += p.block;
                 return Ok(Some(Allocation { addr, block_size: p.block }));
             }
@@ -455,20 +447,19 @@ impl Policy for Offline {
         self.overflow_count += 1;
         let block = round_up(size.max(1), self.options.align);
         let Some(addr) = backend.segment_alloc(block)? else { return Ok(None) };
-        self.live.insert(addr, Live { block, request: size, planned: false });
+        self.overflow.insert(addr, (block, size));
         self.allocated += block;
         Ok(Some(Allocation { addr, block_size: block }))
     }
 
     fn free<B: Backend>(&mut self, backend: &mut B, addr: u64) -> Result<()> {
-        let l = self.live.remove(&addr).ok_or_else(|| unknown_block(NAME, addr))?;
-        self.allocated -= l.block;
-        if l.planned {
-            self.in_range.remove(&addr);
-            self.release_pages(backend, addr, l.block)
-        } else {
-            backend.segment_free(addr, l.block)
+        if let Some((block, _)) = self.in_range.remove(&addr) {
+            self.allocated -= block;
+            return self.release_pages(backend, addr, block);
         }
+        let (block, _) = self.overflow.remove(&addr).ok_or_else(|| unknown_block(NAME, addr))?;
+        self.allocated -= block;
+        backend.segment_free(addr, block)
     }
 
     fn empty_cache<B: Backend>(&mut self, backend: &mut B) -> Result<()> {
@@ -533,23 +524,22 @@ impl Policy for Offline {
                 });
             }
         }
-        let mut overflow: Vec<(u64, Live)> =
-            self.live.iter().filter(|(_, l)| !l.planned).map(|(&a, &l)| (a, l)).collect();
-        overflow.sort_by_key(|&(a, _)| a);
-        out.extend(overflow.into_iter().map(|(a, l)| Segment {
+        let mut overflow: Vec<(&u64, &(u64, u64))> = self.overflow.iter().collect();
+        overflow.sort_by_key(|&(&a, _)| a);
+        out.extend(overflow.into_iter().map(|(&a, &(b, r))| Segment {
             device: 0,
             address: a,
-            total_size: l.block,
+            total_size: b,
             stream: 0,
             pool: PoolKind::Large,
             is_expandable: false,
-            blocks: vec![block((&a, &(l.block, l.request)))],
+            blocks: vec![block((&a, &(b, r)))],
         }));
         out
     }
 
     fn check_invariants(&self) -> std::result::Result<(), String> {
-        let sum: u64 = self.live.values().map(|l| l.block).sum();
+        let sum: u64 = self.in_range.values().chain(self.overflow.values()).map(|&(b, _)| b).sum();
         if sum != self.allocated {
             return Err(format!("allocated {} != sum of live blocks {sum}", self.allocated));
         }
