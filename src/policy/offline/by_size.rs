@@ -26,8 +26,8 @@ enum Lookup {
 }
 
 /// What placing needs before the first block: the greedy order and the sorted lifetime bounds.
-/// Its three sorts are independent, so they run in parallel (rayon), the one part of planning
-/// that does; the order they produce is the same either way.
+/// Its three sorts are independent, so they run in parallel (rayon); what they produce is the
+/// same either way.
 struct Order {
     /// Item indices, the blocks live over the whole plan first (largest first), then the others
     /// by decreasing size, ties by earlier start, then by index.
@@ -41,6 +41,7 @@ struct Order {
 }
 
 impl Order {
+    /// The order and bounds of `items`.
     fn of(items: &[Lifetime]) -> Order {
         // Blocks live over the whole plan overlap every other block: they are stacked at the
         // bottom and left out of every overlap query.

@@ -33,7 +33,8 @@
 //!   below. A lifetime's union is `sub` of its O(log n) canonical nodes plus `cover` of their
 //!   strict ancestors (a block overlapping it is stored at, above or below one of its canonical
 //!   nodes); placing a block merges its range into its canonical nodes' `cover` and `sub`, and into
-//!   `sub` above them until a node already holds it. The tree's time axis is not every tick but the
+//!   `sub` above them until a node already holds it (a leaf's `sub` is its `cover`, so leaves
+//!   keep only that). The tree's time axis is not every tick but the
 //!   lifetimes' clique points (a tick where a run of mallocs gives way to a free): two lifetimes
 //!   overlap exactly when they share one, and there are 3–5 times fewer of them than ticks on the
 //!   real traces, so the tree is shallower and its lists merge more. A query unions about 10
@@ -46,9 +47,12 @@
 //!   their ancestors' `cover`, recomputed from the parent's when one of those changed since
 //!   (stamps say when), and a query reads the ancestors above that depth as one list. That cut
 //!   `offline`'s instructions there by a third (10.3 G → 6.8 G) for 25 MB more memory. With
-//!   random sizes (the policy bench) runs merge much less and a query reads hundreds. `pack` counts
-//!   the overlaps first (O(n log n), from sorted starts and ends) and lists them below 48 per block
-//!   on average. Both give the offsets of the plain scan (a unit test compares them on random
+//!   random sizes (the policy bench) runs merge much less and a query reads hundreds. `pack` sorts
+//!   the greedy order, the starts and the ends first, and from the sorted bounds counts the
+//!   overlaps (in one linear pass) and finds the clique points (in another); it lists the
+//!   overlaps below 48 per block on average. The three sorts, and the binary searches that give
+//!   each lifetime its slots in the tree, are independent and run in parallel (rayon); placing
+//!   the blocks is sequential, each depending on the ones placed before it. Both give the offsets of the plain scan (a unit test compares them on random
 //!   lifetimes). A lifetime that ends where it starts (never made by `prepare`) overlaps nothing
 //!   and goes on the floor.
 //! - Planning is the cost of this policy: greedy best fit needs, per block, the free gaps left
@@ -69,7 +73,17 @@
 //!   single-policy CPU time, and `replay -p all` starts it first (the replay engine's
 //!   `run_specs`) so that the other eight replay beside it on the second core: on two cores
 //!   `-p all` takes 54–57% of the summed single-policy times (67% before), on `synth --steps
-//!   1060` 43% (50% before). The README's performance section has the table.
+//!   1060` 43% (50% before). The README's performance section has the table. Then the sorts by
+//!   keys held by value (not looked up through the index), the bounds sorted once for both the
+//!   overlap count and the clique points, those sorts and the slot searches in parallel, no
+//!   `sub` at the leaves and one map of live blocks instead of two cut the instructions of a
+//!   `replay -p offline` (trace load excluded) on `synth --steps 1060` from 3.61 G to 2.56 G
+//!   (planning 2.77 G → 1.77 G) and on ctx512-train ×45 from 6.06 G to 4.88 G (planning
+//!   5.05 G → 3.93 G), and `offline`'s best replay time on the former from 0.68 to 0.51 s (on a
+//!   shared, busy machine) with the same plan. What is left there is the query's list unions
+//!   (a quarter of the instructions) and the merges of a placed block into `sub` up the tree
+//!   (about 10 per block, a fifth), and following the plan (over a quarter, 40% of it the
+//!   simulated backend's page mapping).
 //! - The plan's peak is one address range. At the first malloc, `offline` reserves address space
 //!   for it and serves the k-th malloc from the k-th planned block when the sizes match. Memory
 //!   behind the range is mapped (in the backend's pages) only under live planned blocks: a page
