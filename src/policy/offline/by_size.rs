@@ -6,19 +6,16 @@ use super::Lifetime;
 /// Places `items` greedily by decreasing size with best fit over lifetime overlaps; returns each
 /// item's offset and the peak (the size of the planned range).
 pub fn pack(items: &[Lifetime]) -> (Vec<u64>, u64) {
-    let first = items.iter().map(|i| i.start).min().unwrap_or(0);
-    let last = items.iter().map(|i| i.end).max().unwrap_or(0);
-    let queried: Vec<Lifetime> =
-        items.iter().copied().filter(|i| i.start != first || i.end != last).collect();
-    let lookup = if mean_overlaps(&queried) < LISTING_BELOW {
+    let order = Order::of(items);
+    let lookup = if order.mean_overlaps() < LISTING_BELOW {
         Lookup::Listing
     } else {
         Lookup::Tree { cached: ABOVE_CACHED }
     };
-    pack_using(items, lookup)
+    place(items, &order, lookup)
 }
 
-/// How [`pack_using`] looks the placed blocks up.
+/// How [`place`] looks the placed blocks up.
 #[derive(Clone, Copy, Debug)]
 enum Lookup {
     /// By listing them ([`IntervalTree`]).
@@ -28,30 +25,112 @@ enum Lookup {
     Tree { cached: u32 },
 }
 
+/// What placing needs before the first block: the greedy order and the sorted lifetime bounds.
+/// Its three sorts are independent, so they run in parallel (rayon); what they produce is the
+/// same either way.
+struct Order {
+    /// Item indices, the blocks live over the whole plan first (largest first), then the others
+    /// by decreasing size, ties by earlier start, then by index.
+    order: Vec<usize>,
+    /// How many of `order`'s first entries live over the whole plan.
+    whole: usize,
+    /// The starts of the other non-empty lifetimes, sorted.
+    starts: Vec<u64>,
+    /// Their ends, sorted.
+    ends: Vec<u64>,
+}
+
+impl Order {
+    /// The order and bounds of `items`.
+    fn of(items: &[Lifetime]) -> Order {
+        // Blocks live over the whole plan overlap every other block: they are stacked at the
+        // bottom and left out of every overlap query.
+        let first = items.iter().map(|i| i.start).min().unwrap_or(0);
+        let last = items.iter().map(|i| i.end).max().unwrap_or(0);
+        let whole = |i: &Lifetime| i.start == first && i.end == last;
+        let queried = || items.iter().filter(|i| i.start < i.end && !whole(i));
+        let mut starts: Vec<u64> = queried().map(|i| i.start).collect();
+        let mut ends: Vec<u64> = queried().map(|i| i.end).collect();
+        let (order, _) = rayon::join(
+            || {
+                // Where starts never decrease with the index (as `lifetimes` makes them), ties
+                // by start then index are ties by index, and the rest of the key fits one u64.
+                let by_index = items.windows(2).all(|w| w[0].start <= w[1].start)
+                    && items.iter().all(|i| i.block < 1 << 63);
+                if by_index {
+                    sorted_by(items, |i| (u64::from(!whole(i)) << 63) | ((1 << 63) - 1 - i.block))
+                } else {
+                    sorted_by(items, |i| (!whole(i), std::cmp::Reverse(i.block), i.start))
+                }
+            },
+            || rayon::join(|| starts.sort_unstable(), || ends.sort_unstable()),
+        );
+        Order { whole: items.iter().filter(|i| whole(i)).count(), order, starts, ends }
+    }
+
+    /// The mean, over the non-empty lifetimes not spanning the plan, of the number of others
+    /// among them that overlap it, halved (each block meets about half of its overlaps
+    /// already placed): O(n log n), from the sorted starts and ends.
+    fn mean_overlaps(&self) -> f64 {
+        let (starts, ends) = (&self.starts, &self.ends);
+        let n = starts.len();
+        // Each lifetime's own start and end stand in for it: not overlapping it are the
+        // lifetimes that start at or after its end, or end at or before its start. Summed over
+        // all lifetimes, pairs = sum over starts s of (ends after s) - sum over ends e of
+        // (starts at or after e), without pairing each start with its own end.
+        let mut pairs = 0usize;
+        let mut j = 0;
+        for &s in starts {
+            while j < n && ends[j] <= s {
+                j += 1;
+            }
+            pairs += n - j;
+        }
+        let mut k = 0;
+        for &e in ends {
+            while k < n && starts[k] < e {
+                k += 1;
+            }
+            pairs -= n - k;
+        }
+        // Each lifetime counted itself once (its end lies after its start).
+        (pairs - n) as f64 / 2.0 / n.max(1) as f64
+    }
+}
+
+/// The indices of `items` sorted by `key`, then by index. The keys are held by value while
+/// sorting (not looked up through the index), and with the index they are distinct, so an
+/// unstable sort gives the one order.
+fn sorted_by<K: Ord>(items: &[Lifetime], key: impl Fn(&Lifetime) -> K) -> Vec<usize> {
+    let mut keys: Vec<(K, usize)> = items.iter().enumerate().map(|(k, i)| (key(i), k)).collect();
+    keys.sort_unstable();
+    keys.into_iter().map(|(_, k)| k).collect()
+}
+
 /// [`pack`], looking the placed blocks up as `lookup` says.
+#[cfg(test)]
 fn pack_using(items: &[Lifetime], lookup: Lookup) -> (Vec<u64>, u64) {
-    let n = items.len();
-    // Blocks live over the whole plan overlap every other block: stack them at the bottom,
-    // largest first, and leave them out of every later overlap query.
-    let first = items.iter().map(|i| i.start).min().unwrap_or(0);
-    let last = items.iter().map(|i| i.end).max().unwrap_or(0);
-    let whole = |i: usize| items[i].start == first && items[i].end == last;
-    let mut order: Vec<usize> = (0..n).collect();
-    order.sort_by_key(|&i| (!whole(i), std::cmp::Reverse(items[i].block), items[i].start, i));
-    let mut offsets = vec![0u64; n];
+    place(items, &Order::of(items), lookup)
+}
+
+/// Places `items` in `order`, looking the placed blocks up as `lookup` says.
+fn place(items: &[Lifetime], order: &Order, lookup: Lookup) -> (Vec<u64>, u64) {
+    let mut offsets = vec![0u64; items.len()];
     let mut floor = 0;
-    for &i in order.iter().take_while(|&&i| whole(i)) {
+    for &i in &order.order[..order.whole] {
         offsets[i] = floor;
         floor += items[i].block;
     }
     let mut peak = floor;
-    let rest = order.iter().copied().skip_while(|&i| whole(i));
     let mut tree = match lookup {
         Lookup::Listing => Overlaps::Listing(IntervalTree::new(items)),
-        Lookup::Tree { cached } => Overlaps::Skyline(SkylineTree::new(items, cached)),
+        Lookup::Tree { cached } => {
+            let bounds = clique_points(&order.starts, &order.ends);
+            Overlaps::Skyline(SkylineTree::new(&bounds, items, cached))
+        }
     };
     let mut found: Vec<(u64, u64)> = Vec::new();
-    for i in rest {
+    for &i in &order.order[order.whole..] {
         let it = items[i];
         if it.start >= it.end {
             // An empty lifetime overlaps nothing.
@@ -64,7 +143,7 @@ fn pack_using(items: &[Lifetime], lookup: Lookup) -> (Vec<u64>, u64) {
                 t.occupied(it, &mut found);
                 found.sort_unstable_by_key(|&(lo, _)| lo);
             }
-            Overlaps::Skyline(t) => t.occupied(it, &mut found),
+            Overlaps::Skyline(t) => t.occupied(i, &mut found),
         }
         let mut cur = floor;
         let mut best: Option<(u64, u64)> = None; // (gap, offset)
@@ -85,7 +164,7 @@ fn pack_using(items: &[Lifetime], lookup: Lookup) -> (Vec<u64>, u64) {
         peak = peak.max(at + it.block);
         match &mut tree {
             Overlaps::Listing(t) => t.insert(i, at, it.block),
-            Overlaps::Skyline(t) => t.insert(it, at),
+            Overlaps::Skyline(t) => t.insert(i, at, it.block),
         }
     }
     (offsets, peak)
@@ -94,25 +173,6 @@ fn pack_using(items: &[Lifetime], lookup: Lookup) -> (Vec<u64>, u64) {
 /// Below this many overlapping blocks per block (on average), listing them is cheaper than
 /// walking the segment tree's O(log n) nodes twice per block.
 const LISTING_BELOW: f64 = 48.0;
-
-/// The mean, over `items`, of the number of other items whose lifetime overlaps its own, halved
-/// (each block meets about half of its overlaps already placed): O(n log n), from the sorted
-/// starts and ends.
-fn mean_overlaps(items: &[Lifetime]) -> f64 {
-    let mut starts: Vec<u64> = items.iter().map(|i| i.start).collect();
-    let mut ends: Vec<u64> = items.iter().map(|i| i.end).collect();
-    starts.sort_unstable();
-    ends.sort_unstable();
-    let n = items.len();
-    let mut pairs = 0usize;
-    for it in items.iter().filter(|i| i.start < i.end) {
-        // Not overlapping: starts at or after its end, or ends at or before its start.
-        let after = n - starts.partition_point(|&s| s < it.end);
-        let before = ends.partition_point(|&e| e <= it.start);
-        pairs += n.saturating_sub(after + before + 1);
-    }
-    pairs as f64 / 2.0 / n.max(1) as f64
-}
 
 /// Where the placed blocks are looked up; both give the same offsets (see the parent module's
 /// docs).
@@ -208,13 +268,15 @@ impl IntervalTree {
 /// in time (see the parent module's docs), in O(log n) sets that stay short because a tight
 /// packing merges into few runs.
 struct SkylineTree {
-    /// The clique points, sorted: slot k is the tick `bounds[k]` ([`clique_points`]).
-    bounds: Vec<u64>,
+    /// Per item: the slots `[l, r)` its lifetime spans, the clique points `t` with
+    /// `start <= t < end` (slot k is the k-th clique point, [`clique_points`]).
+    slots: Vec<(usize, usize)>,
     /// Leaves: the first power of two at or above the number of slots.
     leaves: usize,
     /// Per node: the runs of blocks stored at it.
     cover: Vec<Vec<(u64, u64)>>,
-    /// Per node: the runs of blocks stored at it or below it.
+    /// Per inner node (below `leaves`): the runs of blocks stored at it or below it. A leaf's
+    /// would be its `cover`, so leaves keep none.
     sub: Vec<Vec<(u64, u64)>>,
     /// The depth down to which nodes keep `above` ([`ABOVE_CACHED`] but in tests).
     cached: u32,
@@ -234,14 +296,18 @@ struct SkylineTree {
 }
 
 impl SkylineTree {
-    fn new(items: &[Lifetime], cached: u32) -> SkylineTree {
-        let bounds = clique_points(items);
+    /// A tree over the clique points `bounds` ([`clique_points`]) of `items`, with no block
+    /// placed. Each item's slots are two binary searches, independent of the others: they
+    /// are found in parallel (rayon), before the first placement.
+    fn new(bounds: &[u64], items: &[Lifetime], cached: u32) -> SkylineTree {
+        use rayon::prelude::*;
         let leaves = bounds.len().max(1).next_power_of_two();
+        let slot = |t: u64| bounds.partition_point(|&b| b < t);
         SkylineTree {
-            bounds,
+            slots: items.par_iter().map(|it| (slot(it.start), slot(it.end))).collect(),
             leaves,
             cover: vec![Vec::new(); 2 * leaves],
-            sub: vec![Vec::new(); 2 * leaves],
+            sub: vec![Vec::new(); leaves],
             cached,
             above: vec![Vec::new(); 2 << cached],
             above_at: vec![0; 2 << cached],
@@ -250,12 +316,6 @@ impl SkylineTree {
             nodes: Vec::new(),
             scratch: Vec::new(),
         }
-    }
-
-    /// The slots `[l, r)` a lifetime spans: the clique points `t` with `start <= t < end`.
-    fn span(&self, it: Lifetime) -> (usize, usize) {
-        let slot = |t: u64| self.bounds.partition_point(|&b| b < t);
-        (slot(it.start), slot(it.end))
     }
 
     /// The canonical nodes of slots `[l, r)` (l < r), then their strict ancestors at depth
@@ -307,14 +367,14 @@ impl SkylineTree {
         (at_l, at_r)
     }
 
-    /// Sets `out` to the offset runs occupied at some time in the (non-empty) lifetime `it`.
+    /// Sets `out` to the offset runs occupied at some time in item `i`'s (non-empty) lifetime.
     /// They come sorted and merged (touching runs joined).
-    fn occupied(&mut self, it: Lifetime, out: &mut Vec<(u64, u64)>) {
+    fn occupied(&mut self, i: usize, out: &mut Vec<(u64, u64)>) {
         out.clear();
-        let (l, r) = self.span(it);
+        let (l, r) = self.slots[i];
         let mut scratch = std::mem::take(&mut self.scratch);
         let (at_l, at_r) = self.walk(l, r, self.cached, |v, canonical| {
-            let runs = if canonical { &self.sub[v] } else { &self.cover[v] };
+            let runs = if canonical && v < self.leaves { &self.sub[v] } else { &self.cover[v] };
             if !runs.is_empty() {
                 union_into(out, runs, &mut scratch);
             }
@@ -353,10 +413,10 @@ impl SkylineTree {
         }
     }
 
-    /// Records the (non-empty) lifetime `it` as placed at offset `at`.
-    fn insert(&mut self, it: Lifetime, at: u64) {
-        let (l, r) = self.span(it);
-        let range = (at, at + it.block);
+    /// Records item `i` (a non-empty lifetime of `block` bytes) as placed at offset `at`.
+    fn insert(&mut self, i: usize, at: u64, block: u64) {
+        let (l, r) = self.slots[i];
+        let range = (at, at + block);
         let mut nodes = std::mem::take(&mut self.nodes);
         nodes.clear();
         self.stamp += 1;
@@ -366,12 +426,19 @@ impl SkylineTree {
             }
         });
         for &v in &nodes {
-            if merge_run(&mut self.cover[v], range) && v < self.changed.len() {
+            let changed = merge_run(&mut self.cover[v], range);
+            if changed && v < self.changed.len() {
                 self.changed[v] = self.stamp;
             }
             // `sub` of a node holds its children's, so once a node already holds the range,
-            // so does every node above it: stop climbing there.
-            let mut x = v;
+            // so does every node above it: stop climbing there. A leaf's `sub` is its `cover`.
+            let mut x = if v < self.leaves {
+                v
+            } else if changed {
+                v >> 1
+            } else {
+                0
+            };
             while x > 0 && merge_run(&mut self.sub[x], range) {
                 x >>= 1;
             }
@@ -437,40 +504,52 @@ fn union_into(acc: &mut Vec<(u64, u64)>, runs: &[(u64, u64)], tmp: &mut Vec<(u64
     std::mem::swap(acc, tmp);
 }
 
-/// The clique points of `items`' lifetimes, sorted: each tick where a run of starts ends (the
-/// next bound in time order is an end). Every set of blocks live together at some tick is
-/// live together at one of these, so two non-empty lifetimes overlap exactly when both hold a
-/// common clique point, and each holds at least one. The segment tree's time axis needs only
-/// these: on the real traces 4–5 times fewer slots than the distinct bounds.
-fn clique_points(items: &[Lifetime]) -> Vec<u64> {
-    // (tick, is_start): at the same tick ends sort first (a lifetime ending at t does not
-    // overlap one starting at t).
-    let mut bounds: Vec<(u64, bool)> = items
-        .iter()
-        .filter(|i| i.start < i.end)
-        .flat_map(|i| [(i.start, true), (i.end, false)])
-        .collect();
-    bounds.sort_unstable();
-    bounds.windows(2).filter(|w| w[0].1 && !w[1].1).map(|w| w[0].0).collect()
+/// The clique points of the non-empty lifetimes whose sorted starts and ends are given, in
+/// order: each tick where a run of starts ends (the next bound in time order is an end; at the
+/// same tick ends come first, as a lifetime ending at t does not overlap one starting at t).
+/// Every set of blocks live together at some tick is live together at one of these, so two
+/// non-empty lifetimes overlap exactly when both hold a common clique point, and each holds at
+/// least one. The segment tree's time axis needs only these: on the real traces 4–5 times
+/// fewer slots than the distinct bounds.
+fn clique_points(starts: &[u64], ends: &[u64]) -> Vec<u64> {
+    let mut out = Vec::new();
+    let mut j = 0; // the first end after the current start
+    for (k, &s) in starts.iter().enumerate() {
+        let next_start = starts.get(k + 1).copied();
+        if next_start == Some(s) {
+            continue; // followed by a start at the same tick
+        }
+        while j < ends.len() && ends[j] <= s {
+            j += 1;
+        }
+        if ends.get(j).is_some_and(|&e| next_start.is_none_or(|n| e <= n)) {
+            out.push(s);
+        }
+    }
+    out
 }
 
 /// Adds `[lo, hi)` to the sorted disjoint runs `runs`, merging it with the runs it overlaps or
 /// touches; false when one run already held it (nothing changed).
+#[inline]
 fn merge_run(runs: &mut Vec<(u64, u64)>, (lo, hi): (u64, u64)) -> bool {
     // First run that ends at or after `lo` (it may touch or overlap the new one).
     let a = runs.partition_point(|&(_, e)| e < lo);
-    if runs.get(a).is_some_and(|&(s, e)| s <= lo && hi <= e) {
+    let Some(&(s, e)) = runs.get(a) else {
+        runs.push((lo, hi));
+        return true;
+    };
+    if s <= lo && hi <= e {
         return false;
     }
-    // First run that starts after `hi` (untouched).
-    let b = runs.partition_point(|&(s, _)| s <= hi);
-    if a == b {
-        runs.insert(a, (lo, hi));
-    } else {
-        let merged = (lo.min(runs[a].0), hi.max(runs[b - 1].1));
-        runs[a] = merged;
-        runs.drain(a + 1..b);
+    if hi < s {
+        runs.insert(a, (lo, hi)); // touches nothing
+        return true;
     }
+    // Runs a..b start at or before `hi`: they merge into one.
+    let b = a + 1 + runs[a + 1..].partition_point(|&(s, _)| s <= hi);
+    runs[a] = (lo.min(s), hi.max(runs[b - 1].1));
+    runs.drain(a + 1..b);
     true
 }
 
@@ -531,13 +610,63 @@ mod tests {
         // x [0,3), y [1,6), z [4,8): x and y are live together at 1 (then x ends at 3), y and z
         // at 4 (then y ends at 6). So the points are 1 and 4; x holds only 1, z only 4 (they
         // never overlap), y both.
+        let points = |items: &[Lifetime]| {
+            let mut starts: Vec<u64> = items.iter().map(|i| i.start).collect();
+            let mut ends: Vec<u64> = items.iter().map(|i| i.end).collect();
+            starts.sort_unstable();
+            ends.sort_unstable();
+            clique_points(&starts, &ends)
+        };
         let items = [lt(0, 3, K), lt(1, 6, K), lt(4, 8, K)];
-        assert_eq!(clique_points(&items), vec![1, 4]);
-        let tree = SkylineTree::new(&items, ABOVE_CACHED);
-        assert_eq!(items.map(|i| tree.span(i)), [(0, 1), (0, 2), (1, 2)]);
+        assert_eq!(points(&items), vec![1, 4]);
+        let tree = SkylineTree::new(&points(&items), &items, ABOVE_CACHED);
+        assert_eq!(tree.slots, [(0, 1), (0, 2), (1, 2)]);
         // A lifetime ending where another starts does not overlap it: [0,2) and [2,4) are two
         // cliques, not one.
-        assert_eq!(clique_points(&[lt(0, 2, K), lt(2, 4, K)]), vec![0, 2]);
+        assert_eq!(points(&[lt(0, 2, K), lt(2, 4, K)]), vec![0, 2]);
+        // Starts at the same tick make one point; an end at the next start's tick comes first.
+        assert_eq!(points(&[lt(1, 5, K), lt(1, 3, K), lt(3, 6, K)]), vec![1, 3]);
+    }
+
+    #[test]
+    fn clique_points_are_the_starts_followed_by_an_end() {
+        // The definition, on all bounds sorted together (ends first at a tick), against the
+        // merge of the separately sorted starts and ends, on random lifetimes with many ties.
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for round in 0..300 {
+            let items: Vec<(u64, u64)> = (0..1 + next(40))
+                .map(|_| {
+                    let start = next(30);
+                    (start, start + 1 + next(8))
+                })
+                .collect();
+            let mut bounds: Vec<(u64, bool)> =
+                items.iter().flat_map(|&(s, e)| [(s, true), (e, false)]).collect();
+            bounds.sort_unstable();
+            let want: Vec<u64> =
+                bounds.windows(2).filter(|w| w[0].1 && !w[1].1).map(|w| w[0].0).collect();
+            let mut starts: Vec<u64> = items.iter().map(|i| i.0).collect();
+            let mut ends: Vec<u64> = items.iter().map(|i| i.1).collect();
+            starts.sort_unstable();
+            ends.sort_unstable();
+            assert_eq!(clique_points(&starts, &ends), want, "round {round}: {items:?}");
+            // The mean overlap count from the same sorted bounds, against counting pairs (no
+            // item spans these plans: each starts at 1 or later, and one at 0 ends at 1).
+            let mut lts: Vec<Lifetime> = items.iter().map(|&(s, e)| lt(s + 1, e + 1, K)).collect();
+            lts.push(lt(0, 1, K));
+            let pairs = (0..lts.len())
+                .flat_map(|a| (0..lts.len()).map(move |b| (a, b)))
+                .filter(|&(a, b)| a != b && lts[a].start < lts[b].end && lts[b].start < lts[a].end)
+                .count();
+            let mean = pairs as f64 / 2.0 / lts.len() as f64;
+            assert_eq!(Order::of(&lts).mean_overlaps(), mean, "round {round}");
+        }
     }
 
     /// The greedy of [`pack`] done the plain way: every placed block whose lifetime overlaps,
@@ -635,6 +764,10 @@ mod tests {
                 })
                 .collect();
             let expected = pack_by_scanning(&items);
+            // Starts in index order (as `lifetimes` makes them) take the other sort key.
+            let mut by_start = items.clone();
+            by_start.sort_by_key(|i| i.start);
+            assert_eq!(pack(&by_start), pack_by_scanning(&by_start), "round {round}, by start");
             assert_eq!(pack_using(&items, Lookup::Listing), expected, "round {round}, listing");
             // The trees here are at most 7 levels deep: caching fewer levels than that makes
             // queries read some ancestors' `cover` one by one and the rest from the cache.
