@@ -189,6 +189,14 @@ impl Backend for SimDevice {
     }
 
     fn unmap(&mut self, addr: u64, size: u64) -> Result<()> {
+        // Most unmaps undo one earlier map exactly (maps never overlap): one lookup.
+        if let std::collections::btree_map::Entry::Occupied(m) = self.mapped.entry(addr) {
+            if *m.get() == size {
+                m.remove();
+                self.reserved -= size;
+                return Ok(());
+            }
+        }
         // Unmapping may cover several earlier maps, or part of one (pages are independent).
         let end = addr + size;
         let touched: Vec<(u64, u64)> = self
