@@ -4,18 +4,20 @@
 //! obtained from the device, pick the smallest free chunk that fits (lowest address on ties),
 //! split off the tail, and merge a freed chunk with free neighbours of the same region. They differ
 //! in rounding, when to split, how regions grow and which free lists may serve a request; those
-//! rules stay in each policy's file. Here free chunks are kept in one ordered set keyed by
-//! `(list, size, addr)`, so a best-fit query is one range lookup and every choice is
-//! deterministic. `list` separates free lists: RMM's per-stream lists; 0 for a single list.
+//! rules stay in each policy's file. Here free chunks are kept in one set ordered by
+//! `(list, size, addr)` (`free_set.rs`: bucketed by size class, as `pytorch`'s pools are), so a
+//! best-fit query is one bucket lookup and every choice is deterministic. `list` separates free
+//! lists: RMM's per-stream lists; 0 for a single list.
 //!
 //! Chunks live in an arena with links to their address neighbours, as TF's `ChunkHandle`s do, so
 //! splitting and merging never search by address; a hash map finds a chunk by its address.
 //! Regions may have holes (the `stitch` policy unmaps pages of a reservation): chunks are linked,
 //! and merge, only when exactly adjacent; merging also needs the same list.
 
+use super::free_set::FreeSet;
 use crate::trace::AddrMap;
 use crate::trace::{Block, BlockState, PoolKind, Segment};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 /// The error for a free of an address the policy never handed out (or already took back): the
 /// trace and the replay disagree, which is bad input, not a policy bug.
@@ -68,13 +70,79 @@ struct Node {
     next: u32,
 }
 
+/// The free chunks by (list, size, address): a [`FreeSet`] whose list indices stand for the
+/// lists' own values (RMM's streams), numbered on first sight. Lists are few (the streams of one
+/// device), so a list's index is found by a scan.
+#[derive(Clone, Debug, Default)]
+struct FreeChunks {
+    lists: Vec<u64>,
+    set: FreeSet,
+}
+
+impl FreeChunks {
+    /// The index of `list`, if it was seen.
+    #[inline]
+    fn index(&self, list: u64) -> Option<u32> {
+        self.lists.iter().position(|&l| l == list).map(|i| i as u32)
+    }
+
+    #[inline]
+    fn insert(&mut self, list: u64, size: u64, addr: u64) {
+        let i = self.index(list).unwrap_or_else(|| {
+            self.lists.push(list);
+            (self.lists.len() - 1) as u32
+        });
+        self.set.insert(i, size, addr, 0);
+    }
+
+    #[inline]
+    fn remove(&mut self, list: u64, size: u64, addr: u64) {
+        if let Some(i) = self.index(list) {
+            self.set.remove(i, size, addr);
+        }
+    }
+
+    fn contains(&self, list: u64, size: u64, addr: u64) -> bool {
+        self.index(list).and_then(|i| self.set.get(i, size, addr)).is_some()
+    }
+
+    /// The first chunk of `list` at or after (size, 0): (address, size).
+    #[inline]
+    fn first_from(&self, list: u64, size: u64) -> Option<(u64, u64)> {
+        let (s, a, _) = self.set.first_from(self.index(list)?, size, 0)?;
+        Some((a, s))
+    }
+
+    /// The chunks of `list`, smallest first (lowest address on ties): (address, size).
+    fn of_list(&self, list: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let i = self.index(list);
+        let first = i.and_then(|i| self.set.first_from(i, 0, 0));
+        std::iter::successors(first, move |&(s, a, _)| self.set.next_after(i?, s, a))
+            .map(|(s, a, _)| (a, s))
+    }
+
+    /// The lists holding chunks, in increasing order.
+    fn nonempty_lists(&self) -> Vec<u64> {
+        let mut out: Vec<u64> = (0..self.lists.len() as u32)
+            .filter(|&i| !self.set.list_is_empty(i))
+            .map(|i| self.lists[i as usize])
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    fn len(&self) -> usize {
+        self.set.len()
+    }
+}
+
 /// Regions split into chunks; see the module docs.
 #[derive(Clone, Debug, Default)]
 pub struct Chunks {
     nodes: Vec<Node>,
     spare: Vec<u32>,
     by_addr: AddrMap<u32>,
-    free: BTreeSet<(u64, u64, u64)>,
+    free: FreeChunks,
     regions: BTreeMap<u64, Region>,
     allocated: u64,
     free_bytes: u64,
@@ -140,36 +208,24 @@ impl Chunks {
     pub fn add_free(&mut self, addr: u64, size: u64, region: u64, list: u64) -> u64 {
         let chunk = Chunk { size, region, list, in_use: false, request: 0 };
         self.new_node(addr, chunk, NONE, NONE);
-        self.free.insert((list, size, addr));
+        self.free.insert(list, size, addr);
         self.free_bytes += size;
         addr
     }
 
     /// The smallest free chunk on `list` with at least `size` bytes (lowest address on ties).
     pub fn best_fit(&self, list: u64, size: u64) -> Option<(u64, u64)> {
-        self.free
-            .range((list, size, 0)..=(list, u64::MAX, u64::MAX))
-            .next()
-            .map(|&(_, s, a)| (a, s))
+        self.free.first_from(list, size)
     }
 
     /// The free chunks of `list`, smallest first.
-    pub fn free_chunks(&self, list: u64) -> impl DoubleEndedIterator<Item = (u64, u64)> + '_ {
-        self.free.range((list, 0, 0)..=(list, u64::MAX, u64::MAX)).map(|&(_, s, a)| (a, s))
+    pub fn free_chunks(&self, list: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.free.of_list(list)
     }
 
     /// The lists that hold free chunks.
     pub fn lists(&self) -> Vec<u64> {
-        let mut out: Vec<u64> = Vec::new();
-        let mut next = self.free.iter().next().map(|&(l, _, _)| l);
-        while let Some(l) = next {
-            out.push(l);
-            if l == u64::MAX {
-                break;
-            }
-            next = self.free.range((l + 1, 0, 0)..).next().map(|&(l, _, _)| l);
-        }
-        out
+        self.free.nonempty_lists()
     }
 
     /// Hands out the free chunk at `addr` to `owner` (kept in the in-use chunk's `list`, e.g.
@@ -183,7 +239,7 @@ impl Chunks {
             return 0;
         }
         let c = n.chunk;
-        self.free.remove(&(c.list, c.size, addr));
+        self.free.remove(c.list, c.size, addr);
         self.free_bytes -= c.size;
         let block = if split && c.size > size {
             let rest = c.size - size;
@@ -194,7 +250,7 @@ impl Chunks {
                 self.nodes[n.next as usize].prev = t;
             }
             self.nodes[i as usize].next = t;
-            self.free.insert((c.list, rest, addr + size));
+            self.free.insert(c.list, rest, addr + size);
             self.free_bytes += rest;
             size
         } else {
@@ -238,7 +294,7 @@ impl Chunks {
         if p != NONE {
             let pn = self.nodes[p as usize];
             if !pn.chunk.in_use && pn.chunk.list == list {
-                self.free.remove(&(list, pn.chunk.size, pn.addr));
+                self.free.remove(list, pn.chunk.size, pn.addr);
                 size += pn.chunk.size;
                 self.nodes[p as usize].next = n.next;
                 if n.next != NONE {
@@ -252,7 +308,7 @@ impl Chunks {
         if next != NONE {
             let nn = self.nodes[next as usize];
             if !nn.chunk.in_use && nn.chunk.list == list {
-                self.free.remove(&(list, nn.chunk.size, nn.addr));
+                self.free.remove(list, nn.chunk.size, nn.addr);
                 size += nn.chunk.size;
                 self.nodes[i as usize].next = nn.next;
                 if nn.next != NONE {
@@ -263,7 +319,7 @@ impl Chunks {
         }
         let node = &mut self.nodes[i as usize];
         node.chunk.size = size;
-        self.free.insert((list, size, node.addr));
+        self.free.insert(list, size, node.addr);
         node.addr
     }
 
@@ -274,7 +330,7 @@ impl Chunks {
         if n.chunk.in_use {
             return None;
         }
-        self.free.remove(&(n.chunk.list, n.chunk.size, addr));
+        self.free.remove(n.chunk.list, n.chunk.size, addr);
         self.free_bytes -= n.chunk.size;
         if n.prev != NONE {
             self.nodes[n.prev as usize].next = NONE;
@@ -294,9 +350,9 @@ impl Chunks {
         if n.chunk.in_use || by == 0 || by >= n.chunk.size {
             return false;
         }
-        self.free.remove(&(n.chunk.list, n.chunk.size, addr));
+        self.free.remove(n.chunk.list, n.chunk.size, addr);
         let rest = n.chunk.size - by;
-        self.free.insert((n.chunk.list, rest, addr + by));
+        self.free.insert(n.chunk.list, rest, addr + by);
         self.free_bytes -= by;
         if n.prev != NONE {
             self.nodes[n.prev as usize].next = NONE;
@@ -315,7 +371,7 @@ impl Chunks {
     pub fn move_list(&mut self, from: u64, to: u64) {
         let moved: Vec<(u64, u64)> = self.free_chunks(from).collect();
         for &(addr, size) in &moved {
-            self.free.remove(&(from, size, addr));
+            self.free.remove(from, size, addr);
             if let Some(&i) = self.by_addr.get(&addr) {
                 self.nodes[i as usize].chunk.list = to;
             }
@@ -329,7 +385,7 @@ impl Chunks {
                 continue;
             }
             // It may be in the free set already, as the result of an earlier merge.
-            self.free.remove(&(to, c.size, addr));
+            self.free.remove(to, c.size, addr);
             self.merge_free(i);
         }
     }
@@ -485,7 +541,7 @@ impl Chunks {
             } else {
                 free_bytes += c.size;
                 free_count += 1;
-                if !self.free.contains(&(c.list, c.size, a)) {
+                if !self.free.contains(c.list, c.size, a) {
                     return Err(format!("free chunk {a:#x} missing from the free set"));
                 }
                 if let Some((pa, pi)) = adjacent {
@@ -522,6 +578,51 @@ impl Chunks {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::Rng;
+    use std::collections::BTreeSet;
+
+    #[test]
+    fn free_chunks_answer_as_an_ordered_set_of_list_size_address() {
+        // Lists are raw stream values (large, unordered by first sight); the set must order
+        // them by value, as the BTreeSet it replaced did.
+        let lists = [0x7f00_0000_1000u64, 0, 0x5500_0000_0000, 7];
+        for seed in 0..10 {
+            let mut rng = Rng::new(seed);
+            let mut set = FreeChunks::default();
+            let mut oracle: BTreeSet<(u64, u64, u64)> = BTreeSet::new();
+            for step in 0..2000 {
+                let list = lists[rng.below(lists.len() as u64) as usize];
+                let range = if rng.below(2) == 0 { 8 } else { 1 << 14 };
+                let size = 512 * (1 + rng.below(range));
+                let addr = 512 * rng.below(1 << 16);
+                if rng.below(3) < 2 {
+                    set.insert(list, size, addr);
+                    oracle.insert((list, size, addr));
+                } else if let Some(&k) = oracle.range((list, size, 0)..).next() {
+                    set.remove(k.0, k.1, k.2);
+                    oracle.remove(&k);
+                }
+                let want = oracle
+                    .range((list, size, 0)..=(list, u64::MAX, u64::MAX))
+                    .next()
+                    .map(|&(_, s, a)| (a, s));
+                assert_eq!(set.first_from(list, size), want, "seed {seed} step {step}");
+                assert_eq!(set.len(), oracle.len());
+                assert!(set.contains(list, size, addr) == oracle.contains(&(list, size, addr)));
+            }
+            for list in lists {
+                let want: Vec<(u64, u64)> = oracle
+                    .range((list, 0, 0)..=(list, u64::MAX, u64::MAX))
+                    .map(|&(_, s, a)| (a, s))
+                    .collect();
+                assert_eq!(set.of_list(list).collect::<Vec<_>>(), want);
+            }
+            let mut want: Vec<u64> = oracle.iter().map(|k| k.0).collect();
+            want.dedup();
+            assert_eq!(set.nonempty_lists(), want);
+            assert_eq!(set.of_list(12345).count(), 0, "a list never seen is empty");
+        }
+    }
 
     #[test]
     fn best_fit_split_and_coalesce() {

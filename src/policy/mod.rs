@@ -17,6 +17,7 @@ pub mod bfc;
 pub mod bound;
 pub mod buddy;
 pub mod chunks;
+mod free_set;
 pub mod nocache;
 pub mod offline;
 pub mod options;

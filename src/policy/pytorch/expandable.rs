@@ -33,7 +33,7 @@ impl PyTorch {
         let p = super::pool_index(small);
         let sid = self.intern(stream)?;
         for (&k, &id) in self.pools[p].unmapped.range(unmapped_key(sid, 0)..) {
-            if (k >> 64) as u16 != sid {
+            if (k >> 64) as u32 != sid {
                 break;
             }
             let mut c = id;

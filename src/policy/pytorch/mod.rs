@@ -8,7 +8,8 @@
 //!
 //! State: a block arena indexed by `u32` (neighbours are indices, as PyTorch's are pointers), and
 //! per pool (small, large) a free set ordered by (stream, size, address) — the order of PyTorch's
-//! `BlockPool::blocks` (see `pool.rs`; walks across streams sort by the raw stream value) — and a
+//! `BlockPool::blocks` (see `policy/free_set.rs`; walks across streams sort by the raw stream
+//! value) — and a
 //! `BTreeMap` of unmapped expandable ranges keyed by (stream, address); allocated blocks are found
 //! by address in an open-addressing table (`active.rs`, PyTorch's `active_blocks`). Every choice
 //! is deterministic: best fit, then lowest address.
@@ -21,7 +22,6 @@
 mod active;
 pub mod config;
 mod expandable;
-mod pool;
 pub mod start;
 pub mod validate;
 
@@ -78,7 +78,7 @@ struct Block {
     requested: u64,
     stream: u64,
     /// The stream's index in `PyTorch::streams`, the leading part of the free-set keys.
-    sid: u16,
+    sid: u32,
     prev: u32,
     next: u32,
     /// Index of the expandable segment, or [`NIL`] for a cudaMalloc segment.
@@ -95,7 +95,7 @@ struct Block {
 #[derive(Debug, Default)]
 struct Pool {
     /// Free mapped blocks, by (stream, size, address).
-    blocks: pool::FreeSet,
+    blocks: super::free_set::FreeSet,
     /// Unmapped expandable ranges, by (stream, address) packed into one [`unmapped_key`].
     unmapped: BTreeMap<u128, u32>,
     /// `get_free_blocks_call_count`, the GC clock.
@@ -107,7 +107,7 @@ const KEY_LIMIT: u64 = 1 << 56;
 
 /// The unmapped-set key of a block: (stream index, address), as `BlockComparatorAddress`.
 #[inline]
-fn unmapped_key(sid: u16, ptr: u64) -> u128 {
+fn unmapped_key(sid: u32, ptr: u64) -> u128 {
     (sid as u128) << 64 | ptr as u128
 }
 
@@ -313,12 +313,12 @@ impl PyTorch {
 
     /// The index of `stream`, if it was seen.
     #[inline]
-    fn sid_of(&self, stream: u64) -> Option<u16> {
-        self.streams.iter().position(|&s| s == stream).map(|i| i as u16)
+    fn sid_of(&self, stream: u64) -> Option<u32> {
+        self.streams.iter().position(|&s| s == stream).map(|i| i as u32)
     }
 
     /// The index of `stream`, assigned on first sight.
-    fn intern(&mut self, stream: u64) -> Result<u16> {
+    fn intern(&mut self, stream: u64) -> Result<u32> {
         if let Some(i) = self.sid_of(stream) {
             return Ok(i);
         }
@@ -326,7 +326,7 @@ impl PyTorch {
             return Err(Error::input("more than 65536 streams on one device"));
         }
         self.streams.push(stream);
-        Ok((self.streams.len() - 1) as u16)
+        Ok((self.streams.len() - 1) as u32)
     }
 
     /// Checks that a range from the backend fits the packed keys.
@@ -408,7 +408,7 @@ impl PyTorch {
     /// The search of `get_free_block`, without its side effects: (stream index, size, address,
     /// id) of the block it would take.
     #[inline(always)] // every malloc's search; the other caller is a what-if query
-    fn find_free_block(&self, stream: u64, size: u64, small: bool) -> Option<(u16, u64, u64, u32)> {
+    fn find_free_block(&self, stream: u64, size: u64, small: bool) -> Option<(u32, u64, u64, u32)> {
         let sid = self.sid_of(stream)?;
         let blocks = &self.pools[pool_index(small)].blocks;
         let (mut found, mut ptr, mut id) = blocks.first_from(sid, size, 0)?;

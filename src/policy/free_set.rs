@@ -1,20 +1,23 @@
-//! The free set of one `BlockPool`: free blocks ordered by (stream, size, address), the order of
-//! PyTorch's `BlockComparatorSize` (`c10/cuda/CUDACachingAllocator.cpp`), with the queries the
-//! allocator makes — the first block at or after (stream, size, 0), the next one after a block,
-//! the last one before a bound.
+//! A set of free blocks ordered by (list, size, address), with the queries best-fit allocators
+//! make: the first block at or after (list, size, 0), the next one after a block, the last one
+//! before a bound. `pytorch`'s pools use it with a list per stream (the order of PyTorch's
+//! `BlockComparatorSize`, `c10/cuda/CUDACachingAllocator.cpp`); the chunk store of `bfc`,
+//! `rmm-pool` and `stitch` ([`chunks`](super::chunks)) with RMM's per-stream free lists or one.
+//! Lists are small indices the caller assigns.
 //!
-//! Why not a `BTreeMap`: every malloc and free touches this set two or three times, and a B-tree
-//! descent per touch was the replay's hot spot. Blocks are bucketed per stream by size class
-//! (TLSF-style: the power of two and the next three bits, so bucket order is size order), each
-//! bucket a short vector sorted by (size, address), with a bitmap of non-empty buckets. A query
-//! is one bucket search plus, when the bucket has nothing large enough, one bitmap scan.
+//! Why not a `BTreeSet`: every malloc and free touches this set two or three times, and a B-tree
+//! descent per touch was the replay's hot spot (in `bfc`, `rmm-pool` and `stitch` the set was
+//! half of their instructions). Blocks are bucketed per list by size class (TLSF-style: the power
+//! of two and the next three bits, so bucket order is size order), each bucket a short vector
+//! sorted by (size, address), with a bitmap of non-empty buckets. A query is one bucket search
+//! plus, when the bucket has nothing large enough, one bitmap scan.
 //!
 //! Each bucket is sorted in *descending* order, so its smallest entry is its last: most mallocs
 //! take a cached block of exactly their size at the lowest address, which is then the bucket's
 //! last entry, found by one comparison and removed without moving the others (in ascending
 //! order every such removal shifted the whole bucket, and a search found it first).
 
-/// Buckets per stream: 64 powers of two × 8 sub-classes.
+/// Buckets per list: 64 powers of two × 8 sub-classes.
 const BUCKETS: usize = 64 * 8;
 
 /// The size class of `size`; monotonic in `size`.
@@ -31,20 +34,20 @@ fn bucket(size: u64) -> usize {
 /// One entry: (size, address, block id).
 type Entry = (u64, u64, u32);
 
-/// The free blocks of one stream.
+/// The free blocks of one list.
 #[derive(Debug, Clone)]
-struct Stream {
+struct List {
     buckets: Vec<Vec<Entry>>,
     nonempty: [u64; BUCKETS / 64],
 }
 
-impl Default for Stream {
+impl Default for List {
     fn default() -> Self {
-        Stream { buckets: vec![Vec::new(); BUCKETS], nonempty: [0; BUCKETS / 64] }
+        List { buckets: vec![Vec::new(); BUCKETS], nonempty: [0; BUCKETS / 64] }
     }
 }
 
-impl Stream {
+impl List {
     /// The first non-empty bucket at or after `b`.
     fn next_nonempty(&self, b: usize) -> Option<usize> {
         let mut word = b / 64;
@@ -148,22 +151,22 @@ fn at_or_after(v: &[Entry], size: u64, ptr: u64) -> usize {
     v.partition_point(|&(s, p, _)| (s, p) >= (size, ptr))
 }
 
-/// Free blocks of one pool, by (stream index, size, address); see the module docs.
+/// Free blocks by (list, size, address), each with an id; see the module docs.
 #[derive(Debug, Clone, Default)]
-pub(super) struct FreeSet {
-    streams: Vec<Stream>,
+pub(crate) struct FreeSet {
+    lists: Vec<List>,
     len: usize,
 }
 
 impl FreeSet {
-    /// Adds block `id` of `size` bytes at `ptr` on stream `sid`.
+    /// Adds block `id` of `size` bytes at `ptr` on list `sid`.
     #[inline(always)] // every free and every split: the common case is a few instructions
-    pub(super) fn insert(&mut self, sid: u16, size: u64, ptr: u64, id: u32) {
+    pub(crate) fn insert(&mut self, sid: u32, size: u64, ptr: u64, id: u32) {
         let sid = sid as usize;
-        if self.streams.len() <= sid {
-            self.add_streams(sid);
+        if self.lists.len() <= sid {
+            self.add_lists(sid);
         }
-        let s = &mut self.streams[sid];
+        let s = &mut self.lists[sid];
         let b = bucket(size);
         let v = &mut s.buckets[b];
         if v.last().is_none_or(|&(sz, p, _)| (sz, p) > (size, ptr)) {
@@ -176,17 +179,17 @@ impl FreeSet {
         self.len += 1;
     }
 
-    /// Makes room for stream `sid`: the first block of a new stream.
+    /// Makes room for list `sid`: the first block of a new list.
     #[cold]
     #[inline(never)]
-    fn add_streams(&mut self, sid: usize) {
-        self.streams.resize_with(sid + 1, Stream::default);
+    fn add_lists(&mut self, sid: usize) {
+        self.lists.resize_with(sid + 1, List::default);
     }
 
-    /// Removes the block of `size` bytes at `ptr` on stream `sid`; its id, if it was there.
+    /// Removes the block of `size` bytes at `ptr` on list `sid`; its id, if it was there.
     #[inline(always)] // every malloc takes a block with it
-    pub(super) fn remove(&mut self, sid: u16, size: u64, ptr: u64) -> Option<u32> {
-        let s = self.streams.get_mut(sid as usize)?;
+    pub(crate) fn remove(&mut self, sid: u32, size: u64, ptr: u64) -> Option<u32> {
+        let s = self.lists.get_mut(sid as usize)?;
         let b = bucket(size);
         let v = &mut s.buckets[b];
         // The block a malloc takes is usually the bucket's smallest: its last entry, popped
@@ -205,41 +208,46 @@ impl FreeSet {
         Some(id)
     }
 
-    /// The id of the block of `size` bytes at `ptr` on stream `sid`, if present.
-    pub(super) fn get(&self, sid: u16, size: u64, ptr: u64) -> Option<u32> {
-        self.streams
+    /// The id of the block of `size` bytes at `ptr` on list `sid`, if present.
+    pub(crate) fn get(&self, sid: u32, size: u64, ptr: u64) -> Option<u32> {
+        self.lists
             .get(sid as usize)?
             .first_from(size, ptr)
             .and_then(|(s, p, id)| ((s, p) == (size, ptr)).then_some(id))
     }
 
-    /// The first block of stream `sid` at or after (size, ptr): `lower_bound`.
+    /// The first block of list `sid` at or after (size, ptr): `lower_bound`.
     #[inline]
-    pub(super) fn first_from(&self, sid: u16, size: u64, ptr: u64) -> Option<(u64, u64, u32)> {
-        self.streams.get(sid as usize)?.first_from(size, ptr)
+    pub(crate) fn first_from(&self, sid: u32, size: u64, ptr: u64) -> Option<(u64, u64, u32)> {
+        self.lists.get(sid as usize)?.first_from(size, ptr)
     }
 
-    /// The next block of stream `sid` after the one of `size` bytes at `ptr`.
-    pub(super) fn next_after(&self, sid: u16, size: u64, ptr: u64) -> Option<(u64, u64, u32)> {
-        let s = self.streams.get(sid as usize)?;
+    /// The next block of list `sid` after the one of `size` bytes at `ptr`.
+    pub(crate) fn next_after(&self, sid: u32, size: u64, ptr: u64) -> Option<(u64, u64, u32)> {
+        let s = self.lists.get(sid as usize)?;
         match ptr.checked_add(1) {
             Some(p) => s.first_from(size, p),
             None => s.first_from(size.checked_add(1)?, 0),
         }
     }
 
-    /// The last block of stream `sid` before (size, ptr).
-    pub(super) fn last_before(&self, sid: u16, size: u64, ptr: u64) -> Option<(u64, u64, u32)> {
-        self.streams.get(sid as usize)?.last_before(size, ptr)
+    /// The last block of list `sid` before (size, ptr).
+    pub(crate) fn last_before(&self, sid: u32, size: u64, ptr: u64) -> Option<(u64, u64, u32)> {
+        self.lists.get(sid as usize)?.last_before(size, ptr)
+    }
+
+    /// True when list `sid` holds no block.
+    pub(crate) fn list_is_empty(&self, sid: u32) -> bool {
+        self.lists.get(sid as usize).is_none_or(|l| l.nonempty.iter().all(|&w| w == 0))
     }
 
     /// Every block id, in no particular order.
-    pub(super) fn ids(&self) -> impl Iterator<Item = u32> + '_ {
-        self.streams.iter().flat_map(|s| s.buckets.iter().flatten().map(|&(_, _, id)| id))
+    pub(crate) fn ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.lists.iter().flat_map(|s| s.buckets.iter().flatten().map(|&(_, _, id)| id))
     }
 
     /// Number of blocks.
-    pub(super) fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 }
@@ -267,9 +275,9 @@ mod tests {
         for seed in 0..20 {
             let mut rng = Rng::new(seed);
             let mut set = FreeSet::default();
-            let mut oracle: BTreeMap<(u16, u64, u64), u32> = BTreeMap::new();
+            let mut oracle: BTreeMap<(u32, u64, u64), u32> = BTreeMap::new();
             for step in 0..3000u32 {
-                let sid = rng.below(3) as u16;
+                let sid = rng.below(3) as u32;
                 let size = match rng.below(3) {
                     0 => 512 * (1 + rng.below(8)),
                     1 => 512 * (1 + rng.below(4096)),
