@@ -337,3 +337,25 @@ fn fuzz_finding_offline_huge_plan_work_is_bounded() {
     fragsim::testing::fuzz::replay(&data);
     assert!(start.elapsed() < Duration::from_secs(30), "took {:?}", start.elapsed());
 }
+
+#[test]
+fn property_a_damaged_fst_streams_as_it_loads_through_the_fuzz_body() {
+    // The stream_fst fuzz target's body on a real .fst and damaged copies of it (cut short, a
+    // byte flipped): never a panic, and the same pytorch and bfc replay streamed and loaded.
+    let config = fragsim::synth::SynthConfig::default();
+    let trace = fragsim::synth::generate(&config).unwrap().0;
+    let mut bytes = Vec::new();
+    write_to(&trace, fragsim::trace::Format::Fst, &mut bytes).unwrap();
+    fragsim::testing::fuzz::stream_fst(&bytes);
+    let mut rng = fragsim::testing::Rng::new(12);
+    for _ in 0..40 {
+        let mut damaged = bytes.clone();
+        if rng.below(2) == 0 {
+            damaged.truncate(rng.index(bytes.len()));
+        } else {
+            let i = rng.index(bytes.len());
+            damaged[i] ^= 1 << rng.below(8);
+        }
+        fragsim::testing::fuzz::stream_fst(&damaged);
+    }
+}

@@ -156,3 +156,44 @@ pub fn replay_trace(trace: &Trace, capacity: Option<u64>) {
         let _ = run_spec(&spec, &input, &options);
     }
 }
+
+/// Writes `data` to a file and streams it as a `.fst` (what `replay` does with an uncompressed
+/// version 3 file): opening, the pre-passes and a streamed `pytorch` and `bfc` replay must never
+/// panic, a file that streams must load, and both replays must give the same result.
+pub fn stream_fst(data: &[u8]) {
+    let dir = std::env::temp_dir().join(format!("fragsim-fuzz-{}", std::process::id()));
+    if std::fs::create_dir_all(&dir).is_err() {
+        return;
+    }
+    let path = dir.join("input.fst");
+    if std::fs::write(&path, data).is_ok() {
+        stream_fst_file(&path, data);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// [`stream_fst`] once `data` is at `path`.
+fn stream_fst_file(path: &std::path::Path, data: &[u8]) {
+    use crate::trace::fst::FstStream;
+    let Ok(Some(file)) = FstStream::open(path) else { return };
+    let Ok(streamed) = ReplayInput::streamed(&file, None) else { return };
+    // The first pre-pass checks the whole file as loading does: what streams, loads.
+    let loaded_trace = match read_bytes(data, Format::Fst, &options()) {
+        Ok(t) => t,
+        Err(e) => panic!("streamed, but the loader refuses the same bytes: {e}"),
+    };
+    let loaded = ReplayInput::new(&loaded_trace, Some(streamed.device)).ok();
+    let options = ReplayOptions::default();
+    for name in ["pytorch", "bfc"] {
+        let spec = PolicySpec { name: name.to_string(), options: String::new() };
+        let got = run_spec(&spec, &streamed, &options);
+        if let (Ok(got), Some(loaded)) = (got, &loaded) {
+            let Ok(want) = run_spec(&spec, loaded, &options) else { continue };
+            let untimed = |mut r: crate::replay::PolicyResult| {
+                r.replay_seconds = 0.0;
+                r
+            };
+            assert_eq!(untimed(got.result), untimed(want.result), "streamed and loaded {name}");
+        }
+    }
+}

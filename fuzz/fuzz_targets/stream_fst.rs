@@ -1,0 +1,8 @@
+//! Any bytes streamed as a version 3 `.fst` (what `replay` does with such a file): never a panic,
+//! and the same replay as loading the same bytes wherever both accept them.
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    fragsim::testing::fuzz::stream_fst(data);
+});
