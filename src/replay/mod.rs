@@ -125,6 +125,7 @@ impl Slots {
                 events.len()
             )));
         }
+        use std::collections::hash_map::Entry;
         let mut live: AddrMap<u32> = AddrMap::default();
         for (k, b) in live_at_start.iter().enumerate() {
             live.insert(b.addr, k as u32);
@@ -135,15 +136,14 @@ impl Slots {
         let mut of_event = vec![Slots::NONE; events.len()];
         for (i, e) in events.iter().enumerate() {
             if e.action == Action::Alloc && e.size > 0 {
-                of_event[i] = match live.get(&e.addr) {
-                    Some(&held) => held | Slots::DISPLACES,
-                    None => {
+                of_event[i] = match live.entry(e.addr) {
+                    Entry::Occupied(held) => *held.get() | Slots::DISPLACES,
+                    Entry::Vacant(place) => {
                         let slot = spare.pop().unwrap_or_else(|| {
                             count += 1;
                             count - 1
                         });
-                        live.insert(e.addr, slot);
-                        slot
+                        *place.insert(slot)
                     }
                 };
             } else if e.action == frees_at {
