@@ -467,6 +467,9 @@ fn union_into(acc: &mut Vec<(u64, u64)>, runs: &[(u64, u64)], tmp: &mut Vec<(u64
         acc.extend_from_slice(runs);
         return;
     }
+    if covers(acc, runs) {
+        return;
+    }
     tmp.clear();
     tmp.reserve(acc.len() + runs.len());
     let (a, b) = (&acc[..], runs);
@@ -503,6 +506,22 @@ fn union_into(acc: &mut Vec<(u64, u64)>, runs: &[(u64, u64)], tmp: &mut Vec<(u64
     tmp.push(cur);
     tmp.extend_from_slice(&rest[k..]);
     std::mem::swap(acc, tmp);
+}
+
+/// Whether every run of `runs` lies within one of `acc` (both sorted and disjoint): then
+/// [`union_into`] has nothing to add.
+fn covers(acc: &[(u64, u64)], runs: &[(u64, u64)]) -> bool {
+    let mut i = 0;
+    for &(lo, hi) in runs {
+        // The only run of `acc` that can hold it is the first one ending at or after `hi`.
+        while i < acc.len() && acc[i].1 < hi {
+            i += 1;
+        }
+        if i == acc.len() || acc[i].0 > lo {
+            return false;
+        }
+    }
+    true
 }
 
 /// The clique points of the non-empty lifetimes whose sorted starts and ends are given, in
@@ -565,16 +584,38 @@ impl RunLists {
 
     /// Adds `[lo, hi)` to list `k`, merging it with the runs it overlaps or touches; false when
     /// one run already held it (nothing changed).
+    #[inline]
     fn merge(&mut self, k: usize, (lo, hi): (u64, u64)) -> bool {
+        // Most new runs start in the last run or after it (with room left): settled here,
+        // without a call.
+        let at = self.at[k];
+        if at.len > 0 {
+            let end = at.start + at.len as usize - 1;
+            let last = &mut self.runs[end];
+            if last.0 <= lo && lo <= last.1 {
+                let grows = hi > last.1;
+                last.1 = last.1.max(hi);
+                return grows;
+            }
+            if last.1 < lo && at.len < at.room {
+                self.runs[end + 1] = (lo, hi);
+                self.at[k].len += 1;
+                return true;
+            }
+        }
+        self.merge_before_last(k, (lo, hi))
+    }
+
+    /// [`RunLists::merge`] where the fast cases do not apply.
+    #[inline(never)]
+    fn merge_before_last(&mut self, k: usize, (lo, hi): (u64, u64)) -> bool {
         let at = self.at[k];
         let len = at.len as usize;
         let runs = &mut self.runs[at.start..at.start + len];
-        // First run that ends at or after `lo` (it may touch or overlap the new one). Most new
-        // runs start at or after the last run's start: no search then.
+        // First run that ends at or after `lo` (it may touch or overlap the new one).
         let a = match runs.last() {
             Some(&(s, e)) if s <= lo => len - usize::from(e >= lo),
-            Some(_) => runs.partition_point(|&(_, e)| e < lo),
-            None => 0,
+            _ => runs.partition_point(|&(_, e)| e < lo),
         };
         if let Some(&(s, e)) = runs.get(a) {
             if s <= lo && hi <= e {
@@ -807,6 +848,14 @@ mod tests {
             let want = cells(&[lists[0].clone(), lists[1].clone()].concat());
             assert_eq!(cells(&acc), want, "round {round}");
             assert!(acc.windows(2).all(|w| w[0].1 < w[1].0), "round {round}: {acc:?}");
+            // Each list is now covered: a second union changes nothing.
+            let before = acc.clone();
+            for list in &lists {
+                assert!(covers(&acc, list), "round {round}");
+                union_into(&mut acc, list, &mut tmp);
+            }
+            assert_eq!(acc, before, "round {round}");
+            assert!(lists[0].is_empty() || !covers(&[], &lists[0]), "round {round}");
         }
     }
 
