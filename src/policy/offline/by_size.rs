@@ -274,10 +274,10 @@ struct SkylineTree {
     /// Leaves: the first power of two at or above the number of slots.
     leaves: usize,
     /// Per node: the runs of blocks stored at it.
-    cover: Vec<Vec<(u64, u64)>>,
+    cover: RunLists,
     /// Per inner node (below `leaves`): the runs of blocks stored at it or below it. A leaf's
     /// would be its `cover`, so leaves keep none.
-    sub: Vec<Vec<(u64, u64)>>,
+    sub: RunLists,
     /// The depth down to which nodes keep `above` ([`ABOVE_CACHED`] but in tests).
     cached: u32,
     /// Per node at depth `cached` or less: the union of `cover` over its strict ancestors, as
@@ -306,8 +306,8 @@ impl SkylineTree {
         SkylineTree {
             slots: items.par_iter().map(|it| (slot(it.start), slot(it.end))).collect(),
             leaves,
-            cover: vec![Vec::new(); 2 * leaves],
-            sub: vec![Vec::new(); leaves],
+            cover: RunLists::new(2 * leaves),
+            sub: RunLists::new(leaves),
             cached,
             above: vec![Vec::new(); 2 << cached],
             above_at: vec![0; 2 << cached],
@@ -374,7 +374,8 @@ impl SkylineTree {
         let (l, r) = self.slots[i];
         let mut scratch = std::mem::take(&mut self.scratch);
         let (at_l, at_r) = self.walk(l, r, self.cached, |v, canonical| {
-            let runs = if canonical && v < self.leaves { &self.sub[v] } else { &self.cover[v] };
+            let runs =
+                if canonical && v < self.leaves { self.sub.get(v) } else { self.cover.get(v) };
             if !runs.is_empty() {
                 union_into(out, runs, &mut scratch);
             }
@@ -406,7 +407,7 @@ impl SkylineTree {
                 let mut list = std::mem::take(&mut self.above[u]);
                 list.clear();
                 list.extend_from_slice(&self.above[parent]);
-                union_into(&mut list, &self.cover[parent], scratch);
+                union_into(&mut list, self.cover.get(parent), scratch);
                 self.above[u] = list;
                 self.above_at[u] = self.stamp;
             }
@@ -426,7 +427,7 @@ impl SkylineTree {
             }
         });
         for &v in &nodes {
-            let changed = merge_run(&mut self.cover[v], range);
+            let changed = self.cover.merge(v, range);
             if changed && v < self.changed.len() {
                 self.changed[v] = self.stamp;
             }
@@ -439,7 +440,7 @@ impl SkylineTree {
             } else {
                 0
             };
-            while x > 0 && merge_run(&mut self.sub[x], range) {
+            while x > 0 && self.sub.merge(x, range) {
                 x >>= 1;
             }
         }
@@ -464,6 +465,9 @@ const ABOVE_CACHED: u32 = 12;
 fn union_into(acc: &mut Vec<(u64, u64)>, runs: &[(u64, u64)], tmp: &mut Vec<(u64, u64)>) {
     if acc.is_empty() || runs.is_empty() {
         acc.extend_from_slice(runs);
+        return;
+    }
+    if covers(acc, runs) {
         return;
     }
     tmp.clear();
@@ -504,6 +508,22 @@ fn union_into(acc: &mut Vec<(u64, u64)>, runs: &[(u64, u64)], tmp: &mut Vec<(u64
     std::mem::swap(acc, tmp);
 }
 
+/// Whether every run of `runs` lies within one of `acc` (both sorted and disjoint): then
+/// [`union_into`] has nothing to add.
+fn covers(acc: &[(u64, u64)], runs: &[(u64, u64)]) -> bool {
+    let mut i = 0;
+    for &(lo, hi) in runs {
+        // The only run of `acc` that can hold it is the first one ending at or after `hi`.
+        while i < acc.len() && acc[i].1 < hi {
+            i += 1;
+        }
+        if i == acc.len() || acc[i].0 > lo {
+            return false;
+        }
+    }
+    true
+}
+
 /// The clique points of the non-empty lifetimes whose sorted starts and ends are given, in
 /// order: each tick where a run of starts ends (the next bound in time order is an end; at the
 /// same tick ends come first, as a lifetime ending at t does not overlap one starting at t).
@@ -529,28 +549,116 @@ fn clique_points(starts: &[u64], ends: &[u64]) -> Vec<u64> {
     out
 }
 
-/// Adds `[lo, hi)` to the sorted disjoint runs `runs`, merging it with the runs it overlaps or
-/// touches; false when one run already held it (nothing changed).
-#[inline]
-fn merge_run(runs: &mut Vec<(u64, u64)>, (lo, hi): (u64, u64)) -> bool {
-    // First run that ends at or after `lo` (it may touch or overlap the new one).
-    let a = runs.partition_point(|&(_, e)| e < lo);
-    let Some(&(s, e)) = runs.get(a) else {
-        runs.push((lo, hi));
-        return true;
-    };
-    if s <= lo && hi <= e {
-        return false;
+/// Sorted disjoint offset runs, one list per tree node, all in one buffer: a list's runs are
+/// contiguous, with room for as many as its capacity, and a list that outgrows its room moves to
+/// the buffer's end with twice the room (the old room stays unused). Against a `Vec` per node
+/// this saves an allocation each time a list grows, and one free per list at the end; the room
+/// left behind is at most what the lists use at the end.
+struct RunLists {
+    /// Per list: where its runs start in `runs`, how many it holds, and how many fit there.
+    at: Vec<ListAt>,
+    /// Every list's runs and room.
+    runs: Vec<(u64, u64)>,
+}
+
+/// Where one of [`RunLists`]' lists lies.
+#[derive(Clone, Copy, Default)]
+struct ListAt {
+    start: usize,
+    len: u32,
+    room: u32,
+}
+
+impl RunLists {
+    /// `n` empty lists.
+    fn new(n: usize) -> RunLists {
+        RunLists { at: vec![ListAt::default(); n], runs: Vec::new() }
     }
-    if hi < s {
-        runs.insert(a, (lo, hi)); // touches nothing
-        return true;
+
+    /// The runs of list `k`, sorted.
+    #[inline]
+    fn get(&self, k: usize) -> &[(u64, u64)] {
+        let at = self.at[k];
+        &self.runs[at.start..at.start + at.len as usize]
     }
-    // Runs a..b start at or before `hi`: they merge into one.
-    let b = a + 1 + runs[a + 1..].partition_point(|&(s, _)| s <= hi);
-    runs[a] = (lo.min(s), hi.max(runs[b - 1].1));
-    runs.drain(a + 1..b);
-    true
+
+    /// Adds `[lo, hi)` to list `k`, merging it with the runs it overlaps or touches; false when
+    /// one run already held it (nothing changed).
+    #[inline]
+    fn merge(&mut self, k: usize, (lo, hi): (u64, u64)) -> bool {
+        // Most new runs start in the last run or after it (with room left): settled here,
+        // without a call.
+        let at = self.at[k];
+        if at.len > 0 {
+            let end = at.start + at.len as usize - 1;
+            let last = &mut self.runs[end];
+            if last.0 <= lo && lo <= last.1 {
+                let grows = hi > last.1;
+                last.1 = last.1.max(hi);
+                return grows;
+            }
+            if last.1 < lo && at.len < at.room {
+                self.runs[end + 1] = (lo, hi);
+                self.at[k].len += 1;
+                return true;
+            }
+        }
+        self.merge_before_last(k, (lo, hi))
+    }
+
+    /// [`RunLists::merge`] where the fast cases do not apply.
+    #[inline(never)]
+    fn merge_before_last(&mut self, k: usize, (lo, hi): (u64, u64)) -> bool {
+        let at = self.at[k];
+        let len = at.len as usize;
+        let runs = &mut self.runs[at.start..at.start + len];
+        // First run that ends at or after `lo` (it may touch or overlap the new one).
+        let a = match runs.last() {
+            Some(&(s, e)) if s <= lo => len - usize::from(e >= lo),
+            _ => runs.partition_point(|&(_, e)| e < lo),
+        };
+        if let Some(&(s, e)) = runs.get(a) {
+            if s <= lo && hi <= e {
+                return false;
+            }
+            if hi >= s {
+                // Runs a..b start at or before `hi`: they merge into one.
+                let mut b = a + 1;
+                while b < len && runs[b].0 <= hi {
+                    b += 1;
+                }
+                runs[a] = (lo.min(s), hi.max(runs[b - 1].1));
+                if b > a + 1 {
+                    runs.copy_within(b.., a + 1);
+                    self.at[k].len -= (b - a - 1) as u32;
+                }
+                return true;
+            }
+        }
+        // It touches nothing: a new run at `a`.
+        if at.len == at.room {
+            self.move_to_end(k);
+        }
+        let at = &mut self.at[k];
+        at.len += 1;
+        let runs = &mut self.runs[at.start..at.start + len + 1];
+        if a < len {
+            runs.copy_within(a..len, a + 1);
+        }
+        runs[a] = (lo, hi);
+        true
+    }
+
+    /// Moves list `k` to the end of the buffer, with twice its room (4 runs at first).
+    #[cold]
+    fn move_to_end(&mut self, k: usize) {
+        let at = self.at[k];
+        let room = (2 * at.room).max(4);
+        let start = self.runs.len();
+        self.runs.resize(start + room as usize, (0, 0));
+        self.runs.copy_within(at.start..at.start + at.len as usize, start);
+        self.at[k] = ListAt { start, len: at.len, room };
+    }
 }
 
 #[cfg(test)]
@@ -728,18 +836,53 @@ mod tests {
             let mut lists: Vec<Vec<(u64, u64)>> = Vec::new();
             for k in 0..2 {
                 // One list long and the other short, either way round, or both alike.
-                let mut runs = Vec::new();
+                let mut runs = RunLists::new(1);
                 for _ in 0..next(if (round + k) % 3 == 0 { 40 } else { 5 }) {
                     let lo = next(200);
-                    merge_run(&mut runs, (lo, lo + 1 + next(6)));
+                    runs.merge(0, (lo, lo + 1 + next(6)));
                 }
-                lists.push(runs);
+                lists.push(runs.get(0).to_vec());
             }
             let (mut acc, mut tmp) = (lists[0].clone(), Vec::new());
             union_into(&mut acc, &lists[1], &mut tmp);
             let want = cells(&[lists[0].clone(), lists[1].clone()].concat());
             assert_eq!(cells(&acc), want, "round {round}");
             assert!(acc.windows(2).all(|w| w[0].1 < w[1].0), "round {round}: {acc:?}");
+            // Each list is now covered: a second union changes nothing.
+            let before = acc.clone();
+            for list in &lists {
+                assert!(covers(&acc, list), "round {round}");
+                union_into(&mut acc, list, &mut tmp);
+            }
+            assert_eq!(acc, before, "round {round}");
+            assert!(lists[0].is_empty() || !covers(&[], &lists[0]), "round {round}");
+        }
+    }
+
+    #[test]
+    fn run_lists_hold_exactly_the_merged_ranges() {
+        // Ranges merged into several lists in turn (so lists outgrow their room and move while
+        // others sit after them), against the set of unit cells each list should cover: same
+        // cells, sorted disjoint runs that do not touch, and `merge` says whether cells changed.
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let mut lists = RunLists::new(5);
+        let mut want: Vec<std::collections::BTreeSet<u64>> = vec![Default::default(); 5];
+        for round in 0..4000 {
+            let k = next(5) as usize;
+            let lo = next(if round % 2 == 0 { 300 } else { 60 });
+            let hi = lo + 1 + next(8);
+            let grew = (lo..hi).fold(false, |grew, c| want[k].insert(c) | grew);
+            assert_eq!(lists.merge(k, (lo, hi)), grew, "round {round}");
+            let runs = lists.get(k);
+            assert!(runs.windows(2).all(|w| w[0].1 < w[1].0), "round {round}: {runs:?}");
+            let cells: Vec<u64> = runs.iter().flat_map(|&(lo, hi)| lo..hi).collect();
+            assert_eq!(cells, want[k].iter().copied().collect::<Vec<_>>(), "round {round}");
         }
     }
 
