@@ -337,3 +337,50 @@ fn damaged_files_stream_as_they_load() {
     println!("damaged .fst: {refused} refused both ways, {replayed} replayed the same both ways");
     assert!(refused > 20 && replayed > 0, "refused {refused}, replayed {replayed}");
 }
+
+#[test]
+fn replays_sharing_one_reader_match_the_loaded_replays() {
+    // `run_specs` on a streamed file runs the online replays in lockstep (one reader decoding
+    // the file once for all of them, a chunk at a time); a planner loads the events itself. Every
+    // replay must be what the loaded trace gives, with every jobs setting (groups of two make
+    // several passes) and option set (capacity OOMs, added flushes, a cut at --stop-after).
+    // `offline`, which loads the events itself, is covered by `same_both_ways` above.
+    use fragsim::replay::{run_specs, Jobs, RunSettings};
+    let dir = tempfile::tempdir().unwrap();
+    let trace = workload_trace(5, 60_000); // several chunks of 16,384 events
+    let fst = dir.path().join("w.fst");
+    write_trace(&trace, &fst).unwrap();
+    let file = FstStream::open(&fst).unwrap().expect("a version 3 .fst streams");
+    let streamed = ReplayInput::streamed(&file, None).unwrap();
+    let loaded = ReplayInput::new(&trace, None).unwrap();
+    assert!(streamed.event_count() > 3 * 16_384, "{}", streamed.event_count());
+    // The online policies (a planner loads the events and never reads the shared feed).
+    let mut specs: Vec<PolicySpec> = PolicySpec::parse_list("all").unwrap();
+    specs.retain(|s| s.name != "offline");
+    specs.push(PolicySpec::parse_list("pytorch:max_split_size_mb:64").unwrap().remove(0));
+    let jobs = [Jobs::AllCores, Jobs::from_count(Some(2))];
+    let sets = option_sets(600 * MIB);
+    for options in [&sets[1], &sets[2], &sets[3]] {
+        let settings = RunSettings { record_events_of: Some(1), ..RunSettings::default() };
+        let want = run_specs(&specs, &loaded, options, &settings).unwrap();
+        for jobs in jobs {
+            let got = run_specs(&specs, &streamed, options, &RunSettings { jobs, ..settings })
+                .unwrap_or_else(|e| panic!("{jobs:?}: {e}"));
+            assert_eq!(got.runs.len(), specs.len());
+            for (a, b) in want.runs.iter().zip(&got.runs) {
+                let what = format!("{jobs:?} {} {options:?}", a.output.result.policy);
+                assert_eq!(a.index, b.index, "{what}");
+                let untimed = |o: &ReplayOutput| {
+                    let mut r = o.result.clone();
+                    r.replay_seconds = 0.0;
+                    r.planning_seconds = r.planning_seconds.map(|_| 0.0);
+                    r
+                };
+                assert_eq!(untimed(&a.output), untimed(&b.output), "{what}");
+                assert_eq!(a.output.detail, b.output.detail, "{what}");
+                assert_eq!(a.output.segments, b.output.segments, "{what}");
+                assert_eq!(a.output.events, b.output.events, "{what}");
+            }
+        }
+    }
+}

@@ -132,7 +132,8 @@ pub fn run_specs(
 ) -> Result<Comparison> {
     let total = specs.len();
     let finished = AtomicUsize::new(0);
-    let run_one = |(index, spec): (usize, &PolicySpec)| {
+    let run_on = |index: usize, input: &ReplayInput| {
+        let spec = &specs[index];
         let mut opts = options.clone();
         opts.record_events = settings.record_events_of == Some(index);
         let out = policy::lookup(&spec.name).and_then(|p| p.run(spec, input, &opts));
@@ -142,10 +143,27 @@ pub fn run_specs(
         }
         out
     };
+    let run_one = |(index, _): (usize, &PolicySpec)| run_on(index, input);
     let jobs = if options.backend == BackendKind::Cuda { Jobs::Sequential } else { settings.jobs };
     // In parallel, each replay is its own job, started longest first (see `start_order`), and
     // the outcomes go back into the order given.
     let order = start_order(specs);
+    // Events streamed from a file: the online replays share one reader (`lockstep`), at most as
+    // many at once as the jobs allow; a planner loads the events itself, first.
+    let in_lockstep = || -> Result<Vec<Result<ReplayOutput>>> {
+        let (planners, online): (Vec<usize>, Vec<usize>) =
+            order.iter().partition(|&&i| plans(&specs[i]));
+        let mut ran: Vec<(usize, Result<ReplayOutput>)> =
+            planners.iter().map(|&i| (i, run_on(i, input))).collect();
+        let group = match jobs {
+            Jobs::AtMost(n) => n.get(),
+            _ => super::lockstep::GROUP,
+        };
+        let limit = options.stop_after.map_or(u64::MAX, |s| s.saturating_add(1));
+        ran.extend(super::lockstep::run(input, &online, limit, group, run_on)?);
+        ran.sort_by_key(|&(index, _)| index);
+        Ok(ran.into_iter().map(|(_, outcome)| outcome).collect())
+    };
     let in_parallel = || {
         let mut ran: Vec<(usize, Result<ReplayOutput>)> = order
             .par_iter()
@@ -157,6 +175,7 @@ pub fn run_specs(
     };
     let outcomes: Vec<Result<ReplayOutput>> = match jobs {
         Jobs::Sequential => specs.iter().enumerate().map(run_one).collect(),
+        _ if input.is_streamed() => in_lockstep()?,
         Jobs::AllCores => in_parallel(),
         Jobs::AtMost(n) => rayon::ThreadPoolBuilder::new()
             .num_threads(n.get())
@@ -182,15 +201,17 @@ pub fn run_specs(
     Ok(comparison)
 }
 
+/// True when `spec` names a policy that plans with every event before its first malloc.
+fn plans(spec: &PolicySpec) -> bool {
+    policy::lookup(&spec.name).is_ok_and(|p| p.role == policy::Role::Clairvoyant)
+}
+
 /// The order the replays of `specs` start in when they run in parallel: the clairvoyant
 /// policies (`offline`) first, the others as given. `offline` plans the whole trace before its
 /// replay, which makes it several times longer than any online policy's replay (its module docs
 /// give the numbers); started last, it would run alone after the others had finished, while
 /// started first it runs alongside them.
 fn start_order(specs: &[PolicySpec]) -> Vec<usize> {
-    let plans = |spec: &PolicySpec| {
-        policy::lookup(&spec.name).is_ok_and(|p| p.role == policy::Role::Clairvoyant)
-    };
     let mut order: Vec<usize> = (0..specs.len()).collect();
     order.sort_by_key(|&i| !plans(&specs[i]));
     order

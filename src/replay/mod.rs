@@ -30,6 +30,7 @@
 
 pub mod compare;
 pub mod empty_cache;
+mod lockstep;
 pub mod metrics;
 pub mod series;
 
@@ -89,6 +90,9 @@ struct Streamed<'a> {
     /// The events that decide the start state ([`digest`]), handed to policies in place of the
     /// events.
     digest: Vec<Event>,
+    /// Where the events come from when a reader shared with other replays decodes the file
+    /// ([`lockstep`]); `None`: this replay reads the file itself.
+    feed: Option<lockstep::Feed>,
 }
 
 /// Where each block of a loaded replay lives while it is live: a slot, numbered so that a
@@ -255,6 +259,7 @@ impl<'a> ReplayInput<'a> {
                 events: file.events_of(device).unwrap_or(0),
                 first_time_us: first_time_us.unwrap_or(0),
                 digest,
+                feed: None,
             }),
         })
     }
@@ -292,8 +297,34 @@ impl<'a> ReplayInput<'a> {
                 }
                 Ok(())
             }
-            Some(s) => s.file.each_event(self.device, limit, false, f),
+            Some(s) => match &s.feed {
+                None => s.file.each_event(self.device, limit, false, f),
+                Some(feed) => feed.each_event(limit.min(s.events), f),
+            },
         }
+    }
+
+    /// The same streamed input with its events taken from `feed` instead of read from the file:
+    /// one replay of a [`lockstep`] group. `None` for a loaded input.
+    fn fed(&self, feed: lockstep::Feed) -> Option<ReplayInput<'a>> {
+        let s = self.stream.as_ref()?;
+        Some(ReplayInput {
+            trace: self.trace,
+            device: self.device,
+            events: self.events,
+            live_at_start: self.live_at_start.clone(),
+            empty_cache_at: self.empty_cache_at.clone(),
+            frees_at: self.frees_at,
+            lifetimes: self.lifetimes.clone(),
+            slots: Slots::default(),
+            stream: Some(Streamed {
+                file: s.file,
+                events: s.events,
+                first_time_us: s.first_time_us,
+                digest: s.digest.clone(),
+                feed: Some(feed),
+            }),
+        })
     }
 }
 
