@@ -740,13 +740,8 @@ mod tests {
     fn clique_points_are_the_starts_followed_by_an_end() {
         // The definition, on all bounds sorted together (ends first at a tick), against the
         // merge of the separately sorted starts and ends, on random lifetimes with many ties.
-        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-        let mut next = |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
+        let mut rng = crate::testing::Rng::new(0x2545_f491_4f6c_dd1d);
+        let mut next = |n: u64| rng.below(n);
         for round in 0..300 {
             let items: Vec<(u64, u64)> = (0..1 + next(40))
                 .map(|_| {
@@ -825,13 +820,8 @@ mod tests {
             c.dedup();
             c
         };
-        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-        let mut next = |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
+        let mut rng = crate::testing::Rng::new(0x2545_f491_4f6c_dd1d);
+        let mut next = |n: u64| rng.below(n);
         for round in 0..500 {
             let mut lists: Vec<Vec<(u64, u64)>> = Vec::new();
             for k in 0..2 {
@@ -864,13 +854,8 @@ mod tests {
         // Ranges merged into several lists in turn (so lists outgrow their room and move while
         // others sit after them), against the set of unit cells each list should cover: same
         // cells, sorted disjoint runs that do not touch, and `merge` says whether cells changed.
-        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-        let mut next = |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
+        let mut rng = crate::testing::Rng::new(0x2545_f491_4f6c_dd1d);
+        let mut next = |n: u64| rng.below(n);
         let mut lists = RunLists::new(5);
         let mut want: Vec<std::collections::BTreeSet<u64>> = vec![Default::default(); 5];
         for round in 0..4000 {
@@ -890,13 +875,8 @@ mod tests {
     fn both_lookups_find_the_same_gaps_as_a_plain_scan() {
         // Random lifetimes over a short time axis with few distinct sizes, so blocks overlap a
         // lot, gaps tie and exact fits are common; some live over the whole plan (the floor).
-        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut next = |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
+        let mut rng = crate::testing::Rng::new(0x9e37_79b9_7f4a_7c15);
+        let mut next = |n: u64| rng.below(n);
         for round in 0..200 {
             let n = 1 + next(120) as usize;
             let items: Vec<Lifetime> = (0..n)
