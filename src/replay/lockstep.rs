@@ -88,18 +88,13 @@ where
         for &index in part {
             let (tx, rx) = sync_channel(IN_FLIGHT);
             senders.push(Some(tx));
-            fed.push((index, input.fed(Feed(Mutex::new(rx)))));
+            fed.push((index, input.fed(stream, Feed(Mutex::new(rx)))));
         }
         let run = &run;
         let (read, ran) = std::thread::scope(|scope| {
             let replays: Vec<_> = fed
                 .into_iter()
-                .map(|(index, fed)| {
-                    scope.spawn(move || match fed {
-                        Some(fed) => (index, run(index, &fed)),
-                        None => (index, run(index, input)),
-                    })
-                })
+                .map(|(index, fed)| scope.spawn(move || (index, run(index, &fed))))
                 .collect();
             let read = broadcast(stream.file, input.device, limit, senders);
             let ran: Vec<_> = replays

@@ -304,11 +304,10 @@ impl<'a> ReplayInput<'a> {
         }
     }
 
-    /// The same streamed input with its events taken from `feed` instead of read from the file:
-    /// one replay of a [`lockstep`] group. `None` for a loaded input.
-    fn fed(&self, feed: lockstep::Feed) -> Option<ReplayInput<'a>> {
-        let s = self.stream.as_ref()?;
-        Some(ReplayInput {
+    /// The same input, streamed as `s` (its own [`ReplayInput::stream`]), with its events taken
+    /// from `feed` instead of read from the file: one replay of a [`lockstep`] group.
+    fn fed(&self, s: &Streamed<'a>, feed: lockstep::Feed) -> ReplayInput<'a> {
+        ReplayInput {
             trace: self.trace,
             device: self.device,
             events: self.events,
@@ -324,7 +323,7 @@ impl<'a> ReplayInput<'a> {
                 digest: s.digest.clone(),
                 feed: Some(feed),
             }),
-        })
+        }
     }
 }
 
