@@ -341,10 +341,10 @@ fn damaged_files_stream_as_they_load() {
 #[test]
 fn replays_sharing_one_reader_match_the_loaded_replays() {
     // `run_specs` on a streamed file runs the online replays in lockstep (one reader decoding
-    // the file once for all of them, a chunk at a time); a planner loads the events itself. Every
-    // replay must be what the loaded trace gives, with every jobs setting (groups of two make
-    // several passes) and option set (capacity OOMs, added flushes, a cut at --stop-after).
-    // `offline`, which loads the events itself, is covered by `same_both_ways` above.
+    // the file once for all of them, a chunk at a time); a planner loads the events itself, on a
+    // thread beside them (after them with one job). Every replay must be what the loaded trace
+    // gives, with every jobs setting (groups of two make several passes; one job runs them one
+    // after another) and option set (capacity OOMs, added flushes, a cut at --stop-after).
     use fragsim::replay::{run_specs, Jobs, RunSettings};
     let dir = tempfile::tempdir().unwrap();
     let trace = workload_trace(5, 60_000); // several chunks of 16,384 events
@@ -354,11 +354,10 @@ fn replays_sharing_one_reader_match_the_loaded_replays() {
     let streamed = ReplayInput::streamed(&file, None).unwrap();
     let loaded = ReplayInput::new(&trace, None).unwrap();
     assert!(streamed.event_count() > 3 * 16_384, "{}", streamed.event_count());
-    // The online policies (a planner loads the events and never reads the shared feed).
     let mut specs: Vec<PolicySpec> = PolicySpec::parse_list("all").unwrap();
-    specs.retain(|s| s.name != "offline");
+    assert!(specs.iter().any(|s| s.name == "offline"), "a planner beside the shared reader");
     specs.push(PolicySpec::parse_list("pytorch:max_split_size_mb:64").unwrap().remove(0));
-    let jobs = [Jobs::AllCores, Jobs::from_count(Some(2))];
+    let jobs = [Jobs::AllCores, Jobs::from_count(Some(2)), Jobs::from_count(Some(1))];
     let sets = option_sets(600 * MIB);
     for options in [&sets[1], &sets[2], &sets[3]] {
         let settings = RunSettings { record_events_of: Some(1), ..RunSettings::default() };

@@ -149,18 +149,33 @@ pub fn run_specs(
     // the outcomes go back into the order given.
     let order = start_order(specs);
     // Events streamed from a file: the online replays share one reader (`lockstep`), at most as
-    // many at once as the jobs allow; a planner loads the events itself, first.
+    // many at once as the jobs allow. A planner loads the events itself, on a thread of its own
+    // beside the shared reader's replays (one after the other with `--jobs 1`): it takes longer
+    // than all of them, so run first and alone it would set the wall time by itself.
     let in_lockstep = || -> Result<Vec<Result<ReplayOutput>>> {
         let (planners, online): (Vec<usize>, Vec<usize>) =
             order.iter().partition(|&&i| plans(&specs[i]));
-        let mut ran: Vec<(usize, Result<ReplayOutput>)> =
-            planners.iter().map(|&i| (i, run_on(i, input))).collect();
         let group = match jobs {
             Jobs::AtMost(n) => n.get(),
             _ => super::lockstep::GROUP,
         };
         let limit = options.stop_after.map_or(u64::MAX, |s| s.saturating_add(1));
-        ran.extend(super::lockstep::run(input, &online, limit, group, run_on)?);
+        let plan_all = || -> Vec<(usize, Result<ReplayOutput>)> {
+            planners.iter().map(|&i| (i, run_on(i, input))).collect()
+        };
+        let replay_online = || super::lockstep::run(input, &online, limit, group, run_on);
+        let (mut ran, online_ran) = if group == 1 || planners.is_empty() || online.is_empty() {
+            (plan_all(), replay_online())
+        } else {
+            std::thread::scope(|scope| {
+                let planned = scope.spawn(plan_all);
+                let online_ran = replay_online();
+                let planned =
+                    planned.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                (planned, online_ran)
+            })
+        };
+        ran.extend(online_ran?);
         ran.sort_by_key(|&(index, _)| index);
         Ok(ran.into_iter().map(|(_, outcome)| outcome).collect())
     };
