@@ -173,6 +173,7 @@ fn workload_trace(seed: u64, len: usize) -> Trace {
         stream: 0,
         pool: PoolKind::Large,
         is_expandable: false,
+        private_pool: None,
         blocks: vec![
             block(0x30_0000_0000, 4 * MIB, 3 * MIB),
             block(0x30_0040_0000, 16 * MIB, 9 * MIB),

@@ -503,3 +503,68 @@ fn export_snapshot_writes_the_simulated_run() {
     );
     assert!(String::from_utf8_lossy(&py).starts_with("['device_traces', 'segments']"));
 }
+
+/// A snapshot of PyTorch's schema where a CUDA graph's private pool owns the lower of two
+/// wholly free 20 MiB segments (`segment_pool_id` (3, 0)) and one 4 MiB request, made outside
+/// capture, went to the default pool's segment above it.
+const PRIVATE_POOL_FIXTURE: &str = r#"
+import pickle, sys
+M = 2**20
+low, high = 2**40, 2**40 + 64 * M
+def seg(address, pool, blocks):
+    return {'device': 0, 'address': address, 'total_size': 20 * M, 'allocated_size': 0,
+            'active_size': 0, 'requested_size': 0, 'stream': 0, 'segment_type': 'large',
+            'segment_pool_id': pool, 'is_expandable': False, 'frames': [], 'blocks': blocks}
+def block(address, size, state):
+    return {'address': address, 'size': size, 'requested_size': size, 'state': state, 'frames': []}
+snap = {
+  'segments': [seg(low, (3, 0), [block(low, 20 * M, 'inactive')]),
+               seg(high, (0, 0), [block(high, 4 * M, 'active_allocated'),
+                                  block(high + 4 * M, 16 * M, 'inactive')])],
+  'device_traces': [[{'action': 'alloc', 'addr': high, 'size': 4 * M, 'stream': 0,
+                      'time_us': 1, 'frames': []}]],
+}
+if sys.argv[1] == 'bad':
+    snap['segments'][0]['segment_pool_id'] = 'graph'
+sys.stdout.buffer.write(pickle.dumps(snap, protocol=4))
+"#;
+
+#[test]
+fn private_pool_segments_are_read_kept_apart_and_written_back() {
+    let data = python(PRIVATE_POOL_FIXTURE, &["good"]);
+    let t = snapshot::read(&data, &ReadOptions::default()).unwrap();
+    let pools: Vec<_> = t.segments.iter().map(|s| s.private_pool).collect();
+    assert_eq!(pools, vec![Some((3, 0)), None]);
+    // Written back as PyTorch writes it: a tuple, (0, 0) for the default pools.
+    let mut bytes = Vec::new();
+    snapshot::write(&t, &mut bytes).unwrap();
+    assert_eq!(snapshot::read(&bytes, &ReadOptions::default()).unwrap(), t);
+    let (_dir, path) = temp_file("graph.pickle", &data);
+    let (_dir2, ours) = temp_file("ours.pickle", &bytes);
+    let out = python(
+        "import pickle, sys\n\
+         s = pickle.load(open(sys.argv[1], 'rb'))['segments']\n\
+         print([x['segment_pool_id'] for x in s])",
+        &[ours.to_str().unwrap()],
+    );
+    assert_eq!(String::from_utf8_lossy(&out).trim(), "[(3, 0), (0, 0)]");
+    let p = path.to_str().unwrap();
+    // info counts them.
+    let info = run(&["info", p, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
+    assert_eq!(v["private_pool_segments_at_dump"], 1);
+    assert_eq!(v["private_pool_reserved_at_dump_bytes"], 20u64 << 20);
+    assert!(stdout(&run(&["info", p])).contains("in private pools (CUDA graphs, MemPool): 1"));
+    // validate reproduces the placement (one shared pool would not: best fit takes the lower
+    // address), and says what it did with the private pool.
+    let out = run(&["validate", p, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{v}");
+    assert_eq!((v["allocs_total"].as_u64(), v["allocs_addr_matched"].as_u64()), (Some(1), Some(1)));
+    let text = stdout(&run(&["validate", p]));
+    assert!(text.contains("belong to 1 private pool(s)"), "{text}");
+    // A segment_pool_id that is not a pair of ints is refused, with the segment named.
+    let bad = python(PRIVATE_POOL_FIXTURE, &["bad"]);
+    let err = snapshot::read(&bad, &ReadOptions::default()).unwrap_err().to_string();
+    assert!(err.contains("segment 0: 'segment_pool_id' is not a pair of ints: 'graph'"), "{err}");
+}

@@ -128,6 +128,14 @@ fn render(path: &str, s: &Summary, extra: &dyn Fn(i32) -> Vec<String>) -> String
             format_bytes(s.reserved_at_dump_bytes)
         );
     }
+    if s.private_pool_segments_at_dump > 0 {
+        let _ = writeln!(
+            o,
+            "  in private pools (CUDA graphs, MemPool): {} ({} reserved)",
+            count(s.private_pool_segments_at_dump),
+            format_bytes(s.private_pool_reserved_at_dump_bytes)
+        );
+    }
     match &s.allocator_settings {
         Some(a) => {
             let split = a.max_split_size.map_or("unlimited".to_string(), format_bytes);

@@ -86,6 +86,7 @@ impl Policy for Bound {
                 stream,
                 pool: PoolKind::Large,
                 is_expandable: false,
+                private_pool: None,
                 blocks: vec![Block {
                     address,
                     size,

@@ -287,6 +287,7 @@ impl Policy for Buddy {
                     stream: a.stream,
                     pool: PoolKind::Large,
                     is_expandable: false,
+                    private_pool: None,
                     blocks,
                 }
             })

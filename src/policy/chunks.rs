@@ -475,6 +475,7 @@ impl Chunks {
                     stream: r.stream,
                     pool,
                     is_expandable,
+                    private_pool: None,
                     blocks,
                 }
             })

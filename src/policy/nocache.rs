@@ -164,6 +164,7 @@ impl Policy for NoCache {
                         PoolKind::Large
                     },
                     is_expandable: false,
+                    private_pool: None,
                     blocks,
                 }
             })

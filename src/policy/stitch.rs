@@ -315,6 +315,7 @@ impl Policy for Stitch {
                             stream: seg.stream,
                             pool: seg.pool,
                             is_expandable: true,
+                            private_pool: None,
                             blocks: vec![b],
                         });
                     }

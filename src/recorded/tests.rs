@@ -20,6 +20,7 @@ fn segment(address: u64, total_size: u64) -> Segment {
         stream: 0,
         pool: crate::trace::PoolKind::Large,
         is_expandable: false,
+        private_pool: None,
         blocks: vec![],
     }
 }

@@ -95,6 +95,7 @@ mod tests {
                 stream: 0,
                 pool: PoolKind::Small,
                 is_expandable: false,
+                private_pool: None,
                 blocks: vec![
                     Block {
                         address: 0x10000,

@@ -97,6 +97,7 @@ impl Policy for Toy {
             stream: 0,
             pool: if size <= 1 << 20 { PoolKind::Small } else { PoolKind::Large },
             is_expandable: false,
+            private_pool: None,
             blocks: vec![Block { address, size, requested_size, state }],
         };
         let mut out: Vec<Segment> = self

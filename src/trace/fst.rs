@@ -4,7 +4,7 @@
 //! an `.fst` file holds the parsed [`Trace`] (events, interned frames, final segments, allocator
 //! settings, the format of origin, whether times are real) and decodes at memory speed.
 //!
-//! Layout (all integers little-endian), version 3:
+//! Layout (all integers little-endian), version 4:
 //!
 //! | bytes | content |
 //! |---|---|
@@ -23,7 +23,8 @@
 //! the head once, then the file from its start for each pass, holding one record at a time.
 //!
 //! Versions 1 and 2 (one record holding the whole trace; version 1 without recorded totals) are
-//! still read. The CRC catches corruption that would otherwise decode into wrong numbers (bincode
+//! still read, and version 3 (this layout, with segments that do not say their private pool) is
+//! read and streamed. The CRC catches corruption that would otherwise decode into wrong numbers (bincode
 //! is not self-describing); the body length catches truncation. Lists grow as elements arrive,
 //! never from a declared length alone, and a bincode size limit bounds each record as well. A
 //! change to the model types must bump [`VERSION`].
@@ -42,7 +43,10 @@ use std::path::{Path, PathBuf};
 pub const MAGIC: &[u8] = b"FRAGSIM\0";
 
 /// The version of the layout this build writes (it reads 1 to this).
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
+
+/// The first version in the chunked layout (one head, then records of events).
+const CHUNKED_SINCE: u32 = 3;
 
 /// The most events (and, separately, recorded totals) one record holds: about 250 KB encoded and
 /// 650 KB decoded, the bound on what a reader buffers beside the events.
@@ -60,6 +64,35 @@ fn config() -> impl bincode::config::Config {
     bincode::config::standard().with_limit::<DECODE_LIMIT>()
 }
 
+/// A [`Segment`] as versions 1 to 3 wrote it: without its private pool.
+#[derive(Deserialize)]
+struct SegmentV3 {
+    device: i32,
+    address: u64,
+    total_size: u64,
+    stream: u64,
+    pool: super::PoolKind,
+    is_expandable: bool,
+    blocks: Vec<super::Block>,
+}
+
+impl From<SegmentV3> for Segment {
+    /// Files before version 4 did not record private pools: every segment is in the default ones.
+    fn from(s: SegmentV3) -> Segment {
+        let SegmentV3 { device, address, total_size, stream, pool, is_expandable, blocks } = s;
+        Segment {
+            device,
+            address,
+            total_size,
+            stream,
+            pool,
+            is_expandable,
+            private_pool: None,
+            blocks,
+        }
+    }
+}
+
 /// What a version 1 or 2 body holds (version 1 ends before `recorded_totals`).
 #[derive(Deserialize)]
 struct WireV2 {
@@ -67,7 +100,7 @@ struct WireV2 {
     has_times: bool,
     devices: Vec<DeviceTrace>,
     frames: Vec<Vec<Frame>>,
-    segments: Vec<Segment>,
+    segments: Vec<SegmentV3>,
     allocator_settings: Option<AllocatorSettings>,
     recorded_totals: Vec<DeviceTotals>,
 }
@@ -79,11 +112,11 @@ struct WireV1 {
     has_times: bool,
     devices: Vec<DeviceTrace>,
     frames: Vec<Vec<Frame>>,
-    segments: Vec<Segment>,
+    segments: Vec<SegmentV3>,
     allocator_settings: Option<AllocatorSettings>,
 }
 
-/// The head of a version 3 file, as written (borrowing the trace).
+/// The head of a version 4 file, as written (borrowing the trace).
 #[derive(Serialize)]
 struct HeadOut<'a> {
     format: Format,
@@ -95,7 +128,7 @@ struct HeadOut<'a> {
     totals: Vec<(i32, u64)>,
 }
 
-/// The head of a version 3 file, as read.
+/// The head of a version 4 file, as read.
 #[derive(Deserialize)]
 struct HeadIn {
     format: Format,
@@ -105,6 +138,32 @@ struct HeadIn {
     segments: Vec<Segment>,
     allocator_settings: Option<AllocatorSettings>,
     totals: Vec<(i32, u64)>,
+}
+
+/// The head of a version 3 file: segments without their private pool.
+#[derive(Deserialize)]
+struct HeadInV3 {
+    format: Format,
+    has_times: bool,
+    devices: Vec<(i32, u64)>,
+    frames: Vec<Vec<Frame>>,
+    segments: Vec<SegmentV3>,
+    allocator_settings: Option<AllocatorSettings>,
+    totals: Vec<(i32, u64)>,
+}
+
+impl From<HeadInV3> for HeadIn {
+    fn from(h: HeadInV3) -> HeadIn {
+        HeadIn {
+            format: h.format,
+            has_times: h.has_times,
+            devices: h.devices,
+            frames: h.frames,
+            segments: h.segments.into_iter().map(Segment::from).collect(),
+            allocator_settings: h.allocator_settings,
+            totals: h.totals,
+        }
+    }
 }
 
 /// Reads an .fst file held in memory.
@@ -132,7 +191,7 @@ pub fn read_from(input: &mut dyn BufRead, _options: &ReadOptions) -> Result<Trac
             input.read_to_end(&mut data).map_err(Error::from_io)?;
             read_whole(&data, version)
         }
-        VERSION => Chunked { input, at: 12, body: Vec::new() }.read(),
+        CHUNKED_SINCE..=VERSION => Chunked { input, at: 12, body: Vec::new(), version }.read(),
         _ => Err(Error::input(format!(
             "unsupported .fst version {version} (this fragsim reads versions 1 to {VERSION}); \
              re-create the file from the original trace with 'fragsim convert'"
@@ -155,12 +214,13 @@ fn read_up_to(input: &mut dyn BufRead, buf: &mut [u8]) -> Result<usize> {
     Ok(got)
 }
 
-/// A version 3 file after its version: the input, the byte offset reached, and a buffer for one
-/// record's body.
+/// A chunked (version 3 or later) file after its version: the input, the byte offset reached, a
+/// buffer for one record's body, and the version.
 struct Chunked<'r> {
     input: &'r mut dyn BufRead,
     at: u64,
     body: Vec<u8>,
+    version: u32,
 }
 
 impl Chunked<'_> {
@@ -212,8 +272,14 @@ impl Chunked<'_> {
             return Err(Error::input("truncated header: the file ends before its body length")
                 .at(Place::Byte(12)));
         }
-        bincode::serde::decode_from_slice(&self.body, config())
-            .map_err(|e| undecodable(e, self.body_start()))
+        let at = self.body_start();
+        if self.version == 3 {
+            let (head, used): (HeadInV3, usize) =
+                bincode::serde::decode_from_slice(&self.body, config())
+                    .map_err(|e| undecodable(e, at))?;
+            return Ok((head.into(), used));
+        }
+        bincode::serde::decode_from_slice(&self.body, config()).map_err(|e| undecodable(e, at))
     }
 
     /// The byte offset of the current record's body.
@@ -314,20 +380,23 @@ fn intern_frames(lists: Vec<Vec<Frame>>) -> Result<FrameTable> {
     Ok(frames)
 }
 
-/// A version 3 `.fst` file opened to stream one device's events, record by record, without
-/// loading them: what `replay` runs on. Opening reads the head (frames, final segments, settings,
-/// each device's event count); [`FstStream::each_event`] then reads the file again from its start
-/// for each pass, holding one record at a time, so memory does not grow with the trace's length.
+/// A chunked (version 3 or later) `.fst` file opened to stream one device's events, record by
+/// record, without loading them: what `replay` runs on. Opening reads the head (frames, final
+/// segments, settings, each device's event count); [`FstStream::each_event`] then reads the file
+/// again from its start for each pass, holding one record at a time, so memory does not grow with
+/// the trace's length.
 #[derive(Debug)]
 pub struct FstStream {
     path: PathBuf,
     head: Trace,
     devices: Vec<(i32, u64)>,
     first_chunk: usize,
+    /// The file's layout version, which every pass checks again.
+    version: u32,
 }
 
 impl FstStream {
-    /// Opens `path` for streaming when it is an uncompressed version 3 `.fst` file whose head
+    /// Opens `path` for streaming when it is an uncompressed chunked `.fst` file whose head
     /// declares no recorded totals (those belong beside every event: a trace with them is
     /// loaded); `Ok(None)` for any other file, which the caller reads as usual. Errors in the
     /// head name the file.
@@ -340,10 +409,11 @@ impl FstStream {
         let mut input = std::io::BufReader::new(file);
         let mut start = [0u8; 12];
         let got = read_up_to(&mut input, &mut start).map_err(|e| e.in_file(path))?;
-        if got < 12 || !start.starts_with(MAGIC) || start[8..] != VERSION.to_le_bytes() {
+        let version = u32::from_le_bytes([start[8], start[9], start[10], start[11]]);
+        if got < 12 || !start.starts_with(MAGIC) || !(CHUNKED_SINCE..=VERSION).contains(&version) {
             return Ok(None);
         }
-        let mut records = Chunked { input: &mut input, at: 12, body: Vec::new() };
+        let mut records = Chunked { input: &mut input, at: 12, body: Vec::new(), version };
         let in_file = |e: Error| e.in_format(Format::Fst.name()).in_file(path);
         let (head, first_chunk) = records.head().map_err(in_file)?;
         if !head.totals.is_empty() {
@@ -379,6 +449,7 @@ impl FstStream {
             head: trace,
             devices: head.devices,
             first_chunk,
+            version,
         }))
     }
 
@@ -427,12 +498,13 @@ impl FstStream {
         let mut input = std::io::BufReader::with_capacity(1 << 16, file);
         let mut start = [0u8; 12];
         read_up_to(&mut input, &mut start).map_err(|e| e.in_file(path))?;
-        if !start.starts_with(MAGIC) || start[8..] != VERSION.to_le_bytes() {
+        if !start.starts_with(MAGIC) || start[8..] != self.version.to_le_bytes() {
             return Err(Error::input("the file changed while it was replayed")
                 .in_format(Format::Fst.name())
                 .in_file(path));
         }
-        let mut records = Chunked { input: &mut input, at: 12, body: Vec::new() };
+        let version = self.version;
+        let mut records = Chunked { input: &mut input, at: 12, body: Vec::new(), version };
         let declared = self.devices.iter().fold(0u64, |s, d| s.saturating_add(d.1));
         // The flat sequence's bounds of each device, in file order.
         let mut bounds = Vec::with_capacity(self.devices.len());
@@ -667,7 +739,7 @@ fn read_whole(data: &[u8], version: u32) -> Result<Trace> {
         converted_from: Some(wire.format),
         devices,
         frames,
-        segments: wire.segments,
+        segments: wire.segments.into_iter().map(Segment::from).collect(),
         allocator_settings: wire.allocator_settings,
         has_times: wire.has_times,
         recorded_totals: wire.recorded_totals,
@@ -686,7 +758,7 @@ pub fn losses(_trace: &Trace) -> Vec<String> {
     Vec::new()
 }
 
-/// Writes `trace` as .fst version 3 (nothing is lost: the format holds the whole model), one
+/// Writes `trace` as .fst version 4 (nothing is lost: the format holds the whole model), one
 /// record of at most [`CHUNK`] events and totals at a time.
 pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
     let frames = (1..=trace.frames.len() as u32).map(|i| trace.frames.get(FramesId(i))).collect();
@@ -768,6 +840,7 @@ mod tests {
                 stream: 7,
                 pool: PoolKind::Small,
                 is_expandable: false,
+                private_pool: Some((1, u64::MAX)), // a graph pool id beyond i64: kept whole
                 blocks: vec![Block {
                     address: 0x7f00_0000_0000,
                     size: 2 << 20,
@@ -822,10 +895,10 @@ mod tests {
         bad[40] ^= 0x55;
         assert!(read(&bad, &opts).unwrap_err().to_string().contains("checksum mismatch"));
         let mut other = data.clone();
-        other[8] = 4;
+        other[8] = 5;
         assert_eq!(
             read(&other, &opts).unwrap_err().to_string(),
-            "byte 8: unsupported .fst version 4 (this fragsim reads versions 1 to 3); re-create the file from the original trace with 'fragsim convert'"
+            "byte 8: unsupported .fst version 5 (this fragsim reads versions 1 to 4); re-create the file from the original trace with 'fragsim convert'"
         );
         let mut longer = data.clone();
         longer.push(0);
@@ -843,6 +916,33 @@ mod tests {
         let err = read(&data, &ReadOptions::default()).unwrap_err();
         assert!(err.to_string().starts_with("byte 24: undecodable body"), "{err}");
     }
+    /// A segment as versions 1 to 3 wrote it: without its private pool.
+    #[derive(Serialize)]
+    struct OldSegment<'a> {
+        device: i32,
+        address: u64,
+        total_size: u64,
+        stream: u64,
+        pool: PoolKind,
+        is_expandable: bool,
+        blocks: &'a [Block],
+    }
+
+    fn old_segments(t: &Trace) -> Vec<OldSegment<'_>> {
+        t.segments
+            .iter()
+            .map(|s| OldSegment {
+                device: s.device,
+                address: s.address,
+                total_size: s.total_size,
+                stream: s.stream,
+                pool: s.pool,
+                is_expandable: s.is_expandable,
+                blocks: &s.blocks,
+            })
+            .collect()
+    }
+
     /// A version 1 or 2 file as those builds wrote it: one record holding the whole trace.
     fn encode_old(t: &Trace, version: u32) -> Vec<u8> {
         #[derive(Serialize)]
@@ -851,7 +951,7 @@ mod tests {
             has_times: bool,
             devices: &'a [DeviceTrace],
             frames: Vec<&'a [Frame]>,
-            segments: &'a [Segment],
+            segments: Vec<OldSegment<'a>>,
             allocator_settings: &'a Option<AllocatorSettings>,
         }
         let frames = (1..=t.frames.len() as u32).map(|i| t.frames.get(FramesId(i))).collect();
@@ -860,7 +960,7 @@ mod tests {
             has_times: t.has_times,
             devices: &t.devices,
             frames,
-            segments: &t.segments,
+            segments: old_segments(t),
             allocator_settings: &t.allocator_settings,
         };
         let mut body = bincode::serde::encode_to_vec(&old, config()).unwrap();
@@ -882,14 +982,70 @@ mod tests {
         data
     }
 
+    /// A version 3 file of a trace of at most [`CHUNK`] events: the chunked layout, with
+    /// segments that do not say their private pool.
+    fn encode_v3(t: &Trace) -> Vec<u8> {
+        #[derive(Serialize)]
+        struct HeadV3<'a> {
+            format: Format,
+            has_times: bool,
+            devices: Vec<(i32, u64)>,
+            frames: Vec<&'a [Frame]>,
+            segments: Vec<OldSegment<'a>>,
+            allocator_settings: &'a Option<AllocatorSettings>,
+            totals: Vec<(i32, u64)>,
+        }
+        let head = HeadV3 {
+            format: t.format,
+            has_times: t.has_times,
+            devices: t.devices.iter().map(|d| (d.device, d.events.len() as u64)).collect(),
+            frames: (1..=t.frames.len() as u32).map(|i| t.frames.get(FramesId(i))).collect(),
+            segments: old_segments(t),
+            allocator_settings: &t.allocator_settings,
+            totals: t.recorded_totals.iter().map(|d| (d.device, d.totals.len() as u64)).collect(),
+        };
+        let events: Vec<&Event> = t.devices.iter().flat_map(|d| &d.events).collect();
+        let totals: Vec<&RecordedTotals> =
+            t.recorded_totals.iter().flat_map(|d| &d.totals).collect();
+        assert!(events.len() <= CHUNK && totals.len() <= CHUNK, "one record");
+        let mut body = bincode::serde::encode_to_vec(&head, config()).unwrap();
+        body.extend(bincode::serde::encode_to_vec((events, totals), config()).unwrap());
+        framed(3, &body)
+    }
+
     #[test]
-    fn reads_versions_1_and_2() {
+    fn reads_versions_1_to_3_whose_segments_are_all_in_the_default_pools() {
         let t = sample();
+        assert!(t.segments.iter().any(|s| s.private_pool.is_some()), "a private pool to lose");
+        let default_pools = Trace {
+            segments: t
+                .segments
+                .iter()
+                .map(|s| Segment { private_pool: None, ..s.clone() })
+                .collect(),
+            ..t.clone()
+        };
+        let v3 = read(&encode_v3(&t), &ReadOptions::default()).unwrap();
+        assert_eq!(Trace { format: t.format, converted_from: None, ..v3 }, default_pools);
         let v2 = read(&encode_old(&t, 2), &ReadOptions::default()).unwrap();
-        assert_eq!(Trace { format: t.format, converted_from: None, ..v2 }, t);
+        assert_eq!(Trace { format: t.format, converted_from: None, ..v2 }, default_pools);
         let v1 = read(&encode_old(&t, 1), &ReadOptions::default()).unwrap();
-        let want = Trace { recorded_totals: Vec::new(), ..t };
+        let want = Trace { recorded_totals: Vec::new(), ..default_pools.clone() };
         assert_eq!(Trace { format: want.format, converted_from: None, ..v1 }, want);
+        // A version 3 file still streams, with its events as loading gives them.
+        let streamable = Trace { recorded_totals: Vec::new(), ..t };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v3.fst");
+        std::fs::write(&path, encode_v3(&streamable)).unwrap();
+        let file = FstStream::open(&path).unwrap().expect("a version 3 file streams");
+        assert_eq!(file.head().segments, default_pools.segments);
+        let mut got = Vec::new();
+        file.each_event(0, u64::MAX, true, |_, e| {
+            got.push(*e);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(got, streamable.devices[0].events);
     }
 
     /// A trace of `n` events on device 0 and 3 on device 2, every event with recorded totals.
@@ -916,7 +1072,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.fst");
         std::fs::write(&path, encode(&t)).unwrap();
-        let file = FstStream::open(&path).unwrap().expect("version 3");
+        let file = FstStream::open(&path).unwrap().expect("the current version streams");
         assert!(file.head().devices.is_empty() && file.head().segments == t.segments);
         assert_eq!(file.devices(), vec![(0, 2 * CHUNK as u64 + 5), (2, 3)]);
         assert_eq!(file.default_device(), Some(0));

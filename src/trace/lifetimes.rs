@@ -368,6 +368,7 @@ mod tests {
             stream: 0,
             pool: crate::trace::PoolKind::Small,
             is_expandable: false,
+            private_pool: None,
             blocks: vec![live(0x300), live(0x400)],
         });
         let frees_at = free_action(&e);

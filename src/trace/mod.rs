@@ -191,6 +191,10 @@ pub struct Segment {
     pub pool: PoolKind,
     /// True for a mapped range of an expandable segment.
     pub is_expandable: bool,
+    /// The private pool that owns it, as PyTorch's `segment_pool_id` (a CUDA graph's pool or a
+    /// `torch.cuda.MemPool`); `None` for the default pools (`(0, 0)`). Only allocations made
+    /// into that pool (during graph capture, or under `use_mem_pool`) are ever placed in it.
+    pub private_pool: Option<(u64, u64)>,
     /// The blocks in address order.
     pub blocks: Vec<Block>,
 }

@@ -759,6 +759,31 @@ fn read_segments(p: &Pickle, v: Value, root: Value) -> Result<Vec<Segment>> {
                 .ok_or_else(|| err(format!("'stream' is not a cudaStream_t value: {x:?}")))?,
         };
         let is_expandable = matches!(p.get(s, "is_expandable"), Some(Value::Bool(true)));
+        let private_pool = match p.get(s, "segment_pool_id") {
+            None | Some(Value::None) => None,
+            Some(v) => {
+                match p.items(v).map(|xs| xs.iter().map(|&x| p.int(x)).collect::<Vec<_>>()) {
+                    // MempoolId_t: two unsigned 64-bit ids, pickled as signed ints; (0, 0) is the
+                    // default pools.
+                    Some(ids) => match ids[..] {
+                        [Some(0), Some(0)] => None,
+                        [Some(a), Some(b)] => Some((a as u64, b as u64)),
+                        _ => {
+                            return Err(err(format!(
+                                "'segment_pool_id' is not a pair of ints: {}",
+                                describe(p, v)
+                            )))
+                        }
+                    },
+                    None => {
+                        return Err(err(format!(
+                            "'segment_pool_id' is not a pair of ints: {}",
+                            describe(p, v)
+                        )))
+                    }
+                }
+            }
+        };
         let mut blocks = Vec::new();
         let mut next = address;
         if let Some(bv) = p.get(s, "blocks") {
@@ -816,7 +841,16 @@ fn read_segments(p: &Pickle, v: Value, root: Value) -> Result<Vec<Segment>> {
             None if total_size == SMALL_SEGMENT => PoolKind::Small,
             None => PoolKind::Large,
         };
-        let segment = Segment { device, address, total_size, stream, pool, is_expandable, blocks };
+        let segment = Segment {
+            device,
+            address,
+            total_size,
+            stream,
+            pool,
+            is_expandable,
+            private_pool,
+            blocks,
+        };
         limits::check_segment(&segment).map_err(err)?;
         out.push(segment);
     }
@@ -1023,7 +1057,8 @@ fn write_segment(e: &mut Encoder, s: &Segment) {
         PoolKind::Large => "large",
     });
     e.str("segment_pool_id");
-    e.pair(0, 0);
+    let (a, b) = s.private_pool.unwrap_or((0, 0));
+    e.pair(a as i64 as i128, b as i64 as i128);
     e.str("is_expandable");
     e.bool(s.is_expandable);
     e.str("frames");

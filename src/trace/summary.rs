@@ -41,6 +41,11 @@ pub struct Summary {
     pub segments_at_dump: u64,
     /// Sum of those segments' sizes.
     pub reserved_at_dump_bytes: u64,
+    /// Of those segments, the ones a private pool owns (a CUDA graph's or a
+    /// `torch.cuda.MemPool`'s: `segment_pool_id` ≠ (0, 0)).
+    pub private_pool_segments_at_dump: u64,
+    /// Sum of those private-pool segments' sizes.
+    pub private_pool_reserved_at_dump_bytes: u64,
     /// True when the trace recorded its allocator settings (PyTorch ≈ 2.3+ snapshots).
     pub has_allocator_settings: bool,
     /// The recorded allocator settings, if any.
@@ -166,6 +171,7 @@ impl Summary {
             trace.devices.iter().map(|d| DeviceSummary::of(trace, d)).collect();
         let device = trace.default_device();
         let chosen = devices.iter().find(|d| Some(d.device) == device);
+        let private = trace.segments.iter().filter(|s| s.private_pool.is_some());
         Summary {
             format: trace.format.name(),
             converted_from: trace.converted_from.map(super::Format::name),
@@ -178,6 +184,10 @@ impl Summary {
             segments_at_dump: trace.segments.len() as u64,
             reserved_at_dump_bytes: saturate(
                 trace.segments.iter().map(|s| s.total_size as u128).sum(),
+            ),
+            private_pool_segments_at_dump: private.clone().count() as u64,
+            private_pool_reserved_at_dump_bytes: saturate(
+                private.map(|s| s.total_size as u128).sum(),
             ),
             has_allocator_settings: trace.allocator_settings.is_some(),
             allocator_settings: trace.allocator_settings.clone(),

@@ -544,6 +544,7 @@ impl Policy for Offline {
                     stream: 0,
                     pool: PoolKind::Large,
                     is_expandable: true,
+                    private_pool: None,
                     blocks,
                 });
             }
@@ -557,6 +558,7 @@ impl Policy for Offline {
             stream: 0,
             pool: PoolKind::Large,
             is_expandable: false,
+            private_pool: None,
             blocks: vec![block((&a, &(b, r)))],
         }));
         out

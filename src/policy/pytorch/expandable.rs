@@ -67,6 +67,7 @@ impl PyTorch {
             next: NIL,
             expandable: seg,
             gc_base: 0,
+            pool: 0,
             small,
             allocated: false,
             mapped: false,
@@ -135,7 +136,7 @@ impl PyTorch {
                 self.bm(b.next).prev = rest;
             }
             self.bm(id).next = rest;
-            self.pools[super::pool_index(b.small)]
+            self.owner_mut(b.pool, b.small)
                 .unmapped
                 .insert(unmapped_key(b.sid, b.ptr + mapped), rest);
         }
@@ -280,6 +281,7 @@ impl PyTorch {
                 next: NIL,
                 expandable: seg,
                 gc_base: 0,
+                pool: 0,
                 small,
                 allocated: false,
                 mapped,
@@ -299,7 +301,8 @@ impl PyTorch {
                     if self.try_merge(id, pv) {
                         prev = id;
                     }
-                    self.pools[p].unmapped.insert(unmapped_key(sid, self.b(id).ptr), id);
+                    let key = unmapped_key(sid, self.b(id).ptr);
+                    self.pools[p].unmapped.insert(key, id);
                 }
             }
         }

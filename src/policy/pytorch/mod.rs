@@ -14,10 +14,15 @@
 //! by address in an open-addressing table (`active.rs`, PyTorch's `active_blocks`). Every choice
 //! is deterministic: best fit, then lowest address.
 //!
+//! Private pools (CUDA graphs, `torch.cuda.MemPool`): a recorded start state's segments that a
+//! private pool owns are installed in that pool, whose free blocks no malloc takes and no flush
+//! releases, as in PyTorch while the graph or pool lives.
+//!
 //! Deviations: frees take effect when the engine calls [`Policy::free`] (at `free_completed`), so
-//! `record_stream` delays come from the trace; there are no CUDA-graph private pools and no IPC
-//! callbacks (the free-memory callback is taken to release nothing); `cudaMalloc` and page mapping
-//! go through the [`Backend`], whose capacity decides when they fail.
+//! `record_stream` delays come from the trace; no malloc is routed into a private pool (the trace
+//! does not mark graph capture), and private expandable segments are installed in the default
+//! pools; no IPC callbacks (the free-memory callback is taken to release nothing); `cudaMalloc`
+//! and page mapping go through the [`Backend`], whose capacity decides when they fail.
 
 mod active;
 pub mod config;
@@ -85,6 +90,8 @@ struct Block {
     expandable: u32,
     /// The pool's GC clock when the block was last inserted into the free set.
     gc_base: u64,
+    /// 0: the default pools; `k > 0`: the private pool `PyTorch::private_pools[k - 1]`.
+    pool: u16,
     small: bool,
     allocated: bool,
     mapped: bool,
@@ -151,8 +158,17 @@ pub struct PyTorch {
     config: Config,
     blocks: Vec<Block>,
     spare: Vec<u32>,
-    /// Index 0: large pool; 1: small pool.
+    /// The default pools. Index 0: large pool; 1: small pool.
     pools: [Pool; 2],
+    /// Each private pool's large and small pools, in the order of `private_pools`.
+    private: Vec<Pool>,
+    /// The private pools (`segment_pool_id`) of segments installed from a recorded start state,
+    /// in order of first sight: a CUDA graph's or a `torch.cuda.MemPool`'s. The trace does not
+    /// say which allocations were made into them (during capture, or under `use_mem_pool`), so
+    /// none is: their free blocks are never handed out, as the real allocator never hands them
+    /// to an allocation outside the pool, and frees return blocks to their own pool. They are
+    /// released by no flush, as PyTorch keeps a private pool until its graph or pool is gone.
+    private_pools: Vec<(u64, u64)>,
     /// Allocated blocks by address.
     active: active::ActiveMap,
     segments: BTreeMap<u64, SegmentInfo>,
@@ -174,6 +190,7 @@ pub struct PyTorch {
     exact_blocks: bool,
 }
 
+/// The index in `PyTorch::pools` of the default pool a request of this kind uses.
 fn pool_index(small: bool) -> usize {
     small as usize
 }
@@ -185,6 +202,8 @@ impl PyTorch {
             blocks: Vec::with_capacity(1024),
             spare: Vec::new(),
             pools: [Pool::default(), Pool::default()],
+            private: Vec::new(),
+            private_pools: Vec::new(),
             active: active::ActiveMap::default(),
             segments: BTreeMap::new(),
             expandable: Vec::new(),
@@ -301,6 +320,24 @@ impl PyTorch {
         self.spare.push(id);
     }
 
+    /// The pool that owns a block of private pool number `owner` (0: the default pools) and
+    /// size class `small`.
+    #[inline(always)]
+    fn owner_mut(&mut self, owner: u16, small: bool) -> &mut Pool {
+        match owner {
+            0 => &mut self.pools[pool_index(small)],
+            k => &mut self.private[2 * (k as usize - 1) + small as usize],
+        }
+    }
+
+    /// The pool that owns `b`.
+    fn owner(&self, b: &Block) -> &Pool {
+        match b.pool {
+            0 => &self.pools[pool_index(b.small)],
+            k => &self.private[2 * (k as usize - 1) + b.small as usize],
+        }
+    }
+
     #[inline]
     fn b(&self, id: u32) -> &Block {
         &self.blocks[id as usize]
@@ -358,8 +395,8 @@ impl PyTorch {
     #[inline(always)]
     fn insert_free(&mut self, id: u32) {
         let b = self.b(id);
-        let (sid, size, ptr, p) = (b.sid, b.size, b.ptr, pool_index(b.small));
-        let pool = &mut self.pools[p];
+        let (sid, size, ptr, owner, small) = (b.sid, b.size, b.ptr, b.pool, b.small);
+        let pool = self.owner_mut(owner, small);
         pool.blocks.insert(sid, size, ptr, id);
         let clock = pool.gc_count;
         self.bm(id).gc_base = clock;
@@ -368,13 +405,13 @@ impl PyTorch {
     #[inline]
     fn remove_free(&mut self, id: u32) {
         let b = self.b(id);
-        let p = pool_index(b.small);
-        if b.mapped {
-            let (sid, size, ptr) = (b.sid, b.size, b.ptr);
-            self.pools[p].blocks.remove(sid, size, ptr);
+        let (owner, small, mapped, sid, size, ptr) =
+            (b.pool, b.small, b.mapped, b.sid, b.size, b.ptr);
+        let pool = self.owner_mut(owner, small);
+        if mapped {
+            pool.blocks.remove(sid, size, ptr);
         } else {
-            let key = unmapped_key(b.sid, b.ptr);
-            self.pools[p].unmapped.remove(&key);
+            pool.unmapped.remove(&unmapped_key(sid, ptr));
         }
     }
 
@@ -611,6 +648,7 @@ impl PyTorch {
             next: NIL,
             expandable: NIL,
             gc_base: 0,
+            pool: 0,
             small,
             allocated: false,
             mapped: true,
@@ -744,6 +782,12 @@ impl PyTorch {
         None
     }
 
+    /// The private pool (`segment_pool_id`) owning the segment that holds `addr`, if it is one.
+    pub fn private_pool_at(&self, addr: u64) -> Option<(u64, u64)> {
+        let pool = self.b(self.head_containing(addr)?).pool;
+        pool.checked_sub(1).map(|k| self.private_pools[k as usize])
+    }
+
     fn head_containing(&self, addr: u64) -> Option<u32> {
         let inside = match self.segments.range(..=addr).next_back() {
             Some((&base, info)) if addr < base + info.size => {
@@ -767,13 +811,15 @@ impl PyTorch {
 
     /// Installs a whole cudaMalloc segment as it stood before a trace (start-state recovery):
     /// `blocks` tile `[addr, addr + size)` in address order as (start, size, live request or
-    /// `None` when free). Free neighbours are merged.
+    /// `None` when free). Free neighbours are merged. A segment of a `private_pool` goes to that
+    /// pool, whose free blocks no malloc takes (see `PyTorch::private_pools`).
     pub fn install_segment(
         &mut self,
         addr: u64,
         size: u64,
         stream: u64,
         small: bool,
+        private_pool: Option<(u64, u64)>,
         blocks: &[(u64, u64, Option<u64>)],
     ) -> Result<()> {
         let mut pos = addr;
@@ -791,8 +837,13 @@ impl PyTorch {
                 pos - addr
             )));
         }
+        let pool = match private_pool {
+            Some(id) => self.private_pool_index(id)?,
+            None => 0,
+        };
         let head = self.add_segment(addr, size, stream, small)?;
         self.stats.num_device_alloc -= 1; // not a call made during the replay
+        self.bm(head).pool = pool;
         let mut prev = NIL;
         for (i, &(a, s, live)) in blocks.iter().enumerate() {
             let id = if i == 0 {
@@ -818,6 +869,22 @@ impl PyTorch {
             }
         }
         Ok(())
+    }
+
+    /// The `pool` number of private pool `id`, given on first sight.
+    fn private_pool_index(&mut self, id: (u64, u64)) -> Result<u16> {
+        let k = match self.private_pools.iter().position(|&p| p == id) {
+            Some(k) => k,
+            None => {
+                if self.private_pools.len() >= u16::MAX as usize - 1 {
+                    return Err(Error::input("more than 65534 private pools on one device"));
+                }
+                self.private_pools.push(id);
+                self.private.extend([Pool::default(), Pool::default()]);
+                self.private_pools.len() - 1
+            }
+        };
+        Ok(k as u16 + 1)
     }
 
     /// Checks every invariant in the module docs; see [`Policy::check_invariants`].
@@ -859,7 +926,7 @@ impl PyTorch {
                 }
             } else if b.mapped {
                 free_mapped += 1;
-                if self.pools[pool_index(b.small)].blocks.get(b.sid, b.size, b.ptr) != Some(id) {
+                if self.owner(b).blocks.get(b.sid, b.size, b.ptr) != Some(id) {
                     return Err(format!(
                         "free block {:#x} (+{}) not in its free set",
                         b.ptr, b.size
@@ -867,9 +934,7 @@ impl PyTorch {
                 }
             } else {
                 free_unmapped += 1;
-                if self.pools[pool_index(b.small)].unmapped.get(&unmapped_key(b.sid, b.ptr))
-                    != Some(&id)
-                {
+                if self.owner(b).unmapped.get(&unmapped_key(b.sid, b.ptr)) != Some(&id) {
                     return Err(format!("unmapped block {:#x} not in its set", b.ptr));
                 }
             }
@@ -892,8 +957,9 @@ impl PyTorch {
                 seg_bytes += info.size;
             }
         }
-        let sets: usize = self.pools.iter().map(|p| p.blocks.len()).sum();
-        let unmapped: usize = self.pools.iter().map(|p| p.unmapped.len()).sum();
+        let sets: usize = self.pools.iter().chain(&self.private).map(|p| p.blocks.len()).sum();
+        let unmapped: usize =
+            self.pools.iter().chain(&self.private).map(|p| p.unmapped.len()).sum();
         if sets != free_mapped || unmapped != free_unmapped {
             return Err(format!(
                 "free sets hold {sets}+{unmapped} blocks, {free_mapped}+{free_unmapped} are free"
@@ -979,7 +1045,7 @@ impl Policy for PyTorch {
                 }
             }
             merge_free_neighbours(&mut tiling);
-            self.install_segment(base, s.size, s.stream, s.small, &tiling)?;
+            self.install_segment(base, s.size, s.stream, s.small, s.private_pool, &tiling)?;
             for (k, addr, block_size) in placed {
                 out[k] = Some(Allocation { addr, block_size });
             }
@@ -1066,6 +1132,7 @@ impl Policy for PyTorch {
                         stream: x.stream,
                         pool: if x.small { PoolKind::Small } else { PoolKind::Large },
                         is_expandable: x.expandable != NIL,
+                        private_pool: x.pool.checked_sub(1).map(|k| self.private_pools[k as usize]),
                         blocks: Vec::new(),
                     });
                     seg.total_size += x.size;

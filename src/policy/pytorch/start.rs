@@ -67,6 +67,9 @@ pub struct StartSegment {
     pub small: bool,
     /// A mapped range of an expandable segment (not a cudaMalloc segment).
     pub expandable: bool,
+    /// The private pool that owns it (`segment_pool_id`), when the snapshot says so; `None`
+    /// for the default pools, and for a segment the trace frees (the dump does not show it).
+    pub private_pool: Option<(u64, u64)>,
     /// The blocks live in it, in address order.
     pub live: Vec<LiveAtStart>,
 }
@@ -84,6 +87,9 @@ pub struct StartState {
     pub reservations: Vec<Reservation>,
 }
 
+/// A cudaMalloc segment's (size, stream, small pool, private pool), as recovery tracks it.
+type SegmentFacts = (u64, u64, bool, Option<(u64, u64)>);
+
 impl StartState {
     /// Recovers the state of `device` at the first of `events` under `config`.
     pub fn recover(trace: &Trace, device: i32, events: &[Event], config: &Config) -> StartState {
@@ -100,7 +106,8 @@ impl StartState {
         config: &Config,
     ) -> StartState {
         // Segments: undo segment events from the dump backwards.
-        let mut segs: BTreeMap<u64, (u64, u64, bool)> = BTreeMap::new();
+        // addr -> (size, stream, small, private pool)
+        let mut segs: BTreeMap<u64, SegmentFacts> = BTreeMap::new();
         // Mapped expandable bytes, page-granular pieces: addr -> (size, stream, small).
         let mut mapped: BTreeMap<u64, (u64, u64, bool)> = BTreeMap::new();
         let mut final_live: Vec<(u64, u64, u64)> = Vec::new(); // (addr, size, request)
@@ -123,10 +130,8 @@ impl StartState {
                 }
                 continue;
             }
-            segs.insert(
-                s.address,
-                (s.total_size, s.stream, s.pool == crate::trace::PoolKind::Small),
-            );
+            let small = s.pool == crate::trace::PoolKind::Small;
+            segs.insert(s.address, (s.total_size, s.stream, small, s.private_pool));
             for b in &s.blocks {
                 if matches!(b.state, BlockState::ActiveAllocated | BlockState::ActivePendingFree) {
                     final_live.push((b.address, b.size, b.requested_size));
@@ -141,7 +146,7 @@ impl StartState {
                     segs.remove(&e.addr);
                 }
                 Action::SegmentFree => {
-                    segs.insert(e.addr, (e.size, e.stream, e.size == SMALL_BUFFER));
+                    segs.insert(e.addr, (e.size, e.stream, e.size == SMALL_BUFFER, None));
                 }
                 Action::SegmentMap => {
                     expandable = true;
@@ -160,12 +165,13 @@ impl StartState {
         let orphans = lifetimes.orphans.iter().map(|b| (b.addr, b.size));
         let mut segments: Vec<StartSegment> = segs
             .iter()
-            .map(|(&addr, &(size, stream, small))| StartSegment {
+            .map(|(&addr, &(size, stream, small, private_pool))| StartSegment {
                 addr,
                 size,
                 stream,
                 small,
                 expandable: false,
+                private_pool,
                 live: Vec::new(),
             })
             .collect();
@@ -328,7 +334,7 @@ impl StartState {
         }
         for s in self.segments.iter().filter(|s| !s.expandable) {
             let blocks = Self::tiling(s);
-            policy.install_segment(s.addr, s.size, s.stream, s.small, &blocks)?;
+            policy.install_segment(s.addr, s.size, s.stream, s.small, s.private_pool, &blocks)?;
         }
         Ok(())
     }
@@ -392,6 +398,7 @@ fn reservations(
                 stream,
                 small,
                 expandable: true,
+                private_pool: None,
                 live: Vec::new(),
             }),
         }
@@ -471,6 +478,7 @@ mod tests {
             stream: 0,
             small: false,
             expandable: false,
+            private_pool: None,
             live: live
                 .into_iter()
                 .map(|(addr, request, orphan)| LiveAtStart {

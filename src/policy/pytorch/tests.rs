@@ -229,7 +229,7 @@ fn m4_tolerance_and_rounding_together() {
         let mut d = device(None);
         // The cached block is installed directly: with divisions, no request rounds to 80 MiB.
         let a = d.segment_alloc(cached).unwrap().unwrap();
-        p.install_segment(a, cached, 0, false, &[(a, cached, None)]).unwrap();
+        p.install_segment(a, cached, 0, false, None, &[(a, cached, None)]).unwrap();
         let b = malloc(&mut p, &mut d, request);
         (b.addr == a, b.block_size, segment_allocs(&d))
     };
@@ -290,13 +290,13 @@ fn gc_setup(total: u64) -> (PyTorch, Recording<SimDevice>, [u64; 4]) {
     let mut d = device(None);
     let filler = total - 10 * GIB;
     let f = d.segment_alloc(filler).unwrap().unwrap();
-    p.install_segment(f, filler, 0, false, &[(f, filler, Some(filler))]).unwrap();
+    p.install_segment(f, filler, 0, false, None, &[(f, filler, Some(filler))]).unwrap();
     let mut addrs = [0; 4];
     let clock = 100u64;
     for (i, (gib, age)) in [(1, 0), (2, 10), (3, 2), (4, 6)].into_iter().enumerate() {
         let size = gib * GIB;
         let a = d.segment_alloc(size).unwrap().unwrap();
-        p.install_segment(a, size, 0, false, &[(a, size, None)]).unwrap();
+        p.install_segment(a, size, 0, false, None, &[(a, size, None)]).unwrap();
         let id = p.pools[0].blocks.get(0, size, a).unwrap();
         p.bm(id).gc_base = clock - age;
         addrs[i] = a;

@@ -224,6 +224,15 @@ pub enum Warning {
         /// The memory assumed.
         assumed: u64,
     },
+    /// Segments at the dump belong to private pools (`segment_pool_id` ≠ (0, 0)).
+    PrivatePools {
+        /// How many segments.
+        segments: u64,
+        /// Their bytes.
+        bytes: u64,
+        /// How many pools.
+        pools: u64,
+    },
     /// Expandable segments: the recording bounds the GPU memory only from below.
     GpuMemoryUnbounded {
         /// The smallest memory that fits.
@@ -246,6 +255,7 @@ impl Warning {
                 | Warning::InferredGpuMemory { .. }
                 | Warning::GpuMemoryConflict { .. }
                 | Warning::GpuMemoryUnbounded { .. }
+                | Warning::PrivatePools { .. }
         )
     }
 }
@@ -290,6 +300,15 @@ impl std::fmt::Display for Warning {
                 exact_bytes(min),
                 exact_bytes(max),
                 exact_bytes(assumed)
+            ),
+            Warning::PrivatePools { segments, bytes, pools } => write!(
+                f,
+                "{segments} segment(s) ({}) at the dump belong to {pools} private pool(s) (CUDA \
+                 graphs or torch.cuda.MemPool): those live from the start are kept apart, their \
+                 free blocks given to no other allocation, as PyTorch does; the trace does not \
+                 mark the allocations made into a private pool, so those are replayed into the \
+                 default pools",
+                crate::units::format_bytes(bytes)
             ),
             Warning::GpuMemoryUnbounded { min, assumed, fraction } => write!(
                 f,
@@ -541,6 +560,12 @@ fn hex(a: u64) -> String {
 
 /// Why the simulation placed a block elsewhere: what it holds at the recorded address.
 fn explain(policy: &PyTorch, recorded: u64, placed: Option<u64>) -> String {
+    if let Some((a, b)) = policy.private_pool_at(recorded) {
+        return format!(
+            "the recorded address is in a segment of the private pool ({a}, {b}): an allocation \
+             made into a CUDA graph's or MemPool's pool, which the trace does not mark as such"
+        );
+    }
     match policy.block_containing(recorded) {
         None => "the recorded address is in no simulated segment".into(),
         Some((start, size, true)) if Some(start) == placed => format!(
@@ -910,6 +935,16 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
     if options.version.is_none() {
         notes.push(Warning::ModelledCurrentVersion { version: Version::CURRENT });
     }
+    let private: Vec<&Segment> =
+        trace.segments_of(device).filter(|s| s.private_pool.is_some()).collect();
+    if !private.is_empty() {
+        let pools: BTreeSet<(u64, u64)> = private.iter().filter_map(|s| s.private_pool).collect();
+        notes.push(Warning::PrivatePools {
+            segments: private.len() as u64,
+            bytes: private.iter().fold(0u64, |sum, s| sum.saturating_add(s.total_size)),
+            pools: pools.len() as u64,
+        });
+    }
     let ops = plan(events);
     let mut start = StartState::recover(trace, device, events, &config);
     if options.gpu_memory.is_none() {
@@ -1101,6 +1136,7 @@ mod tests {
             stream: 0,
             pool: PoolKind::Large,
             is_expandable: false,
+            private_pool: None,
             blocks,
         };
         let block = |address, size, state| Block { address, size, requested_size: 0, state };
@@ -1118,6 +1154,85 @@ mod tests {
         let v = validate(&t, &ValidateOptions::default()).unwrap();
         assert_eq!(v.mismatches.len(), 1);
         assert_eq!((v.mismatches[0].event, v.mismatches[0].action_name()), (2, "segments"));
+    }
+
+    #[test]
+    fn a_private_pool_s_free_blocks_go_to_no_other_allocation() {
+        // Two 20 MiB segments, live before recording, each wholly free: one of a CUDA graph's
+        // private pool at the lower address, one of the default pool above it. A 4 MiB request
+        // outside capture takes the default pool's block, as PyTorch does: in one shared pool,
+        // best fit (equal sizes, lowest address) would take the private one.
+        use crate::trace::{Block, BlockState, PoolKind, Segment};
+        let (private, default) = (0x1000_0000u64, 0x2000_0000u64);
+        let seg = |address, private_pool, blocks: Vec<(u64, u64, BlockState)>| Segment {
+            device: 0,
+            address,
+            total_size: 20 << 20,
+            stream: 0,
+            pool: PoolKind::Large,
+            is_expandable: false,
+            private_pool,
+            blocks: blocks
+                .into_iter()
+                .map(|(address, size, state)| Block { address, size, requested_size: 0, state })
+                .collect(),
+        };
+        let dump = |recorded: u64| {
+            let mut t = trace(&format!("alloc {recorded:#x} 4194304\n"));
+            t.segments = vec![
+                seg(private, Some((1, 0)), vec![(private, 20 << 20, BlockState::Inactive)]),
+                seg(
+                    default,
+                    None,
+                    vec![
+                        (default, 4 << 20, BlockState::ActiveAllocated),
+                        (default + (4 << 20), 16 << 20, BlockState::Inactive),
+                    ],
+                ),
+            ];
+            // The dump after the alloc: where it was recorded, 4 MiB live, the rest free.
+            if recorded == private {
+                t.segments[0].blocks = vec![
+                    Block {
+                        address: private,
+                        size: 4 << 20,
+                        requested_size: 0,
+                        state: BlockState::ActiveAllocated,
+                    },
+                    Block {
+                        address: private + (4 << 20),
+                        size: 16 << 20,
+                        requested_size: 0,
+                        state: BlockState::Inactive,
+                    },
+                ];
+                t.segments[1].blocks = vec![Block {
+                    address: default,
+                    size: 20 << 20,
+                    requested_size: 0,
+                    state: BlockState::Inactive,
+                }];
+            }
+            t
+        };
+        let options = ValidateOptions { check_invariants: true, ..ValidateOptions::default() };
+        let v = validate(&dump(default), &options).unwrap();
+        assert_eq!((v.allocs_total, v.allocs_addr_matched), (1, 1), "{:?}", v.mismatches);
+        assert!(v.mismatches.is_empty(), "{:?}", v.mismatches);
+        let note = Warning::PrivatePools { segments: 1, bytes: 20 << 20, pools: 1 };
+        assert!(v.notes.contains(&note), "{:?}", v.notes);
+        assert!(note.is_modelling_note(), "shown without --verbose");
+        // The same segments, none of them private: best fit takes the lower one, and the
+        // recorded placement no longer reproduces (what the private pool changes).
+        let mut shared = dump(default);
+        shared.segments[0].private_pool = None;
+        let v = validate(&shared, &options).unwrap();
+        assert_eq!(v.allocs_addr_matched, 0);
+        // An allocation recorded inside the private pool (made during capture, which the trace
+        // does not mark) is a mismatch that says so.
+        let v = validate(&dump(private), &options).unwrap();
+        assert_eq!(v.allocs_addr_matched, 0);
+        assert!(v.mismatches[0].why.contains("private pool (1, 0)"), "{:?}", v.mismatches);
     }
 
     #[test]
@@ -1141,6 +1256,7 @@ mod tests {
                 stream: 0,
                 pool: PoolKind::Large,
                 is_expandable: pick(&[0, 1]) == 1,
+                private_pool: None,
                 blocks: vec![Block {
                     address: pick(&addrs),
                     size: pick(&sizes),

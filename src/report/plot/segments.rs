@@ -426,6 +426,7 @@ mod tests {
             stream: 0,
             pool: PoolKind::Small,
             is_expandable: false,
+            private_pool: None,
             blocks: vec![
                 block(0x1000, 1024, 1000, BlockState::ActiveAllocated),
                 block(0x1400, 512, 512, BlockState::ActivePendingFree),
