@@ -169,6 +169,9 @@ pub struct PyTorch {
     /// to an allocation outside the pool, and frees return blocks to their own pool. They are
     /// released by no flush, as PyTorch keeps a private pool until its graph or pool is gone.
     private_pools: Vec<(u64, u64)>,
+    /// The pool mallocs allocate into: 0, the default pools; `k`, private pool `k`
+    /// ([`PyTorch::allocate_into`], what `begin_allocate_to_pool` does during graph capture).
+    into: u16,
     /// Allocated blocks by address.
     active: active::ActiveMap,
     segments: BTreeMap<u64, SegmentInfo>,
@@ -204,6 +207,7 @@ impl PyTorch {
             pools: [Pool::default(), Pool::default()],
             private: Vec::new(),
             private_pools: Vec::new(),
+            into: 0,
             active: active::ActiveMap::default(),
             segments: BTreeMap::new(),
             expandable: Vec::new(),
@@ -330,11 +334,12 @@ impl PyTorch {
         }
     }
 
-    /// The pool that owns `b`.
-    fn owner(&self, b: &Block) -> &Pool {
-        match b.pool {
-            0 => &self.pools[pool_index(b.small)],
-            k => &self.private[2 * (k as usize - 1) + b.small as usize],
+    /// [`PyTorch::owner_mut`], to read.
+    #[inline(always)]
+    fn owner(&self, owner: u16, small: bool) -> &Pool {
+        match owner {
+            0 => &self.pools[pool_index(small)],
+            k => &self.private[2 * (k as usize - 1) + small as usize],
         }
     }
 
@@ -433,12 +438,11 @@ impl PyTorch {
     /// `get_free_block` (§4): best fit on the request's stream, then the oversize rules.
     #[inline(always)]
     fn get_free_block(&mut self, stream: u64, size: u64, small: bool) -> Option<u32> {
-        let p = pool_index(small);
         if self.gc_enabled() {
-            self.pools[p].gc_count += 1;
+            self.owner_mut(self.into, small).gc_count += 1;
         }
         let (sid, found, ptr, id) = self.find_free_block(stream, size, small)?;
-        self.pools[p].blocks.remove(sid, found, ptr);
+        self.owner_mut(self.into, small).blocks.remove(sid, found, ptr);
         Some(id)
     }
 
@@ -447,7 +451,7 @@ impl PyTorch {
     #[inline(always)] // every malloc's search; the other caller is a what-if query
     fn find_free_block(&self, stream: u64, size: u64, small: bool) -> Option<(u32, u64, u64, u32)> {
         let sid = self.sid_of(stream)?;
-        let blocks = &self.pools[pool_index(small)].blocks;
+        let blocks = &self.owner(self.into, small).blocks;
         let (mut found, mut ptr, mut id) = blocks.first_from(sid, size, 0)?;
         if self.b(id).expandable != NIL {
             if self.config.expandable_segments {
@@ -648,7 +652,7 @@ impl PyTorch {
             next: NIL,
             expandable: NIL,
             gc_base: 0,
-            pool: 0,
+            pool: self.into,
             small,
             allocated: false,
             mapped: true,
@@ -669,10 +673,10 @@ impl PyTorch {
         if max_split == u64::MAX {
             return Ok(false);
         }
-        let p = pool_index(small);
+        let p = self.into;
         let target = size.max(max_split);
         let Some(sid) = self.sid_of(stream) else { return Ok(false) };
-        if let Some((_, _, id)) = self.pools[p].blocks.first_from(sid, target, 0) {
+        if let Some((_, _, id)) = self.owner(p, small).blocks.first_from(sid, target, 0) {
             if self.b(id).expandable == NIL {
                 self.release_block(backend, id)?;
                 return Ok(true);
@@ -681,7 +685,8 @@ impl PyTorch {
         let mut released = 0u64;
         let mut cursor = (target, 0);
         while released < target {
-            let Some((size, ptr, id)) = self.pools[p].blocks.last_before(sid, cursor.0, cursor.1)
+            let Some((size, ptr, id)) =
+                self.owner(p, small).blocks.last_before(sid, cursor.0, cursor.1)
             else {
                 break;
             };
@@ -871,6 +876,18 @@ impl PyTorch {
         Ok(())
     }
 
+    /// Makes the next mallocs allocate into private pool `pool` (`None`: the default pools), as
+    /// PyTorch does for a stream under graph capture or `use_mem_pool`: they search only that
+    /// pool's free blocks and a new segment belongs to it. The trace does not mark capture, so a
+    /// caller that knows (validation, from the recorded address) says so before each malloc.
+    pub fn allocate_into(&mut self, pool: Option<(u64, u64)>) -> Result<()> {
+        self.into = match pool {
+            Some(id) => self.private_pool_index(id)?,
+            None => 0,
+        };
+        Ok(())
+    }
+
     /// The `pool` number of private pool `id`, given on first sight.
     fn private_pool_index(&mut self, id: (u64, u64)) -> Result<u16> {
         let k = match self.private_pools.iter().position(|&p| p == id) {
@@ -926,7 +943,7 @@ impl PyTorch {
                 }
             } else if b.mapped {
                 free_mapped += 1;
-                if self.owner(b).blocks.get(b.sid, b.size, b.ptr) != Some(id) {
+                if self.owner(b.pool, b.small).blocks.get(b.sid, b.size, b.ptr) != Some(id) {
                     return Err(format!(
                         "free block {:#x} (+{}) not in its free set",
                         b.ptr, b.size
@@ -934,7 +951,9 @@ impl PyTorch {
                 }
             } else {
                 free_unmapped += 1;
-                if self.owner(b).unmapped.get(&unmapped_key(b.sid, b.ptr)) != Some(&id) {
+                if self.owner(b.pool, b.small).unmapped.get(&unmapped_key(b.sid, b.ptr))
+                    != Some(&id)
+                {
                     return Err(format!("unmapped block {:#x} not in its set", b.ptr));
                 }
             }
@@ -1073,7 +1092,8 @@ impl Policy for PyTorch {
             {
                 found = self.alloc_block(backend, stream, rounded, small, alloc_size, false)?;
             }
-            if found.is_none() {
+            // Not while a capture is underway (here: a malloc into a private pool).
+            if found.is_none() && self.into == 0 {
                 self.release_cached_blocks(backend)?;
                 found = self.alloc_block(backend, stream, rounded, small, alloc_size, true)?;
             }
