@@ -76,6 +76,15 @@ pub trait Policy {
         stream: u64,
     ) -> Result<Option<Allocation>>;
 
+    /// Says which private pool (a CUDA graph's or a `torch.cuda.MemPool`'s `segment_pool_id`)
+    /// the recorded allocator made the next mallocs into, or `None` for the default pools. The
+    /// replay tells it from where each allocation was recorded
+    /// ([`PoolRoutes`](crate::trace::pool_routes::PoolRoutes)), before every malloc on a trace
+    /// whose dump shows private pools. A policy with no private pools ignores it (the default).
+    fn allocate_into(&mut self, _pool: Option<(u64, u64)>) -> Result<()> {
+        Ok(())
+    }
+
     /// Returns the block at `addr` (from [`Policy::malloc`]) to the policy.
     fn free<B: Backend>(&mut self, backend: &mut B, addr: u64) -> Result<()>;
 

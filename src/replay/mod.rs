@@ -49,6 +49,7 @@ use crate::error::{Error, Result};
 use crate::policy::{self, Policy, PolicyContext, PolicyInfo, PolicyRunner, PolicySpec};
 use crate::trace::fst::FstStream;
 use crate::trace::limits::STREAMS_PER_DEVICE;
+use crate::trace::pool_routes::PoolRoutes;
 use crate::trace::{Action, Event, Segment, Trace};
 use std::time::Instant;
 
@@ -797,6 +798,13 @@ impl Meter {
     }
 }
 
+/// Tells `policy` which pool the block recorded at `addr` was allocated into. Out of line: only
+/// traces with private pools take this path, and the replay loop stays as small without it.
+#[inline(never)]
+fn route<P: Policy>(policy: &mut P, routes: &PoolRoutes, addr: u64) -> Result<()> {
+    policy.allocate_into(routes.pool_of(addr))
+}
+
 /// Records a free of the policy's block at `addr` in the simulated run's log, if kept.
 fn log_free(log: &mut Option<Vec<Event>>, addr: u64, request: u64, at: &Event) {
     if let Some(log) = log {
@@ -886,6 +894,12 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
         None => events.first().map_or(0, |e| e.time_us),
     };
 
+    // Which recorded allocations were made into a private pool, where the dump shows any.
+    let mut routes = {
+        let c = input.context(options);
+        PoolRoutes::new(c.trace, c.device, c.events, c.lifetimes)
+    };
+
     // Blocks live before the first event: every policy must carry them.
     backend.observer.now = start_time;
     // A recorded run (`--export-snapshot`) starts cold, every block malloc'd, so that `validate`
@@ -900,7 +914,12 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
         backend.observer.stream = b.stream;
         let placed = match installed.get(k).copied().flatten() {
             Some(a) => Some(a),
-            None => policy.malloc(&mut backend, b.size.max(1), b.stream)?,
+            None => {
+                if let Some(r) = &routes {
+                    route(&mut policy, r, b.addr)?;
+                }
+                policy.malloc(&mut backend, b.size.max(1), b.stream)?
+            }
         };
         blocks.started(k, b, placed.map(|a| a.addr));
         match placed {
@@ -952,6 +971,9 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
                         log_free(&mut backend.observer.log, addr, request, e);
                         policy.free(&mut backend, addr).map_err(at)?;
                     }
+                    if let Some(r) = &routes {
+                        route(&mut policy, r, e.addr).map_err(at)?;
+                    }
                     let placed = policy.malloc(&mut backend, e.size, e.stream).map_err(at)?;
                     blocks.allocated(i, e, placed.map(|a| a.addr));
                     match placed {
@@ -996,7 +1018,16 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
                 Action::SegmentFree | Action::SegmentUnmap
                     if !plan.drop_recorded && recorded_flushes.binary_search(&index).is_ok() =>
                 {
+                    if let Some(r) = &mut routes {
+                        r.follow(e);
+                    }
                     policy.empty_cache(&mut backend).map_err(at)?;
+                }
+                Action::SegmentAlloc | Action::SegmentFree => {
+                    if let Some(r) = &mut routes {
+                        r.follow(e);
+                    }
+                    break 'event;
                 }
                 _ => break 'event,
             }

@@ -16,6 +16,7 @@ pub mod kineto;
 pub mod lifetimes;
 pub mod limits;
 pub mod pickle;
+pub mod pool_routes;
 pub mod rmm;
 pub mod snapshot;
 pub mod summary;

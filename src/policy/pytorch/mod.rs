@@ -15,13 +15,15 @@
 //! is deterministic: best fit, then lowest address.
 //!
 //! Private pools (CUDA graphs, `torch.cuda.MemPool`): a recorded start state's segments that a
-//! private pool owns are installed in that pool, whose free blocks no malloc takes and no flush
-//! releases, as in PyTorch while the graph or pool lives.
+//! private pool owns are installed in that pool, whose free blocks only mallocs made into the
+//! pool take ([`Policy::allocate_into`], which the replay and `validate` call from where each
+//! allocation was recorded) and no flush releases, as in PyTorch while the graph or pool lives.
 //!
 //! Deviations: frees take effect when the engine calls [`Policy::free`] (at `free_completed`), so
-//! `record_stream` delays come from the trace; no malloc is routed into a private pool (the trace
-//! does not mark graph capture), and private expandable segments are installed in the default
-//! pools; no IPC callbacks (the free-memory callback is taken to release nothing); `cudaMalloc`
+//! `record_stream` delays come from the trace; a capture is taken to be underway only for the
+//! malloc made into a private pool (PyTorch skips the release-everything fallback for every
+//! malloc while any capture is underway), and private expandable segments are installed in the
+//! default pools; no IPC callbacks (the free-memory callback is taken to release nothing); `cudaMalloc`
 //! and page mapping go through the [`Backend`], whose capacity decides when they fail.
 
 mod active;
@@ -162,11 +164,10 @@ pub struct PyTorch {
     pools: [Pool; 2],
     /// Each private pool's large and small pools, in the order of `private_pools`.
     private: Vec<Pool>,
-    /// The private pools (`segment_pool_id`) of segments installed from a recorded start state,
-    /// in order of first sight: a CUDA graph's or a `torch.cuda.MemPool`'s. The trace does not
-    /// say which allocations were made into them (during capture, or under `use_mem_pool`), so
-    /// none is: their free blocks are never handed out, as the real allocator never hands them
-    /// to an allocation outside the pool, and frees return blocks to their own pool. They are
+    /// The private pools (`segment_pool_id`), in order of first sight: a CUDA graph's or a
+    /// `torch.cuda.MemPool`'s, from a recorded start state or [`Policy::allocate_into`]. Their
+    /// free blocks go only to mallocs made into the pool, as the real allocator never hands them
+    /// to an allocation outside it, and frees return blocks to their own pool. They are
     /// released by no flush, as PyTorch keeps a private pool until its graph or pool is gone.
     private_pools: Vec<(u64, u64)>,
     /// The pool mallocs allocate into: 0, the default pools; `k`, private pool `k`
@@ -876,18 +877,6 @@ impl PyTorch {
         Ok(())
     }
 
-    /// Makes the next mallocs allocate into private pool `pool` (`None`: the default pools), as
-    /// PyTorch does for a stream under graph capture or `use_mem_pool`: they search only that
-    /// pool's free blocks and a new segment belongs to it. The trace does not mark capture, so a
-    /// caller that knows (validation, from the recorded address) says so before each malloc.
-    pub fn allocate_into(&mut self, pool: Option<(u64, u64)>) -> Result<()> {
-        self.into = match pool {
-            Some(id) => self.private_pool_index(id)?,
-            None => 0,
-        };
-        Ok(())
-    }
-
     /// The `pool` number of private pool `id`, given on first sight.
     fn private_pool_index(&mut self, id: (u64, u64)) -> Result<u16> {
         let k = match self.private_pools.iter().position(|&p| p == id) {
@@ -1104,6 +1093,19 @@ impl Policy for PyTorch {
         };
         let split = self.should_split(id, rounded);
         Ok(Some(self.alloc_found_block(id, rounded, size, split)))
+    }
+
+    /// The next mallocs allocate into private pool `pool` (`None`: the default pools), as
+    /// PyTorch's do for a stream under graph capture or `use_mem_pool`: they search only that
+    /// pool's free blocks, a new segment belongs to it, and none falls back to releasing every
+    /// cached segment (PyTorch skips that while a capture is underway). Not modelled with
+    /// expandable segments: there every malloc stays in the default pools.
+    fn allocate_into(&mut self, pool: Option<(u64, u64)>) -> Result<()> {
+        self.into = match pool {
+            Some(id) if !self.config.expandable_segments => self.private_pool_index(id)?,
+            _ => 0,
+        };
+        Ok(())
     }
 
     fn free<B: Backend>(&mut self, _backend: &mut B, addr: u64) -> Result<()> {

@@ -24,6 +24,7 @@ use super::config::{Config, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE};
 use super::{MappedRange, PyTorch, Tiling};
 use crate::error::Result;
 use crate::trace::lifetimes::{self, Lifetimes};
+use crate::trace::pool_routes::PoolRoutes;
 use crate::trace::{Action, BlockState, Event, Trace};
 use std::collections::BTreeMap;
 
@@ -85,10 +86,9 @@ pub struct StartState {
     pub expandable: bool,
     /// Expandable reservations at the start.
     pub reservations: Vec<Reservation>,
-    /// The private pools' segments at the dump, by address, as (start, end, first event index,
-    /// pool): from that event on (the one after its last `segment_alloc`, or the first), an
-    /// allocation recorded inside was made into that pool. See [`StartState::private_pool_of`].
-    pub private_ranges: Vec<(u64, u64, usize, (u64, u64))>,
+    /// Which recorded allocations were made into a private pool, as of the first event; `None`
+    /// when the dump shows none. A replay follows a copy through the events.
+    pub routes: Option<PoolRoutes>,
 }
 
 /// A cudaMalloc segment's (size, stream, small pool, private pool), as recovery tracks it.
@@ -219,31 +219,8 @@ impl StartState {
             s.live.sort_by_key(|b| b.addr);
             infer_orphan_sizes(s, config);
         }
-        let mut private_ranges: Vec<_> = trace
-            .segments_of(device)
-            .filter(|s| !s.is_expandable && fits(s.address, s.total_size))
-            .filter_map(|s| {
-                let pool = s.private_pool?;
-                let created = segment_events
-                    .iter()
-                    .rposition(|e| e.action == Action::SegmentAlloc && e.addr == s.address)
-                    .map_or(0, |k| lifetimes.segment_events[k] + 1);
-                Some((s.address, s.address + s.total_size, created, pool))
-            })
-            .collect();
-        private_ranges.sort_unstable_by_key(|r| r.0);
-        StartState { segments, unplaced, expandable, reservations, private_ranges }
-    }
-
-    /// The private pool an allocation recorded at `addr` by event `index` was made into, if
-    /// it lies in a segment that pool owns at the dump and already owned then. The trace does
-    /// not mark graph capture; where the allocation landed says which pool served it.
-    pub fn private_pool_of(&self, index: usize, addr: u64) -> Option<(u64, u64)> {
-        // The dump's segments do not overlap: the one that could hold `addr` starts last at or
-        // below it.
-        let k = self.private_ranges.partition_point(|r| r.0 <= addr);
-        let &(_, end, from, pool) = self.private_ranges.get(k.checked_sub(1)?)?;
-        (addr < end && index >= from).then_some(pool)
+        let routes = PoolRoutes::new(trace, device, events, lifetimes);
+        StartState { segments, unplaced, expandable, reservations, routes }
     }
 
     /// The orphan at `addr`, if any.

@@ -638,6 +638,7 @@ fn replay_checked(
     }
     let mut run = Run::default();
     let mut ref_pos = 0usize;
+    let mut routes = start.routes.clone();
     for (i, (e, op)) in events.iter().zip(ops).enumerate() {
         if check {
             policy.check().map_err(|m| {
@@ -646,6 +647,9 @@ fn replay_checked(
             })?;
         }
         dev.now = e.time_us;
+        if let Some(r) = &mut routes {
+            r.follow(e);
+        }
         match op {
             Op::Skip => {
                 if record && e.action == Action::FreeRequested {
@@ -682,12 +686,9 @@ fn replay_checked(
             }
             Op::Malloc { size, stream, oom, script } => {
                 // Where the recording placed it says whether it was made into a private pool
-                // (during graph capture, or under use_mem_pool); not modelled for expandable
-                // segments. An OOM entry's address is the device's free bytes, not a place.
-                let into = match config.expandable_segments || *oom {
-                    true => None,
-                    false => start.private_pool_of(i, e.addr),
-                };
+                // (during graph capture, or under use_mem_pool). An OOM entry's address is the
+                // device's free bytes, not a place.
+                let into = routes.as_ref().filter(|_| !*oom).and_then(|r| r.pool_of(e.addr));
                 policy.allocate_into(into)?;
                 // A release run right before a malloc's new segment is either the malloc's own
                 // fallback or an empty_cache() just before it. If the cache could serve the

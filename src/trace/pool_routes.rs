@@ -1,0 +1,183 @@
+//! Which recorded allocations were made into a private pool (a CUDA graph's, or a
+//! `torch.cuda.MemPool`'s), told by where they landed.
+//!
+//! PyTorch serves a malloc from a private pool while its stream is under graph capture or
+//! inside `use_mem_pool`: the request searches only that pool's free blocks, and a segment it
+//! needs joins the pool. A snapshot records neither capture nor pool per allocation, but its
+//! final `segments` say which private pool owns each segment (`segment_pool_id`), and every
+//! `alloc` records its address. An allocation whose recorded address lies in a segment that a
+//! private pool owns at the dump, while that segment is alive in the recording, was made into
+//! that pool: nothing else puts a block there. The replay and `validate` hand that to the policy
+//! before the malloc (`Policy::allocate_into`), as the request's stream is handed to it: a
+//! property of the request, not of where any policy places it.
+//!
+//! A segment is alive from the start when its first segment event is not a `segment_alloc`
+//! (the trace never created it), and then from each recorded `segment_alloc` of its address to
+//! the next `segment_free`. A private pool freed before the dump leaves no segment to tell it
+//! by: allocations made into it go to the default pools. Expandable segments are not routed.
+
+use crate::trace::lifetimes::Lifetimes;
+use crate::trace::{Action, Event, Trace};
+
+/// A private pool's id, as snapshots write it (`segment_pool_id`).
+pub type PoolId = (u64, u64);
+
+/// One segment a private pool owns at the dump.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Route {
+    start: u64,
+    end: u64,
+    pool: PoolId,
+    /// Alive in the recording at the event the replay is at.
+    alive: bool,
+}
+
+/// The private pools' segments of one device, by address; see the module docs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolRoutes {
+    routes: Vec<Route>,
+}
+
+impl PoolRoutes {
+    /// The routes of `device`, or `None` when the dump shows no private pool there (every
+    /// allocation then goes to the default pools, and the replay asks nothing per event).
+    /// `events` and `lifetimes` are what the engine hands policies: the loaded events or a
+    /// streamed replay's digest, which keeps each address's first segment event.
+    pub fn new(
+        trace: &Trace,
+        device: i32,
+        events: &[Event],
+        lifetimes: &Lifetimes,
+    ) -> Option<PoolRoutes> {
+        let mut routes: Vec<Route> = trace
+            .segments_of(device)
+            .filter(|s| !s.is_expandable)
+            .filter_map(|s| {
+                let pool = s.private_pool?;
+                let end = s.address.checked_add(s.total_size)?;
+                Some(Route { start: s.address, end, pool, alive: true })
+            })
+            .collect();
+        if routes.is_empty() {
+            return None;
+        }
+        routes.sort_unstable_by_key(|r| r.start);
+        // The dump's segments do not overlap; a malformed one that does is dropped, so lookups
+        // stay a binary search.
+        routes.dedup_by(|later, earlier| later.start < earlier.end);
+        let mut routes = PoolRoutes { routes };
+        let mut seen = vec![false; routes.routes.len()];
+        for e in lifetimes.segment_events.iter().filter_map(|&i| events.get(i)) {
+            if let Some(k) = routes.at_start(e.addr) {
+                if !std::mem::replace(&mut seen[k], true) {
+                    routes.routes[k].alive = e.action != Action::SegmentAlloc;
+                }
+            }
+        }
+        Some(routes)
+    }
+
+    /// The route that starts at `addr`, if any.
+    fn at_start(&self, addr: u64) -> Option<usize> {
+        self.routes.binary_search_by_key(&addr, |r| r.start).ok()
+    }
+
+    /// Follows a recorded segment event: a `segment_alloc` of a route's address makes it alive,
+    /// a `segment_free` ends it. Other events change nothing.
+    #[inline]
+    pub fn follow(&mut self, e: &Event) {
+        let alive = match e.action {
+            Action::SegmentAlloc => true,
+            Action::SegmentFree => false,
+            _ => return,
+        };
+        if let Some(k) = self.at_start(e.addr) {
+            self.routes[k].alive = alive;
+        }
+    }
+
+    /// The private pool a block recorded at `addr` was allocated into, now; `None`: the
+    /// default pools.
+    #[inline]
+    pub fn pool_of(&self, addr: u64) -> Option<PoolId> {
+        let k = self.routes.partition_point(|r| r.start <= addr).checked_sub(1)?;
+        let r = &self.routes[k];
+        (r.alive && addr < r.end).then_some(r.pool)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::{BlockState, PoolKind, Segment};
+
+    fn segment(address: u64, total_size: u64, private_pool: Option<PoolId>) -> Segment {
+        Segment {
+            device: 0,
+            address,
+            total_size,
+            stream: 0,
+            pool: PoolKind::Large,
+            is_expandable: false,
+            private_pool,
+            blocks: vec![crate::trace::Block {
+                address,
+                size: total_size,
+                requested_size: 0,
+                state: BlockState::Inactive,
+            }],
+        }
+    }
+
+    #[test]
+    fn a_segment_routes_while_the_recording_holds_it() {
+        let mb = 1u64 << 20;
+        let (a, b, c) = (0x1000_0000, 0x2000_0000, 0x3000_0000);
+        let trace = Trace {
+            segments: vec![
+                segment(a, 20 * mb, Some((1, 0))),
+                segment(b, 20 * mb, None),
+                segment(c, 2 * mb, Some((1, 1))),
+            ],
+            ..Trace::default()
+        };
+        // `a` lived before the trace; `c` is freed, then allocated again (as the private
+        // segment the dump shows).
+        let events = vec![
+            Event::new(Action::SegmentFree, c, 2 * mb, 0, 0),
+            Event::new(Action::SegmentAlloc, c, 2 * mb, 0, 0),
+        ];
+        let lifetimes = crate::trace::lifetimes::scan(&events);
+        let mut routes = PoolRoutes::new(&trace, 0, &events, &lifetimes).expect("private pools");
+        assert_eq!(routes.pool_of(a), Some((1, 0)));
+        assert_eq!(routes.pool_of(a + 20 * mb - 512), Some((1, 0)));
+        assert_eq!(routes.pool_of(a + 20 * mb), None, "past its end");
+        assert_eq!(routes.pool_of(b + 512), None, "a default pool's segment");
+        assert_eq!(routes.pool_of(a - 1), None, "below every segment");
+        assert_eq!(routes.pool_of(c), Some((1, 1)), "alive at the start: freed first");
+        routes.follow(&events[0]);
+        assert_eq!(routes.pool_of(c), None, "freed");
+        routes.follow(&events[1]);
+        assert_eq!(routes.pool_of(c + 512), Some((1, 1)), "allocated again");
+        // A segment the trace allocates first did not exist at the start.
+        let created = vec![Event::new(Action::SegmentAlloc, a, 20 * mb, 0, 0)];
+        let lifetimes = crate::trace::lifetimes::scan(&created);
+        let mut routes = PoolRoutes::new(&trace, 0, &created, &lifetimes).unwrap();
+        assert_eq!(routes.pool_of(a), None);
+        routes.follow(&created[0]);
+        assert_eq!(routes.pool_of(a), Some((1, 0)));
+    }
+
+    #[test]
+    fn no_private_pool_means_no_routes() {
+        let trace =
+            Trace { segments: vec![segment(0x1000_0000, 2 << 20, None)], ..Trace::default() };
+        let lifetimes = crate::trace::lifetimes::scan(&[]);
+        assert_eq!(PoolRoutes::new(&trace, 0, &[], &lifetimes), None);
+        // Nor when the private segments are another device's.
+        let mut other = segment(0x1000_0000, 2 << 20, Some((3, 0)));
+        other.device = 1;
+        let trace = Trace { segments: vec![other], ..Trace::default() };
+        assert_eq!(PoolRoutes::new(&trace, 0, &[], &lifetimes), None);
+    }
+}
