@@ -242,7 +242,9 @@ pub fn summary_for(results: &[PolicyResult]) -> Vec<&'static Column> {
 /// A label per result that tells rows apart: the policy's name, and when several rows share
 /// that name with different configurations, the configuration items (`key:value` or
 /// `key=value`, split at commas outside brackets) that not all of them share, e.g.
-/// `pytorch (max_split_size_mb:128)`. Five `pytorch:...` variants are five distinct rows.
+/// `pytorch (max_split_size_mb:128)`. Five `pytorch:...` variants are five distinct rows. A
+/// configuration with no item of its own (the plain `pytorch` beside `pytorch:...` variants) is
+/// `(defaults)`.
 pub fn labels(results: &[PolicyResult]) -> Vec<String> {
     results
         .iter()
@@ -258,6 +260,11 @@ pub fn labels(results: &[PolicyResult]) -> Vec<String> {
                 .copied()
                 .filter(|item| !same.iter().all(|o| config_items(&o.config).contains(item)))
                 .collect();
+            // A configuration whose items all recur in the others' has nothing of its own to
+            // show: what the others set, it leaves at the defaults.
+            if differing.is_empty() {
+                return format!("{} (defaults)", r.policy);
+            }
             format!("{} ({})", r.policy, differing.join(","))
         })
         .collect()
@@ -473,6 +480,10 @@ mod tests {
                 "buddy"
             ]
         );
+        // A configuration with nothing of its own leaves the others' settings at the defaults.
+        let plain = "expandable_segments:False";
+        let results = [r("pytorch", plain), r("pytorch", "expandable_segments:False,rp2:[>:4]")];
+        assert_eq!(labels(&results), ["pytorch (defaults)", "pytorch (rp2:[>:4])"]);
     }
 
     #[test]
