@@ -120,7 +120,7 @@ impl Policy for FirstFit {
         };
         self.live.insert(addr, block);
         self.allocated += block;
-        Ok(Some(Allocation { addr, block_size: block }))
+        Ok(Some(Allocation::new(addr, block)))
     }
 
     fn free<B: Backend>(&mut self, _backend: &mut B, addr: u64) -> Result<()> {

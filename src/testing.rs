@@ -209,7 +209,13 @@ pub fn run_checked<P: Policy>(policy: &mut P, steps: &[Step], capacity: Option<u
                 if let Some(a) = by_id.get_mut(id).and_then(Option::take) {
                     let (_, req) = blocks.remove(&a.addr).expect("live block is tracked");
                     requested -= req;
-                    policy.free(&mut dev, a.addr).expect("free of a live block must succeed");
+                    // Half the frees by address alone, half with the malloc's handle, so that a
+                    // policy's two ways of finding a block are both used, and mixed.
+                    let freed = match id % 2 {
+                        0 => policy.free_handle(&mut dev, a.addr, a.handle),
+                        _ => policy.free(&mut dev, a.addr),
+                    };
+                    freed.expect("free of a live block must succeed");
                 }
             }
             Step::EmptyCache => policy.empty_cache(&mut dev).expect("empty_cache must succeed"),

@@ -245,10 +245,8 @@ impl Policy for Bfc {
             }
             None => None,
         };
-        Ok(found.map(|addr| Allocation {
-            addr,
-            block_size: self.chunks.get(addr).map_or(rounded, |c| c.size),
-        }))
+        Ok(found
+            .map(|addr| Allocation::new(addr, self.chunks.get(addr).map_or(rounded, |c| c.size))))
     }
 
     fn free<B: Backend>(&mut self, _backend: &mut B, addr: u64) -> Result<()> {

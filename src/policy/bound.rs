@@ -57,7 +57,7 @@ impl Policy for Bound {
         let Some(addr) = backend.segment_alloc(size)? else { return Ok(None) };
         self.live.insert(addr, (size, stream));
         self.allocated += size;
-        Ok(Some(Allocation { addr, block_size: size }))
+        Ok(Some(Allocation::new(addr, size)))
     }
 
     fn free<B: Backend>(&mut self, backend: &mut B, addr: u64) -> Result<()> {

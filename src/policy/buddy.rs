@@ -224,7 +224,7 @@ impl Policy for Buddy {
         self.live.insert(addr, (k, size));
         let block_size = self.block_size(k);
         self.allocated += block_size;
-        Ok(Some(Allocation { addr, block_size }))
+        Ok(Some(Allocation::new(addr, block_size)))
     }
 
     fn free<B: Backend>(&mut self, _backend: &mut B, addr: u64) -> Result<()> {

@@ -40,6 +40,45 @@ pub struct Allocation {
     pub addr: u64,
     /// The block's size after the policy's rounding (≥ the request).
     pub block_size: u64,
+    /// The policy's own name for the block, which the engine hands back with the free
+    /// ([`Policy::free_handle`]); [`Handle::NONE`] from a policy that finds blocks by address.
+    pub handle: Handle,
+}
+
+impl Allocation {
+    /// A block found again by its address alone (no [`Handle`]).
+    pub fn new(addr: u64, block_size: u64) -> Allocation {
+        Allocation { addr, block_size, handle: Handle::NONE }
+    }
+}
+
+/// A policy's name for one of its blocks, given with the block by [`Policy::malloc`] and taken
+/// back by [`Policy::free_handle`].
+///
+/// Why: every free must find its block, and a search by address (a hash table insert at every
+/// malloc and a removal at every free) was a tenth of the `pytorch` replay's instructions. The
+/// engine already keeps each live block's address, so it keeps the handle beside it, and a
+/// policy with an arena of blocks makes the handle the block's index: a free is then one
+/// lookup and one check. A handle says which block, never more: the address stays the block's
+/// identity, and a policy must check that the handle names the block at that address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Handle(u32);
+
+impl Handle {
+    /// No handle: the block is found by its address.
+    pub const NONE: Handle = Handle(u32::MAX);
+
+    /// Handle `index`; `u32::MAX` is [`Handle::NONE`].
+    #[inline]
+    pub fn new(index: u32) -> Handle {
+        Handle(index)
+    }
+
+    /// The index, unless this is [`Handle::NONE`].
+    #[inline]
+    pub fn index(self) -> Option<u32> {
+        (self != Handle::NONE).then_some(self.0)
+    }
 }
 
 /// An allocator policy. Implementations must be deterministic: the same calls give the same
@@ -87,6 +126,19 @@ pub trait Policy {
 
     /// Returns the block at `addr` (from [`Policy::malloc`]) to the policy.
     fn free<B: Backend>(&mut self, backend: &mut B, addr: u64) -> Result<()>;
+
+    /// Returns the block at `addr` that malloc (or [`Policy::start`]) handed out with `handle`:
+    /// what the engine calls. The default ignores the handle and frees by address; a policy
+    /// whose blocks carry handles finds the block from it (see [`Handle`]).
+    fn free_handle<B: Backend>(
+        &mut self,
+        backend: &mut B,
+        addr: u64,
+        handle: Handle,
+    ) -> Result<()> {
+        let _ = handle;
+        self.free(backend, addr)
+    }
 
     /// Releases every cached segment the policy can (`torch.cuda.empty_cache()`).
     fn empty_cache<B: Backend>(&mut self, backend: &mut B) -> Result<()>;

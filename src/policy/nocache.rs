@@ -117,7 +117,7 @@ impl Policy for NoCache {
         let block = round_up(size.max(1), self.options.align);
         self.live.insert(addr, Live { cost, block, request: size, stream });
         self.allocated += block;
-        Ok(Some(Allocation { addr, block_size: block }))
+        Ok(Some(Allocation::new(addr, block)))
     }
 
     fn free<B: Backend>(&mut self, backend: &mut B, addr: u64) -> Result<()> {

@@ -137,7 +137,7 @@ impl RmmPool {
 
     fn serve(&mut self, addr: u64, aligned: u64, request: u64, stream: u64) -> Allocation {
         let block_size = self.chunks.take(addr, aligned, request, true, stream);
-        Allocation { addr, block_size }
+        Allocation::new(addr, block_size)
     }
 }
 

@@ -179,7 +179,7 @@ impl Stitch {
         let Some((addr, chunk)) = self.small.best_fit(0, rounded) else { return Ok(None) };
         let split = chunk - rounded >= SMALL_ROUND;
         let block_size = self.small.take(addr, rounded, size, split, 0);
-        Ok(Some(Allocation { addr, block_size }))
+        Ok(Some(Allocation::new(addr, block_size)))
     }
 
     /// Maps `size` new bytes at `addr`, returning free small segments once if the device is full.
@@ -204,7 +204,7 @@ impl Stitch {
         // S1/S2: one free block.
         if let Some((addr, _)) = self.large.best_fit(0, s) {
             let block_size = self.large.take(addr, s, size, true, 0);
-            return Ok(Some(Allocation { addr, block_size }));
+            return Ok(Some(Allocation::new(addr, block_size)));
         }
         // S3/S4: stitch free blocks, largest first, plus new memory for what they lack.
         let mut pieces: Vec<(u64, u64)> = Vec::new();
@@ -255,7 +255,7 @@ impl Stitch {
         self.large.add_region(va, s, stream);
         self.large.add_free(va, s, va, 0);
         let block_size = self.large.take(va, s, size, false, 0);
-        Ok(Some(Allocation { addr: va, block_size }))
+        Ok(Some(Allocation::new(va, block_size)))
     }
 }
 

@@ -46,7 +46,9 @@ pub use crate::trace::lifetimes::{
 
 use crate::backend::{Backend, BackendCall, Observed, Observer, SimDevice};
 use crate::error::{Error, Result};
-use crate::policy::{self, Policy, PolicyContext, PolicyInfo, PolicyRunner, PolicySpec};
+use crate::policy::{
+    self, Allocation, Handle, Policy, PolicyContext, PolicyInfo, PolicyRunner, PolicySpec,
+};
 use crate::trace::fst::FstStream;
 use crate::trace::limits::STREAMS_PER_DEVICE;
 use crate::trace::pool_routes::PoolRoutes;
@@ -651,13 +653,13 @@ impl Observer for Metered {
 /// loaded events ([`Indexed`]), or in a map of the live blocks when the events stream
 /// ([`Keyed`]). Both give the same answers; a block is the policy's address and the request size.
 trait Blocks {
-    /// Live-at-start block `k` was placed at `addr` (`None`: it did not fit).
-    fn started(&mut self, k: usize, block: &LiveBlock, addr: Option<u64>);
+    /// Live-at-start block `k` was placed as `placed` (`None`: it did not fit).
+    fn started(&mut self, k: usize, block: &LiveBlock, placed: Option<Allocation>);
     /// Alloc event `i` reuses the address of a block the replay still holds (its free was not
     /// recorded): takes that block, if any.
-    fn displaced(&mut self, i: usize, e: &Event) -> Option<(u64, u64)>;
-    /// Alloc event `i` was placed at `addr` (`None`: out of memory).
-    fn allocated(&mut self, i: usize, e: &Event, addr: Option<u64>);
+    fn displaced(&mut self, i: usize, e: &Event) -> Option<Held>;
+    /// Alloc event `i` was placed as `placed` (`None`: out of memory).
+    fn allocated(&mut self, i: usize, e: &Event, placed: Option<Allocation>);
     /// Free event `i`: the block it frees, [`Freed::Never`] when its alloc failed, or
     /// [`Freed::Orphan`] when the replay never allocated the address.
     fn freed(&mut self, i: usize, e: &Event) -> Freed;
@@ -665,29 +667,46 @@ trait Blocks {
 
 /// What a free finds ([`Blocks::freed`]).
 enum Freed {
-    /// The policy's block: its address and request size.
-    Block(u64, u64),
+    /// The policy's block.
+    Block(Held),
     /// The block's alloc failed under `--capacity`: the block never existed.
     Never,
     /// No alloc or live-at-start block had the address.
     Orphan,
 }
 
-/// [`Blocks`] of loaded events: per [`Slots`] slot, the policy's address and the request size of
-/// the block there, [`Indexed::EMPTY`] when none is live (never allocated, failed, or freed).
+/// A block the replay holds: the policy's address and handle for it, and the request size.
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    addr: u64,
+    request: u64,
+    handle: Handle,
+}
+
+impl Held {
+    /// No block: never allocated, its alloc failed, or freed.
+    const EMPTY: Held = Held { addr: u64::MAX, request: 0, handle: Handle::NONE };
+
+    /// The block `placed` for a request of `request` bytes; [`Held::EMPTY`] when it failed.
+    fn of(placed: Option<Allocation>, request: u64) -> Held {
+        placed.map_or(Held::EMPTY, |a| Held { addr: a.addr, request, handle: a.handle })
+    }
+
+    fn is_empty(&self) -> bool {
+        self.addr == u64::MAX
+    }
+}
+
+/// [`Blocks`] of loaded events: per [`Slots`] slot, the block there ([`Held::EMPTY`] when none
+/// is live).
 struct Indexed<'r> {
-    table: Vec<(u64, u64)>,
+    table: Vec<Held>,
     of_event: &'r [u32],
 }
 
 impl<'r> Indexed<'r> {
-    const EMPTY: u64 = u64::MAX;
-
     fn new(input: &'r ReplayInput) -> Indexed<'r> {
-        Indexed {
-            table: vec![(Self::EMPTY, 0); input.slots.count],
-            of_event: &input.slots.of_event,
-        }
+        Indexed { table: vec![Held::EMPTY; input.slots.count], of_event: &input.slots.of_event }
     }
 
     /// The slot of event `i`, with its flag.
@@ -698,68 +717,67 @@ impl<'r> Indexed<'r> {
 
     /// Empties slot `slot` (no flag): what it held.
     #[inline]
-    fn take(&mut self, slot: u32) -> Option<(u64, u64)> {
+    fn take(&mut self, slot: u32) -> Option<Held> {
         let entry = self.table.get_mut(slot as usize)?;
-        Some(std::mem::replace(entry, (Self::EMPTY, 0)))
+        Some(std::mem::replace(entry, Held::EMPTY))
     }
 }
 
 impl Blocks for Indexed<'_> {
-    fn started(&mut self, k: usize, block: &LiveBlock, addr: Option<u64>) {
-        if let (Some(a), Some(entry)) = (addr, self.table.get_mut(k)) {
-            *entry = (a, block.size);
+    fn started(&mut self, k: usize, block: &LiveBlock, placed: Option<Allocation>) {
+        if let Some(entry) = self.table.get_mut(k) {
+            *entry = Held::of(placed, block.size);
         }
     }
     #[inline]
-    fn displaced(&mut self, i: usize, _: &Event) -> Option<(u64, u64)> {
+    fn displaced(&mut self, i: usize, _: &Event) -> Option<Held> {
         match self.slot(i) {
             s if s != Slots::NONE && s & Slots::DISPLACES != 0 => {
-                self.take(s & !Slots::DISPLACES).filter(|b| b.0 != Self::EMPTY)
+                self.take(s & !Slots::DISPLACES).filter(|b| !b.is_empty())
             }
             _ => None,
         }
     }
     #[inline]
-    fn allocated(&mut self, i: usize, e: &Event, addr: Option<u64>) {
+    fn allocated(&mut self, i: usize, e: &Event, placed: Option<Allocation>) {
         let slot = self.slot(i) & !Slots::DISPLACES;
-        if let (Some(a), Some(entry)) = (addr, self.table.get_mut(slot as usize)) {
-            *entry = (a, e.size);
+        if let Some(entry) = self.table.get_mut(slot as usize) {
+            *entry = Held::of(placed, e.size);
         }
     }
     #[inline]
     fn freed(&mut self, i: usize, _: &Event) -> Freed {
         match self.take(self.slot(i)) {
             None => Freed::Orphan,
-            Some((Self::EMPTY, _)) => Freed::Never,
-            Some((a, request)) => Freed::Block(a, request),
+            Some(b) if b.is_empty() => Freed::Never,
+            Some(b) => Freed::Block(b),
         }
     }
 }
 
-/// [`Blocks`] of streamed events: recorded address → (policy's address, request size) of each
-/// block the recording holds, [`Indexed::EMPTY`] for one whose alloc failed. Sized by the live
-/// blocks, not by the events.
+/// [`Blocks`] of streamed events: recorded address → the block the recording holds there
+/// ([`Held::EMPTY`] for one whose alloc failed). Sized by the live blocks, not by the events.
 #[derive(Default)]
-struct Keyed(AddrMap<(u64, u64)>);
+struct Keyed(AddrMap<Held>);
 
 impl Blocks for Keyed {
-    fn started(&mut self, _: usize, block: &LiveBlock, addr: Option<u64>) {
-        self.0.insert(block.addr, (addr.unwrap_or(Indexed::EMPTY), block.size));
+    fn started(&mut self, _: usize, block: &LiveBlock, placed: Option<Allocation>) {
+        self.0.insert(block.addr, Held::of(placed, block.size));
     }
     #[inline]
-    fn displaced(&mut self, _: usize, e: &Event) -> Option<(u64, u64)> {
-        self.0.remove(&e.addr).filter(|b| b.0 != Indexed::EMPTY)
+    fn displaced(&mut self, _: usize, e: &Event) -> Option<Held> {
+        self.0.remove(&e.addr).filter(|b| !b.is_empty())
     }
     #[inline]
-    fn allocated(&mut self, _: usize, e: &Event, addr: Option<u64>) {
-        self.0.insert(e.addr, (addr.unwrap_or(Indexed::EMPTY), e.size));
+    fn allocated(&mut self, _: usize, e: &Event, placed: Option<Allocation>) {
+        self.0.insert(e.addr, Held::of(placed, e.size));
     }
     #[inline]
     fn freed(&mut self, _: usize, e: &Event) -> Freed {
         match self.0.remove(&e.addr) {
             None => Freed::Orphan,
-            Some((Indexed::EMPTY, _)) => Freed::Never,
-            Some((a, request)) => Freed::Block(a, request),
+            Some(b) if b.is_empty() => Freed::Never,
+            Some(b) => Freed::Block(b),
         }
     }
 }
@@ -921,7 +939,7 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
                 policy.malloc(&mut backend, b.size.max(1), b.stream)?
             }
         };
-        blocks.started(k, b, placed.map(|a| a.addr));
+        blocks.started(k, b, placed);
         match placed {
             Some(a) => {
                 meter.requested += b.size;
@@ -948,6 +966,9 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
     let mut added_calls = options.empty_cache.added_calls();
     let plan = &options.empty_cache;
     let recorded_flushes = &input.empty_cache_at;
+    // Read once: the policy's calls go through `backend` and could change what it points to, so
+    // the compiler would otherwise reload these on every event.
+    let (logging, check) = (backend.observer.log.is_some(), options.check_invariants);
     input.walk(last, |index, e| {
         let i = index as usize;
         // A policy's input error names the event it was replaying (a backend error names the
@@ -956,8 +977,11 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
             crate::error::ErrorKind::Backend => err,
             _ => err.at(crate::error::Place::Event(index)),
         };
-        backend.observer.now = e.time_us;
-        backend.observer.stream = e.stream;
+        if logging {
+            // What the backend calls this event makes are logged with.
+            backend.observer.now = e.time_us;
+            backend.observer.stream = e.stream;
+        }
         'event: {
             match e.action {
                 Action::Alloc => {
@@ -966,16 +990,16 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
                     }
                     // The recording reused the address of a block we still hold: that block was
                     // freed before this alloc, though its free was not recorded.
-                    if let Some((addr, request)) = blocks.displaced(i, e) {
-                        meter.requested -= request;
-                        log_free(&mut backend.observer.log, addr, request, e);
-                        policy.free(&mut backend, addr).map_err(at)?;
+                    if let Some(b) = blocks.displaced(i, e) {
+                        meter.requested -= b.request;
+                        log_free(&mut backend.observer.log, b.addr, b.request, e);
+                        policy.free_handle(&mut backend, b.addr, b.handle).map_err(at)?;
                     }
                     if let Some(r) = &routes {
                         route(&mut policy, r, e.addr).map_err(at)?;
                     }
                     let placed = policy.malloc(&mut backend, e.size, e.stream).map_err(at)?;
-                    blocks.allocated(i, e, placed.map(|a| a.addr));
+                    blocks.allocated(i, e, placed);
                     match placed {
                         Some(a) => {
                             meter.requested += e.size;
@@ -1002,8 +1026,8 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
                     }
                 }
                 a if a == frees_at => {
-                    let (addr, request) = match blocks.freed(i, e) {
-                        Freed::Block(addr, request) => (addr, request),
+                    let b = match blocks.freed(i, e) {
+                        Freed::Block(b) => b,
                         Freed::Orphan => {
                             meter.detail.orphan_frees += 1;
                             break 'event;
@@ -1011,9 +1035,9 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
                         // Its alloc failed under --capacity: the block never existed.
                         Freed::Never => break 'event,
                     };
-                    meter.requested -= request;
-                    log_free(&mut backend.observer.log, addr, request, e);
-                    policy.free(&mut backend, addr).map_err(at)?;
+                    meter.requested -= b.request;
+                    log_free(&mut backend.observer.log, b.addr, b.request, e);
+                    policy.free_handle(&mut backend, b.addr, b.handle).map_err(at)?;
                 }
                 Action::SegmentFree | Action::SegmentUnmap
                     if !plan.drop_recorded && recorded_flushes.binary_search(&index).is_ok() =>
@@ -1035,7 +1059,7 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
             if crate::backend::cuda::interrupt::requested() {
                 return Err(Error::backend("interrupted").at(crate::error::Place::Event(index)));
             }
-            if options.check_invariants {
+            if check {
                 policy.check_invariants().map_err(|m| {
                     Error::input(format!("policy '{name}' broke an invariant: {m}"))
                         .at(crate::error::Place::Event(index))

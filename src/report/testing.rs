@@ -63,7 +63,7 @@ impl Policy for Toy {
         };
         self.live.insert(addr, (block, size));
         self.allocated += block;
-        Ok(Some(Allocation { addr, block_size: block }))
+        Ok(Some(Allocation::new(addr, block)))
     }
 
     fn free<B: Backend>(&mut self, backend: &mut B, addr: u64) -> Result<()> {

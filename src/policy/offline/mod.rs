@@ -465,7 +465,7 @@ impl Policy for Offline {
             if let Some(addr) = self.planned(backend, p)? {
                 self.in_range.insert(addr, (p.block, size));
                 self.allocated += p.block;
-                return Ok(Some(Allocation { addr, block_size: p.block }));
+                return Ok(Some(Allocation::new(addr, p.block)));
             }
         }
         self.overflow_count += 1;
@@ -473,7 +473,7 @@ impl Policy for Offline {
         let Some(addr) = backend.segment_alloc(block)? else { return Ok(None) };
         self.overflow.insert(addr, (block, size));
         self.allocated += block;
-        Ok(Some(Allocation { addr, block_size: block }))
+        Ok(Some(Allocation::new(addr, block)))
     }
 
     fn free<B: Backend>(&mut self, backend: &mut B, addr: u64) -> Result<()> {

@@ -1,5 +1,6 @@
-//! The allocated blocks by address (PyTorch's `active_blocks`): every malloc inserts one and every
-//! free removes one, so this map is on the replay's hot path twice per block.
+//! The allocated blocks by address (PyTorch's `active_blocks`), for frees by address alone (the
+//! [`Policy::free`](crate::policy::Policy::free) API, `validate`): once built, every malloc
+//! inserts one and every free removes one. A replay frees by handle and never builds it.
 //!
 //! Why not an [`AddrMap`](crate::trace::AddrMap): a general hash map's insert and remove cost
 //! about 70 and 60 instructions here (SIMD group probing, control bytes, tombstone bookkeeping);

@@ -9,10 +9,10 @@
 //! State: a block arena indexed by `u32` (neighbours are indices, as PyTorch's are pointers), and
 //! per pool (small, large) a free set ordered by (stream, size, address) — the order of PyTorch's
 //! `BlockPool::blocks` (see `policy/free_set.rs`; walks across streams sort by the raw stream
-//! value) — and a
-//! `BTreeMap` of unmapped expandable ranges keyed by (stream, address); allocated blocks are found
-//! by address in an open-addressing table (`active.rs`, PyTorch's `active_blocks`). Every choice
-//! is deterministic: best fit, then lowest address.
+//! value) — and a `BTreeMap` of unmapped expandable ranges keyed by (stream, address). A free
+//! finds its block by the [`Handle`] malloc gave it (the block's index), or, when freed by
+//! address alone, in an open-addressing table (`active.rs`, PyTorch's `active_blocks`) built at
+//! the first such free. Every choice is deterministic: best fit, then lowest address.
 //!
 //! Private pools (CUDA graphs, `torch.cuda.MemPool`): a recorded start state's segments that a
 //! private pool owns are installed in that pool, whose free blocks only mallocs made into the
@@ -35,7 +35,7 @@ pub mod validate;
 pub use config::{Config, Version};
 
 use super::chunks::unknown_block;
-use super::{Allocation, Policy};
+use super::{Allocation, Handle, Policy};
 use super::{PolicyContext, Registration, Role};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
@@ -98,6 +98,14 @@ struct Block {
     allocated: bool,
     mapped: bool,
     in_use: bool,
+}
+
+impl Block {
+    /// True when this is the allocated block at `addr` (what a [`Handle`] must name).
+    #[inline]
+    fn is_allocated_at(&self, addr: u64) -> bool {
+        self.in_use && self.allocated && self.ptr == addr
+    }
 }
 
 /// One pool's free sets (PyTorch's `BlockPool`).
@@ -173,8 +181,10 @@ pub struct PyTorch {
     /// The pool mallocs allocate into: 0, the default pools; `k`, private pool `k`
     /// ([`PyTorch::allocate_into`], what `begin_allocate_to_pool` does during graph capture).
     into: u16,
-    /// Allocated blocks by address.
-    active: active::ActiveMap,
+    /// Allocated blocks by address (PyTorch's `active_blocks`), for frees by address alone:
+    /// built from the blocks at the first such free, then kept. A replay frees by
+    /// [`Handle`] (the block's index) and never needs it.
+    active: Option<active::ActiveMap>,
     segments: BTreeMap<u64, SegmentInfo>,
     expandable: Vec<ExpandableSegment>,
     /// Every stream seen, indexed by the `sid` in keys.
@@ -209,7 +219,7 @@ impl PyTorch {
             private: Vec::new(),
             private_pools: Vec::new(),
             into: 0,
-            active: active::ActiveMap::default(),
+            active: None,
             segments: BTreeMap::new(),
             expandable: Vec::new(),
             streams: Vec::new(),
@@ -408,7 +418,7 @@ impl PyTorch {
         self.bm(id).gc_base = clock;
     }
 
-    #[inline]
+    #[inline(always)]
     fn remove_free(&mut self, id: u32) {
         let b = self.b(id);
         let (owner, small, mapped, sid, size, ptr) =
@@ -534,13 +544,43 @@ impl PyTorch {
         b.allocated = true;
         b.requested = request;
         let (ptr, block_size) = (b.ptr, b.size);
-        self.active.insert(ptr, id);
+        if let Some(active) = &mut self.active {
+            active.insert(ptr, id);
+        }
         self.allocated += block_size;
         self.stats.requested_bytes += request;
         if block_size >= max_split {
             self.stats.oversize_allocations += 1;
         }
-        Allocation { addr: ptr, block_size }
+        Allocation { addr: ptr, block_size, handle: Handle::new(id) }
+    }
+
+    /// `free`'s bookkeeping of the allocated block `id`, then `free_block`.
+    #[inline(always)]
+    fn free_allocated(&mut self, id: u32) {
+        let max_split = self.config.max_split_size;
+        let b = self.bm(id);
+        b.allocated = false;
+        let (size, request) = (b.size, b.requested);
+        self.allocated -= size;
+        self.stats.requested_bytes -= request;
+        if size >= max_split {
+            self.stats.oversize_allocations -= 1;
+        }
+        self.free_block(id);
+    }
+
+    /// The allocated blocks by address, built from the blocks on first use.
+    #[cold]
+    fn active_map(&mut self) -> &mut active::ActiveMap {
+        let blocks = &self.blocks;
+        self.active.get_or_insert_with(|| {
+            let mut map = active::ActiveMap::default();
+            for (id, b) in blocks.iter().enumerate().filter(|(_, b)| b.in_use && b.allocated) {
+                map.insert(b.ptr, id as u32);
+            }
+            map
+        })
     }
 
     /// `try_merge_blocks`: merges `src` into `dst` if it is free with the same mapping state.
@@ -818,7 +858,8 @@ impl PyTorch {
     /// Installs a whole cudaMalloc segment as it stood before a trace (start-state recovery):
     /// `blocks` tile `[addr, addr + size)` in address order as (start, size, live request or
     /// `None` when free). Free neighbours are merged. A segment of a `private_pool` goes to that
-    /// pool, whose free blocks no malloc takes (see `PyTorch::private_pools`).
+    /// pool, whose free blocks only mallocs made into it take (see `PyTorch::private_pools`).
+    /// Returns the live blocks as allocations (with their handles), in address order.
     pub fn install_segment(
         &mut self,
         addr: u64,
@@ -827,7 +868,7 @@ impl PyTorch {
         small: bool,
         private_pool: Option<(u64, u64)>,
         blocks: &[(u64, u64, Option<u64>)],
-    ) -> Result<()> {
+    ) -> Result<Vec<Allocation>> {
         let mut pos = addr;
         for &(a, s, _) in blocks {
             if a != pos || s == 0 {
@@ -851,6 +892,7 @@ impl PyTorch {
         self.stats.num_device_alloc -= 1; // not a call made during the replay
         self.bm(head).pool = pool;
         let mut prev = NIL;
+        let mut installed = Vec::new();
         for (i, &(a, s, live)) in blocks.iter().enumerate() {
             let id = if i == 0 {
                 head
@@ -868,13 +910,11 @@ impl PyTorch {
             }
             prev = id;
             match live {
-                Some(request) => {
-                    self.alloc_found_block(id, s, request, false);
-                }
+                Some(request) => installed.push(self.alloc_found_block(id, s, request, false)),
                 None => self.free_block(id),
             }
         }
-        Ok(())
+        Ok(installed)
     }
 
     /// The `pool` number of private pool `id`, given on first sight.
@@ -927,7 +967,7 @@ impl PyTorch {
             if b.allocated {
                 allocated += b.size;
                 requested += b.requested;
-                if self.active.get(b.ptr) != Some(id) {
+                if self.active.as_ref().is_some_and(|a| a.get(b.ptr) != Some(id)) {
                     return Err(format!("allocated block {:#x} is not active", b.ptr));
                 }
             } else if b.mapped {
@@ -973,7 +1013,8 @@ impl PyTorch {
                 "free sets hold {sets}+{unmapped} blocks, {free_mapped}+{free_unmapped} are free"
             ));
         }
-        if self.active.len() != self.blocks.iter().filter(|b| b.in_use && b.allocated).count() {
+        let live = self.blocks.iter().filter(|b| b.in_use && b.allocated).count();
+        if self.active.as_ref().is_some_and(|a| a.len() != live) {
             return Err("active map and allocated blocks differ".into());
         }
         if allocated != self.allocated {
@@ -1053,9 +1094,12 @@ impl Policy for PyTorch {
                 }
             }
             merge_free_neighbours(&mut tiling);
-            self.install_segment(base, s.size, s.stream, s.small, s.private_pool, &tiling)?;
-            for (k, addr, block_size) in placed {
-                out[k] = Some(Allocation { addr, block_size });
+            let installed =
+                self.install_segment(base, s.size, s.stream, s.small, s.private_pool, &tiling)?;
+            // The live blocks, in address order as `placed` lists them.
+            for ((k, addr, _), a) in placed.into_iter().zip(installed) {
+                debug_assert_eq!(addr, a.addr);
+                out[k] = Some(a);
             }
         }
         Ok(out)
@@ -1109,17 +1153,25 @@ impl Policy for PyTorch {
     }
 
     fn free<B: Backend>(&mut self, _backend: &mut B, addr: u64) -> Result<()> {
-        let id = self.active.remove(addr).ok_or_else(|| unknown_block(NAME, addr))?;
-        let max_split = self.config.max_split_size;
-        let b = self.bm(id);
-        b.allocated = false;
-        let (size, request) = (b.size, b.requested);
-        self.allocated -= size;
-        self.stats.requested_bytes -= request;
-        if size >= max_split {
-            self.stats.oversize_allocations -= 1;
+        let id = self.active_map().remove(addr).ok_or_else(|| unknown_block(NAME, addr))?;
+        self.free_allocated(id);
+        Ok(())
+    }
+
+    fn free_handle<B: Backend>(
+        &mut self,
+        backend: &mut B,
+        addr: u64,
+        handle: Handle,
+    ) -> Result<()> {
+        let id = match handle.index() {
+            Some(id) if self.blocks.get(id as usize).is_some_and(|b| b.is_allocated_at(addr)) => id,
+            _ => return self.free(backend, addr),
+        };
+        if let Some(active) = &mut self.active {
+            active.remove(addr);
         }
-        self.free_block(id);
+        self.free_allocated(id);
         Ok(())
     }
 

@@ -434,3 +434,31 @@ fn flush_walks_streams_in_raw_value_order_not_first_sight() {
         "stream 0x300 sorts before 0x500"
     );
 }
+
+#[test]
+fn frees_find_blocks_by_handle_or_by_address_alike() {
+    let mut p = policy("");
+    let mut d = device(None);
+    let [a, b, c] = [2, 3, 4].map(|k| malloc(&mut p, &mut d, k * MIB));
+    assert!([a, b, c].iter().all(|x| x.handle.index().is_some()), "blocks carry handles");
+    p.free_handle(&mut d, a.addr, a.handle).unwrap();
+    p.check().unwrap();
+    // The first free by address alone finds a block allocated before it, handle frees between.
+    free(&mut p, &mut d, b);
+    // Allocated after the address index exists, freed by handle: the index forgets it too.
+    let e = malloc(&mut p, &mut d, 5 * MIB);
+    p.free_handle(&mut d, e.addr, e.handle).unwrap();
+    p.check().unwrap();
+    // A handle that names another block (here: a freed one's) is not trusted: the address is.
+    p.free_handle(&mut d, c.addr, a.handle).unwrap();
+    p.check().unwrap();
+    assert_eq!(p.allocated(), 0);
+    // What is not allocated is an error either way, and changes nothing.
+    assert!(p.free_handle(&mut d, c.addr, c.handle).is_err());
+    assert!(p.free(&mut d, c.addr).is_err());
+    p.check().unwrap();
+    // The same addresses come back as before: best fit in one 20 MiB segment.
+    let again = malloc(&mut p, &mut d, 2 * MIB);
+    assert_eq!(again.addr, a.addr);
+    assert_eq!(segment_allocs(&d), vec![20 * MIB]);
+}
