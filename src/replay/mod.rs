@@ -472,7 +472,9 @@ impl EmptyCachePlan {
     fn added_calls(&self) -> AddedCalls {
         let mut at = self.at.clone();
         at.sort_unstable();
-        AddedCalls { every: self.every.filter(|&n| n > 0), at, next: 0 }
+        let mut calls = AddedCalls { every: self.every.filter(|&n| n > 0), at, next: 0, due: 0 };
+        calls.due = calls.first_at_or_after(0);
+        calls
     }
 
     /// Describes the plan for people, e.g. `empty_cache() every 1000 events, no recorded calls`.
@@ -497,20 +499,42 @@ impl EmptyCachePlan {
 struct AddedCalls {
     every: Option<u64>,
     at: Vec<u64>,
+    /// The first entry of `at` not yet passed.
     next: usize,
+    /// The next event index with a call after it (`u64::MAX`: none): every event before it is
+    /// answered by one comparison.
+    due: u64,
 }
 
 impl AddedCalls {
     /// True when the plan adds a call after event `index`; indices must come in increasing order.
     #[inline]
     fn after(&mut self, index: u64) -> bool {
-        if self.every.is_some_and(|n| (index + 1) % n == 0) {
-            return true;
+        if index < self.due {
+            return false;
         }
-        while self.at.get(self.next).is_some_and(|&a| a < index) {
+        if index > self.due {
+            self.due = self.first_at_or_after(index); // events were skipped
+        }
+        let call = index == self.due;
+        if call {
+            self.due = index.checked_add(1).map_or(u64::MAX, |i| self.first_at_or_after(i));
+        }
+        call
+    }
+
+    /// The first event index at or after `from` with a call after it.
+    fn first_at_or_after(&mut self, from: u64) -> u64 {
+        // After events n-1, 2n-1, ...: the first k·n - 1 at or after `from`.
+        let every = match (self.every, from.checked_add(1)) {
+            (Some(n), Some(f)) => f.div_ceil(n).saturating_mul(n) - 1,
+            _ => u64::MAX,
+        };
+        while self.at.get(self.next).is_some_and(|&a| a < from) {
             self.next += 1;
         }
-        self.at.get(self.next) == Some(&index)
+        let at = self.at.get(self.next).copied().unwrap_or(u64::MAX);
+        every.min(at)
     }
 }
 
@@ -1114,6 +1138,27 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn added_calls_come_after_the_events_the_plan_names() {
+        for (every, at) in
+            [(None, vec![]), (Some(3), vec![]), (None, vec![0, 4, 4, 9]), (Some(4), vec![1, 3, 20])]
+        {
+            let plan = EmptyCachePlan { every, at: at.clone(), drop_recorded: false };
+            let mut calls = plan.added_calls();
+            let asked: Vec<u64> = (0..30).filter(|&i| calls.after(i)).collect();
+            let want: Vec<u64> = (0..30u64)
+                .filter(|&i| every.is_some_and(|n| (i + 1) % n == 0) || at.contains(&i))
+                .collect();
+            assert_eq!(asked, want, "every {every:?}, at {at:?}");
+        }
+        // Asked about some events only (the replay stops early or skips none), still in order.
+        let plan = EmptyCachePlan { every: Some(5), at: vec![7], drop_recorded: false };
+        let mut calls = plan.added_calls();
+        let asked: Vec<u64> =
+            [2, 4, 7, 8, 14, 15].into_iter().filter(|&i| calls.after(i)).collect();
+        assert_eq!(asked, [4, 7, 14]);
+    }
     use crate::policy::pytorch::{Config, PyTorch};
     use crate::trace::{text, ReadOptions};
 
