@@ -198,14 +198,14 @@ impl<'a> ReplayInput<'a> {
         let slots = Slots::assign(events, &live_at_start, frees_at)?;
         let mut runs = EmptyCacheRuns::default();
         for (i, e) in events.iter().enumerate() {
-            runs.push(i as u64, e.action);
+            runs.push(i as u64, e);
         }
         Ok(ReplayInput {
             trace,
             device,
             events,
             live_at_start,
-            empty_cache_at: runs.finish(),
+            empty_cache_at: runs.finish(!may_collect_garbage(trace)),
             frees_at,
             lifetimes,
             slots,
@@ -229,7 +229,7 @@ impl<'a> ReplayInput<'a> {
         let mut streams = AddrSet::default();
         file.each_event(device, u64::MAX, true, |i, e| {
             completes |= e.action == Action::FreeCompleted;
-            runs.push(i, e.action);
+            runs.push(i, e);
             first_time_us.get_or_insert(e.time_us);
             if streams.len() >= STREAMS_PER_DEVICE && !streams.contains(&e.stream) {
                 return Err(Error::input(format!(
@@ -253,7 +253,7 @@ impl<'a> ReplayInput<'a> {
             device,
             events: &[],
             live_at_start: live_at_start_of(trace, device, &lifetimes),
-            empty_cache_at: runs.finish(),
+            empty_cache_at: runs.finish(!may_collect_garbage(trace)),
             frees_at,
             lifetimes,
             slots: Slots::default(),
@@ -328,6 +328,12 @@ impl<'a> ReplayInput<'a> {
             }),
         }
     }
+}
+
+/// True when the recorded allocator had `garbage_collection_threshold` set, so that it may have
+/// released cached memory before a malloc's first attempt (see [`EmptyCacheRuns::finish`]).
+fn may_collect_garbage(trace: &Trace) -> bool {
+    trace.allocator_settings.as_ref().is_some_and(|s| s.garbage_collection_threshold > 0.0)
 }
 
 /// The device a replay runs on: `asked`, or the default; errors list the devices there are.

@@ -123,49 +123,94 @@ pub fn free_action(events: &[Event]) -> Action {
 /// `segment_free` / `segment_unmap` that is not part of a malloc's fallback, i.e. not followed
 /// (after any `free_completed`) by a `segment_alloc`, `segment_map` or `oom` of the same malloc.
 /// Spec §19.4: such runs are `empty_cache()` calls. Only the first event of each run is marked.
-/// [`EmptyCacheRuns`] finds the same calls one event at a time.
+/// [`EmptyCacheRuns`] finds the same calls one event at a time, and also the calls a retried
+/// allocation follows that the recording proves were no OOM.
 pub fn empty_cache_points(events: &[Event]) -> Vec<bool> {
     let mut marks = vec![false; events.len()];
     let mut runs = EmptyCacheRuns::default();
     for (i, e) in events.iter().enumerate() {
-        runs.push(i as u64, e.action);
+        runs.push(i as u64, e);
     }
-    for i in runs.finish() {
+    for i in runs.finish(false) {
         marks[i as usize] = true;
     }
     marks
 }
 
-/// The `empty_cache()` calls of [`empty_cache_points`], found one event at a time (for a trace
-/// streamed from a file): the index of each call's first event, in order. It holds the calls
-/// found and the start of the run being read, nothing per event.
+/// The `empty_cache()` calls of a recording, found one event at a time (for a trace streamed
+/// from a file too): the index of each call's first event, in order.
+///
+/// A run of releases that no allocation follows is a call ([`empty_cache_points`]). One that a
+/// `segment_alloc` (or `segment_map`s) follows records what an OOM fallback records, a failed
+/// `cudaMalloc`, the cache released, the retry, and also what `empty_cache()` followed by an
+/// allocation needing a new segment records. The reserved level tells them apart (the device
+/// limit's module docs, `recorded::limit`): if the level the retry needed (reserved before the
+/// releases plus the retried bytes) is at most the recording's peak reserved, the device served
+/// more than that elsewhere, so it was no OOM but a call. Levels are kept relative to the first
+/// event, which is all the comparison needs. It holds the calls found, the candidates of the
+/// second kind and the run being read, nothing per event.
 #[derive(Clone, Debug, Default)]
 pub struct EmptyCacheRuns {
-    run: Option<u64>,
+    /// The run being read: its first index and the reserved level before it.
+    run: Option<(u64, i128)>,
+    /// A run followed by `segment_map`s, still summing them: its first index and the level the
+    /// maps need so far.
+    mapping: Option<(u64, i128)>,
+    /// Runs followed by a retried allocation: first index and the level it needed.
+    retried: Vec<(u64, i128)>,
     calls: Vec<u64>,
+    /// Reserved bytes relative to the first event, and their highest value (0 at the start).
+    level: i128,
+    peak: i128,
 }
 
 impl EmptyCacheRuns {
-    /// Takes the next event's index and action.
+    /// Takes the next event and its index.
     #[inline]
-    pub fn push(&mut self, index: u64, action: Action) {
+    pub fn push(&mut self, index: u64, e: &Event) {
+        let action = e.action;
+        let size = e.size as i128;
+        if let Some((start, need)) = self.mapping.take() {
+            match action {
+                Action::SegmentMap => self.mapping = Some((start, need + size)),
+                _ => self.retried.push((start, need)),
+            }
+        }
         let flush = matches!(action, Action::SegmentFree | Action::SegmentUnmap);
         match self.run {
             Some(_) if flush || action == Action::FreeCompleted => {}
-            Some(start) => {
+            Some((start, before)) => {
                 self.run = None;
-                if !matches!(action, Action::SegmentAlloc | Action::SegmentMap | Action::Oom) {
-                    self.calls.push(start);
+                match action {
+                    Action::SegmentAlloc => self.retried.push((start, before + size)),
+                    Action::SegmentMap => self.mapping = Some((start, before + size)),
+                    Action::Oom => {} // the retry failed too: an OOM
+                    _ => self.calls.push(start),
                 }
             }
-            None if flush => self.run = Some(index),
+            None if flush => self.run = Some((index, self.level)),
             None => {}
         }
+        match action {
+            Action::SegmentAlloc | Action::SegmentMap => self.level += size,
+            Action::SegmentFree | Action::SegmentUnmap => self.level -= size,
+            _ => return,
+        }
+        self.peak = self.peak.max(self.level);
     }
 
-    /// The calls, in event order, once every event has been pushed.
-    pub fn finish(mut self) -> Vec<u64> {
-        self.calls.extend(self.run.take());
+    /// The calls, in event order, once every event has been pushed: the runs no allocation
+    /// follows, and with `below_peak` also those whose retried allocation needed at most the
+    /// recorded peak. Leave `below_peak` off where the allocator may release memory before its
+    /// first attempt (`garbage_collection_threshold`), which makes such a run prove nothing.
+    pub fn finish(mut self, below_peak: bool) -> Vec<u64> {
+        self.calls.extend(self.run.take().map(|(start, _)| start));
+        self.retried.extend(self.mapping.take());
+        if below_peak {
+            let peak = self.peak;
+            self.calls.extend(self.retried.iter().filter(|r| r.1 <= peak).map(|r| r.0));
+            self.calls.sort_unstable();
+        }
         self.calls
     }
 }
@@ -407,5 +452,46 @@ mod tests {
              segment_free 0x400000 2097152\nsegment_alloc 0x800000 20971520\nalloc 0x800000 4096\n",
         );
         assert_eq!(empty_cache_points(&e), vec![true, false, false, false, false, false]);
+    }
+
+    #[test]
+    fn a_flush_before_a_retry_below_the_recorded_peak_is_a_call() {
+        let calls = |src: &str, below_peak: bool| {
+            let (_, e) = events(src);
+            let mut runs = EmptyCacheRuns::default();
+            for (i, e) in e.iter().enumerate() {
+                runs.push(i as u64, e);
+            }
+            runs.finish(below_peak)
+        };
+        // 60 MiB at the peak, released by a call; later, at 20 MiB, a release and a retried
+        // 20 MiB segment: the retry needed 20 + 20 MiB, below the peak, so no OOM but a call.
+        let retried = |retry: &str| {
+            format!(
+                "segment_alloc 0x0 62914560\nsegment_free 0x0 62914560\nalloc 0x100 8\n\
+                 segment_alloc 0x8000000 20971520\nsegment_free 0x8000000 20971520\n\
+                 free_completed 0x100 8\n{retry}alloc 0x9000000 512\n"
+            )
+        };
+        let below = retried("segment_alloc 0x9000000 20971520\n");
+        assert_eq!(calls(&below, true), [1, 4]);
+        assert_eq!(calls(&below, false), [1], "the runs no allocation follows");
+        // A retry needing 20 + 50 MiB, above every level the device served: an OOM.
+        assert_eq!(calls(&retried("segment_alloc 0x9000000 52428800\n"), true), [1]);
+        // Mapped pages are summed into the level the retry needed: 20 + 10 + 10, or + 30 + 20.
+        let maps = |a: u64, b: u64| {
+            retried(&format!("segment_map 0x9000000 {a}\nsegment_map 0xb000000 {b}\n"))
+        };
+        assert_eq!(calls(&maps(10 << 20, 10 << 20), true), [1, 4]);
+        assert_eq!(calls(&maps(30 << 20, 20 << 20), true), [1]);
+        // A failed retry (an oom entry) is an OOM whatever the level; calls stay in order.
+        let oom = "segment_alloc 0x0 20971520
+segment_free 0x0 20971520
+oom 0 41943040
+                   segment_alloc 0x0 20971520
+segment_free 0x0 20971520
+alloc 0x0 8
+";
+        assert_eq!(calls(oom, true), [4]);
     }
 }
