@@ -247,3 +247,116 @@ fn expandable_snapshot_validates_without_gpu_mem() {
         assert_eq!(out.status.code(), Some(code), "--gpu-mem {gpu}: {}", stdout(&out));
     }
 }
+
+/// A recording of the PyTorch policy itself across CUDA graph captures: the seeded workload's
+/// allocations on stream 0 inside capture windows are made into the graph's private pool, as
+/// PyTorch makes them, and each call becomes the trace entries a snapshot records (segment events
+/// at the addresses the device gave, with the segment's stream, then the alloc; a free as
+/// `free_requested` and `free_completed`), with the policy's own segments as the dump. `cut`
+/// drops that many leading entries, as a snapshot's ring buffer does.
+fn captured_recording(seed: u64, cut: usize) -> fragsim::trace::Trace {
+    use fragsim::backend::{BackendCall, Recording, SimDevice};
+    use fragsim::policy::pytorch::{Config, PyTorch, Version};
+    use fragsim::policy::{Allocation, Policy};
+    use fragsim::testing::{workload, Step};
+    use fragsim::trace::{Action, DeviceTrace, Event, Format, Trace};
+    let mut p = PyTorch::new(Config::parse("", Version::CURRENT).unwrap());
+    let mut d: Recording<SimDevice> = Recording::new(SimDevice::new(None));
+    let mut events = Vec::new();
+    let mut live: Vec<Option<(Allocation, u64, u64)>> = Vec::new();
+    let mut seen = 0;
+    let mut streams = std::collections::HashMap::new();
+    for (k, step) in workload(seed, 700).into_iter().enumerate() {
+        let capture = (k / 60) % 3 == 1;
+        let time = events.len() as i64;
+        let mut log = |d: &Recording<SimDevice>, events: &mut Vec<Event>, stream: u64| {
+            for c in &d.calls()[seen..] {
+                match *c {
+                    BackendCall::SegmentAlloc { size, addr: Some(a) } => {
+                        streams.insert(a, stream);
+                        events.push(Event::new(Action::SegmentAlloc, a, size, stream, time))
+                    }
+                    BackendCall::SegmentFree { addr, size } => {
+                        let s = streams.remove(&addr).unwrap_or(0);
+                        events.push(Event::new(Action::SegmentFree, addr, size, s, time))
+                    }
+                    _ => {}
+                }
+            }
+            seen = d.calls().len();
+        };
+        match step {
+            Step::Alloc { id, size, stream } => {
+                p.allocate_into((capture && stream == 0).then_some((1, 7))).unwrap();
+                let a = p.malloc(&mut d, size, stream).unwrap().expect("no capacity: no OOM");
+                log(&d, &mut events, stream);
+                events.push(Event::new(Action::Alloc, a.addr, size, stream, time));
+                live.resize(live.len().max(id + 1), None);
+                live[id] = Some((a, size, stream));
+            }
+            Step::Free { id } => {
+                if let Some((a, size, stream)) = live.get_mut(id).and_then(Option::take) {
+                    p.free_handle(&mut d, a.addr, a.handle).unwrap();
+                    for action in [Action::FreeRequested, Action::FreeCompleted] {
+                        events.push(Event::new(action, a.addr, size, stream, time));
+                    }
+                }
+            }
+            // PyTorch refuses empty_cache() during a capture; between captures it keeps the
+            // graph's pool (the graph lives), as the policy does.
+            Step::EmptyCache if !capture => {
+                p.empty_cache(&mut d).unwrap();
+                log(&d, &mut events, 0);
+            }
+            Step::EmptyCache => {}
+        }
+        p.check_invariants().unwrap();
+    }
+    Trace {
+        format: Format::PytorchSnapshot,
+        devices: vec![DeviceTrace { device: 0, events: events.split_off(cut.min(events.len())) }],
+        segments: p.segments(),
+        ..Trace::default()
+    }
+}
+
+#[test]
+fn recordings_across_graph_captures_validate_and_replay_to_their_recorded_peak() {
+    use fragsim::policy::pytorch::validate::{validate, ValidateOptions};
+    use fragsim::replay::{ReplayInput, ReplayOptions};
+    use fragsim::trace::Trace;
+    // As `replay` runs it: under the device limit the recording shows, if it shows one (an
+    // explicit flush at a level above the recorded peak reads as an OOM).
+    let replayed = |t: &Trace| {
+        let input = ReplayInput::new(t, None).unwrap();
+        let spec = fragsim::policy::PolicySpec::parse_list("pytorch").unwrap().remove(0);
+        let capacity = fragsim::recorded::row_and_limit(t, 0).1.and_then(|l| l.limit_bytes);
+        let options =
+            ReplayOptions { capacity, check_invariants: true, ..ReplayOptions::default() };
+        let out = fragsim::policy::lookup("pytorch").unwrap().run(&spec, &input, &options);
+        out.unwrap().result.peak_reserved_bytes
+    };
+    let options = ValidateOptions { check_invariants: true, ..ValidateOptions::default() };
+    let mut unrouted_differs = 0;
+    for seed in 0..16 {
+        let t = captured_recording(seed, 0);
+        assert!(t.segments.iter().any(|s| s.private_pool == Some((1, 7))), "seed {seed}");
+        let recorded = fragsim::recorded::recorded(&t, 0).expect("segment events");
+        let v = validate(&t, &options).unwrap();
+        assert!(v.mismatches.is_empty(), "seed {seed}: {:?}", &v.mismatches[..1]);
+        assert_eq!(v.allocs_addr_matched, v.allocs_total, "seed {seed}");
+        assert_eq!(v.segment_events_matched, v.segment_events_recorded, "seed {seed}");
+        assert_eq!(replayed(&t), recorded.peak_reserved_bytes, "seed {seed}: replayed peak");
+        // Recording begun mid-run: the private segments that exist then are recovered from the
+        // dump, and what the trace determines still reproduces.
+        let v = validate(&captured_recording(seed, 400), &options).unwrap();
+        assert!(v.mismatches.is_empty(), "seed {seed}, cut: {:?}", &v.mismatches[..1]);
+        // The control: the same recording with no private pool in the dump.
+        let mut shared = t.clone();
+        shared.segments.iter_mut().for_each(|s| s.private_pool = None);
+        let v = validate(&shared, &ValidateOptions::default()).unwrap();
+        let differs = !v.mismatches.is_empty() || replayed(&shared) != recorded.peak_reserved_bytes;
+        unrouted_differs += differs as u32;
+    }
+    assert!(unrouted_differs >= 8, "the private pool changed only {unrouted_differs} of 16 runs");
+}
