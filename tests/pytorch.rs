@@ -248,55 +248,85 @@ fn expandable_snapshot_validates_without_gpu_mem() {
     }
 }
 
-/// A recording of the PyTorch policy itself across CUDA graph captures: the seeded workload's
-/// allocations on stream 0 inside capture windows are made into the graph's private pool, as
-/// PyTorch makes them, and each call becomes the trace entries a snapshot records (segment events
-/// at the addresses the device gave, with the segment's stream, then the alloc; a free as
-/// `free_requested` and `free_completed`), with the policy's own segments as the dump. `cut`
-/// drops that many leading entries, as a snapshot's ring buffer does.
-fn captured_recording(seed: u64, cut: usize) -> fragsim::trace::Trace {
-    use fragsim::backend::{BackendCall, Recording, SimDevice};
+/// How [`recording`] runs the PyTorch policy to make a trace.
+#[derive(Clone, Copy)]
+struct Run<'a> {
+    /// `PYTORCH_CUDA_ALLOC_CONF`, recorded as the snapshot's `allocator_settings`.
+    conf: &'a str,
+    /// The device's memory; `None`: unlimited.
+    capacity: Option<u64>,
+    /// Stream 0's allocations in capture windows go to a CUDA graph's private pool.
+    captures: bool,
+    /// Leading entries dropped, as a snapshot's ring buffer drops them.
+    cut: usize,
+}
+
+/// A recording of the PyTorch policy itself on a seeded workload, as a snapshot records one:
+/// each call becomes the trace entries PyTorch writes (segment events at the addresses the
+/// device gave, with the segment's stream, then the `alloc`, or an `oom` with the device's free
+/// bytes; a free as `free_requested` and `free_completed`), the policy's own segments are the
+/// dump, and its configuration the recorded settings.
+fn recording(seed: u64, run: Run) -> fragsim::trace::Trace {
+    use fragsim::backend::{Backend, BackendCall, Recording, SimDevice};
     use fragsim::policy::pytorch::{Config, PyTorch, Version};
     use fragsim::policy::{Allocation, Policy};
     use fragsim::testing::{workload, Step};
     use fragsim::trace::{Action, DeviceTrace, Event, Format, Trace};
-    let mut p = PyTorch::new(Config::parse("", Version::CURRENT).unwrap());
-    let mut d: Recording<SimDevice> = Recording::new(SimDevice::new(None));
+    let config = Config::parse(run.conf, Version::CURRENT).unwrap();
+    let settings = config.to_recorded();
+    let mut p = PyTorch::new(config);
+    let mut d: Recording<SimDevice> = Recording::new(SimDevice::new(run.capacity));
     let mut events = Vec::new();
     let mut live: Vec<Option<(Allocation, u64, u64)>> = Vec::new();
     let mut seen = 0;
     let mut streams = std::collections::HashMap::new();
     for (k, step) in workload(seed, 700).into_iter().enumerate() {
-        let capture = (k / 60) % 3 == 1;
+        let capture = run.captures && (k / 60) % 3 == 1;
         let time = events.len() as i64;
         let mut log = |d: &Recording<SimDevice>, events: &mut Vec<Event>, stream: u64| {
             for c in &d.calls()[seen..] {
-                match *c {
+                let (action, addr, size) = match *c {
                     BackendCall::SegmentAlloc { size, addr: Some(a) } => {
                         streams.insert(a, stream);
-                        events.push(Event::new(Action::SegmentAlloc, a, size, stream, time))
+                        (Action::SegmentAlloc, a, size)
                     }
-                    BackendCall::SegmentFree { addr, size } => {
-                        let s = streams.remove(&addr).unwrap_or(0);
-                        events.push(Event::new(Action::SegmentFree, addr, size, s, time))
-                    }
-                    _ => {}
-                }
+                    BackendCall::SegmentFree { addr, size } => (Action::SegmentFree, addr, size),
+                    BackendCall::Map { addr, size, ok: true } => (Action::SegmentMap, addr, size),
+                    BackendCall::Unmap { addr, size } => (Action::SegmentUnmap, addr, size),
+                    _ => continue,
+                };
+                let s = match action {
+                    Action::SegmentAlloc => stream,
+                    Action::SegmentFree => streams.remove(&addr).unwrap_or(0),
+                    _ => stream,
+                };
+                events.push(Event::new(action, addr, size, s, time));
             }
             seen = d.calls().len();
         };
         match step {
             Step::Alloc { id, size, stream } => {
                 p.allocate_into((capture && stream == 0).then_some((1, 7))).unwrap();
-                let a = p.malloc(&mut d, size, stream).unwrap().expect("no capacity: no OOM");
+                let got = p.malloc(&mut d, size, stream).unwrap();
                 log(&d, &mut events, stream);
-                events.push(Event::new(Action::Alloc, a.addr, size, stream, time));
-                live.resize(live.len().max(id + 1), None);
-                live[id] = Some((a, size, stream));
+                match got {
+                    Some(a) => {
+                        events.push(Event::new(Action::Alloc, a.addr, size, stream, time));
+                        live.resize(live.len().max(id + 1), None);
+                        live[id] = Some((a, size, stream));
+                    }
+                    None => {
+                        // PyTorch's `oom` entry: the device's free bytes, the rounded size.
+                        let free = run.capacity.unwrap_or(0).saturating_sub(d.reserved());
+                        let rounded = p.settings().round_size(size);
+                        events.push(Event::new(Action::Oom, free, rounded, stream, time));
+                    }
+                }
             }
             Step::Free { id } => {
                 if let Some((a, size, stream)) = live.get_mut(id).and_then(Option::take) {
                     p.free_handle(&mut d, a.addr, a.handle).unwrap();
+                    log(&d, &mut events, stream); // expandable segments unmap nothing here
                     for action in [Action::FreeRequested, Action::FreeCompleted] {
                         events.push(Event::new(action, a.addr, size, stream, time));
                     }
@@ -312,30 +342,43 @@ fn captured_recording(seed: u64, cut: usize) -> fragsim::trace::Trace {
         }
         p.check_invariants().unwrap();
     }
+    let mut segments = p.segments();
+    segments.iter_mut().for_each(|s| s.device = 0);
     Trace {
         format: Format::PytorchSnapshot,
-        devices: vec![DeviceTrace { device: 0, events: events.split_off(cut.min(events.len())) }],
-        segments: p.segments(),
+        devices: vec![DeviceTrace {
+            device: 0,
+            events: events.split_off(run.cut.min(events.len())),
+        }],
+        segments,
+        allocator_settings: Some(settings),
         ..Trace::default()
     }
+}
+
+/// [`recording`] across CUDA graph captures, default settings, no device limit.
+fn captured_recording(seed: u64, cut: usize) -> fragsim::trace::Trace {
+    recording(seed, Run { conf: "", capacity: None, captures: true, cut })
+}
+
+/// `replay -p pytorch`'s peak reserved bytes on `t`, as the command runs it: under the device
+/// limit the recording shows, if it shows one.
+fn replayed_peak(t: &fragsim::trace::Trace) -> u64 {
+    use fragsim::replay::{ReplayInput, ReplayOptions};
+    let input = ReplayInput::new(t, None).unwrap();
+    let spec = fragsim::policy::PolicySpec::parse_list("pytorch").unwrap().remove(0);
+    let capacity = fragsim::recorded::row_and_limit(t, 0).1.and_then(|l| l.limit_bytes);
+    let options = ReplayOptions { capacity, check_invariants: true, ..ReplayOptions::default() };
+    let out = fragsim::policy::lookup("pytorch").unwrap().run(&spec, &input, &options);
+    out.unwrap().result.peak_reserved_bytes
 }
 
 #[test]
 fn recordings_across_graph_captures_validate_and_replay_to_their_recorded_peak() {
     use fragsim::policy::pytorch::validate::{validate, ValidateOptions};
-    use fragsim::replay::{ReplayInput, ReplayOptions};
-    use fragsim::trace::Trace;
-    // As `replay` runs it: under the device limit the recording shows, if it shows one (an
-    // explicit flush at a level above the recorded peak reads as an OOM).
-    let replayed = |t: &Trace| {
-        let input = ReplayInput::new(t, None).unwrap();
-        let spec = fragsim::policy::PolicySpec::parse_list("pytorch").unwrap().remove(0);
-        let capacity = fragsim::recorded::row_and_limit(t, 0).1.and_then(|l| l.limit_bytes);
-        let options =
-            ReplayOptions { capacity, check_invariants: true, ..ReplayOptions::default() };
-        let out = fragsim::policy::lookup("pytorch").unwrap().run(&spec, &input, &options);
-        out.unwrap().result.peak_reserved_bytes
-    };
+    // An explicit flush at a level above the recorded peak reads as an OOM: replayed under the
+    // limit the recording shows, as `replay` does.
+    let replayed = replayed_peak;
     let options = ValidateOptions { check_invariants: true, ..ValidateOptions::default() };
     let mut unrouted_differs = 0;
     for seed in 0..16 {
@@ -359,4 +402,68 @@ fn recordings_across_graph_captures_validate_and_replay_to_their_recorded_peak()
         unrouted_differs += differs as u32;
     }
     assert!(unrouted_differs >= 8, "the private pool changed only {unrouted_differs} of 16 runs");
+    // Under memory pressure: requests that fail during a capture (no release before their
+    // `oom`, no address to tell their pool by) validate too.
+    for capacity in [300u64 << 20, 200 << 20] {
+        for seed in 0..12 {
+            let run = Run { conf: "", capacity: Some(capacity), captures: true, cut: 0 };
+            let t = recording(seed, run);
+            let v = validate(&t, &options).unwrap();
+            assert!(v.mismatches.is_empty(), "{capacity}, seed {seed}: {:?}", &v.mismatches[..1]);
+            assert_eq!(v.allocs_addr_matched, v.allocs_total, "{capacity}, seed {seed}");
+        }
+    }
+}
+
+#[test]
+fn recordings_under_memory_pressure_validate_and_replay_exactly() {
+    use fragsim::policy::pytorch::validate::{validate, ValidateOptions};
+    let options = ValidateOptions { check_invariants: true, ..ValidateOptions::default() };
+    let confs = [
+        "",
+        "max_split_size_mb:64",
+        "roundup_power2_divisions:4",
+        "max_split_size_mb:32,roundup_power2_divisions:[256:2,>:8]",
+        "expandable_segments:True",
+    ];
+    let (mut ooms, mut flushes) = (0, 0);
+    for conf in confs {
+        let expandable = conf.starts_with("expandable");
+        // Unlimited, and two devices the workload outgrows (out-of-memory fallbacks, failed
+        // requests, the program's empty_cache() near the limit).
+        let capacities: &[Option<u64>] = if expandable {
+            &[None, Some(300 << 20)]
+        } else {
+            &[None, Some(300 << 20), Some(200 << 20)]
+        };
+        for &capacity in capacities {
+            for seed in 0..12 {
+                let run = Run { conf, capacity, captures: false, cut: 0 };
+                let t = recording(seed, run);
+                let at = format!("{conf:?}, {capacity:?}, seed {seed}");
+                let v = validate(&t, &options).unwrap();
+                assert!(v.mismatches.is_empty(), "{at}: {:?}", &v.mismatches[..1]);
+                assert_eq!(v.allocs_addr_matched, v.allocs_total, "{at}");
+                assert_eq!(v.segment_events_matched, v.segment_events_recorded, "{at}");
+                let recorded = fragsim::recorded::recorded(&t, 0).expect("segment events");
+                assert_eq!(replayed_peak(&t), recorded.peak_reserved_bytes, "{at}: replayed peak");
+                ooms += recorded.oom_count;
+                flushes += t.devices[0]
+                    .events
+                    .iter()
+                    .filter(|e| e.action == fragsim::trace::Action::SegmentFree)
+                    .count();
+                // The same run recorded from its 500th entry on (not modelled for expandable
+                // segments, whose start reservations the recovery cannot place from a cut).
+                if !expandable {
+                    let v = validate(&recording(seed, Run { cut: 500, ..run }), &options).unwrap();
+                    assert!(v.mismatches.is_empty(), "{at}, cut: {:?}", &v.mismatches[..1]);
+                }
+            }
+        }
+    }
+    assert!(
+        ooms > 100 && flushes > 500,
+        "pressure enough to test: {ooms} OOMs, {flushes} releases"
+    );
 }

@@ -140,6 +140,16 @@ pub trait Policy {
         self.free(backend, addr)
     }
 
+    /// Whether a request of `size` bytes on `stream` would be served from the policy's cache
+    /// now, without new memory from the device. The replay asks where a recording cannot tell
+    /// the program's `empty_cache()` from the recorded allocator's out-of-memory fallback (a run
+    /// of releases, then an allocation needing new memory): only a request the cache could not
+    /// serve falls back, so a policy that models the recorded allocator answers for it. `None`
+    /// (the default): the policy does not, and the replay leaves the run alone.
+    fn would_serve_from_cache(&self, _size: u64, _stream: u64) -> Option<bool> {
+        None
+    }
+
     /// Releases every cached segment the policy can (`torch.cuda.empty_cache()`).
     fn empty_cache<B: Backend>(&mut self, backend: &mut B) -> Result<()>;
 

@@ -37,8 +37,13 @@ pub enum FlushKind {
     /// A segment allocation follows, but the level it needed (reserved before the flush plus the
     /// retried segment) is at most the recorded peak: not an OOM, so `empty_cache()`.
     EmptyCacheBelowPeak,
-    /// A segment allocation follows at a level above the recorded peak: taken as a failed
-    /// `cudaMalloc`, the cache flush, and the retry.
+    /// A segment allocation follows at a level above the recorded peak but at most the device
+    /// limit the recording's `oom` entries measure: the first attempt could not have failed, so
+    /// `empty_cache()`.
+    EmptyCacheBelowLimit,
+    /// A segment allocation follows at a level above the recorded peak (and above the limit the
+    /// `oom` entries measure, if they agree on one): taken as a failed `cudaMalloc`, the cache
+    /// flush, and the retry.
     OutOfMemory,
     /// Followed by an `oom` entry: the retry failed too.
     FailedRetry,
@@ -138,7 +143,14 @@ impl DeviceLimit {
         let explicit = self
             .flushes
             .iter()
-            .filter(|f| matches!(f.kind, FlushKind::EmptyCache | FlushKind::EmptyCacheBelowPeak))
+            .filter(|f| {
+                matches!(
+                    f.kind,
+                    FlushKind::EmptyCache
+                        | FlushKind::EmptyCacheBelowPeak
+                        | FlushKind::EmptyCacheBelowLimit
+                )
+            })
             .count();
         let at = |e: Option<u64>| e.map_or("the start".to_string(), |e| format!("event {e}"));
         let mut s = match (self.limit_bytes, self.consistent) {
@@ -250,6 +262,18 @@ pub fn infer(trace: &Trace, recorded: &Recorded) -> DeviceLimit {
         }
         limit.flushes.push(flush);
     }
+    // The oom entries measure the limit itself; where they agree, a flush whose retry needed no
+    // more than it cannot have been an OOM.
+    let points: Vec<u64> = limit.oom_entries.iter().map(OomEntry::limit_bytes).collect();
+    if let Some(&p) = points.first().filter(|&&p| p >= limit.at_least_bytes) {
+        if points.iter().all(|&q| q == p) {
+            for f in limit.flushes.iter_mut().filter(|f| f.kind == FlushKind::OutOfMemory) {
+                if f.needed_bytes().is_some_and(|need| need <= p) {
+                    f.kind = FlushKind::EmptyCacheBelowLimit;
+                }
+            }
+        }
+    }
     for f in limit.flushes.iter().filter(|f| f.kind == FlushKind::OutOfMemory) {
         let need = f.needed_bytes().unwrap_or(u64::MAX);
         if limit.below_bytes.is_none_or(|b| need < b) {
@@ -258,7 +282,6 @@ pub fn infer(trace: &Trace, recorded: &Recorded) -> DeviceLimit {
         }
     }
     let fits = |l: u64| l >= limit.at_least_bytes && limit.below_bytes.is_none_or(|b| l < b);
-    let points: Vec<u64> = limit.oom_entries.iter().map(OomEntry::limit_bytes).collect();
     match points.first() {
         Some(&p) => {
             limit.consistent = points.iter().all(|&q| q == p) && fits(p);

@@ -41,7 +41,7 @@ pub use series::{Point, Series};
 use crate::trace::lifetimes::Lifetimes;
 pub use crate::trace::lifetimes::{
     digest, empty_cache_points, free_action, live_at_start, live_at_start_of, orphan_frees,
-    AddrHasher, AddrMap, AddrSet, EmptyCacheRuns, LiveBlock,
+    AddrHasher, AddrMap, AddrSet, EmptyCacheRuns, LiveBlock, Retried,
 };
 
 use crate::backend::{Backend, BackendCall, Observed, Observer, SimDevice};
@@ -69,6 +69,11 @@ pub struct ReplayInput<'a> {
     /// Where the recorded program called `empty_cache()`: the index of each call's first event,
     /// in order (see [`EmptyCacheRuns`]).
     pub empty_cache_at: Vec<u64>,
+    /// The runs of releases the recording leaves undecided between an `empty_cache()` call and
+    /// an out-of-memory fallback, in order ([`EmptyCacheRuns::finish_with_undecided`]): a
+    /// policy that models the recorded allocator decides each
+    /// ([`Policy::would_serve_from_cache`]).
+    pub undecided_flushes: Vec<Retried>,
     /// The action at which frees take effect (see [`free_action`]).
     pub frees_at: Action,
     /// The lifetime scan of the events handed to policies (the loaded events, or a streamed
@@ -200,12 +205,15 @@ impl<'a> ReplayInput<'a> {
         for (i, e) in events.iter().enumerate() {
             runs.push(i as u64, e);
         }
+        let (empty_cache_at, undecided_flushes) =
+            runs.finish_with_undecided(!may_collect_garbage(trace));
         Ok(ReplayInput {
             trace,
             device,
             events,
             live_at_start,
-            empty_cache_at: runs.finish(!may_collect_garbage(trace)),
+            empty_cache_at,
+            undecided_flushes,
             frees_at,
             lifetimes,
             slots,
@@ -248,12 +256,15 @@ impl<'a> ReplayInput<'a> {
             file.each_event(device, limit, false, f)
         })?;
         let lifetimes = crate::trace::lifetimes::scan(&digest);
+        let (empty_cache_at, undecided_flushes) =
+            runs.finish_with_undecided(!may_collect_garbage(trace));
         Ok(ReplayInput {
             trace,
             device,
             events: &[],
             live_at_start: live_at_start_of(trace, device, &lifetimes),
-            empty_cache_at: runs.finish(!may_collect_garbage(trace)),
+            empty_cache_at,
+            undecided_flushes,
             frees_at,
             lifetimes,
             slots: Slots::default(),
@@ -316,6 +327,7 @@ impl<'a> ReplayInput<'a> {
             events: self.events,
             live_at_start: self.live_at_start.clone(),
             empty_cache_at: self.empty_cache_at.clone(),
+            undecided_flushes: self.undecided_flushes.clone(),
             frees_at: self.frees_at,
             lifetimes: self.lifetimes.clone(),
             slots: Slots::default(),
@@ -497,6 +509,31 @@ impl EmptyCachePlan {
             parts.push("without the recorded calls".to_string());
         }
         format!("empty_cache() {}", parts.join(", "))
+    }
+}
+
+/// The recording's undecided release runs ([`ReplayInput::undecided_flushes`]), asked about
+/// in event order.
+struct Undecided<'r> {
+    runs: &'r [Retried],
+    next: usize,
+}
+
+impl Undecided<'_> {
+    /// True when the run starting at event `index` was the program's `empty_cache()`: the
+    /// policy models the recorded allocator and its cache would have served the retried
+    /// request, which an out-of-memory fallback never follows.
+    #[inline]
+    fn called_at<P: Policy>(&mut self, index: u64, policy: &P) -> bool {
+        while self.runs.get(self.next).is_some_and(|r| r.event < index) {
+            self.next += 1;
+        }
+        match self.runs.get(self.next) {
+            Some(r) if r.event == index => {
+                policy.would_serve_from_cache(r.size, r.stream) == Some(true)
+            }
+            _ => false,
+        }
     }
 }
 
@@ -996,6 +1033,7 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
     let mut added_calls = options.empty_cache.added_calls();
     let plan = &options.empty_cache;
     let recorded_flushes = &input.empty_cache_at;
+    let mut undecided = Undecided { runs: &input.undecided_flushes, next: 0 };
     // Read once: the policy's calls go through `backend` and could change what it points to, so
     // the compiler would otherwise reload these on every event.
     let (logging, check) = (backend.observer.log.is_some(), options.check_invariants);
@@ -1055,6 +1093,40 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
                         }
                     }
                 }
+                // A request the recorded allocator could not serve (`size` is its rounded size):
+                // it is part of what the program asked for, so every policy tries it too. One
+                // that fails counts as an OOM here, as it did in the recording; one that is
+                // served is freed at once, since the program went on without it.
+                Action::Oom if e.size > 0 => {
+                    if routes.is_some() {
+                        policy.allocate_into(None).map_err(at)?; // no address to route by
+                    }
+                    match policy.malloc(&mut backend, e.size, e.stream).map_err(at)? {
+                        Some(a) => {
+                            if let Some(log) = &mut backend.observer.log {
+                                log.push(Event::new(
+                                    Action::Alloc,
+                                    a.addr,
+                                    e.size,
+                                    e.stream,
+                                    e.time_us,
+                                ));
+                            }
+                            log_free(&mut backend.observer.log, a.addr, e.size, e);
+                            policy.free_handle(&mut backend, a.addr, a.handle).map_err(at)?;
+                        }
+                        None => {
+                            meter.detail.oom_count += 1;
+                            if first_oom.is_none() {
+                                let (r, a) = (backend.reserved(), policy.allocated());
+                                first_oom = Some(oom_detail(index, e.size, Some(e), r, a));
+                            }
+                            if let Some(log) = &mut backend.observer.log {
+                                log.push(Event::new(Action::Oom, 0, e.size, e.stream, e.time_us));
+                            }
+                        }
+                    }
+                }
                 a if a == frees_at => {
                     let b = match blocks.freed(i, e) {
                         Freed::Block(b) => b,
@@ -1070,7 +1142,9 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
                     policy.free_handle(&mut backend, b.addr, b.handle).map_err(at)?;
                 }
                 Action::SegmentFree | Action::SegmentUnmap
-                    if !plan.drop_recorded && recorded_flushes.binary_search(&index).is_ok() =>
+                    if !plan.drop_recorded
+                        && (recorded_flushes.binary_search(&index).is_ok()
+                            || undecided.called_at(index, &policy)) =>
                 {
                     if let Some(r) = &mut routes {
                         r.follow(e);

@@ -146,9 +146,10 @@ pub fn empty_cache_points(events: &[Event]) -> Vec<bool> {
 /// allocation needing a new segment records. The reserved level tells them apart (the device
 /// limit's module docs, `recorded::limit`): if the level the retry needed (reserved before the
 /// releases plus the retried bytes) is at most the recording's peak reserved, the device served
-/// more than that elsewhere, so it was no OOM but a call. Levels are kept relative to the first
-/// event, which is all the comparison needs. It holds the calls found, the candidates of the
-/// second kind and the run being read, nothing per event.
+/// more than that elsewhere, so it was no OOM but a call; and likewise up to the device limit
+/// the `oom` entries measure (reserved plus the device's free bytes), where they all agree on
+/// one. Levels are kept relative to the first event, which is all the comparisons need. It holds
+/// the calls found, the candidates of the second kind and the run being read, nothing per event.
 #[derive(Clone, Debug, Default)]
 pub struct EmptyCacheRuns {
     /// The run being read: its first index and the reserved level before it.
@@ -156,12 +157,18 @@ pub struct EmptyCacheRuns {
     /// A run followed by `segment_map`s, still summing them: its first index and the level the
     /// maps need so far.
     mapping: Option<(u64, i128)>,
-    /// Runs followed by a retried allocation: first index and the level it needed.
-    retried: Vec<(u64, i128)>,
+    /// Runs followed by a retried allocation: first index, the level it needed, and the request
+    /// the retry served (the `alloc` after it), once seen.
+    retried: Vec<(u64, i128, Option<Retried>)>,
+    /// Whether the last of `retried` still waits for its `alloc`.
+    awaiting_alloc: bool,
     calls: Vec<u64>,
     /// Reserved bytes relative to the first event, and their highest value (0 at the start).
     level: i128,
     peak: i128,
+    /// The device limit the `oom` entries measure, relative as `level`: `None` before the first,
+    /// `Some(None)` once two disagree.
+    limit: Option<Option<i128>>,
 }
 
 impl EmptyCacheRuns {
@@ -173,7 +180,13 @@ impl EmptyCacheRuns {
         if let Some((start, need)) = self.mapping.take() {
             match action {
                 Action::SegmentMap => self.mapping = Some((start, need + size)),
-                _ => self.retried.push((start, need)),
+                _ => self.push_retried(start, need),
+            }
+        }
+        if self.awaiting_alloc && action == Action::Alloc {
+            self.awaiting_alloc = false;
+            if let Some(last) = self.retried.last_mut() {
+                last.2 = Some(Retried { event: last.0, size: e.size, stream: e.stream });
             }
         }
         let flush = matches!(action, Action::SegmentFree | Action::SegmentUnmap);
@@ -182,7 +195,7 @@ impl EmptyCacheRuns {
             Some((start, before)) => {
                 self.run = None;
                 match action {
-                    Action::SegmentAlloc => self.retried.push((start, before + size)),
+                    Action::SegmentAlloc => self.push_retried(start, before + size),
                     Action::SegmentMap => self.mapping = Some((start, before + size)),
                     Action::Oom => {} // the retry failed too: an OOM
                     _ => self.calls.push(start),
@@ -194,25 +207,71 @@ impl EmptyCacheRuns {
         match action {
             Action::SegmentAlloc | Action::SegmentMap => self.level += size,
             Action::SegmentFree | Action::SegmentUnmap => self.level -= size,
+            Action::Oom => {
+                let measured = self.level + e.addr as i128; // reserved + the device's free bytes
+                self.limit = match self.limit {
+                    None => Some(Some(measured)),
+                    Some(l) => Some(l.filter(|&l| l == measured)),
+                };
+                return;
+            }
             _ => return,
         }
         self.peak = self.peak.max(self.level);
     }
 
+    fn push_retried(&mut self, start: u64, need: i128) {
+        self.retried.push((start, need, None));
+        self.awaiting_alloc = true;
+    }
+
     /// The calls, in event order, once every event has been pushed: the runs no allocation
-    /// follows, and with `below_peak` also those whose retried allocation needed at most the
-    /// recorded peak. Leave `below_peak` off where the allocator may release memory before its
-    /// first attempt (`garbage_collection_threshold`), which makes such a run prove nothing.
-    pub fn finish(mut self, below_peak: bool) -> Vec<u64> {
+    /// follows, and with `below_limit` also those whose retried allocation needed at most the
+    /// recorded peak, or the device limit the `oom` entries agree on. Leave `below_limit` off
+    /// where the allocator may release memory before its first attempt
+    /// (`garbage_collection_threshold`), which makes such a run prove nothing.
+    pub fn finish(self, below_limit: bool) -> Vec<u64> {
+        self.finish_with_undecided(below_limit).0
+    }
+
+    /// [`EmptyCacheRuns::finish`], and the runs it could not decide: those a retried
+    /// allocation follows above every level the recording shows the device serving. Either
+    /// the first attempt failed and the allocator released its cache (an OOM fallback), or the
+    /// program called `empty_cache()` and the allocation then needed new memory; the levels
+    /// cannot tell which. A model of the recorded allocator can: only a request its cache could
+    /// not serve falls back. In event order; none with `below_limit` off.
+    pub fn finish_with_undecided(mut self, below_limit: bool) -> (Vec<u64>, Vec<Retried>) {
         self.calls.extend(self.run.take().map(|(start, _)| start));
-        self.retried.extend(self.mapping.take());
-        if below_peak {
-            let peak = self.peak;
-            self.calls.extend(self.retried.iter().filter(|r| r.1 <= peak).map(|r| r.0));
+        if let Some((start, need)) = self.mapping.take() {
+            self.retried.push((start, need, None));
+        }
+        let mut undecided = Vec::new();
+        if below_limit {
+            let served = self.limit.flatten().map_or(self.peak, |l| l.max(self.peak));
+            for &(start, need, request) in &self.retried {
+                match request {
+                    _ if need <= served => self.calls.push(start),
+                    Some(r) => undecided.push(r),
+                    None => {} // no request followed (a cut-off trace): nothing to ask
+                }
+            }
             self.calls.sort_unstable();
         }
-        self.calls
+        (self.calls, undecided)
     }
+}
+
+/// A run of recorded releases followed by a retried allocation that the levels cannot classify
+/// ([`EmptyCacheRuns::finish_with_undecided`]): where it starts and the request the retry
+/// served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retried {
+    /// The index of the run's first release.
+    pub event: u64,
+    /// The request the retried allocation served (its `alloc` event's size).
+    pub size: u64,
+    /// That request's stream.
+    pub stream: u64,
 }
 
 /// The few events of a device that decide what lifetimes and start states are derived from it:

@@ -181,6 +181,10 @@ pub struct PyTorch {
     /// The pool mallocs allocate into: 0, the default pools; `k`, private pool `k`
     /// ([`PyTorch::allocate_into`], what `begin_allocate_to_pool` does during graph capture).
     into: u16,
+    /// A CUDA graph capture is underway on some stream (set by [`PyTorch::set_capture_underway`];
+    /// implied for a malloc into a private pool): no malloc falls back to releasing every
+    /// cached segment.
+    capture_underway: bool,
     /// Allocated blocks by address (PyTorch's `active_blocks`), for frees by address alone:
     /// built from the blocks at the first such free, then kept. A replay frees by
     /// [`Handle`] (the block's index) and never needs it.
@@ -219,6 +223,7 @@ impl PyTorch {
             private: Vec::new(),
             private_pools: Vec::new(),
             into: 0,
+            capture_underway: false,
             active: None,
             segments: BTreeMap::new(),
             expandable: Vec::new(),
@@ -917,6 +922,14 @@ impl PyTorch {
         Ok(installed)
     }
 
+    /// Says whether a CUDA graph capture is underway while the next mallocs are served, on any
+    /// stream: PyTorch then skips the release-every-cached-segment fallback for every malloc,
+    /// not only for those made into the capture's pool. The trace does not mark capture;
+    /// `validate` tells it from an `oom` that no release preceded.
+    pub fn set_capture_underway(&mut self, underway: bool) {
+        self.capture_underway = underway;
+    }
+
     /// The `pool` number of private pool `id`, given on first sight.
     fn private_pool_index(&mut self, id: (u64, u64)) -> Result<u16> {
         let k = match self.private_pools.iter().position(|&p| p == id) {
@@ -1125,8 +1138,8 @@ impl Policy for PyTorch {
             {
                 found = self.alloc_block(backend, stream, rounded, small, alloc_size, false)?;
             }
-            // Not while a capture is underway (here: a malloc into a private pool).
-            if found.is_none() && self.into == 0 {
+            // Not while a capture is underway (a malloc into a private pool, or one told so).
+            if found.is_none() && self.into == 0 && !self.capture_underway {
                 self.release_cached_blocks(backend)?;
                 found = self.alloc_block(backend, stream, rounded, small, alloc_size, true)?;
             }
@@ -1173,6 +1186,10 @@ impl Policy for PyTorch {
         }
         self.free_allocated(id);
         Ok(())
+    }
+
+    fn would_serve_from_cache(&self, size: u64, stream: u64) -> Option<bool> {
+        Some(self.would_hit_cache(size, stream))
     }
 
     fn empty_cache<B: Backend>(&mut self, backend: &mut B) -> Result<()> {

@@ -639,6 +639,7 @@ fn replay_checked(
     let mut run = Run::default();
     let mut ref_pos = 0usize;
     let mut routes = start.routes.clone();
+    let mut last_private = None;
     for (i, (e, op)) in events.iter().zip(ops).enumerate() {
         if check {
             policy.check().map_err(|m| {
@@ -688,8 +689,25 @@ fn replay_checked(
                 // Where the recording placed it says whether it was made into a private pool
                 // (during graph capture, or under use_mem_pool). An OOM entry's address is the
                 // device's free bytes, not a place.
-                let into = routes.as_ref().filter(|_| !*oom).and_then(|r| r.pool_of(e.addr));
+                let mut into = routes.as_ref().filter(|_| !*oom).and_then(|r| r.pool_of(e.addr));
                 policy.allocate_into(into)?;
+                // An OOM has no address to tell its pool by. If the default pools could serve
+                // it, the real allocator was not searching them: it was a malloc into a private
+                // pool, taken to be the one the last routed malloc went to.
+                if *oom && last_private.is_some() && policy.would_hit_cache(*size, *stream) {
+                    into = last_private;
+                    policy.allocate_into(into)?;
+                }
+                if into.is_some() {
+                    last_private = into;
+                }
+                // An OOM that no release preceded: PyTorch releases every cached segment before
+                // giving up unless a graph capture is underway, so one was (or there was
+                // nothing to release, which skipping the release reproduces as well).
+                let released = |j: &usize| {
+                    matches!(events[*j].action, Action::SegmentFree | Action::SegmentUnmap)
+                };
+                policy.set_capture_underway(*oom && !script.iter().any(released));
                 // A release run right before a malloc's new segment is either the malloc's own
                 // fallback or an empty_cache() just before it. If the cache could serve the
                 // request now, no fallback was needed: it was a flush.
