@@ -893,6 +893,31 @@ fn route<P: Policy>(policy: &mut P, routes: &PoolRoutes, addr: u64) -> Result<()
     policy.allocate_into(routes.pool_of(addr))
 }
 
+/// Records the policy's allocation at `addr` for `at` in the simulated run's log, if kept.
+fn log_alloc(log: &mut Option<Vec<Event>>, addr: u64, at: &Event) {
+    if let Some(log) = log {
+        log.push(Event::new(Action::Alloc, addr, at.size, at.stream, at.time_us));
+    }
+}
+
+/// Counts the request of `at` that the policy could not serve, keeps the first such moment's
+/// `detail`, and logs the `oom`, if the log is kept.
+fn count_oom(
+    meter: &mut Meter,
+    first: &mut Option<OomDetail>,
+    log: &mut Option<Vec<Event>>,
+    at: &Event,
+    detail: impl FnOnce() -> OomDetail,
+) {
+    meter.detail.oom_count += 1;
+    if first.is_none() {
+        *first = Some(detail());
+    }
+    if let Some(log) = log {
+        log.push(Event::new(Action::Oom, 0, at.size, at.stream, at.time_us));
+    }
+}
+
 /// Records a free of the policy's block at `addr` in the simulated run's log, if kept.
 fn log_free(log: &mut Option<Vec<Event>>, addr: u64, request: u64, at: &Event) {
     if let Some(log) = log {
@@ -1074,25 +1099,14 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
                     match placed {
                         Some(a) => {
                             meter.requested += e.size;
-                            if let Some(log) = &mut backend.observer.log {
-                                log.push(Event::new(
-                                    Action::Alloc,
-                                    a.addr,
-                                    e.size,
-                                    e.stream,
-                                    e.time_us,
-                                ));
-                            }
+                            log_alloc(&mut backend.observer.log, a.addr, e);
                         }
                         None => {
-                            meter.detail.oom_count += 1;
-                            if first_oom.is_none() {
-                                let (r, a) = (backend.reserved(), policy.allocated());
-                                first_oom = Some(oom_detail(index, e.size, Some(e), r, a));
-                            }
-                            if let Some(log) = &mut backend.observer.log {
-                                log.push(Event::new(Action::Oom, 0, e.size, e.stream, e.time_us));
-                            }
+                            let (r, a) = (backend.reserved(), policy.allocated());
+                            let log = &mut backend.observer.log;
+                            count_oom(&mut meter, &mut first_oom, log, e, || {
+                                oom_detail(index, e.size, Some(e), r, a)
+                            });
                         }
                     }
                 }
@@ -1106,27 +1120,16 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
                     }
                     match policy.malloc(&mut backend, e.size, e.stream).map_err(at)? {
                         Some(a) => {
-                            if let Some(log) = &mut backend.observer.log {
-                                log.push(Event::new(
-                                    Action::Alloc,
-                                    a.addr,
-                                    e.size,
-                                    e.stream,
-                                    e.time_us,
-                                ));
-                            }
+                            log_alloc(&mut backend.observer.log, a.addr, e);
                             log_free(&mut backend.observer.log, a.addr, e.size, e);
                             policy.free_handle(&mut backend, a.addr, a.handle).map_err(at)?;
                         }
                         None => {
-                            meter.detail.oom_count += 1;
-                            if first_oom.is_none() {
-                                let (r, a) = (backend.reserved(), policy.allocated());
-                                first_oom = Some(oom_detail(index, e.size, Some(e), r, a));
-                            }
-                            if let Some(log) = &mut backend.observer.log {
-                                log.push(Event::new(Action::Oom, 0, e.size, e.stream, e.time_us));
-                            }
+                            let (r, a) = (backend.reserved(), policy.allocated());
+                            let log = &mut backend.observer.log;
+                            count_oom(&mut meter, &mut first_oom, log, e, || {
+                                oom_detail(index, e.size, Some(e), r, a)
+                            });
                         }
                     }
                 }

@@ -1188,26 +1188,42 @@ mod tests {
         assert_eq!((v.mismatches[0].event, v.mismatches[0].action_name()), (2, "segments"));
     }
 
+    /// A 20 MiB large-pool segment on stream 0 of the dump, tiled by (address, size, state).
+    fn segment_of_20_mib(
+        address: u64,
+        private_pool: Option<(u64, u64)>,
+        blocks: &[(u64, u64, crate::trace::BlockState)],
+    ) -> crate::trace::Segment {
+        crate::trace::Segment {
+            device: 0,
+            address,
+            total_size: 20 << 20,
+            stream: 0,
+            pool: crate::trace::PoolKind::Large,
+            is_expandable: false,
+            private_pool,
+            blocks: blocks
+                .iter()
+                .map(|&(address, size, state)| crate::trace::Block {
+                    address,
+                    size,
+                    requested_size: 0,
+                    state,
+                })
+                .collect(),
+        }
+    }
+
     #[test]
     fn a_private_pool_s_free_blocks_go_to_no_other_allocation() {
         // Two 20 MiB segments, live before recording, each wholly free: one of a CUDA graph's
         // private pool at the lower address, one of the default pool above it. A 4 MiB request
         // outside capture takes the default pool's block, as PyTorch does: in one shared pool,
         // best fit (equal sizes, lowest address) would take the private one.
-        use crate::trace::{Block, BlockState, PoolKind, Segment};
+        use crate::trace::{Block, BlockState};
         let (private, default) = (0x1000_0000u64, 0x2000_0000u64);
-        let seg = |address, private_pool, blocks: Vec<(u64, u64, BlockState)>| Segment {
-            device: 0,
-            address,
-            total_size: 20 << 20,
-            stream: 0,
-            pool: PoolKind::Large,
-            is_expandable: false,
-            private_pool,
-            blocks: blocks
-                .into_iter()
-                .map(|(address, size, state)| Block { address, size, requested_size: 0, state })
-                .collect(),
+        let seg = |address, private_pool, blocks: Vec<(u64, u64, BlockState)>| {
+            segment_of_20_mib(address, private_pool, &blocks)
         };
         let dump = |recorded: u64| {
             let mut t = trace(&format!("alloc {recorded:#x} 4194304\n"));
@@ -1274,7 +1290,7 @@ mod tests {
         // pool, then freed back to it. A later 4 MiB malloc at the segment's address (still
         // in capture) reuses it; an ordinary 4 MiB malloc must not, so it needs a segment of
         // its own.
-        use crate::trace::{Block, BlockState, PoolKind, Segment};
+        use crate::trace::BlockState;
         let (private, other) = (0x1000_0000u64, 0x3000_0000u64);
         let text = format!(
             "segment_alloc {private:#x} 20971520\n\
@@ -1285,16 +1301,9 @@ mod tests {
              alloc {other:#x} 4194304\n"
         );
         let mut t = trace(&text);
-        let block = |address, size, state| Block { address, size, requested_size: 0, state };
-        let seg = |address, private_pool, blocks| Segment {
-            device: 0,
-            address,
-            total_size: 20 << 20,
-            stream: 0,
-            pool: PoolKind::Large,
-            is_expandable: false,
-            private_pool,
-            blocks,
+        let block = |address, size, state| (address, size, state);
+        let seg = |address, private_pool, blocks: Vec<(u64, u64, BlockState)>| {
+            segment_of_20_mib(address, private_pool, &blocks)
         };
         t.segments = vec![
             seg(
