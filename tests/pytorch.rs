@@ -438,15 +438,9 @@ fn recordings_under_memory_pressure_validate_and_replay_exactly() {
     ];
     let (mut ooms, mut flushes) = (0, 0);
     for conf in confs {
-        let expandable = conf.starts_with("expandable");
         // Unlimited, and two devices the workload outgrows (out-of-memory fallbacks, failed
         // requests, the program's empty_cache() near the limit).
-        let capacities: &[Option<u64>] = if expandable {
-            &[None, Some(300 << 20)]
-        } else {
-            &[None, Some(300 << 20), Some(200 << 20)]
-        };
-        for &capacity in capacities {
+        for capacity in [None, Some(300 << 20), Some(200 << 20)] {
             for seed in 0..12 {
                 let run = Run { conf, capacity, captures: false, cut: 0 };
                 let t = recording(seed, run);

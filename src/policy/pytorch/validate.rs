@@ -424,6 +424,9 @@ struct Guided<'a> {
     peak: u64,
     fresh: u64,
     now: i64,
+    /// The index of the event being replayed, and the stream of the malloc being served.
+    at: usize,
+    stream: u64,
 }
 
 impl Guided<'_> {
@@ -484,13 +487,26 @@ impl Backend for Guided<'_> {
 
     fn reserve(&mut self, size: u64) -> Result<Option<u64>> {
         // The first map of a new reservation is at its base (the lowest hole), possibly after a
-        // failed first attempt and a flush within the same malloc.
-        let recorded = self.script[self.log.len().min(self.script.len())..]
+        // failed first attempt and a flush within the same malloc. The whole script is searched:
+        // the simulation may have logged a different number of events before this call (one
+        // recorded unmap can be two of its own), and a map already made lies in a known
+        // reservation.
+        let new_map = |e: &&Event| {
+            e.action == Action::SegmentMap
+                && !self.reservations.iter().any(|(&a, &s)| a <= e.addr && e.addr < a + s)
+        };
+        // A malloc that fails after reserving (an OOM: no page could be mapped) keeps the
+        // reservation, and a later malloc on its stream maps into it: the first later map on
+        // that stream outside every known reservation shows where it is.
+        let stream = self.stream;
+        let recorded = self
+            .script
             .iter()
             .map(|&i| &self.events[i])
-            .find(|e| {
-                e.action == Action::SegmentMap
-                    && !self.reservations.iter().any(|(&a, &s)| a <= e.addr && e.addr < a + s)
+            .find(new_map)
+            .or_else(|| {
+                let later = self.events.get(self.at..)?;
+                later.iter().find(|e| e.stream == stream && new_map(e))
             })
             .map(|e| e.addr);
         let addr = match recorded {
@@ -628,6 +644,8 @@ fn replay_checked(
         peak: start.reserved(),
         fresh: FRESH_BASE,
         now: 0,
+        at: 0,
+        stream: 0,
     };
     // Recorded address -> simulated address of every live block.
     let mut live: AddrMap<u64> = AddrMap::default();
@@ -648,6 +666,7 @@ fn replay_checked(
             })?;
         }
         dev.now = e.time_us;
+        dev.at = i;
         if let Some(r) = &mut routes {
             r.follow(e);
         }
@@ -686,6 +705,7 @@ fn replay_checked(
                 }
             }
             Op::Malloc { size, stream, oom, script } => {
+                dev.stream = *stream;
                 // Where the recording placed it says whether it was made into a private pool
                 // (during graph capture, or under use_mem_pool). An OOM entry's address is the
                 // device's free bytes, not a place.
