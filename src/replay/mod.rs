@@ -77,6 +77,9 @@ pub struct ReplayInput<'a> {
     /// policy that models the recorded allocator decides each
     /// ([`Policy::would_serve_from_cache`]).
     pub undecided_flushes: Vec<Retried>,
+    /// Which recorded allocations were made into a private pool, as of the first event (`None`
+    /// when the dump shows no private pool); each replay follows a copy through the events.
+    pool_routes: Option<PoolRoutes>,
     /// The action at which frees take effect (see [`free_action`]).
     pub frees_at: Action,
     /// The lifetime scan of the events handed to policies (the loaded events, or a streamed
@@ -210,6 +213,7 @@ impl<'a> ReplayInput<'a> {
         }
         let (empty_cache_at, undecided_flushes) =
             runs.finish_with_undecided(!may_collect_garbage(trace));
+        let pool_routes = PoolRoutes::new(trace, device, events, &lifetimes);
         Ok(ReplayInput {
             trace,
             device,
@@ -217,6 +221,7 @@ impl<'a> ReplayInput<'a> {
             live_at_start,
             empty_cache_at,
             undecided_flushes,
+            pool_routes,
             frees_at,
             lifetimes,
             slots,
@@ -261,6 +266,8 @@ impl<'a> ReplayInput<'a> {
         let lifetimes = crate::trace::lifetimes::scan(&digest);
         let (empty_cache_at, undecided_flushes) =
             runs.finish_with_undecided(!may_collect_garbage(trace));
+        // The digest keeps each address's first segment event, all the routes need.
+        let pool_routes = PoolRoutes::new(trace, device, &digest, &lifetimes);
         Ok(ReplayInput {
             trace,
             device,
@@ -268,6 +275,7 @@ impl<'a> ReplayInput<'a> {
             live_at_start: live_at_start_of(trace, device, &lifetimes),
             empty_cache_at,
             undecided_flushes,
+            pool_routes,
             frees_at,
             lifetimes,
             slots: Slots::default(),
@@ -331,6 +339,7 @@ impl<'a> ReplayInput<'a> {
             live_at_start: self.live_at_start.clone(),
             empty_cache_at: self.empty_cache_at.clone(),
             undecided_flushes: self.undecided_flushes.clone(),
+            pool_routes: self.pool_routes.clone(),
             frees_at: self.frees_at,
             lifetimes: self.lifetimes.clone(),
             slots: Slots::default(),
@@ -1008,10 +1017,7 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
     };
 
     // Which recorded allocations were made into a private pool, where the dump shows any.
-    let mut routes = {
-        let c = input.context(options);
-        PoolRoutes::new(c.trace, c.device, c.events, c.lifetimes)
-    };
+    let mut routes = input.pool_routes.clone();
 
     // Blocks live before the first event: every policy must carry them.
     backend.observer.now = start_time;

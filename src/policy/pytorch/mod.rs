@@ -20,8 +20,9 @@
 //! allocation was recorded) and no flush releases, as in PyTorch while the graph or pool lives.
 //!
 //! Deviations: frees take effect when the engine calls [`Policy::free`] (at `free_completed`), so
-//! `record_stream` delays come from the trace; a capture is taken to be underway only for the
-//! malloc made into a private pool (PyTorch skips the release-everything fallback for every
+//! `record_stream` delays come from the trace; a capture is taken to be underway only for a
+//! malloc made into a private pool or one the caller says ran during a capture
+//! ([`PyTorch::set_capture_underway`]; PyTorch skips the release-everything fallback for every
 //! malloc while any capture is underway), and private expandable segments are installed in the
 //! default pools; no IPC callbacks (the free-memory callback is taken to release nothing); `cudaMalloc`
 //! and page mapping go through the [`Backend`], whose capacity decides when they fail.
