@@ -259,6 +259,8 @@ struct Run<'a> {
     captures: bool,
     /// Leading entries dropped, as a snapshot's ring buffer drops them.
     cut: usize,
+    /// Every entry names its pool (`pool_id`), as PyTorch ≈ 2.7+ writes it.
+    names_pools: bool,
 }
 
 /// A recording of the PyTorch policy itself on a seeded workload, as a snapshot records one:
@@ -277,14 +279,16 @@ fn recording(seed: u64, run: Run) -> fragsim::trace::Trace {
     let mut p = PyTorch::new(config);
     let mut d: Recording<SimDevice> = Recording::new(SimDevice::new(run.capacity));
     let mut events = Vec::new();
-    let mut live: Vec<Option<(Allocation, u64, u64)>> = Vec::new();
+    let mut live: Vec<Option<(Allocation, u64, u64, bool)>> = Vec::new();
+    // The graph's pool, as the entries name it: `PoolRef(1)`, the first of `entry_pools`.
+    let pool_of = |private: bool| fragsim::trace::PoolRef(u16::from(private && run.names_pools));
     let mut seen = 0;
     let mut streams = std::collections::HashMap::new();
     let mut reservations: Vec<(u64, u64, u64)> = Vec::new();
     for (k, step) in workload(seed, 700).into_iter().enumerate() {
         let capture = run.captures && (k / 60) % 3 == 1;
         let time = events.len() as i64;
-        let mut log = |d: &Recording<SimDevice>, events: &mut Vec<Event>, stream: u64| {
+        let mut log = |d: &Recording<SimDevice>, events: &mut Vec<Event>, stream: u64, private| {
             for c in &d.calls()[seen..] {
                 // Every segment event carries its segment's (or reservation's) stream.
                 let (action, addr, size) = match *c {
@@ -310,35 +314,41 @@ fn recording(seed: u64, run: Run) -> fragsim::trace::Trace {
                         .find(|&&(a, n, _)| a <= addr && addr < a + n)
                         .map_or(stream, |r| r.2),
                 };
-                events.push(Event::new(action, addr, size, s, time));
+                events.push(Event {
+                    pool: pool_of(private),
+                    ..Event::new(action, addr, size, s, time)
+                });
             }
             seen = d.calls().len();
         };
         match step {
             Step::Alloc { id, size, stream } => {
-                p.allocate_into((capture && stream == 0).then_some((1, 7))).unwrap();
+                let private = capture && stream == 0;
+                p.allocate_into(private.then_some((1, 7))).unwrap();
                 let got = p.malloc(&mut d, size, stream).unwrap();
-                log(&d, &mut events, stream);
+                log(&d, &mut events, stream, private);
+                let named = |e: Event| Event { pool: pool_of(private), ..e };
                 match got {
                     Some(a) => {
-                        events.push(Event::new(Action::Alloc, a.addr, size, stream, time));
+                        events.push(named(Event::new(Action::Alloc, a.addr, size, stream, time)));
                         live.resize(live.len().max(id + 1), None);
-                        live[id] = Some((a, size, stream));
+                        live[id] = Some((a, size, stream, private));
                     }
                     None => {
                         // PyTorch's `oom` entry: the device's free bytes, the rounded size.
                         let free = run.capacity.unwrap_or(0).saturating_sub(d.reserved());
                         let rounded = p.settings().round_size(size);
-                        events.push(Event::new(Action::Oom, free, rounded, stream, time));
+                        events.push(named(Event::new(Action::Oom, free, rounded, stream, time)));
                     }
                 }
             }
             Step::Free { id } => {
-                if let Some((a, size, stream)) = live.get_mut(id).and_then(Option::take) {
+                if let Some((a, size, stream, private)) = live.get_mut(id).and_then(Option::take) {
                     p.free_handle(&mut d, a.addr, a.handle).unwrap();
-                    log(&d, &mut events, stream); // expandable segments unmap nothing here
+                    log(&d, &mut events, stream, private); // expandable segments unmap nothing
                     for action in [Action::FreeRequested, Action::FreeCompleted] {
-                        events.push(Event::new(action, a.addr, size, stream, time));
+                        let e = Event::new(action, a.addr, size, stream, time);
+                        events.push(Event { pool: pool_of(private), ..e });
                     }
                 }
             }
@@ -346,7 +356,7 @@ fn recording(seed: u64, run: Run) -> fragsim::trace::Trace {
             // graph's pool (the graph lives), as the policy does.
             Step::EmptyCache if !capture => {
                 p.empty_cache(&mut d).unwrap();
-                log(&d, &mut events, 0);
+                log(&d, &mut events, 0, false);
             }
             Step::EmptyCache => {}
         }
@@ -362,13 +372,14 @@ fn recording(seed: u64, run: Run) -> fragsim::trace::Trace {
         }],
         segments,
         allocator_settings: Some(settings),
+        entry_pools: run.names_pools.then(|| vec![(1, 7)]),
         ..Trace::default()
     }
 }
 
 /// [`recording`] across CUDA graph captures, default settings, no device limit.
 fn captured_recording(seed: u64, cut: usize) -> fragsim::trace::Trace {
-    recording(seed, Run { conf: "", capacity: None, captures: true, cut })
+    recording(seed, Run { conf: "", capacity: None, captures: true, cut, names_pools: false })
 }
 
 /// `replay -p pytorch`'s peak reserved bytes on `t`, as the command runs it: under the device
@@ -416,7 +427,13 @@ fn recordings_across_graph_captures_validate_and_replay_to_their_recorded_peak()
     // `oom`, no address to tell their pool by) validate too.
     for capacity in [300u64 << 20, 200 << 20] {
         for seed in 0..12 {
-            let run = Run { conf: "", capacity: Some(capacity), captures: true, cut: 0 };
+            let run = Run {
+                conf: "",
+                capacity: Some(capacity),
+                captures: true,
+                cut: 0,
+                names_pools: false,
+            };
             let t = recording(seed, run);
             let v = validate(&t, &options).unwrap();
             assert!(v.mismatches.is_empty(), "{capacity}, seed {seed}: {:?}", &v.mismatches[..1]);
@@ -442,7 +459,7 @@ fn recordings_under_memory_pressure_validate_and_replay_exactly() {
         // requests, the program's empty_cache() near the limit).
         for capacity in [None, Some(300 << 20), Some(200 << 20)] {
             for seed in 0..12 {
-                let run = Run { conf, capacity, captures: false, cut: 0 };
+                let run = Run { conf, capacity, captures: false, cut: 0, names_pools: false };
                 let t = recording(seed, run);
                 let at = format!("{conf:?}, {capacity:?}, seed {seed}");
                 let v = validate(&t, &options).unwrap();
@@ -467,4 +484,61 @@ fn recordings_under_memory_pressure_validate_and_replay_exactly() {
         ooms > 100 && flushes > 500,
         "pressure enough to test: {ooms} OOMs, {flushes} releases"
     );
+}
+
+/// Recordings whose entries name their pool (`pool_id`, PyTorch ≈ 2.7+): with the dump's
+/// segments not saying theirs, the entries alone route every request into the graph's pool,
+/// failed ones included (which have no address to tell their pool by), under memory pressure.
+/// Recorded from the middle of a run (the dump then says which segments the pool held at the
+/// start, as PyTorch's does), they reproduce too. Read back from a pickle, `validate` reproduces
+/// them as well.
+#[test]
+fn recordings_whose_entries_name_their_pool_validate_and_replay_exactly() {
+    use fragsim::policy::pytorch::validate::{validate, ValidateOptions};
+    let options = ValidateOptions { check_invariants: true, ..ValidateOptions::default() };
+    let mut unnamed_differs = 0;
+    for capacity in [None, Some(300u64 << 20), Some(200 << 20)] {
+        for seed in 0..12 {
+            let run = Run { conf: "", capacity, captures: true, cut: 0, names_pools: true };
+            let mut t = recording(seed, run);
+            let at = format!("{capacity:?}, seed {seed}");
+            assert!(t.segments.iter().any(|s| s.private_pool.is_some()), "{at}");
+            t.segments.iter_mut().for_each(|s| s.private_pool = None);
+            assert!(t.devices[0].events.iter().any(|e| e.pool.0 == 1), "{at}: entries name it");
+            let v = validate(&t, &options).unwrap();
+            assert!(v.mismatches.is_empty(), "{at}: {:?}", &v.mismatches[..1]);
+            assert_eq!(v.allocs_addr_matched, v.allocs_total, "{at}");
+            assert_eq!(v.segment_events_matched, v.segment_events_recorded, "{at}");
+            let recorded = fragsim::recorded::recorded(&t, 0).expect("segment events");
+            assert_eq!(replayed_peak(&t), recorded.peak_reserved_bytes, "{at}: replayed peak");
+            for cut in [150, 400] {
+                let v = validate(&recording(seed, Run { cut, ..run }), &options).unwrap();
+                assert!(v.mismatches.is_empty(), "{at}, cut {cut}: {:?}", &v.mismatches[..1]);
+            }
+            // The control: the same recording with neither names nor a private pool in the
+            // dump.
+            if capacity.is_none() {
+                let mut unnamed = t.clone();
+                unnamed.entry_pools = None;
+                for e in &mut unnamed.devices[0].events {
+                    e.pool = fragsim::trace::PoolRef::DEFAULT;
+                }
+                let v = validate(&unnamed, &ValidateOptions::default()).unwrap();
+                unnamed_differs += !v.mismatches.is_empty() as u32;
+            }
+        }
+    }
+    assert!(unnamed_differs >= 6, "the names changed only {unnamed_differs} of 12 runs");
+
+    // As a user runs it: the recording as a pickle, validated by the command.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("graphs.pickle");
+    let run =
+        Run { conf: "", capacity: Some(200 << 20), captures: true, cut: 0, names_pools: true };
+    fragsim::trace::write_trace(&recording(3, run), &path).unwrap();
+    let o = crate::util::run(&["validate", path.to_str().unwrap(), "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["allocs_addr_matched"], v["allocs_total"], "{v}");
+    assert_eq!(v["segment_events_matched"], v["segment_events_recorded"], "{v}");
 }

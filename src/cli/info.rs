@@ -136,6 +136,14 @@ fn render(path: &str, s: &Summary, extra: &dyn Fn(i32) -> Vec<String>) -> String
             format_bytes(s.private_pool_reserved_at_dump_bytes)
         );
     }
+    if let (Some(pools), Some(allocs)) = (s.entry_private_pools, s.private_pool_allocs) {
+        let _ = writeln!(
+            o,
+            "entries name their pool: {} private pools, {} allocations made into them",
+            count(pools),
+            count(allocs)
+        );
+    }
     match &s.allocator_settings {
         Some(a) => {
             let split = a.max_split_size.map_or("unlimited".to_string(), format_bytes);

@@ -895,11 +895,11 @@ impl Meter {
     }
 }
 
-/// Tells `policy` which pool the block recorded at `addr` was allocated into. Out of line: only
-/// traces with private pools take this path, and the replay loop stays as small without it.
+/// Tells `policy` which pool the request of `e` was made into. Out of line: only traces with
+/// private pools take this path, and the replay loop stays as small without it.
 #[inline(never)]
-fn route<P: Policy>(policy: &mut P, routes: &PoolRoutes, addr: u64) -> Result<()> {
-    policy.allocate_into(routes.pool_of(addr))
+fn route<P: Policy>(policy: &mut P, routes: &PoolRoutes, e: &Event) -> Result<()> {
+    policy.allocate_into(routes.pool_for(e))
 }
 
 /// Records the policy's allocation at `addr` for `at` in the simulated run's log, if kept.
@@ -1035,7 +1035,7 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
             Some(a) => Some(a),
             None => {
                 if let Some(r) = &routes {
-                    route(&mut policy, r, b.addr)?;
+                    policy.allocate_into(r.pool_of(b.addr))?;
                 }
                 policy.malloc(&mut backend, b.size.max(1), b.stream)?
             }
@@ -1098,7 +1098,7 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
                         policy.free_handle(&mut backend, b.addr, b.handle).map_err(at)?;
                     }
                     if let Some(r) = &routes {
-                        route(&mut policy, r, e.addr).map_err(at)?;
+                        route(&mut policy, r, e).map_err(at)?;
                     }
                     let placed = policy.malloc(&mut backend, e.size, e.stream).map_err(at)?;
                     blocks.allocated(i, e, placed);
@@ -1121,8 +1121,8 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
                 // that fails counts as an OOM here, as it did in the recording; one that is
                 // served is freed at once, since the program went on without it.
                 Action::Oom if e.size > 0 => {
-                    if routes.is_some() {
-                        policy.allocate_into(None).map_err(at)?; // no address to route by
+                    if let Some(r) = &routes {
+                        route(&mut policy, r, e).map_err(at)?; // named, or the default pools
                     }
                     match policy.malloc(&mut backend, e.size, e.stream).map_err(at)? {
                         Some(a) => {

@@ -66,6 +66,8 @@ fn simulated_trace(trace: &Trace, device: i32, output: &ReplayOutput) -> Result<
         allocator_settings: settings_of(output),
         has_times: true,
         recorded_totals: Vec::new(),
+        // The simulated run's segment events do not say their pool; its segments do.
+        entry_pools: None,
     })
 }
 

@@ -4,7 +4,7 @@
 //! an `.fst` file holds the parsed [`Trace`] (events, interned frames, final segments, allocator
 //! settings, the format of origin, whether times are real) and decodes at memory speed.
 //!
-//! Layout (all integers little-endian), version 4:
+//! Layout (all integers little-endian), version 5:
 //!
 //! | bytes | content |
 //! |---|---|
@@ -14,8 +14,8 @@
 //!
 //! Every body is bincode 2.0.1 (`bincode::serde`, `config::standard()`, varint). The first
 //! record's body is the head (the format of origin, whether times are real, each device with its
-//! event count, the interned frames, final segments, allocator settings, and each device's count
-//! of recorded totals) followed by a chunk; every later body is a chunk alone. A chunk is the next
+//! event count, the interned frames, final segments, allocator settings, each device's count
+//! of recorded totals, and the private pools the entries name) followed by a chunk; every later body is a chunk alone. A chunk is the next
 //! at most [`CHUNK`] events of the flat sequence "device 0's events, device 1's, ..." and the next
 //! at most [`CHUNK`] recorded totals of the same kind of sequence. So a small trace is one record,
 //! and a reader holds one record at a time: memory while reading is the events plus one chunk.
@@ -23,16 +23,16 @@
 //! the head once, then the file from its start for each pass, holding one record at a time.
 //!
 //! Versions 1 and 2 (one record holding the whole trace; version 1 without recorded totals) are
-//! still read, and version 3 (this layout, with segments that do not say their private pool) is
-//! read and streamed. The CRC catches corruption that would otherwise decode into wrong numbers (bincode
+//! still read, and versions 3 (this layout, with segments that do not say their private pool)
+//! and 4 (events that do not say their pool) are read and streamed. The CRC catches corruption that would otherwise decode into wrong numbers (bincode
 //! is not self-describing); the body length catches truncation. Lists grow as elements arrive,
 //! never from a declared length alone, and a bincode size limit bounds each record as well. A
 //! change to the model types must bump [`VERSION`].
 
 use super::limits;
 use super::{
-    AllocatorSettings, DeviceTotals, DeviceTrace, Event, Format, Frame, FrameTable, FramesId,
-    ReadOptions, RecordedTotals, Segment, Trace,
+    Action, AllocatorSettings, DeviceTotals, DeviceTrace, Event, Format, Frame, FrameTable,
+    FramesId, PoolId, PoolRef, ReadOptions, RecordedTotals, Segment, Trace,
 };
 use crate::error::{Error, ErrorKind, Place, Result};
 use serde::{Deserialize, Serialize};
@@ -43,7 +43,10 @@ use std::path::{Path, PathBuf};
 pub const MAGIC: &[u8] = b"FRAGSIM\0";
 
 /// The version of the layout this build writes (it reads 1 to this).
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;
+
+/// The first version whose events say their pool ([`Event::pool`]).
+const EVENT_POOLS_SINCE: u32 = 5;
 
 /// The first version in the chunked layout (one head, then records of events).
 const CHUNKED_SINCE: u32 = 3;
@@ -93,12 +96,38 @@ impl From<SegmentV3> for Segment {
     }
 }
 
+/// An [`Event`] as versions 1 to 4 wrote it: without its pool.
+#[derive(Clone, Copy, Serialize, Deserialize)]
+struct EventV4 {
+    action: Action,
+    addr: u64,
+    size: u64,
+    stream: u64,
+    time_us: i64,
+    frames: FramesId,
+}
+
+impl From<EventV4> for Event {
+    /// Files before version 5 did not record the entries' pools: every event is in the default
+    /// ones, and [`Trace::entry_pools`] is `None`.
+    fn from(e: EventV4) -> Event {
+        Event { frames: e.frames, ..Event::new(e.action, e.addr, e.size, e.stream, e.time_us) }
+    }
+}
+
+/// A device's events as versions 1 and 2 wrote them.
+#[derive(Deserialize)]
+struct DeviceTraceV2 {
+    device: i32,
+    events: Vec<EventV4>,
+}
+
 /// What a version 1 or 2 body holds (version 1 ends before `recorded_totals`).
 #[derive(Deserialize)]
 struct WireV2 {
     format: Format,
     has_times: bool,
-    devices: Vec<DeviceTrace>,
+    devices: Vec<DeviceTraceV2>,
     frames: Vec<Vec<Frame>>,
     segments: Vec<SegmentV3>,
     allocator_settings: Option<AllocatorSettings>,
@@ -110,13 +139,13 @@ struct WireV2 {
 struct WireV1 {
     format: Format,
     has_times: bool,
-    devices: Vec<DeviceTrace>,
+    devices: Vec<DeviceTraceV2>,
     frames: Vec<Vec<Frame>>,
     segments: Vec<SegmentV3>,
     allocator_settings: Option<AllocatorSettings>,
 }
 
-/// The head of a version 4 file, as written (borrowing the trace).
+/// The head of a version 5 file, as written (borrowing the trace).
 #[derive(Serialize)]
 struct HeadOut<'a> {
     format: Format,
@@ -126,9 +155,10 @@ struct HeadOut<'a> {
     segments: &'a [Segment],
     allocator_settings: &'a Option<AllocatorSettings>,
     totals: Vec<(i32, u64)>,
+    entry_pools: &'a Option<Vec<PoolId>>,
 }
 
-/// The head of a version 4 file, as read.
+/// The head of a version 5 file, as read.
 #[derive(Deserialize)]
 struct HeadIn {
     format: Format,
@@ -138,6 +168,34 @@ struct HeadIn {
     segments: Vec<Segment>,
     allocator_settings: Option<AllocatorSettings>,
     totals: Vec<(i32, u64)>,
+    entry_pools: Option<Vec<PoolId>>,
+}
+
+/// The head of a version 4 file: no pools of the entries.
+#[derive(Deserialize)]
+struct HeadInV4 {
+    format: Format,
+    has_times: bool,
+    devices: Vec<(i32, u64)>,
+    frames: Vec<Vec<Frame>>,
+    segments: Vec<Segment>,
+    allocator_settings: Option<AllocatorSettings>,
+    totals: Vec<(i32, u64)>,
+}
+
+impl From<HeadInV4> for HeadIn {
+    fn from(h: HeadInV4) -> HeadIn {
+        HeadIn {
+            format: h.format,
+            has_times: h.has_times,
+            devices: h.devices,
+            frames: h.frames,
+            segments: h.segments,
+            allocator_settings: h.allocator_settings,
+            totals: h.totals,
+            entry_pools: None,
+        }
+    }
 }
 
 /// The head of a version 3 file: segments without their private pool.
@@ -162,6 +220,7 @@ impl From<HeadInV3> for HeadIn {
             segments: h.segments.into_iter().map(Segment::from).collect(),
             allocator_settings: h.allocator_settings,
             totals: h.totals,
+            entry_pools: None,
         }
     }
 }
@@ -273,13 +332,22 @@ impl Chunked<'_> {
                 .at(Place::Byte(12)));
         }
         let at = self.body_start();
-        if self.version == 3 {
-            let (head, used): (HeadInV3, usize) =
-                bincode::serde::decode_from_slice(&self.body, config())
-                    .map_err(|e| undecodable(e, at))?;
-            return Ok((head.into(), used));
-        }
-        bincode::serde::decode_from_slice(&self.body, config()).map_err(|e| undecodable(e, at))
+        let undecodable = |e| undecodable(e, at);
+        let (head, used): (HeadIn, usize) = match self.version {
+            3 => {
+                let (head, used): (HeadInV3, usize) =
+                    bincode::serde::decode_from_slice(&self.body, config()).map_err(undecodable)?;
+                (head.into(), used)
+            }
+            4 => {
+                let (head, used): (HeadInV4, usize) =
+                    bincode::serde::decode_from_slice(&self.body, config()).map_err(undecodable)?;
+                (head.into(), used)
+            }
+            _ => bincode::serde::decode_from_slice(&self.body, config()).map_err(undecodable)?,
+        };
+        check_entry_pools(&head.entry_pools).map_err(|e| e.at(Place::Byte(at)))?;
+        Ok((head, used))
     }
 
     /// The byte offset of the current record's body.
@@ -291,8 +359,14 @@ impl Chunked<'_> {
     fn chunk(&self, offset: usize) -> Result<(Vec<Event>, Vec<RecordedTotals>)> {
         let start = self.body_start();
         let rest = self.body.get(offset..).unwrap_or_default();
-        let (chunk, used) = bincode::serde::decode_from_slice(rest, config())
-            .map_err(|e| undecodable(e, start + offset as u64))?;
+        let undecodable = |e| undecodable(e, start + offset as u64);
+        let (chunk, used) = if self.version < EVENT_POOLS_SINCE {
+            let ((events, totals), used): ((Vec<EventV4>, Vec<RecordedTotals>), usize) =
+                bincode::serde::decode_from_slice(rest, config()).map_err(undecodable)?;
+            ((events.into_iter().map(Event::from).collect(), totals), used)
+        } else {
+            bincode::serde::decode_from_slice(rest, config()).map_err(undecodable)?
+        };
         if used != rest.len() {
             return Err(Error::input(format!(
                 "{} unexpected bytes after the encoded chunk",
@@ -333,10 +407,11 @@ impl Chunked<'_> {
     fn read(mut self) -> Result<Trace> {
         let (head, mut offset) = self.head()?;
         let frames = intern_frames(head.frames)?;
+        let refs = Refs { frames: &frames, pools: pool_count(&head.entry_pools) };
         let mut fill = Fill::new(&head.devices, &head.totals);
         loop {
             let (events, totals) = self.chunk(offset)?;
-            fill.add(events, totals, &frames).map_err(|e| e.at(Place::Byte(self.body_start())))?;
+            fill.add(events, totals, refs).map_err(|e| e.at(Place::Byte(self.body_start())))?;
             if fill.is_full() {
                 break;
             }
@@ -359,6 +434,7 @@ impl Chunked<'_> {
             allocator_settings: head.allocator_settings,
             has_times: head.has_times,
             recorded_totals: fill.totals,
+            entry_pools: head.entry_pools,
         })
     }
 }
@@ -443,6 +519,7 @@ impl FstStream {
             allocator_settings: head.allocator_settings,
             has_times: head.has_times,
             recorded_totals: Vec::new(),
+            entry_pools: head.entry_pools,
         };
         Ok(Some(FstStream {
             path: path.to_path_buf(),
@@ -518,6 +595,7 @@ impl FstStream {
             .find(|b| b.0 == device)
             .map_or((0, 0), |&(_, from, to)| (from, to.min(from.saturating_add(limit))));
         let end = if whole { declared } else { to };
+        let refs = Refs { frames: &self.head.frames, pools: pool_count(&self.head.entry_pools) };
         let mut flat = 0u64;
         let mut run = || -> Result<()> {
             if !records.next_record()? {
@@ -539,7 +617,7 @@ impl FstStream {
                     }
                     let &(d, first, _) = bounds.get(current).ok_or_else(more)?;
                     if whole || d == device {
-                        check_event(d, (flat - first) as usize, e, &self.head.frames)?;
+                        check_event(d, (flat - first) as usize, e, refs)?;
                     }
                     if flat >= from && flat < to {
                         f(flat - from, e)?;
@@ -601,17 +679,12 @@ impl Fill {
     }
 
     /// Appends one chunk, checking each event as it lands.
-    fn add(
-        &mut self,
-        events: Vec<Event>,
-        totals: Vec<RecordedTotals>,
-        frames: &FrameTable,
-    ) -> Result<()> {
+    fn add(&mut self, events: Vec<Event>, totals: Vec<RecordedTotals>, refs: Refs) -> Result<()> {
         let mut events = events.into_iter();
         for (d, &n) in self.devices.iter_mut().zip(&self.declared) {
             while (d.events.len() as u64) < n {
                 let Some(e) = events.next() else { break };
-                check_event(d.device, d.events.len(), &e, frames)?;
+                check_event(d.device, d.events.len(), &e, refs)?;
                 d.events.push(e);
                 self.events_read += 1;
             }
@@ -642,15 +715,50 @@ fn room_for<T>(n: u64) -> Vec<T> {
     v
 }
 
-/// Rejects an event no allocator could have made, or one naming a frame list the file lacks.
-fn check_event(device: i32, index: usize, e: &Event, frames: &FrameTable) -> Result<()> {
+/// What events refer to by index: the frame lists, and how many private pools the entries name.
+#[derive(Clone, Copy)]
+struct Refs<'a> {
+    frames: &'a FrameTable,
+    pools: usize,
+}
+
+/// The number of private pools the entries may name.
+fn pool_count(entry_pools: &Option<Vec<PoolId>>) -> usize {
+    entry_pools.as_ref().map_or(0, Vec::len)
+}
+
+/// Rejects a pool table that names the default pools, names a pool twice, or has more pools
+/// than a [`PoolRef`] can name: what the snapshot reader never writes.
+fn check_entry_pools(entry_pools: &Option<Vec<PoolId>>) -> Result<()> {
+    let Some(pools) = entry_pools else { return Ok(()) };
+    if pools.len() > PoolRef::MAX_POOLS {
+        return Err(Error::input(format!("{} private pools, more than 65535", pools.len())));
+    }
+    let mut sorted = pools.clone();
+    sorted.sort_unstable();
+    if sorted.first() == Some(&(0, 0)) || sorted.windows(2).any(|w| w[0] == w[1]) {
+        return Err(Error::input("the private pools name (0, 0) or one pool twice"));
+    }
+    Ok(())
+}
+
+/// Rejects an event no allocator could have made, or one naming a frame list or pool the file
+/// lacks.
+fn check_event(device: i32, index: usize, e: &Event, refs: Refs) -> Result<()> {
     let place = Place::Event(index as u64);
     limits::check_event(e).map_err(|m| Error::input(format!("device {device}: {m}")).at(place))?;
-    if e.frames.0 as usize > frames.len() {
+    if e.frames.0 as usize > refs.frames.len() {
         return Err(Error::input(format!(
             "device {device}: frame list {} does not exist (the file has {})",
             e.frames.0,
-            frames.len()
+            refs.frames.len()
+        ))
+        .at(place));
+    }
+    if e.pool.0 as usize > refs.pools {
+        return Err(Error::input(format!(
+            "device {device}: private pool {} does not exist (the file names {})",
+            e.pool.0, refs.pools
         ))
         .at(place));
     }
@@ -724,14 +832,22 @@ fn read_whole(data: &[u8], version: u32) -> Result<Trace> {
         .at(Place::Byte((HEADER_LEN + used) as u64)));
     }
     let frames = intern_frames(wire.frames)?;
-    let mut devices = wire.devices;
+    let mut devices: Vec<DeviceTrace> = wire
+        .devices
+        .into_iter()
+        .map(|d| DeviceTrace {
+            device: d.device,
+            events: d.events.into_iter().map(Event::from).collect(),
+        })
+        .collect();
     devices.sort_by_key(|d| d.device);
     if let Some(w) = devices.windows(2).find(|w| w[0].device == w[1].device) {
         return Err(Error::input(format!("device {} appears twice", w[0].device)));
     }
+    let refs = Refs { frames: &frames, pools: 0 };
     for d in &devices {
         for (i, e) in d.events.iter().enumerate() {
-            check_event(d.device, i, e, &frames)?;
+            check_event(d.device, i, e, refs)?;
         }
     }
     let trace = Trace {
@@ -743,6 +859,7 @@ fn read_whole(data: &[u8], version: u32) -> Result<Trace> {
         allocator_settings: wire.allocator_settings,
         has_times: wire.has_times,
         recorded_totals: wire.recorded_totals,
+        entry_pools: None,
     };
     // Each event was checked above; the whole-trace limits (streams per device, ...) are checked
     // once for every format by `read::read_bytes` and the path reader.
@@ -758,7 +875,7 @@ pub fn losses(_trace: &Trace) -> Vec<String> {
     Vec::new()
 }
 
-/// Writes `trace` as .fst version 4 (nothing is lost: the format holds the whole model), one
+/// Writes `trace` as .fst version 5 (nothing is lost: the format holds the whole model), one
 /// record of at most [`CHUNK`] events and totals at a time.
 pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
     let frames = (1..=trace.frames.len() as u32).map(|i| trace.frames.get(FramesId(i))).collect();
@@ -770,6 +887,7 @@ pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
         segments: &trace.segments,
         allocator_settings: &trace.allocator_settings,
         totals: trace.recorded_totals.iter().map(|t| (t.device, t.totals.len() as u64)).collect(),
+        entry_pools: &trace.entry_pools,
     };
     let encoding = |e: bincode::error::EncodeError| {
         Error::new(ErrorKind::Io, format!("encoding the .fst body: {e}"))
@@ -799,7 +917,7 @@ pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::{Action, Block, BlockState, Event, PoolKind, RecordedTotals};
+    use crate::trace::{Block, BlockState, PoolKind};
 
     fn sample() -> Trace {
         let mut frames = FrameTable::default();
@@ -810,6 +928,7 @@ mod tests {
         }]);
         let mut alloc = Event::new(Action::Alloc, 0x7f00_0000_0000, 4096, 7, 1_700_000_000_000_000);
         alloc.frames = f;
+        alloc.pool = PoolRef(2); // made into the graph's pool, as the entry says
         Trace {
             format: Format::PytorchSnapshot,
             converted_from: None,
@@ -861,6 +980,7 @@ mod tests {
                 device: 0,
                 totals: vec![RecordedTotals { allocated: 4096, reserved: 2 << 20 }; 2],
             }],
+            entry_pools: Some(vec![(0, 3), (1, u64::MAX)]),
         }
     }
 
@@ -895,10 +1015,10 @@ mod tests {
         bad[40] ^= 0x55;
         assert!(read(&bad, &opts).unwrap_err().to_string().contains("checksum mismatch"));
         let mut other = data.clone();
-        other[8] = 5;
+        other[8] = 6;
         assert_eq!(
             read(&other, &opts).unwrap_err().to_string(),
-            "byte 8: unsupported .fst version 5 (this fragsim reads versions 1 to 4); re-create the file from the original trace with 'fragsim convert'"
+            "byte 8: unsupported .fst version 6 (this fragsim reads versions 1 to 5); re-create the file from the original trace with 'fragsim convert'"
         );
         let mut longer = data.clone();
         longer.push(0);
@@ -943,22 +1063,45 @@ mod tests {
             .collect()
     }
 
+    /// `t`'s events as versions 1 to 4 wrote them: without their pools.
+    fn old_events(events: &[Event]) -> Vec<EventV4> {
+        let old = |e: &Event| EventV4 {
+            action: e.action,
+            addr: e.addr,
+            size: e.size,
+            stream: e.stream,
+            time_us: e.time_us,
+            frames: e.frames,
+        };
+        events.iter().map(old).collect()
+    }
+
     /// A version 1 or 2 file as those builds wrote it: one record holding the whole trace.
     fn encode_old(t: &Trace, version: u32) -> Vec<u8> {
+        #[derive(Serialize)]
+        struct OldDevice {
+            device: i32,
+            events: Vec<EventV4>,
+        }
         #[derive(Serialize)]
         struct Old<'a> {
             format: Format,
             has_times: bool,
-            devices: &'a [DeviceTrace],
+            devices: Vec<OldDevice>,
             frames: Vec<&'a [Frame]>,
             segments: Vec<OldSegment<'a>>,
             allocator_settings: &'a Option<AllocatorSettings>,
         }
         let frames = (1..=t.frames.len() as u32).map(|i| t.frames.get(FramesId(i))).collect();
+        let devices = t
+            .devices
+            .iter()
+            .map(|d| OldDevice { device: d.device, events: old_events(&d.events) })
+            .collect();
         let old = Old {
             format: t.format,
             has_times: t.has_times,
-            devices: &t.devices,
+            devices,
             frames,
             segments: old_segments(t),
             allocator_settings: &t.allocator_settings,
@@ -980,6 +1123,68 @@ mod tests {
         data.extend(crc.sum().to_le_bytes());
         data.extend(body);
         data
+    }
+
+    /// A version 4 file of a trace of at most [`CHUNK`] events: events that do not say their
+    /// pool.
+    fn encode_v4(t: &Trace) -> Vec<u8> {
+        #[derive(Serialize)]
+        struct HeadV4<'a> {
+            format: Format,
+            has_times: bool,
+            devices: Vec<(i32, u64)>,
+            frames: Vec<&'a [Frame]>,
+            segments: &'a [Segment],
+            allocator_settings: &'a Option<AllocatorSettings>,
+            totals: Vec<(i32, u64)>,
+        }
+        let head = HeadV4 {
+            format: t.format,
+            has_times: t.has_times,
+            devices: t.devices.iter().map(|d| (d.device, d.events.len() as u64)).collect(),
+            frames: (1..=t.frames.len() as u32).map(|i| t.frames.get(FramesId(i))).collect(),
+            segments: &t.segments,
+            allocator_settings: &t.allocator_settings,
+            totals: t.recorded_totals.iter().map(|d| (d.device, d.totals.len() as u64)).collect(),
+        };
+        let events: Vec<EventV4> = t.devices.iter().flat_map(|d| old_events(&d.events)).collect();
+        let totals: Vec<&RecordedTotals> =
+            t.recorded_totals.iter().flat_map(|d| &d.totals).collect();
+        assert!(events.len() <= CHUNK && totals.len() <= CHUNK, "one record");
+        let mut body = bincode::serde::encode_to_vec(&head, config()).unwrap();
+        body.extend(bincode::serde::encode_to_vec((events, totals), config()).unwrap());
+        framed(4, &body)
+    }
+
+    /// `t` as files before version 5 hold it: no event names its pool.
+    fn unnamed_pools(t: &Trace) -> Trace {
+        let mut t = Trace { entry_pools: None, ..t.clone() };
+        for d in &mut t.devices {
+            d.events.iter_mut().for_each(|e| e.pool = PoolRef::DEFAULT);
+        }
+        t
+    }
+
+    #[test]
+    fn reads_version_4_whose_events_name_no_pool() {
+        let t = sample();
+        let v4 = read(&encode_v4(&t), &ReadOptions::default()).unwrap();
+        assert_eq!(Trace { format: t.format, converted_from: None, ..v4 }, unnamed_pools(&t));
+    }
+
+    #[test]
+    fn an_event_naming_a_pool_the_head_lacks_is_refused() {
+        let mut t = sample();
+        t.devices[0].events[1].pool = PoolRef(3);
+        let err = read(&encode(&t), &ReadOptions::default()).unwrap_err().to_string();
+        assert!(
+            err.contains("event 1: device 0: private pool 3 does not exist (the file names 2)"),
+            "{err}"
+        );
+        let mut t = sample();
+        t.entry_pools = Some(vec![(0, 3), (0, 3)]);
+        let err = read(&encode(&t), &ReadOptions::default()).unwrap_err().to_string();
+        assert!(err.contains("byte 24: the private pools name (0, 0) or one pool twice"), "{err}");
     }
 
     /// A version 3 file of a trace of at most [`CHUNK`] events: the chunked layout, with
@@ -1004,7 +1209,7 @@ mod tests {
             allocator_settings: &t.allocator_settings,
             totals: t.recorded_totals.iter().map(|d| (d.device, d.totals.len() as u64)).collect(),
         };
-        let events: Vec<&Event> = t.devices.iter().flat_map(|d| &d.events).collect();
+        let events: Vec<EventV4> = t.devices.iter().flat_map(|d| old_events(&d.events)).collect();
         let totals: Vec<&RecordedTotals> =
             t.recorded_totals.iter().flat_map(|d| &d.totals).collect();
         assert!(events.len() <= CHUNK && totals.len() <= CHUNK, "one record");
@@ -1023,7 +1228,7 @@ mod tests {
                 .iter()
                 .map(|s| Segment { private_pool: None, ..s.clone() })
                 .collect(),
-            ..t.clone()
+            ..unnamed_pools(&t)
         };
         let v3 = read(&encode_v3(&t), &ReadOptions::default()).unwrap();
         assert_eq!(Trace { format: t.format, converted_from: None, ..v3 }, default_pools);
@@ -1045,7 +1250,7 @@ mod tests {
             Ok(())
         })
         .unwrap();
-        assert_eq!(got, streamable.devices[0].events);
+        assert_eq!(got, default_pools.devices[0].events);
     }
 
     /// A trace of `n` events on device 0 and 3 on device 2, every event with recorded totals.

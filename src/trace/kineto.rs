@@ -188,6 +188,7 @@ pub fn losses(trace: &Trace) -> Vec<String> {
     if !trace.segments.is_empty() || trace.allocator_settings.is_some() {
         out.push("final segments and allocator settings are not part of the Kineto format".into());
     }
+    out.extend(trace.entry_pools_loss("Kineto"));
     out
 }
 

@@ -115,13 +115,40 @@ pub struct Event {
     pub time_us: i64,
     /// The interned stack of the event, or [`FramesId::NONE`].
     pub frames: FramesId,
+    /// The private pool the entry names ([`Trace::entry_pools`]), or [`PoolRef::DEFAULT`].
+    pub pool: PoolRef,
 }
 
 impl Event {
-    /// An event without frames.
+    /// An event without frames, in the default pools.
     pub fn new(action: Action, addr: u64, size: u64, stream: u64, time_us: i64) -> Event {
-        Event { action, addr, size, stream, time_us, frames: FramesId::NONE }
+        Event {
+            action,
+            addr,
+            size,
+            stream,
+            time_us,
+            frames: FramesId::NONE,
+            pool: PoolRef::DEFAULT,
+        }
     }
+}
+
+/// A private pool's id as PyTorch writes it (`MempoolId_t`: a CUDA graph's pool, or a
+/// `torch.cuda.MemPool`'s); `(0, 0)` is the default pools.
+pub type PoolId = (u64, u64);
+
+/// The pool a trace entry names (PyTorch's per-entry `pool_id`): [`PoolRef::DEFAULT`], or `k`
+/// for private pool `k - 1` of [`Trace::entry_pools`]. Two bytes, so [`Event`] stays 40.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PoolRef(pub u16);
+
+impl PoolRef {
+    /// The default pools (`pool_id` `(0, 0)`), and every entry of a file that does not say.
+    pub const DEFAULT: PoolRef = PoolRef(0);
+
+    /// The most private pools one trace may name.
+    pub const MAX_POOLS: usize = u16::MAX as usize;
 }
 
 /// The events of one device, oldest first.
@@ -195,7 +222,7 @@ pub struct Segment {
     /// The private pool that owns it, as PyTorch's `segment_pool_id` (a CUDA graph's pool or a
     /// `torch.cuda.MemPool`); `None` for the default pools (`(0, 0)`). Only allocations made
     /// into that pool (during graph capture, or under `use_mem_pool`) are ever placed in it.
-    pub private_pool: Option<(u64, u64)>,
+    pub private_pool: Option<PoolId>,
     /// The blocks in address order.
     pub blocks: Vec<Block>,
 }
@@ -241,6 +268,12 @@ pub struct Trace {
     /// recorded run really held, so reports can show them beside every simulated policy.
     #[serde(default)]
     pub recorded_totals: Vec<DeviceTotals>,
+    /// Where every trace entry names its pool (PyTorch ≈ 2.7+ writes `pool_id` in each entry):
+    /// the private pools the events' [`PoolRef`]s index. `None` where entries do not say, and
+    /// the pool of an allocation must be told otherwise (by where it landed:
+    /// [`pool_routes`](crate::trace::pool_routes)).
+    #[serde(default)]
+    pub entry_pools: Option<Vec<PoolId>>,
 }
 
 /// The real allocator's totals right after one event, as the file records them.
@@ -288,6 +321,25 @@ impl Trace {
             .map(|t| t.totals.as_slice())
     }
 
+    /// The private pool event `e` names, where entries name one: `Some(None)` for the default
+    /// pools, `None` where the file does not say (or names a pool it does not list).
+    pub fn entry_pool(&self, e: &Event) -> Option<Option<PoolId>> {
+        let pools = self.entry_pools.as_ref()?;
+        match e.pool.0 {
+            0 => Some(None),
+            k => pools.get(k as usize - 1).map(|&id| Some(id)),
+        }
+    }
+
+    /// What a format that cannot name pools loses of this trace: one line where some entry
+    /// names a private pool.
+    pub fn entry_pools_loss(&self, format: &str) -> Option<String> {
+        let named = self.devices.iter().flat_map(|d| &d.events).filter(|e| e.pool.0 != 0).count();
+        (named > 0).then(|| {
+            format!("the private pools {named} entries name are not part of the {format} format")
+        })
+    }
+
     /// The final segments of `device`.
     pub fn segments_of(&self, device: i32) -> impl Iterator<Item = &Segment> {
         self.segments.iter().filter(move |s| s.device == device)
@@ -300,7 +352,7 @@ mod tests {
 
     #[test]
     fn event_fits_the_memory_budget() {
-        assert!(std::mem::size_of::<Event>() <= 40, "{}", std::mem::size_of::<Event>());
+        assert_eq!(std::mem::size_of::<Event>(), 40);
     }
 
     #[test]

@@ -1,15 +1,22 @@
 //! Which recorded allocations were made into a private pool (a CUDA graph's, or a
-//! `torch.cuda.MemPool`'s), told by where they landed.
+//! `torch.cuda.MemPool`'s).
 //!
 //! PyTorch serves a malloc from a private pool while its stream is under graph capture or
 //! inside `use_mem_pool`: the request searches only that pool's free blocks, and a segment it
-//! needs joins the pool. A snapshot records neither capture nor pool per allocation, but its
-//! final `segments` say which private pool owns each segment (`segment_pool_id`), and every
-//! `alloc` records its address. An allocation whose recorded address lies in a segment that a
-//! private pool owns at the dump, while that segment is alive in the recording, was made into
-//! that pool: nothing else puts a block there. The replay and `validate` hand that to the policy
-//! before the malloc (`Policy::allocate_into`), as the request's stream is handed to it: a
-//! property of the request, not of where any policy places it.
+//! needs joins the pool. The replay and `validate` hand the pool to the policy before the
+//! malloc (`Policy::allocate_into`), as the request's stream is handed to it: a property of the
+//! request, not of where any policy places it. Two sources say which pool it was:
+//!
+//! - **The entry itself**, where the file names each entry's pool (PyTorch ≈ 2.7+ writes
+//!   `pool_id`, [`Trace::entry_pools`]): exact, failed requests (`oom`) and pools freed before
+//!   the dump included.
+//! - **Where it landed**, in older snapshots, which record no pool per allocation: their final
+//!   `segments` say which private pool owns each segment (`segment_pool_id`), and every `alloc`
+//!   records its address. An allocation whose recorded address lies in a segment that a private
+//!   pool owns at the dump, while that segment is alive in the recording, was made into that
+//!   pool: nothing else puts a block there. A failed request has no address to tell it by.
+//!
+//! Blocks live before the first event are routed by where they lie, either way.
 //!
 //! A segment is alive from the start when its first segment event is not a `segment_alloc`
 //! (the trace never created it), and then from each recorded `segment_alloc` of its address to
@@ -17,10 +24,8 @@
 //! by: allocations made into it go to the default pools. Expandable segments are not routed.
 
 use crate::trace::lifetimes::Lifetimes;
+pub use crate::trace::PoolId;
 use crate::trace::{Action, Event, Trace};
-
-/// A private pool's id, as snapshots write it (`segment_pool_id`).
-pub type PoolId = (u64, u64);
 
 /// One segment a private pool owns at the dump.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,23 +37,27 @@ struct Route {
     alive: bool,
 }
 
-/// The private pools' segments of one device, by address; see the module docs.
+/// The private pools of one device: the pools its entries name, where the file names them,
+/// and the private segments of the dump, by address; see the module docs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PoolRoutes {
     routes: Vec<Route>,
+    /// [`Trace::entry_pools`], where the file names them.
+    named: Option<Vec<PoolId>>,
 }
 
 impl PoolRoutes {
-    /// The routes of `device`, or `None` when the dump shows no private pool there (every
-    /// allocation then goes to the default pools, and the replay asks nothing per event).
-    /// `events` and `lifetimes` are what the engine hands policies: the loaded events or a
-    /// streamed replay's digest, which keeps each address's first segment event.
+    /// The routes of `device`, or `None` when neither its entries nor the dump name a private
+    /// pool (every allocation then goes to the default pools, and the replay asks nothing per
+    /// event). `events` and `lifetimes` are what the engine hands policies: the loaded events
+    /// or a streamed replay's digest, which keeps each address's first segment event.
     pub fn new(
         trace: &Trace,
         device: i32,
         events: &[Event],
         lifetimes: &Lifetimes,
     ) -> Option<PoolRoutes> {
+        let named = trace.entry_pools.clone();
         let mut routes: Vec<Route> = trace
             .segments_of(device)
             .filter(|s| !s.is_expandable)
@@ -58,14 +67,14 @@ impl PoolRoutes {
                 Some(Route { start: s.address, end, pool, alive: true })
             })
             .collect();
-        if routes.is_empty() {
+        if routes.is_empty() && named.as_ref().is_none_or(Vec::is_empty) {
             return None;
         }
         routes.sort_unstable_by_key(|r| r.start);
         // The dump's segments do not overlap; a malformed one that does is dropped, so lookups
         // stay a binary search.
         routes.dedup_by(|later, earlier| later.start < earlier.end);
-        let mut routes = PoolRoutes { routes };
+        let mut routes = PoolRoutes { routes, named };
         let mut seen = vec![false; routes.routes.len()];
         for e in lifetimes.segment_events.iter().filter_map(|&i| events.get(i)) {
             if let Some(k) = routes.at_start(e.addr) {
@@ -96,8 +105,25 @@ impl PoolRoutes {
         }
     }
 
-    /// The private pool a block recorded at `addr` was allocated into, now; `None`: the
-    /// default pools.
+    /// True when the entries name their pools: [`PoolRoutes::pool_for`] is then exact for
+    /// every request, failed ones included.
+    pub fn entries_name_pools(&self) -> bool {
+        self.named.is_some()
+    }
+
+    /// The private pool the request of `e` (an `alloc` or an `oom`) was made into; `None`: the
+    /// default pools, or, for an `oom` of a file that does not name pools, not known.
+    #[inline]
+    pub fn pool_for(&self, e: &Event) -> Option<PoolId> {
+        match &self.named {
+            Some(pools) => e.pool.0.checked_sub(1).and_then(|k| pools.get(k as usize)).copied(),
+            None if e.action == Action::Alloc => self.pool_of(e.addr),
+            None => None,
+        }
+    }
+
+    /// The private pool a block recorded at `addr` was allocated into, by where it lies now;
+    /// `None`: the default pools.
     #[inline]
     pub fn pool_of(&self, addr: u64) -> Option<PoolId> {
         let k = self.routes.partition_point(|r| r.start <= addr).checked_sub(1)?;
@@ -109,7 +135,7 @@ impl PoolRoutes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::{BlockState, PoolKind, Segment};
+    use crate::trace::{BlockState, PoolKind, PoolRef, Segment};
 
     fn segment(address: u64, total_size: u64, private_pool: Option<PoolId>) -> Segment {
         Segment {
@@ -166,6 +192,39 @@ mod tests {
         assert_eq!(routes.pool_of(a), None);
         routes.follow(&created[0]);
         assert_eq!(routes.pool_of(a), Some((1, 0)));
+    }
+
+    #[test]
+    fn entries_that_name_their_pool_route_by_it_failed_requests_too() {
+        let mb = 1u64 << 20;
+        let a = 0x1000_0000;
+        let trace = Trace {
+            // The dump says `a` is the graph's; the entries say otherwise, and they win.
+            segments: vec![segment(a, 20 * mb, Some((1, 0)))],
+            entry_pools: Some(vec![(0, 5), (2, 0)]),
+            ..Trace::default()
+        };
+        let lifetimes = crate::trace::lifetimes::scan(&[]);
+        let routes = PoolRoutes::new(&trace, 0, &[], &lifetimes).unwrap();
+        assert!(routes.entries_name_pools());
+        let named = |action, addr, pool| Event {
+            pool: PoolRef(pool),
+            ..Event::new(action, addr, 512, 0, 0)
+        };
+        assert_eq!(routes.pool_for(&named(Action::Alloc, a, 0)), None, "named default");
+        assert_eq!(routes.pool_for(&named(Action::Alloc, 0x9000_0000, 2)), Some((2, 0)));
+        assert_eq!(routes.pool_for(&named(Action::Oom, 1 << 30, 1)), Some((0, 5)));
+        assert_eq!(routes.pool_for(&named(Action::Alloc, a, 9)), None, "a pool not listed");
+        // Blocks live at the start still go by where they lie.
+        assert_eq!(routes.pool_of(a), Some((1, 0)));
+        // Without names: by address for an alloc, unknown for a failed request.
+        let unnamed = Trace { entry_pools: None, ..trace.clone() };
+        let routes = PoolRoutes::new(&unnamed, 0, &[], &lifetimes).unwrap();
+        assert_eq!(routes.pool_for(&named(Action::Alloc, a, 0)), Some((1, 0)));
+        assert_eq!(routes.pool_for(&named(Action::Oom, a, 1)), None);
+        // Entries that name only the default pools, and a dump without private segments: none.
+        let plain = Trace { entry_pools: Some(vec![]), segments: vec![], ..trace };
+        assert_eq!(PoolRoutes::new(&plain, 0, &[], &lifetimes), None);
     }
 
     #[test]

@@ -192,6 +192,7 @@ pub fn losses(trace: &Trace) -> Vec<String> {
     if !trace.segments.is_empty() || trace.allocator_settings.is_some() {
         out.push("final segments and allocator settings are not part of an RMM log".into());
     }
+    out.extend(trace.entry_pools_loss("RMM log"));
     out
 }
 

@@ -28,8 +28,11 @@
 //! serves the whole-pickle reader ([`read`]), which answers a file that refers back to an entry
 //! the stream dropped.
 //!
-//! Other keys (`external_annotations`, `compile_context`, `user_metadata`, `pool_id`, segment
-//! `frames`, ...) are ignored. Sizes must be integers in `0..2^60`, addresses in `0..2^64` (see [`super::limits`]).
+//! - Each entry's `pool_id` (≈ 2.7+), when every entry has one, → [`Event::pool`], the private
+//!   pools in [`Trace::entry_pools`] (`(0, 0)`, the default pools, is [`PoolRef::DEFAULT`]).
+//!
+//! Other keys (`external_annotations`, `compile_context`, `user_metadata`, segment `frames`,
+//! ...) are ignored. Sizes must be integers in `0..2^60`, addresses in `0..2^64` (see [`super::limits`]).
 //!
 //! The writer emits the same schema as protocol 4 with plain dicts and lists, which Python's
 //! `pickle.load`, `torch.cuda._memory_viz` and pytorch.org/memory_viz read.
@@ -37,7 +40,7 @@
 use super::pickle::{self, encode::Encoder, Pickle, Stop, StreamedList, Value};
 use super::{
     limits, Action, AllocatorSettings, Block, BlockState, DeviceTrace, Event, Format, Frame,
-    FrameTable, FramesId, PoolKind, ReadOptions, Segment, Trace,
+    FrameTable, FramesId, PoolId, PoolKind, PoolRef, ReadOptions, Segment, Trace,
 };
 use crate::error::{Error, Place, Result};
 use std::collections::HashMap;
@@ -106,12 +109,12 @@ fn build(
     let root = p.root();
     let mut trace = Trace { format: Format::PytorchSnapshot, ..Trace::default() };
     // The frames and caches the streamed entries built (frame lists they dropped included).
-    let mut reader = match streamed.as_mut() {
+    let (mut reader, mut pools) = match streamed.as_mut() {
         Some((_, sink)) => {
             trace.frames = std::mem::take(&mut sink.table);
-            std::mem::take(&mut sink.reader)
+            (std::mem::take(&mut sink.reader), std::mem::take(&mut sink.pools))
         }
-        None => Reader::new(options.keep_frames),
+        None => (Reader::new(options.keep_frames), EntryPools::default()),
     };
     let (segments, traces) = match root {
         Value::List(_) => (Some(root), None),
@@ -178,7 +181,9 @@ fn build(
                         used[k] = true;
                         d
                     }
-                    None => reader.device_trace(p, device, (list, traces), &mut trace)?,
+                    None => {
+                        reader.device_trace(p, device, (list, traces), &mut trace, &mut pools)?
+                    }
                 };
                 any |= !d.events.is_empty();
                 all_timed &= d.all_timed;
@@ -186,6 +191,7 @@ fn build(
                 indices.push(d.index);
             }
             trace.has_times = any && all_timed;
+            trace.entry_pools = pools.finish();
             if !trace.has_times {
                 // Some entries lack `time_us`: times are entry indices throughout, so that events
                 // stay ordered and comparable.
@@ -272,6 +278,7 @@ impl DeviceEvents {
         device: i32,
         (entry, list): (Value, Value),
         frames: &mut dyn FnMut(Value, usize, Option<u64>) -> std::result::Result<FramesId, Stop>,
+        pools: &mut EntryPools,
     ) -> std::result::Result<(), Stop> {
         let index = self.entries;
         self.entries += 1;
@@ -281,16 +288,57 @@ impl DeviceEvents {
             Some(f) => frames(f, index, at)?,
             None => FramesId::NONE,
         };
+        let pool = pools.intern(e.pool).map_err(|m| entry_err(device, index, m, at))?;
         self.all_timed &= e.time.is_some();
         let time_us = e.time.unwrap_or(index as i64);
         for &action in e.actions {
-            let event =
-                Event { action, addr: e.addr, size: e.size, stream: e.stream, time_us, frames };
+            let (addr, size, stream) = (e.addr, e.size, e.stream);
+            let event = Event { action, addr, size, stream, time_us, frames, pool };
             limits::check_event(&event).map_err(|m| entry_err(device, index, m, at))?;
             self.index.push(self.events.len(), index, e.time.is_some());
             self.events.push(event);
         }
         Ok(())
+    }
+}
+
+/// The private pools the entries name, numbered as [`PoolRef`]s in the order first named, and
+/// whether every entry named one (a file from before `pool_id` names none).
+#[derive(Debug, Default)]
+struct EntryPools {
+    table: Vec<PoolId>,
+    index: HashMap<PoolId, PoolRef>,
+    /// Some entry had no `pool_id`.
+    unnamed: bool,
+    /// Some entry had one.
+    named: bool,
+}
+
+impl EntryPools {
+    /// The [`PoolRef`] of an entry's `pool_id` (`None`: it had none, or named the default
+    /// pools); an error when the file names more private pools than a [`PoolRef`] counts.
+    fn intern(&mut self, pool: Option<Option<PoolId>>) -> std::result::Result<PoolRef, String> {
+        let Some(pool) = pool else {
+            self.unnamed = true;
+            return Ok(PoolRef::DEFAULT);
+        };
+        self.named = true;
+        let Some(id) = pool else { return Ok(PoolRef::DEFAULT) };
+        if let Some(&r) = self.index.get(&id) {
+            return Ok(r);
+        }
+        if self.table.len() >= PoolRef::MAX_POOLS {
+            return Err(format!("names more than {} private pools", PoolRef::MAX_POOLS));
+        }
+        self.table.push(id);
+        let r = PoolRef(self.table.len() as u16);
+        self.index.insert(id, r);
+        Ok(r)
+    }
+
+    /// [`Trace::entry_pools`]: the table, where every entry named its pool.
+    fn finish(self) -> Option<Vec<PoolId>> {
+        (self.named && !self.unnamed).then_some(self.table)
     }
 }
 
@@ -304,6 +352,8 @@ struct Entry {
     time: Option<i64>,
     /// The `frames` value, when it is there.
     frames: Option<Value>,
+    /// The `pool_id`, when it is there: `None` inside for the default pools.
+    pool: Option<Option<PoolId>>,
 }
 
 /// Reads entry `index` of device `device`'s trace `list`; `None` for an `annotate`. A part of
@@ -334,6 +384,7 @@ fn read_entry(
     let (mut addr, mut size, mut stream, mut time) = (None, None, None, None);
     let mut device_free = None;
     let mut frames = None;
+    let mut pool = None;
     for &(k, v) in fields {
         // A discarded key is not one read here: the streamed decoder keeps those.
         let Some(k) = p.str_bytes(k) else { continue };
@@ -349,6 +400,7 @@ fn read_entry(
             b"stream" => stream = Some(v),
             b"time_us" => time = Some(v),
             b"frames" => frames = Some(v),
+            b"pool_id" => pool = Some(v),
             _ => {}
         }
     }
@@ -379,7 +431,7 @@ fn read_entry(
     } else {
         ("addr", addr)
     };
-    if [addr, size, stream, time].into_iter().flatten().any(gone) {
+    if [addr, size, stream, time, pool].into_iter().flatten().any(gone) {
         return Err(refuse());
     }
     let addr = bytes_field(p, addr_key, addr).map_err(err)?;
@@ -400,7 +452,29 @@ fn read_entry(
         ),
         None => None,
     };
-    Ok(Some(Entry { actions, addr, size, stream, time, frames }))
+    let pool = match pool {
+        None => None,
+        Some(v) => Some(pool_id(p, v).map_err(|m| err(format!("'pool_id' {m}")))?),
+    };
+    Ok(Some(Entry { actions, addr, size, stream, time, frames, pool }))
+}
+
+/// A `MempoolId_t` (`segment_pool_id`, an entry's `pool_id`): `None` for the default pools
+/// `(0, 0)`. Its two unsigned 64-bit ids are pickled as signed ints, and kept as their bits.
+fn pool_id(p: &Pickle, v: Value) -> std::result::Result<Option<PoolId>, String> {
+    let ids = p.items(v).map(|xs| xs.iter().map(|&x| p.int(x)).collect::<Vec<_>>());
+    match ids.as_deref() {
+        Some([Some(0), Some(0)]) => Ok(None),
+        Some(&[Some(a), Some(b)]) if fits_u64_bits(a) && fits_u64_bits(b) => {
+            Ok(Some((a as u64, b as u64)))
+        }
+        _ => Err(format!("is not a pair of ints: {}", describe(p, v))),
+    }
+}
+
+/// Whether `x` is an int64 or a uint64, as a `MempoolId_t` half may be pickled.
+fn fits_u64_bits(x: i128) -> bool {
+    (i64::MIN as i128..=u64::MAX as i128).contains(&x)
 }
 
 /// Whether `v` is an object the streamed decoder dropped, or kept only as what it became.
@@ -417,6 +491,8 @@ struct Streamer {
     /// Frames, when kept: the caches (valid for the objects not yet dropped) and the stacks.
     reader: Reader,
     table: FrameTable,
+    /// The private pools the entries name.
+    pools: EntryPools,
 }
 
 impl Streamer {
@@ -441,11 +517,11 @@ impl pickle::Sink for Streamer {
             self.devices.resize_with(device + 1, || DeviceEvents::new(0));
         }
         let events = &mut self.devices[device];
-        let (reader, table) = (&mut self.reader, &mut self.table);
+        let (reader, table, pools) = (&mut self.reader, &mut self.table, &mut self.pools);
         let mut frames =
             |f: Value, index: usize, at: Option<u64>| reader.frames(p, f, table, (d, index, at));
         for &entry in items {
-            events.add(p, d, (entry, list), &mut frames)?;
+            events.add(p, d, (entry, list), &mut frames, pools)?;
         }
         Ok(())
     }
@@ -453,8 +529,9 @@ impl pickle::Sink for Streamer {
     fn keeps(&self, bytes: &[u8]) -> bool {
         // What `read_entry` and `Reader::frame` compare a string with: the keys and the action
         // names.
-        const READ: [&[u8]; 21] = [
+        const READ: [&[u8]; 22] = [
             b"action",
+            b"pool_id",
             b"addr",
             b"device_free",
             b"size",
@@ -590,6 +667,7 @@ impl Reader {
         device: i32,
         (list, within): (Value, Value),
         trace: &mut Trace,
+        pools: &mut EntryPools,
     ) -> Result<DeviceEvents> {
         let entries = p.items(list).ok_or_else(|| {
             schema_err(
@@ -602,7 +680,7 @@ impl Reader {
             self.frames(p, f, &mut trace.frames, (device, index, at))
         };
         for &entry in entries {
-            events.add(p, device, (entry, list), &mut frames).map_err(refusal_error)?;
+            events.add(p, device, (entry, list), &mut frames, pools).map_err(refusal_error)?;
         }
         Ok(events)
     }
@@ -761,28 +839,7 @@ fn read_segments(p: &Pickle, v: Value, root: Value) -> Result<Vec<Segment>> {
         let is_expandable = matches!(p.get(s, "is_expandable"), Some(Value::Bool(true)));
         let private_pool = match p.get(s, "segment_pool_id") {
             None | Some(Value::None) => None,
-            Some(v) => {
-                match p.items(v).map(|xs| xs.iter().map(|&x| p.int(x)).collect::<Vec<_>>()) {
-                    // MempoolId_t: two unsigned 64-bit ids, pickled as signed ints; (0, 0) is the
-                    // default pools.
-                    Some(ids) => match ids[..] {
-                        [Some(0), Some(0)] => None,
-                        [Some(a), Some(b)] => Some((a as u64, b as u64)),
-                        _ => {
-                            return Err(err(format!(
-                                "'segment_pool_id' is not a pair of ints: {}",
-                                describe(p, v)
-                            )))
-                        }
-                    },
-                    None => {
-                        return Err(err(format!(
-                            "'segment_pool_id' is not a pair of ints: {}",
-                            describe(p, v)
-                        )))
-                    }
-                }
-            }
+            Some(v) => pool_id(p, v).map_err(|m| err(format!("'segment_pool_id' {m}")))?,
         };
         let mut blocks = Vec::new();
         let mut next = address;
@@ -1104,6 +1161,12 @@ fn write_event(
         e.str("time_us");
         e.int(ev.time_us as i128);
     }
+    if trace.entry_pools.is_some() {
+        // As PyTorch pickles a MempoolId_t: two int64s.
+        let (a, b) = trace.entry_pool(ev).flatten().unwrap_or((0, 0));
+        e.str("pool_id");
+        e.pair(a as i64 as i128, b as i64 as i128);
+    }
     e.str("frames");
     match frames_memo.get(&ev.frames) {
         Some(&memo) => e.reuse(memo),
@@ -1268,6 +1331,74 @@ mod tests {
         e.end_list();
         e.end_dict();
         e.finish()
+    }
+
+    #[test]
+    fn entries_that_name_their_pool_read_back_as_written() {
+        let mb = 1u64 << 20;
+        let graph = (0, 1); // a CUDA graph's pool; MemPool ids are (n, 0)
+        let named = |action, addr, size, pool| Event {
+            pool: PoolRef(pool),
+            ..Event::new(action, addr, size, 7, 0)
+        };
+        let mut t = Trace {
+            format: Format::PytorchSnapshot,
+            devices: vec![DeviceTrace {
+                device: 0,
+                events: vec![
+                    named(Action::SegmentAlloc, 0x20_0000, 2 * mb, 1),
+                    named(Action::Alloc, 0x20_0000, mb, 1),
+                    named(Action::Alloc, 0x40_0000, mb, 0),
+                    named(Action::Oom, 1 << 30, 8 << 30, 2),
+                ],
+            }],
+            entry_pools: Some(vec![graph, (3, 0)]),
+            has_times: true,
+            ..Trace::default()
+        };
+        let mut data = Vec::new();
+        write(&t, &mut data).unwrap();
+        let whole = read(&data, &opts(false)).unwrap();
+        let streamed = read_from(&mut &data[..], &opts(false)).unwrap();
+        for back in [whole, streamed] {
+            assert_eq!(back.entry_pools, t.entry_pools);
+            assert_eq!(back.devices[0].events, t.devices[0].events);
+            assert_eq!(back.entry_pool(&back.devices[0].events[3]), Some(Some((3, 0))));
+        }
+        // Entries without `pool_id` (before PyTorch wrote it) name none: `None`, not "all
+        // default".
+        t.entry_pools = None;
+        t.devices[0].events.iter_mut().for_each(|e| e.pool = PoolRef::DEFAULT);
+        let mut data = Vec::new();
+        write(&t, &mut data).unwrap();
+        assert_eq!(read(&data, &opts(false)).unwrap().entry_pools, None);
+    }
+
+    #[test]
+    fn a_pool_id_that_is_not_a_pair_of_ints_names_its_entry() {
+        let mut e = Encoder::new();
+        e.begin_dict();
+        e.str("device_traces");
+        e.begin_list();
+        e.begin_list();
+        e.begin_dict();
+        e.str("action");
+        e.str("alloc");
+        for k in ["addr", "size", "stream"] {
+            e.str(k);
+            e.int(512);
+        }
+        e.str("pool_id");
+        e.int(7);
+        e.end_dict();
+        e.end_list();
+        e.end_list();
+        e.end_dict();
+        let err = read(&e.finish(), &opts(false)).unwrap_err().to_string();
+        assert!(
+            err.starts_with("event 0: device 0: trace entry 0: 'pool_id' is not a pair of ints: "),
+            "{err}"
+        );
     }
 
     #[test]

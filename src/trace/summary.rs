@@ -46,6 +46,12 @@ pub struct Summary {
     pub private_pool_segments_at_dump: u64,
     /// Sum of those private-pool segments' sizes.
     pub private_pool_reserved_at_dump_bytes: u64,
+    /// Where every entry names its pool (`pool_id`, PyTorch ≈ 2.7+): the private pools they
+    /// name; `None` (JSON `null`) for a file whose entries do not.
+    pub entry_private_pools: Option<u64>,
+    /// Where entries name their pool: the `alloc` entries made into a private pool, on every
+    /// device.
+    pub private_pool_allocs: Option<u64>,
     /// True when the trace recorded its allocator settings (PyTorch ≈ 2.3+ snapshots).
     pub has_allocator_settings: bool,
     /// The recorded allocator settings, if any.
@@ -189,6 +195,11 @@ impl Summary {
             private_pool_reserved_at_dump_bytes: saturate(
                 private.map(|s| s.total_size as u128).sum(),
             ),
+            entry_private_pools: trace.entry_pools.as_ref().map(|p| p.len() as u64),
+            private_pool_allocs: trace.entry_pools.as_ref().map(|_| {
+                let events = trace.devices.iter().flat_map(|d| &d.events);
+                events.filter(|e| e.action == Action::Alloc && e.pool.0 != 0).count() as u64
+            }),
             has_allocator_settings: trace.allocator_settings.is_some(),
             allocator_settings: trace.allocator_settings.clone(),
             frame_lists: trace.frames.len() as u64,

@@ -44,10 +44,12 @@ pub fn looks_like_text(head: &str) -> bool {
 
 /// What writing `trace` as text leaves out, one line each (empty when nothing is lost).
 pub fn losses(trace: &Trace) -> Vec<String> {
-    if trace.segments.is_empty() && trace.allocator_settings.is_none() {
-        return Vec::new();
+    let mut out = Vec::new();
+    if !trace.segments.is_empty() || trace.allocator_settings.is_some() {
+        out.push("final segments and allocator settings are not part of the text format".into());
     }
-    vec!["final segments and allocator settings are not part of the text format".into()]
+    out.extend(trace.entry_pools_loss("text"));
+    out
 }
 
 /// Reads a text trace held in memory.

@@ -706,15 +706,20 @@ fn replay_checked(
             }
             Op::Malloc { size, stream, oom, script } => {
                 dev.stream = *stream;
-                // Where the recording placed it says whether it was made into a private pool
-                // (during graph capture, or under use_mem_pool). An OOM entry's address is the
-                // device's free bytes, not a place.
-                let mut into = routes.as_ref().filter(|_| !*oom).and_then(|r| r.pool_of(e.addr));
+                // The pool the entry names, or where the recording placed it, says whether it was
+                // made into a private pool (during graph capture, or under use_mem_pool).
+                let mut into = routes.as_ref().and_then(|r| r.pool_for(e));
                 policy.allocate_into(into)?;
-                // An OOM has no address to tell its pool by. If the default pools could serve
-                // it, the real allocator was not searching them: it was a malloc into a private
-                // pool, taken to be the one the last routed malloc went to.
-                if *oom && last_private.is_some() && policy.would_hit_cache(*size, *stream) {
+                // An OOM of a file that names no pools has no address to tell its pool by. If
+                // the default pools could serve it, the real allocator was not searching them:
+                // it was a malloc into a private pool, taken to be the one the last routed
+                // malloc went to.
+                let named = routes.as_ref().is_some_and(|r| r.entries_name_pools());
+                if *oom
+                    && !named
+                    && last_private.is_some()
+                    && policy.would_hit_cache(*size, *stream)
+                {
                     into = last_private;
                     policy.allocate_into(into)?;
                 }
@@ -1536,6 +1541,7 @@ mod tests {
             has_times: false,
             frames: Default::default(),
             recorded_totals: Vec::new(),
+            entry_pools: None,
         }
     }
 
