@@ -627,3 +627,48 @@ fn allocations_recorded_in_a_private_pool_are_replayed_into_it() {
     assert_eq!((v["allocs_total"].as_u64(), v["allocs_addr_matched"].as_u64()), (Some(3), Some(3)));
     assert_eq!(v["segment_events_matched"], v["segment_events_recorded"], "{v}");
 }
+
+/// A snapshot as PyTorch ≈ 2.4–2.5's `_snapshot()` builds it while `record_function` ranges
+/// run: `user_defined` entries (address and size 0, the range's name in their frames) between
+/// the allocator's own. Python's pickler writes the shared action string once and refers back
+/// to it from later batches of 1,000 entries, as it does for PyTorch's one `user_defined`
+/// string object.
+const RECORD_FUNCTION_FIXTURE: &str = r#"
+import pickle, sys
+M = 2**20
+user_defined = 'user_defined'
+def marker(name, stage, t):
+    return {'action': user_defined, 'addr': 0, 'size': 0, 'stream': 0, 'time_us': t,
+            'frames': [{'filename': stage, 'line': 0, 'name': name}]}
+def ev(action, addr, size, t):
+    return {'action': action, 'addr': addr, 'size': size, 'stream': 0, 'time_us': t, 'frames': []}
+trace = []
+for step in range(400):
+    t = 10 * step
+    trace += [marker('forward', 'START', t), ev('segment_alloc', 2**40, 2 * M, t + 1),
+              ev('alloc', 2**40, 4096, t + 2), ev('free_requested', 2**40, 4096, t + 3),
+              ev('free_completed', 2**40, 4096, t + 4), ev('segment_free', 2**40, 2 * M, t + 5),
+              marker('forward', 'END', t + 6)]
+snap = {'segments': [], 'device_traces': [trace]}
+sys.stdout.buffer.write(pickle.dumps(snap, protocol=4))
+"#;
+
+#[test]
+fn record_function_markers_are_skipped() {
+    let (_dir, path) = temp_file("ranges.pickle", &python(RECORD_FUNCTION_FIXTURE, &[]));
+    let p = path.to_str().unwrap();
+    let out = run(&["info", p, "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["devices"][0]["events"], 2000, "{v}");
+    assert_eq!(v["devices"][0]["by_action"]["alloc"], 400, "{v}");
+    // Read as a stream (the back-references to the marker's action string kept), not refused.
+    let t = fragsim::trace::snapshot::stream(
+        &mut std::io::BufReader::new(std::fs::File::open(&path).unwrap()),
+        &ReadOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(t.devices[0].events.len(), 2000);
+    let out = run(&["validate", p]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+}

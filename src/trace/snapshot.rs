@@ -6,7 +6,9 @@
 //!
 //! - `device_traces[i]` → `DeviceTrace { device: i }`, every index kept (even empty ones) so the
 //!   numbering matches PyTorch's; each entry's `action` per [`Action::from_name`], where the old
-//!   single `free` becomes `free_requested` then `free_completed`, `annotate` is skipped, and any
+//!   single `free` becomes `free_requested` then `free_completed`, the markers that change no
+//!   memory are skipped (`annotate`; `user_defined`, which ≈ 2.4–2.5 wrote at the start and end
+//!   of every `torch.profiler.record_function` while history was recorded), and any
 //!   other action is an input error naming the device and entry index; `oom` entries carry
 //!   `device_free` instead of `addr` (spec §12.4), which becomes the event's `addr`.
 //! - `time_us` (≈ 2.2+) when every entry has it (`has_times`), else each entry's index.
@@ -356,7 +358,8 @@ struct Entry {
     pool: Option<Option<PoolId>>,
 }
 
-/// Reads entry `index` of device `device`'s trace `list`; `None` for an `annotate`. A part of
+/// Reads entry `index` of device `device`'s trace `list`; `None` for a marker (`annotate`,
+/// `user_defined`). A part of
 /// the entry that the streamed decoder discarded and the conversion needs is refused.
 fn read_entry(
     p: &Pickle,
@@ -416,10 +419,10 @@ fn read_entry(
         b"segment_unmap" => &[Action::SegmentUnmap],
         b"oom" => &[Action::Oom],
         b"snapshot" => &[Action::Snapshot],
-        b"annotate" => return Ok(None),
+        b"annotate" | b"user_defined" => return Ok(None),
         other => {
             return Err(err(format!(
-                "unknown action '{}' (accepted: {}, free, annotate)",
+                "unknown action '{}' (accepted: {}, free, annotate, user_defined)",
                 String::from_utf8_lossy(other),
                 Action::ALL.map(Action::name).join(", ")
             ))
@@ -529,7 +532,7 @@ impl pickle::Sink for Streamer {
     fn keeps(&self, bytes: &[u8]) -> bool {
         // What `read_entry` and `Reader::frame` compare a string with: the keys and the action
         // names.
-        const READ: [&[u8]; 22] = [
+        const READ: [&[u8]; 23] = [
             b"action",
             b"pool_id",
             b"addr",
@@ -549,6 +552,7 @@ impl pickle::Sink for Streamer {
             b"oom",
             b"snapshot",
             b"annotate",
+            b"user_defined",
             b"filename",
             b"line",
             b"name",
@@ -1408,6 +1412,10 @@ mod tests {
         assert_eq!(t.devices[0].events[1], Event::new(Action::Oom, 12345, 4 << 20, 0, 1));
         let data = one_entry(&[("addr", 512)], "annotate");
         assert_eq!(read(&data, &opts(false)).unwrap().devices[0].events.len(), 1);
+        // A `record_function` marker of ≈ 2.4–2.5 (its name is in its frames): no event.
+        let data = one_entry(&[("addr", 0), ("size", 0), ("stream", 0)], "user_defined");
+        assert_eq!(read(&data, &opts(false)).unwrap().devices[0].events.len(), 1);
+        assert_eq!(read_from(&mut &data[..], &opts(false)).unwrap().devices[0].events.len(), 1);
     }
 
     #[test]
