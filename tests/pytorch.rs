@@ -261,6 +261,9 @@ struct Run<'a> {
     cut: usize,
     /// Every entry names its pool (`pool_id`), as PyTorch ≈ 2.7+ writes it.
     names_pools: bool,
+    /// The graph is deleted at this step (no capture after it), and the program calls
+    /// `empty_cache()`: PyTorch then releases the graph's free segments too.
+    graph_deleted_at: Option<usize>,
 }
 
 /// A recording of the PyTorch policy itself on a seeded workload, as a snapshot records one:
@@ -282,11 +285,14 @@ fn recording(seed: u64, run: Run) -> fragsim::trace::Trace {
     let mut live: Vec<Option<(Allocation, u64, u64, bool)>> = Vec::new();
     // The graph's pool, as the entries name it: `PoolRef(1)`, the first of `entry_pools`.
     let pool_of = |private: bool| fragsim::trace::PoolRef(u16::from(private && run.names_pools));
+    // The graph's segments, by address: their releases name its pool.
+    let mut private_segments = std::collections::HashSet::new();
     let mut seen = 0;
     let mut streams = std::collections::HashMap::new();
     let mut reservations: Vec<(u64, u64, u64)> = Vec::new();
     for (k, step) in workload(seed, 700).into_iter().enumerate() {
-        let capture = run.captures && (k / 60) % 3 == 1;
+        let deleted = run.graph_deleted_at.is_some_and(|at| k >= at);
+        let capture = run.captures && (k / 60) % 3 == 1 && !deleted;
         let time = events.len() as i64;
         let mut log = |d: &Recording<SimDevice>, events: &mut Vec<Event>, stream: u64, private| {
             for c in &d.calls()[seen..] {
@@ -294,6 +300,9 @@ fn recording(seed: u64, run: Run) -> fragsim::trace::Trace {
                 let (action, addr, size) = match *c {
                     BackendCall::SegmentAlloc { size, addr: Some(a) } => {
                         streams.insert(a, stream);
+                        if private {
+                            private_segments.insert(a);
+                        }
                         (Action::SegmentAlloc, a, size)
                     }
                     BackendCall::Reserve { size, addr: Some(a) } => {
@@ -314,13 +323,22 @@ fn recording(seed: u64, run: Run) -> fragsim::trace::Trace {
                         .find(|&&(a, n, _)| a <= addr && addr < a + n)
                         .map_or(stream, |r| r.2),
                 };
-                events.push(Event {
-                    pool: pool_of(private),
-                    ..Event::new(action, addr, size, s, time)
-                });
+                // A segment event names the pool of its segment (a release made by a default
+                // pool's malloc or by a flush may return a gone graph's segment).
+                let private = match action {
+                    Action::SegmentFree => private_segments.remove(&addr),
+                    _ => private,
+                };
+                let e = Event::new(action, addr, size, s, time);
+                events.push(Event { pool: pool_of(private), ..e });
             }
             seen = d.calls().len();
         };
+        if run.graph_deleted_at == Some(k) {
+            p.release_pool((1, 7)).unwrap();
+            p.empty_cache(&mut d).unwrap();
+            log(&d, &mut events, 0, false);
+        }
         match step {
             Step::Alloc { id, size, stream } => {
                 let private = capture && stream == 0;
@@ -379,7 +397,15 @@ fn recording(seed: u64, run: Run) -> fragsim::trace::Trace {
 
 /// [`recording`] across CUDA graph captures, default settings, no device limit.
 fn captured_recording(seed: u64, cut: usize) -> fragsim::trace::Trace {
-    recording(seed, Run { conf: "", capacity: None, captures: true, cut, names_pools: false })
+    let run = Run {
+        conf: "",
+        capacity: None,
+        captures: true,
+        cut,
+        names_pools: false,
+        graph_deleted_at: None,
+    };
+    recording(seed, run)
 }
 
 /// `replay -p pytorch`'s peak reserved bytes on `t`, as the command runs it: under the device
@@ -433,6 +459,7 @@ fn recordings_across_graph_captures_validate_and_replay_to_their_recorded_peak()
                 captures: true,
                 cut: 0,
                 names_pools: false,
+                graph_deleted_at: None,
             };
             let t = recording(seed, run);
             let v = validate(&t, &options).unwrap();
@@ -459,7 +486,14 @@ fn recordings_under_memory_pressure_validate_and_replay_exactly() {
         // requests, the program's empty_cache() near the limit).
         for capacity in [None, Some(300 << 20), Some(200 << 20)] {
             for seed in 0..12 {
-                let run = Run { conf, capacity, captures: false, cut: 0, names_pools: false };
+                let run = Run {
+                    conf,
+                    capacity,
+                    captures: false,
+                    cut: 0,
+                    names_pools: false,
+                    graph_deleted_at: None,
+                };
                 let t = recording(seed, run);
                 let at = format!("{conf:?}, {capacity:?}, seed {seed}");
                 let v = validate(&t, &options).unwrap();
@@ -499,7 +533,14 @@ fn recordings_whose_entries_name_their_pool_validate_and_replay_exactly() {
     let mut unnamed_differs = 0;
     for capacity in [None, Some(300u64 << 20), Some(200 << 20)] {
         for seed in 0..12 {
-            let run = Run { conf: "", capacity, captures: true, cut: 0, names_pools: true };
+            let run = Run {
+                conf: "",
+                capacity,
+                captures: true,
+                cut: 0,
+                names_pools: true,
+                graph_deleted_at: None,
+            };
             let mut t = recording(seed, run);
             let at = format!("{capacity:?}, seed {seed}");
             assert!(t.segments.iter().any(|s| s.private_pool.is_some()), "{at}");
@@ -533,12 +574,65 @@ fn recordings_whose_entries_name_their_pool_validate_and_replay_exactly() {
     // As a user runs it: the recording as a pickle, validated by the command.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("graphs.pickle");
-    let run =
-        Run { conf: "", capacity: Some(200 << 20), captures: true, cut: 0, names_pools: true };
+    let run = Run {
+        conf: "",
+        capacity: Some(200 << 20),
+        captures: true,
+        cut: 0,
+        names_pools: true,
+        graph_deleted_at: None,
+    };
     fragsim::trace::write_trace(&recording(3, run), &path).unwrap();
     let o = crate::util::run(&["validate", path.to_str().unwrap(), "--json"]);
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(v["allocs_addr_matched"], v["allocs_total"], "{v}");
     assert_eq!(v["segment_events_matched"], v["segment_events_recorded"], "{v}");
+}
+
+/// A recording whose graph is deleted mid-run (its entries name their pools): the program's
+/// next `empty_cache()`, and every flush after it, releases the graph's free segments too, as
+/// PyTorch releases a private pool once nothing uses it. The replay and `validate` learn it
+/// from the first release that names the pool, though that release comes after the default
+/// pools' in the same flush.
+#[test]
+fn a_deleted_graph_s_segments_are_released_by_the_next_flush() {
+    use fragsim::policy::pytorch::validate::{validate, ValidateOptions};
+    let options = ValidateOptions { check_invariants: true, ..ValidateOptions::default() };
+    let mut released = 0;
+    for capacity in [None, Some(300u64 << 20)] {
+        for seed in 0..10 {
+            let run = Run {
+                conf: "",
+                capacity,
+                captures: true,
+                cut: 0,
+                names_pools: true,
+                graph_deleted_at: Some(400),
+            };
+            let t = recording(seed, run);
+            let at = format!("{capacity:?}, seed {seed}");
+            let events = &t.devices[0].events;
+            let named_releases = events
+                .iter()
+                .filter(|e| e.action == fragsim::trace::Action::SegmentFree && e.pool.0 == 1)
+                .count();
+            released += named_releases;
+            let v = validate(&t, &options).unwrap();
+            assert!(v.mismatches.is_empty(), "{at}: {:?}", &v.mismatches[..1]);
+            assert_eq!(v.segment_events_matched, v.segment_events_recorded, "{at}");
+            let recorded = fragsim::recorded::recorded(&t, 0).expect("segment events");
+            assert_eq!(replayed_peak(&t), recorded.peak_reserved_bytes, "{at}: replayed peak");
+            let input = fragsim::replay::ReplayInput::new(&t, None).unwrap();
+            let spec = fragsim::policy::PolicySpec::parse_list("pytorch").unwrap().remove(0);
+            let capacity = fragsim::recorded::row_and_limit(&t, 0).1.and_then(|l| l.limit_bytes);
+            let options = fragsim::replay::ReplayOptions { capacity, ..Default::default() };
+            let out = fragsim::policy::lookup("pytorch").unwrap().run(&spec, &input, &options);
+            let out = out.unwrap().result;
+            assert_eq!(out.reserved_at_end_bytes, recorded.reserved_at_end_bytes, "{at}: at end");
+            let frees = recorded.segment_counts.map(|c| c[1]);
+            assert_eq!(Some(out.device_free_count), frees, "{at}: cudaFrees");
+        }
+    }
+    assert!(released >= 20, "the deleted graph released only {released} segments");
 }

@@ -124,6 +124,15 @@ pub trait Policy {
         Ok(())
     }
 
+    /// Says that private pool `pool` is gone (its CUDA graph or `torch.cuda.MemPool` was
+    /// deleted): from now on every flush releases its free segments too, as PyTorch's
+    /// `release_cached_blocks` does for a pool whose use count reached 0. The replay tells it
+    /// from a recorded segment release whose entry names that pool. A policy with no private
+    /// pools ignores it (the default).
+    fn release_pool(&mut self, _pool: (u64, u64)) -> Result<()> {
+        Ok(())
+    }
+
     /// Returns the block at `addr` (from [`Policy::malloc`]) to the policy.
     fn free<B: Backend>(&mut self, backend: &mut B, addr: u64) -> Result<()>;
 

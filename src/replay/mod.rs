@@ -902,6 +902,16 @@ fn route<P: Policy>(policy: &mut P, routes: &PoolRoutes, e: &Event) -> Result<()
     policy.allocate_into(routes.pool_for(e))
 }
 
+/// Follows the recorded segment event `e` in `routes`, and tells `policy` of a private pool
+/// that `e` shows gone; true then.
+#[inline(never)]
+fn follow<P: Policy>(policy: &mut P, routes: &mut PoolRoutes, e: &Event) -> Result<bool> {
+    match routes.follow(e) {
+        Some(pool) => policy.release_pool(pool).map(|()| true),
+        None => Ok(false),
+    }
+}
+
 /// Records the policy's allocation at `addr` for `at` in the simulated run's log, if kept.
 fn log_alloc(log: &mut Option<Vec<Event>>, addr: u64, at: &Event) {
     if let Some(log) = log {
@@ -1071,6 +1081,8 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
     // Read once: the policy's calls go through `backend` and could change what it points to, so
     // the compiler would otherwise reload these on every event.
     let (logging, check) = (backend.observer.log.is_some(), options.check_invariants);
+    // The last event of the flush run the program called last (runs are consecutive releases).
+    let mut flush_run_to = u64::MAX - 1;
     input.walk(last, |index, e| {
         let i = index as usize;
         // A policy's input error names the event it was replaying (a backend error names the
@@ -1159,15 +1171,24 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
                             || undecided.called_at(index, &policy)) =>
                 {
                     if let Some(r) = &mut routes {
-                        r.follow(e);
+                        follow(&mut policy, r, e).map_err(at)?;
                     }
                     policy.empty_cache(&mut backend).map_err(at)?;
+                    flush_run_to = index;
                 }
                 Action::SegmentAlloc | Action::SegmentFree => {
-                    if let Some(r) = &mut routes {
-                        r.follow(e);
+                    let Some(r) = &mut routes else { break 'event };
+                    let gone = follow(&mut policy, r, e).map_err(at)?;
+                    // A release later in a flush the program called: that call released the
+                    // pool too (PyTorch releases gone pools after the default ones).
+                    let in_call = e.action == Action::SegmentFree && flush_run_to + 1 == index;
+                    if in_call {
+                        flush_run_to = index;
                     }
-                    break 'event;
+                    if !(gone && in_call) {
+                        break 'event;
+                    }
+                    policy.empty_cache(&mut backend).map_err(at)?;
                 }
                 _ => break 'event,
             }

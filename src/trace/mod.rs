@@ -271,7 +271,7 @@ pub struct Trace {
     /// Where every trace entry names its pool (PyTorch ≈ 2.7+ writes `pool_id` in each entry):
     /// the private pools the events' [`PoolRef`]s index. `None` where entries do not say, and
     /// the pool of an allocation must be told otherwise (by where it landed:
-    /// [`pool_routes`](crate::trace::pool_routes)).
+    /// [`pool_routes`]).
     #[serde(default)]
     pub entry_pools: Option<Vec<PoolId>>,
 }

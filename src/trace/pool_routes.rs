@@ -18,6 +18,10 @@
 //!
 //! Blocks live before the first event are routed by where they lie, either way.
 //!
+//! Where entries name their pools, a recorded `segment_free` that names a private pool also says
+//! that the pool's graph or `MemPool` is gone: PyTorch releases a private pool's segments only
+//! once nothing uses it ([`PoolRoutes::released_by`]).
+//!
 //! A segment is alive from the start when its first segment event is not a `segment_alloc`
 //! (the trace never created it), and then from each recorded `segment_alloc` of its address to
 //! the next `segment_free`. A private pool freed before the dump leaves no segment to tell it
@@ -44,6 +48,8 @@ pub struct PoolRoutes {
     routes: Vec<Route>,
     /// [`Trace::entry_pools`], where the file names them.
     named: Option<Vec<PoolId>>,
+    /// The private pools a followed release showed gone ([`PoolRoutes::released_by`]).
+    gone: Vec<PoolId>,
 }
 
 impl PoolRoutes {
@@ -74,7 +80,7 @@ impl PoolRoutes {
         // The dump's segments do not overlap; a malformed one that does is dropped, so lookups
         // stay a binary search.
         routes.dedup_by(|later, earlier| later.start < earlier.end);
-        let mut routes = PoolRoutes { routes, named };
+        let mut routes = PoolRoutes { routes, named, gone: Vec::new() };
         let mut seen = vec![false; routes.routes.len()];
         for e in lifetimes.segment_events.iter().filter_map(|&i| events.get(i)) {
             if let Some(k) = routes.at_start(e.addr) {
@@ -92,17 +98,21 @@ impl PoolRoutes {
     }
 
     /// Follows a recorded segment event: a `segment_alloc` of a route's address makes it alive,
-    /// a `segment_free` ends it. Other events change nothing.
+    /// a `segment_free` ends it. Returns the private pool the event shows gone, the first time
+    /// one does ([`PoolRoutes::released_by`]). Other events change nothing.
     #[inline]
-    pub fn follow(&mut self, e: &Event) {
+    pub fn follow(&mut self, e: &Event) -> Option<PoolId> {
         let alive = match e.action {
             Action::SegmentAlloc => true,
             Action::SegmentFree => false,
-            _ => return,
+            _ => return None,
         };
         if let Some(k) = self.at_start(e.addr) {
             self.routes[k].alive = alive;
         }
+        let pool = self.released_by(e).filter(|p| !self.gone.contains(p))?;
+        self.gone.push(pool);
+        Some(pool)
     }
 
     /// True when the entries name their pools: [`PoolRoutes::pool_for`] is then exact for
@@ -119,6 +129,16 @@ impl PoolRoutes {
             Some(pools) => e.pool.0.checked_sub(1).and_then(|k| pools.get(k as usize)).copied(),
             None if e.action == Action::Alloc => self.pool_of(e.addr),
             None => None,
+        }
+    }
+
+    /// The private pool whose segment the recorded release `e` returned, where the entry names
+    /// one: that pool is gone (PyTorch frees a private pool's segments only then).
+    #[inline]
+    pub fn released_by(&self, e: &Event) -> Option<PoolId> {
+        match e.action {
+            Action::SegmentFree => self.pool_for(e),
+            _ => None,
         }
     }
 
@@ -215,6 +235,10 @@ mod tests {
         assert_eq!(routes.pool_for(&named(Action::Alloc, 0x9000_0000, 2)), Some((2, 0)));
         assert_eq!(routes.pool_for(&named(Action::Oom, 1 << 30, 1)), Some((0, 5)));
         assert_eq!(routes.pool_for(&named(Action::Alloc, a, 9)), None, "a pool not listed");
+        // A release that names a private pool says the pool is gone; an alloc does not.
+        assert_eq!(routes.released_by(&named(Action::SegmentFree, a, 2)), Some((2, 0)));
+        assert_eq!(routes.released_by(&named(Action::SegmentFree, a, 0)), None);
+        assert_eq!(routes.released_by(&named(Action::Alloc, a, 2)), None);
         // Blocks live at the start still go by where they lie.
         assert_eq!(routes.pool_of(a), Some((1, 0)));
         // Without names: by address for an alloc, unknown for a failed request.

@@ -176,9 +176,12 @@ pub struct PyTorch {
     /// The private pools (`segment_pool_id`), in order of first sight: a CUDA graph's or a
     /// `torch.cuda.MemPool`'s, from a recorded start state or [`Policy::allocate_into`]. Their
     /// free blocks go only to mallocs made into the pool, as the real allocator never hands them
-    /// to an allocation outside it, and frees return blocks to their own pool. They are
-    /// released by no flush, as PyTorch keeps a private pool until its graph or pool is gone.
+    /// to an allocation outside it, and frees return blocks to their own pool. No flush
+    /// releases them until their graph or pool is gone ([`PyTorch::freeable`]), as in PyTorch.
     private_pools: Vec<(u64, u64)>,
+    /// The private pools (numbers as in [`Block::pool`]) whose graph or pool is gone
+    /// ([`Policy::release_pool`]), in the order they went: every flush releases them too.
+    freeable: Vec<u16>,
     /// The pool mallocs allocate into: 0, the default pools; `k`, private pool `k`
     /// ([`PyTorch::allocate_into`], what `begin_allocate_to_pool` does during graph capture).
     into: u16,
@@ -223,6 +226,7 @@ impl PyTorch {
             pools: [Pool::default(), Pool::default()],
             private: Vec::new(),
             private_pools: Vec::new(),
+            freeable: Vec::new(),
             into: 0,
             capture_underway: false,
             active: None,
@@ -400,8 +404,8 @@ impl PyTorch {
 
     /// A pool's free blocks in PyTorch's (stream, size, address) order. Keys order streams by
     /// first sight, so walks that cross streams (flush, GC) sort by the raw stream value.
-    fn free_blocks_in_order(&self, p: usize) -> Vec<u32> {
-        let mut ids: Vec<u32> = self.pools[p].blocks.ids().collect();
+    fn free_blocks_in_order(&self, pool: &Pool) -> Vec<u32> {
+        let mut ids: Vec<u32> = pool.blocks.ids().collect();
         ids.sort_by_key(|&id| {
             let b = self.b(id);
             (b.stream, b.size, b.ptr)
@@ -749,17 +753,28 @@ impl PyTorch {
         Ok(released >= target)
     }
 
-    /// `release_cached_blocks` (§9.3): `empty_cache()`; large pool first, then small.
+    /// `release_cached_blocks` (§9.3): `empty_cache()`; the default large pool first, then
+    /// small; then every private pool whose graph or pool is gone, small first.
     fn release_cached_blocks<B: Backend>(&mut self, backend: &mut B) -> Result<()> {
-        self.release_blocks(backend, false)?;
-        self.release_blocks(backend, true)
+        self.release_blocks(backend, 0, false)?;
+        self.release_blocks(backend, 0, true)?;
+        for k in 0..self.freeable.len() {
+            let owner = self.freeable[k];
+            self.release_blocks(backend, owner, true)?;
+            self.release_blocks(backend, owner, false)?;
+        }
+        Ok(())
     }
 
-    /// `release_blocks(pool)`: every whole free cudaMalloc segment, then unmap free expandable
-    /// pages, in (stream, size, address) order.
-    fn release_blocks<B: Backend>(&mut self, backend: &mut B, small: bool) -> Result<()> {
-        let p = pool_index(small);
-        let ids = self.free_blocks_in_order(p);
+    /// `release_blocks(pool)` of pool `owner` (0: the default pools): every whole free
+    /// cudaMalloc segment, then unmap free expandable pages, in (stream, size, address) order.
+    fn release_blocks<B: Backend>(
+        &mut self,
+        backend: &mut B,
+        owner: u16,
+        small: bool,
+    ) -> Result<()> {
+        let ids = self.free_blocks_in_order(self.owner(owner, small));
         let mut expandable = Vec::new();
         for id in ids {
             let b = self.b(id);
@@ -803,7 +818,7 @@ impl PyTorch {
         while reclaimed < target && freed_any && count > 0 {
             let avg = total_age / count as f64;
             freed_any = false;
-            let ids = self.free_blocks_in_order(p);
+            let ids = self.free_blocks_in_order(&self.pools[p]);
             for id in ids {
                 let b = self.b(id);
                 if b.prev == NIL && b.next == NIL && b.expandable == NIL && age(b) >= avg {
@@ -1163,6 +1178,16 @@ impl Policy for PyTorch {
             Some(id) if !self.config.expandable_segments => self.private_pool_index(id)?,
             _ => 0,
         };
+        Ok(())
+    }
+
+    fn release_pool(&mut self, pool: (u64, u64)) -> Result<()> {
+        if let Some(k) = self.private_pools.iter().position(|&p| p == pool) {
+            let owner = k as u16 + 1;
+            if !self.freeable.contains(&owner) {
+                self.freeable.push(owner);
+            }
+        }
         Ok(())
     }
 

@@ -576,6 +576,24 @@ fn hex(a: u64) -> String {
 
 /// Why the simulation placed a block elsewhere: what it holds at the recorded address. `routed`
 /// says whether the malloc was made into a private pool.
+/// Tells `policy` of every private pool that a release in `script` shows gone, before the flush
+/// that made those releases runs: PyTorch's flush releases gone pools after the default ones,
+/// so the first release of the run comes before the one that names the pool.
+fn release_gone_pools(
+    policy: &mut PyTorch,
+    routes: Option<&crate::trace::pool_routes::PoolRoutes>,
+    events: &[Event],
+    script: &[usize],
+) -> Result<()> {
+    let Some(routes) = routes else { return Ok(()) };
+    for e in script.iter().filter_map(|&j| events.get(j)) {
+        if let Some(pool) = routes.released_by(e) {
+            policy.release_pool(pool)?;
+        }
+    }
+    Ok(())
+}
+
 fn explain(policy: &PyTorch, recorded: u64, placed: Option<u64>, routed: bool) -> String {
     match policy.private_pool_at(recorded) {
         Some((a, b)) if !routed => {
@@ -668,7 +686,9 @@ fn replay_checked(
         dev.now = e.time_us;
         dev.at = i;
         if let Some(r) = &mut routes {
-            r.follow(e);
+            if let Some(pool) = r.follow(e) {
+                policy.release_pool(pool)?;
+            }
         }
         match op {
             Op::Skip => {
@@ -695,6 +715,7 @@ fn replay_checked(
                 }
             }
             Op::Flush { script } => {
+                release_gone_pools(&mut policy, routes.as_ref(), events, script)?;
                 dev.script.clone_from(script);
                 dev.oom = false;
                 dev.log.clear();
@@ -733,6 +754,7 @@ fn replay_checked(
                     matches!(events[*j].action, Action::SegmentFree | Action::SegmentUnmap)
                 };
                 policy.set_capture_underway(*oom && !script.iter().any(released));
+                release_gone_pools(&mut policy, routes.as_ref(), events, script)?;
                 // A release run right before a malloc's new segment is either the malloc's own
                 // fallback or an empty_cache() just before it. If the cache could serve the
                 // request now, no fallback was needed: it was a flush.
