@@ -266,6 +266,18 @@ struct Run<'a> {
     graph_deleted_at: Option<usize>,
 }
 
+impl Run<'static> {
+    /// Default settings, no device limit, no capture, recorded whole, as older snapshots are.
+    const PLAIN: Run<'static> = Run {
+        conf: "",
+        capacity: None,
+        captures: false,
+        cut: 0,
+        names_pools: false,
+        graph_deleted_at: None,
+    };
+}
+
 /// A recording of the PyTorch policy itself on a seeded workload, as a snapshot records one:
 /// each call becomes the trace entries PyTorch writes (segment events at the addresses the
 /// device gave, with the segment's stream, then the `alloc`, or an `oom` with the device's free
@@ -397,15 +409,7 @@ fn recording(seed: u64, run: Run) -> fragsim::trace::Trace {
 
 /// [`recording`] across CUDA graph captures, default settings, no device limit.
 fn captured_recording(seed: u64, cut: usize) -> fragsim::trace::Trace {
-    let run = Run {
-        conf: "",
-        capacity: None,
-        captures: true,
-        cut,
-        names_pools: false,
-        graph_deleted_at: None,
-    };
-    recording(seed, run)
+    recording(seed, Run { captures: true, cut, ..Run::PLAIN })
 }
 
 /// `replay -p pytorch`'s peak reserved bytes on `t`, as the command runs it: under the device
@@ -418,6 +422,20 @@ fn replayed_peak(t: &fragsim::trace::Trace) -> u64 {
     let options = ReplayOptions { capacity, check_invariants: true, ..ReplayOptions::default() };
     let out = fragsim::policy::lookup("pytorch").unwrap().run(&spec, &input, &options);
     out.unwrap().result.peak_reserved_bytes
+}
+
+/// Checks that `validate` reproduces every address and segment event of `t`, and that `replay -p
+/// pytorch` reaches its recorded peak; `at` names the run in a failure. The recorded figures.
+fn reproduces_exactly(t: &fragsim::trace::Trace, at: &str) -> fragsim::recorded::Recorded {
+    use fragsim::policy::pytorch::validate::{validate, ValidateOptions};
+    let options = ValidateOptions { check_invariants: true, ..ValidateOptions::default() };
+    let v = validate(t, &options).unwrap();
+    assert!(v.mismatches.is_empty(), "{at}: {:?}", &v.mismatches[..1]);
+    assert_eq!(v.allocs_addr_matched, v.allocs_total, "{at}");
+    assert_eq!(v.segment_events_matched, v.segment_events_recorded, "{at}");
+    let recorded = fragsim::recorded::recorded(t, 0).expect("segment events");
+    assert_eq!(replayed_peak(t), recorded.peak_reserved_bytes, "{at}: replayed peak");
+    recorded
 }
 
 #[test]
@@ -453,14 +471,7 @@ fn recordings_across_graph_captures_validate_and_replay_to_their_recorded_peak()
     // `oom`, no address to tell their pool by) validate too.
     for capacity in [300u64 << 20, 200 << 20] {
         for seed in 0..12 {
-            let run = Run {
-                conf: "",
-                capacity: Some(capacity),
-                captures: true,
-                cut: 0,
-                names_pools: false,
-                graph_deleted_at: None,
-            };
+            let run = Run { capacity: Some(capacity), captures: true, ..Run::PLAIN };
             let t = recording(seed, run);
             let v = validate(&t, &options).unwrap();
             assert!(v.mismatches.is_empty(), "{capacity}, seed {seed}: {:?}", &v.mismatches[..1]);
@@ -486,22 +497,10 @@ fn recordings_under_memory_pressure_validate_and_replay_exactly() {
         // requests, the program's empty_cache() near the limit).
         for capacity in [None, Some(300 << 20), Some(200 << 20)] {
             for seed in 0..12 {
-                let run = Run {
-                    conf,
-                    capacity,
-                    captures: false,
-                    cut: 0,
-                    names_pools: false,
-                    graph_deleted_at: None,
-                };
+                let run = Run { conf, capacity, ..Run::PLAIN };
                 let t = recording(seed, run);
                 let at = format!("{conf:?}, {capacity:?}, seed {seed}");
-                let v = validate(&t, &options).unwrap();
-                assert!(v.mismatches.is_empty(), "{at}: {:?}", &v.mismatches[..1]);
-                assert_eq!(v.allocs_addr_matched, v.allocs_total, "{at}");
-                assert_eq!(v.segment_events_matched, v.segment_events_recorded, "{at}");
-                let recorded = fragsim::recorded::recorded(&t, 0).expect("segment events");
-                assert_eq!(replayed_peak(&t), recorded.peak_reserved_bytes, "{at}: replayed peak");
+                let recorded = reproduces_exactly(&t, &at);
                 ooms += recorded.oom_count;
                 flushes += t.devices[0]
                     .events
@@ -533,25 +532,13 @@ fn recordings_whose_entries_name_their_pool_validate_and_replay_exactly() {
     let mut unnamed_differs = 0;
     for capacity in [None, Some(300u64 << 20), Some(200 << 20)] {
         for seed in 0..12 {
-            let run = Run {
-                conf: "",
-                capacity,
-                captures: true,
-                cut: 0,
-                names_pools: true,
-                graph_deleted_at: None,
-            };
+            let run = Run { capacity, captures: true, names_pools: true, ..Run::PLAIN };
             let mut t = recording(seed, run);
             let at = format!("{capacity:?}, seed {seed}");
             assert!(t.segments.iter().any(|s| s.private_pool.is_some()), "{at}");
             t.segments.iter_mut().for_each(|s| s.private_pool = None);
             assert!(t.devices[0].events.iter().any(|e| e.pool.0 == 1), "{at}: entries name it");
-            let v = validate(&t, &options).unwrap();
-            assert!(v.mismatches.is_empty(), "{at}: {:?}", &v.mismatches[..1]);
-            assert_eq!(v.allocs_addr_matched, v.allocs_total, "{at}");
-            assert_eq!(v.segment_events_matched, v.segment_events_recorded, "{at}");
-            let recorded = fragsim::recorded::recorded(&t, 0).expect("segment events");
-            assert_eq!(replayed_peak(&t), recorded.peak_reserved_bytes, "{at}: replayed peak");
+            reproduces_exactly(&t, &at);
             for cut in [150, 400] {
                 let v = validate(&recording(seed, Run { cut, ..run }), &options).unwrap();
                 assert!(v.mismatches.is_empty(), "{at}, cut {cut}: {:?}", &v.mismatches[..1]);
@@ -574,14 +561,7 @@ fn recordings_whose_entries_name_their_pool_validate_and_replay_exactly() {
     // As a user runs it: the recording as a pickle, validated by the command.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("graphs.pickle");
-    let run = Run {
-        conf: "",
-        capacity: Some(200 << 20),
-        captures: true,
-        cut: 0,
-        names_pools: true,
-        graph_deleted_at: None,
-    };
+    let run = Run { capacity: Some(200 << 20), captures: true, names_pools: true, ..Run::PLAIN };
     fragsim::trace::write_trace(&recording(3, run), &path).unwrap();
     let o = crate::util::run(&["validate", path.to_str().unwrap(), "--json"]);
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
@@ -597,18 +577,16 @@ fn recordings_whose_entries_name_their_pool_validate_and_replay_exactly() {
 /// pools' in the same flush.
 #[test]
 fn a_deleted_graph_s_segments_are_released_by_the_next_flush() {
-    use fragsim::policy::pytorch::validate::{validate, ValidateOptions};
-    let options = ValidateOptions { check_invariants: true, ..ValidateOptions::default() };
     let mut released = 0;
     for capacity in [None, Some(300u64 << 20)] {
         for seed in 0..10 {
+            let deleted = Some(400);
             let run = Run {
-                conf: "",
                 capacity,
                 captures: true,
-                cut: 0,
                 names_pools: true,
-                graph_deleted_at: Some(400),
+                graph_deleted_at: deleted,
+                ..Run::PLAIN
             };
             let t = recording(seed, run);
             let at = format!("{capacity:?}, seed {seed}");
@@ -618,11 +596,7 @@ fn a_deleted_graph_s_segments_are_released_by_the_next_flush() {
                 .filter(|e| e.action == fragsim::trace::Action::SegmentFree && e.pool.0 == 1)
                 .count();
             released += named_releases;
-            let v = validate(&t, &options).unwrap();
-            assert!(v.mismatches.is_empty(), "{at}: {:?}", &v.mismatches[..1]);
-            assert_eq!(v.segment_events_matched, v.segment_events_recorded, "{at}");
-            let recorded = fragsim::recorded::recorded(&t, 0).expect("segment events");
-            assert_eq!(replayed_peak(&t), recorded.peak_reserved_bytes, "{at}: replayed peak");
+            let recorded = reproduces_exactly(&t, &at);
             let input = fragsim::replay::ReplayInput::new(&t, None).unwrap();
             let spec = fragsim::policy::PolicySpec::parse_list("pytorch").unwrap().remove(0);
             let capacity = fragsim::recorded::row_and_limit(&t, 0).1.and_then(|l| l.limit_bytes);

@@ -158,22 +158,17 @@ struct HeadOut<'a> {
     entry_pools: &'a Option<Vec<PoolId>>,
 }
 
-/// The head of a version 5 file, as read.
+/// The head of a version 5 file, as read: bincode writes a nested struct's fields in place,
+/// so this reads what [`HeadOut`] writes.
 #[derive(Deserialize)]
 struct HeadIn {
-    format: Format,
-    has_times: bool,
-    devices: Vec<(i32, u64)>,
-    frames: Vec<Vec<Frame>>,
-    segments: Vec<Segment>,
-    allocator_settings: Option<AllocatorSettings>,
-    totals: Vec<(i32, u64)>,
+    base: HeadBase,
     entry_pools: Option<Vec<PoolId>>,
 }
 
-/// The head of a version 4 file: no pools of the entries.
+/// The head of a version 4 file, and all but the last field of a version 5 head.
 #[derive(Deserialize)]
-struct HeadInV4 {
+struct HeadBase {
     format: Format,
     has_times: bool,
     devices: Vec<(i32, u64)>,
@@ -181,21 +176,6 @@ struct HeadInV4 {
     segments: Vec<Segment>,
     allocator_settings: Option<AllocatorSettings>,
     totals: Vec<(i32, u64)>,
-}
-
-impl From<HeadInV4> for HeadIn {
-    fn from(h: HeadInV4) -> HeadIn {
-        HeadIn {
-            format: h.format,
-            has_times: h.has_times,
-            devices: h.devices,
-            frames: h.frames,
-            segments: h.segments,
-            allocator_settings: h.allocator_settings,
-            totals: h.totals,
-            entry_pools: None,
-        }
-    }
 }
 
 /// The head of a version 3 file: segments without their private pool.
@@ -210,9 +190,9 @@ struct HeadInV3 {
     totals: Vec<(i32, u64)>,
 }
 
-impl From<HeadInV3> for HeadIn {
-    fn from(h: HeadInV3) -> HeadIn {
-        HeadIn {
+impl From<HeadInV3> for HeadBase {
+    fn from(h: HeadInV3) -> HeadBase {
+        HeadBase {
             format: h.format,
             has_times: h.has_times,
             devices: h.devices,
@@ -220,7 +200,6 @@ impl From<HeadInV3> for HeadIn {
             segments: h.segments.into_iter().map(Segment::from).collect(),
             allocator_settings: h.allocator_settings,
             totals: h.totals,
-            entry_pools: None,
         }
     }
 }
@@ -337,12 +316,12 @@ impl Chunked<'_> {
             3 => {
                 let (head, used): (HeadInV3, usize) =
                     bincode::serde::decode_from_slice(&self.body, config()).map_err(undecodable)?;
-                (head.into(), used)
+                (HeadIn { base: head.into(), entry_pools: None }, used)
             }
             4 => {
-                let (head, used): (HeadInV4, usize) =
+                let (base, used) =
                     bincode::serde::decode_from_slice(&self.body, config()).map_err(undecodable)?;
-                (head.into(), used)
+                (HeadIn { base, entry_pools: None }, used)
             }
             _ => bincode::serde::decode_from_slice(&self.body, config()).map_err(undecodable)?,
         };
@@ -405,9 +384,9 @@ impl Chunked<'_> {
 
     /// Reads the records into a trace.
     fn read(mut self) -> Result<Trace> {
-        let (head, mut offset) = self.head()?;
+        let (HeadIn { base: head, entry_pools }, mut offset) = self.head()?;
         let frames = intern_frames(head.frames)?;
-        let refs = Refs { frames: &frames, pools: pool_count(&head.entry_pools) };
+        let refs = Refs { frames: &frames, pools: pool_count(&entry_pools) };
         let mut fill = Fill::new(&head.devices, &head.totals);
         loop {
             let (events, totals) = self.chunk(offset)?;
@@ -434,7 +413,7 @@ impl Chunked<'_> {
             allocator_settings: head.allocator_settings,
             has_times: head.has_times,
             recorded_totals: fill.totals,
-            entry_pools: head.entry_pools,
+            entry_pools,
         })
     }
 }
@@ -491,7 +470,7 @@ impl FstStream {
         }
         let mut records = Chunked { input: &mut input, at: 12, body: Vec::new(), version };
         let in_file = |e: Error| e.in_format(Format::Fst.name()).in_file(path);
-        let (head, first_chunk) = records.head().map_err(in_file)?;
+        let (HeadIn { base: head, entry_pools }, first_chunk) = records.head().map_err(in_file)?;
         if !head.totals.is_empty() {
             return Ok(None);
         }
@@ -519,7 +498,7 @@ impl FstStream {
             allocator_settings: head.allocator_settings,
             has_times: head.has_times,
             recorded_totals: Vec::new(),
-            entry_pools: head.entry_pools,
+            entry_pools,
         };
         Ok(Some(FstStream {
             path: path.to_path_buf(),
@@ -1128,22 +1107,28 @@ mod tests {
     /// A version 4 file of a trace of at most [`CHUNK`] events: events that do not say their
     /// pool.
     fn encode_v4(t: &Trace) -> Vec<u8> {
+        encode_old_chunked(t, 4, &t.segments)
+    }
+
+    /// A chunked file of `version` (3 or 4) of a trace of at most [`CHUNK`] events, one record,
+    /// with its segments written as `segments`.
+    fn encode_old_chunked<S: Serialize>(t: &Trace, version: u32, segments: S) -> Vec<u8> {
         #[derive(Serialize)]
-        struct HeadV4<'a> {
+        struct Head<'a, S> {
             format: Format,
             has_times: bool,
             devices: Vec<(i32, u64)>,
             frames: Vec<&'a [Frame]>,
-            segments: &'a [Segment],
+            segments: S,
             allocator_settings: &'a Option<AllocatorSettings>,
             totals: Vec<(i32, u64)>,
         }
-        let head = HeadV4 {
+        let head = Head {
             format: t.format,
             has_times: t.has_times,
             devices: t.devices.iter().map(|d| (d.device, d.events.len() as u64)).collect(),
             frames: (1..=t.frames.len() as u32).map(|i| t.frames.get(FramesId(i))).collect(),
-            segments: &t.segments,
+            segments,
             allocator_settings: &t.allocator_settings,
             totals: t.recorded_totals.iter().map(|d| (d.device, d.totals.len() as u64)).collect(),
         };
@@ -1153,7 +1138,7 @@ mod tests {
         assert!(events.len() <= CHUNK && totals.len() <= CHUNK, "one record");
         let mut body = bincode::serde::encode_to_vec(&head, config()).unwrap();
         body.extend(bincode::serde::encode_to_vec((events, totals), config()).unwrap());
-        framed(4, &body)
+        framed(version, &body)
     }
 
     /// `t` as files before version 5 hold it: no event names its pool.
@@ -1190,32 +1175,7 @@ mod tests {
     /// A version 3 file of a trace of at most [`CHUNK`] events: the chunked layout, with
     /// segments that do not say their private pool.
     fn encode_v3(t: &Trace) -> Vec<u8> {
-        #[derive(Serialize)]
-        struct HeadV3<'a> {
-            format: Format,
-            has_times: bool,
-            devices: Vec<(i32, u64)>,
-            frames: Vec<&'a [Frame]>,
-            segments: Vec<OldSegment<'a>>,
-            allocator_settings: &'a Option<AllocatorSettings>,
-            totals: Vec<(i32, u64)>,
-        }
-        let head = HeadV3 {
-            format: t.format,
-            has_times: t.has_times,
-            devices: t.devices.iter().map(|d| (d.device, d.events.len() as u64)).collect(),
-            frames: (1..=t.frames.len() as u32).map(|i| t.frames.get(FramesId(i))).collect(),
-            segments: old_segments(t),
-            allocator_settings: &t.allocator_settings,
-            totals: t.recorded_totals.iter().map(|d| (d.device, d.totals.len() as u64)).collect(),
-        };
-        let events: Vec<EventV4> = t.devices.iter().flat_map(|d| old_events(&d.events)).collect();
-        let totals: Vec<&RecordedTotals> =
-            t.recorded_totals.iter().flat_map(|d| &d.totals).collect();
-        assert!(events.len() <= CHUNK && totals.len() <= CHUNK, "one record");
-        let mut body = bincode::serde::encode_to_vec(&head, config()).unwrap();
-        body.extend(bincode::serde::encode_to_vec((events, totals), config()).unwrap());
-        framed(3, &body)
+        encode_old_chunked(t, 3, old_segments(t))
     }
 
     #[test]

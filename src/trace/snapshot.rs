@@ -1380,29 +1380,10 @@ mod tests {
 
     #[test]
     fn a_pool_id_that_is_not_a_pair_of_ints_names_its_entry() {
-        let mut e = Encoder::new();
-        e.begin_dict();
-        e.str("device_traces");
-        e.begin_list();
-        e.begin_list();
-        e.begin_dict();
-        e.str("action");
-        e.str("alloc");
-        for k in ["addr", "size", "stream"] {
-            e.str(k);
-            e.int(512);
-        }
-        e.str("pool_id");
-        e.int(7);
-        e.end_dict();
-        e.end_list();
-        e.end_list();
-        e.end_dict();
-        let err = read(&e.finish(), &opts(false)).unwrap_err().to_string();
-        assert!(
-            err.starts_with("event 0: device 0: trace entry 0: 'pool_id' is not a pair of ints: "),
-            "{err}"
-        );
+        let data = one_entry(&[("addr", 512), ("size", 512), ("pool_id", 7)], "alloc");
+        let err = read(&data, &opts(false)).unwrap_err().to_string();
+        let want = "event 1: device 0: trace entry 1: 'pool_id' is not a pair of ints: ";
+        assert!(err.starts_with(want), "{err}");
     }
 
     #[test]
