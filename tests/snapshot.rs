@@ -672,3 +672,47 @@ fn record_function_markers_are_skipped() {
     let out = run(&["validate", p]);
     assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
 }
+
+/// A snapshot whose recorded settings string names an option this fragsim does not know, as a
+/// newer PyTorch may record: replayed and validated without it, and said so.
+const FUTURE_OPTION_FIXTURE: &str = r#"
+import pickle, sys
+M = 2**20
+def ev(action, addr, size, t):
+    return {'action': action, 'addr': addr, 'size': size, 'stream': 0, 'time_us': t, 'frames': []}
+settings = {'PYTORCH_CUDA_ALLOC_CONF': 'max_split_size_mb:256,future_knob:[1:2,>:4]',
+            'max_split_size': 256 * M, 'garbage_collection_threshold': 0.0,
+            'expandable_segments': False, 'pinned_num_register_threads': 1,
+            'release_lock_on_cudamalloc': False, 'pinned_use_cuda_host_register': False,
+            'roundup_power2_divisions': {str(2**i): 0 for i in range(16)}}
+def block(address, size, state):
+    return {'address': address, 'size': size, 'requested_size': size, 'state': state, 'frames': []}
+segment = {'device': 0, 'address': 2**40, 'total_size': 20 * M, 'allocated_size': 4 * M,
+           'active_size': 4 * M, 'requested_size': 4 * M, 'stream': 0, 'segment_type': 'large',
+           'segment_pool_id': (0, 0), 'is_expandable': False, 'frames': [],
+           'blocks': [block(2**40, 4 * M, 'active_allocated'),
+                      block(2**40 + 4 * M, 16 * M, 'inactive')]}
+snap = {'segments': [segment],
+        'device_traces': [[ev('segment_alloc', 2**40, 20 * M, 1), ev('alloc', 2**40, 4 * M, 2)]],
+        'allocator_settings': settings}
+sys.stdout.buffer.write(pickle.dumps(snap, protocol=4))
+"#;
+
+#[test]
+fn a_recorded_option_this_fragsim_does_not_know_is_left_out_and_said() {
+    let (_dir, path) = temp_file("future.pickle", &python(FUTURE_OPTION_FIXTURE, &[]));
+    let p = path.to_str().unwrap();
+    let out = run(&["replay", p, "-p", "pytorch"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("left out of the pytorch replays: future_knob"),
+        "{}",
+        stderr(&out)
+    );
+    let out = run(&["validate", p]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).contains("left out of the replay: future_knob"), "{}", stdout(&out));
+    // The same string given by the user is refused, as PyTorch refuses it.
+    let out = run(&["replay", p, "-p", "pytorch:max_split_size_mb:256,future_knob:3"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}

@@ -115,6 +115,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         return Err(Error::usage("fit prints a table or JSON (--format table|json)"));
     }
     let trace = args.control.read_trace(&args.trace)?;
+    super::note_unmodelled_options(&args.control, &trace, &specs);
     let input = ReplayInput::new(&trace, args.device)?;
     let bar = args.control.bar(specs.len(), "fitting");
     let outcomes: Vec<Result<PolicyFit>> = args.control.install(|| {

@@ -276,6 +276,28 @@ pub fn in_trace<'p>(
     }
 }
 
+/// Says, unless `--quiet`, which options of `trace`'s recorded `PYTORCH_CUDA_ALLOC_CONF` the
+/// `pytorch` specs among `specs` leave out, as options this fragsim does not model (a newer
+/// PyTorch's): the replay goes on without them rather than refusing a recording PyTorch made.
+pub(crate) fn note_unmodelled_options(
+    control: &progress::Control,
+    trace: &fragsim::trace::Trace,
+    specs: &[fragsim::policy::PolicySpec],
+) {
+    let Some(settings) = &trace.allocator_settings else { return };
+    if !specs.iter().any(|s| s.name.starts_with("pytorch")) {
+        return;
+    }
+    let names = fragsim::policy::pytorch::Config::unmodelled_options(settings);
+    if !names.is_empty() {
+        control.note(&format!(
+            "note: the recorded PYTORCH_CUDA_ALLOC_CONF names option(s) this fragsim does not \
+             model, left out of the pytorch replays: {}",
+            names.join(", ")
+        ));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -91,6 +91,7 @@ impl Control {
         let mut out = Vec::with_capacity(traces.len());
         for path in traces {
             let trace = self.read_trace(path)?;
+            super::note_unmodelled_options(self, &trace, specs);
             let named = super::in_trace(path, &trace);
             // With several traces, a missing device must say which trace lacks it.
             let input = ReplayInput::new(&trace, device).map_err(|e| named(e).in_file(path))?;

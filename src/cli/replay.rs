@@ -123,6 +123,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         .map_err(&named)?,
         _ => fragsim::recorded::row_and_limit(trace, input.device),
     };
+    super::note_unmodelled_options(&args.control, trace, &specs);
     let (capacity, inferred) =
         super::resolve_capacity(args.source.capacity.as_ref(), limit.as_ref())?;
     if let Some(why) = &inferred {

@@ -210,6 +210,20 @@ impl Tokens<'_> {
         Ok(())
     }
 
+    /// Skips the value of an option this parser does not know: `:` and one token, or a
+    /// bracketed list.
+    fn skip_value(&mut self) {
+        if self.tokens.get(self.i).is_some_and(|t| t == ":") {
+            self.i += 1;
+        }
+        if self.tokens.get(self.i).is_some_and(|t| t == "[") {
+            while self.tokens.get(self.i).is_some_and(|t| t != "]") {
+                self.i += 1;
+            }
+        }
+        self.i += 1;
+    }
+
     fn boolean(&mut self, key: &str) -> Result<bool> {
         match self.value(key)? {
             "True" => Ok(true),
@@ -240,6 +254,12 @@ impl Config {
     /// threshold reset to their defaults, `max_non_split_rounding` to the large segment size;
     /// every other option keeps its value unless named.
     pub fn apply(&mut self, text: &str) -> Result<()> {
+        self.apply_skipping(text, None)
+    }
+
+    /// [`Config::apply`]; with `skipped`, an option this parser does not know is left out (and
+    /// named there) instead of refused.
+    fn apply_skipping(&mut self, text: &str, mut skipped: Option<&mut Vec<String>>) -> Result<()> {
         let tokens = tokenize(text);
         self.max_split_size = u64::MAX;
         self.roundup_power2_divisions = [0; INTERVALS];
@@ -344,7 +364,13 @@ impl Config {
                         )));
                     }
                 }
-                _ => return Err(unknown(&key, self.version)),
+                _ => match skipped.as_deref_mut() {
+                    Some(names) => {
+                        names.push(key.clone());
+                        t.skip_value();
+                    }
+                    None => return Err(unknown(&key, self.version)),
+                },
             }
             if t.i < tokens.len() {
                 t.separator(",", &key)?;
@@ -434,11 +460,13 @@ impl Config {
     }
 
     /// The settings a snapshot recorded: its settings string for the options it does not list
-    /// separately, then its recorded values, which are what the allocator actually used.
+    /// separately, then its recorded values, which are what the allocator actually used. The
+    /// PyTorch that recorded it accepted the string, so an option this parser does not know (a
+    /// newer release's) is left out, not refused: [`Config::unmodelled_options`] names them.
     pub fn from_recorded(s: &AllocatorSettings, version: Version) -> Result<Config> {
         let mut c = Config { version, ..Config::default() };
         if let Some(conf) = s.conf.as_deref() {
-            c.apply(conf).map_err(|e| {
+            c.apply_skipping(conf, Some(&mut Vec::new())).map_err(|e| {
                 Error::input(format!("the recorded PYTORCH_CUDA_ALLOC_CONF: {}", e.message()))
             })?;
         }
@@ -447,6 +475,17 @@ impl Config {
         c.expandable_segments = s.expandable_segments;
         c.roundup_power2_divisions = s.roundup_power2_divisions;
         Ok(c)
+    }
+
+    /// The options of a recorded settings string that this parser does not know, which
+    /// [`Config::from_recorded`] leaves out of the replay.
+    pub fn unmodelled_options(s: &AllocatorSettings) -> Vec<String> {
+        let mut names = Vec::new();
+        if let Some(conf) = s.conf.as_deref() {
+            let mut scratch = Config::default();
+            let _ = scratch.apply_skipping(conf, Some(&mut names));
+        }
+        names
     }
 
     /// The `allocator_settings` a snapshot of a run under this config records (for
@@ -796,6 +835,27 @@ mod tests {
             assert_eq!(Config::parse(&c.to_conf_string(), Version::CURRENT).unwrap(), c, "{s}");
         }
         assert_eq!(Config::default().to_conf_string(), "expandable_segments:False");
+    }
+
+    #[test]
+    fn a_recorded_option_this_parser_does_not_know_is_left_out_and_named() {
+        let recorded = AllocatorSettings {
+            conf: Some(
+                "max_split_size_mb:128,future_knob:3,future_list:[1:2,>:4],max_non_split_rounding_mb:40"
+                    .into(),
+            ),
+            max_split_size: Some(128 * MIB),
+            garbage_collection_threshold: 0.0,
+            expandable_segments: true,
+            roundup_power2_divisions: [0; INTERVALS],
+            release_lock_on_cudamalloc: false,
+        };
+        let c = Config::from_recorded(&recorded, Version::CURRENT).unwrap();
+        assert_eq!(c.max_split_size, 128 * MIB);
+        assert_eq!(c.max_non_split_rounding, 40 * MIB, "the option after the skipped ones");
+        assert_eq!(Config::unmodelled_options(&recorded), ["future_knob", "future_list"]);
+        // Given by the user, the same string is refused, as PyTorch refuses it.
+        assert!(Config::parse(recorded.conf.as_deref().unwrap(), Version::CURRENT).is_err());
     }
 
     #[test]

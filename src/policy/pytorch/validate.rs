@@ -170,7 +170,7 @@ fn serialize_action<S: serde::Serializer>(
 
 /// Something validation assumed or could not place: not a mismatch, but worth knowing when
 /// reading its result. `Display` gives the sentence `validate --verbose` prints after `note:`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Warning {
     /// The snapshot records no `allocator_settings`, so PyTorch's defaults were replayed.
@@ -224,6 +224,12 @@ pub enum Warning {
         /// The memory assumed.
         assumed: u64,
     },
+    /// The recorded `PYTORCH_CUDA_ALLOC_CONF` names options this fragsim does not know (a newer
+    /// PyTorch's): they were left out of the replay ([`Config::unmodelled_options`]).
+    UnmodelledOptions {
+        /// The options' names.
+        names: Vec<String>,
+    },
     /// Segments at the dump belong to private pools (`segment_pool_id` ≠ (0, 0)).
     PrivatePools {
         /// How many segments.
@@ -256,6 +262,7 @@ impl Warning {
                 | Warning::GpuMemoryConflict { .. }
                 | Warning::GpuMemoryUnbounded { .. }
                 | Warning::PrivatePools { .. }
+                | Warning::UnmodelledOptions { .. }
         )
     }
 }
@@ -263,6 +270,12 @@ impl Warning {
 impl std::fmt::Display for Warning {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match *self {
+            Warning::UnmodelledOptions { ref names } => write!(
+                f,
+                "the recorded PYTORCH_CUDA_ALLOC_CONF names option(s) this fragsim does not \
+                 model, left out of the replay: {}",
+                names.join(", ")
+            ),
             Warning::NoAllocatorSettings => {
                 f.write_str("the snapshot has no allocator_settings: PyTorch's defaults")
             }
@@ -1002,7 +1015,13 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
     let version = options.version.unwrap_or(Version::CURRENT);
     let mut notes = Vec::new();
     let mut config = match &trace.allocator_settings {
-        Some(s) => Config::from_recorded(s, version)?,
+        Some(s) => {
+            let names = Config::unmodelled_options(s);
+            if !names.is_empty() {
+                notes.push(Warning::UnmodelledOptions { names });
+            }
+            Config::from_recorded(s, version)?
+        }
         None => {
             notes.push(Warning::NoAllocatorSettings);
             Config { version, ..Config::default() }
