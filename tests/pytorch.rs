@@ -521,7 +521,8 @@ fn recordings_under_memory_pressure_validate_and_replay_exactly() {
 
 /// Recordings whose entries name their pool (`pool_id`, PyTorch ≈ 2.7+): with the dump's
 /// segments not saying theirs, the entries alone route every request into the graph's pool,
-/// failed ones included (which have no address to tell their pool by), under memory pressure.
+/// failed ones included (which have no address to tell their pool by), under memory pressure
+/// down to 120 MiB and with `max_split_size_mb` or `roundup_power2_divisions` set.
 /// Recorded from the middle of a run (the dump then says which segments the pool held at the
 /// start, as PyTorch's does), they reproduce too. Read back from a pickle, `validate` reproduces
 /// them as well.
@@ -530,11 +531,13 @@ fn recordings_whose_entries_name_their_pool_validate_and_replay_exactly() {
     use fragsim::policy::pytorch::validate::{validate, ValidateOptions};
     let options = ValidateOptions { check_invariants: true, ..ValidateOptions::default() };
     let mut unnamed_differs = 0;
-    for capacity in [None, Some(300u64 << 20), Some(200 << 20)] {
+    let confs = ["", "max_split_size_mb:64", "roundup_power2_divisions:4"];
+    let capacities = [None, Some(300u64 << 20), Some(200 << 20), Some(120 << 20)];
+    for (conf, capacity) in confs.into_iter().flat_map(|c| capacities.map(|m| (c, m))) {
         for seed in 0..12 {
-            let run = Run { capacity, captures: true, names_pools: true, ..Run::PLAIN };
+            let run = Run { conf, capacity, captures: true, names_pools: true, ..Run::PLAIN };
             let mut t = recording(seed, run);
-            let at = format!("{capacity:?}, seed {seed}");
+            let at = format!("{conf:?}, {capacity:?}, seed {seed}");
             assert!(t.segments.iter().any(|s| s.private_pool.is_some()), "{at}");
             t.segments.iter_mut().for_each(|s| s.private_pool = None);
             assert!(t.devices[0].events.iter().any(|e| e.pool.0 == 1), "{at}: entries name it");
@@ -545,7 +548,7 @@ fn recordings_whose_entries_name_their_pool_validate_and_replay_exactly() {
             }
             // The control: the same recording with neither names nor a private pool in the
             // dump.
-            if capacity.is_none() {
+            if capacity.is_none() && conf.is_empty() {
                 let mut unnamed = t.clone();
                 unnamed.entry_pools = None;
                 for e in &mut unnamed.devices[0].events {
