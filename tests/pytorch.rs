@@ -613,3 +613,19 @@ fn a_deleted_graph_s_segments_are_released_by_the_next_flush() {
     }
     assert!(released >= 20, "the deleted graph released only {released} segments");
 }
+
+/// Expandable segments on devices the workload far outgrows: a request that fails after
+/// reserving a new pool's address range maps nothing, and the range shows only where a later
+/// malloc of that stream *and pool* maps into it (a small-pool malloc maps one 2 MiB page, a
+/// large-pool one whole 20 MiB pages); the other pool's first map on the stream is elsewhere.
+#[test]
+fn expandable_recordings_on_small_devices_validate_exactly() {
+    for capacity in [150u64 << 20, 120 << 20, 100 << 20] {
+        for seed in 0..24 {
+            let run =
+                Run { conf: "expandable_segments:True", capacity: Some(capacity), ..Run::PLAIN };
+            let t = recording(seed, run);
+            reproduces_exactly(&t, &format!("{capacity}, seed {seed}"));
+        }
+    }
+}

@@ -440,6 +440,10 @@ struct Guided<'a> {
     /// The index of the event being replayed, and the stream of the malloc being served.
     at: usize,
     stream: u64,
+    /// The page size of the malloc's pool, and whether it is the small pool: what its maps are
+    /// made of (a small-pool malloc maps one page, a large-pool one whole pages).
+    page: u64,
+    small: bool,
 }
 
 impl Guided<'_> {
@@ -509,9 +513,11 @@ impl Backend for Guided<'_> {
                 && !self.reservations.iter().any(|(&a, &s)| a <= e.addr && e.addr < a + s)
         };
         // A malloc that fails after reserving (an OOM: no page could be mapped) keeps the
-        // reservation, and a later malloc on its stream maps into it: the first later map on
-        // that stream outside every known reservation shows where it is.
-        let stream = self.stream;
+        // reservation, and a later malloc on its stream and pool maps into it: the first later
+        // map on that stream, of that pool's pages, outside every known reservation shows where
+        // it is.
+        let (stream, page, small) = (self.stream, self.page.max(1), self.small);
+        let of_pool = |e: &&Event| if small { e.size == page } else { e.size % page == 0 };
         let recorded = self
             .script
             .iter()
@@ -519,7 +525,7 @@ impl Backend for Guided<'_> {
             .find(new_map)
             .or_else(|| {
                 let later = self.events.get(self.at..)?;
-                later.iter().find(|e| e.stream == stream && new_map(e))
+                later.iter().find(|e| e.stream == stream && new_map(e) && of_pool(e))
             })
             .map(|e| e.addr);
         let addr = match recorded {
@@ -677,6 +683,8 @@ fn replay_checked(
         now: 0,
         at: 0,
         stream: 0,
+        page: 0,
+        small: false,
     };
     // Recorded address -> simulated address of every live block.
     let mut live: AddrMap<u64> = AddrMap::default();
@@ -740,6 +748,8 @@ fn replay_checked(
             }
             Op::Malloc { size, stream, oom, script } => {
                 dev.stream = *stream;
+                dev.small = policy.settings().round_size(*size) <= super::SMALL_SIZE;
+                dev.page = policy.settings().page_size(dev.small);
                 // The pool the entry names, or where the recording placed it, says whether it was
                 // made into a private pool (during graph capture, or under use_mem_pool).
                 let mut into = routes.as_ref().and_then(|r| r.pool_for(e));
