@@ -471,6 +471,7 @@ fn pool_id(p: &Pickle, v: Value) -> std::result::Result<Option<PoolId>, String> 
         Some(&[Some(a), Some(b)]) if fits_u64_bits(a) && fits_u64_bits(b) => {
             Ok(Some((a as u64, b as u64)))
         }
+        Some(&[Some(a), Some(b)]) => Err(format!("({a}, {b}) has an id beyond 64 bits")),
         _ => Err(format!("is not a pair of ints: {}", describe(p, v))),
     }
 }
@@ -1309,6 +1310,16 @@ mod tests {
     }
 
     fn one_entry(fields: &[(&str, i128)], action: &str) -> Vec<u8> {
+        entry_with(action, |e| {
+            for &(k, v) in fields {
+                e.str(k);
+                e.int(v);
+            }
+        })
+    }
+
+    /// A snapshot of a good entry, then one of `action` whose other fields `fields` writes.
+    fn entry_with(action: &str, fields: impl Fn(&mut Encoder)) -> Vec<u8> {
         let mut e = Encoder::new();
         e.begin_dict();
         e.str("device_traces");
@@ -1326,10 +1337,7 @@ mod tests {
         e.begin_dict();
         e.str("action");
         e.str(action);
-        for &(k, v) in fields {
-            e.str(k);
-            e.int(v);
-        }
+        fields(&mut e);
         e.end_dict();
         e.end_list();
         e.end_list();
@@ -1384,6 +1392,19 @@ mod tests {
         let err = read(&data, &opts(false)).unwrap_err().to_string();
         let want = "event 1: device 0: trace entry 1: 'pool_id' is not a pair of ints: ";
         assert!(err.starts_with(want), "{err}");
+        let data = entry_with("alloc", |e| {
+            for k in ["addr", "size"] {
+                e.str(k);
+                e.int(512);
+            }
+            e.str("pool_id");
+            e.pair(1 << 64, 0);
+        });
+        let err = read(&data, &opts(false)).unwrap_err().to_string();
+        assert!(
+            err.contains("'pool_id' (18446744073709551616, 0) has an id beyond 64 bits"),
+            "{err}"
+        );
     }
 
     #[test]
