@@ -220,7 +220,8 @@ fn errors_after_reading_name_the_file_format_and_event() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("empty.txt: text: the trace has no events"), "{}", stderr(&o));
 
-    // PYTORCH_CUDA_ALLOC_CONF as recorded, with an option the policy does not know.
+    // PYTORCH_CUDA_ALLOC_CONF as recorded, with a value no PyTorch accepts (an option a newer
+    // PyTorch may have is left out with a note instead: `tests/snapshot.rs`).
     let mut e = Encoder::new();
     e.begin_dict();
     e.str("device_traces");
@@ -239,7 +240,7 @@ fn errors_after_reading_name_the_file_format_and_event() {
     e.str("allocator_settings");
     e.begin_dict();
     e.str("PYTORCH_CUDA_ALLOC_CONF");
-    e.str("bogus_option:3");
+    e.str("garbage_collection_threshold:7");
     e.end_dict();
     e.end_dict();
     let conf = e.finish();
@@ -248,7 +249,8 @@ fn errors_after_reading_name_the_file_format_and_event() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(
         stderr(&o).contains(
-            "conf.pickle: pytorch-snapshot: policy 'pytorch': the recorded PYTORCH_CUDA_ALLOC_CONF"
+            "conf.pickle: pytorch-snapshot: policy 'pytorch': the recorded PYTORCH_CUDA_ALLOC_CONF: \
+             garbage_collection_threshold too big (7), set it 0.0~1.0"
         ),
         "{}",
         stderr(&o)
