@@ -571,6 +571,9 @@ fn recordings_whose_entries_name_their_pool_validate_and_replay_exactly() {
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(v["allocs_addr_matched"], v["allocs_total"], "{v}");
     assert_eq!(v["segment_events_matched"], v["segment_events_recorded"], "{v}");
+    let text = stdout(&crate::util::run(&["validate", path.to_str().unwrap()]));
+    assert!(text.contains("every entry names its pool (pool_id): "), "{text}");
+    assert!(text.contains("the entries name the pool each request was made into"), "{text}");
 }
 
 /// A recording whose graph is deleted mid-run (its entries name their pools): the program's

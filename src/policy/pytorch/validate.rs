@@ -238,6 +238,16 @@ pub enum Warning {
         bytes: u64,
         /// How many pools.
         pools: u64,
+        /// Whether the entries name their pools (`pool_id`), which then route each request.
+        named: bool,
+    },
+    /// Every trace entry names its pool (`pool_id`, PyTorch ≈ 2.7+): each request was made
+    /// into the pool its entry names.
+    EntriesNamePools {
+        /// The private pools they name.
+        pools: u64,
+        /// The `alloc` entries made into one.
+        allocs: u64,
     },
     /// Expandable segments: the recording bounds the GPU memory only from below.
     GpuMemoryUnbounded {
@@ -262,6 +272,7 @@ impl Warning {
                 | Warning::GpuMemoryConflict { .. }
                 | Warning::GpuMemoryUnbounded { .. }
                 | Warning::PrivatePools { .. }
+                | Warning::EntriesNamePools { .. }
                 | Warning::UnmodelledOptions { .. }
         )
     }
@@ -314,14 +325,23 @@ impl std::fmt::Display for Warning {
                 exact_bytes(max),
                 exact_bytes(assumed)
             ),
-            Warning::PrivatePools { segments, bytes, pools } => write!(
+            Warning::PrivatePools { segments, bytes, pools, named } => write!(
                 f,
                 "{segments} segment(s) ({}) at the dump belong to {pools} private pool(s) (CUDA \
                  graphs or torch.cuda.MemPool): those live from the start are kept apart, their \
-                 free blocks given to no other allocation, as PyTorch does; the trace does not \
-                 mark the allocations made into a private pool, so one recorded inside such a \
-                 segment is made into its pool",
-                crate::units::format_bytes(bytes)
+                 free blocks given to no other allocation, as PyTorch does; {}",
+                crate::units::format_bytes(bytes),
+                if named {
+                    "the entries name the pool each request was made into"
+                } else {
+                    "the trace does not mark the allocations made into a private pool, so one \
+                     recorded inside such a segment is made into its pool"
+                }
+            ),
+            Warning::EntriesNamePools { pools, allocs } => write!(
+                f,
+                "every entry names its pool (pool_id): {allocs} allocation(s) were made into \
+                 {pools} private pool(s), and each request is made into the pool its entry names"
             ),
             Warning::GpuMemoryUnbounded { min, assumed, fraction } => write!(
                 f,
@@ -1051,7 +1071,15 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
             segments: private.len() as u64,
             bytes: private.iter().fold(0u64, |sum, s| sum.saturating_add(s.total_size)),
             pools: pools.len() as u64,
+            named: trace.entry_pools.is_some(),
         });
+    }
+    if let Some(named) = &trace.entry_pools {
+        let allocs = events.iter().filter(|e| e.action == Action::Alloc && e.pool.0 != 0);
+        let allocs = allocs.count() as u64;
+        if allocs > 0 {
+            notes.push(Warning::EntriesNamePools { pools: named.len() as u64, allocs });
+        }
     }
     let ops = plan(events);
     let mut start = StartState::recover(trace, device, events, &config);
@@ -1343,7 +1371,7 @@ mod tests {
         let v = validate(&dump(default), &options).unwrap();
         assert_eq!((v.allocs_total, v.allocs_addr_matched), (1, 1), "{:?}", v.mismatches);
         assert!(v.mismatches.is_empty(), "{:?}", v.mismatches);
-        let note = Warning::PrivatePools { segments: 1, bytes: 20 << 20, pools: 1 };
+        let note = Warning::PrivatePools { segments: 1, bytes: 20 << 20, pools: 1, named: false };
         assert!(v.notes.contains(&note), "{:?}", v.notes);
         assert!(note.is_modelling_note(), "shown without --verbose");
         // The same segments, none of them private: best fit takes the lower one, and the
