@@ -895,18 +895,26 @@ impl Meter {
     }
 }
 
-/// Tells `policy` which pool the request of `e` was made into. Out of line: only traces with
+/// Tells `policy` which pool the request of `e` was made into, and of the private pools the
+/// releases before it showed gone ([`PoolRoutes::request`]). Out of line: only traces with
 /// private pools take this path, and the replay loop stays as small without it.
 #[inline(never)]
-fn route<P: Policy>(policy: &mut P, routes: &PoolRoutes, e: &Event) -> Result<()> {
-    policy.allocate_into(routes.pool_for(e))
+fn route<P: Policy>(policy: &mut P, routes: &mut PoolRoutes, e: &Event) -> Result<()> {
+    let pool = routes.request(e, |gone| policy.release_pool(gone))?;
+    policy.allocate_into(pool)
 }
 
-/// Follows the recorded segment event `e` in `routes`, and tells `policy` of a private pool
-/// that `e` shows gone; true then.
+/// Follows the recorded segment event `e` in `routes` (in a flush the program `called`, or
+/// not), and tells `policy` of a private pool that `e` shows gone; true then.
 #[inline(never)]
-fn follow<P: Policy>(policy: &mut P, routes: &mut PoolRoutes, e: &Event) -> Result<bool> {
-    match routes.follow(e) {
+fn follow<P: Policy>(
+    policy: &mut P,
+    routes: &mut PoolRoutes,
+    e: &Event,
+    called: bool,
+) -> Result<bool> {
+    routes.follow(e);
+    match routes.released(e, called) {
         Some(pool) => policy.release_pool(pool).map(|()| true),
         None => Ok(false),
     }
@@ -1109,7 +1117,7 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
                         log_free(&mut backend.observer.log, b.addr, b.request, e);
                         policy.free_handle(&mut backend, b.addr, b.handle).map_err(at)?;
                     }
-                    if let Some(r) = &routes {
+                    if let Some(r) = &mut routes {
                         route(&mut policy, r, e).map_err(at)?;
                     }
                     let placed = policy.malloc(&mut backend, e.size, e.stream).map_err(at)?;
@@ -1133,7 +1141,7 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
                 // that fails counts as an OOM here, as it did in the recording; one that is
                 // served is freed at once, since the program went on without it.
                 Action::Oom if e.size > 0 => {
-                    if let Some(r) = &routes {
+                    if let Some(r) = &mut routes {
                         route(&mut policy, r, e).map_err(at)?; // named, or the default pools
                     }
                     match policy.malloc(&mut backend, e.size, e.stream).map_err(at)? {
@@ -1171,21 +1179,20 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
                             || undecided.called_at(index, &policy)) =>
                 {
                     if let Some(r) = &mut routes {
-                        follow(&mut policy, r, e).map_err(at)?;
+                        follow(&mut policy, r, e, true).map_err(at)?;
                     }
                     policy.empty_cache(&mut backend).map_err(at)?;
                     flush_run_to = index;
                 }
                 Action::SegmentAlloc | Action::SegmentFree => {
                     let Some(r) = &mut routes else { break 'event };
-                    let gone = follow(&mut policy, r, e).map_err(at)?;
                     // A release later in a flush the program called: that call released the
                     // pool too (PyTorch releases gone pools after the default ones).
                     let in_call = e.action == Action::SegmentFree && flush_run_to + 1 == index;
                     if in_call {
                         flush_run_to = index;
                     }
-                    if !(gone && in_call) {
+                    if !follow(&mut policy, r, e, in_call).map_err(at)? {
                         break 'event;
                     }
                     policy.empty_cache(&mut backend).map_err(at)?;

@@ -18,9 +18,12 @@
 //!
 //! Blocks live before the first event are routed by where they lie, either way.
 //!
-//! Where entries name their pools, a recorded `segment_free` that names a private pool also says
-//! that the pool's graph or `MemPool` is gone: PyTorch releases a private pool's segments only
-//! once nothing uses it ([`PoolRoutes::released_by`]).
+//! Where entries name their pools, a recorded `segment_free` that names a private pool usually
+//! says that the pool's graph or `MemPool` is gone: PyTorch's flushes release a private pool's
+//! segments only once nothing uses it. The one release of a live private pool is a request's own
+//! (`release_available_cached_blocks`, with `max_split_size_mb`, works within the request's pool),
+//! so a release just before a request made into that pool does not say it
+//! ([`PoolRoutes::released`], [`PoolRoutes::request`]).
 //!
 //! A segment is alive from the start when its first segment event is not a `segment_alloc`
 //! (the trace never created it), and then from each recorded `segment_alloc` of its address to
@@ -48,8 +51,11 @@ pub struct PoolRoutes {
     routes: Vec<Route>,
     /// [`Trace::entry_pools`], where the file names them.
     named: Option<Vec<PoolId>>,
-    /// The private pools a followed release showed gone ([`PoolRoutes::released_by`]).
+    /// The private pools releases showed gone ([`PoolRoutes::released`]).
     gone: Vec<PoolId>,
+    /// Private pools released outside a flush the program called, before the next request:
+    /// gone unless that request is made into them.
+    pending: Vec<PoolId>,
 }
 
 impl PoolRoutes {
@@ -80,7 +86,7 @@ impl PoolRoutes {
         // The dump's segments do not overlap; a malformed one that does is dropped, so lookups
         // stay a binary search.
         routes.dedup_by(|later, earlier| later.start < earlier.end);
-        let mut routes = PoolRoutes { routes, named, gone: Vec::new() };
+        let mut routes = PoolRoutes { routes, named, gone: Vec::new(), pending: Vec::new() };
         let mut seen = vec![false; routes.routes.len()];
         for e in lifetimes.segment_events.iter().filter_map(|&i| events.get(i)) {
             if let Some(k) = routes.at_start(e.addr) {
@@ -98,21 +104,51 @@ impl PoolRoutes {
     }
 
     /// Follows a recorded segment event: a `segment_alloc` of a route's address makes it alive,
-    /// a `segment_free` ends it. Returns the private pool the event shows gone, the first time
-    /// one does ([`PoolRoutes::released_by`]). Other events change nothing.
+    /// a `segment_free` ends it. Other events change nothing.
     #[inline]
-    pub fn follow(&mut self, e: &Event) -> Option<PoolId> {
+    pub fn follow(&mut self, e: &Event) {
         let alive = match e.action {
             Action::SegmentAlloc => true,
             Action::SegmentFree => false,
-            _ => return None,
+            _ => return,
         };
         if let Some(k) = self.at_start(e.addr) {
             self.routes[k].alive = alive;
         }
+    }
+
+    /// A recorded release `e` of a private pool's segment ([`PoolRoutes::released_by`]): in a
+    /// flush the program called (`called`), the pool is gone, and it is returned the first time.
+    /// Outside one, the release may be the next request's own, within its pool: that request
+    /// decides ([`PoolRoutes::request`]).
+    pub fn released(&mut self, e: &Event, called: bool) -> Option<PoolId> {
         let pool = self.released_by(e).filter(|p| !self.gone.contains(p))?;
+        if !called {
+            if !self.pending.contains(&pool) {
+                self.pending.push(pool);
+            }
+            return None;
+        }
         self.gone.push(pool);
         Some(pool)
+    }
+
+    /// The private pool the request `e` was made into ([`PoolRoutes::pool_for`]), after telling
+    /// `gone` of each pool released just before it into which it was not made: its fallback
+    /// released those as gone pools (a request releases only its own pool's live segments).
+    pub fn request<E>(
+        &mut self,
+        e: &Event,
+        mut gone: impl FnMut(PoolId) -> Result<(), E>,
+    ) -> Result<Option<PoolId>, E> {
+        let pool = self.pool_for(e);
+        for p in std::mem::take(&mut self.pending) {
+            if Some(p) != pool && !self.gone.contains(&p) {
+                self.gone.push(p);
+                gone(p)?;
+            }
+        }
+        Ok(pool)
     }
 
     /// True when the entries name their pools: [`PoolRoutes::pool_for`] is then exact for
@@ -235,10 +271,30 @@ mod tests {
         assert_eq!(routes.pool_for(&named(Action::Alloc, 0x9000_0000, 2)), Some((2, 0)));
         assert_eq!(routes.pool_for(&named(Action::Oom, 1 << 30, 1)), Some((0, 5)));
         assert_eq!(routes.pool_for(&named(Action::Alloc, a, 9)), None, "a pool not listed");
-        // A release that names a private pool says the pool is gone; an alloc does not.
+        // A release that names a private pool; an alloc is none.
         assert_eq!(routes.released_by(&named(Action::SegmentFree, a, 2)), Some((2, 0)));
         assert_eq!(routes.released_by(&named(Action::SegmentFree, a, 0)), None);
         assert_eq!(routes.released_by(&named(Action::Alloc, a, 2)), None);
+        // In a flush the program called, it says the pool is gone, once.
+        let mut r = routes.clone();
+        assert_eq!(r.released(&named(Action::SegmentFree, a, 2), true), Some((2, 0)));
+        assert_eq!(r.released(&named(Action::SegmentFree, a, 2), true), None, "told once");
+        // Before a request made into that pool, it is the request's own release: not gone.
+        let mut r = routes.clone();
+        let mut gone = Vec::new();
+        assert_eq!(r.released(&named(Action::SegmentFree, a, 2), false), None);
+        let into = r.request(&named(Action::Alloc, a, 2), |p| {
+            gone.push(p);
+            Ok::<_, ()>(())
+        });
+        assert_eq!((into, gone.as_slice()), (Ok(Some((2, 0))), &[][..]));
+        // Before a request made elsewhere, it is a gone pool's.
+        assert_eq!(r.released(&named(Action::SegmentFree, a, 1), false), None);
+        let into = r.request(&named(Action::Oom, a, 0), |p| {
+            gone.push(p);
+            Ok::<_, ()>(())
+        });
+        assert_eq!((into, gone.as_slice()), (Ok(None), &[(0, 5)][..]));
         // Blocks live at the start still go by where they lie.
         assert_eq!(routes.pool_of(a), Some((1, 0)));
         // Without names: by address for an alloc, unknown for a failed request.

@@ -150,7 +150,9 @@ impl StartState {
                     segs.remove(&e.addr);
                 }
                 Action::SegmentFree => {
-                    segs.insert(e.addr, (e.size, e.stream, e.size == SMALL_BUFFER, None));
+                    // Its pool, where the entry names one (a segment freed before the dump).
+                    let pool = trace.entry_pool(e).flatten();
+                    segs.insert(e.addr, (e.size, e.stream, e.size == SMALL_BUFFER, pool));
                 }
                 Action::SegmentMap => {
                     expandable = true;

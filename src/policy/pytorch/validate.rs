@@ -617,16 +617,19 @@ fn hex(a: u64) -> String {
 /// says whether the malloc was made into a private pool.
 /// Tells `policy` of every private pool that a release in `script` shows gone, before the flush
 /// that made those releases runs: PyTorch's flush releases gone pools after the default ones,
-/// so the first release of the run comes before the one that names the pool.
+/// so the first release of the run comes before the one that names the pool. For a malloc's
+/// script, `request` is the pool the malloc was made into, whose releases are its own (within
+/// its live pool), not a gone pool's.
 fn release_gone_pools(
     policy: &mut PyTorch,
     routes: Option<&crate::trace::pool_routes::PoolRoutes>,
     events: &[Event],
     script: &[usize],
+    request: Option<(u64, u64)>,
 ) -> Result<()> {
     let Some(routes) = routes else { return Ok(()) };
     for e in script.iter().filter_map(|&j| events.get(j)) {
-        if let Some(pool) = routes.released_by(e) {
+        if let Some(pool) = routes.released_by(e).filter(|&p| Some(p) != request) {
             policy.release_pool(pool)?;
         }
     }
@@ -727,9 +730,7 @@ fn replay_checked(
         dev.now = e.time_us;
         dev.at = i;
         if let Some(r) = &mut routes {
-            if let Some(pool) = r.follow(e) {
-                policy.release_pool(pool)?;
-            }
+            r.follow(e);
         }
         match op {
             Op::Skip => {
@@ -756,7 +757,7 @@ fn replay_checked(
                 }
             }
             Op::Flush { script } => {
-                release_gone_pools(&mut policy, routes.as_ref(), events, script)?;
+                release_gone_pools(&mut policy, routes.as_ref(), events, script, None)?;
                 dev.script.clone_from(script);
                 dev.oom = false;
                 dev.log.clear();
@@ -797,7 +798,7 @@ fn replay_checked(
                     matches!(events[*j].action, Action::SegmentFree | Action::SegmentUnmap)
                 };
                 policy.set_capture_underway(*oom && !script.iter().any(released));
-                release_gone_pools(&mut policy, routes.as_ref(), events, script)?;
+                release_gone_pools(&mut policy, routes.as_ref(), events, script, into)?;
                 // A release run right before a malloc's new segment is either the malloc's own
                 // fallback or an empty_cache() just before it. If the cache could serve the
                 // request now, no fallback was needed: it was a flush.
