@@ -336,7 +336,7 @@ impl Trace {
     pub fn entry_pools_loss(&self, format: &str) -> Option<String> {
         let named = self.devices.iter().flat_map(|d| &d.events).filter(|e| e.pool.0 != 0).count();
         (named > 0).then(|| {
-            format!("the private pools {named} entries name are not part of the {format} format")
+            format!("{named} entries name a private pool (pool_id), which the {format} format does not hold")
         })
     }
 
@@ -353,6 +353,22 @@ mod tests {
     #[test]
     fn event_fits_the_memory_budget() {
         assert_eq!(std::mem::size_of::<Event>(), 40);
+    }
+
+    #[test]
+    fn formats_without_pools_say_they_drop_the_entries_pools() {
+        let named = Event { pool: PoolRef(1), ..Event::new(Action::Alloc, 0x1000, 512, 0, 0) };
+        let mut t = Trace {
+            devices: vec![DeviceTrace { device: 0, events: vec![named] }],
+            entry_pools: Some(vec![(0, 1)]),
+            ..Trace::default()
+        };
+        let want = "1 entries name a private pool (pool_id), which the text format does not hold";
+        assert_eq!(text::losses(&t), [want]);
+        assert!(kineto::losses(&t).iter().any(|l| l.contains("which the Kineto format")));
+        assert!(rmm::losses(&t).iter().any(|l| l.contains("which the RMM log format")));
+        t.devices[0].events[0].pool = PoolRef::DEFAULT;
+        assert!(text::losses(&t).is_empty(), "the default pools lose nothing");
     }
 
     #[test]
