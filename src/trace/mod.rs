@@ -149,6 +149,13 @@ impl PoolRef {
 
     /// The most private pools one trace may name.
     pub const MAX_POOLS: usize = u16::MAX as usize;
+
+    /// The private pool this names in `pools` ([`Trace::entry_pools`]); `None` for the default
+    /// pools, or a number the table does not list.
+    #[inline]
+    pub fn private_in(self, pools: &[PoolId]) -> Option<PoolId> {
+        self.0.checked_sub(1).and_then(|k| pools.get(k as usize)).copied()
+    }
 }
 
 /// The events of one device, oldest first.
@@ -325,9 +332,9 @@ impl Trace {
     /// pools, `None` where the file does not say (or names a pool it does not list).
     pub fn entry_pool(&self, e: &Event) -> Option<Option<PoolId>> {
         let pools = self.entry_pools.as_ref()?;
-        match e.pool.0 {
-            0 => Some(None),
-            k => pools.get(k as usize - 1).map(|&id| Some(id)),
+        match e.pool {
+            PoolRef::DEFAULT => Some(None),
+            named => named.private_in(pools).map(Some),
         }
     }
 

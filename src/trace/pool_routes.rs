@@ -162,7 +162,7 @@ impl PoolRoutes {
     #[inline]
     pub fn pool_for(&self, e: &Event) -> Option<PoolId> {
         match &self.named {
-            Some(pools) => e.pool.0.checked_sub(1).and_then(|k| pools.get(k as usize)).copied(),
+            Some(pools) => e.pool.private_in(pools),
             None if e.action == Action::Alloc => self.pool_of(e.addr),
             None => None,
         }
