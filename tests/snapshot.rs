@@ -504,34 +504,50 @@ fn export_snapshot_writes_the_simulated_run() {
     assert!(String::from_utf8_lossy(&py).starts_with("['device_traces', 'segments']"));
 }
 
+/// What the Python snapshot fixtures below share: one segment's, block's and trace entry's dicts
+/// as PyTorch's `_snapshot()` builds them (a segment's sizes summed from its blocks), and `dump`,
+/// which writes the snapshot as `_dump_snapshot` does.
+const SNAPSHOT_HELPERS: &str = r#"
+import pickle, sys
+M = 2**20
+def block(address, size, state):
+    return {'address': address, 'size': size, 'requested_size': size, 'state': state, 'frames': []}
+def seg(address, pool, blocks):
+    active = sum(b['size'] for b in blocks if b['state'] != 'inactive')
+    return {'device': 0, 'address': address, 'total_size': sum(b['size'] for b in blocks),
+            'allocated_size': active, 'active_size': active, 'requested_size': active,
+            'stream': 0, 'segment_type': 'large', 'segment_pool_id': pool, 'is_expandable': False,
+            'frames': [], 'blocks': blocks}
+def ev(action, addr, size, t):
+    return {'action': action, 'addr': addr, 'size': size, 'stream': 0, 'time_us': t, 'frames': []}
+def dump(snap):
+    sys.stdout.buffer.write(pickle.dumps(snap, protocol=4))
+"#;
+
+/// The snapshot `body` makes with [`SNAPSHOT_HELPERS`] in scope, run with `args`.
+fn python_snapshot(body: &str, args: &[&str]) -> Vec<u8> {
+    python(&format!("{SNAPSHOT_HELPERS}{body}"), args)
+}
+
 /// A snapshot of PyTorch's schema where a CUDA graph's private pool owns the lower of two
 /// wholly free 20 MiB segments (`segment_pool_id` (3, 0)) and one 4 MiB request, made outside
 /// capture, went to the default pool's segment above it.
 const PRIVATE_POOL_FIXTURE: &str = r#"
-import pickle, sys
-M = 2**20
 low, high = 2**40, 2**40 + 64 * M
-def seg(address, pool, blocks):
-    return {'device': 0, 'address': address, 'total_size': 20 * M, 'allocated_size': 0,
-            'active_size': 0, 'requested_size': 0, 'stream': 0, 'segment_type': 'large',
-            'segment_pool_id': pool, 'is_expandable': False, 'frames': [], 'blocks': blocks}
-def block(address, size, state):
-    return {'address': address, 'size': size, 'requested_size': size, 'state': state, 'frames': []}
 snap = {
   'segments': [seg(low, (3, 0), [block(low, 20 * M, 'inactive')]),
                seg(high, (0, 0), [block(high, 4 * M, 'active_allocated'),
                                   block(high + 4 * M, 16 * M, 'inactive')])],
-  'device_traces': [[{'action': 'alloc', 'addr': high, 'size': 4 * M, 'stream': 0,
-                      'time_us': 1, 'frames': []}]],
+  'device_traces': [[ev('alloc', high, 4 * M, 1)]],
 }
 if sys.argv[1] == 'bad':
     snap['segments'][0]['segment_pool_id'] = 'graph'
-sys.stdout.buffer.write(pickle.dumps(snap, protocol=4))
+dump(snap)
 "#;
 
 #[test]
 fn private_pool_segments_are_read_kept_apart_and_written_back() {
-    let data = python(PRIVATE_POOL_FIXTURE, &["good"]);
+    let data = python_snapshot(PRIVATE_POOL_FIXTURE, &["good"]);
     let t = snapshot::read(&data, &ReadOptions::default()).unwrap();
     let pools: Vec<_> = t.segments.iter().map(|s| s.private_pool).collect();
     assert_eq!(pools, vec![Some((3, 0)), None]);
@@ -564,7 +580,7 @@ fn private_pool_segments_are_read_kept_apart_and_written_back() {
     let text = stdout(&run(&["validate", p]));
     assert!(text.contains("belong to 1 private pool(s)"), "{text}");
     // A segment_pool_id that is not a pair of ints is refused, with the segment named.
-    let bad = python(PRIVATE_POOL_FIXTURE, &["bad"]);
+    let bad = python_snapshot(PRIVATE_POOL_FIXTURE, &["bad"]);
     let err = snapshot::read(&bad, &ReadOptions::default()).unwrap_err().to_string();
     assert!(err.contains("segment 0: 'segment_pool_id' is not a pair of ints: 'graph'"), "{err}");
 }
@@ -575,17 +591,7 @@ fn private_pool_segments_are_read_kept_apart_and_written_back() {
 /// segment (at `high`), live from before the trace. Nothing but the addresses marks the
 /// capture.
 const CAPTURE_FIXTURE: &str = r#"
-import pickle, sys
-M = 2**20
 low, high = 2**40, 2**40 + 64 * M
-def seg(address, pool, blocks):
-    return {'device': 0, 'address': address, 'total_size': 20 * M, 'allocated_size': 4 * M,
-            'active_size': 4 * M, 'requested_size': 4 * M, 'stream': 0, 'segment_type': 'large',
-            'segment_pool_id': pool, 'is_expandable': False, 'frames': [], 'blocks': blocks}
-def block(address, size, state):
-    return {'address': address, 'size': size, 'requested_size': size, 'state': state, 'frames': []}
-def ev(action, addr, size, t):
-    return {'action': action, 'addr': addr, 'size': size, 'stream': 0, 'time_us': t, 'frames': []}
 snap = {
   'segments': [seg(low, (1, 0), [block(low, 4 * M, 'active_allocated'),
                                  block(low + 4 * M, 16 * M, 'inactive')]),
@@ -595,12 +601,12 @@ snap = {
                      ev('free_requested', low, 4 * M, 3), ev('free_completed', low, 4 * M, 4),
                      ev('alloc', high, 4 * M, 5), ev('alloc', low, 4 * M, 6)]],
 }
-sys.stdout.buffer.write(pickle.dumps(snap, protocol=4))
+dump(snap)
 "#;
 
 #[test]
 fn allocations_recorded_in_a_private_pool_are_replayed_into_it() {
-    let (_dir, path) = temp_file("capture.pickle", &python(CAPTURE_FIXTURE, &[]));
+    let (_dir, path) = temp_file("capture.pickle", &python_snapshot(CAPTURE_FIXTURE, &[]));
     let p = path.to_str().unwrap();
     let fst = path.with_extension("fst");
     assert!(run(&["convert", p, fst.to_str().unwrap()]).status.success());
@@ -634,14 +640,10 @@ fn allocations_recorded_in_a_private_pool_are_replayed_into_it() {
 /// to it from later batches of 1,000 entries, as it does for PyTorch's one `user_defined`
 /// string object.
 const RECORD_FUNCTION_FIXTURE: &str = r#"
-import pickle, sys
-M = 2**20
 user_defined = 'user_defined'
 def marker(name, stage, t):
     return {'action': user_defined, 'addr': 0, 'size': 0, 'stream': 0, 'time_us': t,
             'frames': [{'filename': stage, 'line': 0, 'name': name}]}
-def ev(action, addr, size, t):
-    return {'action': action, 'addr': addr, 'size': size, 'stream': 0, 'time_us': t, 'frames': []}
 trace = []
 for step in range(400):
     t = 10 * step
@@ -649,13 +651,12 @@ for step in range(400):
               ev('alloc', 2**40, 4096, t + 2), ev('free_requested', 2**40, 4096, t + 3),
               ev('free_completed', 2**40, 4096, t + 4), ev('segment_free', 2**40, 2 * M, t + 5),
               marker('forward', 'END', t + 6)]
-snap = {'segments': [], 'device_traces': [trace]}
-sys.stdout.buffer.write(pickle.dumps(snap, protocol=4))
+dump({'segments': [], 'device_traces': [trace]})
 "#;
 
 #[test]
 fn record_function_markers_are_skipped() {
-    let (_dir, path) = temp_file("ranges.pickle", &python(RECORD_FUNCTION_FIXTURE, &[]));
+    let (_dir, path) = temp_file("ranges.pickle", &python_snapshot(RECORD_FUNCTION_FIXTURE, &[]));
     let p = path.to_str().unwrap();
     let out = run(&["info", p, "--json"]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -676,31 +677,21 @@ fn record_function_markers_are_skipped() {
 /// A snapshot whose recorded settings string names an option this fragsim does not know, as a
 /// newer PyTorch may record: replayed and validated without it, and said so.
 const FUTURE_OPTION_FIXTURE: &str = r#"
-import pickle, sys
-M = 2**20
-def ev(action, addr, size, t):
-    return {'action': action, 'addr': addr, 'size': size, 'stream': 0, 'time_us': t, 'frames': []}
 settings = {'PYTORCH_CUDA_ALLOC_CONF': 'max_split_size_mb:256,future_knob:[1:2,>:4]',
             'max_split_size': 256 * M, 'garbage_collection_threshold': 0.0,
             'expandable_segments': False, 'pinned_num_register_threads': 1,
             'release_lock_on_cudamalloc': False, 'pinned_use_cuda_host_register': False,
             'roundup_power2_divisions': {str(2**i): 0 for i in range(16)}}
-def block(address, size, state):
-    return {'address': address, 'size': size, 'requested_size': size, 'state': state, 'frames': []}
-segment = {'device': 0, 'address': 2**40, 'total_size': 20 * M, 'allocated_size': 4 * M,
-           'active_size': 4 * M, 'requested_size': 4 * M, 'stream': 0, 'segment_type': 'large',
-           'segment_pool_id': (0, 0), 'is_expandable': False, 'frames': [],
-           'blocks': [block(2**40, 4 * M, 'active_allocated'),
-                      block(2**40 + 4 * M, 16 * M, 'inactive')]}
-snap = {'segments': [segment],
-        'device_traces': [[ev('segment_alloc', 2**40, 20 * M, 1), ev('alloc', 2**40, 4 * M, 2)]],
-        'allocator_settings': settings}
-sys.stdout.buffer.write(pickle.dumps(snap, protocol=4))
+segment = seg(2**40, (0, 0), [block(2**40, 4 * M, 'active_allocated'),
+                              block(2**40 + 4 * M, 16 * M, 'inactive')])
+dump({'segments': [segment],
+      'device_traces': [[ev('segment_alloc', 2**40, 20 * M, 1), ev('alloc', 2**40, 4 * M, 2)]],
+      'allocator_settings': settings})
 "#;
 
 #[test]
 fn a_recorded_option_this_fragsim_does_not_know_is_left_out_and_said() {
-    let (_dir, path) = temp_file("future.pickle", &python(FUTURE_OPTION_FIXTURE, &[]));
+    let (_dir, path) = temp_file("future.pickle", &python_snapshot(FUTURE_OPTION_FIXTURE, &[]));
     let p = path.to_str().unwrap();
     let out = run(&["replay", p, "-p", "pytorch"]);
     assert!(out.status.success(), "{}", stderr(&out));
