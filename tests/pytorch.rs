@@ -264,6 +264,9 @@ struct Run<'a> {
     /// The graph is deleted at this step (no capture after it), and the program calls
     /// `empty_cache()`: PyTorch then releases the graph's free segments too.
     graph_deleted_at: Option<usize>,
+    /// The PyTorch whose allocator records (before 2.5, private pools get cudaMalloc segments
+    /// under expandable segments).
+    version: fragsim::policy::pytorch::Version,
 }
 
 impl Run<'static> {
@@ -275,6 +278,7 @@ impl Run<'static> {
         cut: 0,
         names_pools: false,
         graph_deleted_at: None,
+        version: fragsim::policy::pytorch::Version::CURRENT,
     };
 }
 
@@ -285,11 +289,11 @@ impl Run<'static> {
 /// dump, and its configuration the recorded settings.
 fn recording(seed: u64, run: Run) -> fragsim::trace::Trace {
     use fragsim::backend::{Backend, BackendCall, Recording, SimDevice};
-    use fragsim::policy::pytorch::{Config, PyTorch, Version};
+    use fragsim::policy::pytorch::{Config, PyTorch};
     use fragsim::policy::{Allocation, Policy};
     use fragsim::testing::{workload, Step};
     use fragsim::trace::{Action, DeviceTrace, Event, Format, Trace};
-    let config = Config::parse(run.conf, Version::CURRENT).unwrap();
+    let config = Config::parse(run.conf, run.version).unwrap();
     let settings = config.to_recorded();
     let mut p = PyTorch::new(config);
     let mut d: Recording<SimDevice> = Recording::new(SimDevice::new(run.capacity));
@@ -301,7 +305,8 @@ fn recording(seed: u64, run: Run) -> fragsim::trace::Trace {
     let mut private_segments = std::collections::HashSet::new();
     let mut seen = 0;
     let mut streams = std::collections::HashMap::new();
-    let mut reservations: Vec<(u64, u64, u64)> = Vec::new();
+    // (base, size, stream, private pool's) of every reservation.
+    let mut reservations: Vec<(u64, u64, u64, bool)> = Vec::new();
     for (k, step) in workload(seed, 700).into_iter().enumerate() {
         let deleted = run.graph_deleted_at.is_some_and(|at| k >= at);
         let capture = run.captures && (k / 60) % 3 == 1 && !deleted;
@@ -318,7 +323,7 @@ fn recording(seed: u64, run: Run) -> fragsim::trace::Trace {
                         (Action::SegmentAlloc, a, size)
                     }
                     BackendCall::Reserve { size, addr: Some(a) } => {
-                        reservations.push((a, size, stream));
+                        reservations.push((a, size, stream, private));
                         continue;
                     }
                     BackendCall::SegmentFree { addr, size } => (Action::SegmentFree, addr, size),
@@ -326,20 +331,19 @@ fn recording(seed: u64, run: Run) -> fragsim::trace::Trace {
                     BackendCall::Unmap { addr, size } => (Action::SegmentUnmap, addr, size),
                     _ => continue,
                 };
+                let reservation =
+                    || reservations.iter().rev().find(|&&(a, n, ..)| a <= addr && addr < a + n);
                 let s = match action {
                     Action::SegmentAlloc => stream,
                     Action::SegmentFree => streams.remove(&addr).unwrap_or(0),
-                    _ => reservations
-                        .iter()
-                        .rev()
-                        .find(|&&(a, n, _)| a <= addr && addr < a + n)
-                        .map_or(stream, |r| r.2),
+                    _ => reservation().map_or(stream, |r| r.2),
                 };
-                // A segment event names the pool of its segment (a release made by a default
-                // pool's malloc or by a flush may return a gone graph's segment).
+                // A segment event names the pool of its segment or reservation (a release made
+                // by a default pool's malloc or by a flush may return a gone graph's memory).
                 let private = match action {
                     Action::SegmentFree => private_segments.remove(&addr),
-                    _ => private,
+                    Action::SegmentAlloc => private,
+                    _ => reservation().map_or(private, |r| r.3),
                 };
                 let e = Event::new(action, addr, size, s, time);
                 events.push(Event { pool: pool_of(private), ..e });
@@ -665,4 +669,82 @@ fn expandable_recordings_on_small_devices_validate_exactly() {
             reproduces_exactly(&t, &format!("{capacity}, seed {seed}"));
         }
     }
+}
+
+/// Expandable segments across graph captures. PyTorch ≈ 2.5+ gives the graph's pool expandable
+/// segments of its own (one reservation per stream and pool, PR #128068); before, its requests
+/// got cudaMalloc segments while the default pools mapped pages. Recordings of both validate
+/// exactly and replay to their recorded peak, told apart by what they show: where the entries
+/// name their pools, with the dump's pools erased; and, as in older snapshots, where only the
+/// dump's ranges say which pages are the graph's. Recorded from the middle of a run, too. A
+/// graph deleted mid-run has its free pages unmapped by the next flush.
+#[test]
+fn expandable_recordings_across_graph_captures_validate_and_replay_exactly() {
+    use fragsim::policy::pytorch::validate::{validate, ValidateOptions};
+    use fragsim::policy::pytorch::{start::private_pools_expandable_in, Version};
+    use fragsim::trace::Action;
+    let options = ValidateOptions { check_invariants: true, ..ValidateOptions::default() };
+    let before = Version { major: 2, minor: 4 };
+    let (mut unmapped_when_gone, mut unrouted_differs) = (0, 0);
+    let variants = [
+        (Version::CURRENT, true, None),
+        (Version::CURRENT, false, None),
+        (Version::CURRENT, true, Some(400)),
+        (before, false, None),
+        (before, true, None),
+    ];
+    for (version, names_pools, graph_deleted_at) in variants {
+        // Down to 120 MiB where the entries name the pool of each failed request too; an older
+        // snapshot's failed request has no address to tell its pool by.
+        let capacities =
+            [None, Some(300u64 << 20), Some(200 << 20), Some(150 << 20), Some(120 << 20)];
+        for capacity in capacities.into_iter().take(if names_pools { 5 } else { 3 }) {
+            for seed in 0..10 {
+                let run = Run {
+                    conf: "expandable_segments:True",
+                    capacity,
+                    captures: true,
+                    names_pools,
+                    graph_deleted_at,
+                    version,
+                    ..Run::PLAIN
+                };
+                let mut t = recording(seed, run);
+                let at = format!(
+                    "{version}, named {names_pools}, deleted at {graph_deleted_at:?}, {capacity:?}, seed {seed}"
+                );
+                let events = &t.devices[0].events;
+                let own = version >= (Version { major: 2, minor: 5 });
+                // What each PyTorch makes for the graph: mapped pages, or cudaMalloc segments.
+                let cudamallocs = events.iter().filter(|e| e.action == Action::SegmentAlloc);
+                assert_eq!(cudamallocs.count() == 0, own, "{at}");
+                assert_eq!(private_pools_expandable_in(&t, 0, events), Some(own), "{at}");
+                if graph_deleted_at.is_some() {
+                    let unmaps = events.iter().filter(|e| e.action == Action::SegmentUnmap);
+                    unmapped_when_gone += unmaps.filter(|e| e.pool.0 == 1).count();
+                }
+                if names_pools {
+                    t.segments.iter_mut().for_each(|s| s.private_pool = None);
+                } else if graph_deleted_at.is_none() {
+                    assert!(t.segments.iter().any(|s| s.private_pool.is_some()), "{at}");
+                }
+                reproduces_exactly(&t, &at);
+                let v = validate(&recording(seed, Run { cut: 400, ..run }), &options).unwrap();
+                assert!(v.mismatches.is_empty(), "{at}, cut: {:?}", &v.mismatches[..1]);
+                // The control: no names and no private pool in the dump.
+                if own && graph_deleted_at.is_none() {
+                    let mut unrouted = t.clone();
+                    unrouted.entry_pools = None;
+                    unrouted.segments.iter_mut().for_each(|s| s.private_pool = None);
+                    for e in &mut unrouted.devices[0].events {
+                        e.pool = fragsim::trace::PoolRef::DEFAULT;
+                    }
+                    let v = validate(&unrouted, &ValidateOptions::default()).unwrap();
+                    unrouted_differs += !v.mismatches.is_empty() as u32;
+                }
+            }
+        }
+    }
+    assert!(unmapped_when_gone >= 10, "the deleted graph unmapped {unmapped_when_gone} ranges");
+    assert!(unrouted_differs >= 40, "the pools changed only {unrouted_differs} of 80 runs");
 }

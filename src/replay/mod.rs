@@ -1184,11 +1184,12 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
                     policy.empty_cache(&mut backend).map_err(at)?;
                     flush_run_to = index;
                 }
-                Action::SegmentAlloc | Action::SegmentFree => {
+                Action::SegmentAlloc | Action::SegmentFree | Action::SegmentUnmap => {
                     let Some(r) = &mut routes else { break 'event };
                     // A release later in a flush the program called: that call released the
                     // pool too (PyTorch releases gone pools after the default ones).
-                    let in_call = e.action == Action::SegmentFree && flush_run_to + 1 == index;
+                    let release = matches!(e.action, Action::SegmentFree | Action::SegmentUnmap);
+                    let in_call = release && flush_run_to + 1 == index;
                     if in_call {
                         flush_run_to = index;
                     }

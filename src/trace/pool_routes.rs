@@ -18,9 +18,9 @@
 //!
 //! Blocks live before the first event are routed by where they lie, either way.
 //!
-//! Where entries name their pools, a recorded `segment_free` that names a private pool usually
-//! says that the pool's graph or `MemPool` is gone: PyTorch's flushes release a private pool's
-//! segments only once nothing uses it. The one release of a live private pool is a request's own
+//! Where entries name their pools, a recorded `segment_free` (or `segment_unmap`) that names a
+//! private pool usually says that the pool's graph or `MemPool` is gone: PyTorch's flushes
+//! release a private pool's memory only once nothing uses it. The one release of a live private pool is a request's own
 //! (`release_available_cached_blocks`, with `max_split_size_mb`, works within the request's pool),
 //! so a release just before a request made into that pool does not say it
 //! ([`PoolRoutes::released`], [`PoolRoutes::request`]).
@@ -28,7 +28,10 @@
 //! A segment is alive from the start when its first segment event is not a `segment_alloc`
 //! (the trace never created it), and then from each recorded `segment_alloc` of its address to
 //! the next `segment_free`. A private pool freed before the dump leaves no segment to tell it
-//! by: allocations made into it go to the default pools. Expandable segments are not routed.
+//! by: allocations made into it go to the default pools. A private pool's expandable pages are
+//! routed by the dump's mapped ranges: a live pool never unmaps (only flushes and GC unmap, and
+//! they skip a pool still in use), so its ranges at the dump hold every page it mapped in the
+//! trace. Their `segment_map`s do not start at a range's address, so a range stays alive.
 
 use crate::trace::lifetimes::Lifetimes;
 pub use crate::trace::PoolId;
@@ -72,7 +75,6 @@ impl PoolRoutes {
         let named = trace.entry_pools.clone();
         let mut routes: Vec<Route> = trace
             .segments_of(device)
-            .filter(|s| !s.is_expandable)
             .filter_map(|s| {
                 let pool = s.private_pool?;
                 let end = s.address.checked_add(s.total_size)?;
@@ -168,13 +170,24 @@ impl PoolRoutes {
         }
     }
 
-    /// The private pool whose segment the recorded release `e` returned, where the entry names
-    /// one: that pool is gone (PyTorch frees a private pool's segments only then).
+    /// The private pool whose segment or pages the recorded release `e` returned, where the
+    /// entry names one: that pool is gone (PyTorch frees a private pool's memory only then).
     #[inline]
     pub fn released_by(&self, e: &Event) -> Option<PoolId> {
         match e.action {
-            Action::SegmentFree => self.pool_for(e),
+            Action::SegmentFree | Action::SegmentUnmap => self.pool_for(e),
             _ => None,
+        }
+    }
+
+    /// The private pool whose expandable pages the recorded `segment_map` `e` mapped: the one
+    /// its entry names, else the one whose pages lie there at the dump (a live private pool
+    /// never unmaps: only flushes and GC do, and they skip a pool still in use); `None`: the
+    /// default pools.
+    pub fn pool_of_map(&self, e: &Event) -> Option<PoolId> {
+        match &self.named {
+            Some(pools) => e.pool.private_in(pools),
+            None => self.pool_of(e.addr),
         }
     }
 

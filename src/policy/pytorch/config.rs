@@ -102,6 +102,10 @@ pub struct Config {
     pub gpu_memory: u64,
     /// The PyTorch version whose behaviour is modelled.
     pub version: Version,
+    /// Whether, with `expandable_segments` on, a private pool's mallocs get expandable segments
+    /// of their own, as a recording showed it ([`Config::expandable_in_private_pools`]); `None`:
+    /// as [`Config::version`] has it.
+    pub private_pools_expandable: Option<bool>,
     /// Options accepted but without effect on placement, kept for display (`key:value`).
     pub other: Vec<String>,
 }
@@ -118,6 +122,7 @@ impl Default for Config {
             per_process_memory_fraction: None,
             gpu_memory: 80 << 30,
             version: Version::CURRENT,
+            private_pools_expandable: None,
             other: Vec::new(),
         }
     }
@@ -586,6 +591,20 @@ impl Config {
         Some((f * self.gpu_memory as f64) as u64)
     }
 
+    /// Whether a malloc into a private pool (a CUDA graph's, or a `MemPool`'s) gets expandable
+    /// segments of that pool's own. With `expandable_segments` on, PyTorch before ≈ 2.5 served
+    /// private pools from cudaMalloc segments ("our checkpointing logic for private pools doesn't
+    /// support the expandable_segments_ structure yet", `alloc_block`); PR #128068 (mid-2024)
+    /// gave them expandable segments, one reservation per (stream, pool), as the default pools
+    /// have. A recording shows which ([`Config::private_pools_expandable`]), and that wins over
+    /// the version.
+    pub fn expandable_in_private_pools(&self) -> bool {
+        self.expandable_segments
+            && self
+                .private_pools_expandable
+                .unwrap_or(self.version >= Version { major: 2, minor: 5 })
+    }
+
     /// The expandable page size of a pool (§11.1).
     pub fn page_size(&self, small: bool) -> u64 {
         if small {
@@ -882,5 +901,25 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.max_split_size, u64::MAX, "PyTorch records -1 for unlimited");
+    }
+
+    #[test]
+    fn private_pools_get_expandable_segments_from_2_5_unless_the_recording_shows_otherwise() {
+        let on = |minor| Config {
+            expandable_segments: true,
+            version: Version { major: 2, minor },
+            ..Config::default()
+        };
+        assert!(!on(4).expandable_in_private_pools(), "cudaMalloc segments before #128068");
+        assert!(on(5).expandable_in_private_pools());
+        assert!(!Config { private_pools_expandable: Some(false), ..on(11) }
+            .expandable_in_private_pools());
+        assert!(
+            Config { private_pools_expandable: Some(true), ..on(4) }.expandable_in_private_pools()
+        );
+        let off = Config { expandable_segments: false, ..on(11) };
+        assert!(
+            !Config { private_pools_expandable: Some(true), ..off }.expandable_in_private_pools()
+        );
     }
 }

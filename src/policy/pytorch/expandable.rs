@@ -30,9 +30,8 @@ impl PyTorch {
         size: u64,
         small: bool,
     ) -> Result<Option<u32>> {
-        let p = super::pool_index(small);
-        let sid = self.intern(stream)?;
-        for (&k, &id) in self.pools[p].unmapped.range(unmapped_key(sid, 0)..) {
+        let (owner, sid) = (self.into, self.intern(stream)?);
+        for (&k, &id) in self.owner(owner, small).unmapped.range(unmapped_key(sid, 0)..) {
             if (k >> 64) as u32 != sid {
                 break;
             }
@@ -67,13 +66,13 @@ impl PyTorch {
             next: NIL,
             expandable: seg,
             gc_base: 0,
-            pool: 0,
+            pool: owner,
             small,
             allocated: false,
             mapped: false,
             in_use: true,
         });
-        self.pools[p].unmapped.insert(unmapped_key(sid, base), id);
+        self.owner_mut(owner, small).unmapped.insert(unmapped_key(sid, base), id);
         Ok(Some(id))
     }
 
@@ -203,13 +202,13 @@ impl PyTorch {
         self.try_merge(id, prev);
         self.try_merge(id, next);
         let x = self.b(id);
-        let (sid, ptr, small) = (x.sid, x.ptr, x.small);
-        self.pools[super::pool_index(small)].unmapped.insert(unmapped_key(sid, ptr), id);
+        let (sid, ptr, small, owner) = (x.sid, x.ptr, x.small, x.pool);
+        self.owner_mut(owner, small).unmapped.insert(unmapped_key(sid, ptr), id);
         self.total_allocated -= end - start;
         self.stats.num_device_free += 1;
         if self.b(id).prev == NIL && self.b(id).next == NIL {
             // release_expandable_segment: the whole VA is unmapped.
-            self.pools[super::pool_index(small)].unmapped.remove(&unmapped_key(sid, ptr));
+            self.owner_mut(owner, small).unmapped.remove(&unmapped_key(sid, ptr));
             backend.release(seg.base, seg.va_size)?;
             self.expandable[b.expandable as usize].alive = false;
             self.drop_block(id);
@@ -220,17 +219,21 @@ impl PyTorch {
     /// Installs an expandable segment as it stood before a trace (start-state recovery): a
     /// reservation of `va_size` bytes at `base` for (`stream`, pool) whose mapped ranges are
     /// `ranges`, each tiled by `(start, size, live request or None)` blocks in address order.
-    /// Everything else in the reservation is unmapped.
+    /// Everything else in the reservation is unmapped. The pool is the small or large pool of
+    /// `private_pool`, or of the default pools.
     pub fn install_expandable(
         &mut self,
         base: u64,
         va_size: u64,
-        stream: u64,
-        small: bool,
+        (stream, small, private_pool): (u64, bool, Option<(u64, u64)>),
         ranges: &[MappedRange],
     ) -> Result<()> {
         Self::check_range(base, va_size)?;
         let sid = self.intern(stream)?;
+        let owner = match private_pool {
+            Some(id) => self.private_pool_index(id)?,
+            None => 0,
+        };
         let page = self.config.page_size(small);
         let seg = self.expandable.len() as u32;
         self.expandable.push(ExpandableSegment { base, va_size, page, alive: true });
@@ -268,7 +271,6 @@ impl PyTorch {
         if pos < base + va_size {
             pieces.push((pos, base + va_size - pos, false, None));
         }
-        let p = super::pool_index(small);
         let mut prev = NIL;
         for (ptr, size, mapped, live) in pieces {
             let id = self.new_block(Block {
@@ -281,7 +283,7 @@ impl PyTorch {
                 next: NIL,
                 expandable: seg,
                 gc_base: 0,
-                pool: 0,
+                pool: owner,
                 small,
                 allocated: false,
                 mapped,
@@ -302,7 +304,7 @@ impl PyTorch {
                         prev = id;
                     }
                     let key = unmapped_key(sid, self.b(id).ptr);
-                    self.pools[p].unmapped.insert(key, id);
+                    self.owner_mut(owner, small).unmapped.insert(key, id);
                 }
             }
         }
@@ -332,21 +334,26 @@ impl GpuMemoryFit {
     }
 }
 
+/// One mapped range of a recording, as [`gpu_memory_fit`] reads it: (address, size, stream,
+/// small pool, private pool or `None` for the default pools).
+pub type MappedPiece = (u64, u64, u64, bool, Option<(u64, u64)>);
+
 /// Infers the bounds on the GPU's memory from the expandable pages of a recording: `pieces` are
-/// every mapped range seen (start-state ranges and `segment_map` events) as (address, size,
-/// stream, small pool). Pages of one (stream, pool) that follow each other in address order
-/// share a reservation, so its VA holds them (a lower bound); a reservation starting at its
-/// lowest page ends before the next (stream, pool)'s first page (an upper bound). `None` when
-/// there are no expandable pages.
-pub fn gpu_memory_fit(pieces: &[(u64, u64, u64, bool)], config: &Config) -> Option<GpuMemoryFit> {
+/// every mapped range seen (start-state ranges and `segment_map` events). Pages of one (stream,
+/// pool) that follow each other in address order share a reservation, so its VA holds them (a
+/// lower bound); a reservation starting at its lowest page ends before the next (stream,
+/// pool)'s first page (an upper bound). `None` when there are no expandable pages.
+pub fn gpu_memory_fit(pieces: &[MappedPiece], config: &Config) -> Option<GpuMemoryFit> {
     let mut pieces = pieces.to_vec();
     pieces.sort_unstable();
-    // Runs of one (stream, pool) in address order: (start, end, small).
-    let mut runs: Vec<(u64, u64, u64, bool)> = Vec::new();
-    for &(addr, size, stream, small) in &pieces {
+    // Runs of one (stream, pool) in address order, as pieces whose second field is the end.
+    let mut runs: Vec<MappedPiece> = Vec::new();
+    for &(addr, size, stream, small, private) in &pieces {
         match runs.last_mut() {
-            Some(r) if r.2 == stream && r.3 == small => r.1 = r.1.max(addr.saturating_add(size)),
-            _ => runs.push((addr, addr.saturating_add(size), stream, small)),
+            Some(r) if (r.2, r.3, r.4) == (stream, small, private) => {
+                r.1 = r.1.max(addr.saturating_add(size));
+            }
+            _ => runs.push((addr, addr.saturating_add(size), stream, small, private)),
         }
     }
     if runs.is_empty() {
@@ -409,8 +416,11 @@ mod tests {
         let gpu = 81559 * MIB;
         let (large, small) = (va_size_on(gpu, 20 * MIB), va_size_on(gpu, 2 * MIB));
         // The large pool's reservation at 0, the small pool's right after it.
-        let pieces =
-            [(0, 100 * MIB, 0, false), (large, 2 * MIB, 0, true), (40 * MIB, 20 * MIB, 0, false)];
+        let pieces = [
+            (0, 100 * MIB, 0, false, None),
+            (large, 2 * MIB, 0, true, None),
+            (40 * MIB, 20 * MIB, 0, false, None),
+        ];
         let fit = gpu_memory_fit(&pieces, &config).unwrap();
         let g = fit.inferred().unwrap();
         assert!(g >= gpu && va_size_on(g, 20 * MIB) == large, "{fit:?}");
@@ -423,15 +433,15 @@ mod tests {
 
     #[test]
     fn one_reservation_bounds_the_memory_only_from_below() {
-        let fit = gpu_memory_fit(&[(0, 200 * MIB, 0, false)], &Config::default()).unwrap();
+        let fit = gpu_memory_fit(&[(0, 200 * MIB, 0, false, None)], &Config::default()).unwrap();
         assert_eq!((fit.max, fit.inferred()), (None, None));
         assert_eq!(va_size_on(fit.min, 20 * MIB), 200 * MIB);
         assert!(va_size_on(fit.min - 1, 20 * MIB) < 200 * MIB);
         // Pages that need more VA than the gaps allow: no value fits.
         let pieces = [
-            (0, 200 * MIB, 0, false),
-            (100 * MIB, 2 * MIB, 0, true),
-            (150 * MIB, 2 * MIB, 1, false),
+            (0, 200 * MIB, 0, false, None),
+            (100 * MIB, 2 * MIB, 0, true, None),
+            (150 * MIB, 2 * MIB, 1, false, None),
         ];
         let fit = gpu_memory_fit(&pieces, &Config::default()).unwrap();
         assert_eq!(fit.inferred(), None, "{fit:?}");

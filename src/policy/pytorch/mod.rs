@@ -18,13 +18,16 @@
 //! private pool owns are installed in that pool, whose free blocks only mallocs made into the
 //! pool take ([`Policy::allocate_into`], which the replay and `validate` call from where each
 //! allocation was recorded) and no flush releases, as in PyTorch while the graph or pool lives.
+//! With expandable segments a private pool has reservations of its own, or cudaMalloc segments
+//! as PyTorch before ≈ 2.5 gave it ([`Config::expandable_in_private_pools`]).
 //!
 //! Deviations: frees take effect when the engine calls [`Policy::free`] (at `free_completed`), so
 //! `record_stream` delays come from the trace; a capture is taken to be underway only for a
 //! malloc made into a private pool or one the caller says ran during a capture
 //! ([`PyTorch::set_capture_underway`]; PyTorch skips the release-everything fallback for every
-//! malloc while any capture is underway), and private expandable segments are installed in the
-//! default pools; no IPC callbacks (the free-memory callback is taken to release nothing); `cudaMalloc`
+//! malloc while any capture is underway); a `MemPool` with a custom allocator is modelled as any
+//! private pool (PyTorch gives it cudaMalloc segments through its allocator even under expandable
+//! segments); no IPC callbacks (the free-memory callback is taken to release nothing); `cudaMalloc`
 //! and page mapping go through the [`Backend`], whose capacity decides when they fail.
 
 mod active;
@@ -675,7 +678,9 @@ impl PyTorch {
                 return Ok(None);
             }
         }
-        if self.config.expandable_segments {
+        if self.config.expandable_segments
+            && (self.into == 0 || self.config.expandable_in_private_pools())
+        {
             return self.try_allocate_expandable_block(backend, stream, size, small);
         }
         let Some(ptr) = backend.segment_alloc(alloc_size)? else { return Ok(None) };
@@ -1079,15 +1084,22 @@ fn merge_free_neighbours(tiling: &mut Tiling) {
 
 /// The configuration `options` asks for: `recorded` or empty means the trace's recorded
 /// settings (else PyTorch's defaults); anything else is `PYTORCH_CUDA_ALLOC_CONF` syntax.
+/// Either way, whether private pools get expandable segments of their own is what the recording
+/// shows of the PyTorch that made it, where it shows it
+/// ([`start::private_pools_expandable_in`]).
 pub fn config_for(options: &str, context: &PolicyContext, version: Version) -> Result<Config> {
     let o = options.trim();
-    if o.is_empty() || o == "recorded" {
-        return match &context.trace.allocator_settings {
-            Some(s) => Config::from_recorded(s, version),
-            None => Ok(Config { version, ..Config::default() }),
-        };
-    }
-    Config::parse(o, version)
+    let mut config = if o.is_empty() || o == "recorded" {
+        match &context.trace.allocator_settings {
+            Some(s) => Config::from_recorded(s, version)?,
+            None => Config { version, ..Config::default() },
+        }
+    } else {
+        Config::parse(o, version)?
+    };
+    config.private_pools_expandable =
+        start::private_pools_expandable_in(context.trace, context.device, context.events);
+    Ok(config)
 }
 
 impl Policy for PyTorch {
@@ -1171,12 +1183,13 @@ impl Policy for PyTorch {
     /// The next mallocs allocate into private pool `pool` (`None`: the default pools), as
     /// PyTorch's do for a stream under graph capture or `use_mem_pool`: they search only that
     /// pool's free blocks, a new segment belongs to it, and none falls back to releasing every
-    /// cached segment (PyTorch skips that while a capture is underway). Not modelled with
-    /// expandable segments: there every malloc stays in the default pools.
+    /// cached segment (PyTorch skips that while a capture is underway). With expandable
+    /// segments, the pool's new memory is pages of its own reservations, or cudaMalloc segments
+    /// in PyTorch before ≈ 2.5 ([`Config::expandable_in_private_pools`]).
     fn allocate_into(&mut self, pool: Option<(u64, u64)>) -> Result<()> {
         self.into = match pool {
-            Some(id) if !self.config.expandable_segments => self.private_pool_index(id)?,
-            _ => 0,
+            Some(id) => self.private_pool_index(id)?,
+            None => 0,
         };
         Ok(())
     }

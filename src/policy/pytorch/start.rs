@@ -28,8 +28,30 @@ use crate::trace::pool_routes::PoolRoutes;
 use crate::trace::{Action, BlockState, Event, Trace};
 use std::collections::BTreeMap;
 
-/// An expandable reservation at the first event: (base, VA size, stream, small pool).
-pub type Reservation = (u64, u64, u64, bool);
+/// An expandable reservation at the first event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    /// Its lowest address.
+    pub base: u64,
+    /// Its size (9/8 of the GPU's memory, in pages).
+    pub va_size: u64,
+    /// The stream it serves.
+    pub stream: u64,
+    /// The small pool's (2 MiB pages) or the large pool's.
+    pub small: bool,
+    /// The private pool it belongs to; `None`: the default pools.
+    pub private_pool: Option<(u64, u64)>,
+}
+
+impl Reservation {
+    /// Whether the mapped range `s` lies in this reservation.
+    fn holds(&self, s: &StartSegment) -> bool {
+        s.expandable
+            && (s.stream, s.small, s.private_pool) == (self.stream, self.small, self.private_pool)
+            && self.base <= s.addr
+            && s.addr < self.base + self.va_size
+    }
+}
 
 /// A block live at the first event.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -91,7 +113,8 @@ pub struct StartState {
     pub routes: Option<PoolRoutes>,
 }
 
-/// A cudaMalloc segment's (size, stream, small pool, private pool), as recovery tracks it.
+/// A cudaMalloc segment's or a mapped expandable piece's (size, stream, small pool, private
+/// pool), as recovery tracks it.
 type SegmentFacts = (u64, u64, bool, Option<(u64, u64)>);
 
 impl StartState {
@@ -112,8 +135,8 @@ impl StartState {
         // Segments: undo segment events from the dump backwards.
         // addr -> (size, stream, small, private pool)
         let mut segs: BTreeMap<u64, SegmentFacts> = BTreeMap::new();
-        // Mapped expandable bytes, page-granular pieces: addr -> (size, stream, small).
-        let mut mapped: BTreeMap<u64, (u64, u64, bool)> = BTreeMap::new();
+        // Mapped expandable bytes, page-granular pieces: addr -> (size, stream, small, pool).
+        let mut mapped: BTreeMap<u64, SegmentFacts> = BTreeMap::new();
         let mut final_live: Vec<(u64, u64, u64)> = Vec::new(); // (addr, size, request)
         let mut expandable = false;
         // Ranges that would overflow the address space are malformed input: ignored here, so the
@@ -123,7 +146,7 @@ impl StartState {
             if s.is_expandable {
                 expandable = true;
                 let small = s.pool == crate::trace::PoolKind::Small;
-                mapped.insert(s.address, (s.total_size, s.stream, small));
+                mapped.insert(s.address, (s.total_size, s.stream, small, s.private_pool));
                 for b in &s.blocks {
                     if matches!(
                         b.state,
@@ -160,8 +183,9 @@ impl StartState {
                 }
                 Action::SegmentUnmap => {
                     expandable = true;
-                    let small = pool_near(&mapped, e.addr, e.size, e.stream, config);
-                    mapped.insert(e.addr, (e.size, e.stream, small));
+                    let named = trace.entry_pool(e);
+                    let (small, near) = pool_near(&mapped, e, named, config);
+                    mapped.insert(e.addr, (e.size, e.stream, small, named.unwrap_or(near)));
                 }
                 _ => {}
             }
@@ -181,7 +205,7 @@ impl StartState {
                 live: Vec::new(),
             })
             .collect();
-        let (ranges, reservations) = reservations(&mapped, &segment_events, config);
+        let (ranges, reservations) = reservations(trace, &mapped, &segment_events, config);
         segments.extend(ranges);
         segments.sort_by_key(|s| s.addr);
         let find = |segments: &[StartSegment], addr: u64| {
@@ -324,20 +348,15 @@ impl StartState {
 
     /// Builds the policy's state: every segment with its live and free blocks.
     pub fn install(&self, policy: &mut PyTorch) -> Result<()> {
-        for &(base, va, stream, small) in &self.reservations {
+        for r in &self.reservations {
             let ranges: Vec<MappedRange> = self
                 .segments
                 .iter()
-                .filter(|s| {
-                    s.expandable
-                        && s.stream == stream
-                        && s.small == small
-                        && base <= s.addr
-                        && s.addr < base + va
-                })
+                .filter(|s| r.holds(s))
                 .map(|s| (s.addr, s.size, Self::tiling(s)))
                 .collect();
-            policy.install_expandable(base, va, stream, small, &ranges)?;
+            let pool = (r.stream, r.small, r.private_pool);
+            policy.install_expandable(r.base, r.va_size, pool, &ranges)?;
         }
         for s in self.segments.iter().filter(|s| !s.expandable) {
             let blocks = Self::tiling(s);
@@ -347,41 +366,77 @@ impl StartState {
     }
 }
 
+/// What a recording with expandable segments shows of the memory its private pools got
+/// ([`Config::expandable_in_private_pools`]): `Some(true)` where a private pool's pages were
+/// mapped (its expandable range in the dump, or a `segment_map` whose entry names it),
+/// `Some(false)` where a private pool got cudaMalloc segments instead (a dump segment, or a
+/// `segment_alloc` that names one or, in a file that does not name pools, any `segment_alloc`:
+/// with expandable segments the default pools make none). Mapped pages win: a pool with a custom
+/// allocator gets cudaMalloc segments even where graphs' pools map pages. `None` where the
+/// recording did not use expandable segments or shows neither.
+pub fn private_pools_expandable_in(trace: &Trace, device: i32, events: &[Event]) -> Option<bool> {
+    if !trace.allocator_settings.as_ref().is_some_and(|s| s.expandable_segments)
+        && !trace.segments_of(device).any(|s| s.is_expandable)
+    {
+        return None;
+    }
+    let private =
+        trace.segments_of(device).filter(|s| s.private_pool.is_some()).map(|s| s.is_expandable);
+    let named = |e: &Event| trace.entry_pool(e).map(|pool| pool.is_some());
+    let entries = events.iter().filter_map(|e| match e.action {
+        Action::SegmentMap if named(e) == Some(true) => Some(true),
+        Action::SegmentAlloc if named(e).unwrap_or(true) => Some(false),
+        _ => None,
+    });
+    let mut seen = None;
+    for mapped in private.chain(entries) {
+        if mapped {
+            return Some(true);
+        }
+        seen = Some(false);
+    }
+    seen
+}
+
 /// Removes `[addr, addr + size)` from the mapped pieces (undoing a `segment_map`).
-fn cut(mapped: &mut BTreeMap<u64, (u64, u64, bool)>, addr: u64, size: u64) {
+fn cut(mapped: &mut BTreeMap<u64, SegmentFacts>, addr: u64, size: u64) {
     let end = addr + size;
-    let touched: Vec<(u64, (u64, u64, bool))> = mapped
+    let touched: Vec<(u64, SegmentFacts)> = mapped
         .range(..end)
         .rev()
-        .take_while(|(&a, &(s, _, _))| a + s > addr)
+        .take_while(|(&a, &(s, ..))| a + s > addr)
         .map(|(&a, &v)| (a, v))
         .collect();
-    for (a, (s, stream, small)) in touched {
+    for (a, (s, stream, small, pool)) in touched {
         mapped.remove(&a);
         if a < addr {
-            mapped.insert(a, (addr - a, stream, small));
+            mapped.insert(a, (addr - a, stream, small, pool));
         }
         if a + s > end {
-            mapped.insert(end, (a + s - end, stream, small));
+            mapped.insert(end, (a + s - end, stream, small, pool));
         }
     }
 }
 
-/// The pool of a range re-added by undoing a `segment_unmap`: that of a mapped neighbour of the
-/// same stream, else by page size (a multiple of the large page is taken as large).
+/// The pool of a range re-added by undoing the `segment_unmap` `e`: (small, private pool) of a
+/// mapped neighbour of the same stream (and of the pool the entry names, where it names one:
+/// `named`), else the small pool by page size (a multiple of the large page is taken as large)
+/// and the default pools.
 fn pool_near(
-    mapped: &BTreeMap<u64, (u64, u64, bool)>,
-    addr: u64,
-    size: u64,
-    stream: u64,
+    mapped: &BTreeMap<u64, SegmentFacts>,
+    e: &Event,
+    named: Option<Option<(u64, u64)>>,
     config: &Config,
-) -> bool {
-    let before =
-        mapped.range(..addr).next_back().filter(|(&a, &(s, st, _))| a + s == addr && st == stream);
-    let after = mapped.get(&(addr + size)).filter(|&&(_, st, _)| st == stream);
-    match (before, after) {
-        (Some((_, &(_, _, small))), _) | (None, Some(&(_, _, small))) => small,
-        (None, None) => size % config.page_size(false) != 0,
+) -> (bool, Option<(u64, u64)>) {
+    let (addr, end) = (e.addr, e.addr + e.size);
+    let same = |&(_, stream, _, pool): &SegmentFacts| {
+        stream == e.stream && named.is_none_or(|n| n == pool)
+    };
+    let before = mapped.range(..addr).next_back().filter(|(&a, f)| a + f.0 == addr && same(f));
+    let after = mapped.get(&end).filter(|f| same(f));
+    match (before.map(|(_, f)| f), after) {
+        (Some(&(_, _, small, pool)), _) | (None, Some(&(_, _, small, pool))) => (small, pool),
+        (None, None) => (e.size % config.page_size(false) != 0, None),
     }
 }
 
@@ -389,14 +444,18 @@ fn pool_near(
 /// reservations: one per (stream, pool) span of at most the VA size, based at its lowest mapped
 /// byte or at the lowest address the trace later maps within reach below it.
 fn reservations(
-    mapped: &BTreeMap<u64, (u64, u64, bool)>,
+    trace: &Trace,
+    mapped: &BTreeMap<u64, SegmentFacts>,
     segment_events: &[&Event],
     config: &Config,
 ) -> (Vec<StartSegment>, Vec<Reservation>) {
     let mut ranges: Vec<StartSegment> = Vec::new();
-    for (&addr, &(size, stream, small)) in mapped {
+    for (&addr, &(size, stream, small, private_pool)) in mapped {
         match ranges.last_mut() {
-            Some(r) if r.addr + r.size == addr && r.stream == stream && r.small == small => {
+            Some(r)
+                if r.addr + r.size == addr
+                    && (r.stream, r.small, r.private_pool) == (stream, small, private_pool) =>
+            {
                 r.size += size;
             }
             _ => ranges.push(StartSegment {
@@ -405,7 +464,7 @@ fn reservations(
                 stream,
                 small,
                 expandable: true,
-                private_pool: None,
+                private_pool,
                 live: Vec::new(),
             }),
         }
@@ -415,13 +474,12 @@ fn reservations(
     for r in &ranges {
         let page = config.page_size(r.small);
         let va = (gpu + gpu / 8).div_ceil(page).max(1) * page;
-        let known = out.iter().any(|&(b, v, st, sm)| {
-            st == r.stream && sm == r.small && b <= r.addr && r.addr + r.size <= b + v
-        });
-        if known {
+        if out.iter().any(|o| o.holds(r) && r.addr + r.size <= o.base + o.va_size) {
             continue;
         }
         let end = r.addr + r.size;
+        // A map the entry says is another pool's is not in this reservation.
+        let same_pool = |e: &Event| trace.entry_pool(e).is_none_or(|p| p == r.private_pool);
         let base = segment_events
             .iter()
             .filter(|e| {
@@ -429,12 +487,14 @@ fn reservations(
                     && e.stream == r.stream
                     && e.addr < r.addr
                     && end - e.addr <= va
-                    && !out.iter().any(|&(b, v, _, _)| b <= e.addr && e.addr < b + v)
+                    && same_pool(e)
+                    && !out.iter().any(|o| o.base <= e.addr && e.addr < o.base + o.va_size)
             })
             .map(|e| e.addr)
             .min()
             .unwrap_or(r.addr);
-        out.push((base, va, r.stream, r.small));
+        let (stream, small, private_pool) = (r.stream, r.small, r.private_pool);
+        out.push(Reservation { base, va_size: va, stream, small, private_pool });
     }
     (ranges, out)
 }

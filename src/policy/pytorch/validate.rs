@@ -32,17 +32,18 @@ use std::collections::{BTreeMap, BTreeSet};
 /// or why it could not be; `None` when the recording maps no expandable pages.
 fn infer_gpu_memory(events: &[Event], start: &StartState, config: &mut Config) -> Option<Warning> {
     let large_page = config.page_size(false);
-    let mut pieces: Vec<(u64, u64, u64, bool)> = start
+    let mut pieces: Vec<super::expandable::MappedPiece> = start
         .segments
         .iter()
         .filter(|s| s.expandable)
-        .map(|s| (s.addr, s.size, s.stream, s.small))
+        .map(|s| (s.addr, s.size, s.stream, s.small, s.private_pool))
         .collect();
+    let pool_of = |e: &Event| start.routes.as_ref().and_then(|r| r.pool_of_map(e));
     pieces.extend(
         events
             .iter()
             .filter(|e| e.action == Action::SegmentMap)
-            .map(|e| (e.addr, e.size, e.stream, e.size % large_page != 0)),
+            .map(|e| (e.addr, e.size, e.stream, e.size % large_page != 0, pool_of(e))),
     );
     let fit = super::expandable::gpu_memory_fit(&pieces, config)?;
     let fraction = config.per_process_memory_fraction.is_some();
@@ -464,6 +465,10 @@ struct Guided<'a> {
     /// made of (a small-pool malloc maps one page, a large-pool one whole pages).
     page: u64,
     small: bool,
+    /// The private pool the malloc was made into (`None`: the default pools), and the routes
+    /// that tell a recorded map's pool: a reservation is one pool's.
+    pool: Option<(u64, u64)>,
+    routes: Option<&'a crate::trace::pool_routes::PoolRoutes>,
 }
 
 impl Guided<'_> {
@@ -537,7 +542,10 @@ impl Backend for Guided<'_> {
         // map on that stream, of that pool's pages, outside every known reservation shows where
         // it is.
         let (stream, page, small) = (self.stream, self.page.max(1), self.small);
-        let of_pool = |e: &&Event| if small { e.size == page } else { e.size % page == 0 };
+        let same_private = |e: &Event| self.routes.is_none_or(|r| r.pool_of_map(e) == self.pool);
+        let of_pool = |e: &&Event| {
+            (if small { e.size == page } else { e.size % page == 0 }) && same_private(e)
+        };
         let recorded = self
             .script
             .iter()
@@ -699,7 +707,7 @@ fn replay_checked(
             .filter(|s| !s.expandable)
             .map(|s| (s.addr, s.size))
             .collect(),
-        reservations: start.reservations.iter().map(|&(b, v, _, _)| (b, v)).collect(),
+        reservations: start.reservations.iter().map(|r| (r.base, r.va_size)).collect(),
         reserved: start.reserved(),
         peak: start.reserved(),
         fresh: FRESH_BASE,
@@ -708,6 +716,8 @@ fn replay_checked(
         stream: 0,
         page: 0,
         small: false,
+        pool: None,
+        routes: start.routes.as_ref(),
     };
     // Recorded address -> simulated address of every live block.
     let mut live: AddrMap<u64> = AddrMap::default();
@@ -775,6 +785,7 @@ fn replay_checked(
                 // made into a private pool (during graph capture, or under use_mem_pool).
                 let mut into = routes.as_ref().and_then(|r| r.pool_for(e));
                 policy.allocate_into(into)?;
+                dev.pool = into;
                 // An OOM of a file that names no pools has no address to tell its pool by. If
                 // the default pools could serve it, the real allocator was not searching them:
                 // it was a malloc into a private pool, taken to be the one the last routed
@@ -787,6 +798,7 @@ fn replay_checked(
                 {
                     into = last_private;
                     policy.allocate_into(into)?;
+                    dev.pool = into;
                 }
                 if into.is_some() {
                     last_private = into;
@@ -1061,6 +1073,8 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
     if let Some(g) = options.gpu_memory {
         config.gpu_memory = g;
     }
+    config.private_pools_expandable =
+        super::start::private_pools_expandable_in(trace, device, events);
     if options.version.is_none() {
         notes.push(Warning::ModelledCurrentVersion { version: Version::CURRENT });
     }
