@@ -747,4 +747,37 @@ fn expandable_recordings_across_graph_captures_validate_and_replay_exactly() {
     }
     assert!(unmapped_when_gone >= 10, "the deleted graph unmapped {unmapped_when_gone} ranges");
     assert!(unrouted_differs >= 40, "the pools changed only {unrouted_differs} of 80 runs");
+
+    // As a user runs it: each kind as a pickle, validated and replayed by the commands, which
+    // say what the recording showed.
+    let dir = tempfile::tempdir().unwrap();
+    let kinds = [
+        (Version::CURRENT, true, "mapping pages of their own reservations"),
+        (before, false, "getting cudaMalloc segments (PyTorch before ≈ 2.5)"),
+    ];
+    for (version, names_pools, says) in kinds {
+        let run = Run {
+            conf: "expandable_segments:True",
+            capacity: Some(200 << 20),
+            captures: true,
+            names_pools,
+            version,
+            ..Run::PLAIN
+        };
+        let path = dir.path().join(format!("graphs-{version}.pickle"));
+        fragsim::trace::write_trace(&recording(2, run), &path).unwrap();
+        let file = path.to_str().unwrap();
+        let o = crate::util::run(&["validate", file]);
+        let text = stdout(&o);
+        assert_eq!(o.status.code(), Some(0), "{version}: {text}{}", stderr(&o));
+        assert!(text.contains("result: valid") && text.contains(says), "{version}: {text}");
+        let o = crate::util::run(&["replay", file, "-p", "pytorch", "--json"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        let rows = v["results"].as_array().unwrap();
+        let peak = |p: &str| {
+            rows.iter().find(|r| r["policy"] == p).unwrap()["peak_reserved_bytes"].clone()
+        };
+        assert_eq!(peak("pytorch"), peak("recorded"), "{version}: the replay's peak");
+    }
 }

@@ -250,6 +250,12 @@ pub enum Warning {
         /// The `alloc` entries made into one.
         allocs: u64,
     },
+    /// Expandable segments: the recording shows which memory private pools got
+    /// ([`Config::expandable_in_private_pools`]), whatever the version modelled.
+    PrivatePoolMemory {
+        /// Pages of their own reservations (PyTorch ≈ 2.5+); else cudaMalloc segments.
+        expandable: bool,
+    },
     /// Expandable segments: the recording bounds the GPU memory only from below.
     GpuMemoryUnbounded {
         /// The smallest memory that fits.
@@ -274,6 +280,7 @@ impl Warning {
                 | Warning::GpuMemoryUnbounded { .. }
                 | Warning::PrivatePools { .. }
                 | Warning::EntriesNamePools { .. }
+                | Warning::PrivatePoolMemory { .. }
                 | Warning::UnmodelledOptions { .. }
         )
     }
@@ -343,6 +350,14 @@ impl std::fmt::Display for Warning {
                 f,
                 "every entry names its pool (pool_id): {allocs} allocation(s) were made into \
                  {pools} private pool(s), and each request is made into the pool its entry names"
+            ),
+            Warning::PrivatePoolMemory { expandable: true } => f.write_str(
+                "expandable segments: the recording shows private pools mapping pages of their \
+                 own reservations (PyTorch ≈ 2.5 and later), as modelled",
+            ),
+            Warning::PrivatePoolMemory { expandable: false } => f.write_str(
+                "expandable segments: the recording shows private pools getting cudaMalloc \
+                 segments (PyTorch before ≈ 2.5), as modelled",
             ),
             Warning::GpuMemoryUnbounded { min, assumed, fraction } => write!(
                 f,
@@ -1075,6 +1090,9 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
     }
     config.private_pools_expandable =
         super::start::private_pools_expandable_in(trace, device, events);
+    if let Some(expandable) = config.private_pools_expandable {
+        notes.push(Warning::PrivatePoolMemory { expandable });
+    }
     if options.version.is_none() {
         notes.push(Warning::ModelledCurrentVersion { version: Version::CURRENT });
     }
