@@ -411,6 +411,17 @@ fn recording(seed: u64, run: Run) -> fragsim::trace::Trace {
     }
 }
 
+/// `t` as a snapshot older than PyTorch ≈ 2.7 records it: no entry names its pool.
+fn unnamed(t: &fragsim::trace::Trace) -> fragsim::trace::Trace {
+    let mut t = t.clone();
+    t.entry_pools = None;
+    t.devices
+        .iter_mut()
+        .flat_map(|d| &mut d.events)
+        .for_each(|e| e.pool = fragsim::trace::PoolRef::DEFAULT);
+    t
+}
+
 /// [`recording`] across CUDA graph captures, default settings, no device limit.
 fn captured_recording(seed: u64, cut: usize) -> fragsim::trace::Trace {
     recording(seed, Run { captures: true, cut, ..Run::PLAIN })
@@ -560,12 +571,7 @@ fn recordings_whose_entries_name_their_pool_validate_and_replay_exactly() {
             // The control: the same recording with neither names nor a private pool in the
             // dump.
             if capacity.is_none() && conf.is_empty() {
-                let mut unnamed = t.clone();
-                unnamed.entry_pools = None;
-                for e in &mut unnamed.devices[0].events {
-                    e.pool = fragsim::trace::PoolRef::DEFAULT;
-                }
-                let v = validate(&unnamed, &ValidateOptions::default()).unwrap();
+                let v = validate(&unnamed(&t), &ValidateOptions::default()).unwrap();
                 unnamed_differs += !v.mismatches.is_empty() as u32;
             }
         }
@@ -591,10 +597,7 @@ fn recordings_whose_entries_name_their_pool_validate_and_replay_exactly() {
     // needs them.
     let mut t = recording(3, Run { captures: true, names_pools: true, ..Run::PLAIN });
     t.segments.iter_mut().for_each(|s| s.private_pool = None);
-    let mut unnamed = t.clone();
-    unnamed.entry_pools = None;
-    unnamed.devices[0].events.iter_mut().for_each(|e| e.pool = fragsim::trace::PoolRef::DEFAULT);
-    assert_ne!(replayed_peak(&unnamed), replayed_peak(&t), "the names matter here");
+    assert_ne!(replayed_peak(&unnamed(&t)), replayed_peak(&t), "the names matter here");
     fragsim::trace::write_trace(&t, &path).unwrap();
     let fst = dir.path().join("graphs.fst");
     let o = crate::util::run(&["convert", path.to_str().unwrap(), fst.to_str().unwrap()]);
@@ -733,12 +736,8 @@ fn expandable_recordings_across_graph_captures_validate_and_replay_exactly() {
                 assert!(v.mismatches.is_empty(), "{at}, cut: {:?}", &v.mismatches[..1]);
                 // The control: no names and no private pool in the dump.
                 if own && graph_deleted_at.is_none() {
-                    let mut unrouted = t.clone();
-                    unrouted.entry_pools = None;
+                    let mut unrouted = unnamed(&t);
                     unrouted.segments.iter_mut().for_each(|s| s.private_pool = None);
-                    for e in &mut unrouted.devices[0].events {
-                        e.pool = fragsim::trace::PoolRef::DEFAULT;
-                    }
                     let v = validate(&unrouted, &ValidateOptions::default()).unwrap();
                     unrouted_differs += !v.mismatches.is_empty() as u32;
                 }
