@@ -267,6 +267,10 @@ struct Run<'a> {
     /// The PyTorch whose allocator records (before 2.5, private pools get cudaMalloc segments
     /// under expandable segments).
     version: fragsim::policy::pytorch::Version,
+    /// Stream 1's allocations in some windows go to a `MemPool` with an allocator of its own
+    /// (pool `(2, 9)`, the second of `entry_pools`): under expandable segments, current main
+    /// gives it segments from its allocator, not pages.
+    mem_pool: bool,
 }
 
 impl Run<'static> {
@@ -279,6 +283,7 @@ impl Run<'static> {
         names_pools: false,
         graph_deleted_at: None,
         version: fragsim::policy::pytorch::Version::CURRENT,
+        mem_pool: false,
     };
 }
 
@@ -293,37 +298,42 @@ fn recording(seed: u64, run: Run) -> fragsim::trace::Trace {
     use fragsim::policy::{Allocation, Policy};
     use fragsim::testing::{workload, Step};
     use fragsim::trace::{Action, DeviceTrace, Event, Format, Trace};
-    let config = Config::parse(run.conf, run.version).unwrap();
+    let mut config = Config::parse(run.conf, run.version).unwrap();
     let settings = config.to_recorded();
+    // Pool numbers: 0 the default pools, 1 the graph's, 2 the MemPool's.
+    const POOLS: [Option<(u64, u64)>; 3] = [None, Some((1, 7)), Some((2, 9))];
+    if run.mem_pool {
+        config.own_allocator_pools = vec![(2, 9)];
+    }
     let mut p = PyTorch::new(config);
     let mut d: Recording<SimDevice> = Recording::new(SimDevice::new(run.capacity));
     let mut events = Vec::new();
-    let mut live: Vec<Option<(Allocation, u64, u64, bool)>> = Vec::new();
-    // The graph's pool, as the entries name it: `PoolRef(1)`, the first of `entry_pools`.
-    let pool_of = |private: bool| fragsim::trace::PoolRef(u16::from(private && run.names_pools));
-    // The graph's segments, by address: their releases name its pool.
-    let mut private_segments = std::collections::HashSet::new();
+    let mut live: Vec<Option<(Allocation, u64, u64, u16)>> = Vec::new();
+    // A pool as the entries name it: `PoolRef(k)` for pool k, the k-th of `entry_pools`.
+    let pool_of = |pool: u16| fragsim::trace::PoolRef(if run.names_pools { pool } else { 0 });
+    // The private pools' segments, by address: their releases name the pool.
+    let mut private_segments = std::collections::HashMap::new();
     let mut seen = 0;
     let mut streams = std::collections::HashMap::new();
-    // (base, size, stream, private pool's) of every reservation.
-    let mut reservations: Vec<(u64, u64, u64, bool)> = Vec::new();
+    // (base, size, stream, pool) of every reservation.
+    let mut reservations: Vec<(u64, u64, u64, u16)> = Vec::new();
     for (k, step) in workload(seed, 700).into_iter().enumerate() {
         let deleted = run.graph_deleted_at.is_some_and(|at| k >= at);
         let capture = run.captures && (k / 60) % 3 == 1 && !deleted;
         let time = events.len() as i64;
-        let mut log = |d: &Recording<SimDevice>, events: &mut Vec<Event>, stream: u64, private| {
+        let mut log = |d: &Recording<SimDevice>, events: &mut Vec<Event>, stream: u64, pool| {
             for c in &d.calls()[seen..] {
                 // Every segment event carries its segment's (or reservation's) stream.
                 let (action, addr, size) = match *c {
                     BackendCall::SegmentAlloc { size, addr: Some(a) } => {
                         streams.insert(a, stream);
-                        if private {
-                            private_segments.insert(a);
+                        if pool != 0 {
+                            private_segments.insert(a, pool);
                         }
                         (Action::SegmentAlloc, a, size)
                     }
                     BackendCall::Reserve { size, addr: Some(a) } => {
-                        reservations.push((a, size, stream, private));
+                        reservations.push((a, size, stream, pool));
                         continue;
                     }
                     BackendCall::SegmentFree { addr, size } => (Action::SegmentFree, addr, size),
@@ -340,33 +350,34 @@ fn recording(seed: u64, run: Run) -> fragsim::trace::Trace {
                 };
                 // A segment event names the pool of its segment or reservation (a release made
                 // by a default pool's malloc or by a flush may return a gone graph's memory).
-                let private = match action {
-                    Action::SegmentFree => private_segments.remove(&addr),
-                    Action::SegmentAlloc => private,
-                    _ => reservation().map_or(private, |r| r.3),
+                let pool = match action {
+                    Action::SegmentFree => private_segments.remove(&addr).unwrap_or(0),
+                    Action::SegmentAlloc => pool,
+                    _ => reservation().map_or(pool, |r| r.3),
                 };
                 let e = Event::new(action, addr, size, s, time);
-                events.push(Event { pool: pool_of(private), ..e });
+                events.push(Event { pool: pool_of(pool), ..e });
             }
             seen = d.calls().len();
         };
         if run.graph_deleted_at == Some(k) {
             p.release_pool((1, 7)).unwrap();
             p.empty_cache(&mut d).unwrap();
-            log(&d, &mut events, 0, false);
+            log(&d, &mut events, 0, 0);
         }
         match step {
             Step::Alloc { id, size, stream } => {
-                let private = capture && stream == 0;
-                p.allocate_into(private.then_some((1, 7))).unwrap();
+                let in_mem_pool = run.mem_pool && (k / 50) % 4 == 2 && stream == 1;
+                let pool = if capture && stream == 0 { 1 } else { 2 * u16::from(in_mem_pool) };
+                p.allocate_into(POOLS[pool as usize]).unwrap();
                 let got = p.malloc(&mut d, size, stream).unwrap();
-                log(&d, &mut events, stream, private);
-                let named = |e: Event| Event { pool: pool_of(private), ..e };
+                log(&d, &mut events, stream, pool);
+                let named = |e: Event| Event { pool: pool_of(pool), ..e };
                 match got {
                     Some(a) => {
                         events.push(named(Event::new(Action::Alloc, a.addr, size, stream, time)));
                         live.resize(live.len().max(id + 1), None);
-                        live[id] = Some((a, size, stream, private));
+                        live[id] = Some((a, size, stream, pool));
                     }
                     None => {
                         // PyTorch's `oom` entry: the device's free bytes, the rounded size.
@@ -377,12 +388,12 @@ fn recording(seed: u64, run: Run) -> fragsim::trace::Trace {
                 }
             }
             Step::Free { id } => {
-                if let Some((a, size, stream, private)) = live.get_mut(id).and_then(Option::take) {
+                if let Some((a, size, stream, pool)) = live.get_mut(id).and_then(Option::take) {
                     p.free_handle(&mut d, a.addr, a.handle).unwrap();
-                    log(&d, &mut events, stream, private); // expandable segments unmap nothing
+                    log(&d, &mut events, stream, pool); // expandable segments unmap nothing
                     for action in [Action::FreeRequested, Action::FreeCompleted] {
                         let e = Event::new(action, a.addr, size, stream, time);
-                        events.push(Event { pool: pool_of(private), ..e });
+                        events.push(Event { pool: pool_of(pool), ..e });
                     }
                 }
             }
@@ -390,7 +401,7 @@ fn recording(seed: u64, run: Run) -> fragsim::trace::Trace {
             // graph's pool (the graph lives), as the policy does.
             Step::EmptyCache if !capture => {
                 p.empty_cache(&mut d).unwrap();
-                log(&d, &mut events, 0, false);
+                log(&d, &mut events, 0, 0);
             }
             Step::EmptyCache => {}
         }
@@ -406,7 +417,9 @@ fn recording(seed: u64, run: Run) -> fragsim::trace::Trace {
         }],
         segments,
         allocator_settings: Some(settings),
-        entry_pools: run.names_pools.then(|| vec![(1, 7)]),
+        entry_pools: run.names_pools.then(|| {
+            POOLS[1..if run.mem_pool { 3 } else { 2 }].iter().flatten().copied().collect()
+        }),
         ..Trace::default()
     }
 }
@@ -684,19 +697,20 @@ fn expandable_recordings_on_small_devices_validate_exactly() {
 #[test]
 fn expandable_recordings_across_graph_captures_validate_and_replay_exactly() {
     use fragsim::policy::pytorch::validate::{validate, ValidateOptions};
-    use fragsim::policy::pytorch::{start::private_pools_expandable_in, Version};
+    use fragsim::policy::pytorch::{start::PrivatePoolMemory, Version};
     use fragsim::trace::Action;
     let options = ValidateOptions { check_invariants: true, ..ValidateOptions::default() };
     let before = Version { major: 2, minor: 4 };
     let (mut unmapped_when_gone, mut unrouted_differs) = (0, 0);
+    // (version, entries name pools, graph deleted at, a MemPool with its own allocator).
     let variants = [
-        (Version::CURRENT, true, None),
-        (Version::CURRENT, false, None),
-        (Version::CURRENT, true, Some(400)),
-        (before, false, None),
-        (before, true, None),
+        (Version::CURRENT, true, None, false),
+        (Version::CURRENT, false, None, false),
+        (Version::CURRENT, true, Some(400), false),
+        (Version::CURRENT, true, None, true),
+        (before, false, None, false),
     ];
-    for (version, names_pools, graph_deleted_at) in variants {
+    for (version, names_pools, graph_deleted_at, mem_pool) in variants {
         // Down to 120 MiB where the entries name the pool of each failed request too; an older
         // snapshot's failed request has no address to tell its pool by.
         let capacities =
@@ -710,18 +724,21 @@ fn expandable_recordings_across_graph_captures_validate_and_replay_exactly() {
                     names_pools,
                     graph_deleted_at,
                     version,
+                    mem_pool,
                     ..Run::PLAIN
                 };
                 let mut t = recording(seed, run);
                 let at = format!(
-                    "{version}, named {names_pools}, deleted at {graph_deleted_at:?}, {capacity:?}, seed {seed}"
+                    "{version}, named {names_pools}, deleted at {graph_deleted_at:?}, mem pool {mem_pool}, {capacity:?}, seed {seed}"
                 );
                 let events = &t.devices[0].events;
                 let own = version >= (Version { major: 2, minor: 5 });
                 // What each PyTorch makes for the graph: mapped pages, or cudaMalloc segments.
                 let cudamallocs = events.iter().filter(|e| e.action == Action::SegmentAlloc);
-                assert_eq!(cudamallocs.count() == 0, own, "{at}");
-                assert_eq!(private_pools_expandable_in(&t, 0, events), Some(own), "{at}");
+                assert_eq!(cudamallocs.count() == 0, own && !mem_pool, "{at}");
+                let memory = PrivatePoolMemory::recorded(&t, 0, events);
+                assert_eq!(memory.expandable, Some(own), "{at}");
+                assert_eq!(memory.own_allocator, if mem_pool { vec![(2, 9)] } else { vec![] });
                 if graph_deleted_at.is_some() {
                     let unmaps = events.iter().filter(|e| e.action == Action::SegmentUnmap);
                     unmapped_when_gone += unmaps.filter(|e| e.pool.0 == 1).count();
@@ -735,7 +752,7 @@ fn expandable_recordings_across_graph_captures_validate_and_replay_exactly() {
                 let v = validate(&recording(seed, Run { cut: 400, ..run }), &options).unwrap();
                 assert!(v.mismatches.is_empty(), "{at}, cut: {:?}", &v.mismatches[..1]);
                 // The control: no names and no private pool in the dump.
-                if own && graph_deleted_at.is_none() {
+                if own && graph_deleted_at.is_none() && !mem_pool {
                     let mut unrouted = unnamed(&t);
                     unrouted.segments.iter_mut().for_each(|s| s.private_pool = None);
                     let v = validate(&unrouted, &ValidateOptions::default()).unwrap();

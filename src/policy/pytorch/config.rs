@@ -106,6 +106,11 @@ pub struct Config {
     /// of their own, as a recording showed it ([`Config::expandable_in_private_pools`]); `None`:
     /// as [`Config::version`] has it.
     pub private_pools_expandable: Option<bool>,
+    /// Private pools whose `torch.cuda.MemPool` has an allocator of its own, as a recording
+    /// showed them: current main gives such a pool no expandable segments
+    /// (`is_expandable_segments_active` is false for it), so its new memory is segments from its
+    /// allocator and its blocks split as cudaMalloc blocks do, while other pools map pages.
+    pub own_allocator_pools: Vec<(u64, u64)>,
     /// Options accepted but without effect on placement, kept for display (`key:value`).
     pub other: Vec<String>,
 }
@@ -123,6 +128,7 @@ impl Default for Config {
             gpu_memory: 80 << 30,
             version: Version::CURRENT,
             private_pools_expandable: None,
+            own_allocator_pools: Vec::new(),
             other: Vec::new(),
         }
     }

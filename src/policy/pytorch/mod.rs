@@ -121,6 +121,9 @@ struct Pool {
     unmapped: BTreeMap<u128, u32>,
     /// `get_free_blocks_call_count`, the GC clock.
     gc_count: u64,
+    /// A private pool whose MemPool has an allocator of its own
+    /// ([`Config::own_allocator_pools`]): no expandable segments for it.
+    own_allocator: bool,
 }
 
 /// Addresses and sizes must stay below this (real ones are below 2^48).
@@ -515,12 +518,30 @@ impl PyTorch {
         self.find_free_block(stream, rounded, rounded <= SMALL_SIZE).is_some()
     }
 
+    /// Whether new memory of pool `owner` (0: the default pools) is pages of its expandable
+    /// segments rather than a cudaMalloc segment (`alloc_block`, §8).
+    fn maps_pages(&self, owner: u16, small: bool) -> bool {
+        self.config.expandable_segments
+            && (owner == 0
+                || (self.config.expandable_in_private_pools()
+                    && !self.owner(owner, small).own_allocator))
+    }
+
+    /// `is_expandable_segments_active` for a block's pool: expandable segments are on and the
+    /// pool is not a MemPool with an allocator of its own. (PyTorch before ≈ 2.9 read the flag
+    /// alone; a pool with its own allocator could not use expandable segments then.)
+    #[inline]
+    fn expandable_active(&self, b: &Block) -> bool {
+        self.config.expandable_segments
+            && (b.pool == 0 || !self.owner(b.pool, b.small).own_allocator)
+    }
+
     /// `should_split` (§5).
     #[inline]
     fn should_split(&self, id: u32, size: u64) -> bool {
         let b = self.b(id);
         let remaining = b.size - size;
-        if b.small || self.config.expandable_segments || self.exact_blocks {
+        if b.small || self.expandable_active(b) || self.exact_blocks {
             remaining >= MIN_BLOCK_SIZE
         } else {
             size < self.config.max_split_size && remaining > SMALL_SIZE
@@ -678,9 +699,7 @@ impl PyTorch {
                 return Ok(None);
             }
         }
-        if self.config.expandable_segments
-            && (self.into == 0 || self.config.expandable_in_private_pools())
-        {
+        if self.maps_pages(self.into, small) {
             return self.try_allocate_expandable_block(backend, stream, size, small);
         }
         let Some(ptr) = backend.segment_alloc(alloc_size)? else { return Ok(None) };
@@ -960,7 +979,9 @@ impl PyTorch {
                     return Err(Error::input("more than 65534 private pools on one device"));
                 }
                 self.private_pools.push(id);
-                self.private.extend([Pool::default(), Pool::default()]);
+                let own_allocator = self.config.own_allocator_pools.contains(&id);
+                let pool = || Pool { own_allocator, ..Pool::default() };
+                self.private.extend([pool(), pool()]);
                 self.private_pools.len() - 1
             }
         };
@@ -1086,7 +1107,7 @@ fn merge_free_neighbours(tiling: &mut Tiling) {
 /// settings (else PyTorch's defaults); anything else is `PYTORCH_CUDA_ALLOC_CONF` syntax.
 /// Either way, whether private pools get expandable segments of their own is what the recording
 /// shows of the PyTorch that made it, where it shows it
-/// ([`start::private_pools_expandable_in`]).
+/// ([`start::PrivatePoolMemory`]).
 pub fn config_for(options: &str, context: &PolicyContext, version: Version) -> Result<Config> {
     let o = options.trim();
     let mut config = if o.is_empty() || o == "recorded" {
@@ -1097,8 +1118,8 @@ pub fn config_for(options: &str, context: &PolicyContext, version: Version) -> R
     } else {
         Config::parse(o, version)?
     };
-    config.private_pools_expandable =
-        start::private_pools_expandable_in(context.trace, context.device, context.events);
+    start::PrivatePoolMemory::recorded(context.trace, context.device, context.events)
+        .apply_to(&mut config);
     Ok(config)
 }
 

@@ -366,36 +366,70 @@ impl StartState {
     }
 }
 
-/// What a recording with expandable segments shows of the memory its private pools got
-/// ([`Config::expandable_in_private_pools`]): `Some(true)` where a private pool's pages were
-/// mapped (its expandable range in the dump, or a `segment_map` whose entry names it),
-/// `Some(false)` where a private pool got cudaMalloc segments instead (a dump segment, or a
-/// `segment_alloc` that names one or, in a file that does not name pools, any `segment_alloc`:
-/// with expandable segments the default pools make none). Mapped pages win: a pool with a custom
-/// allocator gets cudaMalloc segments even where graphs' pools map pages. `None` where the
-/// recording did not use expandable segments or shows neither.
-pub fn private_pools_expandable_in(trace: &Trace, device: i32, events: &[Event]) -> Option<bool> {
-    if !trace.allocator_settings.as_ref().is_some_and(|s| s.expandable_segments)
-        && !trace.segments_of(device).any(|s| s.is_expandable)
-    {
-        return None;
-    }
-    let private =
-        trace.segments_of(device).filter(|s| s.private_pool.is_some()).map(|s| s.is_expandable);
-    let named = |e: &Event| trace.entry_pool(e).map(|pool| pool.is_some());
-    let entries = events.iter().filter_map(|e| match e.action {
-        Action::SegmentMap if named(e) == Some(true) => Some(true),
-        Action::SegmentAlloc if named(e).unwrap_or(true) => Some(false),
-        _ => None,
-    });
-    let mut seen = None;
-    for mapped in private.chain(entries) {
-        if mapped {
-            return Some(true);
+/// What a recording with expandable segments shows of the memory its private pools got.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PrivatePoolMemory {
+    /// `Some(true)`: private pools map pages of their own reservations (PyTorch ≈ 2.5+);
+    /// `Some(false)`: they get cudaMalloc segments (before); `None`: the recording does not
+    /// show it ([`Config::private_pools_expandable`]).
+    pub expandable: Option<bool>,
+    /// The private pools that got cudaMalloc segments where private pools map pages: MemPools
+    /// with an allocator of their own ([`Config::own_allocator_pools`]).
+    pub own_allocator: Vec<(u64, u64)>,
+}
+
+impl PrivatePoolMemory {
+    /// Reads it from `device` of `trace` (`events`: its events, or a streamed replay's digest).
+    /// A private pool mapped pages where the dump has an expandable range of it or a
+    /// `segment_map` entry names it; it got cudaMalloc segments where the dump has such a segment
+    /// of it or a `segment_alloc` names it. In a file that does not name pools, any
+    /// `segment_alloc` was a private pool's: with expandable segments the default pools make
+    /// none. Entries that name their pools come from PyTorch ≈ 2.7 and later, where private
+    /// pools map pages unless their MemPool has an allocator of its own; so do pools that map
+    /// where others do not. Nothing is shown where the recording did not use expandable
+    /// segments.
+    pub fn recorded(trace: &Trace, device: i32, events: &[Event]) -> PrivatePoolMemory {
+        if !trace.allocator_settings.as_ref().is_some_and(|s| s.expandable_segments)
+            && !trace.segments_of(device).any(|s| s.is_expandable)
+        {
+            return PrivatePoolMemory::default();
         }
-        seen = Some(false);
+        let mut mapped = false;
+        // Pools that got cudaMalloc segments; `None`: one the file does not name.
+        let mut cudamalloc: Vec<Option<(u64, u64)>> = Vec::new();
+        for s in trace.segments_of(device) {
+            match (s.private_pool, s.is_expandable) {
+                (Some(_), true) => mapped = true,
+                (Some(pool), false) => cudamalloc.push(Some(pool)),
+                (None, _) => {}
+            }
+        }
+        for e in events {
+            match (e.action, trace.entry_pool(e)) {
+                (Action::SegmentMap, Some(Some(_))) => mapped = true,
+                (Action::SegmentAlloc, Some(Some(pool))) => cudamalloc.push(Some(pool)),
+                (Action::SegmentAlloc, None) => cudamalloc.push(None),
+                _ => {}
+            }
+        }
+        let named = trace.entry_pools.is_some();
+        if mapped || (named && !cudamalloc.is_empty()) {
+            let mut own_allocator: Vec<(u64, u64)> = cudamalloc.into_iter().flatten().collect();
+            own_allocator.sort_unstable();
+            own_allocator.dedup();
+            PrivatePoolMemory { expandable: Some(true), own_allocator }
+        } else if !cudamalloc.is_empty() {
+            PrivatePoolMemory { expandable: Some(false), own_allocator: Vec::new() }
+        } else {
+            PrivatePoolMemory::default()
+        }
     }
-    seen
+
+    /// Models what it shows in `config`.
+    pub fn apply_to(&self, config: &mut Config) {
+        config.private_pools_expandable = self.expandable;
+        config.own_allocator_pools.clone_from(&self.own_allocator);
+    }
 }
 
 /// Removes `[addr, addr + size)` from the mapped pieces (undoing a `segment_map`).

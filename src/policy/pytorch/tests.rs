@@ -462,3 +462,36 @@ fn frees_find_blocks_by_handle_or_by_address_alike() {
     assert_eq!(again.addr, a.addr);
     assert_eq!(segment_allocs(&d), vec![20 * MIB]);
 }
+
+/// §8 and §5 under expandable segments, for private pools: a CUDA graph's pool maps pages of
+/// its own reservation (PyTorch ≈ 2.5+), before 2.5 it got a cudaMalloc segment, and a MemPool
+/// with an allocator of its own gets a segment from it today, whose blocks split as cudaMalloc
+/// blocks do (`is_expandable_segments_active` is false for it). A 19.5 MiB request rounds to
+/// 19.5 MiB (≥ 10 MiB: 512-byte rounding) and its segment to 20 MiB (2 MiB multiples): the
+/// 0.5 MiB rest is split off under the expandable rule (≥ 512 bytes), not under the cudaMalloc
+/// rule (> 1 MiB).
+#[test]
+fn private_pools_under_expandable_segments_get_memory_by_version_and_allocator() {
+    let request = 19 * MIB + MIB / 2;
+    let run = |version: Version, own_allocator: bool| {
+        let mut config = Config::parse("expandable_segments:True", version).unwrap();
+        if own_allocator {
+            config.own_allocator_pools = vec![(2, 9)];
+        }
+        let mut p = PyTorch::new(config);
+        let mut d = device(None);
+        p.allocate_into(Some((2, 9))).unwrap();
+        let a = malloc(&mut p, &mut d, request);
+        let mapped = d.calls().iter().any(|c| matches!(c, BackendCall::Map { ok: true, .. }));
+        (mapped, segment_allocs(&d), a.block_size)
+    };
+    let old = Version { major: 2, minor: 4 };
+    assert_eq!(run(Version::CURRENT, false), (true, vec![], request), "pages of its own");
+    assert_eq!(run(old, false), (false, vec![20 * MIB], request), "cudaMalloc, split finely");
+    assert_eq!(run(Version::CURRENT, true), (false, vec![20 * MIB], 20 * MIB), "not split");
+    // The default pools map pages whatever the private pools do.
+    let mut p = policy("expandable_segments:True");
+    let mut d = device(None);
+    malloc(&mut p, &mut d, request);
+    assert!(segment_allocs(&d).is_empty());
+}

@@ -255,6 +255,8 @@ pub enum Warning {
     PrivatePoolMemory {
         /// Pages of their own reservations (PyTorch ≈ 2.5+); else cudaMalloc segments.
         expandable: bool,
+        /// How many pools got segments of their MemPool's own allocator instead.
+        own_allocator: u64,
     },
     /// Expandable segments: the recording bounds the GPU memory only from below.
     GpuMemoryUnbounded {
@@ -351,11 +353,21 @@ impl std::fmt::Display for Warning {
                 "every entry names its pool (pool_id): {allocs} allocation(s) were made into \
                  {pools} private pool(s), and each request is made into the pool its entry names"
             ),
-            Warning::PrivatePoolMemory { expandable: true } => f.write_str(
-                "expandable segments: the recording shows private pools mapping pages of their \
-                 own reservations (PyTorch ≈ 2.5 and later), as modelled",
-            ),
-            Warning::PrivatePoolMemory { expandable: false } => f.write_str(
+            Warning::PrivatePoolMemory { expandable: true, own_allocator } => {
+                f.write_str(
+                    "expandable segments: the recording shows private pools mapping pages of \
+                     their own reservations (PyTorch ≈ 2.5 and later), as modelled",
+                )?;
+                if own_allocator > 0 {
+                    write!(
+                        f,
+                        "; {own_allocator} got segments instead (a MemPool with an allocator of \
+                         its own), which split as cudaMalloc segments do"
+                    )?;
+                }
+                Ok(())
+            }
+            Warning::PrivatePoolMemory { expandable: false, .. } => f.write_str(
                 "expandable segments: the recording shows private pools getting cudaMalloc \
                  segments (PyTorch before ≈ 2.5), as modelled",
             ),
@@ -1088,10 +1100,11 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
     if let Some(g) = options.gpu_memory {
         config.gpu_memory = g;
     }
-    config.private_pools_expandable =
-        super::start::private_pools_expandable_in(trace, device, events);
-    if let Some(expandable) = config.private_pools_expandable {
-        notes.push(Warning::PrivatePoolMemory { expandable });
+    let pool_memory = super::start::PrivatePoolMemory::recorded(trace, device, events);
+    pool_memory.apply_to(&mut config);
+    if let Some(expandable) = pool_memory.expandable {
+        let own_allocator = pool_memory.own_allocator.len() as u64;
+        notes.push(Warning::PrivatePoolMemory { expandable, own_allocator });
     }
     if options.version.is_none() {
         notes.push(Warning::ModelledCurrentVersion { version: Version::CURRENT });
