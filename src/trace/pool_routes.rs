@@ -191,6 +191,13 @@ impl PoolRoutes {
         }
     }
 
+    /// The private pool that owns every private segment of the dump, where there is one and
+    /// only one.
+    pub fn sole_pool(&self) -> Option<PoolId> {
+        let first = self.routes.first()?.pool;
+        self.routes.iter().all(|r| r.pool == first).then_some(first)
+    }
+
     /// The private pool a block recorded at `addr` was allocated into, by where it lies now;
     /// `None`: the default pools.
     #[inline]

@@ -816,14 +816,11 @@ fn replay_checked(
                 // An OOM of a file that names no pools has no address to tell its pool by. If
                 // the default pools could serve it, the real allocator was not searching them:
                 // it was a malloc into a private pool, taken to be the one the last routed
-                // malloc went to.
+                // malloc went to (before any, the one private pool the dump shows, if one).
                 let named = routes.as_ref().is_some_and(|r| r.entries_name_pools());
-                if *oom
-                    && !named
-                    && last_private.is_some()
-                    && policy.would_hit_cache(*size, *stream)
-                {
-                    into = last_private;
+                let candidate = last_private.or_else(|| routes.as_ref()?.sole_pool());
+                if *oom && !named && candidate.is_some() && policy.would_hit_cache(*size, *stream) {
+                    into = candidate;
                     policy.allocate_into(into)?;
                     dev.pool = into;
                 }
