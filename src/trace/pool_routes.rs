@@ -59,6 +59,8 @@ pub struct PoolRoutes {
     /// Private pools released outside a flush the program called, before the next request:
     /// gone unless that request is made into them.
     pending: Vec<PoolId>,
+    /// The private pool the last request routed to one went to ([`PoolRoutes::route`]).
+    last_private: Option<PoolId>,
 }
 
 impl PoolRoutes {
@@ -88,7 +90,8 @@ impl PoolRoutes {
         // The dump's segments do not overlap; a malformed one that does is dropped, so lookups
         // stay a binary search.
         routes.dedup_by(|later, earlier| later.start < earlier.end);
-        let mut routes = PoolRoutes { routes, named, gone: Vec::new(), pending: Vec::new() };
+        let mut routes =
+            PoolRoutes { routes, named, gone: Vec::new(), pending: Vec::new(), last_private: None };
         let mut seen = vec![false; routes.routes.len()];
         for e in lifetimes.segment_events.iter().filter_map(|&i| events.get(i)) {
             if let Some(k) = routes.at_start(e.addr) {
@@ -143,7 +146,7 @@ impl PoolRoutes {
         e: &Event,
         mut gone: impl FnMut(PoolId) -> Result<(), E>,
     ) -> Result<Option<PoolId>, E> {
-        let pool = self.pool_for(e);
+        let pool = self.route(e);
         for p in std::mem::take(&mut self.pending) {
             if Some(p) != pool && !self.gone.contains(&p) {
                 self.gone.push(p);
@@ -151,6 +154,37 @@ impl PoolRoutes {
             }
         }
         Ok(pool)
+    }
+
+    /// The private pool the request `e` was made into, as [`PoolRoutes::pool_for`] tells it,
+    /// kept as the last one routed where it is one.
+    pub fn route(&mut self, e: &Event) -> Option<PoolId> {
+        let pool = self.pool_for(e);
+        if pool.is_some() {
+            self.last_private = pool;
+        }
+        pool
+    }
+
+    /// For a request that failed (an `oom`) in a file that does not name pools, which has no
+    /// address to route it by: the private pool it was made into, where the default pools
+    /// could have served it from their cache (`served_by_default`), so the real allocator was
+    /// not searching them. Taken to be the pool of the last request routed to one, else the
+    /// dump's only private pool; `None` where neither exists or the default pools could not
+    /// have served it.
+    pub fn route_failed(
+        &mut self,
+        e: &Event,
+        served_by_default: impl FnOnce() -> bool,
+    ) -> Option<PoolId> {
+        if e.action != Action::Oom || self.named.is_some() {
+            return None;
+        }
+        let candidate = self.last_private.or_else(|| self.sole_pool())?;
+        served_by_default().then(|| {
+            self.last_private = Some(candidate);
+            candidate
+        })
     }
 
     /// True when the entries name their pools: [`PoolRoutes::pool_for`] is then exact for
@@ -193,7 +227,7 @@ impl PoolRoutes {
 
     /// The private pool that owns every private segment of the dump, where there is one and
     /// only one.
-    pub fn sole_pool(&self) -> Option<PoolId> {
+    fn sole_pool(&self) -> Option<PoolId> {
         let first = self.routes.first()?.pool;
         self.routes.iter().all(|r| r.pool == first).then_some(first)
     }
@@ -229,6 +263,35 @@ mod tests {
                 state: BlockState::Inactive,
             }],
         }
+    }
+
+    #[test]
+    fn a_failed_request_of_an_unnamed_file_goes_to_the_last_routed_or_the_only_pool() {
+        let mb = 1u64 << 20;
+        let (a, b) = (0x1000_0000, 0x2000_0000);
+        let dump = |pools: [Option<PoolId>; 2]| Trace {
+            segments: vec![segment(a, 20 * mb, pools[0]), segment(b, 20 * mb, pools[1])],
+            ..Trace::default()
+        };
+        let oom = Event::new(Action::Oom, 0, 4 * mb, 0, 0);
+        let alloc_in = |addr| Event::new(Action::Alloc, addr, mb, 0, 0);
+        let lifetimes = crate::trace::lifetimes::scan(&[]);
+        let routes = |t: &Trace| PoolRoutes::new(t, 0, &[], &lifetimes).expect("private pools");
+        // One private pool in the dump: it, before any request was routed.
+        let mut one = routes(&dump([Some((1, 0)), None]));
+        assert_eq!(one.route_failed(&oom, || true), Some((1, 0)));
+        assert_eq!(one.route_failed(&oom, || false), None, "the default pools would fail too");
+        assert_eq!(one.route_failed(&alloc_in(b), || true), None, "an alloc has its address");
+        // Two: none until a request is routed to one, then that one.
+        let mut two = routes(&dump([Some((1, 0)), Some((2, 0))]));
+        assert_eq!(two.route_failed(&oom, || true), None);
+        assert_eq!(two.route(&alloc_in(b)), Some((2, 0)));
+        assert_eq!(two.route(&alloc_in(0x3000_0000)), None, "the default pools");
+        assert_eq!(two.route_failed(&oom, || true), Some((2, 0)), "the last one routed");
+        // Where entries name their pools, an oom names its own.
+        let mut named =
+            routes(&Trace { entry_pools: Some(vec![(1, 0)]), ..dump([Some((1, 0)), None]) });
+        assert_eq!(named.route_failed(&oom, || true), None);
     }
 
     #[test]

@@ -756,7 +756,6 @@ fn replay_checked(
     let mut run = Run::default();
     let mut ref_pos = 0usize;
     let mut routes = start.routes.clone();
-    let mut last_private = None;
     for (i, (e, op)) in events.iter().zip(ops).enumerate() {
         if check {
             policy.check().map_err(|m| {
@@ -810,23 +809,17 @@ fn replay_checked(
                 dev.page = policy.settings().page_size(dev.small);
                 // The pool the entry names, or where the recording placed it, says whether it was
                 // made into a private pool (during graph capture, or under use_mem_pool).
-                let mut into = routes.as_ref().and_then(|r| r.pool_for(e));
+                let mut into = routes.as_mut().and_then(|r| r.route(e));
                 policy.allocate_into(into)?;
+                // An OOM of a file that names no pools has no address to tell its pool by.
+                if into.is_none() {
+                    let cached = || policy.would_hit_cache(*size, *stream);
+                    if let Some(p) = routes.as_mut().and_then(|r| r.route_failed(e, cached)) {
+                        into = Some(p);
+                        policy.allocate_into(into)?;
+                    }
+                }
                 dev.pool = into;
-                // An OOM of a file that names no pools has no address to tell its pool by. If
-                // the default pools could serve it, the real allocator was not searching them:
-                // it was a malloc into a private pool, taken to be the one the last routed
-                // malloc went to (before any, the one private pool the dump shows, if one).
-                let named = routes.as_ref().is_some_and(|r| r.entries_name_pools());
-                let candidate = last_private.or_else(|| routes.as_ref()?.sole_pool());
-                if *oom && !named && candidate.is_some() && policy.would_hit_cache(*size, *stream) {
-                    into = candidate;
-                    policy.allocate_into(into)?;
-                    dev.pool = into;
-                }
-                if into.is_some() {
-                    last_private = into;
-                }
                 // An OOM that no release preceded: PyTorch releases every cached segment before
                 // giving up unless a graph capture is underway, so one was (or there was
                 // nothing to release, which skipping the release reproduces as well).
