@@ -220,14 +220,15 @@ impl PyTorch {
     /// reservation of `va_size` bytes at `base` for (`stream`, pool) whose mapped ranges are
     /// `ranges`, each tiled by `(start, size, live request or None)` blocks in address order.
     /// Everything else in the reservation is unmapped. The pool is the small or large pool of
-    /// `private_pool`, or of the default pools.
+    /// `private_pool`, or of the default pools. Returns the live blocks as allocations (with
+    /// their handles), in address order.
     pub fn install_expandable(
         &mut self,
         base: u64,
         va_size: u64,
         (stream, small, private_pool): (u64, bool, Option<(u64, u64)>),
         ranges: &[MappedRange],
-    ) -> Result<()> {
+    ) -> Result<Vec<crate::policy::Allocation>> {
         Self::check_range(base, va_size)?;
         let sid = self.intern(stream)?;
         let owner = match private_pool {
@@ -272,6 +273,7 @@ impl PyTorch {
             pieces.push((pos, base + va_size - pos, false, None));
         }
         let mut prev = NIL;
+        let mut installed = Vec::new();
         for (ptr, size, mapped, live) in pieces {
             let id = self.new_block(Block {
                 ptr,
@@ -295,7 +297,7 @@ impl PyTorch {
             prev = id;
             match (mapped, live) {
                 (true, Some(request)) => {
-                    self.alloc_found_block(id, size, request, false);
+                    installed.push(self.alloc_found_block(id, size, request, false));
                 }
                 (true, None) => self.free_block(id),
                 (false, _) => {
@@ -308,7 +310,7 @@ impl PyTorch {
                 }
             }
         }
-        Ok(())
+        Ok(installed)
     }
 }
 

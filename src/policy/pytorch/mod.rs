@@ -270,14 +270,14 @@ impl PyTorch {
     /// back over the segment events, [`start::StartState`]), with its live blocks and its cached
     /// free blocks. Without this the replay would start from the live blocks alone and miss the
     /// cache the real run already held — its reserved memory would start, and usually peak, below
-    /// the recording's. Kept only when the recovered state can be installed as cudaMalloc
-    /// segments under this configuration: not for expandable segments (recorded or configured),
-    /// and not for other formats (no final segments to walk back from).
+    /// the recording's. Kept only when the recovered state can be installed under this
+    /// configuration: expandable segments in both or in neither (a recording's mapped pages
+    /// cannot become cudaMalloc segments, nor its segments pages), and not for other formats
+    /// (no final segments to walk back from).
     pub fn with_recorded_start(mut self, context: &PolicyContext) -> PyTorch {
         self.start = None;
         let trace = context.trace;
         if trace.source_format() != crate::trace::Format::PytorchSnapshot
-            || self.config.expandable_segments
             || trace.segments_of(context.device).next().is_none()
         {
             return self;
@@ -285,7 +285,7 @@ impl PyTorch {
         let (events, lifetimes) = (context.events, context.lifetimes);
         let start =
             start::StartState::recover_from(trace, context.device, events, lifetimes, &self.config);
-        if !start.expandable && !start.segments.is_empty() {
+        if start.expandable == self.config.expandable_segments && !start.segments.is_empty() {
             self.start = Some(Box::new(start));
         }
         self
@@ -1128,11 +1128,13 @@ impl Policy for PyTorch {
         self.config.to_conf_string()
     }
 
-    /// Installs the recorded start state ([`PyTorch::with_recorded_start`]): each segment is
-    /// obtained from `backend` (at the backend's address, the recorded layout shifted with it)
-    /// and tiled as it stood; the blocks of `live_at_start` found there are handed back at their
-    /// new addresses. A segment the backend refuses (a capacity below the recorded start) is
-    /// left out and its blocks are malloc'd by the engine, as are blocks the state does not hold.
+    /// Installs the recorded start state ([`PyTorch::with_recorded_start`]): each segment, and
+    /// each expandable reservation with its mapped ranges, is obtained from `backend` (at the
+    /// backend's address, the recorded layout shifted with it) and tiled as it stood; the blocks
+    /// of `live_at_start` found there are handed back at their new addresses. A segment or
+    /// reservation the backend refuses (a capacity below the recorded start), or one whose
+    /// mapped ranges outgrow this run's reservation size (it follows the GPU's memory), is left
+    /// out and its blocks are malloc'd by the engine, as are blocks the state does not hold.
     fn start<B: Backend>(
         &mut self,
         backend: &mut B,
@@ -1160,6 +1162,50 @@ impl Policy for PyTorch {
                 self.install_segment(base, s.size, s.stream, s.small, s.private_pool, &tiling)?;
             // The live blocks, in address order as `placed` lists them.
             for ((k, addr, _), a) in placed.into_iter().zip(installed) {
+                debug_assert_eq!(addr, a.addr);
+                out[k] = Some(a);
+            }
+        }
+        for r in &state.reservations {
+            let va = self.config.va_size(r.small);
+            let ranges: Vec<&start::StartSegment> =
+                state.segments.iter().filter(|s| r.holds(s)).collect();
+            if ranges.iter().any(|s| s.addr + s.size > r.base.saturating_add(va)) {
+                continue;
+            }
+            let Some(base) = backend.reserve(va)? else { continue };
+            let shift = |a: u64| a - r.base + base;
+            let mut mapped = 0;
+            while mapped < ranges.len()
+                && backend.map(shift(ranges[mapped].addr), ranges[mapped].size)?
+            {
+                mapped += 1;
+            }
+            if mapped < ranges.len() {
+                for s in &ranges[..mapped] {
+                    backend.unmap(shift(s.addr), s.size)?;
+                }
+                backend.release(base, va)?;
+                continue;
+            }
+            let mut placed = Vec::new();
+            let mut shifted: Vec<MappedRange> = Vec::with_capacity(ranges.len());
+            for s in &ranges {
+                let mut tiling = start::StartState::tiling(s);
+                for t in &mut tiling {
+                    let recorded = t.0;
+                    t.0 = shift(t.0);
+                    match (t.2, index.get(&recorded)) {
+                        (Some(_), Some(&k)) => placed.push((k, t.0)),
+                        (Some(_), None) => t.2 = None, // no block the engine will free: cached
+                        _ => {}
+                    }
+                }
+                shifted.push((shift(s.addr), s.size, tiling));
+            }
+            let pool = (r.stream, r.small, r.private_pool);
+            let installed = self.install_expandable(base, va, pool, &shifted)?;
+            for ((k, addr), a) in placed.into_iter().zip(installed) {
                 debug_assert_eq!(addr, a.addr);
                 out[k] = Some(a);
             }

@@ -45,7 +45,7 @@ pub struct Reservation {
 
 impl Reservation {
     /// Whether the mapped range `s` lies in this reservation.
-    fn holds(&self, s: &StartSegment) -> bool {
+    pub fn holds(&self, s: &StartSegment) -> bool {
         s.expandable
             && (s.stream, s.small, s.private_pool) == (self.stream, self.small, self.private_pool)
             && self.base <= s.addr
