@@ -271,6 +271,8 @@ struct Run<'a> {
     /// (pool `(2, 9)`, the second of `entry_pools`): under expandable segments, current main
     /// gives it segments from its allocator, not pages.
     mem_pool: bool,
+    /// The GPU's memory (`totalGlobalMem`); `None`: the model's default, 80 GiB.
+    gpu_memory: Option<u64>,
 }
 
 impl Run<'static> {
@@ -284,6 +286,7 @@ impl Run<'static> {
         graph_deleted_at: None,
         version: fragsim::policy::pytorch::Version::CURRENT,
         mem_pool: false,
+        gpu_memory: None,
     };
 }
 
@@ -304,6 +307,9 @@ fn recording(seed: u64, run: Run) -> fragsim::trace::Trace {
     const POOLS: [Option<(u64, u64)>; 3] = [None, Some((1, 7)), Some((2, 9))];
     if run.mem_pool {
         config.own_allocator_pools = vec![(2, 9)];
+    }
+    if let Some(g) = run.gpu_memory {
+        config.gpu_memory = g;
     }
     let mut p = PyTorch::new(config);
     let mut d: Recording<SimDevice> = Recording::new(SimDevice::new(run.capacity));
@@ -443,13 +449,23 @@ fn captured_recording(seed: u64, cut: usize) -> fragsim::trace::Trace {
 /// `replay -p pytorch`'s peak reserved bytes on `t`, as the command runs it: under the device
 /// limit the recording shows, if it shows one.
 fn replayed_peak(t: &fragsim::trace::Trace) -> u64 {
+    let capacity = fragsim::recorded::row_and_limit(t, 0).1.and_then(|l| l.limit_bytes);
+    replayed_peak_on(t, capacity)
+}
+
+/// `replay -p pytorch --capacity C`'s peak reserved bytes on `t` (`None`: unlimited).
+fn replayed_peak_on(t: &fragsim::trace::Trace, capacity: Option<u64>) -> u64 {
+    replayed_on(t, capacity).peak_reserved_bytes
+}
+
+/// `replay -p pytorch --capacity C`'s result on `t` (`None`: unlimited).
+fn replayed_on(t: &fragsim::trace::Trace, capacity: Option<u64>) -> fragsim::replay::PolicyResult {
     use fragsim::replay::{ReplayInput, ReplayOptions};
     let input = ReplayInput::new(t, None).unwrap();
     let spec = fragsim::policy::PolicySpec::parse_list("pytorch").unwrap().remove(0);
-    let capacity = fragsim::recorded::row_and_limit(t, 0).1.and_then(|l| l.limit_bytes);
     let options = ReplayOptions { capacity, check_invariants: true, ..ReplayOptions::default() };
     let out = fragsim::policy::lookup("pytorch").unwrap().run(&spec, &input, &options);
-    out.unwrap().result.peak_reserved_bytes
+    out.unwrap().result
 }
 
 /// Checks that `validate` finds no mismatch in `t` and that `replay -p pytorch` reaches its
@@ -805,4 +821,41 @@ fn expandable_recordings_across_graph_captures_validate_and_replay_exactly() {
         };
         assert_eq!(peak("pytorch"), peak("recorded"), "{version}: the replay's peak");
     }
+}
+
+/// An expandable recording on a GPU larger than the model's default (288 GiB, a B300's, where it
+/// assumes 80 GiB) with a memory fraction whose limit the run never reaches there, but would on
+/// 80 GiB. Where the recorded layout fixes the GPU's memory (`validate` infers it from the gap
+/// between reservations), `replay` with no `--capacity` takes it from there too, so the fraction
+/// limits the replay as it limited the recording: never (on 80 GiB every replay runs out of
+/// memory); recorded from the middle of the run too. (A layout where one stream and pool reserved twice, back to back, fixes
+/// nothing: no single size fits both.)
+#[test]
+fn replays_of_expandable_recordings_take_the_gpu_memory_from_their_layout() {
+    use fragsim::policy::pytorch::validate::{validate, ValidateOptions, Warning};
+    let conf = "expandable_segments:True,per_process_memory_fraction:0.002";
+    let gpu = 288u64 << 30;
+    let mut fixed = 0;
+    for cut in [0, 400] {
+        for seed in 0..12 {
+            let run = Run { conf, gpu_memory: Some(gpu), cut, ..Run::PLAIN };
+            let t = recording(seed, run);
+            let at = format!("cut {cut}, seed {seed}");
+            let recorded = fragsim::recorded::recorded(&t, 0).expect("segment events");
+            assert_eq!(recorded.oom_count, 0, "{at}: 0.002 of 288 GiB is never reached");
+            assert!(recorded.peak_reserved_bytes > (80u64 << 30) / 500, "{at}: 0.002 of 80 GiB is");
+            let v = validate(&t, &ValidateOptions::default()).unwrap();
+            let inferred = v
+                .notes
+                .iter()
+                .any(|n| matches!(n, Warning::InferredGpuMemory { bytes, .. } if *bytes == gpu));
+            if inferred {
+                fixed += 1;
+                let out = replayed_on(&t, None);
+                assert!(!out.oom, "{at}: the fraction of 288 GiB limits the replay: {out:?}");
+                assert!(out.peak_reserved_bytes > (80u64 << 30) / 500, "{at}");
+            }
+        }
+    }
+    assert!(fixed >= 8, "the layout fixed the GPU's memory in only {fixed} of 24 recordings");
 }

@@ -336,6 +336,30 @@ impl GpuMemoryFit {
     }
 }
 
+/// [`gpu_memory_fit`] of a recording: the mapped ranges of its start state and its
+/// `segment_map` events, each with its pool.
+pub fn recorded_gpu_memory_fit(
+    events: &[crate::trace::Event],
+    start: &super::start::StartState,
+    config: &Config,
+) -> Option<GpuMemoryFit> {
+    let large_page = config.page_size(false);
+    let mut pieces: Vec<MappedPiece> = start
+        .segments
+        .iter()
+        .filter(|s| s.expandable)
+        .map(|s| (s.addr, s.size, s.stream, s.small, s.private_pool))
+        .collect();
+    let pool_of = |e: &crate::trace::Event| start.routes.as_ref().and_then(|r| r.pool_of_map(e));
+    pieces.extend(
+        events
+            .iter()
+            .filter(|e| e.action == crate::trace::Action::SegmentMap)
+            .map(|e| (e.addr, e.size, e.stream, e.size % large_page != 0, pool_of(e))),
+    );
+    gpu_memory_fit(&pieces, config)
+}
+
 /// One mapped range of a recording, as [`gpu_memory_fit`] reads it: (address, size, stream,
 /// small pool, private pool or `None` for the default pools).
 pub type MappedPiece = (u64, u64, u64, bool, Option<(u64, u64)>);

@@ -273,7 +273,9 @@ impl PyTorch {
     /// the recording's. Kept only when the recovered state can be installed under this
     /// configuration: expandable segments in both or in neither (a recording's mapped pages
     /// cannot become cudaMalloc segments, nor its segments pages), and not for other formats
-    /// (no final segments to walk back from).
+    /// (no final segments to walk back from). A recording's expandable layout also tells the
+    /// GPU's memory, which sizes reservations and any `per_process_memory_fraction`: taken from
+    /// it, as `validate` infers it, unless the replay's capacity gives it.
     pub fn with_recorded_start(mut self, context: &PolicyContext) -> PyTorch {
         self.start = None;
         let trace = context.trace;
@@ -283,8 +285,25 @@ impl PyTorch {
             return self;
         }
         let (events, lifetimes) = (context.events, context.lifetimes);
-        let start =
-            start::StartState::recover_from(trace, context.device, events, lifetimes, &self.config);
+        let recover = |config: &Config| {
+            start::StartState::recover_from(trace, context.device, events, lifetimes, config)
+        };
+        let mut start = recover(&self.config);
+        // The GPU's memory sizes expandable reservations and any memory fraction, and only the
+        // recorded layout tells it (as `validate` infers it), unless `--capacity` gives it.
+        if start.expandable && context.capacity.is_none() {
+            if let Some(fit) = expandable::recorded_gpu_memory_fit(events, &start, &self.config) {
+                let gpu = match (fit.inferred(), fit.max) {
+                    (Some(g), _) => g,
+                    (None, Some(_)) => self.config.gpu_memory, // no value fits: keep the default
+                    (None, None) => self.config.gpu_memory.max(fit.min),
+                };
+                if gpu != self.config.gpu_memory {
+                    self.config.gpu_memory = gpu;
+                    start = recover(&self.config);
+                }
+            }
+        }
         if start.expandable == self.config.expandable_segments && !start.segments.is_empty() {
             self.start = Some(Box::new(start));
         }

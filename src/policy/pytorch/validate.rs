@@ -31,21 +31,7 @@ use std::collections::{BTreeMap, BTreeSet};
 /// reservation's VA size and is recorded nowhere) and says what was inferred, from which pages,
 /// or why it could not be; `None` when the recording maps no expandable pages.
 fn infer_gpu_memory(events: &[Event], start: &StartState, config: &mut Config) -> Option<Warning> {
-    let large_page = config.page_size(false);
-    let mut pieces: Vec<super::expandable::MappedPiece> = start
-        .segments
-        .iter()
-        .filter(|s| s.expandable)
-        .map(|s| (s.addr, s.size, s.stream, s.small, s.private_pool))
-        .collect();
-    let pool_of = |e: &Event| start.routes.as_ref().and_then(|r| r.pool_of_map(e));
-    pieces.extend(
-        events
-            .iter()
-            .filter(|e| e.action == Action::SegmentMap)
-            .map(|e| (e.addr, e.size, e.stream, e.size % large_page != 0, pool_of(e))),
-    );
-    let fit = super::expandable::gpu_memory_fit(&pieces, config)?;
+    let fit = super::expandable::recorded_gpu_memory_fit(events, start, config)?;
     let fraction = config.per_process_memory_fraction.is_some();
     Some(match (fit.inferred(), fit.max, fit.evidence) {
         (Some(g), _, Some((reservation, next))) => {
