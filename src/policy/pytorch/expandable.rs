@@ -231,10 +231,7 @@ impl PyTorch {
     ) -> Result<Vec<crate::policy::Allocation>> {
         Self::check_range(base, va_size)?;
         let sid = self.intern(stream)?;
-        let owner = match private_pool {
-            Some(id) => self.private_pool_index(id)?,
-            None => 0,
-        };
+        let owner = self.pool_number(private_pool)?;
         let page = self.config.page_size(small);
         let seg = self.expandable.len() as u32;
         self.expandable.push(ExpandableSegment { base, va_size, page, alive: true });

@@ -25,9 +25,9 @@
 //! `record_stream` delays come from the trace; a capture is taken to be underway only for a
 //! malloc made into a private pool or one the caller says ran during a capture
 //! ([`PyTorch::set_capture_underway`]; PyTorch skips the release-everything fallback for every
-//! malloc while any capture is underway); a `MemPool` with a custom allocator is modelled as any
-//! private pool (PyTorch gives it cudaMalloc segments through its allocator even under expandable
-//! segments); no IPC callbacks (the free-memory callback is taken to release nothing); `cudaMalloc`
+//! malloc while any capture is underway); a `MemPool` with a custom allocator is known only where
+//! the recording shows it ([`Config::own_allocator_pools`]), else it is modelled as any private
+//! pool; no IPC callbacks (the free-memory callback is taken to release nothing); `cudaMalloc`
 //! and page mapping go through the [`Backend`], whose capacity decides when they fail.
 
 mod active;
@@ -538,21 +538,19 @@ impl PyTorch {
     }
 
     /// Whether new memory of pool `owner` (0: the default pools) is pages of its expandable
-    /// segments rather than a cudaMalloc segment (`alloc_block`, §8).
+    /// segments rather than a cudaMalloc segment (`alloc_block`, §8): expandable segments are
+    /// active for it, and a private pool has them in this PyTorch.
     fn maps_pages(&self, owner: u16, small: bool) -> bool {
-        self.config.expandable_segments
-            && (owner == 0
-                || (self.config.expandable_in_private_pools()
-                    && !self.owner(owner, small).own_allocator))
+        self.expandable_active(owner, small)
+            && (owner == 0 || self.config.expandable_in_private_pools())
     }
 
-    /// `is_expandable_segments_active` for a block's pool: expandable segments are on and the
+    /// `is_expandable_segments_active` for pool `owner`: expandable segments are on and the
     /// pool is not a MemPool with an allocator of its own. (PyTorch before ≈ 2.9 read the flag
     /// alone; a pool with its own allocator could not use expandable segments then.)
     #[inline]
-    fn expandable_active(&self, b: &Block) -> bool {
-        self.config.expandable_segments
-            && (b.pool == 0 || !self.owner(b.pool, b.small).own_allocator)
+    fn expandable_active(&self, owner: u16, small: bool) -> bool {
+        self.config.expandable_segments && (owner == 0 || !self.owner(owner, small).own_allocator)
     }
 
     /// `should_split` (§5).
@@ -560,7 +558,7 @@ impl PyTorch {
     fn should_split(&self, id: u32, size: u64) -> bool {
         let b = self.b(id);
         let remaining = b.size - size;
-        if b.small || self.expandable_active(b) || self.exact_blocks {
+        if b.small || self.expandable_active(b.pool, b.small) || self.exact_blocks {
             remaining >= MIN_BLOCK_SIZE
         } else {
             size < self.config.max_split_size && remaining > SMALL_SIZE
@@ -948,10 +946,7 @@ impl PyTorch {
                 pos - addr
             )));
         }
-        let pool = match private_pool {
-            Some(id) => self.private_pool_index(id)?,
-            None => 0,
-        };
+        let pool = self.pool_number(private_pool)?;
         let head = self.add_segment(addr, size, stream, small)?;
         self.stats.num_device_alloc -= 1; // not a call made during the replay
         self.bm(head).pool = pool;
@@ -989,8 +984,10 @@ impl PyTorch {
         self.capture_underway = underway;
     }
 
-    /// The `pool` number of private pool `id`, given on first sight.
-    fn private_pool_index(&mut self, id: (u64, u64)) -> Result<u16> {
+    /// The `pool` number ([`Block::pool`]) of private pool `pool`, given on first sight; 0 for
+    /// `None`, the default pools.
+    fn pool_number(&mut self, pool: Option<(u64, u64)>) -> Result<u16> {
+        let Some(id) = pool else { return Ok(0) };
         let k = match self.private_pools.iter().position(|&p| p == id) {
             Some(k) => k,
             None => {
@@ -1122,6 +1119,29 @@ fn merge_free_neighbours(tiling: &mut Tiling) {
     *tiling = merged;
 }
 
+/// The tiling of start segment or mapped range `s` at the backend's addresses (`shift` moves a
+/// recorded address there). Each live block the engine hands over (found in `index`, by its
+/// recorded address) is pushed to `placed` as (its index, its new address), in address order;
+/// a live block the engine will not free is cached (free) instead.
+fn placed_tiling(
+    s: &start::StartSegment,
+    shift: impl Fn(u64) -> u64,
+    index: &std::collections::HashMap<u64, usize>,
+    placed: &mut Vec<(usize, u64)>,
+) -> Tiling {
+    let mut tiling = start::StartState::tiling(s);
+    for t in &mut tiling {
+        let recorded = t.0;
+        t.0 = shift(t.0);
+        match (t.2, index.get(&recorded)) {
+            (Some(_), Some(&k)) => placed.push((k, t.0)),
+            (Some(_), None) => t.2 = None, // no block the engine will free: cached
+            _ => {}
+        }
+    }
+    tiling
+}
+
 /// The configuration `options` asks for: `recorded` or empty means the trace's recorded
 /// settings (else PyTorch's defaults); anything else is `PYTORCH_CUDA_ALLOC_CONF` syntax.
 /// Either way, whether private pools get expandable segments of their own is what the recording
@@ -1165,22 +1185,13 @@ impl Policy for PyTorch {
             live_at_start.iter().enumerate().map(|(k, b)| (b.addr, k)).collect();
         for s in state.segments.iter().filter(|s| !s.expandable) {
             let Some(base) = backend.segment_alloc(s.size)? else { continue };
-            let mut tiling = start::StartState::tiling(s);
             let mut placed = Vec::new();
-            for t in &mut tiling {
-                let recorded = t.0;
-                t.0 = t.0 - s.addr + base;
-                match (t.2, index.get(&recorded)) {
-                    (Some(_), Some(&k)) => placed.push((k, t.0, t.1)),
-                    (Some(_), None) => t.2 = None, // no block the engine will free: cached
-                    _ => {}
-                }
-            }
+            let mut tiling = placed_tiling(s, |a| a - s.addr + base, &index, &mut placed);
             merge_free_neighbours(&mut tiling);
             let installed =
                 self.install_segment(base, s.size, s.stream, s.small, s.private_pool, &tiling)?;
             // The live blocks, in address order as `placed` lists them.
-            for ((k, addr, _), a) in placed.into_iter().zip(installed) {
+            for ((k, addr), a) in placed.into_iter().zip(installed) {
                 debug_assert_eq!(addr, a.addr);
                 out[k] = Some(a);
             }
@@ -1208,20 +1219,10 @@ impl Policy for PyTorch {
                 continue;
             }
             let mut placed = Vec::new();
-            let mut shifted: Vec<MappedRange> = Vec::with_capacity(ranges.len());
-            for s in &ranges {
-                let mut tiling = start::StartState::tiling(s);
-                for t in &mut tiling {
-                    let recorded = t.0;
-                    t.0 = shift(t.0);
-                    match (t.2, index.get(&recorded)) {
-                        (Some(_), Some(&k)) => placed.push((k, t.0)),
-                        (Some(_), None) => t.2 = None, // no block the engine will free: cached
-                        _ => {}
-                    }
-                }
-                shifted.push((shift(s.addr), s.size, tiling));
-            }
+            let shifted: Vec<MappedRange> = ranges
+                .iter()
+                .map(|s| (shift(s.addr), s.size, placed_tiling(s, shift, &index, &mut placed)))
+                .collect();
             let pool = (r.stream, r.small, r.private_pool);
             let installed = self.install_expandable(base, va, pool, &shifted)?;
             for ((k, addr), a) in placed.into_iter().zip(installed) {
@@ -1273,10 +1274,7 @@ impl Policy for PyTorch {
     /// segments, the pool's new memory is pages of its own reservations, or cudaMalloc segments
     /// in PyTorch before ≈ 2.5 ([`Config::expandable_in_private_pools`]).
     fn allocate_into(&mut self, pool: Option<(u64, u64)>) -> Result<()> {
-        self.into = match pool {
-            Some(id) => self.private_pool_index(id)?,
-            None => 0,
-        };
+        self.into = self.pool_number(pool)?;
         Ok(())
     }
 
