@@ -331,6 +331,17 @@ impl GpuMemoryFit {
     pub fn inferred(&self) -> Option<u64> {
         self.max.filter(|&m| m >= self.min)
     }
+
+    /// The GPU memory to model where `assumed` was assumed: the inferred value; the assumption
+    /// where no value fits; else (nothing bounds it from above) the assumption raised to the
+    /// smallest memory that holds the pages.
+    pub fn modelled(&self, assumed: u64) -> u64 {
+        match (self.inferred(), self.max) {
+            (Some(g), _) => g,
+            (None, Some(_)) => assumed,
+            (None, None) => assumed.max(self.min),
+        }
+    }
 }
 
 /// [`gpu_memory_fit`] of a recording: the mapped ranges of its start state and its

@@ -293,11 +293,7 @@ impl PyTorch {
         // recorded layout tells it (as `validate` infers it), unless `--capacity` gives it.
         if start.expandable && context.capacity.is_none() {
             if let Some(fit) = expandable::recorded_gpu_memory_fit(events, &start, &self.config) {
-                let gpu = match (fit.inferred(), fit.max) {
-                    (Some(g), _) => g,
-                    (None, Some(_)) => self.config.gpu_memory, // no value fits: keep the default
-                    (None, None) => self.config.gpu_memory.max(fit.min),
-                };
+                let gpu = fit.modelled(self.config.gpu_memory);
                 if gpu != self.config.gpu_memory {
                     self.config.gpu_memory = gpu;
                     start = recover(&self.config);

@@ -48,8 +48,12 @@ impl Reservation {
     pub fn holds(&self, s: &StartSegment) -> bool {
         s.expandable
             && (s.stream, s.small, s.private_pool) == (self.stream, self.small, self.private_pool)
-            && self.base <= s.addr
-            && s.addr < self.base + self.va_size
+            && self.contains(s.addr)
+    }
+
+    /// Whether `addr` lies in this reservation.
+    fn contains(&self, addr: u64) -> bool {
+        self.base <= addr && addr < self.base + self.va_size
     }
 }
 
@@ -503,11 +507,9 @@ fn reservations(
             }),
         }
     }
-    let gpu = config.gpu_memory;
     let mut out: Vec<Reservation> = Vec::new();
     for r in &ranges {
-        let page = config.page_size(r.small);
-        let va = (gpu + gpu / 8).div_ceil(page).max(1) * page;
+        let va = config.va_size(r.small);
         if out.iter().any(|o| o.holds(r) && r.addr + r.size <= o.base + o.va_size) {
             continue;
         }
@@ -522,7 +524,7 @@ fn reservations(
                     && e.addr < r.addr
                     && end - e.addr <= va
                     && same_pool(e)
-                    && !out.iter().any(|o| o.base <= e.addr && e.addr < o.base + o.va_size)
+                    && !out.iter().any(|o| o.contains(e.addr))
             })
             .map(|e| e.addr)
             .min()

@@ -33,18 +33,14 @@ use std::collections::{BTreeMap, BTreeSet};
 fn infer_gpu_memory(events: &[Event], start: &StartState, config: &mut Config) -> Option<Warning> {
     let fit = super::expandable::recorded_gpu_memory_fit(events, start, config)?;
     let fraction = config.per_process_memory_fraction.is_some();
+    config.gpu_memory = fit.modelled(config.gpu_memory);
+    let assumed = config.gpu_memory;
     Some(match (fit.inferred(), fit.max, fit.evidence) {
-        (Some(g), _, Some((reservation, next))) => {
-            config.gpu_memory = g;
-            Warning::InferredGpuMemory { bytes: g, min: fit.min, reservation, next, fraction }
+        (Some(bytes), _, Some((reservation, next))) => {
+            Warning::InferredGpuMemory { bytes, min: fit.min, reservation, next, fraction }
         }
-        (None, Some(max), _) => {
-            Warning::GpuMemoryConflict { min: fit.min, max, assumed: config.gpu_memory }
-        }
-        _ => {
-            config.gpu_memory = config.gpu_memory.max(fit.min);
-            Warning::GpuMemoryUnbounded { min: fit.min, assumed: config.gpu_memory, fraction }
-        }
+        (None, Some(max), _) => Warning::GpuMemoryConflict { min: fit.min, max, assumed },
+        _ => Warning::GpuMemoryUnbounded { min: fit.min, assumed, fraction },
     })
 }
 
