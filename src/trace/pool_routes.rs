@@ -20,10 +20,10 @@
 //!
 //! Where entries name their pools, a recorded `segment_free` (or `segment_unmap`) that names a
 //! private pool usually says that the pool's graph or `MemPool` is gone: PyTorch's flushes
-//! release a private pool's memory only once nothing uses it. The one release of a live private pool is a request's own
-//! (`release_available_cached_blocks`, with `max_split_size_mb`, works within the request's pool),
-//! so a release just before a request made into that pool does not say it
-//! ([`PoolRoutes::released`], [`PoolRoutes::request`]).
+//! release a private pool's memory only once nothing uses it. The one release of a live private
+//! pool is a request's own (`release_available_cached_blocks`, with `max_split_size_mb`, works
+//! within the request's pool), so a release just before a request made into that pool does not
+//! say it ([`PoolRoutes::released`], [`PoolRoutes::request`]).
 //!
 //! A segment is alive from the start when its first segment event is not a `segment_alloc`
 //! (the trace never created it), and then from each recorded `segment_alloc` of its address to
@@ -193,13 +193,16 @@ impl PoolRoutes {
         self.named.is_some()
     }
 
-    /// The private pool the request of `e` (an `alloc` or an `oom`) was made into; `None`: the
-    /// default pools, or, for an `oom` of a file that does not name pools, not known.
+    /// The private pool the request of `e` (an `alloc` or an `oom`) was made into, or whose
+    /// expandable pages a `segment_map` mapped; `None`: the default pools, or, for an `oom` of a
+    /// file that does not name pools, not known. Without names, an `alloc` and a map go by
+    /// where they lie at the dump (a live private pool never unmaps: only flushes and GC do, and
+    /// they skip a pool still in use).
     #[inline]
     pub fn pool_for(&self, e: &Event) -> Option<PoolId> {
         match &self.named {
             Some(pools) => e.pool.private_in(pools),
-            None if e.action == Action::Alloc => self.pool_of(e.addr),
+            None if matches!(e.action, Action::Alloc | Action::SegmentMap) => self.pool_of(e.addr),
             None => None,
         }
     }
@@ -211,17 +214,6 @@ impl PoolRoutes {
         match e.action {
             Action::SegmentFree | Action::SegmentUnmap => self.pool_for(e),
             _ => None,
-        }
-    }
-
-    /// The private pool whose expandable pages the recorded `segment_map` `e` mapped: the one
-    /// its entry names, else the one whose pages lie there at the dump (a live private pool
-    /// never unmaps: only flushes and GC do, and they skip a pool still in use); `None`: the
-    /// default pools.
-    pub fn pool_of_map(&self, e: &Event) -> Option<PoolId> {
-        match &self.named {
-            Some(pools) => e.pool.private_in(pools),
-            None => self.pool_of(e.addr),
         }
     }
 

@@ -358,7 +358,7 @@ pub fn recorded_gpu_memory_fit(
         .filter(|s| s.expandable)
         .map(|s| (s.addr, s.size, s.stream, s.small, s.private_pool))
         .collect();
-    let pool_of = |e: &crate::trace::Event| start.routes.as_ref().and_then(|r| r.pool_of_map(e));
+    let pool_of = |e: &crate::trace::Event| start.routes.as_ref().and_then(|r| r.pool_for(e));
     pieces.extend(
         events
             .iter()

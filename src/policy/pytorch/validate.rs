@@ -551,7 +551,7 @@ impl Backend for Guided<'_> {
         // map on that stream, of that pool's pages, outside every known reservation shows where
         // it is.
         let (stream, page, small) = (self.stream, self.page.max(1), self.small);
-        let same_private = |e: &Event| self.routes.is_none_or(|r| r.pool_of_map(e) == self.pool);
+        let same_private = |e: &Event| self.routes.is_none_or(|r| r.pool_for(e) == self.pool);
         let of_pool = |e: &&Event| {
             (if small { e.size == page } else { e.size % page == 0 }) && same_private(e)
         };
