@@ -398,31 +398,37 @@ impl PrivatePoolMemory {
         {
             return PrivatePoolMemory::default();
         }
-        let mut mapped = false;
-        // Pools that got cudaMalloc segments; `None`: one the file does not name.
-        let mut cudamalloc: Vec<Option<(u64, u64)>> = Vec::new();
+        // Whether a private pool mapped pages, whether one got cudaMalloc segments, and which
+        // did where the file tells.
+        let (mut mapped, mut cudamalloc) = (false, false);
+        let mut segment_pools: Vec<(u64, u64)> = Vec::new();
         for s in trace.segments_of(device) {
             match (s.private_pool, s.is_expandable) {
                 (Some(_), true) => mapped = true,
-                (Some(pool), false) => cudamalloc.push(Some(pool)),
+                (Some(pool), false) => {
+                    cudamalloc = true;
+                    segment_pools.push(pool);
+                }
                 (None, _) => {}
             }
         }
         for e in events {
             match (e.action, trace.entry_pool(e)) {
                 (Action::SegmentMap, Some(Some(_))) => mapped = true,
-                (Action::SegmentAlloc, Some(Some(pool))) => cudamalloc.push(Some(pool)),
-                (Action::SegmentAlloc, None) => cudamalloc.push(None),
+                (Action::SegmentAlloc, Some(Some(pool))) => {
+                    cudamalloc = true;
+                    segment_pools.push(pool);
+                }
+                (Action::SegmentAlloc, None) => cudamalloc = true,
                 _ => {}
             }
         }
         let named = trace.entry_pools.is_some();
-        if mapped || (named && !cudamalloc.is_empty()) {
-            let mut own_allocator: Vec<(u64, u64)> = cudamalloc.into_iter().flatten().collect();
-            own_allocator.sort_unstable();
-            own_allocator.dedup();
-            PrivatePoolMemory { expandable: Some(true), own_allocator }
-        } else if !cudamalloc.is_empty() {
+        if mapped || (named && cudamalloc) {
+            segment_pools.sort_unstable();
+            segment_pools.dedup();
+            PrivatePoolMemory { expandable: Some(true), own_allocator: segment_pools }
+        } else if cudamalloc {
             PrivatePoolMemory { expandable: Some(false), own_allocator: Vec::new() }
         } else {
             PrivatePoolMemory::default()
