@@ -642,19 +642,21 @@ fn recordings_whose_entries_name_their_pool_validate_and_replay_exactly() {
     let fst = dir.path().join("graphs.fst");
     let o = crate::util::run(&["convert", path.to_str().unwrap(), fst.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let peak = |file: &std::path::Path| {
-        let o = crate::util::run(&["replay", file.to_str().unwrap(), "-p", "pytorch", "--json"]);
-        assert!(o.status.success(), "{}", stderr(&o));
-        let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
-        let rows = v["results"].as_array().unwrap().clone();
-        let row = |p: &str| {
-            rows.iter().find(|r| r["policy"] == p).unwrap()["peak_reserved_bytes"].clone()
-        };
-        (row("pytorch"), row("recorded"))
-    };
-    let (loaded, recorded) = peak(&path);
+    let (loaded, recorded) = cli_peaks(&path);
     assert_eq!(loaded, recorded, "the loaded replay reaches the recorded peak");
-    assert_eq!(peak(&fst), (loaded, recorded), "the streamed replay: the same");
+    assert_eq!(cli_peaks(&fst), (loaded, recorded), "the streamed replay: the same");
+}
+
+/// `replay FILE -p pytorch --json` as a user runs it: the peak reserved bytes of its `pytorch`
+/// row and of its `recorded` row.
+fn cli_peaks(file: &std::path::Path) -> (serde_json::Value, serde_json::Value) {
+    let o = crate::util::run(&["replay", file.to_str().unwrap(), "-p", "pytorch", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let rows = v["results"].as_array().unwrap();
+    let row =
+        |p: &str| rows.iter().find(|r| r["policy"] == p).unwrap()["peak_reserved_bytes"].clone();
+    (row("pytorch"), row("recorded"))
 }
 
 /// A recording whose graph is deleted mid-run (its entries name their pools): the program's
@@ -812,14 +814,8 @@ fn expandable_recordings_across_graph_captures_validate_and_replay_exactly() {
         let text = stdout(&o);
         assert_eq!(o.status.code(), Some(0), "{version}: {text}{}", stderr(&o));
         assert!(text.contains("result: valid") && text.contains(says), "{version}: {text}");
-        let o = crate::util::run(&["replay", file, "-p", "pytorch", "--json"]);
-        assert!(o.status.success(), "{}", stderr(&o));
-        let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
-        let rows = v["results"].as_array().unwrap();
-        let peak = |p: &str| {
-            rows.iter().find(|r| r["policy"] == p).unwrap()["peak_reserved_bytes"].clone()
-        };
-        assert_eq!(peak("pytorch"), peak("recorded"), "{version}: the replay's peak");
+        let (replayed, recorded) = cli_peaks(&path);
+        assert_eq!(replayed, recorded, "{version}: the replay's peak");
     }
 }
 
@@ -828,8 +824,8 @@ fn expandable_recordings_across_graph_captures_validate_and_replay_exactly() {
 /// 80 GiB. Where the recorded layout fixes the GPU's memory (`validate` infers it from the gap
 /// between reservations), `replay` with no `--capacity` takes it from there too, so the fraction
 /// limits the replay as it limited the recording: never (on 80 GiB every replay runs out of
-/// memory); recorded from the middle of the run too. (A layout where one stream and pool reserved twice, back to back, fixes
-/// nothing: no single size fits both.)
+/// memory); recorded from the middle of the run too. (A layout where one stream and pool
+/// reserved twice, back to back, fixes nothing: no single size fits both.)
 #[test]
 fn replays_of_expandable_recordings_take_the_gpu_memory_from_their_layout() {
     use fragsim::policy::pytorch::validate::{validate, ValidateOptions, Warning};
