@@ -447,15 +447,26 @@ fn captured_recording(seed: u64, cut: usize) -> fragsim::trace::Trace {
 }
 
 /// `replay -p pytorch`'s peak reserved bytes on `t`, as the command runs it: under the device
-/// limit the recording shows, if it shows one.
+/// limit the recording shows, if it shows one, which is the GPU's memory only where the
+/// recording's `oom` entries measured it.
 fn replayed_peak(t: &fragsim::trace::Trace) -> u64 {
-    let capacity = fragsim::recorded::row_and_limit(t, 0).1.and_then(|l| l.limit_bytes);
-    replayed_peak_on(t, capacity)
-}
-
-/// `replay -p pytorch --capacity C`'s peak reserved bytes on `t` (`None`: unlimited).
-fn replayed_peak_on(t: &fragsim::trace::Trace, capacity: Option<u64>) -> u64 {
-    replayed_on(t, capacity).peak_reserved_bytes
+    use fragsim::replay::{CapacityKind, ReplayInput, ReplayOptions};
+    let limit = fragsim::recorded::row_and_limit(t, 0).1;
+    let capacity = limit.as_ref().and_then(|l| l.limit_bytes);
+    let capacity_kind = match limit.is_some_and(|l| l.limit_is_device_memory()) {
+        true => CapacityKind::GpuMemory,
+        false => CapacityKind::AllocatorLimit,
+    };
+    let input = ReplayInput::new(t, None).unwrap();
+    let spec = fragsim::policy::PolicySpec::parse_list("pytorch").unwrap().remove(0);
+    let options = ReplayOptions {
+        capacity,
+        capacity_kind,
+        check_invariants: true,
+        ..ReplayOptions::default()
+    };
+    let out = fragsim::policy::lookup("pytorch").unwrap().run(&spec, &input, &options);
+    out.unwrap().result.peak_reserved_bytes
 }
 
 /// `replay -p pytorch --capacity C`'s result on `t` (`None`: unlimited).
@@ -854,4 +865,91 @@ fn replays_of_expandable_recordings_take_the_gpu_memory_from_their_layout() {
         }
     }
     assert!(fixed >= 8, "the layout fixed the GPU's memory in only {fixed} of 24 recordings");
+}
+
+/// A memory fraction of a card larger than the 80 GiB assumed without one (0.002 of a 288 GiB
+/// card, 590 MB): every recording reserves more than 0.002 of 80 GiB (164 MiB) allows, which
+/// proves the card larger. `validate` and `replay` model at least the memory that lets the
+/// recorded peak through, so the recording reproduces; under 80 GiB, `validate` found 81 to 162
+/// mismatches in these and `replay` failed below the recorded peak.
+#[test]
+fn recordings_under_a_memory_fraction_of_a_larger_card_reproduce() {
+    use fragsim::policy::pytorch::validate::{validate, ValidateOptions, Warning};
+    let conf = "per_process_memory_fraction:0.002";
+    for seed in 0..6 {
+        let t = recording(seed, Run { conf, gpu_memory: Some(288 << 30), ..Run::PLAIN });
+        let at = format!("seed {seed}");
+        let recorded = reproduces_exactly(&t, &at);
+        let peak = recorded.peak_reserved_bytes;
+        assert!(peak > (80u64 << 30) / 500, "{at}: 0.002 of 80 GiB is below the recorded peak");
+        let v = validate(&t, &ValidateOptions::default()).unwrap();
+        let least = v.notes.iter().find_map(|n| match n {
+            Warning::GpuMemoryFromPeak { bytes, peak: p, assumed } => Some((*bytes, *p, *assumed)),
+            _ => None,
+        });
+        let (bytes, noted_peak, assumed) = least.unwrap_or_else(|| panic!("{at}: {:?}", v.notes));
+        assert_eq!((noted_peak, assumed), (peak, 80 << 30), "{at}");
+        assert!(bytes / 500 <= peak && peak <= bytes * 2 / 1000, "{at}: {bytes} for {peak}");
+        assert!(bytes <= 288 << 30, "{at}: more than the card had");
+        // Given the card, nothing is raised.
+        let given = ValidateOptions { gpu_memory: Some(288 << 30), ..ValidateOptions::default() };
+        let v = validate(&t, &given).unwrap();
+        assert!(v.mismatches.is_empty(), "{at}");
+        assert!(!v.notes.iter().any(|n| matches!(n, Warning::GpuMemoryFromPeak { .. })), "{at}");
+    }
+    // As a user runs it, loaded and streamed: the replay reaches the recorded peak, and
+    // `validate` says what it modelled.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fraction.pickle");
+    fragsim::trace::write_trace(
+        &recording(2, Run { conf, gpu_memory: Some(288 << 30), ..Run::PLAIN }),
+        &path,
+    )
+    .unwrap();
+    let fst = dir.path().join("fraction.fst");
+    let o = crate::util::run(&["convert", path.to_str().unwrap(), fst.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for file in [&path, &fst] {
+        let (replayed, recorded) = cli_peaks(file);
+        assert_eq!(replayed, recorded, "{}", file.display());
+    }
+    let o = crate::util::run(&["validate", path.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let text = stdout(&o) + &stderr(&o);
+    assert!(text.contains("the recorded per_process_memory_fraction let a peak of"), "{text}");
+}
+
+/// An `empty_cache()` the program called at a level above the recorded peak reads as an
+/// out-of-memory flush, so `replay` infers a device limit at the peak. That limit is the level
+/// the recorded allocator stopped at, not the card's memory: a recorded memory fraction taken of
+/// it again (0.01 of 415 MB) failed every request, and `replay` printed a peak of 0 to 2 MiB.
+/// Replayed as a user runs it (loaded and streamed), the recording reaches its recorded peak.
+#[test]
+fn a_limit_inferred_from_a_flush_is_not_the_memory_a_fraction_is_taken_of() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut inferred = 0;
+    for conf in ["per_process_memory_fraction:0.005", "per_process_memory_fraction:0.01"] {
+        for seed in 0..8 {
+            let t = recording(seed, Run { conf, capacity: Some(80 << 30), ..Run::PLAIN });
+            let limit = fragsim::recorded::row_and_limit(&t, 0).1.unwrap();
+            if limit.limit_bytes.is_none() || limit.limit_is_device_memory() {
+                continue;
+            }
+            inferred += 1;
+            let at = format!("{conf}, seed {seed}");
+            let recorded = reproduces(&t, &at).1.peak_reserved_bytes;
+            assert_eq!(limit.limit_bytes, Some(recorded), "{at}: inferred at the peak");
+            let path = dir.path().join(format!("{seed}.pickle"));
+            fragsim::trace::write_trace(&t, &path).unwrap();
+            let fst = dir.path().join(format!("{seed}.fst"));
+            let o = crate::util::run(&["convert", path.to_str().unwrap(), fst.to_str().unwrap()]);
+            assert!(o.status.success(), "{}", stderr(&o));
+            for file in [&path, &fst] {
+                let (replayed, row) = cli_peaks(file);
+                assert_eq!(replayed, recorded, "{at}: {}", file.display());
+                assert_eq!(row, recorded, "{at}: the recorded row");
+            }
+        }
+    }
+    assert!(inferred >= 2, "only {inferred} recordings had a limit inferred from a flush");
 }

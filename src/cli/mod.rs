@@ -17,6 +17,7 @@ mod validate;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use fragsim::error::Result;
+use fragsim::replay::CapacityKind;
 use std::process::ExitCode;
 
 /// Replay GPU allocation traces against allocator policies; report peak reserved memory and
@@ -164,25 +165,35 @@ pub fn capacity_arg(text: &str) -> std::result::Result<CapacityArg, String> {
     }
 }
 
-/// The capacity a replay of `device` runs under, and a line saying where it came from when it
-/// was inferred: the flag's size; with no flag (or `recorded`) the device limit the recording
-/// shows ([`fragsim::recorded::limit::infer`]), if it shows one; `none` is unlimited.
+/// The capacity a replay of `device` runs under, what it stands for, and a line saying where it
+/// came from when it was inferred: the flag's size (a card's memory); with no flag (or `recorded`)
+/// the device limit the recording shows ([`fragsim::recorded::limit::infer`]), if it shows one,
+/// which is the GPU's memory only where the recording's `oom` entries measured it; `none` is
+/// unlimited.
 pub fn resolve_capacity(
     arg: Option<&CapacityArg>,
     limit: Option<&fragsim::recorded::limit::DeviceLimit>,
-) -> Result<(Option<u64>, Option<String>)> {
-    let inferred = limit.and_then(|l| l.limit_bytes.map(|b| (b, l.describe())));
+) -> Result<(Option<u64>, Option<String>, CapacityKind)> {
+    let inferred = limit.and_then(|l| {
+        let kind = match l.limit_is_device_memory() {
+            true => CapacityKind::GpuMemory,
+            false => CapacityKind::AllocatorLimit,
+        };
+        l.limit_bytes.map(|b| (b, l.describe(), kind))
+    });
     match arg {
-        Some(CapacityArg::Size { bytes, .. }) => Ok((Some(*bytes), None)),
-        Some(CapacityArg::Unlimited) => Ok((None, None)),
+        Some(CapacityArg::Size { bytes, .. }) => Ok((Some(*bytes), None, CapacityKind::GpuMemory)),
+        Some(CapacityArg::Unlimited) => Ok((None, None, CapacityKind::GpuMemory)),
         Some(CapacityArg::Recorded) => match inferred {
-            Some((b, why)) => Ok((Some(b), Some(why))),
+            Some((b, why, kind)) => Ok((Some(b), Some(why), kind)),
             None => Err(fragsim::error::Error::usage(format!(
                 "--capacity recorded: the recording shows no device limit ({})",
                 limit.map_or("no recorded allocator figures".to_string(), |l| l.describe())
             ))),
         },
-        None => Ok(inferred.map_or((None, None), |(b, why)| (Some(b), Some(why)))),
+        None => Ok(inferred.map_or((None, None, CapacityKind::GpuMemory), |(b, why, kind)| {
+            (Some(b), Some(why), kind)
+        })),
     }
 }
 

@@ -124,7 +124,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         _ => fragsim::recorded::row_and_limit(trace, input.device),
     };
     super::note_unmodelled_options(&args.control, trace, &specs);
-    let (capacity, inferred) =
+    let (capacity, inferred, capacity_kind) =
         super::resolve_capacity(args.source.capacity.as_ref(), limit.as_ref())?;
     if let Some(why) = &inferred {
         if args.output_format() == OutputFormat::Table {
@@ -135,6 +135,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
     let options = ReplayOptions {
         capacity,
+        capacity_kind,
         empty_cache: empty_cache.clone(),
         outside_bytes: args.outside,
         backend: match args.backend {

@@ -39,7 +39,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let trace = args.control.read_trace(&args.source.trace)?;
     let device = args.source.device.or_else(|| trace.default_device());
     let limit = device.and_then(|d| fragsim::recorded::row_and_limit(&trace, d).1);
-    let (capacity, inferred) =
+    let (capacity, inferred, capacity_kind) =
         super::resolve_capacity(args.source.capacity.as_ref(), limit.as_ref())?;
     if let Some(why) = &inferred {
         eprintln!("fragsim: capacity inferred from the recording: {why} (--capacity overrides)");
@@ -50,6 +50,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         device: args.source.device,
         capacity,
         capacity_inferred: inferred,
+        capacity_kind,
         empty_cache: args.source.empty_cache_plan()?,
         segment_map_policy: args.segment_map_policy,
         progress,

@@ -215,6 +215,13 @@ pub struct PolicyContext<'a> {
     pub lifetimes: &'a Lifetimes,
     /// Device capacity (`--capacity`); `None` is unlimited.
     pub capacity: Option<u64>,
+    /// The GPU's total memory (`totalGlobalMem`) when the replay knows it: the capacity, where it
+    /// names a card or the device memory a recording's `oom` entries measured (not where it is
+    /// only the level a recorded allocator stopped at); `None`: the policy models it.
+    pub gpu_memory: Option<u64>,
+    /// The recording's peak reserved bytes, where a policy modelling the recorded allocator
+    /// needs them (a snapshot that records a memory fraction, whose limit let that peak through).
+    pub recorded_peak_reserved: Option<u64>,
 }
 
 /// What a policy stands for when results are compared: a real allocator, or one of the two

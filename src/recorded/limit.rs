@@ -123,6 +123,14 @@ pub struct DeviceLimit {
 }
 
 impl DeviceLimit {
+    /// Whether [`DeviceLimit::limit_bytes`] is the device memory the recording's `oom` entries
+    /// measured (reserved plus the driver's free bytes), not the level at which the allocator
+    /// could reserve no more (the peak below an out-of-memory flush), which the allocator's own
+    /// limit, a `per_process_memory_fraction`, may have set.
+    pub fn limit_is_device_memory(&self) -> bool {
+        self.limit_bytes.is_some() && !self.oom_entries.is_empty()
+    }
+
     /// The number of flushes that were out-of-memory retries (PyTorch's `num_alloc_retries`),
     /// when every candidate flush could be classified; `None` otherwise or for Kineto traces.
     pub fn proven_retries(&self) -> Option<u64> {

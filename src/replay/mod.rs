@@ -91,6 +91,11 @@ pub struct ReplayInput<'a> {
     slots: Slots,
     /// The file the events stream from, if they are not loaded.
     stream: Option<Streamed<'a>>,
+    /// The recorded peak of reserved bytes, found only where a policy needs it: for a snapshot
+    /// whose settings record a `per_process_memory_fraction`, since the fraction's limit let that
+    /// peak through and so bounds the GPU's memory from below
+    /// ([`Config::least_gpu_memory_for`](crate::policy::pytorch::Config::least_gpu_memory_for)).
+    recorded_peak_reserved: Option<u64>,
 }
 
 /// What a replay streamed from a file knows of its events before the first policy runs.
@@ -226,6 +231,10 @@ impl<'a> ReplayInput<'a> {
             lifetimes,
             slots,
             stream: None,
+            recorded_peak_reserved: records_fraction(trace)
+                .then(|| crate::recorded::recorded(trace, device))
+                .flatten()
+                .map(|r| r.peak_reserved_bytes),
         })
     }
 
@@ -268,11 +277,28 @@ impl<'a> ReplayInput<'a> {
             runs.finish_with_undecided(!may_collect_garbage(trace));
         // The digest keeps each address's first segment event, all the routes need.
         let pool_routes = PoolRoutes::new(trace, device, &digest, &lifetimes);
+        let live_at_start = live_at_start_of(trace, device, &lifetimes);
+        // One more pass, only where a memory fraction is recorded.
+        let recorded_peak_reserved = if records_fraction(trace) {
+            let walk = |f: &mut dyn FnMut(u64, &Event) -> Result<()>| {
+                file.each_event(device, u64::MAX, false, f)
+            };
+            let (row, _) = crate::recorded::row_and_limit_streamed(
+                trace,
+                device,
+                &live_at_start,
+                frees_at,
+                walk,
+            )?;
+            row.and_then(|r| r.peak_reserved_bytes)
+        } else {
+            None
+        };
         Ok(ReplayInput {
             trace,
             device,
             events: &[],
-            live_at_start: live_at_start_of(trace, device, &lifetimes),
+            live_at_start,
             empty_cache_at,
             undecided_flushes,
             pool_routes,
@@ -286,6 +312,7 @@ impl<'a> ReplayInput<'a> {
                 digest,
                 feed: None,
             }),
+            recorded_peak_reserved,
         })
     }
 
@@ -350,8 +377,19 @@ impl<'a> ReplayInput<'a> {
                 digest: s.digest.clone(),
                 feed: Some(feed),
             }),
+            recorded_peak_reserved: self.recorded_peak_reserved,
         }
     }
+}
+
+/// Whether `trace`'s recorded allocator settings set a `per_process_memory_fraction`.
+fn records_fraction(trace: &Trace) -> bool {
+    let Some(settings) = &trace.allocator_settings else { return false };
+    crate::policy::pytorch::Config::from_recorded(
+        settings,
+        crate::policy::pytorch::Version::CURRENT,
+    )
+    .is_ok_and(|c| c.per_process_memory_fraction.is_some())
 }
 
 /// True when the recorded allocator had `garbage_collection_threshold` set, so that it may have
@@ -391,6 +429,11 @@ impl<'a> ReplayInput<'a> {
             live_at_start: &self.live_at_start,
             lifetimes: &self.lifetimes,
             capacity: options.capacity,
+            gpu_memory: match options.capacity_kind {
+                CapacityKind::GpuMemory => options.capacity,
+                CapacityKind::AllocatorLimit => None,
+            },
+            recorded_peak_reserved: self.recorded_peak_reserved,
         }
     }
 }
@@ -451,11 +494,29 @@ pub enum BackendKind {
     Cuda,
 }
 
+/// What a replay's `capacity` stands for besides the memory the backend hands out.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CapacityKind {
+    /// The GPU's memory too (`totalGlobalMem`): a card of that size (`--capacity 40GB`, `fit`'s
+    /// probes), or the device memory a recording's `oom` entries measured (reserved plus the
+    /// driver's free bytes). PyTorch's `per_process_memory_fraction` and its expandable
+    /// reservations are taken of it.
+    #[default]
+    GpuMemory,
+    /// Only the level at which the recorded allocator could reserve no more (a capacity inferred
+    /// from its out-of-memory flushes). That level may be a memory fraction's limit already, so
+    /// taking the fraction of it again would fail far below the recording: the GPU's memory
+    /// stays what the policy models.
+    AllocatorLimit,
+}
+
 /// How to replay.
 #[derive(Clone, Debug)]
 pub struct ReplayOptions {
     /// Device capacity (`--capacity`); `None` is unlimited.
     pub capacity: Option<u64>,
+    /// What `capacity` is: the GPU's memory (the default) or only the recorded allocator's limit.
+    pub capacity_kind: CapacityKind,
     /// Device memory used outside the allocator (context, other processes).
     pub outside_bytes: u64,
     /// The memory backend.
@@ -597,6 +658,7 @@ impl Default for ReplayOptions {
     fn default() -> Self {
         ReplayOptions {
             capacity: None,
+            capacity_kind: CapacityKind::GpuMemory,
             outside_bytes: 0,
             backend: BackendKind::Sim,
             cuda_ordinal: 0,

@@ -33,6 +33,8 @@ pub struct ReportPlan {
     pub capacity: Option<u64>,
     /// When `capacity` was inferred from the recording: what was inferred and from which events.
     pub capacity_inferred: Option<String>,
+    /// What `capacity` stands for: the GPU's memory, or only the recorded allocator's limit.
+    pub capacity_kind: crate::replay::CapacityKind,
     /// The policy whose segments are drawn at its peak (`None`: `pytorch`, else the first with
     /// segments). A name or a label (`NAME:OPTIONS`) of one of the replayed policies, or any spec.
     pub segment_map_policy: Option<String>,
@@ -297,6 +299,7 @@ pub fn collect(trace: &Trace, plan: &ReportPlan) -> Result<ReportData> {
     let recorded_series = run.map(|r| r.series(trace, PLOT_POINTS));
     let options = ReplayOptions {
         capacity: plan.capacity,
+        capacity_kind: plan.capacity_kind,
         empty_cache: plan.empty_cache.clone(),
         keep_series: true,
         series_budget: PLOT_POINTS,

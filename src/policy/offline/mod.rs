@@ -713,6 +713,8 @@ mod tests {
                 live_at_start: &[],
                 lifetimes: &crate::trace::lifetimes::scan(&events),
                 capacity: None,
+                gpu_memory: None,
+                recorded_peak_reserved: None,
             };
             // Every registered policy, built from its registration with default options.
             let runs: Vec<_> = POLICIES

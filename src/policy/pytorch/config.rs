@@ -597,6 +597,38 @@ impl Config {
         Some((f * self.gpu_memory as f64) as u64)
     }
 
+    /// The least GPU memory a run under these settings can have had if it reserved
+    /// `peak_reserved` bytes at its peak: the memory fraction's limit (fraction × the GPU's
+    /// memory, §8) let every reservation through, so the GPU had at least `peak_reserved` /
+    /// fraction. `None` when no fraction limits the run.
+    ///
+    /// Why it matters: a snapshot does not record the GPU's memory, and the 80 GiB assumed
+    /// without one is less than many cards have (141 GB, 192 GB, 288 GB). A recording made with a
+    /// small fraction of such a card, replayed under 80 GiB, would fail below its own recorded
+    /// peak. Capped at 2^48 bytes (a hostile fraction must not make a reservation size overflow).
+    pub fn least_gpu_memory_for(&self, peak_reserved: u64) -> Option<u64> {
+        const MOST: u64 = 1 << 48;
+        let f = self.per_process_memory_fraction.filter(|f| *f > 0.0)?;
+        self.allowed_memory_maximum()?;
+        // As `allowed_memory_maximum` computes it: truncated to whole bytes.
+        let allowed = |gpu: u64| (f * gpu as f64) as u64;
+        let mut gpu = ((peak_reserved as f64 / f).ceil() as u64).max(peak_reserved).min(MOST);
+        // Floating point may miss the least by a few bytes either way: step to it.
+        for _ in 0..64 {
+            if gpu >= MOST || allowed(gpu) >= peak_reserved {
+                break;
+            }
+            gpu += 1;
+        }
+        for _ in 0..64 {
+            if gpu == 0 || allowed(gpu - 1) < peak_reserved {
+                break;
+            }
+            gpu -= 1;
+        }
+        Some(gpu)
+    }
+
     /// Whether a malloc into a private pool (a CUDA graph's, or a `MemPool`'s) gets expandable
     /// segments of that pool's own. With `expandable_segments` on, PyTorch before ≈ 2.5 served
     /// private pools from cudaMalloc segments ("our checkpointing logic for private pools doesn't
@@ -684,6 +716,23 @@ mod tests {
     fn runs(r: &[(u64, usize)]) -> [u64; INTERVALS] {
         let v: Vec<u64> = r.iter().flat_map(|&(v, n)| std::iter::repeat_n(v, n)).collect();
         v.try_into().unwrap()
+    }
+
+    #[test]
+    fn the_least_gpu_memory_lets_the_recorded_peak_through_its_fraction() {
+        let with = |conf: &str| Config::parse(conf, Version::CURRENT).unwrap();
+        assert_eq!(with("").least_gpu_memory_for(1 << 30), None, "no fraction, no bound");
+        assert_eq!(with("per_process_memory_fraction:1.0").least_gpu_memory_for(1 << 30), None);
+        for (f, peak) in [(0.5, 1u64 << 30), (0.002, 590_558_003), (0.3, 1_000_000_007), (0.7, 3)] {
+            let c = with(&format!("per_process_memory_fraction:{f}"));
+            let least = c.least_gpu_memory_for(peak).unwrap();
+            let allowed = |gpu| Config { gpu_memory: gpu, ..c.clone() }.allowed_memory_maximum();
+            assert!(allowed(least).unwrap() >= peak, "{f}: {least} lets {peak} through");
+            assert!(allowed(least - 1).unwrap() < peak, "{f}: {least} is the least");
+        }
+        // A hostile fraction cannot make the memory (and reservation sizes) overflow.
+        let tiny = with("per_process_memory_fraction:0.0000000001");
+        assert_eq!(tiny.least_gpu_memory_for(u64::MAX / 2), Some(1 << 48));
     }
 
     fn round(conf: &str, n: u64) -> u64 {

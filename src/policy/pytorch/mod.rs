@@ -64,7 +64,7 @@ pub const POLICY: Registration<PyTorch> = Registration {
     summary: "PyTorch's CUDA caching allocator (PYTORCH_CUDA_ALLOC_CONF options; default: recorded settings)",
     role: Role::Online,
     options: || "PYTORCH_CUDA_ALLOC_CONF syntax, e.g. max_split_size_mb:128,roundup_power2_divisions:4; or 'recorded'".into(),
-    build: |options, context| PyTorch::from_spec(options, context).map(|p| p.on_gpu(context.capacity)),
+    build: |options, context| PyTorch::from_spec(options, context).map(|p| p.on_gpu(context.gpu_memory)),
 };
 
 /// `pytorch-expandable`'s line in [`POLICIES`](super::POLICIES).
@@ -74,7 +74,7 @@ pub const EXPANDABLE: Registration<PyTorch> = Registration {
     role: Role::Online,
     options: || "PYTORCH_CUDA_ALLOC_CONF syntax (expandable_segments is forced on)".into(),
     build: |options, context| {
-        PyTorch::expandable_from_spec(options, context).map(|p| p.on_gpu(context.capacity))
+        PyTorch::expandable_from_spec(options, context).map(|p| p.on_gpu(context.gpu_memory))
     },
 };
 
@@ -275,7 +275,8 @@ impl PyTorch {
     /// cannot become cudaMalloc segments, nor its segments pages), and not for other formats
     /// (no final segments to walk back from). A recording's expandable layout also tells the
     /// GPU's memory, which sizes reservations and any `per_process_memory_fraction`: taken from
-    /// it, as `validate` infers it, unless the replay's capacity gives it.
+    /// it, as `validate` infers it, unless the replay knows the GPU's memory
+    /// ([`PolicyContext::gpu_memory`]).
     pub fn with_recorded_start(mut self, context: &PolicyContext) -> PyTorch {
         self.start = None;
         let trace = context.trace;
@@ -290,8 +291,8 @@ impl PyTorch {
         };
         let mut start = recover(&self.config);
         // The GPU's memory sizes expandable reservations and any memory fraction, and only the
-        // recorded layout tells it (as `validate` infers it), unless `--capacity` gives it.
-        if start.expandable && context.capacity.is_none() {
+        // recorded layout tells it (as `validate` infers it), unless the replay knows it.
+        if start.expandable && context.gpu_memory.is_none() {
             if let Some(fit) = expandable::recorded_gpu_memory_fit(events, &start, &self.config) {
                 let gpu = fit.modelled(self.config.gpu_memory);
                 if gpu != self.config.gpu_memory {
@@ -309,7 +310,8 @@ impl PyTorch {
     /// Builds the policy from `PYTORCH_CUDA_ALLOC_CONF` options (`recorded` or empty: the trace's
     /// recorded settings, else PyTorch's defaults).
     pub fn from_spec(options: &str, context: &PolicyContext) -> Result<PyTorch> {
-        Ok(PyTorch::new(config_for(options, context, Version::CURRENT)?)
+        let config = config_for(options, context, Version::CURRENT)?;
+        Ok(PyTorch::new(at_least_recorded_gpu_memory(config, context))
             .with_recorded_start(context)
             .reading_kineto(context))
     }
@@ -318,7 +320,7 @@ impl PyTorch {
     pub fn expandable_from_spec(options: &str, context: &PolicyContext) -> Result<PyTorch> {
         let mut c = config_for(options, context, Version::CURRENT)?;
         c.expandable_segments = true;
-        Ok(PyTorch::new(c).reading_kineto(context))
+        Ok(PyTorch::new(at_least_recorded_gpu_memory(c, context)).reading_kineto(context))
     }
 
     /// The same policy on a GPU of `total` bytes (`--capacity`), the base of
@@ -1156,6 +1158,23 @@ pub fn config_for(options: &str, context: &PolicyContext, version: Version) -> R
     start::PrivatePoolMemory::recorded(context.trace, context.device, context.events)
         .apply_to(&mut config);
     Ok(config)
+}
+
+/// `config` with its GPU memory raised, where the replay does not know the GPU's memory
+/// ([`PolicyContext::gpu_memory`]), to the least the recording proves: a recorded
+/// `per_process_memory_fraction` let the recorded peak through ([`Config::least_gpu_memory_for`]).
+/// The bound is the recorded run's, so it holds whatever `config` replays; an explicit capacity
+/// names the card and is kept.
+fn at_least_recorded_gpu_memory(mut config: Config, context: &PolicyContext) -> Config {
+    let recorded = context.trace.allocator_settings.as_ref();
+    let least = recorded
+        .and_then(|s| Config::from_recorded(s, config.version).ok())
+        .zip(context.recorded_peak_reserved)
+        .and_then(|(recorded, peak)| recorded.least_gpu_memory_for(peak));
+    if let (None, Some(least)) = (context.gpu_memory, least) {
+        config.gpu_memory = config.gpu_memory.max(least);
+    }
+    config
 }
 
 impl Policy for PyTorch {

@@ -240,6 +240,17 @@ pub enum Warning {
         /// How many pools got segments of their MemPool's own allocator instead.
         own_allocator: u64,
     },
+    /// The recording reserved more than its `per_process_memory_fraction` allows of the GPU
+    /// memory assumed: the GPU had at least `bytes` (the recorded peak over the fraction), so
+    /// that was modelled instead.
+    GpuMemoryFromPeak {
+        /// The GPU memory modelled: the least that lets the recorded peak through.
+        bytes: u64,
+        /// The recorded peak of reserved bytes.
+        peak: u64,
+        /// The memory assumed before.
+        assumed: u64,
+    },
     /// Expandable segments: the recording bounds the GPU memory only from below.
     GpuMemoryUnbounded {
         /// The smallest memory that fits.
@@ -262,6 +273,7 @@ impl Warning {
                 | Warning::InferredGpuMemory { .. }
                 | Warning::GpuMemoryConflict { .. }
                 | Warning::GpuMemoryUnbounded { .. }
+                | Warning::GpuMemoryFromPeak { .. }
                 | Warning::PrivatePools { .. }
                 | Warning::EntriesNamePools { .. }
                 | Warning::PrivatePoolMemory { .. }
@@ -352,6 +364,16 @@ impl std::fmt::Display for Warning {
             Warning::PrivatePoolMemory { expandable: false, .. } => f.write_str(
                 "expandable segments: the recording shows private pools getting cudaMalloc \
                  segments (PyTorch before ≈ 2.5), as modelled",
+            ),
+            Warning::GpuMemoryFromPeak { bytes, peak, assumed } => write!(
+                f,
+                "the recorded per_process_memory_fraction let a peak of {} reserved through, so \
+                 the GPU had at least {} of memory, more than the {} assumed; modelled {}: give \
+                 the card's memory with --gpu-mem",
+                crate::units::format_bytes(peak),
+                exact_bytes(bytes),
+                crate::units::format_bytes(assumed),
+                crate::units::format_bytes(bytes)
             ),
             Warning::GpuMemoryUnbounded { min, assumed, fraction } => write!(
                 f,
@@ -1102,6 +1124,17 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
     let ops = plan(events);
     let mut start = StartState::recover(trace, device, events, &config);
     if options.gpu_memory.is_none() {
+        // The memory fraction's limit let the recorded peak through: the GPU had at least that.
+        let peak = recorded_peak(events, start.reserved());
+        if let Some(least) = config.least_gpu_memory_for(peak).filter(|&g| g > config.gpu_memory) {
+            notes.push(Warning::GpuMemoryFromPeak {
+                bytes: least,
+                peak,
+                assumed: config.gpu_memory,
+            });
+            config.gpu_memory = least;
+            start = StartState::recover(trace, device, events, &config);
+        }
         if let Some(note) = infer_gpu_memory(events, &start, &mut config) {
             notes.push(note);
             start = StartState::recover(trace, device, events, &config);
