@@ -453,10 +453,7 @@ fn replayed_peak(t: &fragsim::trace::Trace) -> u64 {
     use fragsim::replay::{CapacityKind, ReplayInput, ReplayOptions};
     let limit = fragsim::recorded::row_and_limit(t, 0).1;
     let capacity = limit.as_ref().and_then(|l| l.limit_bytes);
-    let capacity_kind = match limit.is_some_and(|l| l.limit_is_device_memory()) {
-        true => CapacityKind::GpuMemory,
-        false => CapacityKind::AllocatorLimit,
-    };
+    let capacity_kind = limit.map_or(CapacityKind::GpuMemory, |l| l.capacity_kind());
     let input = ReplayInput::new(t, None).unwrap();
     let spec = fragsim::policy::PolicySpec::parse_list("pytorch").unwrap().remove(0);
     let options = ReplayOptions {
@@ -926,13 +923,14 @@ fn recordings_under_a_memory_fraction_of_a_larger_card_reproduce() {
 /// Replayed as a user runs it (loaded and streamed), the recording reaches its recorded peak.
 #[test]
 fn a_limit_inferred_from_a_flush_is_not_the_memory_a_fraction_is_taken_of() {
+    use fragsim::replay::CapacityKind;
     let dir = tempfile::tempdir().unwrap();
     let mut inferred = 0;
     for conf in ["per_process_memory_fraction:0.005", "per_process_memory_fraction:0.01"] {
         for seed in 0..8 {
             let t = recording(seed, Run { conf, capacity: Some(80 << 30), ..Run::PLAIN });
             let limit = fragsim::recorded::row_and_limit(&t, 0).1.unwrap();
-            if limit.limit_bytes.is_none() || limit.limit_is_device_memory() {
+            if limit.limit_bytes.is_none() || limit.capacity_kind() == CapacityKind::GpuMemory {
                 continue;
             }
             inferred += 1;

@@ -174,13 +174,7 @@ pub fn resolve_capacity(
     arg: Option<&CapacityArg>,
     limit: Option<&fragsim::recorded::limit::DeviceLimit>,
 ) -> Result<(Option<u64>, Option<String>, CapacityKind)> {
-    let inferred = limit.and_then(|l| {
-        let kind = match l.limit_is_device_memory() {
-            true => CapacityKind::GpuMemory,
-            false => CapacityKind::AllocatorLimit,
-        };
-        l.limit_bytes.map(|b| (b, l.describe(), kind))
-    });
+    let inferred = limit.and_then(|l| l.limit_bytes.map(|b| (b, l.describe(), l.capacity_kind())));
     match arg {
         Some(CapacityArg::Size { bytes, .. }) => Ok((Some(*bytes), None, CapacityKind::GpuMemory)),
         Some(CapacityArg::Unlimited) => Ok((None, None, CapacityKind::GpuMemory)),

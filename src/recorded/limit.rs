@@ -25,7 +25,7 @@
 //! own bound.
 
 use super::{Recorded, Source};
-use crate::replay::empty_cache_points;
+use crate::replay::{empty_cache_points, CapacityKind};
 use crate::trace::{Action, Trace};
 use serde::{Deserialize, Serialize};
 
@@ -123,12 +123,16 @@ pub struct DeviceLimit {
 }
 
 impl DeviceLimit {
-    /// Whether [`DeviceLimit::limit_bytes`] is the device memory the recording's `oom` entries
-    /// measured (reserved plus the driver's free bytes), not the level at which the allocator
-    /// could reserve no more (the peak below an out-of-memory flush), which the allocator's own
-    /// limit, a `per_process_memory_fraction`, may have set.
-    pub fn limit_is_device_memory(&self) -> bool {
-        self.limit_bytes.is_some() && !self.oom_entries.is_empty()
+    /// What [`DeviceLimit::limit_bytes`] stands for as a replay's capacity: the GPU's memory
+    /// where the recording's `oom` entries measured it (reserved plus the driver's free bytes);
+    /// else only the level at which the allocator could reserve no more (the peak below an
+    /// out-of-memory flush), which its own limit, a `per_process_memory_fraction`, may have set.
+    pub fn capacity_kind(&self) -> CapacityKind {
+        if self.limit_bytes.is_some() && !self.oom_entries.is_empty() {
+            CapacityKind::GpuMemory
+        } else {
+            CapacityKind::AllocatorLimit
+        }
     }
 
     /// The number of flushes that were out-of-memory retries (PyTorch's `num_alloc_retries`),
