@@ -935,8 +935,16 @@ struct Meter {
 }
 
 impl Meter {
+    /// Takes the levels after `event`: the peaks, and a point of the series if one is kept.
     #[inline]
     fn observe(&mut self, event: u64, time_us: i64, reserved: u64, allocated: u64) {
+        self.peaks(event, time_us, reserved, allocated);
+        self.sample(event, time_us, reserved, allocated);
+    }
+
+    /// The peaks part of [`Meter::observe`]: all a plain replay needs ([`drive`]).
+    #[inline(always)]
+    fn peaks(&mut self, event: u64, time_us: i64, reserved: u64, allocated: u64) {
         let requested = self.requested;
         if reserved > self.peak_reserved {
             self.peak_reserved = reserved;
@@ -947,6 +955,12 @@ impl Meter {
         }
         self.peak_allocated = self.peak_allocated.max(allocated);
         self.peak_requested = self.peak_requested.max(requested);
+    }
+
+    /// The series part of [`Meter::observe`].
+    #[inline(always)]
+    fn sample(&mut self, event: u64, time_us: i64, reserved: u64, allocated: u64) {
+        let requested = self.requested;
         if let Some(series) = &mut self.series {
             let now = (reserved, allocated, requested);
             if now != self.last {
@@ -982,8 +996,13 @@ fn follow<P: Policy>(
     }
 }
 
-/// Records the policy's allocation at `addr` for `at` in the simulated run's log, if kept.
-fn log_alloc(log: &mut Option<Vec<Event>>, addr: u64, at: &Event) {
+/// Records the policy's allocation at `addr` for `at` in the simulated run's log, if kept
+/// (`logging`: it is, which the engine knows at no cost in a plain replay).
+#[inline(always)]
+fn log_alloc(logging: bool, log: &mut Option<Vec<Event>>, addr: u64, at: &Event) {
+    if !logging {
+        return;
+    }
     if let Some(log) = log {
         log.push(Event::new(Action::Alloc, addr, at.size, at.stream, at.time_us));
     }
@@ -1007,8 +1026,13 @@ fn count_oom(
     }
 }
 
-/// Records a free of the policy's block at `addr` in the simulated run's log, if kept.
-fn log_free(log: &mut Option<Vec<Event>>, addr: u64, request: u64, at: &Event) {
+/// Records a free of the policy's block at `addr` in the simulated run's log, if kept (as
+/// [`log_alloc`]).
+#[inline(always)]
+fn log_free(logging: bool, log: &mut Option<Vec<Event>>, addr: u64, request: u64, at: &Event) {
+    if !logging {
+        return;
+    }
     if let Some(log) = log {
         log.push(Event::new(Action::FreeRequested, addr, request, at.stream, at.time_us));
         log.push(Event::new(Action::FreeCompleted, addr, request, at.stream, at.time_us));
@@ -1025,14 +1049,30 @@ fn run<P: Policy, B: Backend>(
     options: &ReplayOptions,
 ) -> Result<ReplayOutput> {
     if input.is_streamed() {
-        drive(name, policy, backend, input, options, Keyed::default())
+        drive::<_, _, _, false>(name, policy, backend, input, options, Keyed::default())
+    } else if is_plain(input, options) {
+        drive::<_, _, _, true>(name, policy, backend, input, options, Indexed::new(input))
     } else {
-        drive(name, policy, backend, input, options, Indexed::new(input))
+        drive::<_, _, _, false>(name, policy, backend, input, options, Indexed::new(input))
     }
 }
 
-/// [`run`] with the block lookup `blocks`.
-fn drive<P: Policy, B: Backend, K: Blocks>(
+/// True when a replay is plain: no log of the simulated run, no series, no invariant checks,
+/// no `empty_cache()` calls added, no private pools to route. Such a replay (`replay`, `fit`,
+/// `sweep`, `check`: nearly every one) runs the engine built with `PLAIN`, where each of those
+/// tests is the constant `false` and leaves the loop: about 15 instructions an event.
+fn is_plain(input: &ReplayInput, options: &ReplayOptions) -> bool {
+    let adds_calls = options.empty_cache.every.is_some_and(|n| n > 0)
+        || !options.empty_cache.at.is_empty();
+    !options.record_events
+        && !options.keep_series
+        && !options.check_invariants
+        && !adds_calls
+        && input.pool_routes.is_none()
+}
+
+/// [`run`] with the block lookup `blocks`; `PLAIN`: the replay [`is_plain`].
+fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
     name: &str,
     mut policy: P,
     backend: B,
@@ -1097,7 +1137,7 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
     };
 
     // Which recorded allocations were made into a private pool, where the dump shows any.
-    let mut routes = input.pool_routes.clone();
+    let mut routes = if PLAIN { None } else { input.pool_routes.clone() };
 
     // Blocks live before the first event: every policy must carry them.
     backend.observer.now = start_time;
@@ -1150,7 +1190,8 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
     let mut undecided = Undecided { runs: &input.undecided_flushes, next: 0 };
     // Read once: the policy's calls go through `backend` and could change what it points to, so
     // the compiler would otherwise reload these on every event.
-    let (logging, check) = (backend.observer.log.is_some(), options.check_invariants);
+    let logging = !PLAIN && backend.observer.log.is_some();
+    let check = !PLAIN && options.check_invariants;
     // The last event of the flush run the program called last (runs are consecutive releases).
     let mut flush_run_to = u64::MAX - 1;
     input.walk(last, |index, e| {
@@ -1176,7 +1217,7 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
                     // freed before this alloc, though its free was not recorded.
                     if let Some(b) = blocks.displaced(i, e) {
                         meter.requested -= b.request;
-                        log_free(&mut backend.observer.log, b.addr, b.request, e);
+                        log_free(logging, &mut backend.observer.log, b.addr, b.request, e);
                         policy.free_handle(&mut backend, b.addr, b.handle).map_err(at)?;
                     }
                     if let Some(r) = &mut routes {
@@ -1187,7 +1228,7 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
                     match placed {
                         Some(a) => {
                             meter.requested += e.size;
-                            log_alloc(&mut backend.observer.log, a.addr, e);
+                            log_alloc(logging, &mut backend.observer.log, a.addr, e);
                         }
                         None => {
                             let (r, a) = (backend.reserved(), policy.allocated());
@@ -1208,8 +1249,8 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
                     }
                     match policy.malloc(&mut backend, e.size, e.stream).map_err(at)? {
                         Some(a) => {
-                            log_alloc(&mut backend.observer.log, a.addr, e);
-                            log_free(&mut backend.observer.log, a.addr, e.size, e);
+                            log_alloc(logging, &mut backend.observer.log, a.addr, e);
+                            log_free(logging, &mut backend.observer.log, a.addr, e.size, e);
                             policy.free_handle(&mut backend, a.addr, a.handle).map_err(at)?;
                         }
                         None => {
@@ -1232,7 +1273,7 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
                         Freed::Never => break 'event,
                     };
                     meter.requested -= b.request;
-                    log_free(&mut backend.observer.log, b.addr, b.request, e);
+                    log_free(logging, &mut backend.observer.log, b.addr, b.request, e);
                     policy.free_handle(&mut backend, b.addr, b.handle).map_err(at)?;
                 }
                 Action::SegmentFree | Action::SegmentUnmap
@@ -1262,7 +1303,11 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
                 }
                 _ => break 'event,
             }
-            meter.observe(index, e.time_us, backend.reserved(), policy.allocated());
+            let (reserved, allocated) = (backend.reserved(), policy.allocated());
+            meter.peaks(index, e.time_us, reserved, allocated);
+            if !PLAIN {
+                meter.sample(index, e.time_us, reserved, allocated);
+            }
             if crate::backend::cuda::interrupt::requested() {
                 return Err(Error::backend("interrupted").at(crate::error::Place::Event(index)));
             }
@@ -1273,7 +1318,7 @@ fn drive<P: Policy, B: Backend, K: Blocks>(
                 })?;
             }
         }
-        if added_calls.after(index) {
+        if !PLAIN && added_calls.after(index) {
             policy.empty_cache(&mut backend).map_err(at)?;
             meter.detail.empty_cache_calls += 1;
             meter.observe(index, e.time_us, backend.reserved(), policy.allocated());
