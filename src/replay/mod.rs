@@ -338,24 +338,6 @@ impl<'a> ReplayInput<'a> {
         Ok(out)
     }
 
-    /// Hands `f` the first `limit` events in order with their index, from memory or the file.
-    #[inline]
-    fn walk(&self, limit: u64, mut f: impl FnMut(u64, &Event) -> Result<()>) -> Result<()> {
-        match &self.stream {
-            None => {
-                let last = usize::try_from(limit).unwrap_or(usize::MAX).min(self.events.len());
-                for (i, e) in self.events[..last].iter().enumerate() {
-                    f(i as u64, e)?;
-                }
-                Ok(())
-            }
-            Some(s) => match &s.feed {
-                None => s.file.each_event(self.device, limit, false, f),
-                Some(feed) => feed.each_event(limit.min(s.events), f),
-            },
-        }
-    }
-
     /// The same input, streamed as `s` (its own [`ReplayInput::stream`]), with its events taken
     /// from `feed` instead of read from the file: one replay of a [`lockstep`] group.
     fn fed(&self, s: &Streamed<'a>, feed: lockstep::Feed) -> ReplayInput<'a> {
@@ -794,6 +776,12 @@ impl Observer for Metered {
 /// loaded events ([`Indexed`]), or in a map of the live blocks when the events stream
 /// ([`Keyed`]). Both give the same answers; a block is the policy's address and the request size.
 trait Blocks {
+    /// Hands `f` the first `limit` events of `input` in order with their index: from memory,
+    /// or from the file when they stream. A method of the lookup so that each build of the
+    /// engine walks one way only: a closure handed on to the file's reader escapes, and then
+    /// every flag it reads is read from memory again after each policy call.
+    fn walk(input: &ReplayInput, limit: u64, f: impl FnMut(u64, &Event) -> Result<()>)
+        -> Result<()>;
     /// Live-at-start block `k` was placed as `placed` (`None`: it did not fit).
     fn started(&mut self, k: usize, block: &LiveBlock, placed: Option<Allocation>);
     /// Alloc event `i` reuses the address of a block the replay still holds (its free was not
@@ -864,7 +852,29 @@ impl<'r> Indexed<'r> {
     }
 }
 
+/// The first `limit` of `events`, with their index.
+#[inline(always)]
+fn walk_loaded(
+    events: &[Event],
+    limit: u64,
+    mut f: impl FnMut(u64, &Event) -> Result<()>,
+) -> Result<()> {
+    let last = usize::try_from(limit).unwrap_or(usize::MAX).min(events.len());
+    for (i, e) in events[..last].iter().enumerate() {
+        f(i as u64, e)?;
+    }
+    Ok(())
+}
+
 impl Blocks for Indexed<'_> {
+    #[inline(always)]
+    fn walk(
+        input: &ReplayInput,
+        limit: u64,
+        f: impl FnMut(u64, &Event) -> Result<()>,
+    ) -> Result<()> {
+        walk_loaded(input.events, limit, f)
+    }
     fn started(&mut self, k: usize, block: &LiveBlock, placed: Option<Allocation>) {
         if let Some(entry) = self.table.get_mut(k) {
             *entry = Held::of(placed, block.size);
@@ -902,6 +912,22 @@ impl Blocks for Indexed<'_> {
 struct Keyed(AddrMap<Held>);
 
 impl Blocks for Keyed {
+    fn walk(
+        input: &ReplayInput,
+        limit: u64,
+        f: impl FnMut(u64, &Event) -> Result<()>,
+    ) -> Result<()> {
+        match &input.stream {
+            Some(Streamed { file, feed: None, .. }) => {
+                file.each_event(input.device, limit, false, f)
+            }
+            Some(Streamed { feed: Some(feed), events, .. }) => {
+                feed.each_event(limit.min(*events), f)
+            }
+            // Loaded events, looked up by address as if streamed.
+            None => walk_loaded(input.events, limit, f),
+        }
+    }
     fn started(&mut self, _: usize, block: &LiveBlock, placed: Option<Allocation>) {
         self.0.insert(block.addr, Held::of(placed, block.size));
     }
@@ -1071,7 +1097,9 @@ fn is_plain(input: &ReplayInput, options: &ReplayOptions) -> bool {
         && input.pool_routes.is_none()
 }
 
-/// [`run`] with the block lookup `blocks`; `PLAIN`: the replay [`is_plain`].
+/// [`run`] with the block lookup `blocks`; `PLAIN`: the replay [`is_plain`]. Never inlined:
+/// inlined into `run`, its builds were merged back into one loop that tests a flag again.
+#[inline(never)]
 fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
     name: &str,
     mut policy: P,
@@ -1194,7 +1222,7 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
     let check = !PLAIN && options.check_invariants;
     // The last event of the flush run the program called last (runs are consecutive releases).
     let mut flush_run_to = u64::MAX - 1;
-    input.walk(last, |index, e| {
+    K::walk(input, last, |index, e| {
         let i = index as usize;
         // A policy's input error names the event it was replaying (a backend error names the
         // driver call instead, as interface.md promises).
@@ -1220,8 +1248,11 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
                         log_free(logging, &mut backend.observer.log, b.addr, b.request, e);
                         policy.free_handle(&mut backend, b.addr, b.handle).map_err(at)?;
                     }
-                    if let Some(r) = &mut routes {
-                        route(&mut policy, r, e).map_err(at)?;
+                    // (`!PLAIN` first: `routes` is in memory, where a policy call might change it.)
+                    if !PLAIN {
+                        if let Some(r) = &mut routes {
+                            route(&mut policy, r, e).map_err(at)?;
+                        }
                     }
                     let placed = policy.malloc(&mut backend, e.size, e.stream).map_err(at)?;
                     blocks.allocated(i, e, placed);
