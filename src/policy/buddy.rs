@@ -31,9 +31,10 @@ use super::options::{self as opt, OptionKey, Setter};
 use super::{Allocation, Policy, Registration, Role};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
+use crate::trace::lifetimes::AddrMap;
 use crate::trace::{Block, BlockState, PoolKind, Segment};
 use crate::units::MIB;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 /// The policy's name in `--policy`.
 pub const NAME: &str = "buddy";
@@ -78,16 +79,39 @@ struct Arena {
     stream: u64,
 }
 
+/// The arena a block lies in: its base and order. Every block carries it, so that a free finds
+/// its buddy without searching the arenas.
+#[derive(Clone, Copy, Debug)]
+struct Home {
+    base: u64,
+    order: u32,
+}
+
+/// A live block.
+#[derive(Clone, Copy, Debug)]
+struct Live {
+    order: u32,
+    request: u64,
+    home: Home,
+}
+
 /// The buddy allocator; see the module docs.
+///
+/// Why a hash map of the live blocks and a mask of the non-empty orders: a malloc and a free
+/// each made three or four B-tree descents (the live map, the arena of the block, the free list
+/// of every order tried), four fifths of the replay's instructions. Only the free lists need
+/// their address order (the lowest block of an order is taken first).
 #[derive(Debug)]
 pub struct Buddy {
     options: BuddyOptions,
     arena_order: u32,
     arenas: BTreeMap<u64, Arena>,
-    /// Free blocks per order, by address.
-    free: Vec<BTreeSet<u64>>,
-    /// Live blocks: address → (order, request).
-    live: BTreeMap<u64, (u32, u64)>,
+    /// Free blocks per order, by address, each with its arena.
+    free: Vec<BTreeMap<u64, Home>>,
+    /// Bit `j`: the free list of order `j` is not empty (`max_order` < 64).
+    nonempty: u64,
+    /// Live blocks by address.
+    live: AddrMap<Live>,
     allocated: u64,
 }
 
@@ -123,11 +147,12 @@ impl Buddy {
             )));
         }
         Ok(Buddy {
-            free: vec![BTreeSet::new(); options.max_order as usize + 1],
+            free: vec![BTreeMap::new(); options.max_order as usize + 1],
+            nonempty: 0,
             options,
             arena_order,
             arenas: BTreeMap::new(),
-            live: BTreeMap::new(),
+            live: AddrMap::default(),
             allocated: 0,
         })
     }
@@ -151,16 +176,32 @@ impl Buddy {
             .map(|(&b, a)| (b, a.order))
     }
 
+    /// Puts the block at `addr` on the free list of `order`.
+    fn put_free(&mut self, order: u32, addr: u64, home: Home) {
+        self.free[order as usize].insert(addr, home);
+        self.nonempty |= 1 << order;
+    }
+
+    /// Takes the block at `addr` off the free list of `order`, if it is there.
+    fn take_free(&mut self, order: u32, addr: u64) -> Option<Home> {
+        let list = &mut self.free[order as usize];
+        let home = list.remove(&addr)?;
+        if list.is_empty() {
+            self.nonempty &= !(1 << order);
+        }
+        Some(home)
+    }
+
     /// Returns every wholly free arena to the device.
     fn release_free_arenas<B: Backend>(&mut self, backend: &mut B) -> Result<()> {
         let idle: Vec<(u64, u32)> = self
             .arenas
             .iter()
-            .filter(|(&b, a)| self.free[a.order as usize].contains(&b))
+            .filter(|(&b, a)| self.free[a.order as usize].contains_key(&b))
             .map(|(&b, a)| (b, a.order))
             .collect();
         for (base, order) in idle {
-            self.free[order as usize].remove(&base);
+            self.take_free(order, base);
             self.arenas.remove(&base);
             backend.segment_free(base, self.block_size(order))?;
         }
@@ -178,14 +219,15 @@ impl Buddy {
         }
         let Some(base) = base else { return Ok(false) };
         self.arenas.insert(base, Arena { order: a, stream });
-        self.free[a as usize].insert(base);
+        self.put_free(a, base, Home { base, order: a });
         Ok(true)
     }
 
     /// The lowest free block of the smallest order ≥ `order`: (address, its order).
     fn smallest_free(&self, order: u32) -> Option<(u64, u32)> {
-        (order..=self.options.max_order)
-            .find_map(|j| self.free[j as usize].first().map(|&a| (a, j)))
+        let orders = self.nonempty & (!0u64).checked_shl(order).unwrap_or(0);
+        let j = orders.trailing_zeros();
+        self.free.get(j as usize)?.first_key_value().map(|(&a, _)| (a, j))
     }
 }
 
@@ -215,34 +257,32 @@ impl Policy for Buddy {
             None => None,
         };
         let Some((addr, mut j)) = found else { return Ok(None) };
-        self.free[j as usize].remove(&addr);
+        let home = self.take_free(j, addr).expect("the block was just found free");
         while j > k {
             j -= 1;
             let half = self.block_size(j);
-            self.free[j as usize].insert(addr + half);
+            self.put_free(j, addr + half, home);
         }
-        self.live.insert(addr, (k, size));
+        self.live.insert(addr, Live { order: k, request: size, home });
         let block_size = self.block_size(k);
         self.allocated += block_size;
         Ok(Some(Allocation::new(addr, block_size)))
     }
 
     fn free<B: Backend>(&mut self, _backend: &mut B, addr: u64) -> Result<()> {
-        let (mut k, _) = self.live.remove(&addr).ok_or_else(|| unknown_block(NAME, addr))?;
+        let live = self.live.remove(&addr).ok_or_else(|| unknown_block(NAME, addr))?;
+        let (mut k, home) = (live.order, live.home);
         self.allocated -= self.block_size(k);
-        let (base, top) = self
-            .arena_of(addr)
-            .ok_or_else(|| Error::input(format!("buddy: block {addr:#x} outside every arena")))?;
         let mut addr = addr;
-        while k < top {
-            let buddy = base + ((addr - base) ^ self.block_size(k));
-            if !self.free[k as usize].remove(&buddy) {
+        while k < home.order {
+            let buddy = home.base + ((addr - home.base) ^ self.block_size(k));
+            if self.take_free(k, buddy).is_none() {
                 break;
             }
             addr = addr.min(buddy);
             k += 1;
         }
-        self.free[k as usize].insert(addr);
+        self.put_free(k, addr, home);
         Ok(())
     }
 
@@ -257,19 +297,19 @@ impl Policy for Buddy {
     fn segments(&self) -> Vec<Segment> {
         let mut free: BTreeMap<u64, u32> = BTreeMap::new();
         for (order, set) in self.free.iter().enumerate() {
-            free.extend(set.iter().map(|&a| (a, order as u32)));
+            free.extend(set.keys().map(|&a| (a, order as u32)));
         }
+        let live: BTreeMap<u64, Live> = self.live.iter().map(|(&a, &l)| (a, l)).collect();
         self.arenas
             .iter()
             .map(|(&base, a)| {
                 let end = base + self.block_size(a.order);
-                let mut blocks: Vec<Block> = self
-                    .live
+                let mut blocks: Vec<Block> = live
                     .range(base..end)
-                    .map(|(&addr, &(k, request))| Block {
+                    .map(|(&addr, l)| Block {
                         address: addr,
-                        size: self.block_size(k),
-                        requested_size: request,
+                        size: self.block_size(l.order),
+                        requested_size: l.request,
                         state: BlockState::ActiveAllocated,
                     })
                     .chain(free.range(base..end).map(|(&addr, &k)| Block {
@@ -297,15 +337,24 @@ impl Policy for Buddy {
     fn check_invariants(&self) -> std::result::Result<(), String> {
         let mut blocks: BTreeMap<u64, (u32, bool)> = BTreeMap::new();
         for (order, set) in self.free.iter().enumerate() {
-            for &a in set {
+            if set.is_empty() == (self.nonempty & 1 << order != 0) {
+                return Err(format!("the mask of non-empty orders is wrong at order {order}"));
+            }
+            for (&a, home) in set {
                 if blocks.insert(a, (order as u32, false)).is_some() {
                     return Err(format!("block {a:#x} is on two free lists"));
                 }
+                if self.arena_of(a) != Some((home.base, home.order)) {
+                    return Err(format!("free block {a:#x} names the wrong arena"));
+                }
             }
         }
-        for (&a, &(k, _)) in &self.live {
-            if blocks.insert(a, (k, true)).is_some() {
+        for (&a, l) in &self.live {
+            if blocks.insert(a, (l.order, true)).is_some() {
                 return Err(format!("live block {a:#x} is also free"));
+            }
+            if self.arena_of(a) != Some((l.home.base, l.home.order)) {
+                return Err(format!("live block {a:#x} names the wrong arena"));
             }
         }
         let mut covered: BTreeMap<u64, u64> = BTreeMap::new();
@@ -324,7 +373,7 @@ impl Policy for Buddy {
             }
             if !used && k < top {
                 let buddy = base + ((a - base) ^ size);
-                if self.free[k as usize].contains(&buddy) {
+                if self.free[k as usize].contains_key(&buddy) {
                     return Err(format!("free buddies {a:#x} and {buddy:#x} were not merged"));
                 }
             }
@@ -335,7 +384,7 @@ impl Policy for Buddy {
                 return Err(format!("arena {base:#x} is not covered exactly by its blocks"));
             }
         }
-        let sum: u64 = self.live.values().map(|&(k, _)| self.block_size(k)).sum();
+        let sum: u64 = self.live.values().map(|l| self.block_size(l.order)).sum();
         if sum != self.allocated {
             return Err(format!("allocated {} != sum of live blocks {sum}", self.allocated));
         }
@@ -367,11 +416,11 @@ mod tests {
         assert_eq!(p.allocated(), 512 + 1024 + 1024);
         // Free a: merges with +512 into the order-1 block at base; its buddy (+1024) is live.
         p.free(&mut d, a.addr).unwrap();
-        assert!(p.free[1].contains(&base) && p.free[1].contains(&(base + 3072)));
+        assert!(p.free[1].contains_key(&base) && p.free[1].contains_key(&(base + 3072)));
         p.free(&mut d, b.addr).unwrap(); // → order 2 at base; buddy +2048 is live
-        assert!(p.free[2].contains(&base));
+        assert!(p.free[2].contains_key(&base));
         p.free(&mut d, c.addr).unwrap(); // +2048 ⊕ +3072 → order 2; with base → the whole arena
-        assert_eq!(p.free[3].iter().copied().collect::<Vec<_>>(), vec![base]);
+        assert_eq!(p.free[3].keys().copied().collect::<Vec<_>>(), vec![base]);
         p.check_invariants().unwrap();
         p.empty_cache(&mut d).unwrap();
         assert_eq!(d.reserved(), 0);
