@@ -34,6 +34,14 @@ fn bucket(size: u64) -> usize {
 /// One entry: (size, address, block id).
 type Entry = (u64, u64, u32);
 
+/// Where an entry a query found lies in its list ([`FreeSet::first_at`]), so that taking it
+/// ([`FreeSet::remove_at`]) searches nothing again. Valid until the set next changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Spot {
+    bucket: u32,
+    index: u32,
+}
+
 /// The free blocks of one list.
 #[derive(Debug, Clone)]
 struct List {
@@ -88,23 +96,31 @@ impl List {
     }
 
     /// The first entry ≥ (size, ptr).
-    #[inline(always)] // the core of every malloc's search
+    #[inline(always)]
     fn first_from(&self, size: u64, ptr: u64) -> Option<Entry> {
+        self.first_at(size, ptr).map(|(e, _)| e)
+    }
+
+    /// The first entry ≥ (size, ptr), and where it lies.
+    #[inline(always)] // the core of every malloc's search
+    fn first_at(&self, size: u64, ptr: u64) -> Option<(Entry, Spot)> {
         let b = bucket(size);
         let v = &self.buckets[b];
+        let spot = |bucket: usize, index: usize| Spot { bucket: bucket as u32, index: index as u32 };
         // Descending: the entries ≥ the key are a prefix, and the answer is its last.
         match v.last() {
-            Some(&e) if (e.0, e.1) >= (size, ptr) => return Some(e),
+            Some(&e) if (e.0, e.1) >= (size, ptr) => return Some((e, spot(b, v.len() - 1))),
             Some(_) => {
                 let i = at_or_after(v, size, ptr);
                 if i > 0 {
-                    return Some(v[i - 1]);
+                    return Some((v[i - 1], spot(b, i - 1)));
                 }
             }
             None => {}
         }
         let n = self.next_nonempty(b + 1)?;
-        self.buckets[n].last().copied()
+        let v = &self.buckets[n];
+        v.last().map(|&e| (e, spot(n, v.len() - 1)))
     }
 
     /// The last entry < (size, ptr).
@@ -142,6 +158,13 @@ fn remove_sorted(v: &mut Vec<Entry>, size: u64, ptr: u64) -> Option<u32> {
         return None;
     }
     Some(v.remove(i).2)
+}
+
+/// Removes entry `i` of bucket `v`, moving those after it: its id. Out of line, as
+/// [`insert_sorted`].
+#[inline(never)]
+fn remove_index(v: &mut Vec<Entry>, i: usize) -> Option<u32> {
+    (i < v.len()).then(|| v.remove(i).2)
 }
 
 /// In a bucket sorted in descending order, the number of entries ≥ (size, ptr): the index of
@@ -208,6 +231,24 @@ impl FreeSet {
         Some(id)
     }
 
+    /// Removes the entry at `spot` of list `sid`, found by [`FreeSet::first_at`] since the set
+    /// last changed: its id. (A malloc takes the block its search found: searching again for
+    /// it was a tenth of `pytorch`'s malloc.)
+    #[inline(always)]
+    pub(crate) fn remove_at(&mut self, sid: u32, spot: Spot) -> Option<u32> {
+        let s = self.lists.get_mut(sid as usize)?;
+        let b = spot.bucket as usize;
+        let v = s.buckets.get_mut(b)?;
+        let i = spot.index as usize;
+        // Usually the bucket's last entry (its smallest), popped without moving the others.
+        let id = if i + 1 == v.len() { v.pop()?.2 } else { remove_index(v, i)? };
+        if v.is_empty() {
+            s.nonempty[b / 64] &= !(1 << (b % 64));
+        }
+        self.len -= 1;
+        Some(id)
+    }
+
     /// The id of the block of `size` bytes at `ptr` on list `sid`, if present.
     pub(crate) fn get(&self, sid: u32, size: u64, ptr: u64) -> Option<u32> {
         self.lists
@@ -220,6 +261,12 @@ impl FreeSet {
     #[inline]
     pub(crate) fn first_from(&self, sid: u32, size: u64, ptr: u64) -> Option<(u64, u64, u32)> {
         self.lists.get(sid as usize)?.first_from(size, ptr)
+    }
+
+    /// [`FreeSet::first_from`], and where the block lies, for [`FreeSet::remove_at`].
+    #[inline(always)]
+    pub(crate) fn first_at(&self, sid: u32, size: u64, ptr: u64) -> Option<(Entry, Spot)> {
+        self.lists.get(sid as usize)?.first_at(size, ptr)
     }
 
     /// The next block of list `sid` after the one of `size` bytes at `ptr`.
@@ -298,7 +345,20 @@ mod tests {
                             assert_eq!(set.remove(sid, size, ptr), None);
                         }
                     }
-                    _ => {}
+                    _ => {
+                        // Take the first block ≥ (size, ptr) where the query found it.
+                        let want = oracle
+                            .range((sid, size, ptr)..)
+                            .next()
+                            .filter(|(k, _)| k.0 == sid)
+                            .map(|(k, &v)| (*k, v));
+                        let found = set.first_at(sid, size, ptr);
+                        assert_eq!(found.map(|(e, _)| e), want.map(|(k, v)| (k.1, k.2, v)));
+                        if let (Some((_, spot)), Some((k, v))) = (found, want) {
+                            assert_eq!(set.remove_at(sid, spot), Some(v));
+                            oracle.remove(&k);
+                        }
+                    }
                 }
                 let want = oracle
                     .range((sid, size, ptr)..)

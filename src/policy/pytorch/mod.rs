@@ -218,6 +218,9 @@ pub struct PyTorch {
     exact_blocks: bool,
 }
 
+/// What [`PyTorch::find_free_block`] finds: (stream index, size, address, id, where it lies).
+type FoundBlock = (u32, u64, u64, u32, Option<super::free_set::Spot>);
+
 /// The index in `PyTorch::pools` of the default pool a request of this kind uses.
 fn pool_index(small: bool) -> usize {
     small as usize
@@ -485,19 +488,26 @@ impl PyTorch {
         if self.gc_enabled() {
             self.owner_mut(self.into, small).gc_count += 1;
         }
-        let (sid, found, ptr, id) = self.find_free_block(stream, size, small)?;
-        self.owner_mut(self.into, small).blocks.remove(sid, found, ptr);
+        let (sid, found, ptr, id, spot) = self.find_free_block(stream, size, small)?;
+        let blocks = &mut self.owner_mut(self.into, small).blocks;
+        match spot {
+            Some(spot) => blocks.remove_at(sid, spot),
+            None => blocks.remove(sid, found, ptr),
+        };
         Some(id)
     }
 
     /// The search of `get_free_block`, without its side effects: (stream index, size, address,
-    /// id) of the block it would take.
+    /// id) of the block it would take, and where it lies in its free set when it is the first
+    /// the set's query found (`None` when the search stepped on from there).
     #[inline(always)] // every malloc's search; the other caller is a what-if query
-    fn find_free_block(&self, stream: u64, size: u64, small: bool) -> Option<(u32, u64, u64, u32)> {
+    fn find_free_block(&self, stream: u64, size: u64, small: bool) -> Option<FoundBlock> {
         let sid = self.sid_of(stream)?;
         let blocks = &self.owner(self.into, small).blocks;
-        let (mut found, mut ptr, mut id) = blocks.first_from(sid, size, 0)?;
+        let ((mut found, mut ptr, mut id), first) = blocks.first_at(sid, size, 0)?;
+        let mut spot = Some(first);
         if self.b(id).expandable != NIL {
+            spot = None;
             if self.config.expandable_segments {
                 // Step forward while the expandable size keeps going down (§4).
                 while let Some((s, p, next)) = blocks.next_after(sid, found, ptr) {
@@ -526,7 +536,7 @@ impl PyTorch {
         if size >= max_split && found >= size.saturating_add(self.config.tolerance()) {
             return None;
         }
-        Some((sid, found, ptr, id))
+        Some((sid, found, ptr, id, spot))
     }
 
     /// True when a request of `size` bytes on `stream` would be served from the cache now.
@@ -676,6 +686,37 @@ impl PyTorch {
         self.try_merge(id, prev);
         self.try_merge(id, next);
         self.insert_free(id);
+    }
+
+    /// The part of `malloc` for a request the cache cannot serve (§3): GC, new memory, and the
+    /// fallbacks that release cached segments and try again. The block for the request, or
+    /// `None` (out of memory).
+    #[inline(never)]
+    fn malloc_new_memory<B: Backend>(
+        &mut self,
+        backend: &mut B,
+        stream: u64,
+        rounded: u64,
+        small: bool,
+    ) -> Result<Option<u32>> {
+        let alloc_size = self.config.allocation_size(rounded);
+        if self.gc_enabled() {
+            self.garbage_collect(backend)?;
+        }
+        let mut found = self.alloc_block(backend, stream, rounded, small, alloc_size, false)?;
+        if found.is_none() && self.release_available_cached_blocks(backend, stream, rounded, small)?
+        {
+            found = self.alloc_block(backend, stream, rounded, small, alloc_size, false)?;
+        }
+        // Not while a capture is underway (a malloc into a private pool, or one told so).
+        if found.is_none() && self.into == 0 && !self.capture_underway {
+            self.release_cached_blocks(backend)?;
+            found = self.alloc_block(backend, stream, rounded, small, alloc_size, true)?;
+        }
+        if found.is_none() {
+            self.stats.num_ooms += 1;
+        }
+        Ok(found)
     }
 
     /// `release_block` (§9.1): cudaFree one whole cudaMalloc segment.
@@ -1248,6 +1289,10 @@ impl Policy for PyTorch {
         Ok(out)
     }
 
+    /// Inlined into the replay loop: most mallocs are served from the cache, a search and a
+    /// few stores, and the call itself (saving and restoring the registers the rest of malloc
+    /// needs) cost a tenth of them. The rest is out of line ([`PyTorch::malloc_new_memory`]).
+    #[inline]
     fn malloc<B: Backend>(
         &mut self,
         backend: &mut B,
@@ -1256,27 +1301,12 @@ impl Policy for PyTorch {
     ) -> Result<Option<Allocation>> {
         let rounded = self.config.round_size(size);
         let small = rounded <= SMALL_SIZE;
-        let mut found = self.get_free_block(stream, rounded, small);
-        if found.is_none() {
-            let alloc_size = self.config.allocation_size(rounded);
-            if self.gc_enabled() {
-                self.garbage_collect(backend)?;
-            }
-            found = self.alloc_block(backend, stream, rounded, small, alloc_size, false)?;
-            if found.is_none()
-                && self.release_available_cached_blocks(backend, stream, rounded, small)?
-            {
-                found = self.alloc_block(backend, stream, rounded, small, alloc_size, false)?;
-            }
-            // Not while a capture is underway (a malloc into a private pool, or one told so).
-            if found.is_none() && self.into == 0 && !self.capture_underway {
-                self.release_cached_blocks(backend)?;
-                found = self.alloc_block(backend, stream, rounded, small, alloc_size, true)?;
-            }
-        }
-        let Some(id) = found else {
-            self.stats.num_ooms += 1;
-            return Ok(None);
+        let id = match self.get_free_block(stream, rounded, small) {
+            Some(id) => id,
+            None => match self.malloc_new_memory(backend, stream, rounded, small)? {
+                Some(id) => id,
+                None => return Ok(None),
+            },
         };
         let split = self.should_split(id, rounded);
         Ok(Some(self.alloc_found_block(id, rounded, size, split)))
@@ -1303,12 +1333,16 @@ impl Policy for PyTorch {
         Ok(())
     }
 
+    #[inline(never)]
     fn free<B: Backend>(&mut self, _backend: &mut B, addr: u64) -> Result<()> {
         let id = self.active_map().remove(addr).ok_or_else(|| unknown_block(NAME, addr))?;
         self.free_allocated(id);
         Ok(())
     }
 
+    /// Inlined into the replay loop, as [`PyTorch::malloc`] is; a free by address alone (no
+    /// handle) is out of line.
+    #[inline]
     fn free_handle<B: Backend>(
         &mut self,
         backend: &mut B,
