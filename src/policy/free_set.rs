@@ -20,7 +20,7 @@
 /// Buckets per list: 64 powers of two × 8 sub-classes.
 const BUCKETS: usize = 64 * 8;
 
-/// The size class of `size`; monotonic in `size`.
+/// The size class of `size`; monotonic in `size`, and below [`BUCKETS`].
 #[inline]
 fn bucket(size: u64) -> usize {
     if size < 8 {
@@ -28,7 +28,9 @@ fn bucket(size: u64) -> usize {
     }
     let fl = 63 - size.leading_zeros() as usize;
     let sl = ((size >> (fl - 3)) & 7) as usize;
-    fl * 8 + sl
+    // At most 63 · 8 + 7 already; the mask says so to the compiler, so that indexing the
+    // buckets and their bitmap by a class is never checked at run time.
+    (fl * 8 + sl) & (BUCKETS - 1)
 }
 
 /// One entry: (size, address, block id).
@@ -45,13 +47,14 @@ pub(crate) struct Spot {
 /// The free blocks of one list.
 #[derive(Debug, Clone)]
 struct List {
-    buckets: Vec<Vec<Entry>>,
+    /// A fixed array, indexed by [`bucket`] without bounds checks.
+    buckets: Box<[Vec<Entry>; BUCKETS]>,
     nonempty: [u64; BUCKETS / 64],
 }
 
 impl Default for List {
     fn default() -> Self {
-        List { buckets: vec![Vec::new(); BUCKETS], nonempty: [0; BUCKETS / 64] }
+        List { buckets: Box::new(std::array::from_fn(|_| Vec::new())), nonempty: [0; BUCKETS / 64] }
     }
 }
 
@@ -106,7 +109,8 @@ impl List {
     fn first_at(&self, size: u64, ptr: u64) -> Option<(Entry, Spot)> {
         let b = bucket(size);
         let v = &self.buckets[b];
-        let spot = |bucket: usize, index: usize| Spot { bucket: bucket as u32, index: index as u32 };
+        let spot =
+            |bucket: usize, index: usize| Spot { bucket: bucket as u32, index: index as u32 };
         // Descending: the entries ≥ the key are a prefix, and the answer is its last.
         match v.last() {
             Some(&e) if (e.0, e.1) >= (size, ptr) => return Some((e, spot(b, v.len() - 1))),
@@ -237,8 +241,8 @@ impl FreeSet {
     #[inline(always)]
     pub(crate) fn remove_at(&mut self, sid: u32, spot: Spot) -> Option<u32> {
         let s = self.lists.get_mut(sid as usize)?;
-        let b = spot.bucket as usize;
-        let v = s.buckets.get_mut(b)?;
+        let b = spot.bucket as usize % BUCKETS;
+        let v = &mut s.buckets[b];
         let i = spot.index as usize;
         // Usually the bucket's last entry (its smallest), popped without moving the others.
         let id = if i + 1 == v.len() { v.pop()?.2 } else { remove_index(v, i)? };
