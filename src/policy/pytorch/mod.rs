@@ -216,6 +216,10 @@ pub struct PyTorch {
     /// Requests are recorded block sizes (a Kineto trace, see [`PyTorch::reading_kineto`]): a
     /// block found larger is split down to the request whenever the rest can be a block.
     exact_blocks: bool,
+    /// No `roundup_power2_divisions` interval has divisions (PyTorch's default): every request
+    /// rounds up to a multiple of 512 bytes, with no look-up of its interval. Fixed at
+    /// construction, as the configuration is.
+    plain_rounding: bool,
 }
 
 /// What [`PyTorch::find_free_block`] finds: (stream index, size, address, id, where it lies).
@@ -248,9 +252,20 @@ impl PyTorch {
             stats: Stats::default(),
             gc_on: config.garbage_collection_threshold > 0.0
                 && config.allowed_memory_maximum().is_some(),
+            plain_rounding: config.roundup_power2_divisions.iter().all(|&d| d <= 1),
             config,
             start: None,
             exact_blocks: false,
+        }
+    }
+
+    /// `round_size` (§3.1), without the interval look-up when no interval has divisions.
+    #[inline(always)]
+    fn round_size(&self, size: u64) -> u64 {
+        if self.plain_rounding {
+            size.max(1).div_ceil(MIN_BLOCK_SIZE).saturating_mul(MIN_BLOCK_SIZE)
+        } else {
+            self.config.round_size(size)
         }
     }
 
@@ -704,7 +719,8 @@ impl PyTorch {
             self.garbage_collect(backend)?;
         }
         let mut found = self.alloc_block(backend, stream, rounded, small, alloc_size, false)?;
-        if found.is_none() && self.release_available_cached_blocks(backend, stream, rounded, small)?
+        if found.is_none()
+            && self.release_available_cached_blocks(backend, stream, rounded, small)?
         {
             found = self.alloc_block(backend, stream, rounded, small, alloc_size, false)?;
         }
@@ -1299,7 +1315,7 @@ impl Policy for PyTorch {
         size: u64,
         stream: u64,
     ) -> Result<Option<Allocation>> {
-        let rounded = self.config.round_size(size);
+        let rounded = self.round_size(size);
         let small = rounded <= SMALL_SIZE;
         let id = match self.get_free_block(stream, rounded, small) {
             Some(id) => id,

@@ -495,3 +495,23 @@ fn private_pools_under_expandable_segments_get_memory_by_version_and_allocator()
     malloc(&mut p, &mut d, request);
     assert!(segment_allocs(&d).is_empty());
 }
+
+#[test]
+fn requests_round_as_the_configuration_says_with_or_without_divisions() {
+    // The policy skips the interval look-up when no interval has divisions: it must round every
+    // request as `Config::round_size` does, at the 512-byte and power-of-two edges.
+    let sizes = [0, 1, 511, 512, 513, 1 << 20, (1 << 20) + 1, 3 << 20, (5 << 20) + 7, 1 << 34];
+    for conf in [
+        "",
+        "roundup_power2_divisions:1",
+        "roundup_power2_divisions:4",
+        "roundup_power2_divisions:[256:2,>:8]",
+    ] {
+        let p = policy(conf);
+        for &size in &sizes {
+            assert_eq!(p.round_size(size), p.config.round_size(size), "{conf}: {size}");
+        }
+    }
+    assert_eq!(policy("").round_size(513), 1024);
+    assert_eq!(policy("roundup_power2_divisions:4").round_size((5 << 20) + 7), 6 << 20);
+}
