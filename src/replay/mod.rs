@@ -780,8 +780,11 @@ trait Blocks {
     /// or from the file when they stream. A method of the lookup so that each build of the
     /// engine walks one way only: a closure handed on to the file's reader escapes, and then
     /// every flag it reads is read from memory again after each policy call.
-    fn walk(input: &ReplayInput, limit: u64, f: impl FnMut(u64, &Event) -> Result<()>)
-        -> Result<()>;
+    fn walk(
+        input: &ReplayInput,
+        limit: u64,
+        f: impl FnMut(u64, &Event) -> Result<()>,
+    ) -> Result<()>;
     /// Live-at-start block `k` was placed as `placed` (`None`: it did not fit).
     fn started(&mut self, k: usize, block: &LiveBlock, placed: Option<Allocation>);
     /// Alloc event `i` reuses the address of a block the replay still holds (its free was not
@@ -1088,8 +1091,8 @@ fn run<P: Policy, B: Backend>(
 /// `sweep`, `check`: nearly every one) runs the engine built with `PLAIN`, where each of those
 /// tests is the constant `false` and leaves the loop: about 15 instructions an event.
 fn is_plain(input: &ReplayInput, options: &ReplayOptions) -> bool {
-    let adds_calls = options.empty_cache.every.is_some_and(|n| n > 0)
-        || !options.empty_cache.at.is_empty();
+    let adds_calls =
+        options.empty_cache.every.is_some_and(|n| n > 0) || !options.empty_cache.at.is_empty();
     !options.record_events
         && !options.keep_series
         && !options.check_invariants
@@ -1420,6 +1423,46 @@ mod tests {
     }
     use crate::policy::pytorch::{Config, PyTorch};
     use crate::trace::{text, ReadOptions};
+
+    #[test]
+    fn a_plain_replay_and_a_full_one_agree_number_for_number() {
+        // Options that need the full build of the engine but change no decision: a series, the
+        // invariant checks, and an added empty_cache() call after the last event (made when
+        // nothing follows it, so only the call count may differ).
+        let path =
+            concat!(env!("CARGO_MANIFEST_DIR"), "/traces/real/cs336-medium-ctx512-infer.pickle");
+        let trace = crate::trace::read_trace(path.as_ref(), &ReadOptions::default()).unwrap();
+        let input = ReplayInput::new(&trace, None).unwrap();
+        let last = input.event_count() - 1;
+        let plain = ReplayOptions::default();
+        let full = ReplayOptions {
+            keep_series: true,
+            check_invariants: true,
+            empty_cache: EmptyCachePlan { at: vec![last], ..EmptyCachePlan::default() },
+            ..ReplayOptions::default()
+        };
+        assert!(is_plain(&input, &plain) && !is_plain(&input, &full));
+        for info in crate::policy::POLICIES.iter() {
+            let spec = PolicySpec { name: info.name.into(), options: String::new() };
+            let run = |options| {
+                let mut out = info.run(&spec, &input, options).unwrap_or_else(|e| panic!("{e}"));
+                out.result.replay_seconds = 0.0;
+                out.result.planning_seconds = out.result.planning_seconds.map(|_| 0.0);
+                out
+            };
+            let (a, mut b) = (run(&plain), run(&full));
+            assert!(b.series.as_ref().is_some_and(|s| !s.points().is_empty()), "{}", info.name);
+            assert_eq!(b.detail.empty_cache_calls, a.detail.empty_cache_calls + 1, "{}", info.name);
+            b.detail.empty_cache_calls = a.detail.empty_cache_calls;
+            // The call after the last event releases what the policy caches, as at the end.
+            b.result.reserved_at_end_bytes = a.result.reserved_at_end_bytes;
+            b.result.device_free_count = a.result.device_free_count;
+            b.result.unmap_count = a.result.unmap_count;
+            b.segments = a.segments.clone();
+            assert_eq!(a.result, b.result, "{}", info.name);
+            assert_eq!(a.detail, b.detail, "{}", info.name);
+        }
+    }
 
     const MIB: u64 = 1 << 20;
 
