@@ -1307,7 +1307,7 @@ impl Policy for PyTorch {
 
     /// Inlined into the replay loop: most mallocs are served from the cache, a search and a
     /// few stores, and the call itself (saving and restoring the registers the rest of malloc
-    /// needs) cost a tenth of them. The rest is out of line ([`PyTorch::malloc_new_memory`]).
+    /// needs) cost a tenth of them. The rest is out of line (`malloc_new_memory`).
     #[inline]
     fn malloc<B: Backend>(
         &mut self,
