@@ -223,11 +223,17 @@ impl Buddy {
         Ok(true)
     }
 
-    /// The lowest free block of the smallest order ≥ `order`: (address, its order).
-    fn smallest_free(&self, order: u32) -> Option<(u64, u32)> {
+    /// Takes the lowest free block of the smallest order ≥ `order` off its free list: (address,
+    /// its order, its arena).
+    fn take_smallest_free(&mut self, order: u32) -> Option<(u64, u32, Home)> {
         let orders = self.nonempty & (!0u64).checked_shl(order).unwrap_or(0);
         let j = orders.trailing_zeros();
-        self.free.get(j as usize)?.first_key_value().map(|(&a, _)| (a, j))
+        let list = self.free.get_mut(j as usize)?;
+        let (addr, home) = list.pop_first()?;
+        if list.is_empty() {
+            self.nonempty &= !(1 << j);
+        }
+        Some((addr, j, home))
     }
 }
 
@@ -251,13 +257,12 @@ impl Policy for Buddy {
         if k > self.options.max_order {
             return Ok(None);
         }
-        let found = match self.smallest_free(k) {
+        let found = match self.take_smallest_free(k) {
             Some(f) => Some(f),
-            None if self.grow(backend, k, stream)? => self.smallest_free(k),
+            None if self.grow(backend, k, stream)? => self.take_smallest_free(k),
             None => None,
         };
-        let Some((addr, mut j)) = found else { return Ok(None) };
-        let home = self.take_free(j, addr).expect("the block was just found free");
+        let Some((addr, mut j, home)) = found else { return Ok(None) };
         while j > k {
             j -= 1;
             let half = self.block_size(j);
