@@ -1168,7 +1168,7 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
     };
 
     // Which recorded allocations were made into a private pool, where the dump shows any.
-    let mut routes = if PLAIN { None } else { input.pool_routes.clone() };
+    let mut routes = input.pool_routes.clone();
 
     // Blocks live before the first event: every policy must carry them.
     backend.observer.now = start_time;
