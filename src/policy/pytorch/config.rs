@@ -33,6 +33,12 @@ pub const MIN_LARGE_ALLOC: u64 = 10 * MIB;
 pub const LARGE_BUFFER: u64 = 20 * MIB;
 /// Segments for rounded sizes ≥ 10 MiB are rounded up to this (`kRoundLarge`).
 pub const ROUND_LARGE: u64 = 2 * MIB;
+/// `round_size` where no divisions apply: up to a multiple of [`MIN_BLOCK_SIZE`], at least one.
+#[inline]
+pub fn round_to_blocks(n: u64) -> u64 {
+    n.max(1).div_ceil(MIN_BLOCK_SIZE).saturating_mul(MIN_BLOCK_SIZE)
+}
+
 /// Number of `roundup_power2_divisions` intervals.
 pub const INTERVALS: usize = 16;
 
@@ -558,14 +564,13 @@ impl Config {
 
     /// `round_size`: the block size a request of `n` bytes asks for (§3.1).
     pub fn round_size(&self, n: u64) -> u64 {
-        if n < MIN_BLOCK_SIZE {
-            return MIN_BLOCK_SIZE;
+        if n >= MIN_BLOCK_SIZE {
+            let d = self.divisions_for(n);
+            if d > 1 && n > MIN_BLOCK_SIZE.saturating_mul(d) {
+                return roundup_power2_next_division(n, d);
+            }
         }
-        let d = self.divisions_for(n);
-        if d > 1 && n > MIN_BLOCK_SIZE.saturating_mul(d) {
-            return roundup_power2_next_division(n, d);
-        }
-        n.div_ceil(MIN_BLOCK_SIZE).saturating_mul(MIN_BLOCK_SIZE)
+        round_to_blocks(n)
     }
 
     /// `get_allocation_size`: the cudaMalloc size for a new segment serving `rounded` (§3.4).

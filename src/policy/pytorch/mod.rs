@@ -263,7 +263,7 @@ impl PyTorch {
     #[inline(always)]
     fn round_size(&self, size: u64) -> u64 {
         if self.plain_rounding {
-            size.max(1).div_ceil(MIN_BLOCK_SIZE).saturating_mul(MIN_BLOCK_SIZE)
+            config::round_to_blocks(size)
         } else {
             self.config.round_size(size)
         }
