@@ -222,8 +222,17 @@ pub struct PyTorch {
     plain_rounding: bool,
 }
 
-/// What [`PyTorch::find_free_block`] finds: (stream index, size, address, id, where it lies).
-type FoundBlock = (u32, u64, u64, u32, Option<super::free_set::Spot>);
+/// The oversize rules of `get_free_block` (§4): a request below `max_split_size` takes no
+/// oversize block, and an oversize request takes none more than the tolerance above it.
+#[inline(always)]
+fn oversize_refused(config: &Config, size: u64, found: u64) -> bool {
+    let max_split = config.max_split_size;
+    if size < max_split {
+        found >= max_split
+    } else {
+        found >= size.saturating_add(config.tolerance())
+    }
+}
 
 /// The index in `PyTorch::pools` of the default pool a request of this kind uses.
 fn pool_index(small: bool) -> usize {
@@ -498,60 +507,95 @@ impl PyTorch {
     }
 
     /// `get_free_block` (§4): best fit on the request's stream, then the oversize rules.
+    ///
+    /// Most mallocs of a training step find a block of a cudaMalloc segment first, and take
+    /// it: that path reaches the pool once (the GC clock, the search and the removal) and the
+    /// block once. Reaching them again cost a twentieth of `pytorch`'s replay.
     #[inline(always)]
     fn get_free_block(&mut self, stream: u64, size: u64, small: bool) -> Option<u32> {
-        if self.gc_enabled() {
-            self.owner_mut(self.into, small).gc_count += 1;
-        }
-        let (sid, found, ptr, id, spot) = self.find_free_block(stream, size, small)?;
-        let blocks = &mut self.owner_mut(self.into, small).blocks;
-        match spot {
-            Some(spot) => blocks.remove_at(sid, spot),
-            None => blocks.remove(sid, found, ptr),
+        let sid = self.sid_of(stream);
+        let gc = self.gc_enabled();
+        let pool = match self.into {
+            0 => &mut self.pools[pool_index(small)],
+            k => &mut self.private[2 * (k as usize - 1) + small as usize],
         };
+        if gc {
+            pool.gc_count += 1;
+        }
+        let sid = sid?;
+        let ((found, ptr, id), spot) = pool.blocks.first_at(sid, size, 0)?;
+        if self.blocks[id as usize].expandable != NIL {
+            return self.take_past_expandable(sid, size, small, (found, ptr, id));
+        }
+        if oversize_refused(&self.config, size, found) {
+            return None;
+        }
+        pool.blocks.remove_at(sid, spot);
         Some(id)
     }
 
-    /// The search of `get_free_block`, without its side effects: (stream index, size, address,
-    /// id) of the block it would take, and where it lies in its free set when it is the first
-    /// the set's query found (`None` when the search stepped on from there).
-    #[inline(always)] // every malloc's search; the other caller is a what-if query
-    fn find_free_block(&self, stream: u64, size: u64, small: bool) -> Option<FoundBlock> {
+    /// [`PyTorch::get_free_block`] when the first block found, `first` (size, address, id), is
+    /// in an expandable segment: the rule's step on from it, and the removal of what it found.
+    #[inline(always)] // the common path with expandable segments on
+    fn take_past_expandable(
+        &mut self,
+        sid: u32,
+        size: u64,
+        small: bool,
+        first: (u64, u64, u32),
+    ) -> Option<u32> {
+        let blocks = &self.owner(self.into, small).blocks;
+        let (found, ptr, id) = self.past_expandable(blocks, sid, first)?;
+        if oversize_refused(&self.config, size, found) {
+            return None;
+        }
+        self.owner_mut(self.into, small).blocks.remove(sid, found, ptr);
+        Some(id)
+    }
+
+    /// The search of `get_free_block`, without its side effects: the block it would take.
+    fn find_free_block(&self, stream: u64, size: u64, small: bool) -> Option<u32> {
         let sid = self.sid_of(stream)?;
         let blocks = &self.owner(self.into, small).blocks;
-        let ((mut found, mut ptr, mut id), first) = blocks.first_at(sid, size, 0)?;
-        let mut spot = Some(first);
-        if self.b(id).expandable != NIL {
-            spot = None;
-            if self.config.expandable_segments {
-                // Step forward while the expandable size keeps going down (§4).
-                while let Some((s, p, next)) = blocks.next_after(sid, found, ptr) {
-                    if self.b(id).expandable != NIL
-                        && self.expandable_size(next) < self.expandable_size(id)
-                    {
-                        (found, ptr, id) = (s, p, next);
-                    } else {
-                        break;
-                    }
+        let (first, _) = blocks.first_at(sid, size, 0)?;
+        let (found, _, id) = match self.b(first.2).expandable {
+            NIL => first,
+            _ => self.past_expandable(blocks, sid, first)?,
+        };
+        (!oversize_refused(&self.config, size, found)).then_some(id)
+    }
+
+    /// From `first` (size, address, id), the first block a search found, in an expandable
+    /// segment: the block the search takes instead (§4). With expandable segments on, it steps
+    /// forward while the expandable size keeps going down; with them off, it skips the stream's
+    /// expandable blocks.
+    #[inline(always)]
+    fn past_expandable(
+        &self,
+        blocks: &super::free_set::FreeSet,
+        sid: u32,
+        first: (u64, u64, u32),
+    ) -> Option<(u64, u64, u32)> {
+        let (mut found, mut ptr, mut id) = first;
+        if self.config.expandable_segments {
+            while let Some((s, p, next)) = blocks.next_after(sid, found, ptr) {
+                if self.b(id).expandable != NIL
+                    && self.expandable_size(next) < self.expandable_size(id)
+                {
+                    (found, ptr, id) = (s, p, next);
+                } else {
+                    break;
                 }
-            } else {
-                // Expandable segments turned off: skip this stream's expandable blocks.
-                loop {
-                    (found, ptr, id) = blocks.next_after(sid, found, ptr)?;
-                    if self.b(id).expandable == NIL {
-                        break;
-                    }
+            }
+        } else {
+            loop {
+                (found, ptr, id) = blocks.next_after(sid, found, ptr)?;
+                if self.b(id).expandable == NIL {
+                    break;
                 }
             }
         }
-        let max_split = self.config.max_split_size;
-        if size < max_split && found >= max_split {
-            return None;
-        }
-        if size >= max_split && found >= size.saturating_add(self.config.tolerance()) {
-            return None;
-        }
-        Some((sid, found, ptr, id, spot))
+        Some((found, ptr, id))
     }
 
     /// True when a request of `size` bytes on `stream` would be served from the cache now.

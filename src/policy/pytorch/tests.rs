@@ -515,3 +515,48 @@ fn requests_round_as_the_configuration_says_with_or_without_divisions() {
     assert_eq!(policy("").round_size(513), 1024);
     assert_eq!(policy("roundup_power2_divisions:4").round_size((5 << 20) + 7), 6 << 20);
 }
+
+/// A malloc's search of the cache (`get_free_block`, a fast path for the block it finds first)
+/// takes the block that the what-if query (`find_free_block`, which `validate` and the replay's
+/// undecided flushes ask through `would_hit_cache`) names, or none when it names none.
+#[test]
+fn the_mallocs_search_takes_the_block_the_query_names() {
+    use crate::testing::Rng;
+    for conf in [
+        "",
+        "max_split_size_mb:20",
+        "expandable_segments:True",
+        "expandable_segments:True,max_split_size_mb:20",
+    ] {
+        for seed in 0..4 {
+            let mut rng = Rng::new(seed);
+            let (mut p, mut d) = (policy(conf), device(None));
+            let (mut live, mut hits) = (Vec::new(), 0);
+            for step in 0..3000 {
+                if !live.is_empty() && rng.below(2) == 0 {
+                    let a: Allocation = live.swap_remove(rng.below(live.len() as u64) as usize);
+                    p.free_handle(&mut d, a.addr, a.handle).unwrap();
+                    continue;
+                }
+                let size = match rng.below(3) {
+                    0 => 1 + rng.below(1 << 20),
+                    1 => 1 + rng.below(32 << 20),
+                    _ => 512 * (1 + rng.below(8)),
+                };
+                let stream = rng.below(2);
+                let rounded = p.config.round_size(size);
+                let small = rounded <= SMALL_SIZE;
+                let named = p.find_free_block(stream, rounded, small);
+                let taken = p.get_free_block(stream, rounded, small);
+                assert_eq!(taken, named, "{conf:?} seed {seed} step {step}: {size} B");
+                if let Some(id) = taken {
+                    p.insert_free(id); // put back: the malloc below takes it again
+                    hits += 1;
+                }
+                p.check().unwrap();
+                live.push(p.malloc(&mut d, size, stream).unwrap().expect("no capacity limit"));
+            }
+            assert!(hits > 100, "{conf:?} seed {seed}: only {hits} cache hits");
+        }
+    }
+}
