@@ -482,24 +482,20 @@ impl PyTorch {
     /// Puts a free mapped block into its pool's free set (GC base reset).
     #[inline(always)]
     fn insert_free(&mut self, id: u32) {
-        let b = self.b(id);
-        let (sid, size, ptr, owner, small) = (b.sid, b.size, b.ptr, b.pool, b.small);
-        let pool = self.owner_mut(owner, small);
-        pool.blocks.insert(sid, size, ptr, id);
-        let clock = pool.gc_count;
-        self.bm(id).gc_base = clock;
+        let b = &mut self.blocks[id as usize];
+        let pool = pool_in(&mut self.pools, &mut self.private, b.pool, b.small);
+        pool.blocks.insert(b.sid, b.size, b.ptr, id);
+        b.gc_base = pool.gc_count;
     }
 
     #[inline(always)]
     fn remove_free(&mut self, id: u32) {
-        let b = self.b(id);
-        let (owner, small, mapped, sid, size, ptr) =
-            (b.pool, b.small, b.mapped, b.sid, b.size, b.ptr);
-        let pool = self.owner_mut(owner, small);
-        if mapped {
-            pool.blocks.remove(sid, size, ptr);
+        let b = &self.blocks[id as usize];
+        let pool = pool_in(&mut self.pools, &mut self.private, b.pool, b.small);
+        if b.mapped {
+            pool.blocks.remove(b.sid, b.size, b.ptr);
         } else {
-            pool.unmapped.remove(&unmapped_key(sid, ptr));
+            pool.unmapped.remove(&unmapped_key(b.sid, b.ptr));
         }
     }
 
@@ -689,13 +685,13 @@ impl PyTorch {
         let max_split = self.config.max_split_size;
         let b = self.bm(id);
         b.allocated = false;
-        let (size, request) = (b.size, b.requested);
+        let (size, request, mapped, prev, next) = (b.size, b.requested, b.mapped, b.prev, b.next);
         self.allocated -= size;
         self.stats.requested_bytes -= request;
         if size >= max_split {
             self.stats.oversize_allocations -= 1;
         }
-        self.free_block(id);
+        self.free_block_of(id, mapped, prev, next);
     }
 
     /// The allocated blocks by address, built from the blocks on first use.
@@ -712,14 +708,22 @@ impl PyTorch {
     }
 
     /// `try_merge_blocks`: merges `src` into `dst` if it is free with the same mapping state.
-    /// (Inlined: most frees have no free neighbour, and the test is a few instructions.)
-    #[inline]
+    /// (Always inlined: most frees have no free neighbour, and the test is a few instructions;
+    /// inside the inlined free, a plain `#[inline]` was not taken.)
+    #[inline(always)]
     fn try_merge(&mut self, dst: u32, src: u32) -> bool {
+        let mapped = self.b(dst).mapped;
+        self.try_merge_into(dst, mapped, src)
+    }
+
+    /// [`PyTorch::try_merge`] into `dst`, whose mapping state is `mapped`.
+    #[inline(always)]
+    fn try_merge_into(&mut self, dst: u32, mapped: bool, src: u32) -> bool {
         if src == NIL {
             return false;
         }
         let s = self.b(src);
-        if s.allocated || s.mapped != self.b(dst).mapped {
+        if s.allocated || s.mapped != mapped {
             return false;
         }
         self.merge(dst, src);
@@ -751,9 +755,16 @@ impl PyTorch {
     /// `free_block` (§6.3): merge with free neighbours and return to the free set.
     #[inline(always)]
     fn free_block(&mut self, id: u32) {
-        let (prev, next) = (self.b(id).prev, self.b(id).next);
-        self.try_merge(id, prev);
-        self.try_merge(id, next);
+        let b = self.b(id);
+        self.free_block_of(id, b.mapped, b.prev, b.next);
+    }
+
+    /// [`PyTorch::free_block`] of block `id`, whose mapping state and neighbours its caller
+    /// has read already: a free reaches the block once when it has no free neighbour.
+    #[inline(always)]
+    fn free_block_of(&mut self, id: u32, mapped: bool, prev: u32, next: u32) {
+        self.try_merge_into(id, mapped, prev);
+        self.try_merge_into(id, mapped, next);
         self.insert_free(id);
     }
 
@@ -1359,10 +1370,12 @@ impl Policy for PyTorch {
         Ok(out)
     }
 
-    /// Inlined into the replay loop: most mallocs are served from the cache, a search and a
-    /// few stores, and the call itself (saving and restoring the registers the rest of malloc
-    /// needs) cost a tenth of them. The rest is out of line (`malloc_new_memory`).
-    #[inline]
+    /// Always inlined, into the replay loop's one call for an alloc event (the engine's rare
+    /// calls go through one copy out of line): most mallocs are served from the cache, a
+    /// search and a few stores, and the call itself (six registers saved and restored, the
+    /// result returned through memory) cost about a sixth of them. A plain `#[inline]` was
+    /// not taken. The rest of malloc is out of line (`malloc_new_memory`).
+    #[inline(always)]
     fn malloc<B: Backend>(
         &mut self,
         backend: &mut B,
@@ -1410,9 +1423,9 @@ impl Policy for PyTorch {
         Ok(())
     }
 
-    /// Inlined into the replay loop, as [`PyTorch::malloc`] is; a free by address alone (no
-    /// handle) is out of line.
-    #[inline]
+    /// Always inlined into the replay loop, as [`PyTorch::malloc`] is; a free by address
+    /// alone (no handle) is out of line.
+    #[inline(always)]
     fn free_handle<B: Backend>(
         &mut self,
         backend: &mut B,
