@@ -547,7 +547,10 @@ fn the_mallocs_search_takes_the_block_the_query_names() {
                 let rounded = p.config.round_size(size);
                 let small = rounded <= SMALL_SIZE;
                 let named = p.find_free_block(stream, rounded, small);
-                let taken = p.get_free_block(stream, rounded, small);
+                let taken = p.get_free_block(stream, rounded, small).map(|(id, size)| {
+                    assert_eq!(size, p.b(id).size, "the size the search returns is the block's");
+                    id
+                });
                 assert_eq!(taken, named, "{conf:?} seed {seed} step {step}: {size} B");
                 if let Some(id) = taken {
                     p.insert_free(id); // put back: the malloc below takes it again
