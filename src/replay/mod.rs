@@ -787,14 +787,20 @@ trait Blocks {
     ) -> Result<()>;
     /// Live-at-start block `k` was placed as `placed` (`None`: it did not fit).
     fn started(&mut self, k: usize, block: &LiveBlock, placed: Option<Allocation>);
-    /// Alloc event `i` reuses the address of a block the replay still holds (its free was not
-    /// recorded): takes that block, if any.
-    fn displaced(&mut self, i: usize, e: &Event) -> Option<Held>;
-    /// Alloc event `i` was placed as `placed` (`None`: out of memory).
-    fn allocated(&mut self, i: usize, e: &Event, placed: Option<Allocation>);
-    /// Free event `i`: the block it frees, [`Freed::Never`] when its alloc failed, or
-    /// [`Freed::Orphan`] when the replay never allocated the address.
-    fn freed(&mut self, i: usize, e: &Event) -> Freed;
+    /// The [`Slots`] slot of event `i`, with its flag ([`Slots::NONE`] where this lookup
+    /// keeps none): read once per event, for the calls below.
+    fn slot(&self, i: usize) -> u32;
+    /// Alloc event `e`, of slot `slot`, reuses the address of a block the replay still holds
+    /// (its free was not recorded): takes that block, if any.
+    fn displaced(&mut self, slot: u32, e: &Event) -> Option<Held>;
+    /// Alloc event `e`, of slot `slot`, was placed as `placed`.
+    fn allocated(&mut self, slot: u32, e: &Event, placed: Allocation);
+    /// Alloc event `e`, of slot `slot`, failed (out of memory): its free finds
+    /// [`Freed::Never`].
+    fn failed(&mut self, slot: u32, e: &Event);
+    /// Free event `e`, of slot `slot`: the block it frees, [`Freed::Never`] when its alloc
+    /// failed, or [`Freed::Orphan`] when the replay never allocated the address.
+    fn freed(&mut self, slot: u32, e: &Event) -> Freed;
 }
 
 /// What a free finds ([`Blocks::freed`]).
@@ -821,7 +827,13 @@ impl Held {
 
     /// The block `placed` for a request of `request` bytes; [`Held::EMPTY`] when it failed.
     fn of(placed: Option<Allocation>, request: u64) -> Held {
-        placed.map_or(Held::EMPTY, |a| Held { addr: a.addr, request, handle: a.handle })
+        placed.map_or(Held::EMPTY, |a| Held::placed(a, request))
+    }
+
+    /// The block `a` for a request of `request` bytes.
+    #[inline]
+    fn placed(a: Allocation, request: u64) -> Held {
+        Held { addr: a.addr, request, handle: a.handle }
     }
 
     fn is_empty(&self) -> bool {
@@ -839,12 +851,6 @@ struct Indexed<'r> {
 impl<'r> Indexed<'r> {
     fn new(input: &'r ReplayInput) -> Indexed<'r> {
         Indexed { table: vec![Held::EMPTY; input.slots.count], of_event: &input.slots.of_event }
-    }
-
-    /// The slot of event `i`, with its flag.
-    #[inline]
-    fn slot(&self, i: usize) -> u32 {
-        self.of_event.get(i).copied().unwrap_or(Slots::NONE)
     }
 
     /// Empties slot `slot` (no flag): what it held.
@@ -884,8 +890,12 @@ impl Blocks for Indexed<'_> {
         }
     }
     #[inline]
-    fn displaced(&mut self, i: usize, _: &Event) -> Option<Held> {
-        match self.slot(i) {
+    fn slot(&self, i: usize) -> u32 {
+        self.of_event.get(i).copied().unwrap_or(Slots::NONE)
+    }
+    #[inline]
+    fn displaced(&mut self, slot: u32, _: &Event) -> Option<Held> {
+        match slot {
             s if s != Slots::NONE && s & Slots::DISPLACES != 0 => {
                 self.take(s & !Slots::DISPLACES).filter(|b| !b.is_empty())
             }
@@ -893,15 +903,20 @@ impl Blocks for Indexed<'_> {
         }
     }
     #[inline]
-    fn allocated(&mut self, i: usize, e: &Event, placed: Option<Allocation>) {
-        let slot = self.slot(i) & !Slots::DISPLACES;
-        if let Some(entry) = self.table.get_mut(slot as usize) {
-            *entry = Held::of(placed, e.size);
+    fn allocated(&mut self, slot: u32, e: &Event, placed: Allocation) {
+        if let Some(entry) = self.table.get_mut((slot & !Slots::DISPLACES) as usize) {
+            *entry = Held::placed(placed, e.size);
         }
     }
     #[inline]
-    fn freed(&mut self, i: usize, _: &Event) -> Freed {
-        match self.take(self.slot(i)) {
+    fn failed(&mut self, slot: u32, _: &Event) {
+        if let Some(entry) = self.table.get_mut((slot & !Slots::DISPLACES) as usize) {
+            *entry = Held::EMPTY;
+        }
+    }
+    #[inline]
+    fn freed(&mut self, slot: u32, _: &Event) -> Freed {
+        match self.take(slot) {
             None => Freed::Orphan,
             Some(b) if b.is_empty() => Freed::Never,
             Some(b) => Freed::Block(b),
@@ -935,15 +950,23 @@ impl Blocks for Keyed {
         self.0.insert(block.addr, Held::of(placed, block.size));
     }
     #[inline]
-    fn displaced(&mut self, _: usize, e: &Event) -> Option<Held> {
+    fn slot(&self, _: usize) -> u32 {
+        Slots::NONE
+    }
+    #[inline]
+    fn displaced(&mut self, _: u32, e: &Event) -> Option<Held> {
         self.0.remove(&e.addr).filter(|b| !b.is_empty())
     }
     #[inline]
-    fn allocated(&mut self, _: usize, e: &Event, placed: Option<Allocation>) {
-        self.0.insert(e.addr, Held::of(placed, e.size));
+    fn allocated(&mut self, _: u32, e: &Event, placed: Allocation) {
+        self.0.insert(e.addr, Held::placed(placed, e.size));
     }
     #[inline]
-    fn freed(&mut self, _: usize, e: &Event) -> Freed {
+    fn failed(&mut self, _: u32, e: &Event) {
+        self.0.insert(e.addr, Held::EMPTY);
+    }
+    #[inline]
+    fn freed(&mut self, _: u32, e: &Event) -> Freed {
         match self.0.remove(&e.addr) {
             None => Freed::Orphan,
             Some(b) if b.is_empty() => Freed::Never,
@@ -1272,7 +1295,8 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
                     }
                     // The recording reused the address of a block we still hold: that block was
                     // freed before this alloc, though its free was not recorded.
-                    if let Some(b) = blocks.displaced(i, e) {
+                    let slot = blocks.slot(i);
+                    if let Some(b) = blocks.displaced(slot, e) {
                         meter.requested -= b.request;
                         log_free(logging, &mut backend.observer.log, b.addr, b.request, e);
                         free_cold(&mut policy, &mut backend, b.addr, b.handle).map_err(at)?;
@@ -1284,13 +1308,14 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
                         }
                     }
                     let placed = policy.malloc(&mut backend, e.size, e.stream).map_err(at)?;
-                    blocks.allocated(i, e, placed);
                     match placed {
                         Some(a) => {
+                            blocks.allocated(slot, e, a);
                             meter.requested += e.size;
                             log_alloc(logging, &mut backend.observer.log, a.addr, e);
                         }
                         None => {
+                            blocks.failed(slot, e);
                             let (r, a) = (backend.reserved(), policy.allocated());
                             let log = &mut backend.observer.log;
                             count_oom(&mut meter, &mut first_oom, log, e, || {
@@ -1323,7 +1348,7 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
                     }
                 }
                 a if a == frees_at => {
-                    let b = match blocks.freed(i, e) {
+                    let b = match blocks.freed(blocks.slot(i), e) {
                         Freed::Block(b) => b,
                         Freed::Orphan => {
                             meter.detail.orphan_frees += 1;
