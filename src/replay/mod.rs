@@ -1393,7 +1393,7 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
             if !PLAIN {
                 meter.sample(index, e.time_us, reserved, allocated);
             }
-            if crate::backend::cuda::interrupt::requested() {
+            if B::HOLDS_DEVICE_MEMORY && crate::backend::cuda::interrupt::requested() {
                 return Err(Error::backend("interrupted").at(crate::error::Place::Event(index)));
             }
             if check {

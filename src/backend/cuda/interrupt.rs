@@ -3,8 +3,10 @@
 //! Killed by SIGINT's default action, fragsim would leave freeing its GPU memory to the driver's
 //! process teardown. Instead, opening the cuda backend installs a handler that only sets a flag
 //! (the one async-signal-safe thing to do) and restores the default action, so a second Ctrl-C
-//! still kills at once. The replay loop polls [`requested`] after every event and returns an
-//! error; unwinding drops the backend, which frees everything; the binary exits with 130.
+//! still kills at once. The replay loop on a backend that holds device memory
+//! ([`Backend::HOLDS_DEVICE_MEMORY`](crate::backend::Backend::HOLDS_DEVICE_MEMORY)) polls
+//! [`requested`] after every event and returns an error; unwinding drops the backend, which
+//! frees everything; the binary exits with 130.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Once;
