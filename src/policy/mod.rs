@@ -162,7 +162,9 @@ pub trait Policy {
     /// Releases every cached segment the policy can (`torch.cuda.empty_cache()`).
     fn empty_cache<B: Backend>(&mut self, backend: &mut B) -> Result<()>;
 
-    /// Bytes of live blocks, after rounding (PyTorch's `allocated_bytes`).
+    /// Bytes of live blocks, after rounding (PyTorch's `allocated_bytes`). A free never raises
+    /// it, so the engine takes its peak after the other events only (a replay that checks
+    /// invariants checks that too).
     fn allocated(&self) -> u64;
 
     /// How often a malloc needed a full flush and retry (PyTorch's `num_alloc_retries`).

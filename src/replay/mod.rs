@@ -857,7 +857,9 @@ impl<'r> Indexed<'r> {
     #[inline]
     fn take(&mut self, slot: u32) -> Option<Held> {
         let entry = self.table.get_mut(slot as usize)?;
-        Some(std::mem::replace(entry, Held::EMPTY))
+        let held = *entry;
+        entry.addr = Held::EMPTY.addr; // empty: `Held::is_empty` reads the address alone
+        Some(held)
     }
 }
 
@@ -997,16 +999,22 @@ impl Meter {
     /// The peaks part of [`Meter::observe`]: all a plain replay needs ([`drive`]).
     #[inline(always)]
     fn peaks(&mut self, event: u64, time_us: i64, reserved: u64, allocated: u64) {
-        let requested = self.requested;
+        self.reserved_peak(event, time_us, reserved, allocated);
+        self.peak_allocated = self.peak_allocated.max(allocated);
+        self.peak_requested = self.peak_requested.max(self.requested);
+    }
+
+    /// The reserved part of [`Meter::peaks`]: all that can rise on a free, which lowers the
+    /// allocated and requested bytes.
+    #[inline(always)]
+    fn reserved_peak(&mut self, event: u64, time_us: i64, reserved: u64, allocated: u64) {
         if reserved > self.peak_reserved {
             self.peak_reserved = reserved;
             self.detail.peak_reserved_event = event;
             self.detail.peak_reserved_time_us = time_us;
             self.detail.allocated_at_peak_bytes = allocated;
-            self.detail.requested_at_peak_bytes = requested;
+            self.detail.requested_at_peak_bytes = self.requested;
         }
-        self.peak_allocated = self.peak_allocated.max(allocated);
-        self.peak_requested = self.peak_requested.max(requested);
     }
 
     /// The series part of [`Meter::observe`].
@@ -1288,7 +1296,10 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
             backend.observer.stream = e.stream;
         }
         'event: {
-            match e.action {
+            // `None`, or after a free `Some(its policy's allocated bytes before it)` (read only
+            // when invariants are checked): a free lowers allocated and requested bytes, so
+            // only reserved bytes can reach a new peak then.
+            let after_free = match e.action {
                 Action::Alloc => {
                     if e.size == 0 {
                         break 'event; // zero-byte requests never reach the allocator (spec §16.6)
@@ -1323,6 +1334,7 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
                             });
                         }
                     }
+                    None
                 }
                 // A request the recorded allocator could not serve (`size` is its rounded size):
                 // it is part of what the program asked for, so every policy tries it too. One
@@ -1346,6 +1358,7 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
                             });
                         }
                     }
+                    None
                 }
                 a if a == frees_at => {
                     let b = match blocks.freed(blocks.slot(i), e) {
@@ -1359,7 +1372,9 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
                     };
                     meter.requested -= b.request;
                     log_free(logging, &mut backend.observer.log, b.addr, b.request, e);
+                    let before = if check { policy.allocated() } else { u64::MAX };
                     policy.free_handle(&mut backend, b.addr, b.handle).map_err(at)?;
+                    Some(before)
                 }
                 Action::SegmentFree | Action::SegmentUnmap
                     if !plan.drop_recorded
@@ -1371,6 +1386,7 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
                     }
                     policy.empty_cache(&mut backend).map_err(at)?;
                     flush_run_to = index;
+                    None
                 }
                 Action::SegmentAlloc | Action::SegmentFree | Action::SegmentUnmap => {
                     let Some(r) = &mut routes else { break 'event };
@@ -1385,11 +1401,24 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
                         break 'event;
                     }
                     policy.empty_cache(&mut backend).map_err(at)?;
+                    None
                 }
                 _ => break 'event,
-            }
+            };
             let (reserved, allocated) = (backend.reserved(), policy.allocated());
-            meter.peaks(index, e.time_us, reserved, allocated);
+            match after_free {
+                None => meter.peaks(index, e.time_us, reserved, allocated),
+                Some(before) => {
+                    meter.reserved_peak(index, e.time_us, reserved, allocated);
+                    if check && allocated > before {
+                        return Err(Error::input(format!(
+                            "policy '{name}' broke an invariant: a free raised its allocated \
+                             bytes from {before} to {allocated}"
+                        ))
+                        .at(crate::error::Place::Event(index)));
+                    }
+                }
+            }
             if !PLAIN {
                 meter.sample(index, e.time_us, reserved, allocated);
             }
