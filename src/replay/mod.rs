@@ -1544,6 +1544,61 @@ mod tests {
         }
     }
 
+    /// A policy that breaks [`Policy::allocated`]'s promise: a free raises its allocated bytes.
+    struct FreeRaisesAllocated(u64, u64);
+
+    impl Policy for FreeRaisesAllocated {
+        fn config(&self) -> String {
+            String::new()
+        }
+        fn malloc<B: Backend>(
+            &mut self,
+            _: &mut B,
+            size: u64,
+            _: u64,
+        ) -> Result<Option<Allocation>> {
+            self.0 += size;
+            self.1 += 1 << 20;
+            Ok(Some(Allocation::new(self.1, size)))
+        }
+        fn free<B: Backend>(&mut self, _: &mut B, _: u64) -> Result<()> {
+            self.0 += 1;
+            Ok(())
+        }
+        fn empty_cache<B: Backend>(&mut self, _: &mut B) -> Result<()> {
+            Ok(())
+        }
+        fn allocated(&self) -> u64 {
+            self.0
+        }
+    }
+
+    #[test]
+    fn a_replay_that_checks_invariants_refuses_a_free_that_raises_allocated_bytes() {
+        // The engine takes no allocated peak after a free (it can only fall there); a replay
+        // that checks invariants says so when a policy's free raises it after all.
+        let t = text::read(
+            &b"alloc 0x1000 4096 s0\nfree 0x1000 4096 s0\n"[..],
+            &ReadOptions::default(),
+        )
+        .unwrap();
+        let input = ReplayInput::new(&t, None).unwrap();
+        let checked = ReplayOptions { check_invariants: true, ..ReplayOptions::default() };
+        let err = run_policy("toy", FreeRaisesAllocated(0, 0), &input, &checked).unwrap_err();
+        let message = err.to_string();
+        assert!(
+            message.contains("a free raised its allocated bytes from 4096 to 4097"),
+            "{message}"
+        );
+        // The text format's free is a free_requested (event 1) and a free_completed (event 2),
+        // where the free takes effect.
+        assert!(message.starts_with("event 2:"), "{message}");
+        // Unchecked, the replay runs: its peak is the one after the alloc.
+        let out = run_policy("toy", FreeRaisesAllocated(0, 0), &input, &ReplayOptions::default())
+            .unwrap();
+        assert_eq!(out.result.peak_allocated_bytes, 4096);
+    }
+
     const MIB: u64 = 1 << 20;
 
     #[test]
