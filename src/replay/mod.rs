@@ -124,12 +124,24 @@ struct Streamed<'a> {
 /// Why slots and not the index of the alloc a free pairs with: a table indexed by event is as
 /// long as the trace, and a free reads it (and the alloc event, for the request size) far from
 /// where the replay is, a cache miss on every free of a long trace; the slot table stays small.
+///
+/// The slots come as a list of the events the engine acts on ([`Op`]), so that a plain replay
+/// walks that list and never visits the others (a `free_requested` where frees take effect at
+/// `free_completed`: a third of a snapshot's events).
 #[derive(Default)]
 struct Slots {
-    /// Per event: its slot (alloc and free) or [`Slots::NONE`].
-    of_event: Vec<u32>,
+    /// The events the engine may act on, in order, each with its slot.
+    ops: Vec<Op>,
     /// Number of slots the replay uses.
     count: usize,
+}
+
+/// An event the engine may act on ([`Slots::acts_on`]): its index and its slot, with its flag
+/// ([`Slots::NONE`] for an event that names no block).
+#[derive(Clone, Copy, Debug)]
+struct Op {
+    event: u32,
+    slot: u32,
 }
 
 impl Slots {
@@ -137,6 +149,15 @@ impl Slots {
     const NONE: u32 = u32::MAX;
     /// On an alloc's slot: the slot still holds the block whose address the alloc reuses.
     const DISPLACES: u32 = 1 << 31;
+
+    /// True for an event the engine may act on, other than an alloc or a free that takes
+    /// effect: a recorded `oom` and the segment events (flushes, private pools).
+    fn acts_on(e: &Event) -> bool {
+        matches!(
+            e.action,
+            Action::Oom | Action::SegmentAlloc | Action::SegmentFree | Action::SegmentUnmap
+        )
+    }
 
     /// Assigns the slots of `events`, with the blocks of `live_at_start` live first.
     fn assign(events: &[Event], live_at_start: &[LiveBlock], frees_at: Action) -> Result<Slots> {
@@ -156,10 +177,10 @@ impl Slots {
         let mut count = live_at_start.len() as u32;
         // Released slots, the last released on top: reused while still in cache.
         let mut spare: Vec<u32> = Vec::new();
-        let mut of_event = vec![Slots::NONE; events.len()];
+        let mut ops = Vec::new();
         for (i, e) in events.iter().enumerate() {
-            if e.action == Action::Alloc && e.size > 0 {
-                of_event[i] = match live.entry(e.addr) {
+            let slot = if e.action == Action::Alloc && e.size > 0 {
+                match live.entry(e.addr) {
                     Entry::Occupied(held) => *held.get() | Slots::DISPLACES,
                     Entry::Vacant(place) => {
                         let slot = spare.pop().unwrap_or_else(|| {
@@ -168,15 +189,19 @@ impl Slots {
                         });
                         *place.insert(slot)
                     }
-                };
-            } else if e.action == frees_at {
-                if let Some(slot) = live.remove(&e.addr) {
-                    of_event[i] = slot;
-                    spare.push(slot);
                 }
-            }
+            } else if e.action == frees_at {
+                let slot = live.remove(&e.addr);
+                spare.extend(slot);
+                slot.unwrap_or(Slots::NONE) // none: an orphan free, which the engine counts
+            } else if Slots::acts_on(e) {
+                Slots::NONE
+            } else {
+                continue;
+            };
+            ops.push(Op { event: i as u32, slot });
         }
-        Ok(Slots { of_event, count: count as usize })
+        Ok(Slots { ops, count: count as usize })
     }
 }
 
@@ -780,16 +805,18 @@ trait Blocks {
     /// or from the file when they stream. A method of the lookup so that each build of the
     /// engine walks one way only: a closure handed on to the file's reader escapes, and then
     /// every flag it reads is read from memory again after each policy call.
+    ///
+    /// Each event comes with its [`Slots`] slot and flag ([`Slots::NONE`] where this lookup
+    /// keeps none). With `every` false, the walk may leave out events that the engine never
+    /// acts on (see [`Slots::acts_on`]), as a plain replay does.
     fn walk(
         input: &ReplayInput,
         limit: u64,
-        f: impl FnMut(u64, &Event) -> Result<()>,
+        every: bool,
+        f: impl FnMut(u64, &Event, u32) -> Result<()>,
     ) -> Result<()>;
     /// Live-at-start block `k` was placed as `placed` (`None`: it did not fit).
     fn started(&mut self, k: usize, block: &LiveBlock, placed: Option<Allocation>);
-    /// The [`Slots`] slot of event `i`, with its flag ([`Slots::NONE`] where this lookup
-    /// keeps none): read once per event, for the calls below.
-    fn slot(&self, i: usize) -> u32;
     /// Alloc event `e`, of slot `slot`, reuses the address of a block the replay still holds
     /// (its free was not recorded): takes that block, if any.
     fn displaced(&mut self, slot: u32, e: &Event) -> Option<Held>;
@@ -843,14 +870,13 @@ impl Held {
 
 /// [`Blocks`] of loaded events: per [`Slots`] slot, the block there ([`Held::EMPTY`] when none
 /// is live).
-struct Indexed<'r> {
+struct Indexed {
     table: Vec<Held>,
-    of_event: &'r [u32],
 }
 
-impl<'r> Indexed<'r> {
-    fn new(input: &'r ReplayInput) -> Indexed<'r> {
-        Indexed { table: vec![Held::EMPTY; input.slots.count], of_event: &input.slots.of_event }
+impl Indexed {
+    fn new(input: &ReplayInput) -> Indexed {
+        Indexed { table: vec![Held::EMPTY; input.slots.count] }
     }
 
     /// Empties slot `slot` (no flag): what it held.
@@ -877,23 +903,39 @@ fn walk_loaded(
     Ok(())
 }
 
-impl Blocks for Indexed<'_> {
+impl Blocks for Indexed {
     #[inline(always)]
     fn walk(
         input: &ReplayInput,
         limit: u64,
-        f: impl FnMut(u64, &Event) -> Result<()>,
+        every: bool,
+        mut f: impl FnMut(u64, &Event, u32) -> Result<()>,
     ) -> Result<()> {
-        walk_loaded(input.events, limit, f)
+        let last = usize::try_from(limit).unwrap_or(usize::MAX).min(input.events.len());
+        let events = &input.events[..last];
+        let ops = &input.slots.ops;
+        if !every {
+            for op in ops {
+                // In event order: past the limit, so are the rest.
+                let Some(e) = events.get(op.event as usize) else { break };
+                f(op.event as u64, e, op.slot)?;
+            }
+            return Ok(());
+        }
+        let mut ops = ops.iter().peekable();
+        for (i, e) in events.iter().enumerate() {
+            let slot = match ops.next_if(|op| op.event as usize == i) {
+                Some(op) => op.slot,
+                None => Slots::NONE,
+            };
+            f(i as u64, e, slot)?;
+        }
+        Ok(())
     }
     fn started(&mut self, k: usize, block: &LiveBlock, placed: Option<Allocation>) {
         if let Some(entry) = self.table.get_mut(k) {
             *entry = Held::of(placed, block.size);
         }
-    }
-    #[inline]
-    fn slot(&self, i: usize) -> u32 {
-        self.of_event.get(i).copied().unwrap_or(Slots::NONE)
     }
     #[inline]
     fn displaced(&mut self, slot: u32, _: &Event) -> Option<Held> {
@@ -935,8 +977,10 @@ impl Blocks for Keyed {
     fn walk(
         input: &ReplayInput,
         limit: u64,
-        f: impl FnMut(u64, &Event) -> Result<()>,
+        _every: bool,
+        mut f: impl FnMut(u64, &Event, u32) -> Result<()>,
     ) -> Result<()> {
+        let f = |i: u64, e: &Event| f(i, e, Slots::NONE);
         match &input.stream {
             Some(Streamed { file, feed: None, .. }) => {
                 file.each_event(input.device, limit, false, f)
@@ -950,10 +994,6 @@ impl Blocks for Keyed {
     }
     fn started(&mut self, _: usize, block: &LiveBlock, placed: Option<Allocation>) {
         self.0.insert(block.addr, Held::of(placed, block.size));
-    }
-    #[inline]
-    fn slot(&self, _: usize) -> u32 {
-        Slots::NONE
     }
     #[inline]
     fn displaced(&mut self, _: u32, e: &Event) -> Option<Held> {
@@ -1282,8 +1322,7 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
     let check = !PLAIN && options.check_invariants;
     // The last event of the flush run the program called last (runs are consecutive releases).
     let mut flush_run_to = u64::MAX - 1;
-    K::walk(input, last, |index, e| {
-        let i = index as usize;
+    K::walk(input, last, !PLAIN, |index, e, slot| {
         // A policy's input error names the event it was replaying (a backend error names the
         // driver call instead, as interface.md promises).
         let at = |err: Error| match err.kind() {
@@ -1306,7 +1345,6 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
                     }
                     // The recording reused the address of a block we still hold: that block was
                     // freed before this alloc, though its free was not recorded.
-                    let slot = blocks.slot(i);
                     if let Some(b) = blocks.displaced(slot, e) {
                         meter.requested -= b.request;
                         log_free(logging, &mut backend.observer.log, b.addr, b.request, e);
@@ -1361,7 +1399,7 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
                     None
                 }
                 a if a == frees_at => {
-                    let b = match blocks.freed(blocks.slot(i), e) {
+                    let b = match blocks.freed(slot, e) {
                         Freed::Block(b) => b,
                         Freed::Orphan => {
                             meter.detail.orphan_frees += 1;
