@@ -85,9 +85,10 @@ pub struct ReplayInput<'a> {
     /// The lifetime scan of the events handed to policies (the loaded events, or a streamed
     /// replay's digest), from which `live_at_start` follows; kept for [`PolicyContext`].
     lifetimes: Lifetimes,
-    /// Per event, the slot of the block it refers to, found once so that every policy's replay
-    /// of loaded events follows small indices instead of hashing addresses. See [`Slots`]. Empty
-    /// when streamed: that replay keeps a map of the live blocks instead ([`Keyed`]).
+    /// The events the engine acts on, each with the slot of the block it refers to, found once
+    /// so that every policy's replay of loaded events follows small indices instead of hashing
+    /// addresses. See [`Slots`]. Empty when streamed: that replay keeps a map of the live blocks
+    /// instead ([`Keyed`]).
     slots: Slots,
     /// The file the events stream from, if they are not loaded.
     stream: Option<Streamed<'a>>,
