@@ -890,6 +890,12 @@ impl Indexed {
     }
 }
 
+/// The first `limit` of `events` (all of them when there are fewer).
+#[inline(always)]
+fn first_events(events: &[Event], limit: u64) -> &[Event] {
+    &events[..usize::try_from(limit).unwrap_or(usize::MAX).min(events.len())]
+}
+
 /// The first `limit` of `events`, with their index.
 #[inline(always)]
 fn walk_loaded(
@@ -897,8 +903,7 @@ fn walk_loaded(
     limit: u64,
     mut f: impl FnMut(u64, &Event) -> Result<()>,
 ) -> Result<()> {
-    let last = usize::try_from(limit).unwrap_or(usize::MAX).min(events.len());
-    for (i, e) in events[..last].iter().enumerate() {
+    for (i, e) in first_events(events, limit).iter().enumerate() {
         f(i as u64, e)?;
     }
     Ok(())
@@ -912,8 +917,7 @@ impl Blocks for Indexed {
         every: bool,
         mut f: impl FnMut(u64, &Event, u32) -> Result<()>,
     ) -> Result<()> {
-        let last = usize::try_from(limit).unwrap_or(usize::MAX).min(input.events.len());
-        let events = &input.events[..last];
+        let events = first_events(input.events, limit);
         let ops = &input.slots.ops;
         if !every {
             for op in ops {
