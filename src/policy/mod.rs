@@ -190,6 +190,17 @@ pub trait Policy {
     fn check_invariants(&self) -> std::result::Result<(), String> {
         Ok(())
     }
+
+    /// Hands the policy to `runner`, which replays it: the one place a run picks the concrete
+    /// type. A policy may hand over another type that makes the same decisions faster for its
+    /// configuration (`pytorch`, with its default configuration's decisions made at compile
+    /// time); by default it hands itself.
+    fn run_by<R: PolicyRunner>(self, name: &str, runner: R) -> R::Output
+    where
+        Self: Sized,
+    {
+        runner.run(name, self)
+    }
 }
 
 /// What the engine hands a policy's constructor: the device's events and what the trace knows
@@ -310,7 +321,7 @@ macro_rules! registry {
             /// Hands the concrete policy to `runner`: the one dispatch of a run.
             pub fn run_with<R: PolicyRunner>(self, name: &str, runner: R) -> R::Output {
                 match self {
-                    $(BuiltPolicy::$variant(p) => runner.run(name, p),)*
+                    $(BuiltPolicy::$variant(p) => p.run_by(name, runner),)*
                 }
             }
         }
