@@ -1587,6 +1587,73 @@ mod tests {
         }
     }
 
+    /// `pytorch` as its registration builds it, in the general form (no default rules folded).
+    fn general_pytorch(input: &ReplayInput, options: &ReplayOptions) -> PyTorch {
+        let context = input.context(options);
+        PyTorch::from_spec("", &context).unwrap().on_gpu(context.gpu_memory)
+    }
+
+    #[test]
+    fn pytorch_default_rules_form_decides_as_the_general_form() {
+        // `replay -p pytorch` runs the default-rules form where the settings allow it; it must
+        // place every block where the general form does, on real snapshots (their recovered
+        // start state installed), under a capacity that forces the release-and-retry fallbacks,
+        // with added empty_cache() calls, and in the recorded run that logs every address.
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/traces");
+        let mut paths: Vec<std::path::PathBuf> = std::fs::read_dir(format!("{dir}/real"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "pickle"))
+            .collect();
+        paths.sort();
+        paths.push(format!("{dir}/gpt-4l-512h.txt").into());
+        let mut folded = 0;
+        for path in &paths {
+            let trace = crate::trace::read_trace(path, &ReadOptions::default()).unwrap();
+            let input = ReplayInput::new(&trace, None).unwrap();
+            let plain = ReplayOptions::default();
+            if !general_pytorch(&input, &plain).has_default_rules() {
+                continue; // recorded settings that the general form alone decides
+            }
+            folded += 1;
+            let peak = run_policy("pytorch", general_pytorch(&input, &plain), &input, &plain)
+                .unwrap()
+                .result
+                .peak_reserved_bytes;
+            let cases = [
+                plain.clone(),
+                ReplayOptions { capacity: Some(peak / 10 * 9), ..plain.clone() },
+                ReplayOptions {
+                    empty_cache: EmptyCachePlan { every: Some(97), ..EmptyCachePlan::default() },
+                    check_invariants: true,
+                    ..plain.clone()
+                },
+                ReplayOptions { record_events: true, ..plain.clone() },
+            ];
+            let spec = PolicySpec { name: "pytorch".into(), options: String::new() };
+            for options in &cases {
+                let general =
+                    run_policy("pytorch", general_pytorch(&input, options), &input, options);
+                let folded_form = run_spec(&spec, &input, options);
+                let (mut a, mut b) = (general.unwrap(), folded_form.unwrap());
+                (a.result.replay_seconds, b.result.replay_seconds) = (0.0, 0.0);
+                let what = format!("{} with {options:?}", path.display());
+                assert_eq!(a.result, b.result, "{what}");
+                assert_eq!(a.detail, b.detail, "{what}");
+                assert_eq!(a.segments, b.segments, "{what}");
+                assert_eq!(a.events, b.events, "{what}");
+            }
+            let capped = ReplayOptions { capacity: Some(peak / 10 * 9), ..plain.clone() };
+            let squeezed = run_spec(&spec, &input, &capped).unwrap();
+            assert!(
+                squeezed.result.alloc_retries > 0 || squeezed.detail.oom_count > 0,
+                "{}",
+                path.display()
+            );
+        }
+        assert!(folded >= 2, "only {folded} traces replay with PyTorch's default rules");
+    }
+
     /// A policy that breaks [`Policy::allocated`]'s promise: a free raises its allocated bytes.
     struct FreeRaisesAllocated(u64, u64);
 

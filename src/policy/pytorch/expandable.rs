@@ -14,7 +14,7 @@ use super::{unmapped_key, Block, ExpandableSegment, MappedRange, PyTorch, NIL};
 use crate::backend::Backend;
 use crate::error::Result;
 
-impl PyTorch {
+impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
     /// Not allocated: free mapped or unmapped (PyTorch's "allocatable" test in
     /// `find_expandable_block`; there are no pending stream events in this model).
     fn allocatable(&self, id: u32) -> bool {

@@ -563,3 +563,97 @@ fn the_mallocs_search_takes_the_block_the_query_names() {
         }
     }
 }
+
+#[test]
+fn default_rules_are_exactly_the_default_settings() {
+    assert!(policy("").has_default_rules());
+    // A GC threshold without a memory fraction leaves GC off in PyTorch, so it changes nothing.
+    assert!(policy("garbage_collection_threshold:0.6").has_default_rules());
+    for conf in [
+        "max_split_size_mb:128",
+        "roundup_power2_divisions:4",
+        "roundup_power2_divisions:[256:4,>:1]",
+        "expandable_segments:True",
+        "garbage_collection_threshold:0.6,per_process_memory_fraction:0.5",
+    ] {
+        assert!(!policy(conf).has_default_rules(), "{conf}");
+        assert!(policy(conf).with_default_rules().is_err(), "{conf}");
+    }
+    let mut kineto = policy("");
+    kineto.exact_blocks = true; // what `reading_kineto` sets on a Kineto trace
+    assert!(!kineto.has_default_rules());
+}
+
+/// Runs `steps` through `p`, half the frees by handle and half by address alone: every
+/// allocation (address, block size, or none), then the backend's calls.
+fn decisions<const D: bool>(
+    p: &mut PyTorch<D>,
+    steps: &[crate::testing::Step],
+    capacity: Option<u64>,
+) -> (Vec<Option<(u64, u64)>>, Vec<BackendCall>) {
+    use crate::testing::Step;
+    let mut d = device(capacity);
+    let mut live: Vec<Option<Allocation>> = Vec::new();
+    let mut placed = Vec::new();
+    for step in steps {
+        match *step {
+            Step::Alloc { id, size, stream } => {
+                let a = p.malloc(&mut d, size, stream).unwrap();
+                placed.push(a.map(|a| (a.addr, a.block_size)));
+                live.resize(live.len().max(id + 1), None);
+                live[id] = a;
+            }
+            Step::Free { id } => {
+                if let Some(a) = live.get_mut(id).and_then(Option::take) {
+                    match id % 2 {
+                        0 => p.free_handle(&mut d, a.addr, a.handle).unwrap(),
+                        _ => p.free(&mut d, a.addr).unwrap(),
+                    }
+                }
+            }
+            Step::EmptyCache => p.empty_cache(&mut d).unwrap(),
+        }
+        p.check().unwrap();
+    }
+    (placed, d.calls().to_vec())
+}
+
+#[test]
+fn the_default_rules_form_decides_as_the_general_form() {
+    for seed in 0..6 {
+        let steps = workload(seed, 3000);
+        for capacity in [None, Some(96 * MIB)] {
+            let mut general = policy("");
+            let mut folded = policy("").with_default_rules().expect("the default settings");
+            let want = decisions(&mut general, &steps, capacity);
+            assert_eq!(decisions(&mut folded, &steps, capacity), want, "seed {seed}");
+            assert!(want.0.iter().filter(|a| a.is_some()).count() > 1000, "seed {seed}");
+            if capacity.is_some() {
+                assert!(want.0.contains(&None), "seed {seed}: the capacity is never reached");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_default_rules_form_frees_by_address_without_a_map_of_blocks() {
+    let mut p = policy("").with_default_rules().expect("the default settings");
+    let mut d = device(None);
+    let a = p.malloc(&mut d, 4 * MIB, 0).unwrap().unwrap();
+    let b = p.malloc(&mut d, 4 * MIB, 0).unwrap().unwrap();
+    assert!(p.active.is_none());
+    // An address inside a block, or of a block already freed, names no allocated block.
+    assert!(p.free(&mut d, a.addr + 512).is_err());
+    p.free(&mut d, a.addr).unwrap();
+    assert!(p.free(&mut d, a.addr).is_err());
+    assert!(p.active.is_none(), "no map is built for a free by address");
+    p.free_handle(&mut d, b.addr, b.handle).unwrap();
+    assert_eq!(p.allocated(), 0);
+    p.check().unwrap();
+    // Back in the general form, the map of allocated blocks is built from the blocks again.
+    let mut general: PyTorch = p.retyped();
+    let c = general.malloc(&mut d, MIB, 0).unwrap().unwrap();
+    general.free(&mut d, c.addr).unwrap();
+    assert!(general.active.is_some());
+    general.check().unwrap();
+}
