@@ -401,6 +401,8 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
     }
 
     /// The same state as the form `TO` of the policy.
+    // Field by field, twice: a struct update (`..self`) cannot change the type, and the
+    // destructuring makes a new field a compile error here until it is carried over.
     fn retyped<const TO: bool>(self) -> PyTorch<TO> {
         let PyTorch {
             config,
