@@ -39,6 +39,8 @@ use serde::{Deserialize, Serialize};
 use std::io::{BufRead, Read, Write};
 use std::path::{Path, PathBuf};
 
+mod chunk;
+
 /// The first bytes of every `.fst` file.
 pub const MAGIC: &[u8] = b"FRAGSIM\0";
 
@@ -339,7 +341,10 @@ impl Chunked<'_> {
         let start = self.body_start();
         let rest = self.body.get(offset..).unwrap_or_default();
         let undecodable = |e| undecodable(e, start + offset as u64);
-        let (chunk, used) = if self.version < EVENT_POOLS_SINCE {
+        let fast = chunk::decode(rest, self.version >= EVENT_POOLS_SINCE, DECODE_LIMIT);
+        let (chunk, used) = if let Some((events, totals, used)) = fast {
+            ((events, totals), used)
+        } else if self.version < EVENT_POOLS_SINCE {
             let ((events, totals), used): ((Vec<EventV4>, Vec<RecordedTotals>), usize) =
                 bincode::serde::decode_from_slice(rest, config()).map_err(undecodable)?;
             ((events.into_iter().map(Event::from).collect(), totals), used)
