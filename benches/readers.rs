@@ -4,7 +4,8 @@
 //! The headline is the largest PyTorch snapshot with and without frames (the Python baseline is
 //! `pickle.load` at ≈ 18 MB/s with its garbage collector on, ≈ 69 MB/s without, rust-deps §3).
 //! Every other real trace is read through `trace::read_bytes` after content detection; a format
-//! whose reader is still a stub is skipped with a note.
+//! whose reader is still a stub is skipped with a note. `.fst` is read from the largest snapshot
+//! converted in memory.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use fragsim::trace::{self, detect, Format, ReadOptions};
@@ -55,6 +56,25 @@ fn largest_snapshot(c: &mut Criterion) {
     g.finish();
 }
 
+/// `.fst`, the format `synth` and `convert` write and `replay` streams: the largest snapshot as
+/// `fragsim convert` writes it (no frames), read back. Throughput in events, the unit of the
+/// replay benches.
+fn fst(c: &mut Criterion) {
+    let snapshot = load(&real("cs336-medium-ctx512-train.pickle"));
+    let trace = trace::read_bytes(&snapshot, Format::PytorchSnapshot, &options(false))
+        .expect("the real snapshot reads");
+    let mut data = Vec::new();
+    trace::fst::write(&trace, &mut data).expect("writes to memory");
+    let events: usize = trace.devices.iter().map(|d| d.events.len()).sum();
+    let mut g = c.benchmark_group("fst");
+    g.throughput(Throughput::Elements(events as u64));
+    g.measurement_time(Duration::from_secs(5));
+    g.bench_function("cs336-medium-ctx512-train", |b| {
+        b.iter(|| trace::read_bytes(black_box(&data), Format::Fst, &options(false)).expect("reads"))
+    });
+    g.finish();
+}
+
 fn every_real_trace(c: &mut Criterion) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("traces/real");
     let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
@@ -88,5 +108,5 @@ fn every_real_trace(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, largest_snapshot, every_real_trace);
+criterion_group!(benches, largest_snapshot, fst, every_real_trace);
 criterion_main!(benches);
