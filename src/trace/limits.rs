@@ -68,6 +68,7 @@ pub const LIMITS: [Limit; 7] = [
 ];
 
 /// Checks a size against [`SIZE_LIMIT`]; `what` names the field in the message.
+#[inline]
 pub fn check_size(what: &str, size: u64) -> Result<(), String> {
     if size >= SIZE_LIMIT {
         return Err(format!(
@@ -82,6 +83,7 @@ pub fn check_size(what: &str, size: u64) -> Result<(), String> {
 // `end <= ADDRESS_LIMIT` always holds while the limit is u64::MAX; it stays written out so the
 // table is the one place to change should the limit ever come down.
 #[allow(clippy::absurd_extreme_comparisons)]
+#[inline]
 pub fn check_range(addr: u64, size: u64) -> Result<(), String> {
     check_size("size", size)?;
     match addr.checked_add(size) {
@@ -99,6 +101,7 @@ pub fn check_device(device: i64) -> Result<i32, String> {
 }
 
 /// Checks a time in microseconds against `0..=`[`TIME_LIMIT`].
+#[inline]
 pub fn check_time(time_us: i64) -> Result<(), String> {
     if !(0..=TIME_LIMIT).contains(&time_us) {
         return Err(format!("time {time_us} µs is outside 0..=2^53"));
@@ -107,6 +110,7 @@ pub fn check_time(time_us: i64) -> Result<(), String> {
 }
 
 /// Checks one event: its address range and its time.
+#[inline]
 pub fn check_event(e: &Event) -> Result<(), String> {
     check_range(e.addr, e.size)?;
     check_time(e.time_us)
