@@ -145,6 +145,7 @@ impl Wire<'_> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::old_events;
     use super::super::{config, EventV4, DECODE_LIMIT};
     use super::*;
 
@@ -214,17 +215,7 @@ mod tests {
     /// Encodings of sample chunks, as the writer makes them, with and without pools.
     fn encodings() -> Vec<(Vec<u8>, bool)> {
         let (events, totals) = (sample_events(), sample_totals());
-        let old: Vec<EventV4> = events
-            .iter()
-            .map(|e| EventV4 {
-                action: e.action,
-                addr: e.addr,
-                size: e.size,
-                stream: e.stream,
-                time_us: e.time_us,
-                frames: e.frames,
-            })
-            .collect();
+        let old = old_events(&events);
         vec![
             (encode(&(events.clone(), totals.clone())), true),
             (encode(&(events.clone(), Vec::<RecordedTotals>::new())), true),

@@ -1061,7 +1061,7 @@ mod tests {
     }
 
     /// `t`'s events as versions 1 to 4 wrote them: without their pools.
-    fn old_events(events: &[Event]) -> Vec<EventV4> {
+    pub(super) fn old_events(events: &[Event]) -> Vec<EventV4> {
         let old = |e: &Event| EventV4 {
             action: e.action,
             addr: e.addr,
