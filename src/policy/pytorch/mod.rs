@@ -401,57 +401,24 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
     }
 
     /// The same state as the form `TO` of the policy.
-    // Field by field, twice: a struct update (`..self`) cannot change the type, and the
-    // destructuring makes a new field a compile error here until it is carried over.
     fn retyped<const TO: bool>(self) -> PyTorch<TO> {
-        let PyTorch {
-            config,
-            blocks,
-            spare,
-            pools,
-            private,
-            private_pools,
-            freeable,
-            into,
-            capture_underway,
-            active,
-            segments,
-            expandable,
-            streams,
-            allocated,
-            total_allocated,
-            alloc_retries,
-            stats,
-            gc_on,
-            start,
-            exact_blocks,
-            plain_rounding,
-        } = self;
-        PyTorch {
-            config,
-            blocks,
-            spare,
-            pools,
-            private,
-            private_pools,
-            freeable,
-            into,
-            capture_underway,
-            // The default-rules form keeps no map of allocated blocks ([`PyTorch::allocated_at`]);
-            // the general form builds it again at its first free by address.
-            active: if TO { None } else { active },
-            segments,
-            expandable,
-            streams,
-            allocated,
-            total_allocated,
-            alloc_retries,
-            stats,
-            gc_on,
-            start,
-            exact_blocks,
-            plain_rounding,
+        // A struct update (`..self`) cannot change the type, so every field is moved by name,
+        // each named once here; the destructuring (no `..`) makes a new field a compile error
+        // until it is carried over.
+        macro_rules! carry {
+            ($this:expr; $($field:ident),* $(,)?) => {{
+                let PyTorch { $($field,)* active } = $this;
+                // The default-rules form keeps no map of allocated blocks
+                // ([`PyTorch::allocated_at`]); the general form builds it again at its first free
+                // by address.
+                PyTorch { $($field,)* active: if TO { None } else { active } }
+            }};
         }
+        carry!(self;
+            config, blocks, spare, pools, private, private_pools, freeable, into, capture_underway,
+            segments, expandable, streams, allocated, total_allocated, alloc_retries, stats, gc_on,
+            start, exact_blocks, plain_rounding,
+        )
     }
 
     /// `round_size` (§3.1), without the interval look-up when no interval has divisions.
