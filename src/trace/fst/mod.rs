@@ -727,39 +727,42 @@ fn check_entry_pools(entry_pools: &Option<Vec<PoolId>>) -> Result<()> {
 }
 
 /// Rejects an event no allocator could have made, or one naming a frame list or pool the file
-/// lacks. Inlined, with the error out of line: a streamed replay checks every event on each of
-/// its passes, and as a call (its frame sized for the error) it was a sixth of those passes.
+/// lacks. Inlined, with the error made out of line: a streamed replay checks every event on each
+/// of its passes, and as a call (its frame sized for the error) it was a sixth of those passes.
 #[inline(always)]
 fn check_event(device: i32, index: usize, e: &Event, refs: Refs) -> Result<()> {
-    let refs_exist = e.frames.0 as usize <= refs.frames.len() && e.pool.0 as usize <= refs.pools;
-    if refs_exist && limits::check_event(e).is_ok() {
-        return Ok(());
+    if let Err(m) = limits::check_event(e) {
+        return Err(refused(device, index, format_args!("{m}")));
     }
-    event_error(device, index, e, refs)
-}
-
-/// The error [`check_event`] returns for `e`.
-#[cold]
-#[inline(never)]
-fn event_error(device: i32, index: usize, e: &Event, refs: Refs) -> Result<()> {
-    let place = Place::Event(index as u64);
-    limits::check_event(e).map_err(|m| Error::input(format!("device {device}: {m}")).at(place))?;
     if e.frames.0 as usize > refs.frames.len() {
-        return Err(Error::input(format!(
-            "device {device}: frame list {} does not exist (the file has {})",
-            e.frames.0,
-            refs.frames.len()
-        ))
-        .at(place));
+        return Err(refused(
+            device,
+            index,
+            format_args!(
+                "frame list {} does not exist (the file has {})",
+                e.frames.0,
+                refs.frames.len()
+            ),
+        ));
     }
     if e.pool.0 as usize > refs.pools {
-        return Err(Error::input(format!(
-            "device {device}: private pool {} does not exist (the file names {})",
-            e.pool.0, refs.pools
-        ))
-        .at(place));
+        return Err(refused(
+            device,
+            index,
+            format_args!(
+                "private pool {} does not exist (the file names {})",
+                e.pool.0, refs.pools
+            ),
+        ));
     }
     Ok(())
+}
+
+/// The error [`check_event`] returns for event `index` of `device`.
+#[cold]
+#[inline(never)]
+fn refused(device: i32, index: usize, why: std::fmt::Arguments) -> Error {
+    Error::input(format!("device {device}: {why}")).at(Place::Event(index as u64))
 }
 
 /// Checks the final segments against the [limits](limits) table, as every reader does.
