@@ -82,34 +82,33 @@ impl Wire<'_> {
         taken.try_into().ok()
     }
 
+    /// A varint of a type whose widest form is announced by `WIDEST` ([`U16_BYTE`] for a
+    /// `u16`, ...): bincode refuses a wider form, or a reserved first byte.
     #[inline(always)]
-    fn u64(&mut self) -> Option<u64> {
+    fn varint<const WIDEST: u8>(&mut self) -> Option<u64> {
         match self.byte()? {
             b @ 0..=SINGLE_BYTE_MAX => Some(b as u64),
             U16_BYTE => Some(u16::from_le_bytes(self.array()?) as u64),
-            U32_BYTE => Some(u32::from_le_bytes(self.array()?) as u64),
-            U64_BYTE => Some(u64::from_le_bytes(self.array()?)),
+            U32_BYTE if WIDEST >= U32_BYTE => Some(u32::from_le_bytes(self.array()?) as u64),
+            U64_BYTE if WIDEST >= U64_BYTE => Some(u64::from_le_bytes(self.array()?)),
             _ => None,
         }
     }
 
     #[inline(always)]
+    fn u64(&mut self) -> Option<u64> {
+        self.varint::<U64_BYTE>()
+    }
+
+    // The narrower reads' values fit their types: `varint` reads at most their width.
+    #[inline(always)]
     fn u32(&mut self) -> Option<u32> {
-        match self.byte()? {
-            b @ 0..=SINGLE_BYTE_MAX => Some(b as u32),
-            U16_BYTE => Some(u16::from_le_bytes(self.array()?) as u32),
-            U32_BYTE => Some(u32::from_le_bytes(self.array()?)),
-            _ => None,
-        }
+        self.varint::<U32_BYTE>().map(|v| v as u32)
     }
 
     #[inline(always)]
     fn u16(&mut self) -> Option<u16> {
-        match self.byte()? {
-            b @ 0..=SINGLE_BYTE_MAX => Some(b as u16),
-            U16_BYTE => Some(u16::from_le_bytes(self.array()?)),
-            _ => None,
-        }
+        self.varint::<U16_BYTE>().map(|v| v as u16)
     }
 
     /// A zigzag-encoded signed value, as bincode writes one.
