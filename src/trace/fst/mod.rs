@@ -168,41 +168,25 @@ struct HeadIn {
     entry_pools: Option<Vec<PoolId>>,
 }
 
-/// The head of a version 4 file, and all but the last field of a version 5 head.
+/// The head of a version 4 file, and all but the last field of a version 5 head; with
+/// `S = SegmentV3`, the head of a version 3 file, whose segments do not say their private pool.
 #[derive(Deserialize)]
-struct HeadBase {
+struct HeadBase<S = Segment> {
     format: Format,
     has_times: bool,
     devices: Vec<(i32, u64)>,
     frames: Vec<Vec<Frame>>,
-    segments: Vec<Segment>,
+    segments: Vec<S>,
     allocator_settings: Option<AllocatorSettings>,
     totals: Vec<(i32, u64)>,
 }
 
-/// The head of a version 3 file: segments without their private pool.
-#[derive(Deserialize)]
-struct HeadInV3 {
-    format: Format,
-    has_times: bool,
-    devices: Vec<(i32, u64)>,
-    frames: Vec<Vec<Frame>>,
-    segments: Vec<SegmentV3>,
-    allocator_settings: Option<AllocatorSettings>,
-    totals: Vec<(i32, u64)>,
-}
-
-impl From<HeadInV3> for HeadBase {
-    fn from(h: HeadInV3) -> HeadBase {
-        HeadBase {
-            format: h.format,
-            has_times: h.has_times,
-            devices: h.devices,
-            frames: h.frames,
-            segments: h.segments.into_iter().map(Segment::from).collect(),
-            allocator_settings: h.allocator_settings,
-            totals: h.totals,
-        }
+impl From<HeadBase<SegmentV3>> for HeadBase {
+    fn from(h: HeadBase<SegmentV3>) -> HeadBase {
+        let HeadBase { format, has_times, devices, frames, segments, allocator_settings, totals } =
+            h;
+        let segments = segments.into_iter().map(Segment::from).collect();
+        HeadBase { format, has_times, devices, frames, segments, allocator_settings, totals }
     }
 }
 
@@ -316,7 +300,7 @@ impl Chunked<'_> {
         let undecodable = |e| undecodable(e, at);
         let (head, used): (HeadIn, usize) = match self.version {
             3 => {
-                let (head, used): (HeadInV3, usize) =
+                let (head, used): (HeadBase<SegmentV3>, usize) =
                     bincode::serde::decode_from_slice(&self.body, config()).map_err(undecodable)?;
                 (HeadIn { base: head.into(), entry_pools: None }, used)
             }
