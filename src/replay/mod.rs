@@ -1590,7 +1590,7 @@ mod tests {
     /// `pytorch` as its registration builds it, in the general form (no default rules folded).
     fn general_pytorch(input: &ReplayInput, options: &ReplayOptions) -> PyTorch {
         let context = input.context(options);
-        PyTorch::from_spec("", &context).unwrap().on_gpu(context.gpu_memory)
+        PyTorch::from_spec("", &context).unwrap()
     }
 
     #[test]

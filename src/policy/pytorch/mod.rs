@@ -64,7 +64,7 @@ pub const POLICY: Registration<PyTorch> = Registration {
     summary: "PyTorch's CUDA caching allocator (PYTORCH_CUDA_ALLOC_CONF options; default: recorded settings)",
     role: Role::Online,
     options: || "PYTORCH_CUDA_ALLOC_CONF syntax, e.g. max_split_size_mb:128,roundup_power2_divisions:4; or 'recorded'".into(),
-    build: |options, context| PyTorch::from_spec(options, context).map(|p| p.on_gpu(context.gpu_memory)),
+    build: PyTorch::from_spec,
 };
 
 /// `pytorch-expandable`'s line in [`POLICIES`](super::POLICIES).
@@ -73,9 +73,7 @@ pub const EXPANDABLE: Registration<PyTorch> = Registration {
     summary: "PyTorch's caching allocator with expandable_segments:True",
     role: Role::Online,
     options: || "PYTORCH_CUDA_ALLOC_CONF syntax (expandable_segments is forced on)".into(),
-    build: |options, context| {
-        PyTorch::expandable_from_spec(options, context).map(|p| p.on_gpu(context.gpu_memory))
-    },
+    build: PyTorch::expandable_from_spec,
 };
 
 const NIL: u32 = u32::MAX;
@@ -348,33 +346,36 @@ impl PyTorch {
     }
 
     /// Builds the policy from `PYTORCH_CUDA_ALLOC_CONF` options (`recorded` or empty: the trace's
-    /// recorded settings, else PyTorch's defaults).
+    /// recorded settings, else PyTorch's defaults), on the GPU the replay names
+    /// ([`PolicyContext::gpu_memory`]), starting from the recorded start state where there is one.
     pub fn from_spec(options: &str, context: &PolicyContext) -> Result<PyTorch> {
-        let config = config_for(options, context, Version::CURRENT)?;
-        Ok(PyTorch::new(at_least_recorded_gpu_memory(config, context))
-            .with_recorded_start(context)
-            .reading_kineto(context))
+        let config = settings_for(options, context, false)?;
+        Ok(PyTorch::new(config).with_recorded_start(context).reading_kineto(context))
     }
 
-    /// Like [`PyTorch::from_spec`] with `expandable_segments:True` forced.
+    /// Like [`PyTorch::from_spec`] with `expandable_segments:True` forced, from an empty cache
+    /// (a recording's cudaMalloc segments cannot become mapped pages).
     pub fn expandable_from_spec(options: &str, context: &PolicyContext) -> Result<PyTorch> {
-        let mut c = config_for(options, context, Version::CURRENT)?;
-        c.expandable_segments = true;
-        Ok(PyTorch::new(at_least_recorded_gpu_memory(c, context)).reading_kineto(context))
+        let config = settings_for(options, context, true)?;
+        Ok(PyTorch::new(config).reading_kineto(context))
     }
+}
 
-    /// The same policy on a GPU of `total` bytes (`--capacity`), the base of
-    /// `per_process_memory_fraction` and of expandable reservations (9/8 of it); `None` keeps
-    /// the default. Call it before the first malloc.
-    pub fn on_gpu(self, total: Option<u64>) -> PyTorch {
-        match total {
-            Some(t) => PyTorch {
-                start: self.start,
-                ..PyTorch::new(Config { gpu_memory: t, ..self.config })
-            },
-            None => self,
-        }
+/// The settings a replay's `pytorch` policy runs with, decided once before the policy is built:
+/// the options (or the recorded settings), `expandable_segments` when `force_expandable`, and
+/// the GPU's memory — the replay's card where it names one (`--capacity`, the base of
+/// `per_process_memory_fraction` and of expandable reservations), else at least what the
+/// recording proves. Every other rule the policy follows (the recorded start state, Kineto's
+/// exact blocks) is derived from the trace by the constructors, never dropped by a later step.
+fn settings_for(options: &str, context: &PolicyContext, force_expandable: bool) -> Result<Config> {
+    let mut config = config_for(options, context, Version::CURRENT)?;
+    if force_expandable {
+        config.expandable_segments = true;
     }
+    Ok(match context.gpu_memory {
+        Some(total) => Config { gpu_memory: total, ..config },
+        None => at_least_recorded_gpu_memory(config, context),
+    })
 }
 
 impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
