@@ -16,7 +16,8 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use fragsim::policy::{self, PolicySpec};
-use fragsim::replay::{free_action, AddrMap, ReplayInput, ReplayOptions};
+use fragsim::replay::{ReplayInput, ReplayOptions};
+use fragsim::trace::lifetimes::{free_action, AddrMap};
 use fragsim::trace::{read_trace, Action, DeviceTrace, Event, ReadOptions, Trace};
 use std::path::Path;
 use std::time::Duration;

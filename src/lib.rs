@@ -31,6 +31,7 @@
 
 pub mod backend;
 pub mod error;
+pub mod metrics;
 pub mod policy;
 pub mod recorded;
 pub mod replay;
@@ -39,6 +40,7 @@ pub mod synth;
 pub mod testing;
 pub mod trace;
 pub mod units;
+pub mod validate;
 pub mod whatif;
 
 pub use error::{Error, ErrorKind, Result};

@@ -2,8 +2,9 @@
 //! and 90% of what it needs (its own unlimited peak reserved) terminates, and reports an OOM
 //! with its details whenever the capacity is below what the trace keeps live.
 
+use fragsim::metrics::PolicyResult;
 use fragsim::policy::{self, PolicySpec};
-use fragsim::replay::{run_spec, PolicyResult, ReplayInput, ReplayOptions};
+use fragsim::replay::{run_spec, ReplayInput, ReplayOptions};
 use fragsim::trace::{self, ReadOptions};
 use rayon::prelude::*;
 

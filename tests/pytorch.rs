@@ -450,7 +450,8 @@ fn captured_recording(seed: u64, cut: usize) -> fragsim::trace::Trace {
 /// limit the recording shows, if it shows one, which is the GPU's memory only where the
 /// recording's `oom` entries measured it.
 fn replayed_peak(t: &fragsim::trace::Trace) -> u64 {
-    use fragsim::replay::{CapacityKind, ReplayInput, ReplayOptions};
+    use fragsim::recorded::CapacityKind;
+    use fragsim::replay::{ReplayInput, ReplayOptions};
     let limit = fragsim::recorded::row_and_limit(t, 0).1;
     let capacity = limit.as_ref().and_then(|l| l.limit_bytes);
     let capacity_kind = limit.map_or(CapacityKind::GpuMemory, |l| l.capacity_kind());
@@ -467,7 +468,7 @@ fn replayed_peak(t: &fragsim::trace::Trace) -> u64 {
 }
 
 /// `replay -p pytorch --capacity C`'s result on `t` (`None`: unlimited).
-fn replayed_on(t: &fragsim::trace::Trace, capacity: Option<u64>) -> fragsim::replay::PolicyResult {
+fn replayed_on(t: &fragsim::trace::Trace, capacity: Option<u64>) -> fragsim::metrics::PolicyResult {
     use fragsim::replay::{ReplayInput, ReplayOptions};
     let input = ReplayInput::new(t, None).unwrap();
     let spec = fragsim::policy::PolicySpec::parse_list("pytorch").unwrap().remove(0);
@@ -483,8 +484,8 @@ fn replayed_on(t: &fragsim::trace::Trace, capacity: Option<u64>) -> fragsim::rep
 fn reproduces(
     t: &fragsim::trace::Trace,
     at: &str,
-) -> (fragsim::policy::pytorch::validate::Validation, fragsim::recorded::Recorded) {
-    use fragsim::policy::pytorch::validate::{validate, ValidateOptions};
+) -> (fragsim::validate::Validation, fragsim::recorded::Recorded) {
+    use fragsim::validate::{validate, ValidateOptions};
     let options = ValidateOptions { check_invariants: true, ..ValidateOptions::default() };
     let v = validate(t, &options).unwrap();
     assert!(v.mismatches.is_empty(), "{at}: {:?}", &v.mismatches[..1]);
@@ -504,7 +505,7 @@ fn reproduces_exactly(t: &fragsim::trace::Trace, at: &str) -> fragsim::recorded:
 
 #[test]
 fn recordings_across_graph_captures_validate_and_replay_to_their_recorded_peak() {
-    use fragsim::policy::pytorch::validate::{validate, ValidateOptions};
+    use fragsim::validate::{validate, ValidateOptions};
     // An explicit flush at a level above the recorded peak reads as an OOM: replayed under the
     // limit the recording shows, as `replay` does.
     let replayed = replayed_peak;
@@ -591,7 +592,7 @@ fn recordings_under_memory_pressure_validate_and_replay_exactly() {
 /// them as well.
 #[test]
 fn recordings_whose_entries_name_their_pool_validate_and_replay_exactly() {
-    use fragsim::policy::pytorch::validate::{validate, ValidateOptions};
+    use fragsim::validate::{validate, ValidateOptions};
     let options = ValidateOptions { check_invariants: true, ..ValidateOptions::default() };
     let (mut unnamed_differs, mut own_releases) = (0, 0);
     // With max_split_size_mb:32 on 200 MiB, a capture's malloc releases an oversize block of
@@ -733,9 +734,9 @@ fn expandable_recordings_on_small_devices_validate_exactly() {
 /// graph deleted mid-run has its free pages unmapped by the next flush.
 #[test]
 fn expandable_recordings_across_graph_captures_validate_and_replay_exactly() {
-    use fragsim::policy::pytorch::validate::{validate, ValidateOptions};
     use fragsim::policy::pytorch::{start::PrivatePoolMemory, Version};
     use fragsim::trace::Action;
+    use fragsim::validate::{validate, ValidateOptions};
     let before = Version { major: 2, minor: 4 };
     let (mut unmapped_when_gone, mut unrouted_differs) = (0, 0);
     // (version, entries name pools, graph deleted at, a MemPool with its own allocator).
@@ -836,7 +837,7 @@ fn expandable_recordings_across_graph_captures_validate_and_replay_exactly() {
 /// reserved twice, back to back, fixes nothing: no single size fits both.)
 #[test]
 fn replays_of_expandable_recordings_take_the_gpu_memory_from_their_layout() {
-    use fragsim::policy::pytorch::validate::{validate, ValidateOptions, Warning};
+    use fragsim::validate::{validate, ValidateOptions, Warning};
     let conf = "expandable_segments:True,per_process_memory_fraction:0.002";
     let gpu = 288u64 << 30;
     let mut fixed = 0;
@@ -871,7 +872,7 @@ fn replays_of_expandable_recordings_take_the_gpu_memory_from_their_layout() {
 /// mismatches in these and `replay` failed below the recorded peak.
 #[test]
 fn recordings_under_a_memory_fraction_of_a_larger_card_reproduce() {
-    use fragsim::policy::pytorch::validate::{validate, ValidateOptions, Warning};
+    use fragsim::validate::{validate, ValidateOptions, Warning};
     let conf = "per_process_memory_fraction:0.002";
     for seed in 0..6 {
         let t = recording(seed, Run { conf, gpu_memory: Some(288 << 30), ..Run::PLAIN });
@@ -923,7 +924,7 @@ fn recordings_under_a_memory_fraction_of_a_larger_card_reproduce() {
 /// Replayed as a user runs it (loaded and streamed), the recording reaches its recorded peak.
 #[test]
 fn a_limit_inferred_from_a_flush_is_not_the_memory_a_fraction_is_taken_of() {
-    use fragsim::replay::CapacityKind;
+    use fragsim::recorded::CapacityKind;
     let dir = tempfile::tempdir().unwrap();
     let mut inferred = 0;
     for conf in ["per_process_memory_fraction:0.005", "per_process_memory_fraction:0.01"] {

@@ -79,7 +79,7 @@ fn kineto_recorded_figures_and_start_state() {
 }
 
 /// Replays `name`'s default device with the given policy and no flags.
-fn replay(trace: &fragsim::trace::Trace, policy: &str) -> fragsim::replay::PolicyResult {
+fn replay(trace: &fragsim::trace::Trace, policy: &str) -> fragsim::metrics::PolicyResult {
     use fragsim::policy::PolicySpec;
     use fragsim::replay::{run_spec, ReplayInput, ReplayOptions};
     let input = ReplayInput::new(trace, None).expect("input");

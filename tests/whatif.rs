@@ -2,8 +2,9 @@
 //! reported peak.
 
 use crate::util::real_trace;
+use fragsim::metrics::PolicyResult;
 use fragsim::policy::{self, PolicySpec};
-use fragsim::replay::{PolicyResult, ReplayInput, ReplayOptions};
+use fragsim::replay::{ReplayInput, ReplayOptions};
 use fragsim::trace::{self, ReadOptions};
 use fragsim::units::MIB;
 use fragsim::whatif::fit::{fit, FitOptions, Probe};

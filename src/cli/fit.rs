@@ -3,8 +3,9 @@
 use super::progress::Control;
 use super::{FormatArgs, OutputFormat};
 use fragsim::error::{Error, ErrorKind, Result};
+use fragsim::metrics::PolicyResult;
 use fragsim::policy::PolicySpec;
-use fragsim::replay::{run_specs, Jobs, PolicyResult, ReplayInput, ReplayOptions, RunSettings};
+use fragsim::replay::{run_specs, Jobs, ReplayInput, ReplayOptions, RunSettings};
 use fragsim::units::format_bytes;
 use fragsim::whatif::fit::{self, Fit, FitOptions, Probe};
 use rayon::prelude::*;

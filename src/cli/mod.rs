@@ -17,7 +17,7 @@ mod validate;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use fragsim::error::Result;
-use fragsim::replay::CapacityKind;
+use fragsim::recorded::CapacityKind;
 use std::process::ExitCode;
 
 /// Replay GPU allocation traces against allocator policies; report peak reserved memory and

@@ -7,8 +7,9 @@
 //! It stays hidden for its first second: a run that ends sooner draws nothing.
 
 use fragsim::error::{Error, Result};
+use fragsim::metrics::PolicyResult;
 use fragsim::policy::PolicySpec;
-use fragsim::replay::{run_specs, Jobs, PolicyResult, ReplayInput, ReplayOptions, RunSettings};
+use fragsim::replay::{run_specs, Jobs, ReplayInput, ReplayOptions, RunSettings};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::PathBuf;

@@ -4,8 +4,9 @@
 use super::progress::Control;
 use super::{FormatArgs, OutputFormat};
 use fragsim::error::{Error, ErrorKind, Result};
+use fragsim::metrics::PolicyResult;
 use fragsim::policy::PolicySpec;
-use fragsim::replay::{PolicyResult, ReplayOptions};
+use fragsim::replay::ReplayOptions;
 use fragsim::units::format_bytes;
 use fragsim::whatif::grid;
 use fragsim::whatif::row::as_number;

@@ -1,11 +1,11 @@
 //! `fragsim validate`: replay a PyTorch snapshot with the PyTorch policy and its recorded settings,
 //! and compare every decision with the recording (spec §19; the library side is
-//! `fragsim::policy::pytorch::validate`).
+//! `fragsim::validate`).
 
 use fragsim::error::{Error, Result};
-use fragsim::policy::pytorch::validate::{validate, ValidateOptions};
 use fragsim::policy::pytorch::Version;
 use fragsim::units::format_bytes;
+use fragsim::validate::{validate, ValidateOptions};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -9,7 +9,7 @@
 //! no event frees into a block every policy must carry, and [`StartState::warnings`] lists every
 //! event where `live + running sum of Bytes` disagrees with the recorded `Total Allocated`.
 
-use crate::replay::{orphan_frees, LiveBlock};
+use crate::trace::lifetimes::{orphan_frees, LiveBlock};
 use crate::trace::{Action, Trace};
 
 /// The memory a Kineto trace's device held before its first event.
@@ -91,7 +91,7 @@ pub fn start_state(trace: &Trace, device: i32) -> Option<StartState> {
 /// carry, or `None` when there is none. Its address is one no event of `device` uses (512-byte
 /// aligned, below the lowest recorded address where possible), so no free can release it.
 ///
-/// The replay engine's live-at-start list ([`crate::replay::live_at_start`]) holds the orphan
+/// The replay engine's live-at-start list ([`crate::trace::lifetimes::live_at_start`]) holds the orphan
 /// frees; appending this block to it makes a Kineto replay start where the profiled run was.
 pub fn opaque_live_block(trace: &Trace, device: i32) -> Option<LiveBlock> {
     let start = start_state(trace, device)?;

@@ -25,9 +25,25 @@
 //! own bound.
 
 use super::{Recorded, Source};
-use crate::replay::{empty_cache_points, CapacityKind};
+use crate::trace::lifetimes::empty_cache_points;
 use crate::trace::{Action, Trace};
 use serde::{Deserialize, Serialize};
+
+/// What a replay's `capacity` stands for besides the memory the backend hands out.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CapacityKind {
+    /// The GPU's memory too (`totalGlobalMem`): a card of that size (`--capacity 40GB`, `fit`'s
+    /// probes), or the device memory a recording's `oom` entries measured (reserved plus the
+    /// driver's free bytes). PyTorch's `per_process_memory_fraction` and its expandable
+    /// reservations are taken of it.
+    #[default]
+    GpuMemory,
+    /// Only the level at which the recorded allocator could reserve no more (a capacity inferred
+    /// from its out-of-memory flushes). That level may be a memory fraction's limit already, so
+    /// taking the fraction of it again would fail far below the recording: the GPU's memory
+    /// stays what the policy models.
+    AllocatorLimit,
+}
 
 /// What a run of recorded segment releases was.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

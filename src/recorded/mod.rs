@@ -20,8 +20,11 @@
 pub mod kineto_start;
 pub mod limit;
 
+pub use limit::CapacityKind;
+
 use crate::error::Result;
-use crate::replay::{free_action, live_at_start, AddrMap, LiveBlock, Point, PolicyResult, Series};
+use crate::metrics::{Point, PolicyResult, Series};
+use crate::trace::lifetimes::{free_action, live_at_start, AddrMap, LiveBlock};
 use crate::trace::{Action, Event, Format, Trace};
 use serde::{Deserialize, Serialize};
 

@@ -34,18 +34,13 @@
 pub mod compare;
 pub mod empty_cache;
 mod lockstep;
-pub mod metrics;
-pub mod series;
 
-pub use compare::{run_specs, Comparison, Jobs, RunSettings, SpecFailure, SpecRun};
-pub use metrics::{OomDetail, PeakDetail, PolicyResult};
-pub use series::{Point, Series};
-// Trace semantics the engine reads, re-exported where callers have found them so far.
-use crate::trace::lifetimes::Lifetimes;
-pub use crate::trace::lifetimes::{
-    digest, empty_cache_points, free_action, live_at_start, live_at_start_of, orphan_frees,
-    AddrHasher, AddrMap, AddrSet, EmptyCacheRuns, LiveBlock, Retried,
+use crate::metrics::{series, OomDetail, PeakDetail, Point, PolicyResult, Series};
+use crate::recorded::CapacityKind;
+use crate::trace::lifetimes::{
+    live_at_start_of, AddrMap, AddrSet, EmptyCacheRuns, Lifetimes, LiveBlock, Retried,
 };
+pub use compare::{run_specs, Comparison, Jobs, RunSettings, SpecFailure, SpecRun};
 
 use crate::backend::{Backend, BackendCall, Observed, Observer, SimDevice};
 use crate::error::{Error, Result};
@@ -502,22 +497,6 @@ pub enum BackendKind {
     Cuda,
 }
 
-/// What a replay's `capacity` stands for besides the memory the backend hands out.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum CapacityKind {
-    /// The GPU's memory too (`totalGlobalMem`): a card of that size (`--capacity 40GB`, `fit`'s
-    /// probes), or the device memory a recording's `oom` entries measured (reserved plus the
-    /// driver's free bytes). PyTorch's `per_process_memory_fraction` and its expandable
-    /// reservations are taken of it.
-    #[default]
-    GpuMemory,
-    /// Only the level at which the recorded allocator could reserve no more (a capacity inferred
-    /// from its out-of-memory flushes). That level may be a memory fraction's limit already, so
-    /// taking the fraction of it again would fail far below the recording: the GPU's memory
-    /// stays what the policy models.
-    AllocatorLimit,
-}
-
 /// How to replay.
 #[derive(Clone, Debug)]
 pub struct ReplayOptions {
@@ -694,25 +673,6 @@ pub struct ReplayOutput {
     pub events: Option<Vec<Event>>,
     /// The policy's segments when the replay ended (or stopped).
     pub segments: Vec<Segment>,
-}
-
-impl From<crate::policy::pytorch::validate::SimulatedRun> for ReplayOutput {
-    /// A validation's simulated run as a `pytorch` replay's output (for `--export-snapshot`).
-    fn from(run: crate::policy::pytorch::validate::SimulatedRun) -> ReplayOutput {
-        ReplayOutput {
-            result: PolicyResult {
-                policy: crate::policy::pytorch::NAME.into(),
-                config: run.config,
-                peak_reserved_bytes: run.peak_reserved_bytes,
-                reserved_at_end_bytes: run.reserved_at_end_bytes,
-                alloc_retries: run.alloc_retries,
-                ..PolicyResult::default()
-            },
-            events: run.events,
-            segments: run.segments,
-            ..ReplayOutput::default()
-        }
-    }
 }
 
 /// Replays `input` through `policy` on the backend `options` names.

@@ -16,7 +16,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 
 /// How many points each policy's plotted series keeps at most. Series are down-sampled to this
-/// with [`crate::replay::series::downsample`], which keeps every peak, so a 10 M-event trace still
+/// with [`crate::metrics::series::downsample`], which keeps every peak, so a 10 M-event trace still
 /// makes charts of a few hundred kilobytes.
 pub const PLOT_POINTS: usize = 2_000;
 
@@ -34,7 +34,7 @@ pub struct ReportPlan {
     /// When `capacity` was inferred from the recording: what was inferred and from which events.
     pub capacity_inferred: Option<String>,
     /// What `capacity` stands for: the GPU's memory, or only the recorded allocator's limit.
-    pub capacity_kind: crate::replay::CapacityKind,
+    pub capacity_kind: crate::recorded::CapacityKind,
     /// The policy whose segments are drawn at its peak (`None`: `pytorch`, else the first with
     /// segments). A name or a label (`NAME:OPTIONS`) of one of the replayed policies, or any spec.
     pub segment_map_policy: Option<String>,
@@ -255,7 +255,7 @@ pub struct ReportData {
     pub recorded: Option<crate::recorded::RecordedRow>,
     /// The recorded run's reserved memory over time (within [`PLOT_POINTS`]), for the timeline;
     /// `None` when the trace records no allocator figures.
-    pub recorded_series: Option<crate::replay::Series>,
+    pub recorded_series: Option<crate::metrics::Series>,
     /// The `capacity` key of `results.json`: the limit, whether inferred, what the recording says.
     pub capacity_note: Option<super::json::CapacityNote>,
     /// fragsim's version.
@@ -272,7 +272,7 @@ impl ReportData {
     }
 
     /// The results in report order.
-    pub fn results(&self) -> Vec<crate::replay::PolicyResult> {
+    pub fn results(&self) -> Vec<crate::metrics::PolicyResult> {
         self.runs.iter().map(|r| r.output.result.clone()).collect()
     }
 }
@@ -338,7 +338,7 @@ pub fn collect(trace: &Trace, plan: &ReportPlan) -> Result<ReportData> {
             let mut output = r.output;
             if let Some(series) = &mut output.series {
                 let points = series.downsampled(PLOT_POINTS);
-                let mut small = crate::replay::Series::with_budget(PLOT_POINTS);
+                let mut small = crate::metrics::Series::with_budget(PLOT_POINTS);
                 for p in points {
                     small.push(p);
                 }

@@ -3,8 +3,8 @@
 //! all take their columns from here, so they cannot drift apart (style B12; hyperfine's
 //! hand-synced CSV is the counter-example).
 
+use crate::metrics::PolicyResult;
 use crate::recorded::RecordedRow;
-use crate::replay::PolicyResult;
 use crate::units::format_bytes;
 
 /// What a table row is computed from: one result, plus the `bound` policy's peak when it ran.

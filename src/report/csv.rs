@@ -3,8 +3,8 @@
 
 use super::columns::{self, Cell};
 use crate::error::{Error, Result};
+use crate::metrics::PolicyResult;
 use crate::recorded::RecordedRow;
-use crate::replay::PolicyResult;
 use std::io::Write;
 
 /// Writes `results` as CSV (RFC 4180 quoting where needed).

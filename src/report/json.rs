@@ -3,8 +3,8 @@
 
 use super::bundle::ReportData;
 use crate::error::{Error, Result};
+use crate::metrics::PolicyResult;
 use crate::recorded::{limit::DeviceLimit, RecordedRow};
-use crate::replay::PolicyResult;
 use serde::Serialize;
 use std::io::Write;
 

@@ -2,8 +2,8 @@
 //! aligned, numbers to the right.
 
 use super::columns::{self, Cell};
+use crate::metrics::PolicyResult;
 use crate::recorded::RecordedRow;
-use crate::replay::PolicyResult;
 use std::fmt::Write;
 
 /// Renders `results` as an aligned text table, in the order given, then one line per policy
@@ -58,7 +58,7 @@ pub fn render_with_recorded(results: &[PolicyResult], recorded: Option<&Recorded
 const OOM_FRAMES: usize = 5;
 
 /// Under the table, per policy that ran out of memory, its first OOM in PyTorch's words
-/// ([`crate::replay::OomDetail::describe`]) and the allocation's innermost frames when the
+/// ([`crate::metrics::OomDetail::describe`]) and the allocation's innermost frames when the
 /// trace kept them. Empty when nothing ran out.
 pub fn oom_lines(results: &[PolicyResult]) -> String {
     let mut out = String::new();
@@ -116,7 +116,7 @@ mod tests {
             policy: "bfc".into(),
             oom: true,
             first_oom_event: Some(7),
-            first_oom: Some(crate::replay::OomDetail {
+            first_oom: Some(crate::metrics::OomDetail {
                 event: 7,
                 size: 3 << 20,
                 stream: 2,

@@ -189,7 +189,7 @@ fn stream_fst_file(path: &std::path::Path, data: &[u8]) {
         let got = run_spec(&spec, &streamed, &options);
         if let (Ok(got), Some(loaded)) = (got, &loaded) {
             let Ok(want) = run_spec(&spec, loaded, &options) else { continue };
-            let untimed = |mut r: crate::replay::PolicyResult| {
+            let untimed = |mut r: crate::metrics::PolicyResult| {
                 r.replay_seconds = 0.0;
                 r
             };

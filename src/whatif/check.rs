@@ -275,7 +275,7 @@ pub fn check(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::replay::PolicyResult;
+    use crate::metrics::PolicyResult;
 
     fn row(trace: &str, peak: u64, mallocs: u64) -> Row {
         Row::new(

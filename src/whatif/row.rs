@@ -5,7 +5,7 @@
 //! reports works as an objective or a checked metric, including keys added after this module.
 
 use crate::error::{Error, Result};
-use crate::replay::PolicyResult;
+use crate::metrics::PolicyResult;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 

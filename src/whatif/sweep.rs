@@ -299,7 +299,7 @@ pub fn merge(mut parts: Vec<SweepReport>) -> Result<SweepReport> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::replay::PolicyResult;
+    use crate::metrics::PolicyResult;
 
     fn row(spec: &str, trace: &str, config: &str, peak: u64, oom: bool) -> SweepRow {
         let policy = spec.split(':').next().unwrap();

@@ -32,9 +32,8 @@
 
 mod active;
 pub mod config;
-mod expandable;
+pub(crate) mod expandable;
 pub mod start;
-pub mod validate;
 
 pub use config::{Config, Version};
 
@@ -1211,7 +1210,7 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
     }
 
     /// Checks every invariant in the module docs; see [`Policy::check_invariants`].
-    fn check(&self) -> std::result::Result<(), String> {
+    pub(crate) fn check(&self) -> std::result::Result<(), String> {
         let mut allocated = 0u64;
         let mut requested = 0u64;
         let mut free_mapped = 0usize;

@@ -12,11 +12,11 @@ pub mod timeline;
 
 use super::bundle::{PolicyRun, ReportData, TraceSummary, PLOT_POINTS};
 use crate::error::Result;
-use crate::replay::Point;
+use crate::metrics::Point;
 use std::path::{Path, PathBuf};
 
 /// The points of `run`'s series that a chart draws: at most [`PLOT_POINTS`], every peak kept
-/// (see [`crate::replay::series::downsample`]).
+/// (see [`crate::metrics::series::downsample`]).
 pub fn plotted_points(run: &PolicyRun) -> Vec<Point> {
     run.output.series.as_ref().map(|s| s.downsampled(PLOT_POINTS)).unwrap_or_default()
 }

@@ -223,7 +223,8 @@ impl Chart for Peaks<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::replay::{PeakDetail, PolicyResult, ReplayOutput};
+    use crate::metrics::{PeakDetail, PolicyResult};
+    use crate::replay::ReplayOutput;
 
     #[test]
     fn the_parts_add_up_to_the_peak() {

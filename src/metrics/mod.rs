@@ -1,4 +1,11 @@
-//! What a replay measures, named as the JSON keys users' scripts read (`interface.md`).
+//! What a replay measures, named as the JSON keys users' scripts read (`docs/interface.md`):
+//! one policy's numbers ([`PolicyResult`]) and its memory over time ([`Series`]). Plain data,
+//! produced by the replay engine and by the recording's own row (the `recorded` module), read by
+//! the report writers.
+
+pub mod series;
+
+pub use series::{Point, Series};
 
 use serde::{Deserialize, Serialize};
 
@@ -121,7 +128,7 @@ pub struct PeakDetail {
     pub live_at_start: u64,
     /// Events replayed.
     pub events: u64,
-    /// `empty_cache()` calls the what-if added ([`super::EmptyCachePlan`]).
+    /// `empty_cache()` calls the what-if added (`replay --empty-cache-every` or `--empty-cache-at`).
     #[serde(default)]
     pub empty_cache_calls: u64,
 }

@@ -16,11 +16,12 @@
 //! that start state — agreeing with every recorded decision before — places a block elsewhere is
 //! *undeterminable*: counted apart, never as matched.
 
-use super::config::{Config, Version};
-use super::start::StartState;
-use super::PyTorch;
 use crate::backend::Backend;
 use crate::error::{Error, Result};
+use crate::policy::pytorch::config::SMALL_SIZE;
+use crate::policy::pytorch::config::{self, Config, Version};
+use crate::policy::pytorch::start::{self, StartState};
+use crate::policy::pytorch::{expandable, PyTorch};
 use crate::policy::Policy;
 use crate::trace::lifetimes::free_action;
 use crate::trace::{Action, AddrMap, Event, Segment, Trace};
@@ -31,7 +32,7 @@ use std::collections::{BTreeMap, BTreeSet};
 /// reservation's VA size and is recorded nowhere) and says what was inferred, from which pages,
 /// or why it could not be; `None` when the recording maps no expandable pages.
 fn infer_gpu_memory(events: &[Event], start: &StartState, config: &mut Config) -> Option<Warning> {
-    let fit = super::expandable::recorded_gpu_memory_fit(events, start, config)?;
+    let fit = expandable::recorded_gpu_memory_fit(events, start, config)?;
     let fraction = config.per_process_memory_fraction.is_some();
     config.gpu_memory = fit.modelled(config.gpu_memory);
     let assumed = config.gpu_memory;
@@ -130,6 +131,25 @@ pub struct SimulatedRun {
     pub events: Option<Vec<Event>>,
     /// The simulated allocator's final segments, on the validated device.
     pub segments: Vec<Segment>,
+}
+
+impl From<SimulatedRun> for crate::replay::ReplayOutput {
+    /// A validation's simulated run as a `pytorch` replay's output (for `--export-snapshot`).
+    fn from(run: SimulatedRun) -> crate::replay::ReplayOutput {
+        crate::replay::ReplayOutput {
+            result: crate::metrics::PolicyResult {
+                policy: crate::policy::pytorch::NAME.into(),
+                config: run.config,
+                peak_reserved_bytes: run.peak_reserved_bytes,
+                reserved_at_end_bytes: run.reserved_at_end_bytes,
+                alloc_retries: run.alloc_retries,
+                ..Default::default()
+            },
+            events: run.events,
+            segments: run.segments,
+            ..crate::replay::ReplayOutput::default()
+        }
+    }
 }
 
 impl Mismatch {
@@ -809,7 +829,7 @@ fn replay_checked(
             }
             Op::Malloc { size, stream, oom, script } => {
                 dev.stream = *stream;
-                dev.small = policy.settings().round_size(*size) <= super::SMALL_SIZE;
+                dev.small = policy.settings().round_size(*size) <= SMALL_SIZE;
                 dev.page = policy.settings().page_size(dev.small);
                 // The pool the entry names, or where the recording placed it, says whether it was
                 // made into a private pool (during graph capture, or under use_mem_pool).
@@ -984,10 +1004,9 @@ fn longer_orphan(
         if !passes(o, hi)? {
             continue;
         }
-        while hi - lo > super::config::MIN_BLOCK_SIZE {
-            let mid =
-                lo + (hi - lo) / 2 / super::config::MIN_BLOCK_SIZE * super::config::MIN_BLOCK_SIZE;
-            let mid = mid.max(lo + super::config::MIN_BLOCK_SIZE);
+        while hi - lo > config::MIN_BLOCK_SIZE {
+            let mid = lo + (hi - lo) / 2 / config::MIN_BLOCK_SIZE * config::MIN_BLOCK_SIZE;
+            let mid = mid.max(lo + config::MIN_BLOCK_SIZE);
             if passes(o, mid)? {
                 hi = mid;
             } else {
@@ -1094,7 +1113,7 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
     if let Some(g) = options.gpu_memory {
         config.gpu_memory = g;
     }
-    let pool_memory = super::start::PrivatePoolMemory::recorded(trace, device, events);
+    let pool_memory = start::PrivatePoolMemory::recorded(trace, device, events);
     pool_memory.apply_to(&mut config);
     if let Some(expandable) = pool_memory.expandable {
         let own_allocator = pool_memory.own_allocator.len() as u64;
