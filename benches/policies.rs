@@ -66,7 +66,7 @@ fn workload(n: usize) -> Vec<Event> {
 fn bench_group(c: &mut Criterion, name: &str, input: &ReplayInput) {
     let options = ReplayOptions::default();
     let mut group = c.benchmark_group(name);
-    group.throughput(Throughput::Elements(input.events.len() as u64));
+    group.throughput(Throughput::Elements(input.loaded_events().unwrap_or_default().len() as u64));
     group.sample_size(10);
     for info in policy::POLICIES {
         let spec = PolicySpec { name: info.name.to_string(), options: String::new() };
@@ -98,13 +98,15 @@ fn bench_policies(c: &mut Criterion) {
     let mut group = c.benchmark_group("offline_plan");
     group.sample_size(10);
     for (name, input) in [("synthetic", &input), ("real", &real_input)] {
-        group.throughput(Throughput::Elements(input.events.len() as u64));
+        group.throughput(Throughput::Elements(
+            input.loaded_events().unwrap_or_default().len() as u64
+        ));
         group.bench_function(name, |b| {
             b.iter(|| {
                 // What the engine runs before the first event, on the policy `replay` builds.
                 let mut p = Offline::from_input("", &input.context(&ReplayOptions::default()))
                     .expect("default options");
-                p.prepare(input.events).expect("plans");
+                p.prepare(input.loaded_events().unwrap_or_default()).expect("plans");
                 std::hint::black_box(p.planned_peak())
             })
         });

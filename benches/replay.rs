@@ -67,12 +67,14 @@ fn replay(c: &mut Criterion) {
     let input = ReplayInput::new(&trace, None).expect("the trace has a device");
     let options = ReplayOptions::default();
     let mut group = c.benchmark_group("replay");
-    group.throughput(Throughput::Elements(input.events.len() as u64));
+    group.throughput(Throughput::Elements(input.loaded_events().unwrap_or_default().len() as u64));
     group.sample_size(10);
     group.warm_up_time(Duration::from_millis(500));
     group.measurement_time(Duration::from_secs(2));
-    let frees_at = free_action(input.events);
-    group.bench_function("null", |b| b.iter(|| null_replay(input.events, frees_at)));
+    let frees_at = free_action(input.loaded_events().unwrap_or_default());
+    group.bench_function("null", |b| {
+        b.iter(|| null_replay(input.loaded_events().unwrap_or_default(), frees_at))
+    });
     for name in POLICIES {
         let spec = PolicySpec::parse_list(name).expect("a built-in policy").remove(0);
         let info = policy::lookup(name).expect("a built-in policy");

@@ -42,9 +42,9 @@ fn same_both_ways(path: &Path, options: &[ReplayOptions]) -> Vec<Vec<ReplayOutpu
         let streamed = ReplayInput::streamed(&file, Some(device)).unwrap();
         assert!(streamed.is_streamed() && !loaded.is_streamed());
         assert_eq!(streamed.event_count(), loaded.event_count());
-        assert_eq!(streamed.live_at_start, loaded.live_at_start, "{}", path.display());
-        assert_eq!(streamed.empty_cache_at, loaded.empty_cache_at);
-        assert_eq!(streamed.frees_at, loaded.frees_at);
+        assert_eq!(streamed.live_at_start(), loaded.live_at_start(), "{}", path.display());
+        assert_eq!(streamed.empty_cache_at(), loaded.empty_cache_at());
+        assert_eq!(streamed.frees_at(), loaded.frees_at());
         for o in options {
             let (a, b) = (outputs(&loaded, o), outputs(&streamed, o));
             for (a, b) in a.iter().zip(&b) {

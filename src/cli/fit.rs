@@ -133,7 +133,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let results = outcomes.into_iter().collect::<Result<Vec<_>>>()?;
     let report = FitReport {
         trace: args.trace.display().to_string(),
-        device: input.device,
+        device: input.device(),
         outside_bytes: args.outside,
         results,
     };

@@ -50,8 +50,8 @@ fn start_figures(trace: &fragsim::trace::Trace, device: i32) -> StartFigures {
         .and_then(|specs| fragsim::replay::run_spec(&specs[0], &input, &Default::default()).ok())
         .map(|o| o.result.peak_reserved_bytes);
     StartFigures {
-        live_at_start_blocks: Some(input.live_at_start.len() as u64),
-        live_at_start_bytes: Some(input.live_at_start.iter().map(|b| b.size).sum()),
+        live_at_start_blocks: Some(input.live_at_start().len() as u64),
+        live_at_start_bytes: Some(input.live_at_start().iter().map(|b| b.size).sum()),
         peak_live_with_start_bytes: bound,
     }
 }

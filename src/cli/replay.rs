@@ -115,13 +115,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let (recorded_row, limit) = match &stream {
         Some(file) => fragsim::recorded::row_and_limit_streamed(
             trace,
-            input.device,
-            &input.live_at_start,
-            input.frees_at,
-            |f| file.each_event(input.device, u64::MAX, false, f),
+            input.device(),
+            input.live_at_start(),
+            input.frees_at(),
+            |f| file.each_event(input.device(), u64::MAX, false, f),
         )
         .map_err(&named)?,
-        _ => fragsim::recorded::row_and_limit(trace, input.device),
+        _ => fragsim::recorded::row_and_limit(trace, input.device()),
     };
     super::note_unmodelled_options(&args.control, trace, &specs);
     let (capacity, inferred, capacity_kind) =
@@ -160,7 +160,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         let run = comparison.run_of(EXPORTED).ok_or_else(|| {
             Error::usage("--export-snapshot: the first policy given did not run".to_string())
         })?;
-        fragsim::report::snapshot_out::write_simulated(trace, input.device, &run.output, path)?;
+        fragsim::report::snapshot_out::write_simulated(trace, input.device(), &run.output, path)?;
         eprintln!(
             "fragsim: wrote {}: the simulated run of {} ({}), the first policy given",
             path.display(),

@@ -8,8 +8,9 @@
 //! and did. The result does not depend on the parallelism: the same specs give the same order,
 //! and when several specs fail the error returned is the first one in the order given.
 
-use super::{BackendKind, PolicyResult, ReplayInput, ReplayOptions, ReplayOutput};
+use super::{BackendKind, ReplayInput, ReplayOptions, ReplayOutput};
 use crate::error::{Error, ErrorKind, Result};
+use crate::metrics::PolicyResult;
 use crate::policy::{self, PolicySpec};
 use rayon::prelude::*;
 use std::num::NonZeroUsize;

@@ -12,6 +12,7 @@
 //! Only online policies take part: a planner (`offline`) loads every event before its first
 //! malloc and never reads the feed, so it runs on its own.
 
+use super::input::Source;
 use super::{ReplayInput, ReplayOutput};
 use crate::error::{Error, Result};
 use crate::trace::fst::FstStream;
@@ -78,7 +79,7 @@ pub(super) fn run<F>(
 where
     F: Fn(usize, &ReplayInput) -> Result<ReplayOutput> + Sync,
 {
-    let Some(stream) = &input.stream else {
+    let Source::Streamed(stream) = input.source() else {
         return Ok(indices.iter().map(|&i| (i, run(i, input))).collect());
     };
     let mut out = Vec::with_capacity(indices.len());
@@ -96,7 +97,7 @@ where
                 .into_iter()
                 .map(|(index, fed)| scope.spawn(move || (index, run(index, &fed))))
                 .collect();
-            let read = broadcast(stream.file, input.device, limit, senders);
+            let read = broadcast(stream.file, input.device(), limit, senders);
             let ran: Vec<_> = replays
                 .into_iter()
                 .map(|r| r.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))

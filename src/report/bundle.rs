@@ -294,7 +294,7 @@ fn bar(progress: bool, len: u64, what: &str) -> ProgressBar {
 pub fn collect(trace: &Trace, plan: &ReportPlan) -> Result<ReportData> {
     let input = ReplayInput::new(trace, plan.device)?;
     // Recovered once: the row, the limit and the timeline's line all come from it.
-    let run = crate::recorded::recorded(trace, input.device);
+    let run = crate::recorded::recorded(trace, input.device());
     let (recorded, limit) = run.as_ref().map(|r| r.row_and_limit(trace)).unzip();
     let recorded_series = run.map(|r| r.series(trace, PLOT_POINTS));
     let options = ReplayOptions {
@@ -359,7 +359,7 @@ pub fn collect(trace: &Trace, plan: &ReportPlan) -> Result<ReportData> {
         )));
     }
     let segment_map = segment_map(&input, &runs, plan, &options)?;
-    let summary = TraceSummary::of(trace, &plan.trace_path, input.device);
+    let summary = TraceSummary::of(trace, &plan.trace_path, input.device());
     Ok(ReportData {
         sizes: size_bins(&summary.info),
         trace: summary,
@@ -436,7 +436,11 @@ fn segment_map(
     Ok(SegmentMap {
         policy: spec.display(),
         event: peak_event,
-        time_us: input.events.get(peak_event as usize).map_or(0, |e| e.time_us),
+        time_us: input
+            .loaded_events()
+            .unwrap_or_default()
+            .get(peak_event as usize)
+            .map_or(0, |e| e.time_us),
         segments,
         note,
     })

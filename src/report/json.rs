@@ -52,8 +52,8 @@ impl<'a> ReplayReport<'a> {
     ) -> ReplayReport<'a> {
         ReplayReport {
             trace: path.to_string(),
-            format: input.trace.format.name(),
-            device: input.device,
+            format: input.trace().format.name(),
+            device: input.device(),
             events: input.event_count(),
             results,
             recorded: None,

@@ -190,7 +190,7 @@ pub fn toy_report(trace: &Trace, n: usize) -> ReportData {
     let at_peak = ReplayOptions { stop_after: Some(peak), ..ReplayOptions::default() };
     let (round, cache) = configs[0];
     let out = run_policy("toy", Toy::new(round, cache), &input, &at_peak).expect("toy runs");
-    let summary = TraceSummary::of(trace, "/data/traces/toy-training.txt", input.device);
+    let summary = TraceSummary::of(trace, "/data/traces/toy-training.txt", input.device());
     ReportData {
         sizes: size_bins(&summary.info),
         trace: summary,
@@ -199,7 +199,11 @@ pub fn toy_report(trace: &Trace, n: usize) -> ReportData {
         segment_map: SegmentMap {
             policy: map_label,
             event: peak,
-            time_us: input.events.get(peak as usize).map_or(0, |e| e.time_us),
+            time_us: input
+                .loaded_events()
+                .unwrap_or_default()
+                .get(peak as usize)
+                .map_or(0, |e| e.time_us),
             segments: out.segments,
             note: None,
         },

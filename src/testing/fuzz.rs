@@ -182,7 +182,7 @@ fn stream_fst_file(path: &std::path::Path, data: &[u8]) {
         Ok(t) => t,
         Err(e) => panic!("streamed, but the loader refuses the same bytes: {e}"),
     };
-    let loaded = ReplayInput::new(&loaded_trace, Some(streamed.device)).ok();
+    let loaded = ReplayInput::new(&loaded_trace, Some(streamed.device())).ok();
     let options = ReplayOptions::default();
     for name in ["pytorch", "bfc"] {
         let spec = PolicySpec { name: name.to_string(), options: String::new() };

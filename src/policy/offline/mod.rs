@@ -627,7 +627,7 @@ mod tests {
         let t = text::read(src.as_bytes(), &ReadOptions::default()).unwrap();
         let input = ReplayInput::new(&t, None).unwrap();
         let mut p = Offline::from_input("", &input.context(&ReplayOptions::default())).unwrap();
-        p.prepare(input.events).unwrap();
+        p.prepare(input.loaded_events().unwrap_or_default()).unwrap();
         assert_eq!(p.planned_peak(), 4 * K);
         let out = replay(src);
         assert_eq!(out.result.peak_reserved_bytes, 2 << 20, "one page of the planned range");

@@ -1,0 +1,540 @@
+//! The one replay loop: every event of one device, in order, through one policy on one backend.
+
+use super::blocks::{Blocks, Freed, Indexed, Keyed};
+use super::input::{ReplayInput, Source};
+use super::meter::{Meter, Metered};
+use super::options::{BackendKind, ReplayOptions};
+use crate::backend::{Backend, Observed, SimDevice};
+use crate::error::{Error, Result};
+use crate::metrics::{OomDetail, PeakDetail, PolicyResult, Series};
+use crate::policy::{Allocation, Handle, Policy};
+use crate::trace::lifetimes::Retried;
+use crate::trace::pool_routes::PoolRoutes;
+use crate::trace::{Action, Event, Segment};
+use std::time::Instant;
+
+/// Everything one policy's replay produced.
+#[derive(Clone, Debug, Default)]
+pub struct ReplayOutput {
+    /// The JSON-contract numbers.
+    pub result: PolicyResult,
+    /// More about the peak and the input's anomalies.
+    pub detail: PeakDetail,
+    /// Memory over time, if asked for.
+    pub series: Option<Series>,
+    /// The simulated run as events (policy addresses), if asked for.
+    pub events: Option<Vec<Event>>,
+    /// The policy's segments when the replay ended (or stopped).
+    pub segments: Vec<Segment>,
+}
+
+/// Replays `input` through `policy` on the backend `options` names.
+pub fn run_policy<P: Policy>(
+    name: &str,
+    policy: P,
+    input: &ReplayInput,
+    options: &ReplayOptions,
+) -> Result<ReplayOutput> {
+    match options.backend {
+        BackendKind::Sim => {
+            let device = SimDevice::new(options.capacity).with_outside_usage(options.outside_bytes);
+            run(name, policy, device, input, options)
+        }
+        BackendKind::Cuda => {
+            let needed = bound_peak(input)?;
+            let device =
+                crate::backend::cuda::CudaDevice::open(options.cuda_ordinal, cuda_cap(options))?
+                    .with_touch(options.touch);
+            device.ensure_room(needed)?;
+            let measures = device.measures();
+            let mut output = run(name, policy, device, input, options)?;
+            output.result.cuda = Some(measures.summary());
+            Ok(output)
+        }
+    }
+}
+
+/// The trace's `bound` peak (live requested bytes at their highest): what any policy needs at
+/// least, checked against a real GPU's free memory before the first allocation.
+fn bound_peak(input: &ReplayInput) -> Result<u64> {
+    let bound = crate::policy::bound::Bound::default();
+    Ok(run_policy("bound", bound, input, &ReplayOptions::default())?.result.peak_reserved_bytes)
+}
+
+/// The cap on the CUDA backend's memory: `--capacity` less what is counted as used outside the
+/// allocator, so a big GPU can stand in for a smaller one.
+fn cuda_cap(options: &ReplayOptions) -> Option<u64> {
+    options.capacity.map(|c| c.saturating_sub(options.outside_bytes))
+}
+
+/// The recording's undecided release runs ([`ReplayInput::undecided_flushes`]), asked about
+/// in event order.
+struct Undecided<'r> {
+    runs: &'r [Retried],
+    next: usize,
+}
+
+impl Undecided<'_> {
+    /// True when the run starting at event `index` was the program's `empty_cache()`: the
+    /// policy models the recorded allocator and its cache would have served the retried
+    /// request, which an out-of-memory fallback never follows.
+    #[inline]
+    fn called_at<P: Policy>(&mut self, index: u64, policy: &P) -> bool {
+        while self.runs.get(self.next).is_some_and(|r| r.event < index) {
+            self.next += 1;
+        }
+        match self.runs.get(self.next) {
+            Some(r) if r.event == index => {
+                policy.would_serve_from_cache(r.size, r.stream) == Some(true)
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Tells `policy` which pool the request of `e` was made into, and of the private pools the
+/// releases before it showed gone ([`PoolRoutes::request`]). Out of line: only traces with
+/// private pools take this path, and the replay loop stays as small without it.
+#[inline(never)]
+fn route<P: Policy>(policy: &mut P, routes: &mut PoolRoutes, e: &Event) -> Result<()> {
+    let pool = routes.request(e, |gone| policy.release_pool(gone))?;
+    policy.allocate_into(pool)
+}
+
+/// Follows the recorded segment event `e` in `routes` (in a flush the program `called`, or
+/// not), and tells `policy` of a private pool that `e` shows gone; true then.
+#[inline(never)]
+fn follow<P: Policy>(
+    policy: &mut P,
+    routes: &mut PoolRoutes,
+    e: &Event,
+    called: bool,
+) -> Result<bool> {
+    routes.follow(e);
+    match routes.released(e, called) {
+        Some(pool) => policy.release_pool(pool).map(|()| true),
+        None => Ok(false),
+    }
+}
+
+/// Records the policy's allocation at `addr` for `at` in the simulated run's log, if kept
+/// (`logging`: it is, which the engine knows at no cost in a plain replay).
+#[inline(always)]
+fn log_alloc(logging: bool, log: &mut Option<Vec<Event>>, addr: u64, at: &Event) {
+    if !logging {
+        return;
+    }
+    if let Some(log) = log {
+        log.push(Event::new(Action::Alloc, addr, at.size, at.stream, at.time_us));
+    }
+}
+
+/// Counts the request of `at` that the policy could not serve, keeps the first such moment's
+/// `detail`, and logs the `oom`, if the log is kept.
+fn count_oom(
+    meter: &mut Meter,
+    first: &mut Option<OomDetail>,
+    log: &mut Option<Vec<Event>>,
+    at: &Event,
+    detail: impl FnOnce() -> OomDetail,
+) {
+    meter.detail.oom_count += 1;
+    if first.is_none() {
+        *first = Some(detail());
+    }
+    if let Some(log) = log {
+        log.push(Event::new(Action::Oom, 0, at.size, at.stream, at.time_us));
+    }
+}
+
+/// Records a free of the policy's block at `addr` in the simulated run's log, if kept (as
+/// [`log_alloc`]).
+#[inline(always)]
+fn log_free(logging: bool, log: &mut Option<Vec<Event>>, addr: u64, request: u64, at: &Event) {
+    if !logging {
+        return;
+    }
+    if let Some(log) = log {
+        log.push(Event::new(Action::FreeRequested, addr, request, at.stream, at.time_us));
+        log.push(Event::new(Action::FreeCompleted, addr, request, at.stream, at.time_us));
+    }
+}
+
+/// [`Policy::malloc`] out of line, for the engine's rare calls (blocks live at the start, a
+/// recorded `oom`). A policy's malloc may be inlined into the loop's one call for an alloc
+/// event; inlined at every call, it made the loop so large that its state went to memory, and
+/// `pytorch` ran 25% more instructions.
+#[inline(never)]
+fn malloc_cold<P: Policy, B: Backend>(
+    policy: &mut P,
+    backend: &mut B,
+    size: u64,
+    stream: u64,
+) -> Result<Option<Allocation>> {
+    policy.malloc(backend, size, stream)
+}
+
+/// [`Policy::free_handle`] out of line, for the engine's rare calls (a displaced block, the
+/// free of a recorded `oom`'s request), as [`malloc_cold`].
+#[inline(never)]
+fn free_cold<P: Policy, B: Backend>(
+    policy: &mut P,
+    backend: &mut B,
+    addr: u64,
+    handle: Handle,
+) -> Result<()> {
+    policy.free_handle(backend, addr, handle)
+}
+
+/// The generic engine; see the module docs. Loaded events follow [`ReplayInput`]'s slots,
+/// streamed ones a map of the live blocks.
+fn run<P: Policy, B: Backend>(
+    name: &str,
+    policy: P,
+    backend: B,
+    input: &ReplayInput,
+    options: &ReplayOptions,
+) -> Result<ReplayOutput> {
+    match input.source() {
+        Source::Streamed(_) => {
+            drive::<_, _, _, false>(name, policy, backend, input, options, Keyed::default())
+        }
+        Source::Loaded { slots, .. } if is_plain(input, options) => {
+            drive::<_, _, _, true>(name, policy, backend, input, options, Indexed::new(slots))
+        }
+        Source::Loaded { slots, .. } => {
+            drive::<_, _, _, false>(name, policy, backend, input, options, Indexed::new(slots))
+        }
+    }
+}
+
+/// True when a replay is plain: no log of the simulated run, no series, no invariant checks,
+/// no `empty_cache()` calls added, no private pools to route. Such a replay (`replay`, `fit`,
+/// `sweep`, `check`: nearly every one) runs the engine built with `PLAIN`, where each of those
+/// tests is the constant `false` and leaves the loop: about 15 instructions an event.
+pub(super) fn is_plain(input: &ReplayInput, options: &ReplayOptions) -> bool {
+    let adds_calls =
+        options.empty_cache.every.is_some_and(|n| n > 0) || !options.empty_cache.at.is_empty();
+    !options.record_events
+        && !options.keep_series
+        && !options.check_invariants
+        && !adds_calls
+        && input.pool_routes().is_none()
+}
+
+/// [`run`] with the block lookup `blocks`; `PLAIN`: the replay [`is_plain`]. Never inlined:
+/// inlined into `run`, its builds were merged back into one loop that tests a flag again.
+#[inline(never)]
+fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
+    name: &str,
+    mut policy: P,
+    backend: B,
+    input: &ReplayInput,
+    options: &ReplayOptions,
+    mut blocks: K,
+) -> Result<ReplayOutput> {
+    let started = Instant::now();
+    // Only a planner uses the events up front, and it is always handed loaded ones
+    // ([`PolicyInfo::run`](crate::policy::PolicyInfo::run)).
+    let events = input.loaded_events().unwrap_or_default();
+    let count = input.event_count();
+    let mut backend = Observed {
+        inner: backend,
+        observer: Metered {
+            mallocs: 0,
+            frees: 0,
+            maps: 0,
+            unmaps: 0,
+            log: None,
+            now: 0,
+            stream: 0,
+        },
+    };
+    if options.record_events {
+        backend.observer.log = Some(Vec::new());
+    }
+    policy.prepare(events)?;
+    let frees_at = input.frees_at();
+    let mut meter = Meter {
+        requested: 0,
+        peak_reserved: 0,
+        peak_allocated: 0,
+        peak_requested: 0,
+        detail: PeakDetail { events: count, ..PeakDetail::default() },
+        series: options.keep_series.then(|| Series::with_budget(options.series_budget)),
+        last: (u64::MAX, 0, 0),
+    };
+    let mut first_oom: Option<OomDetail> = None;
+    // What PyTorch's OOM message says about the moment a request failed.
+    let oom_detail = |event: u64, size: u64, e: Option<&Event>, reserved: u64, allocated: u64| {
+        let stack = e
+            .map(|e| input.trace().frames.get(e.frames))
+            .unwrap_or_default()
+            .iter()
+            .map(|f| format!("{}:{} {}", f.filename, f.line, f.name))
+            .collect();
+        OomDetail {
+            event,
+            size,
+            stream: e.map_or(0, |e| e.stream),
+            capacity_bytes: options.capacity,
+            reserved_bytes: reserved,
+            allocated_bytes: allocated,
+            free_bytes: options
+                .capacity
+                .map(|c| c.saturating_sub(options.outside_bytes).saturating_sub(reserved)),
+            stack,
+        }
+    };
+    let start_time = input.first_time_us();
+
+    // Which recorded allocations were made into a private pool, where the dump shows any.
+    let mut routes = input.pool_routes().cloned();
+
+    // Blocks live before the first event: every policy must carry them.
+    backend.observer.now = start_time;
+    // A recorded run (`--export-snapshot`) starts cold, every block malloc'd, so that `validate`
+    // can replay it decision for decision from its own events.
+    let installed = if options.record_events {
+        vec![None; input.live_at_start().len()]
+    } else {
+        policy.start(&mut backend, input.live_at_start())?
+    };
+    for (k, b) in input.live_at_start().iter().enumerate() {
+        backend.observer.now = start_time;
+        backend.observer.stream = b.stream;
+        let placed = match installed.get(k).copied().flatten() {
+            Some(a) => Some(a),
+            None => {
+                if let Some(r) = &routes {
+                    policy.allocate_into(r.pool_of(b.addr))?;
+                }
+                malloc_cold(&mut policy, &mut backend, b.size.max(1), b.stream)?
+            }
+        };
+        blocks.started(k, b, placed);
+        match placed {
+            Some(a) => {
+                meter.requested += b.size;
+                if let Some(log) = &mut backend.observer.log {
+                    log.push(Event::new(Action::Alloc, a.addr, b.size, b.stream, start_time));
+                }
+                meter.detail.live_at_start += 1;
+            }
+            None => {
+                meter.detail.oom_count += 1;
+                if first_oom.is_none() {
+                    let mut d = oom_detail(0, b.size, None, backend.reserved(), policy.allocated());
+                    d.stream = b.stream;
+                    first_oom = Some(d);
+                }
+            }
+        }
+    }
+    if !input.live_at_start().is_empty() {
+        meter.observe(0, start_time, backend.reserved(), policy.allocated());
+    }
+
+    let last = options.stop_after.map_or(count, |s| s.saturating_add(1).min(count));
+    let mut added_calls = options.empty_cache.added_calls();
+    let plan = &options.empty_cache;
+    let recorded_flushes = input.empty_cache_at();
+    let mut undecided = Undecided { runs: input.undecided_flushes(), next: 0 };
+    // Read once: the policy's calls go through `backend` and could change what it points to, so
+    // the compiler would otherwise reload these on every event.
+    let logging = !PLAIN && backend.observer.log.is_some();
+    let check = !PLAIN && options.check_invariants;
+    // The last event of the flush run the program called last (runs are consecutive releases).
+    let mut flush_run_to = u64::MAX - 1;
+    K::walk(input, last, !PLAIN, |index, e, slot| {
+        // A policy's input error names the event it was replaying (a backend error names the
+        // driver call instead, as interface.md promises).
+        let at = |err: Error| match err.kind() {
+            crate::error::ErrorKind::Backend => err,
+            _ => err.at(crate::error::Place::Event(index)),
+        };
+        if logging {
+            // What the backend calls this event makes are logged with.
+            backend.observer.now = e.time_us;
+            backend.observer.stream = e.stream;
+        }
+        'event: {
+            // `None`, or after a free `Some(its policy's allocated bytes before it)` (read only
+            // when invariants are checked): a free lowers allocated and requested bytes, so
+            // only reserved bytes can reach a new peak then.
+            let after_free = match e.action {
+                Action::Alloc => {
+                    if e.size == 0 {
+                        break 'event; // zero-byte requests never reach the allocator (spec §16.6)
+                    }
+                    // The recording reused the address of a block we still hold: that block was
+                    // freed before this alloc, though its free was not recorded.
+                    if let Some(b) = blocks.displaced(slot, e) {
+                        meter.requested -= b.request;
+                        log_free(logging, &mut backend.observer.log, b.addr, b.request, e);
+                        free_cold(&mut policy, &mut backend, b.addr, b.handle).map_err(at)?;
+                    }
+                    // (`!PLAIN` first: `routes` is in memory, where a policy call might change it.)
+                    if !PLAIN {
+                        if let Some(r) = &mut routes {
+                            route(&mut policy, r, e).map_err(at)?;
+                        }
+                    }
+                    let placed = policy.malloc(&mut backend, e.size, e.stream).map_err(at)?;
+                    match placed {
+                        Some(a) => {
+                            blocks.allocated(slot, e, a);
+                            meter.requested += e.size;
+                            log_alloc(logging, &mut backend.observer.log, a.addr, e);
+                        }
+                        None => {
+                            blocks.failed(slot, e);
+                            let (r, a) = (backend.reserved(), policy.allocated());
+                            let log = &mut backend.observer.log;
+                            count_oom(&mut meter, &mut first_oom, log, e, || {
+                                oom_detail(index, e.size, Some(e), r, a)
+                            });
+                        }
+                    }
+                    None
+                }
+                // A request the recorded allocator could not serve (`size` is its rounded size):
+                // it is part of what the program asked for, so every policy tries it too. One
+                // that fails counts as an OOM here, as it did in the recording; one that is
+                // served is freed at once, since the program went on without it.
+                Action::Oom if e.size > 0 => {
+                    if let Some(r) = &mut routes {
+                        route(&mut policy, r, e).map_err(at)?; // named, or the default pools
+                    }
+                    match malloc_cold(&mut policy, &mut backend, e.size, e.stream).map_err(at)? {
+                        Some(a) => {
+                            log_alloc(logging, &mut backend.observer.log, a.addr, e);
+                            log_free(logging, &mut backend.observer.log, a.addr, e.size, e);
+                            free_cold(&mut policy, &mut backend, a.addr, a.handle).map_err(at)?;
+                        }
+                        None => {
+                            let (r, a) = (backend.reserved(), policy.allocated());
+                            let log = &mut backend.observer.log;
+                            count_oom(&mut meter, &mut first_oom, log, e, || {
+                                oom_detail(index, e.size, Some(e), r, a)
+                            });
+                        }
+                    }
+                    None
+                }
+                a if a == frees_at => {
+                    let b = match blocks.freed(slot, e) {
+                        Freed::Block(b) => b,
+                        Freed::Orphan => {
+                            meter.detail.orphan_frees += 1;
+                            break 'event;
+                        }
+                        // Its alloc failed under --capacity: the block never existed.
+                        Freed::Never => break 'event,
+                    };
+                    meter.requested -= b.request;
+                    log_free(logging, &mut backend.observer.log, b.addr, b.request, e);
+                    let before = if check { policy.allocated() } else { u64::MAX };
+                    policy.free_handle(&mut backend, b.addr, b.handle).map_err(at)?;
+                    Some(before)
+                }
+                Action::SegmentFree | Action::SegmentUnmap
+                    if !plan.drop_recorded
+                        && (recorded_flushes.binary_search(&index).is_ok()
+                            || undecided.called_at(index, &policy)) =>
+                {
+                    if let Some(r) = &mut routes {
+                        follow(&mut policy, r, e, true).map_err(at)?;
+                    }
+                    policy.empty_cache(&mut backend).map_err(at)?;
+                    flush_run_to = index;
+                    None
+                }
+                Action::SegmentAlloc | Action::SegmentFree | Action::SegmentUnmap => {
+                    let Some(r) = &mut routes else { break 'event };
+                    // A release later in a flush the program called: that call released the
+                    // pool too (PyTorch releases gone pools after the default ones).
+                    let release = matches!(e.action, Action::SegmentFree | Action::SegmentUnmap);
+                    let in_call = release && flush_run_to + 1 == index;
+                    if in_call {
+                        flush_run_to = index;
+                    }
+                    if !follow(&mut policy, r, e, in_call).map_err(at)? {
+                        break 'event;
+                    }
+                    policy.empty_cache(&mut backend).map_err(at)?;
+                    None
+                }
+                _ => break 'event,
+            };
+            let (reserved, allocated) = (backend.reserved(), policy.allocated());
+            match after_free {
+                None => meter.peaks(index, e.time_us, reserved, allocated),
+                Some(before) => {
+                    meter.reserved_peak(index, e.time_us, reserved, allocated);
+                    if check && allocated > before {
+                        return Err(Error::input(format!(
+                            "policy '{name}' broke an invariant: a free raised its allocated \
+                             bytes from {before} to {allocated}"
+                        ))
+                        .at(crate::error::Place::Event(index)));
+                    }
+                }
+            }
+            if !PLAIN {
+                meter.sample(index, e.time_us, reserved, allocated);
+            }
+            if B::HOLDS_DEVICE_MEMORY && crate::backend::cuda::interrupt::requested() {
+                return Err(Error::backend("interrupted").at(crate::error::Place::Event(index)));
+            }
+            if check {
+                policy.check_invariants().map_err(|m| {
+                    Error::input(format!("policy '{name}' broke an invariant: {m}"))
+                        .at(crate::error::Place::Event(index))
+                })?;
+            }
+        }
+        if !PLAIN && added_calls.after(index) {
+            policy.empty_cache(&mut backend).map_err(at)?;
+            meter.detail.empty_cache_calls += 1;
+            meter.observe(index, e.time_us, backend.reserved(), policy.allocated());
+        }
+        Ok(())
+    })?;
+
+    let reserved_at_end = backend.reserved();
+    let segments = policy.segments();
+    let fragmentation_at_peak = if meter.peak_reserved == 0 {
+        0.0
+    } else {
+        1.0 - meter.detail.allocated_at_peak_bytes as f64 / meter.peak_reserved as f64
+    };
+    let result = PolicyResult {
+        policy: name.to_string(),
+        config: policy.config(),
+        peak_reserved_bytes: meter.peak_reserved,
+        peak_allocated_bytes: meter.peak_allocated,
+        peak_requested_bytes: meter.peak_requested,
+        reserved_at_end_bytes: reserved_at_end,
+        fragmentation_at_peak,
+        peak_event: meter.detail.peak_reserved_event,
+        device_malloc_count: backend.observer.mallocs,
+        device_free_count: backend.observer.frees,
+        map_count: backend.observer.maps,
+        unmap_count: backend.observer.unmaps,
+        alloc_retries: policy.alloc_retries(),
+        oom: first_oom.is_some(),
+        first_oom_event: first_oom.as_ref().map(|d| d.event),
+        replay_seconds: started.elapsed().as_secs_f64(),
+        planning_seconds: policy.planning_seconds(),
+        first_oom,
+        cuda: None,
+    };
+    Ok(ReplayOutput {
+        result,
+        detail: meter.detail,
+        series: meter.series,
+        events: backend.observer.log,
+        segments,
+    })
+}

@@ -1,0 +1,109 @@
+//! What one replay measures as it goes: the peaks, the series, and the backend calls.
+
+use crate::backend::{BackendCall, Observer};
+use crate::metrics::{PeakDetail, Point, Series};
+use crate::trace::{Action, Event};
+
+/// Counts what the policy asks of the backend and, when asked, records it as trace events: the
+/// [`Observer`] of the backend a replay runs on.
+pub(super) struct Metered {
+    pub(super) mallocs: u64,
+    pub(super) frees: u64,
+    pub(super) maps: u64,
+    pub(super) unmaps: u64,
+    pub(super) log: Option<Vec<Event>>,
+    pub(super) now: i64,
+    pub(super) stream: u64,
+}
+
+impl Metered {
+    pub(super) fn note(&mut self, action: Action, addr: u64, size: u64) {
+        if let Some(log) = &mut self.log {
+            log.push(Event::new(action, addr, size, self.stream, self.now));
+        }
+    }
+}
+
+impl Observer for Metered {
+    fn observe(&mut self, call: BackendCall) {
+        match call {
+            BackendCall::SegmentAlloc { size, addr: Some(addr) } => {
+                self.mallocs += 1;
+                self.note(Action::SegmentAlloc, addr, size);
+            }
+            BackendCall::SegmentFree { addr, size } => {
+                self.frees += 1;
+                self.note(Action::SegmentFree, addr, size);
+            }
+            BackendCall::Map { addr, size, ok: true } => {
+                self.maps += 1;
+                self.note(Action::SegmentMap, addr, size);
+            }
+            BackendCall::Unmap { addr, size } => {
+                self.unmaps += 1;
+                self.note(Action::SegmentUnmap, addr, size);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The measuring state of one replay.
+pub(super) struct Meter {
+    pub(super) requested: u64,
+    pub(super) peak_reserved: u64,
+    pub(super) peak_allocated: u64,
+    pub(super) peak_requested: u64,
+    pub(super) detail: PeakDetail,
+    pub(super) series: Option<Series>,
+    pub(super) last: (u64, u64, u64),
+}
+
+impl Meter {
+    /// Takes the levels after `event`: the peaks, and a point of the series if one is kept.
+    #[inline]
+    pub(super) fn observe(&mut self, event: u64, time_us: i64, reserved: u64, allocated: u64) {
+        self.peaks(event, time_us, reserved, allocated);
+        self.sample(event, time_us, reserved, allocated);
+    }
+
+    /// The peaks part of [`Meter::observe`]: all a plain replay needs ([`drive`]).
+    #[inline(always)]
+    pub(super) fn peaks(&mut self, event: u64, time_us: i64, reserved: u64, allocated: u64) {
+        self.reserved_peak(event, time_us, reserved, allocated);
+        self.peak_allocated = self.peak_allocated.max(allocated);
+        self.peak_requested = self.peak_requested.max(self.requested);
+    }
+
+    /// The reserved part of [`Meter::peaks`]: all that can rise on a free, which lowers the
+    /// allocated and requested bytes.
+    #[inline(always)]
+    pub(super) fn reserved_peak(
+        &mut self,
+        event: u64,
+        time_us: i64,
+        reserved: u64,
+        allocated: u64,
+    ) {
+        if reserved > self.peak_reserved {
+            self.peak_reserved = reserved;
+            self.detail.peak_reserved_event = event;
+            self.detail.peak_reserved_time_us = time_us;
+            self.detail.allocated_at_peak_bytes = allocated;
+            self.detail.requested_at_peak_bytes = self.requested;
+        }
+    }
+
+    /// The series part of [`Meter::observe`].
+    #[inline(always)]
+    pub(super) fn sample(&mut self, event: u64, time_us: i64, reserved: u64, allocated: u64) {
+        let requested = self.requested;
+        if let Some(series) = &mut self.series {
+            let now = (reserved, allocated, requested);
+            if now != self.last {
+                self.last = now;
+                series.push(Point { event, time_us, reserved, allocated, requested });
+            }
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! The engine's own tests: its builds agree, its cursors answer in order.
+
+use super::engine::*;
+use super::options::*;
+use super::*;
+use crate::backend::Backend;
+use crate::metrics::Point;
+use crate::policy::Allocation;
+
+#[test]
+fn added_calls_come_after_the_events_the_plan_names() {
+    for (every, at) in
+        [(None, vec![]), (Some(3), vec![]), (None, vec![0, 4, 4, 9]), (Some(4), vec![1, 3, 20])]
+    {
+        let plan = EmptyCachePlan { every, at: at.clone(), drop_recorded: false };
+        let mut calls = plan.added_calls();
+        let asked: Vec<u64> = (0..30).filter(|&i| calls.after(i)).collect();
+        let want: Vec<u64> = (0..30u64)
+            .filter(|&i| every.is_some_and(|n| (i + 1) % n == 0) || at.contains(&i))
+            .collect();
+        assert_eq!(asked, want, "every {every:?}, at {at:?}");
+    }
+    // Asked about some events only (the replay stops early or skips none), still in order.
+    let plan = EmptyCachePlan { every: Some(5), at: vec![7], drop_recorded: false };
+    let mut calls = plan.added_calls();
+    let asked: Vec<u64> = [2, 4, 7, 8, 14, 15].into_iter().filter(|&i| calls.after(i)).collect();
+    assert_eq!(asked, [4, 7, 14]);
+}
+use crate::policy::pytorch::{Config, PyTorch};
+use crate::trace::{text, ReadOptions};
+
+#[test]
+fn a_plain_replay_and_a_full_one_agree_number_for_number() {
+    // Options that need the full build of the engine but change no decision: a series, the
+    // invariant checks, and an added empty_cache() call after the last event (made when
+    // nothing follows it, so only the call count may differ).
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/traces/real/cs336-medium-ctx512-infer.pickle");
+    let trace = crate::trace::read_trace(path.as_ref(), &ReadOptions::default()).unwrap();
+    let input = ReplayInput::new(&trace, None).unwrap();
+    let last = input.event_count() - 1;
+    let plain = ReplayOptions::default();
+    let full = ReplayOptions {
+        keep_series: true,
+        check_invariants: true,
+        empty_cache: EmptyCachePlan { at: vec![last], ..EmptyCachePlan::default() },
+        ..ReplayOptions::default()
+    };
+    assert!(is_plain(&input, &plain) && !is_plain(&input, &full));
+    for info in crate::policy::POLICIES.iter() {
+        let spec = PolicySpec { name: info.name.into(), options: String::new() };
+        let run = |options| {
+            let mut out = info.run(&spec, &input, options).unwrap_or_else(|e| panic!("{e}"));
+            out.result.replay_seconds = 0.0;
+            out.result.planning_seconds = out.result.planning_seconds.map(|_| 0.0);
+            out
+        };
+        let (a, mut b) = (run(&plain), run(&full));
+        assert!(b.series.as_ref().is_some_and(|s| !s.points().is_empty()), "{}", info.name);
+        assert_eq!(b.detail.empty_cache_calls, a.detail.empty_cache_calls + 1, "{}", info.name);
+        b.detail.empty_cache_calls = a.detail.empty_cache_calls;
+        // The call after the last event releases what the policy caches, as at the end.
+        b.result.reserved_at_end_bytes = a.result.reserved_at_end_bytes;
+        b.result.device_free_count = a.result.device_free_count;
+        b.result.unmap_count = a.result.unmap_count;
+        b.segments = a.segments.clone();
+        assert_eq!(a.result, b.result, "{}", info.name);
+        assert_eq!(a.detail, b.detail, "{}", info.name);
+    }
+}
+
+/// `pytorch` as its registration builds it, in the general form (no default rules folded).
+fn general_pytorch(input: &ReplayInput, options: &ReplayOptions) -> PyTorch {
+    let context = input.context(options);
+    PyTorch::from_spec("", &context).unwrap()
+}
+
+#[test]
+fn pytorch_default_rules_form_decides_as_the_general_form() {
+    // `replay -p pytorch` runs the default-rules form where the settings allow it; it must
+    // place every block where the general form does, on real snapshots (their recovered
+    // start state installed), under a capacity that forces the release-and-retry fallbacks,
+    // with added empty_cache() calls, and in the recorded run that logs every address.
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/traces");
+    let mut paths: Vec<std::path::PathBuf> = std::fs::read_dir(format!("{dir}/real"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "pickle"))
+        .collect();
+    paths.sort();
+    paths.push(format!("{dir}/gpt-4l-512h.txt").into());
+    let mut folded = 0;
+    for path in &paths {
+        let trace = crate::trace::read_trace(path, &ReadOptions::default()).unwrap();
+        let input = ReplayInput::new(&trace, None).unwrap();
+        let plain = ReplayOptions::default();
+        if !general_pytorch(&input, &plain).has_default_rules() {
+            continue; // recorded settings that the general form alone decides
+        }
+        folded += 1;
+        let peak = run_policy("pytorch", general_pytorch(&input, &plain), &input, &plain)
+            .unwrap()
+            .result
+            .peak_reserved_bytes;
+        let cases = [
+            plain.clone(),
+            ReplayOptions { capacity: Some(peak / 10 * 9), ..plain.clone() },
+            ReplayOptions {
+                empty_cache: EmptyCachePlan { every: Some(97), ..EmptyCachePlan::default() },
+                check_invariants: true,
+                ..plain.clone()
+            },
+            ReplayOptions { record_events: true, ..plain.clone() },
+        ];
+        let spec = PolicySpec { name: "pytorch".into(), options: String::new() };
+        for options in &cases {
+            let general = run_policy("pytorch", general_pytorch(&input, options), &input, options);
+            let folded_form = run_spec(&spec, &input, options);
+            let (mut a, mut b) = (general.unwrap(), folded_form.unwrap());
+            (a.result.replay_seconds, b.result.replay_seconds) = (0.0, 0.0);
+            let what = format!("{} with {options:?}", path.display());
+            assert_eq!(a.result, b.result, "{what}");
+            assert_eq!(a.detail, b.detail, "{what}");
+            assert_eq!(a.segments, b.segments, "{what}");
+            assert_eq!(a.events, b.events, "{what}");
+        }
+        let capped = ReplayOptions { capacity: Some(peak / 10 * 9), ..plain.clone() };
+        let squeezed = run_spec(&spec, &input, &capped).unwrap();
+        assert!(
+            squeezed.result.alloc_retries > 0 || squeezed.detail.oom_count > 0,
+            "{}",
+            path.display()
+        );
+    }
+    assert!(folded >= 2, "only {folded} traces replay with PyTorch's default rules");
+}
+
+/// A policy that breaks [`Policy::allocated`]'s promise: a free raises its allocated bytes.
+struct FreeRaisesAllocated(u64, u64);
+
+impl Policy for FreeRaisesAllocated {
+    fn config(&self) -> String {
+        String::new()
+    }
+    fn malloc<B: Backend>(&mut self, _: &mut B, size: u64, _: u64) -> Result<Option<Allocation>> {
+        self.0 += size;
+        self.1 += 1 << 20;
+        Ok(Some(Allocation::new(self.1, size)))
+    }
+    fn free<B: Backend>(&mut self, _: &mut B, _: u64) -> Result<()> {
+        self.0 += 1;
+        Ok(())
+    }
+    fn empty_cache<B: Backend>(&mut self, _: &mut B) -> Result<()> {
+        Ok(())
+    }
+    fn allocated(&self) -> u64 {
+        self.0
+    }
+}
+
+#[test]
+fn a_replay_that_checks_invariants_refuses_a_free_that_raises_allocated_bytes() {
+    // The engine takes no allocated peak after a free (it can only fall there); a replay
+    // that checks invariants says so when a policy's free raises it after all.
+    let t =
+        text::read(&b"alloc 0x1000 4096 s0\nfree 0x1000 4096 s0\n"[..], &ReadOptions::default())
+            .unwrap();
+    let input = ReplayInput::new(&t, None).unwrap();
+    let checked = ReplayOptions { check_invariants: true, ..ReplayOptions::default() };
+    let err = run_policy("toy", FreeRaisesAllocated(0, 0), &input, &checked).unwrap_err();
+    let message = err.to_string();
+    assert!(message.contains("a free raised its allocated bytes from 4096 to 4097"), "{message}");
+    // The text format's free is a free_requested (event 1) and a free_completed (event 2),
+    // where the free takes effect.
+    assert!(message.starts_with("event 2:"), "{message}");
+    // Unchecked, the replay runs: its peak is the one after the alloc.
+    let out =
+        run_policy("toy", FreeRaisesAllocated(0, 0), &input, &ReplayOptions::default()).unwrap();
+    assert_eq!(out.result.peak_allocated_bytes, 4096);
+}
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn fragmentation_at_peak_is_read_when_reserved_first_reaches_its_peak() {
+    // Reserved grows to 200 MiB at event 1 (both blocks live: nothing cached), then stays
+    // there while a block is freed (event 2) and a smaller one reuses its cached memory
+    // (event 3): a plateau whose later moments have a lower allocated share.
+    let src = format!(
+        "alloc 0x1000 {a} s0\nalloc 0x2000 {a} s0\nfree 0x1000 {a} s0\nalloc 0x3000 {b} s0\n",
+        a = 100 * MIB,
+        b = 50 * MIB
+    );
+    let t = text::read(src.as_bytes(), &ReadOptions::default()).unwrap();
+    let input = ReplayInput::new(&t, None).unwrap();
+    let opts = ReplayOptions { keep_series: true, ..ReplayOptions::default() };
+    let out = run_policy("pytorch", PyTorch::new(Config::default()), &input, &opts).unwrap();
+    let r = &out.result;
+    assert_eq!(r.peak_reserved_bytes, 200 * MIB);
+    // The plateau really has later moments with less allocated: a later reading would differ.
+    let points = out.series.as_ref().unwrap().points();
+    let later: Vec<&Point> =
+        points.iter().filter(|p| p.reserved == 200 * MIB && p.event > 1).collect();
+    assert!(!later.is_empty());
+    assert!(later.iter().all(|p| p.allocated < 200 * MIB), "{later:?}");
+    // The first moment of the peak is event 1, where everything reserved is allocated.
+    assert_eq!(r.peak_event, 1);
+    assert_eq!(out.detail.peak_reserved_event, 1);
+    assert_eq!(out.detail.allocated_at_peak_bytes, 200 * MIB);
+    assert_eq!(r.fragmentation_at_peak, 0.0);
+}
