@@ -1,6 +1,6 @@
 //! The cluster deployments in `deploy/`: the Kubernetes manifest validates against the
-//! Kubernetes schemas (offline, with the `kubernetes-validate` Python package; skipped with a
-//! message when it is not installed — `.ci/run` installs it), and the shell the Slurm script and
+//! Kubernetes schemas (offline, with the `kubernetes-validate` Python package: those tests are
+//! ignored by default, and `.ci/run` installs the package and runs them), and the shell the Slurm script and
 //! the Kubernetes Jobs run, run here task by task as the scheduler would, merges into exactly the
 //! unsharded sweep. `scripts/slurm-check.sh` runs the Slurm side on a real one-node cluster.
 
@@ -20,19 +20,17 @@ fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
 }
 
-/// Whether `python3` can import `module`; None (and a SKIPPED note) when it cannot.
-fn python_with(module: &str, test: &str) -> Option<()> {
+/// Why the tests that run Python tooling are ignored by default.
+const NEEDS_PYTHON: &str =
+    "needs the kubernetes-validate Python package (with PyYAML); .ci/run installs it and runs these";
+
+/// Asserts that `python3` can import `module`: the ignored tests fail without it.
+fn require_python_module(module: &str) {
     let ok = Command::new("python3")
         .args(["-c", &format!("import {module}")])
         .output()
         .is_ok_and(|o| o.status.success());
-    if !ok {
-        eprintln!(
-            "SKIPPED {test}: python3 cannot import {module} \
-             (python3 -m pip install kubernetes-validate; .ci/run does)"
-        );
-    }
-    ok.then_some(())
+    assert!(ok, "python3 cannot import {module}: this test {NEEDS_PYTHON} (python3 -m pip install kubernetes-validate)");
 }
 
 fn validate(manifest: &Path) -> Output {
@@ -44,10 +42,9 @@ fn validate(manifest: &Path) -> Output {
 }
 
 #[test]
+#[ignore = "needs the kubernetes-validate Python package; .ci/run installs it and runs it"]
 fn the_k8s_manifest_validates_against_the_kubernetes_schemas() {
-    let Some(()) = python_with("kubernetes_validate", "the k8s manifest validation") else {
-        return;
-    };
+    require_python_module("kubernetes_validate");
     let out = validate(&repo(MANIFEST));
     let text = format!("{}{}", stdout(&out), stderr(&out));
     assert!(out.status.success(), "{MANIFEST} does not validate:\n{text}");
@@ -129,10 +126,9 @@ fn the_slurm_array_tasks_and_merge_job_equal_the_unsharded_sweep() {
 }
 
 #[test]
+#[ignore = "needs PyYAML (kubernetes-validate's dependency); .ci/run installs it and runs it"]
 fn the_k8s_jobs_shell_equals_the_unsharded_sweep() {
-    let Some(()) = python_with("yaml", "the k8s Jobs' shell") else {
-        return;
-    };
+    require_python_module("yaml");
     // The scripts of the shard container, the merge Job's init container and its container.
     let extract = "import json, sys, yaml\n\
         docs = {d['metadata']['name']: d for d in yaml.safe_load_all(open(sys.argv[1])) if d['kind'] == 'Job'}\n\
