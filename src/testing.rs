@@ -15,6 +15,10 @@ use crate::backend::{Backend, BackendCall, Observed, Observer, SimDevice};
 use crate::policy::{Allocation, Policy};
 use std::collections::BTreeMap;
 
+// The fuzz targets are a crate of their own (`fuzz/`), so the bodies they share with the
+// hostile-input tests must be public; they are no API a library user should build on, so the
+// documentation leaves them out.
+#[doc(hidden)]
 pub mod fuzz;
 
 /// A small, seedable random generator (xorshift64*), so tests and benches need no extra crate

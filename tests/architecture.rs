@@ -175,3 +175,40 @@ fn the_check_finds_an_offending_line() {
     assert!(!offending("replay", policy_allowed).is_empty());
     assert_eq!(named("use crate::replay::{a, b}; x(crate::trace::Y)"), ["replay", "trace"]);
 }
+
+#[test]
+fn the_architecture_page_names_files_that_exist_and_every_layer() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let page =
+        std::fs::read_to_string(root.join("docs/architecture.md")).expect("docs/architecture.md");
+    // Every `src/...`, `tests/...`, `examples/...` or `fuzz/...` path it names exists, so the
+    // "adding things" recipes point at real files.
+    let mut named = 0;
+    for word in page.split(|c: char| c.is_whitespace() || "`()[],;".contains(c)) {
+        let word = word.trim_end_matches(['.', ':']);
+        let Some(rest) =
+            ["src/", "tests/", "examples/", "fuzz/"].iter().find(|p| word.starts_with(**p))
+        else {
+            continue;
+        };
+        if word.contains(['*']) || word.ends_with('/') && word.len() == rest.len() {
+            continue;
+        }
+        // Placeholders in the recipes (`src/policy/NAME.rs`) name files to create.
+        if word.chars().any(|c| c.is_ascii_uppercase()) {
+            continue;
+        }
+        named += 1;
+        assert!(
+            root.join(word).exists(),
+            "docs/architecture.md names {word}, which does not exist"
+        );
+    }
+    assert!(named >= 20, "only {named} paths named: the check reads nothing");
+    for (module, _) in LAYERS {
+        assert!(
+            page.contains(&format!("`{module}`")),
+            "docs/architecture.md's layer table does not mention `{module}`"
+        );
+    }
+}
