@@ -34,27 +34,29 @@ pub use read::{
 
 use serde::{Deserialize, Serialize};
 
-/// One allocator action, spelled as PyTorch's `TraceEntry` spells it.
+/// One allocator action, spelled as PyTorch's `TraceEntry` spells it. Each variant's number is
+/// its tag in an `.fst` file (docs/interface.md#fst-wire-layout): fixed, never reordered.
+#[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Action {
     /// A block was handed to the caller; `size` is the request size.
-    Alloc,
+    Alloc = 0,
     /// The caller released the block; the allocator may not reuse it yet (pending stream uses).
-    FreeRequested,
+    FreeRequested = 1,
     /// The block went back to the cache; from here on it can be reused or merged.
-    FreeCompleted,
+    FreeCompleted = 2,
     /// A new segment was obtained from the device (`cudaMalloc`).
-    SegmentAlloc,
+    SegmentAlloc = 3,
     /// A whole segment was returned to the device (`cudaFree`).
-    SegmentFree,
+    SegmentFree = 4,
     /// Pages of an expandable segment were mapped.
-    SegmentMap,
+    SegmentMap = 5,
     /// Pages of an expandable segment were unmapped.
-    SegmentUnmap,
+    SegmentUnmap = 6,
     /// An allocation failed; `addr` holds the device's free bytes, `size` the rounded request.
-    Oom,
+    Oom = 7,
     /// A `_snapshot()` call; `size` is the total active bytes at that moment.
-    Snapshot,
+    Snapshot = 8,
 }
 
 impl Action {
@@ -167,24 +169,27 @@ pub struct DeviceTrace {
     pub events: Vec<Event>,
 }
 
-/// Which pool a segment belongs to.
+/// Which pool a segment belongs to. The numbers are `.fst` tags (docs/interface.md#fst-wire-layout).
+#[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum PoolKind {
     /// Blocks of rounded size ≤ 1 MiB, in 2 MiB segments.
-    Small,
+    Small = 0,
     /// Everything else.
-    Large,
+    Large = 1,
 }
 
-/// The state of a block in a snapshot's final `segments`.
+/// The state of a block in a snapshot's final `segments`. The numbers are `.fst` tags
+/// (docs/interface.md#fst-wire-layout).
+#[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum BlockState {
     /// Handed out to the caller (`active_allocated`).
-    ActiveAllocated,
+    ActiveAllocated = 0,
     /// Freed by the caller but waiting on stream events (`active_pending_free`).
-    ActivePendingFree,
+    ActivePendingFree = 1,
     /// Free and cached (`inactive`).
-    Inactive,
+    Inactive = 2,
 }
 
 impl BlockState {

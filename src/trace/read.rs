@@ -10,20 +10,23 @@ use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 
-/// A trace file format fragsim reads (and, for most, writes).
+/// A trace file format fragsim reads (and, for most, writes). The numbers are the tags an `.fst`
+/// file stores for its format of origin (docs/interface.md#fst-wire-layout): fixed, never
+/// reordered, since what a replay does depends on that origin.
+#[repr(u8)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Format {
     /// `torch.cuda.memory._dump_snapshot` pickle.
     #[default]
-    PytorchSnapshot,
+    PytorchSnapshot = 0,
     /// PyTorch profiler (Kineto) Chrome trace JSON with `profile_memory=True`.
-    Kineto,
+    Kineto = 1,
     /// RAPIDS RMM `logging_resource_adaptor` CSV.
-    RmmCsv,
+    RmmCsv = 2,
     /// fragsim's own binary format (`.fst`).
-    Fst,
+    Fst = 3,
     /// fragsim's plain text format, one event per line.
-    Text,
+    Text = 4,
 }
 
 /// One trace format: everything fragsim knows about it, as one row of [`FORMATS`].

@@ -4,7 +4,8 @@
 //! an `.fst` file holds the parsed [`Trace`] (events, interned frames, final segments, allocator
 //! settings, the format of origin, whether times are real) and decodes at memory speed.
 //!
-//! Layout (all integers little-endian), version 5:
+//! The layout is defined in docs/interface.md#fst-wire-layout (every enum by a fixed tag, so a
+//! file means what that page says whatever the order of a Rust enum); version 5, in short:
 //!
 //! | bytes | content |
 //! |---|---|
@@ -1323,4 +1324,39 @@ mod tests {
             format!("byte {first}: truncated: the file ends after 16384 of the {} events its head declares", 2 * CHUNK + 8)
         );
     }
+
+    /// Every enum an `.fst` file stores is written as its explicit number (the tag table in
+    /// docs/interface.md#fst-wire-layout), one byte: reordering or inserting a variant changes
+    /// a number the files depend on and fails here, not in a user's replay.
+    #[test]
+    fn every_stored_enum_is_written_as_its_documented_tag() {
+        fn wire<T: Serialize>(v: T) -> Vec<u8> {
+            bincode::serde::encode_to_vec(v, bincode::config::standard()).unwrap()
+        }
+        let doc = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/interface.md"),
+        )
+        .unwrap();
+        let mut checked = 0;
+        let mut check = |name: &str, tag: u8, bytes: Vec<u8>| {
+            assert_eq!(bytes, [tag], "{name}");
+            let row = format!("| `{name}` | {tag} |");
+            assert!(doc.contains(&row), "docs/interface.md lacks the tag row {row}");
+            checked += 1;
+        };
+        for a in Action::ALL {
+            check(a.name(), a as u8, wire(a));
+        }
+        for (name, k) in [("small", PoolKind::Small), ("large", PoolKind::Large)] {
+            check(name, k as u8, wire(k));
+        }
+        for s in [BlockState::ActiveAllocated, BlockState::ActivePendingFree, BlockState::Inactive] {
+            check(s.name(), s as u8, wire(s));
+        }
+        for info in crate::trace::FORMATS {
+            check(info.name, info.format as u8, wire(info.format));
+        }
+        assert_eq!(checked, 9 + 2 + 3 + 5);
+    }
+
 }
