@@ -1,7 +1,7 @@
 //! The device limit a recorded run had, inferred from its out-of-memory evidence.
 //!
 //! A snapshot does not say how much memory the GPU had for the allocator (capacity minus the CUDA
-//! context, NCCL, other processes), but its events bound it (spec §7, §8, §9.3, §12.4):
+//! context, NCCL, other processes), but its events bound it (docs/pytorch-model.md#malloc-order):
 //!
 //! - **every success is a lower bound**: reserved memory reached its recorded peak, so the limit
 //!   is at least that peak;
@@ -17,8 +17,8 @@
 //! `R + S` is at most the peak reserved elsewhere in the run cannot have been an OOM (the device
 //! served more than that), so it is an explicit `empty_cache()`. Above the peak the recording
 //! cannot tell the two apart, and the flush is taken as an OOM. With `garbage_collection_threshold`
-//! set, the allocator may release segments before its first attempt (spec §10), so such flushes
-//! prove nothing and are [`FlushKind::Unproven`].
+//! set, the allocator may release segments before its first attempt (docs/pytorch-model.md#gc), so
+//! such flushes prove nothing and are [`FlushKind::Unproven`].
 //!
 //! When other processes' memory changed during the run, one number may not fit every failure
 //! point: [`DeviceLimit::consistent`] is then false and each [`OomEntry`] and [`Flush`] keeps its

@@ -1,4 +1,4 @@
-//! What a replay measures, named as the JSON keys users' scripts read (`interface.md`).
+//! What a replay measures, named as the JSON keys users' scripts read (`docs/interface.md`).
 
 use serde::{Deserialize, Serialize};
 

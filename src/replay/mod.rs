@@ -18,14 +18,14 @@
 //! the request size). The results are the same number for number. `offline`, which plans with
 //! every lifetime, loads a streamed input's events for its own replay.
 //!
-//! Semantics, following the PyTorch allocator (spec §6): an `alloc` calls the policy's malloc
-//! with the request size and stream; a free takes effect at `free_completed` (`free_requested`
-//! only marks the caller's intent) — or at `free_requested` in formats that record one kind of
-//! free; a run of recorded `segment_free`s outside any malloc is the program calling
-//! `empty_cache()`, so every policy is asked to flush there too (and so is one before a retried
-//! allocation that the recorded levels, or the recorded allocator's model, show was no OOM
-//! fallback: [`EmptyCacheRuns`]); an `oom` entry is a request every policy tries, and frees at
-//! once if it is served. Blocks live before the first
+//! Semantics, following the PyTorch allocator (docs/pytorch-model.md#free-and-merge): an `alloc`
+//! calls the policy's malloc with the request size and stream; a free takes effect at
+//! `free_completed` (`free_requested` only marks the caller's intent) — or at `free_requested` in
+//! formats that record one kind of free; a run of recorded `segment_free`s outside any malloc is
+//! the program calling `empty_cache()`, so every policy is asked to flush there too (and so is one
+//! before a retried allocation that the recorded levels, or the recorded allocator's model, show
+//! was no OOM fallback: [`EmptyCacheRuns`]); an `oom` entry is a request every policy tries, and
+//! frees at once if it is served. Blocks live before the first
 //! event are allocated first, in address order, so every policy carries them (a policy that knows
 //! how the recorded allocator held them installs that state instead, [`Policy::start`]). Frees of
 //! addresses the replay never allocated are counted, never fatal. Reserved bytes are read from the backend,
@@ -1329,7 +1329,7 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
     let mut flush_run_to = u64::MAX - 1;
     K::walk(input, last, !PLAIN, |index, e, slot| {
         // A policy's input error names the event it was replaying (a backend error names the
-        // driver call instead, as interface.md promises).
+        // driver call instead, as docs/interface.md promises).
         let at = |err: Error| match err.kind() {
             crate::error::ErrorKind::Backend => err,
             _ => err.at(crate::error::Place::Event(index)),
@@ -1346,7 +1346,9 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
             let after_free = match e.action {
                 Action::Alloc => {
                     if e.size == 0 {
-                        break 'event; // zero-byte requests never reach the allocator (spec §16.6)
+                        // Zero-byte requests never reach the allocator:
+                        // docs/pytorch-model.md#zero-byte.
+                        break 'event;
                     }
                     // The recording reused the address of a block we still hold: that block was
                     // freed before this alloc, though its free was not recorded.

@@ -122,9 +122,9 @@ pub fn free_action(events: &[Event]) -> Action {
 /// For each event, true where the recorded program released cached memory on its own: a run of
 /// `segment_free` / `segment_unmap` that is not part of a malloc's fallback, i.e. not followed
 /// (after any `free_completed`) by a `segment_alloc`, `segment_map` or `oom` of the same malloc.
-/// Spec §19.4: such runs are `empty_cache()` calls. Only the first event of each run is marked.
-/// [`EmptyCacheRuns`] finds the same calls one event at a time, and also the calls a retried
-/// allocation follows that the recording proves were no OOM.
+/// Such runs are `empty_cache()` calls (see docs/pytorch-model.md#recorded-flushes). Only the first
+/// event of each run is marked. [`EmptyCacheRuns`] finds the same calls one event at a time, and
+/// also the calls a retried allocation follows that the recording proves were no OOM.
 pub fn empty_cache_points(events: &[Event]) -> Vec<bool> {
     let mut marks = vec![false; events.len()];
     let mut runs = EmptyCacheRuns::default();

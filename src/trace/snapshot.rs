@@ -1,8 +1,9 @@
 //! PyTorch memory snapshots (`torch.cuda.memory._dump_snapshot`): reading and writing.
 //!
 //! Upstream: `torch/csrc/cuda/memory_snapshot.cpp` (`_memory_snapshot_pickled`, the dict builder)
-//! and `torch/cuda/memory.py` (`_snapshot`, `_dump_snapshot`); the schema is spec §14. The opcode
-//! level lives in [`super::pickle`]; this file only maps the schema onto the model, in one place:
+//! and `torch/cuda/memory.py` (`_snapshot`, `_dump_snapshot`); the schema is in
+//! docs/pytorch-model.md#snapshot-format. The opcode level lives in [`super::pickle`]; this file
+//! only maps the schema onto the model, in one place:
 //!
 //! - `device_traces[i]` → `DeviceTrace { device: i }`, every index kept (even empty ones) so the
 //!   numbering matches PyTorch's; each entry's `action` per [`Action::from_name`], where the old
@@ -10,7 +11,7 @@
 //!   memory are skipped (`annotate`; `user_defined`, which ≈ 2.4–2.5 wrote at the start and end
 //!   of every `torch.profiler.record_function` while history was recorded), and any
 //!   other action is an input error naming the device and entry index; `oom` entries carry
-//!   `device_free` instead of `addr` (spec §12.4), which becomes the event's `addr`.
+//!   `device_free` instead of `addr` (docs/pytorch-model.md#oom), which becomes the event's `addr`.
 //! - `time_us` (≈ 2.2+) when every entry has it (`has_times`), else each entry's index.
 //! - `segments` → [`Segment`]s with their [`Block`]s; 2.0-era blocks without `address` sit at the
 //!   segment address plus the sizes of the blocks before them (their `history` is ignored).

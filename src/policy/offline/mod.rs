@@ -1,7 +1,7 @@
 //! `offline`: clairvoyant packing that knows every lifetime in advance — a reference line.
 //!
 //! Modelled on XLA's `GlobalDecreasingSizeBestFitHeap` (`xla/service/heap_simulator/
-//! heap_simulator.cc`, spec anchors §6.2) and TFLite's `ArenaPlanner` "greedy by size" strategy:
+//! heap_simulator.cc`) and TFLite's `ArenaPlanner` "greedy by size" strategy:
 //! static buffer assignment over a known schedule. No online allocator can do this (it cannot
 //! know when a block will be freed), so the gap between `offline` and a real policy is what
 //! online placement costs, and the gap between `offline` and `bound` is what this heuristic (and
@@ -686,9 +686,9 @@ mod tests {
     /// size is a heuristic), but every caching policy pays for segment or region granularity
     /// (2 MiB and up) and for placing blocks without knowing lifetimes. `nocache` is left out of
     /// that comparison on purpose: a `cudaMalloc` per request on a device where physical memory is
-    /// fungible (spec §8) has no external fragmentation at all, so it is `bound` plus rounding,
-    /// while `offline` must fit every block into one contiguous range; seed 12 has `nocache` 0.24%
-    /// below `offline` (849,451,520 vs 851,525,120 bytes).
+    /// fungible (docs/pytorch-model.md#capacity) has no external fragmentation at all, so it is
+    /// `bound` plus rounding, while `offline` must fit every block into one contiguous range; seed
+    /// 12 has `nocache` 0.24% below `offline` (849,451,520 vs 851,525,120 bytes).
     #[test]
     fn every_policy_between_bound_and_offline() {
         use crate::policy::{PolicyContext, PolicyRunner, PolicySpec, Role, POLICIES};

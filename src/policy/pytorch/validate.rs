@@ -1,20 +1,22 @@
 //! `fragsim validate`: replays a PyTorch snapshot through the [`PyTorch`] policy from the
 //! recovered start state and compares every decision with what the real allocator recorded.
 //!
-//! Spec §19.4–§19.6. The recording supplies what a snapshot cannot know, and nothing else: a new
-//! segment takes the address recorded for it within the same malloc; a `cudaMalloc` or page map
-//! succeeds exactly when the recording shows it did (a recorded release after it, or an `oom`,
-//! means it failed); a recorded run of `segment_free` outside a malloc is an `empty_cache()` that
-//! the simulated allocator performs itself. Compared: every `alloc` address, every segment event
-//! (kind, size, address, in order), the peak of the reserved curve (§12.3) from the start
-//! state's reserved bytes, and the final layout against the snapshot's `segments` (§16.5).
+//! See docs/pytorch-model.md#validation. The recording supplies what a snapshot cannot know, and
+//! nothing else: a new segment takes the address recorded for it within the same malloc; a
+//! `cudaMalloc` or page map succeeds exactly when the recording shows it did (a recorded release
+//! after it, or an `oom`, means it failed); a recorded run of `segment_free` outside a malloc is an
+//! `empty_cache()` that the simulated allocator performs itself. Compared: every `alloc` address,
+//! every segment event (kind, size, address, in order), the peak of the reserved curve
+//! (docs/pytorch-model.md#reserved-curve) from the start state's reserved bytes, and the final
+//! layout against the snapshot's `segments` (docs/pytorch-model.md#validation-checks).
 //!
-//! Start-state guesses (§19.1–§19.3): a mismatch that a longer ambiguous orphan explains extends
-//! that orphan — to the recorded address when it lies inside the free block after it (§19.2), or
-//! to the smallest feasible size that reproduces every placement so far — and replays again. Then
-//! each remaining ambiguous orphan is tried at its longest feasible size; the first decision where
-//! that start state — agreeing with every recorded decision before — places a block elsewhere is
-//! *undeterminable*: counted apart, never as matched.
+//! Start-state guesses (docs/pytorch-model.md#snapshot-start-state): a mismatch that a longer
+//! ambiguous orphan explains extends that orphan — to the recorded address when it lies inside the
+//! free block after it (docs/pytorch-model.md#orphan-growth), or to the smallest feasible size that
+//! reproduces every placement so far — and replays again. Then each remaining ambiguous orphan is
+//! tried at its longest feasible size; the first decision where that start state — agreeing with
+//! every recorded decision before — places a block elsewhere is *undeterminable*: counted apart,
+//! never as matched.
 
 use super::config::{Config, Version};
 use super::start::StartState;
@@ -27,9 +29,10 @@ use crate::trace::{Action, AddrMap, Event, Segment, Trace};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Sets `config.gpu_memory` from the recording's expandable layout (§11.1: it fixes every
-/// reservation's VA size and is recorded nowhere) and says what was inferred, from which pages,
-/// or why it could not be; `None` when the recording maps no expandable pages.
+/// Sets `config.gpu_memory` from the recording's expandable layout
+/// (docs/pytorch-model.md#expandable-va-size: it fixes every reservation's VA size and is recorded
+/// nowhere) and says what was inferred, from which pages, or why it could not be; `None` when the
+/// recording maps no expandable pages.
 fn infer_gpu_memory(events: &[Event], start: &StartState, config: &mut Config) -> Option<Warning> {
     let fit = super::expandable::recorded_gpu_memory_fit(events, start, config)?;
     let fraction = config.per_process_memory_fraction.is_some();
@@ -96,7 +99,7 @@ pub struct Validation {
     pub peak_reserved_recorded_bytes: u64,
     /// Peak reserved bytes of the simulation.
     pub peak_reserved_simulated_bytes: u64,
-    /// Decisions that depend on a start-state guess (§19.3).
+    /// Decisions that depend on a start-state guess (docs/pytorch-model.md#undeterminable).
     pub undeterminable_events: u64,
     /// Every unexplained difference.
     pub mismatches: Vec<Mismatch>,
@@ -414,7 +417,8 @@ enum Op {
     Skip,
 }
 
-/// Assigns every recorded event its [`Op`] (§7's trace order inside one malloc).
+/// Assigns every recorded event its [`Op`] (the trace order inside one malloc,
+/// docs/pytorch-model.md#malloc-order).
 fn plan(events: &[Event]) -> Vec<Op> {
     let frees_at = free_action(events);
     let mut ops = vec![Op::Skip; events.len()];
@@ -955,8 +959,9 @@ fn compare_segments(events: &[Event], script: &[usize], log: &[Event], at: usize
     }
 }
 
-/// §19.2 generalised: the smallest longer size of one ambiguous orphan, near the recorded or the
-/// simulated address, that makes every placement up to event `k` match the recording.
+/// The orphan-growth rule (docs/pytorch-model.md#orphan-growth) generalised: the smallest longer
+/// size of one ambiguous orphan, near the recorded or the simulated address, that makes every
+/// placement up to event `k` match the recording.
 fn longer_orphan(
     events: &[Event],
     ops: &[Op],
@@ -999,7 +1004,7 @@ fn longer_orphan(
     Ok(None)
 }
 
-/// §16.5: the simulated layout at the end must equal the snapshot's final `segments` (addresses,
+/// The simulated layout at the end must equal the snapshot's final `segments` (addresses,
 /// sizes and states of every block). Reported as one mismatch at the event after the last.
 fn compare_final_segments(
     trace: &Trace,
@@ -1051,7 +1056,7 @@ fn compare_final_segments(
     })
 }
 
-/// The recorded reserved curve's peak (§12.3), from `start` bytes.
+/// The recorded reserved curve's peak (docs/pytorch-model.md#reserved-curve), from `start` bytes.
 fn recorded_peak(events: &[Event], start: u64) -> u64 {
     let mut cur = start;
     let mut peak = start;
@@ -1140,7 +1145,7 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
             start = StartState::recover(trace, device, events, &config);
         }
     }
-    // §19.2: learn orphan sizes from placements that prove them.
+    // Learn orphan sizes from placements that prove them.
     let mut learned = Vec::new();
     loop {
         let run = replay(events, &ops, &start, &config, Stop::FirstMismatch, false)?;
@@ -1171,7 +1176,7 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
     for (o, size, k) in &learned {
         notes.push(Warning::LearnedOrphanSize { addr: *o, size: *size, event: *k as u64 });
     }
-    // §19.3: decisions that depend on an ambiguous orphan's size.
+    // Decisions (docs/pytorch-model.md#undeterminable) that depend on an ambiguous orphan's size.
     let mut undeterminable: BTreeMap<usize, Mismatch> = BTreeMap::new();
     for o in start.ambiguous() {
         let variant = start.with_longest(o);
