@@ -98,9 +98,9 @@ struct Live {
 
 /// The buddy allocator; see the module docs.
 ///
-/// Why a hash map of the live blocks and a mask of the non-empty orders: a malloc and a free
-/// each made three or four B-tree descents (the live map, the arena of the block, the free list
-/// of every order tried), four fifths of the replay's instructions. Only the free lists need
+/// Why a hash map of the live blocks and a mask of the non-empty orders: with B-trees a malloc
+/// and a free each make three or four descents (the live map, the arena of the block, the free
+/// list of every order tried), four fifths of the replay's instructions. Only the free lists need
 /// their address order (the lowest block of an order is taken first).
 #[derive(Debug)]
 pub struct Buddy {

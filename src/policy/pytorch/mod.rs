@@ -589,7 +589,7 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
     ///
     /// Most mallocs of a training step find a block of a cudaMalloc segment first, and take
     /// it: that path reaches the pool once (the GC clock, the search and the removal) and the
-    /// block once. Reaching them again was about 4% of `pytorch`'s instructions.
+    /// block once. Reaching them twice would cost about 4% of `pytorch`'s instructions.
     ///
     /// The block's id and its size (the free set's key, so that the split rule need not read
     /// the block).
