@@ -1,10 +1,10 @@
 //! Integration tests: the documentation a clone holds is the documentation the code cites.
 //!
-//! Comments in `src/` explain a rule by pointing at a section of `docs/` (for example
+//! Comments in the code explain a rule by pointing at a section of `docs/` (for example
 //! `docs/pytorch-model.md#split-rule`); a reader of a fresh clone must be able to follow every
-//! such pointer. So: no `§` section numbers and no file outside the repository are cited, every
-//! cited `docs/*.md` file and `#anchor` exists, and every relative link in `README.md` and
-//! `docs/*.md` resolves, anchors included.
+//! such pointer. So: no `§` section numbers and no file outside the repository are cited in
+//! `src/`, `tests/`, `benches/` or `examples/`, every cited `docs/*.md` file and `#anchor` exists,
+//! and every relative link in `README.md` and `docs/*.md` resolves, anchors included.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -13,10 +13,18 @@ fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Every `.rs` file under `src/`, sorted.
+/// Every `.rs` file of the code (`src/`, `tests/`, `benches/`, `examples/`) but this one, which
+/// names what it forbids and shows what it parses, sorted.
 fn sources() -> Vec<PathBuf> {
+    let this = root().join("tests/docs.rs");
+    let files = rust_files(&["src", "tests", "benches", "examples"]);
+    files.into_iter().filter(|f| *f != this).collect()
+}
+
+/// Every `.rs` file under the given folders of the repository, sorted.
+fn rust_files(dirs: &[&str]) -> Vec<PathBuf> {
     let mut out = Vec::new();
-    let mut stack = vec![root().join("src")];
+    let mut stack: Vec<PathBuf> = dirs.iter().map(|d| root().join(d)).collect();
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
             let path = entry.expect("a directory entry").path();
@@ -28,7 +36,7 @@ fn sources() -> Vec<PathBuf> {
         }
     }
     out.sort();
-    assert!(out.len() > 20, "only {} sources under src/", out.len());
+    assert!(out.len() > 20, "only {} sources under {dirs:?}", out.len());
     out
 }
 
@@ -118,7 +126,7 @@ fn resolve(base: &Path, target: &str) -> Result<(), String> {
 }
 
 #[test]
-fn sources_cite_nothing_outside_the_repository() {
+fn the_code_cites_nothing_outside_the_repository() {
     // Section signs and the names of reference notes that never shipped with the code.
     let forbidden = [
         "§",
@@ -131,6 +139,7 @@ fn sources_cite_nothing_outside_the_repository() {
         "style.md",
     ];
     let mut bad = Vec::new();
+    // The code's tests, benches and examples too; this file names what it forbids.
     for file in sources() {
         for (i, line) in read(&file).lines().enumerate() {
             if let Some(f) = forbidden.iter().find(|f| line.contains(*f)) {
@@ -142,7 +151,7 @@ fn sources_cite_nothing_outside_the_repository() {
 }
 
 #[test]
-fn every_document_cited_in_the_sources_exists_with_its_anchor() {
+fn every_document_cited_in_the_code_exists_with_its_anchor() {
     let docs: BTreeSet<String> = std::fs::read_dir(root().join("docs"))
         .expect("docs/")
         .map(|e| e.expect("an entry").file_name().to_string_lossy().into_owned())

@@ -1,5 +1,5 @@
 //! Integration tests: the PyTorch policy against real snapshots (`fragsim validate`) and the
-//! `validate` command's contract (interface.md: JSON keys, exit codes).
+//! `validate` command's contract (docs/interface.md: JSON keys, exit codes).
 
 use crate::util::*;
 
@@ -41,7 +41,8 @@ fn ctx512_train_reproduces_its_one_segment_alloc_and_learns_orphan_sizes() {
     assert_eq!(v["segment_events_recorded"], 1, "the trace has one segment_alloc (64 MiB)");
     assert_eq!(v["segment_events_matched"], 1);
     assert_eq!(v["allocs_total"], 7591);
-    // §19.2: the placement at event 179 proves the orphan before it was longer.
+    // The placement at event 179 proves the orphan before it was longer
+    // (docs/pytorch-model.md#orphan-growth).
     let out = run(&["validate", path.to_str().expect("utf-8"), "--verbose"]);
     let text = stdout(&out);
     assert!(text.contains("is at least"), "{text}");
@@ -197,7 +198,8 @@ fn exported_expandable_what_if_validates_under_its_own_settings() {
 }
 
 /// `--capacity` is the GPU's total memory for the PyTorch policy too: a memory fraction is taken
-/// of it (spec §8: the limit is fraction × totalGlobalMem, checked before cudaMalloc).
+/// of it (docs/pytorch-model.md#memory-fraction: the limit is fraction × total memory, checked
+/// before cudaMalloc).
 #[test]
 fn memory_fraction_is_taken_of_the_capacity() {
     // 60 MiB fits on a 100 MiB device, but not under half of it.
