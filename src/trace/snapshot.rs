@@ -25,7 +25,7 @@
 //!
 //! Reading streams ([`stream`]): each batch of `device_traces` entries becomes events as soon as
 //! the decoder has it, and is then dropped, so reading holds the events plus one batch; the
-//! segments and settings, small beside the entries, are decoded as a tree as before. With
+//! segments and settings, small beside the entries, are decoded as a tree. With
 //! frames, the frame lists and dicts of dropped entries that the file may refer back to are
 //! kept as what they became (an interned stack, a decoded frame). The same per-entry conversion
 //! serves the whole-pickle reader ([`read`]), which answers a file that refers back to an entry
