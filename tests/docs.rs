@@ -216,6 +216,30 @@ fn the_readme_links_every_document_in_docs() {
     }
 }
 
+/// Words that look like commit hashes: 7 to 40 lowercase hex digits, with a digit and a letter.
+fn commit_hashes(text: &str) -> Vec<&str> {
+    text.split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|w| (7..=40).contains(&w.len()))
+        .filter(|w| w.chars().all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c)))
+        .filter(|w| {
+            w.chars().any(|c| c.is_ascii_digit()) && w.chars().any(|c| c.is_ascii_lowercase())
+        })
+        .collect()
+}
+
+/// The README and the docs say what is, for users and contributors; history (commit hashes,
+/// figures per commit) belongs in git and `CHANGELOG.md`. The README stays a short tour.
+#[test]
+fn the_readme_and_the_docs_hold_no_commit_hashes_and_the_readme_stays_short() {
+    for file in markdown_files() {
+        let text = read(&file);
+        let hashes = commit_hashes(&text);
+        assert!(hashes.is_empty(), "{}: commit hashes {hashes:?}", file.display());
+    }
+    let lines = read(&root().join("README.md")).lines().count();
+    assert!(lines <= 260, "README.md has {lines} lines: move detail to docs/guide.md");
+}
+
 #[test]
 fn the_anchor_reader_sees_ids_and_headings() {
     let a = anchors("# A Title\n<a id=\"split-rule\"></a>\n## The `oom` entry\n```\n# not\n```\n");
@@ -230,4 +254,5 @@ fn the_anchor_reader_sees_ids_and_headings() {
     assert!(resolve(root(), "docs/pytorch-model.md#no-such-rule").is_err());
     assert!(resolve(root(), "docs/no-such-file.md").is_err());
     assert!(resolve(&root().join("docs"), "../../outside.md").is_err());
+    assert_eq!(commit_hashes("at d64d82a, 0x7f0000 and 1634567890, cafe"), ["d64d82a"]);
 }
