@@ -41,11 +41,11 @@ pub use compare::{run_specs, Comparison, Jobs, RunSettings, SpecFailure, SpecRun
 pub use metrics::{OomDetail, PeakDetail, PolicyResult};
 pub use series::{Point, Series};
 // Trace semantics the engine reads, re-exported where callers have found them so far.
-use crate::trace::lifetimes::Lifetimes;
 pub use crate::trace::lifetimes::{
     digest, empty_cache_points, free_action, live_at_start, live_at_start_of, orphan_frees,
     AddrHasher, AddrMap, AddrSet, EmptyCacheRuns, LiveBlock, Retried,
 };
+use crate::trace::lifetimes::{FlushCauses, Lifetimes};
 
 use crate::backend::{Backend, BackendCall, Observed, Observer, SimDevice};
 use crate::error::{Error, Result};
@@ -238,7 +238,7 @@ impl<'a> ReplayInput<'a> {
         }
         let frees_at = lifetimes.frees_at;
         let slots = Slots::assign(events, &live_at_start, frees_at)?;
-        let mut runs = EmptyCacheRuns::default();
+        let mut runs = EmptyCacheRuns::new(FlushCauses::of(&trace.frames));
         for (i, e) in events.iter().enumerate() {
             runs.push(i as u64, e);
         }
@@ -275,7 +275,7 @@ impl<'a> ReplayInput<'a> {
         let device = pick_device(device, file.default_device(), have)?;
         let trace = file.head();
         let mut completes = false;
-        let mut runs = EmptyCacheRuns::default();
+        let mut runs = EmptyCacheRuns::new(FlushCauses::of(&trace.frames));
         let mut first_time_us = None;
         let mut streams = AddrSet::default();
         file.each_event(device, u64::MAX, true, |i, e| {

@@ -24,7 +24,7 @@ use super::PyTorch;
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::policy::Policy;
-use crate::trace::lifetimes::free_action;
+use crate::trace::lifetimes::{free_action, FlushCause, FlushCauses};
 use crate::trace::{Action, AddrMap, Event, Segment, Trace};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -418,13 +418,34 @@ enum Op {
 }
 
 /// Assigns every recorded event its [`Op`] (the trace order inside one malloc,
-/// docs/pytorch-model.md#malloc-order).
-fn plan(events: &[Event]) -> Vec<Op> {
+/// docs/pytorch-model.md#malloc-order). Releases
+/// whose stacks show the program's `empty_cache()` (`causes`, [`FlushCause`]) are a flush even
+/// right before a malloc's new segment.
+fn plan(events: &[Event], causes: &FlushCauses) -> Vec<Op> {
     let frees_at = free_action(events);
     let mut ops = vec![Op::Skip; events.len()];
     let mut i = 0;
+    let release = |a: Action| matches!(a, Action::SegmentFree | Action::SegmentUnmap);
     while i < events.len() {
         let e = &events[i];
+        if release(e.action) && causes.get(e.frames) == Some(FlushCause::EmptyCacheCall) {
+            let start = i;
+            let mut segs = Vec::new();
+            while i < events.len() {
+                let x = &events[i];
+                let cause = causes.get(x.frames);
+                if release(x.action) && cause.is_none_or(|c| c == FlushCause::EmptyCacheCall) {
+                    segs.push(i);
+                } else if x.action == Action::FreeCompleted {
+                    ops[i] = Op::Free;
+                } else {
+                    break;
+                }
+                i += 1;
+            }
+            ops[start] = Op::Flush { script: segs };
+            continue;
+        }
         if e.action.is_segment_event() {
             let start = i;
             let mut segs = Vec::new();
@@ -1126,7 +1147,7 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
             notes.push(Warning::EntriesNamePools { pools: named.len() as u64, allocs });
         }
     }
-    let ops = plan(events);
+    let ops = plan(events, &FlushCauses::of(&trace.frames));
     let mut start = StartState::recover(trace, device, events, &config);
     if options.gpu_memory.is_none() {
         // The memory fraction's limit let the recorded peak through: the GPU had at least that.
@@ -1279,7 +1300,7 @@ mod tests {
             "segment_free 0x0 2097152\nalloc 0x0 8\nsegment_free 0x400000 2097152\n\
              segment_alloc 0x800000 20971520\nalloc 0x800000 4096000\n",
         );
-        let ops = plan(&t.devices[0].events);
+        let ops = plan(&t.devices[0].events, &FlushCauses::default());
         assert!(matches!(&ops[0], Op::Flush { script } if script == &vec![0]));
         assert!(matches!(&ops[1], Op::Malloc { script, .. } if script.is_empty()));
         assert!(matches!(ops[2], Op::Skip));
@@ -1698,7 +1719,7 @@ mod tests {
         let count =
             |t: &Trace, a: Action| t.devices[0].events.iter().filter(|e| e.action == a).count();
         let t = generate("", 3, Some(96 << 20));
-        let ops = plan(&t.devices[0].events);
+        let ops = plan(&t.devices[0].events, &FlushCauses::default());
         assert!(count(&t, Action::Oom) > 0);
         assert!(ops.iter().any(|o| matches!(o, Op::Flush { script } if !script.is_empty())));
         assert!(ops.iter().any(|o| matches!(o, Op::Malloc { script, .. }
@@ -1722,7 +1743,7 @@ mod tests {
             assert!(v.mismatches.is_empty(), "seed {seed}: {:?}", v.mismatches.first());
             assert_eq!(v.allocs_addr_matched, v.allocs_total);
             let e = &t.devices[0].events;
-            let ops = plan(e);
+            let ops = plan(e, &FlushCauses::default());
             let released_in_malloc = ops.iter().any(|o| {
                 matches!(o, Op::Malloc { script, .. }
                 if script.iter().any(|&j| e[j].action == Action::SegmentFree))
