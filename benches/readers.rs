@@ -2,7 +2,7 @@
 //! `traces/real/`.
 //!
 //! The headline is the largest PyTorch snapshot with and without frames (the Python baseline is
-//! `pickle.load` at ≈ 18 MB/s with its garbage collector on, ≈ 69 MB/s without, rust-deps §3).
+//! `pickle.load` at ≈ 18 MB/s with its garbage collector on, ≈ 69 MB/s without).
 //! Every other real trace is read through `trace::read_bytes` after content detection; a format
 //! whose reader is still a stub is skipped with a note. `.fst` is read from the largest snapshot
 //! converted in memory.

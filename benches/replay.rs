@@ -10,8 +10,8 @@
 //! `pytorch`. `bound` is the floor of reserved bytes, not of replay time: every request is its own
 //! device allocation, so it pays the simulated device's ordered segment map (an insert and a
 //! removal per block) besides its own map of live blocks, and costs more than `pytorch`. The
-//! engine's own share is not a bench of its own: callgrind on `pytorch` separates it (README,
-//! Performance).
+//! engine's own share is not a bench of its own: callgrind on `pytorch` separates it
+//! (docs/performance.md#replay-speed).
 //! Run with `cargo bench --bench replay`; criterion prints events per second per policy.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The real-GPU path in one go (README, "Real GPU memory"): builds release, runs the GPU tests,
+# The real-GPU path in one go (docs/guide.md, "Real GPU memory"): builds release, runs the GPU tests,
 # replays two bundled real traces on the GPU next to the simulation, and, where PyTorch with CUDA
 # is installed, records short training-like snapshots under several PYTORCH_CUDA_ALLOC_CONF
 # settings and validates fragsim's PyTorch model on each. One summary line per check

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Slurm deployment end to end on this one machine (README, "Sweeps on a cluster"): installs
+# The Slurm deployment end to end on this one machine (docs/guide.md, "Sweeps on a cluster"): installs
 # Slurm and MUNGE from the Debian packages when they are missing, starts a one-node cluster
 # (munged, slurmctld and slurmd run directly, not through systemd), submits
 # deploy/slurm/submit.sh's job array and dependent merge job on three real snapshots in

@@ -9,7 +9,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-/// What went wrong, coarsely: it decides the exit code (see `interface.md`).
+/// What went wrong, coarsely: it decides the exit code (see `docs/interface.md`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ErrorKind {

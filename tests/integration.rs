@@ -9,6 +9,7 @@ mod cli;
 mod cuda;
 mod custom_policy;
 mod deploy;
+mod docs;
 mod fst_stream;
 mod hostile;
 mod mutations;

@@ -151,7 +151,7 @@ fn every_policy_on_every_real_snapshot() {
     }
 }
 
-/// The counters mean what `interface.md` says: `device_free_count` counts segment releases
+/// The counters mean what `docs/interface.md` says: `device_free_count` counts segment releases
 /// (cudaFree) and `unmap_count` page unmappings, so neither can exceed the allocations and
 /// mappings it undoes, for any policy, on any bundled trace; `stitch` also under `--capacity`,
 /// where its fallbacks release memory.

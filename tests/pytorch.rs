@@ -1,5 +1,5 @@
 //! Integration tests: the PyTorch policy against real snapshots (`fragsim validate`) and the
-//! `validate` command's contract (interface.md: JSON keys, exit codes).
+//! `validate` command's contract (docs/interface.md: JSON keys, exit codes).
 
 use crate::util::*;
 
@@ -41,7 +41,8 @@ fn ctx512_train_reproduces_its_one_segment_alloc_and_learns_orphan_sizes() {
     assert_eq!(v["segment_events_recorded"], 1, "the trace has one segment_alloc (64 MiB)");
     assert_eq!(v["segment_events_matched"], 1);
     assert_eq!(v["allocs_total"], 7591);
-    // §19.2: the placement at event 179 proves the orphan before it was longer.
+    // The placement at event 179 proves the orphan before it was longer
+    // (docs/pytorch-model.md#orphan-growth).
     let out = run(&["validate", path.to_str().expect("utf-8"), "--verbose"]);
     let text = stdout(&out);
     assert!(text.contains("is at least"), "{text}");
@@ -197,7 +198,8 @@ fn exported_expandable_what_if_validates_under_its_own_settings() {
 }
 
 /// `--capacity` is the GPU's total memory for the PyTorch policy too: a memory fraction is taken
-/// of it (spec §8: the limit is fraction × totalGlobalMem, checked before cudaMalloc).
+/// of it (docs/pytorch-model.md#memory-fraction: the limit is fraction × total memory, checked
+/// before cudaMalloc).
 #[test]
 fn memory_fraction_is_taken_of_the_capacity() {
     // 60 MiB fits on a 100 MiB device, but not under half of it.
@@ -273,6 +275,9 @@ struct Run<'a> {
     mem_pool: bool,
     /// The GPU's memory (`totalGlobalMem`); `None`: the model's default, 80 GiB.
     gpu_memory: Option<u64>,
+    /// Every release carries the stack PyTorch records with it: `empty_cache()`'s frames for
+    /// the program's calls, `release_cached_blocks` under `malloc` for a malloc's fallback.
+    stacks: bool,
 }
 
 impl Run<'static> {
@@ -287,6 +292,7 @@ impl Run<'static> {
         version: fragsim::policy::pytorch::Version::CURRENT,
         mem_pool: false,
         gpu_memory: None,
+        stacks: false,
     };
 }
 
@@ -300,8 +306,26 @@ fn recording(seed: u64, run: Run) -> fragsim::trace::Trace {
     use fragsim::policy::pytorch::{Config, PyTorch};
     use fragsim::policy::{Allocation, Policy};
     use fragsim::testing::{workload, Step};
-    use fragsim::trace::{Action, DeviceTrace, Event, Format, Trace};
+    use fragsim::trace::{Action, DeviceTrace, Event, Format, Frame, FrameTable, FramesId, Trace};
     let mut config = Config::parse(run.conf, run.version).unwrap();
+    let mut frames = FrameTable::default();
+    let mut stack = |names: &[&str]| {
+        let f = |n: &&str| Frame { filename: "??".into(), line: 0, name: n.to_string() };
+        if run.stacks {
+            frames.intern(names.iter().map(f).collect())
+        } else {
+            FramesId::NONE
+        }
+    };
+    let call_stack = stack(&[
+        "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::release_cached_blocks()",
+        "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::emptyCache()",
+        "THCPModule_emptyCache(_object*, _object*)",
+    ]);
+    let malloc_stack = stack(&[
+        "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::release_cached_blocks()",
+        "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(signed char, unsigned long, CUstream_st*)",
+    ]);
     let settings = config.to_recorded();
     // Pool numbers: 0 the default pools, 1 the graph's, 2 the MemPool's.
     const POOLS: [Option<(u64, u64)>; 3] = [None, Some((1, 7)), Some((2, 9))];
@@ -327,7 +351,11 @@ fn recording(seed: u64, run: Run) -> fragsim::trace::Trace {
         let deleted = run.graph_deleted_at.is_some_and(|at| k >= at);
         let capture = run.captures && (k / 60) % 3 == 1 && !deleted;
         let time = events.len() as i64;
-        let mut log = |d: &Recording<SimDevice>, events: &mut Vec<Event>, stream: u64, pool| {
+        let mut log = |d: &Recording<SimDevice>,
+                       events: &mut Vec<Event>,
+                       stream: u64,
+                       pool,
+                       released_by: FramesId| {
             for c in &d.calls()[seen..] {
                 // Every segment event carries its segment's (or reservation's) stream.
                 let (action, addr, size) = match *c {
@@ -362,14 +390,18 @@ fn recording(seed: u64, run: Run) -> fragsim::trace::Trace {
                     _ => reservation().map_or(pool, |r| r.3),
                 };
                 let e = Event::new(action, addr, size, s, time);
-                events.push(Event { pool: pool_of(pool), ..e });
+                let frames = match action {
+                    Action::SegmentFree | Action::SegmentUnmap => released_by,
+                    _ => FramesId::NONE,
+                };
+                events.push(Event { pool: pool_of(pool), frames, ..e });
             }
             seen = d.calls().len();
         };
         if run.graph_deleted_at == Some(k) {
             p.release_pool((1, 7)).unwrap();
             p.empty_cache(&mut d).unwrap();
-            log(&d, &mut events, 0, 0);
+            log(&d, &mut events, 0, 0, call_stack);
         }
         match step {
             Step::Alloc { id, size, stream } => {
@@ -377,7 +409,7 @@ fn recording(seed: u64, run: Run) -> fragsim::trace::Trace {
                 let pool = if capture && stream == 0 { 1 } else { 2 * u16::from(in_mem_pool) };
                 p.allocate_into(POOLS[pool as usize]).unwrap();
                 let got = p.malloc(&mut d, size, stream).unwrap();
-                log(&d, &mut events, stream, pool);
+                log(&d, &mut events, stream, pool, malloc_stack);
                 let named = |e: Event| Event { pool: pool_of(pool), ..e };
                 match got {
                     Some(a) => {
@@ -396,7 +428,7 @@ fn recording(seed: u64, run: Run) -> fragsim::trace::Trace {
             Step::Free { id } => {
                 if let Some((a, size, stream, pool)) = live.get_mut(id).and_then(Option::take) {
                     p.free_handle(&mut d, a.addr, a.handle).unwrap();
-                    log(&d, &mut events, stream, pool); // expandable segments unmap nothing
+                    log(&d, &mut events, stream, pool, FramesId::NONE); // expandable segments unmap nothing
                     for action in [Action::FreeRequested, Action::FreeCompleted] {
                         let e = Event::new(action, a.addr, size, stream, time);
                         events.push(Event { pool: pool_of(pool), ..e });
@@ -407,7 +439,7 @@ fn recording(seed: u64, run: Run) -> fragsim::trace::Trace {
             // graph's pool (the graph lives), as the policy does.
             Step::EmptyCache if !capture => {
                 p.empty_cache(&mut d).unwrap();
-                log(&d, &mut events, 0, 0);
+                log(&d, &mut events, 0, 0, call_stack);
             }
             Step::EmptyCache => {}
         }
@@ -422,6 +454,7 @@ fn recording(seed: u64, run: Run) -> fragsim::trace::Trace {
             events: events.split_off(run.cut.min(events.len())),
         }],
         segments,
+        frames,
         allocator_settings: Some(settings),
         entry_pools: run.names_pools.then(|| {
             POOLS[1..if run.mem_pool { 3 } else { 2 }].iter().flatten().copied().collect()
@@ -951,4 +984,57 @@ fn a_limit_inferred_from_a_flush_is_not_the_memory_a_fraction_is_taken_of() {
         }
     }
     assert!(inferred >= 2, "only {inferred} recordings had a limit inferred from a flush");
+}
+
+/// Recordings whose releases carry the stacks PyTorch records (`emptyCache` for the program's
+/// calls, `release_cached_blocks` under `malloc` for an out-of-memory fallback): the stacks,
+/// not the levels, say which flush was which, so the device limit follows from the real
+/// fallbacks only, every call is replayed as a call, and `replay -p pytorch` as a user runs it
+/// (read back from a pickle, frames not asked for) reaches the recorded peak.
+#[test]
+fn recordings_whose_releases_carry_stacks_are_read_by_their_stacks() {
+    use fragsim::recorded::limit::FlushKind;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut calls, mut fallbacks, mut level_misread) = (0, 0, 0);
+    for capacity in [None, Some(300 << 20), Some(200 << 20)] {
+        for seed in 0..6 {
+            let run = Run { capacity, stacks: true, ..Run::PLAIN };
+            let t = recording(seed, run);
+            let at = format!("{capacity:?}, seed {seed}");
+            let recorded = reproduces_exactly(&t, &at);
+            let limit = fragsim::recorded::row_and_limit(&t, 0).1.unwrap();
+            for f in &limit.flushes {
+                assert!(
+                    matches!(
+                        f.kind,
+                        FlushKind::EmptyCacheByStack
+                            | FlushKind::OutOfMemoryByStack
+                            | FlushKind::FailedRetry
+                    ),
+                    "{at}: {f:?}"
+                );
+                calls += usize::from(f.kind == FlushKind::EmptyCacheByStack);
+                fallbacks += usize::from(f.kind == FlushKind::OutOfMemoryByStack);
+            }
+            // Without the stacks, the levels read some calls as fallbacks (or the reverse).
+            let mut frameless = t.clone();
+            frameless.devices[0].events.iter_mut().for_each(|e| e.frames = Default::default());
+            let by_levels = fragsim::recorded::row_and_limit(&frameless, 0).1.unwrap();
+            level_misread += by_levels
+                .flushes
+                .iter()
+                .zip(&limit.flushes)
+                .filter(|(a, b)| a.kind.is_empty_cache() != b.kind.is_empty_cache())
+                .count();
+            if seed < 2 {
+                let path = dir.path().join(format!("{seed}.pickle"));
+                fragsim::trace::write_trace(&t, &path).unwrap();
+                let (replayed, row) = cli_peaks(&path);
+                assert_eq!(replayed, recorded.peak_reserved_bytes, "{at}");
+                assert_eq!(row, recorded.peak_reserved_bytes, "{at}: the recorded row");
+            }
+        }
+    }
+    assert!(calls > 20 && fallbacks > 5, "{calls} calls, {fallbacks} fallbacks");
+    assert!(level_misread > 0, "the stacks decided nothing the levels did not");
 }

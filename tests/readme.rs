@@ -1,6 +1,7 @@
 //! Integration tests: the README's commands work on a fresh clone. Every `traces/...` path in a
-//! code block of `README.md` or `traces/README.md` names a file in the repository, every relative
-//! link in `README.md` points at one, and the commands under "Examples on real traces" run.
+//! code block of `README.md`, `docs/guide.md` or `traces/README.md` names a file in the repository,
+//! every relative link in `README.md` points at one, and the commands under "Examples on real
+//! traces" and the CI recipe run.
 
 use crate::util::*;
 use std::path::Path;
@@ -29,7 +30,7 @@ fn code_lines(markdown: &str) -> Vec<(String, String)> {
 #[test]
 fn every_trace_path_in_the_readmes_is_in_the_repository() {
     let mut seen = 0;
-    for readme in ["README.md", "traces/README.md"] {
+    for readme in ["README.md", "docs/guide.md", "traces/README.md"] {
         for (_, line) in code_lines(&repo_file(readme)) {
             for word in line.split_whitespace().filter(|w| w.starts_with("traces/")) {
                 let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(word);
@@ -41,8 +42,9 @@ fn every_trace_path_in_the_readmes_is_in_the_repository() {
             }
         }
     }
-    // The first command, five real-trace examples, the custom policy example, traces/README.md.
-    assert!(seen >= 7, "only {seen} trace paths found: did the code blocks change shape?");
+    // The first command, five real-trace examples, the what-if recipes, the CI recipe, the
+    // guide's examples, traces/README.md.
+    assert!(seen >= 12, "only {seen} trace paths found: did the code blocks change shape?");
 }
 
 #[test]
@@ -55,7 +57,9 @@ fn every_relative_link_in_the_readme_is_in_the_repository() {
         if target.contains("://") || target.starts_with('#') {
             continue;
         }
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(target);
+        // The file part; `tests/docs.rs` checks the `#anchor` part.
+        let file = target.split('#').next().expect("a file part");
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
         assert!(path.exists(), "README.md links {target}, which is not in the repository");
         seen += 1;
     }

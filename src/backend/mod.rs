@@ -26,7 +26,7 @@ pub trait Backend {
     /// the engine polls [`cuda::interrupt::requested`] after every event only for such a
     /// backend. A simulated replay holds nothing to give back: Ctrl-C ends it at once, or, once
     /// a real replay has installed the handler, it runs to its end and the binary exits 130.
-    /// (The poll was 1% of a `pytorch` replay's instructions.)
+    /// (The poll costs 1% of a `pytorch` replay's instructions.)
     const HOLDS_DEVICE_MEMORY: bool = false;
 
     /// Allocates a segment of `size` bytes (`cudaMalloc`). `None` when the device is out of memory.

@@ -1,9 +1,10 @@
 //! A simulated GPU: capacity, memory used outside the allocator, and address assignment.
 //!
 //! It answers the what-if questions: with `--capacity 40GiB`, a `cudaMalloc` fails exactly when
-//! the device would have run out. Physical fragmentation does not matter to `cudaMalloc` (spec §8),
-//! so capacity is a plain byte count. Addresses are assigned by a bump pointer in 2 MiB-aligned
-//! steps, never reused, so a stale pointer in a buggy policy can never alias a new segment.
+//! the device would have run out. Physical fragmentation does not matter to `cudaMalloc`
+//! (docs/pytorch-model.md#capacity), so capacity is a plain byte count. Addresses are assigned by a
+//! bump pointer in 2 MiB-aligned steps, never reused, so a stale pointer in a buggy policy can
+//! never alias a new segment.
 //!
 //! Replaying a PyTorch snapshot, a new segment should land where the real run put it, so that
 //! every later `alloc` address is comparable with the recording: [`SimDevice::expect_address`]

@@ -19,7 +19,7 @@ pub struct Args {
     #[arg(value_name = "TRACE")]
     trace: PathBuf,
 
-    /// Print one JSON object (interface.md) instead of text.
+    /// Print one JSON object (docs/interface.md) instead of text.
     #[arg(long)]
     json: bool,
 }

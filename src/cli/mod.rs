@@ -212,7 +212,7 @@ pub enum OutputFormat {
     /// An aligned table for people.
     #[default]
     Table,
-    /// One JSON object (interface.md).
+    /// One JSON object (docs/interface.md).
     Json,
     /// CSV, one row per result, with the JSON keys as header.
     Csv,

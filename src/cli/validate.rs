@@ -1,6 +1,6 @@
 //! `fragsim validate`: replay a PyTorch snapshot with the PyTorch policy and its recorded settings,
-//! and compare every decision with the recording (spec §19; the library side is
-//! `fragsim::validate`).
+//! and compare every decision with the recording (docs/pytorch-model.md#validation; the library
+//! side is `fragsim::validate`).
 
 use fragsim::error::{Error, Result};
 use fragsim::policy::pytorch::Version;
@@ -30,7 +30,7 @@ pub struct Args {
     #[arg(long, value_name = "SIZE", value_parser = super::size_arg)]
     gpu_mem: Option<u64>,
 
-    /// Print one JSON object (interface.md) instead of a summary.
+    /// Print one JSON object (docs/interface.md) instead of a summary.
     #[arg(long)]
     json: bool,
 

@@ -2,7 +2,7 @@
 //!
 //! Upstream: `openxla/xla` `xla/tsl/framework/bfc_allocator.cc` (`AllocateRawInternal`,
 //! `FindChunkPtr`, `Extend`, `DeallocateFreeRegions`, `FreeAndMaybeCoalesce`), the allocator
-//! behind TensorFlow's GPU memory and JAX (spec anchors §2, §4.4). The rules modelled:
+//! behind TensorFlow's GPU memory and JAX. The rules modelled:
 //!
 //! - **Rounding**: every request is rounded up to a multiple of `kMinAllocationSize` = 256 bytes.
 //! - **Bins**: 21 bins; bin *b* holds free chunks of [256·2^b, 256·2^(b+1)), the last one everything

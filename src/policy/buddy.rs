@@ -1,10 +1,11 @@
 //! `buddy`: a binary buddy allocator over power-of-two arenas.
 //!
-//! The classic scheme (Knowlton 1965; Knuth TAOCP vol. 1 §2.5; the Linux page allocator's
+//! The classic scheme (Knowlton 1965; Knuth, TAOCP vol. 1, section 2.5; the Linux page allocator's
 //! `__rmqueue_smallest` / `__free_one_page`; the `buddy_system_allocator` crate's `frame.rs`). No
 //! mainstream GPU framework ships it as its default; it is here as the textbook point of
-//! comparison for power-of-two rounding (which MXNet's `Round` pool also uses, spec anchors §4.2)
-//! against best-fit policies. The rules modelled:
+//! comparison for power-of-two rounding (which MXNet's `Round` pool also uses:
+//! `src/storage/pooled_storage_manager.h` in `apache/mxnet`) against best-fit policies. The rules
+//! modelled:
 //!
 //! - A request is rounded up to a power of two, at least `min_block`: a block of *order* k has
 //!   `min_block · 2^k` bytes. Requests above `min_block · 2^max_order` fail.
@@ -97,9 +98,9 @@ struct Live {
 
 /// The buddy allocator; see the module docs.
 ///
-/// Why a hash map of the live blocks and a mask of the non-empty orders: a malloc and a free
-/// each made three or four B-tree descents (the live map, the arena of the block, the free list
-/// of every order tried), four fifths of the replay's instructions. Only the free lists need
+/// Why a hash map of the live blocks and a mask of the non-empty orders: with B-trees a malloc
+/// and a free each make three or four descents (the live map, the arena of the block, the free
+/// list of every order tried), four fifths of the replay's instructions. Only the free lists need
 /// their address order (the lowest block of an order is taken first).
 #[derive(Debug)]
 pub struct Buddy {

@@ -6,7 +6,7 @@
 //! Lists are small indices the caller assigns.
 //!
 //! Why not a `BTreeSet`: every malloc and free touches this set two or three times, and a B-tree
-//! descent per touch was the replay's hot spot (in `bfc`, `rmm-pool` and `stitch` the set was
+//! descent per touch makes the set the replay's hot spot (in `bfc`, `rmm-pool` and `stitch`
 //! half of their instructions). Blocks are bucketed per list by size class (TLSF-style: the power
 //! of two and the next three bits, so bucket order is size order), each bucket a short vector
 //! sorted by (size, address), with a bitmap of non-empty buckets. A query is one bucket search
@@ -15,7 +15,7 @@
 //! Each bucket is sorted in *descending* order, so its smallest entry is its last: most mallocs
 //! take a cached block of exactly their size at the lowest address, which is then the bucket's
 //! last entry, found by one comparison and removed without moving the others (in ascending
-//! order every such removal shifted the whole bucket, and a search found it first).
+//! order every such removal would shift the whole bucket).
 
 /// Buckets per list: 64 powers of two × 8 sub-classes.
 const BUCKETS: usize = 64 * 8;

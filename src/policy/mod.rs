@@ -56,7 +56,7 @@ impl Allocation {
 /// back by [`Policy::free_handle`].
 ///
 /// Why: every free must find its block, and a search by address (a hash table insert at every
-/// malloc and a removal at every free) was a tenth of the `pytorch` replay's instructions. The
+/// malloc and a removal at every free) costs a tenth of the `pytorch` replay's instructions. The
 /// engine already keeps each live block's address, so it keeps the handle beside it, and a
 /// policy with an arena of blocks makes the handle the block's index: a free is then one
 /// lookup and one check. A handle says which block, never more: the address stays the block's

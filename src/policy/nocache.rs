@@ -3,7 +3,8 @@
 //! Upstream: `c10/cuda/CUDACachingAllocator.cpp`, `forceUncachedAllocator()` and
 //! `uncached_delete`: with the variable set, `malloc` calls `cudaMalloc(request)` directly and
 //! `free` calls `cudaFree` at once; there is no rounding by PyTorch, no cache and no trace entries
-//! (spec §16.6). What remains to model is what the CUDA driver holds for each `cudaMalloc`:
+//! (docs/pytorch-model.md#nocache). What remains to model is what the CUDA driver holds for each
+//! `cudaMalloc`:
 //!
 //! - **Small requests share pages.** The driver sub-allocates requests smaller than a page from
 //!   shared 2 MiB pages, at 512-byte granularity (consecutive small `cudaMalloc` pointers are 512 B

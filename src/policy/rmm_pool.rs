@@ -3,7 +3,7 @@
 //! Upstream: `rapidsai/rmm` `cpp/include/rmm/mr/pool_memory_resource.hpp` (`size_to_grow`,
 //! `try_to_expand`, `expand_pool`, `allocate_from_block`, `free_block`),
 //! `mr/detail/stream_ordered_memory_resource.hpp` (`get_block`, `get_block_from_other_stream`)
-//! and `mr/detail/coalescing_free_list.hpp` (spec anchors §1.3). The rules modelled:
+//! and `mr/detail/coalescing_free_list.hpp`. The rules modelled:
 //!
 //! - **Alignment**: requests are rounded up to `CUDA_ALLOCATION_ALIGNMENT` = 256 bytes.
 //! - **Per-stream free lists**: a freed block goes to the free list of its stream (the engine frees

@@ -1,4 +1,4 @@
-//! Policy specs as users write them: `NAME` or `NAME:OPTIONS` (`interface.md`).
+//! Policy specs as users write them: `NAME` or `NAME:OPTIONS` (`docs/interface.md`).
 
 use crate::error::{Error, Result};
 

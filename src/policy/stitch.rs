@@ -2,7 +2,7 @@
 //!
 //! Upstream: "GMLake: Efficient and Transparent GPU Memory Defragmentation for Large-scale DNN
 //! Training with Virtual Memory Stitching" (Guo et al., ASPLOS 2024; code in
-//! `intelligent-machine-learning/glake`, `GMLake/`), spec anchors §5.1. GMLake keeps PyTorch's
+//! `intelligent-machine-learning/glake`, `GMLake/`). GMLake keeps PyTorch's
 //! caching allocator for small blocks and serves large ones from physical chunks in 2 MiB
 //! granules (`cuMemCreate`), mapped into virtual ranges with the CUDA VMM API. When no single free
 //! block fits, it maps several free, non-contiguous physical chunks into one new virtual range

@@ -1,7 +1,7 @@
 //! The device limit a recorded run had, inferred from its out-of-memory evidence.
 //!
 //! A snapshot does not say how much memory the GPU had for the allocator (capacity minus the CUDA
-//! context, NCCL, other processes), but its events bound it (spec §7, §8, §9.3, §12.4):
+//! context, NCCL, other processes), but its events bound it (docs/pytorch-model.md#malloc-order):
 //!
 //! - **every success is a lower bound**: reserved memory reached its recorded peak, so the limit
 //!   is at least that peak;
@@ -13,19 +13,22 @@
 //!   reserved level R, so the limit was `R + F` at that moment.
 //!
 //! A flush alone does not prove an OOM: a program's `empty_cache()` followed by an allocation that
-//! needs a new segment records the same events. The lower bound tells them apart: a flush whose
+//! needs a new segment records the same events. Where the releases carry stacks, the stacks tell
+//! them apart ([`FlushCause`]): `empty_cache` / `emptyCache` frames are the program's call,
+//! `release_cached_blocks` under `malloc` is an out-of-memory fallback, whatever the levels say.
+//! Without stacks, the lower bound tells them apart: a flush whose
 //! `R + S` is at most the peak reserved elsewhere in the run cannot have been an OOM (the device
 //! served more than that), so it is an explicit `empty_cache()`. Above the peak the recording
 //! cannot tell the two apart, and the flush is taken as an OOM. With `garbage_collection_threshold`
-//! set, the allocator may release segments before its first attempt (spec §10), so such flushes
-//! prove nothing and are [`FlushKind::Unproven`].
+//! set, the allocator may release segments before its first attempt (docs/pytorch-model.md#gc), so
+//! such flushes prove nothing and are [`FlushKind::Unproven`].
 //!
 //! When other processes' memory changed during the run, one number may not fit every failure
 //! point: [`DeviceLimit::consistent`] is then false and each [`OomEntry`] and [`Flush`] keeps its
 //! own bound.
 
 use super::{Recorded, Source};
-use crate::trace::lifetimes::empty_cache_points;
+use crate::trace::lifetimes::{empty_cache_points, FlushCause, FlushCauses};
 use crate::trace::{Action, Trace};
 use serde::{Deserialize, Serialize};
 
@@ -63,6 +66,15 @@ pub enum FlushKind {
     OutOfMemory,
     /// Followed by an `oom` entry: the retry failed too.
     FailedRetry,
+    /// Its stack shows the program's `empty_cache()` call (`empty_cache` in
+    /// `torch/cuda/memory.py`, `THCPModule_emptyCache`, `emptyCache`), whatever follows it.
+    EmptyCacheByStack,
+    /// Its stack shows `release_cached_blocks` under `malloc`: a failed `cudaMalloc`, the cache
+    /// flush and the retry, whatever the levels say.
+    OutOfMemoryByStack,
+    /// Its stack shows `garbage_collect_cached_blocks`: garbage collection before a malloc's
+    /// first attempt, which proves nothing about the limit.
+    GarbageCollectionByStack,
     /// A segment allocation follows, but `garbage_collection_threshold` is set, so the releases
     /// may be garbage collection before a first attempt that succeeded.
     Unproven,
@@ -82,6 +94,27 @@ pub struct Flush {
     pub retry_bytes: Option<u64>,
     /// What the flush was.
     pub kind: FlushKind,
+}
+
+impl FlushKind {
+    /// True for a flush that was a malloc's out-of-memory fallback.
+    pub fn is_out_of_memory(self) -> bool {
+        matches!(
+            self,
+            FlushKind::OutOfMemory | FlushKind::OutOfMemoryByStack | FlushKind::FailedRetry
+        )
+    }
+
+    /// True for a flush that was the program's `empty_cache()` call.
+    pub fn is_empty_cache(self) -> bool {
+        matches!(
+            self,
+            FlushKind::EmptyCache
+                | FlushKind::EmptyCacheBelowPeak
+                | FlushKind::EmptyCacheBelowLimit
+                | FlushKind::EmptyCacheByStack
+        )
+    }
 }
 
 impl Flush {
@@ -157,26 +190,26 @@ impl DeviceLimit {
         if self.flushes.iter().any(|f| f.kind == FlushKind::Unproven) {
             return None;
         }
-        Some(
-            self.flushes
-                .iter()
-                .filter(|f| matches!(f.kind, FlushKind::OutOfMemory | FlushKind::FailedRetry))
-                .count() as u64,
-        )
+        Some(self.flushes.iter().filter(|f| f.kind.is_out_of_memory()).count() as u64)
     }
 
     /// One line saying what was inferred and from which events, for headers and notes.
     pub fn describe(&self) -> String {
-        let ooms = self.flushes.iter().filter(|f| f.kind == FlushKind::OutOfMemory).count();
-        let explicit = self
+        let ooms = self
+            .flushes
+            .iter()
+            .filter(|f| matches!(f.kind, FlushKind::OutOfMemory | FlushKind::OutOfMemoryByStack))
+            .count();
+        let explicit = self.flushes.iter().filter(|f| f.kind.is_empty_cache()).count();
+        let by_stack = self
             .flushes
             .iter()
             .filter(|f| {
                 matches!(
                     f.kind,
-                    FlushKind::EmptyCache
-                        | FlushKind::EmptyCacheBelowPeak
-                        | FlushKind::EmptyCacheBelowLimit
+                    FlushKind::EmptyCacheByStack
+                        | FlushKind::OutOfMemoryByStack
+                        | FlushKind::GarbageCollectionByStack
                 )
             })
             .count();
@@ -202,7 +235,11 @@ impl DeviceLimit {
                 .collect();
             s += &format!("; oom entries: {}", points.join(", "));
         }
-        s + &format!("; {ooms} OOM flushes, {explicit} empty_cache() flushes")
+        s += &format!("; {ooms} OOM flushes, {explicit} empty_cache() flushes");
+        if by_stack > 0 {
+            s += &format!(" ({by_stack} told by their stacks)");
+        }
+        s
     }
 }
 
@@ -233,7 +270,8 @@ pub fn infer(trace: &Trace, recorded: &Recorded) -> DeviceLimit {
             recorded.reserved_after[i - 1]
         }
     };
-    let explicit = empty_cache_points(events);
+    let causes = FlushCauses::of(&trace.frames);
+    let explicit = empty_cache_points(events, &causes);
     let releases = |a: Action| matches!(a, Action::SegmentFree | Action::SegmentUnmap);
     let mut i = 0;
     while i < events.len() {
@@ -251,9 +289,20 @@ pub fn infer(trace: &Trace, recorded: &Recorded) -> DeviceLimit {
             continue;
         }
         let start = i;
+        // The run's stack cause: its first release with a telling stack; a release whose stack
+        // names another cause starts another flush (as [`EmptyCacheRuns`] splits them).
+        let mut cause = causes.get(e.frames);
+        i += 1;
         while i < events.len()
             && (releases(events[i].action) || events[i].action == Action::FreeCompleted)
         {
+            if releases(events[i].action) {
+                match (cause, causes.get(events[i].frames)) {
+                    (Some(c), Some(d)) if c != d => break,
+                    (None, d) => cause = d,
+                    _ => {}
+                }
+            }
             i += 1;
         }
         let before = reserved_before(start);
@@ -262,9 +311,12 @@ pub fn infer(trace: &Trace, recorded: &Recorded) -> DeviceLimit {
             retry_event: None,
             reserved_before: before,
             retry_bytes: None,
-            kind: FlushKind::EmptyCache,
+            kind: match cause {
+                Some(FlushCause::EmptyCacheCall) => FlushKind::EmptyCacheByStack,
+                _ => FlushKind::EmptyCache,
+            },
         };
-        if !explicit[start] {
+        if cause != Some(FlushCause::EmptyCacheCall) && !explicit[start] {
             match events.get(i).map(|e| e.action) {
                 Some(Action::Oom) => flush.kind = FlushKind::FailedRetry,
                 Some(Action::SegmentAlloc) => {
@@ -278,7 +330,12 @@ pub fn infer(trace: &Trace, recorded: &Recorded) -> DeviceLimit {
                 }
                 _ => {}
             }
-            if let Some(need) = flush.needed_bytes() {
+            if cause == Some(FlushCause::GarbageCollection) {
+                flush.kind = FlushKind::GarbageCollectionByStack;
+            } else if cause == Some(FlushCause::OutOfMemory) && flush.kind != FlushKind::FailedRetry
+            {
+                flush.kind = FlushKind::OutOfMemoryByStack;
+            } else if let Some(need) = flush.needed_bytes() {
                 flush.kind = if gc {
                     FlushKind::Unproven
                 } else if need <= limit.at_least_bytes {
@@ -302,7 +359,9 @@ pub fn infer(trace: &Trace, recorded: &Recorded) -> DeviceLimit {
             }
         }
     }
-    for f in limit.flushes.iter().filter(|f| f.kind == FlushKind::OutOfMemory) {
+    let proven_oom =
+        |k: FlushKind| matches!(k, FlushKind::OutOfMemory | FlushKind::OutOfMemoryByStack);
+    for f in limit.flushes.iter().filter(|f| proven_oom(f.kind)) {
         let need = f.needed_bytes().unwrap_or(u64::MAX);
         if limit.below_bytes.is_none_or(|b| need < b) {
             limit.below_bytes = Some(need);

@@ -4,10 +4,10 @@
 //! own figures where the file carries them:
 //!
 //! - a PyTorch snapshot records every change of reserved memory (`segment_alloc`/`segment_free`,
-//!   `segment_map`/`segment_unmap`, spec §12.3) and the final segments, so reserved memory at the
-//!   first event is the final total minus the net of those events, and reserved over time follows
-//!   exactly; request sizes (live-at-start blocks plus `alloc`/free events) give requested bytes.
-//!   Block sizes are not recorded, so allocated bytes are unknown;
+//!   `segment_map`/`segment_unmap`; docs/pytorch-model.md#reserved-curve) and the final segments,
+//!   so reserved memory at the first event is the final total minus the net of those events, and
+//!   reserved over time follows exactly; request sizes (live-at-start blocks plus `alloc`/free
+//!   events) give requested bytes. Block sizes are not recorded, so allocated bytes are unknown;
 //! - a Kineto trace records the allocator's `Total Allocated` and `Total Reserved` after every
 //!   `[memory]` event ([`Trace::recorded_totals`]); requests and segment calls are unknown.
 //!

@@ -199,3 +199,134 @@ fn kineto_events_without_totals_record_nothing() {
     assert_eq!(recorded(&t, 0), None);
     assert_eq!(kineto_start::start_state(&t, 0), None);
 }
+
+/// The C++ and Python frames PyTorch records for a release made by `torch.cuda.empty_cache()`.
+fn empty_cache_stack() -> Vec<crate::trace::Frame> {
+    let f = |filename: &str, name: &str| crate::trace::Frame {
+        filename: filename.into(),
+        line: 0,
+        name: name.into(),
+    };
+    vec![
+        f("??", "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::release_cached_blocks(std::shared_ptr<c10::GatheredContext> const&)"),
+        f("??", "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::emptyCache()"),
+        f("??", "THCPModule_emptyCache(_object*, _object*)"),
+        f("/usr/lib/python3/site-packages/torch/cuda/memory.py", "empty_cache"),
+        f("calibrate.py", "calibrate_layer"),
+    ]
+}
+
+/// The frames of a release inside a malloc whose `cudaMalloc` failed (its out-of-memory
+/// fallback): the stack of the allocation that failed.
+fn oom_stack() -> Vec<crate::trace::Frame> {
+    let f = |name: &str| crate::trace::Frame { filename: "??".into(), line: 0, name: name.into() };
+    vec![
+        f("c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::release_cached_blocks(std::shared_ptr<c10::GatheredContext> const&)"),
+        f("c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(signed char, unsigned long, CUstream_st*)"),
+        f("at::empty_strided(...)"),
+    ]
+}
+
+/// `src` as a snapshot whose releases at `stacks`' event indices carry those frames.
+fn with_stacks(
+    src: &str,
+    segments: Vec<Segment>,
+    stacks: &[(usize, Vec<crate::trace::Frame>)],
+) -> Trace {
+    let mut t = snapshot(src, segments);
+    for (i, frames) in stacks {
+        let id = t.frames.intern(frames.clone());
+        t.devices[0].events[*i].frames = id;
+    }
+    t
+}
+
+/// Read back from a pickle as commands read it (frames not asked for): the releases' stacks
+/// must survive, since they decide what each flush was.
+fn through_pickle(t: &Trace) -> Trace {
+    let mut bytes = Vec::new();
+    crate::trace::snapshot::write(t, &mut bytes).unwrap();
+    let back = crate::trace::snapshot::read(&bytes, &ReadOptions::default()).unwrap();
+    let releases = |t: &Trace| -> Vec<crate::trace::FramesId> {
+        t.devices[0]
+            .events
+            .iter()
+            .filter(|e| e.action == crate::trace::Action::SegmentFree)
+            .map(|e| e.frames)
+            .collect()
+    };
+    assert!(releases(&back).iter().all(|f| *f != crate::trace::FramesId::NONE));
+    assert_eq!(releases(&back).len(), releases(t).len());
+    back
+}
+
+#[test]
+fn a_release_whose_stack_shows_empty_cache_is_the_programs_call_whatever_the_levels() {
+    // A 60 MiB segment cached at the start, a small segment for a small block; the program
+    // calls empty_cache() (its stack says so) and then needs 50 MiB, a new segment: by the
+    // levels (62 + 50 above the 62 MiB peak) this reads as an OOM flush and a retry; by the
+    // stack it is the program's call.
+    let src = "segment_alloc 0x30000000 2097152\nalloc 0x30000000 4096\n\
+               segment_free 0x10000000 62914560\n\
+               segment_alloc 0x20000000 52428800\nalloc 0x20000000 52428800\n";
+    let segs = vec![segment(0x20000000, 50 * MIB), segment(0x30000000, 2 * MIB)];
+    let frameless = snapshot(src, segs.clone());
+    let l = limit::infer(&frameless, &recorded(&frameless, 0).unwrap());
+    assert_eq!(l.flushes[0].kind, FlushKind::OutOfMemory, "the level rule alone: {l:?}");
+    assert_eq!(l.limit_bytes, Some(62 * MIB));
+
+    let t = through_pickle(&with_stacks(src, segs, &[(2, empty_cache_stack())]));
+    let r = recorded(&t, 0).unwrap();
+    let l = limit::infer(&t, &r);
+    assert_eq!(l.flushes[0].kind, FlushKind::EmptyCacheByStack, "{l:?}");
+    assert_eq!((l.limit_bytes, l.below_bytes), (None, None), "no memory pressure: {l:?}");
+    assert_eq!(l.proven_retries(), Some(0));
+    assert!(l.describe().contains("1 told by their stacks"), "{}", l.describe());
+    let input = ReplayInput::new(&t, Some(0)).unwrap();
+    assert_eq!(input.empty_cache_at, [2]);
+    assert!(input.undecided_flushes.is_empty());
+    // Replayed with the call, the PyTorch policy reproduces the recording.
+    let spec = &PolicySpec::parse_list("pytorch").unwrap()[0];
+    let options = ReplayOptions { capacity: l.limit_bytes, ..ReplayOptions::default() };
+    let out = policy::lookup(&spec.name).unwrap().run(spec, &input, &options).unwrap();
+    assert_eq!(out.result.peak_reserved_bytes, r.peak_reserved_bytes);
+    assert!(!out.result.oom);
+}
+
+#[test]
+fn a_release_inside_a_malloc_is_an_oom_flush_whatever_the_levels() {
+    // 200 MiB reached earlier; later, at 60 MiB, a flush and a 20 MiB retry: by the levels
+    // (60 + 20 below the peak) a call, by the stack (release_cached_blocks under malloc) the
+    // fallback of a malloc that ran out of memory. With garbage collection set, the levels
+    // prove nothing, but the stack still does.
+    let src = "segment_alloc 0x40000000 146800640\nsegment_free 0x40000000 146800640\n\
+               alloc 0x1000 512\nsegment_free 0x10000000 62914560\n\
+               segment_alloc 0x20000000 20971520\nalloc 0x20000000 20971520\n";
+    let segs = vec![segment(0x20000000, 20 * MIB)];
+    let calls = |t: &Trace| ReplayInput::new(t, Some(0)).unwrap().empty_cache_at;
+    let frameless = snapshot(src, segs.clone());
+    assert_eq!(calls(&frameless), [1, 3], "the level rule alone");
+    let t = through_pickle(&with_stacks(src, segs, &[(1, empty_cache_stack()), (3, oom_stack())]));
+    assert_eq!(calls(&t), [1]);
+    let l = limit::infer(&t, &recorded(&t, 0).unwrap());
+    let kinds: Vec<FlushKind> = l.flushes.iter().map(|f| f.kind).collect();
+    assert_eq!(kinds, [FlushKind::EmptyCacheByStack, FlushKind::OutOfMemoryByStack]);
+    assert_eq!(l.proven_retries(), Some(1));
+    assert_eq!(l.below_event, Some(3));
+}
+
+#[test]
+fn releases_with_different_stacks_back_to_back_are_two_flushes() {
+    // empty_cache() releases one segment; the next malloc runs out of memory at once and
+    // releases another: one run of releases, two flushes.
+    let src = "alloc 0x1000 512\nsegment_free 0x10000000 20971520\n\
+               segment_free 0x11000000 20971520\nsegment_alloc 0x20000000 104857600\n\
+               alloc 0x20000000 104857600\n";
+    let segs = vec![segment(0x20000000, 100 * MIB)];
+    let t = with_stacks(src, segs, &[(1, empty_cache_stack()), (2, oom_stack())]);
+    assert_eq!(ReplayInput::new(&t, Some(0)).unwrap().empty_cache_at, [1]);
+    let l = limit::infer(&t, &recorded(&t, 0).unwrap());
+    let kinds: Vec<(u64, FlushKind)> = l.flushes.iter().map(|f| (f.event, f.kind)).collect();
+    assert_eq!(kinds, [(1, FlushKind::EmptyCacheByStack), (2, FlushKind::OutOfMemoryByStack)]);
+    assert_eq!(l.flushes[1].retry_bytes, Some(100 * MIB));
+}

@@ -348,7 +348,7 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
     let mut flush_run_to = u64::MAX - 1;
     K::walk(input, last, !PLAIN, |index, e, slot| {
         // A policy's input error names the event it was replaying (a backend error names the
-        // driver call instead, as interface.md promises).
+        // driver call instead, as docs/interface.md promises).
         let at = |err: Error| match err.kind() {
             crate::error::ErrorKind::Backend => err,
             _ => err.at(crate::error::Place::Event(index)),
@@ -365,7 +365,9 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
             let after_free = match e.action {
                 Action::Alloc => {
                     if e.size == 0 {
-                        break 'event; // zero-byte requests never reach the allocator (spec §16.6)
+                        // Zero-byte requests never reach the allocator:
+                        // docs/pytorch-model.md#zero-byte.
+                        break 'event;
                     }
                     // The recording reused the address of a block we still hold: that block was
                     // freed before this alloc, though its free was not recorded.

@@ -9,7 +9,7 @@ use crate::policy::PolicyContext;
 use crate::recorded::CapacityKind;
 use crate::trace::fst::FstStream;
 use crate::trace::lifetimes::{
-    live_at_start_of, AddrMap, AddrSet, EmptyCacheRuns, Lifetimes, LiveBlock, Retried,
+    live_at_start_of, AddrMap, AddrSet, EmptyCacheRuns, FlushCauses, Lifetimes, LiveBlock, Retried,
 };
 use crate::trace::limits::STREAMS_PER_DEVICE;
 use crate::trace::pool_routes::PoolRoutes;
@@ -212,7 +212,7 @@ impl<'a> ReplayInput<'a> {
         }
         let frees_at = lifetimes.frees_at;
         let slots = Slots::assign(events, &live_at_start, frees_at)?;
-        let mut runs = EmptyCacheRuns::default();
+        let mut runs = EmptyCacheRuns::new(FlushCauses::of(&trace.frames));
         for (i, e) in events.iter().enumerate() {
             runs.push(i as u64, e);
         }
@@ -247,7 +247,7 @@ impl<'a> ReplayInput<'a> {
         let device = pick_device(device, file.default_device(), have)?;
         let trace = file.head();
         let mut completes = false;
-        let mut runs = EmptyCacheRuns::default();
+        let mut runs = EmptyCacheRuns::new(FlushCauses::of(&trace.frames));
         let mut first_time_us = None;
         let mut streams = AddrSet::default();
         file.each_event(device, u64::MAX, true, |i, e| {

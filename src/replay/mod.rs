@@ -18,14 +18,14 @@
 //! the request size). The results are the same number for number. `offline`, which plans with
 //! every lifetime, loads a streamed input's events for its own replay.
 //!
-//! Semantics, following the PyTorch allocator (docs/pytorch-model.md): an `alloc` calls the policy's malloc
-//! with the request size and stream; a free takes effect at `free_completed` (`free_requested`
-//! only marks the caller's intent) — or at `free_requested` in formats that record one kind of
-//! free; a run of recorded `segment_free`s outside any malloc is the program calling
-//! `empty_cache()`, so every policy is asked to flush there too (and so is one before a retried
-//! allocation that the recorded levels, or the recorded allocator's model, show was no OOM
-//! fallback: [`EmptyCacheRuns`]); an `oom` entry is a request every policy tries, and frees at
-//! once if it is served. Blocks live before the first
+//! Semantics, following the PyTorch allocator (docs/pytorch-model.md#free-and-merge): an `alloc`
+//! calls the policy's malloc with the request size and stream; a free takes effect at
+//! `free_completed` (`free_requested` only marks the caller's intent) — or at `free_requested` in
+//! formats that record one kind of free; a run of recorded `segment_free`s outside any malloc is
+//! the program calling `empty_cache()`, so every policy is asked to flush there too (and so is one
+//! before a retried allocation that the recorded levels, or the recorded allocator's model, show
+//! was no OOM fallback: [`EmptyCacheRuns`]); an `oom` entry is a request every policy tries, and
+//! frees at once if it is served. Blocks live before the first
 //! event are allocated first, in address order, so every policy carries them (a policy that knows
 //! how the recorded allocator held them installs that state instead, [`Policy::start`]). Frees of
 //! addresses the replay never allocated are counted, never fatal. Reserved bytes are read from the backend,

@@ -4,7 +4,7 @@
 //! a plotting budget), re-runs one policy up to its peak for the segment map, and summarises the
 //! trace; [`write_dir`] hands the resulting [`ReportData`] to one writer per file (charts in
 //! [`super::plot`], tables in [`super::markdown`], [`super::csv`], [`super::json`], the page in
-//! [`super::html`]). No writer re-reads the trace or re-runs a replay (style B12).
+//! [`super::html`]). No writer re-reads the trace or re-runs a replay: one source for every output.
 
 use super::plot;
 use crate::error::{Error, Result};
@@ -81,7 +81,7 @@ impl ReportPlan {
 pub struct TraceSummary {
     /// The path as given.
     pub path: String,
-    /// The format name (`interface.md`), e.g. `pytorch-snapshot`.
+    /// The format name (`docs/interface.md`), e.g. `pytorch-snapshot`.
     pub format: &'static str,
     /// The device replayed.
     pub device: i32,

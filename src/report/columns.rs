@@ -1,6 +1,6 @@
 //! Every column a results table can show, defined once: its JSON key, header, unit and how to read
 //! it from a [`PolicyResult`]. The terminal table, the Markdown summary, the HTML page and the CSV
-//! all take their columns from here, so they cannot drift apart (style B12; hyperfine's
+//! all take their columns from here, so they cannot drift apart (hyperfine's
 //! hand-synced CSV is the counter-example).
 
 use crate::metrics::PolicyResult;

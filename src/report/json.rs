@@ -1,4 +1,4 @@
-//! `replay --json`: one object per `interface.md`; `report` writes the same object as
+//! `replay --json`: one object per `docs/interface.md`; `report` writes the same object as
 //! `results.json`.
 
 use super::bundle::ReportData;

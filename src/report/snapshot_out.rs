@@ -5,7 +5,7 @@
 //! The snapshot holds the replayed device's simulated events (policy addresses, recorded by the
 //! engine when `ReplayOptions::record_events` is set), the policy's segments at the end of the
 //! replay, and the input's `allocator_settings`; the wire format is
-//! [`snapshot::write`] (interface.md, `--export-snapshot`).
+//! [`snapshot::write`] (docs/interface.md, `--export-snapshot`).
 
 use crate::error::{Error, Result};
 use crate::replay::ReplayOutput;

@@ -37,7 +37,7 @@ use std::io::{BufRead, Write};
 const DEVICE_TYPE_CPU: u64 = 0;
 /// Kineto's `Device Type` for CUDA memory (c10::DeviceType::CUDA).
 const DEVICE_TYPE_CUDA: u64 = 1;
-/// The device fragsim files host memory under (interface.md).
+/// The device fragsim files host memory under (docs/interface.md).
 pub const HOST_DEVICE: i32 = -1;
 
 /// Reads a Kineto trace held in memory.

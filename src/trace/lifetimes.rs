@@ -8,8 +8,9 @@
 //! and the policies that recover a start state all read them from here, and the orphan-free scan
 //! is written once ([`scan`]).
 
-use super::{Action, BlockState, DeviceTrace, Event, Trace};
+use super::{Action, BlockState, DeviceTrace, Event, Frame, FrameTable, FramesId, Trace};
 use crate::error::Result;
+use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -119,15 +120,75 @@ pub fn free_action(events: &[Event]) -> Action {
     }
 }
 
+/// Why the recorded allocator released cached segments, as the stack a release recorded says.
+///
+/// PyTorch records each `segment_free` / `segment_unmap` with the stack of the call that
+/// released it: `torch.cuda.empty_cache()` shows `empty_cache` (Python, `torch/cuda/memory.py`)
+/// and `THCPModule_emptyCache` / `NativeCachingAllocator::emptyCache` (C++); a malloc's
+/// out-of-memory fallback shows `release_cached_blocks` (or `release_available_cached_blocks`)
+/// under `malloc`; garbage collection shows `garbage_collect_cached_blocks`. Where a release
+/// carries such a stack, it decides; where it carries none, the recorded levels do
+/// ([`EmptyCacheRuns`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FlushCause {
+    /// The program called `empty_cache()`.
+    EmptyCacheCall,
+    /// A malloc whose `cudaMalloc` failed released the cache to retry: out of memory.
+    OutOfMemory,
+    /// Garbage collection before a malloc's first attempt (`garbage_collection_threshold`).
+    GarbageCollection,
+}
+
+impl FlushCause {
+    /// What `frames` (one release's stack, innermost first or last) say, if anything.
+    pub fn of_stack(frames: &[Frame]) -> Option<FlushCause> {
+        let has = |pred: &dyn Fn(&Frame) -> bool| frames.iter().any(pred);
+        if has(&|f| {
+            f.name.contains("emptyCache")
+                || (f.name == "empty_cache" && f.filename.ends_with("torch/cuda/memory.py"))
+        }) {
+            return Some(FlushCause::EmptyCacheCall);
+        }
+        if has(&|f| f.name.contains("garbage_collect_cached_blocks")) {
+            return Some(FlushCause::GarbageCollection);
+        }
+        let releases = has(&|f| f.name.contains("release_cached_blocks"))
+            || has(&|f| f.name.contains("release_available_cached_blocks"));
+        let in_malloc = has(&|f| f.name.contains("malloc"));
+        (releases && in_malloc).then_some(FlushCause::OutOfMemory)
+    }
+}
+
+/// [`FlushCause::of_stack`] for every stack of a [`FrameTable`], looked up by [`FramesId`]:
+/// what [`EmptyCacheRuns`] consults for each release.
+#[derive(Clone, Debug, Default)]
+pub struct FlushCauses(Vec<Option<FlushCause>>);
+
+impl FlushCauses {
+    /// Classifies each stack of `table` once.
+    pub fn of(table: &FrameTable) -> FlushCauses {
+        let ids = 1..=table.len() as u32;
+        FlushCauses(ids.map(|i| FlushCause::of_stack(table.get(FramesId(i)))).collect())
+    }
+
+    /// What the stack `id` says (`None`: no stack, or one that says nothing).
+    pub fn get(&self, id: FramesId) -> Option<FlushCause> {
+        id.0.checked_sub(1).and_then(|k| self.0.get(k as usize)).copied().flatten()
+    }
+}
+
 /// For each event, true where the recorded program released cached memory on its own: a run of
-/// `segment_free` / `segment_unmap` that is not part of a malloc's fallback, i.e. not followed
-/// (after any `free_completed`) by a `segment_alloc`, `segment_map` or `oom` of the same malloc.
-/// Spec §19.4: such runs are `empty_cache()` calls. Only the first event of each run is marked.
+/// `segment_free` / `segment_unmap` whose stack shows `empty_cache()` ([`FlushCause`]), or, with
+/// no telling stack, that is not part of a malloc's fallback, i.e. not followed (after any
+/// `free_completed`) by a `segment_alloc`, `segment_map` or `oom` of the same malloc.
+/// Such runs are `empty_cache()` calls (see docs/pytorch-model.md#recorded-flushes). Only the
+/// first event of each run is marked.
+/// `causes` classifies the events' stacks ([`FlushCauses::of`] the trace's frames).
 /// [`EmptyCacheRuns`] finds the same calls one event at a time, and also the calls a retried
 /// allocation follows that the recording proves were no OOM.
-pub fn empty_cache_points(events: &[Event]) -> Vec<bool> {
+pub fn empty_cache_points(events: &[Event], causes: &FlushCauses) -> Vec<bool> {
     let mut marks = vec![false; events.len()];
-    let mut runs = EmptyCacheRuns::default();
+    let mut runs = EmptyCacheRuns::new(causes.clone());
     for (i, e) in events.iter().enumerate() {
         runs.push(i as u64, e);
     }
@@ -152,8 +213,12 @@ pub fn empty_cache_points(events: &[Event]) -> Vec<bool> {
 /// the calls found, the candidates of the second kind and the run being read, nothing per event.
 #[derive(Clone, Debug, Default)]
 pub struct EmptyCacheRuns {
+    /// What each release's stack says ([`FlushCause`]).
+    causes: FlushCauses,
     /// The run being read: its first index and the reserved level before it.
     run: Option<(u64, i128)>,
+    /// What the stacks of the run being read say (the first release with a telling stack).
+    run_cause: Option<FlushCause>,
     /// A run followed by `segment_map`s, still summing them: its first index and the level the
     /// maps need so far.
     mapping: Option<(u64, i128)>,
@@ -172,6 +237,13 @@ pub struct EmptyCacheRuns {
 }
 
 impl EmptyCacheRuns {
+    /// Finds the calls of a recording whose releases' stacks `causes` classifies
+    /// ([`FlushCauses::of`] the trace's frames); [`EmptyCacheRuns::default`] for one without
+    /// stacks.
+    pub fn new(causes: FlushCauses) -> EmptyCacheRuns {
+        EmptyCacheRuns { causes, ..EmptyCacheRuns::default() }
+    }
+
     /// Takes the next event and its index.
     #[inline]
     pub fn push(&mut self, index: u64, e: &Event) {
@@ -190,18 +262,39 @@ impl EmptyCacheRuns {
             }
         }
         let flush = matches!(action, Action::SegmentFree | Action::SegmentUnmap);
-        match self.run {
-            Some(_) if flush || action == Action::FreeCompleted => {}
-            Some((start, before)) => {
+        let cause = if flush { self.causes.get(e.frames) } else { None };
+        // Releases whose stacks name another cause than the run's so far are another flush
+        // (`empty_cache()`, then a malloc that ran out of memory): the run ends before them.
+        if let (Some((start, _)), Some(c), Some(d)) = (self.run, self.run_cause, cause) {
+            if c != d {
                 self.run = None;
-                match action {
-                    Action::SegmentAlloc => self.push_retried(start, before + size),
-                    Action::SegmentMap => self.mapping = Some((start, before + size)),
-                    Action::Oom => {} // the retry failed too: an OOM
-                    _ => self.calls.push(start),
+                self.run_cause = None;
+                if c == FlushCause::EmptyCacheCall {
+                    self.calls.push(start);
                 }
             }
-            None if flush => self.run = Some((index, self.level)),
+        }
+        match self.run {
+            Some(_) if flush && self.run_cause.is_none() => self.run_cause = cause,
+            Some(_) if flush => {}
+            Some(_) if action == Action::FreeCompleted => {}
+            Some((start, before)) => {
+                self.run = None;
+                match self.run_cause.take() {
+                    Some(FlushCause::EmptyCacheCall) => self.calls.push(start),
+                    Some(FlushCause::OutOfMemory | FlushCause::GarbageCollection) => {}
+                    None => match action {
+                        Action::SegmentAlloc => self.push_retried(start, before + size),
+                        Action::SegmentMap => self.mapping = Some((start, before + size)),
+                        Action::Oom => {} // the retry failed too: an OOM
+                        _ => self.calls.push(start),
+                    },
+                }
+            }
+            None if flush => {
+                self.run = Some((index, self.level));
+                self.run_cause = cause;
+            }
             None => {}
         }
         match action {
@@ -241,7 +334,10 @@ impl EmptyCacheRuns {
     /// cannot tell which. A model of the recorded allocator can: only a request its cache could
     /// not serve falls back. In event order; none with `below_limit` off.
     pub fn finish_with_undecided(mut self, below_limit: bool) -> (Vec<u64>, Vec<Retried>) {
-        self.calls.extend(self.run.take().map(|(start, _)| start));
+        let cause = self.run_cause.take();
+        let last =
+            self.run.take().filter(|_| cause.is_none_or(|c| c == FlushCause::EmptyCacheCall));
+        self.calls.extend(last.map(|(start, _)| start));
         if let Some((start, need)) = self.mapping.take() {
             self.retried.push((start, need, None));
         }
@@ -510,7 +606,10 @@ mod tests {
             "segment_free 0x0 2097152\nsegment_free 0x200000 2097152\nalloc 0x0 8\n\
              segment_free 0x400000 2097152\nsegment_alloc 0x800000 20971520\nalloc 0x800000 4096\n",
         );
-        assert_eq!(empty_cache_points(&e), vec![true, false, false, false, false, false]);
+        assert_eq!(
+            empty_cache_points(&e, &FlushCauses::default()),
+            vec![true, false, false, false, false, false]
+        );
     }
 
     #[test]

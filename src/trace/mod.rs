@@ -4,7 +4,7 @@
 //! (`alloc`, `free_requested`, `free_completed`, `segment_*`, `oom`, `snapshot`), plus what a
 //! PyTorch snapshot records beside its trace: the final [`Segment`]s with their blocks and the
 //! [`AllocatorSettings`] the run used. The PyTorch policy needs both to recover the allocator state
-//! at the first event (spec §14.7).
+//! at the first event (docs/pytorch-model.md#snapshot-start-state).
 //!
 //! An [`Event`] is a small `Copy` struct (40 bytes): stack frames are interned once per distinct
 //! frame list in a [`FrameTable`] and referenced by [`FramesId`], and they are kept only when the

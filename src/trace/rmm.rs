@@ -1,7 +1,7 @@
 //! RAPIDS RMM `logging_resource_adaptor` CSV logs: reading and writing.
 //!
 //! Upstream: `rapidsai/rmm` `cpp/src/mr/detail/logging_resource_adaptor_impl.cpp` (the writer) and
-//! `cpp/benchmarks/utilities/log_parser.hpp` (RMM's own replay parser); anchors.md §1.1.
+//! `cpp/benchmarks/utilities/log_parser.hpp` (RMM's own replay parser).
 //!
 //! ```text
 //! Thread,Time,Action,Pointer,Size,Stream

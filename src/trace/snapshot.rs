@@ -1,8 +1,9 @@
 //! PyTorch memory snapshots (`torch.cuda.memory._dump_snapshot`): reading and writing.
 //!
 //! Upstream: `torch/csrc/cuda/memory_snapshot.cpp` (`_memory_snapshot_pickled`, the dict builder)
-//! and `torch/cuda/memory.py` (`_snapshot`, `_dump_snapshot`); the schema is spec §14. The opcode
-//! level lives in [`super::pickle`]; this file only maps the schema onto the model, in one place:
+//! and `torch/cuda/memory.py` (`_snapshot`, `_dump_snapshot`); the schema is in
+//! docs/pytorch-model.md#snapshot-format. The opcode level lives in [`super::pickle`]; this file
+//! only maps the schema onto the model, in one place:
 //!
 //! - `device_traces[i]` → `DeviceTrace { device: i }`, every index kept (even empty ones) so the
 //!   numbering matches PyTorch's; each entry's `action` per [`Action::from_name`], where the old
@@ -10,7 +11,7 @@
 //!   memory are skipped (`annotate`; `user_defined`, which ≈ 2.4–2.5 wrote at the start and end
 //!   of every `torch.profiler.record_function` while history was recorded), and any
 //!   other action is an input error naming the device and entry index; `oom` entries carry
-//!   `device_free` instead of `addr` (spec §12.4), which becomes the event's `addr`.
+//!   `device_free` instead of `addr` (docs/pytorch-model.md#oom), which becomes the event's `addr`.
 //! - `time_us` (≈ 2.2+) when every entry has it (`has_times`), else each entry's index.
 //! - `segments` → [`Segment`]s with their [`Block`]s; 2.0-era blocks without `address` sit at the
 //!   segment address plus the sizes of the blocks before them (their `history` is ignored).
@@ -24,7 +25,7 @@
 //!
 //! Reading streams ([`stream`]): each batch of `device_traces` entries becomes events as soon as
 //! the decoder has it, and is then dropped, so reading holds the events plus one batch; the
-//! segments and settings, small beside the entries, are decoded as a tree as before. With
+//! segments and settings, small beside the entries, are decoded as a tree. With
 //! frames, the frame lists and dicts of dropped entries that the file may refer back to are
 //! kept as what they became (an interned stack, a decoded frame). The same per-entry conversion
 //! serves the whole-pickle reader ([`read`]), which answers a file that refers back to an entry
@@ -279,15 +280,24 @@ impl DeviceEvents {
         p: &Pickle,
         device: i32,
         (entry, list): (Value, Value),
-        frames: &mut dyn FnMut(Value, usize, Option<u64>) -> std::result::Result<FramesId, Stop>,
+        frames: &mut dyn FnMut(
+            Value,
+            usize,
+            Option<u64>,
+            bool,
+        ) -> std::result::Result<FramesId, Stop>,
         pools: &mut EntryPools,
     ) -> std::result::Result<(), Stop> {
         let index = self.entries;
         self.entries += 1;
         let Some(e) = read_entry(p, device, index, entry, list)? else { return Ok(()) };
         let at = byte_of(p, entry, list);
+        // A release's stack says why the cache was flushed (`empty_cache()` or a malloc's
+        // out-of-memory fallback): kept even when other frames are not.
+        let release =
+            e.actions.iter().any(|a| matches!(a, Action::SegmentFree | Action::SegmentUnmap));
         let frames = match e.frames {
-            Some(f) => frames(f, index, at)?,
+            Some(f) => frames(f, index, at, release)?,
             None => FramesId::NONE,
         };
         let pool = pools.intern(e.pool).map_err(|m| entry_err(device, index, m, at))?;
@@ -522,8 +532,9 @@ impl pickle::Sink for Streamer {
         }
         let events = &mut self.devices[device];
         let (reader, table, pools) = (&mut self.reader, &mut self.table, &mut self.pools);
-        let mut frames =
-            |f: Value, index: usize, at: Option<u64>| reader.frames(p, f, table, (d, index, at));
+        let mut frames = |f: Value, index: usize, at: Option<u64>, release: bool| {
+            reader.frames(p, f, table, (d, index, at), release)
+        };
         for &entry in items {
             events.add(p, d, (entry, list), &mut frames, pools)?;
         }
@@ -681,8 +692,8 @@ impl Reader {
             )
         })?;
         let mut events = DeviceEvents::new(entries.len().min(1 << 20));
-        let mut frames = |f: Value, index: usize, at: Option<u64>| {
-            self.frames(p, f, &mut trace.frames, (device, index, at))
+        let mut frames = |f: Value, index: usize, at: Option<u64>, release: bool| {
+            self.frames(p, f, &mut trace.frames, (device, index, at), release)
         };
         for &entry in entries {
             events.add(p, device, (entry, list), &mut frames, pools).map_err(refusal_error)?;
@@ -690,18 +701,27 @@ impl Reader {
         Ok(events)
     }
 
-    /// Interns entry `index`'s frame list `v` (when frames are kept), once per list object.
+    /// Interns entry `index`'s frame list `v` (when frames are kept, or the entry is a
+    /// `release` of cached memory, whose stack says why), once per list object.
     /// `(device, index, at)` name the entry for errors, which name the byte offset of the
-    /// offending frame or of the list where there is one, else `at`.
+    /// offending frame or of the list where there is one, else `at`. A release's frames read
+    /// without [`ReadOptions::keep_frames`] are best effort: where streaming dropped them, the
+    /// release has none.
     fn frames(
         &mut self,
         p: &Pickle,
         v: Value,
         table: &mut FrameTable,
         (device, index, at): (i32, usize, Option<u64>),
+        release: bool,
     ) -> std::result::Result<FramesId, Stop> {
         if !self.keep_frames {
-            return Ok(FramesId::NONE);
+            let dropped = |f: &Value| matches!(f, Value::Handle(_) | Value::Dropped);
+            let whole = matches!(v, Value::List(_) | Value::Tuple(_))
+                && !p.items(v).unwrap_or(&[]).iter().any(dropped);
+            if !release || !whole {
+                return Ok(FramesId::NONE);
+            }
         }
         let err = |m: String, frame_at: Option<u64>| -> Stop {
             entry_err(device, index, m, frame_at.or(at)).into()

@@ -7,7 +7,7 @@
 //!
 //! Frees take effect at the action the replay engine uses
 //! ([`free_action`]): `free_completed` when a trace has
-//! any, else `free_requested`. The serialised form is `info --json` (interface.md: `format`,
+//! any, else `free_requested`. The serialised form is `info --json` (docs/interface.md: `format`,
 //! `devices` with `device`, `events` and `by_action`, `orphan_frees`, `peak_live_bytes`).
 
 use super::lifetimes::free_action;

@@ -1,20 +1,22 @@
 //! `fragsim validate`: replays a PyTorch snapshot through the [`PyTorch`] policy from the
 //! recovered start state and compares every decision with what the real allocator recorded.
 //!
-//! Spec §19.4–§19.6. The recording supplies what a snapshot cannot know, and nothing else: a new
-//! segment takes the address recorded for it within the same malloc; a `cudaMalloc` or page map
-//! succeeds exactly when the recording shows it did (a recorded release after it, or an `oom`,
-//! means it failed); a recorded run of `segment_free` outside a malloc is an `empty_cache()` that
-//! the simulated allocator performs itself. Compared: every `alloc` address, every segment event
-//! (kind, size, address, in order), the peak of the reserved curve (§12.3) from the start
-//! state's reserved bytes, and the final layout against the snapshot's `segments` (§16.5).
+//! See docs/pytorch-model.md#validation. The recording supplies what a snapshot cannot know, and
+//! nothing else: a new segment takes the address recorded for it within the same malloc; a
+//! `cudaMalloc` or page map succeeds exactly when the recording shows it did (a recorded release
+//! after it, or an `oom`, means it failed); a recorded run of `segment_free` outside a malloc is an
+//! `empty_cache()` that the simulated allocator performs itself. Compared: every `alloc` address,
+//! every segment event (kind, size, address, in order), the peak of the reserved curve
+//! (docs/pytorch-model.md#reserved-curve) from the start state's reserved bytes, and the final
+//! layout against the snapshot's `segments` (docs/pytorch-model.md#validation-checks).
 //!
-//! Start-state guesses (§19.1–§19.3): a mismatch that a longer ambiguous orphan explains extends
-//! that orphan — to the recorded address when it lies inside the free block after it (§19.2), or
-//! to the smallest feasible size that reproduces every placement so far — and replays again. Then
-//! each remaining ambiguous orphan is tried at its longest feasible size; the first decision where
-//! that start state — agreeing with every recorded decision before — places a block elsewhere is
-//! *undeterminable*: counted apart, never as matched.
+//! Start-state guesses (docs/pytorch-model.md#snapshot-start-state): a mismatch that a longer
+//! ambiguous orphan explains extends that orphan — to the recorded address when it lies inside the
+//! free block after it (docs/pytorch-model.md#orphan-growth), or to the smallest feasible size that
+//! reproduces every placement so far — and replays again. Then each remaining ambiguous orphan is
+//! tried at its longest feasible size; the first decision where that start state — agreeing with
+//! every recorded decision before — places a block elsewhere is *undeterminable*: counted apart,
+//! never as matched.
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
@@ -23,14 +25,15 @@ use crate::policy::pytorch::config::{self, Config, Version};
 use crate::policy::pytorch::start::{self, StartState};
 use crate::policy::pytorch::{expandable, PyTorch};
 use crate::policy::Policy;
-use crate::trace::lifetimes::free_action;
+use crate::trace::lifetimes::{free_action, FlushCause, FlushCauses};
 use crate::trace::{Action, AddrMap, Event, Segment, Trace};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Sets `config.gpu_memory` from the recording's expandable layout (§11.1: it fixes every
-/// reservation's VA size and is recorded nowhere) and says what was inferred, from which pages,
-/// or why it could not be; `None` when the recording maps no expandable pages.
+/// Sets `config.gpu_memory` from the recording's expandable layout
+/// (docs/pytorch-model.md#expandable-va-size: it fixes every reservation's VA size and is recorded
+/// nowhere) and says what was inferred, from which pages, or why it could not be; `None` when the
+/// recording maps no expandable pages.
 fn infer_gpu_memory(events: &[Event], start: &StartState, config: &mut Config) -> Option<Warning> {
     let fit = expandable::recorded_gpu_memory_fit(events, start, config)?;
     let fraction = config.per_process_memory_fraction.is_some();
@@ -97,7 +100,7 @@ pub struct Validation {
     pub peak_reserved_recorded_bytes: u64,
     /// Peak reserved bytes of the simulation.
     pub peak_reserved_simulated_bytes: u64,
-    /// Decisions that depend on a start-state guess (§19.3).
+    /// Decisions that depend on a start-state guess (docs/pytorch-model.md#undeterminable).
     pub undeterminable_events: u64,
     /// Every unexplained difference.
     pub mismatches: Vec<Mismatch>,
@@ -434,13 +437,35 @@ enum Op {
     Skip,
 }
 
-/// Assigns every recorded event its [`Op`] (§7's trace order inside one malloc).
-fn plan(events: &[Event]) -> Vec<Op> {
+/// Assigns every recorded event its [`Op`] (the trace order inside one malloc,
+/// docs/pytorch-model.md#malloc-order). Releases
+/// whose stacks show the program's `empty_cache()` (`causes`, [`FlushCause`]) are a flush even
+/// right before a malloc's new segment.
+fn plan(events: &[Event], causes: &FlushCauses) -> Vec<Op> {
     let frees_at = free_action(events);
     let mut ops = vec![Op::Skip; events.len()];
     let mut i = 0;
+    let release = |a: Action| matches!(a, Action::SegmentFree | Action::SegmentUnmap);
     while i < events.len() {
         let e = &events[i];
+        if release(e.action) && causes.get(e.frames) == Some(FlushCause::EmptyCacheCall) {
+            let start = i;
+            let mut segs = Vec::new();
+            while i < events.len() {
+                let x = &events[i];
+                let cause = causes.get(x.frames);
+                if release(x.action) && cause.is_none_or(|c| c == FlushCause::EmptyCacheCall) {
+                    segs.push(i);
+                } else if x.action == Action::FreeCompleted {
+                    ops[i] = Op::Free;
+                } else {
+                    break;
+                }
+                i += 1;
+            }
+            ops[start] = Op::Flush { script: segs };
+            continue;
+        }
         if e.action.is_segment_event() {
             let start = i;
             let mut segs = Vec::new();
@@ -975,8 +1000,9 @@ fn compare_segments(events: &[Event], script: &[usize], log: &[Event], at: usize
     }
 }
 
-/// §19.2 generalised: the smallest longer size of one ambiguous orphan, near the recorded or the
-/// simulated address, that makes every placement up to event `k` match the recording.
+/// The orphan-growth rule (docs/pytorch-model.md#orphan-growth) generalised: the smallest longer
+/// size of one ambiguous orphan, near the recorded or the simulated address, that makes every
+/// placement up to event `k` match the recording.
 fn longer_orphan(
     events: &[Event],
     ops: &[Op],
@@ -1018,7 +1044,7 @@ fn longer_orphan(
     Ok(None)
 }
 
-/// §16.5: the simulated layout at the end must equal the snapshot's final `segments` (addresses,
+/// The simulated layout at the end must equal the snapshot's final `segments` (addresses,
 /// sizes and states of every block). Reported as one mismatch at the event after the last.
 fn compare_final_segments(
     trace: &Trace,
@@ -1070,7 +1096,7 @@ fn compare_final_segments(
     })
 }
 
-/// The recorded reserved curve's peak (§12.3), from `start` bytes.
+/// The recorded reserved curve's peak (docs/pytorch-model.md#reserved-curve), from `start` bytes.
 fn recorded_peak(events: &[Event], start: u64) -> u64 {
     let mut cur = start;
     let mut peak = start;
@@ -1140,7 +1166,7 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
             notes.push(Warning::EntriesNamePools { pools: named.len() as u64, allocs });
         }
     }
-    let ops = plan(events);
+    let ops = plan(events, &FlushCauses::of(&trace.frames));
     let mut start = StartState::recover(trace, device, events, &config);
     if options.gpu_memory.is_none() {
         // The memory fraction's limit let the recorded peak through: the GPU had at least that.
@@ -1159,7 +1185,7 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
             start = StartState::recover(trace, device, events, &config);
         }
     }
-    // §19.2: learn orphan sizes from placements that prove them.
+    // Learn orphan sizes from placements that prove them.
     let mut learned = Vec::new();
     loop {
         let run = replay(events, &ops, &start, &config, Stop::FirstMismatch, false)?;
@@ -1190,7 +1216,7 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
     for (o, size, k) in &learned {
         notes.push(Warning::LearnedOrphanSize { addr: *o, size: *size, event: *k as u64 });
     }
-    // §19.3: decisions that depend on an ambiguous orphan's size.
+    // Decisions (docs/pytorch-model.md#undeterminable) that depend on an ambiguous orphan's size.
     let mut undeterminable: BTreeMap<usize, Mismatch> = BTreeMap::new();
     for o in start.ambiguous() {
         let variant = start.with_longest(o);
@@ -1293,7 +1319,7 @@ mod tests {
             "segment_free 0x0 2097152\nalloc 0x0 8\nsegment_free 0x400000 2097152\n\
              segment_alloc 0x800000 20971520\nalloc 0x800000 4096000\n",
         );
-        let ops = plan(&t.devices[0].events);
+        let ops = plan(&t.devices[0].events, &FlushCauses::default());
         assert!(matches!(&ops[0], Op::Flush { script } if script == &vec![0]));
         assert!(matches!(&ops[1], Op::Malloc { script, .. } if script.is_empty()));
         assert!(matches!(ops[2], Op::Skip));
@@ -1712,7 +1738,7 @@ mod tests {
         let count =
             |t: &Trace, a: Action| t.devices[0].events.iter().filter(|e| e.action == a).count();
         let t = generate("", 3, Some(96 << 20));
-        let ops = plan(&t.devices[0].events);
+        let ops = plan(&t.devices[0].events, &FlushCauses::default());
         assert!(count(&t, Action::Oom) > 0);
         assert!(ops.iter().any(|o| matches!(o, Op::Flush { script } if !script.is_empty())));
         assert!(ops.iter().any(|o| matches!(o, Op::Malloc { script, .. }
@@ -1736,7 +1762,7 @@ mod tests {
             assert!(v.mismatches.is_empty(), "seed {seed}: {:?}", v.mismatches.first());
             assert_eq!(v.allocs_addr_matched, v.allocs_total);
             let e = &t.devices[0].events;
-            let ops = plan(e);
+            let ops = plan(e, &FlushCauses::default());
             let released_in_malloc = ops.iter().any(|o| {
                 matches!(o, Op::Malloc { script, .. }
                 if script.iter().any(|&j| e[j].action == Action::SegmentFree))

@@ -1,4 +1,4 @@
-//! What-if answers: the library behind `fit`, `sweep`, `merge` and `check` (`interface.md`).
+//! What-if answers: the library behind `fit`, `sweep`, `merge` and `check` (`docs/interface.md`).
 //!
 //! Each module is one question, written against small abstractions rather than the replay
 //! engine itself, so the commands can drive them with whatever runs a spec on a trace:

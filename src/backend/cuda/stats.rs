@@ -119,7 +119,7 @@ impl Recorder {
     }
 }
 
-/// Count and latency of one kind of device operation (`interface.md`, `cuda.device_calls`).
+/// Count and latency of one kind of device operation (`docs/interface.md`, `cuda.device_calls`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct CallStats {
     /// Operations made (successful or not).

@@ -1,11 +1,11 @@
 //! The CUDA driver calls the cuda backend makes, wrapped one by one in safe functions: the only
-//! `unsafe` code of the backend (style B9).
+//! `unsafe` code of the backend, so it can be reviewed in one place.
 //!
 //! cudarc 0.19 offers no safe wrapper for the virtual-memory-management (VMM) API, so these call
 //! `cudarc::driver::sys` directly (CUDA Driver API, "Virtual Memory Management" and "Memory
 //! Management" groups). cudarc loads libcuda lazily and *panics* on the first call when it is
-//! missing (rust-deps.md §1), so every call is a method of [`Driver`], a token that only
-//! [`Driver::init`] makes, after checking the library is present and `cuInit` succeeded.
+//! missing (it does not return an error), so every call is a method of [`Driver`], a token that
+//! only [`Driver::init`] makes, after checking the library is present and `cuInit` succeeded.
 //!
 //! Why these calls are sound: every pointer passed to the driver is a live local out-parameter
 //! or a property struct on the stack; device addresses are plain integers that the host never

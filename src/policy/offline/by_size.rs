@@ -453,9 +453,9 @@ impl SkylineTree {
 /// or below one by one and the rest from that cache. On training traces the long lists are the
 /// `cover` of nodes at depths 7 to 12 (blocks that live through a good part of a step), read by
 /// most queries but changed far less often. On ctx512-train repeated to 1 M events, caching
-/// down to depth 10 / 12 / 14 cut `offline`'s instructions by 20% / 33% / 38%, 12 and 14 for
-/// 25 and 81 MB more peak memory; on the synthetic workload, whose upper lists are short, it
-/// changes little.
+/// down to depth 10 / 12 / 14 saves 20% / 33% / 38% of `offline`'s instructions, 12 and 14 at
+/// 25 and 81 MB more peak memory, and deeper levels cost more in refreshes than they save; on
+/// the synthetic workload, whose upper lists are short, it changes little.
 const ABOVE_CACHED: u32 = 12;
 
 /// Sets `acc` to the union of the sorted disjoint runs `acc` and `runs`, touching runs joined

@@ -1,7 +1,7 @@
 //! `offline`: clairvoyant packing that knows every lifetime in advance — a reference line.
 //!
 //! Modelled on XLA's `GlobalDecreasingSizeBestFitHeap` (`xla/service/heap_simulator/
-//! heap_simulator.cc`, spec anchors §6.2) and TFLite's `ArenaPlanner` "greedy by size" strategy:
+//! heap_simulator.cc`) and TFLite's `ArenaPlanner` "greedy by size" strategy:
 //! static buffer assignment over a known schedule. No online allocator can do this (it cannot
 //! know when a block will be freed), so the gap between `offline` and a real policy is what
 //! online placement costs, and the gap between `offline` and `bound` is what this heuristic (and
@@ -42,58 +42,28 @@
 //!   allocates nothing. A query unions about 10 non-empty lists of 4–10 runs each (the union
 //!   itself has 5–12 runs) by linear merges, skipping a list the union already covers, then
 //!   scans the gaps once (stopping at the first gap of exactly its size): 0.5–3 µs per block on the
-//!   real traces (short lifetimes cost least), where the interval tree listed 450–750 blocks. On
-//!   a training trace repeated to 1 M events a query read 14 lists holding 290 runs, 230 of them
-//!   the `cover` of ancestors 7–12 levels down (blocks live through much of a step), which
-//!   change far less often than they are read; so the nodes down to depth 12 keep the union of
-//!   their ancestors' `cover`, recomputed from the parent's when one of those changed since
-//!   (stamps say when), and a query reads the ancestors above that depth as one list. That cut
-//!   `offline`'s instructions there by a third (10.3 G → 6.8 G) for 25 MB more memory. With
-//!   random sizes (the policy bench) runs merge much less and a query reads hundreds. `pack` sorts
-//!   the greedy order, the starts and the ends first, and from the sorted bounds counts the
-//!   overlaps (in one linear pass) and finds the clique points (in another); it lists the
-//!   overlaps below 48 per block on average. The three sorts, and the binary searches that give
-//!   each lifetime its slots in the tree, are independent and run in parallel (rayon); placing
-//!   the blocks is sequential, each depending on the ones placed before it. Both give the offsets of the plain scan (a unit test compares them on random
-//!   lifetimes). A lifetime that ends where it starts (never made by `prepare`) overlaps nothing
-//!   and goes on the floor.
+//!   real traces (short lifetimes cost least), where an interval tree would list 450–750 blocks.
+//!   On a training trace repeated to 1 M events a query reads about 14 lists holding 290 runs,
+//!   230 of them the `cover` of ancestors 7–12 levels down (blocks live through much of a step),
+//!   which change far less often than they are read; so the nodes down to depth 12 keep the union
+//!   of their ancestors' `cover`, recomputed from the parent's when one of those changed since
+//!   (stamps say when), and a query reads the ancestors above that depth as one list: a third
+//!   fewer instructions on that trace for about 25 MB more memory (`by_size.rs` says why depth
+//!   12). With random sizes (the policy bench) runs merge much less and a query reads hundreds.
+//!   `pack` sorts the greedy order, the starts and the ends first, and from the sorted bounds
+//!   counts the overlaps (in one linear pass) and finds the clique points (in another). The three
+//!   sorts, and the binary searches that give each lifetime its slots in the tree, are
+//!   independent and run in parallel (rayon); placing the blocks is sequential, each depending on
+//!   the ones placed before it. Both give the offsets of the plain scan (a unit test compares
+//!   them on random lifetimes). A lifetime that ends where it starts (never made by `prepare`)
+//!   overlaps nothing and goes on the floor.
 //! - Planning is the cost of this policy: greedy best fit needs, per block, the free gaps left
 //!   by every block placed before it that overlaps it in time, so it is not O(log n) per event
-//!   as an online policy is. `cargo bench --bench policies` measures it alone (`offline_plan`):
-//!   on the ctx512-train snapshot planning takes 12 ms where `pytorch` replays the whole trace
-//!   in 1 ms; with random lifetimes and sizes (the synthetic workload) 1.7 s for 120,000
-//!   events. Finding the lifetimes and following the plan (page mapping included) add about
-//!   3 ms on ctx512-train (the whole `offline` replay there: 15 ms). At scale it stays near
-//!   n log n, so `all` keeps it at every size. CPU seconds of `fragsim replay -p offline` (release
-//!   build, trace load included; `bound` in brackets): `fragsim synth --steps 1060 / 5300 /
-//!   10600` traces of 1.0 M / 4.9 M / 9.9 M events, 0.78 (0.12) / 4.81 (0.80) / 8.72 (1.44) s,
-//!   peak RSS 144 / 736 / 1467 MB; ctx512-train repeated to 89 k / 223 k / 1.0 M events, 0.12 /
-//!   0.38 / 2.04 s (1.35 / 1.7 / 2.0 µs per event), measured before the ancestors' cache above.
-//!   With it, on ctx512-train's text form repeated 45 times (1.0 M events), CPU seconds of a
-//!   single-policy replay, trace load included, went from 1.71 to 1.41–1.44 for `offline`,
-//!   against 0.12–0.20 for each of the others; `offline` is then about half of the summed
-//!   single-policy CPU time, and `replay -p all` starts it first (the replay engine's
-//!   `run_specs`) so that the other eight replay beside it on the second core: on two cores
-//!   `-p all` takes 54–57% of the summed single-policy times (67% before), on `synth --steps
-//!   1060` 43% (50% before). The README's performance section has the table. Then the sorts by
-//!   keys held by value (not looked up through the index), the bounds sorted once for both the
-//!   overlap count and the clique points, those sorts and the slot searches in parallel, no
-//!   `sub` at the leaves and one map of live blocks instead of two cut the instructions of a
-//!   `replay -p offline` (trace load excluded) on `synth --steps 1060` from 3.61 G to 2.56 G
-//!   (planning 2.77 G → 1.77 G) and on ctx512-train ×45 from 6.06 G to 4.88 G (planning
-//!   5.05 G → 3.93 G), and `offline`'s best replay time on the former from 0.68 to 0.51 s (on a
-//!   shared, busy machine) with the same plan. Then the node lists in one buffer (no
-//!   allocation per growing list, no free per list at the end), a merge that settles a run
-//!   landing on or past a list's last run without a search or a call, and unions that skip a
-//!   list already covered cut planning there to 1.51 G (replay 2.24 G), and `offline`'s best
-//!   replay time from 0.51 to 0.43 s (planning 0.43 → 0.36 s, idle machine). On
-//!   `synth --steps 1060` (329 k blocks, 131 k slots, 17 levels) a query unions 7.2 lists of
-//!   4 runs on average into 5 runs, and a placement merges into 13 lists (3 `cover`, 10
-//!   `sub`); those unions are now 40% of planning and the merges that need a search (a run
-//!   landing before a list's last one) a fifth. Caching the ancestors' `cover` deeper than
-//!   depth 12 costs more there than it saves (refreshing the caches), and adding a short list
-//!   to the union run by run in place, instead of merging, saved under 2%. Following the plan is
-//!   the other third of the replay's instructions.
+//!   as an online policy is. It stays near n log n at scale, so `all` includes `offline` at every
+//!   size, and `replay -p all` starts it first (the replay engine's `run_specs`) so that the
+//!   other policies replay beside it on the other cores. Unions of the node lists are about 40%
+//!   of planning, following the plan a third of the replay. `cargo bench --bench policies`
+//!   measures planning alone (`offline_plan`); docs/performance.md has the figures.
 //! - The plan's peak is one address range. At the first malloc, `offline` reserves address space
 //!   for it and serves the k-th malloc from the k-th planned block when the sizes match. Memory
 //!   behind the range is mapped (in the backend's pages) only under live planned blocks: a page
@@ -686,9 +656,9 @@ mod tests {
     /// size is a heuristic), but every caching policy pays for segment or region granularity
     /// (2 MiB and up) and for placing blocks without knowing lifetimes. `nocache` is left out of
     /// that comparison on purpose: a `cudaMalloc` per request on a device where physical memory is
-    /// fungible (spec §8) has no external fragmentation at all, so it is `bound` plus rounding,
-    /// while `offline` must fit every block into one contiguous range; seed 12 has `nocache` 0.24%
-    /// below `offline` (849,451,520 vs 851,525,120 bytes).
+    /// fungible (docs/pytorch-model.md#capacity) has no external fragmentation at all, so it is
+    /// `bound` plus rounding, while `offline` must fit every block into one contiguous range; seed
+    /// 12 has `nocache` 0.24% below `offline` (849,451,520 vs 851,525,120 bytes).
     #[test]
     fn every_policy_between_bound_and_offline() {
         use crate::policy::{PolicyContext, PolicyRunner, PolicySpec, Role, POLICIES};

@@ -3,7 +3,8 @@
 //!
 //! Upstream: `c10/core/AllocatorConfig.{h,cpp}` and `c10/cuda/CUDAAllocatorConfig.{h,cpp}` (the
 //! parsers), `c10/cuda/CUDACachingAllocator.cpp` (`round_size`, `roundup_power2_next_division`,
-//! `get_allocation_size`). Spec: `pytorch-caching-allocator.md` §1, §3, §13, §20.1–20.2.
+//! `get_allocation_size`). See docs/pytorch-model.md#rounding and
+//! docs/pytorch-model.md#alloc-conf.
 //!
 //! The baseline is current main (≈ 2.11, early 2026). [`Version`] selects older behaviour where it
 //! changes a decision and the trace cannot tell: how `>` fills the divisions table (≤ 2.8 fills from
@@ -401,7 +402,8 @@ impl Config {
         self.other.push(format!("{key}:{value}"));
     }
 
-    /// `roundup_power2_divisions:N` or `roundup_power2_divisions:[K:V,...,>:V]` (§13.3, §20.1).
+    /// `roundup_power2_divisions:N` or `roundup_power2_divisions:[K:V,...,>:V]`
+    /// (docs/pytorch-model.md#divisions).
     fn parse_divisions(&mut self, t: &mut Tokens) -> Result<()> {
         const KEY: &str = "roundup_power2_divisions";
         t.separator(":", KEY)?;
@@ -556,13 +558,15 @@ impl Config {
         parts.join(",")
     }
 
-    /// The divisions that apply to a request of `n` bytes (§3.2: by the unrounded size).
+    /// The divisions that apply to a request of `n` bytes (docs/pytorch-model.md#divisions: by the
+    /// unrounded size).
     pub fn divisions_for(&self, n: u64) -> u64 {
         let idx = (n.max(1).ilog2() as i64 - 20).clamp(0, INTERVALS as i64 - 1) as usize;
         self.roundup_power2_divisions[idx]
     }
 
-    /// `round_size`: the block size a request of `n` bytes asks for (§3.1).
+    /// `round_size`: the block size a request of `n` bytes asks for
+    /// (docs/pytorch-model.md#rounding).
     pub fn round_size(&self, n: u64) -> u64 {
         if n >= MIN_BLOCK_SIZE {
             let d = self.divisions_for(n);
@@ -573,7 +577,8 @@ impl Config {
         round_to_blocks(n)
     }
 
-    /// `get_allocation_size`: the cudaMalloc size for a new segment serving `rounded` (§3.4).
+    /// `get_allocation_size`: the cudaMalloc size for a new segment serving `rounded`
+    /// (docs/pytorch-model.md#segment-size).
     pub fn allocation_size(&self, rounded: u64) -> u64 {
         if rounded <= SMALL_SIZE {
             SMALL_BUFFER
@@ -593,7 +598,8 @@ impl Config {
         }
     }
 
-    /// `allowed_memory_maximum`: the memory-fraction limit, if one is set (§8).
+    /// `allowed_memory_maximum`: the memory-fraction limit, if one is set
+    /// (docs/pytorch-model.md#memory-fraction).
     pub fn allowed_memory_maximum(&self) -> Option<u64> {
         let f = self.per_process_memory_fraction?;
         if f >= 1.0 && !self.version.at_most(2, 8) {
@@ -604,8 +610,8 @@ impl Config {
 
     /// The least GPU memory a run under these settings can have had if it reserved
     /// `peak_reserved` bytes at its peak: the memory fraction's limit (fraction × the GPU's
-    /// memory, §8) let every reservation through, so the GPU had at least `peak_reserved` /
-    /// fraction. `None` when no fraction limits the run.
+    /// memory, docs/pytorch-model.md#memory-fraction) let every reservation through, so the GPU had
+    /// at least `peak_reserved` / fraction. `None` when no fraction limits the run.
     ///
     /// Why it matters: a snapshot does not record the GPU's memory, and the 80 GiB assumed
     /// without one is less than many cards have (141 GB, 192 GB, 288 GB). A recording made with a
@@ -648,7 +654,7 @@ impl Config {
                 .unwrap_or(self.version >= Version { major: 2, minor: 5 })
     }
 
-    /// The expandable page size of a pool (§11.1).
+    /// The expandable page size of a pool (docs/pytorch-model.md#expandable-va-size).
     pub fn page_size(&self, small: bool) -> u64 {
         if small {
             SMALL_BUFFER
@@ -657,9 +663,10 @@ impl Config {
         }
     }
 
-    /// The VA size of one expandable reservation in the given pool (§11.1): PyTorch's
-    /// `numSegments(totalGlobalMem + totalGlobalMem / 8)` pages, i.e. 9/8 of the GPU's memory
-    /// (the `/ 8` rounds down) rounded up to whole pages.
+    /// The VA size of one expandable reservation in the given pool
+    /// (docs/pytorch-model.md#expandable-va-size): PyTorch's `numSegments(totalGlobalMem +
+    /// totalGlobalMem / 8)` pages, i.e. 9/8 of the GPU's memory (the `/ 8` rounds down) rounded up
+    /// to whole pages.
     pub fn va_size(&self, small: bool) -> u64 {
         va_size_on(self.gpu_memory, self.page_size(small))
     }
@@ -695,8 +702,9 @@ pub fn roundup_power2_next_division(n: u64, d: u64) -> u64 {
 }
 
 /// The expandable reservation's VA size on a GPU of `gpu_memory` bytes with pages of `page`
-/// bytes (§11.1); at least one page. Saturating: `--capacity` may be any u64, and the caller's
-/// range check refuses a reservation the address space cannot hold.
+/// bytes (docs/pytorch-model.md#expandable-va-size); at least one page. Saturating: `--capacity`
+/// may be any u64, and the caller's range check refuses a reservation the address space cannot
+/// hold.
 pub fn va_size_on(gpu_memory: u64, page: u64) -> u64 {
     gpu_memory.saturating_add(gpu_memory / 8).div_ceil(page).max(1).saturating_mul(page)
 }
@@ -717,7 +725,8 @@ mod tests {
             .roundup_power2_divisions
     }
 
-    /// Builds a slot table from (value, count) runs, as the spec writes them (`1×9, 2, 8×6`).
+    /// Builds a slot table from (value, count) runs, as docs/pytorch-model.md#divisions writes them
+    /// (`1×9, 2, 8×6`).
     fn runs(r: &[(u64, usize)]) -> [u64; INTERVALS] {
         let v: Vec<u64> = r.iter().flat_map(|&(v, n)| std::iter::repeat_n(v, n)).collect();
         v.try_into().unwrap()
@@ -777,7 +786,8 @@ mod tests {
         }
         assert_eq!(round(l1, 42_949_672_960), 42_949_672_960, "exactly 40 GiB stays");
         assert_eq!(roundup_power2_next_division(1_200, 4), 1_280, "the helper alone");
-        // Segment sizes of the vectors (§20.2 "Pool / segment").
+        // Segment sizes of the vectors (the "segment" column of
+        // docs/pytorch-model.md#rounding-vectors).
         assert_eq!(c.allocation_size(1_536), 2 * MIB);
         assert_eq!(c.allocation_size(6_291_456), 20 * MIB);
         assert_eq!(c.allocation_size(10_485_760), 10 * MIB, "R5: exactly 10 MiB");

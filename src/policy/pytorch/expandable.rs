@@ -3,11 +3,11 @@
 //!
 //! Upstream: `ExpandableSegment`, `find_expandable_block`, `try_allocate_expandable_block`,
 //! `map_block`, `unmap_block` and `release_expandable_segment` in
-//! `c10/cuda/CUDACachingAllocator.cpp`; spec §11. Pages are 2 MiB in the small pool and
-//! `large_segment_size` (20 MiB) in the large pool; the reservation is 9/8 of the GPU's memory
-//! (`Config::gpu_memory`), rounded up to pages. Reserving emits no trace event; mapping and
-//! unmapping go through [`Backend::map`] / [`Backend::unmap`], which the replay engine records as
-//! `segment_map` / `segment_unmap`.
+//! `c10/cuda/CUDACachingAllocator.cpp`; see docs/pytorch-model.md#expandable-segments. Pages are 2
+//! MiB in the small pool and `large_segment_size` (20 MiB) in the large pool; the reservation is
+//! 9/8 of the GPU's memory (`Config::gpu_memory`), rounded up to pages. Reserving emits no trace
+//! event; mapping and unmapping go through [`Backend::map`] / [`Backend::unmap`], which the replay
+//! engine records as `segment_map` / `segment_unmap`.
 
 use super::config::{va_size_on, Config};
 use super::{unmapped_key, Block, ExpandableSegment, MappedRange, PyTorch, NIL};
@@ -21,8 +21,9 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
         id != NIL && !self.b(id).allocated
     }
 
-    /// `find_expandable_block` (§11.2): the lowest-address hole of this stream and pool that,
-    /// together with a free mapped block just before it, holds `size`; else a new reservation.
+    /// `find_expandable_block` (docs/pytorch-model.md#expandable-find): the lowest-address hole of
+    /// this stream and pool that, together with a free mapped block just before it, holds `size`;
+    /// else a new reservation.
     fn find_expandable_block<B: Backend>(
         &mut self,
         backend: &mut B,
@@ -76,7 +77,8 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
         Ok(Some(id))
     }
 
-    /// `try_allocate_expandable_block` (§11.3): map what the chosen hole lacks, page by page.
+    /// `try_allocate_expandable_block` (docs/pytorch-model.md#expandable-map): map what the chosen
+    /// hole lacks, page by page.
     pub(super) fn try_allocate_expandable_block<B: Backend>(
         &mut self,
         backend: &mut B,
@@ -108,8 +110,9 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
         Ok(Some(c))
     }
 
-    /// `map_block` (§11.3): backs the first `bytes` of unmapped block `id` (rounded up to whole
-    /// pages), merges it with free mapped neighbours and puts it in the free set.
+    /// `map_block` (docs/pytorch-model.md#expandable-map): backs the first `bytes` of unmapped
+    /// block `id` (rounded up to whole pages), merges it with free mapped neighbours and puts it in
+    /// the free set.
     fn map_block<B: Backend>(&mut self, backend: &mut B, id: u32, bytes: u64) -> Result<bool> {
         if bytes == 0 {
             return Ok(false);
@@ -151,8 +154,9 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
         Ok(true)
     }
 
-    /// `unmap_block` (§11.4): unmaps the whole pages inside free block `id`; partial pages at
-    /// either end stay mapped as free blocks. Releases the reservation when nothing is left.
+    /// `unmap_block` (docs/pytorch-model.md#expandable-unmap): unmaps the whole pages inside free
+    /// block `id`; partial pages at either end stay mapped as free blocks. Releases the reservation
+    /// when nothing is left.
     pub(super) fn unmap_block<B: Backend>(&mut self, backend: &mut B, id: u32) -> Result<()> {
         let b = *self.b(id);
         let seg = self.expandable[b.expandable as usize].clone();
@@ -312,7 +316,8 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
 }
 
 /// What a recording's expandable layout says about the GPU's memory (`totalGlobalMem`), which
-/// sets every reservation's VA size (§11.1) and is recorded nowhere.
+/// sets every reservation's VA size (docs/pytorch-model.md#expandable-va-size) and is recorded
+/// nowhere.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GpuMemoryFit {
     /// The smallest GPU memory whose reservations hold every run of mapped pages seen.

@@ -3,8 +3,8 @@
 //! Upstream: `c10/cuda/CUDACachingAllocator.cpp` (`DeviceCachingAllocator`: `malloc`,
 //! `get_free_block`, `should_split`, `alloc_found_block`, `free_block`, `try_merge_blocks`,
 //! `alloc_block`, `release_available_cached_blocks`, `release_cached_blocks`,
-//! `garbage_collect_cached_blocks`, expandable segments), as specified in
-//! `pytorch-caching-allocator.md` (§2–§11, corrected by §19–§20). Options: [`config`].
+//! `garbage_collect_cached_blocks`, expandable segments), as docs/pytorch-model.md describes it.
+//! Options: [`config`].
 //!
 //! State: a block arena indexed by `u32` (neighbours are indices, as PyTorch's are pointers), and
 //! per pool (small, large) a free set ordered by (stream, size, address) — the order of PyTorch's
@@ -227,8 +227,9 @@ pub struct PyTorch<const DEFAULT_RULES: bool = false> {
     plain_rounding: bool,
 }
 
-/// The oversize rules of `get_free_block` (§4): a request below `max_split_size` takes no
-/// oversize block, and an oversize request takes none more than the tolerance above it.
+/// The oversize rules of `get_free_block` (docs/pytorch-model.md#oversize): a request below
+/// `max_split_size` takes no oversize block, and an oversize request takes none more than the
+/// tolerance above it.
 #[inline(always)]
 fn oversize_refused(config: &Config, size: u64, found: u64) -> bool {
     let max_split = config.max_split_size;
@@ -421,7 +422,8 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
         )
     }
 
-    /// `round_size` (§3.1), without the interval look-up when no interval has divisions.
+    /// `round_size` (docs/pytorch-model.md#rounding), without the interval look-up when no interval
+    /// has divisions.
     #[inline(always)]
     fn round_size(&self, size: u64) -> u64 {
         if DEFAULT_RULES || self.plain_rounding {
@@ -582,11 +584,12 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
         }
     }
 
-    /// `get_free_block` (§4): best fit on the request's stream, then the oversize rules.
+    /// `get_free_block` (docs/pytorch-model.md#best-fit): best fit on the request's stream, then
+    /// the oversize rules.
     ///
     /// Most mallocs of a training step find a block of a cudaMalloc segment first, and take
     /// it: that path reaches the pool once (the GC clock, the search and the removal) and the
-    /// block once. Reaching them again was about 4% of `pytorch`'s instructions.
+    /// block once. Reaching them twice would cost about 4% of `pytorch`'s instructions.
     ///
     /// The block's id and its size (the free set's key, so that the split rule need not read
     /// the block).
@@ -644,9 +647,9 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
     }
 
     /// From `first` (size, address, id), the first block a search found, in an expandable
-    /// segment: the block the search takes instead (§4). With expandable segments on, it steps
-    /// forward while the expandable size keeps going down; with them off, it skips the stream's
-    /// expandable blocks.
+    /// segment: the block the search takes instead (docs/pytorch-model.md#best-fit). With
+    /// expandable segments on, it steps forward while the expandable size keeps going down; with
+    /// them off, it skips the stream's expandable blocks.
     #[inline(always)]
     fn past_expandable(
         &self,
@@ -683,8 +686,9 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
     }
 
     /// Whether new memory of pool `owner` (0: the default pools) is pages of its expandable
-    /// segments rather than a cudaMalloc segment (`alloc_block`, §8): expandable segments are
-    /// active for it, and a private pool has them in this PyTorch.
+    /// segments rather than a cudaMalloc segment (`alloc_block`,
+    /// docs/pytorch-model.md#new-segment): expandable segments are active for it, and a private
+    /// pool has them in this PyTorch.
     fn maps_pages(&self, owner: u16, small: bool) -> bool {
         self.expandable_active(owner, small)
             && (owner == 0 || self.config.expandable_in_private_pools())
@@ -698,9 +702,9 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
         self.config.expandable_segments && (owner == 0 || !self.owner(owner, small).own_allocator)
     }
 
-    /// `should_split` (§5) of a block of `block_size` bytes, of size class `small`, for a
-    /// request of `size`, in the pool mallocs allocate into (where every block a malloc takes
-    /// lies).
+    /// `should_split` (docs/pytorch-model.md#split-rule) of a block of `block_size` bytes, of size
+    /// class `small`, for a request of `size`, in the pool mallocs allocate into (where every block
+    /// a malloc takes lies).
     #[inline]
     fn should_split(&self, block_size: u64, size: u64, small: bool) -> bool {
         let remaining = block_size - size;
@@ -714,7 +718,8 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
         }
     }
 
-    /// `alloc_found_block` (§5): splits off the low part if asked and hands it out.
+    /// `alloc_found_block` (docs/pytorch-model.md#split-rule): splits off the low part if asked and
+    /// hands it out.
     #[inline(always)]
     fn alloc_found_block(&mut self, id: u32, size: u64, request: u64, split: bool) -> Allocation {
         let mut id = id;
@@ -837,7 +842,8 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
         self.drop_block(src);
     }
 
-    /// `free_block` (§6.3): merge with free neighbours and return to the free set.
+    /// `free_block` (docs/pytorch-model.md#free-and-merge): merge with free neighbours and return
+    /// to the free set.
     #[inline(always)]
     fn free_block(&mut self, id: u32) {
         let b = self.b(id);
@@ -853,9 +859,9 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
         self.insert_free(id);
     }
 
-    /// The part of `malloc` for a request the cache cannot serve (§3): GC, new memory, and the
-    /// fallbacks that release cached segments and try again. The block for the request, or
-    /// `None` (out of memory).
+    /// The part of `malloc` for a request the cache cannot serve
+    /// (docs/pytorch-model.md#malloc-order): GC, new memory, and the fallbacks that release cached
+    /// segments and try again. The block for the request, or `None` (out of memory).
     #[inline(never)]
     fn malloc_new_memory<B: Backend>(
         &mut self,
@@ -885,7 +891,8 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
         Ok(found)
     }
 
-    /// `release_block` (§9.1): cudaFree one whole cudaMalloc segment.
+    /// `release_block` (docs/pytorch-model.md#release-segment): cudaFree one whole cudaMalloc
+    /// segment.
     fn release_block<B: Backend>(&mut self, backend: &mut B, id: u32) -> Result<()> {
         let b = *self.b(id);
         debug_assert!(b.prev == NIL && b.next == NIL && b.expandable == NIL && !b.allocated);
@@ -902,7 +909,8 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
         Ok(())
     }
 
-    /// `alloc_block` (§8): a new segment (or pages of an expandable one) for the request.
+    /// `alloc_block` (docs/pytorch-model.md#new-segment): a new segment (or pages of an expandable
+    /// one) for the request.
     #[allow(clippy::too_many_arguments)]
     fn alloc_block<B: Backend>(
         &mut self,
@@ -957,8 +965,9 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
         }))
     }
 
-    /// `release_available_cached_blocks` (§9.2): with `max_split_size` set, free the smallest
-    /// oversize block that is large enough, else oversize blocks from the largest down.
+    /// `release_available_cached_blocks` (docs/pytorch-model.md#release-available): with
+    /// `max_split_size` set, free the smallest oversize block that is large enough, else oversize
+    /// blocks from the largest down.
     fn release_available_cached_blocks<B: Backend>(
         &mut self,
         backend: &mut B,
@@ -999,8 +1008,9 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
         Ok(released >= target)
     }
 
-    /// `release_cached_blocks` (§9.3): `empty_cache()`; the default large pool first, then
-    /// small; then every private pool whose graph or pool is gone, small first.
+    /// `release_cached_blocks` (docs/pytorch-model.md#empty-cache): `empty_cache()`; the default
+    /// large pool first, then small; then every private pool whose graph or pool is gone, small
+    /// first.
     fn release_cached_blocks<B: Backend>(&mut self, backend: &mut B) -> Result<()> {
         self.release_blocks(backend, 0, false)?;
         self.release_blocks(backend, 0, true)?;
@@ -1036,8 +1046,8 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
         Ok(())
     }
 
-    /// `garbage_collect_cached_blocks` (§10, §20.4): free old whole segments of the default
-    /// large pool until reserved memory is back under the threshold.
+    /// `garbage_collect_cached_blocks` (docs/pytorch-model.md#gc): free old whole segments of the
+    /// default large pool until reserved memory is back under the threshold.
     fn garbage_collect<B: Backend>(&mut self, backend: &mut B) -> Result<()> {
         let Some(allowed) = self.config.allowed_memory_maximum() else { return Ok(()) };
         let threshold = (self.config.garbage_collection_threshold * allowed as f64) as u64;
@@ -1565,7 +1575,8 @@ impl<const DEFAULT_RULES: bool> Policy for PyTorch<DEFAULT_RULES> {
             if !b.in_use || b.prev != NIL {
                 continue;
             }
-            // Walk the segment; an expandable one shows each mapped run as a segment (§11.5).
+            // Walk the segment; an expandable one shows each mapped run as a segment
+            // (docs/pytorch-model.md#expandable-reporting).
             let mut id = i as u32;
             let mut current: Option<Segment> = None;
             while id != NIL {

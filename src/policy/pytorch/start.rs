@@ -1,24 +1,27 @@
 //! The allocator state at a snapshot's first event, recovered by walking back from its final
-//! `segments` (spec §14.7, corrected by §19.1–§19.3).
+//! `segments` (docs/pytorch-model.md#snapshot-start-state).
 //!
 //! A snapshot's ring buffer usually starts mid-run. Working backwards from the dump: segments
 //! allocated during the trace did not exist at its start, segments freed during it did; blocks
 //! live at the dump that no `alloc` produced were live at the start with their final size; blocks
 //! freed but never allocated in the trace (*orphans*) were live with a size the trace does not
-//! record; everything else in a segment was free, and free neighbours are one block (§6.4).
+//! record; everything else in a segment was free, and free neighbours are one block
+//! (docs/pytorch-model.md#free-and-merge).
 //!
-//! An orphan's block size is inferred (§19.1): `round_size(request)` in the small pool and in
-//! expandable segments (512-byte splitting leaves no tail); in the large pool, when the room up to
-//! the next known boundary is at most 1 MiB the block fills it (a free large-pool block is always
-//! larger than 1 MiB); otherwise `round_size(request)` is the default and the block may be up to
-//! 1 MiB longer. Such an orphan is *ambiguous*, and the decisions that depend on its size are
-//! undeterminable unless the trace later proves its size (§19.2, [`StartState::extend`]). With
-//! `max_split_size`, an oversize orphan was never split: it fills a room below the tolerance.
+//! An orphan's block size is inferred (docs/pytorch-model.md#orphans): `round_size(request)` in the
+//! small pool and in expandable segments (512-byte splitting leaves no tail); in the large pool,
+//! when the room up to the next known boundary is at most 1 MiB the block fills it (a free
+//! large-pool block is always larger than 1 MiB); otherwise `round_size(request)` is the default
+//! and the block may be up to 1 MiB longer. Such an orphan is *ambiguous*, and the decisions that
+//! depend on its size are undeterminable unless the trace later proves its size
+//! (docs/pytorch-model.md#orphan-growth, [`StartState::extend`]). With `max_split_size`, an
+//! oversize orphan was never split: it fills a room below the tolerance.
 //!
-//! Expandable segments (§19.6): the mapped ranges at the start follow from the dump's mapped
-//! ranges by undoing `segment_map` / `segment_unmap`; the ranges of one (stream, pool) form one
-//! reservation of 9/8 of the GPU's memory (`Config::gpu_memory`), whose base is its lowest mapped
-//! byte, or lower when the trace later maps below it (the VA there was unmapped before recording).
+//! Expandable segments (docs/pytorch-model.md#expandable-start): the mapped ranges at the start
+//! follow from the dump's mapped ranges by undoing `segment_map` / `segment_unmap`; the ranges of
+//! one (stream, pool) form one reservation of 9/8 of the GPU's memory (`Config::gpu_memory`), whose
+//! base is its lowest mapped byte, or lower when the trace later maps below it (the VA there was
+//! unmapped before recording).
 
 use super::config::{Config, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE};
 use super::{MappedRange, PyTorch, Tiling};
@@ -70,7 +73,7 @@ pub struct LiveAtStart {
     pub max_size: u64,
     /// True when freed inside the trace without an earlier alloc (an orphan free).
     pub orphan: bool,
-    /// True when the trace proved this orphan's size (§19.2).
+    /// True when the trace proved this orphan's size (docs/pytorch-model.md#orphan-growth).
     pub proven: bool,
 }
 
@@ -268,7 +271,7 @@ impl StartState {
             .collect()
     }
 
-    /// §19.2: a recorded placement at `addr` shows that the ambiguous orphan ending just before it
+    /// A recorded placement at `addr` shows that the ambiguous orphan ending just before it
     /// was longer. Extends that orphan to end at `addr` and returns its address, if one fits.
     pub fn extend(&mut self, addr: u64) -> Option<u64> {
         let seg = self.segments.iter_mut().find(|s| s.addr <= addr && addr < s.addr + s.size)?;
@@ -300,7 +303,8 @@ impl StartState {
         s
     }
 
-    /// Gives the orphan at `addr` `size` bytes: a new lower bound the trace showed (§19.2).
+    /// Gives the orphan at `addr` `size` bytes: a new lower bound the trace showed
+    /// (docs/pytorch-model.md#orphan-growth).
     pub fn set_size(&mut self, addr: u64, size: u64) {
         for b in self.segments.iter_mut().flat_map(|s| s.live.iter_mut()) {
             if b.addr == addr {
@@ -541,7 +545,7 @@ fn reservations(
     (ranges, out)
 }
 
-/// §19.1: sizes of the orphans of one segment, from the boundaries the known blocks set.
+/// Sizes of the orphans of one segment, from the boundaries the known blocks set.
 fn infer_orphan_sizes(s: &mut StartSegment, config: &Config) {
     let end = s.addr + s.size;
     for i in 0..s.live.len() {

@@ -1,5 +1,6 @@
-//! Unit tests of the PyTorch policy: each rule of the spec pinned with numbers derived from the
-//! spec (§3–§11, §20.3–§20.4), not from this code's output.
+//! Unit tests of the PyTorch policy: each rule of docs/pytorch-model.md pinned with numbers derived
+//! from PyTorch's source and the worked examples in docs/pytorch-model.md#worked-examples, not
+//! from this code's output.
 
 use super::*;
 use crate::backend::{BackendCall, Recording, SimDevice};
@@ -154,7 +155,8 @@ fn m2_max_split_20_makes_free_20_mib_segments_unusable() {
     assert_eq!(p.stats.oversize_allocations, 1);
 }
 
-/// Whole free segments of 30, 70, 100 and 150 MiB on stream 0 (§20.3 M3's setup).
+/// Whole free segments of 30, 70, 100 and 150 MiB on stream 0
+/// (docs/pytorch-model.md#example-release-available).
 fn m3_setup(capacity: u64) -> (PyTorch, Recording<SimDevice>, Vec<u64>) {
     let mut p = policy("max_split_size_mb:64");
     let mut d = device(Some(capacity));
@@ -277,8 +279,9 @@ fn flush_returns_only_whole_free_segments() {
     assert_eq!(p.reserved(), 0);
 }
 
-/// Builds §20.4's GC setup: D 1, A 2, B 3, C 4 GiB whole free segments with ages 0, 10, 2, 6
-/// after the malloc's own tick, and an allocated filler so that total_allocated is `total`.
+/// Builds the GC example's setup (docs/pytorch-model.md#example-gc): D 1, A 2, B 3, C 4 GiB whole
+/// free segments with ages 0, 10, 2, 6 after the malloc's own tick, and an allocated filler so that
+/// total_allocated is `total`.
 fn gc_setup(total: u64) -> (PyTorch, Recording<SimDevice>, [u64; 4]) {
     let mut c = Config::parse(
         "garbage_collection_threshold:0.6,per_process_memory_fraction:0.5",
@@ -463,12 +466,13 @@ fn frees_find_blocks_by_handle_or_by_address_alike() {
     assert_eq!(segment_allocs(&d), vec![20 * MIB]);
 }
 
-/// §8 and §5 under expandable segments, for private pools: a CUDA graph's pool maps pages of
-/// its own reservation (PyTorch ≈ 2.5+), before 2.5 it got a cudaMalloc segment, and a MemPool
-/// with an allocator of its own gets a segment from it today, whose blocks split as cudaMalloc
-/// blocks do (`is_expandable_segments_active` is false for it). A 19.5 MiB request rounds to
-/// 19.5 MiB (≥ 10 MiB: 512-byte rounding) and its segment to 20 MiB (2 MiB multiples): the
-/// 0.5 MiB rest is split off under the expandable rule (≥ 512 bytes), not under the cudaMalloc
+/// New memory and splitting (docs/pytorch-model.md#new-segment and
+/// docs/pytorch-model.md#split-rule) under expandable segments, for private pools: a CUDA graph's
+/// pool maps pages of its own reservation (PyTorch ≈ 2.5+), before 2.5 it got a cudaMalloc segment,
+/// and a MemPool with an allocator of its own gets a segment from it today, whose blocks split as
+/// cudaMalloc blocks do (`is_expandable_segments_active` is false for it). A 19.5 MiB request
+/// rounds to 19.5 MiB (≥ 10 MiB: 512-byte rounding) and its segment to 20 MiB (2 MiB multiples):
+/// the 0.5 MiB rest is split off under the expandable rule (≥ 512 bytes), not under the cudaMalloc
 /// rule (> 1 MiB).
 #[test]
 fn private_pools_under_expandable_segments_get_memory_by_version_and_allocator() {

@@ -4,7 +4,8 @@
 //! Charts must read when printed in greyscale, so each policy gets a colour from a colour-blind
 //! safe palette (Okabe–Ito, extended) *and* its own marker shape; block states use fills of clearly
 //! different lightness. Text uses DejaVu Sans from the `dejavu` crate, registered with plotters'
-//! `ab_glyph` backend once per process, so no system font is needed (`rust-deps.md` §2).
+//! `ab_glyph` backend once per process, so no system font is needed (plotters' default font path
+//! needs fontconfig).
 
 use crate::error::{Error, ErrorKind, Result};
 use plotters::coord::Shift;

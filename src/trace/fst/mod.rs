@@ -1350,7 +1350,8 @@ mod tests {
         for (name, k) in [("small", PoolKind::Small), ("large", PoolKind::Large)] {
             check(name, k as u8, wire(k));
         }
-        for s in [BlockState::ActiveAllocated, BlockState::ActivePendingFree, BlockState::Inactive] {
+        for s in [BlockState::ActiveAllocated, BlockState::ActivePendingFree, BlockState::Inactive]
+        {
             check(s.name(), s as u8, wire(s));
         }
         for info in crate::trace::FORMATS {
@@ -1358,5 +1359,4 @@ mod tests {
         }
         assert_eq!(checked, 9 + 2 + 3 + 5);
     }
-
 }

@@ -2,10 +2,11 @@
 //!
 //! PyTorch writes memory snapshots with Python's `pickle.dump` (protocol 4 on Python 3.8–3.13, 5
 //! from 3.14; TorchScript's C++ pickler writes protocol 2), and the content is only dicts, lists,
-//! strings, ints, floats, bools, one tuple and None (spec §14.1). Python's own `pickle.load` is
-//! slow on these files and, worse, runs arbitrary code from a hostile one; `serde-pickle` fails on
-//! the shared frame lists PyTorch writes (rust-deps §3). So fragsim decodes the data opcodes of
-//! protocols 2–5 itself (upstream reference: CPython `Lib/pickle.py` and `Lib/pickletools.py`):
+//! strings, ints, floats, bools, one tuple and None (docs/pytorch-model.md#snapshot-pickle).
+//! Python's own `pickle.load` is slow on these files and, worse, runs arbitrary code from a hostile
+//! one; `serde-pickle` fails on the shared frame lists PyTorch writes (memo references to one list
+//! from many frames). So fragsim decodes the data opcodes of protocols 2–5 itself (upstream
+//! reference: CPython `Lib/pickle.py` and `Lib/pickletools.py`):
 //!
 //! - **Nothing is executed.** GLOBAL, STACK_GLOBAL, REDUCE, BUILD, INST, OBJ, NEWOBJ(_EX), EXT1/2/4
 //!   and PERSID/BINPERSID are input errors naming the opcode, its byte offset and, for imports,
