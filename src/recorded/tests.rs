@@ -283,8 +283,8 @@ fn a_release_whose_stack_shows_empty_cache_is_the_programs_call_whatever_the_lev
     assert_eq!(l.proven_retries(), Some(0));
     assert!(l.describe().contains("1 told by their stacks"), "{}", l.describe());
     let input = ReplayInput::new(&t, Some(0)).unwrap();
-    assert_eq!(input.empty_cache_at, [2]);
-    assert!(input.undecided_flushes.is_empty());
+    assert_eq!(input.empty_cache_at(), [2]);
+    assert!(input.undecided_flushes().is_empty());
     // Replayed with the call, the PyTorch policy reproduces the recording.
     let spec = &PolicySpec::parse_list("pytorch").unwrap()[0];
     let options = ReplayOptions { capacity: l.limit_bytes, ..ReplayOptions::default() };
@@ -303,7 +303,7 @@ fn a_release_inside_a_malloc_is_an_oom_flush_whatever_the_levels() {
                alloc 0x1000 512\nsegment_free 0x10000000 62914560\n\
                segment_alloc 0x20000000 20971520\nalloc 0x20000000 20971520\n";
     let segs = vec![segment(0x20000000, 20 * MIB)];
-    let calls = |t: &Trace| ReplayInput::new(t, Some(0)).unwrap().empty_cache_at;
+    let calls = |t: &Trace| ReplayInput::new(t, Some(0)).unwrap().empty_cache_at().to_vec();
     let frameless = snapshot(src, segs.clone());
     assert_eq!(calls(&frameless), [1, 3], "the level rule alone");
     let t = through_pickle(&with_stacks(src, segs, &[(1, empty_cache_stack()), (3, oom_stack())]));
@@ -324,7 +324,7 @@ fn releases_with_different_stacks_back_to_back_are_two_flushes() {
                alloc 0x20000000 104857600\n";
     let segs = vec![segment(0x20000000, 100 * MIB)];
     let t = with_stacks(src, segs, &[(1, empty_cache_stack()), (2, oom_stack())]);
-    assert_eq!(ReplayInput::new(&t, Some(0)).unwrap().empty_cache_at, [1]);
+    assert_eq!(ReplayInput::new(&t, Some(0)).unwrap().empty_cache_at(), [1]);
     let l = limit::infer(&t, &recorded(&t, 0).unwrap());
     let kinds: Vec<(u64, FlushKind)> = l.flushes.iter().map(|f| (f.event, f.kind)).collect();
     assert_eq!(kinds, [(1, FlushKind::EmptyCacheByStack), (2, FlushKind::OutOfMemoryByStack)]);
