@@ -9,8 +9,8 @@
 //! 2. **replay** — [`replay::ReplayInput`] picks a device and the blocks live before the first
 //!    event; a [`policy::PolicyInfo`] from [`policy::POLICIES`] replays it on a
 //!    [`backend::Backend`] (simulated, or real GPU memory);
-//! 3. **measure** — the engine returns a [`replay::PolicyResult`] (the `replay --json` keys) and a
-//!    memory-over-time [`replay::Series`];
+//! 3. **measure** — the engine returns a [`metrics::PolicyResult`] (the `replay --json` keys) and a
+//!    memory-over-time [`metrics::Series`];
 //! 4. **report** — [`report`] prints tables and writes JSON, CSV, Markdown, plots and HTML.
 //!
 //! ```

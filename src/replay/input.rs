@@ -240,7 +240,7 @@ impl<'a> ReplayInput<'a> {
     /// to stream its events: two passes over the file (the first also checks all of it as
     /// loading would; a third, up to the last candidate, when a free of an address not live
     /// may follow an alloc of it) find where frees take effect, the `empty_cache()` calls, and
-    /// the [`digest`] from which the blocks live at the start follow. Every policy's replay then
+    /// the [`digest`](crate::trace::lifetimes::digest) from which the blocks live at the start follow. Every policy's replay then
     /// reads the file again; memory follows the live blocks, not the trace's length.
     pub fn streamed(file: &'a FstStream, device: Option<i32>) -> Result<ReplayInput<'a>> {
         let have = || file.devices().into_iter().map(|d| d.0).collect::<Vec<_>>();

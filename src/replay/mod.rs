@@ -1,9 +1,9 @@
 //! The replay engine: one device's events, in order, through one policy, measured as it goes.
 //!
-//! Data flows one way: a [`Trace`] is read, [`ReplayInput`] picks a device and finds the blocks
+//! Data flows one way: a [`Trace`](crate::trace::Trace) is read, [`ReplayInput`] picks a device and finds the blocks
 //! live before the first event, [`run_policy`] drives every event through a [`Policy`] on a
-//! backend, and the [`ReplayOutput`] carries the measurements ([`PolicyResult`], [`PeakDetail`], a
-//! [`Series`]) to the report writers. [`run_specs`] replays a set of policy specs on one input
+//! backend, and the [`ReplayOutput`] carries the measurements ([`PolicyResult`](crate::metrics::PolicyResult), [`PeakDetail`](crate::metrics::PeakDetail), a
+//! [`Series`](crate::metrics::Series)) to the report writers. [`run_specs`] replays a set of policy specs on one input
 //! (in parallel, sorted as `replay`'s table) for every command that compares policies.
 //!
 //! The events come from memory ([`ReplayInput::new`]) or stream from a version 3 `.fst` file
@@ -12,7 +12,7 @@
 //! every policy's replay follows indices into a table as long as the most blocks live at once,
 //! instead of hashing addresses. Streamed events are never all held: two pre-passes over
 //! the file find where frees take effect, the recorded `empty_cache()` calls (as sorted indices)
-//! and the few events that decide the blocks live at the start ([`digest`]), in memory that
+//! and the few events that decide the blocks live at the start ([`digest`](crate::trace::lifetimes::digest)), in memory that
 //! follows the live blocks; each policy's replay then reads the file again and finds a free's
 //! block in a map of the recording's live blocks (recorded address → the policy's address and
 //! the request size). The results are the same number for number. `offline`, which plans with
@@ -24,7 +24,7 @@
 //! formats that record one kind of free; a run of recorded `segment_free`s outside any malloc is
 //! the program calling `empty_cache()`, so every policy is asked to flush there too (and so is one
 //! before a retried allocation that the recorded levels, or the recorded allocator's model, show
-//! was no OOM fallback: [`EmptyCacheRuns`]); an `oom` entry is a request every policy tries, and
+//! was no OOM fallback: [`EmptyCacheRuns`](crate::trace::lifetimes::EmptyCacheRuns)); an `oom` entry is a request every policy tries, and
 //! frees at once if it is served. Blocks live before the first
 //! event are allocated first, in address order, so every policy carries them (a policy that knows
 //! how the recorded allocator held them installs that state instead, [`Policy::start`]). Frees of

@@ -52,7 +52,7 @@ pub struct EmptyCachePlan {
     pub every: Option<u64>,
     /// Call it after each of these event indices.
     pub at: Vec<u64>,
-    /// Skip the calls the recording holds ([`empty_cache_points`]).
+    /// Skip the calls the recording holds ([`empty_cache_points`](crate::trace::lifetimes::empty_cache_points)).
     pub drop_recorded: bool,
 }
 
