@@ -60,10 +60,37 @@ pub fn parse_size(text: &str) -> Result<u64> {
 ///
 /// No GPU has less, and a smaller value is almost always a forgotten unit (`--capacity 40` is 40
 /// bytes and would OOM at the first event), so it is an error that suggests the units.
+///
+/// Suffixes are exact: `GB` is 10⁹ bytes, `GiB` 2³⁰. A one-letter unit (`40G`) could mean either,
+/// so it is refused with both readings; a negative or zero size is refused with what to give.
 pub fn parse_capacity(text: &str) -> Result<u64> {
-    let bytes = parse_size(text)?;
+    let n = text.trim();
+    if let Some(rest) = n.strip_prefix('-') {
+        return Err(Error::usage(format!(
+            "capacity '{n}' is negative: give the device memory as a positive size, e.g. {rest}, \
+             or 'none' for unlimited"
+        )));
+    }
+    let split = n.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(n.len());
+    let (number, unit) = n.split_at(split);
+    if let Some(letter) = ["K", "M", "G", "T"].iter().find(|u| unit.trim().eq_ignore_ascii_case(u))
+    {
+        let (si, iec) = (format!("{number}{letter}B"), format!("{number}{letter}iB"));
+        let bytes = |t: &str| parse_size(t).map(|b| format!("{b} B")).unwrap_or_default();
+        return Err(Error::usage(format!(
+            "capacity '{n}' is ambiguous: write {si} ({}) or {iec} ({})",
+            bytes(&si),
+            bytes(&iec)
+        )));
+    }
+    let bytes = parse_size(n)?;
+    if bytes == 0 {
+        return Err(Error::usage(format!(
+            "capacity '{n}' is 0 bytes, which holds no allocation: give the device memory, e.g. \
+             40GiB or 80GB, or 'none' for unlimited"
+        )));
+    }
     if bytes < MIB {
-        let n = text.trim();
         return Err(Error::usage(format!(
             "capacity '{n}' is {bytes} bytes, less than 1 MiB: give a unit, e.g. {n}GB or {n}GiB"
         )));

@@ -94,4 +94,48 @@ fn a_capacity_that_cannot_bind_changes_no_pytorch_decision() {
             }
         }
     }
+
+/// Under a capacity some policies fit and others run out: those that fit come first (each
+/// group by peak reserved), and the table says where a run stopped in place of a peak it never
+/// completed.
+#[test]
+fn runs_that_ran_out_of_memory_sort_last_and_say_where() {
+    use crate::util::{bundled, run, stdout};
+    let trace = bundled("gpt-4l-512h.txt");
+    let t = trace.to_str().unwrap();
+    let json = |capacity: &str| -> Vec<serde_json::Value> {
+        let o = run(&["replay", t, "-p", "all", "--capacity", capacity, "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["results"].as_array().unwrap().clone()
+    };
+    let unlimited = json("none");
+    let mut mixed = 0;
+    for r in &unlimited {
+        let capacity = format!("{}B", r["peak_reserved_bytes"].as_u64().unwrap());
+        let rows = json(&capacity);
+        let ooms: Vec<bool> = rows.iter().map(|r| r["oom"].as_bool().unwrap()).collect();
+        if !(ooms.contains(&true) && ooms.contains(&false)) {
+            continue;
+        }
+        mixed += 1;
+        let first_oom = ooms.iter().position(|&o| o).unwrap();
+        assert!(ooms[first_oom..].iter().all(|&o| o), "{capacity}: {ooms:?}");
+        for group in [&rows[..first_oom], &rows[first_oom..]] {
+            let peaks: Vec<u64> =
+                group.iter().map(|r| r["peak_reserved_bytes"].as_u64().unwrap()).collect();
+            assert!(peaks.windows(2).all(|w| w[0] <= w[1]), "{capacity}: {peaks:?}");
+        }
+        let table = stdout(&run(&["replay", t, "-p", "all", "--capacity", &capacity]));
+        for r in &rows[first_oom..] {
+            let event = r["first_oom_event"].as_u64().unwrap();
+            let policy = r["policy"].as_str();
+            let line = table.lines().find(|l| l.split_whitespace().next() == policy);
+            let line = line.unwrap_or_else(|| panic!("{table}"));
+            assert!(line.contains(&format!("OOM at event {event}")), "{table}");
+            // frag@peak only: no percentage over bound for a peak never reached.
+            let percents = line.split_whitespace().filter(|c| c.ends_with('%')).count();
+            assert_eq!(percents, 1, "{line}");
+        }
+    }
+    assert!(mixed > 0, "no capacity made some policies fit and others run out");
 }

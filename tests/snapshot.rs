@@ -464,6 +464,36 @@ fn export_snapshot_writes_the_first_policy_given_and_names_it() {
     assert_eq!(count(&t, Action::SegmentAlloc), mallocs);
 }
 
+/// An output flag never changes a result: the exported run starts cold (so that `validate` can
+/// replay it from its own events), but the table is the warm replay the same command prints
+/// without the flag, and the note says how the file's run differs.
+#[test]
+fn export_snapshot_does_not_change_the_numbers_printed() {
+    let path = real_trace("cs336-lm-step-c.pickle");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("v.pickle");
+    let p = path.to_str().unwrap();
+    let replay = |extra: &[&str]| {
+        let mut argv = vec!["replay", p, "-p", "pytorch", "--json"];
+        argv.extend(extra);
+        let o = run(&argv);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        (untimed(v), stderr(&o))
+    };
+    let (plain, _) = replay(&[]);
+    let (exported, note) = replay(&["--export-snapshot", out.to_str().unwrap()]);
+    assert_eq!(exported, plain);
+    let pytorch = &plain["results"].as_array().unwrap()[0];
+    assert_eq!(pytorch["policy"], "pytorch");
+    // The warm replay peaks at its start state, the recorded one.
+    assert_eq!(pytorch["peak_reserved_bytes"], 14_180_941_824u64);
+    let written = read_file(&out, false);
+    let cold = fragsim::recorded::recorded(&written, 0).unwrap().peak_reserved_bytes;
+    assert_ne!(cold, 14_180_941_824, "this trace's cold run differs, so the test can fail");
+    assert!(note.contains(&format!("its peak reserved is {cold} B")), "{note}");
+}
+
 #[test]
 fn export_snapshot_writes_the_simulated_run() {
     let path = real_trace("cs336-medium-ctx512-infer.pickle");

@@ -227,3 +227,45 @@ fn sweep_and_check_replay_the_device_asked_for() {
     let err = stderr(&out);
     assert!(err.contains("no device 7") && err.contains("kineto-ddp-v100-rank1"), "{err}");
 }
+
+/// `--capacity` reads the same in `sweep` as in `replay`: exact units, `none` for unlimited,
+/// a one-letter unit refused with both readings; `recorded` is refused with why and what to
+/// run instead (one capacity for every trace).
+#[test]
+fn sweep_capacity_reads_as_replay_s() {
+    let trace = bundled("gpt-4l-512h.txt");
+    let t = trace.to_str().unwrap();
+    let sweep =
+        |capacity: &str| run(&["sweep", t, "-p", "pytorch", "--capacity", capacity, "--json"]);
+    let unlimited = sweep("none");
+    assert!(unlimited.status.success(), "{}", stderr(&unlimited));
+    let plain = run(&["sweep", t, "-p", "pytorch", "--json"]);
+    assert_eq!(untimed_sweep(&unlimited), untimed_sweep(&plain));
+    for (capacity, says) in [
+        ("recorded", "replay TRACE --capacity recorded"),
+        ("40G", "40GB (40000000000 B) or 40GiB"),
+        ("0", "holds no allocation"),
+    ] {
+        let o = sweep(capacity);
+        assert_eq!(o.status.code(), Some(2), "{capacity}");
+        assert!(stderr(&o).contains(says), "{capacity}: {}", stderr(&o));
+    }
+}
+
+/// A sweep's JSON without its timings.
+fn untimed_sweep(o: &std::process::Output) -> Value {
+    let mut v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    strip_seconds(&mut v);
+    v
+}
+
+fn strip_seconds(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            m.retain(|k, _| !k.ends_with("seconds"));
+            m.values_mut().for_each(strip_seconds);
+        }
+        Value::Array(a) => a.iter_mut().for_each(strip_seconds),
+        _ => {}
+    }
+}

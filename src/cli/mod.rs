@@ -197,13 +197,35 @@ pub fn capacity_header(arg: Option<&CapacityArg>, bytes: Option<u64>) -> Option<
     let bytes = bytes?;
     Some(match arg {
         Some(CapacityArg::Size { typed, bytes }) => {
-            format!("capacity: {}", fragsim::units::describe_capacity(typed, *bytes))
+            let note = near_card(typed, *bytes).map(|n| format!("; {n}")).unwrap_or_default();
+            format!("capacity: {}{note}", fragsim::units::describe_capacity(typed, *bytes))
         }
         _ => format!(
             "capacity: {} (inferred from the recording)",
             fragsim::units::describe_capacity(&bytes.to_string(), bytes)
         ),
     })
+}
+
+/// For a capacity typed in decimal units (`40GB`) within a few percent of a card size `fit`
+/// lists (which are GiB: an A100 40GB has 40 GiB), a note naming the card size the user may
+/// mean and how to write it; `None` when it is that size or near none.
+pub fn near_card(typed: &str, bytes: u64) -> Option<String> {
+    let t = typed.trim().to_ascii_lowercase();
+    if !(t.ends_with("gb") || t.ends_with("tb")) {
+        return None;
+    }
+    // The gap between N GB and N GiB is 6.9%.
+    let card = fragsim::whatif::fit::CARDS.iter().find(|c| {
+        c.bytes != bytes && (c.bytes as f64 - bytes as f64).abs() / c.bytes as f64 <= 0.075
+    })?;
+    Some(format!(
+        "the {} cards ({}) have {} B on board: for one of them write {}GiB",
+        card.label,
+        card.examples,
+        card.bytes,
+        card.bytes >> 30
+    ))
 }
 
 /// How a command prints its results (`--format`).
@@ -342,10 +364,20 @@ mod tests {
     fn a_capacity_needs_a_unit_and_keeps_what_was_typed() {
         let c = capacity_arg("40GB").unwrap();
         assert_eq!(c, CapacityArg::Size { typed: "40GB".into(), bytes: 40_000_000_000 });
+        // 40 GB is 6.9% short of the 40 GiB an A100 40GB has: the header says so.
         assert_eq!(
             capacity_header(Some(&c), Some(40_000_000_000)).as_deref(),
-            Some("capacity: 40GB (37.25 GiB)")
+            Some(
+                "capacity: 40GB (37.25 GiB); the 40 GB cards (A100 40GB) have 42949672960 B on \
+                 board: for one of them write 40GiB"
+            )
         );
+        let exact = capacity_arg("40GiB").unwrap();
+        assert_eq!(
+            capacity_header(Some(&exact), Some(40 << 30)).as_deref(),
+            Some("capacity: 40GiB (40.00 GiB)")
+        );
+        assert_eq!(near_card("60GB", 60_000_000_000), None, "near no card");
         assert_eq!(capacity_arg("recorded"), Ok(CapacityArg::Recorded));
         assert_eq!(capacity_arg("none"), Ok(CapacityArg::Unlimited));
         assert_eq!(capacity_header(Some(&CapacityArg::Unlimited), None), None);
@@ -353,5 +385,18 @@ mod tests {
         assert!(e.contains("40GB") && e.contains("40GiB"), "{e}");
         let parsed = Cli::try_parse_from(["fragsim", "replay", "t.txt", "--capacity", "40"]);
         assert!(parsed.is_err());
+    }
+
+    #[test]
+    fn capacity_messages_name_the_fix() {
+        let e = capacity_arg("40G").unwrap_err();
+        assert!(e.contains("ambiguous") && e.contains("40GB (40000000000 B)"), "{e}");
+        assert!(e.contains("40GiB (42949672960 B)"), "{e}");
+        assert!(capacity_arg("2m").unwrap_err().contains("2MB"), "one-letter units in any case");
+        let e = capacity_arg("-5GB").unwrap_err();
+        assert!(e.contains("negative") && e.contains("e.g. 5GB") && e.contains("'none'"), "{e}");
+        let e = capacity_arg("0").unwrap_err();
+        assert!(e.contains("holds no allocation") && e.contains("'none'"), "{e}");
+        assert!(capacity_arg("0GiB").unwrap_err().contains("holds no allocation"));
     }
 }

@@ -46,8 +46,9 @@ pub struct Args {
     device: Option<i32>,
 
     /// Device memory, e.g. 40GiB or 80GB: configs that run out on any trace rank last.
-    #[arg(long, value_name = "SIZE")]
-    capacity: Option<String>,
+    /// `none`: unlimited (the default).
+    #[arg(long, value_name = "SIZE|none", value_parser = super::capacity_arg)]
+    capacity: Option<super::CapacityArg>,
 
     /// Run only part I of N of the configs (1-based), for a job array; merge the parts with
     /// `fragsim merge`.
@@ -77,7 +78,17 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
     let names: Vec<String> = specs.iter().map(PolicySpec::display).collect();
     Row::new("", &PolicyResult::default()).number(&args.objective)?;
-    let capacity = args.capacity.as_deref().map(fragsim::units::parse_capacity).transpose()?;
+    let capacity = match &args.capacity {
+        None | Some(super::CapacityArg::Unlimited) => None,
+        Some(super::CapacityArg::Size { bytes, .. }) => Some(*bytes),
+        Some(super::CapacityArg::Recorded) => {
+            return Err(Error::usage(
+                "sweep --capacity recorded: sweep replays every trace under one capacity, and \
+                 each recording implies its own limit; give a size, or replay one trace with \
+                 `fragsim replay TRACE --capacity recorded`",
+            ))
+        }
+    };
     let shard = args.shard.as_deref().map(Shard::parse).transpose()?;
     let mut identity = names.clone();
     identity.push(format!("capacity={capacity:?}"));

@@ -3,7 +3,8 @@
 //!
 //! [`run_specs`] replays each [`PolicySpec`] on the same [`ReplayInput`] with the same
 //! [`ReplayOptions`], in parallel or one after another ([`Jobs`]), and returns a [`Comparison`]:
-//! the runs sorted by peak reserved bytes as `replay`'s table prints them (ties keep the order
+//! the runs sorted as `replay`'s table prints them, those that fit before those that ran out of
+//! memory, each by peak reserved bytes (ties keep the order
 //! the specs were given in), the `bound` row when it ran, and the specs that were allowed to fail
 //! and did. The result does not depend on the parallelism: the same specs give the same order,
 //! and when several specs fail the error returned is the first one in the order given.
@@ -97,7 +98,8 @@ pub struct SpecFailure {
 /// What [`run_specs`] returns.
 #[derive(Debug, Default)]
 pub struct Comparison {
-    /// The replays, sorted by peak reserved bytes, ties in the order the specs were given.
+    /// The replays, those that fit first, each group sorted by peak reserved bytes, ties in the
+    /// order the specs were given.
     pub runs: Vec<SpecRun>,
     /// The optional specs that could not run, in the order given.
     pub skipped: Vec<SpecFailure>,
@@ -213,7 +215,8 @@ pub fn run_specs(
             Err(error) => return Err(error),
         }
     }
-    comparison.runs.sort_by_key(|r| r.output.result.peak_reserved_bytes);
+    // Runs that ran out of memory never reached a comparable peak: after those that fit.
+    comparison.runs.sort_by_key(|r| (r.output.result.oom, r.output.result.peak_reserved_bytes));
     Ok(comparison)
 }
 

@@ -20,7 +20,7 @@ pub fn render(results: &[PolicyResult]) -> String {
 pub fn render_with_recorded(results: &[PolicyResult], recorded: Option<&RecordedRow>) -> String {
     let table = columns::summary_table(results, columns::labels(results), recorded);
     let header: Vec<&str> = table.headers.iter().map(|h| h.0).collect();
-    let text: Vec<Vec<String>> = table
+    let mut text: Vec<Vec<String>> = table
         .rows
         .into_iter()
         .map(|(label, r)| {
@@ -29,6 +29,25 @@ pub fn render_with_recorded(results: &[PolicyResult], recorded: Option<&Recorded
             cells
         })
         .collect();
+    // A run that ran out of memory never reached a peak to compare: its peak cell says where it
+    // stopped, and it is not measured against the recording.
+    let offset = usize::from(recorded.is_some());
+    let column = |name: &str| header.iter().position(|h| *h == name);
+    let (peak, vs) = (column(columns::PEAK_RESERVED.header), column(columns::VS_RECORDED));
+    let over = column(columns::OVER_BOUND.header);
+    for (k, r) in results.iter().enumerate() {
+        let (Some(event), Some(row)) = (r.first_oom_event, text.get_mut(offset + k)) else {
+            continue;
+        };
+        if let Some(cell) = peak.and_then(|i| row.get_mut(i)) {
+            *cell = format!("OOM at event {event}");
+        }
+        for i in [vs, over].into_iter().flatten() {
+            if let Some(cell) = row.get_mut(i) {
+                *cell = "-".into();
+            }
+        }
+    }
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in &text {
         for (w, cell) in widths.iter_mut().zip(row) {
