@@ -94,6 +94,7 @@ fn a_capacity_that_cannot_bind_changes_no_pytorch_decision() {
             }
         }
     }
+}
 
 /// Under a capacity some policies fit and others run out: those that fit come first (each
 /// group by peak reserved), and the table says where a run stopped in place of a peak it never
