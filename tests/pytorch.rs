@@ -1038,3 +1038,25 @@ fn recordings_whose_releases_carry_stacks_are_read_by_their_stacks() {
     assert!(calls > 20 && fallbacks > 5, "{calls} calls, {fallbacks} fallbacks");
     assert!(level_misread > 0, "the stacks decided nothing the levels did not");
 }
+
+/// `validate` takes `--format table|json|csv` as every command printing results does: `--format
+/// json` is `--json`, and the CSV's one row holds the JSON object's scalar fields.
+#[test]
+fn validate_takes_format_like_every_command() {
+    let path = crate::util::real_trace("cs336-medium-ctx512-infer.pickle");
+    let p = path.to_str().unwrap();
+    let json = crate::util::run(&["validate", p, "--format", "json"]);
+    assert!(json.status.success(), "{}", stderr(&json));
+    assert_eq!(stdout(&json), stdout(&crate::util::run(&["validate", p, "--json"])));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
+    let csv = stdout(&crate::util::run(&["validate", p, "--format", "csv"]));
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines.len(), 2, "{csv}");
+    let header: Vec<&str> = lines[0].split(',').collect();
+    let row: Vec<&str> = lines[1].split(',').collect();
+    assert_eq!(header.len(), row.len(), "{csv}");
+    let at =
+        |k: &str| row[header.iter().position(|h| *h == k).unwrap_or_else(|| panic!("{k}: {csv}"))];
+    assert_eq!(at("allocs_total"), v["allocs_total"].to_string());
+    assert_eq!(at("allocs_addr_matched"), v["allocs_addr_matched"].to_string());
+}

@@ -30,9 +30,8 @@ pub struct Args {
     #[arg(long, value_name = "SIZE", value_parser = super::size_arg)]
     gpu_mem: Option<u64>,
 
-    /// Print one JSON object (docs/interface.md) instead of a summary.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    output: super::FormatArgs,
 
     /// Write the validated replay as a PyTorch snapshot for pytorch.org/memory_viz.
     #[arg(long, value_name = "FILE")]
@@ -87,9 +86,28 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
     let io = |e: std::io::Error| Error::writing("to stdout", e);
     let mut out = std::io::stdout().lock();
-    if args.json {
+    let format = args.output.format();
+    if format == super::OutputFormat::Json {
         let text = serde_json::to_string_pretty(&v).map_err(|e| Error::usage(e.to_string()))?;
         writeln!(out, "{text}").map_err(io)?;
+    } else if format == super::OutputFormat::Csv {
+        // One row: the JSON object's numbers, strings and flags (its lists stay in the JSON).
+        let json = serde_json::to_value(&v).map_err(|e| Error::usage(e.to_string()))?;
+        let scalars: Vec<(&String, String)> = json
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, x)| match x {
+                serde_json::Value::String(t) => Some((k, fragsim::report::csv::field(t))),
+                serde_json::Value::Number(n) => Some((k, n.to_string())),
+                serde_json::Value::Bool(b) => Some((k, b.to_string())),
+                serde_json::Value::Null => Some((k, String::new())),
+                _ => None,
+            })
+            .collect();
+        let header: Vec<&str> = scalars.iter().map(|(k, _)| k.as_str()).collect();
+        let values: Vec<&str> = scalars.iter().map(|(_, x)| x.as_str()).collect();
+        writeln!(out, "{}\n{}", header.join(","), values.join(",")).map_err(io)?;
     } else {
         let pct = |a: u64, b: u64| if b == 0 { 100.0 } else { 100.0 * a as f64 / b as f64 };
         let determinable = v.allocs_total - v.undeterminable_events;

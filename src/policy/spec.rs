@@ -80,5 +80,15 @@ mod tests {
             err.contains("unknown policy 'tlsf'") && err.contains("buddy") && err.contains("all"),
             "{err}"
         );
+        assert!(!err.contains("did you mean"), "nothing near 'tlsf': {err}");
+    }
+
+    #[test]
+    fn a_typo_gets_the_policy_it_is_near() {
+        let err = |name: &str| PolicySpec::parse_list(name).unwrap_err().to_string();
+        assert!(err("pytoch").contains("unknown policy 'pytoch': did you mean 'pytorch'?"));
+        assert!(err("bfcc").contains("did you mean 'bfc'?"), "{}", err("bfcc"));
+        assert!(err("Buddy").contains("did you mean 'buddy'?"), "{}", err("Buddy"));
+        assert!(err("pytorch-expandabel").contains("did you mean 'pytorch-expandable'?"));
     }
 }

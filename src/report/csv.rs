@@ -31,6 +31,11 @@ pub fn write_with_recorded(
     Ok(())
 }
 
+/// One CSV field: quoted (quotes doubled) where it holds a comma, a quote or a line break.
+pub fn field(s: &str) -> String {
+    quote(s)
+}
+
 fn quote(s: &str) -> String {
     if s.contains([',', '"', '\n', '\r']) {
         format!("\"{}\"", s.replace('"', "\"\""))
