@@ -2,10 +2,16 @@
 //! `traces/real/`.
 //!
 //! The headline is the largest PyTorch snapshot with and without frames (the Python baseline is
-//! `pickle.load` at ≈ 18 MB/s with its garbage collector on, ≈ 69 MB/s without).
+//! `pickle.load` at ≈ 18 MB/s with its garbage collector on, ≈ 69 MB/s without), and a large
+//! one made from it (`snapshot-repeated`: its trace entries 15 times, 54 MB, built in memory by
+//! `support/repeat.rs` as Python's pickler would write a longer run); the whole-process
+//! comparison with `pickle.load` is in docs/performance.md#reading-snapshots.
 //! Every other real trace is read through `trace::read_bytes` after content detection; a format
 //! whose reader is still a stub is skipped with a note. `.fst` is read from the largest snapshot
 //! converted in memory.
+
+#[path = "support/repeat.rs"]
+mod repeat;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use fragsim::trace::{self, detect, Format, ReadOptions};
@@ -53,6 +59,26 @@ fn largest_snapshot(c: &mut Criterion) {
     g.bench_function("cs336-medium-ctx512-train/pickle-decode-only", |b| {
         b.iter(|| fragsim::trace::pickle::decode(black_box(&data)).expect("decodes").root())
     });
+    g.finish();
+}
+
+/// The largest real snapshot's trace entries repeated 15 times (54 MB), read as a file is
+/// (streamed, one batch of entries at a time), with frames and without.
+fn repeated_snapshot(c: &mut Criterion) {
+    let real = load(&real("cs336-medium-ctx512-train.pickle"));
+    let data = repeat::repeat(&real, 15).expect("the real snapshot repeats");
+    let mut g = c.benchmark_group("snapshot-repeated");
+    g.throughput(Throughput::Bytes(data.len() as u64));
+    g.sample_size(10);
+    g.measurement_time(Duration::from_secs(10));
+    for (label, keep_frames) in [("no-frames", false), ("frames", true)] {
+        g.bench_function(format!("cs336-medium-ctx512-train-x15/{label}"), |b| {
+            b.iter(|| {
+                trace::read_bytes(black_box(&data), Format::PytorchSnapshot, &options(keep_frames))
+                    .expect("the repeated snapshot reads")
+            })
+        });
+    }
     g.finish();
 }
 
@@ -108,5 +134,5 @@ fn every_real_trace(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, largest_snapshot, fst, every_real_trace);
+criterion_group!(benches, largest_snapshot, repeated_snapshot, fst, every_real_trace);
 criterion_main!(benches);

@@ -138,3 +138,39 @@ fn frame_lists_shared_across_dropped_batches_keep_their_stacks() {
     assert!(streamed == whole);
     assert_eq!(streamed.devices[0].events[2499].frames, stacks[(2499 / 2) % 3]);
 }
+
+#[path = "../benches/support/repeat.rs"]
+mod repeat;
+
+#[test]
+fn a_real_snapshot_repeated_streams_to_the_whole_readers_trace() {
+    // Many batches whose frame lists refer back to frame dicts, dict keys and action names
+    // memoized batches (and discards) earlier: the memo entries that survived each discard are
+    // found by index, far behind the current batch.
+    let real = std::fs::read(real_trace("cs336-lm-step-c.pickle")).expect("reads");
+    let data = repeat::repeat(&real, 4).expect("repeats");
+    let once = snapshot::read(&real, &options(true)).expect("reads whole");
+    for keep_frames in [false, true] {
+        let whole = snapshot::read(&data, &options(keep_frames)).expect("reads whole");
+        let streamed = snapshot::stream(&mut &data[..], &options(keep_frames))
+            .map_err(snapshot::refusal_error)
+            .unwrap_or_else(|e| panic!("keep_frames {keep_frames}: {e}"));
+        assert!(streamed == whole, "keep_frames {keep_frames}: the streamed trace differs");
+        let (n, events) = (once.devices[0].events.len(), &whole.devices[0].events);
+        assert_eq!(events.len(), 4 * n);
+        // The fourth repetition is the first one again, later, with the same stacks.
+        let (first, last) = (&once.devices[0].events, &events[3 * n..]);
+        assert!(first
+            .iter()
+            .zip(last)
+            .all(|(a, b)| (a.action, a.addr, a.size) == (b.action, b.addr, b.size)));
+        assert!(last[0].time_us > first[n - 1].time_us);
+        if keep_frames {
+            assert_eq!(whole.frames.len(), once.frames.len());
+            let stack = |t: &fragsim::trace::Trace, e: &fragsim::trace::Event| {
+                t.frames.get(e.frames).to_vec()
+            };
+            assert!(first.iter().zip(last).all(|(a, b)| stack(&once, a) == stack(&whole, b)));
+        }
+    }
+}

@@ -401,19 +401,20 @@ fn read_entry(
     for &(k, v) in fields {
         // A discarded key is not one read here: the streamed decoder keeps those.
         let Some(k) = p.str_bytes(k) else { continue };
-        match k {
-            b"action" => match p.str_bytes(v) {
+        // By length first: one comparison per key instead of one per field read.
+        match (k.len(), k) {
+            (6, b"action") => match p.str_bytes(v) {
                 Some(s) => action = Some(s),
                 None if gone(v) => return Err(refuse()),
                 None => return Err(err(format!("'action' is {}", v.a_type_name())).into()),
             },
-            b"addr" => addr = Some(v),
-            b"device_free" => device_free = Some(v),
-            b"size" => size = Some(v),
-            b"stream" => stream = Some(v),
-            b"time_us" => time = Some(v),
-            b"frames" => frames = Some(v),
-            b"pool_id" => pool = Some(v),
+            (4, b"addr") => addr = Some(v),
+            (11, b"device_free") => device_free = Some(v),
+            (4, b"size") => size = Some(v),
+            (6, b"stream") => stream = Some(v),
+            (7, b"time_us") => time = Some(v),
+            (6, b"frames") => frames = Some(v),
+            (7, b"pool_id") => pool = Some(v),
             _ => {}
         }
     }
@@ -605,6 +606,8 @@ struct Reader {
     stacks: HashMap<Vec<u64>, FramesId>,
     /// The frames of dropped frame dicts the file may refer back to, each content once.
     handles: Vec<Frame>,
+    /// The [`Reader::stacks`] key of the frame list being read, kept for its allocation.
+    key: Vec<u64>,
     /// `handles` by content.
     handle_of: HashMap<Frame, u32>,
 }
@@ -716,10 +719,14 @@ impl Reader {
         release: bool,
     ) -> std::result::Result<FramesId, Stop> {
         if !self.keep_frames {
+            // Only a release's frames are read then, and only when all of them are at hand:
+            // the other entries cost no look at their frames.
             let dropped = |f: &Value| matches!(f, Value::Handle(_) | Value::Dropped);
-            let whole = matches!(v, Value::List(_) | Value::Tuple(_))
-                && !p.items(v).unwrap_or(&[]).iter().any(dropped);
-            if !release || !whole {
+            let whole = || {
+                matches!(v, Value::List(_) | Value::Tuple(_))
+                    && !p.items(v).unwrap_or(&[]).iter().any(dropped)
+            };
+            if !release || !whole() {
                 return Ok(FramesId::NONE);
             }
         }
@@ -746,7 +753,10 @@ impl Reader {
             return Ok(id);
         }
         let items = p.items(v).unwrap_or(&[]);
-        let mut dict_ids = Vec::with_capacity(items.len().min(4096));
+        // The key is built in a buffer kept between entries: a stack seen before costs its
+        // lookup, with no allocation.
+        let mut dict_ids = std::mem::take(&mut self.key);
+        dict_ids.clear();
         for &f in items {
             match f {
                 Value::Dict(d) => dict_ids.push(d as u64),
@@ -763,7 +773,7 @@ impl Reader {
                 }
             }
         }
-        let id = match self.stacks.get(&dict_ids) {
+        let id = match self.stacks.get(&dict_ids[..]) {
             Some(&id) => id,
             None => {
                 let mut frames = Vec::with_capacity(items.len().min(4096));
@@ -771,10 +781,11 @@ impl Reader {
                     frames.push(self.frame(p, f));
                 }
                 let id = table.intern(frames);
-                self.stacks.insert(dict_ids, id);
+                self.stacks.insert(dict_ids.clone(), id);
                 id
             }
         };
+        self.key = dict_ids;
         // Container ids are dense and bounded by the input, so a vector is a safe cache.
         if self.frame_ids.len() <= key {
             self.frame_ids.resize(key + 1, None);
@@ -823,16 +834,25 @@ impl Reader {
 
 /// A size or address field: a present integer in `0..=2^60` (an address: `0..2^64`). The
 /// [limits](super::limits) check the range it makes with its size once the event is built.
+#[inline]
 fn bytes_field(p: &Pickle, key: &str, v: Option<Value>) -> Result<u64, String> {
-    let v = v.ok_or_else(|| format!("has no '{key}'"))?;
+    let Some(v) = v else { return Err(format!("has no '{key}'")) };
+    // The common case first: a small non-negative int, in range as a size and as an address.
+    if let Value::Int(n @ 0..=MAX_BYTES_I64) = v {
+        return Ok(n as u64);
+    }
+    let is_addr = matches!(key, "addr" | "address");
     match p.int(v) {
-        Some(n) if key.contains("addr") && (0..=u64::MAX as i128).contains(&n) => Ok(n as u64),
-        Some(n) if key.contains("addr") => Err(format!("'{key}' is {n}, outside 0..2^64")),
+        Some(n) if is_addr && (0..=u64::MAX as i128).contains(&n) => Ok(n as u64),
+        Some(n) if is_addr => Err(format!("'{key}' is {n}, outside 0..2^64")),
         Some(n) if (0..=MAX_BYTES).contains(&n) => Ok(n as u64),
         Some(n) => Err(format!("'{key}' is {n}, outside 0..=2^60")),
         None => Err(format!("'{key}' is {}, not an integer", v.a_type_name())),
     }
 }
+
+/// [`MAX_BYTES`] as an `i64`.
+const MAX_BYTES_I64: i64 = MAX_BYTES as i64;
 
 /// Reads the segment list `v`, which `root` holds (or is, in a legacy snapshot).
 fn read_segments(p: &Pickle, v: Value, root: Value) -> Result<Vec<Segment>> {

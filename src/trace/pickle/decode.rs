@@ -6,7 +6,7 @@
 
 use super::arena::Arena;
 use super::input::{Input, Short, Slice, Stream};
-use super::stream::Streaming;
+use super::stream::{Past, Streaming};
 use super::{Pickle, Sink, Stop, Streamed, Value};
 use crate::error::{Error, Place, Result};
 use std::collections::HashMap;
@@ -80,16 +80,12 @@ pub(super) struct Memo {
     pub(super) sparse: HashMap<u32, Value>,
     /// Number of distinct memo keys, which is what MEMOIZE uses as the next index.
     pub(super) count: u32,
-    /// Streamed decoding only: whether the entries from `dense.len()` on live in `kept` and
+    /// Streamed decoding only: whether the entries from `dense.len()` on live in `past` and
     /// `recent` (see [`Streaming`]).
     pub(super) streaming: bool,
-    /// Entries from `dense.len()` to `recent_start` that survived a discard, in index order;
-    /// the others in that range were discarded, or survive in `handles`.
-    pub(super) kept: Vec<(u32, Value)>,
-    /// The [`Value::Handle`]s among the survivors, apart (8 bytes each, where a frame list is
-    /// kept for every trace entry), so that `kept`, which the `BINGET`s of dict keys search,
-    /// stays small.
-    pub(super) handles: Vec<(u32, u32)>,
+    /// Entries from `dense.len()` to `recent_start`: those that survived a discard (every
+    /// other one there was discarded).
+    pub(super) past: Past,
     /// The first index of `recent`.
     pub(super) recent_start: u32,
     /// The entries stored since the last discard, from `recent_start` on.
@@ -370,30 +366,39 @@ impl<'a, 's, I: Input<'a>> Decoder<'a, 's, I> {
         Ok(())
     }
 
-    #[inline]
-    fn memo_get(&self, op: u8, idx: u32) -> std::result::Result<Value, Stop> {
-        if let Some(Some(v)) = self.memo.dense.get(idx as usize) {
-            return Ok(*v);
-        }
-        self.memo_get_slow(op, idx)
-    }
-
-    #[cold]
-    fn memo_get_slow(&self, op: u8, idx: u32) -> std::result::Result<Value, Stop> {
+    /// The memo entry `idx`: in the dense part, or, while streaming, among the entries stored
+    /// since the last discard or those that survived one, each found in O(1) (every `BINGET`
+    /// of a frame dict comes here); `None` when it is in neither (see [`Self::memo_get`]).
+    #[inline(always)]
+    fn memo_lookup(&self, idx: u32) -> Option<Value> {
         let memo = &self.memo;
+        if let Some(Some(v)) = memo.dense.get(idx as usize) {
+            return Some(*v);
+        }
         if memo.streaming && idx >= memo.dense.len() as u32 && idx < memo.count {
             if idx >= memo.recent_start {
-                return Ok(memo.recent[(idx - memo.recent_start) as usize]);
+                let v = memo.recent.get((idx - memo.recent_start) as usize);
+                return Some(v.copied().unwrap_or(Value::Dropped));
             }
-            if let Ok(k) = memo.kept.binary_search_by_key(&idx, |&(i, _)| i) {
-                return Ok(memo.kept[k].1);
-            }
-            return Ok(match memo.handles.binary_search_by_key(&idx, |&(i, _)| i) {
-                Ok(k) => Value::Handle(memo.handles[k].1),
-                Err(_) => Value::Dropped,
-            });
+            return Some(memo.past.get(idx));
         }
-        memo.sparse
+        None
+    }
+
+    /// The memo entry `idx` ([`Self::memo_lookup`], else the sparse part), or an error.
+    #[inline]
+    fn memo_get(&self, op: u8, idx: u32) -> std::result::Result<Value, Stop> {
+        match self.memo_lookup(idx) {
+            Some(v) => Ok(v),
+            None => self.memo_get_sparse(op, idx),
+        }
+    }
+
+    /// A memo entry stored far past the dense part (hand-made pickles only), or an error.
+    #[cold]
+    fn memo_get_sparse(&self, op: u8, idx: u32) -> std::result::Result<Value, Stop> {
+        self.memo
+            .sparse
             .get(&idx)
             .copied()
             .ok_or_else(|| self.op_err(op, &format!("memo entry {idx} was never stored")).into())
@@ -436,6 +441,28 @@ impl<'a, 's, I: Input<'a>> Decoder<'a, 's, I> {
 
     fn run(&mut self) -> std::result::Result<(), Stop> {
         loop {
+            // Most opcodes of a snapshot are BINGET/LONG_BINGET (a frame list's frame dicts):
+            // one whose argument is at hand in the buffer and whose entry is there takes this
+            // short path; a missing entry, a list (which may be refused) and the end of a
+            // buffer take the general one below.
+            let (len, idx) = match *self.input.window() {
+                [b'h', i, ..] => (2, i as u32),
+                [b'j', a, b, c, d, ..] => (5, u32::from_le_bytes([a, b, c, d])),
+                _ => (0, 0),
+            };
+            if len > 0 {
+                match self.memo_lookup(idx) {
+                    Some(Value::List(_)) | None => {}
+                    Some(v) => {
+                        if v == Value::Dropped {
+                            self.met_dropped(self.input.pos());
+                        }
+                        self.input.skip(len);
+                        self.stack.push(v);
+                        continue;
+                    }
+                }
+            }
             self.op_at = self.input.pos();
             let op = match self.input.byte() {
                 Ok(Some(op)) => op,

@@ -27,6 +27,11 @@ pub(crate) trait Input<'a> {
     fn remaining(&self) -> Option<u64>;
     /// The next byte, or `None` at the end.
     fn byte(&mut self) -> Result<Option<u8>, Short>;
+    /// The next bytes that are at hand (buffered), without consuming them: a few or none near
+    /// a buffer's end, whatever the input holds beyond.
+    fn window(&self) -> &[u8];
+    /// Consumes `n` bytes of [`Input::window`] (at most its length).
+    fn skip(&mut self, n: usize);
     /// Fills `buf` with the next bytes.
     fn fill(&mut self, buf: &mut [u8]) -> Result<(), Short>;
     /// Adds the next `n` bytes to `strs` as one string.
@@ -72,6 +77,16 @@ impl<'a> Input<'a> for Slice<'a> {
         let b = self.data.get(self.pos).copied();
         self.pos += b.is_some() as usize;
         Ok(b)
+    }
+
+    #[inline]
+    fn window(&self) -> &[u8] {
+        self.data.get(self.pos..).unwrap_or(&[])
+    }
+
+    #[inline]
+    fn skip(&mut self, n: usize) {
+        self.pos += n;
     }
 
     #[inline]
@@ -183,6 +198,16 @@ impl<'a> Input<'a> for Stream<'_> {
         let b = self.available()?.first().copied();
         self.at += b.is_some() as usize;
         Ok(b)
+    }
+
+    #[inline]
+    fn window(&self) -> &[u8] {
+        self.buf.get(self.at..self.len).unwrap_or(&[])
+    }
+
+    #[inline]
+    fn skip(&mut self, n: usize) {
+        self.at += n;
     }
 
     #[inline]

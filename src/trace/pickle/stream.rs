@@ -33,7 +33,103 @@ use super::decode::Decoder;
 use super::input::Input;
 use super::{Pickle, Value};
 use crate::error::Error;
+use crate::trace::AddrMap;
 use std::collections::HashMap;
+
+/// The memo entries of a streamed decode from index `base` to the last discard that survived
+/// it, found by index in O(1) (every `BINGET` of a frame dict or a dict key stored while
+/// streaming looks here). A bit per index says whether it survived, and each block of 64
+/// indices knows how many survivors came before it, so the survivor's slot is that count plus
+/// the bits below it in its block: under half a byte an index, besides the survivors
+/// themselves. Survivors are added in increasing index order. Converted objects
+/// ([`Value::Handle`], one per frame list where frames are kept) are apart, 4 bytes each.
+#[derive(Debug, Default)]
+pub(super) struct Past {
+    base: u32,
+    kept: Ranked<Value>,
+    handles: Ranked<u32>,
+}
+
+impl From<u32> for Past {
+    /// The table for entries from `base` on.
+    fn from(base: u32) -> Past {
+        Past { base, ..Past::default() }
+    }
+}
+
+impl Past {
+    /// Entry `idx` (at least `base`): what survived, the sink's handle, or [`Value::Dropped`].
+    #[inline]
+    pub(super) fn get(&self, idx: u32) -> Value {
+        let off = idx.wrapping_sub(self.base) as usize;
+        if let Some(v) = self.kept.get(off) {
+            return v;
+        }
+        match self.handles.get(off) {
+            Some(h) => Value::Handle(h),
+            None => Value::Dropped,
+        }
+    }
+
+    /// Entry `idx` survives as `v`; `idx` is above every index added so far.
+    pub(super) fn push(&mut self, idx: u32, v: Value) {
+        match v {
+            Value::Dropped => {}
+            Value::Handle(h) => self.handles.push(idx.wrapping_sub(self.base) as usize, h),
+            v => self.kept.push(idx.wrapping_sub(self.base) as usize, v),
+        }
+    }
+
+    /// Entry `idx` survives as the sink's handle `h`.
+    pub(super) fn push_handle(&mut self, idx: u32, h: u32) {
+        self.handles.push(idx.wrapping_sub(self.base) as usize, h);
+    }
+}
+
+/// Values at some offsets, added in increasing order, found by offset in O(1) (see [`Past`]).
+#[derive(Debug)]
+struct Ranked<T> {
+    /// Per block of 64 offsets: which have a value.
+    bits: Vec<u64>,
+    /// Per block: the values in the blocks before it.
+    ranks: Vec<u32>,
+    values: Vec<T>,
+}
+
+impl<T> Default for Ranked<T> {
+    fn default() -> Self {
+        Ranked { bits: Vec::new(), ranks: Vec::new(), values: Vec::new() }
+    }
+}
+
+impl<T: Copy> Ranked<T> {
+    #[inline]
+    fn get(&self, off: usize) -> Option<T> {
+        let (block, bit) = (off / 64, 1u64 << (off % 64));
+        let bits = *self.bits.get(block)?;
+        if bits & bit == 0 {
+            return None;
+        }
+        let slot = *self.ranks.get(block)? as usize + (bits & (bit - 1)).count_ones() as usize;
+        self.values.get(slot).copied()
+    }
+
+    /// Adds `v` at `off`, which is above every offset added so far (one that is not is ignored:
+    /// it would break the ranks).
+    fn push(&mut self, off: usize, v: T) {
+        let (block, bit) = (off / 64, 1u64 << (off % 64));
+        while self.bits.len() <= block {
+            self.bits.push(0);
+            self.ranks.push(self.values.len() as u32);
+        }
+        if self.bits[block] >= bit || self.bits.len() > block + 1 {
+            debug_assert!(false, "memo survivors out of order");
+            return;
+        }
+        self.bits[block] |= bit;
+        self.values.push(v);
+    }
+}
 
 /// Why a streamed decode stopped.
 #[derive(Debug)]
@@ -152,8 +248,8 @@ pub(super) struct Streaming<'s> {
     sink: &'s mut dyn Sink,
     region: Option<Region>,
     lists: Vec<StreamedList>,
-    /// `lists` by list index.
-    ids: HashMap<u32, usize>,
+    /// `lists` by list index (a multiplicative hash: at most one list per device).
+    ids: AddrMap<usize>,
     /// Strings copied out of discarded regions, by content, `bytes` then `str`: each is kept
     /// once.
     kept: [HashMap<Box<[u8]>, u32>; 2],
@@ -180,7 +276,7 @@ impl<'s> Streaming<'s> {
             sink,
             region: None,
             lists: Vec::new(),
-            ids: HashMap::new(),
+            ids: AddrMap::default(),
             kept: [HashMap::new(), HashMap::new()],
             kept_bytes: 0,
             dropped_at: None,
@@ -251,6 +347,7 @@ impl<'a, I: Input<'a>> Decoder<'a, '_, I> {
             }
             memo.streaming = true;
             memo.recent_start = memo.count;
+            memo.past = Past::from(memo.count);
         }
         self.end_region();
         self.begin_region(list, j + 1);
@@ -279,7 +376,9 @@ impl<'a, I: Input<'a>> Decoder<'a, '_, I> {
         }
         let memo = &mut self.memo;
         let start = memo.recent_start;
-        memo.kept.extend(memo.recent.drain(..).enumerate().map(|(k, v)| (start + k as u32, v)));
+        for (k, v) in memo.recent.drain(..).enumerate() {
+            memo.past.push(start + k as u32, v);
+        }
         memo.recent_start = memo.count;
     }
 
@@ -287,7 +386,7 @@ impl<'a, I: Input<'a>> Decoder<'a, '_, I> {
     #[inline]
     pub(super) fn streams_into(&self, id: u32) -> bool {
         match &self.stream {
-            Some(s) => s.region.is_some_and(|r| r.list == id) || s.ids.contains_key(&id),
+            Some(s) => s.region.is_some_and(|r| r.list == id) || s.ids.contains_key(&(id as u64)),
             None => false,
         }
     }
@@ -315,12 +414,19 @@ impl<'a, I: Input<'a>> Decoder<'a, '_, I> {
             }
         }
         if v == Value::Dropped {
-            if let Some(s) = &mut self.stream {
-                s.dropped_at.get_or_insert(self.op_at);
-            }
+            self.met_dropped(self.op_at);
         }
         self.stack.push(v);
         Ok(())
+    }
+
+    /// The opcode at byte `at` pushed a discarded object: the region remembers the first
+    /// place, for a refusal.
+    #[inline]
+    pub(super) fn met_dropped(&mut self, at: u64) {
+        if let Some(s) = &mut self.stream {
+            s.dropped_at.get_or_insert(at);
+        }
     }
 
     /// A memo store while streaming: only the next index, or one stored since the last discard.
@@ -347,7 +453,7 @@ impl<'a, I: Input<'a>> Decoder<'a, '_, I> {
         let Value::List(id) = self.stack[j] else { return Ok(()) };
         let Some(s) = &self.stream else { return Ok(()) };
         let shape = self.device_list_at(j, s.key);
-        let known = s.ids.get(&id).map(|&k| s.lists[k]);
+        let known = s.ids.get(&(id as u64)).map(|&k| s.lists[k]);
         let (device, within) = match (shape, known) {
             (Some((device, within)), None) => (device, within),
             (Some((device, within)), Some(l))
@@ -363,7 +469,7 @@ impl<'a, I: Input<'a>> Decoder<'a, '_, I> {
         };
         let Some(s) = &mut self.stream else { return Ok(()) };
         if known.is_none() {
-            s.ids.insert(id, s.lists.len());
+            s.ids.insert(id as u64, s.lists.len());
             let list = StreamedList { list: Value::List(id), device, within: Value::List(within) };
             s.lists.push(list);
         }
@@ -418,7 +524,7 @@ impl<'a, I: Input<'a>> Decoder<'a, '_, I> {
                 },
                 v => {
                     if let Some(h) = s.sink.keep(&self.out, v) {
-                        memo.handles.push((idx, h));
+                        memo.past.push_handle(idx, h);
                     }
                     continue;
                 }
@@ -452,7 +558,7 @@ impl<'a, I: Input<'a>> Decoder<'a, '_, I> {
                     }
                 }
             };
-            memo.kept.push((idx, v));
+            memo.past.push(idx, v);
         }
         memo.recent.clear();
         memo.recent_start = memo.count;
@@ -592,6 +698,33 @@ mod tests {
                 other => panic!("{whole}: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn survivors_are_found_by_index_across_blocks() {
+        // Entries 1000.. of a memo: every seventh survived as a value, every 64th beyond 1200
+        // as a handle, the rest were dropped.
+        let mut past = Past::from(1000);
+        let kept = |i: u32| i % 7 == 0;
+        let handle = |i: u32| !kept(i) && i >= 1200 && i % 64 == 0;
+        for i in 1000..1500 {
+            if kept(i) {
+                past.push(i, Value::Int(i as i64));
+            } else if handle(i) {
+                past.push_handle(i, i * 2);
+            }
+        }
+        for i in 1000..1600 {
+            let want = match i {
+                i if i < 1500 && kept(i) => Value::Int(i as i64),
+                i if i < 1500 && handle(i) => Value::Handle(i * 2),
+                _ => Value::Dropped,
+            };
+            assert_eq!(past.get(i), want, "entry {i}");
+        }
+        // 12 bytes per 64 indices in each table, up to the last survivor.
+        assert_eq!(past.kept.bits.len(), 8);
+        assert_eq!(past.handles.bits.len(), 8);
     }
 
     #[test]
