@@ -29,7 +29,12 @@
 
 #![warn(missing_docs)]
 
+// The command line below names the library by its crate name, as the binary it came from did.
+extern crate self as fragsim;
+
 pub mod backend;
+#[doc(hidden)]
+pub mod cli;
 pub mod error;
 pub mod metrics;
 pub mod policy;

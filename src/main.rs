@@ -1,30 +1,11 @@
-//! The `fragsim` binary: parse, run, print an error once, exit with its code.
-
-mod cli;
+//! The `fragsim` binary: the command line of [`fragsim::cli`] on the process's stdout and
+//! stderr, its outcome as the exit code.
 
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let cli = match cli::Cli::try_parse_with_policies() {
-        Ok(cli) => cli,
-        Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
-        }
-    };
-    match cli.run() {
-        Ok(code) => code,
-        Err(err) => {
-            // `fragsim ... | head`: the reader has what it wanted; end quietly, as ripgrep does.
-            if err.is_broken_pipe() {
-                return ExitCode::SUCCESS;
-            }
-            eprintln!("fragsim: {err}");
-            if fragsim::backend::cuda::interrupt::requested() {
-                // Ctrl-C on the cuda backend: the device memory was released on the way out.
-                return ExitCode::from(fragsim::backend::cuda::interrupt::EXIT_CODE);
-            }
-            ExitCode::from(err.kind().exit_code())
-        }
-    }
+    // Unlocked handles: progress bars draw on stderr from other threads while a command runs.
+    let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
+    let mut io = fragsim::cli::Io::stdio(&mut out, &mut err);
+    ExitCode::from(fragsim::cli::main(std::env::args_os(), &mut io))
 }

@@ -6,9 +6,7 @@ use fragsim::policy::PolicySpec;
 use fragsim::replay::ReplayOptions;
 use fragsim::whatif::check::{self, Baseline};
 use fragsim::whatif::Row;
-use std::io::Write;
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 /// Fail a CI job when memory got worse: replay traces and compare with a baseline.
 ///
@@ -49,7 +47,8 @@ pub struct Args {
     control: Control,
 }
 
-pub fn run(args: Args) -> Result<ExitCode> {
+/// Runs the command on `io`; `Ok` carries the exit code.
+pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let specs = PolicySpec::parse_many(&args.policies)?;
     let tolerance = check::parse_tolerance(&args.tolerance)?;
     // A broken baseline fails before the replays, not after.
@@ -62,9 +61,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
         })?;
         Some(Baseline::parse(&text, &args.baseline)?)
     };
-    let bar = args.control.bar(specs.len() * args.traces.len(), "checking");
+    let bar = args.control.bar(io, specs.len() * args.traces.len(), "checking");
     let options = ReplayOptions::default();
-    let results = args.control.replay_traces(&args.traces, args.device, &specs, &options, &bar)?;
+    let results =
+        args.control.replay_traces(io, &args.traces, args.device, &specs, &options, &bar)?;
     bar.finish();
     let rows: Vec<Row> = args
         .traces
@@ -79,15 +79,14 @@ pub fn run(args: Args) -> Result<ExitCode> {
             Error::new(ErrorKind::Io, format!("cannot write the baseline: {e}"))
                 .in_file(&args.baseline)
         })?;
-        args.control.note(&format!(
-            "wrote the baseline of {} results to {}",
-            rows.len(),
-            args.baseline.display()
-        ));
-        return Ok(ExitCode::SUCCESS);
+        args.control.note(
+            io,
+            &format!("wrote the baseline of {} results to {}", rows.len(), args.baseline.display()),
+        );
+        return Ok(0);
     };
     let report = check::check(&baseline, &args.baseline, &rows, tolerance, None)?;
-    let mut out = std::io::stdout().lock();
+    let out = &mut *io.out;
     let io = |e: std::io::Error| Error::new(ErrorKind::Io, format!("writing to stdout: {e}"));
     if args.json {
         let text = serde_json::to_string_pretty(&report).unwrap_or_default();
@@ -114,5 +113,5 @@ pub fn run(args: Args) -> Result<ExitCode> {
         )
         .map_err(io)?;
     }
-    Ok(if report.ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    Ok(if report.ok { 0 } else { 1 })
 }

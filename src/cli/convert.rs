@@ -3,7 +3,6 @@
 use fragsim::error::Result;
 use fragsim::trace::{self, Format};
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 /// Convert a trace between formats; the output format follows OUT's extension.
 ///
@@ -22,13 +21,14 @@ pub struct Args {
     output: PathBuf,
 }
 
-pub fn run(args: Args) -> Result<ExitCode> {
+/// Runs the command on `io`; `Ok` carries the exit code.
+pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     // Check the output extension before a possibly long read.
     let format = Format::for_output(&args.output)?.info();
-    let t = super::read_trace(&args.input, format.keeps_frames)?;
+    let t = super::read_trace(io, &args.input, format.keeps_frames)?;
     trace::write_trace(&t, &args.output)?;
     for note in (format.losses)(&t) {
-        eprintln!("fragsim: note: {}: {note}", args.output.display());
+        io.note(&format!("note: {}: {note}", args.output.display()));
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(0)
 }

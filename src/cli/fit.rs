@@ -10,9 +10,7 @@ use fragsim::units::format_bytes;
 use fragsim::whatif::fit::{self, Fit, FitOptions, Probe};
 use rayon::prelude::*;
 use serde::Serialize;
-use std::io::Write;
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 /// The policies `fit` answers for when no `-p` is given.
 pub const DEFAULT_POLICIES: &[&str] = &["pytorch", "pytorch-expandable", "bound"];
@@ -105,7 +103,8 @@ fn fit_one(spec: &PolicySpec, input: &ReplayInput, outside: u64) -> Result<Polic
     Ok(PolicyFit { policy: spec.display(), config: free.config, fit: found, cards })
 }
 
-pub fn run(args: Args) -> Result<ExitCode> {
+/// Runs the command on `io`; `Ok` carries the exit code.
+pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let written: Vec<String> = if args.policies.is_empty() {
         DEFAULT_POLICIES.iter().map(|s| s.to_string()).collect()
     } else {
@@ -115,10 +114,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
     if args.output.format() == OutputFormat::Csv {
         return Err(Error::usage("fit prints a table or JSON (--format table|json)"));
     }
-    let trace = args.control.read_trace(&args.trace)?;
-    super::note_unmodelled_options(&args.control, &trace, &specs);
+    let trace = args.control.read_trace(io, &args.trace)?;
+    super::note_unmodelled_options(&args.control, io, &trace, &specs);
     let input = ReplayInput::new(&trace, args.device)?;
-    let bar = args.control.bar(specs.len(), "fitting");
+    let bar = args.control.bar(io, specs.len(), "fitting");
     let outcomes: Vec<Result<PolicyFit>> = args.control.install(|| {
         specs
             .par_iter()
@@ -137,14 +136,14 @@ pub fn run(args: Args) -> Result<ExitCode> {
         outside_bytes: args.outside,
         results,
     };
-    let mut out = std::io::stdout().lock();
+    let out = &mut *io.out;
     let io = |e: std::io::Error| Error::new(ErrorKind::Io, format!("writing to stdout: {e}"));
     let text = match args.output.format() {
         OutputFormat::Json => serde_json::to_string_pretty(&report).unwrap_or_default() + "\n",
         _ => table(&report),
     };
     write!(out, "{text}").map_err(io)?;
-    Ok(ExitCode::SUCCESS)
+    Ok(0)
 }
 
 fn table(report: &FitReport) -> String {

@@ -5,9 +5,7 @@ use fragsim::trace::summary::{DeviceSummary, StartFigures, Summary};
 use fragsim::trace::Action;
 use fragsim::units::format_bytes;
 use std::fmt::Write as _;
-use std::io::Write;
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 /// Show what a trace holds: format, devices, streams, events by kind, sizes, peak live bytes.
 ///
@@ -24,8 +22,9 @@ pub struct Args {
     json: bool,
 }
 
-pub fn run(args: Args) -> Result<ExitCode> {
-    let trace = super::read_trace(&args.trace, false)?;
+/// Runs the command on `io`; `Ok` carries the exit code.
+pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
+    let trace = super::read_trace(io, &args.trace, false)?;
     let mut summary = Summary::of(&trace);
     let text = if args.json {
         summary.set_start(|device| start_figures(&trace, device));
@@ -33,9 +32,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
     } else {
         render(&args.trace.display().to_string(), &summary, &|d| start_lines(&trace, d))
     };
-    let mut stdout = std::io::stdout().lock();
-    stdout.write_all(text.as_bytes()).map_err(|e| Error::writing("to stdout", e))?;
-    Ok(ExitCode::SUCCESS)
+    io.out.write_all(text.as_bytes()).map_err(|e| Error::writing("to stdout", e))?;
+    Ok(0)
 }
 
 /// What `device` held before its first event ([`StartFigures`]): the blocks live at the start,

@@ -4,7 +4,6 @@ use super::FormatArgs;
 use fragsim::error::{Error, Result};
 use fragsim::whatif::sweep::{self, SweepReport};
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 /// Combine `sweep --shard I/N --out PART.json` parts into the unsharded sweep's output.
 ///
@@ -20,7 +19,8 @@ pub struct Args {
     output: FormatArgs,
 }
 
-pub fn run(args: Args) -> Result<ExitCode> {
+/// Runs the command on `io`; `Ok` carries the exit code.
+pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let mut parts = Vec::with_capacity(args.parts.len());
     for path in &args.parts {
         let text = std::fs::read_to_string(path)
@@ -36,6 +36,6 @@ pub fn run(args: Args) -> Result<ExitCode> {
         parts.push(part);
     }
     let merged = sweep::merge(parts)?;
-    super::sweep::print(&merged, args.output.format())?;
-    Ok(ExitCode::SUCCESS)
+    super::sweep::print(&merged, args.output.format(), io.out)?;
+    Ok(0)
 }

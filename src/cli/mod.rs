@@ -1,7 +1,11 @@
 //! The `fragsim` command line: clap definitions, one file per command, turned into library calls.
 //!
-//! Nothing in the library imports this module. Each command parses its flags into plain values
-//! (sizes, policy specs) before any slow work, so bad usage fails at once.
+//! Nothing else in the library imports this module; it lives in the library (hidden from the
+//! documented API) so that the binary, the Python package's `fragsim` command and its functions
+//! all run the one implementation of each command through [`main`] or [`run`]. Each command
+//! parses its flags into plain values (sizes, policy specs) before any slow work, so bad usage
+//! fails at once, and writes through an [`Io`]: the process's stdout and stderr for the binary,
+//! buffers for a Python function.
 
 mod check;
 mod convert;
@@ -16,9 +20,12 @@ mod synth;
 mod validate;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
-use fragsim::error::Result;
+use fragsim::error::{Error, Result};
 use fragsim::recorded::CapacityKind;
-use std::process::ExitCode;
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 
 /// Replay GPU allocation traces against allocator policies; report peak reserved memory and
 /// fragmentation.
@@ -33,9 +40,6 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "SIZE", value_parser = size_arg)]
     max_input_size: Option<u64>,
 }
-
-/// `--max-input-size`, set once by [`Cli::run`] before any command reads a trace.
-static MAX_INPUT_SIZE: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
 
 #[derive(Debug, Subcommand)]
 enum Command {
@@ -63,25 +67,172 @@ impl Cli {
             .mut_subcommand("report", |c| c.after_help(policies))
     }
 
-    /// Parses the process's arguments against [`Cli::command_with_policies`].
-    pub fn try_parse_with_policies() -> std::result::Result<Cli, clap::Error> {
-        Cli::from_arg_matches(&Cli::command_with_policies().try_get_matches()?)
+    /// Parses `argv` (the program name first) against [`Cli::command_with_policies`].
+    pub fn try_parse_with_policies<I, T>(argv: I) -> std::result::Result<Cli, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString> + Clone,
+    {
+        Cli::from_arg_matches(&Cli::command_with_policies().try_get_matches_from(argv)?)
     }
 
-    /// Runs the chosen command; `Ok` carries the exit code (1 for a failed check).
-    pub fn run(self) -> Result<ExitCode> {
-        let _ = MAX_INPUT_SIZE.set(self.max_input_size);
+    /// Runs the chosen command; `Ok` carries the exit code (0, or 1 for a failed check).
+    pub fn run(self, io: &mut Io) -> Result<u8> {
+        io.max_input_size = self.max_input_size;
         match self.command {
-            Command::Info(a) => info::run(a),
-            Command::Convert(a) => convert::run(a),
-            Command::Replay(a) => replay::run(a),
-            Command::Validate(a) => validate::run(a),
-            Command::Report(a) => report::run(a),
-            Command::Synth(a) => synth::run(a),
-            Command::Fit(a) => fit::run(a),
-            Command::Sweep(a) => sweep::run(a),
-            Command::Merge(a) => merge::run(a),
-            Command::Check(a) => check::run(a),
+            Command::Info(a) => info::run(a, io),
+            Command::Convert(a) => convert::run(a, io),
+            Command::Replay(a) => replay::run(a, io),
+            Command::Validate(a) => validate::run(a, io),
+            Command::Report(a) => report::run(a, io),
+            Command::Synth(a) => synth::run(a, io),
+            Command::Fit(a) => fit::run(a, io),
+            Command::Sweep(a) => sweep::run(a, io),
+            Command::Merge(a) => merge::run(a, io),
+            Command::Check(a) => check::run(a, io),
+        }
+    }
+}
+
+/// A trace handed to a command from memory instead of a file, under the name it is given on the
+/// command line (the Python functions' `bytes`, file objects and snapshot dicts).
+#[derive(Debug)]
+pub enum InMemory {
+    /// A trace file's content (any format, gzip accepted), read as a file with that content is.
+    Bytes(Vec<u8>),
+    /// A trace already in the model (a snapshot dict converted by the Python binding).
+    Trace(Box<fragsim::trace::Trace>),
+}
+
+/// Where a command writes and what it may read besides files: the process's stdout and stderr
+/// for the binary ([`Io::stdio`]), buffers and in-memory traces for a Python function.
+pub struct Io<'a> {
+    /// What the command prints: its table, JSON or CSV.
+    pub out: &'a mut dyn Write,
+    /// Notes and error messages.
+    pub err: &'a mut dyn Write,
+    /// Whether progress bars may be drawn on the process's stderr (it is a terminal, and the
+    /// caller wants them).
+    pub progress: bool,
+    /// Traces from memory, by the name that stands for them on the command line; each is taken
+    /// by the first read of that name.
+    pub memory: HashMap<PathBuf, InMemory>,
+    /// Whether `out` and `err` are the process's own stdout and stderr (clap's usage errors
+    /// are then printed by clap, in colour where the terminal takes it).
+    stdio: bool,
+    /// The global `--max-input-size`, set by [`Cli::run`] before any command reads a trace.
+    max_input_size: Option<u64>,
+}
+
+impl<'a> Io<'a> {
+    /// The process's stdout and stderr; progress bars where stderr is a terminal.
+    pub fn stdio(out: &'a mut dyn Write, err: &'a mut dyn Write) -> Io<'a> {
+        use std::io::IsTerminal;
+        let progress = std::io::stderr().is_terminal();
+        Io { out, err, progress, memory: HashMap::new(), stdio: true, max_input_size: None }
+    }
+
+    /// Writers of the caller's choosing (buffers), with no progress bars unless `progress`.
+    pub fn buffers(out: &'a mut dyn Write, err: &'a mut dyn Write, progress: bool) -> Io<'a> {
+        Io { out, err, progress, memory: HashMap::new(), stdio: false, max_input_size: None }
+    }
+
+    /// A note for the user on `err` (`fragsim: {text}`); a note that cannot be written is lost,
+    /// as an `eprintln!` to a closed stderr would be.
+    pub fn note(&mut self, text: &str) {
+        let _ = writeln!(self.err, "fragsim: {text}");
+    }
+
+    /// The global `--max-input-size`, if given (else the library's default and its environment
+    /// variable apply).
+    pub fn max_input_bytes(&self) -> Option<u64> {
+        self.max_input_size
+    }
+
+    /// Reads the trace `path` names: the in-memory trace of that name, else the file, with the
+    /// reader's progress bar when `progress`.
+    pub fn read_trace(
+        &mut self,
+        path: &Path,
+        keep_frames: bool,
+        progress: bool,
+    ) -> Result<fragsim::trace::Trace> {
+        let options = fragsim::trace::ReadOptions {
+            keep_frames,
+            progress: progress && self.progress,
+            max_input_bytes: self.max_input_size,
+        };
+        match self.memory.remove(path) {
+            Some(InMemory::Trace(trace)) => Ok(*trace),
+            Some(InMemory::Bytes(data)) => {
+                fragsim::trace::read_memory(&data, &options).map_err(|e| e.in_file(path))
+            }
+            None => fragsim::trace::read_trace(path, &options),
+        }
+    }
+
+    /// Whether `path` names an in-memory trace not read yet.
+    pub fn holds(&self, path: &Path) -> bool {
+        self.memory.contains_key(path)
+    }
+}
+
+/// Why [`run`] ended without an exit code of its own: the command line did not parse (or asked
+/// for `--help`/`--version`, which clap answers as an "error"), or the command failed.
+#[derive(Debug)]
+pub enum Failure {
+    /// From clap: bad usage, or the text of `--help` / `--version`.
+    Clap(clap::Error),
+    /// The command's error, whose kind decides the exit code.
+    Command(Error),
+}
+
+/// Parses `argv` (the program name first) and runs the command on `io`: `Ok` carries the exit
+/// code (0, or 1 for a failed check). The one entry point of every command, for the binary, the
+/// Python package's `fragsim` command ([`main`]) and the Python functions.
+pub fn run<I, T>(argv: I, io: &mut Io) -> std::result::Result<u8, Failure>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = Cli::try_parse_with_policies(argv).map_err(Failure::Clap)?;
+    cli.run(io).map_err(Failure::Command)
+}
+
+/// [`run`], with every outcome printed as the binary prints it and turned into the process's
+/// exit code: usage errors and `--help` by clap, a failed command as `fragsim: {error}` on
+/// `io.err` (a reader that closed the pipe early ends quietly with 0, as ripgrep does; Ctrl-C
+/// on the cuda backend exits 130 once the device memory is released).
+pub fn main<I, T>(argv: I, io: &mut Io) -> u8
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    match run(argv, io) {
+        Ok(code) => code,
+        Err(Failure::Clap(e)) => {
+            if io.stdio {
+                let _ = e.print();
+            } else if e.use_stderr() {
+                let _ = write!(io.err, "{}", e.render());
+            } else {
+                let _ = write!(io.out, "{}", e.render());
+            }
+            if e.use_stderr() {
+                2
+            } else {
+                0
+            }
+        }
+        Err(Failure::Command(err)) => {
+            if err.is_broken_pipe() {
+                return 0;
+            }
+            let _ = writeln!(io.err, "fragsim: {err}");
+            if fragsim::backend::cuda::interrupt::requested() {
+                return fragsim::backend::cuda::interrupt::EXIT_CODE;
+            }
+            err.kind().exit_code()
         }
     }
 }
@@ -273,20 +424,8 @@ pub fn size_arg(text: &str) -> std::result::Result<u64, String> {
 }
 
 /// Reads a trace for a command, with a progress bar when stderr is a terminal.
-pub fn read_trace(path: &std::path::Path, keep_frames: bool) -> Result<fragsim::trace::Trace> {
-    use std::io::IsTerminal;
-    let options = fragsim::trace::ReadOptions {
-        keep_frames,
-        progress: std::io::stderr().is_terminal(),
-        max_input_bytes: max_input_bytes(),
-    };
-    fragsim::trace::read_trace(path, &options)
-}
-
-/// The global `--max-input-size`, if given (else the library's default and its environment
-/// variable apply).
-pub fn max_input_bytes() -> Option<u64> {
-    MAX_INPUT_SIZE.get().copied().flatten()
+pub fn read_trace(io: &mut Io, path: &Path, keep_frames: bool) -> Result<fragsim::trace::Trace> {
+    io.read_trace(path, keep_frames, true)
 }
 
 /// Names the trace's file and format on an input error raised after reading it (the engine or
@@ -308,6 +447,7 @@ pub fn in_trace<'p>(
 /// PyTorch's): the replay goes on without them rather than refusing a recording PyTorch made.
 pub(crate) fn note_unmodelled_options(
     control: &progress::Control,
+    io: &mut Io,
     trace: &fragsim::trace::Trace,
     specs: &[fragsim::policy::PolicySpec],
 ) {
@@ -317,11 +457,14 @@ pub(crate) fn note_unmodelled_options(
     }
     let names = fragsim::policy::pytorch::Config::unmodelled_options(settings);
     if !names.is_empty() {
-        control.note(&format!(
-            "note: the recorded PYTORCH_CUDA_ALLOC_CONF names option(s) this fragsim does not \
+        control.note(
+            io,
+            &format!(
+                "note: the recorded PYTORCH_CUDA_ALLOC_CONF names option(s) this fragsim does not \
              model, left out of the pytorch replays: {}",
-            names.join(", ")
-        ));
+                names.join(", ")
+            ),
+        );
     }
 }
 

@@ -6,12 +6,12 @@
 //! pipe, a log file or a `--json`/`--csv` consumer (those read stdout; the bar writes to stderr).
 //! It stays hidden for its first second: a run that ends sooner draws nothing.
 
+use super::Io;
 use fragsim::error::{Error, Result};
 use fragsim::metrics::PolicyResult;
 use fragsim::policy::PolicySpec;
 use fragsim::replay::{run_specs, Jobs, ReplayInput, ReplayOptions, RunSettings};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -36,40 +36,37 @@ impl Control {
         Jobs::from_count(self.jobs)
     }
 
-    /// Whether progress may be drawn: stderr is a terminal and `--quiet` was not given.
-    pub fn show_progress(&self) -> bool {
-        !self.quiet && std::io::stderr().is_terminal()
+    /// Whether progress may be drawn: `io` allows it (stderr is a terminal) and `--quiet` was
+    /// not given.
+    pub fn show_progress(&self, io: &Io) -> bool {
+        !self.quiet && io.progress
     }
 
     /// Reads a trace, with the reader's progress bar when [`Control::show_progress`].
-    pub fn read_trace(&self, path: &std::path::Path) -> Result<fragsim::trace::Trace> {
-        self.read_trace_with_frames(path, false)
+    pub fn read_trace(&self, io: &mut Io, path: &std::path::Path) -> Result<fragsim::trace::Trace> {
+        self.read_trace_with_frames(io, path, false)
     }
 
     /// Reads a trace, keeping its stack frames when `keep_frames` (for naming an OOM's stack).
     pub fn read_trace_with_frames(
         &self,
+        io: &mut Io,
         path: &std::path::Path,
         keep_frames: bool,
     ) -> Result<fragsim::trace::Trace> {
-        let options = fragsim::trace::ReadOptions {
-            keep_frames,
-            progress: self.show_progress(),
-            max_input_bytes: super::max_input_bytes(),
-        };
-        fragsim::trace::read_trace(path, &options)
+        io.read_trace(path, keep_frames, !self.quiet)
     }
 
     /// A progress bar of `total` steps described by `what` (hidden unless
     /// [`Control::show_progress`], and for its first second).
-    pub fn bar(&self, total: usize, what: &str) -> Bar {
-        Bar::new(self.show_progress(), total, what)
+    pub fn bar(&self, io: &Io, total: usize, what: &str) -> Bar {
+        Bar::new(self.show_progress(io), total, what)
     }
 
-    /// A note for the user on stderr, unless `--quiet`.
-    pub fn note(&self, text: &str) {
+    /// A note for the user on `io`'s stderr, unless `--quiet`.
+    pub fn note(&self, io: &mut Io, text: &str) {
         if !self.quiet {
-            eprintln!("fragsim: {text}");
+            io.note(text);
         }
     }
 
@@ -80,6 +77,7 @@ impl Control {
     /// `specs`.
     pub fn replay_traces(
         &self,
+        io: &mut Io,
         traces: &[PathBuf],
         device: Option<i32>,
         specs: &[PolicySpec],
@@ -91,8 +89,8 @@ impl Control {
             RunSettings { jobs: self.jobs(), progress: Some(&tick), ..Default::default() };
         let mut out = Vec::with_capacity(traces.len());
         for path in traces {
-            let trace = self.read_trace(path)?;
-            super::note_unmodelled_options(self, &trace, specs);
+            let trace = self.read_trace(io, path)?;
+            super::note_unmodelled_options(self, io, &trace, specs);
             let named = super::in_trace(path, &trace);
             // With several traces, a missing device must say which trace lacks it.
             let input = ReplayInput::new(&trace, device).map_err(|e| named(e).in_file(path))?;
@@ -182,8 +180,10 @@ mod tests {
     #[test]
     fn quiet_never_draws_and_a_hidden_bar_counts() {
         let quiet = Control { jobs: None, quiet: true };
-        assert!(!quiet.show_progress());
-        let bar = quiet.bar(3, "x");
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let io = Io::buffers(&mut out, &mut err, true);
+        assert!(!quiet.show_progress(&io));
+        let bar = quiet.bar(&io, 3, "x");
         let tick = bar.tick();
         tick(1, 3);
         tick(2, 3);

@@ -8,9 +8,7 @@ use fragsim::replay::{
 };
 use fragsim::report::{csv, json, table};
 use fragsim::trace::fst::FstStream;
-use std::io::Write;
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 /// Replay a trace against allocator policies and compare peak reserved memory.
 ///
@@ -70,7 +68,8 @@ impl Args {
 /// The spec `--export-snapshot` writes: the first one given.
 const EXPORTED: usize = 0;
 
-pub fn run(args: Args) -> Result<ExitCode> {
+/// Runs the command on `io`; `Ok` carries the exit code.
+pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let specs = PolicySpec::parse_many(&args.source.policies)?;
     let empty_cache = args.source.empty_cache_plan()?;
     // An .fst file streams: each policy's replay reads it again, record by record, so memory
@@ -85,18 +84,22 @@ pub fn run(args: Args) -> Result<ExitCode> {
         .map(|p| p.name)
         .collect();
     let streamable = match &args.export_snapshot {
+        None if io.holds(path) => None,
         None => FstStream::open(path)?,
         Some(_) => None,
     };
     let would_stream = streamable.is_some();
     let stream = streamable.filter(|_| planners.is_empty());
     if !planners.is_empty() && would_stream {
-        args.control.note(&format!(
-            "{} plans with every lifetime: the events of {} are loaded (without it, the \
+        args.control.note(
+            io,
+            &format!(
+                "{} plans with every lifetime: the events of {} are loaded (without it, the \
              replay streams them)",
-            planners.join(", "),
-            path.display()
-        ));
+                planners.join(", "),
+                path.display()
+            ),
+        );
     }
     let loaded;
     let (trace, input) = match &stream {
@@ -106,7 +109,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
         None => {
             // Frames only matter for naming the stack of an OOM, which needs a capacity.
-            loaded = args.control.read_trace_with_frames(path, args.source.capacity.is_some())?;
+            loaded =
+                args.control.read_trace_with_frames(io, path, args.source.capacity.is_some())?;
             let named = super::in_trace(path, &loaded);
             (&loaded, ReplayInput::new(&loaded, args.source.device).map_err(&named)?)
         }
@@ -123,14 +127,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
         .map_err(&named)?,
         _ => fragsim::recorded::row_and_limit(trace, input.device()),
     };
-    super::note_unmodelled_options(&args.control, trace, &specs);
+    super::note_unmodelled_options(&args.control, io, trace, &specs);
     let (capacity, inferred, capacity_kind) =
         super::resolve_capacity(args.source.capacity.as_ref(), limit.as_ref())?;
     if let Some(why) = &inferred {
         if args.output_format() == OutputFormat::Table {
-            eprintln!(
-                "fragsim: capacity inferred from the recording: {why} (--capacity overrides)"
-            );
+            io.note(&format!("capacity inferred from the recording: {why} (--capacity overrides)"));
         }
     }
     let options = ReplayOptions {
@@ -146,7 +148,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         touch: args.touch,
         ..ReplayOptions::default()
     };
-    let bar = args.control.bar(specs.len(), "replaying");
+    let bar = args.control.bar(io, specs.len(), "replaying");
     let tick = bar.tick();
     let settings =
         RunSettings { jobs: args.control.jobs(), progress: Some(&tick), ..RunSettings::default() };
@@ -179,12 +181,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 printed.unwrap_or(0)
             )
         };
-        eprintln!(
-            "fragsim: wrote {}: the simulated run of {} ({}), the first policy given{cold}",
+        io.note(&format!(
+            "wrote {}: the simulated run of {} ({}), the first policy given{cold}",
             path.display(),
             run.spec.display(),
             run.output.result.config
-        );
+        ));
     }
     let results = comparison.results();
     // The what-if's price: the same specs with the recorded empty_cache() calls only.
@@ -196,7 +198,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         let baseline = run_specs(&specs, &input, &plain, &settings)?;
         Some(empty_cache::describe(&empty_cache, &empty_cache::effects(&baseline, &comparison)))
     };
-    let mut stdout = std::io::stdout().lock();
+    let mut stdout = &mut *io.out;
     let io = |e: std::io::Error| Error::writing("to stdout", e);
     match args.output_format() {
         OutputFormat::Json => {
@@ -220,5 +222,5 @@ pub fn run(args: Args) -> Result<ExitCode> {
             }
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(0)
 }

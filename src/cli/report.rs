@@ -4,7 +4,6 @@ use fragsim::error::Result;
 use fragsim::policy::PolicySpec;
 use fragsim::report::{self, ReportPlan};
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 /// Write a report: charts (PNG and SVG), the results as Markdown, JSON and CSV, and an index.html.
 ///
@@ -30,19 +29,20 @@ pub struct Args {
     control: super::progress::Control,
 }
 
-pub fn run(args: Args) -> Result<ExitCode> {
+/// Runs the command on `io`; `Ok` carries the exit code.
+pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let policies = ReportPlan::policies_from(&args.source.policies)?;
     if let Some(name) = &args.segment_map_policy {
         PolicySpec::parse_list(name)?;
     }
-    let progress = args.control.show_progress();
-    let trace = args.control.read_trace(&args.source.trace)?;
+    let progress = args.control.show_progress(io);
+    let trace = args.control.read_trace(io, &args.source.trace)?;
     let device = args.source.device.or_else(|| trace.default_device());
     let limit = device.and_then(|d| fragsim::recorded::row_and_limit(&trace, d).1);
     let (capacity, inferred, capacity_kind) =
         super::resolve_capacity(args.source.capacity.as_ref(), limit.as_ref())?;
     if let Some(why) = &inferred {
-        eprintln!("fragsim: capacity inferred from the recording: {why} (--capacity overrides)");
+        io.note(&format!("capacity inferred from the recording: {why} (--capacity overrides)"));
     }
     let plan = ReportPlan {
         trace_path: args.source.trace.display().to_string(),
@@ -59,14 +59,17 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let data =
         report::collect(&trace, &plan).map_err(super::in_trace(&args.source.trace, &trace))?;
     for s in &data.skipped {
-        args.control.note(&format!("note: skipped policy '{}': {}", s.label, s.reason));
+        args.control.note(io, &format!("note: skipped policy '{}': {}", s.label, s.reason));
     }
     report::write_dir(&data, &args.out, progress)?;
     let n = data.runs.len();
-    args.control.note(&format!(
-        "wrote the report for {n} {} to {}",
-        if n == 1 { "policy" } else { "policies" },
-        args.out.join("index.html").display()
-    ));
-    Ok(ExitCode::SUCCESS)
+    args.control.note(
+        io,
+        &format!(
+            "wrote the report for {n} {} to {}",
+            if n == 1 { "policy" } else { "policies" },
+            args.out.join("index.html").display()
+        ),
+    );
+    Ok(0)
 }

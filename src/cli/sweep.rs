@@ -14,7 +14,6 @@ use fragsim::whatif::sweep::{self, Shard, SweepReport, SweepRow};
 use fragsim::whatif::Row;
 use std::io::Write;
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 /// The spec savings are measured against: PyTorch with the trace's recorded settings.
 pub const REFERENCE: &str = "pytorch";
@@ -66,7 +65,8 @@ pub struct Args {
     control: Control,
 }
 
-pub fn run(args: Args) -> Result<ExitCode> {
+/// Runs the command on `io`; `Ok` carries the exit code.
+pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     // Everything the user typed is checked before the first replay.
     let written = if args.policies.is_empty() { grid::builtin_grid() } else { args.policies };
     let all = grid::expand_all(std::iter::once(REFERENCE.to_string()).chain(written))?;
@@ -102,8 +102,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let specs = &specs[mine.clone()];
     let names = &names[mine];
     let options = ReplayOptions { capacity, ..ReplayOptions::default() };
-    let bar = args.control.bar(specs.len() * args.traces.len(), "sweeping");
-    let results = args.control.replay_traces(&args.traces, args.device, specs, &options, &bar)?;
+    let bar = args.control.bar(io, specs.len() * args.traces.len(), "sweeping");
+    let results =
+        args.control.replay_traces(io, &args.traces, args.device, specs, &options, &bar)?;
     bar.finish();
 
     let traces: Vec<String> = args.traces.iter().map(|t| t.display().to_string()).collect();
@@ -126,21 +127,19 @@ pub fn run(args: Args) -> Result<ExitCode> {
             })?;
             let part =
                 shard.map(|s| format!(" (part {}/{})", s.index, s.count)).unwrap_or_default();
-            args.control.note(&format!(
-                "wrote the sweep of {} configs{part} to {}",
-                specs.len(),
-                path.display()
-            ));
+            args.control.note(
+                io,
+                &format!("wrote the sweep of {} configs{part} to {}", specs.len(), path.display()),
+            );
         }
-        None => print(&report, args.output.format())?,
+        None => print(&report, args.output.format(), io.out)?,
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(0)
 }
 
 /// Prints a sweep report in `format`: `sweep` and `merge` print the same way, so a merged sweep
 /// prints exactly what the unsharded one does.
-pub fn print(report: &SweepReport, format: OutputFormat) -> Result<()> {
-    let mut out = std::io::stdout().lock();
+pub fn print(report: &SweepReport, format: OutputFormat, out: &mut dyn Write) -> Result<()> {
     let io = |e: std::io::Error| Error::new(ErrorKind::Io, format!("writing to stdout: {e}"));
     match format {
         OutputFormat::Json => {

@@ -3,9 +3,7 @@
 use fragsim::error::{Error, Result};
 use fragsim::synth::{self, SynthConfig};
 use fragsim::units::format_bytes;
-use std::io::Write;
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 /// Write a synthetic transformer-training trace.
 ///
@@ -76,7 +74,8 @@ fn seq_range_arg(text: &str) -> std::result::Result<(u64, u64), String> {
     synth::parse_seq_range(text).map_err(|e| e.message().to_string())
 }
 
-pub fn run(args: Args) -> Result<ExitCode> {
+/// Runs the command on `io`; `Ok` carries the exit code.
+pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let config = SynthConfig {
         layers: args.layers,
         hidden: args.hidden,
@@ -95,9 +94,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
     config.validate()?;
     let (trace, summary) = synth::generate(&config)?;
     fragsim::trace::write_trace(&trace, &args.out)?;
-    let mut stdout = std::io::stdout().lock();
     writeln!(
-        stdout,
+        io.out,
         "wrote {} events ({} allocs; {} parameters; peak live {}; {} live at end) to {}",
         summary.events,
         summary.allocs,
@@ -107,5 +105,5 @@ pub fn run(args: Args) -> Result<ExitCode> {
         args.out.display()
     )
     .map_err(|e| Error::writing("to stdout", e))?;
-    Ok(ExitCode::SUCCESS)
+    Ok(0)
 }

@@ -6,9 +6,7 @@ use fragsim::error::{Error, Result};
 use fragsim::policy::pytorch::Version;
 use fragsim::units::format_bytes;
 use fragsim::validate::{validate, ValidateOptions};
-use std::io::Write;
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 /// Check that fragsim's PyTorch policy makes the decisions the real allocator recorded.
 ///
@@ -50,8 +48,9 @@ fn version_arg(text: &str) -> std::result::Result<Version, String> {
     Version::parse(text).map_err(|e| e.message().to_string())
 }
 
-pub fn run(args: Args) -> Result<ExitCode> {
-    let trace = super::read_trace(&args.snapshot, false)?;
+/// Runs the command on `io`; `Ok` carries the exit code.
+pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
+    let trace = super::read_trace(io, &args.snapshot, false)?;
     // A snapshot records the allocator's decisions; so does a text or .fst trace written from
     // one (it keeps the segment events). Anything else (Kineto, RMM, a bare alloc/free list)
     // has nothing to validate against.
@@ -84,8 +83,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
             path,
         )?;
     }
+    let out = &mut *io.out;
     let io = |e: std::io::Error| Error::writing("to stdout", e);
-    let mut out = std::io::stdout().lock();
     let format = args.output.format();
     if format == super::OutputFormat::Json {
         let text = serde_json::to_string_pretty(&v).map_err(|e| Error::usage(e.to_string()))?;
@@ -159,5 +158,5 @@ pub fn run(args: Args) -> Result<ExitCode> {
         s += if v.mismatches.is_empty() { "result: valid\n" } else { "result: MISMATCH\n" };
         write!(out, "{s}").map_err(io)?;
     }
-    Ok(if v.mismatches.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    Ok(if v.mismatches.is_empty() { 0 } else { 1 })
 }

@@ -449,6 +449,41 @@ pub fn read_bytes(data: &[u8], format: Format, options: &ReadOptions) -> Result<
     Ok(trace)
 }
 
+/// Reads a trace file's content held in memory (the Python package's `bytes` and file objects)
+/// as [`read_trace`] reads the file: gzip undone, the format detected by content, the same
+/// input cap and limits; the caller names the source.
+pub fn read_memory(data: &[u8], options: &ReadOptions) -> Result<Trace> {
+    let cap = options.input_cap()?;
+    if data.len() as u64 > cap {
+        return Err(too_big(data.len() as u64, cap));
+    }
+    let inflated;
+    let data = if data.starts_with(&[0x1f, 0x8b]) {
+        let limit = decompression_limit(data.len() as u64).min(cap);
+        let mut out = Vec::new();
+        flate2::read::MultiGzDecoder::new(data)
+            .take(limit + 1)
+            .read_to_end(&mut out)
+            .map_err(|e| Error::input(format!("broken gzip stream: {e}")))?;
+        if out.len() as u64 > limit {
+            return Err(Error::input(format!(
+                "the gzip stream expands past {limit} bytes (the input limit, or {}x its \
+                 compressed size)",
+                limit / (data.len() as u64).max(1)
+            )));
+        }
+        inflated = out;
+        &inflated[..]
+    } else {
+        data
+    };
+    if data.iter().all(|b| b.is_ascii_whitespace()) {
+        return Err(Error::input("empty file: no trace to read"));
+    }
+    let format = detect::detect(&data[..data.len().min(HEAD)]).ok_or_else(unrecognised)?;
+    read_bytes(data, format, options).map_err(|e| e.in_format(format.name()))
+}
+
 /// Writes `trace` to `path` in the format its extension names; `.gz` compresses.
 pub fn write_trace(trace: &Trace, path: &Path) -> Result<()> {
     let format = Format::for_output(path)?;
