@@ -22,6 +22,7 @@ mod validate;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use fragsim::error::{Error, Result};
 use fragsim::recorded::CapacityKind;
+use fragsim::trace::Format;
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::io::Write;
@@ -100,8 +101,9 @@ impl Cli {
 pub enum InMemory {
     /// A trace file's content (any format, gzip accepted), read as a file with that content is.
     Bytes(Vec<u8>),
-    /// A trace already in the model (a snapshot dict converted by the Python binding).
-    Trace(Box<fragsim::trace::Trace>),
+    /// A snapshot built from the objects of a dict in memory (the dict
+    /// `torch.cuda.memory._snapshot()` returns), read as its pickle file is.
+    Snapshot(Box<fragsim::trace::pickle::Pickle<'static>>),
 }
 
 /// Where a command writes and what it may read besides files: the process's stdout and stderr
@@ -163,7 +165,8 @@ impl<'a> Io<'a> {
             max_input_bytes: self.max_input_size,
         };
         match self.memory.remove(path) {
-            Some(InMemory::Trace(trace)) => Ok(*trace),
+            Some(InMemory::Snapshot(p)) => fragsim::trace::snapshot::read_decoded(&p, &options)
+                .map_err(|e| e.in_format(Format::PytorchSnapshot.name()).in_file(path)),
             Some(InMemory::Bytes(data)) => {
                 fragsim::trace::read_memory(&data, &options).map_err(|e| e.in_file(path))
             }
@@ -175,6 +178,16 @@ impl<'a> Io<'a> {
     pub fn holds(&self, path: &Path) -> bool {
         self.memory.contains_key(path)
     }
+}
+
+/// The version `fragsim --version` prints.
+pub fn version() -> &'static str {
+    env!("CARGO_PKG_VERSION")
+}
+
+/// The names of the commands, as typed on the command line.
+pub fn commands() -> Vec<String> {
+    Cli::command().get_subcommands().map(|c| c.get_name().to_string()).collect()
 }
 
 /// Why [`run`] ended without an exit code of its own: the command line did not parse (or asked

@@ -68,6 +68,14 @@ pub fn read_from(input: &mut dyn BufRead, options: &ReadOptions) -> Result<Trace
     stream(input, options).map_err(refusal_error)
 }
 
+/// Reads a snapshot already decoded (or built from objects in memory with
+/// [`pickle::objects::Builder`]): the conversion, checks and limits of [`read`].
+pub fn read_decoded(p: &Pickle, options: &ReadOptions) -> Result<Trace> {
+    let trace = build(p, options, None).map_err(refusal_error)?;
+    limits::check_trace(&trace)?;
+    Ok(trace)
+}
+
 /// The error for a [`Stop`]: itself, or, for a refusal, what was refused and where.
 pub fn refusal_error(stop: Stop) -> Error {
     match stop {

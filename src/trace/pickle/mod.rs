@@ -37,6 +37,7 @@ mod arena;
 mod decode;
 pub mod encode;
 mod input;
+pub mod objects;
 mod stream;
 
 pub use decode::{decode, decode_stream};

@@ -1,0 +1,22 @@
+"""The extension module: the Rust crate's command line (see ``python/src/lib.rs``)."""
+
+from typing import Any, List, Optional, Sequence, Tuple
+
+_ErrorInfo = Tuple[str, str, Optional[str], Optional[str], Optional[str], str]
+
+def main(argv: Sequence[str]) -> int:
+    """Runs the command line on the process's stdout and stderr; returns the exit code."""
+
+def call(
+    argv: Sequence[str], memory: List[Tuple[str, Any]], progress: bool
+) -> Tuple[int, str, str, Optional[_ErrorInfo]]:
+    """Runs the command line with its output captured and traces from memory."""
+
+def version() -> str:
+    """The version of the Rust crate the module was built from."""
+
+def convert_only(obj: Any) -> float:
+    """Seconds to read a snapshot path, or to convert a snapshot dict, into a trace."""
+
+def commands() -> List[str]:
+    """The names of the command line's commands."""

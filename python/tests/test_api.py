@@ -1,0 +1,280 @@
+"""Every function against the installed command line, on every bundled snapshot; traces from
+memory against their files; errors, output and notebook conveniences."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import time
+
+import pytest
+
+import fragsim
+from conftest import (
+    KINETO,
+    SNAPSHOTS,
+    TEXT_TRACE,
+    cli,
+    cli_json,
+    fragsim_command,
+    need,
+    renamed,
+    without_timings,
+)
+
+POLICIES = ["pytorch", "pytorch-expandable", "bfc", "bound"]
+
+
+def test_the_snapshots_are_there():
+    assert len(SNAPSHOTS) >= 6, SNAPSHOTS
+
+
+def test_version_runs_from_path():
+    out = cli("--version").stdout
+    assert out.strip() == f"fragsim {fragsim.__version__}"
+
+
+def test_the_command_keeps_the_exit_codes():
+    done = cli("replay", str(TEXT_TRACE), "--policy", "nosuch", expect=2)
+    assert "nosuch" in done.stderr
+    done = cli("info", "/nonexistent/trace.pickle", expect=2)
+    assert done.stderr.startswith("fragsim: /nonexistent/trace.pickle")
+
+
+@pytest.mark.parametrize("snapshot", SNAPSHOTS, ids=lambda p: p.stem)
+def test_every_function_equals_the_command(snapshot, tmp_path):
+    path = str(snapshot)
+    policy_args = [a for p in POLICIES for a in ("--policy", p)]
+    assert without_timings(fragsim.info(path)) == without_timings(cli_json("info", path))
+    got = fragsim.replay(path, policies=POLICIES, jobs=1)
+    assert without_timings(got) == without_timings(cli_json("replay", path, *policy_args))
+    assert [r["policy"] for r in got["results"]].count("pytorch") == 1
+    got = fragsim.replay(path, policies=["pytorch"], capacity="1GiB")
+    want = cli_json("replay", path, "--policy", "pytorch", "--capacity", "1GiB")
+    assert without_timings(got) == without_timings(want)
+    got = fragsim.validate(path)
+    want = cli_json("validate", path, expect=got.exit_code)
+    assert without_timings(got) == without_timings(want)
+    got = fragsim.fit(path, policies=["pytorch", "bound"])
+    want = cli_json("fit", path, "--policy", "pytorch", "--policy", "bound")
+    assert without_timings(got) == without_timings(want)
+    spec = "pytorch:max_split_size_mb:{64,256}"
+    got = fragsim.sweep([path], policies=[spec])
+    assert without_timings(got) == without_timings(cli_json("sweep", path, "--policy", spec))
+    assert got["best"]["env"] is None or got["best"]["env"].startswith("export ")
+
+
+def test_sweep_shards_merge_into_the_sweep(tmp_path):
+    traces = [str(SNAPSHOTS[0]), str(TEXT_TRACE)]
+    spec = "pytorch:max_split_size_mb:{64,128,256}"
+    parts = []
+    for i in (1, 2):
+        part = tmp_path / f"part{i}.json"
+        fragsim.sweep(traces, policies=[spec], shard=f"{i}/2", out=part)
+        parts.append(part)
+    merged = fragsim.merge(parts)
+    assert without_timings(merged) == without_timings(cli_json("merge", *map(str, parts)))
+    assert without_timings(merged) == without_timings(fragsim.sweep(traces, policies=[spec]))
+
+
+def test_check_passes_against_its_own_baseline_and_equals_the_command(tmp_path):
+    baseline = tmp_path / "baseline.json"
+    traces = [str(s) for s in SNAPSHOTS[:2]]
+    fragsim.check(traces, baseline=baseline, update=True)
+    assert baseline.exists()
+    got = fragsim.check(traces, baseline=baseline)
+    assert got["ok"] is True and got.exit_code == 0 and got["regressions"] == []
+    assert got == cli_json("check", *traces, "--baseline", str(baseline))
+
+
+def test_check_reports_a_regression_as_the_command_does(tmp_path):
+    baseline = tmp_path / "baseline.json"
+    trace = str(SNAPSHOTS[0])
+    fragsim.check(trace, baseline=baseline, policies=["pytorch:expandable_segments:True"],
+                  update=True)
+    # The same recorded run under the default settings reserves more than with expandable
+    # segments: a regression against that baseline.
+    data = json.loads(baseline.read_text())
+    text = json.dumps(data).replace("expandable_segments:True", "expandable_segments:False")
+    baseline.write_text(text)
+    got = fragsim.check(trace, baseline=baseline, policies=["pytorch:expandable_segments:False"])
+    want = cli_json("check", trace, "--baseline", str(baseline), "--policy",
+                    "pytorch:expandable_segments:False", expect=got.exit_code)
+    assert got == want
+
+
+@pytest.mark.parametrize("snapshot", SNAPSHOTS, ids=lambda p: p.stem)
+def test_a_snapshot_dict_gives_what_its_file_gives(snapshot):
+    with open(snapshot, "rb") as f:
+        d = pickle.load(f)
+    path = str(snapshot)
+    for function, options in (
+        (fragsim.info, {}),
+        (fragsim.replay, {"policies": POLICIES}),
+        (fragsim.validate, {}),
+    ):
+        from_file = without_timings(function(path, **options))
+        from_dict = without_timings(function(d, **options))
+        assert from_dict.get("trace", "<dict>") == "<dict>"
+        assert from_dict == renamed(from_file, path, "<dict>"), function.__name__
+
+
+def test_bytes_and_file_objects_give_what_the_file_gives():
+    path = str(SNAPSHOTS[-1])
+    want = without_timings(fragsim.replay(path, policies=POLICIES))
+    data = open(path, "rb").read()
+    got = without_timings(fragsim.replay(data, policies=POLICIES))
+    assert got == renamed(want, path, "<bytes>")
+    with open(path, "rb") as f:
+        got = without_timings(fragsim.replay(f, policies=POLICIES))
+    assert got == renamed(want, path, "<file>")
+    kineto = without_timings(fragsim.info(KINETO.read_bytes()))
+    assert kineto == renamed(without_timings(fragsim.info(str(KINETO))), str(KINETO), "<bytes>")
+
+
+def test_several_traces_from_memory_keep_their_own_names():
+    d = pickle.load(open(SNAPSHOTS[0], "rb"))
+    got = fragsim.sweep([d, d], policies=["pytorch"])
+    assert got["traces"] == ["<dict>", "<dict 2>"]
+
+
+def test_a_wrong_shape_in_a_dict_names_its_key_path():
+    d = pickle.load(open(SNAPSHOTS[0], "rb"))
+    seg = next(i for i, s in enumerate(d["segments"]) if s["blocks"])
+    d["segments"][seg]["blocks"][0]["size"] = "large"
+    with pytest.raises(fragsim.TraceError) as e:
+        fragsim.replay(d)
+    assert e.value.file == "<dict>"
+    assert e.value.format == "pytorch-snapshot"
+    assert e.value.place == f"segments[{seg}].blocks[0]"
+    assert "'size' is a str, not an integer" in e.value.message
+    assert isinstance(e.value, ValueError)
+    d = pickle.load(open(SNAPSHOTS[0], "rb"))
+    entries = d["device_traces"][0]
+    entries[5]["addr"] = 1.5
+    with pytest.raises(fragsim.TraceError) as e:
+        fragsim.info(d)
+    assert e.value.place == "device_traces[0][5]"
+    assert "trace entry 5" in e.value.message and "pickle byte" not in str(e.value)
+    d = pickle.load(open(SNAPSHOTS[0], "rb"))
+    d["segments"][0]["blocks"][0]["frames"] = [object()]
+    with pytest.raises(fragsim.TraceError) as e:
+        fragsim.info(d)
+    assert "segments[0].blocks[0].frames[0]: expected a dict" in str(e.value)
+
+
+def test_a_dict_that_holds_itself_is_an_error_not_a_hang():
+    d = pickle.load(open(SNAPSHOTS[2], "rb"))
+    d["device_traces"][0].append(d)
+    with pytest.raises(fragsim.TraceError):
+        fragsim.replay(d)
+
+
+def test_a_dict_beyond_the_input_limit_is_refused():
+    d = pickle.load(open(SNAPSHOTS[0], "rb"))
+    with pytest.raises(fragsim.TraceError) as e:
+        fragsim.info(d, max_input_size="1MiB")
+    assert "input limit" in str(e.value)
+
+
+def test_errors_are_the_documented_exceptions(tmp_path):
+    with pytest.raises(fragsim.TraceError) as e:
+        fragsim.info(str(tmp_path / "missing.pickle"))
+    assert e.value.file == str(tmp_path / "missing.pickle")
+    data = SNAPSHOTS[0].read_bytes()
+    with pytest.raises(fragsim.TraceError) as e:
+        fragsim.replay(data[: len(data) // 2])
+    assert e.value.file == "<bytes>" and e.value.format == "pytorch-snapshot"
+    assert e.value.place is not None and e.value.place.startswith("byte ")
+    with pytest.raises(fragsim.TraceError) as e:
+        fragsim.info(b"this is not a trace at all\x00\x01")
+    assert e.value.file == "<bytes>"
+    with pytest.raises(fragsim.UsageError) as e:
+        fragsim.replay(str(TEXT_TRACE), policies=["nosuch"])
+    assert "nosuch" in str(e.value)
+    with pytest.raises(fragsim.UsageError):
+        fragsim.replay(str(TEXT_TRACE), no_such_option=3)
+    with pytest.raises(fragsim.UsageError):
+        fragsim.replay(str(TEXT_TRACE), capacity="40")
+    with pytest.raises(fragsim.UsageError):
+        fragsim.replay(12345)
+
+
+def test_nothing_reaches_stderr_unless_verbose(capfd):
+    fragsim.replay(str(SNAPSHOTS[0]), policies=["pytorch"], capacity="1GiB")
+    fragsim.sweep([str(SNAPSHOTS[0])], policies=["pytorch"])
+    with pytest.raises(fragsim.UsageError):
+        fragsim.replay(str(TEXT_TRACE), policies=["nosuch"])
+    out, err = capfd.readouterr()
+    assert (out, err) == ("", "")
+
+
+def test_notes_are_kept_and_printed_when_verbose(tmp_path, capsys):
+    out = tmp_path / "t.csv"
+    fragsim.convert(str(SNAPSHOTS[2]), out)
+    assert capsys.readouterr().err == ""
+    fragsim.convert(str(SNAPSHOTS[2]), out, verbose=True)
+    assert "note:" in capsys.readouterr().err
+
+
+def test_report_returns_the_paths_it_wrote(tmp_path):
+    paths = fragsim.report(str(TEXT_TRACE), out=tmp_path / "r", policies=["pytorch", "bound"])
+    assert paths["index.html"] == tmp_path / "r" / "index.html"
+    assert paths["index.html"].exists() and "peaks.svg" in paths
+    results = json.loads(paths["results.json"].read_text())
+    assert [r["policy"] for r in results["results"]]
+
+
+def test_convert_and_synth_return_their_output(tmp_path):
+    out = fragsim.synth(tmp_path / "s.txt", layers=1, hidden=64, heads=2, steps=1)
+    assert out.exists()
+    fst = fragsim.convert(out, tmp_path / "s.fst")
+    assert fragsim.info(fst)["format"] == "fst"
+
+
+def test_results_show_a_table_and_a_chart():
+    r = fragsim.replay(str(TEXT_TRACE), policies=POLICIES)
+    assert isinstance(r, dict) and r.command == "replay" and r.exit_code == 0
+    page = r._repr_html_()
+    assert "<table>" in page and "<svg" in page
+    for row in r["results"]:
+        assert f">{row['policy']}<" in page
+
+
+def test_to_pandas_gives_one_row_per_result():
+    need("pandas")
+    r = fragsim.replay(str(TEXT_TRACE), policies=POLICIES)
+    frame = r.to_pandas()
+    assert list(frame["policy"]) == [row["policy"] for row in r["results"]]
+    assert list(frame["peak_reserved_bytes"]) == [row["peak_reserved_bytes"] for row in r["results"]]
+
+
+def test_converting_a_dict_against_reading_its_pickle():
+    """Speed is shown, not asserted: the dict route against the file route, on the 3 MB
+    snapshot (best of 5 each)."""
+    from fragsim import _native
+
+    snapshot = next(s for s in SNAPSHOTS if s.name == "cs336-medium-ctx128-train.pickle")
+    d = pickle.load(open(snapshot, "rb"))
+    dict_s = min(_native.convert_only(d) for _ in range(5))
+    file_s = min(_native.convert_only(str(snapshot)) for _ in range(5))
+    size = snapshot.stat().st_size
+    print(f"\n{snapshot.name} ({size / 1e6:.1f} MB): dict converted in {dict_s * 1e3:.1f} ms, "
+          f"pickle file read in {file_s * 1e3:.1f} ms")
+    assert dict_s > 0 and file_s > 0
+
+
+def test_ctrl_c_interrupts_a_long_replay(tmp_path):
+    import signal
+    import threading
+
+    trace = fragsim.synth(tmp_path / "long.fst", layers=8, hidden=256, heads=4, steps=40)
+    timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+    start = time.monotonic()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        for _ in range(50):
+            fragsim.replay(trace, policies=["all"], jobs=1)
+    print(f"\nKeyboardInterrupt {time.monotonic() - start - 0.5:.3f} s after SIGINT")
