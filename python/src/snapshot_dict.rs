@@ -13,13 +13,13 @@
 use fragsim::error::Error;
 use fragsim::trace::pickle::objects::{Builder, Seq};
 use fragsim::trace::pickle::{Pickle, Value};
+use fragsim::trace::AddrHasher;
+use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{
-    PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyFrozenSet, PyInt, PyList, PySet, PyString,
-    PyTuple,
-};
+use pyo3::types::{PyByteArray, PyBytes, PyFloat, PyFrozenSet, PyInt, PySet, PyString};
 use std::collections::HashMap;
 use std::ffi::OsString;
+use std::hash::BuildHasherDefault;
 
 /// How a container was reached from its parent.
 #[derive(Clone, Debug)]
@@ -110,36 +110,52 @@ pub fn cap(argv: &[OsString]) -> u64 {
     options.input_cap().unwrap_or(fragsim::trace::limits::DEFAULT_MAX_INPUT_BYTES)
 }
 
-/// What one container still has to walk.
-struct Frame<'py> {
+/// Where a container's walk stands. Items are borrowed from the container (the caller's
+/// object keeps them alive, and no Python code runs while the walk holds the GIL), except a
+/// set's, which are copied out first.
+enum Cursor {
+    Dict { pos: ffi::Py_ssize_t },
+    List { next: ffi::Py_ssize_t },
+    Tuple { next: ffi::Py_ssize_t },
+    Owned { items: Vec<Py<PyAny>>, next: usize },
+}
+
+/// One container being walked: its object, its value, its number, and where its converted
+/// items start on the walk's scratch stacks.
+struct Frame {
+    obj: *mut ffi::PyObject,
     value: Value,
     number: u64,
-    children: Children<'py>,
-    next: usize,
-    items: Vec<Value>,
-    entries: Vec<(Value, Value)>,
+    cursor: Cursor,
+    start: usize,
 }
 
-enum Children<'py> {
-    Seq(Vec<Bound<'py, PyAny>>),
-    Dict(Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>),
-}
-
-struct Walk {
+/// The walk: the builder, the objects converted so far, and each container's way in.
+struct Walk<'py> {
+    py: Python<'py>,
     b: Builder,
-    /// Strings and containers already converted, by object identity.
-    memo: HashMap<usize, Value>,
+    /// Strings and containers already converted, by object address.
+    memo: HashMap<u64, Value, BuildHasherDefault<AddrHasher>>,
     steps: Vec<(u64, Step)>,
     keys: HashMap<u32, String>,
     /// Bytes the converted objects take, against `cap`.
     held: u64,
     cap: u64,
+    /// Converted items and entries of the containers on the stack, innermost last.
+    items: Vec<Value>,
+    entries: Vec<(Value, Value)>,
 }
 
 /// Bytes counted for one value or container item (a [`Value`] is 16 bytes).
 const PER_VALUE: u64 = 16;
 
-impl Walk {
+/// A converted object: a value, or a container begun whose items are still to walk.
+enum Converted {
+    Done(Value),
+    Begun(Frame),
+}
+
+impl<'py> Walk<'py> {
     fn charge(&mut self, bytes: u64) -> Result<(), Error> {
         self.held = self.held.saturating_add(bytes);
         if self.held > self.cap {
@@ -165,79 +181,77 @@ impl Walk {
         path.strip_prefix('.').map(str::to_string).unwrap_or(path)
     }
 
-    /// Converts `obj`, reached from container `parent` by `step`: a scalar at once, a container
-    /// begun (and returned as a frame to fill) unless already converted.
-    fn value<'py>(
+    /// Converts the object `p` (borrowed), reached from container `parent` by `step`: a scalar
+    /// at once, a container begun unless it was converted before.
+    ///
+    /// # Safety
+    /// `p` is a live object and the GIL is held.
+    unsafe fn convert(
         &mut self,
-        obj: &Bound<'py, PyAny>,
+        p: *mut ffi::PyObject,
         parent: u64,
         step: Step,
-    ) -> Result<(Value, Option<Frame<'py>>), Error> {
-        if obj.is_none() {
-            return Ok((Value::None, None));
+    ) -> Result<Converted, Error> {
+        use std::ptr::addr_of_mut;
+        let ty = ffi::Py_TYPE(p);
+        if p == ffi::Py_None() {
+            return Ok(Converted::Done(Value::None));
         }
-        if let Ok(b) = obj.downcast::<PyBool>() {
-            return Ok((Value::Bool(b.is_true()), None));
+        if ty == addr_of_mut!(ffi::PyLong_Type) {
+            let n = ffi::PyLong_AsLongLong(p);
+            if n != -1 || ffi::PyErr_Occurred().is_null() {
+                return Ok(Converted::Done(Value::Int(n)));
+            }
+            ffi::PyErr_Clear();
+            return Ok(Converted::Done(self.wide_int(p)));
         }
-        if let Ok(i) = obj.downcast::<PyInt>() {
-            let v = match i.extract::<i64>() {
-                Ok(n) => Value::Int(n),
-                Err(_) => match i.extract::<i128>() {
-                    Ok(n) => self.b.int(n),
-                    Err(_) => Value::HugeInt,
-                },
-            };
-            return Ok((v, None));
+        if ty == addr_of_mut!(ffi::PyBool_Type) {
+            return Ok(Converted::Done(Value::Bool(p == ffi::Py_True())));
         }
-        if let Ok(f) = obj.downcast::<PyFloat>() {
-            return Ok((Value::Float(f.value()), None));
+        if ty == addr_of_mut!(ffi::PyFloat_Type) {
+            return Ok(Converted::Done(Value::Float(ffi::PyFloat_AsDouble(p))));
         }
-        let id = obj.as_ptr() as usize;
-        if let Some(&v) = self.memo.get(&id) {
-            return Ok((v, None));
+        if let Some(&v) = self.memo.get(&(p as u64)) {
+            return Ok(Converted::Done(v));
         }
-        if let Ok(s) = obj.downcast::<PyString>() {
-            let v = match s.to_cow() {
-                Ok(text) => {
-                    self.charge(text.len() as u64 + PER_VALUE)?;
-                    self.b.str(text.as_bytes())
-                }
-                // Lone surrogates: kept as Python's `surrogatepass` writes them, as in a pickle.
-                Err(_) => {
-                    let raw = s
-                        .call_method1("encode", ("utf-8", "surrogatepass"))
-                        .and_then(|b| Ok(b.downcast_into::<PyBytes>()?.as_bytes().to_vec()))
-                        .unwrap_or_default();
-                    self.charge(raw.len() as u64 + PER_VALUE)?;
-                    self.b.str(&raw)
-                }
-            };
-            self.memo.insert(id, v);
-            return Ok((v, None));
+        let container = if ty == addr_of_mut!(ffi::PyDict_Type) || ffi::PyDict_Check(p) != 0 {
+            Some((self.b.begin_dict(), Cursor::Dict { pos: 0 }, ffi::PyDict_Size(p)))
+        } else if ty == addr_of_mut!(ffi::PyList_Type) || ffi::PyList_Check(p) != 0 {
+            Some((self.b.begin_seq(Seq::List), Cursor::List { next: 0 }, ffi::PyList_Size(p)))
+        } else if ty == addr_of_mut!(ffi::PyTuple_Type) || ffi::PyTuple_Check(p) != 0 {
+            Some((self.b.begin_seq(Seq::Tuple), Cursor::Tuple { next: 0 }, ffi::PyTuple_Size(p)))
+        } else {
+            None
+        };
+        if let Some((value, cursor, len)) = container {
+            self.charge((len.max(0) as u64 * 2 + 1) * PER_VALUE)?;
+            return Ok(Converted::Begun(self.begin(p, value, cursor, parent, step)));
         }
-        if let Ok(b) = obj.downcast::<PyBytes>() {
+        let obj = Bound::from_borrowed_ptr(self.py, p);
+        let v = if let Ok(s) = obj.downcast::<PyString>() {
+            let raw = utf8(s);
+            self.charge(raw.len() as u64 + PER_VALUE)?;
+            self.b.str(&raw)
+        } else if let Ok(b) = obj.downcast::<PyBytes>() {
             self.charge(b.as_bytes().len() as u64 + PER_VALUE)?;
-            let v = self.b.bytes(b.as_bytes());
-            self.memo.insert(id, v);
-            return Ok((v, None));
-        }
-        if let Ok(b) = obj.downcast::<PyByteArray>() {
+            self.b.bytes(b.as_bytes())
+        } else if let Ok(b) = obj.downcast::<PyByteArray>() {
             let data = b.to_vec();
             self.charge(data.len() as u64 + PER_VALUE)?;
-            let v = self.b.bytes(&data);
-            self.memo.insert(id, v);
-            return Ok((v, None));
-        }
-        let children = if let Ok(d) = obj.downcast::<PyDict>() {
-            Children::Dict(d.iter().collect())
-        } else if let Ok(l) = obj.downcast::<PyList>() {
-            Children::Seq(l.iter().collect())
-        } else if let Ok(t) = obj.downcast::<PyTuple>() {
-            Children::Seq(t.iter().collect())
-        } else if let Ok(s) = obj.downcast::<PySet>() {
-            Children::Seq(s.iter().collect())
-        } else if let Ok(s) = obj.downcast::<PyFrozenSet>() {
-            Children::Seq(s.iter().collect())
+            self.b.bytes(&data)
+        } else if obj.is_instance_of::<PyInt>() {
+            return Ok(Converted::Done(self.wide_int(p)));
+        } else if let Ok(f) = obj.downcast::<PyFloat>() {
+            return Ok(Converted::Done(Value::Float(f.value())));
+        } else if obj.is_instance_of::<PySet>() || obj.is_instance_of::<PyFrozenSet>() {
+            let items: Vec<Py<PyAny>> = match obj.try_iter() {
+                Ok(it) => it.filter_map(|x| x.ok()).map(|x| x.unbind()).collect(),
+                Err(_) => Vec::new(),
+            };
+            self.charge((items.len() as u64 + 1) * PER_VALUE)?;
+            let value = self.b.begin_seq(Seq::Set);
+            let cursor = Cursor::Owned { items, next: 0 };
+            return Ok(Converted::Begun(self.begin(p, value, cursor, parent, step)));
         } else {
             let type_name =
                 obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "object".into());
@@ -248,78 +262,174 @@ impl Walk {
                  {type_name} (a memory snapshot holds plain data only)"
             )));
         };
-        let n = match &children {
-            Children::Seq(items) => items.len(),
-            Children::Dict(entries) => 2 * entries.len(),
-        };
-        self.charge((n as u64 + 1) * PER_VALUE)?;
-        let value = match &children {
-            Children::Dict(_) => self.b.begin_dict(),
-            Children::Seq(_) if obj.is_instance_of::<PyList>() => self.b.begin_seq(Seq::List),
-            Children::Seq(_) if obj.is_instance_of::<PyTuple>() => self.b.begin_seq(Seq::Tuple),
-            Children::Seq(_) => self.b.begin_seq(Seq::Set),
-        };
-        let number = self.b.containers() - 1;
-        self.steps.push((parent, step));
-        self.memo.insert(id, value);
-        let frame =
-            Frame { value, number, children, next: 0, items: Vec::new(), entries: Vec::new() };
-        Ok((value, Some(frame)))
+        self.memo.insert(p as u64, v);
+        Ok(Converted::Done(v))
     }
 
-    /// Converts `obj` and everything it holds.
-    fn run(mut self, obj: &Bound<'_, PyAny>) -> Result<(Pickle<'static>, Names), Error> {
-        let (root, first) = self.value(obj, 0, Step::Root)?;
-        let mut stack: Vec<Frame> = first.into_iter().collect();
+    /// An int beyond 64 bits: its value if it fits in 128, else [`Value::HugeInt`].
+    unsafe fn wide_int(&mut self, p: *mut ffi::PyObject) -> Value {
+        match Bound::from_borrowed_ptr(self.py, p).extract::<i128>() {
+            Ok(n) => self.b.int(n),
+            Err(_) => Value::HugeInt,
+        }
+    }
+
+    fn begin(
+        &mut self,
+        obj: *mut ffi::PyObject,
+        value: Value,
+        cursor: Cursor,
+        parent: u64,
+        step: Step,
+    ) -> Frame {
+        let number = self.b.containers() - 1;
+        self.steps.push((parent, step));
+        self.memo.insert(obj as u64, value);
+        let start = match cursor {
+            Cursor::Dict { .. } => self.entries.len(),
+            _ => self.items.len(),
+        };
+        Frame { obj, value, number, cursor, start }
+    }
+
+    /// Converts `root` and everything it holds.
+    fn run(mut self, root: &Bound<'py, PyAny>) -> Result<(Pickle<'static>, Names), Error> {
+        // SAFETY: the GIL is held for the whole walk (`self.py`), `root` is alive, and every
+        // pointer walked is borrowed from a container that `root` keeps alive; nothing here runs
+        // Python code that could change them.
+        unsafe {
+            let root_value = match self.convert(root.as_ptr(), 0, Step::Root)? {
+                Converted::Done(v) => v,
+                Converted::Begun(f) => {
+                    let v = f.value;
+                    self.walk(f)?;
+                    v
+                }
+            };
+            let names = Names { steps: self.steps, keys: self.keys };
+            Ok((self.b.finish(root_value), names))
+        }
+    }
+
+    /// Walks `first` and the containers below it, with a stack of frames.
+    unsafe fn walk(&mut self, first: Frame) -> Result<(), Error> {
+        let mut stack = vec![first];
         while let Some(top) = stack.last_mut() {
             let number = top.number;
-            let child = match &top.children {
-                Children::Seq(items) => items.get(top.next).map(|x| (None, x.clone())),
-                Children::Dict(entries) => {
-                    entries.get(top.next).map(|(k, x)| (Some(k.clone()), x.clone()))
-                }
-            };
-            let index = top.next;
-            top.next += 1;
-            let Some((key, obj)) = child else {
-                let done = stack.pop().expect("a frame is on the stack");
-                self.b.extend_seq(done.value, &done.items);
-                self.b.extend_dict(done.value, &done.entries);
-                continue;
-            };
-            let (step, key_value) = match key {
-                None => (Step::Index(index), None),
-                Some(k) => {
-                    let (kv, frame) = self.value(&k, number, Step::Index(index))?;
-                    if frame.is_some() {
-                        let path = self.path_of(number, &Step::Index(index));
-                        return Err(Error::input(format!(
-                            "{path}: a dict key that is a container, which a memory snapshot \
-                             never holds"
-                        )));
+            let is_list = matches!(top.cursor, Cursor::List { .. });
+            let converted = match &mut top.cursor {
+                Cursor::Dict { pos } => {
+                    let (mut k, mut v) = (std::ptr::null_mut(), std::ptr::null_mut());
+                    if ffi::PyDict_Next(top.obj, pos, &mut k, &mut v) == 0 {
+                        None
+                    } else {
+                        let index = self.entries.len() - top.start;
+                        let key = match self.convert(k, number, Step::Index(index))? {
+                            Converted::Done(key) => key,
+                            Converted::Begun(_) => {
+                                let path = self.path_of(number, &Step::Index(index));
+                                return Err(Error::input(format!(
+                                    "{path}: a dict key that is a container, which a memory \
+                                     snapshot never holds"
+                                )));
+                            }
+                        };
+                        let c = self.convert(v, number, Step::Key(key))?;
+                        if let (Converted::Begun(_), Value::Str(i)) = (&c, key) {
+                            // A container's key names it in paths; scalars' keys are not kept.
+                            if let Ok(s) =
+                                Bound::from_borrowed_ptr(self.py, k).downcast::<PyString>()
+                            {
+                                self.keys.entry(i).or_insert_with(|| s.to_string());
+                            }
+                        }
+                        let value = match &c {
+                            Converted::Done(x) => *x,
+                            Converted::Begun(f) => f.value,
+                        };
+                        self.entries.push((key, value));
+                        Some(c)
                     }
-                    (Step::Key(kv), Some((kv, k)))
                 }
+                Cursor::List { next } | Cursor::Tuple { next } => {
+                    let (obj, i) = (top.obj, self.items.len() - top.start);
+                    let len = if is_list { ffi::PyList_Size(obj) } else { ffi::PyTuple_Size(obj) };
+                    if *next >= len {
+                        None
+                    } else {
+                        let item = if is_list {
+                            ffi::PyList_GetItem(obj, *next)
+                        } else {
+                            ffi::PyTuple_GetItem(obj, *next)
+                        };
+                        *next += 1;
+                        Some(self.item(item, number, i)?)
+                    }
+                }
+                Cursor::Owned { items, next } => match items.get(*next) {
+                    None => None,
+                    Some(item) => {
+                        let item = item.as_ptr();
+                        *next += 1;
+                        let i = self.items.len() - top.start;
+                        Some(self.item(item, number, i)?)
+                    }
+                },
             };
-            let (v, frame) = self.value(&obj, number, step)?;
-            // A container's key names it in paths; keys of scalars are never needed.
-            if let (Some(_), Some((Value::Str(i), k))) = (&frame, &key_value) {
-                if let Ok(s) = k.downcast::<PyString>() {
-                    self.keys.entry(*i).or_insert_with(|| s.to_string());
+            match converted {
+                Some(Converted::Begun(mut frame)) => {
+                    // Its items start after the entry or item that refers to it.
+                    frame.start = match frame.cursor {
+                        Cursor::Dict { .. } => self.entries.len(),
+                        _ => self.items.len(),
+                    };
+                    stack.push(frame)
                 }
-            }
-            let key_value = key_value.map(|(kv, _)| kv);
-            let top = stack.last_mut().expect("the frame just read");
-            match key_value {
-                Some(k) => top.entries.push((k, v)),
-                None => top.items.push(v),
-            }
-            if let Some(f) = frame {
-                stack.push(f);
+                Some(Converted::Done(_)) => {}
+                None => {
+                    let done = stack.pop().expect("a frame is on the stack");
+                    if let Cursor::Dict { .. } = done.cursor {
+                        self.b.extend_dict(done.value, &self.entries[done.start..]);
+                        self.entries.truncate(done.start);
+                    } else {
+                        self.b.extend_seq(done.value, &self.items[done.start..]);
+                        self.items.truncate(done.start);
+                    }
+                }
             }
         }
-        let names = Names { steps: self.steps, keys: self.keys };
-        Ok((self.b.finish(root), names))
+        Ok(())
+    }
+
+    /// Converts item `i` of container `number` and pushes its value.
+    unsafe fn item(
+        &mut self,
+        item: *mut ffi::PyObject,
+        number: u64,
+        i: usize,
+    ) -> Result<Converted, Error> {
+        if item.is_null() {
+            ffi::PyErr_Clear();
+            return Err(Error::input("a container changed while it was read"));
+        }
+        let c = self.convert(item, number, Step::Index(i))?;
+        self.items.push(match &c {
+            Converted::Done(x) => *x,
+            Converted::Begun(f) => f.value,
+        });
+        Ok(c)
+    }
+}
+
+/// A `str`'s UTF-8 bytes; lone surrogates kept as Python's `surrogatepass` writes them, as in
+/// a pickle.
+fn utf8(s: &Bound<'_, PyString>) -> Vec<u8> {
+    match s.to_cow() {
+        Ok(text) => text.as_bytes().to_vec(),
+        Err(_) => s
+            .call_method1("encode", ("utf-8", "surrogatepass"))
+            .and_then(|b| Ok(b.downcast_into::<PyBytes>()?.as_bytes().to_vec()))
+            .unwrap_or_default(),
     }
 }
 
@@ -327,12 +437,15 @@ impl Walk {
 /// form of its pickle, holding at most `cap` bytes; errors name the key path.
 pub fn convert(obj: &Bound<'_, PyAny>, cap: u64) -> Result<(Pickle<'static>, Names), Error> {
     let walk = Walk {
+        py: obj.py(),
         b: Builder::new(),
-        memo: HashMap::new(),
+        memo: HashMap::default(),
         steps: Vec::new(),
         keys: HashMap::new(),
         held: 0,
         cap,
+        items: Vec::new(),
+        entries: Vec::new(),
     };
     walk.run(obj).map_err(|e| e.in_format("pytorch-snapshot"))
 }
