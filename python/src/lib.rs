@@ -18,6 +18,7 @@ use pyo3::types::{PyByteArray, PyBytes};
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::mpsc::{channel, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The name of the threads [`call`] runs commands on; the panic hook stays quiet on them.
@@ -47,8 +48,8 @@ type ErrorInfo = (String, String, Option<String>, Option<String>, Option<String>
 type Outcome = (u8, String, String, Option<ErrorInfo>);
 
 /// Runs the command line `argv` with its output captured. `memory` maps names used in `argv`
-/// to traces held in memory: `bytes` (a trace file's content) or a snapshot dict (converted
-/// here, under the GIL, then read by the command as its pickle file is). `progress` allows
+/// to traces held in memory: `bytes` (a trace file's content) or a snapshot dict (converted when
+/// the command reads it, under the GIL, then read as its pickle file is). `progress` allows
 /// progress bars on the process's stderr.
 #[pyfunction]
 fn call(
@@ -65,16 +66,12 @@ fn call(
         } else if let Ok(b) = obj.downcast::<PyByteArray>() {
             InMemory::Bytes(b.to_vec())
         } else {
-            match snapshot_dict::convert(&obj, snapshot_dict::cap(&argv)) {
-                Ok((pickle, names)) => {
-                    paths.push((name.clone(), names));
-                    InMemory::Snapshot(Box::new(pickle))
-                }
-                Err(e) => {
-                    let info = error_info(&e.in_file(std::path::Path::new(&name)), None);
-                    return Ok((2, String::new(), String::new(), Some(info)));
-                }
-            }
+            // Converted when the command reads it, under the GIL again, knowing whether the
+            // command keeps stack frames; the key paths stay here to name an error's place.
+            let names = Arc::new(Mutex::new(None));
+            paths.push((name.clone(), names.clone()));
+            let obj = obj.unbind();
+            InMemory::Reader(Box::new(move |options| snapshot_dict::read(obj, options, &names)))
         };
         held.insert(PathBuf::from(name), item);
     }
@@ -126,8 +123,9 @@ fn call(
             let names = e.location().file.as_ref().and_then(|f| {
                 paths.iter().find(|(n, _)| std::path::Path::new(n) == f).map(|(_, names)| names)
             });
+            let names = names.and_then(|n| n.lock().ok().and_then(|mut n| n.take()));
             let code = e.kind().exit_code();
-            (code, out, err, Some(error_info(&e, names)))
+            (code, out, err, Some(error_info(&e, names.as_ref())))
         }
         Err(panic) => {
             let what = panic

@@ -9,6 +9,10 @@
 //! that holds itself stays a cycle). What the dict holds is counted against the input limit a
 //! file has. Every container keeps how it was reached, so an error names its key path:
 //! `segments[3].blocks[0]`.
+//!
+//! Where the command keeps no stack frames, `frames` values are left out unwalked: the reader
+//! would not look at them (a file's are decoded, then ignored), and they are most of the
+//! objects (each entry's list of shared frame dicts).
 
 use fragsim::error::Error;
 use fragsim::trace::pickle::objects::{Builder, Seq};
@@ -18,8 +22,8 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyFloat, PyFrozenSet, PyInt, PySet, PyString};
 use std::collections::HashMap;
-use std::ffi::OsString;
 use std::hash::BuildHasherDefault;
+use std::sync::Mutex;
 
 /// How a container was reached from its parent.
 #[derive(Clone, Debug)]
@@ -94,22 +98,6 @@ pub fn strip_byte(message: &str) -> (String, Option<u64>) {
     (message.to_string(), None)
 }
 
-/// The input limit a command line sets (`--max-input-size`, else `FRAGSIM_MAX_INPUT_SIZE`,
-/// else the default); a malformed one is left to the command to report.
-pub fn cap(argv: &[OsString]) -> u64 {
-    let given = argv
-        .iter()
-        .position(|a| a == "--max-input-size")
-        .and_then(|i| argv.get(i + 1))
-        .and_then(|v| v.to_str())
-        .or_else(|| {
-            argv.iter().find_map(|a| a.to_str().and_then(|a| a.strip_prefix("--max-input-size=")))
-        })
-        .and_then(|v| fragsim::units::parse_size(v).ok());
-    let options = fragsim::trace::ReadOptions { max_input_bytes: given, ..Default::default() };
-    options.input_cap().unwrap_or(fragsim::trace::limits::DEFAULT_MAX_INPUT_BYTES)
-}
-
 /// Where a container's walk stands. Items are borrowed from the container (the caller's
 /// object keeps them alive, and no Python code runs while the walk holds the GIL), except a
 /// set's, which are copied out first.
@@ -141,6 +129,8 @@ struct Walk<'py> {
     /// Bytes the converted objects take, against `cap`.
     held: u64,
     cap: u64,
+    /// Leave out every `frames` value: the reader, not keeping frames, would not look at them.
+    skip_frames: bool,
     /// Converted items and entries of the containers on the stack, innermost last.
     items: Vec<Value>,
     entries: Vec<(Value, Value)>,
@@ -175,7 +165,14 @@ impl<'py> Walk<'py> {
         let tail = match step {
             Step::Root => String::new(),
             Step::Index(i) => format!("[{i}]"),
-            Step::Key(k) => names.key(*k),
+            // A scalar's key is not in `keys` (only containers' are): the builder has it.
+            Step::Key(k) => match self.b.str_bytes(*k).map(String::from_utf8_lossy) {
+                Some(s) if !s.is_empty() && s.chars().all(|c| c.is_alphanumeric() || c == '_') => {
+                    format!(".{s}")
+                }
+                Some(s) => format!("[{s:?}]"),
+                None => names.key(*k),
+            },
         };
         let path = format!("{base}{tail}");
         path.strip_prefix('.').map(str::to_string).unwrap_or(path)
@@ -334,6 +331,11 @@ impl<'py> Walk<'py> {
                                 )));
                             }
                         };
+                        if self.skip_frames && self.b.str_bytes(key) == Some(b"frames") {
+                            // The reader does not look at frames it does not keep.
+                            self.entries.push((key, Value::None));
+                            continue;
+                        }
                         let c = self.convert(v, number, Step::Key(key))?;
                         if let (Converted::Begun(_), Value::Str(i)) = (&c, key) {
                             // A container's key names it in paths; scalars' keys are not kept.
@@ -434,8 +436,13 @@ fn utf8(s: &Bound<'_, PyString>) -> Vec<u8> {
 }
 
 /// Converts a snapshot dict (or the list of a legacy `memory_snapshot()`) into the decoded
-/// form of its pickle, holding at most `cap` bytes; errors name the key path.
-pub fn convert(obj: &Bound<'_, PyAny>, cap: u64) -> Result<(Pickle<'static>, Names), Error> {
+/// form of its pickle, holding at most `cap` bytes, its `frames` left out unless
+/// `keep_frames`; errors name the key path.
+pub fn convert(
+    obj: &Bound<'_, PyAny>,
+    cap: u64,
+    keep_frames: bool,
+) -> Result<(Pickle<'static>, Names), Error> {
     let walk = Walk {
         py: obj.py(),
         b: Builder::new(),
@@ -444,11 +451,37 @@ pub fn convert(obj: &Bound<'_, PyAny>, cap: u64) -> Result<(Pickle<'static>, Nam
         keys: HashMap::new(),
         held: 0,
         cap,
+        skip_frames: !keep_frames,
         items: Vec::new(),
         entries: Vec::new(),
     };
-    walk.run(obj).map_err(|e| e.in_format("pytorch-snapshot"))
+    walk.run(obj).map_err(|e| e.in_format(FORMAT))
 }
+
+/// Reads the snapshot dict `obj` as the command that reads it asks (`options`): converted under
+/// the GIL (taken on the command's thread), then read without it as its pickle file is. The key
+/// paths go to `names`, for the caller to name the place of an error.
+pub fn read(
+    obj: Py<PyAny>,
+    options: &fragsim::trace::ReadOptions,
+    names: &Mutex<Option<Names>>,
+) -> Result<fragsim::trace::Trace, Error> {
+    let cap = options.input_cap()?;
+    let pickle = Python::with_gil(|py| {
+        let obj = obj.into_bound(py);
+        convert(&obj, cap, options.keep_frames)
+    })
+    .map(|(pickle, paths)| {
+        if let Ok(mut slot) = names.lock() {
+            *slot = Some(paths);
+        }
+        pickle
+    })?;
+    fragsim::trace::snapshot::read_decoded(&pickle, options).map_err(|e| e.in_format(FORMAT))
+}
+
+/// The format a snapshot dict is read as.
+const FORMAT: &str = "pytorch-snapshot";
 
 /// Seconds to turn a snapshot dict into a trace ([`convert`], then the snapshot reader), or, for
 /// a path, to read the file; for the comparison the test suite prints.
@@ -460,7 +493,7 @@ pub fn convert_only(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<f64> {
         py.allow_threads(|| fragsim::trace::read_trace(&path, &options))
     } else {
         let cap = options.input_cap().unwrap_or(u64::MAX);
-        match convert(obj, cap) {
+        match convert(obj, cap, options.keep_frames) {
             Ok((p, _)) => py.allow_threads(|| fragsim::trace::snapshot::read_decoded(&p, &options)),
             Err(e) => Err(e),
         }

@@ -114,6 +114,7 @@ def test_a_snapshot_dict_gives_what_its_file_gives(snapshot):
         (fragsim.info, {}),
         (fragsim.replay, {"policies": POLICIES}),
         (fragsim.validate, {}),
+        (fragsim.replay, {"policies": ["pytorch"], "capacity": "1GiB"}),
     ):
         from_file = without_timings(function(path, **options))
         from_dict = without_timings(function(d, **options))
@@ -159,10 +160,17 @@ def test_a_wrong_shape_in_a_dict_names_its_key_path():
     assert e.value.place == "device_traces[0][5]"
     assert "trace entry 5" in e.value.message and "pickle byte" not in str(e.value)
     d = pickle.load(open(SNAPSHOTS[0], "rb"))
-    d["segments"][0]["blocks"][0]["frames"] = [object()]
+    d["segments"][seg]["blocks"][0]["state"] = object()
     with pytest.raises(fragsim.TraceError) as e:
         fragsim.info(d)
-    assert "segments[0].blocks[0].frames[0]: expected a dict" in str(e.value)
+    assert f"segments[{seg}].blocks[0].state: expected a dict" in str(e.value)
+    # Frames are walked where the command keeps them (naming an OOM's stack).
+    d = pickle.load(open(SNAPSHOTS[0], "rb"))
+    d["device_traces"][0][5]["frames"] = [object()]
+    fragsim.info(d)
+    with pytest.raises(fragsim.TraceError) as e:
+        fragsim.replay(d, policies=["pytorch"], capacity="1GiB")
+    assert "device_traces[0][5].frames[0]: expected a dict" in str(e.value)
 
 
 def test_a_dict_that_holds_itself_is_an_error_not_a_hang():

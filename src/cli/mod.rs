@@ -22,7 +22,6 @@ mod validate;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use fragsim::error::{Error, Result};
 use fragsim::recorded::CapacityKind;
-use fragsim::trace::Format;
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::io::Write;
@@ -97,13 +96,12 @@ impl Cli {
 
 /// A trace handed to a command from memory instead of a file, under the name it is given on the
 /// command line (the Python functions' `bytes`, file objects and snapshot dicts).
-#[derive(Debug)]
 pub enum InMemory {
     /// A trace file's content (any format, gzip accepted), read as a file with that content is.
     Bytes(Vec<u8>),
-    /// A snapshot built from the objects of a dict in memory (the dict
-    /// `torch.cuda.memory._snapshot()` returns), read as its pickle file is.
-    Snapshot(Box<fragsim::trace::pickle::Pickle<'static>>),
+    /// A trace its holder makes when the command reads it, with the command's read options:
+    /// a snapshot dict is converted knowing whether the command keeps stack frames.
+    Reader(Box<dyn FnOnce(&fragsim::trace::ReadOptions) -> Result<fragsim::trace::Trace> + Send>),
 }
 
 /// Where a command writes and what it may read besides files: the process's stdout and stderr
@@ -165,8 +163,7 @@ impl<'a> Io<'a> {
             max_input_bytes: self.max_input_size,
         };
         match self.memory.remove(path) {
-            Some(InMemory::Snapshot(p)) => fragsim::trace::snapshot::read_decoded(&p, &options)
-                .map_err(|e| e.in_format(Format::PytorchSnapshot.name()).in_file(path)),
+            Some(InMemory::Reader(read)) => read(&options).map_err(|e| e.in_file(path)),
             Some(InMemory::Bytes(data)) => {
                 fragsim::trace::read_memory(&data, &options).map_err(|e| e.in_file(path))
             }

@@ -58,6 +58,14 @@ impl Builder {
         id
     }
 
+    /// The bytes of a `str` or `bytes` value made so far (`None` for any other value).
+    pub fn str_bytes(&self, v: Value) -> Option<&[u8]> {
+        match v {
+            Value::Str(_) => self.pickle.str_bytes(v),
+            _ => self.pickle.bytes(v),
+        }
+    }
+
     /// An `int` that fits in 128 bits (wider ones are [`Value::HugeInt`]).
     pub fn int(&mut self, n: i128) -> Value {
         match i64::try_from(n) {
@@ -125,6 +133,8 @@ mod tests {
         b.extend_seq(list, &[one, big, list]);
         b.extend_dict(root, &[(k, list)]);
         assert_eq!(b.containers(), 2);
+        assert_eq!(b.str_bytes(k), Some(&b"a"[..]));
+        assert_eq!(b.str_bytes(one), None);
         let p = b.finish(root);
         let items = p.items(p.get(p.root(), "a").unwrap()).unwrap();
         assert_eq!(p.int(items[0]), Some(1));
