@@ -101,8 +101,12 @@ pub enum InMemory {
     Bytes(Vec<u8>),
     /// A trace its holder makes when the command reads it, with the command's read options:
     /// a snapshot dict is converted knowing whether the command keeps stack frames.
-    Reader(Box<dyn FnOnce(&fragsim::trace::ReadOptions) -> Result<fragsim::trace::Trace> + Send>),
+    Reader(TraceReader),
 }
+
+/// Makes an in-memory trace with the reading command's options ([`InMemory::Reader`]).
+pub type TraceReader =
+    Box<dyn FnOnce(&fragsim::trace::ReadOptions) -> Result<fragsim::trace::Trace> + Send>;
 
 /// Where a command writes and what it may read besides files: the process's stdout and stderr
 /// for the binary ([`Io::stdio`]), buffers and in-memory traces for a Python function.
