@@ -1,7 +1,7 @@
 //! `fragsim check`: replays traces and compares with a committed baseline, for CI.
 
 use super::progress::Control;
-use fragsim::error::{Error, ErrorKind, Result};
+use fragsim::error::{Error, Result};
 use fragsim::policy::PolicySpec;
 use fragsim::replay::ReplayOptions;
 use fragsim::whatif::check::{self, Baseline};
@@ -47,27 +47,34 @@ pub struct Args {
     control: Control,
 }
 
+impl Args {
+    /// Whether the check prints on stdout (not with `--update`).
+    pub fn prints_results(&self) -> bool {
+        !self.update
+    }
+}
+
 /// Runs the command on `io`; `Ok` carries the exit code.
 pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let specs = PolicySpec::parse_many(&args.policies)?;
     let tolerance = check::parse_tolerance(&args.tolerance)?;
     // A broken baseline fails before the replays, not after.
+    let control = args.control.clone();
+    let traces = super::distinct_inputs(&args.traces, |n| control.note(io, n));
     let baseline = if args.update {
+        let inputs: Vec<&std::path::Path> = traces.iter().map(PathBuf::as_path).collect();
+        fragsim::report::output::refuse_input(&args.baseline, "--baseline", &inputs)?;
         None
     } else {
-        let text = std::fs::read_to_string(&args.baseline).map_err(|e| {
-            Error::input(format!("cannot read the baseline: {e} (record one with check --update)"))
-                .in_file(&args.baseline)
-        })?;
-        Some(Baseline::parse(&text, &args.baseline)?)
+        let data =
+            super::read_capped(io, &args.baseline, "baseline (record one with check --update)")?;
+        Some(Baseline::parse(&data, &args.baseline)?)
     };
-    let bar = args.control.bar(io, specs.len() * args.traces.len(), "checking");
+    let bar = args.control.bar(io, specs.len() * traces.len(), "checking");
     let options = ReplayOptions::default();
-    let results =
-        args.control.replay_traces(io, &args.traces, args.device, &specs, &options, &bar)?;
+    let results = args.control.replay_traces(io, &traces, args.device, &specs, &options, &bar)?;
     bar.finish();
-    let rows: Vec<Row> = args
-        .traces
+    let rows: Vec<Row> = traces
         .iter()
         .zip(&results)
         .flat_map(|(t, per)| per.iter().map(move |r| Row::new(t.display().to_string(), r)))
@@ -75,10 +82,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
 
     let Some(baseline) = baseline else {
         let text = Baseline::new(&rows).to_json();
-        std::fs::write(&args.baseline, text).map_err(|e| {
-            Error::new(ErrorKind::Io, format!("cannot write the baseline: {e}"))
-                .in_file(&args.baseline)
-        })?;
+        fragsim::report::output::write_bytes(&args.baseline, text.as_bytes())?;
         args.control.note(
             io,
             &format!("wrote the baseline of {} results to {}", rows.len(), args.baseline.display()),
@@ -87,7 +91,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     };
     let report = check::check(&baseline, &args.baseline, &rows, tolerance, None)?;
     let out = &mut *io.out;
-    let io = |e: std::io::Error| Error::new(ErrorKind::Io, format!("writing to stdout: {e}"));
+    let io = |e: std::io::Error| Error::writing("to stdout", e);
     if args.json {
         let text = serde_json::to_string_pretty(&report).unwrap_or_default();
         writeln!(out, "{text}").map_err(io)?;

@@ -1,8 +1,7 @@
 //! `fragsim fit`: per policy, the smallest device capacity with no OOM, beside common GPU sizes.
 
 use super::progress::Control;
-use super::{FormatArgs, OutputFormat};
-use fragsim::error::{Error, ErrorKind, Result};
+use fragsim::error::{Error, Result};
 use fragsim::metrics::PolicyResult;
 use fragsim::policy::PolicySpec;
 use fragsim::replay::{run_specs, Jobs, ReplayInput, ReplayOptions, RunSettings};
@@ -39,11 +38,25 @@ pub struct Args {
     #[arg(long, value_name = "SIZE", value_parser = super::size_arg, default_value = "512MiB")]
     outside: u64,
 
-    #[command(flatten)]
-    output: FormatArgs,
+    /// How to print the answer (fit has no CSV: each policy's answer holds a list of cards).
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = FitFormat::Table)]
+    format: FitFormat,
+
+    /// Same as --format json.
+    #[arg(long, conflicts_with = "format")]
+    json: bool,
 
     #[command(flatten)]
     control: Control,
+}
+
+/// What `fit --format` offers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum FitFormat {
+    /// An aligned table for people.
+    Table,
+    /// One JSON object (docs/interface.md).
+    Json,
 }
 
 /// One card and whether the policy fits on it.
@@ -111,14 +124,11 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         args.policies.clone()
     };
     let specs = PolicySpec::parse_many(&written)?;
-    if args.output.format() == OutputFormat::Csv {
-        return Err(Error::usage("fit prints a table or JSON (--format table|json)"));
-    }
     let trace = args.control.read_trace(io, &args.trace)?;
     super::note_unmodelled_options(&args.control, io, &trace, &specs);
     let input = ReplayInput::new(&trace, args.device)?;
     let bar = args.control.bar(io, specs.len(), "fitting");
-    let outcomes: Vec<Result<PolicyFit>> = args.control.install(|| {
+    let outcomes: Vec<Result<PolicyFit>> = args.control.install(io, specs.len(), || {
         specs
             .par_iter()
             .map(|s| {
@@ -137,10 +147,11 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         results,
     };
     let out = &mut *io.out;
-    let io = |e: std::io::Error| Error::new(ErrorKind::Io, format!("writing to stdout: {e}"));
-    let text = match args.output.format() {
-        OutputFormat::Json => serde_json::to_string_pretty(&report).unwrap_or_default() + "\n",
-        _ => table(&report),
+    let io = |e: std::io::Error| Error::writing("to stdout", e);
+    let text = if args.json || args.format == FitFormat::Json {
+        serde_json::to_string_pretty(&report).unwrap_or_default() + "\n"
+    } else {
+        table(&report)
     };
     write!(out, "{text}").map_err(io)?;
     Ok(0)

@@ -1,8 +1,9 @@
 //! `fragsim merge`: combines the parts of a sharded sweep into what the unsharded sweep prints.
 
 use super::FormatArgs;
-use fragsim::error::{Error, Result};
-use fragsim::whatif::sweep::{self, SweepReport};
+use fragsim::error::Result;
+use fragsim::whatif::input;
+use fragsim::whatif::sweep::{self, Part};
 use std::path::PathBuf;
 
 /// Combine `sweep --shard I/N --out PART.json` parts into the unsharded sweep's output.
@@ -21,19 +22,12 @@ pub struct Args {
 
 /// Runs the command on `io`; `Ok` carries the exit code.
 pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
-    let mut parts = Vec::with_capacity(args.parts.len());
-    for path in &args.parts {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::input(format!("cannot read: {e}")).in_file(path))?;
-        let part: SweepReport = serde_json::from_str(&text).map_err(|e| {
-            Error::input(format!(
-                "not a sweep part: {e} (line {}, column {}); write parts with sweep --shard I/N --out FILE",
-                e.line(),
-                e.column()
-            ))
-            .in_file(path)
-        })?;
-        parts.push(part);
+    let paths = super::distinct_inputs(&args.parts, |n| io.note(n));
+    let mut parts = Vec::with_capacity(paths.len());
+    for path in paths {
+        let data = super::read_capped(io, &path, "sweep part")?;
+        let report = input::read_part(&data, &path)?;
+        parts.push(Part { file: path, report });
     }
     let merged = sweep::merge(parts)?;
     super::sweep::print(&merged, args.output.format(), io.out)?;

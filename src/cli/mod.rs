@@ -76,9 +76,29 @@ impl Cli {
         Cli::from_arg_matches(&Cli::command_with_policies().try_get_matches_from(argv)?)
     }
 
+    /// Whether the command prints its results on stdout (not a command that writes files, such
+    /// as `report`, `convert`, `sweep --out` or `check --update`).
+    fn prints_results(&self) -> bool {
+        match &self.command {
+            Command::Info(_) | Command::Replay(_) | Command::Validate(_) | Command::Fit(_) => true,
+            Command::Merge(_) => true,
+            Command::Sweep(a) => a.prints_results(),
+            Command::Check(a) => a.prints_results(),
+            Command::Convert(_) | Command::Report(_) | Command::Synth(_) => false,
+        }
+    }
+
     /// Runs the chosen command; `Ok` carries the exit code (0, or 1 for a failed check).
     pub fn run(self, io: &mut Io) -> Result<u8> {
         io.max_input_size = self.max_input_size;
+        // A closed stdout (`>&-`) is no place for results: fail as a full disk does, before any
+        // work, rather than print into nothing and exit 0.
+        if io.stdio && self.prints_results() && stdout_closed() {
+            return Err(Error::new(
+                fragsim::error::ErrorKind::Io,
+                "writing to stdout: stdout is closed (>&-); redirect it to a file or /dev/null",
+            ));
+        }
         match self.command {
             Command::Info(a) => info::run(a, io),
             Command::Convert(a) => convert::run(a, io),
@@ -126,6 +146,8 @@ pub struct Io<'a> {
     stdio: bool,
     /// The global `--max-input-size`, set by [`Cli::run`] before any command reads a trace.
     max_input_size: Option<u64>,
+    /// Whether the note that `--jobs` was lowered has been written (once per command).
+    pub(crate) jobs_noted: bool,
 }
 
 impl<'a> Io<'a> {
@@ -133,12 +155,28 @@ impl<'a> Io<'a> {
     pub fn stdio(out: &'a mut dyn Write, err: &'a mut dyn Write) -> Io<'a> {
         use std::io::IsTerminal;
         let progress = std::io::stderr().is_terminal();
-        Io { out, err, progress, memory: HashMap::new(), stdio: true, max_input_size: None }
+        Io {
+            out,
+            err,
+            progress,
+            memory: HashMap::new(),
+            stdio: true,
+            max_input_size: None,
+            jobs_noted: false,
+        }
     }
 
     /// Writers of the caller's choosing (buffers), with no progress bars unless `progress`.
     pub fn buffers(out: &'a mut dyn Write, err: &'a mut dyn Write, progress: bool) -> Io<'a> {
-        Io { out, err, progress, memory: HashMap::new(), stdio: false, max_input_size: None }
+        Io {
+            out,
+            err,
+            progress,
+            memory: HashMap::new(),
+            stdio: false,
+            max_input_size: None,
+            jobs_noted: false,
+        }
     }
 
     /// A note for the user on `err` (`fragsim: {text}`); a note that cannot be written is lost,
@@ -249,6 +287,70 @@ where
             err.kind().exit_code()
         }
     }
+}
+
+/// Whether the process started with its stdout closed. The Rust runtime opens `/dev/null`
+/// read-write in place of a closed standard descriptor, so a closed stdout shows as `/dev/null`
+/// open for reading and writing, which a shell's `>/dev/null` never gives (it opens write-only).
+/// Linux only (it reads `/proc`); elsewhere always false.
+fn stdout_closed() -> bool {
+    let Ok(target) = std::fs::read_link("/proc/self/fd/1") else { return false };
+    if target != Path::new("/dev/null") {
+        return false;
+    }
+    let Ok(info) = std::fs::read_to_string("/proc/self/fdinfo/1") else { return false };
+    info.lines()
+        .find_map(|l| l.strip_prefix("flags:"))
+        .and_then(|f| u32::from_str_radix(f.trim(), 8).ok())
+        .is_some_and(|flags| flags & 0o3 == 0o2)
+}
+
+/// The paths of a command's inputs, each once: a path named again (the same text, or the same
+/// file under another name) is dropped with a note from `note`. Each file is then read once, and a
+/// FIFO named twice is not opened a second time, which would wait forever for a writer.
+pub fn distinct_inputs(paths: &[PathBuf], mut note: impl FnMut(&str)) -> Vec<PathBuf> {
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::with_capacity(paths.len());
+    for p in paths {
+        let key = std::fs::metadata(p)
+            .ok()
+            .and_then(|m| fragsim::report::output::identity(&m))
+            .map_or_else(|| Err(p.clone()), Ok);
+        if seen.insert(key) {
+            out.push(p.clone());
+        } else {
+            note(&format!("note: {} is named twice; it is read once", p.display()));
+        }
+    }
+    out
+}
+
+/// Reads a JSON file fragsim wrote (a sweep part, a baseline) under the input size cap
+/// (`--max-input-size`), so a huge or endless file fails with a message rather than filling
+/// memory. `what` names the file's role in errors.
+pub fn read_capped(io: &Io, path: &Path, what: &str) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let options =
+        fragsim::trace::ReadOptions { max_input_bytes: io.max_input_bytes(), ..Default::default() };
+    let cap = options.input_cap()?;
+    let cannot =
+        |e: std::io::Error| Error::input(format!("cannot read the {what}: {e}")).in_file(path);
+    let too_big = |what: &str| {
+        Error::input(format!(
+            "the {what} holds more than {cap} bytes, the input limit (raise it with --max-input-size or FRAGSIM_MAX_INPUT_SIZE)"
+        ))
+        .in_file(path)
+    };
+    let file = std::fs::File::open(path).map_err(cannot)?;
+    if file.metadata().is_ok_and(|m| m.is_file() && m.len() > cap) {
+        return Err(too_big(what));
+    }
+    let mut data = Vec::new();
+    file.take(cap.saturating_add(1)).read_to_end(&mut data).map_err(cannot)?;
+    if data.len() as u64 > cap {
+        return Err(too_big(what));
+    }
+    Ok(data)
 }
 
 /// The flags `replay` and `report` share: what to replay, against what, on which device.

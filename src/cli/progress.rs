@@ -30,10 +30,42 @@ pub struct Control {
     pub quiet: bool,
 }
 
+/// The most replays run at once per core, whatever `--jobs` says: replays are CPU-bound, so
+/// more threads than this only cost memory (and, by the thousand, the OS's thread limit).
+pub const JOBS_PER_CORE: usize = 4;
+
+/// The ceiling on `--jobs`: [`JOBS_PER_CORE`] times the cores.
+pub fn max_jobs() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get()).saturating_mul(JOBS_PER_CORE)
+}
+
 impl Control {
-    /// The parallelism asked for.
+    /// The parallelism asked for, before it is bounded by the work ([`Control::jobs_for`]).
     pub fn jobs(&self) -> Jobs {
         Jobs::from_count(self.jobs)
+    }
+
+    /// The parallelism for `replays` replays: `--jobs N` bounded by the number of replays and by
+    /// [`max_jobs`], with a note on `io` (once per command, unless `--quiet`) when it was
+    /// lowered; never more threads than there is work for.
+    pub fn jobs_for(&self, io: &mut Io, replays: usize) -> Jobs {
+        let Some(asked) = self.jobs.filter(|&n| n > 1) else { return self.jobs() };
+        let ceiling = max_jobs();
+        let work = replays.max(1);
+        let bounded = asked.min(work).min(ceiling);
+        if bounded < asked && !io.jobs_noted {
+            io.jobs_noted = true;
+            let why = if bounded == work {
+                format!("{replays} replay{} to run", if replays == 1 { "" } else { "s" })
+            } else {
+                format!(
+                    "at most {JOBS_PER_CORE} per core on this machine's {} cores",
+                    ceiling / JOBS_PER_CORE
+                )
+            };
+            self.note(io, &format!("note: --jobs {asked}: running {bounded} at once ({why})"));
+        }
+        Jobs::from_count(Some(bounded))
     }
 
     /// Whether progress may be drawn: `io` allows it (stderr is a terminal) and `--quiet` was
@@ -85,8 +117,8 @@ impl Control {
         bar: &Bar,
     ) -> Result<Vec<Vec<PolicyResult>>> {
         let tick = bar.tick();
-        let settings =
-            RunSettings { jobs: self.jobs(), progress: Some(&tick), ..Default::default() };
+        let jobs = self.jobs_for(io, specs.len());
+        let settings = RunSettings { jobs, progress: Some(&tick), ..Default::default() };
         let mut out = Vec::with_capacity(traces.len());
         for path in traces {
             let trace = self.read_trace(io, path)?;
@@ -101,9 +133,15 @@ impl Control {
         Ok(out)
     }
 
-    /// Runs `f` where rayon's parallel iterators use at most `--jobs` threads.
-    pub fn install<T: Send>(&self, f: impl FnOnce() -> T + Send) -> Result<T> {
-        match self.jobs() {
+    /// Runs `f`, which works through `tasks` items, where rayon's parallel iterators use at most
+    /// `--jobs` threads (bounded by [`Control::jobs_for`]).
+    pub fn install<T: Send>(
+        &self,
+        io: &mut Io,
+        tasks: usize,
+        f: impl FnOnce() -> T + Send,
+    ) -> Result<T> {
+        match self.jobs_for(io, tasks) {
             Jobs::AllCores => Ok(f()),
             Jobs::Sequential => pool(1)?.install(|| Ok(f())),
             Jobs::AtMost(n) => pool(n.get())?.install(|| Ok(f())),
@@ -173,8 +211,21 @@ mod tests {
         assert_eq!(c(Some(0)).jobs(), Jobs::AllCores);
         assert_eq!(c(Some(1)).jobs(), Jobs::Sequential);
         assert_eq!(c(Some(3)).jobs(), Jobs::from_count(Some(3)));
-        let threads = c(Some(2)).install(rayon::current_num_threads).unwrap();
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let mut io = Io::buffers(&mut out, &mut err, false);
+        let threads = c(Some(2)).install(&mut io, 2, rayon::current_num_threads).unwrap();
         assert_eq!(threads, 2);
+        assert_eq!(c(Some(100_000)).jobs_for(&mut io, 3), Jobs::from_count(Some(3)));
+        assert_eq!(
+            c(Some(usize::MAX)).jobs_for(&mut io, usize::MAX),
+            Jobs::from_count(Some(max_jobs()))
+        );
+        assert_eq!(c(Some(5)).jobs_for(&mut io, 1), Jobs::Sequential);
+        assert_eq!(c(None).jobs_for(&mut io, 1), Jobs::AllCores);
+        drop(io);
+        let err = String::from_utf8(err).unwrap();
+        assert_eq!(err.matches("note: --jobs").count(), 1, "one note per command: {err}");
+        assert!(err.contains("note: --jobs 100000: running 3 at once (3 replays to run)"), "{err}");
     }
 
     #[test]

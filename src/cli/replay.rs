@@ -83,6 +83,9 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         .filter(|p| p.role == fragsim::policy::Role::Clairvoyant)
         .map(|p| p.name)
         .collect();
+    if let Some(out) = &args.export_snapshot {
+        fragsim::report::output::refuse_input(out, "--export-snapshot", &[path])?;
+    }
     let streamable = match &args.export_snapshot {
         None if io.holds(path) => None,
         None => FstStream::open(path)?,
@@ -150,8 +153,11 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     };
     let bar = args.control.bar(io, specs.len(), "replaying");
     let tick = bar.tick();
-    let settings =
-        RunSettings { jobs: args.control.jobs(), progress: Some(&tick), ..RunSettings::default() };
+    let settings = RunSettings {
+        jobs: args.control.jobs_for(io, specs.len()),
+        progress: Some(&tick),
+        ..RunSettings::default()
+    };
     let comparison = run_specs(&specs, &input, &options, &settings).map_err(&named)?;
     bar.finish();
     // The exported run starts cold (every block live at the start malloc'd, so that `validate`
@@ -159,7 +165,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     // apart, so that an output flag never changes the numbers printed.
     if let Some(path) = &args.export_snapshot {
         let exported = RunSettings {
-            jobs: args.control.jobs(),
+            jobs: fragsim::replay::Jobs::Sequential,
             record_events_of: Some(EXPORTED),
             ..RunSettings::default()
         };
@@ -194,7 +200,8 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         None
     } else {
         let plain = ReplayOptions { empty_cache: EmptyCachePlan::default(), ..options.clone() };
-        let settings = RunSettings { jobs: args.control.jobs(), ..RunSettings::default() };
+        let settings =
+            RunSettings { jobs: args.control.jobs_for(io, specs.len()), ..RunSettings::default() };
         let baseline = run_specs(&specs, &input, &plain, &settings)?;
         Some(empty_cache::describe(&empty_cache, &empty_cache::effects(&baseline, &comparison)))
     };

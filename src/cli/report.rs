@@ -32,6 +32,7 @@ pub struct Args {
 /// Runs the command on `io`; `Ok` carries the exit code.
 pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let policies = ReportPlan::policies_from(&args.source.policies)?;
+    let policies_count = policies.len();
     if let Some(name) = &args.segment_map_policy {
         PolicySpec::parse_list(name)?;
     }
@@ -54,7 +55,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         empty_cache: args.source.empty_cache_plan()?,
         segment_map_policy: args.segment_map_policy,
         progress,
-        jobs: args.control.jobs(),
+        jobs: args.control.jobs_for(io, policies_count),
     };
     let data =
         report::collect(&trace, &plan).map_err(super::in_trace(&args.source.trace, &trace))?;

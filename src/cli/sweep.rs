@@ -3,7 +3,7 @@
 
 use super::progress::Control;
 use super::{FormatArgs, OutputFormat};
-use fragsim::error::{Error, ErrorKind, Result};
+use fragsim::error::{Error, Result};
 use fragsim::metrics::PolicyResult;
 use fragsim::policy::PolicySpec;
 use fragsim::replay::ReplayOptions;
@@ -65,6 +65,13 @@ pub struct Args {
     control: Control,
 }
 
+impl Args {
+    /// Whether the sweep prints on stdout (not with `--out`).
+    pub fn prints_results(&self) -> bool {
+        self.out.is_none()
+    }
+}
+
 /// Runs the command on `io`; `Ok` carries the exit code.
 pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     // Everything the user typed is checked before the first replay.
@@ -97,17 +104,25 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         identity.push(format!("device={device}"));
     }
     let grid_id = sweep::grid_id(&identity);
+    let grid_settings = identity.split_off(names.len());
+    let control = args.control.clone();
+    let traces_given = super::distinct_inputs(&args.traces, |n| control.note(io, n));
+    if let Some(out) = &args.out {
+        let inputs: Vec<&std::path::Path> = traces_given.iter().map(PathBuf::as_path).collect();
+        fragsim::report::output::refuse_input(out, "--out", &inputs)?;
+    }
 
     let mine = shard.map_or(0..specs.len(), |s| s.range(specs.len()));
     let specs = &specs[mine.clone()];
+    let all_names = names.clone();
     let names = &names[mine];
     let options = ReplayOptions { capacity, ..ReplayOptions::default() };
-    let bar = args.control.bar(io, specs.len() * args.traces.len(), "sweeping");
+    let bar = args.control.bar(io, specs.len() * traces_given.len(), "sweeping");
     let results =
-        args.control.replay_traces(io, &args.traces, args.device, specs, &options, &bar)?;
+        args.control.replay_traces(io, &traces_given, args.device, specs, &options, &bar)?;
     bar.finish();
 
-    let traces: Vec<String> = args.traces.iter().map(|t| t.display().to_string()).collect();
+    let traces: Vec<String> = traces_given.iter().map(|t| t.display().to_string()).collect();
     // Spec-major: the parts of a sharded sweep concatenate into the unsharded order.
     let mut rows = Vec::with_capacity(specs.len() * traces.len());
     for (i, name) in names.iter().enumerate() {
@@ -120,11 +135,12 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     report.shard = shard;
     match &args.out {
         Some(path) => {
+            // What `merge` checks each part against: the whole grid and what its hash covers.
+            report.grid_specs = Some(all_names);
+            report.grid_settings = Some(grid_settings);
             let mut text = serde_json::to_string_pretty(&report).unwrap_or_default();
             text.push('\n');
-            std::fs::write(path, text).map_err(|e| {
-                Error::new(ErrorKind::Io, format!("cannot write: {e}")).in_file(path)
-            })?;
+            fragsim::report::output::write_bytes(path, text.as_bytes())?;
             let part =
                 shard.map(|s| format!(" (part {}/{})", s.index, s.count)).unwrap_or_default();
             args.control.note(
@@ -140,7 +156,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
 /// Prints a sweep report in `format`: `sweep` and `merge` print the same way, so a merged sweep
 /// prints exactly what the unsharded one does.
 pub fn print(report: &SweepReport, format: OutputFormat, out: &mut dyn Write) -> Result<()> {
-    let io = |e: std::io::Error| Error::new(ErrorKind::Io, format!("writing to stdout: {e}"));
+    let io = |e: std::io::Error| Error::writing("to stdout", e);
     match format {
         OutputFormat::Json => {
             let text = serde_json::to_string_pretty(report).unwrap_or_default();

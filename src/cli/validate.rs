@@ -50,6 +50,9 @@ fn version_arg(text: &str) -> std::result::Result<Version, String> {
 
 /// Runs the command on `io`; `Ok` carries the exit code.
 pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
+    if let Some(out) = &args.export_snapshot {
+        fragsim::report::output::refuse_input(out, "--export-snapshot", &[&args.snapshot])?;
+    }
     let trace = super::read_trace(io, &args.snapshot, false)?;
     // A snapshot records the allocator's decisions; so does a text or .fst trace written from
     // one (it keeps the segment events). Anything else (Kineto, RMM, a bare alloc/free list)

@@ -159,7 +159,7 @@ pub fn run_specs(
         let (planners, online): (Vec<usize>, Vec<usize>) =
             order.iter().partition(|&&i| plans(&specs[i]));
         let group = match jobs {
-            Jobs::AtMost(n) => n.get(),
+            Jobs::AtMost(n) => n.get().min(online.len().max(1)),
             _ => super::lockstep::GROUP,
         };
         let limit = options.stop_after.map_or(u64::MAX, |s| s.saturating_add(1));
@@ -195,8 +195,9 @@ pub fn run_specs(
         Jobs::Sequential => specs.iter().enumerate().map(run_one).collect(),
         _ if input.is_streamed() => in_lockstep()?,
         Jobs::AllCores => in_parallel(),
+        // Never more threads than replays, whatever was asked.
         Jobs::AtMost(n) => rayon::ThreadPoolBuilder::new()
-            .num_threads(n.get())
+            .num_threads(n.get().min(specs.len().max(1)))
             .build()
             .map_err(|e| Error::new(ErrorKind::Usage, format!("--jobs {n}: {e}")))?
             .install(in_parallel),

@@ -457,29 +457,35 @@ fn one_spec(text: &str) -> Result<PolicySpec> {
 
 /// Writes every file of the report into `dir` (created if missing) and returns their paths.
 pub fn write_dir(data: &ReportData, dir: &Path, progress: bool) -> Result<Vec<PathBuf>> {
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    // Every file is built in a staging folder inside `dir`, then renamed into place with
+    // index.html last: a run killed on the way leaves the old report whole, and a folder whose
+    // index.html is new holds every new file.
+    let staging = super::output::Staging::new(dir)?;
+    let stage = staging.path();
     let bar = bar(progress, 9, "writing report");
     let mut files = Vec::new();
     let steps: [&dyn Fn() -> Result<Vec<PathBuf>>; 8] = [
-        &|| plot::write_timeline(data, dir),
-        &|| plot::write_peaks(data, dir),
-        &|| plot::write_fragmentation(data, dir),
-        &|| plot::write_segments(data, dir),
-        &|| plot::write_sizes(data, dir),
-        &|| write_file(dir, "results.json", |w| super::json::write_report(data, w)),
+        &|| plot::write_timeline(data, stage),
+        &|| plot::write_peaks(data, stage),
+        &|| plot::write_fragmentation(data, stage),
+        &|| plot::write_segments(data, stage),
+        &|| plot::write_sizes(data, stage),
+        &|| write_file(stage, "results.json", |w| super::json::write_report(data, w)),
         &|| {
-            write_file(dir, "results.csv", |w| {
+            write_file(stage, "results.csv", |w| {
                 super::csv::write_with_recorded(&data.results(), data.recorded.as_ref(), w)
             })
         },
-        &|| write_file(dir, "summary.md", |w| super::markdown::write_summary(data, w)),
+        &|| write_file(stage, "summary.md", |w| super::markdown::write_summary(data, w)),
     ];
     for step in steps {
         files.extend(step()?);
         bar.inc(1);
     }
-    files
-        .extend(write_file(dir, "index.html", |w| super::html::write_index(data, &files, dir, w))?);
+    files.extend(write_file(stage, "index.html", |w| {
+        super::html::write_index(data, &files, stage, w)
+    })?);
+    let files = staging.commit(&files, "index.html")?;
     bar.finish_and_clear();
     Ok(files)
 }

@@ -10,6 +10,7 @@ pub mod csv;
 pub mod html;
 pub mod json;
 pub mod markdown;
+pub mod output;
 pub mod plot;
 pub mod snapshot_out;
 pub mod table;

@@ -26,7 +26,7 @@ pub fn write_simulated(
     let sim = simulated_trace(trace, device, output)?;
     let mut bytes = Vec::new();
     snapshot::write(&sim, &mut bytes).map_err(|e| e.in_file(path))?;
-    std::fs::write(path, bytes).map_err(|e| Error::io(path, e))
+    super::output::write_bytes(path, &bytes)
 }
 
 /// The simulated run as a trace in PyTorch's device numbering.

@@ -68,49 +68,109 @@ impl Baseline {
         Baseline { format: BASELINE_FORMAT.into(), version: BASELINE_VERSION, rows }
     }
 
-    /// Reads a baseline file, a `replay --json` output or a `sweep --json` output; errors name
-    /// `file`.
-    pub fn parse(text: &str, file: &Path) -> Result<Baseline> {
-        let bad = |m: String| Error::input(m).in_file(file);
-        let v: Value = serde_json::from_str(text).map_err(|e| {
-            bad(format!("not JSON: {e} (line {}, column {})", e.line(), e.column()))
+    /// Reads a baseline file, a `replay --json` output or a `sweep --json` output, every row
+    /// checked as [`super::input`] checks results (typed keys, required keys, no repeated
+    /// (trace, policy, config)); errors name `file` and the key path.
+    pub fn parse(data: impl AsRef<[u8]>, file: &Path) -> Result<Baseline> {
+        use super::input::{check_result, no_repeated_rows, parse_json};
+        let bad = |path: &str, m: String| Error::input(format!("{path}: {m}")).in_file(file);
+        let v = parse_json(data.as_ref(), file, "record a baseline with check --update")?;
+        let obj = v.as_object().ok_or_else(|| {
+            Error::input("expected a JSON object (a baseline written by check --update)")
+                .in_file(file)
         })?;
-        let obj = v.as_object().ok_or_else(|| bad("expected a JSON object".into()))?;
-        if let Some(format) = obj.get("format").and_then(Value::as_str) {
-            if format == BASELINE_FORMAT {
-                let version = obj.get("version").and_then(Value::as_u64).unwrap_or(0);
-                if version != u64::from(BASELINE_VERSION) {
-                    return Err(bad(format!(
-                        "baseline version {version} is not supported (this fragsim reads version {BASELINE_VERSION}); re-record it with check --update"
-                    )));
-                }
-                return serde_json::from_value(v.clone())
-                    .map_err(|e| bad(format!("malformed baseline: {e}")));
-            }
-        }
-        let results = obj.get("results").and_then(Value::as_array).ok_or_else(|| {
-            bad(format!(
-                "expected a baseline ({{\"format\": \"{BASELINE_FORMAT}\", ...}}) or a replay --json output with \"results\""
-            ))
-        })?;
-        let top_trace = obj.get("trace").and_then(Value::as_str);
         let mut rows = Vec::new();
+        if let Some(format) = obj.get("format") {
+            if format.as_str() != Some(BASELINE_FORMAT) {
+                return Err(bad(
+                    "format",
+                    format!("expected \"{BASELINE_FORMAT}\", found {format}"),
+                ));
+            }
+            if let Some(key) =
+                obj.keys().find(|k| !["format", "version", "rows"].contains(&k.as_str()))
+            {
+                return Err(bad(key, "unknown key in a baseline".into()));
+            }
+            match obj.get("version") {
+                None => return Err(bad("the top level", "no \"version\" (the integer 1)".into())),
+                Some(v) if v.as_u64() == Some(u64::from(BASELINE_VERSION)) => {}
+                Some(v) if v.as_u64().is_some() => {
+                    return Err(bad(
+                        "version",
+                        format!("baseline version {v} is not supported (this fragsim reads version {BASELINE_VERSION}); re-record it with check --update"),
+                    ))
+                }
+                Some(v) => {
+                    return Err(bad(
+                        "version",
+                        format!("expected the integer {BASELINE_VERSION}, found {v}"),
+                    ))
+                }
+            }
+            let list = match obj.get("rows") {
+                Some(Value::Array(a)) => a,
+                Some(v) => return Err(bad("rows", format!("expected an array, found {v:.40}"))),
+                None => return Err(bad("the top level", "no \"rows\" (an array)".into())),
+            };
+            rows.reserve(list.len());
+            for (i, r) in list.iter().enumerate() {
+                let path = format!("rows[{i}]");
+                let mut map = r
+                    .as_object()
+                    .cloned()
+                    .ok_or_else(|| bad(&path, "expected an object".into()))?;
+                let trace = match map.remove("trace") {
+                    Some(Value::String(t)) => t,
+                    Some(v) => {
+                        return Err(bad(
+                            &format!("{path}.trace"),
+                            format!("expected a path, found {v:.40}"),
+                        ))
+                    }
+                    None => return Err(bad(&path, "no \"trace\" (a path)".into())),
+                };
+                check_result(&map, file, &path, true, &[])?;
+                rows.push(Row::from_json(trace, map));
+            }
+            no_repeated_rows(&rows, file, "rows")?;
+            return Ok(Baseline {
+                format: BASELINE_FORMAT.into(),
+                version: BASELINE_VERSION,
+                rows,
+            });
+        }
+        let results = match obj.get("results") {
+            Some(Value::Array(a)) => a,
+            _ => {
+                return Err(Error::input(format!(
+                    "expected a baseline ({{\"format\": \"{BASELINE_FORMAT}\", ...}}) or a replay --json output with \"results\""
+                ))
+                .in_file(file))
+            }
+        };
+        let top_trace = obj.get("trace").and_then(Value::as_str);
+        rows.reserve(results.len());
         for (i, r) in results.iter().enumerate() {
-            let mut map: Map<String, Value> = r
-                .as_object()
-                .cloned()
-                .ok_or_else(|| bad(format!("results[{i}] is not an object")))?;
+            let path = format!("results[{i}]");
+            let mut map: Map<String, Value> =
+                r.as_object().cloned().ok_or_else(|| bad(&path, "expected an object".into()))?;
             let trace = match map.remove("trace") {
                 Some(Value::String(t)) => t,
-                _ => top_trace
-                    .ok_or_else(|| bad(format!("results[{i}] names no trace")))?
+                Some(v) => {
+                    return Err(bad(
+                        &format!("{path}.trace"),
+                        format!("expected a path, found {v:.40}"),
+                    ))
+                }
+                None => top_trace
+                    .ok_or_else(|| Error::input(format!("{path} names no trace")).in_file(file))?
                     .to_string(),
             };
-            if map.get("policy").and_then(Value::as_str).is_none() {
-                return Err(bad(format!("results[{i}] has no \"policy\"")));
-            }
+            check_result(&map, file, &path, true, &["spec"])?;
             rows.push(Row::from_json(trace, map));
         }
+        no_repeated_rows(&rows, file, "results")?;
         Ok(Baseline { format: BASELINE_FORMAT.into(), version: BASELINE_VERSION, rows })
     }
 
@@ -384,13 +444,61 @@ mod tests {
 
     #[test]
     fn reads_replay_json_as_a_baseline() {
-        let text = r#"{ "trace": "t.pickle", "format": "pytorch-snapshot", "device": 0, "events": 3,
-            "results": [ { "policy": "pytorch", "config": "expandable_segments:False",
-                           "peak_reserved_bytes": 900, "oom": false, "first_oom_event": null } ] }"#;
-        let base = Baseline::parse(text, path()).unwrap();
+        let mut result = serde_json::to_value(PolicyResult {
+            policy: "pytorch".into(),
+            config: "expandable_segments:False".into(),
+            peak_reserved_bytes: 900,
+            ..PolicyResult::default()
+        })
+        .unwrap();
+        let text = serde_json::json!({ "trace": "t.pickle", "format": "pytorch-snapshot",
+            "device": 0, "events": 3, "results": [result.clone()] })
+        .to_string();
+        let base = Baseline::parse(&text, path()).unwrap();
         assert_eq!(base.rows[0].trace, "t.pickle");
-        let rep = check(&base, path(), &[row("t.pickle", 1000, 1)], 0.0, None).unwrap();
-        assert_eq!(rep.regressions.len(), 1, "keys absent from the baseline are not compared");
+        let rep = check(&base, path(), &[row("t.pickle", 1000, 0)], 0.0, None).unwrap();
+        assert_eq!(rep.regressions.len(), 1, "{rep:?}");
+        // A row that holds no metric is no baseline: it would pass every check.
+        result.as_object_mut().unwrap().retain(|k, _| k == "policy" || k == "config");
+        let text = serde_json::json!({ "trace": "t.pickle", "results": [result] }).to_string();
+        let e = Baseline::parse(&text, path()).unwrap_err().to_string();
+        assert!(
+            e.starts_with("base.json: results[0]: the result has no \"peak_reserved_bytes\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn baseline_values_are_typed_and_rows_unique() {
+        let good = Baseline::new(&[row("a.pickle", 900, 1)]).to_json();
+        let v: Value = serde_json::from_str(&good).unwrap();
+        for (value, want) in [
+            (serde_json::json!(-1), "found -1"),
+            (serde_json::json!("900"), "found the string \"900\""),
+            (serde_json::json!(null), "found null"),
+            (serde_json::json!({}), "found an object"),
+            (serde_json::json!(true), "found true"),
+            (serde_json::json!(18446744073709551621.0), "found 1.8446744073709552e19"),
+        ] {
+            let mut bad = v.clone();
+            bad["rows"][0]["peak_reserved_bytes"] = value;
+            let e = Baseline::parse(bad.to_string(), path()).unwrap_err().to_string();
+            assert!(
+                e.starts_with(
+                    "base.json: rows[0].peak_reserved_bytes: expected a non-negative integer"
+                ) && e.ends_with(want),
+                "{e}"
+            );
+        }
+        let mut twice = v.clone();
+        let first = twice["rows"][0].clone();
+        twice["rows"].as_array_mut().unwrap().push(first);
+        let e = Baseline::parse(twice.to_string(), path()).unwrap_err().to_string();
+        assert!(e.starts_with("base.json: rows[1]: repeats rows[0]"), "{e}");
+        let mut text_version = v.clone();
+        text_version["version"] = "1".into();
+        let e = Baseline::parse(text_version.to_string(), path()).unwrap_err().to_string();
+        assert_eq!(e, "base.json: version: expected the integer 1, found \"1\"");
     }
 
     #[test]

@@ -161,7 +161,7 @@ pub fn expand(spec: &str) -> Result<Vec<String>> {
 
 fn too_many(what: &str) -> Error {
     Error::usage(format!(
-        "{what}, more than the {MAX_POINTS} a sweep allows: narrow a brace, or split the sweep with --shard"
+        "{what}, more than the {MAX_POINTS} a sweep allows (with or without --shard, which splits a grid of at most that many): narrow a brace or drop one"
     ))
 }
 

@@ -103,9 +103,14 @@ impl Shard {
         Ok(Shard { index, count })
     }
 
-    /// The contiguous range of `total` specs this part runs.
+    /// The contiguous range of `total` specs this part runs (computed wide, so no index or count
+    /// read from a file can overflow it).
     pub fn range(&self, total: usize) -> std::ops::Range<usize> {
-        total * (self.index - 1) / self.count..total * self.index / self.count
+        let at = |i: usize| {
+            let count = self.count.max(1) as u128;
+            ((total as u128 * i.min(self.count) as u128) / count) as usize
+        };
+        at(self.index.saturating_sub(1))..at(self.index)
     }
 }
 
@@ -131,6 +136,15 @@ pub struct SweepReport {
     /// Set on a part of a sharded sweep.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<Shard>,
+    /// In a file `sweep --out` writes: every spec of the grid (all shards), in order; with
+    /// [`SweepReport::grid_settings`] what [`SweepReport::grid`] hashes, so `merge` can check
+    /// each part holds exactly its shard of the grid.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grid_specs: Option<Vec<String>>,
+    /// In a file `sweep --out` writes: the settings the grid hash covers beside the specs
+    /// (`capacity=...`, `device=N`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grid_settings: Option<Vec<String>>,
 }
 
 /// A short, stable name for a sweep's grid: 16 hex digits of the FNV-1a hash of `parts` (the
@@ -244,53 +258,122 @@ pub fn report(
         reference: reference.map(str::to_string),
         grid: None,
         shard: None,
+        grid_specs: None,
+        grid_settings: None,
     })
 }
 
+/// One file given to `merge`: where it came from (for errors) and what it holds.
+#[derive(Clone, Debug)]
+pub struct Part {
+    /// The file, as given.
+    pub file: std::path::PathBuf,
+    /// Its sweep, read by [`super::input::read_part`].
+    pub report: SweepReport,
+}
+
 /// Combines the parts of a sharded sweep into the unsharded report: every part of the same
-/// sweep (same traces, objective, reference and part count) exactly once, in any order.
-pub fn merge(mut parts: Vec<SweepReport>) -> Result<SweepReport> {
+/// sweep (same traces, objective, reference, grid and part count) exactly once, in any order.
+/// Errors name the file and the field that differs. Nothing is sized by a count a part claims:
+/// the count must equal the number of parts given.
+pub fn merge(mut parts: Vec<Part>) -> Result<SweepReport> {
     let first = parts.first().ok_or_else(|| Error::usage("merge needs at least one part"))?;
-    let count = first.shard.map_or(1, |s| s.count);
-    let (traces, objective, reference, grid) = (
-        first.traces.clone(),
-        first.objective.clone(),
-        first.reference.clone(),
-        first.grid.clone(),
-    );
-    for p in &parts {
-        if p.traces != traces {
-            return Err(Error::usage(format!(
-                "the parts come from sweeps of different traces ({} and {})",
-                traces.join(" "),
-                p.traces.join(" ")
-            )));
-        }
-        if p.objective != objective || p.reference != reference || p.grid != grid {
-            return Err(Error::usage(
-                "the parts come from different sweeps (grid, capacity, objective or reference differ)",
+    let first_file = first.file.display().to_string();
+    let f = &first.report;
+    let count = f.shard.map_or(1, |s| s.count);
+    let (traces, objective, reference, grid) =
+        (f.traces.clone(), f.objective.clone(), f.reference.clone(), f.grid.clone());
+    let differs = |p: &Part, field: &str, this: String, that: String, why: &str| {
+        Error::input(format!("{field}: {this} differs from {that} in {first_file}: {why}"))
+            .in_file(&p.file)
+    };
+    let show = |v: &Option<String>| v.as_deref().map_or("none".to_string(), |s| format!("'{s}'"));
+    for p in &parts[1..] {
+        let r = &p.report;
+        if r.traces != traces {
+            return Err(differs(
+                p,
+                "traces",
+                format!("[{}]", r.traces.join(", ")),
+                format!("[{}]", traces.join(", ")),
+                "the parts come from sweeps of different traces",
             ));
         }
-        if p.shard.map_or(1, |s| s.count) != count {
-            return Err(Error::usage("the parts disagree on the number of shards"));
+        if r.objective != objective {
+            return Err(differs(
+                p,
+                "objective",
+                format!("'{}'", r.objective),
+                format!("'{objective}'"),
+                "the parts come from sweeps of different objectives",
+            ));
+        }
+        if r.reference != reference {
+            return Err(differs(
+                p,
+                "reference",
+                show(&r.reference),
+                show(&reference),
+                "the parts come from different sweeps",
+            ));
+        }
+        if r.grid != grid {
+            return Err(differs(
+                p,
+                "grid",
+                show(&r.grid),
+                show(&grid),
+                "the parts come from different sweeps (another grid, --capacity or --device)",
+            ));
+        }
+        let c = r.shard.map_or(1, |s| s.count);
+        if c != count {
+            return Err(differs(
+                p,
+                "shard.count",
+                c.to_string(),
+                count.to_string(),
+                "the parts disagree on the number of shards",
+            ));
         }
     }
-    parts.sort_by_key(|p| p.shard.map_or(1, |s| s.index));
-    let indices: Vec<usize> = parts.iter().map(|p| p.shard.map_or(1, |s| s.index)).collect();
-    if indices != (1..=count).collect::<Vec<_>>() {
-        let missing: Vec<String> =
-            (1..=count).filter(|i| !indices.contains(i)).map(|i| format!("{i}/{count}")).collect();
-        return Err(Error::usage(format!(
-            "merge needs every shard exactly once: got {}; missing {}",
-            indices.iter().map(|i| format!("{i}/{count}")).collect::<Vec<_>>().join(", "),
-            if missing.is_empty() {
-                "none (a shard is repeated)".to_string()
-            } else {
-                missing.join(", ")
+    parts.sort_by_key(|p| p.report.shard.map_or(1, |s| s.index));
+    if let Some(w) = parts.windows(2).find(|w| {
+        w[0].report.shard.map_or(1, |s| s.index) == w[1].report.shard.map_or(1, |s| s.index)
+    }) {
+        let i = w[0].report.shard.map_or(1, |s| s.index);
+        return Err(Error::input(format!(
+            "shard.index: part {i}/{count} again, already read from {} (merge needs every shard exactly once)",
+            w[0].file.display()
+        ))
+        .in_file(&w[1].file));
+    }
+    if parts.len() != count {
+        // Name at most a few missing shards, walking the gaps between the ones given.
+        let mut missing = Vec::new();
+        let mut next = 1usize;
+        for i in parts
+            .iter()
+            .map(|p| p.report.shard.map_or(1, |s| s.index))
+            .chain([count.saturating_add(1)])
+        {
+            while next < i && missing.len() < 5 {
+                missing.push(format!("{next}/{count}"));
+                next += 1;
             }
+            next = i.saturating_add(1);
+        }
+        let left = count - parts.len();
+        if left > missing.len() {
+            missing.push(format!("and {} more", left - missing.len()));
+        }
+        return Err(Error::usage(format!(
+            "merge needs every shard exactly once: got {} of {count}; missing {}",
+            parts.len(),
+            missing.join(", ")
         )));
     }
-    let results = parts.into_iter().flat_map(|p| p.results).collect();
+    let results = parts.into_iter().flat_map(|p| p.report.results).collect();
     let mut merged = report(traces, &objective, results, reference.as_deref())?;
     merged.grid = grid;
     Ok(merged)
@@ -454,24 +537,50 @@ mod tests {
             part.shard = Some(shard);
             parts.push(part);
         }
+        let parts: Vec<Part> = parts
+            .into_iter()
+            .enumerate()
+            .map(|(i, report)| Part { file: format!("p{i}.json").into(), report })
+            .collect();
         assert_eq!(merge(parts.clone()).unwrap(), whole);
         let mut other = parts.clone();
-        other[0].grid = Some(grid_id(&["another grid"]));
+        other[1].report.grid = Some(grid_id(&["another grid"]));
         let e = merge(other).unwrap_err().to_string();
+        assert!(
+            e.starts_with("p1.json: grid: ") && e.contains("differs from none in p0.json"),
+            "{e}"
+        );
         assert!(e.contains("different sweeps"), "{e}");
         let mut other = parts.clone();
-        other[1].traces = vec!["c".into()];
+        other[1].report.traces = vec!["c".into()];
         let e = merge(other).unwrap_err().to_string();
+        assert!(e.starts_with("p1.json: traces: [c] differs from [a, b] in p0.json"), "{e}");
         assert!(e.contains("different traces"), "{e}");
+        let mut other = parts.clone();
+        other[2].report.shard = Some(Shard { index: 2, count: 4 });
+        let e = merge(other).unwrap_err().to_string();
+        assert!(e.starts_with("p2.json: shard.count: 4 differs from 3 in p0.json"), "{e}");
         assert_eq!(grid_id(&["a", "b"]), grid_id(&["a".to_string(), "b".to_string()]));
         assert_ne!(grid_id(&["ab"]), grid_id(&["a", "b"]));
         let e = merge(parts[..2].to_vec()).unwrap_err().to_string();
         assert!(e.contains("missing 2/3"), "{e}");
+        let mut huge = parts[..2].to_vec();
+        for p in &mut huge {
+            p.report.shard =
+                Some(Shard { index: p.report.shard.unwrap().index, count: usize::MAX });
+        }
+        let e = merge(huge).unwrap_err().to_string();
+        assert!(e.contains("missing 2/") && e.contains("more"), "{e}");
+        let mut twice = parts.clone();
+        twice[0].report.shard = twice[1].report.shard;
+        let e = merge(twice).unwrap_err().to_string();
+        assert!(e.contains("shard.index: part") && e.contains("again"), "{e}");
         assert!(
             Shard::parse("0/3").is_err()
                 && Shard::parse("4/3").is_err()
                 && Shard::parse("x").is_err()
         );
         assert_eq!(Shard { index: 4, count: 4 }.range(10), 7..10);
+        assert_eq!(Shard { index: usize::MAX, count: usize::MAX }.range(10), 9..10);
     }
 }

@@ -1,0 +1,517 @@
+//! Reading the what-if commands' own files as the untrusted input they are: `merge`'s sweep
+//! parts and `check`'s baselines.
+//!
+//! These files are fragsim's own JSON, but a file can be edited, truncated, hand-written or made
+//! by another build, and a number read from it must never size memory or rank a config. So each
+//! is parsed into typed values with the rigour the trace readers apply: every result key has the
+//! type `replay --json` writes (sizes and counts are non-negative integers that fit 64 bits,
+//! fractions are finite and in range, flags are booleans), the keys a result always has are
+//! present, no key is unknown, no (trace, policy, config) row is repeated, and every count is
+//! checked against what is present before anything is built from it. Errors name the file, the
+//! key path (`results[3].peak_reserved_bytes`) and what was expected.
+
+use super::row::Row;
+use super::sweep::{grid_id, Shard, SweepReport, SweepRow};
+use crate::error::{Error, Result};
+use serde_json::{Map, Value};
+use std::path::Path;
+
+/// What a result key must hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// A non-negative integer of at most 64 bits (bytes, counts, event indices).
+    Count,
+    /// A non-negative integer or `null`.
+    OptionalCount,
+    /// A finite number from 0 to 1.
+    Fraction,
+    /// A finite number of seconds, at least 0.
+    Seconds,
+    /// `true` or `false`.
+    Flag,
+    /// A string.
+    Text,
+    /// The `first_oom` object.
+    Oom,
+    /// The `cuda` object.
+    Cuda,
+}
+
+/// Every key a `replay --json` result may hold, what it holds, and whether every result has it.
+const KEYS: &[(&str, Kind, bool)] = &[
+    ("policy", Kind::Text, true),
+    ("config", Kind::Text, true),
+    ("peak_reserved_bytes", Kind::Count, true),
+    ("peak_allocated_bytes", Kind::Count, true),
+    ("peak_requested_bytes", Kind::Count, true),
+    ("reserved_at_end_bytes", Kind::Count, true),
+    ("fragmentation_at_peak", Kind::Fraction, true),
+    ("peak_event", Kind::Count, true),
+    ("device_malloc_count", Kind::Count, true),
+    ("device_free_count", Kind::Count, true),
+    ("map_count", Kind::Count, true),
+    ("unmap_count", Kind::Count, true),
+    ("alloc_retries", Kind::Count, true),
+    ("oom", Kind::Flag, true),
+    ("first_oom_event", Kind::OptionalCount, false),
+    ("replay_seconds", Kind::Seconds, true),
+    ("planning_seconds", Kind::Seconds, false),
+    ("first_oom", Kind::Oom, false),
+    ("cuda", Kind::Cuda, false),
+];
+
+impl Kind {
+    fn expected(self) -> &'static str {
+        match self {
+            Kind::Count => "a non-negative integer below 2^64",
+            Kind::OptionalCount => "a non-negative integer below 2^64, or null",
+            Kind::Fraction => "a number from 0 to 1",
+            Kind::Seconds => "a non-negative number of seconds",
+            Kind::Flag => "true or false",
+            Kind::Text => "a string",
+            Kind::Oom => "the first_oom object replay --json writes",
+            Kind::Cuda => "the cuda object replay --json writes",
+        }
+    }
+
+    fn accepts(self, v: &Value) -> bool {
+        let finite = |v: &Value| v.as_f64().filter(|x| x.is_finite());
+        match self {
+            Kind::Count => v.as_u64().is_some(),
+            Kind::OptionalCount => v.is_null() || v.as_u64().is_some(),
+            Kind::Fraction => finite(v).is_some_and(|x| (0.0..=1.0).contains(&x)),
+            Kind::Seconds => finite(v).is_some_and(|x| x >= 0.0),
+            Kind::Flag => v.is_boolean(),
+            Kind::Text => v.is_string(),
+            Kind::Oom => serde_json::from_value::<crate::metrics::OomDetail>(v.clone()).is_ok(),
+            Kind::Cuda => {
+                serde_json::from_value::<crate::backend::cuda::CudaMeasures>(v.clone()).is_ok()
+            }
+        }
+    }
+}
+
+/// A JSON value as an error shows it: short, whatever its size.
+fn shown(v: &Value) -> String {
+    let kind = match v {
+        Value::Null => return "null".into(),
+        Value::Bool(b) => return b.to_string(),
+        Value::Number(n) => return n.to_string(),
+        Value::String(s) if s.chars().count() <= 40 => return format!("the string {v}"),
+        Value::String(_) => "a long string",
+        Value::Array(a) => return format!("an array of {} items", a.len()),
+        Value::Object(_) => "an object",
+    };
+    kind.to_string()
+}
+
+/// An input error for `file` at key path `path`.
+fn bad(file: &Path, path: &str, what: String) -> Error {
+    Error::input(format!("{path}: {what}")).in_file(file)
+}
+
+fn expected(file: &Path, path: &str, wanted: &str, found: &Value) -> Error {
+    bad(file, path, format!("expected {wanted}, found {}", shown(found)))
+}
+
+/// Checks one result object at `path` in `file`: every key known and of its type, every key a
+/// result always has present (the timings too unless `timings_optional`, as a baseline leaves them
+/// out). `skip` lists keys the caller handles itself (`trace`, `spec`).
+pub fn check_result(
+    map: &Map<String, Value>,
+    file: &Path,
+    path: &str,
+    timings_optional: bool,
+    skip: &[&str],
+) -> Result<()> {
+    for (key, v) in map {
+        if skip.contains(&key.as_str()) {
+            continue;
+        }
+        let Some(&(_, kind, _)) = KEYS.iter().find(|k| k.0 == key) else {
+            let known: Vec<&str> = KEYS.iter().map(|k| k.0).collect();
+            return Err(bad(
+                file,
+                &format!("{path}.{key}"),
+                format!("unknown result key (a result holds {})", known.join(", ")),
+            ));
+        };
+        if !kind.accepts(v) {
+            return Err(expected(file, &format!("{path}.{key}"), kind.expected(), v));
+        }
+    }
+    for &(key, kind, required) in KEYS {
+        let timing = super::check::TIMINGS.contains(&key);
+        if required && !(timing && timings_optional) && !map.contains_key(key) {
+            return Err(bad(
+                file,
+                path,
+                format!("the result has no \"{key}\" ({})", kind.expected()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The object at `path`, or an error.
+fn object<'v>(v: &'v Value, file: &Path, path: &str) -> Result<&'v Map<String, Value>> {
+    v.as_object().ok_or_else(|| expected(file, path, "an object", v))
+}
+
+/// The array at `obj[key]`, or an error naming `path.key`.
+fn array<'v>(
+    obj: &'v Map<String, Value>,
+    key: &str,
+    file: &Path,
+    path: &str,
+) -> Result<&'v [Value]> {
+    let at = join(path, key);
+    match obj.get(key) {
+        Some(Value::Array(a)) => Ok(a),
+        Some(v) => Err(expected(file, &at, "an array", v)),
+        None => Err(bad(file, path_or_top(path), format!("no \"{key}\" (an array)"))),
+    }
+}
+
+/// The string at `obj[key]`: required, or `None` when absent and `optional`.
+fn text<'v>(
+    obj: &'v Map<String, Value>,
+    key: &str,
+    file: &Path,
+    path: &str,
+) -> Result<Option<&'v str>> {
+    match obj.get(key) {
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(v) => Err(expected(file, &join(path, key), "a string", v)),
+        None => Ok(None),
+    }
+}
+
+fn required_text<'v>(
+    obj: &'v Map<String, Value>,
+    key: &str,
+    file: &Path,
+    path: &str,
+) -> Result<&'v str> {
+    text(obj, key, file, path)?
+        .ok_or_else(|| bad(file, path_or_top(path), format!("no \"{key}\" (a string)")))
+}
+
+fn join(path: &str, key: &str) -> String {
+    if path.is_empty() {
+        key.to_string()
+    } else {
+        format!("{path}.{key}")
+    }
+}
+
+fn path_or_top(path: &str) -> &str {
+    if path.is_empty() {
+        "the top level"
+    } else {
+        path
+    }
+}
+
+/// Parses JSON text, naming the line and column of a syntax error.
+pub fn parse_json(data: &[u8], file: &Path, hint: &str) -> Result<Value> {
+    serde_json::from_slice(data).map_err(|e| {
+        Error::input(format!("not JSON: {e} (line {}, column {}); {hint}", e.line(), e.column()))
+            .in_file(file)
+    })
+}
+
+/// The keys a sweep part's top level may hold.
+const PART_KEYS: &[&str] = &[
+    "traces",
+    "objective",
+    "results",
+    "ranking",
+    "best",
+    "reference",
+    "grid",
+    "shard",
+    "grid_specs",
+    "grid_settings",
+];
+
+/// Reads one `sweep --out` file (a part of a sharded sweep, or a whole sweep) as `merge` needs
+/// it: its traces, objective, reference, grid and shard, and its results, each checked (see the
+/// module docs). The grid's spec list and settings must hash to its `grid`, and its results must
+/// be exactly the specs of its shard of that list, each once on every trace, spec-major; its
+/// `ranking` and `best` are left out, as `merge` ranks again.
+pub fn read_part(data: &[u8], file: &Path) -> Result<SweepReport> {
+    let hint = "write parts with sweep --shard I/N --out FILE";
+    let v = parse_json(data, file, hint)?;
+    let top = object(&v, file, "the top level")
+        .map_err(|e| Error::input(format!("{}; {hint}", e.message())).in_file(file))?;
+    if let Some(key) = top.keys().find(|k| !PART_KEYS.contains(&k.as_str())) {
+        return Err(bad(file, key, format!("unknown key in a sweep part; {hint}")));
+    }
+    let traces_v = array(top, "traces", file, "")?;
+    let mut traces: Vec<String> = Vec::with_capacity(traces_v.len());
+    for (i, t) in traces_v.iter().enumerate() {
+        let t = t.as_str().ok_or_else(|| expected(file, &format!("traces[{i}]"), "a path", t))?;
+        if traces.iter().any(|x| x == t) {
+            return Err(bad(file, &format!("traces[{i}]"), format!("'{t}' is listed twice")));
+        }
+        traces.push(t.to_string());
+    }
+    if traces.is_empty() {
+        return Err(bad(file, "traces", "a sweep holds at least one trace".into()));
+    }
+    let objective = required_text(top, "objective", file, "")?.to_string();
+    if !KEYS.iter().any(|k| {
+        k.0 == objective && matches!(k.1, Kind::Count | Kind::Fraction | Kind::Seconds | Kind::Flag)
+    }) {
+        return Err(bad(file, "objective", format!("'{objective}' is not a numeric result key")));
+    }
+    let reference = text(top, "reference", file, "")?.map(str::to_string);
+    let grid = required_text(top, "grid", file, "")?.to_string();
+    let shard = match top.get("shard") {
+        None | Some(Value::Null) => None,
+        Some(s) => {
+            let o = object(s, file, "shard")?;
+            let n = |key: &str| -> Result<usize> {
+                let v = o.get(key).ok_or_else(|| bad(file, "shard", format!("no \"{key}\"")))?;
+                v.as_u64()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .ok_or_else(|| expected(file, &format!("shard.{key}"), "a positive integer", v))
+            };
+            let (index, count) = (n("index")?, n("count")?);
+            if let Some(key) = o.keys().find(|k| *k != "index" && *k != "count") {
+                return Err(bad(file, &format!("shard.{key}"), "unknown key".into()));
+            }
+            if index == 0 || index > count {
+                return Err(bad(
+                    file,
+                    "shard",
+                    format!("index {index} of {count}: expected 1 <= index <= count"),
+                ));
+            }
+            Some(Shard { index, count })
+        }
+    };
+    let specs_v = array(top, "grid_specs", file, "")?;
+    let mut grid_specs = Vec::with_capacity(specs_v.len());
+    for (i, s) in specs_v.iter().enumerate() {
+        let s =
+            s.as_str().ok_or_else(|| expected(file, &format!("grid_specs[{i}]"), "a spec", s))?;
+        grid_specs.push(s.to_string());
+    }
+    let settings_v = array(top, "grid_settings", file, "")?;
+    let mut grid_settings = Vec::with_capacity(settings_v.len());
+    for (i, s) in settings_v.iter().enumerate() {
+        let s = s
+            .as_str()
+            .ok_or_else(|| expected(file, &format!("grid_settings[{i}]"), "a string", s))?;
+        grid_settings.push(s.to_string());
+    }
+    let hashed = grid_id(&[grid_specs.as_slice(), grid_settings.as_slice()].concat());
+    if hashed != grid {
+        return Err(bad(
+            file,
+            "grid",
+            format!("'{grid}' is not the hash of grid_specs and grid_settings ({hashed}): the part was edited"),
+        ));
+    }
+    {
+        let mut seen = std::collections::HashSet::new();
+        if let Some((i, s)) = grid_specs.iter().enumerate().find(|(_, s)| !seen.insert(*s)) {
+            return Err(bad(file, &format!("grid_specs[{i}]"), format!("'{s}' is listed twice")));
+        }
+    }
+    let mine = match shard {
+        Some(s) => &grid_specs[s.range(grid_specs.len())],
+        None => &grid_specs[..],
+    };
+    let results_v = array(top, "results", file, "")?;
+    // Spec-major: every spec of the shard on every trace, in order.
+    let expected_rows = mine.len().saturating_mul(traces.len());
+    if results_v.len() != expected_rows {
+        return Err(bad(
+            file,
+            "results",
+            format!(
+                "{} results, but its shard of the grid holds {} specs on {} traces ({expected_rows} results)",
+                results_v.len(),
+                mine.len(),
+                traces.len()
+            ),
+        ));
+    }
+    let mut results = Vec::with_capacity(results_v.len());
+    for (i, r) in results_v.iter().enumerate() {
+        let path = format!("results[{i}]");
+        let map = object(r, file, &path)?;
+        let spec = required_text(map, "spec", file, &path)?;
+        let trace = required_text(map, "trace", file, &path)?;
+        check_result(map, file, &path, false, &["spec", "trace"])?;
+        let (want_spec, want_trace) = (&mine[i / traces.len()], &traces[i % traces.len()]);
+        if spec != want_spec || trace != want_trace {
+            return Err(bad(
+                file,
+                &path,
+                format!(
+                    "holds '{spec}' on '{trace}' where its shard of the grid has '{want_spec}' on '{want_trace}' (a config dropped, added, repeated or renamed)"
+                ),
+            ));
+        }
+        let policy = map.get("policy").and_then(Value::as_str).unwrap_or("");
+        let spec_policy = spec.split(':').next().unwrap_or(spec);
+        if policy != spec_policy {
+            return Err(bad(
+                file,
+                &format!("{path}.policy"),
+                format!("'{policy}' is not the policy of its spec '{spec}'"),
+            ));
+        }
+        let mut result = map.clone();
+        result.remove("spec");
+        result.remove("trace");
+        results.push(SweepRow { spec: spec.to_string(), row: Row::from_json(trace, result) });
+    }
+    Ok(SweepReport {
+        traces,
+        objective,
+        results,
+        ranking: Vec::new(),
+        best: None,
+        reference,
+        grid: Some(grid),
+        shard,
+        grid_specs: Some(grid_specs),
+        grid_settings: Some(grid_settings),
+    })
+}
+
+/// Refuses a second row for the same (trace, policy, config) among `rows`, naming both indices
+/// as `what[i]` in `file`.
+pub fn no_repeated_rows(rows: &[Row], file: &Path, what: &str) -> Result<()> {
+    let mut seen = std::collections::HashMap::new();
+    for (i, r) in rows.iter().enumerate() {
+        if let Some(first) = seen.insert((r.trace.as_str(), r.policy(), r.config()), i) {
+            return Err(bad(
+                file,
+                &format!("{what}[{i}]"),
+                format!(
+                    "repeats {what}[{first}] (trace '{}', policy '{}', config '{}'): one row per trace and policy",
+                    r.trace,
+                    r.policy(),
+                    r.config()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::PolicyResult;
+
+    fn row_json(spec: &str, trace: &str) -> Value {
+        let mut v = serde_json::to_value(PolicyResult {
+            policy: spec.split(':').next().unwrap().into(),
+            peak_reserved_bytes: 4096,
+            ..Default::default()
+        })
+        .unwrap();
+        v["spec"] = spec.into();
+        v["trace"] = trace.into();
+        v
+    }
+
+    fn part() -> Value {
+        let specs = vec!["pytorch".to_string(), "bfc".to_string()];
+        let settings = vec!["capacity=None".to_string()];
+        serde_json::json!({
+            "traces": ["a"],
+            "objective": "peak_reserved_bytes",
+            "results": [row_json("pytorch", "a"), row_json("bfc", "a")],
+            "ranking": [],
+            "best": null,
+            "reference": "pytorch",
+            "grid": grid_id(&[specs.clone(), settings.clone()].concat()),
+            "grid_specs": specs,
+            "grid_settings": settings,
+        })
+    }
+
+    fn read(v: &Value) -> Result<SweepReport> {
+        read_part(v.to_string().as_bytes(), Path::new("p.json"))
+    }
+
+    #[test]
+    fn a_whole_part_reads() {
+        let p = read(&part()).unwrap();
+        assert_eq!(p.results.len(), 2);
+        assert_eq!(p.results[1].spec, "bfc");
+    }
+
+    #[test]
+    fn values_out_of_range_name_the_key_path() {
+        for (value, found) in [
+            (serde_json::json!(-5), "-5"),
+            (serde_json::json!(1e300), "1e300"),
+            (serde_json::json!("7"), "the string \"7\""),
+            (serde_json::json!(true), "true"),
+            (serde_json::json!(null), "null"),
+        ] {
+            let mut v = part();
+            v["results"][1]["peak_reserved_bytes"] = value;
+            let e = read(&v).unwrap_err().to_string();
+            assert!(
+                e.starts_with(
+                    "p.json: results[1].peak_reserved_bytes: expected a non-negative integer"
+                ),
+                "{e}"
+            );
+            assert!(e.ends_with(&format!("found {found}")), "{e}");
+        }
+        let mut v = part();
+        v["results"][0]["fragmentation_at_peak"] = serde_json::json!(1.5);
+        let e = read(&v).unwrap_err().to_string();
+        assert!(
+            e.contains("results[0].fragmentation_at_peak: expected a number from 0 to 1"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_part_cannot_drop_add_repeat_or_relabel_a_config() {
+        let mut v = part();
+        v["results"] = serde_json::json!([]);
+        assert!(read(&v).unwrap_err().to_string().contains("0 results"));
+        let mut v = part();
+        v["results"][1] = row_json("pytorch", "a");
+        assert!(read(&v).unwrap_err().to_string().contains("results[1]: holds 'pytorch'"));
+        let mut v = part();
+        v["results"][1]["spec"] = "nocache".into();
+        assert!(read(&v).unwrap_err().to_string().contains("a config dropped"));
+        let mut v = part();
+        v["grid_specs"][1] = "nocache".into();
+        let e = read(&v).unwrap_err().to_string();
+        assert!(e.contains("grid: ") && e.contains("not the hash"), "{e}");
+        let mut v = part();
+        v["results"][1]["policy"] = "pytorch".into();
+        assert!(read(&v).unwrap_err().to_string().contains("not the policy of its spec"));
+    }
+
+    #[test]
+    fn missing_and_unknown_keys_are_named() {
+        let mut v = part();
+        v["results"][0].as_object_mut().unwrap().remove("oom");
+        let e = read(&v).unwrap_err().to_string();
+        assert!(e.contains("results[0]: the result has no \"oom\""), "{e}");
+        let mut v = part();
+        v["results"][0]["peak"] = 1.into();
+        assert!(read(&v).unwrap_err().to_string().contains("results[0].peak: unknown result key"));
+        let mut v = part();
+        v["shard"] = serde_json::json!({"index": 2, "count": u64::MAX});
+        // A count no part could fill is only a number: nothing is sized by it.
+        let e = read(&v).unwrap_err().to_string();
+        assert!(e.contains("results"), "{e}");
+    }
+}
