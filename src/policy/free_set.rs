@@ -292,9 +292,24 @@ impl FreeSet {
         self.lists.get(sid as usize).is_none_or(|l| l.nonempty.iter().all(|&w| w == 0))
     }
 
-    /// Every block id, in no particular order.
+    /// Every block id, in no particular order. Only non-empty buckets are visited (by their
+    /// bitmap): with thousands of streams, most lists are empty, and a walk over every bucket of
+    /// every list on each release of cached blocks made a run with 50,000 streams crawl.
     pub(crate) fn ids(&self) -> impl Iterator<Item = u32> + '_ {
-        self.lists.iter().flat_map(|s| s.buckets.iter().flatten().map(|&(_, _, id)| id))
+        self.lists.iter().flat_map(|s| {
+            s.nonempty.iter().enumerate().flat_map(move |(w, &word)| {
+                let mut bits = word;
+                std::iter::from_fn(move || {
+                    if bits == 0 {
+                        return None;
+                    }
+                    let b = w * 64 + bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    Some(b)
+                })
+                .flat_map(move |b| s.buckets[b].iter().map(|&(_, _, id)| id))
+            })
+        })
     }
 
     /// Number of blocks.

@@ -92,10 +92,19 @@ pub fn parse_key_values(
     options: &str,
     mut set: impl FnMut(&str, &str) -> Result<()>,
 ) -> Result<()> {
+    let mut seen: Vec<&str> = Vec::new();
     for item in options.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let (key, value) = item
             .split_once('=')
             .ok_or_else(|| Error::usage(format!("option '{item}' is not of the form key=value")))?;
+        // The last value would win while the spec's label shows both.
+        if seen.contains(&key.trim()) {
+            return Err(Error::usage(format!(
+                "option '{}' is given twice in '{options}': give each option once",
+                key.trim()
+            )));
+        }
+        seen.push(key.trim());
         set(key.trim(), value.trim())?;
     }
     Ok(())

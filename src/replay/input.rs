@@ -448,7 +448,9 @@ fn pick_device(
 ) -> Result<i32> {
     let device = match asked {
         Some(d) => d,
-        None => default.ok_or_else(|| Error::input("the trace has no events"))?,
+        None => default.ok_or_else(|| {
+            Error::input("the trace has no events").at(crate::error::Place::Event(0))
+        })?,
     };
     let devices = have();
     if !devices.contains(&device) {

@@ -327,7 +327,8 @@ struct Capped<R: Read> {
 
 impl<R: Read> Read for Capped<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let room = (self.cap + 1).saturating_sub(self.read).min(buf.len() as u64) as usize;
+        let room =
+            self.cap.saturating_add(1).saturating_sub(self.read).min(buf.len() as u64) as usize;
         let n = self.inner.read(&mut buf[..room])?;
         self.read += n as u64;
         if self.read > self.cap {
@@ -361,7 +362,8 @@ impl<R: Read> Read for Inflate<R> {
             this.failure.borrow_mut().get_or_insert(e);
             Err(std::io::Error::new(std::io::ErrorKind::InvalidData, message))
         };
-        let room = (self.limit + 1).saturating_sub(self.produced).min(buf.len() as u64) as usize;
+        let room = self.limit.saturating_add(1).saturating_sub(self.produced).min(buf.len() as u64)
+            as usize;
         match self.inner.read(&mut buf[..room]) {
             Ok(n) => {
                 self.produced += n as u64;

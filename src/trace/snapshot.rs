@@ -145,6 +145,8 @@ fn build(
                 "not a memory snapshot: the pickle holds {}, not a dict with 'segments' and 'device_traces'",
                 other.a_type_name()
             ))
+            // A scalar has no opcode of its own to point at: the pickle that holds it starts at 0.
+            .at(crate::error::Place::Byte(p.offset_of(other).unwrap_or(0)))
             .into())
         }
     };

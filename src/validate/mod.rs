@@ -1115,7 +1115,9 @@ fn recorded_peak(events: &[Event], start: u64) -> u64 {
 pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> {
     let device = match options.device {
         Some(d) => d,
-        None => trace.default_device().ok_or_else(|| Error::input("the trace has no events"))?,
+        None => trace.default_device().ok_or_else(|| {
+            Error::input("the trace has no events").at(crate::error::Place::Event(0))
+        })?,
     };
     let events = &trace
         .device(device)

@@ -89,7 +89,7 @@ use super::options::{self as opt, OptionKey};
 use super::PolicyContext;
 use super::{Allocation, Policy, Registration, Role};
 use crate::backend::Backend;
-use crate::error::{Error, Result};
+use crate::error::{Error, Place, Result};
 use crate::trace::lifetimes::free_action;
 use crate::trace::AddrMap;
 use crate::trace::{Action, Block, BlockState, Event, PoolKind, Segment};
@@ -401,16 +401,23 @@ impl Policy for Offline {
         // Offsets in the plan are sums of block sizes: when all blocks together pass the
         // device's address space, a packing could wrap past 2^64, so such a trace is refused.
         let align = self.options.align;
-        let total = at_start
+        let limit = crate::backend::sim::ADDRESS_LIMIT;
+        let too_much = || {
+            Error::input(format!(
+                "policy '{NAME}': the trace's allocations add up to more than 2^56 bytes by this \
+                 event, more than a plan can place"
+            ))
+        };
+        let mut total = at_start
             .iter()
-            .map(|&(_, size)| size)
-            .chain(events.iter().filter(|e| e.action == Action::Alloc).map(|e| e.size))
-            .try_fold(0u64, |sum, size| sum.checked_add(round_up(size, align)));
-        if total.is_none_or(|t| t > crate::backend::sim::ADDRESS_LIMIT) {
-            return Err(Error::usage(format!(
-                "policy '{NAME}': the trace's allocations add up to more than 2^56 bytes, \
-                 more than a plan can place"
-            )));
+            .try_fold(0u64, |sum, &(_, size)| sum.checked_add(round_up(size, align)))
+            .filter(|&t| t <= limit)
+            .ok_or_else(|| too_much().at(Place::Event(0)))?;
+        for (i, e) in events.iter().enumerate().filter(|(_, e)| e.action == Action::Alloc) {
+            total = total
+                .checked_add(round_up(e.size, align))
+                .filter(|&t| t <= limit)
+                .ok_or_else(|| too_much().at(Place::Event(i as u64)))?;
         }
         let (plan, peak) = plan(events, &at_start, align);
         self.plan = plan;

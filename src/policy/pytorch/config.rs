@@ -176,7 +176,12 @@ fn stoull(text: &str, key: &str) -> Result<u64> {
     if digits == 0 {
         return Err(Error::usage(format!("invalid value '{text}' for {key}: expected an integer")));
     }
-    let v: u64 = rest[..digits].parse().unwrap_or(u64::MAX); // stoull overflows to an error; clamp
+    // `stoull` throws `out_of_range` above 2^64 − 1 (either sign), and PyTorch with it.
+    let v: u64 = rest[..digits].parse().map_err(|_| {
+        Error::usage(format!(
+            "invalid value '{text}' for {key}: out of range (PyTorch reads it with stoull, which refuses a number above 18446744073709551615)"
+        ))
+    })?;
     Ok(if neg { v.wrapping_neg() } else { v })
 }
 
@@ -188,9 +193,16 @@ fn stod(text: &str, key: &str) -> Result<f64> {
         .ok_or_else(|| {
             Error::usage(format!("invalid value '{text}' for {key}: expected a number"))
         })?;
-    text[..end]
+    let v = text[..end]
         .parse::<f64>()
-        .map_err(|_| Error::usage(format!("invalid value '{text}' for {key}")))
+        .map_err(|_| Error::usage(format!("invalid value '{text}' for {key}")))?;
+    // `stod` throws `out_of_range` where the number overflows a double.
+    if !v.is_finite() {
+        return Err(Error::usage(format!(
+            "invalid value '{text}' for {key}: out of range (PyTorch reads it with stod, which refuses a number beyond a double)"
+        )));
+    }
+    Ok(v)
 }
 
 /// A cursor over the tokens of one settings string.
@@ -262,7 +274,28 @@ pinned_num_register_threads, pinned_use_background_threads, pinned_reserve_segme
 
 impl Config {
     /// Parses a `PYTORCH_CUDA_ALLOC_CONF` string on top of PyTorch's defaults for `version`.
+    /// An option named twice is refused: PyTorch would keep the last value, but a spec that
+    /// names a setting twice labels its row with both.
     pub fn parse(text: &str, version: Version) -> Result<Config> {
+        let tokens = tokenize(text);
+        let mut depth = 0usize;
+        let mut seen: Vec<&str> = Vec::new();
+        for (i, t) in tokens.iter().enumerate() {
+            match t.as_str() {
+                "[" => depth += 1,
+                "]" => depth = depth.saturating_sub(1),
+                "," | ":" => {}
+                key if depth == 0 && (i == 0 || tokens[i - 1] == ",") => {
+                    if seen.contains(&key) {
+                        return Err(Error::usage(format!(
+                            "option {key} is given twice in '{text}': give each option once"
+                        )));
+                    }
+                    seen.push(key);
+                }
+                _ => {}
+            }
+        }
         let mut c = Config { version, ..Config::default() };
         c.apply(text)?;
         Ok(c)
@@ -875,6 +908,18 @@ mod tests {
         assert_eq!(c.max_split_size, 100 * MIB);
         let c = Config::parse("max_split_size_mb:20.5", Version::CURRENT).unwrap();
         assert_eq!(c.max_split_size, 20 * MIB);
+        for huge in ["99999999999999999999", "-99999999999999999999"] {
+            let e = Config::parse(&format!("max_split_size_mb:{huge}"), Version::CURRENT)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("out of range"), "{e}");
+        }
+        let e = Config::parse("garbage_collection_threshold:1e400", Version::CURRENT).unwrap_err();
+        assert!(e.to_string().contains("out of range"), "{e}");
+        let e = Config::parse("max_split_size_mb:64,max_split_size_mb:128", Version::CURRENT)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("max_split_size_mb is given twice"), "{e}");
         let c = Config::parse("max_split_size_mb:-1", Version::CURRENT).unwrap();
         assert_eq!(c.max_split_size, ((1u64 << 44) - 1) << 20, "2^64 - 2^20");
     }

@@ -208,6 +208,9 @@ pub struct PyTorch<const DEFAULT_RULES: bool = false> {
     expandable: Vec<ExpandableSegment>,
     /// Every stream seen, indexed by the `sid` in keys.
     streams: Vec<u64>,
+    /// Each stream's index in `streams`, so a lookup costs the same with 50,000 streams as with
+    /// one (the first stream, the usual only one, is found without hashing).
+    stream_index: std::collections::HashMap<u64, u32>,
     allocated: u64,
     /// `total_allocated_memory`: cudaMalloc'd segments plus mapped pages.
     total_allocated: u64,
@@ -276,6 +279,7 @@ impl PyTorch {
             segments: BTreeMap::new(),
             expandable: Vec::new(),
             streams: Vec::new(),
+            stream_index: std::collections::HashMap::new(),
             allocated: 0,
             total_allocated: 0,
             alloc_retries: 0,
@@ -417,7 +421,7 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
         }
         carry!(self;
             config, blocks, spare, pools, private, private_pools, freeable, into, capture_underway,
-            segments, expandable, streams, allocated, total_allocated, alloc_retries, stats, gc_on,
+            segments, expandable, streams, stream_index, allocated, total_allocated, alloc_retries, stats, gc_on,
             start, exact_blocks, plain_rounding,
         )
     }
@@ -506,7 +510,10 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
     /// The index of `stream`, if it was seen.
     #[inline]
     fn sid_of(&self, stream: u64) -> Option<u32> {
-        self.streams.iter().position(|&s| s == stream).map(|i| i as u32)
+        if self.streams.first() == Some(&stream) {
+            return Some(0);
+        }
+        self.stream_index.get(&stream).copied()
     }
 
     /// The index of `stream`, assigned on first sight.
@@ -518,7 +525,9 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
             return Err(Error::input("more than 65536 streams on one device"));
         }
         self.streams.push(stream);
-        Ok((self.streams.len() - 1) as u32)
+        let i = (self.streams.len() - 1) as u32;
+        self.stream_index.insert(stream, i);
+        Ok(i)
     }
 
     /// Checks that a range from the backend fits the packed keys.

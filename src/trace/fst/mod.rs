@@ -216,7 +216,9 @@ pub fn read_from(input: &mut dyn BufRead, _options: &ReadOptions) -> Result<Trac
             input.read_to_end(&mut data).map_err(Error::from_io)?;
             read_whole(&data, version)
         }
-        CHUNKED_SINCE..=VERSION => Chunked { input, at: 12, body: Vec::new(), version }.read(),
+        CHUNKED_SINCE..=VERSION => {
+            Chunked { input, at: 12, body: Vec::new(), version, crc: 0 }.read()
+        }
         _ => Err(Error::input(format!(
             "unsupported .fst version {version} (this fragsim reads versions 1 to {VERSION}); \
              re-create the file from the original trace with 'fragsim convert'"
@@ -246,6 +248,8 @@ struct Chunked<'r> {
     at: u64,
     body: Vec<u8>,
     version: u32,
+    /// The checksum of the record read last.
+    crc: u32,
 }
 
 impl Chunked<'_> {
@@ -287,6 +291,7 @@ impl Chunked<'_> {
             .at(Place::Byte(start)));
         }
         self.at = start + len;
+        self.crc = crc;
         Ok(true)
     }
 
@@ -375,7 +380,7 @@ impl Chunked<'_> {
     /// Reads the records into a trace.
     fn read(mut self) -> Result<Trace> {
         let (HeadIn { base: head, entry_pools }, mut offset) = self.head()?;
-        let frames = intern_frames(head.frames)?;
+        let frames = intern_frames(head.frames).map_err(at_head)?;
         let refs = Refs { frames: &frames, pools: pool_count(&entry_pools) };
         let mut fill = Fill::new(&head.devices, &head.totals);
         loop {
@@ -390,10 +395,8 @@ impl Chunked<'_> {
         self.end()?;
         let mut devices = fill.devices;
         devices.sort_by_key(|d| d.device);
-        if let Some(w) = devices.windows(2).find(|w| w[0].device == w[1].device) {
-            return Err(Error::input(format!("device {} appears twice", w[0].device)));
-        }
-        check_segments(&head.segments)?;
+        check_devices(devices.iter().map(|d| d.device)).map_err(at_head)?;
+        check_segments(&head.segments).map_err(at_head)?;
         Ok(Trace {
             format: Format::Fst,
             converted_from: Some(head.format),
@@ -430,14 +433,76 @@ fn intern_frames(lists: Vec<Vec<Frame>>) -> Result<FrameTable> {
 /// segments, settings, each device's event count); [`FstStream::each_event`] then reads the file
 /// again from its start for each pass, holding one record at a time, so memory does not grow with
 /// the trace's length.
+///
+/// **One file, one identity.** The stream keeps the file it opened: every pass reads that open
+/// file (by position, so passes may run at once), not whatever the path names by then. Each pass
+/// first checks the file is still the one opened — the path still names it (not replaced by `mv`),
+/// its size and modification time are unchanged (not rewritten in place) — and every record's
+/// checksum is compared with the one the first pass read there, so a replay never mixes two
+/// traces' events: a changed file is an error naming it.
 #[derive(Debug)]
 pub struct FstStream {
     path: PathBuf,
+    file: std::fs::File,
+    identity: Identity,
     head: Trace,
     devices: Vec<(i32, u64)>,
     first_chunk: usize,
     /// The file's layout version, which every pass checks again.
     version: u32,
+    /// Each record's checksum as first read, in file order.
+    checksums: std::sync::Mutex<Vec<u32>>,
+}
+
+/// What identifies the file a stream opened: size, modification time and (device, inode).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Identity {
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+    node: Option<(u64, u64)>,
+}
+
+impl Identity {
+    fn of(m: &std::fs::Metadata) -> Identity {
+        Identity { len: m.len(), modified: m.modified().ok(), node: node(m) }
+    }
+}
+
+#[cfg(unix)]
+fn node(m: &std::fs::Metadata) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    Some((m.dev(), m.ino()))
+}
+
+#[cfg(not(unix))]
+fn node(_m: &std::fs::Metadata) -> Option<(u64, u64)> {
+    None
+}
+
+/// Reads an open file from a position of its own, leaving the file's shared offset alone, so
+/// several passes over one descriptor can run at once.
+struct At<'f> {
+    file: &'f std::fs::File,
+    pos: u64,
+}
+
+impl Read for At<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        #[cfg(unix)]
+        let n = std::os::unix::fs::FileExt::read_at(self.file, buf, self.pos)?;
+        #[cfg(windows)]
+        let n = std::os::windows::fs::FileExt::seek_read(self.file, buf, self.pos)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+/// The error for a streamed file that is no longer the one opened.
+fn changed(what: &str) -> Error {
+    Error::input(format!(
+        "the file changed while it was replayed ({what}): rerun on a file that stays put, or copy it first"
+    ))
+    .in_format(Format::Fst.name())
 }
 
 impl FstStream {
@@ -458,8 +523,8 @@ impl FstStream {
         if got < 12 || !start.starts_with(MAGIC) || !(CHUNKED_SINCE..=VERSION).contains(&version) {
             return Ok(None);
         }
-        let mut records = Chunked { input: &mut input, at: 12, body: Vec::new(), version };
-        let in_file = |e: Error| e.in_format(Format::Fst.name()).in_file(path);
+        let mut records = Chunked { input: &mut input, at: 12, body: Vec::new(), version, crc: 0 };
+        let in_file = |e: Error| at_head(e).in_format(Format::Fst.name()).in_file(path);
         let (HeadIn { base: head, entry_pools }, first_chunk) = records.head().map_err(in_file)?;
         if !head.totals.is_empty() {
             return Ok(None);
@@ -490,13 +555,38 @@ impl FstStream {
             recorded_totals: Vec::new(),
             entry_pools,
         };
+        let file = input.into_inner();
+        let identity = Identity::of(&file.metadata().map_err(|e| Error::io(path, e))?);
         Ok(Some(FstStream {
             path: path.to_path_buf(),
+            file,
+            identity,
+            checksums: std::sync::Mutex::new(Vec::new()),
             head: trace,
             devices: head.devices,
             first_chunk,
             version,
         }))
+    }
+
+    /// Checks the path still names the file opened, unchanged (see the type's docs).
+    fn same_file(&self) -> Result<()> {
+        let now = self.file.metadata().map_err(|e| Error::io(&self.path, e))?;
+        let held = Identity::of(&now);
+        if held.len != self.identity.len {
+            return Err(changed(&format!(
+                "it held {} bytes and now holds {}",
+                self.identity.len, held.len
+            )));
+        }
+        if held.modified != self.identity.modified {
+            return Err(changed("it was written to"));
+        }
+        match std::fs::metadata(&self.path) {
+            Ok(m) if node(&m) == self.identity.node => Ok(()),
+            Ok(_) => Err(changed("the path now names another file")),
+            Err(e) => Err(changed(&format!("the path is gone: {e}"))),
+        }
     }
 
     /// The trace without its events (no devices): format, frames, final segments, settings.
@@ -540,8 +630,8 @@ impl FstStream {
         mut f: impl FnMut(u64, &Event) -> Result<()>,
     ) -> Result<()> {
         let path = &self.path;
-        let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-        let mut input = std::io::BufReader::with_capacity(1 << 16, file);
+        self.same_file().map_err(|e| e.in_file(path))?;
+        let mut input = std::io::BufReader::with_capacity(1 << 16, At { file: &self.file, pos: 0 });
         let mut start = [0u8; 12];
         read_up_to(&mut input, &mut start).map_err(|e| e.in_file(path))?;
         if !start.starts_with(MAGIC) || start[8..] != self.version.to_le_bytes() {
@@ -550,7 +640,24 @@ impl FstStream {
                 .in_file(path));
         }
         let version = self.version;
-        let mut records = Chunked { input: &mut input, at: 12, body: Vec::new(), version };
+        let mut records = Chunked { input: &mut input, at: 12, body: Vec::new(), version, crc: 0 };
+        let mut record = 0usize;
+        // Each record's checksum against the one read there first (see the type's docs).
+        let mut same_record = |crc: u32, at: u64| -> Result<()> {
+            let mut seen = self.checksums.lock().unwrap_or_else(|p| p.into_inner());
+            match seen.get(record) {
+                Some(&first) if first != crc => {
+                    return Err(changed(&format!(
+                        "record {record} now has checksum {crc:#010x}, {first:#010x} before"
+                    ))
+                    .at(Place::Byte(at)))
+                }
+                Some(_) => {}
+                None => seen.push(crc),
+            }
+            record += 1;
+            Ok(())
+        };
         let declared = self.devices.iter().fold(0u64, |s, d| s.saturating_add(d.1));
         // The flat sequence's bounds of each device, in file order.
         let mut bounds = Vec::with_capacity(self.devices.len());
@@ -571,6 +678,7 @@ impl FstStream {
                 return Err(Error::input("truncated header: the file ends before its body length")
                     .at(Place::Byte(12)));
             }
+            same_record(records.crc, 12)?;
             let (mut offset, mut current) = (self.first_chunk, 0);
             loop {
                 let (events, totals) = records.chunk(offset)?;
@@ -599,7 +707,9 @@ impl FstStream {
                 if events.is_empty() {
                     return Err(Error::input("an empty record before the last").at(place));
                 }
+                let at = records.at;
                 records.next_chunk(flat, declared)?;
+                same_record(records.crc, at)?;
             }
             if whole {
                 records.end()?;
@@ -751,6 +861,25 @@ fn refused(device: i32, index: usize, why: std::fmt::Arguments) -> Error {
 }
 
 /// Checks the final segments against the [limits](limits) table, as every reader does.
+/// Places an error in the head, the file's first record (its body starts at byte 24): the
+/// devices, frames and final segments are declared there.
+fn at_head(e: Error) -> Error {
+    e.at(Place::Byte(HEADER_LEN as u64))
+}
+
+/// Refuses a device outside the limits or named twice; `devices` in sorted order.
+fn check_devices(devices: impl Iterator<Item = i32>) -> Result<()> {
+    let mut last = None;
+    for d in devices {
+        limits::check_device(d as i64).map_err(Error::input)?;
+        if last == Some(d) {
+            return Err(Error::input(format!("device {d} appears twice")));
+        }
+        last = Some(d);
+    }
+    Ok(())
+}
+
 fn check_segments(segments: &[Segment]) -> Result<()> {
     for (i, s) in segments.iter().enumerate() {
         limits::check_segment(s).map_err(|m| Error::input(format!("segment {i}: {m}")))?;
@@ -816,7 +945,7 @@ fn read_whole(data: &[u8], version: u32) -> Result<Trace> {
         ))
         .at(Place::Byte((HEADER_LEN + used) as u64)));
     }
-    let frames = intern_frames(wire.frames)?;
+    let frames = intern_frames(wire.frames).map_err(at_head)?;
     let mut devices: Vec<DeviceTrace> = wire
         .devices
         .into_iter()
@@ -826,9 +955,7 @@ fn read_whole(data: &[u8], version: u32) -> Result<Trace> {
         })
         .collect();
     devices.sort_by_key(|d| d.device);
-    if let Some(w) = devices.windows(2).find(|w| w[0].device == w[1].device) {
-        return Err(Error::input(format!("device {} appears twice", w[0].device)));
-    }
+    check_devices(devices.iter().map(|d| d.device)).map_err(at_head)?;
     let refs = Refs { frames: &frames, pools: 0 };
     for d in &devices {
         for (i, e) in d.events.iter().enumerate() {
@@ -1264,6 +1391,65 @@ mod tests {
                 .collect(),
         }];
         t
+    }
+
+    #[test]
+    fn a_stream_refuses_a_file_that_changed_under_it() {
+        let t = Trace { recorded_totals: Vec::new(), ..long(2 * CHUNK + 5) };
+        let other = Trace { recorded_totals: Vec::new(), ..long(2 * CHUNK + 6) };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.fst");
+        let pass = |file: &FstStream| file.each_event(0, u64::MAX, true, |_, _| Ok(()));
+        let changed = |r: Result<()>, why: &str| {
+            let e = r.unwrap_err();
+            let m = e.to_string();
+            assert!(
+                m.contains("t.fst: fst: ") && m.contains("changed while it was replayed"),
+                "{m}"
+            );
+            assert!(m.contains(why), "{m}");
+        };
+
+        // Replaced by another file (`mv`): the path names another inode.
+        std::fs::write(&path, encode(&t)).unwrap();
+        let file = FstStream::open(&path).unwrap().unwrap();
+        pass(&file).unwrap();
+        let new = dir.path().join("new.fst");
+        std::fs::write(&new, encode(&other)).unwrap();
+        std::fs::rename(&new, &path).unwrap();
+        changed(pass(&file), "");
+
+        // Rewritten in place, longer.
+        std::fs::write(&path, encode(&t)).unwrap();
+        let file = FstStream::open(&path).unwrap().unwrap();
+        pass(&file).unwrap();
+        std::fs::write(&path, encode(&other)).unwrap();
+        changed(pass(&file), "bytes");
+
+        // Rewritten in place with the same length and modification time: one record's body
+        // changed (and its checksum with it) is caught by the checksum the first pass read.
+        let bytes = encode(&t);
+        std::fs::write(&path, &bytes).unwrap();
+        let file = FstStream::open(&path).unwrap().unwrap();
+        pass(&file).unwrap();
+        let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+        let first_len = u64::from_le_bytes(bytes[12..20].try_into().unwrap()) as usize;
+        let second = HEADER_LEN + first_len;
+        let len = u64::from_le_bytes(bytes[second..second + 8].try_into().unwrap()) as usize;
+        let body = second + 12;
+        let mut edited = bytes.clone();
+        edited[body + len / 2] ^= 0x40;
+        let mut crc = flate2::Crc::new();
+        crc.update(&edited[body..body + len]);
+        edited[second + 8..second + 12].copy_from_slice(&crc.sum().to_le_bytes());
+        {
+            use std::io::{Seek, Write as _};
+            let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            f.seek(std::io::SeekFrom::Start(0)).unwrap();
+            f.write_all(&edited).unwrap();
+            f.set_modified(mtime).unwrap();
+        }
+        changed(pass(&file), "record 1 now has checksum");
     }
 
     #[test]

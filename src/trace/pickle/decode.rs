@@ -69,6 +69,8 @@ pub(super) struct Decoder<'a, 's, I: Input<'a>> {
     pub(super) out: Pickle<'a>,
     /// The streaming state, when decoding with [`decode_stream`].
     pub(super) stream: Option<Streaming<'s>>,
+    /// The last FRAME: its opcode's offset, its declared length and where it ends.
+    pub(super) frame: Option<(u64, u64, u64)>,
 }
 
 /// The memo: what `MEMOIZE`/`PUT` stored, by index.
@@ -177,7 +179,29 @@ impl<'a, 's, I: Input<'a>> Decoder<'a, 's, I> {
             memo: Memo::default(),
             out,
             stream,
+            frame: None,
         }
+    }
+
+    /// At STOP: the input must hold the rest of the last FRAME, as Python's `pickle.load` reads
+    /// a frame whole before decoding it. A stream cannot tell what remains, so the rest is read
+    /// through (a file's own bytes, never more); a file shorter than its frame is truncated, at
+    /// the FRAME's offset.
+    fn frame_is_whole(&mut self) -> Result<(), Stop> {
+        let Some((at, len, end)) = self.frame else { return Ok(()) };
+        let mut scratch = [0u8; 4096];
+        while self.input.pos() < end {
+            let n = (end - self.input.pos()).min(scratch.len() as u64) as usize;
+            if self.input.fill(&mut scratch[..n]).is_err() {
+                return Err(Stop::from(
+                    Error::input(format!(
+                        "truncated pickle: FRAME (0x95) declares {len} bytes but the file ends first"
+                    ))
+                    .at(Place::Byte(at)),
+                ));
+            }
+        }
+        Ok(())
     }
 
     pub(super) fn err(&self, message: String) -> Error {
@@ -494,8 +518,11 @@ impl<'a, 's, I: Input<'a>> Decoder<'a, 's, I> {
                             "truncated pickle: FRAME (0x95) declares {len} bytes but only {remaining} remain"
                         ))));
                     }
+                    let start = self.input.pos();
+                    self.frame = Some((self.op_at, len, start.saturating_add(len)));
                 }
                 b'.' => {
+                    self.frame_is_whole()?;
                     let v = self.pop(op)?;
                     self.out.root = Some(v);
                     if self.stream.is_some() {
