@@ -218,7 +218,11 @@ fn errors_after_reading_name_the_file_format_and_event() {
     let (_d, path) = temp_file("empty.txt", b"# fragsim text trace v1\ndevice 0\n");
     let o = run(&["replay", "-p", "bfc", path.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(stderr(&o).contains("empty.txt: text: the trace has no events"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("empty.txt: text: event 0: the trace has no events"),
+        "{}",
+        stderr(&o)
+    );
 
     // PYTORCH_CUDA_ALLOC_CONF as recorded, with a value no PyTorch accepts (an option a newer
     // PyTorch may have is left out with a note instead: `tests/snapshot.rs`).

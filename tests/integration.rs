@@ -25,3 +25,4 @@ mod snapshot;
 mod synth;
 mod whatif;
 mod whatif_cli;
+mod whatif_hostile;

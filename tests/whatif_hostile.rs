@@ -1,0 +1,463 @@
+//! The what-if commands' own inputs and outputs, attacked as a user could: hostile sweep parts and
+//! baselines (exit 2 naming the file and key, never a panic, an abort or a ranking built on a
+//! lie), thread counts far beyond the work, inputs named twice, outputs that are inputs, and
+//! writers killed half-way (the old output or the new one, whole).
+
+use crate::util::*;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+fn text_trace() -> String {
+    bundled("gpt-4l-512h.txt").to_string_lossy().into_owned()
+}
+
+fn read_json(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap();
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn write_json(path: &Path, v: &Value) {
+    std::fs::write(path, serde_json::to_string_pretty(v).unwrap()).unwrap();
+}
+
+/// Two parts of a sweep of `pytorch` (the reference), `bfc` and `nocache` on the text trace.
+fn parts(dir: &Path) -> Vec<PathBuf> {
+    let t = text_trace();
+    (1..=2)
+        .map(|i| {
+            let part = dir.join(format!("part{i}.json"));
+            let shard = format!("{i}/2");
+            let p = part.to_str().unwrap();
+            let out =
+                run(&["sweep", &t, "-p", "bfc", "-p", "nocache", "--shard", &shard, "--out", p]);
+            assert!(out.status.success(), "{}", stderr(&out));
+            part
+        })
+        .collect()
+}
+
+/// `merge` of `parts`: exit code and stderr.
+fn merge(parts: &[&Path]) -> (Option<i32>, String, String) {
+    let mut args = vec!["merge".to_string()];
+    args.extend(parts.iter().map(|p| p.to_string_lossy().into_owned()));
+    args.push("--json".into());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = run(&args);
+    (o.status.code(), stdout(&o), stderr(&o))
+}
+
+#[test]
+fn merge_refuses_parts_that_lie_and_sizes_nothing_by_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let parts = parts(dir.path());
+    let (code, out, err) = merge(&[&parts[0], &parts[1]]);
+    assert_eq!(code, Some(0), "{err}");
+    let merged: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(merged["ranking"].as_array().unwrap().len(), 3);
+    assert!(merged.get("grid_specs").is_none(), "a merged sweep prints what sweep prints");
+
+    let bad = dir.path().join("bad.json");
+    let attack = |edit: &dyn Fn(&mut Value), want: &str| {
+        let mut v = read_json(&parts[1]);
+        edit(&mut v);
+        write_json(&bad, &v);
+        let started = Instant::now();
+        let (code, _, err) = merge(&[&parts[0], &bad]);
+        assert_eq!(code, Some(2), "{want}: {err}");
+        assert!(err.starts_with(&format!("fragsim: {}: ", bad.display())), "{want}: {err}");
+        assert!(err.contains(want), "{want}: {err}");
+        assert!(err.len() < 2000, "a short message: {} bytes", err.len());
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{want}: took {:?}",
+            started.elapsed()
+        );
+    };
+    for count in [u64::MAX, 1_000_000_000, 10_000_000] {
+        attack(&|v| v["shard"]["count"] = count.into(), "shard.count");
+    }
+    attack(&|v| v["shard"]["index"] = 0.into(), "shard: index 0 of 2");
+    for value in [serde_json::json!(-5), serde_json::json!(1e300)] {
+        attack(
+            &|v| v["results"][0]["peak_reserved_bytes"] = value.clone(),
+            "results[0].peak_reserved_bytes: expected a non-negative integer below 2^64",
+        );
+    }
+    // 2^64 + 5, written as JSON text (serde_json would read it as a float).
+    let mut v = read_json(&parts[1]);
+    v["results"][0]["peak_reserved_bytes"] = 0.into();
+    let text = serde_json::to_string(&v).unwrap().replacen(
+        "\"peak_reserved_bytes\":0",
+        "\"peak_reserved_bytes\":18446744073709551621",
+        1,
+    );
+    std::fs::write(&bad, text).unwrap();
+    let (code, _, err) = merge(&[&parts[0], &bad]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("results[0].peak_reserved_bytes"), "{err}");
+    attack(&|v| v["results"] = serde_json::json!([]), "0 results");
+    attack(
+        &|v| {
+            let first = v["results"][0].clone();
+            v["results"].as_array_mut().unwrap().push(first);
+        },
+        "results",
+    );
+    attack(&|v| v["results"][1]["spec"] = "pytorch:max_split_size_mb:128".into(), "results[1]");
+    attack(&|v| v["grid_specs"][2] = "buddy".into(), "grid: ");
+    attack(&|v| v["results"][0]["peak_reserved_bytes"] = "5".into(), "found the string \"5\"");
+    attack(&|v| v["objective"] = "peak".into(), "objective");
+
+    // The parts of another sweep name the file and the field.
+    let t = text_trace();
+    let other = dir.path().join("other.json");
+    let o = run(&["sweep", &t, "-p", "buddy", "--shard", "2/2", "--out", other.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (code, _, err) = merge(&[&parts[0], &other]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("other.json: grid: ") && err.contains("part1.json"), "{err}");
+
+    // The input cap applies to parts too.
+    let o = run(&["--max-input-size", "100", "merge", parts[0].to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("the input limit"), "{}", stderr(&o));
+}
+
+#[test]
+fn check_refuses_baselines_that_hold_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = text_trace();
+    let base = dir.path().join("base.json");
+    let b = base.to_str().unwrap();
+    let o = run(&["check", &t, "-p", "bfc", "--baseline", b, "--update", "-q"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(run(&["check", &t, "-p", "bfc", "--baseline", b]).status.code(), Some(0));
+    let good = read_json(&base);
+    let attack = |edit: &dyn Fn(&mut Value), want: &str| {
+        let mut v = good.clone();
+        edit(&mut v);
+        let path = dir.path().join("bad.json");
+        write_json(&path, &v);
+        let o = run(&["check", &t, "-p", "bfc", "--baseline", path.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(2), "{want}: {}", stderr(&o));
+        assert!(stderr(&o).contains(&format!("bad.json: {want}")), "{want}: {}", stderr(&o));
+    };
+    attack(
+        &|v| {
+            v["rows"][0]
+                .as_object_mut()
+                .unwrap()
+                .retain(|k, _| ["trace", "policy", "config"].contains(&k.as_str()))
+        },
+        "rows[0]: the result has no",
+    );
+    for value in [
+        serde_json::json!("1"),
+        serde_json::json!(null),
+        serde_json::json!({}),
+        serde_json::json!(-1),
+        serde_json::json!(true),
+    ] {
+        attack(
+            &|v| v["rows"][0]["peak_reserved_bytes"] = value.clone(),
+            "rows[0].peak_reserved_bytes: expected a non-negative integer",
+        );
+    }
+    attack(
+        &|v| {
+            let first = v["rows"][0].clone();
+            v["rows"].as_array_mut().unwrap().push(first);
+        },
+        "rows[1]: repeats rows[0]",
+    );
+    attack(&|v| v["version"] = "1".into(), "version: expected the integer 1, found \"1\"");
+}
+
+#[test]
+fn jobs_are_bounded_by_the_work() {
+    let t = text_trace();
+    for jobs in ["100000", "18446744073709551615"] {
+        let started = Instant::now();
+        let o = run(&["replay", &t, "-p", "bfc", "-p", "nocache", "--jobs", jobs]);
+        assert!(o.status.success(), "--jobs {jobs}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains(&format!("note: --jobs {jobs}: running 2 at once")),
+            "{}",
+            stderr(&o)
+        );
+        assert!(started.elapsed() < Duration::from_secs(30), "{:?}", started.elapsed());
+        let o = run(&["sweep", &t, "-p", "bfc", "--jobs", jobs, "--csv"]);
+        assert!(o.status.success(), "sweep --jobs {jobs}: {}", stderr(&o));
+        let o = run(&["fit", &t, "-p", "bfc", "--jobs", jobs]);
+        assert!(o.status.success(), "fit --jobs {jobs}: {}", stderr(&o));
+        assert!(stderr(&o).contains("running 1 at once"), "{}", stderr(&o));
+    }
+    let o = run(&["replay", &t, "-p", "bfc", "--jobs", "100000", "-q"]);
+    assert!(o.status.success() && stderr(&o).is_empty(), "{}", stderr(&o));
+}
+
+#[test]
+fn the_largest_input_cap_reads_files() {
+    let t = text_trace();
+    let o = run(&["--max-input-size", "18446744073709551615", "replay", &t, "-p", "bfc"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = fragsim()
+        .args(["replay", &t, "-p", "bfc"])
+        .env("FRAGSIM_MAX_INPUT_SIZE", "18446744073709551615")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+#[test]
+fn no_command_writes_over_its_own_input() {
+    let (_dir, t) = temp_file("t.txt", &std::fs::read(bundled("gpt-4l-512h.txt")).unwrap());
+    let before = std::fs::read(&t).unwrap();
+    let p = t.to_str().unwrap();
+    let same = t.parent().unwrap().join(".").join("t.txt");
+    let s = same.to_str().unwrap();
+    for args in [
+        vec!["sweep", p, "-p", "bfc", "--out", p],
+        vec!["sweep", p, "-p", "bfc", "--out", s],
+        vec!["check", p, "-p", "bfc", "--baseline", p, "--update"],
+        vec!["replay", p, "-p", "bfc", "--export-snapshot", s],
+        vec!["report", p, "-p", "bfc", "--out", p],
+    ] {
+        let o = run(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        let err = stderr(&o);
+        assert!(
+            err.contains("an input of this command") || err.contains("is a file, not a folder"),
+            "{args:?}: {err}"
+        );
+        assert_eq!(std::fs::read(&t).unwrap(), before, "{args:?} wrote over its input");
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn a_fifo_named_twice_is_read_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("t.fifo");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let f = fifo.to_str().unwrap();
+    let mut child = fragsim()
+        .args(["sweep", f, f, "-p", "bfc", "--csv"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The writer: one open of the FIFO, as a shell's `cat trace > fifo`.
+    let text = std::fs::read(bundled("gpt-4l-512h.txt")).unwrap();
+    let writer = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::write(fifo, text))
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("sweep of one FIFO named twice hangs");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    writer.join().unwrap().unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("is named twice; it is read once"), "{}", stderr(&o));
+    assert!(stdout(&o).contains(",bfc,"), "{}", stdout(&o));
+}
+
+/// Whether `path` is a whole output file of its kind: a PNG to its IEND chunk, an SVG to its
+/// closing tag, JSON that parses, CSV/Markdown/HTML ending in a newline.
+fn whole(path: &Path) -> bool {
+    let b = std::fs::read(path).unwrap();
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("png") => b.starts_with(b"\x89PNG") && b.ends_with(&[0xae, 0x42, 0x60, 0x82]),
+        Some("svg") => String::from_utf8_lossy(&b).trim_end().ends_with("</svg>"),
+        Some("json") => serde_json::from_slice::<Value>(&b).is_ok(),
+        _ => b.ends_with(b"\n") || b.ends_with(b">"),
+    }
+}
+
+/// The visible files of `dir` and their bytes (staging folders are hidden).
+fn files(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file() && !p.file_name().unwrap().to_string_lossy().starts_with('.'))
+        .map(|p| {
+            (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap())
+        })
+        .collect()
+}
+
+/// Starts `args` and kills it after `delay`, unless it ended before.
+fn killed_after(args: &[&str], delay: Duration) {
+    let mut child = fragsim()
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while started.elapsed() < delay {
+        if child.try_wait().unwrap().is_some() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[test]
+fn writers_killed_half_way_leave_the_old_outputs_or_the_new_ones_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = text_trace();
+    let report = dir.path().join("report");
+    let r = report.to_str().unwrap();
+    let o = run(&["report", &t, "-p", "bfc", "--out", r, "-q"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let old = files(&report);
+    assert!(old.len() >= 10 && old.keys().all(|f| whole(&report.join(f))), "{:?}", old.keys());
+    // Which files the other policy changes (the size histogram, say, is the trace's own).
+    let reference = dir.path().join("reference");
+    let o = run(&["report", &t, "-p", "nocache", "--out", reference.to_str().unwrap(), "-q"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let new = files(&reference);
+    std::fs::remove_dir_all(&reference).unwrap();
+    let differ: Vec<&String> = old.keys().filter(|f| old[*f] != new[*f]).collect();
+    assert!(differ.len() >= 5, "{differ:?}");
+    let part = dir.path().join("part.json");
+    let p = part.to_str().unwrap();
+    assert!(run(&["sweep", &t, "-p", "bfc", "--out", p]).status.success());
+    let old_part = std::fs::read(&part).unwrap();
+    let base = dir.path().join("base.json");
+    let b = base.to_str().unwrap();
+    assert!(run(&["check", &t, "-p", "bfc", "--baseline", b, "--update", "-q"]).status.success());
+    let old_base = std::fs::read(&base).unwrap();
+
+    // Kill each writer at times spread over its run, replacing the outputs with another policy's.
+    let mut saw_new = [false; 3];
+    for step in 0..13u64 {
+        // The last run is let finish.
+        let delay = Duration::from_millis(if step == 12 { 120_000 } else { 5 + step * step * 20 });
+        killed_after(&["report", &t, "-p", "nocache", "--out", r, "-q"], delay);
+        let now = files(&report);
+        for name in now.keys() {
+            assert!(whole(&report.join(name)), "{name} is torn after a kill at {delay:?}");
+            assert!(old.contains_key(name), "{name}: a file neither run writes");
+        }
+        assert_eq!(now.len(), old.len(), "every file is there after a kill at {delay:?}");
+        if now["index.html"] != old["index.html"] {
+            saw_new[0] = true;
+            let stale: Vec<&&String> = differ.iter().filter(|f| now[**f] == old[**f]).collect();
+            assert!(stale.is_empty(), "a new index.html beside old files {stale:?} ({delay:?})");
+        }
+
+        killed_after(&["sweep", &t, "-p", "nocache", "--out", p], delay);
+        let now = std::fs::read(&part).unwrap();
+        if now != old_part {
+            saw_new[1] = true;
+            let v: Value = serde_json::from_slice(&now).expect("a whole new part");
+            assert_eq!(v["results"][1]["spec"], "nocache");
+        }
+
+        killed_after(&["check", &t, "-p", "nocache", "--baseline", b, "--update", "-q"], delay);
+        let now = std::fs::read(&base).unwrap();
+        if now != old_base {
+            saw_new[2] = true;
+            let v: Value = serde_json::from_slice(&now).expect("a whole new baseline");
+            assert_eq!(v["rows"][0]["policy"], "nocache");
+        }
+        // No temporary is left where a reader would take it for an output.
+        let visible: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.starts_with('.'))
+            .collect();
+        assert_eq!(visible.len(), 3, "{visible:?}");
+    }
+    // The last, longest runs finish: the kills did not all land before any write.
+    assert!(saw_new.iter().all(|&s| s), "some writer never finished: {saw_new:?}");
+}
+
+#[test]
+fn spec_values_follow_pytorchs_parsing_limits() {
+    let t = text_trace();
+    for spec in [
+        "pytorch:max_split_size_mb:99999999999999999999",
+        "pytorch:max_split_size_mb:64,max_split_size_mb:128",
+        "buddy:min_block=512,min_block=1024",
+    ] {
+        let o = run(&["replay", &t, "-p", spec]);
+        assert_eq!(o.status.code(), Some(2), "{spec}: {}", stdout(&o));
+        let err = stderr(&o);
+        assert!(err.contains("out of range") || err.contains("given twice"), "{spec}: {err}");
+    }
+}
+
+#[test]
+fn fit_offers_only_the_formats_it_prints() {
+    let t = text_trace();
+    let o = run(&["fit", &t, "--csv"]);
+    assert_eq!(o.status.code(), Some(2));
+    let help = stdout(&run(&["fit", "--help"]));
+    assert!(help.contains("table") && help.contains("json") && !help.contains("csv"), "{help}");
+    let o = run(&["fit", &t, "-p", "bfc", "--format", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+#[test]
+fn offline_past_2_56_names_the_file_format_and_event() {
+    let size = 1u64 << 55;
+    let mut text = String::new();
+    for _ in 0..3 {
+        text += &format!("alloc 0x0 {size} s0\nfree 0x0 {size} s0\n");
+    }
+    let (_dir, t) = temp_file("t.txt", text.as_bytes());
+    let o = run(&["replay", t.to_str().unwrap(), "-p", "offline"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("t.txt: text: event 4: policy 'offline'"), "{}", stderr(&o));
+}
+
+#[test]
+fn a_pickle_shorter_than_its_frame_is_truncated_even_from_a_pipe() {
+    let mut data = b"\x80\x04\x95".to_vec();
+    data.extend_from_slice(&(1u64 << 62).to_le_bytes());
+    data.extend_from_slice(b"].");
+    let mut child = fragsim()
+        .args(["info", "/dev/stdin"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(&data).unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
+    assert!(stderr(&o).contains("byte 2: truncated pickle: FRAME (0x95)"), "{}", stderr(&o));
+    // A file reads the same.
+    let (_dir, p) = temp_file("f.pickle", &data);
+    let o = run(&["info", p.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("byte 2: truncated pickle: FRAME (0x95)"), "{}", stderr(&o));
+}
+
+#[test]
+fn rejections_name_a_place() {
+    let (_d1, none) = temp_file("none.pickle", b"\x80\x02N.");
+    let (_d2, devices) = temp_file("devices.txt", b"device 0\ndevice 1\n");
+    for (path, want) in [
+        (&none, "pytorch-snapshot: byte 0: not a memory snapshot"),
+        (&devices, "text: event 0: the trace has no events"),
+    ] {
+        let o = run(&["replay", path.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(2));
+        assert!(stderr(&o).contains(want), "{}", stderr(&o));
+    }
+}
