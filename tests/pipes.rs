@@ -111,7 +111,8 @@ fn every_command_with_stdout_shut_or_full_exits_2_naming_stdout() {
             let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
             let o = fragsim().args(&args).stdout(full).output().unwrap();
             assert_eq!(o.status.code(), Some(2), "{args:?} >/dev/full: {}", stderr(&o));
-            assert!(stderr(&o).contains("writing to stdout"), "{args:?}: {}", stderr(&o));
+            let err = stderr(&o);
+            assert!(err.contains("writing") && err.contains("No space left"), "{args:?}: {err}");
         }
     }
     // A command whose output is a file does not need stdout.

@@ -74,8 +74,9 @@ fn merge_refuses_parts_that_lie_and_sizes_nothing_by_them() {
             started.elapsed()
         );
     };
+    // A count no set of parts could fill sizes nothing: this part's shard of the grid is empty.
     for count in [u64::MAX, 1_000_000_000, 10_000_000] {
-        attack(&|v| v["shard"]["count"] = count.into(), "shard.count");
+        attack(&|v| v["shard"]["count"] = count.into(), "its shard of the grid holds 0 specs");
     }
     attack(&|v| v["shard"]["index"] = 0.into(), "shard: index 0 of 2");
     for value in [serde_json::json!(-5), serde_json::json!(1e300)] {
@@ -413,6 +414,7 @@ fn fit_offers_only_the_formats_it_prints() {
 
 #[test]
 fn offline_past_2_56_names_the_file_format_and_event() {
+    // Each free is two events (requested, completed): the third alloc is event 6.
     let size = 1u64 << 55;
     let mut text = String::new();
     for _ in 0..3 {
@@ -421,7 +423,7 @@ fn offline_past_2_56_names_the_file_format_and_event() {
     let (_dir, t) = temp_file("t.txt", text.as_bytes());
     let o = run(&["replay", t.to_str().unwrap(), "-p", "offline"]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("t.txt: text: event 4: policy 'offline'"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("t.txt: text: event 6: policy 'offline'"), "{}", stderr(&o));
 }
 
 #[test]

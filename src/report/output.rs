@@ -163,13 +163,9 @@ pub fn identity(_m: &std::fs::Metadata) -> Option<(u64, u64)> {
 pub fn refuse_input(output: &Path, flag: &str, inputs: &[&Path]) -> Result<()> {
     match inputs.iter().find(|i| same_file(output, i)) {
         Some(input) => Err(Error::usage(format!(
-            "{flag} {}: that is {}, an input of this command; write the output elsewhere",
+            "{flag} {}: that file is an input of this command ({}); write the output elsewhere",
             output.display(),
-            if *input == output {
-                "the file read".to_string()
-            } else {
-                format!("the same file as {}", input.display())
-            }
+            input.display()
         ))),
         None => Ok(()),
     }

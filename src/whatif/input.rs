@@ -454,7 +454,7 @@ mod tests {
     fn values_out_of_range_name_the_key_path() {
         for (value, found) in [
             (serde_json::json!(-5), "-5"),
-            (serde_json::json!(1e300), "1e300"),
+            (serde_json::json!(1e300), "1e+300"),
             (serde_json::json!("7"), "the string \"7\""),
             (serde_json::json!(true), "true"),
             (serde_json::json!(null), "null"),

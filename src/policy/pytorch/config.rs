@@ -273,10 +273,10 @@ graph_capture_record_stream_reuse, throw_on_cudamalloc_oom, pinned_use_cuda_host
 pinned_num_register_threads, pinned_use_background_threads, pinned_reserve_segment_size_mb";
 
 impl Config {
-    /// Parses a `PYTORCH_CUDA_ALLOC_CONF` string on top of PyTorch's defaults for `version`.
-    /// An option named twice is refused: PyTorch would keep the last value, but a spec that
-    /// names a setting twice labels its row with both.
-    pub fn parse(text: &str, version: Version) -> Result<Config> {
+    /// Refuses a spec that names an option twice (`max_split_size_mb:64,max_split_size_mb:128`):
+    /// PyTorch applies each in turn, but a spec a user writes is a row's label, which would show
+    /// both while one value is replayed. Recorded settings are parsed as PyTorch parses them.
+    pub fn refuse_repeated_options(text: &str) -> Result<()> {
         let tokens = tokenize(text);
         let mut depth = 0usize;
         let mut seen: Vec<&str> = Vec::new();
@@ -296,6 +296,11 @@ impl Config {
                 _ => {}
             }
         }
+        Ok(())
+    }
+
+    /// Parses a `PYTORCH_CUDA_ALLOC_CONF` string on top of PyTorch's defaults for `version`.
+    pub fn parse(text: &str, version: Version) -> Result<Config> {
         let mut c = Config { version, ..Config::default() };
         c.apply(text)?;
         Ok(c)
@@ -916,9 +921,10 @@ mod tests {
         }
         let e = Config::parse("garbage_collection_threshold:1e400", Version::CURRENT).unwrap_err();
         assert!(e.to_string().contains("out of range"), "{e}");
-        let e = Config::parse("max_split_size_mb:64,max_split_size_mb:128", Version::CURRENT)
+        let e = Config::refuse_repeated_options("max_split_size_mb:64,max_split_size_mb:128")
             .unwrap_err()
             .to_string();
+        assert!(Config::refuse_repeated_options("roundup_power2_divisions:[256:1,>:8]").is_ok());
         assert!(e.contains("max_split_size_mb is given twice"), "{e}");
         let c = Config::parse("max_split_size_mb:-1", Version::CURRENT).unwrap();
         assert_eq!(c.max_split_size, ((1u64 << 44) - 1) << 20, "2^64 - 2^20");

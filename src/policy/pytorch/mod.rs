@@ -1379,6 +1379,7 @@ pub fn config_for(options: &str, context: &PolicyContext, version: Version) -> R
             None => Config { version, ..Config::default() },
         }
     } else {
+        Config::refuse_repeated_options(o)?;
         Config::parse(o, version)?
     };
     start::PrivatePoolMemory::recorded(context.trace, context.device, context.events)
