@@ -3,5 +3,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    fragsim::testing::fuzz::merge_part(data);
+    fragsim::whatif::fuzz::merge_part(data);
 });

@@ -9,11 +9,13 @@
 //!   capacity; the common GPU cards it fits on;
 //! - [`sweep`]: ranks (trace, config) results by an objective, worst case across traces;
 //! - [`check`]: compares results with a baseline and lists regressions and improvements;
+//! - [`fuzz`]: the bodies of the fuzz targets for parts, baselines and specs;
 //! - [`input`]: sweep parts and baselines read as untrusted input, every key checked;
 //! - [`row`]: one (trace, policy) result as the JSON keys, the currency of `sweep` and `check`.
 
 pub mod check;
 pub mod fit;
+pub mod fuzz;
 pub mod grid;
 pub mod input;
 pub mod row;
