@@ -35,6 +35,8 @@ extern crate self as fragsim;
 pub mod backend;
 #[doc(hidden)]
 pub mod cli;
+
+pub mod blame;
 pub mod error;
 pub mod metrics;
 pub mod policy;

@@ -29,11 +29,13 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
     ("synth", &["trace", "error", "units"]),
     ("whatif", &["trace", "backend", "metrics", "recorded", "policy", "replay", "error", "units"]),
+    // Attribution by call site: watched replays.
+    ("blame", &["trace", "backend", "metrics", "recorded", "policy", "replay", "error", "units"]),
     (
         "report",
         &[
-            "trace", "backend", "metrics", "recorded", "policy", "replay", "whatif", "error",
-            "units",
+            "trace", "backend", "metrics", "recorded", "policy", "replay", "whatif", "blame",
+            "error", "units",
         ],
     ),
     // Helpers for tests, benches and fuzz targets.
@@ -43,7 +45,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         "cli",
         &[
             "trace", "backend", "metrics", "recorded", "policy", "replay", "validate", "synth",
-            "whatif", "report", "error", "units",
+            "whatif", "blame", "report", "error", "units",
         ],
     ),
 ];

@@ -4,6 +4,7 @@ mod util;
 
 mod architecture;
 mod bad_input;
+mod blame;
 mod capacity;
 mod cli;
 mod cuda;
@@ -13,6 +14,7 @@ mod docs;
 mod fst_stream;
 mod hostile;
 mod mutations;
+mod npu;
 mod pickle_stream;
 mod pipes;
 mod policies;

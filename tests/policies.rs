@@ -68,7 +68,10 @@ fn hand_worked_trace_through_every_policy() {
     let out = run(&["replay", path.to_str().unwrap(), "--policy", "all", "--json"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let rows = peaks(&out);
-    assert_eq!(rows.len(), 9, "every built-in policy");
+    assert_eq!(rows.len(), 11, "every built-in policy");
+    // pytorch-npu: the three small requests, each 32 bytes more, share one 2 MiB segment.
+    assert_eq!(peak_of(&rows, "pytorch-npu"), 2 * MIB);
+    assert_eq!(peak_of(&rows, "pytorch-cuda"), peak_of(&rows, "pytorch"));
     // bound: the live requested peak, y + z.
     assert_eq!(peak_of(&rows, "bound"), 4 * KIB);
     // offline: y at 0, z at 2 KiB, x on top of y at 2 KiB (its life ends before z's): a 4 KiB

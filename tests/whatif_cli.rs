@@ -32,7 +32,7 @@ fn fit_is_tight_for_the_default_policies() {
             (r["policy"].as_str().unwrap(), r["min_capacity_bytes"].as_u64().unwrap());
         assert_eq!(replay_at(t, spec, need)["oom"], false, "{spec}: OOM at its answer {need}");
         assert_eq!(replay_at(t, spec, need - 2 * MIB)["oom"], true, "{spec}: no OOM below {need}");
-        assert_eq!(r["cards"].as_array().unwrap().len(), 9);
+        assert_eq!(r["cards"].as_array().unwrap().len(), 10);
         let on_16 = r["cards"][0]["fits"].as_bool().unwrap();
         assert_eq!(on_16, need + 512 * MIB <= 16 << 30, "{spec}");
     }

@@ -15,8 +15,9 @@ def call(
 def version() -> str:
     """The version of the Rust crate the module was built from."""
 
-def convert_only(obj: Any) -> float:
-    """Seconds to read a snapshot path, or to convert a snapshot dict, into a trace."""
+def convert_only(obj: Any, keep_frames: bool = False) -> float:
+    """Seconds to read a snapshot path, or to convert a snapshot dict, into a trace, keeping
+    stack frames or not."""
 
 def commands() -> List[str]:
     """The names of the command line's commands."""

@@ -5,13 +5,15 @@
 //! exactly as the binary), and [`call`] is what each Python function (`fragsim.replay(...)`)
 //! runs: the argument list the function built, its output captured, traces from memory passed
 //! by name, the GIL released while the command runs on a thread of its own (so Ctrl-C raises
-//! `KeyboardInterrupt` at once), and a panic turned into an error instead of crossing into
-//! Python. The pure-Python layer (`python/fragsim/`) turns the outcome into results and
+//! `KeyboardInterrupt` at once, and the command's replays stop at their next look at the
+//! [`Cancel`] flag it then raises, a few milliseconds later), and a panic turned into an error
+//! instead of crossing into Python. The pure-Python layer (`python/fragsim/`) turns the outcome into results and
 //! exceptions.
 
 mod snapshot_dict;
 
 use fragsim::cli::{self, Failure, InMemory, Io};
+use fragsim::replay::Cancel;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes};
@@ -77,11 +79,14 @@ fn call(
     }
     install_quiet_panic_hook();
     let (tx, rx) = channel();
+    let cancel = Cancel::new();
+    let stop = cancel.clone();
     let job = move || {
         let (mut out, mut err) = (Vec::new(), Vec::new());
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mut io = Io::buffers(&mut out, &mut err, progress);
             io.memory = held;
+            io.cancel = cancel;
             cli::run(argv, &mut io)
         }));
         let _ = tx.send((result, out, err));
@@ -101,8 +106,9 @@ fn call(
         rx = back;
         match got {
             Ok(done) => break done,
-            // Ctrl-C raises here; the command's thread finishes on its own, unheard.
-            Err(RecvTimeoutError::Timeout) => py.check_signals()?,
+            // Ctrl-C raises here; the command's replays stop at their next look at the flag,
+            // and its thread ends unheard.
+            Err(RecvTimeoutError::Timeout) => py.check_signals().inspect_err(|_| stop.cancel())?,
             Err(RecvTimeoutError::Disconnected) => {
                 return Err(PyRuntimeError::new_err("fragsim: the command ended without a result"))
             }

@@ -106,7 +106,7 @@ def test_check_reports_a_regression_as_the_command_does(tmp_path):
 
 
 @pytest.mark.parametrize("snapshot", SNAPSHOTS, ids=lambda p: p.stem)
-def test_a_snapshot_dict_gives_what_its_file_gives(snapshot):
+def test_a_snapshot_dict_gives_what_its_file_gives(snapshot, tmp_path):
     with open(snapshot, "rb") as f:
         d = pickle.load(f)
     path = str(snapshot)
@@ -120,6 +120,32 @@ def test_a_snapshot_dict_gives_what_its_file_gives(snapshot):
         from_dict = without_timings(function(d, **options))
         assert from_dict.get("trace", "<dict>") == "<dict>"
         assert from_dict == renamed(from_file, path, "<dict>"), function.__name__
+    # `convert` keeps every stack: the frames a dict's shared objects become (found by
+    # identity) are the file's, byte for byte.
+    for suffix in (".fst", ".pickle"):
+        fragsim.convert(d, tmp_path / f"from-dict{suffix}")
+        fragsim.convert(path, tmp_path / f"from-file{suffix}")
+        got = (tmp_path / f"from-dict{suffix}").read_bytes()
+        assert got == (tmp_path / f"from-file{suffix}").read_bytes(), suffix
+
+
+def test_frames_lists_that_share_objects_keep_their_own_frames(tmp_path):
+    """New lists holding the same frame dicts become one stack, and a list that differs in
+    one object, or in its type, stays its own, as a file with the same content reads."""
+    d = pickle.load(open(SNAPSHOTS[0], "rb"))
+    entries = [e for e in d["device_traces"][0] if e.get("frames")][:4]
+    base = entries[0]["frames"]
+    entries[1]["frames"] = list(base)
+    entries[2]["frames"] = tuple(base)
+    entries[3]["frames"] = list(base[:-1]) + [dict(base[-1], line=base[-1]["line"] + 1)]
+    fragsim.convert(d, tmp_path / "dict.pickle")
+    data = pickle.dumps(d)
+    fragsim.convert(data, tmp_path / "bytes.pickle")
+    assert (tmp_path / "dict.pickle").read_bytes() == (tmp_path / "bytes.pickle").read_bytes()
+    back = pickle.load(open(tmp_path / "dict.pickle", "rb"))
+    frames = [e["frames"] for e in back["device_traces"][0] if e.get("frames")][:4]
+    assert frames[0] == frames[1] == frames[2] != frames[3]
+    assert frames[3][-1]["line"] == base[-1]["line"] + 1
 
 
 def test_bytes_and_file_objects_give_what_the_file_gives():
@@ -260,29 +286,84 @@ def test_to_pandas_gives_one_row_per_result():
 
 
 def test_converting_a_dict_against_reading_its_pickle():
-    """Speed is shown, not asserted: the dict route against the file route, on the 3 MB
-    snapshot (best of 5 each)."""
+    """Speed is shown, not asserted: the dict route against the file route, on every bundled
+    snapshot, without stack frames (most commands) and with them (`convert`, `--capacity`);
+    best of 5 each."""
     from fragsim import _native
 
-    snapshot = next(s for s in SNAPSHOTS if s.name == "cs336-medium-ctx128-train.pickle")
-    d = pickle.load(open(snapshot, "rb"))
-    dict_s = min(_native.convert_only(d) for _ in range(5))
-    file_s = min(_native.convert_only(str(snapshot)) for _ in range(5))
-    size = snapshot.stat().st_size
-    print(f"\n{snapshot.name} ({size / 1e6:.1f} MB): dict converted in {dict_s * 1e3:.1f} ms, "
-          f"pickle file read in {file_s * 1e3:.1f} ms")
-    assert dict_s > 0 and file_s > 0
+    print()
+    for snapshot in SNAPSHOTS:
+        d = pickle.load(open(snapshot, "rb"))
+        times = []
+        for keep_frames in (False, True):
+            dict_s = min(_native.convert_only(d, keep_frames) for _ in range(5))
+            file_s = min(_native.convert_only(str(snapshot), keep_frames) for _ in range(5))
+            assert dict_s > 0 and file_s > 0
+            times.append(f"{dict_s * 1e3:.1f} ms vs {file_s * 1e3:.1f} ms")
+        size = snapshot.stat().st_size
+        print(f"{snapshot.name} ({size / 1e6:.1f} MB), dict converted vs pickle file read: "
+              f"{times[0]} without frames, {times[1]} with frames")
 
 
-def test_ctrl_c_interrupts_a_long_replay(tmp_path):
+def _command_threads() -> int:
+    """The threads of this process named `fragsim-call`, or -1 where the system does not list
+    threads (/proc): each command's thread, and the threads it starts (Linux names a thread
+    after the one that started it), rayon's global pool among them once a command made it."""
+    tasks = f"/proc/{os.getpid()}/task"
+    if not os.path.isdir(tasks):
+        return -1
+    count = 0
+    for task in os.listdir(tasks):
+        try:
+            with open(f"{tasks}/{task}/comm") as f:
+                count += f.read().strip() == "fragsim-call"
+        except OSError:
+            pass  # the thread ended while we looked
+    return count
+
+
+def test_ctrl_c_interrupts_a_long_command_and_stops_its_work(tmp_path):
+    """Ctrl-C raises KeyboardInterrupt in the caller, and the abandoned command's replays stop
+    at their next look at the cancel flag instead of running on in the background: a minute or
+    more of fitting here (a hundred policy specs, one at a time) ends within seconds."""
     import signal
     import threading
 
-    trace = fragsim.synth(tmp_path / "long.fst", layers=8, hidden=256, heads=4, steps=40)
-    timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+    trace = fragsim.synth(tmp_path / "long.fst", layers=24, steps=170, seq=1024,
+                          vary_seq="256:1024")
+    specs = [f"pytorch:max_split_size_mb:{64 + i}" for i in range(100)]
+    # Threads that outlive every command (rayon's global pool, made by the first command that
+    # uses it) are there before the long one starts.
+    fragsim.replay(trace, policies=["pytorch", "bfc"])
+    before = _command_threads()
+    timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT))
     start = time.monotonic()
     timer.start()
     with pytest.raises(KeyboardInterrupt):
-        for _ in range(50):
-            fragsim.replay(trace, policies=["all"], jobs=1)
-    print(f"\nKeyboardInterrupt {time.monotonic() - start - 0.5:.3f} s after SIGINT")
+        fragsim.fit(trace, policies=specs, jobs=1)
+    raised = time.monotonic()
+    print(f"\nKeyboardInterrupt {raised - start - 1.0:.3f} s after SIGINT", end="")
+    if before < 0:
+        return
+    while _command_threads() > before and time.monotonic() - raised < 30:
+        time.sleep(0.01)
+    assert _command_threads() <= before, "the interrupted command is still running"
+    print(f", the command's thread ended {time.monotonic() - raised:.3f} s later")
+
+
+@pytest.mark.parametrize("snapshot", SNAPSHOTS[:2], ids=lambda p: p.stem)
+def test_blame_and_diff_equal_the_command_and_sum_exactly(snapshot):
+    path = str(snapshot)
+    got = fragsim.blame(path, policies=["pytorch"], at="peak-live", top=0)
+    want = json.loads(cli("blame", path, "--policy", "pytorch", "--at", "peak-live", "--top",
+                          "0", "--format", "json").stdout)
+    assert without_timings(got) == without_timings(want)
+    for run in got["results"]:
+        assert sum(s["live_bytes"] for s in run["sites"]) == run["live_bytes"]
+        assert (run["live_bytes"] + run["rounding_bytes"] + run["cached_free_bytes"]
+                == run["reserved_bytes"])
+    got = fragsim.diff(path, policies=["pytorch", "pytorch-expandable"], top=0)
+    want = json.loads(cli("diff", path, "--policy", "pytorch", "--policy", "pytorch-expandable",
+                          "--top", "0", "--format", "json").stdout)
+    assert without_timings(got) == without_timings(want)
+    assert sum(s["delta_bytes"] for s in got["sites"]) == got["delta"]["peak_live_bytes"]

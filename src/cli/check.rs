@@ -71,7 +71,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         Some(Baseline::parse(&data, &args.baseline)?)
     };
     let bar = args.control.bar(io, specs.len() * traces.len(), "checking");
-    let options = ReplayOptions::default();
+    let options = ReplayOptions { cancel: io.cancel.clone(), ..ReplayOptions::default() };
     let results = args.control.replay_traces(io, &traces, args.device, &specs, &options, &bar)?;
     bar.finish();
     let rows: Vec<Row> = traces

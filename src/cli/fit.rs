@@ -4,7 +4,7 @@ use super::progress::Control;
 use fragsim::error::{Error, Result};
 use fragsim::metrics::PolicyResult;
 use fragsim::policy::PolicySpec;
-use fragsim::replay::{run_specs, Jobs, ReplayInput, ReplayOptions, RunSettings};
+use fragsim::replay::{run_specs, Cancel, Jobs, ReplayInput, ReplayOptions, RunSettings};
 use fragsim::units::format_bytes;
 use fragsim::whatif::fit::{self, Fit, FitOptions, Probe};
 use rayon::prelude::*;
@@ -86,9 +86,15 @@ struct FitReport {
     results: Vec<PolicyFit>,
 }
 
-/// One replay of `spec` at `capacity` (`None`: unlimited), through the one replay entry point.
-fn replay(spec: &PolicySpec, input: &ReplayInput, capacity: Option<u64>) -> Result<PolicyResult> {
-    let options = ReplayOptions { capacity, ..ReplayOptions::default() };
+/// One replay of `spec` at `capacity` (`None`: unlimited), through the one replay entry point,
+/// stopped early when `cancel` is raised.
+fn replay(
+    spec: &PolicySpec,
+    input: &ReplayInput,
+    capacity: Option<u64>,
+    cancel: &Cancel,
+) -> Result<PolicyResult> {
+    let options = ReplayOptions { capacity, cancel: cancel.clone(), ..ReplayOptions::default() };
     let settings = RunSettings { jobs: Jobs::Sequential, ..RunSettings::default() };
     let mut c = run_specs(std::slice::from_ref(spec), input, &options, &settings)?;
     Ok(c.runs.remove(0).output.result)
@@ -96,15 +102,20 @@ fn replay(spec: &PolicySpec, input: &ReplayInput, capacity: Option<u64>) -> Resu
 
 /// The search for one policy: an unlimited replay bounds it (its peak passes; no policy serves
 /// in less than the peak of live requests), then [`fit::fit`] bisects.
-fn fit_one(spec: &PolicySpec, input: &ReplayInput, outside: u64) -> Result<PolicyFit> {
-    let free = replay(spec, input, None)?;
+fn fit_one(
+    spec: &PolicySpec,
+    input: &ReplayInput,
+    outside: u64,
+    cancel: &Cancel,
+) -> Result<PolicyFit> {
+    let free = replay(spec, input, None, cancel)?;
     let options = FitOptions {
         upper_hint: free.peak_reserved_bytes.max(1),
         known_failing: free.peak_requested_bytes.saturating_sub(1),
         ..FitOptions::default()
     };
     let probe = |c| {
-        let r = replay(spec, input, Some(c))?;
+        let r = replay(spec, input, Some(c), cancel)?;
         Ok(Probe { oom: r.oom, peak_reserved: r.peak_reserved_bytes })
     };
     let found = fit::fit(probe, &options)
@@ -128,11 +139,12 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     super::note_unmodelled_options(&args.control, io, &trace, &specs);
     let input = ReplayInput::new(&trace, args.device)?;
     let bar = args.control.bar(io, specs.len(), "fitting");
+    let cancel = io.cancel.clone();
     let outcomes: Vec<Result<PolicyFit>> = args.control.install(io, specs.len(), || {
         specs
             .par_iter()
             .map(|s| {
-                let r = fit_one(s, &input, args.outside);
+                let r = fit_one(s, &input, args.outside, &cancel);
                 bar.inc();
                 r
             })

@@ -7,8 +7,10 @@
 //! fails at once, and writes through an [`Io`]: the process's stdout and stderr for the binary,
 //! buffers for a Python function.
 
+mod blame;
 mod check;
 mod convert;
+mod diff;
 mod fit;
 mod info;
 mod merge;
@@ -53,6 +55,8 @@ enum Command {
     Sweep(sweep::Args),
     Merge(merge::Args),
     Check(check::Args),
+    Blame(blame::Args),
+    Diff(diff::Args),
 }
 
 impl Cli {
@@ -64,7 +68,8 @@ impl Cli {
             format!("Policies (--policy NAME[:OPTIONS], or all):\n{}", fragsim::policy::help());
         Cli::command()
             .mut_subcommand("replay", |c| c.after_help(policies.clone()))
-            .mut_subcommand("report", |c| c.after_help(policies))
+            .mut_subcommand("report", |c| c.after_help(policies.clone()))
+            .mut_subcommand("blame", |c| c.after_help(policies))
     }
 
     /// Parses `argv` (the program name first) against [`Cli::command_with_policies`].
@@ -81,7 +86,7 @@ impl Cli {
     fn prints_results(&self) -> bool {
         match &self.command {
             Command::Info(_) | Command::Replay(_) | Command::Validate(_) | Command::Fit(_) => true,
-            Command::Merge(_) => true,
+            Command::Merge(_) | Command::Blame(_) | Command::Diff(_) => true,
             Command::Sweep(a) => a.prints_results(),
             Command::Check(a) => a.prints_results(),
             Command::Convert(_) | Command::Report(_) | Command::Synth(_) => false,
@@ -110,6 +115,8 @@ impl Cli {
             Command::Sweep(a) => sweep::run(a, io),
             Command::Merge(a) => merge::run(a, io),
             Command::Check(a) => check::run(a, io),
+            Command::Blame(a) => blame::run(a, io),
+            Command::Diff(a) => diff::run(a, io),
         }
     }
 }
@@ -148,6 +155,10 @@ pub struct Io<'a> {
     max_input_size: Option<u64>,
     /// Whether the note that `--jobs` was lowered has been written (once per command).
     pub(crate) jobs_noted: bool,
+    /// Stops the command's replays early when raised: the Python package raises it when Ctrl-C
+    /// interrupts the call, so abandoned work does not go on in the background. The binary's
+    /// can never be raised (Ctrl-C ends the process).
+    pub cancel: fragsim::replay::Cancel,
 }
 
 impl<'a> Io<'a> {
@@ -163,6 +174,7 @@ impl<'a> Io<'a> {
             stdio: true,
             max_input_size: None,
             jobs_noted: false,
+            cancel: fragsim::replay::Cancel::default(),
         }
     }
 
@@ -176,6 +188,7 @@ impl<'a> Io<'a> {
             stdio: false,
             max_input_size: None,
             jobs_noted: false,
+            cancel: fragsim::replay::Cancel::default(),
         }
     }
 
@@ -567,17 +580,30 @@ pub(crate) fn note_unmodelled_options(
     trace: &fragsim::trace::Trace,
     specs: &[fragsim::policy::PolicySpec],
 ) {
-    let Some(settings) = &trace.allocator_settings else { return };
+    use fragsim::policy::pytorch::{Config, Flavour};
     if !specs.iter().any(|s| s.name.starts_with("pytorch")) {
         return;
     }
-    let names = fragsim::policy::pytorch::Config::unmodelled_options(settings);
+    let flavour = Flavour::of_trace(trace);
+    let follows = |s: &&fragsim::policy::PolicySpec| {
+        matches!(s.name.as_str(), "pytorch" | "pytorch-expandable")
+    };
+    if flavour == Flavour::Npu && specs.iter().any(|s| follows(&s)) {
+        control.note(
+            io,
+            "note: recorded by torch_npu (Ascend NPU): pytorch replays torch_npu's allocator \
+             rules (as pytorch-npu); -p pytorch-cuda replays CUDA's",
+        );
+    }
+    let Some(settings) = &trace.allocator_settings else { return };
+    let names = Config::unmodelled_options_as(settings, flavour);
     if !names.is_empty() {
         control.note(
             io,
             &format!(
-                "note: the recorded PYTORCH_CUDA_ALLOC_CONF names option(s) this fragsim does not \
-             model, left out of the pytorch replays: {}",
+                "note: the recorded {} names option(s) this fragsim does not model, left out of \
+                 the pytorch replays: {}",
+                flavour.env_var(),
                 names.join(", ")
             ),
         );

@@ -149,6 +149,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         },
         cuda_ordinal: args.cuda_device,
         touch: args.touch,
+        cancel: io.cancel.clone(),
         ..ReplayOptions::default()
     };
     let bar = args.control.bar(io, specs.len(), "replaying");

@@ -8,8 +8,9 @@ use std::path::PathBuf;
 /// Write a report: charts (PNG and SVG), the results as Markdown, JSON and CSV, and an index.html.
 ///
 /// Replays one device's events against each policy (default: every built-in policy that runs;
-/// ones that cannot are skipped with a note) and writes into DIR: timeline, peaks,
-/// fragmentation, segment map at the peak and allocation sizes, each as .png and .svg;
+/// ones that cannot are skipped with a note) and writes into DIR: timeline, peaks, where the
+/// memory went by allocation site (with flame.svg), fragmentation, segment map at the peak and
+/// allocation sizes, each as .png and .svg;
 /// results.json (the `replay --json` object), results.csv, summary.md and index.html.
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -37,7 +38,8 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         PolicySpec::parse_list(name)?;
     }
     let progress = args.control.show_progress(io);
-    let trace = args.control.read_trace(io, &args.source.trace)?;
+    // Frames name the allocation sites of the "where the memory went" chart.
+    let trace = args.control.read_trace_with_frames(io, &args.source.trace, true)?;
     let device = args.source.device.or_else(|| trace.default_device());
     let limit = device.and_then(|d| fragsim::recorded::row_and_limit(&trace, d).1);
     let (capacity, inferred, capacity_kind) =
@@ -56,6 +58,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         segment_map_policy: args.segment_map_policy,
         progress,
         jobs: args.control.jobs_for(io, policies_count),
+        cancel: io.cancel.clone(),
     };
     let data =
         report::collect(&trace, &plan).map_err(super::in_trace(&args.source.trace, &trace))?;

@@ -75,7 +75,16 @@ impl Args {
 /// Runs the command on `io`; `Ok` carries the exit code.
 pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     // Everything the user typed is checked before the first replay.
-    let written = if args.policies.is_empty() { grid::builtin_grid() } else { args.policies };
+    // The built-in grid is the recording's allocator's: torch_npu refuses some of CUDA's points.
+    // Telling which costs a read of the first trace, only when no -p is given.
+    let written = match (args.policies.is_empty(), args.traces.first()) {
+        (true, Some(first)) => {
+            let trace = super::read_trace(io, first, false)?;
+            grid::builtin_grid_for(fragsim::policy::pytorch::Flavour::of_trace(&trace))
+        }
+        (true, None) => grid::builtin_grid(),
+        (false, _) => args.policies,
+    };
     let all = grid::expand_all(std::iter::once(REFERENCE.to_string()).chain(written))?;
     let mut specs = Vec::with_capacity(all.len());
     for text in &all {
@@ -116,7 +125,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let specs = &specs[mine.clone()];
     let all_names = names.clone();
     let names = &names[mine];
-    let options = ReplayOptions { capacity, ..ReplayOptions::default() };
+    let options = ReplayOptions { capacity, cancel: io.cancel.clone(), ..ReplayOptions::default() };
     let bar = args.control.bar(io, specs.len() * traces_given.len(), "sweeping");
     let results =
         args.control.replay_traces(io, &traces_given, args.device, specs, &options, &bar)?;

@@ -3,7 +3,7 @@
 //! side is `fragsim::validate`).
 
 use fragsim::error::{Error, Result};
-use fragsim::policy::pytorch::Version;
+use fragsim::policy::pytorch::{Flavour, Version};
 use fragsim::units::format_bytes;
 use fragsim::validate::{validate, ValidateOptions};
 use std::path::PathBuf;
@@ -42,6 +42,26 @@ pub struct Args {
     /// Model an older PyTorch where versions differ, e.g. 2.8 (default: current main).
     #[arg(long, value_name = "V", value_parser = version_arg)]
     pytorch_version: Option<Version>,
+
+    /// Whose allocator rules to replay: pytorch (the recording's: torch_npu's for a torch_npu
+    /// snapshot, else CUDA's), pytorch-cuda or pytorch-npu.
+    #[arg(short = 'p', long = "policy", value_name = "POLICY", value_parser = rules_arg)]
+    policy: Option<Rules>,
+}
+
+/// `-p`'s value: whose allocator rules, `None` for the recording's own.
+#[derive(Clone, Copy, Debug)]
+struct Rules(Option<Flavour>);
+
+fn rules_arg(text: &str) -> std::result::Result<Rules, String> {
+    match text.trim() {
+        "pytorch" => Ok(Rules(None)),
+        "pytorch-cuda" => Ok(Rules(Some(Flavour::Cuda))),
+        "pytorch-npu" => Ok(Rules(Some(Flavour::Npu))),
+        other => Err(format!(
+            "validate replays PyTorch's allocator only: '{other}' is not one of pytorch, pytorch-cuda, pytorch-npu"
+        )),
+    }
 }
 
 fn version_arg(text: &str) -> std::result::Result<Version, String> {
@@ -75,6 +95,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         version: args.pytorch_version,
         record_events: args.export_snapshot.is_some(),
         check_invariants: false,
+        flavour: args.policy.and_then(|r| r.0),
     };
     let mut v = validate(&trace, &options).map_err(super::in_trace(&args.snapshot, &trace))?;
     v.trace = args.snapshot.display().to_string();

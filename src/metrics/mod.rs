@@ -79,8 +79,9 @@ pub struct OomDetail {
     pub allocated_bytes: u64,
     /// Device memory still free then: capacity − outside usage − reserved (`None` unlimited).
     pub free_bytes: Option<u64>,
-    /// The allocation's stack, innermost frame first (`file:line function`), when the trace
-    /// kept frames.
+    /// The allocation's stack as memory_viz shows it (docs/interface.md, "Sites"): the
+    /// user's own frames first, then the others its filter keeps, innermost first, when the
+    /// trace kept frames.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stack: Vec<String>,
 }

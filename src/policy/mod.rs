@@ -342,6 +342,8 @@ macro_rules! registry {
 registry! {
     PyTorch: pytorch::PyTorch = pytorch::POLICY;
     PyTorchExpandable: pytorch::PyTorch = pytorch::EXPANDABLE;
+    PyTorchNpu: pytorch::PyTorch = pytorch::NPU;
+    PyTorchCuda: pytorch::PyTorch = pytorch::CUDA;
     Buddy: buddy::Buddy = buddy::POLICY;
     Bfc: bfc::Bfc = bfc::POLICY;
     RmmPool: rmm_pool::RmmPool = rmm_pool::POLICY;

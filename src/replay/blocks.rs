@@ -2,6 +2,7 @@
 //! or a map of the live blocks when events stream.
 
 use super::input::{Reader, ReplayInput, Slots, Source, Streamed};
+use super::options::Cancel;
 use crate::error::Error;
 use crate::error::Result;
 use crate::policy::{Allocation, Handle};
@@ -12,6 +13,11 @@ use crate::trace::Event;
 /// loaded events ([`Indexed`]), or in a map of the live blocks when the events stream
 /// ([`Keyed`]). Both give the same answers; a block is the policy's address and the request size.
 pub(super) trait Blocks {
+    /// True when [`Blocks::walk`] hands `f` every event, numbered from 0, from a reader's own
+    /// loop, and does not look at its flag: the engine's closure then looks every
+    /// [`Cancel::EVERY`]th event.
+    const HANDS_EVERY_EVENT: bool;
+
     /// Hands `f` the first `limit` events of `input` in order with their index: from memory,
     /// or from the file when they stream. A method of the lookup so that each build of the
     /// engine walks one way only: a closure handed on to the file's reader escapes, and then
@@ -20,10 +26,15 @@ pub(super) trait Blocks {
     /// Each event comes with its [`Slots`] slot and flag ([`Slots::NONE`] where this lookup
     /// keeps none). With `every` false, the walk may leave out events that the engine never
     /// acts on (see [`Slots::acts_on`]), as a plain replay does.
+    ///
+    /// The walk looks at `cancel` every [`Cancel::EVERY`] events, between chunks of that many,
+    /// so the loop that calls `f` is the same as without it; a walk that hands every event to
+    /// `f` from a file's reader leaves that to `f` ([`Blocks::HANDS_EVERY_EVENT`]).
     fn walk(
         input: &ReplayInput,
         limit: u64,
         every: bool,
+        cancel: &Cancel,
         f: impl FnMut(u64, &Event, u32) -> Result<()>,
     ) -> Result<()>;
     /// Live-at-start block `k` was placed as `placed` (`None`: it did not fit).
@@ -121,11 +132,14 @@ fn walk_loaded(
 }
 
 impl Blocks for Indexed {
+    const HANDS_EVERY_EVENT: bool = false;
+
     #[inline(always)]
     fn walk(
         input: &ReplayInput,
         limit: u64,
         every: bool,
+        cancel: &Cancel,
         mut f: impl FnMut(u64, &Event, u32) -> Result<()>,
     ) -> Result<()> {
         let Source::Loaded { events, slots } = input.source() else {
@@ -135,20 +149,28 @@ impl Blocks for Indexed {
         let events = first_events(events, limit);
         let ops = &slots.ops;
         if !every {
-            for op in ops {
-                // In event order: past the limit, so are the rest.
-                let Some(e) = events.get(op.event as usize) else { break };
-                f(op.event as u64, e, op.slot)?;
+            for chunk in ops.chunks(Cancel::EVERY) {
+                cancel.check()?;
+                for op in chunk {
+                    // In event order: past the limit, so are the rest.
+                    let Some(e) = events.get(op.event as usize) else { return Ok(()) };
+                    f(op.event as u64, e, op.slot)?;
+                }
             }
             return Ok(());
         }
         let mut ops = ops.iter().peekable();
-        for (i, e) in events.iter().enumerate() {
-            let slot = match ops.next_if(|op| op.event as usize == i) {
-                Some(op) => op.slot,
-                None => Slots::NONE,
-            };
-            f(i as u64, e, slot)?;
+        for (c, chunk) in events.chunks(Cancel::EVERY).enumerate() {
+            cancel.check()?;
+            let first = c * Cancel::EVERY;
+            for (i, e) in chunk.iter().enumerate() {
+                let i = first + i;
+                let slot = match ops.next_if(|op| op.event as usize == i) {
+                    Some(op) => op.slot,
+                    None => Slots::NONE,
+                };
+                f(i as u64, e, slot)?;
+            }
         }
         Ok(())
     }
@@ -194,14 +216,19 @@ impl Blocks for Indexed {
 pub(super) struct Keyed(AddrMap<Held>);
 
 impl Blocks for Keyed {
+    const HANDS_EVERY_EVENT: bool = true;
+
     fn walk(
         input: &ReplayInput,
         limit: u64,
         _every: bool,
+        _cancel: &Cancel,
         mut f: impl FnMut(u64, &Event, u32) -> Result<()>,
     ) -> Result<()> {
         let f = |i: u64, e: &Event| f(i, e, Slots::NONE);
         match input.source() {
+            // The engine's closure looks at the flag itself ([`Blocks::HANDS_EVERY_EVENT`]):
+            // wrapped in another closure, it would no longer be inlined into the reader's loop.
             Source::Streamed(Streamed { file, reader: Reader::Own, .. }) => {
                 file.each_event(input.device(), limit, false, f)
             }

@@ -3,7 +3,7 @@
 use super::blocks::{Blocks, Freed, Indexed, Keyed};
 use super::input::{ReplayInput, Source};
 use super::meter::{Meter, Metered};
-use super::options::{BackendKind, ReplayOptions};
+use super::options::{BackendKind, Cancel, ReplayOptions};
 use crate::backend::{Backend, Observed, SimDevice};
 use crate::error::{Error, Result};
 use crate::metrics::{OomDetail, PeakDetail, PolicyResult, Series};
@@ -234,6 +234,8 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
     mut blocks: K,
 ) -> Result<ReplayOutput> {
     let started = Instant::now();
+    // A sweep of many short replays stops between them too.
+    options.cancel.check()?;
     // Only a planner uses the events up front, and it is always handed loaded ones
     // ([`PolicyInfo::run`](crate::policy::PolicyInfo::run)).
     let events = input.loaded_events().unwrap_or_default();
@@ -255,6 +257,9 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
     }
     policy.prepare(events)?;
     let frees_at = input.frees_at();
+    // An `oom` entry records the rounded size; the recording's allocator padded the request
+    // first where it is torch_npu's, so the request was that much smaller.
+    let oom_pad = crate::policy::pytorch::Flavour::of_trace(input.trace()).pad();
     let mut meter = Meter {
         requested: 0,
         peak_reserved: 0,
@@ -267,12 +272,10 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
     let mut first_oom: Option<OomDetail> = None;
     // What PyTorch's OOM message says about the moment a request failed.
     let oom_detail = |event: u64, size: u64, e: Option<&Event>, reserved: u64, allocated: u64| {
-        let stack = e
-            .map(|e| input.trace().frames.get(e.frames))
-            .unwrap_or_default()
-            .iter()
-            .map(|f| format!("{}:{} {}", f.filename, f.line, f.name))
-            .collect();
+        // The user's frames first, as memory_viz filters them.
+        let stack = crate::trace::sites::display(
+            e.map(|e| input.trace().frames.get(e.frames)).unwrap_or_default(),
+        );
         OomDetail {
             event,
             size,
@@ -346,7 +349,10 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
     let check = !PLAIN && options.check_invariants;
     // The last event of the flush run the program called last (runs are consecutive releases).
     let mut flush_run_to = u64::MAX - 1;
-    K::walk(input, last, !PLAIN, |index, e, slot| {
+    K::walk(input, last, !PLAIN, &options.cancel, |index, e, slot| {
+        if K::HANDS_EVERY_EVENT && index % Cancel::EVERY as u64 == 0 {
+            options.cancel.check()?;
+        }
         // A policy's input error names the event it was replaying (a backend error names the
         // driver call instead, as docs/interface.md promises).
         let at = |err: Error| match err.kind() {
@@ -408,7 +414,8 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
                     if let Some(r) = &mut routes {
                         route(&mut policy, r, e).map_err(at)?; // named, or the default pools
                     }
-                    match malloc_cold(&mut policy, &mut backend, e.size, e.stream).map_err(at)? {
+                    let request = if e.size > oom_pad { e.size - oom_pad } else { e.size };
+                    match malloc_cold(&mut policy, &mut backend, request, e.stream).map_err(at)? {
                         Some(a) => {
                             log_alloc(logging, &mut backend.observer.log, a.addr, e);
                             log_free(logging, &mut backend.observer.log, a.addr, e.size, e);

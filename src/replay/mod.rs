@@ -43,7 +43,7 @@ mod options;
 pub use compare::{run_specs, Comparison, Jobs, RunSettings, SpecFailure, SpecRun};
 pub use engine::{run_policy, ReplayOutput};
 pub use input::ReplayInput;
-pub use options::{BackendKind, EmptyCachePlan, ReplayOptions};
+pub use options::{BackendKind, Cancel, EmptyCachePlan, ReplayOptions};
 
 use crate::error::Result;
 use crate::policy::{self, Policy, PolicyInfo, PolicyRunner, PolicySpec};

@@ -209,3 +209,81 @@ fn fragmentation_at_peak_is_read_when_reserved_first_reaches_its_peak() {
     assert_eq!(out.detail.allocated_at_peak_bytes, 200 * MIB);
     assert_eq!(r.fragmentation_at_peak, 0.0);
 }
+
+/// A policy that raises a [`Cancel`] flag at its `at`th malloc, and counts its mallocs.
+struct CancelsAt {
+    at: u64,
+    mallocs: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    cancel: Cancel,
+    next: u64,
+}
+
+impl Policy for CancelsAt {
+    fn config(&self) -> String {
+        String::new()
+    }
+    fn malloc<B: Backend>(&mut self, _: &mut B, size: u64, _: u64) -> Result<Option<Allocation>> {
+        let n = self.mallocs.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        if n == self.at {
+            self.cancel.cancel();
+        }
+        self.next += 1 << 20;
+        Ok(Some(Allocation::new(self.next, size)))
+    }
+    fn free<B: Backend>(&mut self, _: &mut B, _: u64) -> Result<()> {
+        Ok(())
+    }
+    fn empty_cache<B: Backend>(&mut self, _: &mut B) -> Result<()> {
+        Ok(())
+    }
+    fn allocated(&self) -> u64 {
+        0
+    }
+}
+
+#[test]
+fn a_raised_cancel_flag_stops_a_replay_within_one_chunk_of_events() {
+    // Nine chunks of events (alloc, free requested, free completed: three per pair); the flag
+    // goes up a third of the way into the first chunk.
+    let pairs = 3 * Cancel::EVERY as u64;
+    let mut src = String::new();
+    for i in 0..pairs {
+        src.push_str(&format!(
+            "alloc {:#x} 512 s0\nfree {:#x} 512 s0\n",
+            0x1000 + i * 512,
+            0x1000 + i * 512
+        ));
+    }
+    let t = text::read(src.as_bytes(), &ReadOptions::default()).unwrap();
+    let input = ReplayInput::new(&t, None).unwrap();
+    let at = Cancel::EVERY as u64 / 3 + 1;
+    for plain in [true, false] {
+        let mallocs = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let cancel = Cancel::new();
+        let options = ReplayOptions {
+            keep_series: !plain,
+            cancel: cancel.clone(),
+            ..ReplayOptions::default()
+        };
+        assert_eq!(is_plain(&input, &options), plain);
+        let policy = CancelsAt { at, mallocs: mallocs.clone(), cancel: cancel.clone(), next: 0 };
+        let err = run_policy("toy", policy, &input, &options).unwrap_err();
+        assert!(err.to_string().contains("interrupted"), "{err}");
+        let made = mallocs.load(std::sync::atomic::Ordering::Relaxed);
+        // At most one chunk of events (each malloc is 3 events: alloc, free requested,
+        // completed) after the flag went up, and far fewer than the trace holds.
+        assert!(
+            made >= at && made <= at + Cancel::EVERY as u64 / 2,
+            "{made} mallocs (plain: {plain})"
+        );
+        // A raised flag stops the next replay before its first event.
+        let policy = CancelsAt { at: 0, mallocs: mallocs.clone(), cancel: cancel.clone(), next: 0 };
+        assert!(run_policy("toy", policy, &input, &options).is_err());
+        assert_eq!(mallocs.load(std::sync::atomic::Ordering::Relaxed), made);
+    }
+    // Never raised (the default), the replay runs to its end.
+    let mallocs = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let policy = CancelsAt { at: 0, mallocs: mallocs.clone(), cancel: Cancel::default(), next: 0 };
+    run_policy("toy", policy, &input, &ReplayOptions::default()).unwrap();
+    assert_eq!(mallocs.load(std::sync::atomic::Ordering::Relaxed), pairs);
+}

@@ -44,6 +44,8 @@ pub struct ReportPlan {
     pub empty_cache: crate::replay::EmptyCachePlan,
     /// How many replays run at once (`--jobs`).
     pub jobs: crate::replay::Jobs,
+    /// Stops the replays early when raised (see [`crate::replay::Cancel`]).
+    pub cancel: crate::replay::Cancel,
 }
 
 /// One policy a report replays.
@@ -258,6 +260,12 @@ pub struct ReportData {
     pub recorded_series: Option<crate::metrics::Series>,
     /// The `capacity` key of `results.json`: the limit, whether inferred, what the recording says.
     pub capacity_note: Option<super::json::CapacityNote>,
+    /// Each policy's breakdown by allocation site at its peak ([`crate::blame`]), by label, in
+    /// report order: the "where the memory went" chart.
+    pub sites: Vec<(String, crate::blame::Attribution)>,
+    /// The flame graph of the segment-map policy's live bytes at its peak: its title and folded
+    /// stacks ([`crate::blame::flame::folded`]); `None` when the trace records no frames.
+    pub flame: Option<(String, Vec<String>)>,
     /// fragsim's version.
     pub version: &'static str,
 }
@@ -303,6 +311,7 @@ pub fn collect(trace: &Trace, plan: &ReportPlan) -> Result<ReportData> {
         empty_cache: plan.empty_cache.clone(),
         keep_series: true,
         series_budget: PLOT_POINTS,
+        cancel: plan.cancel.clone(),
         ..ReplayOptions::default()
     };
     let specs: Vec<PolicySpec> = plan.policies.iter().map(|p| p.spec.clone()).collect();
@@ -359,6 +368,16 @@ pub fn collect(trace: &Trace, plan: &ReportPlan) -> Result<ReportData> {
         )));
     }
     let segment_map = segment_map(&input, &runs, plan, &options)?;
+    let sites = sites_at_peaks(&input, &runs, &options)?;
+    let flame = sites
+        .iter()
+        .find(|(label, _)| *label == segment_map.policy)
+        .or(sites.first())
+        .filter(|_| !trace.frames.is_empty())
+        .map(|(label, a)| {
+            let title = format!("live bytes at the peak of {label} (event {})", a.moment.event);
+            (title, crate::blame::flame::folded(a, trace))
+        });
     let summary = TraceSummary::of(trace, &plan.trace_path, input.device());
     Ok(ReportData {
         sizes: size_bins(&summary.info),
@@ -374,8 +393,32 @@ pub fn collect(trace: &Trace, plan: &ReportPlan) -> Result<ReportData> {
             inferred: plan.capacity_inferred.clone(),
             limit,
         }),
+        sites,
+        flame,
         version: env!("CARGO_PKG_VERSION"),
     })
+}
+
+/// Each run broken down by allocation site at its peak (a watched replay up to it).
+fn sites_at_peaks(
+    input: &ReplayInput,
+    runs: &[PolicyRun],
+    options: &ReplayOptions,
+) -> Result<Vec<(String, crate::blame::Attribution)>> {
+    let keys = crate::blame::Keys::new(input, crate::blame::GroupBy::Site, 1);
+    let plain = ReplayOptions { keep_series: false, ..options.clone() };
+    let mut out = Vec::new();
+    for run in runs {
+        let spec = one_spec(&run.label)?;
+        let peak = run.output.detail.peak_reserved_event;
+        let (_, layout) = crate::blame::watch(input, &spec, &plain, peak)?;
+        let mut a = crate::blame::breakdown(&layout, &keys, 0)?;
+        a.policy = run.output.result.policy.clone();
+        a.config = run.output.result.config.clone();
+        a.moment = crate::blame::MomentAt { kind: "peak".into(), event: peak };
+        out.push((run.label.clone(), a));
+    }
+    Ok(out)
 }
 
 /// Picks the segment-map policy and replays it up to its peak.
@@ -462,11 +505,20 @@ pub fn write_dir(data: &ReportData, dir: &Path, progress: bool) -> Result<Vec<Pa
     // index.html is new holds every new file.
     let staging = super::output::Staging::new(dir)?;
     let stage = staging.path();
-    let bar = bar(progress, 9, "writing report");
+    let bar = bar(progress, 11, "writing report");
     let mut files = Vec::new();
-    let steps: [&dyn Fn() -> Result<Vec<PathBuf>>; 8] = [
+    let steps: [&dyn Fn() -> Result<Vec<PathBuf>>; 10] = [
         &|| plot::write_timeline(data, stage),
         &|| plot::write_peaks(data, stage),
+        &|| plot::write_sites(data, stage),
+        &|| match &data.flame {
+            Some((title, lines)) => {
+                let path = stage.join("flame.svg");
+                crate::blame::flame::write_lines(lines, title, &path)?;
+                Ok(vec![path])
+            }
+            None => Ok(Vec::new()),
+        },
         &|| plot::write_fragmentation(data, stage),
         &|| plot::write_segments(data, stage),
         &|| plot::write_sizes(data, stage),

@@ -26,7 +26,7 @@ pub fn escape(s: &str) -> String {
 }
 
 /// The charts in page order: file stem, heading, what to look for.
-const CHARTS: [(&str, &str, &str); 5] = [
+const CHARTS: [(&str, &str, &str); 6] = [
     (
         "timeline",
         "Memory over time",
@@ -39,6 +39,14 @@ const CHARTS: [(&str, &str, &str); 5] = [
         "Each bar splits the peak into requested bytes, rounding (allocated − requested) and \
          reserved-but-free bytes (reserved − allocated: cached blocks, or page padding), measured at \
          the moment of the peak.",
+    ),
+    (
+        "sites",
+        "Where the memory went",
+        "Each policy's reserved bytes at its peak by allocation site (the innermost line of your own \
+         code; docs/interface.md, Sites): live requested bytes, rounding, and the cached-but-free \
+         bytes in the memory that site's requests obtained. fragsim blame prints the same \
+         breakdown with the holes also attributed to the site last freed into them.",
     ),
     (
         "fragmentation",
@@ -140,8 +148,13 @@ pub fn write_index(
                 caption = format!("{caption} {note}.");
             }
         }
+        let flame = if stem == "sites" && have("flame.svg") {
+            " · <a href=\"flame.svg\">flame graph</a> (live bytes by full stack)"
+        } else {
+            ""
+        };
         h += &format!(
-            "<figcaption>{} <a href=\"{svg}\">SVG</a> · <a href=\"{png}\">PNG</a></figcaption>\n",
+            "<figcaption>{} <a href=\"{svg}\">SVG</a> · <a href=\"{png}\">PNG</a>{flame}</figcaption>\n",
             escape(&caption)
         );
         h += "</figure>\n";

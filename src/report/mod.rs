@@ -11,6 +11,8 @@ pub mod html;
 pub mod json;
 pub mod markdown;
 pub mod output;
+
+pub mod overlay;
 pub mod plot;
 pub mod snapshot_out;
 pub mod table;

@@ -68,6 +68,7 @@ fn simulated_trace(trace: &Trace, device: i32, output: &ReplayOutput) -> Result<
         recorded_totals: Vec::new(),
         // The simulated run's segment events do not say their pool; its segments do.
         entry_pools: None,
+        torch_npu: false,
     })
 }
 
@@ -75,11 +76,11 @@ fn simulated_trace(trace: &Trace, device: i32, output: &ReplayOutput) -> Result<
 /// (not the input's: a `pytorch-expandable` what-if must say `expandable_segments: True`), and
 /// none for other policies, which have no such settings.
 fn settings_of(output: &ReplayOutput) -> Option<crate::trace::AllocatorSettings> {
-    use crate::policy::pytorch::{Config, Version};
+    use crate::policy::pytorch::Config;
     if !output.result.policy.starts_with("pytorch") {
         return None;
     }
-    Config::parse(&output.result.config, Version::CURRENT).ok().map(|c| c.to_recorded())
+    Config::parse_shown(&output.result.config).ok().map(|c| c.to_recorded())
 }
 
 #[cfg(test)]

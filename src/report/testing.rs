@@ -211,6 +211,8 @@ pub fn toy_report(trace: &Trace, n: usize) -> ReportData {
         recorded: None,
         recorded_series: None,
         capacity_note: None,
+        sites: Vec::new(),
+        flame: None,
         version: env!("CARGO_PKG_VERSION"),
     }
 }

@@ -7,6 +7,13 @@
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
+/// True when `filename` is a file of torch_npu (`.../site-packages/torch_npu/...`, or a source
+/// tree's `torch_npu/...`): a frame there shows that torch_npu, not CUDA's PyTorch, recorded the
+/// trace.
+pub fn is_torch_npu_file(filename: &str) -> bool {
+    filename.starts_with("torch_npu/") || filename.contains("/torch_npu/")
+}
+
 /// One Python or C++ stack frame.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Frame {
@@ -28,11 +35,25 @@ impl FramesId {
 }
 
 /// One copy of each distinct frame list.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+///
+/// Two tables are equal when they hold the same stacks in the same order: the final-segment block
+/// stacks ([`FrameTable::block`]) are side information that not every format keeps.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct FrameTable {
     stacks: Vec<Vec<Frame>>,
     #[serde(skip)]
     index: HashMap<Vec<Frame>, u32>,
+    /// The stacks a snapshot's final segments record for their blocks (the allocation that last
+    /// used each block), by device and block address: what names the site of a block live before
+    /// the trace begins. Not kept by `.fst`.
+    #[serde(skip)]
+    blocks: HashMap<(i32, u64), FramesId>,
+}
+
+impl PartialEq for FrameTable {
+    fn eq(&self, other: &FrameTable) -> bool {
+        self.stacks == other.stacks
+    }
 }
 
 impl FrameTable {
@@ -56,6 +77,24 @@ impl FrameTable {
             0 => &[],
             n => self.stacks.get(n as usize - 1).map(Vec::as_slice).unwrap_or(&[]),
         }
+    }
+
+    /// True when a frame names a file of torch_npu (Huawei Ascend's PyTorch backend), which
+    /// made the recording then ([`is_torch_npu_file`]).
+    pub fn names_torch_npu(&self) -> bool {
+        self.stacks.iter().flatten().any(|f| is_torch_npu_file(&f.filename))
+    }
+
+    /// Records that the final-segment block at `address` of `device` has stack `id`.
+    pub fn set_block(&mut self, device: i32, address: u64, id: FramesId) {
+        if id != FramesId::NONE {
+            self.blocks.insert((device, address), id);
+        }
+    }
+
+    /// The stack the final segments record for the block at `address` of `device`, if any.
+    pub fn block(&self, device: i32, address: u64) -> FramesId {
+        self.blocks.get(&(device, address)).copied().unwrap_or(FramesId::NONE)
     }
 
     /// The number of distinct frame lists.

@@ -18,6 +18,7 @@ pub mod limits;
 pub mod pickle;
 pub mod pool_routes;
 pub mod rmm;
+pub mod sites;
 pub mod snapshot;
 pub mod summary;
 pub mod text;
@@ -25,7 +26,7 @@ pub mod text;
 mod frames;
 mod read;
 
-pub use frames::{Frame, FrameTable, FramesId};
+pub use frames::{is_torch_npu_file, Frame, FrameTable, FramesId};
 pub use lifetimes::{AddrHasher, AddrMap, LiveBlock};
 pub use read::{
     read_bytes, read_memory, read_trace, write_to, write_trace, Format, FormatInfo, ReadOptions,
@@ -286,6 +287,11 @@ pub struct Trace {
     /// [`pool_routes`]).
     #[serde(default)]
     pub entry_pools: Option<Vec<PoolId>>,
+    /// True when the recording was made by torch_npu (Huawei Ascend): a stack frame names a file
+    /// under `torch_npu/`. Why it is kept even when frames are not: torch_npu's allocator follows
+    /// rules of its own, and the `pytorch` policy replays a recording with its maker's rules.
+    #[serde(default)]
+    pub torch_npu: bool,
 }
 
 /// The real allocator's totals right after one event, as the file records them.

@@ -31,6 +31,8 @@
 //! serves the whole-pickle reader ([`read`]), which answers a file that refers back to an entry
 //! the stream dropped.
 //!
+//! - With frames kept, each final block's `frames` (the allocation that last used it) →
+//!   [`FrameTable::set_block`], which names the site of a block live before the trace begins.
 //! - Each entry's `pool_id` (≈ 2.7+), when every entry has one, → [`Event::pool`], the private
 //!   pools in [`Trace::entry_pools`] (`(0, 0)`, the default pools, is [`PoolRef::DEFAULT`]).
 //!
@@ -227,11 +229,16 @@ fn build(
             why: "a list whose entries were streamed is not in the final 'device_traces'".into(),
         });
     }
+    // After the entries', so that the entries' stacks are numbered alike however they were read.
+    if let (Some(segments), true) = (segments, options.keep_frames) {
+        read_block_frames(p, segments, &mut reader, &mut trace)?;
+    }
     if let Value::Dict(_) = root {
         if let Some(settings) = p.get(root, "allocator_settings") {
             trace.allocator_settings = Some(read_settings(p, settings, root)?);
         }
     }
+    trace.torch_npu = reader.torch_npu || trace.frames.names_torch_npu();
     Ok(trace)
 }
 
@@ -620,7 +627,15 @@ struct Reader {
     key: Vec<u64>,
     /// `handles` by content.
     handle_of: HashMap<Frame, u32>,
+    /// A frame seen so far names a file of torch_npu ([`Trace::torch_npu`]).
+    torch_npu: bool,
+    /// Frame dicts already looked at for torch_npu, by dict id, while frames are not kept.
+    npu_looked: Vec<bool>,
 }
+
+/// How [`Reader::frames_of`] names the owner of a frame list: an error about it at a byte, and its
+/// name.
+type Owner<'a> = (&'a dyn Fn(String, Option<u64>) -> Stop, &'a dyn Fn() -> String);
 
 /// In a [`Value::Handle`] from [`Reader::handle`], the bit that marks a frame (the rest is its
 /// index in [`Reader::handles`]); without it, the handle is a [`FramesId`]. In a
@@ -685,6 +700,7 @@ impl Reader {
     fn forget(&mut self, seqs: usize, dicts: usize) {
         self.frame_ids.truncate(seqs);
         self.frame_cache.truncate(dicts);
+        self.npu_looked.truncate(dicts);
         self.stacks.retain(|key, _| key.iter().all(|&d| d >= HANDLE || d < dicts as u64));
     }
 
@@ -728,6 +744,9 @@ impl Reader {
         (device, index, at): (i32, usize, Option<u64>),
         release: bool,
     ) -> std::result::Result<FramesId, Stop> {
+        if !self.keep_frames && !self.torch_npu {
+            self.look_for_torch_npu(p, v);
+        }
         if !self.keep_frames {
             // Only a release's frames are read then, and only when all of them are at hand:
             // the other entries cost no look at their frames.
@@ -743,11 +762,41 @@ impl Reader {
         let err = |m: String, frame_at: Option<u64>| -> Stop {
             entry_err(device, index, m, frame_at.or(at)).into()
         };
+        let whose = || format!("device {device}: trace entry {index}");
+        self.frames_of(p, v, table, at, (&err, &whose))
+    }
+
+    /// Interns the frame list `v` of final segment `i`'s block `j` (when frames are kept).
+    fn block_frames(
+        &mut self,
+        p: &Pickle,
+        v: Value,
+        table: &mut FrameTable,
+        (i, j, at): (usize, usize, Option<u64>),
+    ) -> std::result::Result<FramesId, Stop> {
+        if !self.keep_frames {
+            return Ok(FramesId::NONE);
+        }
+        let err = |m: String, frame_at: Option<u64>| -> Stop {
+            schema_err(format!("segment {i}: block {j}: {m}"), frame_at.or(at)).into()
+        };
+        let whose = || format!("segment {i}: block {j}");
+        self.frames_of(p, v, table, at, (&err, &whose))
+    }
+
+    /// [`Reader::frames`] for any owner of a frame list, whose caller decided to read it: `err`
+    /// builds an error about it, `whose` names it.
+    fn frames_of(
+        &mut self,
+        p: &Pickle,
+        v: Value,
+        table: &mut FrameTable,
+        at: Option<u64>,
+        (err, whose): Owner<'_>,
+    ) -> std::result::Result<FramesId, Stop> {
         let refuse = || Stop::Refused {
             at: at.unwrap_or(0),
-            why: format!(
-                "device {device}: trace entry {index}: its frames refer back to a discarded object"
-            ),
+            why: format!("{}: its frames refer back to a discarded object", whose()),
         };
         let key = match v {
             Value::List(id) | Value::Tuple(id) => id as usize,
@@ -806,6 +855,35 @@ impl Reader {
 
     /// One frame dict (or frame handle) as a [`Frame`], decoded once per dict object; the
     /// caller has checked that `f` is one.
+    /// Looks at the filenames of frame list `v` for torch_npu ([`Trace::torch_npu`]), each frame
+    /// dict once: frames that are not kept are not decoded, yet the recording's maker must be
+    /// known. PyTorch shares one dict per distinct frame, so a long recording costs a look per
+    /// frame of each entry and a decode per distinct frame.
+    fn look_for_torch_npu(&mut self, p: &Pickle, v: Value) {
+        let Some(items) = p.items(v) else { return };
+        for &f in items {
+            let Value::Dict(d) = f else { continue };
+            let d = d as usize;
+            if self.npu_looked.get(d).copied().unwrap_or(false) {
+                continue;
+            }
+            if self.npu_looked.len() <= d {
+                self.npu_looked.resize(d + 1, false);
+            }
+            self.npu_looked[d] = true;
+            for &(k, x) in p.entries(f).unwrap_or(&[]) {
+                if p.str_bytes(k) == Some(b"filename".as_slice()) {
+                    if let Some(name) = p.text(x) {
+                        if crate::trace::frames::is_torch_npu_file(&name) {
+                            self.torch_npu = true;
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     fn frame(&mut self, p: &Pickle, f: Value) -> Frame {
         let empty = || Frame { filename: String::new(), line: 0, name: String::new() };
         let key = match f {
@@ -863,6 +941,27 @@ fn bytes_field(p: &Pickle, key: &str, v: Option<Value>) -> Result<u64, String> {
 
 /// [`MAX_BYTES`] as an `i64`.
 const MAX_BYTES_I64: i64 = MAX_BYTES as i64;
+
+/// Interns the stacks the final segments `v` record for their blocks (each block's `frames`:
+/// the allocation that last used it) into `trace.frames`, by device and block address; the
+/// segments are already read ([`read_segments`] checked their shape).
+fn read_block_frames(
+    p: &Pickle,
+    v: Value,
+    reader: &mut Reader,
+    trace: &mut Trace,
+) -> std::result::Result<(), Stop> {
+    let segments = p.items(v).unwrap_or(&[]);
+    for ((i, &s), segment) in segments.iter().enumerate().zip(&trace.segments) {
+        let Some(blocks) = p.get(s, "blocks").and_then(|b| p.items(b)) else { continue };
+        for ((j, &b), block) in blocks.iter().enumerate().zip(&segment.blocks) {
+            let Some(f) = p.get(b, "frames") else { continue };
+            let id = reader.block_frames(p, f, &mut trace.frames, (i, j, byte_of(p, b, s)))?;
+            trace.frames.set_block(segment.device, block.address, id);
+        }
+    }
+    Ok(())
+}
 
 /// Reads the segment list `v`, which `root` holds (or is, in a legacy snapshot).
 fn read_segments(p: &Pickle, v: Value, root: Value) -> Result<Vec<Segment>> {

@@ -21,7 +21,7 @@
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::policy::pytorch::config::SMALL_SIZE;
-use crate::policy::pytorch::config::{self, Config, Version};
+use crate::policy::pytorch::config::{self, Config, Flavour, Version};
 use crate::policy::pytorch::start::{self, StartState};
 use crate::policy::pytorch::{expandable, PyTorch};
 use crate::policy::Policy;
@@ -62,6 +62,9 @@ pub struct ValidateOptions {
     pub record_events: bool,
     /// Check the policy's invariants after every event (slow; tests and debugging).
     pub check_invariants: bool,
+    /// Whose allocator rules to replay (`-p pytorch-cuda` / `pytorch-npu`); default: those of
+    /// the allocator that made the recording ([`Flavour::of_trace`]).
+    pub flavour: Option<Flavour>,
 }
 
 /// One decision the simulation made differently from the recording.
@@ -181,6 +184,14 @@ fn serialize_action<S: serde::Serializer>(
 pub enum Warning {
     /// The snapshot records no `allocator_settings`, so PyTorch's defaults were replayed.
     NoAllocatorSettings,
+    /// Whose allocator rules were replayed, said where torch_npu is involved: the recording
+    /// was made by torch_npu (its rules by default), or its rules were asked for.
+    AllocatorRules {
+        /// The rules replayed.
+        flavour: Flavour,
+        /// The allocator that made the recording, as far as it shows.
+        recorded_by: Flavour,
+    },
     /// No `--pytorch-version` was given: `version` (current main) was modelled where releases
     /// differ.
     ModelledCurrentVersion {
@@ -292,6 +303,7 @@ impl Warning {
         matches!(
             self,
             Warning::ModelledCurrentVersion { .. }
+                | Warning::AllocatorRules { .. }
                 | Warning::AssumedGpuMemory { .. }
                 | Warning::InferredGpuMemory { .. }
                 | Warning::GpuMemoryConflict { .. }
@@ -317,6 +329,20 @@ impl std::fmt::Display for Warning {
             Warning::NoAllocatorSettings => {
                 f.write_str("the snapshot has no allocator_settings: PyTorch's defaults")
             }
+            Warning::AllocatorRules { flavour, recorded_by } => match (flavour, recorded_by) {
+                (Flavour::Npu, Flavour::Npu) => f.write_str(
+                    "recorded by torch_npu (Ascend NPU): replayed with torch_npu's allocator rules \
+                     (pytorch-npu); -p pytorch-cuda replays CUDA's",
+                ),
+                (Flavour::Cuda, _) => f.write_str(
+                    "recorded by torch_npu (Ascend NPU), replayed with CUDA's allocator rules as asked \
+                     (pytorch-cuda)",
+                ),
+                (Flavour::Npu, Flavour::Cuda) => f.write_str(
+                    "replayed with torch_npu's allocator rules as asked (pytorch-npu); the \
+                     recording does not show torch_npu",
+                ),
+            },
             Warning::ModelledCurrentVersion { version } => write!(
                 f,
                 "modelled PyTorch {version} (current main) where versions differ; --pytorch-version selects older behaviour"
@@ -1125,17 +1151,22 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
         .events;
     let version = options.version.unwrap_or(Version::CURRENT);
     let mut notes = Vec::new();
+    let recorded_by = Flavour::of_trace(trace);
+    let flavour = options.flavour.unwrap_or(recorded_by);
+    if flavour == Flavour::Npu || recorded_by == Flavour::Npu {
+        notes.push(Warning::AllocatorRules { flavour, recorded_by });
+    }
     let mut config = match &trace.allocator_settings {
         Some(s) => {
-            let names = Config::unmodelled_options(s);
+            let names = Config::unmodelled_options_as(s, flavour);
             if !names.is_empty() {
                 notes.push(Warning::UnmodelledOptions { names });
             }
-            Config::from_recorded(s, version)?
+            Config::from_recorded_as(s, version, flavour)?
         }
         None => {
             notes.push(Warning::NoAllocatorSettings);
-            Config { version, ..Config::default() }
+            Config { version, ..Config::default_for(flavour) }
         }
     };
     if let Some(g) = options.gpu_memory {
@@ -1168,7 +1199,17 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
             notes.push(Warning::EntriesNamePools { pools: named.len() as u64, allocs });
         }
     }
-    let ops = plan(events, &FlushCauses::of(&trace.frames));
+    let mut ops = plan(events, &FlushCauses::of(&trace.frames));
+    // An `oom` entry records the rounded size; the recording's allocator padded the request
+    // first where it is torch_npu's, so the request that rounds to it is that much smaller.
+    let pad = recorded_by.pad();
+    for op in &mut ops {
+        if let Op::Malloc { size, oom: true, .. } = op {
+            if *size > pad {
+                *size -= pad;
+            }
+        }
+    }
     let mut start = StartState::recover(trace, device, events, &config);
     if options.gpu_memory.is_none() {
         // The memory fraction's limit let the recorded peak through: the GPU had at least that.
@@ -1656,9 +1697,20 @@ mod tests {
 
     /// [`generate`] on a GPU of `gpu_memory` bytes (the base of a memory fraction).
     fn generate_on(conf: &str, seed: u64, capacity: Option<u64>, gpu_memory: u64) -> Trace {
-        use crate::testing::{workload, Step};
         let mut config = Config::parse(conf, Version::CURRENT).unwrap();
         config.gpu_memory = gpu_memory;
+        generate_with(config, conf, seed, capacity)
+    }
+
+    /// [`generate`] as torch_npu records it: its allocator's rules, and its frames.
+    fn generate_npu(conf: &str, seed: u64, capacity: Option<u64>) -> Trace {
+        let config = Config::parse_npu(conf).unwrap();
+        Trace { torch_npu: true, ..generate_with(config, conf, seed, capacity) }
+    }
+
+    /// [`generate`] under `config`, whose settings string is `conf`.
+    fn generate_with(config: Config, conf: &str, seed: u64, capacity: Option<u64>) -> Trace {
+        use crate::testing::{workload, Step};
         let mut p = PyTorch::new(config.clone());
         let mut dev = Logged {
             inner: crate::backend::SimDevice::new(capacity),
@@ -1719,6 +1771,7 @@ mod tests {
             frames: Default::default(),
             recorded_totals: Vec::new(),
             entry_pools: None,
+            torch_npu: false,
         }
     }
 
@@ -1788,6 +1841,19 @@ mod tests {
         }
     }
 
+    /// Drops device 0's events before its first alloc after the first third that does not follow
+    /// a segment event, as a ring buffer would; returns the index of the cut.
+    fn cut_after_first_third(t: &mut Trace) -> usize {
+        let events = &t.devices[0].events;
+        let cut = (events.len() / 3..events.len())
+            .find(|&i| {
+                events[i].action == Action::Alloc && !events[i - 1].action.is_segment_event()
+            })
+            .unwrap();
+        t.devices[0].events.drain(..cut);
+        cut
+    }
+
     #[test]
     fn self_generated_snapshots_validate_from_the_middle() {
         // Cut the recording at an alloc after the first third: the start state must be recovered
@@ -1797,17 +1863,62 @@ mod tests {
         {
             for seed in 4..16 {
                 let mut t = generate(conf, seed, Some(200 << 20));
-                let events = &t.devices[0].events;
-                let cut = (events.len() / 3..events.len())
-                    .find(|&i| {
-                        events[i].action == Action::Alloc
-                            && !events[i - 1].action.is_segment_event()
-                    })
-                    .unwrap();
-                t.devices[0].events.drain(..cut);
+                let cut = cut_after_first_third(&mut t);
                 assert_exact(&t, &format!("{conf} seed {seed} from event {cut}"));
             }
         }
+    }
+
+    #[test]
+    fn torch_npu_self_recordings_validate_exactly() {
+        // With and without expandable segments, under memory pressure (fallbacks and OOMs),
+        // with the workload's empty_cache calls; the base-address alignment only acts with
+        // expandable segments, and once with it turned off.
+        for conf in [
+            "",
+            "max_split_size_mb:64",
+            "roundup_power2_divisions:4",
+            "expandable_segments:True",
+            "expandable_segments:True,base_addr_aligned_kb:0",
+            "expandable_segments:True,segment_size_mb:64",
+        ] {
+            for (seed, capacity) in [(1, None), (2, Some(160 << 20)), (3, Some(96 << 20))] {
+                let t = generate_npu(conf, seed, capacity);
+                let v = assert_exact(&t, &format!("npu {conf} seed {seed}"));
+                assert_eq!(v.undeterminable_events, 0, "a cold start has nothing to guess");
+                assert_eq!(v.peak_reserved_simulated_bytes, v.peak_reserved_recorded_bytes);
+                assert!(v.notes.iter().any(|n| matches!(
+                    n,
+                    Warning::AllocatorRules { flavour: Flavour::Npu, recorded_by: Flavour::Npu }
+                )));
+            }
+        }
+    }
+
+    #[test]
+    fn torch_npu_self_recordings_validate_from_the_middle() {
+        for conf in ["", "expandable_segments:True"] {
+            for seed in 4..10 {
+                let mut t = generate_npu(conf, seed, Some(200 << 20));
+                let cut = cut_after_first_third(&mut t);
+                assert_exact(&t, &format!("npu {conf} seed {seed} from event {cut}"));
+            }
+        }
+    }
+
+    #[test]
+    fn torch_npu_recordings_differ_from_cuda_rules() {
+        // The 32 bytes of padding move addresses: CUDA's rules cannot reproduce the recording,
+        // and asking for them says so.
+        let t = generate_npu("", 1, None);
+        let options =
+            ValidateOptions { flavour: Some(Flavour::Cuda), ..ValidateOptions::default() };
+        let v = validate(&t, &options).unwrap();
+        assert!(!v.mismatches.is_empty());
+        assert!(v.notes.iter().any(|n| n.to_string().contains("CUDA's allocator rules as asked")));
+        // A CUDA recording replayed with CUDA's rules carries no note about torch_npu.
+        let v = validate(&generate("", 1, None), &ValidateOptions::default()).unwrap();
+        assert!(!v.notes.iter().any(|n| matches!(n, Warning::AllocatorRules { .. })));
     }
 
     #[test]

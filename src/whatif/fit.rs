@@ -238,13 +238,16 @@ pub struct Card {
 /// (85,899,345,920 B) of HBM, an A100 40GB 40,960 MiB, an RTX 4090's 24 GB is 24 GiB. So each
 /// label N GB is taken as N GiB, the memory on the board. What a process can use is a little less
 /// (ECC and the driver's reservations; `nvidia-smi` shows the board's total), which the
-/// `--outside` estimate ([`DEFAULT_OUTSIDE`]) covers together with the CUDA context.
+/// `--outside` estimate ([`DEFAULT_OUTSIDE`]) covers together with the CUDA context. Ascend
+/// cards are listed by their nominal HBM size too (torch_npu's reservation base is what
+/// `aclrtGetMemInfo` reports, a little less).
 pub const CARDS: &[Card] = &[
     Card { label: "16 GB", examples: "V100 16GB, T4, RTX A4000", bytes: 16 * GIB },
     Card { label: "24 GB", examples: "RTX 3090/4090, A10, L4", bytes: 24 * GIB },
-    Card { label: "32 GB", examples: "V100 32GB, RTX 5090", bytes: 32 * GIB },
+    Card { label: "32 GB", examples: "V100 32GB, RTX 5090, Ascend 910, 910B4", bytes: 32 * GIB },
     Card { label: "40 GB", examples: "A100 40GB", bytes: 40 * GIB },
     Card { label: "48 GB", examples: "RTX A6000, L40S, RTX 6000 Ada", bytes: 48 * GIB },
+    Card { label: "64 GB", examples: "Ascend 910B1/B2/B3", bytes: 64 * GIB },
     Card { label: "80 GB", examples: "A100 80GB, H100 80GB", bytes: 80 * GIB },
     Card { label: "94 GB", examples: "H100 NVL", bytes: 94 * GIB },
     Card { label: "141 GB", examples: "H200", bytes: 141 * GIB },
@@ -363,7 +366,8 @@ mod tests {
         let fits = cards_fit(need, DEFAULT_OUTSIDE);
         assert!(!fits[3].1 && fits[4].1, "40 GB no with 512 MiB outside, 48 GB yes");
         assert!(cards_fit(1, 200 * GIB).iter().all(|(_, ok)| !ok));
-        assert_eq!(CARDS[5].bytes, 85_899_345_920, "80 GB is 81,920 MiB");
+        assert_eq!(CARDS[5].bytes, 64 * GIB, "Ascend 910B: 64 GiB of HBM");
+        assert_eq!(CARDS[6].bytes, 85_899_345_920, "80 GB is 81,920 MiB");
         let line = cards_line(need, 0);
         assert!(line.starts_with("16 GB ✗") && line.contains("40 GB ✓"), "{line}");
         assert_eq!(gib_and_gb(80 * GIB), "80.00 GiB (85.90 GB)");

@@ -9,7 +9,7 @@
 //! wish, so the error names both braces and asks for the alternatives written out.
 
 use crate::error::{Error, Result};
-use crate::policy::pytorch::config::{Config, INTERVALS};
+use crate::policy::pytorch::config::{Config, Flavour, INTERVALS};
 
 /// The most specs one sweep may expand to: a grid this large already takes hours on real traces.
 pub const MAX_POINTS: usize = 10_000;
@@ -31,10 +31,29 @@ pub const BUILTIN_GRID: &[&str] = &[
     "pytorch:expandable_segments:{False,True},garbage_collection_threshold:{0.6,0.8},per_process_memory_fraction:{0.9,0.95}",
 ];
 
+/// The built-in grid for torch_npu recordings, 16 points: torch_npu refuses
+/// `max_split_size_mb` and `garbage_collection_threshold` with expandable segments and has no
+/// `per_process_memory_fraction` option, so only the points of [`BUILTIN_GRID`] it accepts
+/// (which CUDA's allocator accepts as well).
+pub const BUILTIN_NPU_GRID: &[&str] = &[
+    "pytorch:expandable_segments:{False,True},roundup_power2_divisions:{1,2,4,8}",
+    "pytorch:expandable_segments:False,max_split_size_mb:{64,128,256,512},roundup_power2_divisions:{1,4}",
+];
+
 /// The built-in grid, expanded (see [`BUILTIN_GRID`]).
 pub fn builtin_grid() -> Vec<String> {
-    expand_all(BUILTIN_GRID.iter().map(|s| s.to_string()))
-        .expect("the built-in grid is well formed") // pinned by a test
+    builtin_grid_for(Flavour::Cuda)
+}
+
+/// The built-in grid for recordings of `flavour`'s allocator, expanded ([`BUILTIN_GRID`],
+/// [`BUILTIN_NPU_GRID`]).
+pub fn builtin_grid_for(flavour: Flavour) -> Vec<String> {
+    let grid = match flavour {
+        Flavour::Cuda => BUILTIN_GRID,
+        Flavour::Npu => BUILTIN_NPU_GRID,
+    };
+    // Pinned by a test.
+    expand_all(grid.iter().map(|s| s.to_string())).expect("the built-in grid is well formed")
 }
 
 /// One brace group found in a spec: where it is and what it offers.
@@ -195,10 +214,16 @@ pub fn conf_value(config: &Config) -> String {
         c.roundup_power2_divisions = [0; INTERVALS];
     }
     let full = c.to_conf_string();
-    let rest = match full.strip_prefix("expandable_segments:False") {
+    let mut rest = match full.strip_prefix("expandable_segments:False") {
         Some(r) => r.trim_start_matches(','),
         None => full.as_str(),
     };
+    // torch_npu's default alignment, which its strings always state.
+    if c.flavour == Flavour::Npu {
+        if let Some(r) = rest.strip_prefix("base_addr_aligned_kb:16") {
+            rest = r.trim_start_matches(',');
+        }
+    }
     if rest.is_empty() {
         "expandable_segments:False".to_string()
     } else {
@@ -212,11 +237,12 @@ pub fn conf_value(config: &Config) -> String {
 /// works on every 2.x release.
 pub fn export_line(config: &Config) -> String {
     let value = conf_value(config);
+    let var = config.flavour.env_var();
     let plain = value.chars().all(|c| c.is_ascii_alphanumeric() || "_:,.=+-".contains(c));
     if plain {
-        format!("export PYTORCH_CUDA_ALLOC_CONF={value}")
+        format!("export {var}={value}")
     } else {
-        format!("export PYTORCH_CUDA_ALLOC_CONF='{value}'")
+        format!("export {var}='{value}'")
     }
 }
 

@@ -14,7 +14,7 @@
 use super::grid::export_line;
 use super::row::{as_number, Row};
 use crate::error::{Error, Result};
-use crate::policy::pytorch::config::{Config, Version};
+use crate::policy::pytorch::config::Config;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -207,7 +207,7 @@ pub fn rank(traces: &[String], rows: &[SweepRow], objective: &str) -> Result<Vec
 /// effective configuration is the same on every trace.
 fn env_for(spec: &str, rows: &[SweepRow]) -> Option<String> {
     let policy = spec.split(':').next().unwrap_or(spec);
-    if policy != "pytorch" && policy != "pytorch-expandable" {
+    if !matches!(policy, "pytorch" | "pytorch-expandable" | "pytorch-cuda" | "pytorch-npu") {
         return None;
     }
     let mut configs = rows.iter().filter(|r| r.spec == spec).map(|r| r.row.config());
@@ -215,7 +215,7 @@ fn env_for(spec: &str, rows: &[SweepRow]) -> Option<String> {
     if configs.any(|c| c != first) {
         return None;
     }
-    Config::parse(first, Version::CURRENT).ok().map(|c| export_line(&c))
+    Config::parse_shown(first).ok().map(|c| export_line(&c))
 }
 
 /// Builds the report: ranks `results` by `objective` and names the best config, with its saving

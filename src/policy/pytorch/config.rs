@@ -19,7 +19,7 @@
 //! `graph_capture_record_stream_reuse`, ...) are accepted and kept only for display.
 
 use crate::error::{Error, Result};
-use crate::trace::AllocatorSettings;
+use crate::trace::{AllocatorSettings, Trace};
 use crate::units::MIB;
 
 /// Every block size is a multiple of this (`kMinBlockSize`).
@@ -42,6 +42,72 @@ pub fn round_to_blocks(n: u64) -> u64 {
 
 /// Number of `roundup_power2_divisions` intervals.
 pub const INTERVALS: usize = 16;
+
+/// Bytes torch_npu adds to every request before rounding it (`AddPadSize`): the Ascend runtime
+/// wants 32 bytes past the end of each buffer (docs/pytorch-model.md#npu).
+pub const NPU_PAD: u64 = 32;
+/// torch_npu's default `base_addr_aligned_kb`, and its upper limit (`kAlignRoundLarge`).
+pub const NPU_ALIGN_ROUND_LARGE: u64 = 16 * 1024;
+/// torch_npu's huge page with `page_size:1g` (`kExtraLargeBuffer`).
+pub const NPU_EXTRA_LARGE_BUFFER: u64 = 1 << 30;
+
+/// Whose caching allocator the rules are: PyTorch's CUDA one, or torch_npu's fork of it for
+/// Huawei Ascend NPUs. Why one type: the two make the same decisions almost everywhere, so the
+/// policy is one, and the few rules that differ (docs/pytorch-model.md#npu) ask this.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Flavour {
+    /// `c10/cuda/CUDACachingAllocator.cpp`, configured by `PYTORCH_CUDA_ALLOC_CONF`.
+    #[default]
+    Cuda,
+    /// torch_npu's `NPUCachingAllocator.cpp`, configured by `PYTORCH_NPU_ALLOC_CONF`.
+    Npu,
+}
+
+/// True when `conf` names an option only torch_npu's allocator has.
+fn names_npu_option(conf: &str) -> bool {
+    tokenize(conf).iter().any(|t| {
+        matches!(
+            t.as_str(),
+            "base_addr_aligned_kb" | "segment_size_mb" | "page_size" | "pinned_mem_register"
+        )
+    })
+}
+
+impl Flavour {
+    /// The allocator that made `trace`: torch_npu's when a frame names torch_npu
+    /// ([`Trace::torch_npu`]) or the recorded settings string holds an option only torch_npu
+    /// has; CUDA's otherwise.
+    pub fn of_trace(trace: &Trace) -> Flavour {
+        let npu_conf = trace
+            .allocator_settings
+            .as_ref()
+            .and_then(|s| s.conf.as_deref())
+            .is_some_and(names_npu_option);
+        if trace.torch_npu || npu_conf {
+            Flavour::Npu
+        } else {
+            Flavour::Cuda
+        }
+    }
+
+    /// Bytes this allocator adds to every request before rounding: 32 for torch_npu, none
+    /// for CUDA. Why it is asked of a recording's maker: an `oom` entry records the rounded
+    /// size, and the request behind it is that much smaller.
+    pub fn pad(self) -> u64 {
+        match self {
+            Flavour::Cuda => 0,
+            Flavour::Npu => NPU_PAD,
+        }
+    }
+
+    /// The environment variable that configures this allocator.
+    pub fn env_var(self) -> &'static str {
+        match self {
+            Flavour::Cuda => "PYTORCH_CUDA_ALLOC_CONF",
+            Flavour::Npu => "PYTORCH_NPU_ALLOC_CONF",
+        }
+    }
+}
 
 /// A PyTorch release, as far as it changes a decision (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -120,6 +186,18 @@ pub struct Config {
     pub own_allocator_pools: Vec<(u64, u64)>,
     /// Options accepted but without effect on placement, kept for display (`key:value`).
     pub other: Vec<String>,
+    /// Whose allocator: CUDA's or torch_npu's ([`Flavour`]).
+    pub flavour: Flavour,
+    /// torch_npu's `base_addr_aligned_kb` in bytes (default 16 KiB; 0 = off): with expandable
+    /// segments, a block of 2 MiB or more starts at a multiple of it
+    /// (docs/pytorch-model.md#npu-alignment). Always 0 for CUDA.
+    pub base_addr_aligned: u64,
+    /// torch_npu's `segment_size_mb` in bytes (0: not set): the large pool's expandable page
+    /// size. Unlike CUDA's `large_segment_size_mb` it changes nothing else.
+    pub npu_segment_size: u64,
+    /// torch_npu's `page_size:1g`: the large pool gets 1 GiB pages (segments rounded up to
+    /// 1 GiB, or 1 GiB expandable pages).
+    pub page_size_1g: bool,
 }
 
 impl Default for Config {
@@ -137,7 +215,45 @@ impl Default for Config {
             private_pools_expandable: None,
             own_allocator_pools: Vec::new(),
             other: Vec::new(),
+            flavour: Flavour::Cuda,
+            base_addr_aligned: 0,
+            npu_segment_size: 0,
+            page_size_1g: false,
         }
+    }
+}
+
+impl Config {
+    /// torch_npu's defaults (`PYTORCH_NPU_ALLOC_CONF` unset), on a GPU-sized device of 64 GiB
+    /// (an Ascend 910B's HBM) until the replay names one.
+    pub fn npu() -> Config {
+        Config {
+            flavour: Flavour::Npu,
+            base_addr_aligned: NPU_ALIGN_ROUND_LARGE,
+            gpu_memory: 64 << 30,
+            ..Config::default()
+        }
+    }
+
+    /// The defaults of `flavour`'s allocator.
+    pub fn default_for(flavour: Flavour) -> Config {
+        match flavour {
+            Flavour::Cuda => Config::default(),
+            Flavour::Npu => Config::npu(),
+        }
+    }
+
+    /// Bytes added to every request before rounding: 32 for torch_npu, none for CUDA.
+    #[inline]
+    pub fn pad(&self) -> u64 {
+        self.flavour.pad()
+    }
+
+    /// Whether torch_npu's base-address alignment applies to a request rounded to `rounded`:
+    /// expandable segments on, `rounded` at least 2 MiB (`kRoundLarge`), and alignment not off.
+    #[inline]
+    pub fn aligns_base(&self, rounded: u64) -> bool {
+        self.base_addr_aligned != 0 && self.expandable_segments && rounded >= ROUND_LARGE
     }
 }
 
@@ -265,6 +381,10 @@ impl Tokens<'_> {
     }
 }
 
+/// The keys torch_npu accepts, for the unknown-key message.
+const NPU_KEYS: &str = "max_split_size_mb, garbage_collection_threshold, expandable_segments, \
+pinned_mem_register, base_addr_aligned_kb, page_size, segment_size_mb, roundup_power2_divisions";
+
 /// The keys PyTorch accepts, for the unknown-key message.
 const KEYS: &str = "max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions, \
 garbage_collection_threshold, expandable_segments, large_segment_size_mb, \
@@ -316,6 +436,9 @@ impl Config {
     /// [`Config::apply`]; with `skipped`, an option this parser does not know is left out (and
     /// named there) instead of refused.
     fn apply_skipping(&mut self, text: &str, mut skipped: Option<&mut Vec<String>>) -> Result<()> {
+        if self.flavour == Flavour::Npu {
+            return self.apply_npu(text, skipped);
+        }
         let tokens = tokenize(text);
         self.max_split_size = u64::MAX;
         self.roundup_power2_divisions = [0; INTERVALS];
@@ -435,6 +558,129 @@ impl Config {
         Ok(())
     }
 
+    /// Parses a configuration as [`Policy::config`](crate::policy::Policy::config) shows it:
+    /// torch_npu's when it names an option only torch_npu has (its strings always do), else
+    /// CUDA's on current main.
+    pub fn parse_shown(text: &str) -> Result<Config> {
+        if names_npu_option(text) {
+            Config::parse_npu(text)
+        } else {
+            Config::parse(text, Version::CURRENT)
+        }
+    }
+
+    /// Parses a `PYTORCH_NPU_ALLOC_CONF` string on top of torch_npu's defaults.
+    pub fn parse_npu(text: &str) -> Result<Config> {
+        let mut c = Config::npu();
+        c.apply(text)?;
+        Ok(c)
+    }
+
+    /// [`Config::apply_skipping`] for torch_npu (`NPUAllocatorConfig.cpp`, `parseArgs`): its own
+    /// keys, its own limits, and its rule that expandable segments exclude `max_split_size_mb`
+    /// and `garbage_collection_threshold` (docs/pytorch-model.md#npu-conf).
+    fn apply_npu(&mut self, text: &str, mut skipped: Option<&mut Vec<String>>) -> Result<()> {
+        let tokens = tokenize(text);
+        self.max_split_size = u64::MAX;
+        self.roundup_power2_divisions = [0; INTERVALS];
+        self.garbage_collection_threshold = 0.0;
+        self.max_non_split_rounding = LARGE_BUFFER;
+        self.large_segment_size = LARGE_BUFFER;
+        // torch_npu checks every separator (`consumeToken`).
+        let mut t = Tokens { tokens: &tokens, i: 0, strict: true };
+        let digits = |v: &str, key: &str| -> Result<u64> {
+            if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(Error::usage(format!(
+                    "CachingAllocator option {key} is invalid ('{v}')"
+                )));
+            }
+            v.parse::<u64>().map_err(|_| {
+                Error::usage(format!("CachingAllocator option {key} is out of range ('{v}')"))
+            })
+        };
+        while t.i < tokens.len() {
+            let key = tokens[t.i].clone();
+            t.i += 1;
+            match key.as_str() {
+                "max_split_size_mb" => {
+                    let mb = digits(t.value(&key)?, &key)?;
+                    let min_mb = LARGE_BUFFER / MIB;
+                    if mb <= min_mb {
+                        return Err(Error::usage(format!(
+                            "CachingAllocator option max_split_size_mb too small, must be > {min_mb}"
+                        )));
+                    }
+                    self.max_split_size = mb.min(u64::MAX / MIB) * MIB;
+                }
+                "garbage_collection_threshold" => {
+                    let v = stod(t.value(&key)?, &key)?;
+                    if v <= 0.0 || v >= 1.0 {
+                        return Err(Error::usage(format!(
+                            "garbage_collection_threshold must be between 0.0 and 1.0 (got {v})"
+                        )));
+                    }
+                    self.garbage_collection_threshold = v;
+                }
+                "expandable_segments" => self.expandable_segments = t.boolean(&key)?,
+                "pinned_mem_register" => {
+                    let v = t.boolean(&key)?;
+                    self.note_other(&key, if v { "True" } else { "False" });
+                }
+                "base_addr_aligned_kb" => {
+                    let kb = digits(t.value(&key)?, &key)?;
+                    if kb > NPU_ALIGN_ROUND_LARGE / 1024 {
+                        return Err(Error::usage(format!(
+                            "CachingAllocator option base_addr_aligned_kb error, must be [0~16] (got {kb})"
+                        )));
+                    }
+                    self.base_addr_aligned = kb * 1024;
+                }
+                "page_size" => match t.value(&key)? {
+                    "1g" => self.page_size_1g = true,
+                    v => {
+                        return Err(Error::usage(format!(
+                            "Unsupported page_size value: {v} (accepted: 1g)"
+                        )))
+                    }
+                },
+                "segment_size_mb" => {
+                    let mb = digits(t.value(&key)?, &key)?;
+                    if !(20..=512).contains(&mb) {
+                        return Err(Error::usage(format!(
+                            "CachingAllocator option segment_size_mb error, must be [20, 512] (got {mb})"
+                        )));
+                    }
+                    self.npu_segment_size = mb * MIB;
+                }
+                "roundup_power2_divisions" => self.parse_divisions(&mut t)?,
+                _ => match skipped.as_deref_mut() {
+                    Some(names) => {
+                        names.push(key.clone());
+                        t.skip_value();
+                    }
+                    None => {
+                        return Err(Error::usage(format!(
+                            "Unrecognized CachingAllocator option: {key} (accepted: {NPU_KEYS})"
+                        )))
+                    }
+                },
+            }
+            if t.i < tokens.len() {
+                t.separator(",", &key)?;
+            }
+        }
+        // Expandable segments are off by default in current torch_npu, so on means named (now or
+        // in an earlier settings string, which torch_npu also remembers).
+        let limits = self.max_split_size != u64::MAX || self.garbage_collection_threshold != 0.0;
+        if self.expandable_segments && limits {
+            return Err(Error::usage(
+                "`max_split_size_mb` or `garbage_collection_threshold`, cannot be enabled with \
+                 `expandable_segments`, please set `expandable_segments` to `False`",
+            ));
+        }
+        Ok(())
+    }
+
     fn note_other(&mut self, key: &str, value: &str) {
         self.other.retain(|o| !o.starts_with(&format!("{key}:")));
         self.other.push(format!("{key}:{value}"));
@@ -521,10 +767,20 @@ impl Config {
     /// PyTorch that recorded it accepted the string, so an option this parser does not know (a
     /// newer release's) is left out, not refused: [`Config::unmodelled_options`] names them.
     pub fn from_recorded(s: &AllocatorSettings, version: Version) -> Result<Config> {
-        let mut c = Config { version, ..Config::default() };
+        Config::from_recorded_as(s, version, Flavour::Cuda)
+    }
+
+    /// [`Config::from_recorded`] for `flavour`'s allocator (torch_npu's settings string is
+    /// `PYTORCH_NPU_ALLOC_CONF`, parsed by its rules).
+    pub fn from_recorded_as(
+        s: &AllocatorSettings,
+        version: Version,
+        flavour: Flavour,
+    ) -> Result<Config> {
+        let mut c = Config { version, ..Config::default_for(flavour) };
         if let Some(conf) = s.conf.as_deref() {
             c.apply_skipping(conf, Some(&mut Vec::new())).map_err(|e| {
-                Error::input(format!("the recorded PYTORCH_CUDA_ALLOC_CONF: {}", e.message()))
+                Error::input(format!("the recorded {}: {}", flavour.env_var(), e.message()))
             })?;
         }
         c.max_split_size = s.max_split_size.unwrap_or(u64::MAX);
@@ -537,9 +793,14 @@ impl Config {
     /// The options of a recorded settings string that this parser does not know, which
     /// [`Config::from_recorded`] leaves out of the replay.
     pub fn unmodelled_options(s: &AllocatorSettings) -> Vec<String> {
+        Config::unmodelled_options_as(s, Flavour::Cuda)
+    }
+
+    /// [`Config::unmodelled_options`] by `flavour`'s parser.
+    pub fn unmodelled_options_as(s: &AllocatorSettings, flavour: Flavour) -> Vec<String> {
         let mut names = Vec::new();
         if let Some(conf) = s.conf.as_deref() {
-            let mut scratch = Config::default();
+            let mut scratch = Config::default_for(flavour);
             let _ = scratch.apply_skipping(conf, Some(&mut names));
         }
         names
@@ -564,6 +825,16 @@ impl Config {
             "expandable_segments:{}",
             if self.expandable_segments { "True" } else { "False" }
         )];
+        if self.flavour == Flavour::Npu {
+            // Always written: it is torch_npu's alone, so the string says whose settings it holds.
+            parts.push(format!("base_addr_aligned_kb:{}", self.base_addr_aligned / 1024));
+            if self.npu_segment_size != 0 {
+                parts.push(format!("segment_size_mb:{}", self.npu_segment_size / MIB));
+            }
+            if self.page_size_1g {
+                parts.push("page_size:1g".into());
+            }
+        }
         if self.large_segment_size != LARGE_BUFFER {
             parts.push(format!("large_segment_size_mb:{}", self.large_segment_size / MIB));
         }
@@ -606,6 +877,8 @@ impl Config {
     /// `round_size`: the block size a request of `n` bytes asks for
     /// (docs/pytorch-model.md#rounding).
     pub fn round_size(&self, n: u64) -> u64 {
+        // torch_npu pads first, and picks the divisions by the padded size.
+        let n = n.saturating_add(self.pad());
         if n >= MIN_BLOCK_SIZE {
             let d = self.divisions_for(n);
             if d > 1 && n > MIN_BLOCK_SIZE.saturating_mul(d) {
@@ -618,6 +891,9 @@ impl Config {
     /// `get_allocation_size`: the cudaMalloc size for a new segment serving `rounded`
     /// (docs/pytorch-model.md#segment-size).
     pub fn allocation_size(&self, rounded: u64) -> u64 {
+        if self.page_size_1g && rounded > SMALL_SIZE {
+            return rounded.div_ceil(NPU_EXTRA_LARGE_BUFFER).saturating_mul(NPU_EXTRA_LARGE_BUFFER);
+        }
         if rounded <= SMALL_SIZE {
             SMALL_BUFFER
         } else if rounded < MIN_LARGE_ALLOC {
@@ -629,7 +905,7 @@ impl Config {
 
     /// The oversize tolerance: how much larger than an oversize request a cached block may be.
     pub fn tolerance(&self) -> u64 {
-        if self.version < (Version { major: 2, minor: 6 }) {
+        if self.flavour == Flavour::Npu || self.version < (Version { major: 2, minor: 6 }) {
             LARGE_BUFFER
         } else {
             self.max_non_split_rounding
@@ -696,6 +972,10 @@ impl Config {
     pub fn page_size(&self, small: bool) -> u64 {
         if small {
             SMALL_BUFFER
+        } else if self.page_size_1g {
+            NPU_EXTRA_LARGE_BUFFER
+        } else if self.npu_segment_size != 0 {
+            self.npu_segment_size
         } else {
             self.large_segment_size
         }

@@ -35,7 +35,7 @@ pub mod config;
 pub(crate) mod expandable;
 pub mod start;
 
-pub use config::{Config, Version};
+pub use config::{Config, Flavour, Version};
 
 use super::chunks::unknown_block;
 use super::{Allocation, Handle, Policy};
@@ -60,10 +60,30 @@ pub const NAME: &str = "pytorch";
 /// `pytorch`'s line in [`POLICIES`](super::POLICIES).
 pub const POLICY: Registration<PyTorch> = Registration {
     name: NAME,
-    summary: "PyTorch's CUDA caching allocator (PYTORCH_CUDA_ALLOC_CONF options; default: recorded settings)",
+    summary: "PyTorch's caching allocator: CUDA's, or torch_npu's for a torch_npu recording (default: recorded settings)",
     role: Role::Online,
     options: || "PYTORCH_CUDA_ALLOC_CONF syntax, e.g. max_split_size_mb:128,roundup_power2_divisions:4; or 'recorded'".into(),
     build: PyTorch::from_spec,
+};
+
+/// `pytorch-npu`'s line in [`POLICIES`](super::POLICIES): torch_npu's allocator whatever made
+/// the recording.
+pub const NPU: Registration<PyTorch> = Registration {
+    name: "pytorch-npu",
+    summary: "torch_npu's caching allocator for Huawei Ascend NPUs (PYTORCH_NPU_ALLOC_CONF options; default: recorded settings)",
+    role: Role::Online,
+    options: || "PYTORCH_NPU_ALLOC_CONF syntax, e.g. expandable_segments:True,base_addr_aligned_kb:16; or 'recorded'".into(),
+    build: PyTorch::npu_from_spec,
+};
+
+/// `pytorch-cuda`'s line in [`POLICIES`](super::POLICIES): CUDA's allocator even for a
+/// torch_npu recording, which `pytorch` replays with torch_npu's rules.
+pub const CUDA: Registration<PyTorch> = Registration {
+    name: "pytorch-cuda",
+    summary: "PyTorch's CUDA caching allocator, also for a torch_npu recording",
+    role: Role::Online,
+    options: || "PYTORCH_CUDA_ALLOC_CONF syntax, as for pytorch".into(),
+    build: PyTorch::cuda_from_spec,
 };
 
 /// `pytorch-expandable`'s line in [`POLICIES`](super::POLICIES).
@@ -286,7 +306,8 @@ impl PyTorch {
             stats: Stats::default(),
             gc_on: config.garbage_collection_threshold > 0.0
                 && config.allowed_memory_maximum().is_some(),
-            plain_rounding: config.roundup_power2_divisions.iter().all(|&d| d <= 1),
+            plain_rounding: config.flavour == Flavour::Cuda
+                && config.roundup_power2_divisions.iter().all(|&d| d <= 1),
             config,
             start: None,
             exact_blocks: false,
@@ -352,15 +373,38 @@ impl PyTorch {
     /// Builds the policy from `PYTORCH_CUDA_ALLOC_CONF` options (`recorded` or empty: the trace's
     /// recorded settings, else PyTorch's defaults), on the GPU the replay names
     /// ([`PolicyContext::gpu_memory`]), starting from the recorded start state where there is one.
+    /// The allocator is the one that made the recording ([`Flavour::of_trace`]): torch_npu's
+    /// for a torch_npu recording, else CUDA's.
     pub fn from_spec(options: &str, context: &PolicyContext) -> Result<PyTorch> {
-        let config = settings_for(options, context, false)?;
+        PyTorch::from_spec_as(options, context, None)
+    }
+
+    /// [`PyTorch::from_spec`] with CUDA's rules whatever made the recording (`pytorch-cuda`:
+    /// what would this run do on a GPU).
+    pub fn cuda_from_spec(options: &str, context: &PolicyContext) -> Result<PyTorch> {
+        PyTorch::from_spec_as(options, context, Some(Flavour::Cuda))
+    }
+
+    /// [`PyTorch::from_spec`] with torch_npu's rules whatever made the recording
+    /// (`pytorch-npu`; its options are `PYTORCH_NPU_ALLOC_CONF` syntax).
+    pub fn npu_from_spec(options: &str, context: &PolicyContext) -> Result<PyTorch> {
+        PyTorch::from_spec_as(options, context, Some(Flavour::Npu))
+    }
+
+    /// [`PyTorch::from_spec`] for `flavour`'s allocator (`None`: the recording's).
+    fn from_spec_as(
+        options: &str,
+        context: &PolicyContext,
+        flavour: Option<Flavour>,
+    ) -> Result<PyTorch> {
+        let config = settings_for(options, context, false, flavour)?;
         Ok(PyTorch::new(config).with_recorded_start(context).reading_kineto(context))
     }
 
     /// Like [`PyTorch::from_spec`] with `expandable_segments:True` forced, from an empty cache
     /// (a recording's cudaMalloc segments cannot become mapped pages).
     pub fn expandable_from_spec(options: &str, context: &PolicyContext) -> Result<PyTorch> {
-        let config = settings_for(options, context, true)?;
+        let config = settings_for(options, context, true, None)?;
         Ok(PyTorch::new(config).reading_kineto(context))
     }
 }
@@ -371,8 +415,14 @@ impl PyTorch {
 /// `per_process_memory_fraction` and of expandable reservations), else at least what the
 /// recording proves. Every other rule the policy follows (the recorded start state, Kineto's
 /// exact blocks) is derived from the trace by the constructors, never dropped by a later step.
-fn settings_for(options: &str, context: &PolicyContext, force_expandable: bool) -> Result<Config> {
-    let mut config = config_for(options, context, Version::CURRENT)?;
+fn settings_for(
+    options: &str,
+    context: &PolicyContext,
+    force_expandable: bool,
+    flavour: Option<Flavour>,
+) -> Result<Config> {
+    let flavour = flavour.unwrap_or_else(|| Flavour::of_trace(context.trace));
+    let mut config = config_for(options, context, Version::CURRENT, flavour)?;
     if force_expandable {
         config.expandable_segments = true;
     }
@@ -391,6 +441,7 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
             && !self.exact_blocks
             && self.config.max_split_size == u64::MAX
             && !self.config.expandable_segments
+            && self.config.flavour == Flavour::Cuda
     }
 
     /// The same policy in the form that makes the default configuration's decisions at compile
@@ -725,6 +776,40 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
         } else {
             size < self.config.max_split_size && remaining > SMALL_SIZE
         }
+    }
+
+    /// torch_npu's base-address alignment (docs/pytorch-model.md#npu-alignment): the block `id`
+    /// of `block_size` bytes found for a request rounded to `rounded` starts past a multiple of
+    /// `base_addr_aligned`; when the request still fits from the next multiple on, the bytes
+    /// before it stay cached as a free block of their own and the request takes the rest. Why:
+    /// Ascend kernels run faster on large buffers aligned so, and torch_npu cuts them so. The
+    /// block the request takes, and its size.
+    #[inline(never)]
+    fn align_base(&mut self, id: u32, block_size: u64, rounded: u64) -> (u32, u64) {
+        let align = self.config.base_addr_aligned;
+        let b = *self.b(id);
+        let offset = (align - b.ptr % align) % align;
+        if offset == 0 || offset.saturating_add(rounded) > block_size {
+            return (id, block_size);
+        }
+        let rest = block_size - offset;
+        let high = self.new_block(Block {
+            ptr: b.ptr + offset,
+            size: rest,
+            requested: 0,
+            prev: id,
+            in_use: true,
+            allocated: false,
+            ..b
+        });
+        if b.next != NIL {
+            self.bm(b.next).prev = high;
+        }
+        let front = self.bm(id);
+        front.next = high;
+        front.size = offset;
+        self.insert_free(id);
+        (high, rest)
     }
 
     /// `alloc_found_block` (docs/pytorch-model.md#split-rule): splits off the low part if asked and
@@ -1371,16 +1456,23 @@ fn placed_tiling(
 /// Either way, whether private pools get expandable segments of their own is what the recording
 /// shows of the PyTorch that made it, where it shows it
 /// ([`start::PrivatePoolMemory`]).
-pub fn config_for(options: &str, context: &PolicyContext, version: Version) -> Result<Config> {
+pub fn config_for(
+    options: &str,
+    context: &PolicyContext,
+    version: Version,
+    flavour: Flavour,
+) -> Result<Config> {
     let o = options.trim();
     let mut config = if o.is_empty() || o == "recorded" {
         match &context.trace.allocator_settings {
-            Some(s) => Config::from_recorded(s, version)?,
-            None => Config { version, ..Config::default() },
+            Some(s) => Config::from_recorded_as(s, version, flavour)?,
+            None => Config { version, ..Config::default_for(flavour) },
         }
     } else {
         Config::refuse_repeated_options(o)?;
-        Config::parse(o, version)?
+        let mut c = Config { version, ..Config::default_for(flavour) };
+        c.apply(o)?;
+        c
     };
     start::PrivatePoolMemory::recorded(context.trace, context.device, context.events)
         .apply_to(&mut config);
@@ -1395,7 +1487,7 @@ pub fn config_for(options: &str, context: &PolicyContext, version: Version) -> R
 fn at_least_recorded_gpu_memory(mut config: Config, context: &PolicyContext) -> Config {
     let recorded = context.trace.allocator_settings.as_ref();
     let least = recorded
-        .and_then(|s| Config::from_recorded(s, config.version).ok())
+        .and_then(|s| Config::from_recorded_as(s, config.version, config.flavour).ok())
         .zip(context.recorded_peak_reserved)
         .and_then(|(recorded, peak)| recorded.least_gpu_memory_for(peak));
     if let (None, Some(least)) = (context.gpu_memory, least) {
@@ -1508,6 +1600,11 @@ impl<const DEFAULT_RULES: bool> Policy for PyTorch<DEFAULT_RULES> {
             },
         };
         debug_assert!(self.b(id).pool == self.into && self.b(id).small == small);
+        let (id, block_size) = if !DEFAULT_RULES && self.config.aligns_base(rounded) {
+            self.align_base(id, block_size, rounded)
+        } else {
+            (id, block_size)
+        };
         let split = self.should_split(block_size, rounded, small);
         Ok(Some(self.alloc_found_block(id, rounded, size, split)))
     }

@@ -661,3 +661,152 @@ fn the_default_rules_form_frees_by_address_without_a_map_of_blocks() {
     assert!(general.active.is_some());
     general.check().unwrap();
 }
+
+fn npu(conf: &str) -> PyTorch {
+    PyTorch::new(Config::parse_npu(conf).unwrap())
+}
+
+#[test]
+fn npu_pads_every_request_by_32_bytes_before_rounding() {
+    // Seen in real torch_npu snapshots: a 16,384 B request occupies 16,896 B, 37,632 B
+    // occupies 37,888 B (request + 32, up to a multiple of 512).
+    let npu_rules = Config::npu();
+    let cuda = Config::default();
+    for (request, npu_block, cuda_block) in [
+        (16_384, 16_896, 16_384),
+        (37_632, 37_888, 37_888),
+        (1, 512, 512),
+        (480, 512, 512),
+        (481, 1024, 512),
+        (512, 1024, 512),
+        (MIB - 32, MIB, MIB),
+        (MIB - 31, MIB + 512, MIB),
+    ] {
+        assert_eq!(npu_rules.round_size(request), npu_block, "npu {request}");
+        assert_eq!(cuda.round_size(request), cuda_block, "cuda {request}");
+    }
+    let mut p = npu("");
+    let mut d = device(None);
+    let a = malloc(&mut p, &mut d, 16_384);
+    let b = malloc(&mut p, &mut d, 37_632);
+    assert_eq!((a.block_size, b.block_size), (16_896, 37_888));
+    assert_eq!(b.addr, a.addr + 16_896, "blocks tile the 2 MiB small segment");
+    // 1 MiB − 32 rounds to exactly 1 MiB (small pool, the same segment); 1 MiB itself goes to
+    // the large pool.
+    malloc(&mut p, &mut d, MIB - 32);
+    malloc(&mut p, &mut d, MIB);
+    assert_eq!(segment_allocs(&d), vec![2 * MIB, 20 * MIB]);
+    // Divisions are chosen by the padded size: 2 MiB − 16 pads past 2 MiB, into the next interval.
+    let c = Config::parse_npu("roundup_power2_divisions:4").unwrap();
+    assert_eq!(c.round_size(2 * MIB - 16), 2 * MIB + 512 * 1024);
+    assert_eq!(c.round_size(MIB + 100), MIB + 256 * 1024);
+}
+
+#[test]
+fn npu_segments_and_oversize_tolerance_keep_the_fixed_20_mib() {
+    let mut p = npu("max_split_size_mb:64");
+    let mut d = device(None);
+    malloc(&mut p, &mut d, 5 * MIB);
+    p.malloc(&mut d, 11 * MIB, 1).unwrap().unwrap();
+    assert_eq!(segment_allocs(&d), vec![20 * MIB, 12 * MIB]);
+    assert_eq!(p.settings().tolerance(), 20 * MIB);
+    assert_eq!(
+        p.config(),
+        "expandable_segments:False,base_addr_aligned_kb:16,max_split_size_mb:64"
+    );
+}
+
+#[test]
+fn npu_aligns_large_blocks_to_16_kib_with_expandable_segments() {
+    use BackendCall::*;
+    let mut p = npu("expandable_segments:True");
+    let mut d = device(None);
+    let a = malloc(&mut p, &mut d, 3 * MIB);
+    let Reserve { size: va, addr: Some(base) } = d.calls()[0] else { panic!("{:?}", d.calls()) };
+    assert_eq!(va, (64 * GIB + 8 * GIB).div_ceil(20 * MIB) * 20 * MIB, "9/8 of 64 GiB");
+    assert_eq!(base % (16 << 10), 0);
+    // 3 MiB + 32 rounds to 3 MiB + 512: the next block starts 512 bytes past a 16 KiB line.
+    assert_eq!((a.addr, a.block_size), (base, 3 * MIB + 512));
+    let b = malloc(&mut p, &mut d, 2 * MIB);
+    let aligned = base + 3 * MIB + (16 << 10);
+    assert_eq!(b.addr, aligned, "moved up to the next 16 KiB line");
+    assert_eq!(b.block_size, 2 * MIB + 512);
+    // The 15.5 KiB in front stays cached, a free block of its own; the 1 MiB+ request below
+    // does not fit it, so it goes after `b`.
+    let gap = p.block_containing(base + 3 * MIB + 512).unwrap();
+    assert_eq!(gap, (base + 3 * MIB + 512, (16 << 10) - 512, false));
+    // Below 2 MiB nothing is aligned.
+    let c = malloc(&mut p, &mut d, MIB + 100);
+    assert_eq!(c.addr, aligned + 2 * MIB + 512);
+    // Freeing `b` merges the gap back.
+    free(&mut p, &mut d, b);
+    assert_eq!(p.block_containing(base + 3 * MIB + 512).unwrap().1, (16 << 10) + 2 * MIB);
+    // Off with base_addr_aligned_kb:0, and without expandable segments.
+    for conf in ["expandable_segments:True,base_addr_aligned_kb:0", ""] {
+        let mut p = npu(conf);
+        let mut d = device(None);
+        let a = malloc(&mut p, &mut d, 3 * MIB);
+        let b = malloc(&mut p, &mut d, 2 * MIB);
+        assert_eq!(b.addr, a.addr + 3 * MIB + 512, "{conf}");
+    }
+}
+
+#[test]
+fn npu_expandable_pages_follow_segment_size_mb_and_page_size() {
+    use BackendCall::*;
+    let mut p = npu("expandable_segments:True,segment_size_mb:64");
+    let mut d = device(None);
+    malloc(&mut p, &mut d, 21 * MIB);
+    assert!(matches!(d.calls()[1], Map { size, .. } if size == 64 * MIB), "{:?}", d.calls());
+    let mut p = npu("page_size:1g");
+    let mut d = device(None);
+    malloc(&mut p, &mut d, 3 * MIB);
+    malloc(&mut p, &mut d, 3000);
+    assert_eq!(segment_allocs(&d), vec![GIB, 2 * MIB], "1 GiB pages for the large pool only");
+}
+
+#[test]
+fn npu_alloc_conf_is_parsed_by_torch_npu_rules() {
+    let err = |s: &str| Config::parse_npu(s).unwrap_err().to_string();
+    assert!(err("max_split_size_mb:20").contains("must be > 20"));
+    assert!(Config::parse_npu("max_split_size_mb:21").is_ok());
+    assert!(err("max_split_size_mb:-1").contains("invalid"));
+    assert!(err("segment_size_mb:10").contains("[20, 512]"));
+    assert!(err("base_addr_aligned_kb:17").contains("[0~16]"));
+    assert!(err("page_size:2m").contains("Unsupported page_size"));
+    assert!(err("large_segment_size_mb:40").contains("Unrecognized CachingAllocator option"));
+    assert!(err("expandable_segments:True,max_split_size_mb:64").contains("cannot be enabled"));
+    assert!(err("expandable_segments:True,garbage_collection_threshold:0.5")
+        .contains("cannot be enabled"));
+    assert!(err("max_split_size_mb,64").contains("expected ':'"), "torch_npu checks separators");
+    let c = Config::parse_npu(
+        "expandable_segments:True,base_addr_aligned_kb:4,segment_size_mb:40,pinned_mem_register:False",
+    )
+    .unwrap();
+    assert_eq!((c.base_addr_aligned, c.npu_segment_size), (4096, 40 * MIB));
+    assert_eq!(c.page_size(false), 40 * MIB);
+    assert_eq!(c.allocation_size(5 * MIB), 20 * MIB, "segment_size_mb changes pages only");
+    for conf in [
+        "",
+        "expandable_segments:True,base_addr_aligned_kb:4,segment_size_mb:40",
+        "max_split_size_mb:128,roundup_power2_divisions:[256:1,512:2,>:8]",
+        "page_size:1g,garbage_collection_threshold:0.5",
+    ] {
+        let c = Config::parse_npu(conf).unwrap();
+        assert_eq!(Config::parse_npu(&c.to_conf_string()).unwrap(), c, "{conf}");
+    }
+}
+
+#[test]
+fn npu_property_checker_holds() {
+    for conf in
+        ["", "expandable_segments:True", "max_split_size_mb:64", "roundup_power2_divisions:4"]
+    {
+        for seed in 0..6 {
+            let mut p = npu(conf);
+            run_checked(&mut p, &workload(seed, 1500), None);
+            let mut p = npu(conf);
+            run_checked(&mut p, &workload(seed, 1500), Some(96 * MIB));
+        }
+    }
+}

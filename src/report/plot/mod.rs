@@ -6,6 +6,7 @@ pub mod fragmentation;
 pub mod labels;
 pub mod peaks;
 pub mod segments;
+pub mod sites;
 pub mod sizes;
 pub mod style;
 pub mod timeline;
@@ -48,6 +49,14 @@ pub fn write_timeline(data: &ReportData, dir: &Path) -> Result<Vec<PathBuf>> {
 /// Writes `peaks.png` and `peaks.svg`.
 pub fn write_peaks(data: &ReportData, dir: &Path) -> Result<Vec<PathBuf>> {
     style::write_chart(&peaks::Peaks { data }, dir, "peaks")
+}
+
+/// Writes `sites.png` and `sites.svg` (nothing when no policy was broken down by site).
+pub fn write_sites(data: &ReportData, dir: &Path) -> Result<Vec<PathBuf>> {
+    if data.sites.is_empty() {
+        return Ok(Vec::new());
+    }
+    style::write_chart(&sites::Sites { data }, dir, "sites")
 }
 
 /// Writes `fragmentation.png` and `fragmentation.svg`.

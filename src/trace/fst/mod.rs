@@ -397,6 +397,7 @@ impl Chunked<'_> {
         devices.sort_by_key(|d| d.device);
         check_devices(devices.iter().map(|d| d.device)).map_err(at_head)?;
         check_segments(&head.segments).map_err(at_head)?;
+        let torch_npu = frames.names_torch_npu();
         Ok(Trace {
             format: Format::Fst,
             converted_from: Some(head.format),
@@ -407,6 +408,7 @@ impl Chunked<'_> {
             has_times: head.has_times,
             recorded_totals: fill.totals,
             entry_pools,
+            torch_npu,
         })
     }
 }
@@ -544,6 +546,7 @@ impl FstStream {
             }
         }
         check_segments(&head.segments).map_err(in_file)?;
+        let torch_npu = frames.names_torch_npu();
         let trace = Trace {
             format: Format::Fst,
             converted_from: Some(head.format),
@@ -554,6 +557,7 @@ impl FstStream {
             has_times: head.has_times,
             recorded_totals: Vec::new(),
             entry_pools,
+            torch_npu,
         };
         let file = input.into_inner();
         let identity = Identity::of(&file.metadata().map_err(|e| Error::io(path, e))?);
@@ -972,7 +976,9 @@ fn read_whole(data: &[u8], version: u32) -> Result<Trace> {
         has_times: wire.has_times,
         recorded_totals: wire.recorded_totals,
         entry_pools: None,
+        torch_npu: false,
     };
+    let trace = Trace { torch_npu: trace.frames.names_torch_npu(), ..trace };
     // Each event was checked above; the whole-trace limits (streams per device, ...) are checked
     // once for every format by `read::read_bytes` and the path reader.
     Ok(trace)
@@ -1093,6 +1099,7 @@ mod tests {
                 totals: vec![RecordedTotals { allocated: 4096, reserved: 2 << 20 }; 2],
             }],
             entry_pools: Some(vec![(0, 3), (1, u64::MAX)]),
+            torch_npu: false,
         }
     }
 

@@ -36,6 +36,16 @@ impl Builder {
         Builder::default()
     }
 
+    /// An empty builder with room for `items` sequence items and `entries` dict entries before
+    /// its pools first grow: a caller that can guess the sizes (from the objects it will add,
+    /// bounded by its input limit) spares the copies of repeated doubling.
+    pub fn with_capacity(items: usize, entries: usize) -> Builder {
+        let mut b = Builder::default();
+        b.pickle.seqs = super::arena::Arena::with_capacity(items);
+        b.pickle.dicts = super::arena::Arena::with_capacity(entries);
+        b
+    }
+
     /// Containers begun so far (the next one's number).
     pub fn containers(&self) -> u64 {
         self.containers
@@ -126,7 +136,8 @@ mod tests {
 
     #[test]
     fn a_built_pickle_reads_like_a_decoded_one() {
-        let mut b = Builder::new();
+        // Room made beforehand changes nothing but the copies.
+        let mut b = Builder::with_capacity(1, 1);
         let root = b.begin_dict();
         let list = b.begin_seq(Seq::List);
         let (k, one, big) = (b.str(b"a"), b.int(1), b.int(1 << 70));

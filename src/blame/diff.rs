@@ -1,0 +1,450 @@
+//! Two runs side by side (`fragsim diff`): two traces, or one trace under two policies.
+//!
+//! Sites are named by the last two components of their file's path
+//! ([`crate::trace::sites::short_site`]), so runs recorded in different checkouts or on
+//! different machines (`C:\...\pkg\model.py`, `/home/.../pkg/model.py`) compare site by site.
+//!
+//! Each run is replayed once plainly (its peaks) and once watched up to its peak-live moment,
+//! where its live bytes are broken down by site ([`super::blame`]); the site deltas are the
+//! differences of those breakdowns, so they add up to the difference of the live bytes exactly.
+//!
+//! To put two traces on one axis, their allocation sequences are aligned by site ([`align`]): a
+//! shortest edit script (Myers' greedy algorithm) over the sequence of sites, so that an
+//! allocation of the same site that grew from 8 to 16 MiB is one matched pair, not a removal and
+//! an addition. The matched pairs whose sizes differ most are reported. Where the two sequences
+//! differ in more than [`MAX_EDITS`] places, Myers' search would cost too much; the alignment
+//! then pairs the k-th allocation of each site in one run with the k-th of the same site in the
+//! other, and says so.
+
+use super::{events, BlameOptions, GroupBy, Keys, OTHER};
+use crate::error::Result;
+use crate::policy::PolicySpec;
+use crate::replay::{run_spec, ReplayInput, ReplayOptions};
+use crate::trace::Action;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+
+/// The most differences [`align`] searches with Myers' algorithm before pairing by rank.
+pub const MAX_EDITS: usize = 2_000;
+
+/// One run of a diff.
+pub struct Side<'r, 'i> {
+    /// The trace's name (as given on the command line).
+    pub trace: String,
+    /// Its replay input.
+    pub input: &'r ReplayInput<'i>,
+    /// The policy it runs under.
+    pub spec: PolicySpec,
+}
+
+/// One run's peaks: `a` and `b` of `diff --format json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunPeaks {
+    /// The trace.
+    pub trace: String,
+    /// The policy.
+    pub policy: String,
+    /// Its configuration.
+    pub config: String,
+    /// See `replay --json`.
+    pub peak_reserved_bytes: u64,
+    /// See `replay --json`.
+    pub peak_allocated_bytes: u64,
+    /// Live requested bytes at the peak-live moment (`peak_requested_bytes` when every request
+    /// is served).
+    pub peak_live_bytes: u64,
+    /// The event at which reserved memory first peaks.
+    pub peak_event: u64,
+    /// The peak-live moment, at which `sites` are read.
+    pub peak_live_event: u64,
+}
+
+/// B − A.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Delta {
+    /// Of `peak_reserved_bytes`.
+    pub peak_reserved_bytes: i64,
+    /// Of `peak_allocated_bytes`.
+    pub peak_allocated_bytes: i64,
+    /// Of `peak_live_bytes`; the sites' `delta_bytes` add up to it.
+    pub peak_live_bytes: i64,
+}
+
+/// One site's live bytes in both runs at their peak-live moments.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SiteDelta {
+    /// The site (or the `--by` group).
+    pub site: String,
+    /// Live bytes in A.
+    pub a_bytes: u64,
+    /// Live bytes in B.
+    pub b_bytes: u64,
+    /// `b_bytes - a_bytes`.
+    pub delta_bytes: i64,
+    /// `"a"` or `"b"` for a site found in one run only; `null` otherwise.
+    pub only_in: Option<String>,
+}
+
+/// Two allocations the alignment matched.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Matched {
+    /// Their site.
+    pub site: String,
+    /// The request size in A.
+    pub a_size: u64,
+    /// The request size in B.
+    pub b_size: u64,
+    /// The alloc's event index in A.
+    pub a_event: u64,
+    /// The alloc's event index in B.
+    pub b_event: u64,
+}
+
+/// `diff --format json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DiffReport {
+    /// Run A.
+    pub a: RunPeaks,
+    /// Run B.
+    pub b: RunPeaks,
+    /// B − A.
+    pub delta: Delta,
+    /// The grouping of `sites` and of the alignment.
+    pub by: GroupBy,
+    /// Live bytes by site, largest |delta| first.
+    pub sites: Vec<SiteDelta>,
+    /// How the allocation sequences were aligned: `myers` or `site-rank`.
+    pub alignment: String,
+    /// Allocations aligned in both runs.
+    pub matched_count: u64,
+    /// Matched pairs whose sizes differ, largest difference first.
+    pub matched: Vec<Matched>,
+}
+
+/// Compares `a` and `b`; `options.at` is ignored (sites are read at each run's peak-live
+/// moment), `options.top` bounds both lists.
+pub fn diff(a: &Side, b: &Side, options: &BlameOptions) -> Result<DiffReport> {
+    let keys_a = Keys::new(a.input, options.by, options.depth).short();
+    let keys_b = Keys::new(b.input, options.by, options.depth).short();
+    let (peaks_a, sites_a) = run(a, &keys_a, &options.replay)?;
+    let (peaks_b, sites_b) = run(b, &keys_b, &options.replay)?;
+    let delta = Delta {
+        peak_reserved_bytes: signed(peaks_b.peak_reserved_bytes, peaks_a.peak_reserved_bytes),
+        peak_allocated_bytes: signed(peaks_b.peak_allocated_bytes, peaks_a.peak_allocated_bytes),
+        peak_live_bytes: signed(peaks_b.peak_live_bytes, peaks_a.peak_live_bytes),
+    };
+    let sites = site_deltas(&sites_a, &sites_b, options.top);
+    let (alignment, pairs) = align_runs(a, b, &keys_a, &keys_b);
+    let matched_count = pairs.len() as u64;
+    let mut matched: Vec<Matched> = pairs.into_iter().filter(|m| m.a_size != m.b_size).collect();
+    matched.sort_by(|x, y| {
+        let d = |m: &Matched| m.a_size.abs_diff(m.b_size);
+        d(y).cmp(&d(x)).then(x.a_event.cmp(&y.a_event))
+    });
+    if options.top > 0 {
+        matched.truncate(options.top);
+    }
+    Ok(DiffReport {
+        a: peaks_a,
+        b: peaks_b,
+        delta,
+        by: options.by,
+        sites,
+        alignment: alignment.to_string(),
+        matched_count,
+        matched,
+    })
+}
+
+/// `x - y` as a signed number.
+fn signed(x: u64, y: u64) -> i64 {
+    (x as i128 - y as i128) as i64
+}
+
+/// One side's peaks and its live bytes by site at its peak-live moment.
+fn run(
+    side: &Side,
+    keys: &Keys,
+    replay: &ReplayOptions,
+) -> Result<(RunPeaks, HashMap<String, u64>)> {
+    let out = run_spec(&side.spec, side.input, replay)?;
+    let stop = super::peak_live_event(side.input);
+    let (_, layout) = super::watch(side.input, &side.spec, replay, stop)?;
+    let at = super::breakdown(&layout, keys, 0)?;
+    let sites = at.sites.iter().map(|s| (s.site.clone(), s.live_bytes)).collect();
+    let peaks = RunPeaks {
+        trace: side.trace.clone(),
+        policy: out.result.policy.clone(),
+        config: out.result.config.clone(),
+        peak_reserved_bytes: out.result.peak_reserved_bytes,
+        peak_allocated_bytes: out.result.peak_allocated_bytes,
+        peak_live_bytes: at.live_bytes,
+        peak_event: out.result.peak_event,
+        peak_live_event: stop,
+    };
+    Ok((peaks, sites))
+}
+
+/// Every site of either run with its bytes in both, largest |delta| first, beyond `top` folded
+/// into `(other)` (which keeps the sums exact).
+pub fn site_deltas(
+    a: &HashMap<String, u64>,
+    b: &HashMap<String, u64>,
+    top: usize,
+) -> Vec<SiteDelta> {
+    let mut names: Vec<&String> =
+        a.keys().chain(b.keys().filter(|k| !a.contains_key(*k))).collect();
+    names.sort();
+    let mut rows: Vec<SiteDelta> = names
+        .into_iter()
+        .map(|site| {
+            let (x, y) = (a.get(site), b.get(site));
+            let (ab, bb) = (x.copied().unwrap_or(0), y.copied().unwrap_or(0));
+            SiteDelta {
+                site: site.clone(),
+                a_bytes: ab,
+                b_bytes: bb,
+                delta_bytes: signed(bb, ab),
+                only_in: match (x, y) {
+                    (Some(_), None) => Some("a".into()),
+                    (None, Some(_)) => Some("b".into()),
+                    _ => None,
+                },
+            }
+        })
+        .collect();
+    rows.sort_by(|x, y| {
+        y.delta_bytes
+            .unsigned_abs()
+            .cmp(&x.delta_bytes.unsigned_abs())
+            .then((y.a_bytes + y.b_bytes).cmp(&(x.a_bytes + x.b_bytes)))
+            .then(x.site.cmp(&y.site))
+    });
+    if top > 0 && rows.len() > top {
+        let rest = rows.split_off(top);
+        let (ab, bb) = rest.iter().fold((0, 0), |(p, q), r| (p + r.a_bytes, q + r.b_bytes));
+        rows.push(SiteDelta {
+            site: OTHER.to_string(),
+            a_bytes: ab,
+            b_bytes: bb,
+            delta_bytes: rest.iter().map(|r| r.delta_bytes).sum(),
+            only_in: None,
+        });
+    }
+    rows
+}
+
+/// One run's allocations as (site number, size, event), site numbers shared through `names`.
+fn allocations(side: &Side, keys: &Keys, names: &mut HashMap<String, u32>) -> Vec<(u32, u64, u64)> {
+    let mut cache: HashMap<super::Key, u32> = HashMap::new();
+    let mut out = Vec::new();
+    for (i, e) in events(side.input).iter().enumerate() {
+        if e.action != Action::Alloc || e.size == 0 {
+            continue;
+        }
+        let key = keys.key(super::observe::Origin::Event(i as u32));
+        let id = *cache.entry(key).or_insert_with(|| {
+            let next = names.len() as u32;
+            *names.entry(keys.name(key)).or_insert(next)
+        });
+        out.push((id, e.size, i as u64));
+    }
+    out
+}
+
+/// The two runs' allocations aligned (see the module docs), as ordinal pairs: `(i, j)` matches
+/// A's i-th allocation with B's j-th, in A's order.
+pub fn aligned_ordinals(a: &Side, b: &Side, keys_a: &Keys, keys_b: &Keys) -> Vec<(usize, usize)> {
+    let mut names: HashMap<String, u32> = HashMap::new();
+    let sa: Vec<u32> = allocations(a, keys_a, &mut names).iter().map(|x| x.0).collect();
+    let sb: Vec<u32> = allocations(b, keys_b, &mut names).iter().map(|y| y.0).collect();
+    align(&sa, &sb, MAX_EDITS).unwrap_or_else(|| align_by_rank(&sa, &sb))
+}
+
+/// Aligns the two runs' allocation sequences (see the module docs): the method and the pairs.
+fn align_runs(a: &Side, b: &Side, keys_a: &Keys, keys_b: &Keys) -> (&'static str, Vec<Matched>) {
+    let mut names: HashMap<String, u32> = HashMap::new();
+    let xs = allocations(a, keys_a, &mut names);
+    let ys = allocations(b, keys_b, &mut names);
+    let mut by_id: Vec<&str> = vec![""; names.len()];
+    for (n, &i) in &names {
+        by_id[i as usize] = n;
+    }
+    let sa: Vec<u32> = xs.iter().map(|x| x.0).collect();
+    let sb: Vec<u32> = ys.iter().map(|y| y.0).collect();
+    let (how, pairs) = match align(&sa, &sb, MAX_EDITS) {
+        Some(p) => ("myers", p),
+        None => ("site-rank", align_by_rank(&sa, &sb)),
+    };
+    let matched = pairs
+        .into_iter()
+        .map(|(i, j)| Matched {
+            site: by_id[sa[i] as usize].to_string(),
+            a_size: xs[i].1,
+            b_size: ys[j].1,
+            a_event: xs[i].2,
+            b_event: ys[j].2,
+        })
+        .collect();
+    (how, matched)
+}
+
+/// The matched index pairs of a shortest edit script between `a` and `b` (Myers' greedy
+/// algorithm, after the common prefix and suffix); `None` when it needs more than `max_edits`
+/// insertions and deletions.
+pub fn align<T: PartialEq>(a: &[T], b: &[T], max_edits: usize) -> Option<Vec<(usize, usize)>> {
+    let prefix = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+    let (ra, rb) = (&a[prefix..], &b[prefix..]);
+    let suffix = ra.iter().rev().zip(rb.iter().rev()).take_while(|(x, y)| x == y).count();
+    let (ma, mb) = (&ra[..ra.len() - suffix], &rb[..rb.len() - suffix]);
+    let middle = myers(ma, mb, max_edits)?;
+    let mut out: Vec<(usize, usize)> = (0..prefix).map(|i| (i, i)).collect();
+    out.extend(middle.into_iter().map(|(i, j)| (i + prefix, j + prefix)));
+    let (ea, eb) = (prefix + ma.len(), prefix + mb.len());
+    out.extend((0..suffix).map(|k| (ea + k, eb + k)));
+    Some(out)
+}
+
+/// Myers' O((N+M)D) greedy search, each step's frontier kept for the walk back.
+fn myers<T: PartialEq>(a: &[T], b: &[T], max_edits: usize) -> Option<Vec<(usize, usize)>> {
+    let (n, m) = (a.len() as isize, b.len() as isize);
+    let limit = ((n + m) as usize).min(max_edits) as isize;
+    let offset = limit + 1;
+    // v[k + offset]: the furthest x on diagonal k (x - y = k).
+    let mut v = vec![0isize; 2 * limit as usize + 3];
+    // frontiers[d]: v on diagonals -d..=d before step d.
+    let mut frontiers: Vec<Vec<isize>> = Vec::new();
+    let mut found = None;
+    'search: for d in 0..=limit {
+        frontiers.push(v[(offset - d) as usize..=(offset + d) as usize].to_vec());
+        for k in (-d..=d).step_by(2) {
+            let i = (k + offset) as usize;
+            let mut x =
+                if k == -d || (k != d && v[i - 1] < v[i + 1]) { v[i + 1] } else { v[i - 1] + 1 };
+            let mut y = x - k;
+            while x < n && y < m && a[x as usize] == b[y as usize] {
+                x += 1;
+                y += 1;
+            }
+            v[i] = x;
+            if x >= n && y >= m {
+                found = Some(d);
+                break 'search;
+            }
+        }
+    }
+    let d_end = found?;
+    let mut pairs = Vec::new();
+    let (mut x, mut y) = (n, m);
+    for d in (1..=d_end).rev() {
+        let f = &frontiers[d as usize];
+        let at = |k: isize| f[(k + d) as usize];
+        let k = x - y;
+        let down = k == -d || (k != d && at(k - 1) < at(k + 1));
+        let prev_k = if down { k + 1 } else { k - 1 };
+        let (px, py) = (at(prev_k), at(prev_k) - prev_k);
+        // After the edit, the path is at (mx, mx - k); then it follows the snake to (x, y).
+        let mx = if down { px } else { px + 1 };
+        while x > mx && y > mx - k {
+            x -= 1;
+            y -= 1;
+            pairs.push((x as usize, y as usize));
+        }
+        (x, y) = (px, py);
+    }
+    while x > 0 && y > 0 {
+        x -= 1;
+        y -= 1;
+        pairs.push((x as usize, y as usize));
+    }
+    pairs.reverse();
+    Some(pairs)
+}
+
+/// Pairs the k-th occurrence of each value in `a` with the k-th in `b`, in `a`'s order.
+pub fn align_by_rank<T: Eq + std::hash::Hash + Copy>(a: &[T], b: &[T]) -> Vec<(usize, usize)> {
+    let mut positions: HashMap<T, std::collections::VecDeque<usize>> = HashMap::new();
+    for (j, y) in b.iter().enumerate() {
+        positions.entry(*y).or_default().push_back(j);
+    }
+    let mut out = Vec::new();
+    for (i, x) in a.iter().enumerate() {
+        if let Some(j) = positions.get_mut(x).and_then(|q| q.pop_front()) {
+            out.push((i, j));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The length of a longest common subsequence, by dynamic programming.
+    fn lcs(a: &[u8], b: &[u8]) -> usize {
+        let mut t = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+        for i in 0..a.len() {
+            for j in 0..b.len() {
+                t[i + 1][j + 1] =
+                    if a[i] == b[j] { t[i][j] + 1 } else { t[i][j + 1].max(t[i + 1][j]) };
+            }
+        }
+        t[a.len()][b.len()]
+    }
+
+    #[test]
+    fn myers_finds_a_longest_common_subsequence() {
+        let cases: [(&[u8], &[u8]); 7] = [
+            (b"ABCABBA", b"CBABAC"),
+            (b"", b"abc"),
+            (b"abc", b""),
+            (b"abcdef", b"abcdef"),
+            (b"xaybzc", b"abc"),
+            (b"kitten", b"sitting"),
+            (b"aaaabbbb", b"bbbbaaaa"),
+        ];
+        for (a, b) in cases {
+            let pairs = align(a, b, 100).unwrap();
+            assert_eq!(pairs.len(), lcs(a, b), "{a:?} {b:?}");
+            for w in pairs.windows(2) {
+                assert!(w[0].0 < w[1].0 && w[0].1 < w[1].1, "increasing");
+            }
+            for &(i, j) in &pairs {
+                assert_eq!(a[i], b[j]);
+            }
+        }
+        // Pseudo-random sequences over a small alphabet.
+        let mut seed = 7u64;
+        let mut next = || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 60) as u8 % 4
+        };
+        for _ in 0..50 {
+            let a: Vec<u8> = (0..40).map(|_| next()).collect();
+            let b: Vec<u8> = (0..33).map(|_| next()).collect();
+            assert_eq!(align(&a, &b, 1000).unwrap().len(), lcs(&a, &b));
+        }
+        assert_eq!(align(b"abcd", b"wxyz", 3), None, "8 edits are more than 3");
+    }
+
+    #[test]
+    fn rank_alignment_pairs_occurrences_in_order() {
+        assert_eq!(align_by_rank(&[1, 2, 1, 3], &[2, 1, 1]), [(0, 1), (1, 0), (2, 2)]);
+    }
+
+    #[test]
+    fn site_deltas_add_up_and_mark_one_sided_sites() {
+        let a: HashMap<String, u64> = [("x".into(), 10), ("y".into(), 5), ("z".into(), 1)].into();
+        let b: HashMap<String, u64> = [("x".into(), 4), ("w".into(), 9), ("z".into(), 1)].into();
+        let rows = site_deltas(&a, &b, 0);
+        assert_eq!(rows.iter().map(|r| r.delta_bytes).sum::<i64>(), 14 - 16);
+        assert_eq!(rows[0].site, "w");
+        assert_eq!(rows[0].only_in.as_deref(), Some("b"));
+        let y = rows.iter().find(|r| r.site == "y").unwrap();
+        assert_eq!(y.only_in.as_deref(), Some("a"));
+        let folded = site_deltas(&a, &b, 2);
+        assert_eq!(folded.len(), 3);
+        assert_eq!(folded[2].site, OTHER);
+        assert_eq!(folded.iter().map(|r| r.delta_bytes).sum::<i64>(), -2);
+    }
+}

@@ -1,0 +1,237 @@
+//! `fragsim diff`: two runs side by side, and what changed by allocation site.
+
+use super::blame::By;
+use super::OutputFormat;
+use fragsim::blame::diff::{self, DiffReport, Side};
+use fragsim::blame::{keep_end, BlameOptions, Moment};
+use fragsim::error::{Error, Result};
+use fragsim::policy::PolicySpec;
+use fragsim::replay::ReplayInput;
+use fragsim::units::format_bytes;
+use std::path::PathBuf;
+
+/// Two runs side by side: two traces, or one trace under two policies.
+///
+/// `diff A B` replays both traces (each under the -p given, pytorch by default, or the first -p
+/// for A and the second for B); `diff TRACE -p X -p Y` replays one trace under two policies.
+/// Prints both runs' peak reserved, allocated and live bytes, the deltas, and the live bytes
+/// by site at each run's peak-live moment with their delta (which add up to the live delta),
+/// sorted by |delta|; then the two allocation sequences aligned by site, and the matched pairs
+/// whose sizes differ most.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Trace A (the baseline).
+    #[arg(value_name = "A")]
+    a: PathBuf,
+
+    /// Trace B; without it, A is replayed under two policies.
+    #[arg(value_name = "B")]
+    b: Option<PathBuf>,
+
+    /// A policy as NAME or NAME:OPTIONS: one for both runs, or two (A's, then B's).
+    #[arg(long = "policy", short = 'p', value_name = "SPEC")]
+    policies: Vec<String>,
+
+    /// The device to replay (default: each trace's device with the most events).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    device: Option<i32>,
+
+    /// How to group: by site, the site's function or file, the request's stream or size class.
+    #[arg(long, value_enum, default_value_t = By::Site)]
+    by: By,
+
+    /// List this many sites and matched pairs, the rest of the sites folded into (other); 0
+    /// lists all.
+    #[arg(long, value_name = "N", default_value_t = 15)]
+    top: usize,
+
+    /// Key sites by this many innermost user frames (1: the site alone).
+    #[arg(long, value_name = "K", default_value_t = 1)]
+    depth: usize,
+
+    /// Also write both runs on one axis and the site deltas as charts (PNG and SVG), with
+    /// diff.json and diff.html, into this directory.
+    #[arg(long, short = 'o', value_name = "DIR")]
+    out: Option<PathBuf>,
+
+    /// How to print the results.
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = OutputFormat::Table)]
+    format: OutputFormat,
+
+    #[command(flatten)]
+    control: super::progress::Control,
+}
+
+/// The two runs' policies: both from one spec, or one each.
+fn pair_specs(policies: &[String], two_traces: bool) -> Result<(PolicySpec, PolicySpec)> {
+    let mut specs = Vec::new();
+    for p in policies {
+        specs.extend(PolicySpec::parse_list(p)?);
+    }
+    match (specs.len(), two_traces) {
+        (0, true) => {
+            let p = PolicySpec::parse_list("pytorch")?.remove(0);
+            Ok((p.clone(), p))
+        }
+        (1, true) => Ok((specs[0].clone(), specs[0].clone())),
+        (2, _) => Ok((specs[0].clone(), specs[1].clone())),
+        (n, true) => Err(Error::usage(format!(
+            "diff A B takes one policy for both runs or two (A's, then B's), not {n}"
+        ))),
+        (n, false) => Err(Error::usage(format!(
+            "diff TRACE compares two policies: give exactly two (-p X -p Y), not {n}"
+        ))),
+    }
+}
+
+/// Runs the command on `io`; `Ok` carries the exit code.
+pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
+    let (spec_a, spec_b) = pair_specs(&args.policies, args.b.is_some())?;
+    if args.depth == 0 {
+        return Err(Error::usage("--depth 0: give at least 1 frame"));
+    }
+    let trace_a = args.control.read_trace_with_frames(io, &args.a, true)?;
+    let loaded_b = match &args.b {
+        Some(b) => Some(args.control.read_trace_with_frames(io, b, true)?),
+        None => None,
+    };
+    let (path_b, trace_b) = match (&args.b, &loaded_b) {
+        (Some(p), Some(t)) => (p, t),
+        _ => (&args.a, &trace_a),
+    };
+    let input_a =
+        ReplayInput::new(&trace_a, args.device).map_err(super::in_trace(&args.a, &trace_a))?;
+    let input_b =
+        ReplayInput::new(trace_b, args.device).map_err(super::in_trace(path_b, trace_b))?;
+    let options = BlameOptions {
+        at: Moment::PeakLive,
+        by: args.by.group(),
+        top: args.top,
+        depth: args.depth,
+        ..BlameOptions::default()
+    };
+    let a = Side { trace: args.a.display().to_string(), input: &input_a, spec: spec_a };
+    let b = Side { trace: path_b.display().to_string(), input: &input_b, spec: spec_b };
+    let report = args.control.install(io, 2, || diff::diff(&a, &b, &options))??;
+    if let Some(dir) = &args.out {
+        let data = fragsim::report::overlay::collect(&a, &b, report.clone(), &options)?;
+        fragsim::report::overlay::write_dir(&data, dir)?;
+        args.control.note(io, &format!("wrote the charts to {}", dir.join("diff.html").display()));
+    }
+    let stdout = &mut *io.out;
+    let io = |e: std::io::Error| Error::writing("to stdout", e);
+    match args.format {
+        OutputFormat::Json => {
+            serde_json::to_writer_pretty(&mut *stdout, &report)
+                .map_err(|e| Error::writing("to stdout", e.into()))?;
+            writeln!(stdout).map_err(io)?;
+        }
+        OutputFormat::Csv => write!(stdout, "{}", csv(&report)).map_err(io)?,
+        OutputFormat::Table => write!(stdout, "{}", table(&report)).map_err(io)?,
+    }
+    Ok(0)
+}
+
+/// `diff --format csv`: the site deltas, one row each.
+pub fn csv(r: &DiffReport) -> String {
+    let q = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
+    let mut out = String::from("site,a_bytes,b_bytes,delta_bytes,only_in\n");
+    for s in &r.sites {
+        out += &format!(
+            "{},{},{},{},{}\n",
+            q(&s.site),
+            s.a_bytes,
+            s.b_bytes,
+            s.delta_bytes,
+            s.only_in.as_deref().unwrap_or("")
+        );
+    }
+    out
+}
+
+/// A signed byte count for people.
+fn signed_bytes(d: i64) -> String {
+    let sign = if d < 0 {
+        "-"
+    } else if d > 0 {
+        "+"
+    } else {
+        ""
+    };
+    format!("{sign}{}", format_bytes(d.unsigned_abs()))
+}
+
+/// The table for people.
+pub fn table(r: &DiffReport) -> String {
+    let run = |name: &str, p: &diff::RunPeaks| {
+        format!("{name}: {} under {} ({})\n", p.trace, p.policy, p.config)
+    };
+    let mut out = run("A", &r.a) + &run("B", &r.b);
+    out += &format!("\n  {:<22} {:>14} {:>14} {:>14}\n", "", "A", "B", "B - A");
+    for (name, a, b, d) in [
+        (
+            "peak reserved",
+            r.a.peak_reserved_bytes,
+            r.b.peak_reserved_bytes,
+            r.delta.peak_reserved_bytes,
+        ),
+        (
+            "peak allocated",
+            r.a.peak_allocated_bytes,
+            r.b.peak_allocated_bytes,
+            r.delta.peak_allocated_bytes,
+        ),
+        ("peak live", r.a.peak_live_bytes, r.b.peak_live_bytes, r.delta.peak_live_bytes),
+    ] {
+        out += &format!(
+            "  {name:<22} {:>14} {:>14} {:>14}\n",
+            format_bytes(a),
+            format_bytes(b),
+            signed_bytes(d)
+        );
+    }
+    let w = 64;
+    out += &format!(
+        "\nlive bytes by {} at each run's peak-live moment (A: event {}, B: event {})\n",
+        r.by.name(),
+        r.a.peak_live_event,
+        r.b.peak_live_event
+    );
+    out += &format!("  {:<w$} {:>12} {:>12} {:>13}\n", "site", "A", "B", "B - A");
+    for s in &r.sites {
+        let mark = match s.only_in.as_deref() {
+            Some("a") => " (A only)",
+            Some("b") => " (B only)",
+            _ => "",
+        };
+        out += &format!(
+            "  {:<w$} {:>12} {:>12} {:>13}{mark}\n",
+            keep_end(&s.site, w),
+            format_bytes(s.a_bytes),
+            format_bytes(s.b_bytes),
+            signed_bytes(s.delta_bytes)
+        );
+    }
+    out += &format!(
+        "\nallocations aligned by {} ({}): {} matched, {} of them differ in size\n",
+        r.by.name(),
+        r.alignment,
+        r.matched_count,
+        if r.matched.is_empty() {
+            "none".to_string()
+        } else {
+            format!("the {} largest shown", r.matched.len())
+        }
+    );
+    for m in &r.matched {
+        out += &format!(
+            "  {:<w$} {:>12} {:>12}  (events {} / {})\n",
+            keep_end(&m.site, w),
+            format_bytes(m.a_size),
+            format_bytes(m.b_size),
+            m.a_event,
+            m.b_event
+        );
+    }
+    out
+}

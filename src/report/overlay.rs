@@ -1,0 +1,433 @@
+//! `diff --out DIR`: two runs on one axis, for a paper or a bug report.
+//!
+//! [`collect`] replays both runs of a [`DiffReport`] keeping their memory over time, and places
+//! both on A's axis: x is the number of A's allocations made so far, and a moment of B sits where
+//! the alignment of the two allocation sequences ([`crate::blame::diff`]) puts B's allocations
+//! made so far, so the same step of the same program lines up even when B runs longer or
+//! allocates more. Where both traces record times, a second chart puts them on a time axis
+//! (seconds since each trace's first event). [`write_dir`] writes `overlay.*` (and
+//! `overlay-time.*`), `site-delta.*` (the site deltas as bars left and right of zero), both as
+//! PNG and SVG, `diff.json` (the `diff --format json` object) and `diff.html`.
+
+use super::html::escape;
+use super::plot::style::{self, *};
+use crate::blame::diff::{self, DiffReport, Side};
+use crate::blame::{keep_end, BlameOptions, Keys};
+use crate::error::{Error, Result};
+use crate::metrics::Point;
+use crate::replay::{run_spec, ReplayOptions};
+use crate::trace::Action;
+use crate::units::format_bytes;
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, VPos};
+use std::path::{Path, PathBuf};
+
+/// The most points each run's plotted lines keep (every peak kept).
+const POINTS: usize = 2_000;
+
+/// One run's lines: `(x, reserved, allocated)` per point, on the shared axis.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Lines {
+    /// The run's label: trace file name and policy.
+    pub label: String,
+    /// The points.
+    pub points: Vec<(f64, u64, u64)>,
+}
+
+/// What the overlay directory shows.
+#[derive(Clone, Debug)]
+pub struct OverlayData {
+    /// The diff.
+    pub report: DiffReport,
+    /// A and B on A's allocation axis.
+    pub aligned: [Lines; 2],
+    /// A and B on a time axis (seconds since each first event), when both record times.
+    pub timed: Option<[Lines; 2]>,
+}
+
+/// For each event, the number of allocations (`alloc` of non-zero size) before and at it.
+fn alloc_counts(events: &[crate::trace::Event]) -> Vec<u64> {
+    let mut n = 0;
+    events
+        .iter()
+        .map(|e| {
+            n += u64::from(e.action == Action::Alloc && e.size > 0);
+            n
+        })
+        .collect()
+}
+
+/// The label of a run: its trace's file name and policy.
+fn label(side: &str, trace: &str, policy: &str) -> String {
+    let name = Path::new(trace).file_name().map_or(trace.into(), |n| n.to_string_lossy());
+    format!("{side}: {name} ({policy})")
+}
+
+/// Replays both runs of `report` keeping their memory over time and places them on one axis.
+pub fn collect(
+    a: &Side,
+    b: &Side,
+    report: DiffReport,
+    options: &BlameOptions,
+) -> Result<OverlayData> {
+    let replay =
+        ReplayOptions { keep_series: true, series_budget: POINTS, ..options.replay.clone() };
+    let series = |s: &Side| -> Result<Vec<Point>> {
+        let out = run_spec(&s.spec, s.input, &replay)?;
+        Ok(out.series.map(|s| s.downsampled(POINTS)).unwrap_or_default())
+    };
+    let (pa, pb) = (series(a)?, series(b)?);
+    let keys_a = Keys::new(a.input, options.by, options.depth).short();
+    let keys_b = Keys::new(b.input, options.by, options.depth).short();
+    let mut pairs = diff::aligned_ordinals(a, b, &keys_a, &keys_b);
+    pairs.sort_unstable_by_key(|p| p.1);
+    let (ca, cb) =
+        (alloc_counts(crate::blame::events(a.input)), alloc_counts(crate::blame::events(b.input)));
+    // B's allocation count → A's, through the last matched pair at or before it.
+    let total_b = cb.last().copied().unwrap_or(0) as usize;
+    let mut b_to_a = vec![0u64; total_b + 1];
+    let mut k = 0;
+    for (j, slot) in b_to_a.iter_mut().enumerate() {
+        while k < pairs.len() && pairs[k].1 < j {
+            k += 1;
+        }
+        // Pairs up to index k-1 have B ordinal < j: j allocations of B are made, so A's made
+        // are the A ordinal of the last of them plus one.
+        *slot = k.checked_sub(1).map_or(0, |p| pairs[p].0 as u64 + 1);
+    }
+    let at = |counts: &[u64], e: u64| counts.get(e as usize).copied().unwrap_or(0);
+    let la = label("A", &report.a.trace, &report.a.policy);
+    let lb = label("B", &report.b.trace, &report.b.policy);
+    let aligned = [
+        Lines {
+            label: la.clone(),
+            points: pa.iter().map(|p| (at(&ca, p.event) as f64, p.reserved, p.allocated)).collect(),
+        },
+        Lines {
+            label: lb.clone(),
+            points: pb
+                .iter()
+                .map(|p| {
+                    (
+                        b_to_a[(at(&cb, p.event) as usize).min(total_b)] as f64,
+                        p.reserved,
+                        p.allocated,
+                    )
+                })
+                .collect(),
+        },
+    ];
+    let timed = (a.input.trace().has_times && b.input.trace().has_times).then(|| {
+        let t = |points: &[Point], first: i64| -> Vec<(f64, u64, u64)> {
+            points
+                .iter()
+                .map(|p| ((p.time_us - first) as f64 / 1e6, p.reserved, p.allocated))
+                .collect()
+        };
+        let first = |s: &Side| crate::blame::events(s.input).first().map_or(0, |e| e.time_us);
+        [
+            Lines { label: la, points: t(&pa, first(a)) },
+            Lines { label: lb, points: t(&pb, first(b)) },
+        ]
+    });
+    Ok(OverlayData { report, aligned, timed })
+}
+
+/// The overlay chart: both runs' reserved (solid) and allocated (dashed) bytes on one axis.
+pub struct Overlay<'a> {
+    /// The two runs.
+    pub lines: &'a [Lines; 2],
+    /// The x axis description.
+    pub x_desc: &'a str,
+    /// The title.
+    pub title: String,
+}
+
+impl Chart for Overlay<'_> {
+    fn size(&self) -> (u32, u32) {
+        (1400, 760)
+    }
+
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> ChartResult {
+        let (w, _) = self.size();
+        root.draw(&Text::new(
+            self.title.clone(),
+            (w as i32 / 2, 12),
+            anchored(bold(TITLE), HPos::Center, VPos::Top),
+        ))
+        .or_draw_error()?;
+        let mut legend = Vec::new();
+        for (i, l) in self.lines.iter().enumerate() {
+            let peak = l.points.iter().map(|p| p.1).max().unwrap_or(0);
+            legend.push(LegendEntry {
+                sample: Sample::Line(policy_color(i), None),
+                label: format!("{} reserved, peak {}", keep_end(&l.label, 60), format_bytes(peak)),
+            });
+        }
+        legend.push(LegendEntry {
+            sample: Sample::Dashed(INK),
+            label: "allocated (each run's colour)".into(),
+        });
+        style::draw_legend(root, (90, 46), &legend)?;
+        let x_max = x_end(self.lines);
+        let peak = self
+            .lines
+            .iter()
+            .flat_map(|l| l.points.iter().map(|p| p.1.max(p.2)))
+            .max()
+            .unwrap_or(1);
+        let scale = ByteScale::for_max(peak);
+        let y_max = scale.of(peak).max(1e-9) * 1.08;
+        let mut chart = ChartBuilder::on(root)
+            .margin_top(46 + 3 * LEGEND_LINE + 16)
+            .margin_left(16)
+            .margin_right(40)
+            .margin_bottom(12)
+            .x_label_area_size(52)
+            .y_label_area_size(80)
+            .build_cartesian_2d(0.0..x_max, 0.0..y_max)
+            .or_draw_error()?;
+        chart
+            .configure_mesh()
+            .x_desc(self.x_desc)
+            .y_desc(format!("memory ({})", scale.unit))
+            .x_label_formatter(&|v| tick(*v))
+            .y_label_formatter(&|v| tick(*v))
+            .axis_desc_style(text(LABEL))
+            .label_style(text(TICK))
+            .light_line_style(WHITE)
+            .bold_line_style(GRID)
+            .axis_style(INK)
+            .draw()
+            .or_draw_error()?;
+        for (i, l) in self.lines.iter().enumerate() {
+            let color = policy_color(i);
+            let reserved: Vec<(f64, f64)> = l.points.iter().map(|p| (p.0, scale.of(p.1))).collect();
+            let allocated: Vec<(f64, f64)> =
+                l.points.iter().map(|p| (p.0, scale.of(p.2))).collect();
+            let x_end = l.points.last().map_or(0.0, |p| p.0);
+            chart
+                .draw_series(std::iter::once(PathElement::new(
+                    step_path(&reserved, x_end),
+                    color.stroke_width(2),
+                )))
+                .or_draw_error()?;
+            let period = x_max / 120.0;
+            for piece in dash_by_x(&step_path(&allocated, x_end), period, period * 0.55) {
+                chart
+                    .draw_series(std::iter::once(PathElement::new(piece, color.stroke_width(1))))
+                    .or_draw_error()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The site-delta chart: each site's live bytes B − A at the runs' peak-live moments, growth to
+/// the right of zero, shrinkage to the left, names in a column of their own.
+pub struct SiteDelta<'a> {
+    /// The diff.
+    pub report: &'a DiffReport,
+}
+
+const DELTA_ROW: i32 = 28;
+const NAME_CHARS: usize = 64;
+
+impl Chart for SiteDelta<'_> {
+    fn size(&self) -> (u32, u32) {
+        (1400, (150 + DELTA_ROW * self.report.sites.len().max(1) as i32) as u32)
+    }
+
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> ChartResult {
+        let (w, _) = self.size();
+        let r = self.report;
+        let title = format!(
+            "Live bytes by site, B − A at each run's peak-live moment (total {})",
+            signed(r.delta.peak_live_bytes)
+        );
+        root.draw(&Text::new(
+            title,
+            (w as i32 / 2, 12),
+            anchored(bold(TITLE), HPos::Center, VPos::Top),
+        ))
+        .or_draw_error()?;
+        root.draw(&Text::new(
+            format!("A: {}   B: {}", keep_end(&r.a.trace, 50), keep_end(&r.b.trace, 50)),
+            (w as i32 / 2, 48),
+            anchored(text(SMALL), HPos::Center, VPos::Top),
+        ))
+        .or_draw_error()?;
+        if r.sites.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<String> = r.sites.iter().map(|s| keep_end(&s.site, NAME_CHARS)).collect();
+        let name_w =
+            names.iter().map(|n| text_width(n, SMALL)).max().unwrap_or(100).clamp(100, 620) + 20;
+        let max = r.sites.iter().map(|s| s.delta_bytes.unsigned_abs()).max().unwrap_or(1).max(1);
+        let (x0, x1) = (16 + name_w + 110, w as i32 - 130);
+        let zero = (x0 + x1) / 2;
+        let half = (x1 - x0) / 2;
+        let px = |d: i64| zero + (half as f64 * d as f64 / max as f64).round() as i32;
+        let mut y = 90;
+        root.draw(&PathElement::new(
+            vec![(zero, y - 6), (zero, y + DELTA_ROW * r.sites.len() as i32 + 6)],
+            INK.stroke_width(1),
+        ))
+        .or_draw_error()?;
+        for (s, name) in r.sites.iter().zip(names) {
+            let (top, bottom) = (y + 5, y + DELTA_ROW - 5);
+            let end = px(s.delta_bytes);
+            let color = if s.delta_bytes >= 0 { ROUNDING } else { REQUESTED };
+            if s.delta_bytes != 0 {
+                root.draw(&Rectangle::new(
+                    [(zero.min(end), top), (zero.max(end).max(zero.min(end) + 1), bottom)],
+                    color.filled(),
+                ))
+                .or_draw_error()?;
+            }
+            let mark = match s.only_in.as_deref() {
+                Some("a") => " (A only)",
+                Some("b") => " (B only)",
+                _ => "",
+            };
+            root.draw(&Text::new(
+                format!("{name}{mark}"),
+                (16 + name_w, y + DELTA_ROW / 2),
+                anchored(text(SMALL), HPos::Right, VPos::Center),
+            ))
+            .or_draw_error()?;
+            let (x, h) =
+                if s.delta_bytes >= 0 { (end + 8, HPos::Left) } else { (end - 8, HPos::Right) };
+            root.draw(&Text::new(
+                signed(s.delta_bytes),
+                (x, y + DELTA_ROW / 2),
+                anchored(text(SMALL), h, VPos::Center),
+            ))
+            .or_draw_error()?;
+            y += DELTA_ROW;
+        }
+        Ok(())
+    }
+}
+
+/// A signed byte count.
+fn signed(d: i64) -> String {
+    let sign = match d.signum() {
+        1 => "+",
+        -1 => "−",
+        _ => "",
+    };
+    format!("{sign}{}", format_bytes(d.unsigned_abs()))
+}
+
+/// Writes the overlay directory (see the module docs) and returns the files written.
+pub fn write_dir(data: &OverlayData, dir: &Path) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let mut files = Vec::new();
+    let aligned = Overlay {
+        lines: &data.aligned,
+        x_desc: "allocations of A made so far (B placed by aligning its allocations with A's)",
+        title: "Two runs on one axis: reserved (solid) and allocated (dashed) memory".into(),
+    };
+    files.extend(style::write_chart(&aligned, dir, "overlay")?);
+    if let Some(timed) = &data.timed {
+        let chart = Overlay {
+            lines: timed,
+            x_desc: "time since each run's first event (s)",
+            title: "Two runs on one time axis: reserved (solid) and allocated (dashed) memory"
+                .into(),
+        };
+        files.extend(style::write_chart(&chart, dir, "overlay-time")?);
+    }
+    files.extend(style::write_chart(&SiteDelta { report: &data.report }, dir, "site-delta")?);
+    let json = dir.join("diff.json");
+    let text =
+        serde_json::to_string_pretty(&data.report).map_err(|e| Error::writing("JSON", e.into()))?;
+    std::fs::write(&json, text + "\n").map_err(|e| Error::io(&json, e))?;
+    files.push(json);
+    let html = dir.join("diff.html");
+    std::fs::write(&html, page(data)).map_err(|e| Error::io(&html, e))?;
+    files.push(html);
+    Ok(files)
+}
+
+/// `diff.html`.
+fn page(data: &OverlayData) -> String {
+    let r = &data.report;
+    let mut h =
+        String::from("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n");
+    h += "<title>fragsim diff</title>\n<style>body{font-family:system-ui,sans-serif;max-width:1280px;\
+          margin:2em auto;padding:0 1em;color:#222}img{max-width:100%;border:1px solid #e4e4e4}\
+          td,th{padding:.3em .7em;border-bottom:1px solid #e4e4e4}td.n{text-align:right}\
+          code{background:#f3f3f3;padding:0 .25em}</style>\n</head>\n<body>\n";
+    h += "<h1>fragsim diff</h1>\n<table>\n<tr><th></th><th>trace</th><th>policy</th><th>peak reserved</th>\
+          <th>peak allocated</th><th>peak live</th></tr>\n";
+    for (name, p) in [("A", &r.a), ("B", &r.b)] {
+        h += &format!(
+            "<tr><td>{name}</td><td><code>{}</code></td><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>\n",
+            escape(&p.trace),
+            escape(&p.policy),
+            format_bytes(p.peak_reserved_bytes),
+            format_bytes(p.peak_allocated_bytes),
+            format_bytes(p.peak_live_bytes)
+        );
+    }
+    h += &format!(
+        "<tr><td>B − A</td><td></td><td></td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>\n</table>\n",
+        signed(r.delta.peak_reserved_bytes),
+        signed(r.delta.peak_allocated_bytes),
+        signed(r.delta.peak_live_bytes)
+    );
+    let mut figure = |stem: &str, title: &str| {
+        h += &format!(
+            "<h2>{title}</h2>\n<figure><a href=\"{stem}.svg\"><img src=\"{stem}.png\" alt=\"{title}\"></a>\
+             <figcaption><a href=\"{stem}.svg\">SVG</a> · <a href=\"{stem}.png\">PNG</a></figcaption></figure>\n"
+        );
+    };
+    figure("overlay", "Both runs on one axis");
+    if data.timed.is_some() {
+        figure("overlay-time", "Both runs on a time axis");
+    }
+    figure("site-delta", "What changed, by site");
+    h += &format!(
+        "<p>Allocations aligned by {} ({}): {} matched pairs. The exact numbers: <a href=\"diff.json\">diff.json</a> \
+         (the <code>diff --format json</code> object).</p>\n</body>\n</html>\n",
+        r.by.name(),
+        escape(&r.alignment),
+        r.matched_count
+    );
+    h
+}
+
+/// The right end of an overlay's x axis: the runs' own extent and a little room, so that a short
+/// recording (a fraction of a second on the time axis) fills the chart instead of sitting in the
+/// corner of a fixed minimum; 1 when no point lies right of zero.
+fn x_end(lines: &[Lines]) -> f64 {
+    let extent = lines.iter().flat_map(|l| l.points.iter().map(|p| p.0)).fold(0.0, f64::max);
+    if extent > 0.0 {
+        extent * 1.01
+    } else {
+        1.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(xs: &[f64]) -> Lines {
+        Lines { label: "run".into(), points: xs.iter().map(|&x| (x, 1, 1)).collect() }
+    }
+
+    #[test]
+    fn the_x_axis_spans_the_runs_however_short() {
+        let short = [run(&[0.0, 0.05]), run(&[0.0, 0.23])];
+        let end = x_end(&short);
+        assert!((0.23..0.24).contains(&end), "{end}");
+        let long = [run(&[0.0, 6500.0]), run(&[0.0, 2600.0])];
+        assert!((6500.0..6600.0).contains(&x_end(&long)));
+        assert_eq!(x_end(&[run(&[0.0])]), 1.0);
+        assert_eq!(x_end(&[]), 1.0);
+    }
+}
