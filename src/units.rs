@@ -6,6 +6,8 @@
 
 use crate::error::{Error, Result};
 
+pub mod cards;
+
 /// One mebibyte, the unit of most `PYTORCH_CUDA_ALLOC_CONF` options.
 pub const MIB: u64 = 1 << 20;
 /// One gibibyte.

@@ -140,3 +140,82 @@ fn runs_that_ran_out_of_memory_sort_last_and_say_where() {
     }
     assert!(mixed > 0, "no capacity made some policies fit and others run out");
 }
+
+/// `fit` marks each card it names ✓/✗ at the memory its driver reports, and `replay --capacity
+/// CARD` replays that memory: with nothing outside the allocator the two agree card by card, on a
+/// trace whose need falls among the card sizes.
+#[test]
+fn fit_agrees_with_replay_under_each_card_by_name() {
+    let trace = crate::util::real_trace("cs336-lm-step-a.pickle");
+    let t = trace.to_str().unwrap();
+    let fit = crate::util::run(&["fit", t, "-p", "pytorch", "--outside", "0", "--json"]);
+    assert!(fit.status.success(), "{}", crate::util::stderr(&fit));
+    let v: serde_json::Value = serde_json::from_slice(&fit.stdout).unwrap();
+    let sizes = v["results"][0]["cards"].as_array().unwrap();
+    let named: Vec<&serde_json::Value> =
+        sizes.iter().flat_map(|c| c["named"].as_array().unwrap()).collect();
+    assert!(named.len() >= 10, "every card by name is listed under its size");
+    let (mut fits, mut not) = (0, 0);
+    for card in named {
+        let name = card["card"].as_str().unwrap();
+        let replay =
+            crate::util::run(&["replay", t, "-p", "pytorch", "--capacity", name, "--json"]);
+        assert!(replay.status.success(), "{name}: {}", crate::util::stderr(&replay));
+        let r: serde_json::Value = serde_json::from_slice(&replay.stdout).unwrap();
+        let run = r["results"].as_array().unwrap().iter().find(|x| x["policy"] == "pytorch");
+        let oom = run.unwrap()["oom"].as_bool().unwrap();
+        assert_eq!(card["fits"].as_bool(), Some(!oom), "{name}: fit and replay disagree");
+        assert_eq!(r["capacity"]["bytes"], card["bytes"], "{name}: the same bytes");
+        if oom {
+            not += 1
+        } else {
+            fits += 1
+        }
+    }
+    assert!(fits > 0 && not > 0, "the trace's need falls among the cards ({fits} fit, {not} not)");
+}
+
+/// The trap of nominal sizes: a run that fits in 24 GiB may not fit in what a "24 GB" card's
+/// driver reports. The table says which cards, and the CSV lists each.
+#[test]
+fn fit_names_the_cards_a_nominal_size_overstates() {
+    let trace = crate::util::real_trace("cs336-lm-step-a.pickle");
+    let t = trace.to_str().unwrap();
+    // 22.14 GiB needed + 1.5 GiB outside: over the A30's 23.53 GiB and the 4090's 23.64, under
+    // 24 GiB and the 3090's 23.70.
+    let o = crate::util::run(&["fit", t, "-p", "pytorch", "--outside", "1.5GiB"]);
+    let text = crate::util::stdout(&o);
+    assert!(text.contains("24 GB ✓"), "{text}");
+    let line = text.lines().find(|l| l.contains("but not on:")).unwrap_or_else(|| panic!("{text}"));
+    assert!(line.contains("a30 (23.53 GiB, not 24 GB)"), "{line}");
+    assert!(line.contains("rtx-4090") && !line.contains("rtx-3090"), "{line}");
+    let csv =
+        crate::util::stdout(&crate::util::run(&["fit", t, "-p", "pytorch", "--format", "csv"]));
+    let header = csv.lines().next().unwrap();
+    assert_eq!(header, "policy,config,min_capacity_bytes,exact,outside_bytes,card,bytes,fits");
+    let a100 = csv.lines().find(|l| l.contains(",a100-40gb,")).unwrap_or_else(|| panic!("{csv}"));
+    assert!(a100.ends_with(&format!(",{},true", 40_540u64 << 20)), "{a100}");
+}
+
+/// Cards by name on the command line: the header says which card and what it reports, a near
+/// miss gets "did you mean", and sweep takes names too.
+#[test]
+fn capacity_takes_cards_by_name() {
+    let t = crate::util::bundled("gpt-4l-512h.txt");
+    let t = t.to_str().unwrap();
+    let o = crate::util::run(&["replay", t, "-p", "pytorch", "--capacity", "A100-40GB"]);
+    assert!(o.status.success(), "{}", crate::util::stderr(&o));
+    assert!(
+        crate::util::stdout(&o).starts_with(
+            "capacity: a100-40gb (39.59 GiB, the total the A100 40GB's driver reports)"
+        ),
+        "{}",
+        crate::util::stdout(&o)
+    );
+    let o = crate::util::run(&["replay", t, "--capacity", "h100"]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = crate::util::stderr(&o);
+    assert!(e.contains("unknown card 'h100': did you mean 'h100-80gb'?"), "{e}");
+    let o = crate::util::run(&["sweep", t, "-p", "pytorch", "--capacity", "t4"]);
+    assert!(o.status.success(), "{}", crate::util::stderr(&o));
+}

@@ -5,7 +5,7 @@ use fragsim::error::{Error, Result};
 use fragsim::metrics::PolicyResult;
 use fragsim::policy::PolicySpec;
 use fragsim::replay::{run_specs, Cancel, Jobs, ReplayInput, ReplayOptions, RunSettings};
-use fragsim::units::format_bytes;
+use fragsim::units::{cards, format_bytes};
 use fragsim::whatif::fit::{self, Fit, FitOptions, Probe};
 use rayon::prelude::*;
 use serde::Serialize;
@@ -38,31 +38,31 @@ pub struct Args {
     #[arg(long, value_name = "SIZE", value_parser = super::size_arg, default_value = "512MiB")]
     outside: u64,
 
-    /// How to print the answer (fit has no CSV: each policy's answer holds a list of cards).
-    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = FitFormat::Table)]
-    format: FitFormat,
-
-    /// Same as --format json.
-    #[arg(long, conflicts_with = "format")]
-    json: bool,
+    /// How to print the answer (CSV: one row per policy and card, nominal sizes then cards by
+    /// name).
+    #[command(flatten)]
+    format: super::FormatArgs,
 
     #[command(flatten)]
     control: Control,
 }
 
-/// What `fit --format` offers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-enum FitFormat {
-    /// An aligned table for people.
-    Table,
-    /// One JSON object (docs/interface.md).
-    Json,
-}
-
-/// One card and whether the policy fits on it.
+/// One card size and whether the policy fits on it, with the cards of that size by name.
 #[derive(Serialize)]
 struct CardFit {
     card: &'static str,
+    bytes: u64,
+    fits: bool,
+    /// The cards sold at this size that `--capacity` knows by name, at the memory their
+    /// drivers report (a little less than the size).
+    named: Vec<NamedFit>,
+}
+
+/// One card by name (`a100-40gb`) and whether the policy fits in what its driver reports.
+#[derive(Serialize)]
+struct NamedFit {
+    card: &'static str,
+    model: &'static str,
     bytes: u64,
     fits: bool,
 }
@@ -120,9 +120,23 @@ fn fit_one(
     };
     let found = fit::fit(probe, &options)
         .map_err(|e| Error::new(e.kind(), format!("{}: {}", spec.display(), e.message())))?;
+    let fits =
+        |bytes: u64| bytes.checked_sub(outside).is_some_and(|u| u >= found.min_capacity_bytes);
     let cards = fit::cards_fit(found.min_capacity_bytes, outside)
         .into_iter()
-        .map(|(c, fits)| CardFit { card: c.label, bytes: c.bytes, fits })
+        .map(|(c, fits_size)| CardFit {
+            card: c.label,
+            bytes: c.bytes,
+            fits: fits_size,
+            named: cards::of_nominal(c.nominal_gb())
+                .map(|n| NamedFit {
+                    card: n.name,
+                    model: n.model,
+                    bytes: n.bytes(),
+                    fits: fits(n.bytes()),
+                })
+                .collect(),
+        })
         .collect();
     Ok(PolicyFit { policy: spec.display(), config: free.config, fit: found, cards })
 }
@@ -160,13 +174,39 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     };
     let out = &mut *io.out;
     let io = |e: std::io::Error| Error::writing("to stdout", e);
-    let text = if args.json || args.format == FitFormat::Json {
-        serde_json::to_string_pretty(&report).unwrap_or_default() + "\n"
-    } else {
-        table(&report)
+    let text = match args.format.format() {
+        super::OutputFormat::Json => {
+            serde_json::to_string_pretty(&report).unwrap_or_default() + "\n"
+        }
+        super::OutputFormat::Csv => csv(&report),
+        super::OutputFormat::Table => table(&report),
     };
     write!(out, "{text}").map_err(io)?;
     Ok(0)
+}
+
+/// One row per policy and card: the nominal sizes, then each card by name under its size.
+fn csv(report: &FitReport) -> String {
+    use fragsim::report::csv::field;
+    let mut s =
+        String::from("policy,config,min_capacity_bytes,exact,outside_bytes,card,bytes,fits\n");
+    for r in &report.results {
+        let head = format!(
+            "{},{},{},{},{}",
+            field(&r.policy),
+            field(&r.config),
+            r.fit.min_capacity_bytes,
+            r.fit.exact,
+            report.outside_bytes
+        );
+        for c in &r.cards {
+            s += &format!("{head},{},{},{}\n", field(c.card), c.bytes, c.fits);
+            for n in &c.named {
+                s += &format!("{head},{},{},{}\n", n.card, n.bytes, n.fits);
+            }
+        }
+    }
+    s
 }
 
 fn table(report: &FitReport) -> String {
@@ -195,6 +235,22 @@ fn table(report: &FitReport) -> String {
             if f.probes == 1 { "" } else { "s" }
         );
         let _ = writeln!(s, "  {}", fit::cards_line(f.min_capacity_bytes, report.outside_bytes));
+        // A size that holds the run while a card sold at that size does not: the trap of
+        // nominal sizes, said per card.
+        let short: Vec<String> = r
+            .cards
+            .iter()
+            .filter(|c| c.fits)
+            .flat_map(|c| c.named.iter().filter(|n| !n.fits).map(move |n| (c, n)))
+            .map(|(c, n)| format!("{} ({}, not {})", n.card, format_bytes(n.bytes), c.card))
+            .collect();
+        if !short.is_empty() {
+            let _ = writeln!(
+                s,
+                "  but not on: {} (the memory their drivers report; --capacity CARD replays it)",
+                short.join(", ")
+            );
+        }
         if let Some(nm) = f.non_monotonic {
             let _ = writeln!(
                 s,

@@ -381,10 +381,16 @@ pub struct ReplaySource {
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub device: Option<i32>,
 
-    /// Device memory, e.g. 40GiB or 80GB (at least 1 MiB): allocations beyond it fail as OOM.
-    /// `recorded`: the limit inferred from the recording (the default when it shows the device
-    /// running out); `none`: unlimited.
-    #[arg(long, value_name = "SIZE|recorded|none", value_parser = capacity_arg)]
+    /// Device memory, e.g. 40GiB or 80GB (at least 1 MiB), or a card by name (a100-40gb,
+    /// h100-80gb, rtx-4090, ...: the total its driver reports): allocations beyond it fail as
+    /// OOM. `recorded`: the limit inferred from the recording (the default when it shows the
+    /// device running out); `none`: unlimited.
+    #[arg(
+        long,
+        value_name = "SIZE|CARD|recorded|none",
+        value_parser = capacity_arg,
+        allow_hyphen_values = true
+    )]
     pub capacity: Option<CapacityArg>,
 
     /// What-if: every policy calls empty_cache() (releases its wholly free cached segments)
@@ -434,14 +440,30 @@ pub enum CapacityArg {
 }
 
 /// Parses `--capacity` for clap: a size of at least 1 MiB (`40` alone is an error that
-/// suggests `40GB` or `40GiB`), `recorded` or `none`.
+/// suggests `40GB` or `40GiB`), a card by name (`a100-40gb`: the total its driver reports,
+/// [`fragsim::units::cards`]), `recorded` or `none`.
 pub fn capacity_arg(text: &str) -> std::result::Result<CapacityArg, String> {
+    use fragsim::units::cards;
     match text.trim() {
         "recorded" => Ok(CapacityArg::Recorded),
         "none" => Ok(CapacityArg::Unlimited),
-        t => fragsim::units::parse_capacity(t)
-            .map(|bytes| CapacityArg::Size { typed: t.to_string(), bytes })
-            .map_err(|e| e.message().to_string()),
+        t => match cards::named(t) {
+            Some(card) => {
+                Ok(CapacityArg::Size { typed: card.name.to_string(), bytes: card.bytes() })
+            }
+            None if t.starts_with(|c: char| c.is_ascii_alphabetic()) => {
+                let hint =
+                    cards::closest(t).map(|n| format!(": did you mean '{n}'?")).unwrap_or_default();
+                Err(format!(
+                    "unknown card '{t}'{hint} (cards by name: {}; or give the memory as a size, \
+                     e.g. 40GiB, or 'recorded' or 'none')",
+                    cards::names()
+                ))
+            }
+            None => fragsim::units::parse_capacity(t)
+                .map(|bytes| CapacityArg::Size { typed: t.to_string(), bytes })
+                .map_err(|e| e.message().to_string()),
+        },
     }
 }
 
@@ -471,14 +493,21 @@ pub fn resolve_capacity(
     }
 }
 
-/// The table's first line for the capacity a replay ran under: as typed and in GiB, or the
-/// inferred limit; `None` when unlimited.
+/// The table's first line for the capacity a replay ran under: as typed and in GiB (with the
+/// card a name stands for), or the inferred limit; `None` when unlimited.
 pub fn capacity_header(arg: Option<&CapacityArg>, bytes: Option<u64>) -> Option<String> {
     let bytes = bytes?;
     Some(match arg {
         Some(CapacityArg::Size { typed, bytes }) => {
-            let note = near_card(typed, *bytes).map(|n| format!("; {n}")).unwrap_or_default();
-            format!("capacity: {}{note}", fragsim::units::describe_capacity(typed, *bytes))
+            let note = match fragsim::units::cards::named(typed) {
+                Some(card) => format!(", the total the {}'s driver reports", card.model),
+                None => near_card(typed, *bytes).map(|n| format!("; {n}")).unwrap_or_default(),
+            };
+            let described = fragsim::units::describe_capacity(typed, *bytes);
+            match described.strip_suffix(')') {
+                Some(open) if note.starts_with(',') => format!("capacity: {open}{note})"),
+                _ => format!("capacity: {described}{note}"),
+            }
         }
         _ => format!(
             "capacity: {} (inferred from the recording)",
@@ -487,25 +516,24 @@ pub fn capacity_header(arg: Option<&CapacityArg>, bytes: Option<u64>) -> Option<
     })
 }
 
-/// For a capacity typed in decimal units (`40GB`) within a few percent of a card size `fit`
-/// lists (which are GiB: an A100 40GB has 40 GiB), a note naming the card size the user may
-/// mean and how to write it; `None` when it is that size or near none.
+/// For a capacity typed in decimal units (`40GB`) within a few percent of a card's nominal size
+/// (sold as "40 GB"), a note saying what the cards of that size really report and how to name
+/// them; `None` near no card.
 pub fn near_card(typed: &str, bytes: u64) -> Option<String> {
     let t = typed.trim().to_ascii_lowercase();
     if !(t.ends_with("gb") || t.ends_with("tb")) {
         return None;
     }
-    // The gap between N GB and N GiB is 6.9%.
-    let card = fragsim::whatif::fit::CARDS.iter().find(|c| {
-        c.bytes != bytes && (c.bytes as f64 - bytes as f64).abs() / c.bytes as f64 <= 0.075
-    })?;
-    Some(format!(
-        "the {} cards ({}) have {} B on board: for one of them write {}GiB",
-        card.label,
-        card.examples,
-        card.bytes,
-        card.bytes >> 30
-    ))
+    // "40GB" typed for a card sold as 40 GB: the gap between N GB and N GiB is 6.9%.
+    let nominal = (bytes as f64 / 1e9).round() as u32;
+    if (f64::from(nominal) * 1e9 - bytes as f64).abs() > 0.005 * bytes as f64 {
+        return None;
+    }
+    let cards: Vec<String> = fragsim::units::cards::of_nominal(nominal)
+        .map(|c| format!("{} {} GiB (--capacity {})", c.model, c.reported_gib, c.name))
+        .collect();
+    (!cards.is_empty())
+        .then(|| format!("cards sold as {nominal} GB report other sizes: {}", cards.join(", ")))
 }
 
 /// How a command prints its results (`--format`).
@@ -649,14 +677,23 @@ mod tests {
     fn a_capacity_needs_a_unit_and_keeps_what_was_typed() {
         let c = capacity_arg("40GB").unwrap();
         assert_eq!(c, CapacityArg::Size { typed: "40GB".into(), bytes: 40_000_000_000 });
-        // 40 GB is 6.9% short of the 40 GiB an A100 40GB has: the header says so.
+        // 40 GB (37.25 GiB) is not what an A100 40GB reports (39.59 GiB): the header says so.
         assert_eq!(
             capacity_header(Some(&c), Some(40_000_000_000)).as_deref(),
             Some(
-                "capacity: 40GB (37.25 GiB); the 40 GB cards (A100 40GB) have 42949672960 B on \
-                 board: for one of them write 40GiB"
+                "capacity: 40GB (37.25 GiB); cards sold as 40 GB report other sizes: A100 40GB \
+                 39.59 GiB (--capacity a100-40gb)"
             )
         );
+        let card = capacity_arg("a100_40GB").unwrap();
+        assert_eq!(card, CapacityArg::Size { typed: "a100-40gb".into(), bytes: 40_540 << 20 });
+        assert_eq!(
+            capacity_header(Some(&card), Some(40_540 << 20)).as_deref(),
+            Some("capacity: a100-40gb (39.59 GiB, the total the A100 40GB's driver reports)")
+        );
+        let e = capacity_arg("a100-40g").unwrap_err();
+        assert!(e.contains("unknown card 'a100-40g': did you mean 'a100-40gb'?"), "{e}");
+        assert!(e.contains("h100-80gb") && e.contains("40GiB"), "lists the names and sizes: {e}");
         let exact = capacity_arg("40GiB").unwrap();
         assert_eq!(
             capacity_header(Some(&exact), Some(40 << 30)).as_deref(),

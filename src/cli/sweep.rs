@@ -44,9 +44,14 @@ pub struct Args {
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     device: Option<i32>,
 
-    /// Device memory, e.g. 40GiB or 80GB: configs that run out on any trace rank last.
-    /// `none`: unlimited (the default).
-    #[arg(long, value_name = "SIZE|none", value_parser = super::capacity_arg)]
+    /// Device memory, e.g. 40GiB or 80GB, or a card by name (a100-40gb, h100-80gb, ...): configs
+    /// that run out on any trace rank last. `none`: unlimited (the default).
+    #[arg(
+        long,
+        value_name = "SIZE|CARD|none",
+        value_parser = super::capacity_arg,
+        allow_hyphen_values = true
+    )]
     capacity: Option<super::CapacityArg>,
 
     /// Run only part I of N of the configs (1-based), for a job array; merge the parts with
