@@ -269,3 +269,47 @@ fn strip_seconds(v: &mut Value) {
         _ => {}
     }
 }
+
+/// `check --update` writes a run into the baseline: the entries it reran are replaced, new ones
+/// added, and the entries of policies not run this time kept (and said), so refreshing one
+/// policy's numbers never silently drops the others'.
+#[test]
+fn check_update_keeps_the_entries_it_did_not_rerun() {
+    let trace = crate::util::bundled("gpt-4l-512h.txt");
+    let t = trace.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base.json");
+    let b = base.to_str().unwrap();
+    let rows = |v: &Value| -> Vec<String> {
+        v["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["policy"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let read =
+        || -> Value { serde_json::from_str(&std::fs::read_to_string(&base).unwrap()).unwrap() };
+    let out = run(&["check", t, "--baseline", b, "--update", "-p", "pytorch", "-p", "bfc"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("wrote the baseline of 2 results"), "{}", stderr(&out));
+    // The pytorch entry made 10% worse, then refreshed alone: bfc stays, pytorch is rewritten.
+    let mut v = read();
+    v["rows"][0]["peak_reserved_bytes"] = 1.into();
+    std::fs::write(&base, v.to_string()).unwrap();
+    let out = run(&["check", t, "--baseline", b, "--update", "-p", "pytorch", "-p", "buddy"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let line = stderr(&out);
+    assert!(line.contains("1 replaced, 1 added, 1 kept (not run this time: bfc on"), "{line}");
+    let after = read();
+    assert_eq!(rows(&after), ["pytorch", "bfc", "buddy"], "replaced in place, added at the end");
+    assert_ne!(after["rows"][0]["peak_reserved_bytes"], 1, "the rerun entry is this run's");
+    let out = run(&["check", t, "--baseline", b, "-p", "pytorch", "-p", "bfc", "-p", "buddy"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+    // A baseline it cannot read is not overwritten: the other entries would be lost.
+    std::fs::write(&base, "garbage").unwrap();
+    let out = run(&["check", t, "--baseline", b, "--update", "-p", "pytorch"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("remove it to record a new baseline"), "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(&base).unwrap(), "garbage");
+}

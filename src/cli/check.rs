@@ -12,7 +12,8 @@ use std::path::PathBuf;
 ///
 /// Exit 0 when no metric got worse beyond the tolerance, 1 on a regression (one line each:
 /// trace, policy, metric, baseline, now, change), 2 when a result has no baseline entry.
-/// Improvements are reported and never fail. `--update` (re)writes the baseline from this run.
+/// Improvements are reported and never fail. `--update` writes this run into the baseline:
+/// entries it reran are replaced, new ones added, the others kept (and said).
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The traces to replay.
@@ -35,7 +36,8 @@ pub struct Args {
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     device: Option<i32>,
 
-    /// Write this run's results as the baseline (replacing FILE) instead of comparing.
+    /// Write this run's results into the baseline instead of comparing: its entries for the
+    /// traces and policies run are replaced, the others kept; FILE is created if missing.
     #[arg(long)]
     update: bool,
 
@@ -61,6 +63,24 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     // A broken baseline fails before the replays, not after.
     let control = args.control.clone();
     let traces = super::distinct_inputs(&args.traces, |n| control.note(io, n));
+    // With --update, the baseline is read too (when it exists): the run is written over it,
+    // keeping the entries this run does not produce.
+    let previous = if args.update && args.baseline.exists() {
+        let data = super::read_capped(io, &args.baseline, "baseline to update")?;
+        Some(Baseline::parse(&data, &args.baseline).map_err(|e| {
+            Error::new(
+                e.kind(),
+                format!(
+                    "{} (check --update keeps the baseline's other entries, so it must read the \
+                     file; remove it to record a new baseline from scratch)",
+                    e.message()
+                ),
+            )
+            .in_file(&args.baseline)
+        })?)
+    } else {
+        None
+    };
     let baseline = if args.update {
         let inputs: Vec<&std::path::Path> = traces.iter().map(PathBuf::as_path).collect();
         fragsim::report::output::refuse_input(&args.baseline, "--baseline", &inputs)?;
@@ -81,12 +101,27 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         .collect();
 
     let Some(baseline) = baseline else {
-        let text = Baseline::new(&rows).to_json();
-        fragsim::report::output::write_bytes(&args.baseline, text.as_bytes())?;
-        args.control.note(
-            io,
-            &format!("wrote the baseline of {} results to {}", rows.len(), args.baseline.display()),
-        );
+        let (written, line) = match &previous {
+            Some(old) => {
+                let (new, update) = old.updated(&rows);
+                let line = format!(
+                    "updated the baseline {}: {}",
+                    args.baseline.display(),
+                    update.describe()
+                );
+                (new, line)
+            }
+            None => (
+                Baseline::new(&rows),
+                format!(
+                    "wrote the baseline of {} results to {}",
+                    rows.len(),
+                    args.baseline.display()
+                ),
+            ),
+        };
+        fragsim::report::output::write_bytes(&args.baseline, written.to_json().as_bytes())?;
+        args.control.note(io, &line);
         return Ok(0);
     };
     let report = check::check(&baseline, &args.baseline, &rows, tolerance, None)?;

@@ -176,6 +176,41 @@ impl Baseline {
         Ok(Baseline { format: BASELINE_FORMAT.into(), version: BASELINE_VERSION, rows })
     }
 
+    /// This baseline with `rows` (a new run) written over it, as `check --update` keeps a
+    /// baseline: each new row replaces the row [`Baseline::find`] matches it with (in place),
+    /// rows with no match are added at the end, and rows this run did not produce are kept, so
+    /// updating one policy or one trace never drops the others. Timings are left out as in
+    /// [`Baseline::new`].
+    pub fn updated(&self, rows: &[Row]) -> (Baseline, Update) {
+        let fresh = Baseline::new(rows);
+        let mut out = self.rows.clone();
+        let mut replaced = vec![false; out.len()];
+        let mut added = 0;
+        for row in fresh.rows {
+            let at =
+                self.find(&row).and_then(|b| self.rows.iter().position(|r| std::ptr::eq(r, b)));
+            match at {
+                Some(i) if !replaced[i] => {
+                    out[i] = row;
+                    replaced[i] = true;
+                }
+                _ => {
+                    out.push(row);
+                    added += 1;
+                }
+            }
+        }
+        let kept: Vec<String> = self
+            .rows
+            .iter()
+            .zip(&replaced)
+            .filter(|(_, r)| !**r)
+            .map(|(b, _)| format!("{} on {}", b.policy(), b.trace))
+            .collect();
+        let update = Update { replaced: replaced.iter().filter(|r| **r).count(), added, kept };
+        (Baseline { rows: out, ..fresh_header() }, update)
+    }
+
     /// The file's text: pretty JSON and a final newline.
     pub fn to_json(&self) -> String {
         let mut s = serde_json::to_string_pretty(self).unwrap_or_default();
@@ -199,6 +234,38 @@ impl Baseline {
             .map(|b| b.trace.as_str())
             .collect();
         (traces.len() == 1).then(|| by_name.first().copied()).flatten()
+    }
+}
+
+/// An empty baseline's format and version, for [`Baseline::updated`].
+fn fresh_header() -> Baseline {
+    Baseline { format: BASELINE_FORMAT.into(), version: BASELINE_VERSION, rows: Vec::new() }
+}
+
+/// What [`Baseline::updated`] did, for the line `check --update` prints.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Update {
+    /// Rows of the old baseline this run replaced.
+    pub replaced: usize,
+    /// Rows this run added (no old row matched them).
+    pub added: usize,
+    /// The old rows this run did not produce, kept as they were: `POLICY on TRACE`.
+    pub kept: Vec<String>,
+}
+
+impl Update {
+    /// `2 replaced, 1 added, 1 kept (not run this time: bfc on a.pickle)`.
+    pub fn describe(&self) -> String {
+        let mut s =
+            format!("{} replaced, {} added, {} kept", self.replaced, self.added, self.kept.len());
+        if !self.kept.is_empty() {
+            const SHOWN: usize = 3;
+            let more = self.kept.len().saturating_sub(SHOWN);
+            let tail = if more > 0 { format!(" and {more} more") } else { String::new() };
+            let shown: Vec<&str> = self.kept.iter().take(SHOWN).map(String::as_str).collect();
+            s += &format!(" (not run this time: {}{tail})", shown.join(", "));
+        }
+        s
     }
 }
 
@@ -352,6 +419,24 @@ mod tests {
                 ..PolicyResult::default()
             },
         )
+    }
+
+    #[test]
+    fn an_update_replaces_in_place_adds_and_keeps() {
+        let old = Baseline::new(&[row("a.pickle", 10, 1), row("b.pickle", 20, 2)]);
+        let (new, update) = old.updated(&[row("b.pickle", 21, 2), row("c.pickle", 30, 3)]);
+        let traces: Vec<&str> = new.rows.iter().map(|r| r.trace.as_str()).collect();
+        assert_eq!(traces, ["a.pickle", "b.pickle", "c.pickle"]);
+        assert_eq!(new.rows[1].result["peak_reserved_bytes"], 21);
+        assert_eq!(new.rows[0], old.rows[0], "kept as it was");
+        assert!(new.rows.iter().all(|r| !r.result.contains_key("replay_seconds")), "no timings");
+        assert_eq!(update.replaced, 1);
+        assert_eq!(update.added, 1);
+        assert_eq!(update.kept, ["pytorch on a.pickle"]);
+        assert_eq!(
+            update.describe(),
+            "1 replaced, 1 added, 1 kept (not run this time: pytorch on a.pickle)"
+        );
     }
 
     fn path() -> &'static Path {
