@@ -319,3 +319,29 @@ fn gzip_bomb_is_refused_in_proportion_to_the_file() {
     );
     assert!(stderr(&o).contains("decompression bomb"), "{}", stderr(&o));
 }
+
+/// A directory given as the trace names the traces in it, so the fix is one copy and paste,
+/// for every command that reads a trace.
+#[test]
+fn a_directory_as_the_trace_lists_the_traces_in_it() {
+    let dir = crate::util::bundled("real");
+    let d = dir.to_str().unwrap();
+    for args in [vec!["replay", d], vec!["info", d], vec!["validate", d], vec!["fit", d]] {
+        let out = crate::util::run(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = crate::util::stderr(&out);
+        assert!(err.contains("is a directory, not a trace"), "{args:?}: {err}");
+        assert!(err.contains(&format!("{d}/cs336-lm-step-a.pickle")), "{args:?}: {err}");
+        assert!(!err.contains("README.md"), "only files named like traces: {err}");
+        assert_eq!(err.lines().count(), 1, "one line: {err}");
+    }
+    let many = tempfile::tempdir().unwrap();
+    for i in 0..10 {
+        std::fs::write(many.path().join(format!("rank{i}.pickle")), b"").unwrap();
+    }
+    let err = crate::util::stderr(&crate::util::run(&["replay", many.path().to_str().unwrap()]));
+    assert!(err.contains("rank7.pickle and 2 more") && !err.contains("rank8"), "{err}");
+    let empty = tempfile::tempdir().unwrap();
+    let out = crate::util::run(&["replay", empty.path().to_str().unwrap()]);
+    assert!(crate::util::stderr(&out).contains("holds no file named like a trace"));
+}

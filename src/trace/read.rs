@@ -194,10 +194,45 @@ fn read_path(path: &Path, options: &ReadOptions) -> Result<Trace> {
     read_path_as(path, options, false)
 }
 
+/// A directory given as a trace: an error that lists the files in it that look like traces
+/// (by name: fragsim reads formats by content, but a listing by content would read them all),
+/// so the fix is one copy and paste away.
+fn directory_error(path: &Path) -> Error {
+    const SHOWN: usize = 8;
+    let looks_like_trace = |name: &str| {
+        [".pickle", ".pkl", ".json", ".json.gz", ".fst", ".txt", ".csv", ".gz"]
+            .iter()
+            .any(|ext| name.ends_with(ext))
+    };
+    let mut names: Vec<String> = std::fs::read_dir(path)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| looks_like_trace(n))
+        .collect();
+    names.sort();
+    let listing = match names.len() {
+        0 => "it holds no file named like a trace (.pickle, .json, .json.gz, .fst, .txt, .csv)"
+            .to_string(),
+        n => {
+            let shown: Vec<String> =
+                names.iter().take(SHOWN).map(|n| path.join(n).display().to_string()).collect();
+            let more = if n > SHOWN { format!(" and {} more", n - SHOWN) } else { String::new() };
+            format!("give one of the traces in it: {}{more}", shown.join(", "))
+        }
+    };
+    Error::usage(format!("is a directory, not a trace: {listing}")).in_file(path)
+}
+
 /// [`read_path`]; `whole_pickle` reads a snapshot pickle whole instead of streamed, for the
 /// files whose stream refers back to what streaming discarded.
 fn read_path_as(path: &Path, options: &ReadOptions, whole_pickle: bool) -> Result<Trace> {
     let cap = options.input_cap()?;
+    if path.is_dir() {
+        return Err(directory_error(path));
+    }
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let length = file.metadata().ok().filter(|m| m.is_file()).map(|m| m.len());
     if let Some(len) = length.filter(|&len| len > cap) {
