@@ -96,6 +96,16 @@ fn bad_version_is_a_usage_error() {
     assert_eq!(out.status.code(), Some(2));
     let out = run(&["validate", path.to_str().expect("utf-8"), "--pytorch-version", "2.8"]);
     assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    // A version past the newest modelled is refused with the ones that are.
+    let out = run(&["validate", path.to_str().expect("utf-8"), "--pytorch-version", "2.99"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.contains("PyTorch 2.99 is newer than the newest modelled") && err.contains("2.0 to"),
+        "{err}"
+    );
+    let out = run(&["validate", path.to_str().expect("utf-8"), "--pytorch-version", "2.8.x"]);
+    assert_eq!(out.status.code(), Some(2), "a patch number must be a number");
 }
 
 #[test]
