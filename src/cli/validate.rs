@@ -96,6 +96,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         record_events: args.export_snapshot.is_some(),
         check_invariants: false,
         flavour: args.policy.and_then(|r| r.0),
+        cancel: io.cancel.clone(),
     };
     let mut v = validate(&trace, &options).map_err(super::in_trace(&args.snapshot, &trace))?;
     v.trace = args.snapshot.display().to_string();

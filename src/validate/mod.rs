@@ -25,6 +25,7 @@ use crate::policy::pytorch::config::{self, Config, Flavour, Version};
 use crate::policy::pytorch::start::{self, StartState};
 use crate::policy::pytorch::{expandable, PyTorch};
 use crate::policy::Policy;
+use crate::replay::Cancel;
 use crate::trace::lifetimes::{free_action, FlushCause, FlushCauses};
 use crate::trace::{Action, AddrMap, Event, Segment, Trace};
 use serde::Serialize;
@@ -65,6 +66,9 @@ pub struct ValidateOptions {
     /// Whose allocator rules to replay (`-p pytorch-cuda` / `pytorch-npu`); default: those of
     /// the allocator that made the recording ([`Flavour::of_trace`]).
     pub flavour: Option<Flavour>,
+    /// Raised to abandon the validation (Ctrl-C in Python): every replay it runs looks at it
+    /// every [`Cancel::EVERY`] events and stops with an "interrupted" error.
+    pub cancel: Cancel,
 }
 
 /// One decision the simulation made differently from the recording.
@@ -782,11 +786,16 @@ fn replay(
     config: &Config,
     stop: Stop,
     record: bool,
+    cancel: &Cancel,
 ) -> Result<Run> {
-    replay_checked(events, ops, start, config, stop, record, false)
+    replay_checked(events, ops, start, config, stop, record, false, cancel)
 }
 
 /// [`replay`], checking the policy's invariants after every event when `check` is set.
+// The recording (events, ops, start), the model (config) and how to run (stop, record, check,
+// cancel): each is read in the loop, and a struct of them would be built at every call only to be
+// taken apart here.
+#[allow(clippy::too_many_arguments)]
 fn replay_checked(
     events: &[Event],
     ops: &[Op],
@@ -795,6 +804,7 @@ fn replay_checked(
     stop: Stop,
     record: bool,
     check: bool,
+    cancel: &Cancel,
 ) -> Result<Run> {
     let mut policy = PyTorch::new(config.clone());
     start.install(&mut policy)?;
@@ -832,6 +842,9 @@ fn replay_checked(
     let mut ref_pos = 0usize;
     let mut routes = start.routes.clone();
     for (i, (e, op)) in events.iter().zip(ops).enumerate() {
+        if i % Cancel::EVERY == 0 {
+            cancel.check()?;
+        }
         if check {
             policy.check().map_err(|m| {
                 Error::input(format!("the pytorch policy broke an invariant: {m}"))
@@ -1029,6 +1042,7 @@ fn compare_segments(events: &[Event], script: &[usize], log: &[Event], at: usize
 /// The orphan-growth rule (docs/pytorch-model.md#orphan-growth) generalised: the smallest longer
 /// size of one ambiguous orphan, near the recorded or the simulated address, that makes every
 /// placement up to event `k` match the recording.
+#[allow(clippy::too_many_arguments)] // as replay_checked's, plus the orphan in question
 fn longer_orphan(
     events: &[Event],
     ops: &[Op],
@@ -1037,6 +1051,7 @@ fn longer_orphan(
     k: usize,
     recorded: u64,
     simulated: Option<u64>,
+    cancel: &Cancel,
 ) -> Result<Option<(u64, u64)>> {
     let mut candidates = start.ambiguous_near(recorded);
     if let Some(s) = simulated {
@@ -1047,7 +1062,8 @@ fn longer_orphan(
     let upto = k + 1;
     let passes = |o: u64, size: u64| -> Result<bool> {
         let v = start.with_size(o, size);
-        let run = replay(&events[..upto], &ops[..upto], &v, config, Stop::FirstMismatch, false)?;
+        let run =
+            replay(&events[..upto], &ops[..upto], &v, config, Stop::FirstMismatch, false, cancel)?;
         Ok(run.first_mismatch.is_none())
     };
     for o in candidates {
@@ -1231,7 +1247,8 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
     // Learn orphan sizes from placements that prove them.
     let mut learned = Vec::new();
     loop {
-        let run = replay(events, &ops, &start, &config, Stop::FirstMismatch, false)?;
+        let run =
+            replay(events, &ops, &start, &config, Stop::FirstMismatch, false, &options.cancel)?;
         let Some((k, recorded, simulated)) = run.first_mismatch else { break };
         if run.first_inside_free == Some((k, recorded)) {
             if let Some(orphan) = start.extend(recorded) {
@@ -1239,7 +1256,8 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
                 continue;
             }
         }
-        match longer_orphan(events, &ops, &start, &config, k, recorded, simulated)? {
+        match longer_orphan(events, &ops, &start, &config, k, recorded, simulated, &options.cancel)?
+        {
             Some((orphan, size)) => {
                 start.set_size(orphan, size);
                 learned.push((orphan, size, k));
@@ -1255,6 +1273,7 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
         Stop::Never,
         options.record_events,
         options.check_invariants,
+        &options.cancel,
     )?;
     for (o, size, k) in &learned {
         notes.push(Warning::LearnedOrphanSize { addr: *o, size: *size, event: *k as u64 });
@@ -1263,7 +1282,15 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
     let mut undeterminable: BTreeMap<usize, Mismatch> = BTreeMap::new();
     for o in start.ambiguous() {
         let variant = start.with_longest(o);
-        let run = replay(events, &ops, &variant, &config, Stop::Diverge(&base.placed), false)?;
+        let run = replay(
+            events,
+            &ops,
+            &variant,
+            &config,
+            Stop::Diverge(&base.placed),
+            false,
+            &options.cancel,
+        )?;
         let k = run.placed.len().checked_sub(1);
         let Some(k) = k else { continue };
         let (event, sim) = run.placed[k];
@@ -1904,6 +1931,17 @@ mod tests {
                 assert_exact(&t, &format!("npu {conf} seed {seed} from event {cut}"));
             }
         }
+    }
+
+    #[test]
+    fn a_raised_cancel_flag_stops_validation() {
+        let t = generate("", 1, None);
+        let cancel = Cancel::new();
+        let options = ValidateOptions { cancel: cancel.clone(), ..ValidateOptions::default() };
+        assert!(validate(&t, &options).is_ok(), "an unraised flag changes nothing");
+        cancel.cancel();
+        let e = validate(&t, &options).unwrap_err();
+        assert_eq!(e.message(), "interrupted");
     }
 
     #[test]
