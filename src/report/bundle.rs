@@ -591,7 +591,28 @@ mod tests {
         let files = write_dir(&data, &dir, false).unwrap();
         let names: Vec<String> =
             files.iter().map(|f| f.file_name().unwrap().to_string_lossy().into_owned()).collect();
-        for stem in ["timeline", "peaks", "fragmentation", "segments", "sizes"] {
+        // Nine policies: the main timeline draws its focus (the best and bound here: no run is
+        // named pytorch), and timeline-all every one of them.
+        let main = plot::timeline::focus(&data);
+        let labels: Vec<&str> = main.iter().map(|r| r.label.as_str()).collect();
+        assert_eq!(labels.len(), 2, "{labels:?}");
+        assert!(labels.contains(&"bound"), "{labels:?}");
+        let best = data.runs.iter().filter(|r| r.label != "bound" && !r.output.result.oom);
+        let best = best.min_by_key(|r| r.output.result.peak_reserved_bytes).unwrap();
+        assert!(labels.contains(&best.label.as_str()), "{labels:?}");
+        let main_svg = std::fs::read_to_string(dir.join("timeline.svg")).unwrap();
+        let all_svg = std::fs::read_to_string(dir.join("timeline-all.svg")).unwrap();
+        for run in &data.runs {
+            let label = crate::report::html::escape(&run.label);
+            assert!(all_svg.contains(&label), "timeline-all names {}", run.label);
+            assert_eq!(
+                main_svg.contains(&label),
+                labels.contains(&run.label.as_str()),
+                "{}",
+                run.label
+            );
+        }
+        for stem in ["timeline", "timeline-all", "peaks", "fragmentation", "segments", "sizes"] {
             assert!(
                 names.contains(&format!("{stem}.png")) && names.contains(&format!("{stem}.svg"))
             );

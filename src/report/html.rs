@@ -26,12 +26,18 @@ pub fn escape(s: &str) -> String {
 }
 
 /// The charts in page order: file stem, heading, what to look for.
-const CHARTS: [(&str, &str, &str); 6] = [
+const CHARTS: [(&str, &str, &str); 7] = [
     (
         "timeline",
         "Memory over time",
-        "Reserved (solid) and allocated (dashed) bytes of every policy; the grey floor is the \
-         live requested bytes. Each policy's peak is marked.",
+        "Reserved (solid) and allocated (dashed) bytes of every policy (with more than four: the \
+         recorded settings, the best policy and bound; the next chart has them all); the grey \
+         floor is the live requested bytes. Each policy's peak is marked.",
+    ),
+    (
+        "timeline-all",
+        "Memory over time, every policy",
+        "The same chart with every policy replayed.",
     ),
     (
         "peaks",

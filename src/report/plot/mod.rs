@@ -41,9 +41,16 @@ pub fn x_range(trace: &TraceSummary) -> std::ops::Range<f64> {
     0.0..if end > 0.0 { end + pad } else { 1.0 }
 }
 
-/// Writes `timeline.png` and `timeline.svg`.
+/// Writes `timeline.png` and `timeline.svg`; with more policies than the main timeline draws
+/// ([`timeline::MOST_DRAWN`]), also `timeline-all.png` and `.svg` with every policy.
 pub fn write_timeline(data: &ReportData, dir: &Path) -> Result<Vec<PathBuf>> {
-    style::write_chart(&timeline::Timeline { data }, dir, "timeline")
+    let main = timeline::Timeline::main(data);
+    let focused = main.runs.len() < data.runs.len();
+    let mut files = style::write_chart(&main, dir, "timeline")?;
+    if focused {
+        files.extend(style::write_chart(&timeline::Timeline::every(data), dir, "timeline-all")?);
+    }
+    Ok(files)
 }
 
 /// Writes `peaks.png` and `peaks.svg`.

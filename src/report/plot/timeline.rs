@@ -1,5 +1,8 @@
 //! `timeline.*`: reserved (solid) and allocated (dashed) bytes over time for every policy on one
-//! chart, the live requested bytes as a grey floor, each policy's peak marked and labelled.
+//! chart, the live requested bytes as a grey floor, each policy's peak marked and labelled. With
+//! more than [`MOST_DRAWN`] policies (`-p all`), the main chart draws only its [`focus`] (the
+//! recorded settings, the best policy and `bound`, over the recorded band) and `timeline-all.*`
+//! draws every policy.
 //!
 //! Lines are steps (a value holds until the next event changes it), drawn from the down-sampled
 //! series, which keeps every peak exactly. Policies differ by colour and marker shape; the legend
@@ -11,7 +14,7 @@
 use super::labels::{self, Occupancy};
 use super::style::{self, *};
 use super::{plotted_points, recorded_points, x_range, xy};
-use crate::report::bundle::ReportData;
+use crate::report::bundle::{PolicyRun, ReportData};
 use crate::units::format_bytes;
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -21,6 +24,51 @@ use plotters::style::text_anchor::{HPos, VPos};
 pub struct Timeline<'a> {
     /// What to draw.
     pub data: &'a ReportData,
+    /// The policies drawn: all of them, or the [`focus`] of many.
+    pub runs: Vec<&'a PolicyRun>,
+}
+
+/// More policies than this and the main timeline draws only its [`focus`]: ten overlapping
+/// step lines and their peak labels read as spaghetti.
+pub const MOST_DRAWN: usize = 4;
+
+impl<'a> Timeline<'a> {
+    /// The main timeline: every policy when there are at most [`MOST_DRAWN`], else the
+    /// [`focus`].
+    pub fn main(data: &'a ReportData) -> Timeline<'a> {
+        Timeline { data, runs: focus(data) }
+    }
+
+    /// Every policy, for `timeline-all.*` beside a main timeline that drew only its focus.
+    pub fn every(data: &'a ReportData) -> Timeline<'a> {
+        Timeline { data, runs: data.runs.iter().collect() }
+    }
+}
+
+/// The runs a timeline of many policies draws, in report order: the recorded settings
+/// (`pytorch`, the policy that replays what the program ran with), the best (least peak reserved
+/// among the runs that did not run out of memory) and `bound` (the floor no policy beats); the
+/// recorded run is drawn anyway, as a band. Every run when there are at most [`MOST_DRAWN`].
+pub fn focus(data: &ReportData) -> Vec<&PolicyRun> {
+    if data.runs.len() <= MOST_DRAWN {
+        return data.runs.iter().collect();
+    }
+    let settings = data.runs.iter().find(|r| r.label == "pytorch").map(|r| r.index);
+    let best = data
+        .runs
+        .iter()
+        .filter(|r| !r.output.result.oom && !r.label.starts_with("bound"))
+        .min_by_key(|r| r.output.result.peak_reserved_bytes)
+        .map(|r| r.index);
+    let bound = data.runs.iter().find(|r| r.label == "bound").map(|r| r.index);
+    let keep = [settings, best, bound];
+    let chosen: Vec<&PolicyRun> =
+        data.runs.iter().filter(|r| keep.contains(&Some(r.index))).collect();
+    if chosen.is_empty() {
+        data.runs.iter().take(MOST_DRAWN).collect()
+    } else {
+        chosen
+    }
 }
 
 const WIDTH: u32 = 1400;
@@ -41,7 +89,7 @@ impl Timeline<'_> {
                 label: format!("{} ({})", crate::recorded::POLICY_NAME, format_bytes(peak)),
             });
         }
-        for run in &self.data.runs {
+        for run in &self.runs {
             entries.push(LegendEntry {
                 sample: Sample::Line(policy_color(run.index), Some(policy_marker(run.index))),
                 label: format!(
@@ -72,7 +120,7 @@ impl Timeline<'_> {
 
     /// The highest peak reserved of any policy and of the recorded run.
     fn peak(&self) -> u64 {
-        let policies = self.data.runs.iter().map(|r| r.output.result.peak_reserved_bytes);
+        let policies = self.runs.iter().map(|r| r.output.result.peak_reserved_bytes);
         policies.chain(self.recorded_peak()).max().unwrap_or(0)
     }
 
@@ -110,7 +158,7 @@ const CAPACITY: RGBColor = RGBColor(200, 0, 0);
 
 impl Chart for Timeline<'_> {
     fn size(&self) -> (u32, u32) {
-        let rows = self.data.runs.len() as u32 + 7 + u32::from(self.recorded_peak().is_some());
+        let rows = self.runs.len() as u32 + 7 + u32::from(self.recorded_peak().is_some());
         // A legend wider than 520 px widens the chart rather than cutting a policy's label.
         let wider = (self.legend_width() - 520).max(0) as u32;
         (WIDTH + wider, HEIGHT.max(110 + rows * LEGEND_LINE as u32))
@@ -218,7 +266,7 @@ impl Chart for Timeline<'_> {
         // Allocated, dashed (dashes cut by x: a few dozen path elements however jagged the line).
         let plot_px = (main.dim_in_pixel().0 as f64 - 120.0).max(100.0);
         let period = (x_end - xr.start) * 14.0 / plot_px;
-        for run in &data.runs {
+        for run in &self.runs {
             let pts = plotted_points(run);
             let line = step_path(&xy(trace, &pts, |p| scale.of(p.allocated)), x_end);
             let color = policy_color(run.index);
@@ -231,8 +279,10 @@ impl Chart for Timeline<'_> {
                 .or_draw_error()?;
         }
         // Reserved, solid, with the policy's marker at a few places so it reads in greyscale.
-        let n = data.runs.len().max(1) as f64;
-        for run in &data.runs {
+        let n = self.runs.len().max(1) as f64;
+        // Markers staggered by the run's place among those drawn (not its report index, which
+        // can exceed their count when only the focus is drawn), so all stay inside the plot.
+        for (place, run) in self.runs.iter().enumerate() {
             let pts = plotted_points(run);
             let xy_r = xy(trace, &pts, |p| scale.of(p.reserved));
             let color = policy_color(run.index);
@@ -242,8 +292,7 @@ impl Chart for Timeline<'_> {
                 .draw_series(std::iter::once(PathElement::new(line, color.stroke_width(2))))
                 .or_draw_error()?;
             for k in 0..5 {
-                let x =
-                    xr.start + (x_end - xr.start) * (k as f64 + (run.index as f64 + 0.5) / n) / 5.0;
+                let x = xr.start + (x_end - xr.start) * (k as f64 + (place as f64 + 0.5) / n) / 5.0;
                 if let Some(y) = step_value(&xy_r, x) {
                     let at = chart.backend_coord(&(x, y));
                     occupancy.mark_rect((at.0 - 5, at.1 - 5), (at.0 + 5, at.1 + 5), 4);
@@ -295,7 +344,7 @@ impl Chart for Timeline<'_> {
                 index: None,
             });
         }
-        let mut by_peak: Vec<&crate::report::bundle::PolicyRun> = data.runs.iter().collect();
+        let mut by_peak: Vec<&PolicyRun> = self.runs.clone();
         by_peak.sort_by_key(|r| std::cmp::Reverse(r.output.result.peak_reserved_bytes));
         for run in by_peak {
             let d = &run.output.detail;
