@@ -365,3 +365,69 @@ fn property_a_damaged_fst_streams_as_it_loads_through_the_fuzz_body() {
         fragsim::testing::fuzz::stream_fst(&damaged);
     }
 }
+
+/// A snapshot whose entries have ever longer distinct stacks of one frame dict with an
+/// 8000-byte filename, each frame a 2-byte `BINGET`: 36 KB of pickle, 80 MB of frames.
+fn repeated_long_frame(entries: usize) -> Vec<u8> {
+    let s = |d: &mut Vec<u8>, t: &[u8]| {
+        d.push(b'X');
+        d.extend_from_slice(&(t.len() as u32).to_le_bytes());
+        d.extend_from_slice(t);
+    };
+    let mut d = b"\x80\x04}(".to_vec();
+    s(&mut d, b"segments");
+    d.push(b']');
+    s(&mut d, b"device_traces");
+    d.extend_from_slice(b"]](");
+    for i in 0..entries {
+        d.extend_from_slice(b"}(");
+        s(&mut d, b"action");
+        s(&mut d, b"alloc");
+        s(&mut d, b"addr");
+        d.push(b'J');
+        d.extend_from_slice(&(4096 * (i as i32 + 1)).to_le_bytes());
+        for k in [&b"size"[..], b"stream"] {
+            s(&mut d, k);
+            d.extend_from_slice(b"M\x00\x02");
+        }
+        s(&mut d, b"frames");
+        d.extend_from_slice(b"](");
+        if i == 0 {
+            // The frame dict, memo entry 0.
+            d.extend_from_slice(b"}\x94(");
+            s(&mut d, b"name");
+            s(&mut d, b"f");
+            s(&mut d, b"filename");
+            s(&mut d, &[b'a'; 8000]);
+            s(&mut d, b"line");
+            d.extend_from_slice(b"K\x03u");
+        } else {
+            (0..=i).for_each(|_| d.extend_from_slice(b"h\x00"));
+        }
+        d.extend_from_slice(b"eu");
+    }
+    d.extend_from_slice(b"eau.");
+    d
+}
+
+#[test]
+fn frames_repeated_in_many_stacks_cannot_take_memory_quadratic_in_the_file() {
+    // Found reviewing the snapshot reader while fuzzing it: every stack kept its frames'
+    // strings in full, so 170 KB of such a pickle held 2.4 GB. The frames are now bounded by
+    // the bytes read (64 per byte, 64 MiB at least), an input error naming the entry.
+    let data = repeated_long_frame(140);
+    assert!(data.len() < 40_000, "{}", data.len());
+    let keep = ReadOptions { keep_frames: true, ..ReadOptions::default() };
+    let e = read_bytes(&data, Format::PytorchSnapshot, &keep).unwrap_err();
+    assert_eq!(e.kind(), fragsim::error::ErrorKind::Input);
+    assert!(
+        e.to_string().contains("the stacks' frames would take more than 67108864 bytes"),
+        "{e}"
+    );
+    assert!(matches!(e.location().place, Some(fragsim::error::Place::Event(_))), "{e}");
+    // Fewer of them read, and without frames there is nothing to hold.
+    let t = read_bytes(&repeated_long_frame(20), Format::PytorchSnapshot, &keep).unwrap();
+    assert_eq!(t.frames.get(t.devices[0].events[19].frames).len(), 20);
+    let t = read_bytes(&data, Format::PytorchSnapshot, &ReadOptions::default()).unwrap();
+    assert_eq!(t.devices[0].events.len(), 140);
+}
