@@ -190,7 +190,7 @@ fn multi_member_gzip_is_read_whole() {
 
 #[test]
 fn zero_byte_allocations_to_kineto_give_a_loss_note() {
-    let t = text("alloc 0x100 0\nfree_completed 0x100 0\nalloc 0x200 512\n").unwrap();
+    let t = text("alloc 0x100 0 @1\nfree_completed 0x100 0 @2\nalloc 0x200 512 @3\n").unwrap();
     let notes = (Format::Kineto.info().losses)(&t);
     assert_eq!(
         notes,
@@ -332,6 +332,21 @@ fn every_bundled_and_generated_trace_round_trips_through_every_format_pair() {
     }
     // Some pairs must lose something (Kineto has no segment events), or the notes are untested.
     assert!(lossy > 0);
+}
+
+#[test]
+fn fuzz_finding_an_untimed_trace_to_kineto_says_its_times_are_made_up() {
+    // round_trip fuzz target: a snapshot without `time_us` (here a text trace without times)
+    // whose events Kineto holds all read back with times, and no note said so.
+    fragsim::testing::fuzz::round_trip(b"\x04alloc 0x100 512\nfree_completed 0x100 512\n");
+    let t = text("alloc 0x100 512\n").unwrap();
+    let notes = (Format::Kineto.info().losses)(&t);
+    assert_eq!(
+        notes,
+        ["the trace records no times: Kineto needs one on every event, so each event's index is \
+          written as its time in microseconds"]
+    );
+    assert!((Format::Kineto.info().losses)(&text("alloc 0x100 512 @5\n").unwrap()).is_empty());
 }
 
 #[test]

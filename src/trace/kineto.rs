@@ -188,6 +188,14 @@ pub fn losses(trace: &Trace) -> Vec<String> {
     if !trace.segments.is_empty() || trace.allocator_settings.is_some() {
         out.push("final segments and allocator settings are not part of the Kineto format".into());
     }
+    // Kineto stamps every event, so read back the trace claims times it never had.
+    if !trace.has_times && trace.devices.iter().any(|d| !d.events.is_empty()) {
+        out.push(
+            "the trace records no times: Kineto needs one on every event, so each event's index \
+             is written as its time in microseconds"
+                .into(),
+        );
+    }
     out.extend(trace.entry_pools_loss("Kineto"));
     out
 }
