@@ -350,6 +350,20 @@ fn fuzz_finding_an_untimed_trace_to_kineto_says_its_times_are_made_up() {
 }
 
 #[test]
+fn fuzz_finding_times_that_go_backwards_to_kineto_get_a_loss_note() {
+    // round_trip fuzz target (minimised): an RMM log whose times go backwards; Kineto's writer
+    // writes such an event at the time before it, and no note said so.
+    let data = b"\x02Thread,Time,Action,Pointer,Size,Stream\n,11,free,c,2,0\n,7,free,0,5,0";
+    fragsim::testing::fuzz::round_trip(data);
+    let t = text("alloc 0x100 512 @5\nalloc 0x200 512 @9\nfree_completed 0x100 512 @3\n").unwrap();
+    assert_eq!(
+        (Format::Kineto.info().losses)(&t),
+        ["device 0: 1 events earlier than the one before them are written at its time (Kineto \
+          events are ordered by time)"]
+    );
+}
+
+#[test]
 fn fuzz_finding_offline_huge_plan_work_is_bounded() {
     // replay fuzz target, timeout: blocks near 2^52 bytes made `offline` count 2^24 pages per
     // event; its page table is now at most 2^20 pages, and a bigger plan is an error.

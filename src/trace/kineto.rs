@@ -178,6 +178,25 @@ pub fn losses(trace: &Trace) -> Vec<String> {
                 d.device
             ));
         }
+        // `write` clamps a time that goes backwards to the one before it.
+        let mut last = i64::MIN;
+        let earlier = d
+            .events
+            .iter()
+            .filter(|e| e.action == Action::Alloc || e.action == frees)
+            .filter(|e| {
+                let before = last;
+                last = last.max(e.time_us);
+                before > e.time_us
+            })
+            .count();
+        if earlier > 0 {
+            out.push(format!(
+                "device {}: {earlier} events earlier than the one before them are written at its \
+                 time (Kineto events are ordered by time)",
+                d.device
+            ));
+        }
         if d.events.iter().any(|e| e.stream != 0) {
             out.push(format!(
                 "device {}: Kineto records no streams; all become stream 0",
