@@ -190,7 +190,7 @@ fn multi_member_gzip_is_read_whole() {
 
 #[test]
 fn zero_byte_allocations_to_kineto_give_a_loss_note() {
-    let t = text("alloc 0x100 0\nfree_completed 0x100 0\nalloc 0x200 512\n").unwrap();
+    let t = text("alloc 0x100 0 @1\nfree_completed 0x100 0 @2\nalloc 0x200 512 @3\n").unwrap();
     let notes = (Format::Kineto.info().losses)(&t);
     assert_eq!(
         notes,
@@ -335,6 +335,35 @@ fn every_bundled_and_generated_trace_round_trips_through_every_format_pair() {
 }
 
 #[test]
+fn fuzz_finding_an_untimed_trace_to_kineto_says_its_times_are_made_up() {
+    // round_trip fuzz target: a snapshot without `time_us` (here a text trace without times)
+    // whose events Kineto holds all read back with times, and no note said so.
+    fragsim::testing::fuzz::round_trip(b"\x04alloc 0x100 512\nfree_completed 0x100 512\n");
+    let t = text("alloc 0x100 512\n").unwrap();
+    let notes = (Format::Kineto.info().losses)(&t);
+    assert_eq!(
+        notes,
+        ["the trace records no times: Kineto needs one on every event, so each event's index is \
+          written as its time in microseconds"]
+    );
+    assert!((Format::Kineto.info().losses)(&text("alloc 0x100 512 @5\n").unwrap()).is_empty());
+}
+
+#[test]
+fn fuzz_finding_times_that_go_backwards_to_kineto_get_a_loss_note() {
+    // round_trip fuzz target (minimised): an RMM log whose times go backwards; Kineto's writer
+    // writes such an event at the time before it, and no note said so.
+    let data = b"\x02Thread,Time,Action,Pointer,Size,Stream\n,11,free,c,2,0\n,7,free,0,5,0";
+    fragsim::testing::fuzz::round_trip(data);
+    let t = text("alloc 0x100 512 @5\nalloc 0x200 512 @9\nfree_completed 0x100 512 @3\n").unwrap();
+    assert_eq!(
+        (Format::Kineto.info().losses)(&t),
+        ["device 0: 1 events earlier than the one before them are written at its time (Kineto \
+          events are ordered by time)"]
+    );
+}
+
+#[test]
 fn fuzz_finding_offline_huge_plan_work_is_bounded() {
     // replay fuzz target, timeout: blocks near 2^52 bytes made `offline` count 2^24 pages per
     // event; its page table is now at most 2^20 pages, and a bigger plan is an error.
@@ -364,4 +393,70 @@ fn property_a_damaged_fst_streams_as_it_loads_through_the_fuzz_body() {
         }
         fragsim::testing::fuzz::stream_fst(&damaged);
     }
+}
+
+/// A snapshot whose entries have ever longer distinct stacks of one frame dict with an
+/// 8000-byte filename, each frame a 2-byte `BINGET`: 36 KB of pickle, 80 MB of frames.
+fn repeated_long_frame(entries: usize) -> Vec<u8> {
+    let s = |d: &mut Vec<u8>, t: &[u8]| {
+        d.push(b'X');
+        d.extend_from_slice(&(t.len() as u32).to_le_bytes());
+        d.extend_from_slice(t);
+    };
+    let mut d = b"\x80\x04}(".to_vec();
+    s(&mut d, b"segments");
+    d.push(b']');
+    s(&mut d, b"device_traces");
+    d.extend_from_slice(b"]](");
+    for i in 0..entries {
+        d.extend_from_slice(b"}(");
+        s(&mut d, b"action");
+        s(&mut d, b"alloc");
+        s(&mut d, b"addr");
+        d.push(b'J');
+        d.extend_from_slice(&(4096 * (i as i32 + 1)).to_le_bytes());
+        for k in [&b"size"[..], b"stream"] {
+            s(&mut d, k);
+            d.extend_from_slice(b"M\x00\x02");
+        }
+        s(&mut d, b"frames");
+        d.extend_from_slice(b"](");
+        if i == 0 {
+            // The frame dict, memo entry 0.
+            d.extend_from_slice(b"}\x94(");
+            s(&mut d, b"name");
+            s(&mut d, b"f");
+            s(&mut d, b"filename");
+            s(&mut d, &[b'a'; 8000]);
+            s(&mut d, b"line");
+            d.extend_from_slice(b"K\x03u");
+        } else {
+            (0..=i).for_each(|_| d.extend_from_slice(b"h\x00"));
+        }
+        d.extend_from_slice(b"eu");
+    }
+    d.extend_from_slice(b"eau.");
+    d
+}
+
+#[test]
+fn frames_repeated_in_many_stacks_cannot_take_memory_quadratic_in_the_file() {
+    // Found reviewing the snapshot reader while fuzzing it: every stack kept its frames'
+    // strings in full, so 170 KB of such a pickle held 2.4 GB. The frames are now bounded by
+    // the bytes read (64 per byte, 64 MiB at least), an input error naming the entry.
+    let data = repeated_long_frame(140);
+    assert!(data.len() < 40_000, "{}", data.len());
+    let keep = ReadOptions { keep_frames: true, ..ReadOptions::default() };
+    let e = read_bytes(&data, Format::PytorchSnapshot, &keep).unwrap_err();
+    assert_eq!(e.kind(), fragsim::error::ErrorKind::Input);
+    assert!(
+        e.to_string().contains("the stacks' frames would take more than 67108864 bytes"),
+        "{e}"
+    );
+    assert!(matches!(e.location().place, Some(fragsim::error::Place::Event(_))), "{e}");
+    // Fewer of them read, and without frames there is nothing to hold.
+    let t = read_bytes(&repeated_long_frame(20), Format::PytorchSnapshot, &keep).unwrap();
+    assert_eq!(t.frames.get(t.devices[0].events[19].frames).len(), 20);
+    let t = read_bytes(&data, Format::PytorchSnapshot, &ReadOptions::default()).unwrap();
+    assert_eq!(t.devices[0].events.len(), 140);
 }

@@ -174,3 +174,95 @@ fn a_real_snapshot_repeated_streams_to_the_whole_readers_trace() {
         }
     }
 }
+
+/// A protocol-4 pickle written opcode by opcode, counting `MEMOIZE`s.
+#[derive(Default)]
+struct Asm {
+    data: Vec<u8>,
+    memo: u8,
+}
+
+impl Asm {
+    /// Appends opcodes; `m` memoizes the object on top and returns its memo index.
+    fn op(&mut self, ops: &[u8]) -> &mut Self {
+        self.data.extend_from_slice(ops);
+        self
+    }
+    fn m(&mut self) -> u8 {
+        self.data.push(0x94);
+        self.memo += 1;
+        self.memo - 1
+    }
+    fn str(&mut self, t: &str) -> &mut Self {
+        self.data.extend_from_slice(&[0x8c, t.len() as u8]);
+        self.data.extend_from_slice(t.as_bytes());
+        self.m();
+        self
+    }
+    /// `{'name': name, 'filename': 'x.py', 'line': 3}`, memoized; returns its memo index.
+    fn frame(&mut self, name: &str) -> u8 {
+        self.op(b"}");
+        let i = self.m();
+        self.op(b"(").str("name").str(name).str("filename").str("x.py").str("line");
+        self.op(b"K\x03u");
+        i
+    }
+    /// An alloc entry at `addr` whose frames `frames` writes (between `MARK` and `APPENDS`).
+    fn entry(&mut self, addr: u16, frames: impl FnOnce(&mut Asm)) {
+        self.op(b"}");
+        self.m();
+        self.op(b"(").str("action").str("alloc").str("addr").op(b"M");
+        self.op(&addr.to_le_bytes()).str("size").op(b"M\x00\x02").str("stream").op(b"K\x00");
+        self.str("frames").op(b"]");
+        self.m();
+        self.op(b"(");
+        frames(self);
+        self.op(b"eu");
+    }
+}
+
+/// Found in review while fuzzing the streamed reader (the fuzzer had not reached it): a frame
+/// dict met again through the memo (`BINGET` of the handle it became when its batch was
+/// dropped) and memoized again, in a batch that then memoizes a new frame dict. Both survive
+/// the next discard as handles and must be added in memo order: the re-memoized one went in
+/// last, out of order, which panicked (debug builds) or lost the entry (release builds), so
+/// that a later batch referring back to it was refused.
+#[test]
+fn a_frame_memoized_again_survives_the_next_discard() {
+    let mut a = Asm::default();
+    a.op(b"\x80\x04}");
+    a.m();
+    a.op(b"(").str("segments").op(b"]");
+    a.m();
+    a.str("device_traces").op(b"]");
+    a.m();
+    a.op(b"]");
+    a.m();
+    // Batch 1: frames [f]; the batch is dropped and f survives as a handle.
+    let mut f = 0;
+    a.op(b"(").entry(0x1000, |a| f = a.frame("f"));
+    // Batch 2: frames [BINGET f, memoized again as g, a new frame h].
+    let mut g = 0;
+    a.op(b"e(").entry(0x2000, |a| {
+        a.op(&[b'h', f]);
+        g = a.m();
+        a.frame("h");
+    });
+    // Batch 3: frames [BINGET g].
+    a.op(b"e(").entry(0x3000, |a| {
+        a.op(&[b'h', g]);
+    });
+    a.op(b"eau.");
+    let data = a.data;
+    let whole = snapshot::read(&data, &options(true)).expect("reads whole");
+    let names = |t: &fragsim::trace::Trace, i: usize| -> Vec<String> {
+        t.frames.get(t.devices[0].events[i].frames).iter().map(|f| f.name.clone()).collect()
+    };
+    assert_eq!(names(&whole, 1), ["f", "h"]);
+    assert_eq!(names(&whole, 2), ["f"]);
+    let streamed = snapshot::stream(&mut &data[..], &options(true))
+        .map_err(snapshot::refusal_error)
+        .expect("streams");
+    assert!(streamed == whole);
+    fragsim::testing::fuzz::read(&data, Format::PytorchSnapshot);
+}

@@ -178,6 +178,25 @@ pub fn losses(trace: &Trace) -> Vec<String> {
                 d.device
             ));
         }
+        // `write` clamps a time that goes backwards to the one before it.
+        let mut last = i64::MIN;
+        let earlier = d
+            .events
+            .iter()
+            .filter(|e| e.action == Action::Alloc || e.action == frees)
+            .filter(|e| {
+                let before = last;
+                last = last.max(e.time_us);
+                before > e.time_us
+            })
+            .count();
+        if earlier > 0 {
+            out.push(format!(
+                "device {}: {earlier} events earlier than the one before them are written at its \
+                 time (Kineto events are ordered by time)",
+                d.device
+            ));
+        }
         if d.events.iter().any(|e| e.stream != 0) {
             out.push(format!(
                 "device {}: Kineto records no streams; all become stream 0",
@@ -187,6 +206,14 @@ pub fn losses(trace: &Trace) -> Vec<String> {
     }
     if !trace.segments.is_empty() || trace.allocator_settings.is_some() {
         out.push("final segments and allocator settings are not part of the Kineto format".into());
+    }
+    // Kineto stamps every event, so read back the trace claims times it never had.
+    if !trace.has_times && trace.devices.iter().any(|d| !d.events.is_empty()) {
+        out.push(
+            "the trace records no times: Kineto needs one on every event, so each event's index \
+             is written as its time in microseconds"
+                .into(),
+        );
     }
     out.extend(trace.entry_pools_loss("Kineto"));
     out

@@ -631,7 +631,21 @@ struct Reader {
     torch_npu: bool,
     /// Frame dicts already looked at for torch_npu, by dict id, while frames are not kept.
     npu_looked: Vec<bool>,
+    /// The bytes of the frames interned so far, each stack's counted in full (see
+    /// [`FRAME_BYTES_PER_INPUT_BYTE`]).
+    frame_bytes: u64,
 }
+
+/// The most bytes the interned stacks may hold per byte of pickle read, past
+/// [`FRAME_BYTES_FLOOR`]. Each stack keeps its frames' strings in full, while the file refers
+/// to a frame dict (or to a string) in two bytes: a hostile file of many distinct stacks that
+/// repeat one long frame would otherwise take memory quadratic in its size (170 KB held
+/// 2.4 GB). The real snapshots hold under half a byte of frames per byte of file; a file
+/// whose every entry has its own deep stack about 20.
+const FRAME_BYTES_PER_INPUT_BYTE: u64 = 64;
+
+/// The frame bytes any snapshot may intern, whatever its size.
+const FRAME_BYTES_FLOOR: u64 = 64 << 20;
 
 /// How [`Reader::frames_of`] names the owner of a frame list: an error about it at a byte, and its
 /// name.
@@ -835,9 +849,24 @@ impl Reader {
         let id = match self.stacks.get(&dict_ids[..]) {
             Some(&id) => id,
             None => {
+                // The list's items come after its opcode, a byte each at least.
+                let read = p.offset_of(v).unwrap_or(0).saturating_add(items.len() as u64);
+                let allowed =
+                    read.saturating_mul(FRAME_BYTES_PER_INPUT_BYTE).max(FRAME_BYTES_FLOOR);
                 let mut frames = Vec::with_capacity(items.len().min(4096));
                 for &f in items {
-                    frames.push(self.frame(p, f));
+                    let frame = self.frame(p, f);
+                    let size = frame.filename.len() + frame.name.len() + size_of::<Frame>();
+                    self.frame_bytes = self.frame_bytes.saturating_add(size as u64);
+                    if self.frame_bytes > allowed {
+                        let message = format!(
+                            "the stacks' frames would take more than {allowed} bytes, over \
+                             {FRAME_BYTES_PER_INPUT_BYTE} for each of the {read} bytes of pickle \
+                             read so far (frame lists that repeat long strings)"
+                        );
+                        return Err(err(message, p.offset_of(v)));
+                    }
+                    frames.push(frame);
                 }
                 let id = table.intern(frames);
                 self.stacks.insert(dict_ids.clone(), id);

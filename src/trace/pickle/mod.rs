@@ -301,21 +301,33 @@ impl<'a> Pickle<'a> {
     }
 
     /// The nesting depth of `v` (a scalar is 0, `[]` is 1, `[[1]]` is 2), counting at most `cap`
-    /// levels, so cycles (`l.append(l)`) and hostile depths stay cheap.
+    /// levels, so cycles (`l.append(l)`) and hostile depths stay cheap. It goes level by level,
+    /// each container once per level, so shared objects (`l = [m, m]`, `m = [k, k]`, ...) cost
+    /// at most `cap` passes over the containers, never one walk per path.
     pub fn depth(&self, v: Value, cap: usize) -> usize {
-        if cap == 0 {
-            return 0;
-        }
-        let children: Box<dyn Iterator<Item = Value> + '_> = match v {
-            Value::Dict(_) => Box::new(
-                self.entries(v).unwrap_or(&[]).iter().flat_map(|&(k, x)| [k, x].into_iter()),
-            ),
-            _ => match self.items(v) {
-                Some(items) => Box::new(items.iter().copied()),
-                None => return 0,
-            },
+        let key = |x: Value| match x {
+            Value::List(i) | Value::Tuple(i) | Value::Set(i) => Some((false, i)),
+            Value::Dict(i) => Some((true, i)),
+            _ => None,
         };
-        1 + children.map(|c| self.depth(c, cap - 1)).max().unwrap_or(0)
+        let mut level: Vec<Value> = key(v).map(|_| v).into_iter().collect();
+        let mut depth = 0;
+        while !level.is_empty() && depth < cap {
+            depth += 1;
+            let mut seen = std::collections::HashSet::new();
+            let mut next = Vec::new();
+            for c in level {
+                let pairs = self.entries(c).unwrap_or(&[]).iter().flat_map(|&(k, x)| [k, x]);
+                let items = self.items(c).unwrap_or(&[]).iter().copied();
+                for x in pairs.chain(items) {
+                    if key(x).is_some_and(|k| seen.insert(k)) {
+                        next.push(x);
+                    }
+                }
+            }
+            level = next;
+        }
+        depth
     }
 }
 
@@ -337,6 +349,17 @@ mod tests {
         assert!(matches!(p.root(), Value::List(0)));
         assert_eq!(p.items(p.root()).unwrap(), &[Value::List(0)]);
         assert_eq!(p.depth(p.root(), 50), 50);
+        // A list holding itself twice: one walk per path took 2^cap steps.
+        let data = b"\x80\x04]\x94(h\x00h\x00e.";
+        let p = decode(data).unwrap();
+        let start = std::time::Instant::now();
+        assert_eq!(p.depth(p.root(), 1000), 1000);
+        assert!(start.elapsed() < std::time::Duration::from_secs(5));
+        // Scalars, empty containers and dicts.
+        let p = decode(b"\x80\x04}(K\x01](]eu.").unwrap();
+        assert_eq!(p.depth(p.root(), 10), 3);
+        assert_eq!(p.depth(Value::Int(1), 10), 0);
+        assert_eq!(p.depth(p.root(), 0), 0);
     }
 
     #[test]

@@ -79,11 +79,6 @@ impl Past {
             v => self.kept.push(idx.wrapping_sub(self.base) as usize, v),
         }
     }
-
-    /// Entry `idx` survives as the sink's handle `h`.
-    pub(super) fn push_handle(&mut self, idx: u32, h: u32) {
-        self.handles.push(idx.wrapping_sub(self.base) as usize, h);
-    }
 }
 
 /// Values at some offsets, added in increasing order, found by offset in O(1) (see [`Past`]).
@@ -267,6 +262,8 @@ enum Survivor {
     Same(Value),
     Text(bool, Box<[u8]>),
     Big(i128),
+    /// What the sink made of a container ([`Sink::keep`]).
+    Handle(u32),
 }
 
 impl<'s> Streaming<'s> {
@@ -522,13 +519,13 @@ impl<'a, I: Input<'a>> Decoder<'a, '_, I> {
                     Some(&b) => Survivor::Big(b),
                     None => continue,
                 },
-                v => {
-                    if let Some(h) = s.sink.keep(&self.out, v) {
-                        memo.past.push_handle(idx, h);
-                    }
-                    continue;
-                }
+                v => match s.sink.keep(&self.out, v) {
+                    Some(h) => Survivor::Handle(h),
+                    None => continue,
+                },
             };
+            // Added to `past` below, all in memo order: a handle met again and memoized again
+            // (`Same`) must not go in after a later entry's new handle.
             survivors.push((idx, survivor));
         }
         drop(first);
@@ -540,6 +537,7 @@ impl<'a, I: Input<'a>> Decoder<'a, '_, I> {
         for (idx, survivor) in survivors {
             let v = match survivor {
                 Survivor::Same(v) => v,
+                Survivor::Handle(h) => Value::Handle(h),
                 Survivor::Big(b) => {
                     self.out.bigs.push(b);
                     Value::BigInt((self.out.bigs.len() - 1) as u32)
@@ -711,7 +709,7 @@ mod tests {
             if kept(i) {
                 past.push(i, Value::Int(i as i64));
             } else if handle(i) {
-                past.push_handle(i, i * 2);
+                past.push(i, Value::Handle(i * 2));
             }
         }
         for i in 1000..1600 {
