@@ -1138,3 +1138,37 @@ fn validate_takes_format_like_every_command() {
     assert_eq!(at("allocs_total"), v["allocs_total"].to_string());
     assert_eq!(at("allocs_addr_matched"), v["allocs_addr_matched"].to_string());
 }
+
+/// A program's `empty_cache()` right before a malloc that then runs out of memory records the
+/// same entries as that malloc's own out-of-memory fallback (releases, then `oom`). Replayed as
+/// a fallback, the malloc first finds the block the call released and takes it; the recorded
+/// allocator's cache was empty by then. With torch_npu's padding and 4 divisions, 200 MiB
+/// recordings show such calls; they replay to their recorded peak, from the start and cut
+/// mid-run, with either allocator's rules.
+#[test]
+fn an_empty_cache_call_before_a_failed_malloc_is_replayed_as_a_call() {
+    use fragsim::trace::Action;
+    let mut calls_before_oom = 0;
+    for npu in [false, true] {
+        for seed in 0..24 {
+            let conf = "roundup_power2_divisions:4";
+            let run = Run { conf, capacity: Some(200 << 20), npu, ..Run::PLAIN };
+            let t = recording(seed, run);
+            let at = format!("npu {npu}, seed {seed}");
+            reproduces_exactly(&t, &at);
+            reproduces(&recording(seed, Run { cut: 500, ..run }), &format!("{at}, cut"));
+            // The recording's own times tell the call (the step before) from the fallback.
+            let e = &t.devices[0].events;
+            calls_before_oom += (1..e.len())
+                .filter(|&i| e[i].action == Action::SegmentFree && e[i - 1].time_us != e[i].time_us)
+                .filter(|&i| {
+                    let next = e[i..]
+                        .iter()
+                        .find(|x| !matches!(x.action, Action::SegmentFree | Action::FreeCompleted));
+                    next.is_some_and(|x| x.action == Action::Oom && x.time_us != e[i].time_us)
+                })
+                .count();
+        }
+    }
+    assert!(calls_before_oom > 0, "no empty_cache() call right before a failed malloc");
+}

@@ -258,7 +258,8 @@ impl EmptyCacheRuns {
         if self.awaiting_alloc && action == Action::Alloc {
             self.awaiting_alloc = false;
             if let Some(last) = self.retried.last_mut() {
-                last.2 = Some(Retried { event: last.0, size: e.size, stream: e.stream });
+                let (size, stream) = (e.size, e.stream);
+                last.2 = Some(Retried { event: last.0, size, stream, failed: false });
             }
         }
         let flush = matches!(action, Action::SegmentFree | Action::SegmentUnmap);
@@ -286,7 +287,14 @@ impl EmptyCacheRuns {
                     None => match action {
                         Action::SegmentAlloc => self.push_retried(start, before + size),
                         Action::SegmentMap => self.mapping = Some((start, before + size)),
-                        Action::Oom => {} // the retry failed too: an OOM
+                        // The malloc failed: its fallback released the cache, or the program
+                        // called empty_cache() and the malloc then found nothing. Only a model
+                        // can tell (no level proves a call here).
+                        Action::Oom => {
+                            let (size, stream) = (e.size, e.stream);
+                            let failed = Retried { event: start, size, stream, failed: true };
+                            self.retried.push((start, i128::MAX, Some(failed)));
+                        }
                         _ => self.calls.push(start),
                     },
                 }
@@ -358,16 +366,22 @@ impl EmptyCacheRuns {
 }
 
 /// A run of recorded releases followed by a retried allocation that the levels cannot classify
-/// ([`EmptyCacheRuns::finish_with_undecided`]): where it starts and the request the retry
-/// served.
+/// ([`EmptyCacheRuns::finish_with_undecided`]), or by an allocation that failed: where it starts
+/// and the request after it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Retried {
     /// The index of the run's first release.
     pub event: u64,
-    /// The request the retried allocation served (its `alloc` event's size).
+    /// The request the retried allocation served (its `alloc` event's size), or, when
+    /// `failed`, the rounded size its `oom` entry records.
     pub size: u64,
     /// That request's stream.
     pub stream: u64,
+    /// The allocation failed (an `oom` entry follows the run). Why such a run is undecided too:
+    /// a program's `empty_cache()` right before a malloc that then runs out of memory records
+    /// the same entries as that malloc's own fallback, and only the first kind leaves the cache
+    /// empty before the malloc searches it.
+    pub failed: bool,
 }
 
 /// The few events of a device that decide what lifetimes and start states are derived from it:
