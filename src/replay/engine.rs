@@ -72,6 +72,10 @@ fn cuda_cap(options: &ReplayOptions) -> Option<u64> {
 struct Undecided<'r> {
     runs: &'r [Retried],
     next: usize,
+    /// What the recording's allocator added to a request before rounding it
+    /// ([`Flavour::pad`](crate::policy::pytorch::Flavour::pad)): a failed request's `oom` entry
+    /// records the rounded size, and the request behind it is that much smaller.
+    oom_pad: u64,
 }
 
 impl Undecided<'_> {
@@ -85,7 +89,11 @@ impl Undecided<'_> {
         }
         match self.runs.get(self.next) {
             Some(r) if r.event == index => {
-                policy.would_serve_from_cache(r.size, r.stream) == Some(true)
+                let size = match r.failed {
+                    true if r.size > self.oom_pad => r.size - self.oom_pad,
+                    _ => r.size,
+                };
+                policy.would_serve_from_cache(size, r.stream) == Some(true)
             }
             _ => false,
         }
@@ -342,7 +350,7 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
     let mut added_calls = options.empty_cache.added_calls();
     let plan = &options.empty_cache;
     let recorded_flushes = input.empty_cache_at();
-    let mut undecided = Undecided { runs: input.undecided_flushes(), next: 0 };
+    let mut undecided = Undecided { runs: input.undecided_flushes(), next: 0, oom_pad };
     // Read once: the policy's calls go through `backend` and could change what it points to, so
     // the compiler would otherwise reload these on every event.
     let logging = !PLAIN && backend.observer.log.is_some();

@@ -11,7 +11,7 @@
 use super::{Action, BlockState, DeviceTrace, Event, Frame, FrameTable, FramesId, Trace};
 use crate::error::Result;
 use serde::{Deserialize, Serialize};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// A block live at the first event.
@@ -42,6 +42,15 @@ pub struct Lifetimes {
     /// order: the few events a start-state recovery walks, found here so that it does not read
     /// every event again.
     pub segment_events: Vec<usize>,
+}
+
+/// How far past an orphan's address (request `size`) its block can end, whatever the allocator's
+/// settings: its rounded size (padding and `roundup_power2_divisions` add at most half of it, and
+/// 512 bytes) plus the up to 1 MiB of a large-pool block handed out unsplit, with room to spare.
+/// The first `alloc` within it, before the orphan's free, can prove the orphan's block size, so a
+/// [`digest`] keeps it.
+pub fn orphan_reach(size: u64) -> u64 {
+    size.saturating_mul(2).saturating_add(2 << 20)
 }
 
 /// The one orphan-free scan: finds where frees take effect, the orphan frees in trace order, and
@@ -258,7 +267,8 @@ impl EmptyCacheRuns {
         if self.awaiting_alloc && action == Action::Alloc {
             self.awaiting_alloc = false;
             if let Some(last) = self.retried.last_mut() {
-                last.2 = Some(Retried { event: last.0, size: e.size, stream: e.stream });
+                let (size, stream) = (e.size, e.stream);
+                last.2 = Some(Retried { event: last.0, size, stream, failed: false });
             }
         }
         let flush = matches!(action, Action::SegmentFree | Action::SegmentUnmap);
@@ -286,7 +296,14 @@ impl EmptyCacheRuns {
                     None => match action {
                         Action::SegmentAlloc => self.push_retried(start, before + size),
                         Action::SegmentMap => self.mapping = Some((start, before + size)),
-                        Action::Oom => {} // the retry failed too: an OOM
+                        // The malloc failed: its fallback released the cache, or the program
+                        // called empty_cache() and the malloc then found nothing. Only a model
+                        // can tell (no level proves a call here).
+                        Action::Oom => {
+                            let (size, stream) = (e.size, e.stream);
+                            let failed = Retried { event: start, size, stream, failed: true };
+                            self.retried.push((start, i128::MAX, Some(failed)));
+                        }
                         _ => self.calls.push(start),
                     },
                 }
@@ -358,23 +375,32 @@ impl EmptyCacheRuns {
 }
 
 /// A run of recorded releases followed by a retried allocation that the levels cannot classify
-/// ([`EmptyCacheRuns::finish_with_undecided`]): where it starts and the request the retry
-/// served.
+/// ([`EmptyCacheRuns::finish_with_undecided`]), or by an allocation that failed: where it starts
+/// and the request after it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Retried {
     /// The index of the run's first release.
     pub event: u64,
-    /// The request the retried allocation served (its `alloc` event's size).
+    /// The request the retried allocation served (its `alloc` event's size), or, when
+    /// `failed`, the rounded size its `oom` entry records.
     pub size: u64,
     /// That request's stream.
     pub stream: u64,
+    /// The allocation failed (an `oom` entry follows the run). Why such a run is undecided too:
+    /// a program's `empty_cache()` right before a malloc that then runs out of memory records
+    /// the same entries as that malloc's own fallback, and only the first kind leaves the cache
+    /// empty before the malloc searches it.
+    pub failed: bool,
 }
 
 /// The few events of a device that decide what lifetimes and start states are derived from it:
 /// each orphan free (the first free of an address no earlier event allocated), the first `alloc`
 /// of each address the final segments show live, the first segment event (`segment_alloc` or
-/// `segment_free`, within the address space) of each segment address, and the first
-/// `segment_map` or `segment_unmap`, in trace order. [`live_at_start`] and [`scan`]'s orphans
+/// `segment_free`, within the address space) of each segment address, the first
+/// `segment_map` or `segment_unmap`, and what can bound an orphan's size before the last
+/// orphan's free: each orphan's first `alloc` within its [reach](orphan_reach) before its free,
+/// and, where no request went to a private pool, the cache misses (each `segment_alloc` with the
+/// `alloc` placed at its start, and each `oom`), in trace order. [`live_at_start`] and [`scan`]'s orphans
 /// on the digest equal those on the whole events, and so does the cudaMalloc-segment start state
 /// the `pytorch` policy recovers (of mapped memory the digest keeps only the fact that the trace
 /// maps, which is all that policy uses). It is what a replay streamed from a file hands the
@@ -382,8 +408,10 @@ pub struct Retried {
 ///
 /// `walk(limit, f)` must hand `f` the device's first `limit` events in order, from the start,
 /// each time it is called: it is called once, and again for the orphan candidates only when an
-/// earlier alloc of one cannot be ruled out. Memory: the blocks live at a time, the final
-/// segments' live blocks, the segment addresses and the candidate orphans; not the events.
+/// earlier alloc of one cannot be ruled out, and for the proving allocs only when there are
+/// some. Memory: the blocks live at a time, the final segments' live blocks, the segment
+/// addresses, the candidate orphans, each allocated address's first index and the cache misses;
+/// not the other events.
 pub fn digest<W>(trace: &Trace, device: i32, frees_at: Action, mut walk: W) -> Result<Vec<Event>>
 where
     W: FnMut(u64, &mut dyn FnMut(u64, &Event) -> Result<()>) -> Result<()>,
@@ -411,9 +439,34 @@ where
     let mut orphaned = AddrSet::default();
     let mut segments: AddrMap<(u64, Event)> = AddrMap::default();
     let mut mapping: Option<(u64, Event)> = None;
+    // The index of the first alloc of each address, in address order.
+    let mut first_alloc: BTreeMap<u64, u64> = BTreeMap::new();
+    // The cache misses (a new segment and the alloc placed at its start, or an `oom`), where
+    // every request went to the default pools: they bound the orphans' sizes too.
+    let default_pools =
+        trace.entry_pools.is_none() && trace.segments_of(device).all(|s| s.private_pool.is_none());
+    let mut misses: Vec<(u64, Event)> = Vec::new();
+    let mut new_segment: Option<u64> = None;
     walk(u64::MAX, &mut |i, e| {
+        if default_pools {
+            let miss = match e.action {
+                Action::SegmentAlloc => true,
+                Action::Alloc => new_segment == Some(e.addr),
+                Action::Oom => e.size > 0,
+                _ => false,
+            };
+            if miss {
+                misses.push((i, *e));
+            }
+            match e.action {
+                Action::SegmentAlloc => new_segment = Some(e.addr),
+                Action::FreeRequested | Action::FreeCompleted => {}
+                _ => new_segment = None,
+            }
+        }
         match e.action {
             Action::Alloc => {
+                first_alloc.entry(e.addr).or_insert(i);
                 live.insert(e.addr);
                 let (w, m) = bit(e.addr);
                 seen[w] |= m;
@@ -450,15 +503,40 @@ where
             Ok(())
         })?;
     }
+    candidates.retain(|c| c.2 || !allocated_first.contains(&c.1.addr));
+    // Each orphan's first alloc within its reach before its free: it can prove the orphan's size.
+    let proofs: BTreeSet<u64> = candidates
+        .iter()
+        .filter_map(|&(at, o, _)| {
+            let reach = o.addr.saturating_add(orphan_reach(o.size));
+            let window = first_alloc.range(o.addr.saturating_add(1)..=reach);
+            window.map(|(_, &i)| i).filter(|&i| i < at).min()
+        })
+        .collect();
+    drop(first_alloc);
+    let mut proving = Vec::with_capacity(proofs.len());
+    if let Some(&last) = proofs.last() {
+        walk(last + 1, &mut |i, e| {
+            if proofs.contains(&i) {
+                proving.push((i, *e));
+            }
+            Ok(())
+        })?;
+    }
+    // Misses after the last orphan's free bound nothing.
+    let horizon = candidates.iter().map(|c| c.0).max().unwrap_or(0);
+    misses.retain(|m| m.0 < horizon);
     let mut out: Vec<(u64, Event)> = candidates
         .into_iter()
-        .filter(|c| c.2 || !allocated_first.contains(&c.1.addr))
         .map(|c| (c.0, c.1))
+        .chain(proving)
+        .chain(misses)
         .chain(final_live.into_values().flatten())
         .chain(segments.into_values())
         .chain(mapping)
         .collect();
     out.sort_by_key(|p| p.0);
+    out.dedup_by_key(|p| p.0); // a proving alloc may be a final block's first alloc too
     Ok(out.into_iter().map(|p| p.1).collect())
 }
 

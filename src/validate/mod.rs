@@ -1244,8 +1244,13 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
             start = StartState::recover(trace, device, events, &config);
         }
     }
-    // Learn orphan sizes from placements that prove them.
-    let mut learned = Vec::new();
+    // Learn orphan sizes from placements that prove them (some the recovery already showed).
+    let mut learned: Vec<(u64, u64, usize)> = start
+        .segments
+        .iter()
+        .flat_map(|s| &s.live)
+        .filter_map(|b| b.shown_at.map(|k| (b.addr, b.size, k)))
+        .collect();
     loop {
         let run =
             replay(events, &ops, &start, &config, Stop::FirstMismatch, false, &options.cancel)?;
@@ -1275,7 +1280,10 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
         options.check_invariants,
         &options.cancel,
     )?;
-    for (o, size, k) in &learned {
+    // Each orphan's last lower bound, in the order learned.
+    let last = |o: u64| learned.iter().rposition(|l| l.0 == o);
+    let shown: Vec<_> = learned.iter().enumerate().filter(|(i, l)| last(l.0) == Some(*i)).collect();
+    for (_, (o, size, k)) in shown {
         notes.push(Warning::LearnedOrphanSize { addr: *o, size: *size, event: *k as u64 });
     }
     // Decisions (docs/pytorch-model.md#undeterminable) that depend on an ambiguous orphan's size.

@@ -75,6 +75,9 @@ pub struct LiveAtStart {
     pub orphan: bool,
     /// True when the trace proved this orphan's size (docs/pytorch-model.md#orphan-growth).
     pub proven: bool,
+    /// The event that showed this orphan longer than its default guess, while the state was
+    /// recovered: where `size` comes from ([`StartState::recover`]).
+    pub shown_at: Option<usize>,
 }
 
 impl LiveAtStart {
@@ -231,6 +234,7 @@ impl StartState {
                     max_size: size,
                     orphan: false,
                     proven: true,
+                    shown_at: None,
                 });
             }
         }
@@ -244,6 +248,7 @@ impl StartState {
                     max_size: 0,
                     orphan: true,
                     proven: false,
+                    shown_at: None,
                 }),
                 None => unplaced.push(addr),
             }
@@ -253,6 +258,13 @@ impl StartState {
             infer_orphan_sizes(s, config);
         }
         let routes = PoolRoutes::new(trace, device, events, lifetimes);
+        // Where a request may have gone to a private pool, a miss says nothing of the default
+        // pools' free blocks.
+        let default_pools_only = routes.is_none()
+            && trace.entry_pools.is_none()
+            && segments.iter().all(|s| s.private_pool.is_none());
+        let misses = default_pools_only && !config.expandable_segments;
+        prove_orphan_sizes(&mut segments, events, lifetimes.frees_at, misses.then_some(config));
         StartState { segments, unplaced, expandable, reservations, routes }
     }
 
@@ -545,6 +557,116 @@ fn reservations(
     (ranges, out)
 }
 
+/// Sizes of ambiguous orphans that the trace proves (docs/pytorch-model.md#orphan-growth): while
+/// an orphan is live, the room after it up to the next known block is one free block that starts
+/// where the orphan ends, and every placement starts at the first byte of a free block. So the
+/// first `alloc` recorded after the orphan's address and within its
+/// [reach](lifetimes::orphan_reach), before the orphan's free, lands where the orphan ends, if it
+/// lands in the room at all: at the default guess it confirms it, further on (up to the longest
+/// feasible size) it shows the orphan was that long. With `misses` (the recorded settings, where
+/// every request went to the default pools), each recorded cache miss bounds the orphans from
+/// below ([`missed_fit`]).
+fn prove_orphan_sizes(
+    segments: &mut [StartSegment],
+    events: &[Event],
+    frees_at: Action,
+    misses: Option<&Config>,
+) {
+    // The address of the segment just allocated: the malloc that places its block there missed
+    // the cache.
+    let mut new_segment: Option<u64> = None;
+    // Ambiguous orphans still live and unproven: address -> (reach, segment, index in it).
+    let mut open: BTreeMap<u64, (u64, usize, usize)> = BTreeMap::new();
+    let mut widest = 0;
+    for (i, s) in segments.iter().enumerate() {
+        for (j, b) in s.live.iter().enumerate() {
+            if b.ambiguous() {
+                let reach = lifetimes::orphan_reach(b.request);
+                widest = widest.max(reach);
+                open.insert(b.addr, (reach, i, j));
+            }
+        }
+    }
+    for (k, e) in events.iter().enumerate() {
+        if open.is_empty() {
+            break;
+        }
+        let missed = match e.action {
+            Action::SegmentAlloc => {
+                new_segment = Some(e.addr);
+                continue;
+            }
+            Action::Alloc if new_segment == Some(e.addr) => misses.map(|c| c.round_size(e.size)),
+            Action::Oom if e.size > 0 => misses.map(|_| e.size),
+            _ => None,
+        };
+        if !matches!(e.action, Action::FreeCompleted | Action::FreeRequested) {
+            new_segment = None;
+        }
+        if let (Some(rounded), Some(config)) = (missed, misses) {
+            if rounded > SMALL_SIZE {
+                missed_fit(segments, &open, (k, e.stream), rounded, config);
+            }
+        }
+        if e.action == frees_at {
+            open.remove(&e.addr);
+            continue;
+        }
+        if e.action != Action::Alloc {
+            continue;
+        }
+        let within: Vec<u64> = open
+            .range(e.addr.saturating_sub(widest)..e.addr)
+            .filter(|(&o, &(reach, ..))| e.addr - o <= reach)
+            .map(|(&o, _)| o)
+            .collect();
+        for o in within {
+            let Some((_, i, j)) = open.remove(&o) else { continue };
+            let seg = &segments[i];
+            let boundary = seg.live.get(j + 1).map_or(seg.addr + seg.size, |n| n.addr);
+            let b = &mut segments[i].live[j];
+            if e.addr >= b.addr + b.size && e.addr <= b.addr + b.max_size && e.addr < boundary {
+                if e.addr > b.addr + b.size {
+                    b.shown_at = Some(k);
+                }
+                b.size = e.addr - b.addr;
+                b.proven = true;
+            }
+        }
+    }
+}
+
+/// A malloc of `rounded` bytes on `stream` missed the cache: every free large-pool block of its
+/// stream was smaller (or refused as oversize). While an ambiguous orphan is live and nothing
+/// has been placed after it, the room after it is such a block (or part of one, where the block
+/// after the room was freed), so the orphan is at least long enough to leave less than `rounded`
+/// there.
+fn missed_fit(
+    segments: &mut [StartSegment],
+    open: &BTreeMap<u64, (u64, usize, usize)>,
+    (event, stream): (usize, u64),
+    rounded: u64,
+    config: &Config,
+) {
+    for &(_, i, j) in open.values() {
+        let seg = &segments[i];
+        if seg.small || seg.expandable || seg.stream != stream {
+            continue;
+        }
+        let boundary = seg.live.get(j + 1).map_or(seg.addr + seg.size, |n| n.addr);
+        let b = &segments[i].live[j];
+        let room = boundary.saturating_sub(b.addr + b.size);
+        if room < rounded || super::oversize_refused(config, rounded, room) {
+            continue;
+        }
+        let least = boundary - (rounded - MIN_BLOCK_SIZE) - b.addr;
+        if least <= b.max_size {
+            segments[i].live[j].size = least;
+            segments[i].live[j].shown_at = Some(event);
+        }
+    }
+}
+
 /// Sizes of the orphans of one segment, from the boundaries the known blocks set.
 fn infer_orphan_sizes(s: &mut StartSegment, config: &Config) {
     let end = s.addr + s.size;
@@ -601,6 +723,7 @@ mod tests {
                     max_size: 0,
                     orphan,
                     proven: !orphan,
+                    shown_at: None,
                 })
                 .collect(),
         }
