@@ -372,7 +372,10 @@ fn writers_killed_half_way_leave_the_old_outputs_or_the_new_ones_whole() {
         if now != old_base {
             saw_new[2] = true;
             let v: Value = serde_json::from_slice(&now).expect("a whole new baseline");
-            assert_eq!(v["rows"][0]["policy"], "nocache");
+            // The update adds this run's entry and keeps the one it did not rerun.
+            let policies: Vec<&Value> =
+                v["rows"].as_array().unwrap().iter().map(|r| &r["policy"]).collect();
+            assert_eq!(policies, ["bfc", "nocache"], "{v}");
         }
         // No temporary is left where a reader would take it for an output.
         let visible: Vec<String> = std::fs::read_dir(dir.path())
@@ -404,12 +407,32 @@ fn spec_values_follow_pytorchs_parsing_limits() {
 #[test]
 fn fit_offers_only_the_formats_it_prints() {
     let t = text_trace();
-    let o = run(&["fit", &t, "--csv"]);
-    assert_eq!(o.status.code(), Some(2));
     let help = stdout(&run(&["fit", "--help"]));
-    assert!(help.contains("table") && help.contains("json") && !help.contains("csv"), "{help}");
+    assert!(help.contains("table") && help.contains("json") && help.contains("csv"), "{help}");
     let o = run(&["fit", &t, "-p", "bfc", "--format", "json"]);
     assert!(o.status.success(), "{}", stderr(&o));
+    // --csv is an alias of --format csv, as on every command that prints results.
+    for args in [["--csv", ""], ["--format", "csv"]] {
+        let mut argv = vec!["fit", &t, "-p", "bfc"];
+        argv.extend(args.iter().filter(|a| !a.is_empty()));
+        let o = run(&argv);
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        let text = stdout(&o);
+        let mut lines = text.lines();
+        assert_eq!(
+            lines.next(),
+            Some("policy,config,min_capacity_bytes,exact,outside_bytes,card,bytes,fits")
+        );
+        let rows: Vec<&str> = lines.collect();
+        let whole =
+            |l: &&str| l.starts_with("bfc,\"") && (l.ends_with(",true") || l.ends_with(",false"));
+        assert!(rows.iter().all(whole), "one quoted config, a verdict per row: {text}");
+        assert!(
+            rows.iter().any(|l| l.contains(",16 GB,")) && rows.iter().any(|l| l.contains(",t4,"))
+        );
+    }
+    let o = run(&["fit", &t, "--format", "json", "--csv"]);
+    assert_eq!(o.status.code(), Some(2), "two formats at once is a usage error");
 }
 
 #[test]

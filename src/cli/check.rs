@@ -63,6 +63,10 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     // A broken baseline fails before the replays, not after.
     let control = args.control.clone();
     let traces = super::distinct_inputs(&args.traces, |n| control.note(io, n));
+    if args.update {
+        let inputs: Vec<&std::path::Path> = traces.iter().map(PathBuf::as_path).collect();
+        fragsim::report::output::refuse_input(&args.baseline, "--baseline", &inputs)?;
+    }
     // With --update, the baseline is read too (when it exists): the run is written over it,
     // keeping the entries this run does not produce.
     let previous = if args.update && args.baseline.exists() {
@@ -82,8 +86,6 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         None
     };
     let baseline = if args.update {
-        let inputs: Vec<&std::path::Path> = traces.iter().map(PathBuf::as_path).collect();
-        fragsim::report::output::refuse_input(&args.baseline, "--baseline", &inputs)?;
         None
     } else {
         let data =
