@@ -11,7 +11,7 @@
 use super::{Action, BlockState, DeviceTrace, Event, Frame, FrameTable, FramesId, Trace};
 use crate::error::Result;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// A block live at the first event.
@@ -409,9 +409,9 @@ pub struct Retried {
 /// `walk(limit, f)` must hand `f` the device's first `limit` events in order, from the start,
 /// each time it is called: it is called once, and again for the orphan candidates only when an
 /// earlier alloc of one cannot be ruled out, and for the proving allocs only when there are
-/// some. Memory: the blocks live at a time, the final segments' live blocks, the segment
-/// addresses, the candidate orphans, each allocated address's first index and the cache misses;
-/// not the other events.
+/// some or orphans to bound. Memory: the blocks live at a time, the final segments' live
+/// blocks, the segment addresses, the candidate orphans, each allocated address's first index and
+/// the cache misses before the last orphan's free; not the other events.
 pub fn digest<W>(trace: &Trace, device: i32, frees_at: Action, mut walk: W) -> Result<Vec<Event>>
 where
     W: FnMut(u64, &mut dyn FnMut(u64, &Event) -> Result<()>) -> Result<()>,
@@ -439,34 +439,13 @@ where
     let mut orphaned = AddrSet::default();
     let mut segments: AddrMap<(u64, Event)> = AddrMap::default();
     let mut mapping: Option<(u64, Event)> = None;
-    // The index of the first alloc of each address, in address order.
-    let mut first_alloc: BTreeMap<u64, u64> = BTreeMap::new();
     // The cache misses (a new segment and the alloc placed at its start, or an `oom`), where
     // every request went to the default pools: they bound the orphans' sizes too.
     let default_pools =
         trace.entry_pools.is_none() && trace.segments_of(device).all(|s| s.private_pool.is_none());
-    let mut misses: Vec<(u64, Event)> = Vec::new();
-    let mut new_segment: Option<u64> = None;
     walk(u64::MAX, &mut |i, e| {
-        if default_pools {
-            let miss = match e.action {
-                Action::SegmentAlloc => true,
-                Action::Alloc => new_segment == Some(e.addr),
-                Action::Oom => e.size > 0,
-                _ => false,
-            };
-            if miss {
-                misses.push((i, *e));
-            }
-            match e.action {
-                Action::SegmentAlloc => new_segment = Some(e.addr),
-                Action::FreeRequested | Action::FreeCompleted => {}
-                _ => new_segment = None,
-            }
-        }
         match e.action {
             Action::Alloc => {
-                first_alloc.entry(e.addr).or_insert(i);
                 live.insert(e.addr);
                 let (w, m) = bit(e.addr);
                 seen[w] |= m;
@@ -491,41 +470,75 @@ where
         Ok(())
     })?;
     drop(live);
-    // A candidate the bit set cannot clear: an orphan only if no alloc of its address came first.
+    // One more walk, when there are candidates, does two jobs. A candidate the bit set cannot
+    // clear is an orphan only if no alloc of its address came first. And each orphan's first
+    // alloc within its reach before its free can prove the orphan's size, as the cache misses
+    // before the last orphan's free can bound it: gathered here, once the candidates are known,
+    // rather than on the first walk, where remembering every address's first alloc or every miss
+    // would grow with the trace (a steady run misses the cache every step) though a trace with no
+    // orphan needs none of them.
     let unsure: AddrMap<u64> =
         candidates.iter().filter(|c| !c.2).map(|c| (c.1.addr, c.0)).collect();
-    let mut allocated_first = AddrSet::default();
-    if let Some(&last) = unsure.values().max() {
-        walk(last, &mut |i, e| {
-            if e.action == Action::Alloc && unsure.get(&e.addr).is_some_and(|&at| i < at) {
-                allocated_first.insert(e.addr);
-            }
-            Ok(())
-        })?;
-    }
-    candidates.retain(|c| c.2 || !allocated_first.contains(&c.1.addr));
-    // Each orphan's first alloc within its reach before its free: it can prove the orphan's size.
-    let proofs: BTreeSet<u64> = candidates
+    let horizon = candidates.iter().map(|c| c.0).max().unwrap_or(0);
+    let miss_horizon = if default_pools { horizon } else { 0 };
+    // (window start, window end inclusive, the orphan's free, which candidate), by start.
+    let mut windows: Vec<(u64, u64, u64, usize)> = candidates
         .iter()
-        .filter_map(|&(at, o, _)| {
-            let reach = o.addr.saturating_add(orphan_reach(o.size));
-            let window = first_alloc.range(o.addr.saturating_add(1)..=reach);
-            window.map(|(_, &i)| i).filter(|&i| i < at).min()
+        .enumerate()
+        .map(|(k, &(at, o, _))| {
+            (o.addr.saturating_add(1), o.addr.saturating_add(orphan_reach(o.size)), at, k)
         })
         .collect();
-    drop(first_alloc);
-    let mut proving = Vec::with_capacity(proofs.len());
-    if let Some(&last) = proofs.last() {
-        walk(last + 1, &mut |i, e| {
-            if proofs.contains(&i) {
-                proving.push((i, *e));
+    windows.sort_unstable();
+    let widest = windows.iter().map(|w| w.1 - w.0).max().unwrap_or(0);
+    let mut proofs: Vec<Option<(u64, Event)>> = vec![None; candidates.len()];
+    let mut misses: Vec<(u64, Event)> = Vec::new();
+    let mut allocated_first = AddrSet::default();
+    let limit = unsure.values().copied().max().unwrap_or(0).max(horizon);
+    if limit > 0 {
+        let mut new_segment: Option<u64> = None;
+        walk(limit, &mut |i, e| {
+            if e.action == Action::Alloc {
+                if unsure.get(&e.addr).is_some_and(|&at| i < at) {
+                    allocated_first.insert(e.addr);
+                }
+                let after = windows.partition_point(|w| w.0 <= e.addr);
+                for w in windows[..after].iter().rev() {
+                    if w.0.saturating_add(widest) < e.addr {
+                        break;
+                    }
+                    if e.addr <= w.1 && i < w.2 && proofs[w.3].is_none() {
+                        proofs[w.3] = Some((i, *e));
+                    }
+                }
+            }
+            if i < miss_horizon {
+                let miss = match e.action {
+                    Action::SegmentAlloc => true,
+                    Action::Alloc => new_segment == Some(e.addr),
+                    Action::Oom => e.size > 0,
+                    _ => false,
+                };
+                if miss {
+                    misses.push((i, *e));
+                }
+                match e.action {
+                    Action::SegmentAlloc => new_segment = Some(e.addr),
+                    Action::FreeRequested | Action::FreeCompleted => {}
+                    _ => new_segment = None,
+                }
             }
             Ok(())
         })?;
     }
+    let keep: Vec<bool> =
+        candidates.iter().map(|c| c.2 || !allocated_first.contains(&c.1.addr)).collect();
+    let candidates: Vec<(u64, Event, bool)> =
+        candidates.into_iter().zip(&keep).filter(|(_, k)| **k).map(|(c, _)| c).collect();
+    let proving = proofs.into_iter().zip(&keep).filter_map(|(p, k)| p.filter(|_| *k));
     // Misses after the last orphan's free bound nothing.
-    let horizon = candidates.iter().map(|c| c.0).max().unwrap_or(0);
-    misses.retain(|m| m.0 < horizon);
+    let last_free = candidates.iter().map(|c| c.0).max().unwrap_or(0);
+    misses.retain(|m| m.0 < last_free);
     let mut out: Vec<(u64, Event)> = candidates
         .into_iter()
         .map(|c| (c.0, c.1))
