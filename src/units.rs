@@ -7,6 +7,7 @@
 use crate::error::{Error, Result};
 
 pub mod cards;
+pub mod spelling;
 
 /// One mebibyte, the unit of most `PYTORCH_CUDA_ALLOC_CONF` options.
 pub const MIB: u64 = 1 << 20;

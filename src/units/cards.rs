@@ -142,28 +142,8 @@ pub fn closest(typed: &str) -> Option<&'static str> {
     if let Some(c) = NAMED_CARDS.iter().find(|c| c.name.split('-').next() == Some(key.as_str())) {
         return Some(c.name);
     }
-    NAMED_CARDS
-        .iter()
-        .map(|c| (edit_distance(&key, c.name), c.name))
-        .filter(|(d, _)| *d <= 2)
-        .min()
-        .map(|(_, n)| n)
-}
-
-/// Levenshtein distance, for "did you mean".
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut prev = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let cur = row[j + 1];
-            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
-            prev = cur;
-        }
-    }
-    row[b.len()]
+    let known: Vec<&'static str> = NAMED_CARDS.iter().map(|c| c.name).collect();
+    super::spelling::closest(&key, &known)
 }
 
 #[cfg(test)]
