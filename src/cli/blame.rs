@@ -144,17 +144,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         site_rule: blame::site_rule(&input),
         results,
     };
-    let stdout = &mut *io.out;
-    let io = |e: std::io::Error| Error::writing("to stdout", e);
-    match args.format {
-        OutputFormat::Json => {
-            serde_json::to_writer_pretty(&mut *stdout, &report)
-                .map_err(|e| Error::writing("to stdout", e.into()))?;
-            writeln!(stdout).map_err(io)?;
-        }
-        OutputFormat::Csv => write!(stdout, "{}", csv(&report)).map_err(io)?,
-        OutputFormat::Table => write!(stdout, "{}", table(&report)).map_err(io)?,
-    }
+    super::print_as(&mut *io.out, args.format, &report, csv, table)?;
     Ok(0)
 }
 

@@ -172,16 +172,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         outside_bytes: args.outside,
         results,
     };
-    let out = &mut *io.out;
-    let io = |e: std::io::Error| Error::writing("to stdout", e);
-    let text = match args.format.format() {
-        super::OutputFormat::Json => {
-            serde_json::to_string_pretty(&report).unwrap_or_default() + "\n"
-        }
-        super::OutputFormat::Csv => csv(&report),
-        super::OutputFormat::Table => table(&report),
-    };
-    write!(out, "{text}").map_err(io)?;
+    super::print_as(&mut *io.out, args.format.format(), &report, csv, table)?;
     Ok(0)
 }
 

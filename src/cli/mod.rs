@@ -575,6 +575,28 @@ impl FormatArgs {
     }
 }
 
+/// Prints a command's result on `out` in `format`: the JSON object of `value` (pretty, with a
+/// final newline), or the CSV or table text the command makes of it. One place, so every command
+/// that prints a result prints JSON and reports a closed stdout the same way.
+pub fn print_as<T: serde::Serialize>(
+    out: &mut dyn Write,
+    format: OutputFormat,
+    value: &T,
+    csv: impl FnOnce(&T) -> String,
+    table: impl FnOnce(&T) -> String,
+) -> Result<()> {
+    let io = |e: std::io::Error| Error::writing("to stdout", e);
+    match format {
+        OutputFormat::Json => {
+            serde_json::to_writer_pretty(&mut *out, value)
+                .map_err(|e| Error::writing("to stdout", e.into()))?;
+            writeln!(out).map_err(io)
+        }
+        OutputFormat::Csv => write!(out, "{}", csv(value)).map_err(io),
+        OutputFormat::Table => write!(out, "{}", table(value)).map_err(io),
+    }
+}
+
 /// Parses a size flag such as `40GiB` for clap.
 pub fn size_arg(text: &str) -> std::result::Result<u64, String> {
     fragsim::units::parse_size(text).map_err(|e| e.message().to_string())
