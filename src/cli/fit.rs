@@ -120,8 +120,6 @@ fn fit_one(
     };
     let found = fit::fit(probe, &options)
         .map_err(|e| Error::new(e.kind(), format!("{}: {}", spec.display(), e.message())))?;
-    let fits =
-        |bytes: u64| bytes.checked_sub(outside).is_some_and(|u| u >= found.min_capacity_bytes);
     let cards = fit::cards_fit(found.min_capacity_bytes, outside)
         .into_iter()
         .map(|(c, fits_size)| CardFit {
@@ -133,7 +131,7 @@ fn fit_one(
                     card: n.name,
                     model: n.model,
                     bytes: n.bytes(),
-                    fits: fits(n.bytes()),
+                    fits: fit::fits(n.bytes(), found.min_capacity_bytes, outside),
                 })
                 .collect(),
         })

@@ -499,14 +499,17 @@ pub fn capacity_header(arg: Option<&CapacityArg>, bytes: Option<u64>) -> Option<
     let bytes = bytes?;
     Some(match arg {
         Some(CapacityArg::Size { typed, bytes }) => {
-            let note = match fragsim::units::cards::named(typed) {
-                Some(card) => format!(", the total the {}'s driver reports", card.model),
-                None => near_card(typed, *bytes).map(|n| format!("; {n}")).unwrap_or_default(),
-            };
             let described = fragsim::units::describe_capacity(typed, *bytes);
-            match described.strip_suffix(')') {
-                Some(open) if note.starts_with(',') => format!("capacity: {open}{note})"),
-                _ => format!("capacity: {described}{note}"),
+            match fragsim::units::cards::named(typed) {
+                Some(card) => format!(
+                    "capacity: {typed} ({:.2} GiB, the total the {}'s driver reports)",
+                    *bytes as f64 / fragsim::units::GIB as f64,
+                    card.model
+                ),
+                None => match near_card(typed, *bytes) {
+                    Some(note) => format!("capacity: {described}; {note}"),
+                    None => format!("capacity: {described}"),
+                },
             }
         }
         _ => format!(

@@ -187,9 +187,7 @@ impl Baseline {
         let mut replaced = vec![false; out.len()];
         let mut added = 0;
         for row in fresh.rows {
-            let at =
-                self.find(&row).and_then(|b| self.rows.iter().position(|r| std::ptr::eq(r, b)));
-            match at {
+            match self.position(&row) {
                 Some(i) if !replaced[i] => {
                     out[i] = row;
                     replaced[i] = true;
@@ -208,7 +206,7 @@ impl Baseline {
             .map(|(b, _)| format!("{} on {}", b.policy(), b.trace))
             .collect();
         let update = Update { replaced: replaced.iter().filter(|r| **r).count(), added, kept };
-        (Baseline { rows: out, ..fresh_header() }, update)
+        (Baseline { rows: out, ..Baseline::new(&[]) }, update)
     }
 
     /// The file's text: pretty JSON and a final newline.
@@ -220,26 +218,26 @@ impl Baseline {
 
     /// The baseline row `now` compares with (see the module docs on matching).
     pub fn find(&self, now: &Row) -> Option<&Row> {
-        let same = |b: &&Row| b.policy() == now.policy() && b.config() == now.config();
-        if let Some(b) = self.rows.iter().filter(same).find(|b| b.trace == now.trace) {
-            return Some(b);
+        self.position(now).map(|i| &self.rows[i])
+    }
+
+    /// Where in [`Baseline::rows`] the row [`Baseline::find`] matches `now` with is.
+    fn position(&self, now: &Row) -> Option<usize> {
+        let same = |b: &Row| b.policy() == now.policy() && b.config() == now.config();
+        let rows = || self.rows.iter().enumerate().filter(|(_, b)| same(b));
+        if let Some((i, _)) = rows().find(|(_, b)| b.trace == now.trace) {
+            return Some(i);
         }
         let name = file_name(&now.trace);
-        let by_name: Vec<&Row> =
-            self.rows.iter().filter(same).filter(|b| file_name(&b.trace) == name).collect();
         let traces: std::collections::BTreeSet<&str> = self
             .rows
             .iter()
             .filter(|b| file_name(&b.trace) == name)
             .map(|b| b.trace.as_str())
             .collect();
-        (traces.len() == 1).then(|| by_name.first().copied()).flatten()
+        let by_name = rows().find(|(_, b)| file_name(&b.trace) == name).map(|(i, _)| i);
+        (traces.len() == 1).then_some(by_name).flatten()
     }
-}
-
-/// An empty baseline's format and version, for [`Baseline::updated`].
-fn fresh_header() -> Baseline {
-    Baseline { format: BASELINE_FORMAT.into(), version: BASELINE_VERSION, rows: Vec::new() }
 }
 
 /// What [`Baseline::updated`] did, for the line `check --update` prints.

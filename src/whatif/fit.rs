@@ -273,10 +273,13 @@ impl Card {
 /// Whether a run needing `min_capacity` bytes of allocator memory fits on each of [`CARDS`], with
 /// `outside` bytes used outside the allocator.
 pub fn cards_fit(min_capacity: u64, outside: u64) -> Vec<(Card, bool)> {
-    CARDS
-        .iter()
-        .map(|c| (*c, c.bytes.checked_sub(outside).is_some_and(|usable| usable >= min_capacity)))
-        .collect()
+    CARDS.iter().map(|c| (*c, fits(c.bytes, min_capacity, outside))).collect()
+}
+
+/// Whether a run needing `min_capacity` bytes of allocator memory fits in a device of `bytes`
+/// with `outside` bytes used outside the allocator.
+pub fn fits(bytes: u64, min_capacity: u64, outside: u64) -> bool {
+    bytes.checked_sub(outside).is_some_and(|usable| usable >= min_capacity)
 }
 
 /// `min_capacity` in GiB and in GB, as the `fit` table prints it: `37.25 GiB (40.00 GB)`.
