@@ -101,12 +101,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let mut v = validate(&trace, &options).map_err(super::in_trace(&args.snapshot, &trace))?;
     v.trace = args.snapshot.display().to_string();
     if let Some(path) = &args.export_snapshot {
-        fragsim::report::snapshot_out::write_simulated(
-            &trace,
-            v.device,
-            &v.output.clone().into(),
-            path,
-        )?;
+        fragsim::report::snapshot_out::write_simulated(&trace, v.device, &v.output, path)?;
     }
     let out = &mut *io.out;
     let io = |e: std::io::Error| Error::writing("to stdout", e);

@@ -1,6 +1,7 @@
 //! The one replay loop: every event of one device, in order, through one policy on one backend.
 
 use super::blocks::{Blocks, Freed, Indexed, Keyed};
+use super::guide::{Guide, Recorded};
 use super::input::{ReplayInput, Source};
 use super::meter::{Meter, Metered};
 use super::options::{BackendKind, Cancel, ReplayOptions};
@@ -8,8 +9,6 @@ use crate::backend::{Backend, Observed, SimDevice};
 use crate::error::{Error, Result};
 use crate::metrics::{OomDetail, PeakDetail, PolicyResult, Series};
 use crate::policy::{Allocation, Handle, Policy};
-use crate::trace::lifetimes::Retried;
-use crate::trace::pool_routes::PoolRoutes;
 use crate::trace::{Action, Event, Segment};
 use std::time::Instant;
 
@@ -65,64 +64,6 @@ fn bound_peak(input: &ReplayInput) -> Result<u64> {
 /// allocator, so a big GPU can stand in for a smaller one.
 fn cuda_cap(options: &ReplayOptions) -> Option<u64> {
     options.capacity.map(|c| c.saturating_sub(options.outside_bytes))
-}
-
-/// The recording's undecided release runs ([`ReplayInput::undecided_flushes`]), asked about
-/// in event order.
-struct Undecided<'r> {
-    runs: &'r [Retried],
-    next: usize,
-    /// What the recording's allocator added to a request before rounding it
-    /// ([`Flavour::pad`](crate::policy::pytorch::Flavour::pad)): a failed request's `oom` entry
-    /// records the rounded size, and the request behind it is that much smaller.
-    oom_pad: u64,
-}
-
-impl Undecided<'_> {
-    /// True when the run starting at event `index` was the program's `empty_cache()`: the
-    /// policy models the recorded allocator and its cache would have served the retried
-    /// request, which an out-of-memory fallback never follows.
-    #[inline]
-    fn called_at<P: Policy>(&mut self, index: u64, policy: &P) -> bool {
-        while self.runs.get(self.next).is_some_and(|r| r.event < index) {
-            self.next += 1;
-        }
-        match self.runs.get(self.next) {
-            Some(r) if r.event == index => {
-                let size = match r.failed {
-                    true if r.size > self.oom_pad => r.size - self.oom_pad,
-                    _ => r.size,
-                };
-                policy.would_serve_from_cache(size, r.stream) == Some(true)
-            }
-            _ => false,
-        }
-    }
-}
-
-/// Tells `policy` which pool the request of `e` was made into, and of the private pools the
-/// releases before it showed gone ([`PoolRoutes::request`]). Out of line: only traces with
-/// private pools take this path, and the replay loop stays as small without it.
-#[inline(never)]
-fn route<P: Policy>(policy: &mut P, routes: &mut PoolRoutes, e: &Event) -> Result<()> {
-    let pool = routes.request(e, |gone| policy.release_pool(gone))?;
-    policy.allocate_into(pool)
-}
-
-/// Follows the recorded segment event `e` in `routes` (in a flush the program `called`, or
-/// not), and tells `policy` of a private pool that `e` shows gone; true then.
-#[inline(never)]
-fn follow<P: Policy>(
-    policy: &mut P,
-    routes: &mut PoolRoutes,
-    e: &Event,
-    called: bool,
-) -> Result<bool> {
-    routes.follow(e);
-    match routes.released(e, called) {
-        Some(pool) => policy.release_pool(pool).map(|()| true),
-        None => Ok(false),
-    }
 }
 
 /// Records the policy's allocation at `addr` for `at` in the simulated run's log, if kept
@@ -203,17 +144,48 @@ fn run<P: Policy, B: Backend>(
     input: &ReplayInput,
     options: &ReplayOptions,
 ) -> Result<ReplayOutput> {
+    let guide = &mut Recorded::new(input, options);
+    let engine = Run { name, input, options };
     match input.source() {
         Source::Streamed(_) => {
-            drive::<_, _, _, false>(name, policy, backend, input, options, Keyed::default())
+            drive::<_, _, _, _, false>(engine, policy, backend, guide, Keyed::default())
         }
         Source::Loaded { slots, .. } if is_plain(input, options) => {
-            drive::<_, _, _, true>(name, policy, backend, input, options, Indexed::new(slots))
+            drive::<_, _, _, _, true>(engine, policy, backend, guide, Indexed::new(slots))
         }
         Source::Loaded { slots, .. } => {
-            drive::<_, _, _, false>(name, policy, backend, input, options, Indexed::new(slots))
+            drive::<_, _, _, _, false>(engine, policy, backend, guide, Indexed::new(slots))
         }
     }
+}
+
+/// Replays `input` through `policy` on `backend`, following the recording as `guide` says
+/// (where [`run_policy`] follows it as every replay does, [`Recorded`]): `validate`'s run.
+pub(crate) fn run_guided<P: Policy, B: Backend, G: Guide<P, B>>(
+    name: &str,
+    policy: P,
+    backend: B,
+    guide: &mut G,
+    input: &ReplayInput,
+    options: &ReplayOptions,
+) -> Result<ReplayOutput> {
+    let engine = Run { name, input, options };
+    match input.source() {
+        Source::Streamed(_) => {
+            drive::<_, _, _, _, false>(engine, policy, backend, guide, Keyed::default())
+        }
+        Source::Loaded { slots, .. } => {
+            drive::<_, _, _, _, false>(engine, policy, backend, guide, Indexed::new(slots))
+        }
+    }
+}
+
+/// What every run of the engine is given besides its policy, backend, guide and block lookup.
+#[derive(Clone, Copy)]
+struct Run<'r, 'a> {
+    name: &'r str,
+    input: &'r ReplayInput<'a>,
+    options: &'r ReplayOptions,
 }
 
 /// True when a replay is plain: no log of the simulated run, no series, no invariant checks,
@@ -233,14 +205,14 @@ pub(super) fn is_plain(input: &ReplayInput, options: &ReplayOptions) -> bool {
 /// [`run`] with the block lookup `blocks`; `PLAIN`: the replay [`is_plain`]. Never inlined:
 /// inlined into `run`, its builds were merged back into one loop that tests a flag again.
 #[inline(never)]
-fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
-    name: &str,
+fn drive<P: Policy, B: Backend, K: Blocks, G: Guide<P, B>, const PLAIN: bool>(
+    run: Run,
     mut policy: P,
     backend: B,
-    input: &ReplayInput,
-    options: &ReplayOptions,
+    guide: &mut G,
     mut blocks: K,
 ) -> Result<ReplayOutput> {
+    let Run { name, input, options } = run;
     let started = Instant::now();
     // A sweep of many short replays stops between them too.
     options.cancel.check()?;
@@ -268,6 +240,7 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
     // An `oom` entry records the rounded size; the recording's allocator padded the request
     // first where it is torch_npu's, so the request was that much smaller.
     let oom_pad = crate::policy::pytorch::Flavour::of_trace(input.trace()).pad();
+    let cold = guide.starts_cold(options);
     let mut meter = Meter {
         requested: 0,
         peak_reserved: 0,
@@ -299,25 +272,26 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
     };
     let start_time = input.first_time_us();
 
-    // Which recorded allocations were made into a private pool, where the dump shows any.
-    let mut routes = input.pool_routes().cloned();
-
     // Blocks live before the first event: every policy must carry them.
     backend.observer.now = start_time;
-    // A recorded run (`--export-snapshot`) starts cold, every block malloc'd, so that `validate`
-    // can replay it decision for decision from its own events.
-    let installed = if options.record_events {
+    let installed = if cold {
         vec![None; input.live_at_start().len()]
     } else {
-        policy.start(&mut backend, input.live_at_start())?
+        let installed = policy.start(&mut backend, input.live_at_start())?;
+        // The log is of the run from the state installed: it holds no call that installed it.
+        if let Some(log) = &mut backend.observer.log {
+            log.clear();
+        }
+        installed
     };
     for (k, b) in input.live_at_start().iter().enumerate() {
         backend.observer.now = start_time;
         backend.observer.stream = b.stream;
         let placed = match installed.get(k).copied().flatten() {
             Some(a) => Some(a),
+            None if !cold && !G::MALLOCS_UNHELD_START => None,
             None => {
-                if let Some(r) = &routes {
+                if let Some(r) = input.pool_routes() {
                     policy.allocate_into(r.pool_of(b.addr))?;
                 }
                 malloc_cold(&mut policy, &mut backend, b.size.max(1), b.stream)?
@@ -327,11 +301,12 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
         match placed {
             Some(a) => {
                 meter.requested += b.size;
-                if let Some(log) = &mut backend.observer.log {
+                if let Some(log) = backend.observer.log.as_mut().filter(|_| cold) {
                     log.push(Event::new(Action::Alloc, a.addr, b.size, b.stream, start_time));
                 }
                 meter.detail.live_at_start += 1;
             }
+            None if !cold && !G::MALLOCS_UNHELD_START => {}
             None => {
                 meter.detail.oom_count += 1;
                 if first_oom.is_none() {
@@ -348,18 +323,16 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
 
     let last = options.stop_after.map_or(count, |s| s.saturating_add(1).min(count));
     let mut added_calls = options.empty_cache.added_calls();
-    let plan = &options.empty_cache;
-    let recorded_flushes = input.empty_cache_at();
-    let mut undecided = Undecided { runs: input.undecided_flushes(), next: 0, oom_pad };
     // Read once: the policy's calls go through `backend` and could change what it points to, so
     // the compiler would otherwise reload these on every event.
     let logging = !PLAIN && backend.observer.log.is_some();
     let check = !PLAIN && options.check_invariants;
-    // The last event of the flush run the program called last (runs are consecutive releases).
-    let mut flush_run_to = u64::MAX - 1;
     K::walk(input, last, !PLAIN, &options.cancel, |index, e, slot| {
         if K::HANDS_EVERY_EVENT && index % Cancel::EVERY as u64 == 0 {
             options.cancel.check()?;
+        }
+        if !PLAIN && guide.stopped() {
+            return Ok(());
         }
         // A policy's input error names the event it was replaying (a backend error names the
         // driver call instead, as docs/interface.md promises).
@@ -390,11 +363,9 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
                         log_free(logging, &mut backend.observer.log, b.addr, b.request, e);
                         free_cold(&mut policy, &mut backend, b.addr, b.handle).map_err(at)?;
                     }
-                    // (`!PLAIN` first: `routes` is in memory, where a policy call might change it.)
+                    // (A plain replay routes no request: the guide is not asked.)
                     if !PLAIN {
-                        if let Some(r) = &mut routes {
-                            route(&mut policy, r, e).map_err(at)?;
-                        }
+                        guide.before_request(index, e, &mut policy, &mut backend).map_err(at)?;
                     }
                     let placed = policy.malloc(&mut backend, e.size, e.stream).map_err(at)?;
                     match placed {
@@ -412,6 +383,12 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
                             });
                         }
                     }
+                    if !PLAIN {
+                        let addr = placed.map(|a| a.addr);
+                        guide
+                            .after_request(index, e, addr, &mut policy, &mut backend)
+                            .map_err(at)?;
+                    }
                     None
                 }
                 // A request the recorded allocator could not serve (`size` is its rounded size):
@@ -419,11 +396,14 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
                 // that fails counts as an OOM here, as it did in the recording; one that is
                 // served is freed at once, since the program went on without it.
                 Action::Oom if e.size > 0 => {
-                    if let Some(r) = &mut routes {
-                        route(&mut policy, r, e).map_err(at)?; // named, or the default pools
-                    }
+                    // Routed as any request: to the pool it names, or the default pools.
+                    guide.before_request(index, e, &mut policy, &mut backend).map_err(at)?;
                     let request = if e.size > oom_pad { e.size - oom_pad } else { e.size };
-                    match malloc_cold(&mut policy, &mut backend, request, e.stream).map_err(at)? {
+                    let placed =
+                        malloc_cold(&mut policy, &mut backend, request, e.stream).map_err(at)?;
+                    let addr = placed.map(|a| a.addr);
+                    guide.after_request(index, e, addr, &mut policy, &mut backend).map_err(at)?;
+                    match placed {
                         Some(a) => {
                             log_alloc(logging, &mut backend.observer.log, a.addr, e);
                             log_free(logging, &mut backend.observer.log, a.addr, e.size, e);
@@ -444,10 +424,14 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
                         Freed::Block(b) => b,
                         Freed::Orphan => {
                             meter.detail.orphan_frees += 1;
+                            guide.unheld_free(index, e);
                             break 'event;
                         }
                         // Its alloc failed under --capacity: the block never existed.
-                        Freed::Never => break 'event,
+                        Freed::Never => {
+                            guide.unheld_free(index, e);
+                            break 'event;
+                        }
                     };
                     meter.requested -= b.request;
                     log_free(logging, &mut backend.observer.log, b.addr, b.request, e);
@@ -455,31 +439,13 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
                     policy.free_handle(&mut backend, b.addr, b.handle).map_err(at)?;
                     Some(before)
                 }
-                Action::SegmentFree | Action::SegmentUnmap
-                    if !plan.drop_recorded
-                        && (recorded_flushes.binary_search(&index).is_ok()
-                            || undecided.called_at(index, &policy)) =>
-                {
-                    if let Some(r) = &mut routes {
-                        follow(&mut policy, r, e, true).map_err(at)?;
-                    }
-                    policy.empty_cache(&mut backend).map_err(at)?;
-                    flush_run_to = index;
-                    None
-                }
-                Action::SegmentAlloc | Action::SegmentFree | Action::SegmentUnmap => {
-                    let Some(r) = &mut routes else { break 'event };
-                    // A release later in a flush the program called: that call released the
-                    // pool too (PyTorch releases gone pools after the default ones).
-                    let release = matches!(e.action, Action::SegmentFree | Action::SegmentUnmap);
-                    let in_call = release && flush_run_to + 1 == index;
-                    if in_call {
-                        flush_run_to = index;
-                    }
-                    if !follow(&mut policy, r, e, in_call).map_err(at)? {
+                Action::SegmentAlloc
+                | Action::SegmentFree
+                | Action::SegmentMap
+                | Action::SegmentUnmap => {
+                    if !guide.segment_event(index, e, &mut policy, &mut backend).map_err(at)? {
                         break 'event;
                     }
-                    policy.empty_cache(&mut backend).map_err(at)?;
                     None
                 }
                 _ => break 'event,

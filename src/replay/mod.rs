@@ -35,13 +35,16 @@ mod blocks;
 pub mod compare;
 pub mod empty_cache;
 mod engine;
+mod guide;
 mod input;
 mod lockstep;
 mod meter;
 mod options;
 
 pub use compare::{run_specs, Comparison, Jobs, RunSettings, SpecFailure, SpecRun};
+pub(crate) use engine::run_guided;
 pub use engine::{run_policy, ReplayOutput};
+pub(crate) use guide::Guide;
 pub use input::ReplayInput;
 pub use options::{BackendKind, Cancel, EmptyCachePlan, ReplayOptions};
 

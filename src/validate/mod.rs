@@ -1,6 +1,9 @@
 //! `fragsim validate`: replays a PyTorch snapshot through the [`PyTorch`] policy from the
 //! recovered start state and compares every decision with what the real allocator recorded.
 //!
+//! The replay is the engine's ([`run_guided`]): the same loop as every replay, on a device that
+//! follows the recording ([`Guided`]), with a guide that compares ([`Checker`]).
+//!
 //! See docs/pytorch-model.md#validation. The recording supplies what a snapshot cannot know, and
 //! nothing else: a new segment takes the address recorded for it within the same malloc; a
 //! `cudaMalloc` or page map succeeds exactly when the recording shows it did (a recorded release
@@ -19,15 +22,17 @@
 //! never as matched.
 
 use crate::backend::Backend;
+use crate::backend::{Observed, Observer};
 use crate::error::{Error, Result};
 use crate::policy::pytorch::config::SMALL_SIZE;
 use crate::policy::pytorch::config::{self, Config, Flavour, Version};
 use crate::policy::pytorch::start::{self, StartState};
+use crate::policy::pytorch::NAME;
 use crate::policy::pytorch::{expandable, PyTorch};
 use crate::policy::Policy;
-use crate::replay::Cancel;
+use crate::replay::{run_guided, Cancel, Guide, ReplayInput, ReplayOptions, ReplayOutput};
 use crate::trace::lifetimes::{free_action, FlushCause, FlushCauses};
-use crate::trace::{Action, AddrMap, Event, Segment, Trace};
+use crate::trace::{Action, Event, Segment, Trace};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -120,46 +125,10 @@ pub struct Validation {
     /// The settings replayed, in `PYTORCH_CUDA_ALLOC_CONF` syntax.
     #[serde(skip)]
     pub config: String,
-    /// The simulated run, for `--export-snapshot`.
+    /// The simulated run, as a `pytorch` replay's output (for `--export-snapshot`; its events
+    /// only when [`ValidateOptions::record_events`] asked for them).
     #[serde(skip)]
-    pub output: SimulatedRun,
-}
-
-/// What the simulated allocator did in a validation, in the policy's own terms; the replay
-/// engine turns it into its `ReplayOutput` (`From<SimulatedRun>`) for the report writers.
-#[derive(Clone, Debug, Default)]
-pub struct SimulatedRun {
-    /// The settings replayed, in `PYTORCH_CUDA_ALLOC_CONF` syntax.
-    pub config: String,
-    /// Peak reserved bytes of the simulation.
-    pub peak_reserved_bytes: u64,
-    /// Reserved bytes when the simulation ended.
-    pub reserved_at_end_bytes: u64,
-    /// PyTorch's `num_alloc_retries`.
-    pub alloc_retries: u64,
-    /// The simulated run as events, if `record_events` asked for them.
-    pub events: Option<Vec<Event>>,
-    /// The simulated allocator's final segments, on the validated device.
-    pub segments: Vec<Segment>,
-}
-
-impl From<SimulatedRun> for crate::replay::ReplayOutput {
-    /// A validation's simulated run as a `pytorch` replay's output (for `--export-snapshot`).
-    fn from(run: SimulatedRun) -> crate::replay::ReplayOutput {
-        crate::replay::ReplayOutput {
-            result: crate::metrics::PolicyResult {
-                policy: crate::policy::pytorch::NAME.into(),
-                config: run.config,
-                peak_reserved_bytes: run.peak_reserved_bytes,
-                reserved_at_end_bytes: run.reserved_at_end_bytes,
-                alloc_retries: run.alloc_retries,
-                ..Default::default()
-            },
-            events: run.events,
-            segments: run.segments,
-            ..crate::replay::ReplayOutput::default()
-        }
-    }
+    pub output: ReplayOutput,
 }
 
 impl Mismatch {
@@ -561,7 +530,10 @@ struct Guided<'a> {
     segments: BTreeMap<u64, u64>,
     reservations: BTreeMap<u64, u64>,
     reserved: u64,
-    peak: u64,
+    /// While the start state is installed: the recorded addresses of its segments, then of its
+    /// expandable reservations, in the order the policy obtains them ([`PyTorch`]'s
+    /// `Policy::start`).
+    installing: std::vec::IntoIter<u64>,
     fresh: u64,
     now: i64,
     /// The index of the event being replayed, and the stream of the malloc being served.
@@ -577,7 +549,49 @@ struct Guided<'a> {
     routes: Option<&'a crate::trace::pool_routes::PoolRoutes>,
 }
 
-impl Guided<'_> {
+impl<'a> Guided<'a> {
+    /// A device that follows `events` (and looks ahead no further) from `start`, whose segments
+    /// and reservations it hands out at their recorded addresses first.
+    fn new(events: &'a [Event], start: &'a StartState) -> Guided<'a> {
+        let segments = start.segments.iter().filter(|s| !s.expandable).map(|s| s.addr);
+        let bases = start.reservations.iter().map(|r| r.base);
+        let installing: Vec<u64> = segments.chain(bases).collect();
+        Guided {
+            events,
+            script: Vec::new(),
+            oom: false,
+            log: Vec::new(),
+            segments: BTreeMap::new(),
+            reservations: BTreeMap::new(),
+            reserved: 0,
+            installing: installing.into_iter(),
+            fresh: FRESH_BASE,
+            now: 0,
+            at: 0,
+            stream: 0,
+            page: 0,
+            small: false,
+            pool: None,
+            routes: start.routes.as_ref(),
+        }
+    }
+
+    /// Starts the operation of recorded event `at` (the start state is installed by then).
+    fn begin(&mut self, at: usize) {
+        self.at = at;
+        self.now = self.events.get(at).map_or(self.now, |e| e.time_us);
+        self.installing = Vec::new().into_iter();
+    }
+
+    /// Follows `script`, the recorded segment events of the operation about to run (`oom`: it
+    /// ends in a recorded out-of-memory), with an empty log.
+    fn follow(&mut self, script: &[usize], oom: bool) {
+        self.script.clear();
+        self.script.extend_from_slice(script);
+        self.oom = oom;
+        self.log.clear();
+    }
+
     /// The recorded event at the position the next simulated one will take.
     fn expected(&self) -> Option<&Event> {
         self.script.get(self.log.len()).map(|&i| &self.events[i])
@@ -599,7 +613,6 @@ impl Guided<'_> {
 
     fn hold(&mut self, delta: i64) {
         self.reserved = self.reserved.wrapping_add_signed(delta);
-        self.peak = self.peak.max(self.reserved);
     }
 
     fn note(&mut self, action: Action, addr: u64, size: u64) {
@@ -612,8 +625,9 @@ impl Backend for Guided<'_> {
         if self.fails() {
             return Ok(None);
         }
-        let addr = match self.expected() {
-            Some(e) if e.action == Action::SegmentAlloc && e.size == size => e.addr,
+        let addr = match (self.installing.next(), self.expected()) {
+            (Some(a), _) => a,
+            (None, Some(e)) if e.action == Action::SegmentAlloc && e.size == size => e.addr,
             _ => self.fresh(size),
         };
         self.segments.insert(addr, size);
@@ -634,6 +648,10 @@ impl Backend for Guided<'_> {
     }
 
     fn reserve(&mut self, size: u64) -> Result<Option<u64>> {
+        if let Some(base) = self.installing.next() {
+            self.reservations.insert(base, size);
+            return Ok(Some(base));
+        }
         // The first map of a new reservation is at its base (the lowest hole), possibly after a
         // failed first attempt and a flush within the same malloc. The whole script is searched:
         // the simulation may have logged a different number of events before this call (one
@@ -695,7 +713,7 @@ impl Backend for Guided<'_> {
     }
 }
 
-/// One replay from one start state.
+/// One replay from one start state: every decision the simulation made and how it compared.
 #[derive(Default)]
 struct Run {
     /// Per recorded event index of an alloc: the simulated address (None: the malloc failed).
@@ -706,9 +724,8 @@ struct Run {
     /// First alloc placed elsewhere: (event, recorded address, simulated address).
     first_mismatch: Option<(usize, u64, Option<u64>)>,
     segment_events_matched: u64,
-    peak: u64,
-    log: Vec<Event>,
-    policy: Option<PyTorch>,
+    /// The engine's output: peaks, the simulated run as events, the final segments.
+    output: ReplayOutput,
 }
 
 /// How far a replay goes.
@@ -727,8 +744,6 @@ fn hex(a: u64) -> String {
     format!("{a:#x}")
 }
 
-/// Why the simulation placed a block elsewhere: what it holds at the recorded address. `routed`
-/// says whether the malloc was made into a private pool.
 /// Tells `policy` of every private pool that a release in `script` shows gone, before the flush
 /// that made those releases runs: PyTorch's flush releases gone pools after the default ones,
 /// so the first release of the run comes before the one that names the pool. For a malloc's
@@ -750,6 +765,8 @@ fn release_gone_pools(
     Ok(())
 }
 
+/// Why the simulation placed a block elsewhere: what it holds at the recorded address. `routed`
+/// says whether the malloc was made into a private pool.
 fn explain(policy: &PyTorch, recorded: u64, placed: Option<u64>, routed: bool) -> String {
     match policy.private_pool_at(recorded) {
         Some((a, b)) if !routed => {
@@ -778,242 +795,245 @@ fn explain(policy: &PyTorch, recorded: u64, placed: Option<u64>, routed: bool) -
     }
 }
 
-/// Replays `events` from `start`.
-fn replay(
-    events: &[Event],
-    ops: &[Op],
-    start: &StartState,
-    config: &Config,
-    stop: Stop,
-    record: bool,
-    cancel: &Cancel,
-) -> Result<Run> {
-    replay_checked(events, ops, start, config, stop, record, false, cancel)
+/// The recording as validation replays it: the events of one device, what happens at each
+/// ([`plan`]), and the same events prepared for the replay engine.
+struct Recording<'a> {
+    events: &'a [Event],
+    ops: Vec<Op>,
+    input: ReplayInput<'a>,
 }
 
-/// [`replay`], checking the policy's invariants after every event when `check` is set.
-// The recording (events, ops, start), the model (config) and how to run (stop, record, check,
-// cancel): each is read in the loop, and a struct of them would be built at every call only to be
-// taken apart here.
-#[allow(clippy::too_many_arguments)]
-fn replay_checked(
-    events: &[Event],
-    ops: &[Op],
+/// How to run one replay of a [`Recording`].
+#[derive(Clone, Copy)]
+struct RunOptions<'a> {
+    stop: Stop<'a>,
+    /// Replay events up to this index (inclusive) only.
+    upto: Option<usize>,
+    /// Keep the simulated run as events.
+    record: bool,
+    /// Check the policy's invariants after every event.
+    check: bool,
+    cancel: &'a Cancel,
+}
+
+impl<'a> RunOptions<'a> {
+    fn new(stop: Stop<'a>, cancel: &'a Cancel) -> RunOptions<'a> {
+        RunOptions { stop, upto: None, record: false, check: false, cancel }
+    }
+}
+
+/// Replays `recording` from `start` under `config`: the replay engine, on a device that follows
+/// the recording ([`Guided`]), with a guide that compares every decision ([`Checker`]).
+fn replay(
+    recording: &Recording,
     start: &StartState,
     config: &Config,
-    stop: Stop,
-    record: bool,
-    check: bool,
-    cancel: &Cancel,
+    how: RunOptions,
 ) -> Result<Run> {
-    let mut policy = PyTorch::new(config.clone());
-    start.install(&mut policy)?;
-    let mut dev = Guided {
-        events,
-        script: Vec::new(),
-        oom: false,
-        log: Vec::new(),
-        segments: start
-            .segments
-            .iter()
-            .filter(|s| !s.expandable)
-            .map(|s| (s.addr, s.size))
-            .collect(),
-        reservations: start.reservations.iter().map(|r| (r.base, r.va_size)).collect(),
-        reserved: start.reserved(),
-        peak: start.reserved(),
-        fresh: FRESH_BASE,
-        now: 0,
-        at: 0,
-        stream: 0,
-        page: 0,
-        small: false,
-        pool: None,
-        routes: start.routes.as_ref(),
+    let events = match how.upto {
+        Some(k) => &recording.events[..(k + 1).min(recording.events.len())],
+        None => recording.events,
     };
-    // Recorded address -> simulated address of every live block.
-    let mut live: AddrMap<u64> = AddrMap::default();
-    for s in &start.segments {
-        for b in &s.live {
-            live.insert(b.addr, b.addr);
-        }
+    let mut checker = Checker {
+        events: recording.events,
+        ops: &recording.ops,
+        routes: start.routes.clone(),
+        stop: how.stop,
+        ref_pos: 0,
+        run: Run::default(),
+        stopped: false,
+    };
+    let options = ReplayOptions {
+        stop_after: how.upto.map(|k| k as u64),
+        record_events: how.record,
+        check_invariants: how.check,
+        cancel: how.cancel.clone(),
+        ..ReplayOptions::default()
+    };
+    let policy = PyTorch::new(config.clone()).starting_from(start.clone());
+    let device = Guided::new(events, start);
+    let output = run_guided(NAME, policy, device, &mut checker, &recording.input, &options)
+        .map_err(|e| match e.kind() {
+            crate::error::ErrorKind::Input if how.check => {
+                Error::input(format!("the pytorch policy broke an invariant: {e}"))
+            }
+            _ => e,
+        })?;
+    let mut run = checker.run;
+    run.output = output;
+    Ok(run)
+}
+
+/// Validation's guide of the replay engine: before each malloc it tells the [`Guided`] device
+/// which recorded segment events the malloc owns and routes the request to its recorded pool;
+/// after it, it compares the address and the segment events with the recording; it performs
+/// the recorded `empty_cache()` calls and compares what they released.
+struct Checker<'a> {
+    events: &'a [Event],
+    ops: &'a [Op],
+    routes: Option<crate::trace::pool_routes::PoolRoutes>,
+    stop: Stop<'a>,
+    /// The next placement of the reference run to compare with ([`Stop::Diverge`]).
+    ref_pos: usize,
+    run: Run,
+    stopped: bool,
+}
+
+impl<'a> Guide<PyTorch, Guided<'a>> for Checker<'a> {
+    /// Blocks the recovered start state does not hold have no segment: their frees are
+    /// mismatches, not mallocs of fresh memory.
+    const MALLOCS_UNHELD_START: bool = false;
+
+    fn starts_cold(&self, _: &ReplayOptions) -> bool {
+        false
     }
-    let mut run = Run::default();
-    let mut ref_pos = 0usize;
-    let mut routes = start.routes.clone();
-    for (i, (e, op)) in events.iter().zip(ops).enumerate() {
-        if i % Cancel::EVERY == 0 {
-            cancel.check()?;
+
+    fn before_request<O: Observer>(
+        &mut self,
+        index: u64,
+        e: &Event,
+        policy: &mut PyTorch,
+        backend: &mut Observed<Guided<'a>, O>,
+    ) -> Result<()> {
+        let i = index as usize;
+        let Some(Op::Malloc { size, stream, oom, script }) = self.ops.get(i) else {
+            return Ok(());
+        };
+        let (size, stream, oom) = (*size, *stream, *oom);
+        let dev = &mut backend.inner;
+        dev.begin(i);
+        dev.stream = stream;
+        dev.small = policy.settings().round_size(size) <= SMALL_SIZE;
+        dev.page = policy.settings().page_size(dev.small);
+        // The pool the entry names, or where the recording placed it, says whether it was made
+        // into a private pool (during graph capture, or under use_mem_pool).
+        let mut into = self.routes.as_mut().and_then(|r| r.route(e));
+        policy.allocate_into(into)?;
+        // An OOM of a file that names no pools has no address to tell its pool by.
+        if into.is_none() {
+            let cached = || policy.would_hit_cache(size, stream);
+            if let Some(p) = self.routes.as_mut().and_then(|r| r.route_failed(e, cached)) {
+                into = Some(p);
+                policy.allocate_into(into)?;
+            }
         }
-        if check {
-            policy.check().map_err(|m| {
-                Error::input(format!("the pytorch policy broke an invariant: {m}"))
-                    .at(crate::error::Place::Event(i as u64))
-            })?;
+        backend.inner.pool = into;
+        // An OOM that no release preceded: PyTorch releases every cached segment before giving
+        // up unless a graph capture is underway, so one was (or there was nothing to release,
+        // which skipping the release reproduces as well).
+        let events = self.events;
+        let released =
+            |j: &usize| matches!(events[*j].action, Action::SegmentFree | Action::SegmentUnmap);
+        policy.set_capture_underway(oom && !script.iter().any(released));
+        release_gone_pools(policy, self.routes.as_ref(), events, script, into)?;
+        // A release run right before a malloc's new segment is either the malloc's own fallback
+        // or an empty_cache() just before it. If the cache could serve the request now, no
+        // fallback was needed: it was a flush.
+        let releases = script.iter().take_while(|j| released(j)).count();
+        let mut script = &script[..];
+        if releases > 0 && policy.would_hit_cache(size, stream) {
+            backend.inner.follow(&script[..releases], false);
+            policy.empty_cache(backend)?;
+            compare_segments(events, &script[..releases], &backend.inner.log, i, &mut self.run);
+            script = &script[releases..];
         }
-        dev.now = e.time_us;
-        dev.at = i;
-        if let Some(r) = &mut routes {
+        backend.inner.follow(script, oom);
+        Ok(())
+    }
+
+    fn after_request<O: Observer>(
+        &mut self,
+        index: u64,
+        e: &Event,
+        placed: Option<u64>,
+        policy: &mut PyTorch,
+        backend: &mut Observed<Guided<'a>, O>,
+    ) -> Result<()> {
+        let i = index as usize;
+        let dev = &backend.inner;
+        compare_segments(self.events, &dev.script, &dev.log, i, &mut self.run);
+        if e.action == Action::Oom {
+            if let Some(a) = placed {
+                self.run.mismatches.push(Mismatch {
+                    event: index,
+                    action: Some(Action::Oom),
+                    expected: "out of memory".into(),
+                    got: hex(a),
+                    why: "the simulation found memory where the real allocator did not".into(),
+                });
+            }
+            return Ok(());
+        }
+        let run = &mut self.run;
+        run.placed.push((i, placed));
+        if placed != Some(e.addr) {
+            let why = explain(policy, e.addr, placed, dev.pool.is_some());
+            // Before this malloc, was the recorded address strictly inside a free block? Either
+            // it still is, or the simulation carved its block from that one.
+            if run.first_inside_free.is_none() {
+                let inside = match policy.block_containing(e.addr) {
+                    Some((s, _, false)) => s < e.addr,
+                    Some((s, _, true)) => Some(s) == placed && s < e.addr,
+                    None => false,
+                };
+                if inside {
+                    run.first_inside_free = Some((i, e.addr));
+                }
+            }
+            run.first_mismatch.get_or_insert((i, e.addr, placed));
+            run.mismatches.push(Mismatch {
+                event: index,
+                action: Some(Action::Alloc),
+                expected: hex(e.addr),
+                got: placed.map_or_else(|| "out of memory".into(), hex),
+                why,
+            });
+        }
+        self.stopped = match self.stop {
+            Stop::Never => false,
+            Stop::FirstMismatch => run.first_mismatch.is_some(),
+            Stop::Diverge(reference) => {
+                let base = reference.get(self.ref_pos).map(|&(_, a)| a);
+                self.ref_pos += 1;
+                base != Some(placed) || placed != Some(e.addr)
+            }
+        };
+        Ok(())
+    }
+
+    fn segment_event<O: Observer>(
+        &mut self,
+        index: u64,
+        e: &Event,
+        policy: &mut PyTorch,
+        backend: &mut Observed<Guided<'a>, O>,
+    ) -> Result<bool> {
+        if let Some(r) = &mut self.routes {
             r.follow(e);
         }
-        match op {
-            Op::Skip => {
-                if record && e.action == Action::FreeRequested {
-                    if let Some(&a) = live.get(&e.addr) {
-                        run.log.push(Event { addr: a, ..*e });
-                    }
-                }
-            }
-            Op::Free => {
-                if let Some(a) = live.remove(&e.addr) {
-                    policy.free(&mut dev, a)?;
-                    if record {
-                        run.log.push(Event { addr: a, ..*e });
-                    }
-                } else {
-                    run.mismatches.push(Mismatch {
-                        event: i as u64,
-                        action: Some(e.action),
-                        expected: hex(e.addr),
-                        got: "no live block there".into(),
-                        why: "the start state lacks this block (its segment is unknown)".into(),
-                    });
-                }
-            }
-            Op::Flush { script } => {
-                release_gone_pools(&mut policy, routes.as_ref(), events, script, None)?;
-                dev.script.clone_from(script);
-                dev.oom = false;
-                dev.log.clear();
-                policy.empty_cache(&mut dev)?;
-                compare_segments(events, script, &dev.log, i, &mut run);
-                if record {
-                    run.log.append(&mut dev.log);
-                }
-            }
-            Op::Malloc { size, stream, oom, script } => {
-                dev.stream = *stream;
-                dev.small = policy.settings().round_size(*size) <= SMALL_SIZE;
-                dev.page = policy.settings().page_size(dev.small);
-                // The pool the entry names, or where the recording placed it, says whether it was
-                // made into a private pool (during graph capture, or under use_mem_pool).
-                let mut into = routes.as_mut().and_then(|r| r.route(e));
-                policy.allocate_into(into)?;
-                // An OOM of a file that names no pools has no address to tell its pool by.
-                if into.is_none() {
-                    let cached = || policy.would_hit_cache(*size, *stream);
-                    if let Some(p) = routes.as_mut().and_then(|r| r.route_failed(e, cached)) {
-                        into = Some(p);
-                        policy.allocate_into(into)?;
-                    }
-                }
-                dev.pool = into;
-                // An OOM that no release preceded: PyTorch releases every cached segment before
-                // giving up unless a graph capture is underway, so one was (or there was
-                // nothing to release, which skipping the release reproduces as well).
-                let released = |j: &usize| {
-                    matches!(events[*j].action, Action::SegmentFree | Action::SegmentUnmap)
-                };
-                policy.set_capture_underway(*oom && !script.iter().any(released));
-                release_gone_pools(&mut policy, routes.as_ref(), events, script, into)?;
-                // A release run right before a malloc's new segment is either the malloc's own
-                // fallback or an empty_cache() just before it. If the cache could serve the
-                // request now, no fallback was needed: it was a flush.
-                let releases = script
-                    .iter()
-                    .take_while(|&&j| {
-                        matches!(events[j].action, Action::SegmentFree | Action::SegmentUnmap)
-                    })
-                    .count();
-                let mut script = &script[..];
-                if releases > 0 && policy.would_hit_cache(*size, *stream) {
-                    dev.script = script[..releases].to_vec();
-                    dev.oom = false;
-                    dev.log.clear();
-                    policy.empty_cache(&mut dev)?;
-                    compare_segments(events, &script[..releases], &dev.log, i, &mut run);
-                    if record {
-                        run.log.append(&mut dev.log);
-                    }
-                    script = &script[releases..];
-                }
-                dev.script = script.to_vec();
-                dev.oom = *oom;
-                dev.log.clear();
-                let got =
-                    if *size == 0 { None } else { policy.malloc(&mut dev, *size, *stream)? };
-                compare_segments(events, script, &dev.log, i, &mut run);
-                if record {
-                    run.log.append(&mut dev.log);
-                }
-                if *oom {
-                    if let Some(a) = got {
-                        run.mismatches.push(Mismatch {
-                            event: i as u64,
-                            action: Some(Action::Oom),
-                            expected: "out of memory".into(),
-                            got: hex(a.addr),
-                            why: "the simulation found memory where the real allocator did not"
-                                .into(),
-                        });
-                        policy.free(&mut dev, a.addr)?; // the caller never got it
-                    } else if record {
-                        run.log.push(*e);
-                    }
-                    continue;
-                }
-                let sim = got.map(|a| a.addr);
-                if let Some(a) = sim {
-                    live.insert(e.addr, a);
-                    if record {
-                        run.log.push(Event { addr: a, ..*e });
-                    }
-                }
-                run.placed.push((i, sim));
-                if sim != Some(e.addr) {
-                    let why = explain(&policy, e.addr, sim, into.is_some());
-                    // Before this malloc, was the recorded address strictly inside a free block?
-                    // Either it still is, or the simulation carved its block from that one.
-                    if run.first_inside_free.is_none() {
-                        let inside = match policy.block_containing(e.addr) {
-                            Some((s, _, false)) => s < e.addr,
-                            Some((s, _, true)) => Some(s) == sim && s < e.addr,
-                            None => false,
-                        };
-                        if inside {
-                            run.first_inside_free = Some((i, e.addr));
-                        }
-                    }
-                    run.first_mismatch.get_or_insert((i, e.addr, sim));
-                    run.mismatches.push(Mismatch {
-                        event: i as u64,
-                        action: Some(Action::Alloc),
-                        expected: hex(e.addr),
-                        got: sim.map_or_else(|| "out of memory".into(), hex),
-                        why,
-                    });
-                }
-                match stop {
-                    Stop::Never => {}
-                    Stop::FirstMismatch => {
-                        if run.first_mismatch.is_some() {
-                            break;
-                        }
-                    }
-                    Stop::Diverge(reference) => {
-                        let base = reference.get(ref_pos).map(|&(_, a)| a);
-                        ref_pos += 1;
-                        if base != Some(sim) || sim != Some(e.addr) {
-                            break;
-                        }
-                    }
-                }
-            }
-        }
+        let i = index as usize;
+        let Some(Op::Flush { script }) = self.ops.get(i) else { return Ok(false) };
+        release_gone_pools(policy, self.routes.as_ref(), self.events, script, None)?;
+        backend.inner.begin(i);
+        backend.inner.follow(script, false);
+        policy.empty_cache(backend)?;
+        compare_segments(self.events, script, &backend.inner.log, i, &mut self.run);
+        Ok(true)
     }
-    run.peak = dev.peak;
-    run.policy = Some(policy);
-    Ok(run)
+
+    fn unheld_free(&mut self, index: u64, e: &Event) {
+        self.run.mismatches.push(Mismatch {
+            event: index,
+            action: Some(e.action),
+            expected: hex(e.addr),
+            got: "no live block there".into(),
+            why: "the start state lacks this block (its segment is unknown)".into(),
+        });
+    }
+
+    fn stopped(&self) -> bool {
+        self.stopped
+    }
 }
 
 /// Compares the simulated segment events of one operation with the recorded ones.
@@ -1042,15 +1062,12 @@ fn compare_segments(events: &[Event], script: &[usize], log: &[Event], at: usize
 /// The orphan-growth rule (docs/pytorch-model.md#orphan-growth) generalised: the smallest longer
 /// size of one ambiguous orphan, near the recorded or the simulated address, that makes every
 /// placement up to event `k` match the recording.
-#[allow(clippy::too_many_arguments)] // as replay_checked's, plus the orphan in question
 fn longer_orphan(
-    events: &[Event],
-    ops: &[Op],
+    recording: &Recording,
     start: &StartState,
     config: &Config,
     k: usize,
-    recorded: u64,
-    simulated: Option<u64>,
+    (recorded, simulated): (u64, Option<u64>),
     cancel: &Cancel,
 ) -> Result<Option<(u64, u64)>> {
     let mut candidates = start.ambiguous_near(recorded);
@@ -1059,12 +1076,10 @@ fn longer_orphan(
     }
     candidates.sort_unstable();
     candidates.dedup();
-    let upto = k + 1;
     let passes = |o: u64, size: u64| -> Result<bool> {
         let v = start.with_size(o, size);
-        let run =
-            replay(&events[..upto], &ops[..upto], &v, config, Stop::FirstMismatch, false, cancel)?;
-        Ok(run.first_mismatch.is_none())
+        let how = RunOptions { upto: Some(k), ..RunOptions::new(Stop::FirstMismatch, cancel) };
+        Ok(replay(recording, &v, config, how)?.first_mismatch.is_none())
     };
     for o in candidates {
         let Some(b) = start.orphan(o) else { continue };
@@ -1091,7 +1106,7 @@ fn longer_orphan(
 fn compare_final_segments(
     trace: &Trace,
     device: i32,
-    policy: &PyTorch,
+    simulated_segments: &[Segment],
     at: usize,
 ) -> Option<Mismatch> {
     let layout = |segs: &mut dyn Iterator<Item = &crate::trace::Segment>| {
@@ -1107,7 +1122,6 @@ fn compare_final_segments(
         v
     };
     let recorded = layout(&mut trace.segments_of(device));
-    let simulated_segments = policy.segments();
     let simulated = layout(&mut simulated_segments.iter());
     if recorded == simulated {
         return None;
@@ -1251,9 +1265,12 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
         .flat_map(|s| &s.live)
         .filter_map(|b| b.shown_at.map(|k| (b.addr, b.size, k)))
         .collect();
+    let recording =
+        Recording { events, ops, input: ReplayInput::of_events(trace, device, events)? };
+    let cancel = &options.cancel;
     loop {
         let run =
-            replay(events, &ops, &start, &config, Stop::FirstMismatch, false, &options.cancel)?;
+            replay(&recording, &start, &config, RunOptions::new(Stop::FirstMismatch, cancel))?;
         let Some((k, recorded, simulated)) = run.first_mismatch else { break };
         if run.first_inside_free == Some((k, recorded)) {
             if let Some(orphan) = start.extend(recorded) {
@@ -1261,8 +1278,7 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
                 continue;
             }
         }
-        match longer_orphan(events, &ops, &start, &config, k, recorded, simulated, &options.cancel)?
-        {
+        match longer_orphan(&recording, &start, &config, k, (recorded, simulated), cancel)? {
             Some((orphan, size)) => {
                 start.set_size(orphan, size);
                 learned.push((orphan, size, k));
@@ -1270,16 +1286,12 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
             None => break,
         }
     }
-    let base = replay_checked(
-        events,
-        &ops,
-        &start,
-        &config,
-        Stop::Never,
-        options.record_events,
-        options.check_invariants,
-        &options.cancel,
-    )?;
+    let how = RunOptions {
+        record: options.record_events,
+        check: options.check_invariants,
+        ..RunOptions::new(Stop::Never, cancel)
+    };
+    let base = replay(&recording, &start, &config, how)?;
     // Each orphan's last lower bound, in the order learned.
     let last = |o: u64| learned.iter().rposition(|l| l.0 == o);
     let shown: Vec<_> = learned.iter().enumerate().filter(|(i, l)| last(l.0) == Some(*i)).collect();
@@ -1291,13 +1303,10 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
     for o in start.ambiguous() {
         let variant = start.with_longest(o);
         let run = replay(
-            events,
-            &ops,
+            &recording,
             &variant,
             &config,
-            Stop::Diverge(&base.placed),
-            false,
-            &options.cancel,
+            RunOptions::new(Stop::Diverge(&base.placed), cancel),
         )?;
         let k = run.placed.len().checked_sub(1);
         let Some(k) = k else { continue };
@@ -1323,12 +1332,11 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
         }
     }
     let undetermined: BTreeSet<usize> = undeterminable.keys().copied().collect();
-    let policy = base.policy.as_ref().expect("replay returns its policy");
     // Only a snapshot records the final layout (a text trace without segments has no dump).
     let has_dump = trace.source_format() == crate::trace::Format::PytorchSnapshot
         || !trace.segments.is_empty();
-    let final_layout =
-        compare_final_segments(trace, device, policy, events.len()).filter(|_| has_dump);
+    let final_layout = compare_final_segments(trace, device, &base.output.segments, events.len())
+        .filter(|_| has_dump);
     let allocs_total = events.iter().filter(|e| e.action == Action::Alloc).count() as u64;
     let allocs_addr_matched = base
         .placed
@@ -1349,21 +1357,13 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
     }
     let segment_events_recorded = events.iter().filter(|e| e.action.is_segment_event()).count();
     let peak_rec = recorded_peak(events, start.reserved());
-    let output = SimulatedRun {
-        config: policy.config(),
-        peak_reserved_bytes: base.peak,
-        reserved_at_end_bytes: policy.reserved(),
-        alloc_retries: policy.alloc_retries(),
-        events: options.record_events.then(|| base.log.clone()),
-        segments: policy
-            .segments()
-            .into_iter()
-            .map(|mut s| {
-                s.device = device;
-                s
-            })
-            .collect(),
-    };
+    let mut output = base.output;
+    for s in &mut output.segments {
+        s.device = device;
+    }
+    if !options.record_events {
+        output.events = None;
+    }
     Ok(Validation {
         trace: String::new(),
         device,
@@ -1372,12 +1372,12 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
         segment_events_recorded: segment_events_recorded as u64,
         segment_events_matched: base.segment_events_matched,
         peak_reserved_recorded_bytes: peak_rec,
-        peak_reserved_simulated_bytes: base.peak,
+        peak_reserved_simulated_bytes: output.result.peak_reserved_bytes,
         undeterminable_events: undeterminable.len() as u64,
         mismatches,
         undeterminable: undeterminable.into_values().collect(),
         notes,
-        config: policy.config(),
+        config: output.result.config.clone(),
         output,
     })
 }

@@ -328,6 +328,13 @@ impl PyTorch {
         self
     }
 
+    /// The same policy starting from `state`, installed as [`PyTorch::with_recorded_start`]'s
+    /// is: `validate` recovers the state itself and tries variants of it.
+    pub(crate) fn starting_from(mut self, state: start::StartState) -> PyTorch {
+        self.start = Some(Box::new(state));
+        self
+    }
+
     /// The same policy starting where the recorded allocator was at the first event of a
     /// PyTorch snapshot: every segment reserved then (recovered from the final segments walked
     /// back over the segment events, [`start::StartState`]), with its live blocks and its cached

@@ -1,0 +1,223 @@
+//! What a replay follows of the recording beyond its requests and frees.
+//!
+//! The engine ([`super::engine`]) serves every request and free the same way in every run. What
+//! differs between runs is what the recording's other events mean and what is done around each
+//! request: a plain replay ([`Recorded`]) flushes the cache where the program called
+//! `empty_cache()` and routes requests into the private pools the dump shows; `validate`'s guide
+//! also steers a backend to the recorded addresses and compares every decision with the
+//! recording. A guide is handed the policy and the backend at those moments, so that the one loop
+//! runs both.
+
+use super::input::ReplayInput;
+use super::options::ReplayOptions;
+use crate::backend::{Backend, Observed, Observer};
+use crate::error::Result;
+use crate::policy::Policy;
+use crate::trace::lifetimes::Retried;
+use crate::trace::pool_routes::PoolRoutes;
+use crate::trace::{Action, Event};
+
+/// How one replay follows its recording: the engine asks it at every event that is not a
+/// request or a free, and around each request. `P` is the policy replayed, `B` the backend it
+/// runs on (wrapped in the engine's observer, `O` in the methods).
+pub trait Guide<P: Policy, B: Backend> {
+    /// Whether blocks live before the trace that the policy's start state did not hold
+    /// ([`Policy::start`]) are malloc'd before the first event (a guide that follows a
+    /// recorded start state leaves them out, and finds their frees unheld).
+    const MALLOCS_UNHELD_START: bool = true;
+
+    /// Whether the replay starts from an empty cache (every block live before the trace
+    /// malloc'd) rather than the policy's start state.
+    fn starts_cold(&self, options: &ReplayOptions) -> bool;
+
+    /// Before the policy serves the request of event `e` (an `alloc` or a recorded `oom`).
+    fn before_request<O: Observer>(
+        &mut self,
+        index: u64,
+        e: &Event,
+        policy: &mut P,
+        backend: &mut Observed<B, O>,
+    ) -> Result<()>;
+
+    /// After the policy served the request of `e` at `placed` (`None`: it could not). A served
+    /// recorded `oom` is freed by the engine after this.
+    fn after_request<O: Observer>(
+        &mut self,
+        _index: u64,
+        _e: &Event,
+        _placed: Option<u64>,
+        _policy: &mut P,
+        _backend: &mut Observed<B, O>,
+    ) -> Result<()> {
+        Ok(())
+    }
+
+    /// At a recorded segment event (`segment_alloc/free/map/unmap`): true when the guide
+    /// changed the policy's state (a flush), so the engine measures after it.
+    fn segment_event<O: Observer>(
+        &mut self,
+        index: u64,
+        e: &Event,
+        policy: &mut P,
+        backend: &mut Observed<B, O>,
+    ) -> Result<bool>;
+
+    /// A free that finds no block the replay holds: its address was never allocated, or its
+    /// alloc failed.
+    fn unheld_free(&mut self, _index: u64, _e: &Event) {}
+
+    /// True once the guide has seen enough: every later event is passed over.
+    fn stopped(&self) -> bool {
+        false
+    }
+}
+
+/// The guide of every replay of a recording: the program's `empty_cache()` calls that the
+/// recording shows are made again, and requests made into a private pool (a CUDA graph's, a
+/// `MemPool`'s) go to the policy's pool of the same identity.
+pub struct Recorded<'r> {
+    /// The recorded `empty_cache()` calls (the event indices that start them), sorted.
+    calls: &'r [u64],
+    /// The release runs that the recorded levels leave undecided.
+    undecided: Undecided<'r>,
+    /// The plan drops the recorded calls (`--no-recorded-empty-cache`).
+    drop_recorded: bool,
+    routes: Option<PoolRoutes>,
+    /// The last event of the flush run the program called last (runs are consecutive releases).
+    flush_run_to: u64,
+}
+
+impl<'r> Recorded<'r> {
+    /// The guide for replaying `input` with `options`.
+    pub(super) fn new(input: &'r ReplayInput, options: &ReplayOptions) -> Recorded<'r> {
+        Recorded {
+            calls: input.empty_cache_at(),
+            undecided: Undecided {
+                runs: input.undecided_flushes(),
+                next: 0,
+                oom_pad: crate::policy::pytorch::Flavour::of_trace(input.trace()).pad(),
+            },
+            drop_recorded: options.empty_cache.drop_recorded,
+            routes: input.pool_routes().cloned(),
+            flush_run_to: u64::MAX - 1,
+        }
+    }
+}
+
+impl<P: Policy, B: Backend> Guide<P, B> for Recorded<'_> {
+    /// A recorded run (`--export-snapshot`) starts cold, every block malloc'd, so that
+    /// `validate` can replay it decision for decision from its own events.
+    fn starts_cold(&self, options: &ReplayOptions) -> bool {
+        options.record_events
+    }
+
+    #[inline(always)]
+    fn before_request<O: Observer>(
+        &mut self,
+        _index: u64,
+        e: &Event,
+        policy: &mut P,
+        _backend: &mut Observed<B, O>,
+    ) -> Result<()> {
+        match &mut self.routes {
+            Some(r) => route(policy, r, e),
+            None => Ok(()),
+        }
+    }
+
+    #[inline(always)]
+    fn segment_event<O: Observer>(
+        &mut self,
+        index: u64,
+        e: &Event,
+        policy: &mut P,
+        backend: &mut Observed<B, O>,
+    ) -> Result<bool> {
+        let release = matches!(e.action, Action::SegmentFree | Action::SegmentUnmap);
+        if release
+            && !self.drop_recorded
+            && (self.calls.binary_search(&index).is_ok()
+                || self.undecided.called_at(index, &*policy))
+        {
+            if let Some(r) = &mut self.routes {
+                follow(policy, r, e, true)?;
+            }
+            policy.empty_cache(backend)?;
+            self.flush_run_to = index;
+            return Ok(true);
+        }
+        let Some(r) = &mut self.routes else { return Ok(false) };
+        if e.action == Action::SegmentMap {
+            return Ok(false);
+        }
+        // A release later in a flush the program called: that call released the pool too
+        // (PyTorch releases gone pools after the default ones).
+        let in_call = release && self.flush_run_to + 1 == index;
+        if in_call {
+            self.flush_run_to = index;
+        }
+        if !follow(policy, r, e, in_call)? {
+            return Ok(false);
+        }
+        policy.empty_cache(backend)?;
+        Ok(true)
+    }
+}
+
+/// The recording's undecided release runs ([`ReplayInput::undecided_flushes`]), asked about
+/// in event order.
+struct Undecided<'r> {
+    runs: &'r [Retried],
+    next: usize,
+    /// What the recording's allocator added to a request before rounding it
+    /// ([`Flavour::pad`](crate::policy::pytorch::Flavour::pad)): a failed request's `oom` entry
+    /// records the rounded size, and the request behind it is that much smaller.
+    oom_pad: u64,
+}
+
+impl Undecided<'_> {
+    /// True when the run starting at event `index` was the program's `empty_cache()`: the
+    /// policy models the recorded allocator and its cache would have served the retried
+    /// request, which an out-of-memory fallback never follows.
+    #[inline]
+    fn called_at<P: Policy>(&mut self, index: u64, policy: &P) -> bool {
+        while self.runs.get(self.next).is_some_and(|r| r.event < index) {
+            self.next += 1;
+        }
+        match self.runs.get(self.next) {
+            Some(r) if r.event == index => {
+                let size = match r.failed {
+                    true if r.size > self.oom_pad => r.size - self.oom_pad,
+                    _ => r.size,
+                };
+                policy.would_serve_from_cache(size, r.stream) == Some(true)
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Tells `policy` which pool the request of `e` was made into, and of the private pools the
+/// releases before it showed gone ([`PoolRoutes::request`]). Out of line: only traces with
+/// private pools take this path, and the replay loop stays as small without it.
+#[inline(never)]
+fn route<P: Policy>(policy: &mut P, routes: &mut PoolRoutes, e: &Event) -> Result<()> {
+    let pool = routes.request(e, |gone| policy.release_pool(gone))?;
+    policy.allocate_into(pool)
+}
+
+/// Follows the recorded segment event `e` in `routes` (in a flush the program `called`, or
+/// not), and tells `policy` of a private pool that `e` shows gone; true then.
+#[inline(never)]
+fn follow<P: Policy>(
+    policy: &mut P,
+    routes: &mut PoolRoutes,
+    e: &Event,
+    called: bool,
+) -> Result<bool> {
+    routes.follow(e);
+    match routes.released(e, called) {
+        Some(pool) => policy.release_pool(pool).map(|()| true),
+        None => Ok(false),
+    }
+}
