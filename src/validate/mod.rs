@@ -1,8 +1,8 @@
 //! `fragsim validate`: replays a PyTorch snapshot through the [`PyTorch`] policy from the
 //! recovered start state and compares every decision with what the real allocator recorded.
 //!
-//! The replay is the engine's ([`run_guided`]): the same loop as every replay, on a device that
-//! follows the recording ([`Guided`]), with a guide that compares ([`Checker`]).
+//! The replay is the engine's (`replay::run_guided`): the same loop as every replay, on a device that
+//! follows the recording (`Guided`), with a guide that compares (`Checker`).
 //!
 //! See docs/pytorch-model.md#validation. The recording supplies what a snapshot cannot know, and
 //! nothing else: a new segment takes the address recorded for it within the same malloc; a
