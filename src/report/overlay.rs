@@ -151,12 +151,7 @@ impl Chart for Overlay<'_> {
 
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> ChartResult {
         let (w, _) = self.size();
-        root.draw(&Text::new(
-            self.title.clone(),
-            (w as i32 / 2, 12),
-            anchored(bold(TITLE), HPos::Center, VPos::Top),
-        ))
-        .or_draw_error()?;
+        draw_title(root, &self.title, w)?;
         let mut legend = Vec::new();
         for (i, l) in self.lines.iter().enumerate() {
             let peak = l.points.iter().map(|p| p.1).max().unwrap_or(0);
@@ -188,19 +183,7 @@ impl Chart for Overlay<'_> {
             .y_label_area_size(80)
             .build_cartesian_2d(0.0..x_max, 0.0..y_max)
             .or_draw_error()?;
-        chart
-            .configure_mesh()
-            .x_desc(self.x_desc)
-            .y_desc(format!("memory ({})", scale.unit))
-            .x_label_formatter(&|v| tick(*v))
-            .y_label_formatter(&|v| tick(*v))
-            .axis_desc_style(text(LABEL))
-            .label_style(text(TICK))
-            .light_line_style(WHITE)
-            .bold_line_style(GRID)
-            .axis_style(INK)
-            .draw()
-            .or_draw_error()?;
+        draw_memory_mesh(&mut chart, self.x_desc, &format!("memory ({})", scale.unit))?;
         for (i, l) in self.lines.iter().enumerate() {
             let color = policy_color(i);
             let reserved: Vec<(f64, f64)> = l.points.iter().map(|p| (p.0, scale.of(p.1))).collect();
@@ -246,12 +229,7 @@ impl Chart for SiteDelta<'_> {
             "Live bytes by site, B − A at each run's peak-live moment (total {})",
             signed(r.delta.peak_live_bytes)
         );
-        root.draw(&Text::new(
-            title,
-            (w as i32 / 2, 12),
-            anchored(bold(TITLE), HPos::Center, VPos::Top),
-        ))
-        .or_draw_error()?;
+        draw_title(root, &title, w)?;
         root.draw(&Text::new(
             format!("A: {}   B: {}", keep_end(&r.a.trace, 50), keep_end(&r.b.trace, 50)),
             (w as i32 / 2, 48),

@@ -53,47 +53,53 @@ pub type Tiling = Vec<(u64, u64, Option<u64>)>;
 /// A mapped range of an expandable segment: (start, size, its blocks).
 pub type MappedRange = (u64, u64, Tiling);
 
-/// No block: the end of a neighbour list.
 /// The policy's name in `--policy`.
 pub const NAME: &str = "pytorch";
 
+/// A line of [`POLICIES`](super::POLICIES) for one way of building [`PyTorch`]: each models an
+/// allocator, so each is [`Role::Online`].
+const fn online(
+    name: &'static str,
+    summary: &'static str,
+    options: fn() -> String,
+    build: fn(&str, &PolicyContext) -> Result<PyTorch>,
+) -> Registration<PyTorch> {
+    Registration { name, summary, role: Role::Online, options, build }
+}
+
 /// `pytorch`'s line in [`POLICIES`](super::POLICIES).
-pub const POLICY: Registration<PyTorch> = Registration {
-    name: NAME,
-    summary: "PyTorch's caching allocator: CUDA's, or torch_npu's for a torch_npu recording (default: recorded settings)",
-    role: Role::Online,
-    options: || "PYTORCH_CUDA_ALLOC_CONF syntax, e.g. max_split_size_mb:128,roundup_power2_divisions:4; or 'recorded'".into(),
-    build: PyTorch::from_spec,
-};
+pub const POLICY: Registration<PyTorch> = online(
+    NAME,
+    "PyTorch's caching allocator: CUDA's, or torch_npu's for a torch_npu recording (default: recorded settings)",
+    || "PYTORCH_CUDA_ALLOC_CONF syntax, e.g. max_split_size_mb:128,roundup_power2_divisions:4; or 'recorded'".into(),
+    PyTorch::from_spec,
+);
 
 /// `pytorch-npu`'s line in [`POLICIES`](super::POLICIES): torch_npu's allocator whatever made
 /// the recording.
-pub const NPU: Registration<PyTorch> = Registration {
-    name: "pytorch-npu",
-    summary: "torch_npu's caching allocator for Huawei Ascend NPUs (PYTORCH_NPU_ALLOC_CONF options; default: recorded settings)",
-    role: Role::Online,
-    options: || "PYTORCH_NPU_ALLOC_CONF syntax, e.g. expandable_segments:True,base_addr_aligned_kb:16; or 'recorded'".into(),
-    build: PyTorch::npu_from_spec,
-};
+pub const NPU: Registration<PyTorch> = online(
+    "pytorch-npu",
+    "torch_npu's caching allocator for Huawei Ascend NPUs (PYTORCH_NPU_ALLOC_CONF options; default: recorded settings)",
+    || "PYTORCH_NPU_ALLOC_CONF syntax, e.g. expandable_segments:True,base_addr_aligned_kb:16; or 'recorded'".into(),
+    PyTorch::npu_from_spec,
+);
 
 /// `pytorch-cuda`'s line in [`POLICIES`](super::POLICIES): CUDA's allocator even for a
 /// torch_npu recording, which `pytorch` replays with torch_npu's rules.
-pub const CUDA: Registration<PyTorch> = Registration {
-    name: "pytorch-cuda",
-    summary: "PyTorch's CUDA caching allocator, also for a torch_npu recording",
-    role: Role::Online,
-    options: || "PYTORCH_CUDA_ALLOC_CONF syntax, as for pytorch".into(),
-    build: PyTorch::cuda_from_spec,
-};
+pub const CUDA: Registration<PyTorch> = online(
+    "pytorch-cuda",
+    "PyTorch's CUDA caching allocator, also for a torch_npu recording",
+    || "PYTORCH_CUDA_ALLOC_CONF syntax, as for pytorch".into(),
+    PyTorch::cuda_from_spec,
+);
 
 /// `pytorch-expandable`'s line in [`POLICIES`](super::POLICIES).
-pub const EXPANDABLE: Registration<PyTorch> = Registration {
-    name: "pytorch-expandable",
-    summary: "PyTorch's caching allocator with expandable_segments:True",
-    role: Role::Online,
-    options: || "PYTORCH_CUDA_ALLOC_CONF syntax (expandable_segments is forced on)".into(),
-    build: PyTorch::expandable_from_spec,
-};
+pub const EXPANDABLE: Registration<PyTorch> = online(
+    "pytorch-expandable",
+    "PyTorch's caching allocator with expandable_segments:True",
+    || "PYTORCH_CUDA_ALLOC_CONF syntax (expandable_segments is forced on)".into(),
+    PyTorch::expandable_from_spec,
+);
 
 const NIL: u32 = u32::MAX;
 

@@ -68,12 +68,7 @@ impl Chart for Fragmentation<'_> {
             truncate(&trace.file_name(), 50),
             trace.device
         );
-        root.draw(&Text::new(
-            title,
-            (w as i32 / 2, 12),
-            anchored(bold(TITLE), HPos::Center, VPos::Top),
-        ))
-        .or_draw_error()?;
+        draw_title(root, &title, w)?;
         let body = root.margin(TOP, 0, 0, 0);
         let (panels_area, axis_area) = body.split_vertically(h as i32 - TOP as i32 - BOTTOM as i32);
         let panels = panels_area.split_evenly((data.runs.len().max(1), 1));

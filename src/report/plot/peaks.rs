@@ -95,12 +95,7 @@ impl Chart for Peaks<'_> {
             truncate(&data.trace.file_name(), 60),
             data.trace.device
         );
-        root.draw(&Text::new(
-            title,
-            (w as i32 / 2, 12),
-            anchored(bold(TITLE), HPos::Center, VPos::Top),
-        ))
-        .or_draw_error()?;
+        draw_title(root, &title, w)?;
         style::draw_parts_legend(
             root,
             (90, 58),

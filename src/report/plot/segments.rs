@@ -214,12 +214,7 @@ impl Chart for SegmentChart<'_> {
                 trace.device
             )
         };
-        root.draw(&Text::new(
-            title,
-            (w as i32 / 2, 12),
-            anchored(bold(TITLE), HPos::Center, VPos::Top),
-        ))
-        .or_draw_error()?;
+        draw_title(root, &title, w)?;
         if self.order.is_empty() {
             let note = map.note.clone().unwrap_or_else(|| "no segments at the peak".into());
             root.draw(&Rectangle::new([(40, 60), (w as i32 - 40, h as i32 - 40)], GRID.filled()))

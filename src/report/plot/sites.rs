@@ -103,12 +103,7 @@ impl Chart for Sites<'_> {
             "Where the memory went at each policy's peak, by allocation site: {}",
             truncate(&self.data.trace.file_name(), 50)
         );
-        root.draw(&Text::new(
-            title,
-            (w as i32 / 2, 12),
-            anchored(bold(TITLE), HPos::Center, VPos::Top),
-        ))
-        .or_draw_error()?;
+        draw_title(root, &title, w)?;
         style::draw_parts_legend(
             root,
             (90, 52),

@@ -36,12 +36,7 @@ impl Chart for Sizes<'_> {
             trace.device,
             total
         );
-        root.draw(&Text::new(
-            title,
-            (w as i32 / 2, 12),
-            anchored(bold(TITLE), HPos::Center, VPos::Top),
-        ))
-        .or_draw_error()?;
+        draw_title(root, &title, w)?;
         if bins.is_empty() {
             root.draw(&Text::new(
                 "The trace has no allocations on this device.".to_string(),

@@ -305,6 +305,42 @@ pub fn draw_legend_row<DB: DrawingBackend>(
     Ok(())
 }
 
+/// Draws a chart's title, centred at the top of `root`, a chart `width` pixels wide.
+pub fn draw_title<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    title: &str,
+    width: u32,
+) -> ChartResult {
+    let at = (width as i32 / 2, 12);
+    root.draw(&Text::new(title, at, anchored(bold(TITLE), HPos::Center, VPos::Top))).or_draw_error()
+}
+
+/// Draws the grid, axes and labels of a chart of memory against `x_desc`, as every such chart
+/// draws them.
+pub fn draw_memory_mesh<DB: DrawingBackend>(
+    chart: &mut ChartContext<
+        '_,
+        DB,
+        Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+    >,
+    x_desc: &str,
+    y_desc: &str,
+) -> ChartResult {
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .x_label_formatter(&|v| tick(*v))
+        .y_label_formatter(&|v| tick(*v))
+        .axis_desc_style(text(LABEL))
+        .label_style(text(TICK))
+        .light_line_style(WHITE)
+        .bold_line_style(GRID)
+        .axis_style(INK)
+        .draw()
+        .or_draw_error()
+}
+
 /// Draws the legend of a chart that splits memory into requested, rounding and cached-free
 /// parts (the [`REQUESTED`], [`ROUNDING`] and [`CACHED`] swatches), with each chart's own words
 /// for the three, in one row at `at` (see [`draw_legend_row`]).

@@ -176,12 +176,7 @@ impl Chart for Timeline<'_> {
             trace.device,
             trace.events
         );
-        root.draw(&Text::new(
-            title,
-            (w as i32 / 2, 12),
-            anchored(bold(TITLE), HPos::Center, VPos::Top),
-        ))
-        .or_draw_error()?;
+        draw_title(root, &title, w)?;
         let (main, _) = root.split_horizontally(w as i32 - legend_w);
 
         let mut top = self.peak();
@@ -201,19 +196,7 @@ impl Chart for Timeline<'_> {
             .y_label_area_size(78)
             .build_cartesian_2d(xr.clone(), 0.0..y_max)
             .or_draw_error()?;
-        chart
-            .configure_mesh()
-            .x_desc(trace.x_desc())
-            .y_desc(format!("device memory ({})", scale.unit))
-            .x_label_formatter(&|v| tick(*v))
-            .y_label_formatter(&|v| tick(*v))
-            .axis_desc_style(text(LABEL))
-            .label_style(text(TICK))
-            .light_line_style(WHITE)
-            .bold_line_style(GRID)
-            .axis_style(INK)
-            .draw()
-            .or_draw_error()?;
+        draw_memory_mesh(&mut chart, trace.x_desc(), &format!("device memory ({})", scale.unit))?;
 
         // The floor: live requested bytes (the same for every policy unless one ran out).
         if let Some(first) = data.runs.first() {
