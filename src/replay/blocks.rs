@@ -3,7 +3,6 @@
 
 use super::input::{Reader, ReplayInput, Slots, Source, Streamed};
 use super::options::Cancel;
-use crate::error::Error;
 use crate::error::Result;
 use crate::policy::{Allocation, Handle};
 use crate::trace::lifetimes::{AddrMap, LiveBlock};
@@ -13,13 +12,17 @@ use crate::trace::Event;
 /// loaded events ([`Indexed`]), or in a map of the live blocks when the events stream
 /// ([`Keyed`]). Both give the same answers; a block is the policy's address and the request size.
 pub(super) trait Blocks {
+    /// Where [`Blocks::walk`] reads the events: a lookup is built from its source, so that it is
+    /// never handed events it was not built for.
+    type Walk: Copy;
+
     /// True when [`Blocks::walk`] hands `f` every event, numbered from 0, from a reader's own
     /// loop, and does not look at its flag: the engine's closure then looks every
     /// [`Cancel::EVERY`]th event.
     const HANDS_EVERY_EVENT: bool;
 
-    /// Hands `f` the first `limit` events of `input` in order with their index: from memory,
-    /// or from the file when they stream. A method of the lookup so that each build of the
+    /// Hands `f` the first `limit` events of `source` ([`Blocks::source`]) in order with their
+    /// index: from memory, or from the file when they stream. A method of the lookup so that each build of the
     /// engine walks one way only: a closure handed on to the file's reader escapes, and then
     /// every flag it reads is read from memory again after each policy call.
     ///
@@ -31,12 +34,14 @@ pub(super) trait Blocks {
     /// so the loop that calls `f` is the same as without it; a walk that hands every event to
     /// `f` from a file's reader leaves that to `f` ([`Blocks::HANDS_EVERY_EVENT`]).
     fn walk(
-        input: &ReplayInput,
+        source: Self::Walk,
         limit: u64,
         every: bool,
         cancel: &Cancel,
         f: impl FnMut(u64, &Event, u32) -> Result<()>,
     ) -> Result<()>;
+    /// Where this lookup's events come from, for [`Blocks::walk`].
+    fn source(&self) -> Self::Walk;
     /// Live-at-start block `k` was placed as `placed` (`None`: it did not fit).
     fn started(&mut self, k: usize, block: &LiveBlock, placed: Option<Allocation>);
     /// Alloc event `e`, of slot `slot`, reuses the address of a block the replay still holds
@@ -92,14 +97,16 @@ impl Held {
 
 /// [`Blocks`] of loaded events: per [`Slots`] slot, the block there ([`Held::EMPTY`] when none
 /// is live).
-pub(super) struct Indexed {
+pub(super) struct Indexed<'r> {
     table: Vec<Held>,
+    events: &'r [Event],
+    slots: &'r Slots,
 }
 
-impl Indexed {
-    /// The table for `slots`, every slot empty.
-    pub(super) fn new(slots: &Slots) -> Indexed {
-        Indexed { table: vec![Held::EMPTY; slots.count] }
+impl<'r> Indexed<'r> {
+    /// The table for `events` and their `slots`, every slot empty.
+    pub(super) fn new(events: &'r [Event], slots: &'r Slots) -> Indexed<'r> {
+        Indexed { table: vec![Held::EMPTY; slots.count], events, slots }
     }
 
     /// Empties slot `slot` (no flag): what it held.
@@ -131,21 +138,18 @@ fn walk_loaded(
     Ok(())
 }
 
-impl Blocks for Indexed {
+impl<'a> Blocks for Indexed<'a> {
+    type Walk = (&'a [Event], &'a Slots);
     const HANDS_EVERY_EVENT: bool = false;
 
     #[inline(always)]
     fn walk(
-        input: &ReplayInput,
+        (events, slots): Self::Walk,
         limit: u64,
         every: bool,
         cancel: &Cancel,
         mut f: impl FnMut(u64, &Event, u32) -> Result<()>,
     ) -> Result<()> {
-        let Source::Loaded { events, slots } = input.source() else {
-            // The engine pairs slots with loaded events only ([`super::engine`]'s `run`).
-            return Err(Error::input("a slot table cannot follow a streamed replay"));
-        };
         let events = first_events(events, limit);
         let ops = &slots.ops;
         if !every {
@@ -173,6 +177,9 @@ impl Blocks for Indexed {
             }
         }
         Ok(())
+    }
+    fn source(&self) -> Self::Walk {
+        (self.events, self.slots)
     }
     fn started(&mut self, k: usize, block: &LiveBlock, placed: Option<Allocation>) {
         if let Some(entry) = self.table.get_mut(k) {
@@ -212,14 +219,24 @@ impl Blocks for Indexed {
 
 /// [`Blocks`] of streamed events: recorded address → the block the recording holds there
 /// ([`Held::EMPTY`] for one whose alloc failed). Sized by the live blocks, not by the events.
-#[derive(Default)]
-pub(super) struct Keyed(AddrMap<Held>);
+pub(super) struct Keyed<'r, 'a> {
+    live: AddrMap<Held>,
+    input: &'r ReplayInput<'a>,
+}
 
-impl Blocks for Keyed {
+impl<'r, 'a> Keyed<'r, 'a> {
+    /// The map for `input`'s events, empty.
+    pub(super) fn new(input: &'r ReplayInput<'a>) -> Keyed<'r, 'a> {
+        Keyed { live: AddrMap::default(), input }
+    }
+}
+
+impl<'i, 'a> Blocks for Keyed<'i, 'a> {
+    type Walk = &'i ReplayInput<'a>;
     const HANDS_EVERY_EVENT: bool = true;
 
     fn walk(
-        input: &ReplayInput,
+        input: Self::Walk,
         limit: u64,
         _every: bool,
         _cancel: &Cancel,
@@ -239,24 +256,27 @@ impl Blocks for Keyed {
             Source::Loaded { events, .. } => walk_loaded(events, limit, f),
         }
     }
+    fn source(&self) -> Self::Walk {
+        self.input
+    }
     fn started(&mut self, _: usize, block: &LiveBlock, placed: Option<Allocation>) {
-        self.0.insert(block.addr, Held::of(placed, block.size));
+        self.live.insert(block.addr, Held::of(placed, block.size));
     }
     #[inline]
     fn displaced(&mut self, _: u32, e: &Event) -> Option<Held> {
-        self.0.remove(&e.addr).filter(|b| !b.is_empty())
+        self.live.remove(&e.addr).filter(|b| !b.is_empty())
     }
     #[inline]
     fn allocated(&mut self, _: u32, e: &Event, placed: Allocation) {
-        self.0.insert(e.addr, Held::placed(placed, e.size));
+        self.live.insert(e.addr, Held::placed(placed, e.size));
     }
     #[inline]
     fn failed(&mut self, _: u32, e: &Event) {
-        self.0.insert(e.addr, Held::EMPTY);
+        self.live.insert(e.addr, Held::EMPTY);
     }
     #[inline]
     fn freed(&mut self, _: u32, e: &Event) -> Freed {
-        match self.0.remove(&e.addr) {
+        match self.live.remove(&e.addr) {
             None => Freed::Orphan,
             Some(b) if b.is_empty() => Freed::Never,
             Some(b) => Freed::Block(b),

@@ -148,13 +148,13 @@ fn run<P: Policy, B: Backend>(
     let engine = Run { name, input, options };
     match input.source() {
         Source::Streamed(_) => {
-            drive::<_, _, _, _, false>(engine, policy, backend, guide, Keyed::default())
+            drive::<_, _, _, _, false>(engine, policy, backend, guide, Keyed::new(input))
         }
-        Source::Loaded { slots, .. } if is_plain(input, options) => {
-            drive::<_, _, _, _, true>(engine, policy, backend, guide, Indexed::new(slots))
+        Source::Loaded { events, slots } if is_plain(input, options) => {
+            drive::<_, _, _, _, true>(engine, policy, backend, guide, Indexed::new(events, slots))
         }
-        Source::Loaded { slots, .. } => {
-            drive::<_, _, _, _, false>(engine, policy, backend, guide, Indexed::new(slots))
+        Source::Loaded { events, slots } => {
+            drive::<_, _, _, _, false>(engine, policy, backend, guide, Indexed::new(events, slots))
         }
     }
 }
@@ -172,10 +172,10 @@ pub(crate) fn run_guided<P: Policy, B: Backend, G: Guide<P, B>>(
     let engine = Run { name, input, options };
     match input.source() {
         Source::Streamed(_) => {
-            drive::<_, _, _, _, false>(engine, policy, backend, guide, Keyed::default())
+            drive::<_, _, _, _, false>(engine, policy, backend, guide, Keyed::new(input))
         }
-        Source::Loaded { slots, .. } => {
-            drive::<_, _, _, _, false>(engine, policy, backend, guide, Indexed::new(slots))
+        Source::Loaded { events, slots } => {
+            drive::<_, _, _, _, false>(engine, policy, backend, guide, Indexed::new(events, slots))
         }
     }
 }
@@ -327,7 +327,7 @@ fn drive<P: Policy, B: Backend, K: Blocks, G: Guide<P, B>, const PLAIN: bool>(
     // the compiler would otherwise reload these on every event.
     let logging = !PLAIN && backend.observer.log.is_some();
     let check = !PLAIN && options.check_invariants;
-    K::walk(input, last, !PLAIN, &options.cancel, |index, e, slot| {
+    K::walk(blocks.source(), last, !PLAIN, &options.cancel, |index, e, slot| {
         if K::HANDS_EVERY_EVENT && index % Cancel::EVERY as u64 == 0 {
             options.cancel.check()?;
         }
