@@ -237,9 +237,6 @@ fn drive<P: Policy, B: Backend, K: Blocks, G: Guide<P, B>, const PLAIN: bool>(
     }
     policy.prepare(events)?;
     let frees_at = input.frees_at();
-    // An `oom` entry records the rounded size; the recording's allocator padded the request
-    // first where it is torch_npu's, so the request was that much smaller.
-    let oom_pad = crate::policy::pytorch::Flavour::of_trace(input.trace()).pad();
     let cold = guide.starts_cold(options);
     let mut meter = Meter {
         requested: 0,
@@ -398,7 +395,7 @@ fn drive<P: Policy, B: Backend, K: Blocks, G: Guide<P, B>, const PLAIN: bool>(
                 Action::Oom if e.size > 0 => {
                     // Routed as any request: to the pool it names, or the default pools.
                     guide.before_request(index, e, &mut policy, &mut backend).map_err(at)?;
-                    let request = if e.size > oom_pad { e.size - oom_pad } else { e.size };
+                    let request = input.oom_request(e.size);
                     let placed =
                         malloc_cold(&mut policy, &mut backend, request, e.stream).map_err(at)?;
                     let addr = placed.map(|a| a.addr);

@@ -92,11 +92,7 @@ impl<'r> Recorded<'r> {
     pub(super) fn new(input: &'r ReplayInput, options: &ReplayOptions) -> Recorded<'r> {
         Recorded {
             calls: input.empty_cache_at(),
-            undecided: Undecided {
-                runs: input.undecided_flushes(),
-                next: 0,
-                oom_pad: crate::policy::pytorch::Flavour::of_trace(input.trace()).pad(),
-            },
+            undecided: Undecided { runs: input.undecided_flushes(), next: 0, input },
             drop_recorded: options.empty_cache.drop_recorded,
             routes: input.pool_routes().cloned(),
             flush_run_to: u64::MAX - 1,
@@ -169,10 +165,9 @@ impl<P: Policy, B: Backend> Guide<P, B> for Recorded<'_> {
 struct Undecided<'r> {
     runs: &'r [Retried],
     next: usize,
-    /// What the recording's allocator added to a request before rounding it
-    /// ([`Flavour::pad`](crate::policy::pytorch::Flavour::pad)): a failed request's `oom` entry
-    /// records the rounded size, and the request behind it is that much smaller.
-    oom_pad: u64,
+    /// The recording (a failed request's `oom` entry records more than was asked,
+    /// [`ReplayInput::oom_request`]).
+    input: &'r ReplayInput<'r>,
 }
 
 impl Undecided<'_> {
@@ -186,10 +181,7 @@ impl Undecided<'_> {
         }
         match self.runs.get(self.next) {
             Some(r) if r.event == index => {
-                let size = match r.failed {
-                    true if r.size > self.oom_pad => r.size - self.oom_pad,
-                    _ => r.size,
-                };
+                let size = if r.failed { self.input.oom_request(r.size) } else { r.size };
                 policy.would_serve_from_cache(size, r.stream) == Some(true)
             }
             _ => false,

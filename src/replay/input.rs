@@ -49,6 +49,10 @@ pub struct ReplayInput<'a> {
     /// peak through and so bounds the GPU's memory from below
     /// ([`Config::least_gpu_memory_for`](crate::policy::pytorch::Config::least_gpu_memory_for)).
     recorded_peak_reserved: Option<u64>,
+    /// What the recording's allocator added to each request before rounding it
+    /// ([`Flavour::pad`](crate::policy::pytorch::Flavour::pad)): a failed request's `oom` entry
+    /// records the rounded size, and the request behind it is that much smaller.
+    oom_pad: u64,
 }
 
 /// Where a replay's events come from: one list in memory, or a file read record by record.
@@ -233,6 +237,7 @@ impl<'a> ReplayInput<'a> {
                 .then(|| crate::recorded::recorded(trace, device))
                 .flatten()
                 .map(|r| r.peak_reserved_bytes),
+            oom_pad: oom_pad(trace),
         })
     }
 
@@ -309,7 +314,19 @@ impl<'a> ReplayInput<'a> {
             frees_at,
             lifetimes,
             recorded_peak_reserved,
+            oom_pad: oom_pad(trace),
         })
+    }
+
+    /// The request behind a recorded `oom` entry of `size` bytes: the entry records the request
+    /// as the recording's allocator padded and rounded it, and some allocators pad
+    /// ([`Flavour::pad`](crate::policy::pytorch::Flavour::pad)).
+    pub fn oom_request(&self, size: u64) -> u64 {
+        if size > self.oom_pad {
+            size - self.oom_pad
+        } else {
+            size
+        }
     }
 
     /// The trace the events come from (policies read its segments and recorded settings).
@@ -420,8 +437,14 @@ impl<'a> ReplayInput<'a> {
             frees_at: self.frees_at,
             lifetimes: self.lifetimes.clone(),
             recorded_peak_reserved: self.recorded_peak_reserved,
+            oom_pad: self.oom_pad,
         }
     }
+}
+
+/// What the allocator that recorded `trace` added to each request before rounding it.
+fn oom_pad(trace: &Trace) -> u64 {
+    crate::policy::pytorch::Flavour::of_trace(trace).pad()
 }
 
 /// Whether `trace`'s recorded allocator settings set a `per_process_memory_fraction`.
