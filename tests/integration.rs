@@ -2,6 +2,7 @@
 
 mod util;
 
+mod answers;
 mod architecture;
 mod bad_input;
 mod blame;

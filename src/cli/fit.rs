@@ -83,6 +83,9 @@ struct FitReport {
     trace: String,
     device: i32,
     outside_bytes: u64,
+    /// True for host memory (device -1, a CPU profiler trace): no GPU card holds it, so every
+    /// result's `cards` is empty.
+    host_memory: bool,
     results: Vec<PolicyFit>,
 }
 
@@ -108,6 +111,8 @@ fn fit_one(
     outside: u64,
     cancel: &Cancel,
 ) -> Result<PolicyFit> {
+    // Host memory (device -1) is no GPU's: no card applies to it.
+    let host = input.device() < 0;
     let free = replay(spec, input, None, cancel)?;
     let options = FitOptions {
         upper_hint: free.peak_reserved_bytes.max(1),
@@ -122,6 +127,7 @@ fn fit_one(
         .map_err(|e| Error::new(e.kind(), format!("{}: {}", spec.display(), e.message())))?;
     let cards = fit::cards_fit(found.min_capacity_bytes, outside)
         .into_iter()
+        .filter(|_| !host)
         .map(|(c, fits_size)| CardFit {
             card: c.label,
             bytes: c.bytes,
@@ -168,6 +174,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         trace: args.trace.display().to_string(),
         device: input.device(),
         outside_bytes: args.outside,
+        host_memory: input.device() < 0,
         results,
     };
     super::print_as(&mut *io.out, args.format.format(), &report, csv, table)?;
@@ -188,6 +195,10 @@ fn csv(report: &FitReport) -> String {
             r.fit.exact,
             report.outside_bytes
         );
+        if r.cards.is_empty() {
+            // Host memory: the least capacity, and no card.
+            s += &format!("{head},,,\n");
+        }
         for c in &r.cards {
             s += &format!("{head},{},{},{}\n", field(c.card), c.bytes, c.fits);
             for n in &c.named {
@@ -206,11 +217,20 @@ fn table(report: &FitReport) -> String {
         "fit: {} (device {}): the least device memory each policy replays in without an OOM",
         report.trace, report.device
     );
-    let _ = writeln!(
-        s,
-        "cards: {} outside the allocator (--outside) is added; \"N GB\" boards hold N GiB",
-        format_bytes(report.outside_bytes)
-    );
+    if report.host_memory {
+        let _ = writeln!(
+            s,
+            "cards: none apply: device {} is host memory (a CPU profiler trace), which no GPU card \
+             holds; the needs below are host memory",
+            report.device
+        );
+    } else {
+        let _ = writeln!(
+            s,
+            "cards: {} outside the allocator (--outside) is added; \"N GB\" boards hold N GiB",
+            format_bytes(report.outside_bytes)
+        );
+    }
     for r in &report.results {
         let f = &r.fit;
         let exact = if f.exact { "exact" } else { "to 2 MiB" };
@@ -223,7 +243,10 @@ fn table(report: &FitReport) -> String {
             f.probes,
             if f.probes == 1 { "" } else { "s" }
         );
-        let _ = writeln!(s, "  {}", fit::cards_line(f.min_capacity_bytes, report.outside_bytes));
+        if !report.host_memory {
+            let _ =
+                writeln!(s, "  {}", fit::cards_line(f.min_capacity_bytes, report.outside_bytes));
+        }
         // A size that holds the run while a card sold at that size does not: the trap of
         // nominal sizes, said per card.
         let short: Vec<String> = r

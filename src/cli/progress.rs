@@ -116,10 +116,25 @@ impl Control {
         options: &ReplayOptions,
         bar: &Bar,
     ) -> Result<Vec<Vec<PolicyResult>>> {
+        Ok(self.replay_traces_on(io, traces, device, specs, options, bar)?.0)
+    }
+
+    /// [`Control::replay_traces`], with the device each trace was replayed on (in trace order):
+    /// a caller tells host memory (device -1) from a GPU's by it.
+    pub fn replay_traces_on(
+        &self,
+        io: &mut Io,
+        traces: &[PathBuf],
+        device: Option<i32>,
+        specs: &[PolicySpec],
+        options: &ReplayOptions,
+        bar: &Bar,
+    ) -> Result<(Vec<Vec<PolicyResult>>, Vec<i32>)> {
         let tick = bar.tick();
         let jobs = self.jobs_for(io, specs.len());
         let settings = RunSettings { jobs, progress: Some(&tick), ..Default::default() };
         let mut out = Vec::with_capacity(traces.len());
+        let mut devices = Vec::with_capacity(traces.len());
         for path in traces {
             let trace = self.read_trace(io, path)?;
             super::note_unmodelled_options(self, io, &trace, specs);
@@ -129,8 +144,9 @@ impl Control {
             let mut runs = run_specs(specs, &input, options, &settings).map_err(&named)?.runs;
             runs.sort_by_key(|r| r.index);
             out.push(runs.into_iter().map(|r| r.output.result).collect());
+            devices.push(input.device());
         }
-        Ok(out)
+        Ok((out, devices))
     }
 
     /// Runs `f`, which works through `tasks` items, where rayon's parallel iterators use at most

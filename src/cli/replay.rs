@@ -225,6 +225,16 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
             }
             write!(stdout, "{}", table::render_with_recorded(&results, recorded_row.as_ref()))
                 .map_err(io)?;
+            if input.device() < 0 && recorded_row.is_some() {
+                writeln!(
+                    stdout,
+                    "\nhost memory (device {}): the CPU allocator keeps no cache and the profiler \
+                     records 0 reserved bytes, so the recorded row's reserved bytes are the bytes \
+                     it had allocated",
+                    input.device()
+                )
+                .map_err(io)?;
+            }
             if let Some(lines) = whatif {
                 write!(stdout, "\n{lines}").map_err(io)?;
             }

@@ -132,8 +132,8 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let names = &names[mine];
     let options = ReplayOptions { capacity, cancel: io.cancel.clone(), ..ReplayOptions::default() };
     let bar = args.control.bar(io, specs.len() * traces_given.len(), "sweeping");
-    let results =
-        args.control.replay_traces(io, &traces_given, args.device, specs, &options, &bar)?;
+    let (results, devices) =
+        args.control.replay_traces_on(io, &traces_given, args.device, specs, &options, &bar)?;
     bar.finish();
 
     let traces: Vec<String> = traces_given.iter().map(|t| t.display().to_string()).collect();
@@ -147,6 +147,10 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let mut report = sweep::report(traces, &args.objective, rows, Some(REFERENCE))?;
     report.grid = Some(grid_id);
     report.shard = shard;
+    // A CPU profiler trace's host memory: CUDA's allocator settings do not apply to it.
+    if !devices.is_empty() && devices.iter().all(|d| *d < 0) {
+        report = report.on_host();
+    }
     match &args.out {
         Some(path) => {
             // What `merge` checks each part against: the whole grid and what its hash covers.
@@ -263,6 +267,13 @@ fn table(report: &SweepReport) -> String {
     match &best.env {
         Some(env) => {
             let _ = writeln!(s, "{env}");
+        }
+        None if report.host_memory => {
+            let _ = writeln!(
+                s,
+                "(host memory, device -1: CUDA allocator settings do not apply to it, so there is \
+                 no PYTORCH_CUDA_ALLOC_CONF to set; the ranking says how each policy would hold it)"
+            );
         }
         None if best.policy.starts_with("pytorch") => {
             let _ = writeln!(s, "(the recorded settings differ per trace: no single export line)");

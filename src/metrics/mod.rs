@@ -44,6 +44,31 @@ pub struct PolicyResult {
     pub oom: bool,
     /// Index of the first event that could not be served.
     pub first_oom_event: Option<u64>,
+    /// True when reserved memory peaked at the start state, before the first event: a warm
+    /// snapshot's recovered cache (its final segments less the trace's segment events) is often
+    /// the most it ever held, and `fragmentation_at_peak` then measures that cache, not a moment
+    /// the program needed memory ([`PolicyResult::fragmentation_at_peak_allocated`] does).
+    #[serde(default)]
+    pub peak_at_start: bool,
+    /// Index of the event after which allocated bytes first reached their peak (0 for the start
+    /// state): the moment [`PolicyResult::fragmentation_at_peak_allocated`] is read.
+    #[serde(default)]
+    pub peak_allocated_event: u64,
+    /// 1 − allocated ÷ reserved at the first moment allocated (live) bytes reached their peak:
+    /// what the cache wasted when the program held the most, which the table shows
+    /// (`frag@live peak`). 0 when nothing was allocated.
+    #[serde(default)]
+    pub fragmentation_at_peak_allocated: f64,
+    /// Of [`PolicyResult::device_malloc_count`], the segment allocations that placed the state
+    /// before the first event (the blocks live at the start and the cache recovered with them):
+    /// a replay counts them, the recording never recorded them (`recorded`'s own
+    /// `start_malloc_count` counts the segments it held then).
+    #[serde(default)]
+    pub start_malloc_count: u64,
+    /// Of [`PolicyResult::map_count`], the page mappings that placed the state before the first
+    /// event.
+    #[serde(default)]
+    pub start_map_count: u64,
     /// Wall-clock seconds the replay took.
     pub replay_seconds: f64,
     /// Of [`PolicyResult::replay_seconds`], the seconds a planner (`offline`) spent planning

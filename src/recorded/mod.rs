@@ -9,7 +9,10 @@
 //!   reserved over time follows exactly; request sizes (live-at-start blocks plus `alloc`/free
 //!   events) give requested bytes. Block sizes are not recorded, so allocated bytes are unknown;
 //! - a Kineto trace records the allocator's `Total Allocated` and `Total Reserved` after every
-//!   `[memory]` event ([`Trace::recorded_totals`]); requests and segment calls are unknown.
+//!   `[memory]` event ([`Trace::recorded_totals`]); requests and segment calls are unknown. Host
+//!   memory (device -1, a CPU profiler trace) records `Total Reserved` 0 throughout: c10's CPU
+//!   allocator keeps no cache, so what it held is what it had allocated, and that is its
+//!   reserved line ([`host_reserves_what_it_allocates`]).
 //!
 //! [`recorded`] gathers these as a [`Recorded`]; [`Recorded::row`] shapes them as a
 //! [`RecordedRow`], the `replay --json` keys of [`PolicyResult`] with `null` for what the file
@@ -67,6 +70,19 @@ pub struct Recorded {
     /// Segment and page events, where the file records them: `segment_alloc`, `segment_free`,
     /// `segment_map`, `segment_unmap` counts.
     pub segment_counts: Option<[u64; 4]>,
+    /// The segments (`cudaMalloc`s, not expandable ranges) held before the first event, where
+    /// the file tells: the final ones less those the segment events allocated, plus those they
+    /// freed. A replay allocates them too when it places the start state.
+    pub segments_at_start: Option<u64>,
+    /// The page mappings held before the first event, where the file tells: 0 without
+    /// expandable segments, unknown (`None`) with them (their mapped ranges are recorded, not
+    /// the calls that mapped them).
+    pub maps_at_start: Option<u64>,
+    /// The event after which allocated bytes first reached their peak (`None` for the state
+    /// before the first event), where allocated bytes are recorded.
+    pub peak_allocated_event: Option<u64>,
+    /// Reserved bytes at that moment, where recorded.
+    pub reserved_at_peak_allocated_bytes: Option<u64>,
     /// Recorded `oom` entries.
     pub oom_count: u64,
     /// The index of the first `oom` entry.
@@ -114,6 +130,22 @@ pub struct RecordedRow {
     pub peak_event: Option<u64>,
     /// Always `None`: nothing was replayed.
     pub replay_seconds: Option<f64>,
+    /// See [`PolicyResult::peak_at_start`]: whether the recorded reserved memory was at its
+    /// peak before the first event.
+    pub peak_at_start: Option<bool>,
+    /// See [`PolicyResult::peak_allocated_event`], where allocated bytes are recorded (Kineto).
+    pub peak_allocated_event: Option<u64>,
+    /// See [`PolicyResult::fragmentation_at_peak_allocated`], where allocated bytes are
+    /// recorded (Kineto).
+    pub fragmentation_at_peak_allocated: Option<f64>,
+    /// The segments the recorded run held before the first event (a snapshot's recovered
+    /// cache), which its `device_malloc_count` (the recorded `segment_alloc` events) leaves out
+    /// while a replay's counts them: `device_malloc_count + start_malloc_count` is what to set
+    /// beside a replay's `device_malloc_count`, and the table's `mallocs` shows that sum.
+    pub start_malloc_count: Option<u64>,
+    /// The page mappings held before the first event; `None` where the file cannot tell them
+    /// (an expandable segment's mapped range is recorded, not the calls that mapped it).
+    pub start_map_count: Option<u64>,
 }
 
 impl RecordedRow {
@@ -140,6 +172,11 @@ impl RecordedRow {
             first_oom: None,
             cuda: None,
             peak_event: self.peak_event.unwrap_or(0),
+            peak_at_start: self.peak_at_start.unwrap_or(false),
+            peak_allocated_event: self.peak_allocated_event.unwrap_or(0),
+            fragmentation_at_peak_allocated: self.fragmentation_at_peak_allocated.unwrap_or(0.0),
+            start_malloc_count: self.start_malloc_count.unwrap_or(0),
+            start_map_count: self.start_map_count.unwrap_or(0),
         }
     }
 
@@ -275,6 +312,12 @@ fn from_snapshot(trace: &Trace, device: i32, events: &[Event]) -> Recorded {
         start = -lowest;
     }
     let start = start as u64;
+    let held = |expandable: bool| {
+        trace.segments_of(device).filter(|s| s.is_expandable == expandable).count() as i128
+    };
+    let segments_at_start = (held(false) - counts[0] as i128 + counts[1] as i128).max(0) as u64;
+    // Expandable ranges are recorded, not the map calls that made them: none, or unknown.
+    let maps_known = held(true) == 0 && counts[2] == 0 && counts[3] == 0;
     let mut reserved = start as i128;
     let reserved_after = events
         .iter()
@@ -299,6 +342,10 @@ fn from_snapshot(trace: &Trace, device: i32, events: &[Event]) -> Recorded {
         allocated_at_peak_bytes: None,
         peak_requested_bytes: Some(peak_requested(trace, device, events)),
         segment_counts: Some(counts),
+        segments_at_start: Some(segments_at_start),
+        maps_at_start: maps_known.then_some(0),
+        peak_allocated_event: None,
+        reserved_at_peak_allocated_bytes: None,
         oom_count,
         first_oom_event,
         warnings,
@@ -360,15 +407,20 @@ fn from_totals(
     totals: &[crate::trace::RecordedTotals],
 ) -> Recorded {
     let start = kineto_start::start_state(trace, device);
-    let reserved_at_start_bytes = start.as_ref().map_or(0, |s| s.reserved_bytes);
     let live_before = start.as_ref().map_or(0, |s| s.live_bytes);
+    let host = host_reserves_what_it_allocates(device, totals);
+    let reserved_at_start_bytes =
+        if host { live_before } else { start.as_ref().map_or(0, |s| s.reserved_bytes) };
     let peak_allocated = totals.iter().map(|t| t.allocated).max().unwrap_or(0).max(live_before);
     let oom_count = events.iter().filter(|e| e.action == Action::Oom).count() as u64;
     let mut r = Recorded {
         device,
         source: Source::KinetoTotals,
         reserved_at_start_bytes,
-        reserved_after: totals.iter().map(|t| t.reserved).collect(),
+        reserved_after: totals
+            .iter()
+            .map(|t| if host { t.allocated } else { t.reserved })
+            .collect(),
         peak_reserved_bytes: 0,
         peak_reserved_event: None,
         reserved_at_end_bytes: 0,
@@ -376,6 +428,10 @@ fn from_totals(
         allocated_at_peak_bytes: None,
         peak_requested_bytes: None,
         segment_counts: None,
+        segments_at_start: None,
+        maps_at_start: None,
+        peak_allocated_event: None,
+        reserved_at_peak_allocated_bytes: None,
         oom_count,
         first_oom_event: events.iter().position(|e| e.action == Action::Oom).map(|i| i as u64),
         warnings: start.map(|s| s.warnings).unwrap_or_default(),
@@ -385,7 +441,27 @@ fn from_totals(
         Some(i) => totals[i as usize].allocated,
         None => live_before,
     });
+    // The first moment allocated bytes peak: the start state unless an event goes above it.
+    let mut at = (None, r.reserved_at_start_bytes);
+    let mut most = live_before;
+    for (i, (t, &reserved)) in totals.iter().zip(&r.reserved_after).enumerate() {
+        if t.allocated > most {
+            (most, at) = (t.allocated, (Some(i as u64), reserved));
+        }
+    }
+    (r.peak_allocated_event, r.reserved_at_peak_allocated_bytes) = (at.0, Some(at.1));
     r
+}
+
+/// True when `device` is host memory whose recorded `Total Reserved` is 0 at every event while
+/// it allocates: the profiler's CPU allocator (c10's) keeps no cache and reports no reserved
+/// bytes, so the memory it held is its `Total Allocated` at each moment. A GPU's reserved bytes
+/// are always its own.
+pub fn host_reserves_what_it_allocates(
+    device: i32,
+    totals: &[crate::trace::RecordedTotals],
+) -> bool {
+    device < 0 && totals.iter().all(|t| t.reserved == 0) && totals.iter().any(|t| t.allocated > 0)
 }
 
 impl Recorded {
@@ -443,6 +519,16 @@ impl Recorded {
             first_oom_event: self.first_oom_event,
             peak_event: Some(self.peak_reserved_event.unwrap_or(0)),
             replay_seconds: None,
+            peak_at_start: Some(self.peak_reserved_event.is_none() && self.peak_reserved_bytes > 0),
+            peak_allocated_event: self
+                .reserved_at_peak_allocated_bytes
+                .map(|_| self.peak_allocated_event.unwrap_or(0)),
+            fragmentation_at_peak_allocated: self
+                .peak_allocated_bytes
+                .zip(self.reserved_at_peak_allocated_bytes)
+                .map(|(a, r)| if r == 0 { 0.0 } else { (1.0 - a as f64 / r as f64).max(0.0) }),
+            start_malloc_count: self.segments_at_start,
+            start_map_count: self.maps_at_start,
         }
     }
 

@@ -246,6 +246,7 @@ fn drive<P: Policy, B: Backend, K: Blocks, G: Guide<P, B>, const PLAIN: bool>(
         detail: PeakDetail { events: count, ..PeakDetail::default() },
         series: options.keep_series.then(|| Series::with_budget(options.series_budget)),
         last: (u64::MAX, 0, 0),
+        moments: Default::default(),
     };
     let mut first_oom: Option<OomDetail> = None;
     // What PyTorch's OOM message says about the moment a request failed.
@@ -314,9 +315,9 @@ fn drive<P: Policy, B: Backend, K: Blocks, G: Guide<P, B>, const PLAIN: bool>(
             }
         }
     }
-    if !input.live_at_start().is_empty() {
-        meter.observe(0, start_time, backend.reserved(), policy.allocated());
-    }
+    let levels =
+        (!input.live_at_start().is_empty()).then(|| (backend.reserved(), policy.allocated()));
+    meter.observe_start(&backend.observer, start_time, levels);
 
     let last = options.stop_after.map_or(count, |s| s.saturating_add(1).min(count));
     let mut added_calls = options.empty_cache.added_calls();
@@ -489,7 +490,7 @@ fn drive<P: Policy, B: Backend, K: Blocks, G: Guide<P, B>, const PLAIN: bool>(
     } else {
         1.0 - meter.detail.allocated_at_peak_bytes as f64 / meter.peak_reserved as f64
     };
-    let result = PolicyResult {
+    let mut result = PolicyResult {
         policy: name.to_string(),
         config: policy.config(),
         peak_reserved_bytes: meter.peak_reserved,
@@ -509,7 +510,9 @@ fn drive<P: Policy, B: Backend, K: Blocks, G: Guide<P, B>, const PLAIN: bool>(
         planning_seconds: policy.planning_seconds(),
         first_oom,
         cuda: None,
+        ..PolicyResult::default()
     };
+    meter.moments.fill(&mut result);
     Ok(ReplayOutput {
         result,
         detail: meter.detail,

@@ -57,9 +57,56 @@ pub(super) struct Meter {
     pub(super) detail: PeakDetail,
     pub(super) series: Option<Series>,
     pub(super) last: (u64, u64, u64),
+    /// The moments beyond the reserved peak: see [`Moments`].
+    pub(super) moments: Moments,
+}
+
+/// What a replay notes beside its peaks: whether the reserved peak is the start state, the
+/// moment allocated bytes peak and the reserved bytes then, and the device calls that placed the
+/// start state. Filled by [`Meter`]; [`Moments::fill`] writes it into a result.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Moments {
+    /// The reserved peak is the state before the first event.
+    peak_at_start: bool,
+    /// The event after which allocated bytes first reached their peak.
+    peak_allocated_event: u64,
+    /// Reserved bytes at that moment.
+    reserved_at_peak_allocated: u64,
+    /// Segment allocations and page mappings made placing the start state.
+    start_calls: (u64, u64),
+}
+
+impl Moments {
+    /// Writes these into `result`, whose peaks are already set.
+    pub(super) fn fill(&self, result: &mut crate::metrics::PolicyResult) {
+        result.peak_at_start = self.peak_at_start;
+        result.peak_allocated_event = self.peak_allocated_event;
+        result.fragmentation_at_peak_allocated = if self.reserved_at_peak_allocated == 0 {
+            0.0
+        } else {
+            1.0 - result.peak_allocated_bytes as f64 / self.reserved_at_peak_allocated as f64
+        };
+        (result.start_malloc_count, result.start_map_count) = self.start_calls;
+    }
 }
 
 impl Meter {
+    /// Takes the state before the first event, once the start state is placed: the device
+    /// calls `metered` made placing it, and its `(reserved, allocated)` levels when there is a
+    /// start state to observe (as [`Meter::observe`] at event 0).
+    pub(super) fn observe_start(
+        &mut self,
+        metered: &Metered,
+        time_us: i64,
+        levels: Option<(u64, u64)>,
+    ) {
+        self.moments.start_calls = (metered.mallocs, metered.maps);
+        if let Some((reserved, allocated)) = levels {
+            self.observe(0, time_us, reserved, allocated);
+            self.moments.peak_at_start = reserved > 0 && self.peak_reserved == reserved;
+        }
+    }
+
     /// Takes the levels after `event`: the peaks, and a point of the series if one is kept.
     #[inline]
     pub(super) fn observe(&mut self, event: u64, time_us: i64, reserved: u64, allocated: u64) {
@@ -71,7 +118,11 @@ impl Meter {
     #[inline(always)]
     pub(super) fn peaks(&mut self, event: u64, time_us: i64, reserved: u64, allocated: u64) {
         self.reserved_peak(event, time_us, reserved, allocated);
-        self.peak_allocated = self.peak_allocated.max(allocated);
+        if allocated > self.peak_allocated {
+            self.peak_allocated = allocated;
+            self.moments.peak_allocated_event = event;
+            self.moments.reserved_at_peak_allocated = reserved;
+        }
         self.peak_requested = self.peak_requested.max(self.requested);
     }
 
@@ -87,6 +138,7 @@ impl Meter {
     ) {
         if reserved > self.peak_reserved {
             self.peak_reserved = reserved;
+            self.moments.peak_at_start = false;
             self.detail.peak_reserved_event = event;
             self.detail.peak_reserved_time_us = time_us;
             self.detail.allocated_at_peak_bytes = allocated;

@@ -177,7 +177,9 @@ column!(
     MALLOCS,
     "mallocs",
     "mallocs",
-    "segment allocations plus page mappings (device_malloc_count + map_count)",
+    "segment allocations plus page mappings (device_malloc_count + map_count), those that \
+     placed the start state included (for the recorded run: the segments it held before the \
+     first event, plus the recorded ones)",
     |r| Cell::Count(r.result.device_malloc_count + r.result.map_count)
 );
 column!(
@@ -188,6 +190,42 @@ column!(
     |r| Cell::Count(r.result.device_free_count + r.result.unmap_count)
 );
 column!(
+    PEAK_AT_START,
+    "peak_at_start",
+    "peak at start",
+    "whether reserved memory peaked at the start state, before the first event",
+    |r| Cell::Flag(r.result.peak_at_start)
+);
+column!(
+    PEAK_ALLOCATED_EVENT,
+    "peak_allocated_event",
+    "live peak at",
+    "index of the event after which allocated bytes first reached their peak",
+    |r| Cell::Event(Some(r.result.peak_allocated_event))
+);
+column!(
+    FRAGMENTATION_AT_LIVE_PEAK,
+    "fragmentation_at_peak_allocated",
+    "frag@live peak",
+    "1 − allocated ÷ reserved when allocated (live) bytes peak: what the cache wasted when the \
+     program held the most",
+    |r| Cell::Ratio(r.result.fragmentation_at_peak_allocated)
+);
+column!(
+    START_MALLOCS,
+    "start_malloc_count",
+    "start cudaMalloc",
+    "segment allocations that placed the state before the first event",
+    |r| Cell::Count(r.result.start_malloc_count)
+);
+column!(
+    START_MAPS,
+    "start_map_count",
+    "start maps",
+    "page mappings that placed the state before the first event",
+    |r| Cell::Count(r.result.start_map_count)
+);
+column!(
     OVER_BOUND,
     "over_bound",
     "over bound",
@@ -196,7 +234,7 @@ column!(
 );
 
 /// Every key of a [`PolicyResult`], in the order `replay --json` writes them: the CSV columns.
-pub static RESULT: [&Column; 16] = [
+pub static RESULT: [&Column; 21] = [
     &POLICY,
     &CONFIG,
     &PEAK_RESERVED,
@@ -212,16 +250,23 @@ pub static RESULT: [&Column; 16] = [
     &ALLOC_RETRIES,
     &OOM,
     &FIRST_OOM,
+    &PEAK_AT_START,
+    &PEAK_ALLOCATED_EVENT,
+    &FRAGMENTATION_AT_LIVE_PEAK,
+    &START_MALLOCS,
+    &START_MAPS,
     &REPLAY_SECONDS,
 ];
 
-/// The columns a person reads first: the terminal table, Markdown and HTML summaries.
+/// The columns a person reads first: the terminal table, Markdown and HTML summaries. Its
+/// fragmentation is read when live bytes peak ([`FRAGMENTATION_AT_LIVE_PEAK`]): what the cache
+/// wasted when it mattered, where the reserved peak may be a warm snapshot's recovered cache.
 pub static SUMMARY: [&Column; 9] = [
     &POLICY,
     &PEAK_RESERVED,
     &PEAK_ALLOCATED,
     &PEAK_REQUESTED,
-    &FRAGMENTATION,
+    &FRAGMENTATION_AT_LIVE_PEAK,
     &MALLOCS,
     &FREES,
     &OVER_BOUND,
@@ -326,13 +371,23 @@ pub fn recorded_cells(
 ) -> Vec<Cell> {
     let result = recorded.to_policy_result();
     let row = Row { result: &result, bound: bound_of(results) };
+    // A replay's mallocs count the start state's; the recording's the same way: the segments it
+    // held before the first event, which it never recorded allocating, are added.
+    let counted = PolicyResult {
+        device_malloc_count: result.device_malloc_count + result.start_malloc_count,
+        map_count: result.map_count + result.start_map_count,
+        ..result.clone()
+    };
+    let counted = Row { result: &counted, ..row };
     let json = serde_json::to_value(recorded).unwrap_or_default();
     let known = |key: &str| json.get(key).is_none_or(|v| !v.is_null());
     columns
         .iter()
         .map(|c| {
             let sources: &[&str] = match c.key {
-                "mallocs" => &["device_malloc_count", "map_count"],
+                "mallocs" => {
+                    &["device_malloc_count", "map_count", "start_malloc_count", "start_map_count"]
+                }
                 "frees" => &["device_free_count", "unmap_count"],
                 "over_bound" => &["peak_reserved_bytes"],
                 "replay_seconds" => &["replay_seconds"],
@@ -340,6 +395,7 @@ pub fn recorded_cells(
             };
             match (c.key, sources.iter().all(|k| known(k))) {
                 ("first_oom_event", true) if recorded.oom.is_none() => Cell::Unknown,
+                ("mallocs", true) => (c.value)(&counted),
                 (_, true) => (c.value)(&row),
                 (_, false) => Cell::Unknown,
             }
@@ -418,7 +474,8 @@ mod tests {
         let r = PolicyResult {
             policy: "buddy".into(),
             peak_reserved_bytes: 3 << 30,
-            fragmentation_at_peak: 0.25,
+            fragmentation_at_peak: 0.5,
+            fragmentation_at_peak_allocated: 0.25,
             device_malloc_count: 4,
             map_count: 6,
             first_oom_event: Some(812),

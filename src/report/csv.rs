@@ -74,6 +74,6 @@ mod tests {
         let text = String::from_utf8(out).unwrap();
         let row = text.lines().nth(1).unwrap();
         assert!(row.starts_with("pytorch,\"a:1,b:\"\"2\"\"\",2097152,0,0,0,0.0,"), "{row}");
-        assert!(row.ends_with(",false,,0.0"), "{row}");
+        assert!(row.ends_with(",false,,false,0,0.0,0,0,0.0"), "{row}");
     }
 }

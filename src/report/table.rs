@@ -69,8 +69,37 @@ pub fn render_with_recorded(results: &[PolicyResult], recorded: Option<&Recorded
     for row in &text {
         line(&mut out, &row.iter().map(String::as_str).collect::<Vec<_>>());
     }
+    out += &start_peak_line(results, recorded);
     out += &oom_lines(results);
     out
+}
+
+/// Under the table, when some run's reserved memory peaked at the start state (a warm
+/// snapshot's recovered cache, before the first event): one line naming those runs, since their
+/// peak is no moment the program asked for memory, and saying that `frag@live peak` reads the
+/// cache when live bytes peaked. Empty when no run peaked at its start.
+pub fn start_peak_line(results: &[PolicyResult], recorded: Option<&RecordedRow>) -> String {
+    let mut names: Vec<String> = recorded
+        .filter(|r| r.peak_at_start == Some(true))
+        .map(|r| r.policy.clone())
+        .into_iter()
+        .collect();
+    names.extend(
+        results
+            .iter()
+            .zip(columns::labels(results))
+            .filter(|(r, _)| r.peak_at_start && r.first_oom_event.is_none())
+            .map(|(_, label)| label),
+    );
+    if names.is_empty() {
+        return String::new();
+    }
+    format!(
+        "\npeak at start: {}: peak reserved is the state before the first event (the cache \
+         recovered from the recording), not a moment the program asked for memory; frag@live \
+         peak is read when live bytes peaked\n",
+        names.join(", ")
+    )
 }
 
 /// The most stack frames an OOM line shows (innermost first).
@@ -120,11 +149,11 @@ mod tests {
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(
             lines[0],
-            "policy   peak reserved  peak allocated  peak requested  frag@peak  mallocs  frees  over bound  oom"
+            "policy   peak reserved  peak allocated  peak requested  frag@live peak  mallocs  frees  over bound  oom"
         );
         assert_eq!(
             lines[2],
-            "nocache       6.00 KiB         0 bytes         0 bytes       0.0%        3      0      +50.0%   no"
+            "nocache       6.00 KiB         0 bytes         0 bytes            0.0%        3      0      +50.0%   no"
         );
         assert!(lines.iter().all(|l| l.chars().count() == lines[0].chars().count()));
     }

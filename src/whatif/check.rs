@@ -19,8 +19,10 @@
 //! error (exit 2) naming every one missing; baseline rows nothing matched are ignored, so a job
 //! may check a subset.
 //!
-//! **Metrics.** Every numeric or boolean key of the baseline row except the timings and
-//! `first_oom_event` (an event index, not an amount), unless the caller names the metrics. Higher
+//! **Metrics.** Every numeric or boolean key of the baseline row except the timings, the event
+//! indices (`first_oom_event`, `peak_event`, `peak_allocated_event`: where something happened,
+//! not an amount that can get better or worse) and `peak_at_start` (which moment the peak was),
+//! unless the caller names the metrics. Higher
 //! is worse for all of them (bytes, counts, fragmentation; `oom` true is worse than false). A
 //! value above `baseline × (1 + tolerance)` is a regression, below `baseline × (1 − tolerance)` an
 //! improvement; `change` is `now ÷ baseline − 1` (0.1 = 10% more), `null` when the baseline is 0
@@ -36,8 +38,16 @@ use std::path::Path;
 pub const BASELINE_FORMAT: &str = "fragsim-baseline";
 /// The baseline file version this code writes and reads.
 pub const BASELINE_VERSION: u32 = 1;
-/// Keys never compared: the wall-clock [`TIMINGS`] and an event index.
-pub const NOT_COMPARED: &[&str] = &["replay_seconds", "planning_seconds", "first_oom_event"];
+/// Keys never compared: the wall-clock [`TIMINGS`], the event indices and which moment the peak
+/// was: none of them is an amount that improves or regresses.
+pub const NOT_COMPARED: &[&str] = &[
+    "replay_seconds",
+    "planning_seconds",
+    "first_oom_event",
+    "peak_event",
+    "peak_allocated_event",
+    "peak_at_start",
+];
 /// The result keys that are timings, which differ from run to run: a baseline leaves them out.
 pub const TIMINGS: &[&str] = NOT_COMPARED.split_at(2).0;
 
@@ -304,21 +314,58 @@ pub struct Change {
 }
 
 impl Change {
-    /// One line for people: `trace  policy  metric  baseline -> now (+12.50%)`.
+    /// One line for people, sizes with their unit and the change in percent:
+    /// `trace  policy  metric  12.00 GiB -> 13.50 GiB (+12.50%)`; a fraction
+    /// (`fragmentation_*`) reads as percentages with the change in points (`10.0% -> 12.5%
+    /// (+2.5 points)`), a flag as `no -> yes`.
     pub fn line(&self) -> String {
-        let change = match self.change {
-            Some(c) => format!("{:+.2}%", c * 100.0),
-            None => "new".to_string(),
-        };
         let policy = if self.config.is_empty() {
             self.policy.clone()
         } else {
             format!("{}:{}", self.policy, self.config)
         };
-        format!(
-            "{}  {}  {}  {} -> {} ({change})",
-            self.trace, policy, self.metric, self.baseline, self.now
-        )
+        let (old, new) = (as_number(&self.baseline), as_number(&self.now));
+        let fraction = self.metric.starts_with("fragmentation");
+        let change = match (self.change, old, new) {
+            (_, Some(o), Some(n)) if fraction => {
+                signed(&format!("{:+.1} points", (n - o) * 100.0), "0.0 points")
+            }
+            (Some(c), _, _) => signed(&format!("{:+.2}%", c * 100.0), "0.00%"),
+            (None, _, _) if self.baseline.is_boolean() => "worse".to_string(),
+            (None, _, _) => "new".to_string(),
+        };
+        let (b, n) = (self.value(&self.baseline), self.value(&self.now));
+        // Two sizes that read the same in their unit are told apart by their bytes.
+        let (b, n) = if b == n && self.metric.ends_with("_bytes") {
+            (format!("{} B", self.baseline), format!("{} B", self.now))
+        } else {
+            (b, n)
+        };
+        format!("{}  {}  {}  {b} -> {n} ({change})", self.trace, policy, self.metric)
+    }
+
+    /// `value` of this metric as people read it: bytes with a unit, a fraction in percent, a
+    /// flag as yes or no, a count as it is.
+    fn value(&self, value: &Value) -> String {
+        match value {
+            Value::Bool(b) => if *b { "yes" } else { "no" }.to_string(),
+            Value::Number(n) if self.metric.ends_with("_bytes") => {
+                n.as_u64().map_or_else(|| n.to_string(), crate::units::format_bytes)
+            }
+            Value::Number(n) if self.metric.starts_with("fragmentation") => {
+                n.as_f64().map_or_else(|| n.to_string(), |f| format!("{:.1}%", f * 100.0))
+            }
+            v => v.to_string(),
+        }
+    }
+}
+
+/// `text` (a signed number), or `zero` when it reads as zero: never `-0.00%`.
+fn signed(text: &str, zero: &str) -> String {
+    if text.trim_start_matches(['+', '-']) == zero {
+        zero.to_string()
+    } else {
+        text.to_string()
     }
 }
 
@@ -468,7 +515,7 @@ mod tests {
         );
         assert_eq!((r.baseline.clone(), r.now.clone()), (Value::from(900), Value::from(1000)));
         assert!((r.change.unwrap() - 1.0 / 9.0).abs() < 1e-12);
-        assert_eq!(r.line(), "a.pickle  pytorch:expandable_segments:False  peak_reserved_bytes  900 -> 1000 (+11.11%)");
+        assert_eq!(r.line(), "a.pickle  pytorch:expandable_segments:False  peak_reserved_bytes  900 bytes -> 1000 bytes (+11.11%)");
         let json = serde_json::to_value(&rep).unwrap();
         assert_eq!(json["regressions"][0]["metric"], "peak_reserved_bytes");
         assert_eq!(json["ok"], false);
@@ -497,6 +544,35 @@ mod tests {
         assert_eq!(metrics, vec!["map_count", "oom"]);
         assert!(rep.regressions.iter().all(|c| c.change.is_none()));
         assert!(rep.regressions[0].line().ends_with("0 -> 3 (new)"));
+        assert!(
+            rep.regressions[1].line().ends_with("oom  no -> yes (worse)"),
+            "{:?}",
+            rep.regressions[1]
+        );
+    }
+
+    #[test]
+    fn lines_give_sizes_units_fractions_points_and_skip_event_indices() {
+        let mut b = row("a.pickle", 12 << 30, 4);
+        b.result.insert("fragmentation_at_peak".into(), Value::from(0.1));
+        b.result.insert("peak_event".into(), Value::from(10));
+        b.result.insert("reserved_at_end_bytes".into(), Value::from((12u64 << 30) + 1));
+        let mut now = row("a.pickle", 27 << 29, 5);
+        now.result.insert("fragmentation_at_peak".into(), Value::from(0.125));
+        now.result.insert("peak_event".into(), Value::from(900));
+        now.result.insert("reserved_at_end_bytes".into(), Value::from((12u64 << 30) + (2 << 20)));
+        let rep = check(&Baseline::new(&[b]), path(), &[now], 0.0, None).unwrap();
+        let lines: Vec<String> = rep.regressions.iter().map(Change::line).collect();
+        assert_eq!(
+            lines,
+            [
+                "a.pickle  pytorch:expandable_segments:False  device_malloc_count  4 -> 5 (+25.00%)",
+                "a.pickle  pytorch:expandable_segments:False  fragmentation_at_peak  10.0% -> 12.5% (+2.5 points)",
+                "a.pickle  pytorch:expandable_segments:False  peak_reserved_bytes  12.00 GiB -> 13.50 GiB (+12.50%)",
+                "a.pickle  pytorch:expandable_segments:False  reserved_at_end_bytes  12884901889 B -> 12886999040 B (+0.02%)",
+            ],
+            "an event index moved from 10 to 900 and is no metric"
+        );
     }
 
     #[test]

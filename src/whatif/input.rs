@@ -58,6 +58,11 @@ const KEYS: &[(&str, Kind, bool)] = &[
     ("planning_seconds", Kind::Seconds, false),
     ("first_oom", Kind::Oom, false),
     ("cuda", Kind::Cuda, false),
+    ("peak_at_start", Kind::Flag, false),
+    ("peak_allocated_event", Kind::Count, false),
+    ("fragmentation_at_peak_allocated", Kind::Fraction, false),
+    ("start_malloc_count", Kind::Count, false),
+    ("start_map_count", Kind::Count, false),
 ];
 
 impl Kind {
@@ -233,6 +238,7 @@ const PART_KEYS: &[&str] = &[
     "shard",
     "grid_specs",
     "grid_settings",
+    "host_memory",
 ];
 
 /// Reads one `sweep --out` file (a part of a sharded sweep, or a whole sweep) as `merge` needs
@@ -382,6 +388,11 @@ pub fn read_part(data: &[u8], file: &Path) -> Result<SweepReport> {
         shard,
         grid_specs: Some(grid_specs),
         grid_settings: Some(grid_settings),
+        host_memory: match top.get("host_memory") {
+            None => false,
+            Some(Value::Bool(b)) => *b,
+            Some(v) => return Err(expected(file, "host_memory", "true or false", v)),
+        },
     })
 }
 

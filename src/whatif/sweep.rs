@@ -145,6 +145,22 @@ pub struct SweepReport {
     /// (`capacity=...`, `device=N`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grid_settings: Option<Vec<String>>,
+    /// True when the memory swept is host memory (device -1, a CPU profiler trace): no CUDA
+    /// allocator setting applies to it, so [`Best::env`] is `null` ([`SweepReport::on_host`]).
+    #[serde(default)]
+    pub host_memory: bool,
+}
+
+impl SweepReport {
+    /// This report for host memory: `host_memory` set and no `PYTORCH_CUDA_ALLOC_CONF` line,
+    /// since the CUDA allocator's settings do not apply to the memory replayed.
+    pub fn on_host(mut self) -> SweepReport {
+        self.host_memory = true;
+        if let Some(best) = &mut self.best {
+            best.env = None;
+        }
+        self
+    }
 }
 
 /// A short, stable name for a sweep's grid: 16 hex digits of the FNV-1a hash of `parts` (the
@@ -260,6 +276,7 @@ pub fn report(
         shard: None,
         grid_specs: None,
         grid_settings: None,
+        host_memory: false,
     })
 }
 
@@ -373,10 +390,11 @@ pub fn merge(mut parts: Vec<Part>) -> Result<SweepReport> {
             missing.join(", ")
         )));
     }
+    let host = parts.iter().any(|p| p.report.host_memory);
     let results = parts.into_iter().flat_map(|p| p.report.results).collect();
     let mut merged = report(traces, &objective, results, reference.as_deref())?;
     merged.grid = grid;
-    Ok(merged)
+    Ok(if host { merged.on_host() } else { merged })
 }
 
 #[cfg(test)]
