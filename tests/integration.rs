@@ -5,6 +5,7 @@ mod util;
 mod architecture;
 mod bad_input;
 mod blame;
+mod cancel;
 mod capacity;
 mod cli;
 mod cuda;

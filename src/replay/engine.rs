@@ -3,8 +3,9 @@
 use super::blocks::{Blocks, Freed, Indexed, Keyed};
 use super::input::{ReplayInput, Source};
 use super::meter::{Meter, Metered};
-use super::options::{BackendKind, Cancel, ReplayOptions};
+use super::options::{BackendKind, ReplayOptions};
 use crate::backend::{Backend, Observed, SimDevice};
+use crate::error::Cancel;
 use crate::error::{Error, Result};
 use crate::metrics::{OomDetail, PeakDetail, PolicyResult, Series};
 use crate::policy::{Allocation, Handle, Policy};
@@ -243,11 +244,15 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
 ) -> Result<ReplayOutput> {
     let started = Instant::now();
     // A sweep of many short replays stops between them too.
-    options.cancel.check()?;
+    let count = input.event_count();
+    // Copied into the walk and into its closure (it holds only references and a number).
+    let stop_if_cancelled = |index: u64| {
+        options.cancel.check(|| format!("replaying policy '{name}' at event {index} of {count}"))
+    };
+    stop_if_cancelled(0)?;
     // Only a planner uses the events up front, and it is always handed loaded ones
     // ([`PolicyInfo::run`](crate::policy::PolicyInfo::run)).
     let events = input.loaded_events().unwrap_or_default();
-    let count = input.event_count();
     let mut backend = Observed {
         inner: backend,
         observer: Metered {
@@ -357,9 +362,9 @@ fn drive<P: Policy, B: Backend, K: Blocks, const PLAIN: bool>(
     let check = !PLAIN && options.check_invariants;
     // The last event of the flush run the program called last (runs are consecutive releases).
     let mut flush_run_to = u64::MAX - 1;
-    K::walk(input, last, !PLAIN, &options.cancel, |index, e, slot| {
+    K::walk(input, last, !PLAIN, stop_if_cancelled, |index, e, slot| {
         if K::HANDS_EVERY_EVENT && index % Cancel::EVERY as u64 == 0 {
-            options.cancel.check()?;
+            stop_if_cancelled(index)?;
         }
         // A policy's input error names the event it was replaying (a backend error names the
         // driver call instead, as docs/interface.md promises).

@@ -40,10 +40,11 @@ mod lockstep;
 mod meter;
 mod options;
 
+pub use crate::error::Cancel;
 pub use compare::{run_specs, Comparison, Jobs, RunSettings, SpecFailure, SpecRun};
 pub use engine::{run_policy, ReplayOutput};
 pub use input::ReplayInput;
-pub use options::{BackendKind, Cancel, EmptyCachePlan, ReplayOptions};
+pub use options::{BackendKind, EmptyCachePlan, ReplayOptions};
 
 use crate::error::Result;
 use crate::policy::{self, Policy, PolicyInfo, PolicyRunner, PolicySpec};

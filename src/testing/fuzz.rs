@@ -12,7 +12,7 @@ use crate::trace::{
 
 /// The options the fuzz targets read with: frames kept, no progress bar, a 64 MiB cap.
 fn options() -> ReadOptions {
-    ReadOptions { keep_frames: true, progress: false, max_input_bytes: Some(64 << 20) }
+    ReadOptions { keep_frames: true, max_input_bytes: Some(64 << 20), ..ReadOptions::default() }
 }
 
 /// Reads `data` as `format`: an error, or a trace within the limits that every writer can write.

@@ -67,7 +67,7 @@ pub struct ValidateOptions {
     /// the allocator that made the recording ([`Flavour::of_trace`]).
     pub flavour: Option<Flavour>,
     /// Raised to abandon the validation (Ctrl-C in Python): every replay it runs looks at it
-    /// every [`Cancel::EVERY`] events and stops with an "interrupted" error.
+    /// every [`Cancel::EVERY`] events and stops with an error naming the event it reached.
     pub cancel: Cancel,
 }
 
@@ -843,7 +843,8 @@ fn replay_checked(
     let mut routes = start.routes.clone();
     for (i, (e, op)) in events.iter().zip(ops).enumerate() {
         if i % Cancel::EVERY == 0 {
-            cancel.check()?;
+            let n = events.len();
+            cancel.check(|| format!("validating at event {i} of {n}"))?;
         }
         if check {
             policy.check().map_err(|m| {
@@ -1949,7 +1950,12 @@ mod tests {
         assert!(validate(&t, &options).is_ok(), "an unraised flag changes nothing");
         cancel.cancel();
         let e = validate(&t, &options).unwrap_err();
-        assert_eq!(e.message(), "interrupted");
+        let events = t.devices[0].events.len();
+        assert!(e.is_interrupted());
+        assert_eq!(
+            e.message(),
+            format!("interrupted (Ctrl-C) while validating at event 0 of {events}")
+        );
     }
 
     #[test]
