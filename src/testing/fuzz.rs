@@ -158,7 +158,7 @@ pub fn replay_trace(trace: &Trace, capacity: Option<u64>) {
 }
 
 /// Writes `data` to a file and streams it as a `.fst` (what `replay` does with an uncompressed
-/// version 3 file): opening, the pre-passes and a streamed `pytorch` and `bfc` replay must never
+/// file of this version): opening, the pre-passes and a streamed `pytorch` and `bfc` replay must never
 /// panic, a file that streams must load, and both replays must give the same result.
 pub fn stream_fst(data: &[u8]) {
     let dir = std::env::temp_dir().join(format!("fragsim-fuzz-{}", std::process::id()));
