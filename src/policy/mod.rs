@@ -235,8 +235,8 @@ pub struct PolicyContext<'a> {
     /// The recording's peak reserved bytes, where a policy modelling the recorded allocator
     /// needs them (a snapshot that records a memory fraction, whose limit let that peak through).
     pub recorded_peak_reserved: Option<u64>,
-    /// The replay's cancel flag ([`ReplayOptions::cancel`](crate::replay::ReplayOptions)): a
-    /// policy that plans in [`Policy::prepare`] looks at it while planning.
+    /// The replay's cancel flag (its options' `cancel`): a policy that plans in
+    /// [`Policy::prepare`] looks at it while planning.
     pub cancel: &'a Cancel,
 }
 
