@@ -8,6 +8,8 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// What went wrong, coarsely: it decides the exit code (see `docs/interface.md`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -201,6 +203,65 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         self.source.as_deref().map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// A flag that stops long work early: replays, validation, trace reading and writing, the
+/// `offline` planner and `synth` look at it before they start and every [`Cancel::EVERY`]
+/// items (events, blocks, or a reader's buffer of input), and then fail with an
+/// [interrupted](Cancel::check) error that whoever raised the flag discards. The default one can
+/// never be raised, so the command line pays nothing for it. Clones share the flag, so the
+/// caller keeps one and hands the others to the work (the Python package raises it when Ctrl-C
+/// interrupts the call that started the work).
+#[derive(Clone, Debug, Default)]
+pub struct Cancel(Option<Arc<AtomicBool>>);
+
+impl Cancel {
+    /// Items long work handles between two looks at the flag: a few milliseconds of work at
+    /// most, and no cost per item (loops run in chunks of this many, or test a counter).
+    pub const EVERY: usize = 1 << 16;
+
+    /// A flag that [`Cancel::cancel`] can raise.
+    pub fn new() -> Cancel {
+        Cancel(Some(Arc::new(AtomicBool::new(false))))
+    }
+
+    /// Raises the flag: all work holding a clone stops at its next look.
+    pub fn cancel(&self) {
+        if let Some(flag) = &self.0 {
+            flag.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// True once the flag was raised.
+    pub fn is_cancelled(&self) -> bool {
+        self.0.as_ref().is_some_and(|flag| flag.load(Ordering::Relaxed))
+    }
+
+    /// An error once the flag was raised (the work was abandoned; nobody reads its result):
+    /// a usage error whose message says what was interrupted, `interrupted (Ctrl-C) while
+    /// {doing}`. `doing` (e.g. `replaying policy 'bfc' at event 65536 of 200000`) is called
+    /// only then, so the check costs one load of the flag.
+    #[inline(always)]
+    pub fn check<S: Into<String>>(&self, doing: impl FnOnce() -> S) -> Result<()> {
+        if self.is_cancelled() {
+            return Err(interrupted(doing().into()));
+        }
+        Ok(())
+    }
+}
+
+/// The error of cancelled work, made out of line: a loop holds only the test.
+#[cold]
+#[inline(never)]
+fn interrupted(doing: String) -> Error {
+    Error::usage(format!("interrupted (Ctrl-C) while {doing}"))
+}
+
+impl Error {
+    /// True for the error of work stopped by a raised [`Cancel`] flag.
+    pub fn is_interrupted(&self) -> bool {
+        self.kind == ErrorKind::Usage && self.message.starts_with("interrupted (Ctrl-C) while ")
     }
 }
 

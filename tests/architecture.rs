@@ -61,19 +61,10 @@ fn sources(name: &str) -> Vec<PathBuf> {
     if file.is_file() {
         out.push(file);
     }
-    let mut stack = vec![src().join(name)];
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else { continue };
-        for entry in entries {
-            let path = entry.expect("a directory entry").path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if path.extension().is_some_and(|x| x == "rs") {
-                out.push(path);
-            }
-        }
+    let dir = src().join(name);
+    if dir.is_dir() {
+        out.extend(crate::util::rust_files(&[dir]));
     }
-    out.sort();
     out
 }
 

@@ -23,19 +23,8 @@ fn sources() -> Vec<PathBuf> {
 
 /// Every `.rs` file under the given folders of the repository, sorted.
 fn rust_files(dirs: &[&str]) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack: Vec<PathBuf> = dirs.iter().map(|d| root().join(d)).collect();
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
-            let path = entry.expect("a directory entry").path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if path.extension().is_some_and(|x| x == "rs") {
-                out.push(path);
-            }
-        }
-    }
-    out.sort();
+    let dirs: Vec<PathBuf> = dirs.iter().map(|d| root().join(d)).collect();
+    let out = crate::util::rust_files(&dirs);
     assert!(out.len() > 20, "only {} sources under {dirs:?}", out.len());
     out
 }

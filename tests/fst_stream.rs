@@ -35,7 +35,7 @@ fn outputs(input: &ReplayInput, options: &ReplayOptions) -> Vec<ReplayOutput> {
 fn same_both_ways(path: &Path, options: &[ReplayOptions]) -> Vec<Vec<ReplayOutput>> {
     let trace = read_trace(path, &ReadOptions { keep_frames: true, ..ReadOptions::default() })
         .unwrap_or_else(|e| panic!("{e}"));
-    let file = FstStream::open(path).unwrap().expect("a version 3 .fst streams");
+    let file = FstStream::open(path).unwrap().expect("an .fst of this version streams");
     let mut all = Vec::new();
     for device in trace.devices.iter().map(|d| d.device) {
         let loaded = ReplayInput::new(&trace, Some(device)).unwrap();
@@ -205,7 +205,7 @@ fn workloads_replay_the_same_streamed() {
 }
 
 #[test]
-fn only_a_plain_version_3_file_streams() {
+fn only_a_plain_fst_file_of_this_version_streams() {
     let dir = tempfile::tempdir().unwrap();
     let trace = workload_trace(7, 30_000); // more than one record
     let (fst, gz, txt) =
@@ -309,7 +309,7 @@ fn damaged_files_stream_as_they_load() {
         std::fs::write(&bad, &data).unwrap();
         let loaded = read_trace(&bad, &ReadOptions::default());
         let Ok(Some(file)) = FstStream::open(&bad) else {
-            continue; // refused at the head, or not a version 3 file: loaded, not streamed
+            continue; // refused at the head, or not an .fst file of this version: loaded, not streamed
         };
         for (device, _) in file.devices() {
             let streamed = ReplayInput::streamed(&file, Some(device));
@@ -351,7 +351,7 @@ fn replays_sharing_one_reader_match_the_loaded_replays() {
     let trace = workload_trace(5, 60_000); // several chunks of 16,384 events
     let fst = dir.path().join("w.fst");
     write_trace(&trace, &fst).unwrap();
-    let file = FstStream::open(&fst).unwrap().expect("a version 3 .fst streams");
+    let file = FstStream::open(&fst).unwrap().expect("an .fst of this version streams");
     let streamed = ReplayInput::streamed(&file, None).unwrap();
     let loaded = ReplayInput::new(&trace, None).unwrap();
     assert!(streamed.event_count() > 3 * 16_384, "{}", streamed.event_count());

@@ -6,6 +6,7 @@ mod answers;
 mod architecture;
 mod bad_input;
 mod blame;
+mod cancel;
 mod capacity;
 mod cli;
 mod cuda;

@@ -81,3 +81,23 @@ pub fn untimed(mut v: serde_json::Value) -> serde_json::Value {
     }
     v
 }
+
+/// Every `.rs` file under the folders `dirs`, at any depth, sorted: the one walk over the sources
+/// that the tests reading the code share. Panics on a folder it cannot read, so a missing one
+/// is not taken for one without sources.
+pub fn rust_files(dirs: &[PathBuf]) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = dirs.to_vec();
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let path = entry.expect("a directory entry").path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|x| x == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}

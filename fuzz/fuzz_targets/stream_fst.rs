@@ -1,4 +1,4 @@
-//! Any bytes streamed as a version 3 `.fst` (what `replay` does with such a file): never a panic,
+//! Any bytes streamed as an `.fst` (what `replay` does with an uncompressed one): never a panic,
 //! and the same replay as loading the same bytes wherever both accept them.
 #![no_main]
 use libfuzzer_sys::fuzz_target;

@@ -351,6 +351,54 @@ def test_ctrl_c_interrupts_a_long_command_and_stops_its_work(tmp_path):
     print(f", the command's thread ended {time.monotonic() - raised:.3f} s later")
 
 
+@pytest.fixture(scope="module")
+def long_trace(tmp_path_factory):
+    """A synthetic trace of a few million events (seconds to convert or read as JSON)."""
+    path = tmp_path_factory.mktemp("long") / "long.fst"
+    return fragsim.synth(path, layers=24, steps=170, seq=1024, vary_seq="256:1024")
+
+
+@pytest.mark.parametrize("work", ["synth", "convert", "read"])
+def test_ctrl_c_stops_synth_convert_and_reading(work, long_trace, tmp_path):
+    """Ctrl-C stops the work of `synth`, `convert` and a trace read (here of a Kineto JSON file)
+    as it stops replays: KeyboardInterrupt at once, the command's thread gone soon after, and no
+    half-written output left behind."""
+    import signal
+    import threading
+
+    out = tmp_path / "out.json"
+    if work == "read":
+        fragsim.convert(long_trace, out)
+    fragsim.info(str(long_trace))  # threads that outlive every command exist before
+    before = _command_threads()
+    run = {
+        # Tens of millions of events: far more than a second of work.
+        "synth": lambda: fragsim.synth(tmp_path / "huge.fst", layers=24, steps=5000, seq=1024),
+        "convert": lambda: fragsim.convert(long_trace, out),
+        "read": lambda: fragsim.info(str(out)),
+    }[work]
+    timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
+    start = time.monotonic()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        run()
+    raised = time.monotonic()
+    print(f"\n{work}: KeyboardInterrupt {raised - start - 0.3:.3f} s after SIGINT", end="")
+    if before < 0:
+        return
+    # Each of them looks at the flag every few milliseconds of work; left running, the read
+    # and the conversion would take a second or more, synth far longer.
+    while _command_threads() > before and time.monotonic() - raised < 0.5:
+        time.sleep(0.01)
+    assert _command_threads() <= before, f"the interrupted {work} is still running"
+    print(f", the command's thread ended {time.monotonic() - raised:.3f} s later", end="")
+    if work != "read":
+        # The half-written output is removed as the abandoned work unwinds.
+        while out.exists() and time.monotonic() - raised < 30:
+            time.sleep(0.01)
+        assert not (tmp_path / "huge.fst").exists() and not out.exists()
+
+
 @pytest.mark.parametrize("snapshot", SNAPSHOTS[:2], ids=lambda p: p.stem)
 def test_blame_and_diff_equal_the_command_and_sum_exactly(snapshot):
     path = str(snapshot)

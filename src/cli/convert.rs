@@ -26,7 +26,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     // Check the output extension before a possibly long read.
     let format = Format::for_output(&args.output)?.info();
     let t = super::read_trace(io, &args.input, format.keeps_frames)?;
-    trace::write_trace(&t, &args.output)?;
+    trace::write_trace_cancellable(&t, &args.output, &io.cancel)?;
     for note in (format.losses)(&t) {
         io.note(&format!("note: {}: {note}", args.output.display()));
     }

@@ -216,6 +216,7 @@ impl<'a> Io<'a> {
             keep_frames,
             progress: progress && self.progress,
             max_input_bytes: self.max_input_size,
+            cancel: self.cancel.clone(),
         };
         match self.memory.remove(path) {
             Some(InMemory::Reader(read)) => read(&options).map_err(|e| e.in_file(path)),

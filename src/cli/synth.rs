@@ -90,10 +90,11 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         vary_seq: args.vary_seq,
         seed: args.seed,
         streams: args.streams,
+        cancel: io.cancel.clone(),
     };
     config.validate()?;
     let (trace, summary) = synth::generate(&config)?;
-    fragsim::trace::write_trace(&trace, &args.out)?;
+    fragsim::trace::write_trace_cancellable(&trace, &args.out, &io.cancel)?;
     writeln!(
         io.out,
         "wrote {} events ({} allocs; {} parameters; peak live {}; {} live at end) to {}",

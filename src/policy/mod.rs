@@ -29,7 +29,7 @@ pub mod stitch;
 pub use spec::PolicySpec;
 
 use crate::backend::Backend;
-use crate::error::{Error, Result};
+use crate::error::{Cancel, Error, Result};
 use crate::trace::lifetimes::Lifetimes;
 use crate::trace::{Event, LiveBlock, Segment, Trace};
 
@@ -235,6 +235,9 @@ pub struct PolicyContext<'a> {
     /// The recording's peak reserved bytes, where a policy modelling the recorded allocator
     /// needs them (a snapshot that records a memory fraction, whose limit let that peak through).
     pub recorded_peak_reserved: Option<u64>,
+    /// The replay's cancel flag (its options' `cancel`): a policy that plans in
+    /// [`Policy::prepare`] looks at it while planning.
+    pub cancel: &'a Cancel,
 }
 
 /// What a policy stands for when results are compared: a real allocator, or one of the two

@@ -2,7 +2,7 @@
 //! or a map of the live blocks when events stream.
 
 use super::input::{Reader, ReplayInput, Slots, Source, Streamed};
-use super::options::Cancel;
+use crate::error::Cancel;
 use crate::error::Result;
 use crate::policy::{Allocation, Handle};
 use crate::trace::lifetimes::{AddrMap, LiveBlock};
@@ -17,7 +17,7 @@ pub(super) trait Blocks {
     type Walk: Copy;
 
     /// True when [`Blocks::walk`] hands `f` every event, numbered from 0, from a reader's own
-    /// loop, and does not look at its flag: the engine's closure then looks every
+    /// loop, and does not call its `check`: the engine's closure then looks at the flag every
     /// [`Cancel::EVERY`]th event.
     const HANDS_EVERY_EVENT: bool;
 
@@ -30,14 +30,15 @@ pub(super) trait Blocks {
     /// keeps none). With `every` false, the walk may leave out events that the engine never
     /// acts on (see [`Slots::acts_on`]), as a plain replay does.
     ///
-    /// The walk looks at `cancel` every [`Cancel::EVERY`] events, between chunks of that many,
-    /// so the loop that calls `f` is the same as without it; a walk that hands every event to
-    /// `f` from a file's reader leaves that to `f` ([`Blocks::HANDS_EVERY_EVENT`]).
+    /// The walk calls `check` with the index of the next event every [`Cancel::EVERY`] events,
+    /// between chunks of that many, so the loop that calls `f` is the same as without it (the
+    /// engine's `check` looks at the cancel flag); a walk that hands every event to `f` from a
+    /// file's reader leaves that to `f` ([`Blocks::HANDS_EVERY_EVENT`]).
     fn walk(
         source: Self::Walk,
         limit: u64,
         every: bool,
-        cancel: &Cancel,
+        check: impl Fn(u64) -> Result<()>,
         f: impl FnMut(u64, &Event, u32) -> Result<()>,
     ) -> Result<()>;
     /// Where this lookup's events come from, for [`Blocks::walk`].
@@ -147,14 +148,14 @@ impl<'a> Blocks for Indexed<'a> {
         (events, slots): Self::Walk,
         limit: u64,
         every: bool,
-        cancel: &Cancel,
+        check: impl Fn(u64) -> Result<()>,
         mut f: impl FnMut(u64, &Event, u32) -> Result<()>,
     ) -> Result<()> {
         let events = first_events(events, limit);
         let ops = &slots.ops;
         if !every {
             for chunk in ops.chunks(Cancel::EVERY) {
-                cancel.check()?;
+                check(chunk[0].event as u64)?;
                 for op in chunk {
                     // In event order: past the limit, so are the rest.
                     let Some(e) = events.get(op.event as usize) else { return Ok(()) };
@@ -165,8 +166,8 @@ impl<'a> Blocks for Indexed<'a> {
         }
         let mut ops = ops.iter().peekable();
         for (c, chunk) in events.chunks(Cancel::EVERY).enumerate() {
-            cancel.check()?;
             let first = c * Cancel::EVERY;
+            check(first as u64)?;
             for (i, e) in chunk.iter().enumerate() {
                 let i = first + i;
                 let slot = match ops.next_if(|op| op.event as usize == i) {
@@ -239,7 +240,7 @@ impl<'i, 'a> Blocks for Keyed<'i, 'a> {
         input: Self::Walk,
         limit: u64,
         _every: bool,
-        _cancel: &Cancel,
+        _check: impl Fn(u64) -> Result<()>,
         mut f: impl FnMut(u64, &Event, u32) -> Result<()>,
     ) -> Result<()> {
         let f = |i: u64, e: &Event| f(i, e, Slots::NONE);

@@ -4,8 +4,9 @@ use super::blocks::{Blocks, Freed, Indexed, Keyed};
 use super::guide::{Guide, Recorded};
 use super::input::{ReplayInput, Source};
 use super::meter::{Meter, Metered};
-use super::options::{BackendKind, Cancel, ReplayOptions};
+use super::options::{BackendKind, ReplayOptions};
 use crate::backend::{Backend, Observed, SimDevice};
+use crate::error::Cancel;
 use crate::error::{Error, Result};
 use crate::metrics::{OomDetail, PeakDetail, PolicyResult, Series};
 use crate::policy::{Allocation, Handle, Policy};
@@ -215,11 +216,13 @@ fn drive<P: Policy, B: Backend, K: Blocks, G: Guide<P, B>, const PLAIN: bool>(
     let Run { name, input, options } = run;
     let started = Instant::now();
     // A sweep of many short replays stops between them too.
-    options.cancel.check()?;
+    let count = input.event_count();
+    // Copied into the walk and into its closure (it holds only references and a number).
+    let stop_if_cancelled = |index: u64| options.cancel.check(|| G::doing(name, index, count));
+    stop_if_cancelled(0)?;
     // Only a planner uses the events up front, and it is always handed loaded ones
     // ([`PolicyInfo::run`](crate::policy::PolicyInfo::run)).
     let events = input.loaded_events().unwrap_or_default();
-    let count = input.event_count();
     let mut backend = Observed {
         inner: backend,
         observer: Metered {
@@ -325,9 +328,9 @@ fn drive<P: Policy, B: Backend, K: Blocks, G: Guide<P, B>, const PLAIN: bool>(
     // the compiler would otherwise reload these on every event.
     let logging = !PLAIN && backend.observer.log.is_some();
     let check = !PLAIN && options.check_invariants;
-    K::walk(blocks.source(), last, !PLAIN, &options.cancel, |index, e, slot| {
+    K::walk(blocks.source(), last, !PLAIN, stop_if_cancelled, |index, e, slot| {
         if K::HANDS_EVERY_EVENT && index % Cancel::EVERY as u64 == 0 {
-            options.cancel.check()?;
+            stop_if_cancelled(index)?;
         }
         if !PLAIN && guide.stopped() {
             return Ok(());

@@ -66,6 +66,12 @@ pub trait Guide<P: Policy, B: Backend> {
     /// alloc failed.
     fn unheld_free(&mut self, _index: u64, _e: &Event) {}
 
+    /// What a run with this guide does, said when it is interrupted at event `index` of `count`
+    /// (`replaying policy 'bfc' at event 65536 of 200000`).
+    fn doing(name: &str, index: u64, count: u64) -> String {
+        format!("replaying policy '{name}' at event {index} of {count}")
+    }
+
     /// True once the guide has seen enough: every later event is passed over.
     fn stopped(&self) -> bool {
         false

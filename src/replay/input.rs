@@ -488,7 +488,7 @@ fn pick_device(
 
 impl<'a> ReplayInput<'a> {
     /// What a policy's constructor is handed for this replay under `options`.
-    pub fn context(&self, options: &ReplayOptions) -> PolicyContext<'_> {
+    pub fn context<'s>(&'s self, options: &'s ReplayOptions) -> PolicyContext<'s> {
         PolicyContext {
             trace: self.trace,
             device: self.device,
@@ -504,6 +504,7 @@ impl<'a> ReplayInput<'a> {
                 CapacityKind::AllocatorLimit => None,
             },
             recorded_peak_reserved: self.recorded_peak_reserved,
+            cancel: &options.cancel,
         }
     }
 }

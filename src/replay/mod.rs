@@ -6,7 +6,7 @@
 //! [`Series`](crate::metrics::Series)) to the report writers. [`run_specs`] replays a set of policy specs on one input
 //! (in parallel, sorted as `replay`'s table) for every command that compares policies.
 //!
-//! The events come from memory ([`ReplayInput::new`]) or stream from a version 3 `.fst` file
+//! The events come from memory ([`ReplayInput::new`]) or stream from an uncompressed `.fst` file
 //! ([`ReplayInput::streamed`]), the same engine consuming them in order either way. Loaded
 //! events are given slots once (each block a small index, shared by its alloc and its free) so
 //! every policy's replay follows indices into a table as long as the most blocks live at once,
@@ -41,12 +41,13 @@ mod lockstep;
 mod meter;
 mod options;
 
+pub use crate::error::Cancel;
 pub use compare::{run_specs, Comparison, Jobs, RunSettings, SpecFailure, SpecRun};
 pub(crate) use engine::run_guided;
 pub use engine::{run_policy, ReplayOutput};
 pub(crate) use guide::Guide;
 pub use input::ReplayInput;
-pub use options::{BackendKind, Cancel, EmptyCachePlan, ReplayOptions};
+pub use options::{BackendKind, EmptyCachePlan, ReplayOptions};
 
 use crate::error::Result;
 use crate::policy::{self, Policy, PolicyInfo, PolicyRunner, PolicySpec};

@@ -1,10 +1,8 @@
 //! How to replay: capacity, backend, what to keep, and the `empty_cache` what-if.
 
-use crate::error::{Error, Result};
+use crate::error::Cancel;
 use crate::metrics::series;
 use crate::recorded::CapacityKind;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
 /// Which memory a replay runs on.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -47,52 +45,6 @@ pub struct ReplayOptions {
     /// Raised by another thread to stop the replay early (the Python package raises it when
     /// Ctrl-C interrupts the call that started the replay); never raised by default.
     pub cancel: Cancel,
-}
-
-/// A flag that stops replays early: the engine looks at it before a replay and every
-/// [`Cancel::EVERY`] events, and then fails with an error that whoever raised the flag
-/// discards. The default one can never be raised, so the command line pays nothing for it.
-/// Clones share the flag, so the caller keeps one and hands the others to the work.
-#[derive(Clone, Debug, Default)]
-pub struct Cancel(Option<Arc<AtomicBool>>);
-
-impl Cancel {
-    /// Events a replay runs between two looks at the flag: a few milliseconds of work at most,
-    /// and no cost per event (the engine's loop runs in chunks of this many).
-    pub const EVERY: usize = 1 << 16;
-
-    /// A flag that [`Cancel::cancel`] can raise.
-    pub fn new() -> Cancel {
-        Cancel(Some(Arc::new(AtomicBool::new(false))))
-    }
-
-    /// Raises the flag: every replay holding a clone stops at its next look.
-    pub fn cancel(&self) {
-        if let Some(flag) = &self.0 {
-            flag.store(true, Ordering::Relaxed);
-        }
-    }
-
-    /// True once the flag was raised.
-    pub fn is_cancelled(&self) -> bool {
-        self.0.as_ref().is_some_and(|flag| flag.load(Ordering::Relaxed))
-    }
-
-    /// An error once the flag was raised (the work was abandoned; nobody reads its result).
-    #[inline(always)]
-    pub fn check(&self) -> Result<()> {
-        if self.is_cancelled() {
-            return Err(interrupted());
-        }
-        Ok(())
-    }
-}
-
-/// The error of a cancelled replay, made out of line: the replay loop holds only the test.
-#[cold]
-#[inline(never)]
-fn interrupted() -> Error {
-    Error::usage("interrupted")
 }
 
 /// The `empty_cache` what-if: where every policy releases its wholly free cached segments, as

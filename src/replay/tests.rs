@@ -268,7 +268,15 @@ fn a_raised_cancel_flag_stops_a_replay_within_one_chunk_of_events() {
         assert_eq!(is_plain(&input, &options), plain);
         let policy = CancelsAt { at, mallocs: mallocs.clone(), cancel: cancel.clone(), next: 0 };
         let err = run_policy("toy", policy, &input, &options).unwrap_err();
-        assert!(err.to_string().contains("interrupted"), "{err}");
+        // The error says what it stopped and where: the first look after the flag went up.
+        assert!(err.is_interrupted(), "{err}");
+        let message = err.to_string();
+        let event = message
+            .strip_prefix("interrupted (Ctrl-C) while replaying policy 'toy' at event ")
+            .and_then(|m| m.strip_suffix(&format!(" of {}", 3 * pairs)))
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("{message}"));
+        assert!(event > 3 * (at - 1) && event <= 3 * at + Cancel::EVERY as u64, "{message}");
         let made = mallocs.load(std::sync::atomic::Ordering::Relaxed);
         // At most one chunk of events (each malloc is 3 events: alloc, free requested,
         // completed) after the flag went up, and far fewer than the trace holds.

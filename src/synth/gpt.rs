@@ -63,7 +63,8 @@ pub fn parameter_shapes(c: &SynthConfig) -> Vec<u64> {
     shapes
 }
 
-/// Runs `config`'s whole training run through `rec`.
+/// Runs `config`'s whole training run through `rec`, or stops early (with the run half done)
+/// once the recorder's cancel flag is raised: it is looked at once per block and micro-batch.
 pub(super) fn train(config: &SynthConfig, rec: &mut Recorder) {
     let mut trainer = Trainer::new(config, rec);
     for _ in 0..config.steps {
@@ -75,6 +76,9 @@ pub(super) fn train(config: &SynthConfig, rec: &mut Recorder) {
             trainer.rec.idle(500); // the data loader hands over the next batch
             let sync = config.streams > 1 && micro + 1 == config.grad_accum;
             trainer.micro_batch(t, sync);
+            if trainer.rec.halted() {
+                return; // cancelled: the run is abandoned half way
+            }
         }
         trainer.optimizer_step();
     }
@@ -404,6 +408,9 @@ impl<'a> Trainer<'a> {
         let mut inputs = vec![x];
         let mut saved = Vec::new();
         for _ in 0..c.layers {
+            if self.rec.halted() {
+                return;
+            }
             let (s, out) = self.block_forward(t, !c.checkpointing);
             if !c.checkpointing {
                 saved.push(s);
@@ -462,6 +469,9 @@ impl<'a> Trainer<'a> {
         r.free(x);
         r.free(g_lnf);
         for layer in (0..c.layers).rev() {
+            if self.rec.halted() {
+                return;
+            }
             let input = inputs[layer as usize];
             let s = match saved.pop() {
                 Some(s) => s,

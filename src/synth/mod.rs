@@ -45,12 +45,12 @@
 
 pub mod gpt;
 
-use crate::error::{Error, Result};
+use crate::error::{Cancel, Error, Result};
 use crate::trace::{Action, DeviceTrace, Event, Format, Trace};
 
 /// The model, batch and run a synthetic trace describes. `Default` is the small GPT the bundled
 /// trace uses (4 layers, hidden 512, GPT-2's vocabulary).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct SynthConfig {
     /// Transformer blocks.
     pub layers: u64,
@@ -81,6 +81,11 @@ pub struct SynthConfig {
     pub seed: u64,
     /// CUDA streams: 1 is the compute stream only; more adds gradient buckets on side streams.
     pub streams: u64,
+    /// Raised by another thread to stop generating early (the Python package raises it on
+    /// Ctrl-C): looked at once per transformer block and micro-batch, and then [`generate`]
+    /// fails naming the event it reached. Not part of the trace described; never raised by
+    /// default.
+    pub cancel: Cancel,
 }
 
 impl Default for SynthConfig {
@@ -99,6 +104,7 @@ impl Default for SynthConfig {
             vary_seq: None,
             seed: 0,
             streams: 1,
+            cancel: Cancel::default(),
         }
     }
 }
@@ -209,8 +215,10 @@ pub struct SynthSummary {
 /// Generates the trace `config` describes (device 0), with a summary of what it holds.
 pub fn generate(config: &SynthConfig) -> Result<(Trace, SynthSummary)> {
     config.validate()?;
-    let mut rec = Recorder::new(config.seed);
+    let mut rec = Recorder::new(config.seed, config.cancel.clone());
     gpt::train(config, &mut rec);
+    let made = rec.events.len();
+    config.cancel.check(|| format!("generating the synthetic trace at event {made}"))?;
     let summary = SynthSummary {
         events: rec.events.len() as u64,
         allocs: rec.allocs,
@@ -251,10 +259,12 @@ struct Recorder {
     peak_live: u64,
     allocs: u64,
     rng: SplitMix64,
+    /// Looked at by [`Recorder::halted`].
+    cancel: Cancel,
 }
 
 impl Recorder {
-    fn new(seed: u64) -> Recorder {
+    fn new(seed: u64, cancel: Cancel) -> Recorder {
         Recorder {
             events: Vec::new(),
             next_addr: FIRST_ADDRESS,
@@ -263,7 +273,13 @@ impl Recorder {
             peak_live: 0,
             allocs: 0,
             rng: SplitMix64(seed),
+            cancel,
         }
+    }
+
+    /// True once the cancel flag is raised: the model code then stops where it is.
+    fn halted(&self) -> bool {
+        self.cancel.is_cancelled()
     }
 
     fn time_us(&self) -> i64 {
@@ -371,7 +387,7 @@ mod tests {
 
     #[test]
     fn recorder_gives_unique_aligned_addresses_and_balanced_frees() {
-        let mut r = Recorder::new(0);
+        let mut r = Recorder::new(0, Cancel::default());
         let a = r.alloc(1);
         let b = r.alloc(513);
         let c = r.alloc(4);

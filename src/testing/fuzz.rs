@@ -12,7 +12,7 @@ use crate::trace::{
 
 /// The options the fuzz targets read with: frames kept, no progress bar, a 64 MiB cap.
 fn options() -> ReadOptions {
-    ReadOptions { keep_frames: true, progress: false, max_input_bytes: Some(64 << 20) }
+    ReadOptions { keep_frames: true, max_input_bytes: Some(64 << 20), ..ReadOptions::default() }
 }
 
 /// Reads `data` as `format`: an error, or a trace within the limits that every writer can write.
@@ -158,7 +158,7 @@ pub fn replay_trace(trace: &Trace, capacity: Option<u64>) {
 }
 
 /// Writes `data` to a file and streams it as a `.fst` (what `replay` does with an uncompressed
-/// version 3 file): opening, the pre-passes and a streamed `pytorch` and `bfc` replay must never
+/// file of this version): opening, the pre-passes and a streamed `pytorch` and `bfc` replay must never
 /// panic, a file that streams must load, and both replays must give the same result.
 pub fn stream_fst(data: &[u8]) {
     let dir = std::env::temp_dir().join(format!("fragsim-fuzz-{}", std::process::id()));

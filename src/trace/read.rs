@@ -5,7 +5,7 @@
 //! read as, and the reader adds the place (byte, line or event).
 
 use super::{detect, fst, kineto, limits, rmm, snapshot, text, Trace};
-use crate::error::{Error, Place, Result};
+use crate::error::{Cancel, Error, Place, Result};
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
@@ -144,8 +144,8 @@ fn or_list(items: &[String]) -> String {
     }
 }
 
-/// What a reader should keep.
-#[derive(Clone, Copy, Debug, Default)]
+/// What a reader should keep, and how far it may read.
+#[derive(Clone, Debug, Default)]
 pub struct ReadOptions {
     /// Keep stack frames (costs memory and time; off unless a command needs them).
     pub keep_frames: bool,
@@ -156,6 +156,10 @@ pub struct ReadOptions {
     /// [`limits::DEFAULT_MAX_INPUT_BYTES`]. A bound, so an endless or huge file fails with a
     /// message instead of exhausting memory.
     pub max_input_bytes: Option<u64>,
+    /// Raised by another thread to stop the read early (the Python package raises it on
+    /// Ctrl-C): the reader looks at it once per buffer of input (256 KiB) and then fails with
+    /// an error naming the file and the byte it reached. Never raised by default.
+    pub cancel: Cancel,
 }
 
 impl ReadOptions {
@@ -242,10 +246,24 @@ fn read_path_as(path: &Path, options: &ReadOptions, whole_pickle: bool) -> Resul
     // Errors met below the format reader (the input cap, a broken gzip stream) are kept here
     // and reported as what they are, not as the format error they caused.
     let failure = std::rc::Rc::new(std::cell::RefCell::new(None));
-    let capped = Capped { inner: file, read: 0, cap, what: "file", failure: failure.clone() };
+    // The flag is looked at where the format reader's input is counted: in the decompressed
+    // bytes for gzip, so the error's byte is one the reader saw.
+    let capped = Capped {
+        inner: file,
+        read: 0,
+        cap,
+        what: "file",
+        failure: failure.clone(),
+        cancel: options.cancel.clone(),
+    };
     let mut raw = BufReader::with_capacity(BUFFER, capped);
-    let is_gzip = raw.fill_buf().map_err(|e| Error::io(path, e))?.starts_with(&[0x1f, 0x8b]);
+    // (A raised cancel flag stops this first read: its error is kept in `failure`.)
+    let first = raw
+        .fill_buf()
+        .map_err(|e| failure.borrow_mut().take().unwrap_or_else(|| Error::io(path, e)));
+    let is_gzip = first.map_err(|e| e.in_file(path))?.starts_with(&[0x1f, 0x8b]);
     let mut input: Box<dyn BufRead> = if is_gzip {
+        raw.get_mut().cancel = Cancel::default();
         let inflate = Inflate {
             inner: flate2::read::MultiGzDecoder::new(raw),
             produced: 0,
@@ -259,6 +277,7 @@ fn read_path_as(path: &Path, options: &ReadOptions, whole_pickle: bool) -> Resul
             cap,
             what: "decompressed input",
             failure: failure.clone(),
+            cancel: options.cancel.clone(),
         };
         Box::new(BufReader::with_capacity(BUFFER, capped))
     } else {
@@ -350,18 +369,27 @@ pub fn whole(input: &mut dyn BufRead) -> Result<Vec<u8>> {
     Ok(data)
 }
 
-/// A reader that fails once more than `cap` bytes have come through (the input limit), keeping
-/// the error so it is reported as the limit, not as whatever the format reader made of the cut.
+/// A reader that fails once more than `cap` bytes have come through (the input limit), or once
+/// `cancel` is raised, keeping the error so it is reported as what it is, not as whatever the
+/// format reader made of the cut. It sits under a [`BUFFER`]-sized buffer, so it is called (and
+/// looks at the flag) once per buffer of input, never per item.
 struct Capped<R: Read> {
     inner: R,
     read: u64,
     cap: u64,
     what: &'static str,
     failure: std::rc::Rc<std::cell::RefCell<Option<Error>>>,
+    cancel: Cancel,
 }
 
 impl<R: Read> Read for Capped<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if let Err(e) = self.cancel.check(|| "reading") {
+            let e = e.at(Place::Byte(self.read));
+            let message = e.to_string();
+            self.failure.borrow_mut().get_or_insert(e);
+            return Err(std::io::Error::other(message)); // not `Interrupted`: std retries that
+        }
         let room =
             self.cap.saturating_add(1).saturating_sub(self.read).min(buf.len() as u64) as usize;
         let n = self.inner.read(&mut buf[..room])?;
@@ -425,6 +453,34 @@ impl<R: Read> Read for Inflate<R> {
     }
 }
 
+/// A writer that fails once `cancel` is raised, keeping the error so it is reported as what it
+/// is, not as the write error it caused. It sits under a [`BUFFER`]-sized buffer, so it looks at
+/// the flag once per buffer written.
+struct Stoppable<W: Write> {
+    inner: W,
+    written: u64,
+    cancel: Cancel,
+    failure: std::rc::Rc<std::cell::RefCell<Option<Error>>>,
+}
+
+impl<W: Write> Write for Stoppable<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if let Err(e) = self.cancel.check(|| "writing") {
+            let e = e.at(Place::Byte(self.written));
+            let message = e.to_string();
+            self.failure.borrow_mut().get_or_insert(e);
+            return Err(std::io::Error::other(message)); // not `Interrupted`: std retries that
+        }
+        let n = self.inner.write(buf)?;
+        self.written += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
 /// The error for a file of `len` bytes over the input cap.
 fn too_big(len: u64, cap: u64) -> Error {
     Error::input(format!(
@@ -474,14 +530,36 @@ fn with_progress<T>(path: &Path, read: impl FnOnce() -> T) -> T {
 
 /// Reads a trace of a known format from memory; the result keeps every [limit](limits).
 pub fn read_bytes(data: &[u8], format: Format, options: &ReadOptions) -> Result<Trace> {
-    let trace = match format {
-        // Streamed like a file, and read whole again where the stream cannot answer (or fails,
-        // for the whole reader's message), as `read_path` does.
-        Format::PytorchSnapshot => {
-            snapshot::stream(&mut &data[..], options).or_else(|_| snapshot::read(data, options))?
-        }
-        _ => (format.info().read)(&mut &data[..], options)?,
+    // Handed to the reader a buffer at a time, as a file is, so that it looks at the cancel
+    // flag between buffers.
+    let failure = std::rc::Rc::new(std::cell::RefCell::new(None));
+    let input = || {
+        let capped = Capped {
+            inner: data,
+            read: 0,
+            cap: u64::MAX,
+            what: "input",
+            failure: failure.clone(),
+            cancel: options.cancel.clone(),
+        };
+        BufReader::with_capacity(BUFFER, capped)
     };
+    let read = match format {
+        // Streamed like a file, and read whole again where the stream cannot answer (or fails,
+        // for the whole reader's message), as `read_path` does; not once cancelled.
+        Format::PytorchSnapshot => snapshot::stream(&mut input(), options).or_else(|stop| {
+            if failure.borrow().is_some() {
+                Err(snapshot::refusal_error(stop))
+            } else {
+                snapshot::read(data, options)
+            }
+        }),
+        _ => (format.info().read)(&mut input(), options),
+    };
+    if let Some(e) = failure.borrow_mut().take() {
+        return Err(e);
+    }
+    let trace = read?;
     limits::check_trace(&trace)?;
     Ok(trace)
 }
@@ -523,8 +601,18 @@ pub fn read_memory(data: &[u8], options: &ReadOptions) -> Result<Trace> {
 
 /// Writes `trace` to `path` in the format its extension names; `.gz` compresses.
 pub fn write_trace(trace: &Trace, path: &Path) -> Result<()> {
+    write_trace_cancellable(trace, path, &Cancel::default())
+}
+
+/// [`write_trace`], looking at `cancel` once per buffer written (256 KiB of the file): once it
+/// is raised, the write stops with an error naming the file and the byte it reached, and the
+/// half-written file is removed.
+pub fn write_trace_cancellable(trace: &Trace, path: &Path, cancel: &Cancel) -> Result<()> {
     let format = Format::for_output(path)?;
     let file = std::fs::File::create(path).map_err(|e| Error::io(path, e))?;
+    let failure = std::rc::Rc::new(std::cell::RefCell::new(None));
+    let file =
+        Stoppable { inner: file, written: 0, cancel: cancel.clone(), failure: failure.clone() };
     // Streamed through a buffer: writing holds no copy of the encoded file.
     let out = std::io::BufWriter::with_capacity(BUFFER, file);
     let written = if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gz")) {
@@ -541,6 +629,9 @@ pub fn write_trace(trace: &Trace, path: &Path) -> Result<()> {
         // No half-written trace is left behind; a failed write names the file, an encoding
         // error stays as the format writer worded it.
         let _ = std::fs::remove_file(path);
+        if let Some(stopped) = failure.borrow_mut().take() {
+            return stopped.in_file(path);
+        }
         if std::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>()) {
             e.in_file(path)
         } else {

@@ -47,7 +47,7 @@ use super::{
     limits, Action, AllocatorSettings, Block, BlockState, DeviceTrace, Event, Format, Frame,
     FrameTable, FramesId, PoolId, PoolKind, PoolRef, ReadOptions, Segment, Trace,
 };
-use crate::error::{Error, Place, Result};
+use crate::error::{Cancel, Error, Place, Result};
 use std::collections::HashMap;
 use std::io::{BufRead, Write};
 
@@ -197,7 +197,15 @@ fn build(
                         d
                     }
                     None => {
-                        reader.device_trace(p, device, (list, traces), &mut trace, &mut pools)?
+                        let at = (list, traces);
+                        reader.device_trace(
+                            p,
+                            device,
+                            at,
+                            &mut trace,
+                            &mut pools,
+                            &options.cancel,
+                        )?
                     }
                 };
                 any |= !d.events.is_empty();
@@ -727,6 +735,7 @@ impl Reader {
         (list, within): (Value, Value),
         trace: &mut Trace,
         pools: &mut EntryPools,
+        cancel: &Cancel,
     ) -> Result<DeviceEvents> {
         let entries = p.items(list).ok_or_else(|| {
             schema_err(
@@ -738,8 +747,14 @@ impl Reader {
         let mut frames = |f: Value, index: usize, at: Option<u64>, release: bool| {
             self.frames(p, f, &mut trace.frames, (device, index, at), release)
         };
-        for &entry in entries {
-            events.add(p, device, (entry, list), &mut frames, pools).map_err(refusal_error)?;
+        // A decoded pickle's entries are converted here (a streamed one's came through a reader
+        // that looked at the flag): look at it between chunks of them.
+        for chunk in entries.chunks(Cancel::EVERY) {
+            let byte = p.offset_of(chunk[0]).unwrap_or(0);
+            cancel.check(|| "reading").map_err(|e| e.at(Place::Byte(byte)))?;
+            for &entry in chunk {
+                events.add(p, device, (entry, list), &mut frames, pools).map_err(refusal_error)?;
+            }
         }
         Ok(events)
     }

@@ -72,7 +72,7 @@ pub struct ValidateOptions {
     /// the allocator that made the recording ([`Flavour::of_trace`]).
     pub flavour: Option<Flavour>,
     /// Raised to abandon the validation (Ctrl-C in Python): every replay it runs looks at it
-    /// every [`Cancel::EVERY`] events and stops with an "interrupted" error.
+    /// every [`Cancel::EVERY`] events and stops with an error naming the event it reached.
     pub cancel: Cancel,
 }
 
@@ -1034,6 +1034,10 @@ impl<'a> Guide<PyTorch, Guided<'a>> for Checker<'a> {
     fn stopped(&self) -> bool {
         self.stopped
     }
+
+    fn doing(_: &str, index: u64, count: u64) -> String {
+        format!("validating at event {index} of {count}")
+    }
 }
 
 /// Compares the simulated segment events of one operation with the recorded ones.
@@ -1949,7 +1953,12 @@ mod tests {
         assert!(validate(&t, &options).is_ok(), "an unraised flag changes nothing");
         cancel.cancel();
         let e = validate(&t, &options).unwrap_err();
-        assert_eq!(e.message(), "interrupted");
+        let events = t.devices[0].events.len();
+        assert!(e.is_interrupted());
+        assert_eq!(
+            e.message(),
+            format!("interrupted (Ctrl-C) while validating at event 0 of {events}")
+        );
     }
 
     #[test]

@@ -1,18 +1,20 @@
 //! Greedy by size, how `offline` places its blocks: XLA's `GlobalDecreasingSizeBestFitHeap` over
 //! known lifetimes. The parent module's docs give the rules and what each lookup costs.
 
-use super::Lifetime;
+use super::{Lifetime, NAME};
+use crate::error::{Cancel, Result};
 
 /// Places `items` greedily by decreasing size with best fit over lifetime overlaps; returns each
-/// item's offset and the peak (the size of the planned range).
-pub fn pack(items: &[Lifetime]) -> (Vec<u64>, u64) {
+/// item's offset and the peak (the size of the planned range). Placing looks at `cancel`
+/// every [`Cancel::EVERY`] blocks and fails once it is raised.
+pub fn pack(items: &[Lifetime], cancel: &Cancel) -> Result<(Vec<u64>, u64)> {
     let order = Order::of(items);
     let lookup = if order.mean_overlaps() < LISTING_BELOW {
         Lookup::Listing
     } else {
         Lookup::Tree { cached: ABOVE_CACHED }
     };
-    place(items, &order, lookup)
+    place(items, &order, lookup, cancel)
 }
 
 /// How [`place`] looks the placed blocks up.
@@ -110,11 +112,17 @@ fn sorted_by<K: Ord>(items: &[Lifetime], key: impl Fn(&Lifetime) -> K) -> Vec<us
 /// [`pack`], looking the placed blocks up as `lookup` says.
 #[cfg(test)]
 fn pack_using(items: &[Lifetime], lookup: Lookup) -> (Vec<u64>, u64) {
-    place(items, &Order::of(items), lookup)
+    place(items, &Order::of(items), lookup, &Cancel::default()).expect("never cancelled")
 }
 
-/// Places `items` in `order`, looking the placed blocks up as `lookup` says.
-fn place(items: &[Lifetime], order: &Order, lookup: Lookup) -> (Vec<u64>, u64) {
+/// Places `items` in `order`, looking the placed blocks up as `lookup` says, and at `cancel`
+/// between chunks of [`Cancel::EVERY`] blocks.
+fn place(
+    items: &[Lifetime],
+    order: &Order,
+    lookup: Lookup,
+    cancel: &Cancel,
+) -> Result<(Vec<u64>, u64)> {
     let mut offsets = vec![0u64; items.len()];
     let mut floor = 0;
     for &i in &order.order[..order.whole] {
@@ -130,24 +138,46 @@ fn place(items: &[Lifetime], order: &Order, lookup: Lookup) -> (Vec<u64>, u64) {
         }
     };
     let mut found: Vec<(u64, u64)> = Vec::new();
-    for &i in &order.order[order.whole..] {
+    let rest = &order.order[order.whole..];
+    for (c, chunk) in rest.chunks(Cancel::EVERY).enumerate() {
+        cancel.check(|| {
+            let (done, n) = (order.whole + c * Cancel::EVERY, items.len());
+            format!("planning policy '{NAME}' at block {done} of {n}")
+        })?;
+        place_chunk(items, chunk, floor, &mut peak, &mut tree, &mut found, &mut offsets);
+    }
+    Ok((offsets, peak))
+}
+
+/// Places the blocks `chunk` (in greedy order) above `floor`, raising `peak`; `found` is
+/// scratch.
+fn place_chunk(
+    items: &[Lifetime],
+    chunk: &[usize],
+    floor: u64,
+    peak: &mut u64,
+    tree: &mut Overlaps,
+    found: &mut Vec<(u64, u64)>,
+    offsets: &mut [u64],
+) {
+    for &i in chunk {
         let it = items[i];
         if it.start >= it.end {
             // An empty lifetime overlaps nothing.
             offsets[i] = floor;
-            peak = peak.max(floor + it.block);
+            *peak = (*peak).max(floor + it.block);
             continue;
         }
-        match &mut tree {
+        match tree {
             Overlaps::Listing(t) => {
-                t.occupied(it, &mut found);
+                t.occupied(it, found);
                 found.sort_unstable_by_key(|&(lo, _)| lo);
             }
-            Overlaps::Skyline(t) => t.occupied(i, &mut found),
+            Overlaps::Skyline(t) => t.occupied(i, found),
         }
         let mut cur = floor;
         let mut best: Option<(u64, u64)> = None; // (gap, offset)
-        for &(lo, hi) in &found {
+        for &(lo, hi) in found.iter() {
             if lo > cur {
                 let gap = lo - cur;
                 if gap >= it.block && best.is_none_or(|(g, _)| gap < g) {
@@ -161,13 +191,12 @@ fn place(items: &[Lifetime], order: &Order, lookup: Lookup) -> (Vec<u64>, u64) {
         }
         let at = best.map_or(cur, |(_, o)| o);
         offsets[i] = at;
-        peak = peak.max(at + it.block);
-        match &mut tree {
+        *peak = (*peak).max(at + it.block);
+        match tree {
             Overlaps::Listing(t) => t.insert(i, at, it.block),
             Overlaps::Skyline(t) => t.insert(i, at, it.block),
         }
     }
-    (offsets, peak)
 }
 
 /// Below this many overlapping blocks per block (on average), listing them is cheaper than
@@ -677,17 +706,25 @@ mod tests {
         // so 4 KiB is optimal. Online first fit in trace order would put x at 0, y at 1 KiB and,
         // with x freed, z (2 KiB) not in x's 1 KiB hole but at 3 KiB: 5 KiB.
         // Greedy by size: y at 0; z overlaps y → 2 KiB; x overlaps only y → on top of it, 2 KiB.
-        let (offsets, peak) = pack(&[lt(0, 3, K), lt(1, 6, 2 * K), lt(4, 8, 2 * K)]);
+        let (offsets, peak) =
+            pack(&[lt(0, 3, K), lt(1, 6, 2 * K), lt(4, 8, 2 * K)], &Cancel::default()).unwrap();
         assert_eq!((offsets, peak), (vec![2 * K, 0, 2 * K], 4 * K));
         // a (4K) [0,10) spans the plan: the floor. c (2K) [0,5) → 4K; b (1K) [0,2) → on top,
         // 6K; d (1K) [3,10) overlaps c only → 6K as well (b ended). Peak 7 KiB = a + b + c.
-        let (offsets, peak) = pack(&[lt(0, 10, 4 * K), lt(0, 2, K), lt(0, 5, 2 * K), lt(3, 10, K)]);
+        let (offsets, peak) = pack(
+            &[lt(0, 10, 4 * K), lt(0, 2, K), lt(0, 5, 2 * K), lt(3, 10, K)],
+            &Cancel::default(),
+        )
+        .unwrap();
         assert_eq!((offsets, peak), (vec![0, 6 * K, 4 * K, 6 * K], 7 * K));
         // p (3K), q (1K), r (2K) live over the whole plan: stacked first, largest first: p 0,
         // r 3K, q 5K. s (2K) [0,1) and t (1K) [2,9) both sit on that 6 KiB floor (they never
         // overlap). Peak 8 KiB = p + q + r + s at t < 1, so optimal.
-        let (offsets, peak) =
-            pack(&[lt(0, 9, 3 * K), lt(0, 9, K), lt(0, 9, 2 * K), lt(0, 1, 2 * K), lt(2, 9, K)]);
+        let (offsets, peak) = pack(
+            &[lt(0, 9, 3 * K), lt(0, 9, K), lt(0, 9, 2 * K), lt(0, 1, 2 * K), lt(2, 9, K)],
+            &Cancel::default(),
+        )
+        .unwrap();
         assert_eq!(offsets, vec![0, 5 * K, 3 * K, 6 * K, 6 * K]);
         assert_eq!(peak, 8 * K);
     }
@@ -708,7 +745,7 @@ mod tests {
             lt(2, 10, K),
             lt(5, 11, K),
         ];
-        let (offsets, peak) = pack(&items);
+        let (offsets, peak) = pack(&items, &Cancel::default()).unwrap();
         assert_eq!(offsets, vec![0, 4 * K, 6 * K, 8 * K, 9 * K, 8 * K, 4 * K]);
         assert_eq!(peak, 10 * K);
     }
@@ -890,7 +927,8 @@ mod tests {
             // Starts in index order (as `lifetimes` makes them) take the other sort key.
             let mut by_start = items.clone();
             by_start.sort_by_key(|i| i.start);
-            assert_eq!(pack(&by_start), pack_by_scanning(&by_start), "round {round}, by start");
+            let packed = pack(&by_start, &Cancel::default()).unwrap();
+            assert_eq!(packed, pack_by_scanning(&by_start), "round {round}, by start");
             assert_eq!(pack_using(&items, Lookup::Listing), expected, "round {round}, listing");
             // The trees here are at most 7 levels deep: caching fewer levels than that makes
             // queries read some ancestors' `cover` one by one and the rest from the cache.

@@ -89,7 +89,7 @@ use super::options::{self as opt, OptionKey};
 use super::PolicyContext;
 use super::{Allocation, Policy, Registration, Role};
 use crate::backend::Backend;
-use crate::error::{Error, Place, Result};
+use crate::error::{Cancel, Error, Place, Result};
 use crate::trace::lifetimes::free_action;
 use crate::trace::AddrMap;
 use crate::trace::{Action, Block, BlockState, Event, PoolKind, Segment};
@@ -172,8 +172,13 @@ pub fn orphan_frees(events: &[Event]) -> Vec<(u64, u64)> {
 /// The lifetimes of `events` in malloc order, after the blocks `at_start` (address, size) that
 /// the engine allocates first (see the module docs). Ticks: the blocks live at the start begin
 /// at 0; the malloc at event i is tick 2i + 2, a free at event j ends its block at 2j + 2, and a
-/// block whose address is re-allocated at event i ends at 2i + 3.
-pub fn lifetimes(events: &[Event], at_start: &[(u64, u64)]) -> Vec<(u64, Lifetime)> {
+/// block whose address is re-allocated at event i ends at 2i + 3. The walk looks at `cancel`
+/// every [`Cancel::EVERY`] events and fails once it is raised.
+pub fn lifetimes(
+    events: &[Event],
+    at_start: &[(u64, u64)],
+    cancel: &Cancel,
+) -> Result<Vec<(u64, Lifetime)>> {
     let frees_at = free_action(events);
     let end_of_trace = 2 * events.len() as u64 + 2;
     let mut out: Vec<(u64, Lifetime)> = Vec::with_capacity(events.len() / 2 + at_start.len());
@@ -183,7 +188,11 @@ pub fn lifetimes(events: &[Event], at_start: &[(u64, u64)]) -> Vec<(u64, Lifetim
         live.insert(addr, out.len());
         out.push((size, Lifetime { start: 0, end: end_of_trace, block: size }));
     }
+    let n = events.len();
     for (i, e) in events.iter().enumerate() {
+        if i % Cancel::EVERY == 0 {
+            cancel.check(|| format!("planning policy '{NAME}' at event {i} of {n}"))?;
+        }
         let tick = 2 * i as u64 + 2;
         match e.action {
             Action::Alloc if e.size > 0 => {
@@ -200,18 +209,24 @@ pub fn lifetimes(events: &[Event], at_start: &[(u64, u64)]) -> Vec<(u64, Lifetim
             _ => {}
         }
     }
-    out
+    Ok(out)
 }
 
 /// Plans `events`, after the blocks `at_start` (address, size) live before them, with blocks
-/// rounded to `align`: the plan in malloc order and its peak.
-pub fn plan(events: &[Event], at_start: &[(u64, u64)], align: u64) -> (Vec<Planned>, u64) {
-    let mut lts = lifetimes(events, at_start);
+/// rounded to `align`: the plan in malloc order and its peak. Planning looks at `cancel` every
+/// [`Cancel::EVERY`] events and blocks, and fails once it is raised.
+pub fn plan(
+    events: &[Event],
+    at_start: &[(u64, u64)],
+    align: u64,
+    cancel: &Cancel,
+) -> Result<(Vec<Planned>, u64)> {
+    let mut lts = lifetimes(events, at_start, cancel)?;
     for (_, lt) in &mut lts {
         lt.block = round_up(lt.block, align);
     }
     let items: Vec<Lifetime> = lts.iter().map(|&(_, lt)| lt).collect();
-    let (offsets, peak) = pack(&items);
+    let (offsets, peak) = pack(&items, cancel)?;
     let planned = lts
         .iter()
         .zip(offsets)
@@ -223,7 +238,7 @@ pub fn plan(events: &[Event], at_start: &[(u64, u64)], align: u64) -> (Vec<Plann
             end: lt.end,
         })
         .collect();
-    (planned, peak)
+    Ok((planned, peak))
 }
 
 /// The clairvoyant policy; see the module docs.
@@ -251,6 +266,8 @@ pub struct Offline {
     at_start: Option<Vec<(u64, u64)>>,
     /// Seconds the last [`Policy::prepare`] took.
     planning_seconds: Option<f64>,
+    /// Stops planning early when raised ([`PolicyContext::cancel`]).
+    cancel: Cancel,
 }
 
 impl Offline {
@@ -269,6 +286,7 @@ impl Offline {
     pub fn from_input(options: &str, context: &PolicyContext) -> Result<Offline> {
         let mut p = Offline::from_options(options)?;
         p.at_start = Some(context.live_at_start.iter().map(|b| (b.addr, b.size.max(1))).collect());
+        p.cancel = context.cancel.clone();
         Ok(p)
     }
 
@@ -419,7 +437,7 @@ impl Policy for Offline {
                 .filter(|&t| t <= limit)
                 .ok_or_else(|| too_much().at(Place::Event(i as u64)))?;
         }
-        let (plan, peak) = plan(events, &at_start, align);
+        let (plan, peak) = plan(events, &at_start, align, &self.cancel)?;
         self.plan = plan;
         self.peak = peak;
         self.cursor = 0;
@@ -692,6 +710,7 @@ mod tests {
                 capacity: None,
                 gpu_memory: None,
                 recorded_peak_reserved: None,
+                cancel: &crate::error::Cancel::default(),
             };
             // Every registered policy, built from its registration with default options.
             let runs: Vec<_> = POLICIES

@@ -23,24 +23,16 @@ const U16_BYTE: u8 = 251;
 const U32_BYTE: u8 = 252;
 const U64_BYTE: u8 = 253;
 
-/// The fewest bytes an encoded event takes: one per field (the pool included when `pools`).
-fn min_event_bytes(pools: bool) -> usize {
-    if pools {
-        7
-    } else {
-        6
-    }
-}
+/// The fewest bytes an encoded event takes: one per field.
+const MIN_EVENT_BYTES: usize = 7;
 
 /// The events and recorded totals of one chunk (the encoding of a
-/// `(Vec<Event>, Vec<RecordedTotals>)` tuple) at the start of `bytes`, and the bytes they took;
-/// `pools`: the events carry their pool (version 5 on), else they are in the default pools.
+/// `(Vec<Event>, Vec<RecordedTotals>)` tuple) at the start of `bytes`, and the bytes they took.
 /// `None` where bincode must decode the chunk instead (see the module docs). `claim_limit` is
 /// bincode's limit on the bytes a decode may claim: a chunk long enough to reach it is left to
 /// bincode.
 pub(super) fn decode(
     bytes: &[u8],
-    pools: bool,
     claim_limit: usize,
 ) -> Option<(Vec<Event>, Vec<RecordedTotals>, usize)> {
     // Bincode claims at most 8 bytes per value, and every value takes at least one byte.
@@ -48,10 +40,10 @@ pub(super) fn decode(
         return None;
     }
     let mut wire = Wire { bytes, at: 0 };
-    let n = wire.len(min_event_bytes(pools))?;
+    let n = wire.len(MIN_EVENT_BYTES)?;
     let mut events = Vec::with_capacity(n);
     for _ in 0..n {
-        events.push(wire.event(pools)?);
+        events.push(wire.event()?);
     }
     let n = wire.len(2)?;
     let mut totals = Vec::with_capacity(n);
@@ -128,7 +120,7 @@ impl Wire<'_> {
 
     /// One event, its fields in the order of [`Event`]'s (serde writes them so).
     #[inline(always)]
-    fn event(&mut self, pools: bool) -> Option<Event> {
+    fn event(&mut self) -> Option<Event> {
         let action = *Action::ALL.get(self.u32()? as usize)?;
         Some(Event {
             action,
@@ -137,15 +129,14 @@ impl Wire<'_> {
             stream: self.u64()?,
             time_us: self.i64()?,
             frames: FramesId(self.u32()?),
-            pool: if pools { PoolRef(self.u16()?) } else { PoolRef::DEFAULT },
+            pool: PoolRef(self.u16()?),
         })
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::old_events;
-    use super::super::{config, EventV4, DECODE_LIMIT};
+    use super::super::{config, DECODE_LIMIT};
     use super::*;
 
     type Chunk = (Vec<Event>, Vec<RecordedTotals>);
@@ -197,30 +188,21 @@ mod tests {
     }
 
     /// What bincode makes of `bytes`: the chunk and the bytes it took, or `None` on an error.
-    fn bincode_decode(bytes: &[u8], pools: bool) -> Option<(Chunk, usize)> {
-        if pools {
-            bincode::serde::decode_from_slice::<Chunk, _>(bytes, config()).ok()
-        } else {
-            let ((events, totals), used): ((Vec<EventV4>, Vec<RecordedTotals>), usize) =
-                bincode::serde::decode_from_slice(bytes, config()).ok()?;
-            Some(((events.into_iter().map(Event::from).collect(), totals), used))
-        }
+    fn bincode_decode(bytes: &[u8]) -> Option<(Chunk, usize)> {
+        bincode::serde::decode_from_slice::<Chunk, _>(bytes, config()).ok()
     }
 
-    fn fast_decode(bytes: &[u8], pools: bool) -> Option<(Chunk, usize)> {
-        decode(bytes, pools, DECODE_LIMIT).map(|(e, t, used)| ((e, t), used))
+    fn fast_decode(bytes: &[u8]) -> Option<(Chunk, usize)> {
+        decode(bytes, DECODE_LIMIT).map(|(e, t, used)| ((e, t), used))
     }
 
-    /// Encodings of sample chunks, as the writer makes them, with and without pools.
-    fn encodings() -> Vec<(Vec<u8>, bool)> {
+    /// Encodings of sample chunks, as the writer makes them.
+    fn encodings() -> Vec<Vec<u8>> {
         let (events, totals) = (sample_events(), sample_totals());
-        let old = old_events(&events);
         vec![
-            (encode(&(events.clone(), totals.clone())), true),
-            (encode(&(events.clone(), Vec::<RecordedTotals>::new())), true),
-            (encode(&(Vec::<Event>::new(), Vec::<RecordedTotals>::new())), true),
-            (encode(&(old.clone(), totals)), false),
-            (encode(&(old, Vec::<RecordedTotals>::new())), false),
+            encode(&(events.clone(), totals)),
+            encode(&(events, Vec::<RecordedTotals>::new())),
+            encode(&(Vec::<Event>::new(), Vec::<RecordedTotals>::new())),
         ]
     }
 
@@ -241,13 +223,13 @@ mod tests {
 
     #[test]
     fn decodes_what_bincode_decodes() {
-        for (bytes, pools) in encodings() {
-            let expected = bincode_decode(&bytes, pools).expect("bincode reads its own encoding");
-            assert_eq!(fast_decode(&bytes, pools), Some(expected), "pools: {pools}");
+        for bytes in encodings() {
+            let expected = bincode_decode(&bytes).expect("bincode reads its own encoding");
+            assert_eq!(fast_decode(&bytes), Some(expected));
             // Bytes after the chunk are left for the caller, as bincode leaves them.
             let mut longer = bytes.clone();
             longer.extend([7, 7, 7]);
-            assert_eq!(fast_decode(&longer, pools).unwrap().1, bytes.len());
+            assert_eq!(fast_decode(&longer).unwrap().1, bytes.len());
         }
         assert!(!sample_events().is_empty());
     }
@@ -265,7 +247,7 @@ mod tests {
             state
         };
         let (mut agreed, mut gave_up) = (0, 0);
-        for (bytes, pools) in encodings() {
+        for bytes in encodings() {
             let mut cases: Vec<Vec<u8>> = (0..bytes.len()).map(|n| bytes[..n].to_vec()).collect();
             for _ in 0..4000 {
                 let mut damaged = bytes.clone();
@@ -281,9 +263,9 @@ mod tests {
                 cases.push(damaged);
             }
             for case in &cases {
-                match fast_decode(case, pools) {
+                match fast_decode(case) {
                     Some(fast) => {
-                        assert_eq!(bincode_decode(case, pools), Some(fast), "{case:?}");
+                        assert_eq!(bincode_decode(case), Some(fast), "{case:?}");
                         agreed += 1;
                     }
                     None => gave_up += 1,
@@ -299,11 +281,11 @@ mod tests {
         // A length beyond what the bytes left can hold is refused before anything is reserved.
         let mut bytes = vec![U64_BYTE];
         bytes.extend(u64::MAX.to_le_bytes());
-        assert_eq!(fast_decode(&bytes, true), None);
-        assert!(bincode_decode(&bytes, true).is_none());
+        assert_eq!(fast_decode(&bytes), None);
+        assert!(bincode_decode(&bytes).is_none());
         // A chunk long enough to reach bincode's claim limit is left to bincode.
-        let (bytes, pools) = encodings().remove(0);
-        assert_eq!(decode(&bytes, pools, 8 * (bytes.len() - 1)), None);
-        assert!(decode(&bytes, pools, 8 * bytes.len()).is_some());
+        let bytes = encodings().remove(0);
+        assert_eq!(decode(&bytes, 8 * (bytes.len() - 1)), None);
+        assert!(decode(&bytes, 8 * bytes.len()).is_some());
     }
 }

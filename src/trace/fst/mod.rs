@@ -23,17 +23,17 @@
 //! A replay consumes the events record by record without loading them ([`FstStream`]): it reads
 //! the head once, then the file from its start for each pass, holding one record at a time.
 //!
-//! Versions 1 and 2 (one record holding the whole trace; version 1 without recorded totals) are
-//! still read, and versions 3 (this layout, with segments that do not say their private pool)
-//! and 4 (events that do not say their pool) are read and streamed. The CRC catches corruption that would otherwise decode into wrong numbers (bincode
-//! is not self-describing); the body length catches truncation. Lists grow as elements arrive,
+//! A file of another version is refused: versions 1 to 4 were written by development builds
+//! before this layout was fixed, and the message says to re-convert such a file from its source
+//! trace. The CRC catches corruption that would otherwise decode into wrong numbers (bincode is
+//! not self-describing); the body length catches truncation. Lists grow as elements arrive,
 //! never from a declared length alone, and a bincode size limit bounds each record as well. A
 //! change to the model types must bump [`VERSION`].
 
 use super::limits;
 use super::{
-    Action, AllocatorSettings, DeviceTotals, DeviceTrace, Event, Format, Frame, FrameTable,
-    FramesId, PoolId, PoolRef, ReadOptions, RecordedTotals, Segment, Trace,
+    AllocatorSettings, DeviceTotals, DeviceTrace, Event, Format, Frame, FrameTable, FramesId,
+    PoolId, PoolRef, ReadOptions, RecordedTotals, Segment, Trace,
 };
 use crate::error::{Error, ErrorKind, Place, Result};
 use serde::{Deserialize, Serialize};
@@ -45,14 +45,8 @@ mod chunk;
 /// The first bytes of every `.fst` file.
 pub const MAGIC: &[u8] = b"FRAGSIM\0";
 
-/// The version of the layout this build writes (it reads 1 to this).
+/// The version of the layout this build writes, and the only one it reads.
 pub const VERSION: u32 = 5;
-
-/// The first version whose events say their pool ([`Event::pool`]).
-const EVENT_POOLS_SINCE: u32 = 5;
-
-/// The first version in the chunked layout (one head, then records of events).
-const CHUNKED_SINCE: u32 = 3;
 
 /// The most events (and, separately, recorded totals) one record holds: about 250 KB encoded and
 /// 650 KB decoded, the bound on what a reader buffers beside the events.
@@ -68,84 +62,6 @@ const DECODE_LIMIT: usize = 32 << 30;
 
 fn config() -> impl bincode::config::Config {
     bincode::config::standard().with_limit::<DECODE_LIMIT>()
-}
-
-/// A [`Segment`] as versions 1 to 3 wrote it: without its private pool.
-#[derive(Deserialize)]
-struct SegmentV3 {
-    device: i32,
-    address: u64,
-    total_size: u64,
-    stream: u64,
-    pool: super::PoolKind,
-    is_expandable: bool,
-    blocks: Vec<super::Block>,
-}
-
-impl From<SegmentV3> for Segment {
-    /// Files before version 4 did not record private pools: every segment is in the default ones.
-    fn from(s: SegmentV3) -> Segment {
-        let SegmentV3 { device, address, total_size, stream, pool, is_expandable, blocks } = s;
-        Segment {
-            device,
-            address,
-            total_size,
-            stream,
-            pool,
-            is_expandable,
-            private_pool: None,
-            blocks,
-        }
-    }
-}
-
-/// An [`Event`] as versions 1 to 4 wrote it: without its pool.
-#[derive(Clone, Copy, Serialize, Deserialize)]
-struct EventV4 {
-    action: Action,
-    addr: u64,
-    size: u64,
-    stream: u64,
-    time_us: i64,
-    frames: FramesId,
-}
-
-impl From<EventV4> for Event {
-    /// Files before version 5 did not record the entries' pools: every event is in the default
-    /// ones, and [`Trace::entry_pools`] is `None`.
-    fn from(e: EventV4) -> Event {
-        Event { frames: e.frames, ..Event::new(e.action, e.addr, e.size, e.stream, e.time_us) }
-    }
-}
-
-/// A device's events as versions 1 and 2 wrote them.
-#[derive(Deserialize)]
-struct DeviceTraceV2 {
-    device: i32,
-    events: Vec<EventV4>,
-}
-
-/// What a version 1 or 2 body holds (version 1 ends before `recorded_totals`).
-#[derive(Deserialize)]
-struct WireV2 {
-    format: Format,
-    has_times: bool,
-    devices: Vec<DeviceTraceV2>,
-    frames: Vec<Vec<Frame>>,
-    segments: Vec<SegmentV3>,
-    allocator_settings: Option<AllocatorSettings>,
-    recorded_totals: Vec<DeviceTotals>,
-}
-
-/// [`WireV2`] without the recorded totals.
-#[derive(Deserialize)]
-struct WireV1 {
-    format: Format,
-    has_times: bool,
-    devices: Vec<DeviceTraceV2>,
-    frames: Vec<Vec<Frame>>,
-    segments: Vec<SegmentV3>,
-    allocator_settings: Option<AllocatorSettings>,
 }
 
 /// The head of a version 5 file, as written (borrowing the trace).
@@ -169,26 +85,16 @@ struct HeadIn {
     entry_pools: Option<Vec<PoolId>>,
 }
 
-/// The head of a version 4 file, and all but the last field of a version 5 head; with
-/// `S = SegmentV3`, the head of a version 3 file, whose segments do not say their private pool.
+/// All but the last field of a head.
 #[derive(Deserialize)]
-struct HeadBase<S = Segment> {
+struct HeadBase {
     format: Format,
     has_times: bool,
     devices: Vec<(i32, u64)>,
     frames: Vec<Vec<Frame>>,
-    segments: Vec<S>,
+    segments: Vec<Segment>,
     allocator_settings: Option<AllocatorSettings>,
     totals: Vec<(i32, u64)>,
-}
-
-impl From<HeadBase<SegmentV3>> for HeadBase {
-    fn from(h: HeadBase<SegmentV3>) -> HeadBase {
-        let HeadBase { format, has_times, devices, frames, segments, allocator_settings, totals } =
-            h;
-        let segments = segments.into_iter().map(Segment::from).collect();
-        HeadBase { format, has_times, devices, frames, segments, allocator_settings, totals }
-    }
 }
 
 /// Reads an .fst file held in memory.
@@ -210,21 +116,28 @@ pub fn read_from(input: &mut dyn BufRead, _options: &ReadOptions) -> Result<Trac
             .at(Place::Byte(got as u64)));
     }
     let version = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
-    match version {
-        1 | 2 => {
-            let mut data = head.to_vec();
-            input.read_to_end(&mut data).map_err(Error::from_io)?;
-            read_whole(&data, version)
-        }
-        CHUNKED_SINCE..=VERSION => {
-            Chunked { input, at: 12, body: Vec::new(), version, crc: 0 }.read()
-        }
-        _ => Err(Error::input(format!(
-            "unsupported .fst version {version} (this fragsim reads versions 1 to {VERSION}); \
-             re-create the file from the original trace with 'fragsim convert'"
-        ))
-        .at(Place::Byte(8))),
+    if version != VERSION {
+        return Err(other_version(version));
     }
+    Chunked { input, at: 12, body: Vec::new(), crc: 0 }.read()
+}
+
+/// The error for a file of `version`, not [`VERSION`]: one of the layouts development builds
+/// wrote before this one was fixed (1 to 4), or an unknown one. The reader adds the file.
+fn other_version(version: u32) -> Error {
+    let message = if (1..VERSION).contains(&version) {
+        format!(
+            "written by an earlier build of fragsim: .fst version {version}, and this build reads \
+             version {VERSION} only; re-convert the file from its source trace with \
+             'fragsim convert SOURCE FILE.fst'"
+        )
+    } else {
+        format!(
+            "unsupported .fst version {version} (this build reads version {VERSION} only); \
+             re-create the file from the original trace with 'fragsim convert'"
+        )
+    };
+    Error::input(message).at(Place::Byte(8))
 }
 
 /// Fills `buf` as far as the input goes; returns how many bytes were read.
@@ -241,13 +154,12 @@ fn read_up_to(input: &mut dyn BufRead, buf: &mut [u8]) -> Result<usize> {
     Ok(got)
 }
 
-/// A chunked (version 3 or later) file after its version: the input, the byte offset reached, a
-/// buffer for one record's body, and the version.
+/// A file after its version: the input, the byte offset reached, and a buffer for one record's
+/// body.
 struct Chunked<'r> {
     input: &'r mut dyn BufRead,
     at: u64,
     body: Vec<u8>,
-    version: u32,
     /// The checksum of the record read last.
     crc: u32,
 }
@@ -304,19 +216,8 @@ impl Chunked<'_> {
         }
         let at = self.body_start();
         let undecodable = |e| undecodable(e, at);
-        let (head, used): (HeadIn, usize) = match self.version {
-            3 => {
-                let (head, used): (HeadBase<SegmentV3>, usize) =
-                    bincode::serde::decode_from_slice(&self.body, config()).map_err(undecodable)?;
-                (HeadIn { base: head.into(), entry_pools: None }, used)
-            }
-            4 => {
-                let (base, used) =
-                    bincode::serde::decode_from_slice(&self.body, config()).map_err(undecodable)?;
-                (HeadIn { base, entry_pools: None }, used)
-            }
-            _ => bincode::serde::decode_from_slice(&self.body, config()).map_err(undecodable)?,
-        };
+        let (head, used): (HeadIn, usize) =
+            bincode::serde::decode_from_slice(&self.body, config()).map_err(undecodable)?;
         check_entry_pools(&head.entry_pools).map_err(|e| e.at(Place::Byte(at)))?;
         Ok((head, used))
     }
@@ -331,13 +232,9 @@ impl Chunked<'_> {
         let start = self.body_start();
         let rest = self.body.get(offset..).unwrap_or_default();
         let undecodable = |e| undecodable(e, start + offset as u64);
-        let fast = chunk::decode(rest, self.version >= EVENT_POOLS_SINCE, DECODE_LIMIT);
-        let (chunk, used) = if let Some((events, totals, used)) = fast {
+        let (chunk, used) = if let Some((events, totals, used)) = chunk::decode(rest, DECODE_LIMIT)
+        {
             ((events, totals), used)
-        } else if self.version < EVENT_POOLS_SINCE {
-            let ((events, totals), used): ((Vec<EventV4>, Vec<RecordedTotals>), usize) =
-                bincode::serde::decode_from_slice(rest, config()).map_err(undecodable)?;
-            ((events.into_iter().map(Event::from).collect(), totals), used)
         } else {
             bincode::serde::decode_from_slice(rest, config()).map_err(undecodable)?
         };
@@ -430,7 +327,7 @@ fn intern_frames(lists: Vec<Vec<Frame>>) -> Result<FrameTable> {
     Ok(frames)
 }
 
-/// A chunked (version 3 or later) `.fst` file opened to stream one device's events, record by
+/// An `.fst` file opened to stream one device's events, record by
 /// record, without loading them: what `replay` runs on. Opening reads the head (frames, final
 /// segments, settings, each device's event count); [`FstStream::each_event`] then reads the file
 /// again from its start for each pass, holding one record at a time, so memory does not grow with
@@ -522,10 +419,10 @@ impl FstStream {
         let mut start = [0u8; 12];
         let got = read_up_to(&mut input, &mut start).map_err(|e| e.in_file(path))?;
         let version = u32::from_le_bytes([start[8], start[9], start[10], start[11]]);
-        if got < 12 || !start.starts_with(MAGIC) || !(CHUNKED_SINCE..=VERSION).contains(&version) {
-            return Ok(None);
+        if got < 12 || !start.starts_with(MAGIC) || version != VERSION {
+            return Ok(None); // read as usual: refused there, with the reader's message
         }
-        let mut records = Chunked { input: &mut input, at: 12, body: Vec::new(), version, crc: 0 };
+        let mut records = Chunked { input: &mut input, at: 12, body: Vec::new(), crc: 0 };
         let in_file = |e: Error| at_head(e).in_format(Format::Fst.name()).in_file(path);
         let (HeadIn { base: head, entry_pools }, first_chunk) = records.head().map_err(in_file)?;
         if !head.totals.is_empty() {
@@ -643,8 +540,7 @@ impl FstStream {
                 .in_format(Format::Fst.name())
                 .in_file(path));
         }
-        let version = self.version;
-        let mut records = Chunked { input: &mut input, at: 12, body: Vec::new(), version, crc: 0 };
+        let mut records = Chunked { input: &mut input, at: 12, body: Vec::new(), crc: 0 };
         let mut record = 0usize;
         // Each record's checksum against the one read there first (see the type's docs).
         let mut same_record = |crc: u32, at: u64| -> Result<()> {
@@ -891,103 +787,6 @@ fn check_segments(segments: &[Segment]) -> Result<()> {
     Ok(())
 }
 
-/// Reads a version 1 or 2 file: one record holding the whole trace.
-fn read_whole(data: &[u8], version: u32) -> Result<Trace> {
-    let header = |what: &str| {
-        Error::input(format!("truncated header: the file ends before its {what}"))
-            .at(Place::Byte(data.len() as u64))
-    };
-    let body_len = u64::from_le_bytes(le_bytes(data, 12).ok_or_else(|| header("body length"))?);
-    let crc = u32::from_le_bytes(le_bytes(data, 20).ok_or_else(|| header("checksum"))?);
-    let body = &data[HEADER_LEN.min(data.len())..];
-    if (body.len() as u64) < body_len {
-        return Err(Error::input(format!(
-            "truncated: the header declares a {body_len}-byte body but only {} bytes follow",
-            body.len()
-        ))
-        .at(Place::Byte(data.len() as u64)));
-    }
-    if (body.len() as u64) > body_len {
-        return Err(Error::input(format!(
-            "{} unexpected bytes after the {body_len}-byte body",
-            body.len() as u64 - body_len
-        ))
-        .at(Place::Byte(HEADER_LEN as u64 + body_len)));
-    }
-    let mut hasher = flate2::Crc::new();
-    hasher.update(body);
-    if hasher.sum() != crc {
-        return Err(Error::input(format!(
-            "checksum mismatch (recorded {crc:#010x}, computed {:#010x}): the file is corrupt",
-            hasher.sum()
-        ))
-        .at(Place::Byte(HEADER_LEN as u64)));
-    }
-    let undecodable = |e| undecodable(e, HEADER_LEN as u64);
-    let (wire, used): (WireV2, usize) = if version == 1 {
-        let (w, used): (WireV1, usize) =
-            bincode::serde::decode_from_slice(body, config()).map_err(undecodable)?;
-        let WireV1 { format, has_times, devices, frames, segments, allocator_settings } = w;
-        let recorded_totals = Vec::new();
-        let wire = WireV2 {
-            format,
-            has_times,
-            devices,
-            frames,
-            segments,
-            allocator_settings,
-            recorded_totals,
-        };
-        (wire, used)
-    } else {
-        bincode::serde::decode_from_slice(body, config()).map_err(undecodable)?
-    };
-    if used != body.len() {
-        return Err(Error::input(format!(
-            "{} unexpected bytes after the encoded trace",
-            body.len() - used
-        ))
-        .at(Place::Byte((HEADER_LEN + used) as u64)));
-    }
-    let frames = intern_frames(wire.frames).map_err(at_head)?;
-    let mut devices: Vec<DeviceTrace> = wire
-        .devices
-        .into_iter()
-        .map(|d| DeviceTrace {
-            device: d.device,
-            events: d.events.into_iter().map(Event::from).collect(),
-        })
-        .collect();
-    devices.sort_by_key(|d| d.device);
-    check_devices(devices.iter().map(|d| d.device)).map_err(at_head)?;
-    let refs = Refs { frames: &frames, pools: 0 };
-    for d in &devices {
-        for (i, e) in d.events.iter().enumerate() {
-            check_event(d.device, i, e, refs)?;
-        }
-    }
-    let trace = Trace {
-        format: Format::Fst,
-        converted_from: Some(wire.format),
-        devices,
-        frames,
-        segments: wire.segments.into_iter().map(Segment::from).collect(),
-        allocator_settings: wire.allocator_settings,
-        has_times: wire.has_times,
-        recorded_totals: wire.recorded_totals,
-        entry_pools: None,
-        torch_npu: false,
-    };
-    let trace = Trace { torch_npu: trace.frames.names_torch_npu(), ..trace };
-    // Each event was checked above; the whole-trace limits (streams per device, ...) are checked
-    // once for every format by `read::read_bytes` and the path reader.
-    Ok(trace)
-}
-
-fn le_bytes<const N: usize>(data: &[u8], at: usize) -> Option<[u8; N]> {
-    data.get(at..at + N)?.try_into().ok()
-}
-
 /// What writing `trace` as .fst leaves out: nothing, the format holds the whole model.
 pub fn losses(_trace: &Trace) -> Vec<String> {
     Vec::new()
@@ -1035,7 +834,7 @@ pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::{Block, BlockState, PoolKind};
+    use crate::trace::{Action, Block, BlockState, PoolKind};
 
     fn sample() -> Trace {
         let mut frames = FrameTable::default();
@@ -1137,7 +936,7 @@ mod tests {
         other[8] = 6;
         assert_eq!(
             read(&other, &opts).unwrap_err().to_string(),
-            "byte 8: unsupported .fst version 6 (this fragsim reads versions 1 to 5); re-create the file from the original trace with 'fragsim convert'"
+            "byte 8: unsupported .fst version 6 (this build reads version 5 only); re-create the file from the original trace with 'fragsim convert'"
         );
         let mut longer = data.clone();
         longer.push(0);
@@ -1155,83 +954,6 @@ mod tests {
         let err = read(&data, &ReadOptions::default()).unwrap_err();
         assert!(err.to_string().starts_with("byte 24: undecodable body"), "{err}");
     }
-    /// A segment as versions 1 to 3 wrote it: without its private pool.
-    #[derive(Serialize)]
-    struct OldSegment<'a> {
-        device: i32,
-        address: u64,
-        total_size: u64,
-        stream: u64,
-        pool: PoolKind,
-        is_expandable: bool,
-        blocks: &'a [Block],
-    }
-
-    fn old_segments(t: &Trace) -> Vec<OldSegment<'_>> {
-        t.segments
-            .iter()
-            .map(|s| OldSegment {
-                device: s.device,
-                address: s.address,
-                total_size: s.total_size,
-                stream: s.stream,
-                pool: s.pool,
-                is_expandable: s.is_expandable,
-                blocks: &s.blocks,
-            })
-            .collect()
-    }
-
-    /// `t`'s events as versions 1 to 4 wrote them: without their pools.
-    pub(super) fn old_events(events: &[Event]) -> Vec<EventV4> {
-        let old = |e: &Event| EventV4 {
-            action: e.action,
-            addr: e.addr,
-            size: e.size,
-            stream: e.stream,
-            time_us: e.time_us,
-            frames: e.frames,
-        };
-        events.iter().map(old).collect()
-    }
-
-    /// A version 1 or 2 file as those builds wrote it: one record holding the whole trace.
-    fn encode_old(t: &Trace, version: u32) -> Vec<u8> {
-        #[derive(Serialize)]
-        struct OldDevice {
-            device: i32,
-            events: Vec<EventV4>,
-        }
-        #[derive(Serialize)]
-        struct Old<'a> {
-            format: Format,
-            has_times: bool,
-            devices: Vec<OldDevice>,
-            frames: Vec<&'a [Frame]>,
-            segments: Vec<OldSegment<'a>>,
-            allocator_settings: &'a Option<AllocatorSettings>,
-        }
-        let frames = (1..=t.frames.len() as u32).map(|i| t.frames.get(FramesId(i))).collect();
-        let devices = t
-            .devices
-            .iter()
-            .map(|d| OldDevice { device: d.device, events: old_events(&d.events) })
-            .collect();
-        let old = Old {
-            format: t.format,
-            has_times: t.has_times,
-            devices,
-            frames,
-            segments: old_segments(t),
-            allocator_settings: &t.allocator_settings,
-        };
-        let mut body = bincode::serde::encode_to_vec(&old, config()).unwrap();
-        if version == 2 {
-            body.extend(bincode::serde::encode_to_vec(&t.recorded_totals, config()).unwrap());
-        }
-        framed(version, &body)
-    }
-
     /// `body` as the one record of a file of `version`: magic, version, length, CRC, body.
     fn framed(version: u32, body: &[u8]) -> Vec<u8> {
         let mut crc = flate2::Crc::new();
@@ -1244,57 +966,28 @@ mod tests {
         data
     }
 
-    /// A version 4 file of a trace of at most [`CHUNK`] events: events that do not say their
-    /// pool.
-    fn encode_v4(t: &Trace) -> Vec<u8> {
-        encode_old_chunked(t, 4, &t.segments)
-    }
-
-    /// A chunked file of `version` (3 or 4) of a trace of at most [`CHUNK`] events, one record,
-    /// with its segments written as `segments`.
-    fn encode_old_chunked<S: Serialize>(t: &Trace, version: u32, segments: S) -> Vec<u8> {
-        #[derive(Serialize)]
-        struct Head<'a, S> {
-            format: Format,
-            has_times: bool,
-            devices: Vec<(i32, u64)>,
-            frames: Vec<&'a [Frame]>,
-            segments: S,
-            allocator_settings: &'a Option<AllocatorSettings>,
-            totals: Vec<(i32, u64)>,
-        }
-        let head = Head {
-            format: t.format,
-            has_times: t.has_times,
-            devices: t.devices.iter().map(|d| (d.device, d.events.len() as u64)).collect(),
-            frames: (1..=t.frames.len() as u32).map(|i| t.frames.get(FramesId(i))).collect(),
-            segments,
-            allocator_settings: &t.allocator_settings,
-            totals: t.recorded_totals.iter().map(|d| (d.device, d.totals.len() as u64)).collect(),
-        };
-        let events: Vec<EventV4> = t.devices.iter().flat_map(|d| old_events(&d.events)).collect();
-        let totals: Vec<&RecordedTotals> =
-            t.recorded_totals.iter().flat_map(|d| &d.totals).collect();
-        assert!(events.len() <= CHUNK && totals.len() <= CHUNK, "one record");
-        let mut body = bincode::serde::encode_to_vec(&head, config()).unwrap();
-        body.extend(bincode::serde::encode_to_vec((events, totals), config()).unwrap());
-        framed(version, &body)
-    }
-
-    /// `t` as files before version 5 hold it: no event names its pool.
-    fn unnamed_pools(t: &Trace) -> Trace {
-        let mut t = Trace { entry_pools: None, ..t.clone() };
-        for d in &mut t.devices {
-            d.events.iter_mut().for_each(|e| e.pool = PoolRef::DEFAULT);
-        }
-        t
-    }
-
     #[test]
-    fn reads_version_4_whose_events_name_no_pool() {
-        let t = sample();
-        let v4 = read(&encode_v4(&t), &ReadOptions::default()).unwrap();
-        assert_eq!(Trace { format: t.format, converted_from: None, ..v4 }, unnamed_pools(&t));
+    fn files_of_earlier_versions_are_refused_saying_to_re_convert_them() {
+        // Development builds wrote versions 1 to 4 before the layout was fixed: however their
+        // body looks, the version alone refuses them, naming the file and both versions.
+        let dir = tempfile::tempdir().unwrap();
+        for version in 1..VERSION {
+            let mut data = encode(&sample());
+            data[8..12].copy_from_slice(&version.to_le_bytes());
+            let expected = format!(
+                "byte 8: written by an earlier build of fragsim: .fst version {version}, and this \
+                 build reads version 5 only; re-convert the file from its source trace with \
+                 'fragsim convert SOURCE FILE.fst'"
+            );
+            let err = read(&data, &ReadOptions::default()).unwrap_err();
+            assert_eq!(err.to_string(), expected);
+            // From a file: not streamed, and the reader's error names the file.
+            let path = dir.path().join(format!("v{version}.fst"));
+            std::fs::write(&path, &data).unwrap();
+            assert!(FstStream::open(&path).unwrap().is_none(), "version {version}");
+            let err = crate::trace::read_trace(&path, &ReadOptions::default()).unwrap_err();
+            assert_eq!(err.to_string(), format!("{}: fst: {expected}", path.display()));
+        }
     }
 
     #[test]
@@ -1340,47 +1033,6 @@ mod tests {
             let err = stream.each_event(0, u64::MAX, true, |_, _| Ok(())).unwrap_err().to_string();
             assert!(err.contains(expected), "{err}");
         }
-    }
-
-    /// A version 3 file of a trace of at most [`CHUNK`] events: the chunked layout, with
-    /// segments that do not say their private pool.
-    fn encode_v3(t: &Trace) -> Vec<u8> {
-        encode_old_chunked(t, 3, old_segments(t))
-    }
-
-    #[test]
-    fn reads_versions_1_to_3_whose_segments_are_all_in_the_default_pools() {
-        let t = sample();
-        assert!(t.segments.iter().any(|s| s.private_pool.is_some()), "a private pool to lose");
-        let default_pools = Trace {
-            segments: t
-                .segments
-                .iter()
-                .map(|s| Segment { private_pool: None, ..s.clone() })
-                .collect(),
-            ..unnamed_pools(&t)
-        };
-        let v3 = read(&encode_v3(&t), &ReadOptions::default()).unwrap();
-        assert_eq!(Trace { format: t.format, converted_from: None, ..v3 }, default_pools);
-        let v2 = read(&encode_old(&t, 2), &ReadOptions::default()).unwrap();
-        assert_eq!(Trace { format: t.format, converted_from: None, ..v2 }, default_pools);
-        let v1 = read(&encode_old(&t, 1), &ReadOptions::default()).unwrap();
-        let want = Trace { recorded_totals: Vec::new(), ..default_pools.clone() };
-        assert_eq!(Trace { format: want.format, converted_from: None, ..v1 }, want);
-        // A version 3 file still streams, with its events as loading gives them.
-        let streamable = Trace { recorded_totals: Vec::new(), ..t };
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("v3.fst");
-        std::fs::write(&path, encode_v3(&streamable)).unwrap();
-        let file = FstStream::open(&path).unwrap().expect("a version 3 file streams");
-        assert_eq!(file.head().segments, default_pools.segments);
-        let mut got = Vec::new();
-        file.each_event(0, u64::MAX, true, |_, e| {
-            got.push(*e);
-            Ok(())
-        })
-        .unwrap();
-        assert_eq!(got, default_pools.devices[0].events);
     }
 
     /// A trace of `n` events on device 0 and 3 on device 2, every event with recorded totals.
@@ -1487,10 +1139,10 @@ mod tests {
         assert!(collect(7, u64::MAX, false).is_empty());
         std::fs::write(&path, encode(&long(5))).unwrap();
         assert!(FstStream::open(&path).unwrap().is_none(), "recorded totals: loaded");
-        for version in [1, 2] {
-            std::fs::write(&path, encode_old(&t, version)).unwrap();
-            assert!(FstStream::open(&path).unwrap().is_none(), "version {version}: loaded");
-        }
+        let mut other = encode(&t);
+        other[8] = 4;
+        std::fs::write(&path, other).unwrap();
+        assert!(FstStream::open(&path).unwrap().is_none(), "another version: loaded (and refused)");
     }
 
     #[test]
