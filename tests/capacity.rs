@@ -73,8 +73,8 @@ fn every_policy_ends_on_every_real_trace_below_its_need() {
 
 /// A capacity far above anything a trace needs names a card, not a limit: `pytorch` and
 /// `pytorch-expandable` make the same decisions with it as without it, on every real trace.
-/// (A Kineto trace's exact-block rule was once lost when the capacity rebuilt the policy: 17 MB
-/// more peak allocated on the V100 trace under `--capacity 16GB`.)
+/// That includes every rule the trace calls for, such as a Kineto trace's exact blocks: the V100
+/// trace's peak allocated bytes are the same under `--capacity 16GB` as without a capacity.
 #[test]
 fn a_capacity_that_cannot_bind_changes_no_pytorch_decision() {
     for path in real_traces() {
