@@ -43,6 +43,9 @@
 //! which can be split or stitched again. A reservation whose pages have all moved away is
 //! released.
 //!
+//! A large request over 1 TiB (more than any GPU holds) is refused as out of memory: mapping
+//! it a granule per call would take over half a million calls.
+//!
 //! Options (`stitch:key=value,...`): `small` (default 1 MiB: requests up to this use the small
 //! pool), `stitch` (default `true`; `false` gives plain VMM blocks, one physical chunk per
 //! request that no free block fits, as an ablation). Streams are ignored (GMLake, like PyTorch,
@@ -76,6 +79,9 @@ pub const POLICY: Registration<Stitch> = Registration {
 const SMALL_ROUND: u64 = 512;
 /// Small-pool segment size (PyTorch's `kSmallBuffer`).
 const SMALL_SEGMENT: u64 = 2 * MIB;
+/// The largest large block served (1 TiB, more than any GPU holds): a range is mapped one
+/// granule per call, so a larger one is refused as out of memory rather than walked through.
+const MAX_LARGE: u64 = 1 << 40;
 
 /// `stitch`'s options; see the module docs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -230,6 +236,9 @@ impl Stitch {
         stream: u64,
     ) -> Result<Option<Allocation>> {
         self.granule = backend.granularity().max(1);
+        if size > MAX_LARGE {
+            return Ok(None);
+        }
         let s = round_up(size, self.granule);
         // S1/S2: one free block.
         if let Some((addr, _)) = self.large.best_fit(0, s) {
