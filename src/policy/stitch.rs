@@ -24,19 +24,27 @@
 //!   pool: 512-byte rounding, 2 MiB `cudaMalloc` segments, best fit, split when ≥ 512 B remain,
 //!   coalescing. Large requests are rounded up to the granule ([`Backend::granularity`]).
 //!
-//! **How stitching is counted.** The simulated device counts mapped physical bytes as reserved.
+//! **How stitching is counted.** GMLake creates its physical memory as one handle per granule
+//! (`cuMemCreate` of 2 MiB) and maps each handle with its own `cuMemMap`, since the driver maps one
+//! allocation handle per call and unmaps only whole mappings. Here too every [`Backend::map`] and
+//! [`Backend::unmap`] call of the large pool covers exactly one granule, so `map_count` and
+//! `unmap_count` both count granule mappings: a range of k granules costs k maps, and no unmap
+//! can undo more than one map. The simulated device counts mapped physical bytes as reserved.
 //! GMLake maps the *same* physical handles a second time, into the stitched range, while keeping
 //! the primitive mapping; a second mapping costs no physical memory, but `Backend::map` means
 //! "create and map new physical memory". Rather than add an aliasing call to the `Backend` trait,
-//! a stitch here *moves* the pieces: each is unmapped from its old range and the same number of
-//! bytes is mapped at its place in the new range (one `map` call for the whole new range, plus any
-//! new physical chunk, which is mapped first). Reserved bytes are the same at every instant as
-//! GMLake's physical memory, and the peak never rises by a stitch (unmap comes before map). What
-//! differs: `unmap_count` counts the moved pieces (GMLake keeps the primitive mapping) and the
-//! moved granules are no longer reachable through their old range. GMLake's cache of stitched
-//! ranges (sPool) saves mapping calls, not memory, so it is not modelled: a freed stitched block
-//! is simply a free block of its range, which can be split or stitched again. A reservation whose
-//! pages have all moved away is released.
+//! a stitch here *moves* the pieces: each granule is unmapped from its old range and one granule
+//! is mapped at its place in the new range (any new physical memory is mapped first). Reserved
+//! bytes are the same at every instant as GMLake's physical memory, and the peak never rises by a
+//! stitch (each unmap comes before its map). What differs: `unmap_count` counts the moved
+//! granules (GMLake keeps the primitive mapping) and the moved granules are no longer reachable
+//! through their old range. GMLake's cache of stitched ranges (sPool) saves mapping calls, not
+//! memory, so it is not modelled: a freed stitched block is simply a free block of its range,
+//! which can be split or stitched again. A reservation whose pages have all moved away is
+//! released.
+//!
+//! A large request over 1 TiB (more than any GPU holds) is refused as out of memory: mapping
+//! it a granule per call would take over half a million calls.
 //!
 //! Options (`stitch:key=value,...`): `small` (default 1 MiB: requests up to this use the small
 //! pool), `stitch` (default `true`; `false` gives plain VMM blocks, one physical chunk per
@@ -71,6 +79,9 @@ pub const POLICY: Registration<Stitch> = Registration {
 const SMALL_ROUND: u64 = 512;
 /// Small-pool segment size (PyTorch's `kSmallBuffer`).
 const SMALL_SEGMENT: u64 = 2 * MIB;
+/// The largest large block served (1 TiB, more than any GPU holds): a range is mapped one
+/// granule per call, so a larger one is refused as out of memory rather than walked through.
+const MAX_LARGE: u64 = 1 << 40;
 
 /// `stitch`'s options; see the module docs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -137,7 +148,7 @@ impl Stitch {
         let free: Vec<(u64, u64)> = self.large.free_chunks(0).collect();
         for &(addr, size) in &free {
             self.large.remove_free(addr);
-            backend.unmap(addr, size)?;
+            self.unmap_granules(backend, addr, size)?;
         }
         let all: Vec<u64> = self.large.regions().keys().copied().collect();
         self.release_empty_reservations(backend, &all)?;
@@ -182,13 +193,38 @@ impl Stitch {
         Ok(Some(Allocation::new(addr, block_size)))
     }
 
+    /// Maps `[addr, addr + size)` (whole granules) one granule per call, as GMLake maps one
+    /// physical handle per `cuMemMap`. When the device runs out part way, the granules mapped so
+    /// far are unmapped again and the answer is `false`: nothing stays mapped, as after a refused
+    /// [`Backend::map`].
+    fn map_granules<B: Backend>(&self, backend: &mut B, addr: u64, size: u64) -> Result<bool> {
+        let g = self.granule;
+        for page in (addr..addr + size).step_by(g as usize) {
+            if !backend.map(page, g)? {
+                self.unmap_granules(backend, addr, page - addr)?;
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Unmaps `[addr, addr + size)` (whole granules) one granule per call: each call undoes one
+    /// mapping of [`Stitch::map_granules`].
+    fn unmap_granules<B: Backend>(&self, backend: &mut B, addr: u64, size: u64) -> Result<()> {
+        let g = self.granule;
+        for page in (addr..addr + size).step_by(g as usize) {
+            backend.unmap(page, g)?;
+        }
+        Ok(())
+    }
+
     /// Maps `size` new bytes at `addr`, returning free small segments once if the device is full.
     fn map_new<B: Backend>(&mut self, backend: &mut B, addr: u64, size: u64) -> Result<bool> {
-        if backend.map(addr, size)? {
+        if self.map_granules(backend, addr, size)? {
             return Ok(true);
         }
         if self.release_small(backend)? {
-            return backend.map(addr, size);
+            return self.map_granules(backend, addr, size);
         }
         Ok(false)
     }
@@ -200,6 +236,9 @@ impl Stitch {
         stream: u64,
     ) -> Result<Option<Allocation>> {
         self.granule = backend.granularity().max(1);
+        if size > MAX_LARGE {
+            return Ok(None);
+        }
         let s = round_up(size, self.granule);
         // S1/S2: one free block.
         if let Some((addr, _)) = self.large.best_fit(0, s) {
@@ -239,15 +278,19 @@ impl Stitch {
             } else {
                 self.large.remove_free(addr);
             }
-            backend.unmap(addr, take)?;
+            // Granule by granule, each unmapped before its copy is mapped: the peak never rises.
+            let g = self.granule;
+            for at in (0..take).step_by(g as usize) {
+                backend.unmap(addr + at, g)?;
+                if !backend.map(va + offset + at, g)? {
+                    return Err(Error::backend(format!(
+                        "stitch: remapping {g} bytes just unmapped was refused"
+                    )));
+                }
+            }
             offset += take;
         }
         if covered > 0 {
-            if !backend.map(va, covered)? {
-                return Err(Error::backend(format!(
-                    "stitch: remapping {covered} bytes just unmapped was refused"
-                )));
-            }
             self.stitches += 1;
         }
         debug_assert_eq!(offset, covered);
@@ -373,6 +416,45 @@ mod tests {
         p.free(&mut d, b.addr).unwrap();
         p.empty_cache(&mut d).unwrap();
         assert_eq!(d.reserved(), 0);
+    }
+
+    /// Every map and unmap call covers one granule, so a stitch costs one unmap and one map per
+    /// moved granule, and no unmap undoes more than one map: the 12 requests below once gave 3
+    /// maps and 4 unmaps (an 8 MiB range mapped in one call, unmapped in four pieces).
+    #[test]
+    fn maps_and_unmaps_count_granules_so_unmaps_never_exceed_maps() {
+        use crate::backend::{BackendCall, Recording};
+        let count = |d: &Recording<SimDevice>| {
+            let maps = d.calls().iter().filter(|c| matches!(c, BackendCall::Map { ok: true, .. }));
+            let unmaps = d.calls().iter().filter(|c| matches!(c, BackendCall::Unmap { .. }));
+            let granule = |c: &BackendCall| match *c {
+                BackendCall::Map { size, .. } | BackendCall::Unmap { size, .. } => size == 2 * MIB,
+                _ => true,
+            };
+            assert!(d.calls().iter().all(granule), "{:?}", d.calls());
+            (maps.count(), unmaps.count())
+        };
+        let mut d: Recording<SimDevice> = Recording::new(SimDevice::default());
+        let mut p = Stitch::from_options("").unwrap();
+        let a = p.malloc(&mut d, 8 * MIB, 0).unwrap().unwrap();
+        p.free(&mut d, a.addr).unwrap();
+        let b: Vec<Allocation> =
+            (0..4).map(|_| p.malloc(&mut d, 2 * MIB, 0).unwrap().unwrap()).collect();
+        assert_eq!(count(&d), (4, 0), "one map per granule of the new 8 MiB");
+        p.free(&mut d, b[0].addr).unwrap();
+        p.free(&mut d, b[2].addr).unwrap();
+        let c = p.malloc(&mut d, 4 * MIB, 0).unwrap().unwrap();
+        assert_eq!(count(&d), (6, 2), "two granules moved into the stitched range");
+        p.free(&mut d, b[1].addr).unwrap();
+        p.free(&mut d, b[3].addr).unwrap();
+        let e = p.malloc(&mut d, 4 * MIB, 0).unwrap().unwrap();
+        assert_eq!(count(&d), (8, 4));
+        assert_eq!((d.reserved(), d.inner.peak_reserved(), p.stitches()), (8 * MIB, 8 * MIB, 2));
+        p.free(&mut d, c.addr).unwrap();
+        p.free(&mut d, e.addr).unwrap();
+        p.empty_cache(&mut d).unwrap();
+        assert_eq!((count(&d), d.reserved()), ((8, 8), 0));
+        p.check_invariants().unwrap();
     }
 
     #[test]
