@@ -172,6 +172,20 @@ pub trait Policy {
         0
     }
 
+    /// After [`Policy::start`], how much of a recorded start state did not fit under the
+    /// limits (the engine fills in [`StartFit::limit_bytes`]); `None` when the whole state
+    /// was installed or the policy has none.
+    fn start_fit(&self) -> Option<crate::metrics::StartFit> {
+        None
+    }
+
+    /// The GPU memory the policy's limit is a share of (`pytorch` with a
+    /// `per_process_memory_fraction`), reported so that a what-if says which card it assumed;
+    /// `None` when no limit depends on it.
+    fn assumed_gpu_memory(&self) -> Option<u64> {
+        None
+    }
+
     /// Wall-clock seconds [`Policy::prepare`] spent planning, for a policy that plans before the
     /// first event (`offline`); `None` for an online policy. Reported on its own because a
     /// planner's cost is its planning, which no online allocator pays (it is part of the

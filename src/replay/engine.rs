@@ -512,6 +512,15 @@ fn drive<P: Policy, B: Backend, K: Blocks, G: Guide<P, B>, const PLAIN: bool>(
         replay_seconds: started.elapsed().as_secs_f64(),
         planning_seconds: policy.planning_seconds(),
         first_oom,
+        start_state: policy.start_fit().map(|mut f| {
+            let device = options.capacity.map(|c| c.saturating_sub(options.outside_bytes));
+            f.limit_bytes = match (f.limit_bytes, device) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            f
+        }),
+        gpu_memory_bytes: policy.assumed_gpu_memory(),
         cuda: None,
         ..PolicyResult::default()
     };
