@@ -219,3 +219,71 @@ fn capacity_takes_cards_by_name() {
     let o = crate::util::run(&["sweep", t, "-p", "pytorch", "--capacity", "t4"]);
     assert!(o.status.success(), "{}", crate::util::stderr(&o));
 }
+
+/// A what-if's limit binds from the first event. `cs336-lm-step-c` starts from a recovered cache
+/// of 13.21 GiB; under `per_process_memory_fraction:0.5` of 16 GiB (8 GiB) the replay installs
+/// only the segments that fit, never reserves over the limit, and says so under the table and
+/// in JSON (`start_state`); `:0` leaves nothing room, an OOM at event 0 that `sweep` ranks as
+/// out of memory (not "+0.0%" against the recorded settings, and under their own label).
+#[test]
+fn a_limit_binds_from_the_first_event() {
+    use crate::util::{real_trace, run, stdout};
+    let trace = real_trace("cs336-lm-step-c.pickle");
+    let t = trace.to_str().unwrap();
+    let half = "pytorch:per_process_memory_fraction:0.5";
+    let none = "pytorch:per_process_memory_fraction:0";
+    let o = run(&["replay", t, "--capacity", "16GiB", "-p", half, "-p", none, "--json"]);
+    assert!(o.status.success(), "{}", crate::util::stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rows = v["results"].as_array().unwrap();
+    let row = |config: &str| {
+        rows.iter()
+            .find(|r| r["config"].as_str().is_some_and(|c| c.split(',').any(|o| o == config)))
+            .unwrap_or_else(|| panic!("{config}: {v}"))
+    };
+    let limit = 8u64 << 30;
+    let r = row("per_process_memory_fraction:0.5");
+    assert!(r["peak_reserved_bytes"].as_u64().unwrap() <= limit, "{r}");
+    let fit = &r["start_state"];
+    assert_eq!(fit["limit_bytes"].as_u64(), Some(limit), "{r}");
+    assert_eq!(fit["bytes"].as_u64(), Some(14_180_941_824), "{r}");
+    let installed = fit["installed_bytes"].as_u64().unwrap();
+    assert!(installed > 0 && installed <= limit, "{r}");
+    let r = row("per_process_memory_fraction:0");
+    assert_eq!(r["first_oom_event"].as_u64(), Some(0), "{r}");
+    assert_eq!(r["start_state"]["installed_bytes"].as_u64(), Some(0), "{r}");
+
+    let table = stdout(&run(&["replay", t, "--capacity", "16GiB", "-p", half, "-p", none]));
+    assert!(table.contains("OOM at event 0"), "{table}");
+    let said = table.lines().filter(|l| l.starts_with("start state: ")).count();
+    assert_eq!(said, 2, "{table}");
+    assert!(table.contains("does not fit under the 8.00 GiB limit"), "{table}");
+
+    let sweep = stdout(&run(&["sweep", t, "--capacity", "16GiB", "-p", none, "-p", "pytorch"]));
+    let line = sweep.lines().find(|l| l.contains(none)).unwrap_or_else(|| panic!("{sweep}"));
+    assert!(line.contains("OOM at event 0") && !line.contains('%'), "{sweep}");
+    assert!(sweep.contains("(recorded settings)") && !sweep.contains("(recorded)"), "{sweep}");
+    assert!(sweep.contains(&format!("ran out of memory at this capacity (ranked last): {none}")));
+}
+
+/// A setting that pays only on some card says which card it assumed: `per_process_memory_fraction`
+/// with a `garbage_collection_threshold` is a share of the GPU's memory, so `sweep` names the GPU
+/// memory its configs assumed (`--capacity`, here) and JSON carries it per result, and `fit` notes
+/// that each capacity it tries is taken as the card's memory.
+#[test]
+fn a_setting_that_pays_on_some_card_says_the_card() {
+    use crate::util::{real_trace, run, stdout};
+    let trace = real_trace("cs336-lm-step-c.pickle");
+    let t = trace.to_str().unwrap();
+    let gc = "pytorch:garbage_collection_threshold:0.6,per_process_memory_fraction:0.9";
+    let sweep = stdout(&run(&["sweep", t, "--capacity", "24GiB", "-p", gc]));
+    assert!(sweep.contains("these configs assume a GPU of 24.00 GiB"), "{sweep}");
+    let o = run(&["replay", t, "--capacity", "24GiB", "-p", gc, "-p", "bfc", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rows = v["results"].as_array().unwrap();
+    let gpu = |p: &str| rows.iter().find(|r| r["policy"] == p).unwrap()["gpu_memory_bytes"].clone();
+    assert_eq!(gpu("pytorch").as_u64(), Some(24 << 30), "{v}");
+    assert!(gpu("bfc").is_null(), "{v}");
+    let fit = stdout(&run(&["fit", t, "-p", gc]));
+    assert!(fit.contains("each capacity tried is taken as the card's whole memory"), "{fit}");
+}

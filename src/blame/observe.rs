@@ -382,6 +382,12 @@ impl<P: Policy> Policy for Watched<'_, '_, P> {
     fn alloc_retries(&self) -> u64 {
         self.inner.alloc_retries()
     }
+    fn start_fit(&self) -> Option<crate::policy::StartFit> {
+        self.inner.start_fit()
+    }
+    fn assumed_gpu_memory(&self) -> Option<u64> {
+        self.inner.assumed_gpu_memory()
+    }
     fn planning_seconds(&self) -> Option<f64> {
         self.inner.planning_seconds()
     }

@@ -263,6 +263,15 @@ fn table(report: &FitReport) -> String {
                 short.join(", ")
             );
         }
+        // A share of the GPU's memory: the card assumed is the capacity tried.
+        if r.config.split(',').any(|o| o.starts_with("per_process_memory_fraction:")) {
+            let _ = writeln!(
+                s,
+                "  note: per_process_memory_fraction is a share of the GPU's memory: each capacity \
+                 tried is taken as the card's whole memory, so this need holds on a card of that \
+                 size, not on a larger card shared"
+            );
+        }
         if let Some(nm) = f.non_monotonic {
             let _ = writeln!(
                 s,

@@ -226,21 +226,69 @@ fn table(report: &SweepReport) -> String {
     let ref_worst =
         report.ranking.iter().find(|r| r.spec == reference).and_then(|r| as_number(&r.worst));
     let width = report.ranking.iter().map(|r| r.spec.len()).max().unwrap_or(4).max(6);
-    let _ = writeln!(s, "{:>4}  {:<width$}  {:>14}  {:>11}", "rank", "config", obj, "vs recorded");
+    // Where each config that ran out of memory first did: its value is no peak it reached.
+    let oom_at = |spec: &str| -> Option<String> {
+        report.results.iter().filter(|r| r.spec == spec).find_map(|r| {
+            let event = r.row.result.get("first_oom_event")?.as_u64()?;
+            let on = if traces == 1 { String::new() } else { format!(" of {}", r.row.trace) };
+            Some(format!("event {event}{on}"))
+        })
+    };
+    let vs_header = "vs recorded settings";
+    let _ = writeln!(s, "{:>4}  {:<width$}  {:>16}  {vs_header}", "rank", "config", obj);
+    let mut ran_out = Vec::new();
     for (i, r) in report.ranking.iter().enumerate() {
+        let at = (!r.oom_free).then(|| oom_at(&r.spec)).flatten();
         let vs = match (ref_worst, as_number(&r.worst)) {
-            _ if r.spec == reference => "(recorded)".to_string(),
+            _ if r.spec == reference => "(recorded settings)".to_string(),
+            _ if !r.oom_free => "-".to_string(),
             (Some(b), Some(x)) if b > 0.0 => format!("{:+.1}%", (x / b - 1.0) * 100.0),
             _ => String::new(),
         };
-        let oom = if r.oom_free { "" } else { "  OOM" };
+        let value = match &at {
+            Some(at) if traces == 1 => format!("OOM at {at}"),
+            _ => show(obj, &r.worst),
+        };
+        let oom = if r.oom_free || traces == 1 && at.is_some() { "" } else { "  OOM" };
+        if !r.oom_free {
+            ran_out.push(match &at {
+                Some(at) => format!("{} (at {at})", r.spec),
+                None => r.spec.clone(),
+            });
+        }
         let _ = writeln!(
             s,
-            "{:>4}  {:<width$}  {:>14}  {:>11}{oom}",
+            "{:>4}  {:<width$}  {:>16}  {:>w$}{oom}",
             i + 1,
             r.spec,
-            show(obj, &r.worst),
-            vs
+            value,
+            vs,
+            w = vs_header.len()
+        );
+    }
+    if !ran_out.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nran out of memory at this capacity (ranked last): {}",
+            ran_out.join(", ")
+        );
+    }
+    // A share of the GPU's memory pays only on a card of that size: say which card was assumed.
+    let mut assumed: Vec<u64> = report
+        .results
+        .iter()
+        .filter_map(|r| r.row.result.get("gpu_memory_bytes")?.as_u64())
+        .collect();
+    assumed.sort_unstable();
+    assumed.dedup();
+    if !assumed.is_empty() {
+        let cards: Vec<String> = assumed.iter().map(|&b| format_bytes(b)).collect();
+        let _ = writeln!(
+            s,
+            "\nper_process_memory_fraction (and a garbage_collection_threshold with it) is a share \
+             of the GPU's memory: these configs assume a GPU of {}; give --capacity CARD to model \
+             another card",
+            cards.join(" / ")
         );
     }
     let Some(best) = &report.best else { return s };

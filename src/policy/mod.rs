@@ -81,6 +81,24 @@ impl Handle {
     }
 }
 
+/// How much of a recorded start state (the cache a snapshot held at its first event) a policy
+/// installed under its limit ([`Policy::start_fit`]): a what-if's limit binds from the first
+/// event, so segments that would take reserved bytes over it are left out, each whole, in
+/// recorded order. The replay reports it as the result's `start_state`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StartFit {
+    /// Segments (and mapped ranges) the recorded start state holds.
+    pub segments: u64,
+    /// Bytes they reserve.
+    pub bytes: u64,
+    /// Of those, the segments installed.
+    pub installed_segments: u64,
+    /// Bytes the installed segments reserve.
+    pub installed_bytes: u64,
+    /// The policy's own limit (`per_process_memory_fraction` × the GPU's memory), if any.
+    pub limit_bytes: Option<u64>,
+}
+
 /// An allocator policy. Implementations must be deterministic: the same calls give the same
 /// addresses. See the module docs.
 pub trait Policy {
@@ -170,6 +188,19 @@ pub trait Policy {
     /// How often a malloc needed a full flush and retry (PyTorch's `num_alloc_retries`).
     fn alloc_retries(&self) -> u64 {
         0
+    }
+
+    /// After [`Policy::start`], how much of a recorded start state fit under the limits, when
+    /// not all of it did; `None` when the whole state was installed or the policy has none.
+    fn start_fit(&self) -> Option<StartFit> {
+        None
+    }
+
+    /// The GPU memory the policy's limit is a share of (`pytorch` with a
+    /// `per_process_memory_fraction`), reported so that a what-if says which card it assumed;
+    /// `None` when no limit depends on it.
+    fn assumed_gpu_memory(&self) -> Option<u64> {
+        None
     }
 
     /// Wall-clock seconds [`Policy::prepare`] spent planning, for a policy that plans before the

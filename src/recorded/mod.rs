@@ -167,6 +167,8 @@ impl RecordedRow {
             alloc_retries: self.alloc_retries.unwrap_or(0),
             oom: self.oom.unwrap_or(false),
             first_oom_event: self.first_oom_event,
+            start_state: None,
+            gpu_memory_bytes: None,
             replay_seconds: 0.0,
             planning_seconds: None,
             first_oom: None,

@@ -70,7 +70,38 @@ pub fn render_with_recorded(results: &[PolicyResult], recorded: Option<&Recorded
         line(&mut out, &row.iter().map(String::as_str).collect::<Vec<_>>());
     }
     out += &start_peak_line(results, recorded);
+    out += &start_fit_lines(results);
     out += &oom_lines(results);
+    out
+}
+
+/// Under the table, per run whose limit left part of the recorded start state out (a warm
+/// snapshot's cache that does not fit under `per_process_memory_fraction` or `--capacity`):
+/// what was installed, and that the live blocks left out were allocated anew before the first
+/// event (an OOM at event 0 where they could not be). Empty when every start state fit.
+pub fn start_fit_lines(results: &[PolicyResult]) -> String {
+    let mut out = String::new();
+    for (r, label) in results.iter().zip(columns::labels(results)) {
+        let Some(f) = &r.start_state else { continue };
+        let limit = f
+            .limit_bytes
+            .map(|l| format!("the {} limit", crate::units::format_bytes(l)))
+            .unwrap_or_else(|| "the device".into());
+        let at_start = match &r.first_oom {
+            Some(d) if d.event == 0 => "; some did not fit: out of memory at event 0".to_string(),
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "\nstart state: {label}: the recorded cache at the first event ({} in {} segments) \
+             does not fit under {limit}: {} in {} segments installed, the rest left out; the \
+             blocks live in it were allocated anew before the first event{at_start}",
+            crate::units::format_bytes(f.bytes),
+            f.segments,
+            crate::units::format_bytes(f.installed_bytes),
+            f.installed_segments,
+        );
+    }
     out
 }
 

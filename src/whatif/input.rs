@@ -35,6 +35,8 @@ enum Kind {
     Oom,
     /// The `cuda` object.
     Cuda,
+    /// The `start_state` object.
+    StartState,
 }
 
 /// Every key a `replay --json` result may hold, what it holds, and whether every result has it.
@@ -63,6 +65,8 @@ const KEYS: &[(&str, Kind, bool)] = &[
     ("fragmentation_at_peak_allocated", Kind::Fraction, false),
     ("start_malloc_count", Kind::Count, false),
     ("start_map_count", Kind::Count, false),
+    ("start_state", Kind::StartState, false),
+    ("gpu_memory_bytes", Kind::Count, false),
 ];
 
 impl Kind {
@@ -76,6 +80,7 @@ impl Kind {
             Kind::Text => "a string",
             Kind::Oom => "the first_oom object replay --json writes",
             Kind::Cuda => "the cuda object replay --json writes",
+            Kind::StartState => "the start_state object replay --json writes",
         }
     }
 
@@ -91,6 +96,9 @@ impl Kind {
             Kind::Oom => serde_json::from_value::<crate::metrics::OomDetail>(v.clone()).is_ok(),
             Kind::Cuda => {
                 serde_json::from_value::<crate::backend::cuda::CudaMeasures>(v.clone()).is_ok()
+            }
+            Kind::StartState => {
+                serde_json::from_value::<crate::metrics::StartFit>(v.clone()).is_ok()
             }
         }
     }

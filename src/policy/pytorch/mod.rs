@@ -247,6 +247,9 @@ pub struct PyTorch<const DEFAULT_RULES: bool = false> {
     /// The recorded allocator's segments at a snapshot's first event, installed by
     /// [`Policy::start`] (see [`PyTorch::with_recorded_start`]); taken when installed.
     start: Option<Box<start::StartState>>,
+    /// What of the start state did not fit under the limits when it was installed
+    /// ([`Policy::start_fit`]).
+    start_fit: Option<crate::policy::StartFit>,
     /// Requests are recorded block sizes (a Kineto trace, see [`PyTorch::reading_kineto`]): a
     /// block found larger is split down to the request whenever the rest can be a block.
     exact_blocks: bool,
@@ -316,6 +319,7 @@ impl PyTorch {
                 && config.roundup_power2_divisions.iter().all(|&d| d <= 1),
             config,
             start: None,
+            start_fit: None,
             exact_blocks: false,
         }
     }
@@ -486,7 +490,7 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
         carry!(self;
             config, blocks, spare, pools, private, private_pools, freeable, into, capture_underway,
             segments, expandable, streams, stream_index, allocated, total_allocated, alloc_retries, stats, gc_on,
-            start, exact_blocks, plain_rounding,
+            start, start_fit, exact_blocks, plain_rounding,
         )
     }
 
@@ -1541,8 +1545,21 @@ impl<const DEFAULT_RULES: bool> Policy for PyTorch<DEFAULT_RULES> {
         let Some(state) = self.start.take() else { return Ok(out) };
         let index: std::collections::HashMap<u64, usize> =
             live_at_start.iter().enumerate().map(|(k, b)| (b.addr, k)).collect();
+        // A what-if's limit binds from the first event: a segment that would take reserved
+        // bytes over `per_process_memory_fraction`'s limit is left out, as one the device has
+        // no room for; the engine allocates its live blocks anew.
+        let limit = self.config.allowed_memory_maximum();
+        let fits = |total: u64, more: u64| limit.is_none_or(|l| total.saturating_add(more) <= l);
+        let mut fit = crate::policy::StartFit::default();
         for s in state.segments.iter().filter(|s| !s.expandable) {
+            fit.segments += 1;
+            fit.bytes += s.size;
+            if !fits(self.total_allocated, s.size) {
+                continue;
+            }
             let Some(base) = backend.segment_alloc(s.size)? else { continue };
+            fit.installed_segments += 1;
+            fit.installed_bytes += s.size;
             let mut placed = Vec::new();
             let mut tiling = placed_tiling(s, |a| a - s.addr + base, &index, &mut placed);
             merge_free_neighbours(&mut tiling);
@@ -1561,6 +1578,12 @@ impl<const DEFAULT_RULES: bool> Policy for PyTorch<DEFAULT_RULES> {
             if ranges.iter().any(|s| s.addr + s.size > r.base.saturating_add(va)) {
                 continue;
             }
+            let mapped_bytes: u64 = ranges.iter().map(|s| s.size).sum();
+            fit.segments += ranges.len() as u64;
+            fit.bytes += mapped_bytes;
+            if !fits(self.total_allocated, mapped_bytes) {
+                continue;
+            }
             let Some(base) = backend.reserve(va)? else { continue };
             let shift = |a: u64| a - r.base + base;
             let mut mapped = 0;
@@ -1576,6 +1599,8 @@ impl<const DEFAULT_RULES: bool> Policy for PyTorch<DEFAULT_RULES> {
                 backend.release(base, va)?;
                 continue;
             }
+            fit.installed_segments += ranges.len() as u64;
+            fit.installed_bytes += mapped_bytes;
             let mut placed = Vec::new();
             let shifted: Vec<MappedRange> = ranges
                 .iter()
@@ -1588,6 +1613,10 @@ impl<const DEFAULT_RULES: bool> Policy for PyTorch<DEFAULT_RULES> {
                 out[k] = Some(a);
             }
         }
+        self.start_fit = (fit.installed_segments < fit.segments).then(|| {
+            fit.limit_bytes = limit;
+            fit
+        });
         Ok(out)
     }
 
@@ -1683,6 +1712,14 @@ impl<const DEFAULT_RULES: bool> Policy for PyTorch<DEFAULT_RULES> {
 
     fn allocated(&self) -> u64 {
         self.allocated
+    }
+
+    fn start_fit(&self) -> Option<crate::policy::StartFit> {
+        self.start_fit
+    }
+
+    fn assumed_gpu_memory(&self) -> Option<u64> {
+        self.config.allowed_memory_maximum().map(|_| self.config.gpu_memory)
     }
 
     fn alloc_retries(&self) -> u64 {
