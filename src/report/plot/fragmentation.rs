@@ -88,11 +88,8 @@ impl Chart for Fragmentation<'_> {
             let mut mesh = chart.configure_mesh();
             mesh.y_labels(3)
                 .y_label_formatter(&|v| format!("{v:.0}%"))
-                .x_label_formatter(&|v| tick(*v))
-                .label_style(text(TICK))
-                .light_line_style(WHITE)
-                .bold_line_style(GRID)
-                .axis_style(INK);
+                .x_label_formatter(&|v| tick(*v));
+            house_mesh(&mut mesh);
             if i != last {
                 mesh.disable_x_axis();
             }

@@ -135,19 +135,12 @@ impl Chart for Peaks<'_> {
             .y_label_area_size(label_w)
             .build_cartesian_2d(0.0..x_max, 0.0..n as f64)
             .or_draw_error()?;
-        chart
-            .configure_mesh()
-            .disable_y_mesh()
+        let mut mesh = chart.configure_mesh();
+        mesh.disable_y_mesh()
             .disable_y_axis()
             .x_desc(format!("peak reserved memory ({})", scale.unit))
-            .x_label_formatter(&|v| tick(*v))
-            .axis_desc_style(text(LABEL))
-            .label_style(text(TICK))
-            .light_line_style(WHITE)
-            .bold_line_style(GRID)
-            .axis_style(INK)
-            .draw()
-            .or_draw_error()?;
+            .x_label_formatter(&|v| tick(*v));
+        house_mesh(&mut mesh).draw().or_draw_error()?;
 
         let bound = data.bound();
         for (i, (bar, value)) in rows.iter().zip(values).enumerate() {

@@ -300,21 +300,14 @@ impl Chart for SegmentChart<'_> {
         } else {
             (format!("offset within the segment ({})", scale.unit), "segment, largest at the top")
         };
-        chart
-            .configure_mesh()
-            .disable_y_mesh()
+        let mut mesh = chart.configure_mesh();
+        mesh.disable_y_mesh()
             .x_desc(x_desc)
             .y_desc(y_desc)
             .x_label_formatter(&|v| tick(*v))
             .y_label_formatter(&|_| String::new())
-            .y_labels(0)
-            .axis_desc_style(text(LABEL))
-            .label_style(text(TICK))
-            .light_line_style(WHITE)
-            .bold_line_style(GRID)
-            .axis_style(INK)
-            .draw()
-            .or_draw_error()?;
+            .y_labels(0);
+        house_mesh(&mut mesh).draw().or_draw_error()?;
         // Line numbers on the left: every line when there is room, else about ten.
         let every = if self.row_h >= 16 { 1 } else { n.div_ceil(10).max(1) };
         for i in (0..n).filter(|i| i % every == 0 || *i + 1 == n) {

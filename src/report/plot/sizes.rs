@@ -80,12 +80,8 @@ impl Chart for Sizes<'_> {
                 .y_desc(y_desc)
                 .y_label_formatter(&|v| tick(*v))
                 .x_labels(n.max(2) * 2 + 1)
-                .x_label_formatter(&x_label)
-                .axis_desc_style(text(LABEL))
-                .label_style(text(TICK))
-                .light_line_style(WHITE)
-                .bold_line_style(GRID)
-                .axis_style(INK);
+                .x_label_formatter(&x_label);
+            house_mesh(&mut mesh);
             if x_axis {
                 mesh.x_desc("allocation size class: from the size shown up to twice it (bytes; K = KiB, M = MiB, G = GiB)");
             }

@@ -326,19 +326,24 @@ pub fn draw_memory_mesh<DB: DrawingBackend>(
     x_desc: &str,
     y_desc: &str,
 ) -> ChartResult {
-    chart
-        .configure_mesh()
-        .x_desc(x_desc)
+    let mut mesh = chart.configure_mesh();
+    mesh.x_desc(x_desc)
         .y_desc(y_desc)
         .x_label_formatter(&|v| tick(*v))
-        .y_label_formatter(&|v| tick(*v))
-        .axis_desc_style(text(LABEL))
+        .y_label_formatter(&|v| tick(*v));
+    house_mesh(&mut mesh).draw().or_draw_error()
+}
+
+/// Gives `mesh` the look every chart's grid, axes and labels share: label and tick text sizes,
+/// a white minor grid, a light major grid and ink-coloured axes.
+pub fn house_mesh<'m, 'a, 'b, X: Ranged, Y: Ranged, DB: DrawingBackend>(
+    mesh: &'m mut plotters::chart::MeshStyle<'a, 'b, X, Y, DB>,
+) -> &'m mut plotters::chart::MeshStyle<'a, 'b, X, Y, DB> {
+    mesh.axis_desc_style(text(LABEL))
         .label_style(text(TICK))
         .light_line_style(WHITE)
         .bold_line_style(GRID)
         .axis_style(INK)
-        .draw()
-        .or_draw_error()
 }
 
 /// Draws the legend of a chart that splits memory into requested, rounding and cached-free
