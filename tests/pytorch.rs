@@ -1228,3 +1228,71 @@ fn cut_recordings_with_divisions_replay_to_their_recorded_peak() {
         assert_eq!(cli_peaks(&fst), (loaded, recorded), "seed {seed}: streamed, the same");
     }
 }
+
+/// `sweep` and `check` replay under the limit a recording implies, as `replay` does: with no
+/// `--capacity` (or `recorded`) the recorded settings reach the recorded peak and every result
+/// says the capacity it ran under; `none` replays unlimited. A baseline recorded under one
+/// capacity refuses a run under another (exit 2) instead of reading the difference as a
+/// regression or an improvement.
+#[test]
+fn sweep_and_check_replay_under_the_limit_the_recording_implies() {
+    let dir = tempfile::tempdir().unwrap();
+    // A recording of a 200 MiB device with stacks: its out-of-memory flushes imply the limit.
+    let (t, limit, ran_out) = (0..8)
+        .map(|seed| recording(seed, Run { capacity: Some(200 << 20), stacks: true, ..Run::PLAIN }))
+        .find_map(|t| {
+            let (row, limit) = fragsim::recorded::row_and_limit(&t, 0);
+            let (limit, ran_out) = (limit?.limit_bytes?, row?.oom?);
+            Some((t, limit, ran_out))
+        })
+        .expect("a 200 MiB recording with an inferred limit");
+    let recorded = reproduces_exactly(&t, "200 MiB").peak_reserved_bytes;
+    let path = dir.path().join("limited.pickle");
+    fragsim::trace::write_trace(&t, &path).unwrap();
+    let p = path.to_str().unwrap();
+    let (replayed, _) = cli_peaks(&path);
+    assert_eq!(replayed, recorded, "replay reaches the recorded peak");
+
+    let sweep = |extra: &[&str]| {
+        let mut args = vec!["sweep", p, "-p", "pytorch-expandable", "--json"];
+        args.extend_from_slice(extra);
+        let o = crate::util::run(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        let row = v["results"].as_array().unwrap().iter().find(|r| r["spec"] == "pytorch").cloned();
+        (v["capacity"].clone(), row.unwrap())
+    };
+    for flags in [&[][..], &["--capacity", "recorded"][..]] {
+        let (setting, reference) = sweep(flags);
+        assert_eq!(setting, "recorded", "{flags:?}");
+        assert_eq!(reference["capacity_bytes"], limit, "{flags:?}");
+        assert_eq!(reference["peak_reserved_bytes"], recorded, "{flags:?}: the recorded settings");
+        assert_eq!(reference["oom"], ran_out, "{flags:?}: out of memory where the recording was");
+    }
+    let (setting, unlimited) = sweep(&["--capacity", "none"]);
+    assert_eq!(setting, "none");
+    assert!(unlimited.get("capacity_bytes").is_none(), "{unlimited}");
+    let table = stdout(&crate::util::run(&["sweep", p, "-p", "pytorch-expandable"]));
+    assert!(table.contains("inferred from the recording); --capacity none"), "{table}");
+
+    // check: the baseline records the capacity; another capacity does not compare.
+    let base = dir.path().join("base.json");
+    let b = base.to_str().unwrap();
+    let o = crate::util::run(&["check", p, "--baseline", b, "--update"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&base).unwrap()).unwrap();
+    assert_eq!(saved["rows"][0]["capacity_bytes"], limit, "{saved}");
+    let o = crate::util::run(&["check", p, "--baseline", b]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(stderr(&o).contains("the limit the recording implies"), "{}", stderr(&o));
+    let o = crate::util::run(&["check", p, "--baseline", b, "--capacity", "none"]);
+    assert_eq!(o.status.code(), Some(2), "{}{}", stdout(&o), stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("another capacity than the baseline's") && err.contains("unlimited"),
+        "{err}"
+    );
+    let csv = stdout(&crate::util::run(&["check", p, "--baseline", b, "--format", "csv"]));
+    assert_eq!(csv.lines().next(), Some("kind,trace,policy,config,metric,baseline,now,change"));
+}

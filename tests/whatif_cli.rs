@@ -235,8 +235,9 @@ fn sweep_and_check_replay_the_device_asked_for() {
 }
 
 /// `--capacity` reads the same in `sweep` as in `replay`: exact units, `none` for unlimited,
-/// a one-letter unit refused with both readings; `recorded` is refused with why and what to
-/// run instead (one capacity for every trace).
+/// a one-letter unit refused with both readings; with no flag, each trace's recorded limit, so
+/// on a recording that shows none the results are the unlimited ones, and `recorded` is refused
+/// as `replay` refuses it there, naming the trace.
 #[test]
 fn sweep_capacity_reads_as_replay_s() {
     let trace = bundled("gpt-4l-512h.txt");
@@ -246,9 +247,15 @@ fn sweep_capacity_reads_as_replay_s() {
     let unlimited = sweep("none");
     assert!(unlimited.status.success(), "{}", stderr(&unlimited));
     let plain = run(&["sweep", t, "-p", "pytorch", "--json"]);
-    assert_eq!(untimed_sweep(&unlimited), untimed_sweep(&plain));
+    let (unlimited, plain) = (untimed_sweep(&unlimited), untimed_sweep(&plain));
+    assert_eq!(unlimited["results"], plain["results"]);
+    assert_eq!(unlimited["ranking"], plain["ranking"]);
+    assert_eq!(
+        (&unlimited["capacity"], &plain["capacity"]),
+        (&Value::from("none"), &Value::from("recorded"))
+    );
     for (capacity, says) in [
-        ("recorded", "replay TRACE --capacity recorded"),
+        ("recorded", "the recording shows no device limit"),
         ("40G", "40GB (40000000000 B) or 40GiB"),
         ("0", "holds no allocation"),
     ] {
@@ -256,6 +263,7 @@ fn sweep_capacity_reads_as_replay_s() {
         assert_eq!(o.status.code(), Some(2), "{capacity}");
         assert!(stderr(&o).contains(says), "{capacity}: {}", stderr(&o));
     }
+    assert!(stderr(&sweep("recorded")).contains("gpt-4l-512h.txt"), "names the trace");
 }
 
 /// A sweep's JSON without its timings.

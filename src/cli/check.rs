@@ -1,10 +1,11 @@
 //! `fragsim check`: replays traces and compares with a committed baseline, for CI.
 
-use super::progress::Control;
+use super::progress::{Control, Targets};
 use fragsim::error::{Error, Result};
 use fragsim::policy::PolicySpec;
 use fragsim::replay::ReplayOptions;
-use fragsim::whatif::check::{self, Baseline};
+use fragsim::units::format_bytes;
+use fragsim::whatif::check::{self, Baseline, CheckReport};
 use fragsim::whatif::Row;
 use std::path::PathBuf;
 
@@ -36,14 +37,26 @@ pub struct Args {
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     device: Option<i32>,
 
+    /// Device memory, e.g. 40GiB, or a card by name (a100-40gb, ...). Default (`recorded`):
+    /// each trace under the limit its recording implies, where it shows the device running
+    /// out, as `replay` does; `none`: unlimited. A baseline's entries compare only with results
+    /// run under the same capacity.
+    #[arg(
+        long,
+        value_name = "SIZE|CARD|recorded|none",
+        value_parser = super::capacity_arg,
+        allow_hyphen_values = true
+    )]
+    capacity: Option<super::CapacityArg>,
+
     /// Write this run's results into the baseline instead of comparing: its entries for the
     /// traces and policies run are replaced, the others kept; FILE is created if missing.
     #[arg(long)]
     update: bool,
 
-    /// Print the comparison as JSON.
-    #[arg(long)]
-    json: bool,
+    /// How to print the comparison (CSV: one row per regression or improvement).
+    #[command(flatten)]
+    format: super::FormatArgs,
 
     #[command(flatten)]
     control: Control,
@@ -94,12 +107,31 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     };
     let bar = args.control.bar(io, specs.len() * traces.len(), "checking");
     let options = ReplayOptions { cancel: io.cancel.clone(), ..ReplayOptions::default() };
-    let results = args.control.replay_traces(io, &traces, args.device, &specs, &options, &bar)?;
+    let replayed = args.control.replay_traces(
+        io,
+        Targets { traces: &traces, device: args.device, capacity: args.capacity.as_ref() },
+        &specs,
+        &options,
+        &bar,
+    )?;
     bar.finish();
+    for (t, r) in traces.iter().zip(&replayed) {
+        if let (Some(bytes), Some(_)) = (r.capacity, &r.inferred) {
+            let at = format_bytes(bytes);
+            args.control.note(
+                io,
+                &format!(
+                    "{}: replayed under {at}, the limit the recording implies (`fragsim replay` \
+                     says how it was inferred); --capacity none replays unlimited",
+                    t.display()
+                ),
+            );
+        }
+    }
     let rows: Vec<Row> = traces
         .iter()
-        .zip(&results)
-        .flat_map(|(t, per)| per.iter().map(move |r| Row::new(t.display().to_string(), r)))
+        .zip(&replayed)
+        .flat_map(|(t, per)| per.results.iter().map(move |r| Row::new(t.display().to_string(), r)))
         .collect();
 
     let Some(baseline) = baseline else {
@@ -127,32 +159,54 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         return Ok(0);
     };
     let report = check::check(&baseline, &args.baseline, &rows, tolerance, None)?;
-    let out = &mut *io.out;
-    let io = |e: std::io::Error| Error::writing("to stdout", e);
-    if args.json {
-        let text = serde_json::to_string_pretty(&report).unwrap_or_default();
-        writeln!(out, "{text}").map_err(io)?;
-    } else {
-        for c in &report.regressions {
-            writeln!(out, "regression: {}", c.line()).map_err(io)?;
-        }
-        for c in &report.improvements {
-            writeln!(out, "improvement: {}", c.line()).map_err(io)?;
-        }
-        let n = report.regressions.len();
-        writeln!(
-            out,
-            "check: {} results against {} (tolerance {}%): {}",
-            rows.len(),
-            args.baseline.display(),
-            tolerance * 100.0,
-            if n == 0 {
-                "ok".to_string()
-            } else {
-                format!("{n} regression{}", if n == 1 { "" } else { "s" })
-            }
-        )
-        .map_err(io)?;
-    }
+    super::print_as(&mut *io.out, args.format.format(), &report, csv, |r| table(r, rows.len()))?;
     Ok(if report.ok { 0 } else { 1 })
+}
+
+/// `check --format csv`: one row per regression, then per improvement.
+pub fn csv(report: &CheckReport) -> String {
+    let q = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
+    let mut out = String::from("kind,trace,policy,config,metric,baseline,now,change\n");
+    let changes = [("regression", &report.regressions), ("improvement", &report.improvements)];
+    for (kind, list) in changes {
+        for c in list.iter() {
+            let change = c.change.map(|x| x.to_string()).unwrap_or_default();
+            out += &format!(
+                "{kind},{},{},{},{},{},{},{change}\n",
+                q(&c.trace),
+                q(&c.policy),
+                q(&c.config),
+                c.metric,
+                c.baseline,
+                c.now
+            );
+        }
+    }
+    out
+}
+
+/// The comparison for people: a line per regression and improvement, then the verdict over
+/// `results` results.
+fn table(report: &CheckReport, results: usize) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    for c in &report.regressions {
+        let _ = writeln!(out, "regression: {}", c.line());
+    }
+    for c in &report.improvements {
+        let _ = writeln!(out, "improvement: {}", c.line());
+    }
+    let n = report.regressions.len();
+    let _ = writeln!(
+        out,
+        "check: {results} results against {} (tolerance {}%): {}",
+        report.baseline,
+        report.tolerance * 100.0,
+        if n == 0 {
+            "ok".to_string()
+        } else {
+            format!("{n} regression{}", if n == 1 { "" } else { "s" })
+        }
+    );
+    out
 }

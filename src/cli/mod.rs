@@ -513,11 +513,14 @@ pub fn capacity_header(arg: Option<&CapacityArg>, bytes: Option<u64>) -> Option<
                 },
             }
         }
-        _ => format!(
-            "capacity: {} (inferred from the recording)",
-            fragsim::units::describe_capacity(&bytes.to_string(), bytes)
-        ),
+        _ => format!("capacity: {}", inferred_capacity(bytes)),
     })
+}
+
+/// A capacity inferred from the recording, for headers: `200.00 MiB (209715200 B, inferred
+/// from the recording)`.
+pub fn inferred_capacity(bytes: u64) -> String {
+    format!("{} ({bytes} B, inferred from the recording)", fragsim::units::format_bytes(bytes))
 }
 
 /// For a capacity typed in decimal units (`40GB`) within a few percent of a card's nominal size

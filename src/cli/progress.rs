@@ -15,6 +15,30 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+/// What [`Control::replay_traces`] replays: the traces, the device in each (`None`: each
+/// trace's device with the most events) and the `--capacity` flag.
+#[derive(Clone, Copy)]
+pub struct Targets<'a> {
+    /// The traces, in the order results come back.
+    pub traces: &'a [PathBuf],
+    /// `--device`.
+    pub device: Option<i32>,
+    /// `--capacity`, resolved per trace.
+    pub capacity: Option<&'a super::CapacityArg>,
+}
+
+/// One trace's replays by [`Control::replay_traces`].
+pub struct Replayed {
+    /// The results, in the order of the specs.
+    pub results: Vec<PolicyResult>,
+    /// The device replayed: host memory (a CPU profiler trace) is device -1.
+    pub device: i32,
+    /// The capacity the replays ran under (`None`: unlimited).
+    pub capacity: Option<u64>,
+    /// Where the capacity came from when it was inferred from the recording.
+    pub inferred: Option<String>,
+}
+
 /// How long a run goes before its bar appears.
 const SHOW_AFTER: Duration = Duration::from_secs(1);
 
@@ -105,48 +129,49 @@ impl Control {
     /// Replays every spec on every trace, the one loop `sweep` and `check` share: traces are read
     /// one at a time (one trace's events in memory at once) and each trace's specs run through
     /// [`run_specs`] with `--jobs`, advancing `bar` per replay, on `device` (default: each
-    /// trace's device with the most events). Returns, per trace, the results in the order of
-    /// `specs`.
+    /// trace's device with the most events), under the capacity the `--capacity` flag resolves
+    /// to for that trace (as `replay` does: with no flag, the limit the recording implies, if it
+    /// shows one; [`super::resolve_capacity`]). Returns, per trace in order, its results in the order of
+    /// `specs`, its device and its capacity.
     pub fn replay_traces(
         &self,
         io: &mut Io,
-        traces: &[PathBuf],
-        device: Option<i32>,
+        targets: Targets,
         specs: &[PolicySpec],
         options: &ReplayOptions,
         bar: &Bar,
-    ) -> Result<Vec<Vec<PolicyResult>>> {
-        Ok(self.replay_traces_on(io, traces, device, specs, options, bar)?.0)
-    }
-
-    /// [`Control::replay_traces`], with the device each trace was replayed on (in trace order):
-    /// a caller tells host memory (device -1) from a GPU's by it.
-    pub fn replay_traces_on(
-        &self,
-        io: &mut Io,
-        traces: &[PathBuf],
-        device: Option<i32>,
-        specs: &[PolicySpec],
-        options: &ReplayOptions,
-        bar: &Bar,
-    ) -> Result<(Vec<Vec<PolicyResult>>, Vec<i32>)> {
+    ) -> Result<Vec<Replayed>> {
         let tick = bar.tick();
         let jobs = self.jobs_for(io, specs.len());
         let settings = RunSettings { jobs, progress: Some(&tick), ..Default::default() };
+        let Targets { traces, device, capacity } = targets;
         let mut out = Vec::with_capacity(traces.len());
-        let mut devices = Vec::with_capacity(traces.len());
         for path in traces {
             let trace = self.read_trace(io, path)?;
             super::note_unmodelled_options(self, io, &trace, specs);
             let named = super::in_trace(path, &trace);
             // With several traces, a missing device must say which trace lacks it.
             let input = ReplayInput::new(&trace, device).map_err(|e| named(e).in_file(path))?;
-            let mut runs = run_specs(specs, &input, options, &settings).map_err(&named)?.runs;
+            // The recording is read for its limit only when the limit may be used.
+            let limit = match capacity {
+                None | Some(super::CapacityArg::Recorded) => {
+                    fragsim::recorded::row_and_limit(&trace, input.device()).1
+                }
+                _ => None,
+            };
+            let (bytes, inferred, kind) =
+                super::resolve_capacity(capacity, limit.as_ref()).map_err(|e| e.in_file(path))?;
+            let options = ReplayOptions { capacity: bytes, capacity_kind: kind, ..options.clone() };
+            let mut runs = run_specs(specs, &input, &options, &settings).map_err(&named)?.runs;
             runs.sort_by_key(|r| r.index);
-            out.push(runs.into_iter().map(|r| r.output.result).collect());
-            devices.push(input.device());
+            out.push(Replayed {
+                results: runs.into_iter().map(|r| r.output.result).collect(),
+                device: input.device(),
+                capacity: bytes,
+                inferred,
+            });
         }
-        Ok((out, devices))
+        Ok(out)
     }
 
     /// Runs `f`, which works through `tasks` items, where rayon's parallel iterators use at most

@@ -1,7 +1,7 @@
 //! `fragsim sweep`: replays the product of brace-expanded specs on every trace, ranks them and
 //! names the `PYTORCH_CUDA_ALLOC_CONF` to set; `print` is shared with `merge`.
 
-use super::progress::Control;
+use super::progress::{Control, Targets};
 use super::{FormatArgs, OutputFormat};
 use fragsim::error::{Error, Result};
 use fragsim::metrics::PolicyResult;
@@ -99,20 +99,16 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     }
     let names: Vec<String> = specs.iter().map(PolicySpec::display).collect();
     Row::new("", &PolicyResult::default()).number(&args.objective)?;
-    let capacity = match &args.capacity {
-        None | Some(super::CapacityArg::Unlimited) => None,
-        Some(super::CapacityArg::Size { bytes, .. }) => Some(*bytes),
-        Some(super::CapacityArg::Recorded) => {
-            return Err(Error::usage(
-                "sweep --capacity recorded: sweep replays every trace under one capacity, and \
-                 each recording implies its own limit; give a size, or replay one trace with \
-                 `fragsim replay TRACE --capacity recorded`",
-            ))
-        }
+    // The grid id covers the capacity setting (a size as bytes, so `40GiB` and `42949672960`
+    // shards merge); with no flag each trace runs under the limit its recording implies.
+    let capacity_setting = match &args.capacity {
+        None | Some(super::CapacityArg::Recorded) => "capacity=recorded".to_string(),
+        Some(super::CapacityArg::Unlimited) => "capacity=None".to_string(),
+        Some(super::CapacityArg::Size { bytes, .. }) => format!("capacity={:?}", Some(bytes)),
     };
     let shard = args.shard.as_deref().map(Shard::parse).transpose()?;
     let mut identity = names.clone();
-    identity.push(format!("capacity={capacity:?}"));
+    identity.push(capacity_setting);
     // Parts of sweeps of different devices must not merge (the default keeps older grid ids).
     if let Some(device) = args.device {
         identity.push(format!("device={device}"));
@@ -130,25 +126,36 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let specs = &specs[mine.clone()];
     let all_names = names.clone();
     let names = &names[mine];
-    let options = ReplayOptions { capacity, cancel: io.cancel.clone(), ..ReplayOptions::default() };
+    let options = ReplayOptions { cancel: io.cancel.clone(), ..ReplayOptions::default() };
     let bar = args.control.bar(io, specs.len() * traces_given.len(), "sweeping");
-    let (results, devices) =
-        args.control.replay_traces_on(io, &traces_given, args.device, specs, &options, &bar)?;
+    let replayed = args.control.replay_traces(
+        io,
+        Targets { traces: &traces_given, device: args.device, capacity: args.capacity.as_ref() },
+        specs,
+        &options,
+        &bar,
+    )?;
     bar.finish();
 
     let traces: Vec<String> = traces_given.iter().map(|t| t.display().to_string()).collect();
     // Spec-major: the parts of a sharded sweep concatenate into the unsharded order.
     let mut rows = Vec::with_capacity(specs.len() * traces.len());
     for (i, name) in names.iter().enumerate() {
-        for (t, per_trace) in traces.iter().zip(&results) {
-            rows.push(SweepRow { spec: name.clone(), row: Row::new(t.clone(), &per_trace[i]) });
+        for (t, per_trace) in traces.iter().zip(&replayed) {
+            let row = Row::new(t.clone(), &per_trace.results[i]);
+            rows.push(SweepRow { spec: name.clone(), row });
         }
     }
     let mut report = sweep::report(traces, &args.objective, rows, Some(REFERENCE))?;
     report.grid = Some(grid_id);
     report.shard = shard;
+    report.capacity = Some(match &args.capacity {
+        None | Some(super::CapacityArg::Recorded) => "recorded".to_string(),
+        Some(super::CapacityArg::Unlimited) => "none".to_string(),
+        Some(super::CapacityArg::Size { typed, .. }) => typed.clone(),
+    });
     // A CPU profiler trace's host memory: CUDA's allocator settings do not apply to it.
-    if !devices.is_empty() && devices.iter().all(|d| *d < 0) {
+    if !replayed.is_empty() && replayed.iter().all(|r| r.device < 0) {
         report = report.on_host();
     }
     match &args.out {
@@ -209,6 +216,33 @@ fn show(objective: &str, v: &serde_json::Value) -> String {
     }
 }
 
+/// The capacity each trace was replayed under, as the header says it: one line for one trace
+/// (none when unlimited), a line per limited trace for several.
+fn capacity_lines(report: &SweepReport) -> Vec<String> {
+    let limits: Vec<(&str, u64)> = report
+        .traces
+        .iter()
+        .filter_map(|t| {
+            let row = report.results.iter().find(|r| r.row.trace == *t)?;
+            Some((t.as_str(), row.row.result.get("capacity_bytes")?.as_u64()?))
+        })
+        .collect();
+    let inferred = matches!(report.capacity.as_deref(), None | Some("recorded"));
+    let described = |bytes: u64| match report.capacity.as_deref() {
+        Some(typed) if !inferred => fragsim::units::describe_capacity(typed, bytes),
+        _ => format!("{}; --capacity none replays unlimited", super::inferred_capacity(bytes)),
+    };
+    if report.traces.len() == 1 {
+        return limits.iter().map(|&(_, b)| format!("capacity: {}", described(b))).collect();
+    }
+    let mut lines: Vec<String> =
+        limits.iter().map(|&(t, b)| format!("capacity of {t}: {}", described(b))).collect();
+    if inferred && !lines.is_empty() && limits.len() < report.traces.len() {
+        lines.push("the other traces: unlimited (their recordings show no device limit)".into());
+    }
+    lines
+}
+
 /// The ranked table, then the winner, its saving and the line to paste.
 fn table(report: &SweepReport) -> String {
     use std::fmt::Write as _;
@@ -222,6 +256,9 @@ fn table(report: &SweepReport) -> String {
         report.ranking.len(),
         report.shard.map(|p| format!(" (part {}/{})", p.index, p.count)).unwrap_or_default()
     );
+    for line in capacity_lines(report) {
+        let _ = writeln!(s, "{line}");
+    }
     let reference = report.reference.as_deref().unwrap_or(REFERENCE);
     let ref_worst =
         report.ranking.iter().find(|r| r.spec == reference).and_then(|r| as_number(&r.worst));

@@ -80,6 +80,11 @@ pub struct PolicyResult {
     /// as this assumption. Absent when no limit depends on the GPU's memory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_memory_bytes: Option<u64>,
+    /// The device memory the replay ran under: `--capacity` (a size or a card), or the limit
+    /// the recording implies when it shows the device running out. Absent when unlimited. A
+    /// result is only comparable with another under the same capacity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_bytes: Option<u64>,
     /// Wall-clock seconds the replay took.
     pub replay_seconds: f64,
     /// Of [`PolicyResult::replay_seconds`], the seconds a planner (`offline`) spent planning

@@ -169,6 +169,7 @@ impl RecordedRow {
             first_oom_event: self.first_oom_event,
             start_state: None,
             gpu_memory_bytes: None,
+            capacity_bytes: None,
             replay_seconds: 0.0,
             planning_seconds: None,
             first_oom: None,

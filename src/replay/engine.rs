@@ -526,6 +526,7 @@ fn drive<P: Policy, B: Backend, K: Blocks, G: Guide<P, B>, const PLAIN: bool>(
             }
         }),
         gpu_memory_bytes: policy.assumed_gpu_memory(),
+        capacity_bytes: options.capacity,
         cuda: None,
         ..PolicyResult::default()
     };

@@ -38,8 +38,9 @@ use std::path::Path;
 pub const BASELINE_FORMAT: &str = "fragsim-baseline";
 /// The baseline file version this code writes and reads.
 pub const BASELINE_VERSION: u32 = 1;
-/// Keys never compared: the wall-clock [`TIMINGS`], the event indices and which moment the peak
-/// was: none of them is an amount that improves or regresses.
+/// Keys never compared: the wall-clock [`TIMINGS`], the event indices, which moment the peak
+/// was, and the capacity replayed under (a setting, checked for equality instead): none of them
+/// is an amount that improves or regresses.
 pub const NOT_COMPARED: &[&str] = &[
     "replay_seconds",
     "planning_seconds",
@@ -47,6 +48,7 @@ pub const NOT_COMPARED: &[&str] = &[
     "peak_event",
     "peak_allocated_event",
     "peak_at_start",
+    "capacity_bytes",
 ];
 /// The result keys that are timings, which differ from run to run: a baseline leaves them out.
 pub const TIMINGS: &[&str] = NOT_COMPARED.split_at(2).0;
@@ -403,6 +405,35 @@ pub fn check(
         return Err(Error::input(format!(
             "no baseline entry for {} (record them with check --update)",
             missing.join("; ")
+        ))
+        .in_file(baseline_path));
+    }
+    // Results under different device limits do not compare: a lower limit flushes the cache
+    // and reads as an improvement, a higher one as a regression.
+    let capacity = |r: &Row| r.result.get("capacity_bytes").and_then(Value::as_u64);
+    let shown = |c: Option<u64>| c.map_or("unlimited".to_string(), crate::units::format_bytes);
+    let differing: Vec<String> = now
+        .iter()
+        .filter_map(|r| {
+            let b = baseline.find(r).expect("checked above");
+            (capacity(b) != capacity(r)).then(|| {
+                format!(
+                    "{} {}:{}: the baseline ran under {}, this run under {}",
+                    r.trace,
+                    r.policy(),
+                    r.config(),
+                    shown(capacity(b)),
+                    shown(capacity(r))
+                )
+            })
+        })
+        .collect();
+    if !differing.is_empty() {
+        return Err(Error::input(format!(
+            "results under another capacity than the baseline's do not compare: {}; give \
+             --capacity as the baseline was recorded (none: unlimited), or record it again with \
+             check --update",
+            differing.join("; ")
         ))
         .in_file(baseline_path));
     }

@@ -67,6 +67,7 @@ const KEYS: &[(&str, Kind, bool)] = &[
     ("start_map_count", Kind::Count, false),
     ("start_state", Kind::StartState, false),
     ("gpu_memory_bytes", Kind::Count, false),
+    ("capacity_bytes", Kind::Count, false),
 ];
 
 impl Kind {
@@ -247,6 +248,7 @@ const PART_KEYS: &[&str] = &[
     "grid_specs",
     "grid_settings",
     "host_memory",
+    "capacity",
 ];
 
 /// Reads one `sweep --out` file (a part of a sharded sweep, or a whole sweep) as `merge` needs
@@ -400,6 +402,11 @@ pub fn read_part(data: &[u8], file: &Path) -> Result<SweepReport> {
             None => false,
             Some(Value::Bool(b)) => *b,
             Some(v) => return Err(expected(file, "host_memory", "true or false", v)),
+        },
+        capacity: match top.get("capacity") {
+            None => None,
+            Some(Value::String(c)) => Some(c.clone()),
+            Some(v) => return Err(expected(file, "capacity", "a string", v)),
         },
     })
 }

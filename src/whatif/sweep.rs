@@ -149,6 +149,11 @@ pub struct SweepReport {
     /// allocator setting applies to it, so [`Best::env`] is `null` ([`SweepReport::on_host`]).
     #[serde(default)]
     pub host_memory: bool,
+    /// How the capacity was chosen: `recorded` (each trace under the limit its recording
+    /// implies, where it shows one: the default), `none` (unlimited), or the size or card
+    /// given. Each result's `capacity_bytes` is the capacity it ran under.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<String>,
 }
 
 impl SweepReport {
@@ -277,6 +282,7 @@ pub fn report(
         grid_specs: None,
         grid_settings: None,
         host_memory: false,
+        capacity: None,
     })
 }
 
@@ -391,9 +397,12 @@ pub fn merge(mut parts: Vec<Part>) -> Result<SweepReport> {
         )));
     }
     let host = parts.iter().any(|p| p.report.host_memory);
+    // The parts share one grid id, which covers the capacity setting.
+    let capacity = parts.iter().find_map(|p| p.report.capacity.clone());
     let results = parts.into_iter().flat_map(|p| p.report.results).collect();
     let mut merged = report(traces, &objective, results, reference.as_deref())?;
     merged.grid = grid;
+    merged.capacity = capacity;
     Ok(if host { merged.on_host() } else { merged })
 }
 
