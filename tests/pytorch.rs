@@ -1295,4 +1295,13 @@ fn sweep_and_check_replay_under_the_limit_the_recording_implies() {
     );
     let csv = stdout(&crate::util::run(&["check", p, "--baseline", b, "--format", "csv"]));
     assert_eq!(csv.lines().next(), Some("kind,trace,policy,config,metric,baseline,now,change"));
+
+    // fit names the recording's limit beside the needs: the recorded settings need more than
+    // it exactly when the recording ran out of memory under it.
+    let o = crate::util::run(&["fit", p, "-p", "pytorch", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["recorded_limit_bytes"], limit, "{v}");
+    let need = v["results"][0]["min_capacity_bytes"].as_u64().unwrap();
+    assert_eq!(need > limit, ran_out, "need {need}, limit {limit}");
 }

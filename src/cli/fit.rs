@@ -86,6 +86,11 @@ struct FitReport {
     /// True for host memory (device -1, a CPU profiler trace): no GPU card holds it, so every
     /// result's `cards` is empty.
     host_memory: bool,
+    /// The device limit the recording implies, where it shows the device running out (the
+    /// limit `replay`, `sweep` and `check` replay under by default); absent otherwise. Each
+    /// policy's need is beside it: a need above it is a run that did not fit as recorded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    recorded_limit_bytes: Option<u64>,
     results: Vec<PolicyFit>,
 }
 
@@ -156,6 +161,8 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let trace = args.control.read_trace(io, &args.trace)?;
     super::note_unmodelled_options(&args.control, io, &trace, &specs);
     let input = ReplayInput::new(&trace, args.device)?;
+    let recorded_limit =
+        fragsim::recorded::row_and_limit(&trace, input.device()).1.and_then(|l| l.limit_bytes);
     let bar = args.control.bar(io, specs.len(), "fitting");
     let cancel = io.cancel.clone();
     let outcomes: Vec<Result<PolicyFit>> = args.control.install(io, specs.len(), || {
@@ -175,6 +182,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         device: input.device(),
         outside_bytes: args.outside,
         host_memory: input.device() < 0,
+        recorded_limit_bytes: recorded_limit,
         results,
     };
     super::print_as(&mut *io.out, args.format.format(), &report, csv, table)?;
@@ -229,6 +237,14 @@ fn table(report: &FitReport) -> String {
             s,
             "cards: {} outside the allocator (--outside) is added; \"N GB\" boards hold N GiB",
             format_bytes(report.outside_bytes)
+        );
+    }
+    if let Some(limit) = report.recorded_limit_bytes {
+        let _ = writeln!(
+            s,
+            "recorded: a device limit of {} (inferred from the recording: replay, sweep and \
+             check run under it): a need above it did not fit as recorded",
+            format_bytes(limit)
         );
     }
     for r in &report.results {
