@@ -208,6 +208,41 @@ fn replay_csv_carries_every_scalar_key_of_the_json_results() {
     assert_csv_holds_json(&csv, results, &CSV_LEFT_OUT, &["replay_seconds", "planning_seconds"]);
 }
 
+/// `info --format csv` is one row per device with the numbers `info --json` has for it;
+/// `--csv` is its alias, and `--json` is `--format json`.
+#[test]
+fn info_csv_is_a_row_per_device_agreeing_with_the_json() {
+    let trace = real_trace("kineto-ddp-v100-rank1.json.gz");
+    let t = trace.to_str().unwrap();
+    let out = |args: &[&str]| {
+        let mut argv = vec!["info", t];
+        argv.extend_from_slice(args);
+        let o = run(&argv);
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        stdout(&o)
+    };
+    let json = out(&["--json"]);
+    assert_eq!(out(&["--format", "json"]), json);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let devices = v["devices"].as_array().unwrap();
+    assert!(devices.len() > 1, "a trace of several devices: {json}");
+    let csv = out(&["--format", "csv"]);
+    assert_eq!(out(&["--csv"]), csv);
+    let (header, rows) = csv_table(&csv);
+    assert_eq!(&header[..2], ["device", "events"], "{csv}");
+    assert!(header.iter().any(|h| h == "by_action.alloc"), "{csv}");
+    let listed: Vec<&str> = rows.iter().map(|r| r[0].as_str()).collect();
+    let want: Vec<String> = devices.iter().map(|d| d["device"].to_string()).collect();
+    assert_eq!(listed, want, "{csv}");
+    // The start figures are filled in, as in the JSON.
+    assert!(rows
+        .iter()
+        .all(|r| !r[header.iter().position(|h| h == "live_at_start_bytes").unwrap()].is_empty()));
+    assert_csv_holds_json(&csv, devices, &[], &[]);
+    let o = run(&["info", t, "--json", "--format", "csv"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}
+
 #[test]
 fn an_address_reused_while_live_frees_the_old_block_first() {
     // The second alloc at 0x10 shows that the first block was freed (its free was not
