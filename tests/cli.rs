@@ -30,8 +30,17 @@ fn format_flag_and_its_aliases_print_the_same_output() {
             |l: &str| l.contains("\"replay_seconds\"") || l.contains("\"planning_seconds\"");
         let lines = text.lines().filter(|l| !timing(l));
         let csv = args.contains(&"csv") || args.contains(&"--csv");
-        lines
-            .map(|l| if csv { l.rsplit_once(',').map_or(l, |(head, _)| head) } else { l })
+        if !csv {
+            return lines.collect::<Vec<_>>().join("\n");
+        }
+        let (header, rows) = csv_table(&text);
+        let kept: Vec<usize> = (0..header.len())
+            .filter(|&i| !["replay_seconds", "planning_seconds"].contains(&header[i].as_str()))
+            .collect();
+        let keep = |row: &[String]| kept.iter().map(|&i| row[i].clone()).collect::<Vec<_>>();
+        std::iter::once(keep(&header))
+            .chain(rows.iter().map(|r| keep(r)))
+            .map(|r| r.join(","))
             .collect::<Vec<_>>()
             .join("\n")
     };
@@ -151,6 +160,87 @@ fn csv_header_is_the_json_keys() {
     let mut lines = out.lines();
     assert!(lines.next().unwrap().starts_with("policy,config,peak_reserved_bytes,"));
     assert!(lines.next().unwrap().starts_with("bound,,4096,4096,4096,4096,0.0,0,1,0,"));
+}
+
+/// `replay --format csv` carries every scalar key of a JSON result: a start state cut to fit
+/// under a limit (`start_state`, nested, as `start_state.KEY`), the GPU memory a fraction
+/// assumed and the first OOM's detail, with the values the JSON has for the same run.
+#[test]
+fn replay_csv_carries_every_scalar_key_of_the_json_results() {
+    let trace = real_trace("cs336-lm-step-c.pickle");
+    let t = trace.to_str().unwrap();
+    let run_as = |format: &str| {
+        let o = run(&[
+            "replay",
+            t,
+            "--capacity",
+            "16GiB",
+            "-p",
+            "pytorch:per_process_memory_fraction:0.5",
+            "-p",
+            "pytorch:per_process_memory_fraction:0",
+            "-p",
+            "bfc",
+            "--format",
+            format,
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        stdout(&o)
+    };
+    let json: serde_json::Value = serde_json::from_str(&run_as("json")).unwrap();
+    let results = json["results"].as_array().unwrap();
+    let csv = run_as("csv");
+    let (header, rows) = csv_table(&csv);
+    for key in ["start_state.bytes", "start_state.installed_bytes", "gpu_memory_bytes"] {
+        assert!(header.iter().any(|h| h == key), "{key}: {header:?}");
+    }
+    // The run shows what the columns are for: both fractions cut the start state, and assumed
+    // a GPU of the capacity's size; bfc holds neither key.
+    let column = |key: &str| header.iter().position(|h| h == key).unwrap();
+    for (row, r) in rows.iter().zip(results) {
+        let cut = r["config"].as_str().unwrap_or("").contains("per_process_memory_fraction");
+        assert_eq!(!row[column("start_state.bytes")].is_empty(), cut, "{row:?}");
+        assert_eq!(r.get("start_state").is_some(), cut, "{r}");
+        if cut {
+            assert_eq!(row[column("gpu_memory_bytes")], (16u64 << 30).to_string());
+        }
+    }
+    assert_csv_holds_json(&csv, results, &CSV_LEFT_OUT, &["replay_seconds", "planning_seconds"]);
+}
+
+/// `info --format csv` is one row per device with the numbers `info --json` has for it;
+/// `--csv` is its alias, and `--json` is `--format json`.
+#[test]
+fn info_csv_is_a_row_per_device_agreeing_with_the_json() {
+    let trace = real_trace("kineto-ddp-v100-rank1.json.gz");
+    let t = trace.to_str().unwrap();
+    let out = |args: &[&str]| {
+        let mut argv = vec!["info", t];
+        argv.extend_from_slice(args);
+        let o = run(&argv);
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        stdout(&o)
+    };
+    let json = out(&["--json"]);
+    assert_eq!(out(&["--format", "json"]), json);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let devices = v["devices"].as_array().unwrap();
+    assert!(devices.len() > 1, "a trace of several devices: {json}");
+    let csv = out(&["--format", "csv"]);
+    assert_eq!(out(&["--csv"]), csv);
+    let (header, rows) = csv_table(&csv);
+    assert_eq!(&header[..2], ["device", "events"], "{csv}");
+    assert!(header.iter().any(|h| h == "by_action.alloc"), "{csv}");
+    let listed: Vec<&str> = rows.iter().map(|r| r[0].as_str()).collect();
+    let want: Vec<String> = devices.iter().map(|d| d["device"].to_string()).collect();
+    assert_eq!(listed, want, "{csv}");
+    // The start figures are filled in, as in the JSON.
+    assert!(rows
+        .iter()
+        .all(|r| !r[header.iter().position(|h| h == "live_at_start_bytes").unwrap()].is_empty()));
+    assert_csv_holds_json(&csv, devices, &[], &[]);
+    let o = run(&["info", t, "--json", "--format", "csv"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
 }
 
 #[test]

@@ -59,25 +59,6 @@ fn assert_html_links_exist(dir: &Path) -> Vec<String> {
     links
 }
 
-/// Splits one CSV line (RFC 4180 quoting) into cells.
-fn csv_cells(line: &str) -> Vec<String> {
-    let (mut cells, mut cell, mut quoted, mut chars) =
-        (Vec::new(), String::new(), false, line.chars().peekable());
-    while let Some(c) = chars.next() {
-        match (c, quoted) {
-            ('"', true) if chars.peek() == Some(&'"') => {
-                cell.push('"');
-                chars.next();
-            }
-            ('"', _) => quoted = !quoted,
-            (',', false) => cells.push(std::mem::take(&mut cell)),
-            (c, _) => cell.push(c),
-        }
-    }
-    cells.push(cell);
-    cells
-}
-
 /// Checks that results.json equals `replay --json` on the same trace and policies, and that
 /// results.csv holds the same numbers under the same keys. Returns the JSON.
 fn assert_results_agree_with_replay(trace: &Path, dir: &Path) -> serde_json::Value {
@@ -96,33 +77,11 @@ fn assert_results_agree_with_replay(trace: &Path, dir: &Path) -> serde_json::Val
     assert_eq!(untimed(json.clone()), untimed(replayed));
 
     let csv = std::fs::read_to_string(dir.join("results.csv")).unwrap();
-    let mut lines = csv.lines();
-    let header = csv_cells(lines.next().unwrap());
     let results = json["results"].as_array().unwrap();
-    let keys: Vec<&String> = results[0].as_object().unwrap().keys().collect();
-    let mut sorted_header = header.clone();
-    sorted_header.sort();
-    assert_eq!(sorted_header.iter().collect::<Vec<_>>(), keys, "CSV header = JSON keys");
-    let rows: Vec<Vec<String>> = lines.map(csv_cells).collect();
-    assert_eq!(rows.len(), results.len());
-    for (row, r) in rows.iter().zip(results) {
-        for (key, cell) in header.iter().zip(row) {
-            let want = match &r[key.as_str()] {
-                serde_json::Value::String(s) => s.clone(),
-                serde_json::Value::Null => String::new(),
-                other => other.to_string(),
-            };
-            if key == "replay_seconds" && !r[key.as_str()].is_null() {
-                assert!(cell.parse::<f64>().is_ok(), "{cell}");
-            } else if r[key.as_str()].is_f64() {
-                // serde_json's default float parsing may be off by one ulp: compare as numbers.
-                let (a, b) = (cell.parse::<f64>().unwrap(), r[key.as_str()].as_f64().unwrap());
-                assert!((a - b).abs() <= 1e-12 * b.abs().max(1.0), "column {key}: {a} vs {b}");
-            } else {
-                assert_eq!(cell, &want, "column {key}");
-            }
-        }
-    }
+    let (header, _) = csv_table(&csv);
+    let keys: Vec<String> = results[0].as_object().unwrap().keys().cloned().collect();
+    assert!(keys.iter().all(|k| header.contains(k)), "every JSON key is a CSV column: {header:?}");
+    assert_csv_holds_json(&csv, results, &CSV_LEFT_OUT, &["replay_seconds", "planning_seconds"]);
     json
 }
 

@@ -82,6 +82,100 @@ pub fn untimed(mut v: serde_json::Value) -> serde_json::Value {
     v
 }
 
+/// Splits one CSV line (RFC 4180 quoting) into cells.
+pub fn csv_cells(line: &str) -> Vec<String> {
+    let (mut cells, mut cell, mut quoted, mut chars) =
+        (Vec::new(), String::new(), false, line.chars().peekable());
+    while let Some(c) = chars.next() {
+        match (c, quoted) {
+            ('"', true) if chars.peek() == Some(&'"') => {
+                cell.push('"');
+                chars.next();
+            }
+            ('"', _) => quoted = !quoted,
+            (',', false) => cells.push(std::mem::take(&mut cell)),
+            (c, _) => cell.push(c),
+        }
+    }
+    cells.push(cell);
+    cells
+}
+
+/// A CSV's header and rows (no field of these outputs holds a line break).
+pub fn csv_table(text: &str) -> (Vec<String>, Vec<Vec<String>>) {
+    let mut lines = text.lines();
+    let header = csv_cells(lines.next().expect("a CSV header"));
+    (header, lines.map(csv_cells).collect())
+}
+
+/// The value at `path` in `v`, a nested key as `parent.key`; `Null` where there is none.
+pub fn json_at<'a>(v: &'a serde_json::Value, path: &str) -> &'a serde_json::Value {
+    path.split('.').fold(v, |v, part| &v[part])
+}
+
+/// Every scalar key of the object `v`, nested ones as `parent.key`, lists and the keys `skip`
+/// names (with what is under them) left out.
+pub fn scalar_keys(v: &serde_json::Value, skip: &[&str]) -> Vec<String> {
+    fn walk(prefix: &str, v: &serde_json::Value, skip: &[&str], out: &mut Vec<String>) {
+        for (k, x) in v.as_object().expect("an object") {
+            let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+            match x {
+                _ if skip.contains(&key.as_str()) => {}
+                serde_json::Value::Array(_) => {}
+                serde_json::Value::Object(_) => walk(&key, x, skip, out),
+                _ => out.push(key),
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk("", v, skip, &mut out);
+    out
+}
+
+/// What `replay --format csv` leaves out of a result besides lists (docs/interface.md): the cuda
+/// backend's table of call latencies.
+pub const CSV_LEFT_OUT: [&str; 1] = ["cuda.device_calls"];
+
+/// Checks that the CSV `text` holds the JSON `entries`, one row each in order: every scalar key
+/// of every entry (`skip` aside) is a column, every cell is its entry's value as the JSON writes
+/// it (a string unquoted, `null` or a key the entry lacks empty, a float equal as a number), and
+/// a column no entry holds is empty throughout. The keys `timed` name (wall-clock timings, which
+/// differ between two runs) need only parse as numbers where the entry has them.
+pub fn assert_csv_holds_json(
+    text: &str,
+    entries: &[serde_json::Value],
+    skip: &[&str],
+    timed: &[&str],
+) {
+    let (header, rows) = csv_table(text);
+    assert_eq!(rows.len(), entries.len(), "one row per entry: {text}");
+    for e in entries {
+        for key in scalar_keys(e, skip) {
+            assert!(header.contains(&key), "{key} is not a CSV column: {header:?}");
+        }
+    }
+    for (row, e) in rows.iter().zip(entries) {
+        assert_eq!(row.len(), header.len(), "{row:?}");
+        for (key, cell) in header.iter().zip(row) {
+            let v = json_at(e, key);
+            if timed.contains(&key.as_str()) && !v.is_null() {
+                assert!(cell.parse::<f64>().is_ok(), "column {key}: {cell}");
+            } else if v.is_f64() {
+                // serde_json's default float parsing may be off by one ulp: compare as numbers.
+                let (a, b) = (cell.parse::<f64>().unwrap(), v.as_f64().unwrap());
+                assert!((a - b).abs() <= 1e-12 * b.abs().max(1.0), "column {key}: {a} vs {b}");
+            } else {
+                let want = match v {
+                    serde_json::Value::String(s) => s.clone(),
+                    serde_json::Value::Null => String::new(),
+                    other => other.to_string(),
+                };
+                assert_eq!(cell, &want, "column {key}");
+            }
+        }
+    }
+}
+
 /// Every `.rs` file under the folders `dirs`, at any depth, sorted: the one walk over the sources
 /// that the tests reading the code share. Panics on a folder it cannot read, so a missing one
 /// is not taken for one without sources.

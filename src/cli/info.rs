@@ -1,6 +1,6 @@
 //! `fragsim info`: what is in a trace, before replaying it.
 
-use fragsim::error::{Error, Result};
+use fragsim::error::Result;
 use fragsim::trace::summary::{DeviceSummary, StartFigures, Summary};
 use fragsim::trace::Action;
 use fragsim::units::format_bytes;
@@ -17,23 +17,78 @@ pub struct Args {
     #[arg(value_name = "TRACE")]
     trace: PathBuf,
 
-    /// Print one JSON object (docs/interface.md) instead of text.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    output: super::FormatArgs,
 }
 
 /// Runs the command on `io`; `Ok` carries the exit code.
 pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let trace = super::read_trace(io, &args.trace, false)?;
+    let format = args.output.format();
     let mut summary = Summary::of(&trace);
-    let text = if args.json {
+    // The table reads the start figures line by line with the recording's own (start_lines).
+    if format != super::OutputFormat::Table {
         summary.set_start(|device| start_figures(&trace, device));
-        serde_json::to_string_pretty(&summary).map_err(|e| Error::usage(e.to_string()))? + "\n"
-    } else {
-        render(&args.trace.display().to_string(), &summary, &|d| start_lines(&trace, d))
-    };
-    io.out.write_all(text.as_bytes()).map_err(|e| Error::writing("to stdout", e))?;
+    }
+    let path = args.trace.display().to_string();
+    super::print_as(&mut *io.out, format, &summary, csv, |s| {
+        render(&path, s, &|d| start_lines(&trace, d))
+    })?;
     Ok(0)
+}
+
+/// The `info --format csv` header: every scalar key of a `devices` entry in the order the JSON
+/// writes them, `by_action`'s counts as `by_action.NAME`; its lists (`streams`,
+/// `size_histogram`) are left out, as a CSV field cannot hold one (the JSON has them).
+fn csv_columns() -> Vec<String> {
+    let mut out: Vec<String> = vec!["device".into(), "events".into()];
+    out.extend(Action::ALL.iter().map(|a| format!("by_action.{}", a.name())));
+    out.extend(
+        [
+            "free_action",
+            "alloc_size_min",
+            "alloc_size_max",
+            "peak_live_bytes",
+            "live_at_start_blocks",
+            "live_at_start_bytes",
+            "peak_live_with_start_bytes",
+            "orphan_frees",
+            "allocated_in_trace_live_at_end",
+            "live_at_end_bytes",
+            "first_time_us",
+            "last_time_us",
+            "time_span_us",
+            "segments_at_dump",
+            "reserved_at_dump_bytes",
+        ]
+        .map(String::from),
+    );
+    out
+}
+
+/// `info --format csv`: one row per device, [`csv_columns`] as header, each value as the JSON
+/// writes it (`null` empty, text quoted where it must be), so the CSV and the JSON cannot
+/// disagree on a number.
+fn csv(summary: &Summary) -> String {
+    let columns = csv_columns();
+    let mut out = columns.join(",") + "\n";
+    for d in &summary.devices {
+        let json = serde_json::to_value(d).unwrap_or_default();
+        let cells: Vec<String> = columns
+            .iter()
+            .map(|key| {
+                let value = key.split('.').fold(&json, |v, part| &v[part]);
+                match value {
+                    serde_json::Value::String(t) => fragsim::report::csv::field(t),
+                    serde_json::Value::Null => String::new(),
+                    other => other.to_string(),
+                }
+            })
+            .collect();
+        out += &cells.join(",");
+        out.push('\n');
+    }
+    out
 }
 
 /// What `device` held before its first event ([`StartFigures`]): the blocks live at the start,
@@ -254,6 +309,57 @@ fn count(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The keys of a `devices` entry that `info --format csv` leaves out.
+    const LISTS: [&str; 2] = ["streams", "size_histogram"];
+
+    #[test]
+    fn csv_columns_are_a_device_entrys_scalar_keys_in_order() {
+        let text = b"alloc 0x1000 4096 s0\nfree 0x1000 4096 s0\nalloc 0x2000 100 s1\n";
+        let trace = fragsim::trace::read_memory(text, &Default::default()).unwrap();
+        let summary = Summary::of(&trace);
+        let written = serde_json::to_string(&summary.devices[0]).unwrap();
+        let entry: serde_json::Value = serde_json::from_str(&written).unwrap();
+        let mut keys: Vec<String> = Vec::new();
+        for (k, v) in entry.as_object().unwrap() {
+            match v {
+                serde_json::Value::Array(_) => assert!(LISTS.contains(&k.as_str()), "{k}"),
+                serde_json::Value::Object(o) => {
+                    keys.extend(o.keys().map(|n| format!("{k}.{n}")));
+                }
+                _ => keys.push(k.clone()),
+            }
+        }
+        let mut columns = csv_columns();
+        let mut last = 0;
+        for c in &columns {
+            let mut at = 0;
+            for part in c.split('.') {
+                at += written[at..].find(&format!("\"{part}\":")).unwrap();
+            }
+            assert!(at > last || c == "device", "{c} is out of the JSON's order");
+            last = at;
+        }
+        keys.sort_unstable();
+        columns.sort_unstable();
+        assert_eq!(columns, keys);
+        let csv = csv(&summary);
+        let rows: Vec<&str> = csv.lines().collect();
+        assert_eq!(rows.len(), 2, "{csv}");
+        // Device 0: 4 events (the text free is requested and completed), 2 allocs.
+        assert!(rows[1].starts_with("0,4,2,1,1,"), "{csv}");
+    }
+
+    #[test]
+    fn the_interface_document_lists_the_csv_columns_in_order() {
+        let doc =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/interface.md"))
+                .unwrap();
+        let section = doc.split("`info --format csv` prints one row").nth(1).unwrap();
+        let list = section.split(": ").nth(1).unwrap().split(". ").next().unwrap();
+        let listed: Vec<&str> = list.split('`').skip(1).step_by(2).collect();
+        assert_eq!(listed, csv_columns());
+    }
 
     #[test]
     fn counts_get_thousands_separators() {

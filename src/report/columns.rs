@@ -226,6 +226,146 @@ column!(
     |r| Cell::Count(r.result.start_map_count)
 );
 column!(
+    START_STATE_SEGMENTS,
+    "start_state.segments",
+    "start segments",
+    "segments the recorded start state holds, where not all of it fit under the limit",
+    |r| start_state(r, |s| Cell::Count(s.segments))
+);
+column!(
+    START_STATE_BYTES,
+    "start_state.bytes",
+    "start bytes",
+    "bytes the recorded start state reserves, where not all of it fit under the limit",
+    |r| start_state(r, |s| Cell::Bytes(s.bytes))
+);
+column!(
+    START_STATE_INSTALLED_SEGMENTS,
+    "start_state.installed_segments",
+    "start installed",
+    "of the start state's segments, those installed under the limit",
+    |r| start_state(r, |s| Cell::Count(s.installed_segments))
+);
+column!(
+    START_STATE_INSTALLED_BYTES,
+    "start_state.installed_bytes",
+    "start installed bytes",
+    "bytes the installed start segments reserve",
+    |r| start_state(r, |s| Cell::Bytes(s.installed_bytes))
+);
+column!(
+    START_STATE_LIMIT,
+    "start_state.limit_bytes",
+    "start limit",
+    "the limit the start state met, in bytes",
+    |r| start_state(r, |s| bytes_or_unknown(s.limit_bytes))
+);
+column!(
+    GPU_MEMORY,
+    "gpu_memory_bytes",
+    "GPU memory",
+    "the GPU memory a limit that is a share of it assumed, in bytes",
+    |r| bytes_or_unknown(r.result.gpu_memory_bytes)
+);
+column!(
+    PLANNING_SECONDS,
+    "planning_seconds",
+    "planning time",
+    "of replay_seconds, the wall-clock seconds a planner spent before the first event",
+    |r| r.result.planning_seconds.map_or(Cell::Unknown, Cell::Seconds)
+);
+column!(
+    FIRST_OOM_DETAIL_EVENT,
+    "first_oom.event",
+    "oom event",
+    "the event of the first request that could not be served (first_oom_event)",
+    |r| first_oom(r, |o| Cell::Count(o.event))
+);
+column!(
+    FIRST_OOM_SIZE,
+    "first_oom.size",
+    "oom size",
+    "the size of the first request that could not be served, in bytes",
+    |r| first_oom(r, |o| Cell::Bytes(o.size))
+);
+column!(
+    FIRST_OOM_STREAM,
+    "first_oom.stream",
+    "oom stream",
+    "the stream of the first request that could not be served",
+    |r| first_oom(r, |o| Cell::Count(o.stream))
+);
+column!(
+    FIRST_OOM_CAPACITY,
+    "first_oom.capacity_bytes",
+    "oom capacity",
+    "the device capacity when the first request could not be served, in bytes",
+    |r| first_oom(r, |o| bytes_or_unknown(o.capacity_bytes))
+);
+column!(
+    FIRST_OOM_RESERVED,
+    "first_oom.reserved_bytes",
+    "oom reserved",
+    "bytes the policy held when the first request could not be served",
+    |r| first_oom(r, |o| Cell::Bytes(o.reserved_bytes))
+);
+column!(
+    FIRST_OOM_ALLOCATED,
+    "first_oom.allocated_bytes",
+    "oom allocated",
+    "bytes of live blocks when the first request could not be served",
+    |r| first_oom(r, |o| Cell::Bytes(o.allocated_bytes))
+);
+column!(
+    FIRST_OOM_FREE,
+    "first_oom.free_bytes",
+    "oom free",
+    "device bytes still free when the first request could not be served",
+    |r| first_oom(r, |o| bytes_or_unknown(o.free_bytes))
+);
+column!(
+    CUDA_WALL_SECONDS,
+    "cuda.wall_seconds",
+    "cuda wall time",
+    "seconds from opening the device to the end of the replay (cuda backend)",
+    |r| cuda(r, |c| Cell::Seconds(c.wall_seconds))
+);
+column!(
+    CUDA_DEVICE_TOTAL,
+    "cuda.device_total_bytes",
+    "device total",
+    "the device's total memory, in bytes (cuda backend)",
+    |r| cuda(r, |c| Cell::Bytes(c.device_total_bytes))
+);
+column!(
+    CUDA_USED_AT_START,
+    "cuda.device_used_at_start_bytes",
+    "device used at start",
+    "device bytes in use before the first allocation (cuda backend)",
+    |r| cuda(r, |c| Cell::Bytes(c.device_used_at_start_bytes))
+);
+column!(
+    CUDA_RESERVED_AT_DEVICE_PEAK,
+    "cuda.reserved_at_device_peak_bytes",
+    "reserved at device peak",
+    "the backend's reserved bytes at their highest (cuda backend)",
+    |r| cuda(r, |c| Cell::Bytes(c.reserved_at_device_peak_bytes))
+);
+column!(
+    CUDA_USED_AT_PEAK,
+    "cuda.device_used_at_peak_bytes",
+    "device used at peak",
+    "device bytes in use when reserved bytes were at their highest (cuda backend)",
+    |r| cuda(r, |c| Cell::Bytes(c.device_used_at_peak_bytes))
+);
+column!(
+    CUDA_TOUCHED,
+    "cuda.touched",
+    "touched",
+    "whether every new segment and mapped range was written once (cuda backend)",
+    |r| cuda(r, |c| Cell::Flag(c.touched))
+);
+column!(
     OVER_BOUND,
     "over_bound",
     "over bound",
@@ -233,8 +373,12 @@ column!(
     |r| Cell::Percent(over_bound(r.result.peak_reserved_bytes, r.bound))
 );
 
-/// Every key of a [`PolicyResult`], in the order `replay --json` writes them: the CSV columns.
-pub static RESULT: [&Column; 21] = [
+/// Every scalar key of a [`PolicyResult`], in the order `replay --json` writes them: the CSV
+/// columns. A nested object's keys are flattened as `parent.key` (`start_state.bytes`); the keys a
+/// result holds only sometimes are empty cells where it does not. Left out, as lists and tables
+/// a CSV row cannot hold: `first_oom.stack` (the frames) and `cuda.device_calls` (latency
+/// statistics per kind of call).
+pub static RESULT: [&Column; 41] = [
     &POLICY,
     &CONFIG,
     &PEAK_RESERVED,
@@ -255,8 +399,48 @@ pub static RESULT: [&Column; 21] = [
     &FRAGMENTATION_AT_LIVE_PEAK,
     &START_MALLOCS,
     &START_MAPS,
+    &START_STATE_SEGMENTS,
+    &START_STATE_BYTES,
+    &START_STATE_INSTALLED_SEGMENTS,
+    &START_STATE_INSTALLED_BYTES,
+    &START_STATE_LIMIT,
+    &GPU_MEMORY,
     &REPLAY_SECONDS,
+    &PLANNING_SECONDS,
+    &FIRST_OOM_DETAIL_EVENT,
+    &FIRST_OOM_SIZE,
+    &FIRST_OOM_STREAM,
+    &FIRST_OOM_CAPACITY,
+    &FIRST_OOM_RESERVED,
+    &FIRST_OOM_ALLOCATED,
+    &FIRST_OOM_FREE,
+    &CUDA_WALL_SECONDS,
+    &CUDA_DEVICE_TOTAL,
+    &CUDA_USED_AT_START,
+    &CUDA_RESERVED_AT_DEVICE_PEAK,
+    &CUDA_USED_AT_PEAK,
+    &CUDA_TOUCHED,
 ];
+
+/// A byte count the result may not hold: [`Cell::Unknown`] (an empty CSV field) without it.
+fn bytes_or_unknown(bytes: Option<u64>) -> Cell {
+    bytes.map_or(Cell::Unknown, Cell::Bytes)
+}
+
+/// A cell of the result's `start_state`, [`Cell::Unknown`] when the whole state was installed.
+fn start_state(r: &Row, cell: fn(&crate::metrics::StartFit) -> Cell) -> Cell {
+    r.result.start_state.as_ref().map_or(Cell::Unknown, cell)
+}
+
+/// A cell of the result's `first_oom`, [`Cell::Unknown`] when every request was served.
+fn first_oom(r: &Row, cell: fn(&crate::metrics::OomDetail) -> Cell) -> Cell {
+    r.result.first_oom.as_ref().map_or(Cell::Unknown, cell)
+}
+
+/// A cell of the result's `cuda` measures, [`Cell::Unknown`] on the simulated device.
+fn cuda(r: &Row, cell: fn(&crate::backend::cuda::CudaMeasures) -> Cell) -> Cell {
+    r.result.cuda.as_ref().map_or(Cell::Unknown, cell)
+}
 
 /// The columns a person reads first: the terminal table, Markdown and HTML summaries. Its
 /// fragmentation is read when live bytes peak ([`FRAGMENTATION_AT_LIVE_PEAK`]): what the cache
@@ -458,15 +642,94 @@ pub fn cells(results: &[PolicyResult], columns: &[&Column]) -> Vec<Vec<Cell>> {
 mod tests {
     use super::*;
 
+    /// A result that holds every key `replay --json` can write, each optional one included.
+    pub(crate) fn full_result() -> PolicyResult {
+        PolicyResult {
+            policy: "pytorch".into(),
+            start_state: Some(crate::metrics::StartFit {
+                segments: 3,
+                bytes: 3 << 21,
+                installed_segments: 1,
+                installed_bytes: 2 << 20,
+                limit_bytes: Some(4 << 20),
+            }),
+            gpu_memory_bytes: Some(8 << 30),
+            planning_seconds: Some(0.25),
+            first_oom: Some(crate::metrics::OomDetail {
+                event: 7,
+                size: 1 << 20,
+                stack: vec!["a.py:1 f".into()],
+                ..Default::default()
+            }),
+            first_oom_event: Some(7),
+            cuda: Some(crate::backend::cuda::CudaMeasures {
+                device_total_bytes: 80 << 30,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// Every scalar key of `v`, nested ones as `parent.key`, lists and `cuda.device_calls`
+    /// left out (what [`RESULT`] says it leaves out).
+    fn scalar_keys(prefix: &str, v: &serde_json::Value, out: &mut Vec<String>) {
+        for (k, x) in v.as_object().unwrap() {
+            let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+            match x {
+                serde_json::Value::Array(_) => {}
+                serde_json::Value::Object(_) if key == "cuda.device_calls" => {}
+                serde_json::Value::Object(_) => scalar_keys(&key, x, out),
+                _ => out.push(key),
+            }
+        }
+    }
+
     #[test]
     fn result_columns_are_the_json_keys_in_order() {
-        let json = serde_json::to_string(&PolicyResult::default()).unwrap();
-        // Keys in the serialised order: each `"key":` in turn.
-        let keys: Vec<&str> =
-            json.split('"').enumerate().filter(|(i, _)| i % 2 == 1).map(|(_, s)| s).collect();
-        let keys: Vec<&str> = keys.into_iter().filter(|k| !k.is_empty()).collect();
-        let ours: Vec<&str> = RESULT.iter().map(|c| c.key).collect();
+        let json = serde_json::to_string(&full_result()).unwrap();
+        let mut keys = Vec::new();
+        scalar_keys("", &serde_json::from_str(&json).unwrap(), &mut keys);
+        let mut ours: Vec<String> = RESULT.iter().map(|c| c.key.to_string()).collect();
+        // In the written order: each column's `"parent":` then `"key":` after it comes later in
+        // the text than the column before's.
+        let mut last = 0;
+        for key in &ours {
+            let mut at = 0;
+            for part in key.split('.') {
+                let needle = format!("\"{part}\":");
+                at += json[at..].find(&needle).unwrap_or_else(|| panic!("{key} in {json}"));
+            }
+            assert!(at > last || key == "policy", "{key} is out of the JSON's order");
+            last = at;
+        }
+        keys.sort_unstable();
+        ours.sort_unstable();
         assert_eq!(ours, keys);
+        // Where the result does not hold an optional key, its cells are empty.
+        let plain: Vec<String> =
+            cells(&[PolicyResult::default()], &RESULT)[0].iter().map(Cell::raw).collect();
+        let serde_json::Value::Object(written) =
+            serde_json::to_value(PolicyResult::default()).unwrap()
+        else {
+            unreachable!()
+        };
+        for (c, raw) in RESULT.iter().zip(&plain) {
+            if !written.contains_key(c.key) {
+                assert_eq!(raw, "", "{}", c.key);
+            }
+        }
+    }
+
+    #[test]
+    fn the_interface_document_lists_the_csv_columns_in_order() {
+        let doc =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/interface.md"))
+                .unwrap();
+        let section = doc.split("### Replay CSV columns").nth(1).unwrap();
+        let list = section.split("\n\n").find(|p| p.starts_with("`policy`, `config`")).unwrap();
+        let listed: Vec<&str> = list.split('`').skip(1).step_by(2).collect();
+        let ours: Vec<&str> = RESULT.iter().map(|c| c.key).collect();
+        assert_eq!(listed, ours);
     }
 
     #[test]

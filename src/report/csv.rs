@@ -1,5 +1,6 @@
 //! CSV of replay results: one row per policy, the `replay --json` keys as header
-//! ([`super::columns::RESULT`]), values as the JSON writes them (null is empty).
+//! ([`super::columns::RESULT`]: nested keys as `parent.key`), values as the JSON writes them
+//! (null, and a key the result does not hold, are empty).
 
 use super::columns::{self, Cell};
 use crate::error::{Error, Result};
@@ -53,12 +54,14 @@ mod tests {
         let mut out = Vec::new();
         write_results(&[], &mut out).unwrap();
         let json = serde_json::to_value(PolicyResult::default()).unwrap();
-        let mut keys: Vec<&str> = json.as_object().unwrap().keys().map(String::as_str).collect();
         let text = String::from_utf8(out).unwrap();
-        let mut header: Vec<&str> = text.trim_end().split(',').collect();
-        keys.sort_unstable();
-        header.sort_unstable();
-        assert_eq!(header, keys);
+        let header: Vec<&str> = text.trim_end().split(',').collect();
+        let columns: Vec<&str> = columns::RESULT.iter().map(|c| c.key).collect();
+        assert_eq!(header, columns);
+        // Every key a result always holds is a column of its own name.
+        for key in json.as_object().unwrap().keys() {
+            assert!(header.contains(&key.as_str()), "{key}");
+        }
     }
 
     #[test]
@@ -74,6 +77,39 @@ mod tests {
         let text = String::from_utf8(out).unwrap();
         let row = text.lines().nth(1).unwrap();
         assert!(row.starts_with("pytorch,\"a:1,b:\"\"2\"\"\",2097152,0,0,0,0.0,"), "{row}");
-        assert!(row.ends_with(",false,,false,0,0.0,0,0,0.0"), "{row}");
+        // The keys a result holds only sometimes (start_state, gpu_memory_bytes before
+        // replay_seconds; planning_seconds, first_oom, cuda after it) are empty without them.
+        let end = format!(",false,,false,0,0.0,0,0{}0.0{}", ",".repeat(7), ",".repeat(14));
+        assert!(row.ends_with(&end), "{row}");
+    }
+
+    #[test]
+    fn nested_keys_are_columns_of_their_own() {
+        let r = PolicyResult {
+            policy: "pytorch".into(),
+            start_state: Some(crate::metrics::StartFit {
+                segments: 3,
+                bytes: 6291456,
+                limit_bytes: None,
+                ..Default::default()
+            }),
+            gpu_memory_bytes: Some(17179869184),
+            first_oom: Some(crate::metrics::OomDetail { size: 512, ..Default::default() }),
+            ..Default::default()
+        };
+        let mut out = Vec::new();
+        write_results(&[r], &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let mut lines = text.lines();
+        let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+        let row: Vec<&str> = lines.next().unwrap().split(',').collect();
+        let cell = |key: &str| row[header.iter().position(|h| *h == key).unwrap()];
+        assert_eq!(cell("start_state.segments"), "3");
+        assert_eq!(cell("start_state.bytes"), "6291456");
+        assert_eq!(cell("start_state.limit_bytes"), "");
+        assert_eq!(cell("gpu_memory_bytes"), "17179869184");
+        assert_eq!(cell("first_oom.size"), "512");
+        assert_eq!(cell("first_oom.free_bytes"), "");
+        assert_eq!(cell("cuda.touched"), "");
     }
 }
