@@ -268,6 +268,13 @@ column!(
     |r| bytes_or_unknown(r.result.gpu_memory_bytes)
 );
 column!(
+    CAPACITY,
+    "capacity_bytes",
+    "capacity",
+    "the device memory the replay ran under, in bytes (empty: unlimited)",
+    |r| bytes_or_unknown(r.result.capacity_bytes)
+);
+column!(
     PLANNING_SECONDS,
     "planning_seconds",
     "planning time",
@@ -378,7 +385,7 @@ column!(
 /// result holds only sometimes are empty cells where it does not. Left out, as lists and tables
 /// a CSV row cannot hold: `first_oom.stack` (the frames) and `cuda.device_calls` (latency
 /// statistics per kind of call).
-pub static RESULT: [&Column; 41] = [
+pub static RESULT: [&Column; 42] = [
     &POLICY,
     &CONFIG,
     &PEAK_RESERVED,
@@ -405,6 +412,7 @@ pub static RESULT: [&Column; 41] = [
     &START_STATE_INSTALLED_BYTES,
     &START_STATE_LIMIT,
     &GPU_MEMORY,
+    &CAPACITY,
     &REPLAY_SECONDS,
     &PLANNING_SECONDS,
     &FIRST_OOM_DETAIL_EVENT,
@@ -654,6 +662,7 @@ mod tests {
                 limit_bytes: Some(4 << 20),
             }),
             gpu_memory_bytes: Some(8 << 30),
+            capacity_bytes: Some(16 << 30),
             planning_seconds: Some(0.25),
             first_oom: Some(crate::metrics::OomDetail {
                 event: 7,
