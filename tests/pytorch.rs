@@ -1305,3 +1305,77 @@ fn sweep_and_check_replay_under_the_limit_the_recording_implies() {
     let need = v["results"][0]["min_capacity_bytes"].as_u64().unwrap();
     assert_eq!(need > limit, ran_out, "need {need}, limit {limit}");
 }
+
+/// The recorded flushes `validate`'s plan makes as the program's `empty_cache()` calls are
+/// exactly those a replay makes, event for event: otherwise `validate` would check the model on
+/// another program than the one `replay` runs. The plan takes the calls a replay reads
+/// (`EmptyCacheRuns`: stacks, then levels) and gives the other release runs to mallocs by its
+/// own segment-run rule, which must add no call. Every real snapshot, read with and without
+/// frames, and recordings with both kinds of flush, with and without the stacks that tell them
+/// apart. (The runs the levels leave undecided are neither: a replay asks its policy about each
+/// at run time, and `validate` gives each to its malloc, which checks the model on that.)
+#[test]
+fn validate_and_replay_take_the_same_flushes_for_empty_cache_calls() {
+    use fragsim::replay::ReplayInput;
+    use fragsim::trace::lifetimes::{FlushCause, FlushCauses};
+    use fragsim::trace::{read_trace, ReadOptions, Trace};
+    use fragsim::validate::planned_empty_cache_calls;
+    let (mut traces, mut calls, mut fallbacks) = (0, 0, 0);
+    let mut disagree = Vec::new();
+    let mut check = |t: &Trace, at: &str| {
+        traces += 1;
+        let causes = FlushCauses::of(&t.frames);
+        for d in &t.devices {
+            let by_stack = |e: &&fragsim::trace::Event| causes.get(e.frames);
+            fallbacks +=
+                d.events.iter().filter(|e| by_stack(e) == Some(FlushCause::OutOfMemory)).count();
+            let planned = planned_empty_cache_calls(t, d.device).unwrap();
+            let input = ReplayInput::of_events(t, d.device, &d.events).unwrap();
+            let replayed = input.empty_cache_at();
+            let only = |a: &[u64], b: &[u64]| -> Vec<String> {
+                let shown = |&i: &u64| format!("{i} ({})", d.events[i as usize].action.name());
+                a.iter().filter(|i| !b.contains(i)).map(shown).collect()
+            };
+            if planned != replayed {
+                disagree.push(format!(
+                    "{at}, device {}: calls only validate's plan makes: {:?}; only replay's: {:?}",
+                    d.device,
+                    only(&planned, replayed),
+                    only(replayed, &planned),
+                ));
+            }
+            calls += planned.len();
+        }
+    };
+    for path in &crate::util::real_snapshots() {
+        for keep_frames in [false, true] {
+            let t = read_trace(path, &ReadOptions { keep_frames, ..ReadOptions::default() });
+            check(&t.unwrap(), &format!("{}, frames kept: {keep_frames}", path.display()));
+        }
+    }
+    for conf in ["", "expandable_segments:True", "garbage_collection_threshold:0.5"] {
+        for capacity in [None, Some(300 << 20), Some(200 << 20)] {
+            for seed in 0..4 {
+                for stacks in [false, true] {
+                    let at = format!("{conf:?}, {capacity:?}, seed {seed}, stacks {stacks}");
+                    let run = Run { conf, capacity, stacks, ..Run::PLAIN };
+                    let t = recording(seed, run);
+                    check(&t, &at);
+                    check(&recording(seed, Run { cut: 500, ..run }), &format!("{at}, cut"));
+                    let mut frameless = t.clone();
+                    frameless.frames = Default::default();
+                    frameless.devices[0]
+                        .events
+                        .iter_mut()
+                        .for_each(|e| e.frames = Default::default());
+                    check(&frameless, &format!("{at}, frames dropped"));
+                }
+            }
+        }
+    }
+    assert!(disagree.is_empty(), "{} disagreements:\n{}", disagree.len(), disagree.join("\n"));
+    assert!(
+        traces > 100 && calls > 100 && fallbacks > 5,
+        "{traces} traces, {calls} calls, {fallbacks} releases in a fallback: the check reads little"
+    );
+}

@@ -58,6 +58,42 @@ pub trait Backend {
     fn reserved(&self) -> u64;
 }
 
+/// How much of a recorded start state (the cache a snapshot held at its first event) a replay
+/// installed under its limit. A what-if's limit binds from the first event: the segments that
+/// would take reserved bytes over it are left out (in recorded order, each segment whole), and
+/// the blocks live in them are allocated anew before the first event, an out-of-memory at event
+/// 0 where they cannot be. It lives here, below both the policies (which fill it in
+/// `Policy::start_fit`) and the results (which report it as `start_state`), because the limit it
+/// describes is the one a backend enforces: one type serves both, serialised as those JSON keys.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StartFit {
+    /// Segments (and mapped ranges) the recorded start state holds.
+    pub segments: u64,
+    /// Bytes they reserve.
+    pub bytes: u64,
+    /// Of those, the segments installed.
+    pub installed_segments: u64,
+    /// Bytes the installed segments reserve.
+    pub installed_bytes: u64,
+    /// The limit that bound. A policy reports its own (`per_process_memory_fraction` × GPU
+    /// memory); the replay's result holds the least of that and the device's capacity less
+    /// outside usage ([`StartFit::bound_by`]); `None` if neither is known.
+    pub limit_bytes: Option<u64>,
+}
+
+impl StartFit {
+    /// This fit with its limit made the least of the policy's own and `device` (the device's
+    /// capacity less outside usage, if limited): the limit a replay reports, since either one
+    /// can leave a segment out.
+    pub fn bound_by(self, device: Option<u64>) -> StartFit {
+        let limit_bytes = match (self.limit_bytes, device) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        StartFit { limit_bytes, ..self }
+    }
+}
+
 /// Sees every call a policy makes through an [`Observed`] backend, after the backend answered.
 ///
 /// This is the one way to wrap a backend: [`Observed`] forwards each call to the backend it wraps

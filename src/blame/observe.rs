@@ -382,7 +382,7 @@ impl<P: Policy> Policy for Watched<'_, '_, P> {
     fn alloc_retries(&self) -> u64 {
         self.inner.alloc_retries()
     }
-    fn start_fit(&self) -> Option<crate::policy::StartFit> {
+    fn start_fit(&self) -> Option<crate::backend::StartFit> {
         self.inner.start_fit()
     }
     fn assumed_gpu_memory(&self) -> Option<u64> {

@@ -74,7 +74,7 @@ pub struct PolicyResult {
     /// installed and what was left out. Absent when the whole state was installed, or the
     /// policy installs none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub start_state: Option<StartFit>,
+    pub start_state: Option<crate::backend::StartFit>,
     /// The GPU memory the policy assumed where its limit is a share of it
     /// (`per_process_memory_fraction`): a setting that only pays on some card is only as good
     /// as this assumption. Absent when no limit depends on the GPU's memory.
@@ -99,25 +99,6 @@ pub struct PolicyResult {
     /// absent for the simulated device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cuda: Option<crate::backend::cuda::CudaMeasures>,
-}
-
-/// How much of a recorded start state a replay installed under its limit. A what-if's limit
-/// binds from the first event: the segments that would take reserved bytes over it are left
-/// out (in recorded order, each segment whole), and the blocks live in them are allocated anew
-/// before the first event, an out-of-memory at event 0 where they cannot be.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct StartFit {
-    /// Segments (and mapped ranges) the recorded start state holds.
-    pub segments: u64,
-    /// Bytes they reserve.
-    pub bytes: u64,
-    /// Of those, the segments installed.
-    pub installed_segments: u64,
-    /// Bytes the installed segments reserve.
-    pub installed_bytes: u64,
-    /// The limit that bound: the least of the policy's own (`per_process_memory_fraction` ×
-    /// GPU memory) and the device's capacity less outside usage; `None` if neither is known.
-    pub limit_bytes: Option<u64>,
 }
 
 /// The moment a request could not be served: what PyTorch's `OutOfMemoryError` says ("Tried to

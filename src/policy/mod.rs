@@ -28,7 +28,7 @@ pub mod stitch;
 
 pub use spec::PolicySpec;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, StartFit};
 use crate::error::{Cancel, Error, Result};
 use crate::trace::lifetimes::Lifetimes;
 use crate::trace::{Event, LiveBlock, Segment, Trace};
@@ -79,24 +79,6 @@ impl Handle {
     pub fn index(self) -> Option<u32> {
         (self != Handle::NONE).then_some(self.0)
     }
-}
-
-/// How much of a recorded start state (the cache a snapshot held at its first event) a policy
-/// installed under its limit ([`Policy::start_fit`]): a what-if's limit binds from the first
-/// event, so segments that would take reserved bytes over it are left out, each whole, in
-/// recorded order. The replay reports it as the result's `start_state`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct StartFit {
-    /// Segments (and mapped ranges) the recorded start state holds.
-    pub segments: u64,
-    /// Bytes they reserve.
-    pub bytes: u64,
-    /// Of those, the segments installed.
-    pub installed_segments: u64,
-    /// Bytes the installed segments reserve.
-    pub installed_bytes: u64,
-    /// The policy's own limit (`per_process_memory_fraction` × the GPU's memory), if any.
-    pub limit_bytes: Option<u64>,
 }
 
 /// An allocator policy. Implementations must be deterministic: the same calls give the same

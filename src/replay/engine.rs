@@ -512,19 +512,9 @@ fn drive<P: Policy, B: Backend, K: Blocks, G: Guide<P, B>, const PLAIN: bool>(
         replay_seconds: started.elapsed().as_secs_f64(),
         planning_seconds: policy.planning_seconds(),
         first_oom,
-        start_state: policy.start_fit().map(|f| {
-            let device = options.capacity.map(|c| c.saturating_sub(options.outside_bytes));
-            crate::metrics::StartFit {
-                segments: f.segments,
-                bytes: f.bytes,
-                installed_segments: f.installed_segments,
-                installed_bytes: f.installed_bytes,
-                limit_bytes: match (f.limit_bytes, device) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                },
-            }
-        }),
+        start_state: policy
+            .start_fit()
+            .map(|f| f.bound_by(options.capacity.map(|c| c.saturating_sub(options.outside_bytes)))),
         gpu_memory_bytes: policy.assumed_gpu_memory(),
         capacity_bytes: options.capacity,
         cuda: None,

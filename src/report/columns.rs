@@ -436,7 +436,7 @@ fn bytes_or_unknown(bytes: Option<u64>) -> Cell {
 }
 
 /// A cell of the result's `start_state`, [`Cell::Unknown`] when the whole state was installed.
-fn start_state(r: &Row, cell: fn(&crate::metrics::StartFit) -> Cell) -> Cell {
+fn start_state(r: &Row, cell: fn(&crate::backend::StartFit) -> Cell) -> Cell {
     r.result.start_state.as_ref().map_or(Cell::Unknown, cell)
 }
 
@@ -654,7 +654,7 @@ mod tests {
     pub(crate) fn full_result() -> PolicyResult {
         PolicyResult {
             policy: "pytorch".into(),
-            start_state: Some(crate::metrics::StartFit {
+            start_state: Some(crate::backend::StartFit {
                 segments: 3,
                 bytes: 3 << 21,
                 installed_segments: 1,

@@ -88,7 +88,7 @@ mod tests {
     fn nested_keys_are_columns_of_their_own() {
         let r = PolicyResult {
             policy: "pytorch".into(),
-            start_state: Some(crate::metrics::StartFit {
+            start_state: Some(crate::backend::StartFit {
                 segments: 3,
                 bytes: 6291456,
                 limit_bytes: None,

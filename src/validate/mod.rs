@@ -437,17 +437,19 @@ enum Op {
 }
 
 /// Assigns every recorded event its [`Op`] (the trace order inside one malloc,
-/// docs/pytorch-model.md#malloc-order). Releases
-/// whose stacks show the program's `empty_cache()` (`causes`, [`FlushCause`]) are a flush even
-/// right before a malloc's new segment.
-fn plan(events: &[Event], causes: &FlushCauses) -> Vec<Op> {
+/// docs/pytorch-model.md#malloc-order). The release runs a replay takes for the program's
+/// `empty_cache()` calls (`calls`, the first index of each: [`ReplayInput::empty_cache_at`],
+/// read by stacks and levels) are a flush even right before a malloc's new segment, so that
+/// `validate` checks the program a replay runs; a run ends at a release whose stack names
+/// another cause (`causes`, [`FlushCause`]).
+fn plan(events: &[Event], causes: &FlushCauses, calls: &[u64]) -> Vec<Op> {
     let frees_at = free_action(events);
     let mut ops = vec![Op::Skip; events.len()];
     let mut i = 0;
     let release = |a: Action| matches!(a, Action::SegmentFree | Action::SegmentUnmap);
     while i < events.len() {
         let e = &events[i];
-        if release(e.action) && causes.get(e.frames) == Some(FlushCause::EmptyCacheCall) {
+        if release(e.action) && calls.binary_search(&(i as u64)).is_ok() {
             let start = i;
             let mut segs = Vec::new();
             while i < events.len() {
@@ -513,6 +515,20 @@ fn plan(events: &[Event], causes: &FlushCauses) -> Vec<Op> {
         i += 1;
     }
     ops
+}
+
+/// The event indices at which `validate` makes the program's `empty_cache()` calls: the start of
+/// every [`Op::Flush`] its plan gives the events of `device` in `trace`, in order. A replay
+/// reads the same flushes by its own rules ([`ReplayInput::empty_cache_at`]); both readings
+/// must agree, and this is exposed, hidden, only for the test that checks they do
+/// (in `tests/pytorch.rs`).
+#[doc(hidden)]
+pub fn planned_empty_cache_calls(trace: &Trace, device: i32) -> Result<Vec<u64>> {
+    let Some(d) = trace.device(device) else { return Ok(Vec::new()) };
+    let input = ReplayInput::of_events(trace, device, &d.events)?;
+    let ops = plan(&d.events, &FlushCauses::of(&trace.frames), input.empty_cache_at());
+    let flush = |(i, op): (usize, &Op)| matches!(op, Op::Flush { .. }).then_some(i as u64);
+    Ok(ops.iter().enumerate().filter_map(flush).collect())
 }
 
 /// Addresses for segments the recording does not show: far from any real GPU address.
@@ -1233,7 +1249,8 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
             notes.push(Warning::EntriesNamePools { pools: named.len() as u64, allocs });
         }
     }
-    let mut ops = plan(events, &FlushCauses::of(&trace.frames));
+    let input = ReplayInput::of_events(trace, device, events)?;
+    let mut ops = plan(events, &FlushCauses::of(&trace.frames), input.empty_cache_at());
     // An `oom` entry records the rounded size; the recording's allocator padded the request
     // first where it is torch_npu's, so the request that rounds to it is that much smaller.
     let pad = recorded_by.pad();
@@ -1269,8 +1286,7 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
         .flat_map(|s| &s.live)
         .filter_map(|b| b.shown_at.map(|k| (b.addr, b.size, k)))
         .collect();
-    let recording =
-        Recording { events, ops, input: ReplayInput::of_events(trace, device, events)? };
+    let recording = Recording { events, ops, input };
     let cancel = &options.cancel;
     loop {
         let run =
@@ -1395,13 +1411,20 @@ mod tests {
         text::read(src.as_bytes(), &ReadOptions::default()).unwrap()
     }
 
+    /// [`plan`] of device 0 of `t`, with the calls a replay reads there.
+    fn plan_of(t: &Trace) -> Vec<Op> {
+        let events = &t.devices[0].events;
+        let input = ReplayInput::of_events(t, t.devices[0].device, events).unwrap();
+        plan(events, &FlushCauses::of(&t.frames), input.empty_cache_at())
+    }
+
     #[test]
     fn a_run_of_releases_outside_a_malloc_is_a_flush_and_a_malloc_owns_its_segments() {
         let t = trace(
             "segment_free 0x0 2097152\nalloc 0x0 8\nsegment_free 0x400000 2097152\n\
              segment_alloc 0x800000 20971520\nalloc 0x800000 4096000\n",
         );
-        let ops = plan(&t.devices[0].events, &FlushCauses::default());
+        let ops = plan_of(&t);
         assert!(matches!(&ops[0], Op::Flush { script } if script == &vec![0]));
         assert!(matches!(&ops[1], Op::Malloc { script, .. } if script.is_empty()));
         assert!(matches!(ops[2], Op::Skip));
@@ -1832,7 +1855,7 @@ mod tests {
         let count =
             |t: &Trace, a: Action| t.devices[0].events.iter().filter(|e| e.action == a).count();
         let t = generate("", 3, Some(96 << 20));
-        let ops = plan(&t.devices[0].events, &FlushCauses::default());
+        let ops = plan_of(&t);
         assert!(count(&t, Action::Oom) > 0);
         assert!(ops.iter().any(|o| matches!(o, Op::Flush { script } if !script.is_empty())));
         assert!(ops.iter().any(|o| matches!(o, Op::Malloc { script, .. }
@@ -1856,7 +1879,7 @@ mod tests {
             assert!(v.mismatches.is_empty(), "seed {seed}: {:?}", v.mismatches.first());
             assert_eq!(v.allocs_addr_matched, v.allocs_total);
             let e = &t.devices[0].events;
-            let ops = plan(e, &FlushCauses::default());
+            let ops = plan_of(&t);
             let released_in_malloc = ops.iter().any(|o| {
                 matches!(o, Op::Malloc { script, .. }
                 if script.iter().any(|&j| e[j].action == Action::SegmentFree))

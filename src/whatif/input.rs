@@ -99,7 +99,7 @@ impl Kind {
                 serde_json::from_value::<crate::backend::cuda::CudaMeasures>(v.clone()).is_ok()
             }
             Kind::StartState => {
-                serde_json::from_value::<crate::metrics::StartFit>(v.clone()).is_ok()
+                serde_json::from_value::<crate::backend::StartFit>(v.clone()).is_ok()
             }
         }
     }

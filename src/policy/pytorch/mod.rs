@@ -249,7 +249,7 @@ pub struct PyTorch<const DEFAULT_RULES: bool = false> {
     start: Option<Box<start::StartState>>,
     /// What of the start state did not fit under the limits when it was installed
     /// ([`Policy::start_fit`]).
-    start_fit: Option<crate::policy::StartFit>,
+    start_fit: Option<crate::backend::StartFit>,
     /// Requests are recorded block sizes (a Kineto trace, see [`PyTorch::reading_kineto`]): a
     /// block found larger is split down to the request whenever the rest can be a block.
     exact_blocks: bool,
@@ -1550,7 +1550,7 @@ impl<const DEFAULT_RULES: bool> Policy for PyTorch<DEFAULT_RULES> {
         // no room for; the engine allocates its live blocks anew.
         let limit = self.config.allowed_memory_maximum();
         let fits = |total: u64, more: u64| limit.is_none_or(|l| total.saturating_add(more) <= l);
-        let mut fit = crate::policy::StartFit::default();
+        let mut fit = crate::backend::StartFit::default();
         for s in state.segments.iter().filter(|s| !s.expandable) {
             fit.segments += 1;
             fit.bytes += s.size;
@@ -1714,7 +1714,7 @@ impl<const DEFAULT_RULES: bool> Policy for PyTorch<DEFAULT_RULES> {
         self.allocated
     }
 
-    fn start_fit(&self) -> Option<crate::policy::StartFit> {
+    fn start_fit(&self) -> Option<crate::backend::StartFit> {
         self.start_fit
     }
 
