@@ -14,7 +14,9 @@ use std::path::PathBuf;
 /// Exit 0 when no metric got worse beyond the tolerance, 1 on a regression (one line each:
 /// trace, policy, metric, baseline, now, change), 2 when a result has no baseline entry.
 /// Improvements are reported and never fail. `--update` writes this run into the baseline:
-/// entries it reran are replaced, new ones added, the others kept (and said).
+/// entries it reran are replaced, new ones added, the others kept (and said). Each trace
+/// replays under the limit its recording implies, as `replay` does, unless `--capacity` says
+/// otherwise; a baseline entry compares only with a run under the same capacity (exit 2).
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The traces to replay.
@@ -37,17 +39,8 @@ pub struct Args {
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     device: Option<i32>,
 
-    /// Device memory, e.g. 40GiB, or a card by name (a100-40gb, ...). Default (`recorded`):
-    /// each trace under the limit its recording implies, where it shows the device running
-    /// out, as `replay` does; `none`: unlimited. A baseline's entries compare only with results
-    /// run under the same capacity.
-    #[arg(
-        long,
-        value_name = "SIZE|CARD|recorded|none",
-        value_parser = super::capacity_arg,
-        allow_hyphen_values = true
-    )]
-    capacity: Option<super::CapacityArg>,
+    #[command(flatten)]
+    capacity: super::CapacityFlag,
 
     /// Write this run's results into the baseline instead of comparing: its entries for the
     /// traces and policies run are replaced, the others kept; FILE is created if missing.
@@ -109,7 +102,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let options = ReplayOptions { cancel: io.cancel.clone(), ..ReplayOptions::default() };
     let replayed = args.control.replay_traces(
         io,
-        Targets { traces: &traces, device: args.device, capacity: args.capacity.as_ref() },
+        Targets { traces: &traces, device: args.device, capacity: args.capacity.capacity.as_ref() },
         &specs,
         &options,
         &bar,

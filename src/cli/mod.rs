@@ -424,6 +424,23 @@ impl ReplaySource {
     }
 }
 
+/// The `--capacity` flag of the commands that replay several traces (`sweep`, `check`): each
+/// trace's capacity is resolved on its own ([`resolve_capacity`]).
+#[derive(Debug, clap::Args)]
+pub struct CapacityFlag {
+    /// Device memory, e.g. 40GiB or 80GB, or a card by name (a100-40gb, h100-80gb, ...): every
+    /// trace on that card, runs that run out marked. Default (`recorded`): each trace under the
+    /// limit its recording implies, where it shows the device running out, as `replay` does;
+    /// `none`: unlimited.
+    #[arg(
+        long,
+        value_name = "SIZE|CARD|recorded|none",
+        value_parser = capacity_arg,
+        allow_hyphen_values = true
+    )]
+    pub capacity: Option<CapacityArg>,
+}
+
 /// What `--capacity` says.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CapacityArg {

@@ -44,15 +44,8 @@ pub struct Args {
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     device: Option<i32>,
 
-    /// Device memory, e.g. 40GiB or 80GB, or a card by name (a100-40gb, h100-80gb, ...): configs
-    /// that run out on any trace rank last. `none`: unlimited (the default).
-    #[arg(
-        long,
-        value_name = "SIZE|CARD|none",
-        value_parser = super::capacity_arg,
-        allow_hyphen_values = true
-    )]
-    capacity: Option<super::CapacityArg>,
+    #[command(flatten)]
+    capacity: super::CapacityFlag,
 
     /// Run only part I of N of the configs (1-based), for a job array; merge the parts with
     /// `fragsim merge`.
@@ -101,7 +94,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     Row::new("", &PolicyResult::default()).number(&args.objective)?;
     // The grid id covers the capacity setting (a size as bytes, so `40GiB` and `42949672960`
     // shards merge); with no flag each trace runs under the limit its recording implies.
-    let capacity_setting = match &args.capacity {
+    let capacity_setting = match &args.capacity.capacity {
         None | Some(super::CapacityArg::Recorded) => "capacity=recorded".to_string(),
         Some(super::CapacityArg::Unlimited) => "capacity=None".to_string(),
         Some(super::CapacityArg::Size { bytes, .. }) => format!("capacity={:?}", Some(bytes)),
@@ -130,7 +123,11 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let bar = args.control.bar(io, specs.len() * traces_given.len(), "sweeping");
     let replayed = args.control.replay_traces(
         io,
-        Targets { traces: &traces_given, device: args.device, capacity: args.capacity.as_ref() },
+        Targets {
+            traces: &traces_given,
+            device: args.device,
+            capacity: args.capacity.capacity.as_ref(),
+        },
         specs,
         &options,
         &bar,
@@ -149,7 +146,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let mut report = sweep::report(traces, &args.objective, rows, Some(REFERENCE))?;
     report.grid = Some(grid_id);
     report.shard = shard;
-    report.capacity = Some(match &args.capacity {
+    report.capacity = Some(match &args.capacity.capacity {
         None | Some(super::CapacityArg::Recorded) => "recorded".to_string(),
         Some(super::CapacityArg::Unlimited) => "none".to_string(),
         Some(super::CapacityArg::Size { typed, .. }) => typed.clone(),
