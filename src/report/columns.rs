@@ -96,10 +96,25 @@ impl std::fmt::Debug for Column {
 }
 
 macro_rules! column {
-    ($name:ident, $key:literal, $header:literal, $unit:literal, $value:expr) => {
+    ($name:ident, $key:expr, $header:literal, $unit:expr, $value:expr) => {
         #[doc = concat!("`", $key, "`: ", $unit, ".")]
         pub static $name: Column =
             Column { key: $key, header: $header, unit: $unit, value: $value };
+    };
+}
+
+/// Columns of a nested object of a result (`start_state`, `first_oom`, `cuda`), one row each: `NAME field
+/// "header" make`, the column `object.field` whose cell is `make(object.field)`, read through
+/// the helper named after the object.
+macro_rules! nested_columns {
+    ($of:ident: $($name:ident $field:ident $header:literal $make:path;)*) => {
+        $(column!(
+            $name,
+            concat!(stringify!($of), ".", stringify!($field)),
+            $header,
+            "as the JSON result holds it (CSV only)",
+            |r| $of(r, |x| $make(x.$field))
+        );)*
     };
 }
 
@@ -225,41 +240,17 @@ column!(
     "page mappings that placed the state before the first event",
     |r| Cell::Count(r.result.start_map_count)
 );
-column!(
-    START_STATE_SEGMENTS,
-    "start_state.segments",
-    "start segments",
-    "segments the recorded start state holds, where not all of it fit under the limit",
-    |r| start_state(r, |s| Cell::Count(s.segments))
-);
-column!(
-    START_STATE_BYTES,
-    "start_state.bytes",
-    "start bytes",
-    "bytes the recorded start state reserves, where not all of it fit under the limit",
-    |r| start_state(r, |s| Cell::Bytes(s.bytes))
-);
-column!(
-    START_STATE_INSTALLED_SEGMENTS,
-    "start_state.installed_segments",
-    "start installed",
-    "of the start state's segments, those installed under the limit",
-    |r| start_state(r, |s| Cell::Count(s.installed_segments))
-);
-column!(
-    START_STATE_INSTALLED_BYTES,
-    "start_state.installed_bytes",
-    "start installed bytes",
-    "bytes the installed start segments reserve",
-    |r| start_state(r, |s| Cell::Bytes(s.installed_bytes))
-);
-column!(
-    START_STATE_LIMIT,
-    "start_state.limit_bytes",
-    "start limit",
-    "the limit the start state met, in bytes",
-    |r| start_state(r, |s| bytes_or_unknown(s.limit_bytes))
-);
+// The nested objects' keys, for CSV only (an empty cell where the result does not hold the
+// object); what each key means is the field's doc
+// ([`crate::backend::StartFit`], [`crate::metrics::OomDetail`],
+// [`crate::backend::cuda::CudaMeasures`]) and docs/interface.md.
+nested_columns! { start_state:
+    START_STATE_SEGMENTS segments "start segments" Cell::Count;
+    START_STATE_BYTES bytes "start bytes" Cell::Bytes;
+    START_STATE_INSTALLED_SEGMENTS installed_segments "start installed" Cell::Count;
+    START_STATE_INSTALLED_BYTES installed_bytes "start installed bytes" Cell::Bytes;
+    START_STATE_LIMIT limit_bytes "start limit" bytes_or_unknown;
+}
 column!(
     GPU_MEMORY,
     "gpu_memory_bytes",
@@ -281,97 +272,23 @@ column!(
     "of replay_seconds, the wall-clock seconds a planner spent before the first event",
     |r| r.result.planning_seconds.map_or(Cell::Unknown, Cell::Seconds)
 );
-column!(
-    FIRST_OOM_DETAIL_EVENT,
-    "first_oom.event",
-    "oom event",
-    "the event of the first request that could not be served (first_oom_event)",
-    |r| first_oom(r, |o| Cell::Count(o.event))
-);
-column!(
-    FIRST_OOM_SIZE,
-    "first_oom.size",
-    "oom size",
-    "the size of the first request that could not be served, in bytes",
-    |r| first_oom(r, |o| Cell::Bytes(o.size))
-);
-column!(
-    FIRST_OOM_STREAM,
-    "first_oom.stream",
-    "oom stream",
-    "the stream of the first request that could not be served",
-    |r| first_oom(r, |o| Cell::Count(o.stream))
-);
-column!(
-    FIRST_OOM_CAPACITY,
-    "first_oom.capacity_bytes",
-    "oom capacity",
-    "the device capacity when the first request could not be served, in bytes",
-    |r| first_oom(r, |o| bytes_or_unknown(o.capacity_bytes))
-);
-column!(
-    FIRST_OOM_RESERVED,
-    "first_oom.reserved_bytes",
-    "oom reserved",
-    "bytes the policy held when the first request could not be served",
-    |r| first_oom(r, |o| Cell::Bytes(o.reserved_bytes))
-);
-column!(
-    FIRST_OOM_ALLOCATED,
-    "first_oom.allocated_bytes",
-    "oom allocated",
-    "bytes of live blocks when the first request could not be served",
-    |r| first_oom(r, |o| Cell::Bytes(o.allocated_bytes))
-);
-column!(
-    FIRST_OOM_FREE,
-    "first_oom.free_bytes",
-    "oom free",
-    "device bytes still free when the first request could not be served",
-    |r| first_oom(r, |o| bytes_or_unknown(o.free_bytes))
-);
-column!(
-    CUDA_WALL_SECONDS,
-    "cuda.wall_seconds",
-    "cuda wall time",
-    "seconds from opening the device to the end of the replay (cuda backend)",
-    |r| cuda(r, |c| Cell::Seconds(c.wall_seconds))
-);
-column!(
-    CUDA_DEVICE_TOTAL,
-    "cuda.device_total_bytes",
-    "device total",
-    "the device's total memory, in bytes (cuda backend)",
-    |r| cuda(r, |c| Cell::Bytes(c.device_total_bytes))
-);
-column!(
-    CUDA_USED_AT_START,
-    "cuda.device_used_at_start_bytes",
-    "device used at start",
-    "device bytes in use before the first allocation (cuda backend)",
-    |r| cuda(r, |c| Cell::Bytes(c.device_used_at_start_bytes))
-);
-column!(
-    CUDA_RESERVED_AT_DEVICE_PEAK,
-    "cuda.reserved_at_device_peak_bytes",
-    "reserved at device peak",
-    "the backend's reserved bytes at their highest (cuda backend)",
-    |r| cuda(r, |c| Cell::Bytes(c.reserved_at_device_peak_bytes))
-);
-column!(
-    CUDA_USED_AT_PEAK,
-    "cuda.device_used_at_peak_bytes",
-    "device used at peak",
-    "device bytes in use when reserved bytes were at their highest (cuda backend)",
-    |r| cuda(r, |c| Cell::Bytes(c.device_used_at_peak_bytes))
-);
-column!(
-    CUDA_TOUCHED,
-    "cuda.touched",
-    "touched",
-    "whether every new segment and mapped range was written once (cuda backend)",
-    |r| cuda(r, |c| Cell::Flag(c.touched))
-);
+nested_columns! { first_oom:
+    FIRST_OOM_DETAIL_EVENT event "oom event" Cell::Count;
+    FIRST_OOM_SIZE size "oom size" Cell::Bytes;
+    FIRST_OOM_STREAM stream "oom stream" Cell::Count;
+    FIRST_OOM_CAPACITY capacity_bytes "oom capacity" bytes_or_unknown;
+    FIRST_OOM_RESERVED reserved_bytes "oom reserved" Cell::Bytes;
+    FIRST_OOM_ALLOCATED allocated_bytes "oom allocated" Cell::Bytes;
+    FIRST_OOM_FREE free_bytes "oom free" bytes_or_unknown;
+}
+nested_columns! { cuda:
+    CUDA_WALL_SECONDS wall_seconds "cuda wall time" Cell::Seconds;
+    CUDA_DEVICE_TOTAL device_total_bytes "device total" Cell::Bytes;
+    CUDA_USED_AT_START device_used_at_start_bytes "device used at start" Cell::Bytes;
+    CUDA_RESERVED_AT_DEVICE_PEAK reserved_at_device_peak_bytes "reserved at device peak" Cell::Bytes;
+    CUDA_USED_AT_PEAK device_used_at_peak_bytes "device used at peak" Cell::Bytes;
+    CUDA_TOUCHED touched "touched" Cell::Flag;
+}
 column!(
     OVER_BOUND,
     "over_bound",
