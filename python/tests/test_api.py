@@ -353,13 +353,23 @@ def test_ctrl_c_interrupts_a_long_command_and_stops_its_work(tmp_path):
 
 @pytest.fixture(scope="module")
 def long_trace(tmp_path_factory):
-    """A synthetic trace of a few million events (seconds to convert or read as JSON)."""
+    """A synthetic trace of about five million events: a second or more to convert to JSON, where
+    the Ctrl-C below comes after 0.3 s."""
     path = tmp_path_factory.mktemp("long") / "long.fst"
-    return fragsim.synth(path, layers=24, steps=170, seq=1024, vary_seq="256:1024")
+    return fragsim.synth(path, layers=24, steps=1000, seq=1024, vary_seq="256:1024")
+
+
+@pytest.fixture(scope="module")
+def long_json(tmp_path_factory):
+    """A Kineto JSON trace of about 870,000 events (150 MB): a second or more to read."""
+    path = tmp_path_factory.mktemp("json")
+    fst = fragsim.synth(path / "t.fst", layers=24, steps=170, seq=1024, vary_seq="256:1024")
+    fragsim.convert(fst, path / "t.json")
+    return path / "t.json"
 
 
 @pytest.mark.parametrize("work", ["synth", "convert", "read"])
-def test_ctrl_c_stops_synth_convert_and_reading(work, long_trace, tmp_path):
+def test_ctrl_c_stops_synth_convert_and_reading(work, long_trace, long_json, tmp_path):
     """Ctrl-C stops the work of `synth`, `convert` and a trace read (here of a Kineto JSON file)
     as it stops replays: KeyboardInterrupt at once, the command's thread gone soon after, and no
     half-written output left behind."""
@@ -367,15 +377,13 @@ def test_ctrl_c_stops_synth_convert_and_reading(work, long_trace, tmp_path):
     import threading
 
     out = tmp_path / "out.json"
-    if work == "read":
-        fragsim.convert(long_trace, out)
     fragsim.info(str(long_trace))  # threads that outlive every command exist before
     before = _command_threads()
     run = {
         # Tens of millions of events: far more than a second of work.
         "synth": lambda: fragsim.synth(tmp_path / "huge.fst", layers=24, steps=5000, seq=1024),
         "convert": lambda: fragsim.convert(long_trace, out),
-        "read": lambda: fragsim.info(str(out)),
+        "read": lambda: fragsim.info(str(long_json)),
     }[work]
     timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
     start = time.monotonic()
