@@ -1262,8 +1262,10 @@ fn sweep_and_check_replay_under_the_limit_the_recording_implies() {
         let row = v["results"].as_array().unwrap().iter().find(|r| r["spec"] == "pytorch").cloned();
         (v["capacity"].clone(), row.unwrap())
     };
+    let mut reference_oom = serde_json::Value::Null;
     for flags in [&[][..], &["--capacity", "recorded"][..]] {
         let (setting, reference) = sweep(flags);
+        reference_oom = reference["first_oom_event"].clone();
         assert_eq!(setting, "recorded", "{flags:?}");
         assert_eq!(reference["capacity_bytes"], limit, "{flags:?}");
         assert_eq!(reference["peak_reserved_bytes"], recorded, "{flags:?}: the recorded settings");
@@ -1272,8 +1274,12 @@ fn sweep_and_check_replay_under_the_limit_the_recording_implies() {
     let (setting, unlimited) = sweep(&["--capacity", "none"]);
     assert_eq!(setting, "none");
     assert!(unlimited.get("capacity_bytes").is_none(), "{unlimited}");
-    let table = stdout(&crate::util::run(&["sweep", p, "-p", "pytorch-expandable"]));
+    let o = crate::util::run(&["sweep", p, "-p", "pytorch-expandable"]);
+    let table = stdout(&o);
     assert!(table.contains("inferred from the recording); --capacity none"), "{table}");
+    // Where the recording itself ran out, the sweep says so: the reference runs out there too.
+    let said = format!("the recording itself ran out of memory (first at event {reference_oom})");
+    assert_eq!(stderr(&o).contains(&said), ran_out, "{}", stderr(&o));
 
     // check: the baseline records the capacity; another capacity does not compare.
     let base = dir.path().join("base.json");

@@ -37,6 +37,9 @@ pub struct Replayed {
     pub capacity: Option<u64>,
     /// Where the capacity came from when it was inferred from the recording.
     pub inferred: Option<String>,
+    /// Under an inferred capacity, the event at which the recording itself first ran out of
+    /// memory, if it did: replays that run out there reproduce it.
+    pub recorded_oom: Option<u64>,
 }
 
 /// How long a run goes before its bar appears.
@@ -153,11 +156,11 @@ impl Control {
             // With several traces, a missing device must say which trace lacks it.
             let input = ReplayInput::new(&trace, device).map_err(|e| named(e).in_file(path))?;
             // The recording is read for its limit only when the limit may be used.
-            let limit = match capacity {
+            let (row, limit) = match capacity {
                 None | Some(super::CapacityArg::Recorded) => {
-                    fragsim::recorded::row_and_limit(&trace, input.device()).1
+                    fragsim::recorded::row_and_limit(&trace, input.device())
                 }
-                _ => None,
+                _ => (None, None),
             };
             let (bytes, inferred, kind) =
                 super::resolve_capacity(capacity, limit.as_ref()).map_err(|e| e.in_file(path))?;
@@ -168,6 +171,7 @@ impl Control {
                 results: runs.into_iter().map(|r| r.output.result).collect(),
                 device: input.device(),
                 capacity: bytes,
+                recorded_oom: inferred.as_ref().and(row.and_then(|r| r.first_oom_event)),
                 inferred,
             });
         }

@@ -133,6 +133,20 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         &bar,
     )?;
     bar.finish();
+    // Under the recording's own limit, a config may run out where the recording did.
+    for (t, r) in traces_given.iter().zip(&replayed) {
+        if let Some(event) = r.recorded_oom {
+            args.control.note(
+                io,
+                &format!(
+                    "{}: the recording itself ran out of memory (first at event {event}) under \
+                     the limit it implies: configs that run out there reproduce it; \
+                     --capacity none ranks them unlimited",
+                    t.display()
+                ),
+            );
+        }
+    }
 
     let traces: Vec<String> = traces_given.iter().map(|t| t.display().to_string()).collect();
     // Spec-major: the parts of a sharded sweep concatenate into the unsharded order.
