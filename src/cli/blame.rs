@@ -89,7 +89,7 @@ pub fn replay_options(
 ) -> Result<ReplayOptions> {
     let limit = fragsim::recorded::row_and_limit(trace, device).1;
     let (capacity, _, capacity_kind) =
-        super::resolve_capacity(source.capacity.as_ref(), limit.as_ref())?;
+        super::resolve_capacity(source.capacity.get(), limit.as_ref())?;
     Ok(ReplayOptions {
         capacity,
         capacity_kind,

@@ -102,7 +102,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let options = ReplayOptions { cancel: io.cancel.clone(), ..ReplayOptions::default() };
     let replayed = args.control.replay_traces(
         io,
-        Targets { traces: &traces, device: args.device, capacity: args.capacity.capacity.as_ref() },
+        Targets { traces: &traces, device: args.device, capacity: args.capacity.get() },
         &specs,
         &options,
         &bar,

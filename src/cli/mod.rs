@@ -382,17 +382,8 @@ pub struct ReplaySource {
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub device: Option<i32>,
 
-    /// Device memory, e.g. 40GiB or 80GB (at least 1 MiB), or a card by name (a100-40gb,
-    /// h100-80gb, rtx-4090, ...: the total its driver reports): allocations beyond it fail as
-    /// OOM. `recorded`: the limit inferred from the recording (the default when it shows the
-    /// device running out); `none`: unlimited.
-    #[arg(
-        long,
-        value_name = "SIZE|CARD|recorded|none",
-        value_parser = capacity_arg,
-        allow_hyphen_values = true
-    )]
-    pub capacity: Option<CapacityArg>,
+    #[command(flatten)]
+    pub capacity: CapacityFlag,
 
     /// What-if: every policy calls empty_cache() (releases its wholly free cached segments)
     /// after every N-th event.
@@ -424,21 +415,28 @@ impl ReplaySource {
     }
 }
 
-/// The `--capacity` flag of the commands that replay several traces (`sweep`, `check`): each
-/// trace's capacity is resolved on its own ([`resolve_capacity`]).
+/// The `--capacity` flag of every command that replays: with several traces (`sweep`, `check`),
+/// each trace's capacity is resolved on its own ([`resolve_capacity`]).
 #[derive(Debug, clap::Args)]
 pub struct CapacityFlag {
-    /// Device memory, e.g. 40GiB or 80GB, or a card by name (a100-40gb, h100-80gb, ...): every
-    /// trace on that card, runs that run out marked. Default (`recorded`): each trace under the
-    /// limit its recording implies, where it shows the device running out, as `replay` does;
-    /// `none`: unlimited.
+    /// Device memory, e.g. 40GiB or 80GB (at least 1 MiB), or a card by name (a100-40gb,
+    /// h100-80gb, rtx-4090, ...: the total its driver reports): allocations beyond it fail as
+    /// OOM. Default (`recorded`): the limit each recording implies, where it shows the device
+    /// running out; `none`: unlimited.
     #[arg(
         long,
         value_name = "SIZE|CARD|recorded|none",
         value_parser = capacity_arg,
         allow_hyphen_values = true
     )]
-    pub capacity: Option<CapacityArg>,
+    capacity: Option<CapacityArg>,
+}
+
+impl CapacityFlag {
+    /// The flag as given (`None`: not given, which reads as `recorded`).
+    pub fn get(&self) -> Option<&CapacityArg> {
+        self.capacity.as_ref()
+    }
 }
 
 /// What `--capacity` says.

@@ -112,8 +112,11 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         }
         None => {
             // Frames only matter for naming the stack of an OOM, which needs a capacity.
-            loaded =
-                args.control.read_trace_with_frames(io, path, args.source.capacity.is_some())?;
+            loaded = args.control.read_trace_with_frames(
+                io,
+                path,
+                args.source.capacity.get().is_some(),
+            )?;
             let named = super::in_trace(path, &loaded);
             (&loaded, ReplayInput::new(&loaded, args.source.device).map_err(&named)?)
         }
@@ -132,7 +135,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     };
     super::note_unmodelled_options(&args.control, io, trace, &specs);
     let (capacity, inferred, capacity_kind) =
-        super::resolve_capacity(args.source.capacity.as_ref(), limit.as_ref())?;
+        super::resolve_capacity(args.source.capacity.get(), limit.as_ref())?;
     if let Some(why) = &inferred {
         if args.output_format() == OutputFormat::Table {
             io.note(&format!("capacity inferred from the recording: {why} (--capacity overrides)"));
@@ -220,7 +223,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
             csv::write_with_recorded(&results, recorded_row.as_ref(), &mut stdout)?
         }
         OutputFormat::Table => {
-            if let Some(line) = super::capacity_header(args.source.capacity.as_ref(), capacity) {
+            if let Some(line) = super::capacity_header(args.source.capacity.get(), capacity) {
                 writeln!(stdout, "{line}").map_err(io)?;
             }
             write!(stdout, "{}", table::render_with_recorded(&results, recorded_row.as_ref()))

@@ -43,7 +43,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let device = args.source.device.or_else(|| trace.default_device());
     let limit = device.and_then(|d| fragsim::recorded::row_and_limit(&trace, d).1);
     let (capacity, inferred, capacity_kind) =
-        super::resolve_capacity(args.source.capacity.as_ref(), limit.as_ref())?;
+        super::resolve_capacity(args.source.capacity.get(), limit.as_ref())?;
     if let Some(why) = &inferred {
         io.note(&format!("capacity inferred from the recording: {why} (--capacity overrides)"));
     }

@@ -94,7 +94,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     Row::new("", &PolicyResult::default()).number(&args.objective)?;
     // The grid id covers the capacity setting (a size as bytes, so `40GiB` and `42949672960`
     // shards merge); with no flag each trace runs under the limit its recording implies.
-    let capacity_setting = match &args.capacity.capacity {
+    let capacity_setting = match args.capacity.get() {
         None | Some(super::CapacityArg::Recorded) => "capacity=recorded".to_string(),
         Some(super::CapacityArg::Unlimited) => "capacity=None".to_string(),
         Some(super::CapacityArg::Size { bytes, .. }) => format!("capacity={:?}", Some(bytes)),
@@ -123,11 +123,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let bar = args.control.bar(io, specs.len() * traces_given.len(), "sweeping");
     let replayed = args.control.replay_traces(
         io,
-        Targets {
-            traces: &traces_given,
-            device: args.device,
-            capacity: args.capacity.capacity.as_ref(),
-        },
+        Targets { traces: &traces_given, device: args.device, capacity: args.capacity.get() },
         specs,
         &options,
         &bar,
@@ -160,7 +156,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let mut report = sweep::report(traces, &args.objective, rows, Some(REFERENCE))?;
     report.grid = Some(grid_id);
     report.shard = shard;
-    report.capacity = Some(match &args.capacity.capacity {
+    report.capacity = Some(match args.capacity.get() {
         None | Some(super::CapacityArg::Recorded) => "recorded".to_string(),
         Some(super::CapacityArg::Unlimited) => "none".to_string(),
         Some(super::CapacityArg::Size { typed, .. }) => typed.clone(),
