@@ -396,10 +396,12 @@ pub fn check(
     tolerance: f64,
     metrics: Option<&[String]>,
 ) -> Result<CheckReport> {
-    let missing: Vec<String> = now
+    // Each result with its baseline entry, matched once.
+    let found: Vec<(&Row, Option<&Row>)> = now.iter().map(|r| (r, baseline.find(r))).collect();
+    let missing: Vec<String> = found
         .iter()
-        .filter(|r| baseline.find(r).is_none())
-        .map(|r| format!("{} {}:{}", r.trace, r.policy(), r.config()))
+        .filter(|(_, b)| b.is_none())
+        .map(|(r, _)| format!("{} {}:{}", r.trace, r.policy(), r.config()))
         .collect();
     if !missing.is_empty() {
         return Err(Error::input(format!(
@@ -408,24 +410,23 @@ pub fn check(
         ))
         .in_file(baseline_path));
     }
+    let pairs: Vec<(&Row, &Row)> = found.iter().filter_map(|&(r, b)| Some((r, b?))).collect();
     // Results under different device limits do not compare: a lower limit flushes the cache
     // and reads as an improvement, a higher one as a regression.
     let capacity = |r: &Row| r.result.get("capacity_bytes").and_then(Value::as_u64);
     let shown = |c: Option<u64>| c.map_or("unlimited".to_string(), crate::units::format_bytes);
-    let differing: Vec<String> = now
+    let differing: Vec<String> = pairs
         .iter()
-        .filter_map(|r| {
-            let b = baseline.find(r).expect("checked above");
-            (capacity(b) != capacity(r)).then(|| {
-                format!(
-                    "{} {}:{}: the baseline ran under {}, this run under {}",
-                    r.trace,
-                    r.policy(),
-                    r.config(),
-                    shown(capacity(b)),
-                    shown(capacity(r))
-                )
-            })
+        .filter(|&&(r, b)| capacity(b) != capacity(r))
+        .map(|&(r, b)| {
+            format!(
+                "{} {}:{}: the baseline ran under {}, this run under {}",
+                r.trace,
+                r.policy(),
+                r.config(),
+                shown(capacity(b)),
+                shown(capacity(r))
+            )
         })
         .collect();
     if !differing.is_empty() {
@@ -439,8 +440,7 @@ pub fn check(
     }
     let mut regressions = Vec::new();
     let mut improvements = Vec::new();
-    for r in now {
-        let b = baseline.find(r).expect("checked above");
+    for (r, b) in pairs {
         for (key, bv) in &b.result {
             let wanted = match metrics {
                 Some(m) => m.iter().any(|k| k == key),
