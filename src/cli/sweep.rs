@@ -197,21 +197,14 @@ pub fn print(report: &SweepReport, format: OutputFormat, out: &mut dyn Write) ->
         OutputFormat::Csv => {
             writeln!(out, "rank,policy,config,spec,{},oom_free", report.objective).map_err(io)?;
             for (i, r) in report.ranking.iter().enumerate() {
-                let cells = [r.policy.as_str(), r.config.as_str(), r.spec.as_str()].map(quote);
+                let cells = [r.policy.as_str(), r.config.as_str(), r.spec.as_str()]
+                    .map(fragsim::report::csv::field);
                 let line = format!("{},{},{},{}", i + 1, cells[0], cells[1], cells[2]);
                 writeln!(out, "{line},{},{}", r.worst, r.oom_free).map_err(io)?;
             }
             Ok(())
         }
         OutputFormat::Table => write!(out, "{}", table(report)).map_err(io),
-    }
-}
-
-fn quote(s: &str) -> String {
-    if s.contains([',', '"', '\n']) {
-        format!("\"{}\"", s.replace('"', "\"\""))
-    } else {
-        s.to_string()
     }
 }
 
