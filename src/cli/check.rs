@@ -109,7 +109,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     )?;
     bar.finish();
     for (t, r) in traces.iter().zip(&replayed) {
-        if let (Some(bytes), Some(_)) = (r.capacity, &r.inferred) {
+        if let Some(bytes) = r.capacity.filter(|_| r.inferred) {
             let at = format_bytes(bytes);
             args.control.note(
                 io,
@@ -158,7 +158,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
 
 /// `check --format csv`: one row per regression, then per improvement.
 pub fn csv(report: &CheckReport) -> String {
-    let q = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
+    use fragsim::report::csv::field;
     let mut out = String::from("kind,trace,policy,config,metric,baseline,now,change\n");
     let changes = [("regression", &report.regressions), ("improvement", &report.improvements)];
     for (kind, list) in changes {
@@ -166,9 +166,9 @@ pub fn csv(report: &CheckReport) -> String {
             let change = c.change.map(|x| x.to_string()).unwrap_or_default();
             out += &format!(
                 "{kind},{},{},{},{},{},{},{change}\n",
-                q(&c.trace),
-                q(&c.policy),
-                q(&c.config),
+                field(&c.trace),
+                field(&c.policy),
+                field(&c.config),
                 c.metric,
                 c.baseline,
                 c.now

@@ -35,8 +35,8 @@ pub struct Replayed {
     pub device: i32,
     /// The capacity the replays ran under (`None`: unlimited).
     pub capacity: Option<u64>,
-    /// Where the capacity came from when it was inferred from the recording.
-    pub inferred: Option<String>,
+    /// Whether the capacity is the limit the recording implies (no `--capacity`, or `recorded`).
+    pub inferred: bool,
     /// Under an inferred capacity, the event at which the recording itself first ran out of
     /// memory, if it did: replays that run out there reproduce it.
     pub recorded_oom: Option<u64>,
@@ -134,8 +134,8 @@ impl Control {
     /// [`run_specs`] with `--jobs`, advancing `bar` per replay, on `device` (default: each
     /// trace's device with the most events), under the capacity the `--capacity` flag resolves
     /// to for that trace (as `replay` does: with no flag, the limit the recording implies, if it
-    /// shows one; [`super::resolve_capacity`]). Returns, per trace in order, its results in the order of
-    /// `specs`, its device and its capacity.
+    /// shows one; [`super::resolve_capacity`]). Returns, per trace in order, its results in the
+    /// order of `specs`, its device and its capacity.
     pub fn replay_traces(
         &self,
         io: &mut Io,
@@ -171,8 +171,8 @@ impl Control {
                 results: runs.into_iter().map(|r| r.output.result).collect(),
                 device: input.device(),
                 capacity: bytes,
-                recorded_oom: inferred.as_ref().and(row.and_then(|r| r.first_oom_event)),
-                inferred,
+                recorded_oom: row.and_then(|r| r.first_oom_event).filter(|_| inferred.is_some()),
+                inferred: inferred.is_some(),
             });
         }
         Ok(out)
