@@ -33,6 +33,9 @@
 extern crate self as fragsim;
 
 pub mod backend;
+// The command line is compiled into the library only so that the binary and the Python
+// package share one implementation of every command; it is no API to build on.
+#[cfg(feature = "cli")]
 #[doc(hidden)]
 pub mod cli;
 
@@ -40,10 +43,12 @@ pub mod blame;
 pub mod error;
 pub mod metrics;
 pub mod policy;
+mod progress;
 pub mod recorded;
 pub mod replay;
 pub mod report;
 pub mod synth;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod trace;
 pub mod units;

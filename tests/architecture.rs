@@ -1,8 +1,12 @@
 //! Data flows one way: read → replay → measure → report. Every top-level module of `src/` has a
 //! place in [`LAYERS`] and may name only the modules it lists; a grep over the sources checks it
-//! for every module, so an import that reaches back up a layer fails here. Test modules (from a
-//! file's first `#[cfg(test)]` on, and `tests.rs` files) may drive anything and are not checked.
+//! for every module, so an import that reaches back up a layer fails here. Whole files are parsed
+//! (with `syn`): only test code (an item under `#[cfg(test)]`, and `tests.rs` files) may drive
+//! anything and is not checked. What cargo itself keeps apart (the command line, charts and the
+//! CUDA device behind features) is checked by `.ci/run` with `cargo tree`, not here.
 
+use proc_macro2::{TokenStream, TokenTree};
+use quote::ToTokens;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
@@ -11,8 +15,10 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[(&str, &[&str])] = &[
     ("error", &[]),
     ("units", &["error"]),
+    // Progress bars, drawn only where the `cli` feature brings indicatif.
+    ("progress", &[]),
     // The trace model and its readers and writers.
-    ("trace", &["error", "units"]),
+    ("trace", &["error", "units", "progress"]),
     // Memory: the simulated device and the CUDA driver.
     ("backend", &["error", "units"]),
     // What a run measures: plain result types.
@@ -35,7 +41,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         "report",
         &[
             "trace", "backend", "metrics", "recorded", "policy", "replay", "whatif", "blame",
-            "error", "units",
+            "error", "units", "progress",
         ],
     ),
     // Helpers for tests, benches and fuzz targets.
@@ -81,16 +87,66 @@ fn top_level_modules() -> BTreeSet<String> {
         .collect()
 }
 
-/// The modules named as `crate::NAME` in `line`.
-fn named(line: &str) -> Vec<&str> {
-    line.match_indices("crate::")
-        .map(|(i, _)| {
-            let rest = &line[i + "crate::".len()..];
-            let end =
-                rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(rest.len());
-            &rest[..end]
-        })
-        .collect()
+/// True when `attrs` hold `#[cfg(test)]`.
+fn is_test(attrs: &[syn::Attribute]) -> bool {
+    attrs.iter().any(|a| {
+        a.path().is_ident("cfg")
+            && a.meta.require_list().is_ok_and(|l| l.tokens.to_string().trim() == "test")
+    })
+}
+
+/// The items of a parsed file that are not test code: items under `#[cfg(test)]` are left out,
+/// inline modules are opened and their items filtered the same way.
+fn production_tokens(items: &[syn::Item], out: &mut TokenStream) {
+    for item in items {
+        match item {
+            syn::Item::Mod(m) if is_test(&m.attrs) => {}
+            syn::Item::Mod(syn::ItemMod { content: Some((_, inner)), .. }) => {
+                production_tokens(inner, out)
+            }
+            syn::Item::Fn(f) if is_test(&f.attrs) => {}
+            syn::Item::Use(u) if is_test(&u.attrs) => {}
+            syn::Item::Impl(i) if is_test(&i.attrs) => {}
+            syn::Item::Const(c) if is_test(&c.attrs) => {}
+            syn::Item::Struct(s) if is_test(&s.attrs) => {}
+            other => other.to_tokens(out),
+        }
+    }
+}
+
+/// The paths `crate::NAME` and `fragsim::...` in `tokens`, as (line, `NAME` or `fragsim`).
+fn named_paths(tokens: TokenStream, out: &mut Vec<(usize, String)>) {
+    let trees: Vec<TokenTree> = tokens.into_iter().collect();
+    for (k, tree) in trees.iter().enumerate() {
+        match tree {
+            TokenTree::Group(g) => named_paths(g.stream(), out),
+            TokenTree::Ident(id) if id == "crate" || id == "fragsim" => {
+                let colons = matches!(trees.get(k + 1), Some(TokenTree::Punct(p)) if p.as_char() == ':')
+                    && matches!(trees.get(k + 2), Some(TokenTree::Punct(p)) if p.as_char() == ':');
+                if !colons {
+                    continue;
+                }
+                let line = id.span().start().line;
+                if id == "fragsim" {
+                    out.push((line, "fragsim".to_string()));
+                } else if let Some(TokenTree::Ident(next)) = trees.get(k + 3) {
+                    out.push((line, next.to_string()));
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The modules named as `crate::NAME` (and the crate named as `fragsim::`) by the non-test code
+/// of `text`, with their 1-based lines.
+fn named_in(text: &str) -> Vec<(usize, String)> {
+    let file = syn::parse_file(text).expect("a source file syn parses");
+    let mut tokens = TokenStream::new();
+    production_tokens(&file.items, &mut tokens);
+    let mut out = Vec::new();
+    named_paths(tokens, &mut out);
+    out
 }
 
 /// The lines of non-test code in `module` that name a module it may not, as `file:line: text`.
@@ -104,23 +160,28 @@ fn offending(module: &str, allowed: &[&str]) -> Vec<String> {
             continue;
         }
         let text = std::fs::read_to_string(&file).expect("a readable source");
-        for (i, line) in text.lines().enumerate() {
-            if line.trim_start().starts_with("#[cfg(test)]") {
-                break;
-            }
-            let reaches = named(line)
-                .into_iter()
-                .any(|m| m != module && modules.contains(m) && !allowed.contains(&m));
+        let lines: Vec<&str> = text.lines().collect();
+        for (line, m) in named_in(&text) {
+            let reaches = m != module && modules.contains(&m) && !allowed.contains(&m.as_str());
             // A library module never names the crate by its external name either.
-            let external = module != "cli"
-                && line.contains("fragsim::")
-                && !line.trim_start().starts_with("//");
+            let external = module != "cli" && m == "fragsim";
             if reaches || external {
-                bad.push(format!("{}:{}: {}", file.display(), i + 1, line.trim()));
+                let shown = lines.get(line.saturating_sub(1)).map_or("", |l| l.trim());
+                bad.push(format!("{}:{line}: {shown}", file.display()));
             }
         }
     }
+    bad.sort();
+    bad.dedup();
     bad
+}
+
+#[test]
+fn test_code_is_left_out_and_everything_else_is_read() {
+    let text = "use crate::a;\n#[cfg(test)]\nmod tests {\n    fn f() { let s = \"}\"; let c = '{'; }\n    use crate::b;\n}\nfn g() { crate::c::x(); }\n#[cfg(test)]\nuse crate::d;\nfn h<'a>(x: &'a str) -> u8 { fragsim::e::y(x) }\n/// [`crate::f`]\nmod inner { fn k() { crate::g::z(); } }\n";
+    let named: Vec<(usize, String)> = named_in(text);
+    let want = [(1, "a"), (7, "c"), (10, "fragsim"), (12, "g")];
+    assert_eq!(named, want.map(|(l, m)| (l, m.to_string())));
 }
 
 #[test]
@@ -166,7 +227,11 @@ fn the_check_finds_an_offending_line() {
     // with the policies' permissions must find lines, or the grep checks nothing.
     let policy_allowed = LAYERS.iter().find(|(m, _)| *m == "policy").expect("policy").1;
     assert!(!offending("replay", policy_allowed).is_empty());
-    assert_eq!(named("use crate::replay::{a, b}; x(crate::trace::Y)"), ["replay", "trace"]);
+    let named: Vec<String> = named_in("use crate::replay::{a, b}; fn f() { x(crate::trace::Y) }")
+        .into_iter()
+        .map(|(_, m)| m)
+        .collect();
+    assert_eq!(named, ["replay", "trace"]);
 }
 
 #[test]

@@ -40,20 +40,46 @@ pub fn run_policy<P: Policy>(
             let device = SimDevice::new(options.capacity).with_outside_usage(options.outside_bytes);
             run(name, policy, device, input, options)
         }
-        BackendKind::Cuda => {
-            let needed = bound_peak(input)?;
-            let device =
-                crate::backend::cuda::CudaDevice::open(options.cuda_ordinal, cuda_cap(options))?
-                    .with_touch(options.touch);
-            device.ensure_room(needed)?;
-            let measures = device.measures();
-            let mut output = run(name, policy, device, input, options)?;
-            output.result.cuda = Some(measures.summary());
-            Ok(output)
-        }
+        BackendKind::Cuda => run_on_cuda(name, policy, input, options),
     }
 }
 
+/// Replays on a real GPU: checks the trace's `bound` peak fits in the device's free memory, then
+/// runs the same loop on a [`CudaDevice`](crate::backend::cuda::CudaDevice) and adds what the
+/// driver measured to the result.
+#[cfg(feature = "cuda")]
+fn run_on_cuda<P: Policy>(
+    name: &str,
+    policy: P,
+    input: &ReplayInput,
+    options: &ReplayOptions,
+) -> Result<ReplayOutput> {
+    let needed = bound_peak(input)?;
+    let device = crate::backend::cuda::CudaDevice::open(options.cuda_ordinal, cuda_cap(options))?
+        .with_touch(options.touch);
+    device.ensure_room(needed)?;
+    let measures = device.measures();
+    let mut output = run(name, policy, device, input, options)?;
+    output.result.cuda = Some(measures.summary());
+    Ok(output)
+}
+
+/// Without the `cuda` feature there is no device to replay on: a backend error (exit 3) saying
+/// how to get one.
+#[cfg(not(feature = "cuda"))]
+fn run_on_cuda<P: Policy>(
+    _name: &str,
+    _policy: P,
+    _input: &ReplayInput,
+    _options: &ReplayOptions,
+) -> Result<ReplayOutput> {
+    Err(crate::Error::backend(
+        "this fragsim was built without the `cuda` feature, so it cannot replay on a GPU: rebuild with `--features cuda`"
+            .to_string(),
+    ))
+}
+
+#[cfg(feature = "cuda")]
 /// The trace's `bound` peak (live requested bytes at their highest): what any policy needs at
 /// least, checked against a real GPU's free memory before the first allocation.
 fn bound_peak(input: &ReplayInput) -> Result<u64> {
@@ -61,6 +87,7 @@ fn bound_peak(input: &ReplayInput) -> Result<u64> {
     Ok(run_policy("bound", bound, input, &ReplayOptions::default())?.result.peak_reserved_bytes)
 }
 
+#[cfg(feature = "cuda")]
 /// The cap on the CUDA backend's memory: `--capacity` less what is counted as used outside the
 /// allocator, so a big GPU can stand in for a smaller one.
 fn cuda_cap(options: &ReplayOptions) -> Option<u64> {

@@ -9,10 +9,10 @@
 use super::plot;
 use crate::error::{Error, Result};
 use crate::policy::{self, PolicySpec};
+use crate::progress::Bar;
 use crate::replay::{run_specs, ReplayInput, ReplayOptions, ReplayOutput, RunSettings};
 use crate::trace::summary::{DeviceSummary, SizeBucket};
 use crate::trace::{DeviceTrace, Segment, Trace};
-use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 
 /// How many points each policy's plotted series keeps at most. Series are down-sampled to this
@@ -285,16 +285,12 @@ impl ReportData {
     }
 }
 
-fn bar(progress: bool, len: u64, what: &str) -> ProgressBar {
-    if !progress {
-        return ProgressBar::hidden();
+fn bar(progress: bool, len: u64, what: &str) -> Bar {
+    if progress {
+        Bar::steps(len, what)
+    } else {
+        Bar::hidden()
     }
-    let bar = ProgressBar::new(len);
-    if let Ok(style) = ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} ({elapsed})") {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar.set_message(what.to_string());
-    bar
 }
 
 /// Runs the plan's replays on `trace` and gathers what the report shows. Skipped policies are

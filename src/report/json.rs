@@ -1,6 +1,7 @@
 //! `replay --json`: one object per `docs/interface.md`; `report` writes the same object as
 //! `results.json`.
 
+#[cfg(feature = "charts")]
 use super::bundle::ReportData;
 use crate::error::{Error, Result};
 use crate::metrics::PolicyResult;
@@ -100,6 +101,7 @@ pub fn write(report: &ReplayReport, out: &mut impl Write) -> Result<()> {
 }
 
 /// Writes a report's results as the `replay --json` object.
+#[cfg(feature = "charts")]
 pub fn write_report(data: &ReportData, out: &mut impl Write) -> Result<()> {
     let results = data.results();
     write(

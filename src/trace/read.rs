@@ -511,14 +511,7 @@ fn with_progress<T>(path: &Path, read: impl FnOnce() -> T) -> T {
             if wait.recv_timeout(Duration::from_secs(1)) != Err(RecvTimeoutError::Timeout) {
                 return;
             }
-            let bar = indicatif::ProgressBar::new_spinner().with_elapsed(start.elapsed());
-            if let Ok(style) =
-                indicatif::ProgressStyle::with_template("{spinner} reading {msg} {elapsed}")
-            {
-                bar.set_style(style);
-            }
-            bar.set_message(format!("{name} ({size})"));
-            bar.enable_steady_tick(Duration::from_millis(100));
+            let bar = crate::progress::Bar::reading(&format!("{name} ({size})"), start);
             let _ = wait.recv();
             bar.finish_and_clear();
         });
