@@ -14,6 +14,7 @@ mod custom_policy;
 mod deploy;
 mod docs;
 mod fst_stream;
+mod golden;
 mod hostile;
 mod mutations;
 mod npu;
