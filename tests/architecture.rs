@@ -271,3 +271,114 @@ fn the_architecture_page_names_files_that_exist_and_every_layer() {
         );
     }
 }
+
+/// Every function of non-test code in `src/` with its length in lines, as
+/// (`file:line name`, lines).
+fn function_lengths() -> Vec<(String, PathBuf, usize)> {
+    fn visit(items: &[syn::Item], file: &Path, out: &mut Vec<(String, PathBuf, usize)>) {
+        use syn::spanned::Spanned;
+        fn push(
+            out: &mut Vec<(String, PathBuf, usize)>,
+            file: &Path,
+            name: &syn::Ident,
+            span: proc_macro2::Span,
+        ) {
+            let lines = span.end().line - span.start().line + 1;
+            let at = format!("{}:{} {name}", file.display(), span.start().line);
+            out.push((at, file.into(), lines));
+        }
+        for item in items {
+            match item {
+                syn::Item::Mod(m) if is_test(&m.attrs) => {}
+                syn::Item::Mod(syn::ItemMod { content: Some((_, inner)), .. }) => {
+                    visit(inner, file, out)
+                }
+                syn::Item::Fn(f) if !is_test(&f.attrs) => push(out, file, &f.sig.ident, f.span()),
+                syn::Item::Impl(i) if !is_test(&i.attrs) => {
+                    for it in &i.items {
+                        if let syn::ImplItem::Fn(f) = it {
+                            push(out, file, &f.sig.ident, f.span());
+                        }
+                    }
+                }
+                syn::Item::Trait(t) => {
+                    for it in &t.items {
+                        if let syn::TraitItem::Fn(f) = it {
+                            if f.default.is_some() {
+                                push(out, file, &f.sig.ident, f.span());
+                            }
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for file in crate::util::rust_files(&[src()]) {
+        if file.file_name().is_some_and(|n| n == "tests.rs" || n == "testing.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).expect("a readable source");
+        let parsed = syn::parse_file(&text).expect("a source file syn parses");
+        visit(&parsed.items, &file, &mut out);
+    }
+    out
+}
+
+/// The longest a function of the library may be, and of the command line, whose functions
+/// read arguments, call the library and print.
+const MOST_LINES: usize = 150;
+const MOST_CLI_LINES: usize = 60;
+
+/// Functions longer than the rule allows, each with the length it may not grow past: the
+/// pickle opcode interpreter (one `match` over the opcodes, read best as one piece), and what is
+/// left to split (each entry may only shrink; remove it once the function fits).
+const LONGER: &[(&str, &str, usize)] = &[
+    ("src/trace/pickle/decode.rs", "run", 360),
+    ("src/replay/engine.rs", "drive", 326),
+    ("src/report/plot/timeline.rs", "draw", 230),
+    ("src/validate/mod.rs", "validate", 214),
+    ("src/report/plot/segments.rs", "draw", 166),
+    ("src/trace/lifetimes.rs", "digest", 159),
+    ("src/whatif/input.rs", "read_part", 159),
+    ("src/report/html.rs", "write_index", 154),
+    ("src/cli/replay.rs", "run", 177),
+    ("src/cli/sweep.rs", "table", 127),
+    ("src/cli/sweep.rs", "run", 114),
+    ("src/cli/validate.rs", "run", 112),
+    ("src/cli/check.rs", "run", 93),
+    ("src/cli/fit.rs", "table", 83),
+    ("src/cli/info.rs", "render_device", 75),
+    ("src/cli/diff.rs", "table", 74),
+    ("src/cli/info.rs", "render", 63),
+];
+
+#[test]
+fn no_function_is_longer_than_its_layer_allows() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut bad = Vec::new();
+    for (at, file, lines) in function_lengths() {
+        let rel = file.strip_prefix(root).unwrap_or(&file).to_string_lossy().replace('\\', "/");
+        let name = at.rsplit(' ').next().unwrap_or("");
+        let most = if rel.starts_with("src/cli/") { MOST_CLI_LINES } else { MOST_LINES };
+        let allowed = LONGER
+            .iter()
+            .find(|(f, n, _)| *f == rel && *n == name)
+            .map_or(most, |(_, _, l)| (*l).max(most));
+        if lines > allowed {
+            bad.push(format!("{at}: {lines} lines (at most {allowed})"));
+        }
+    }
+    assert!(bad.is_empty(), "functions too long to read in one go:\n{}", bad.join("\n"));
+    // Each exception still names a function that needs it, so the list only shrinks.
+    let all = function_lengths();
+    assert!(all.len() > 1000, "the check reads only {} functions", all.len());
+    for (file, name, _) in LONGER {
+        let most = if file.starts_with("src/cli/") { MOST_CLI_LINES } else { MOST_LINES };
+        let needed = all.iter().any(|(at, f, lines)| {
+            f.ends_with(file) && at.rsplit(' ').next() == Some(name) && *lines > most
+        });
+        assert!(needed, "{file} {name} fits the rule now: remove it from LONGER");
+    }
+}
