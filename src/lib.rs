@@ -38,6 +38,7 @@ pub mod cli;
 
 pub mod blame;
 pub mod error;
+pub mod explain;
 pub mod metrics;
 pub mod policy;
 pub mod recorded;

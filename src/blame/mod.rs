@@ -597,6 +597,11 @@ impl<'i> Keys<'i> {
         self
     }
 
+    /// The name of the group of `origin`'s request (a site, or what stands for one).
+    pub fn name_of(&self, origin: Origin) -> String {
+        self.name(self.key(origin))
+    }
+
     /// The request behind `origin`: its stack, size and stream (`None`: no request).
     fn request(&self, origin: Origin) -> Option<(FramesId, u64, u64)> {
         match origin {
