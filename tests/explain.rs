@@ -326,3 +326,76 @@ fn table_starts_with_the_verdict_and_csv_holds_every_kind() {
         assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", stderr(&out));
     }
 }
+
+/// A snapshot recorded mid-run: a 100 MiB segment held before the first event and released by
+/// the program's `empty_cache()`, then one 2 MiB tensor in a new 20 MiB segment. With `live`
+/// given, the 100 MiB segment held a 2 MiB tensor freed first (so the replay holds it too).
+const MID_RUN: &str = r#"
+import pickle, sys
+M = 2**20
+base = 2**40
+fr = [{'filename': 'train.py', 'line': 7, 'name': 'step'}]
+first = [
+     {'action': 'free_requested', 'addr': base, 'size': 2*M, 'stream': 0, 'time_us': 8, 'frames': []},
+     {'action': 'free_completed', 'addr': base, 'size': 2*M, 'stream': 0, 'time_us': 9, 'frames': []},
+] if sys.argv[1] == 'live' else []
+snap = {
+  'segments': [
+    {'device': 0, 'address': base + 2**30, 'total_size': 20*M, 'allocated_size': 2*M, 'active_size': 2*M,
+     'requested_size': 2*M, 'stream': 0, 'segment_type': 'large', 'segment_pool_id': (0, 0),
+     'is_expandable': False, 'frames': [],
+     'blocks': [{'address': base + 2**30, 'size': 2*M, 'requested_size': 2*M, 'state': 'active_allocated', 'frames': fr},
+                {'address': base + 2**30 + 2*M, 'size': 18*M, 'requested_size': 0, 'state': 'inactive', 'frames': []}]}],
+  'device_traces': [first + [
+     {'action': 'segment_free', 'addr': base, 'size': 100*M, 'stream': 0, 'time_us': 10, 'frames': []},
+     {'action': 'segment_alloc', 'addr': base + 2**30, 'size': 20*M, 'stream': 0, 'time_us': 11, 'frames': fr},
+     {'action': 'alloc', 'addr': base + 2**30, 'size': 2*M, 'stream': 0, 'time_us': 12, 'frames': fr}]],
+}
+sys.stdout.buffer.write(pickle.dumps(snap, protocol=4))
+"#;
+
+fn mid_run(variant: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let out =
+        Command::new("python3").args(["-c", MID_RUN, variant]).output().expect("python3 runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    temp_file("mid-run.pickle", &out.stdout)
+}
+
+#[test]
+fn a_snapshot_that_starts_with_more_cached_is_read_at_its_peak_during_the_trace() {
+    // The recording starts with 100 MiB cached, released at event 0: its peak during the trace
+    // is the 20 MiB segment (blame used to read the start state); the replay never installs a
+    // wholly free start segment, so it peaks at 20 MiB too, without a note.
+    let (_d, path) = mid_run("free");
+    let p = path.to_str().unwrap();
+    let b = json_of(&["blame", p, "-p", "pytorch", "--format", "json"]);
+    let results = b["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2, "recorded and pytorch: {b}");
+    for r in results {
+        assert_eq!(n(&r["reserved_bytes"]), 20 * MIB, "the peak during the trace: {r}");
+        assert!(n(&r["moment"]["event"]) >= 1, "after the release at event 0: {r}");
+    }
+    let note = results[0]["note"].as_str().unwrap_or_else(|| panic!("a note: {b}"));
+    assert!(note.contains("before the first event held more (100.00 MiB)"), "{note}");
+    assert!(results[1]["note"].is_null(), "{b}");
+    let table = stdout(&run(&["blame", p, "-p", "pytorch"]));
+    assert!(table.contains("note: the state before the first event held more"), "{table}");
+    let replayed = json_of(&["replay", p, "--json"]);
+    let recorded =
+        replayed["results"].as_array().unwrap().iter().find(|r| r["policy"] == "recorded");
+    assert_eq!(n(&recorded.expect("recorded")["peak_reserved_bytes"]), 100 * MIB);
+
+    // With a tensor live in it, the replay holds the start segment too: its peak is the start
+    // level, kept after the first event, and blame and explain say so.
+    let (_d, path) = mid_run("live");
+    let p = path.to_str().unwrap();
+    let b = json_of(&["blame", p, "-p", "pytorch", "--format", "json"]);
+    for r in b["results"].as_array().unwrap() {
+        let note = r["note"].as_str().unwrap_or_else(|| panic!("a note: {r}"));
+        assert!(note.contains("never reserved more than the cache it started with"), "{note}");
+    }
+    let e = json_of(&["explain", p, "--format", "json", "--no-fixes"]);
+    assert_eq!(e["verdict"], "fits");
+    assert_eq!(e["moment"]["kind"], "peak");
+    assert!(e["notes"][0].as_str().unwrap().contains("never reserved more"), "{e}");
+}

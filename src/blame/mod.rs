@@ -213,6 +213,10 @@ pub struct Attribution {
     /// Live requested bytes by full stack (innermost frame first), for the flame graph.
     #[serde(skip)]
     pub stacks: Vec<(FramesId, u64)>,
+    /// What a reader must know about the moment: at `--at peak`, that the state before the first
+    /// event held more than the run ever did after (a snapshot recorded mid-run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// `blame --format json`.
@@ -279,10 +283,20 @@ pub fn attribute_recorded(
     if !recorded::available(input) {
         return None;
     }
+    let mut start_note = None;
     let (stop, before_first) = match options.at {
         Moment::Peak => {
+            // The highest reserved memory after an event: the start state is not a moment of
+            // the run.
             let r = crate::recorded::recorded(input.trace(), input.device())?;
-            (r.peak_reserved_event.unwrap_or(0), r.peak_reserved_event.is_none())
+            let (mut at, mut during) = (0, 0);
+            for (i, &b) in r.reserved_after.iter().enumerate() {
+                if b > during {
+                    (at, during) = (i as u64, b);
+                }
+            }
+            start_note = higher_start(r.reserved_at_start_bytes, during, at);
+            (at, false)
         }
         Moment::PeakLive => (peak_live_event(input), false),
         Moment::Oom => {
@@ -295,7 +309,33 @@ pub fn attribute_recorded(
     let mut a = breakdown(&layout, keys, options.top).ok()?;
     a.policy = crate::recorded::POLICY_NAME.to_string();
     a.moment = MomentAt { kind: options.at.kind().into(), event: stop };
+    a.note = start_note;
     Some(a)
+}
+
+/// The note for a run whose state before the first event (`start` bytes reserved) held at least
+/// its highest reserved memory during the trace (`during`, first reached after event `at`): a
+/// snapshot recorded mid-run, whose cache at the peak may be the one it started with.
+pub fn higher_start(start: u64, during: u64, at: u64) -> Option<String> {
+    let gb = crate::units::format_bytes;
+    if start > during {
+        Some(format!(
+            "the state before the first event held more ({}) than any moment of the run: the \
+             recording began mid-run with that cache; the peak here is the highest during the \
+             trace ({} after event {at})",
+            gb(start),
+            gb(during)
+        ))
+    } else if start == during && start > 0 {
+        Some(format!(
+            "the run never reserved more than the cache it started with ({}): the recording \
+             began mid-run; the peak here is the first event at that level (event {at}), and \
+             its cached-free bytes may be that start cache",
+            gb(start)
+        ))
+    } else {
+        None
+    }
 }
 
 /// The event right after which `at` falls in `spec`'s replay of `input`, with the plain replay's
@@ -315,8 +355,9 @@ pub fn moment_of(
         ))),
         Moment::PeakLive => Ok((peak_live_event(input), None)),
         Moment::Peak => {
+            // The highest reserved memory during the trace, never the state before it.
             let out = run_spec(spec, input, replay)?;
-            Ok((out.result.peak_event, Some(out)))
+            Ok((out.detail.peak_reserved_during_trace_event, Some(out)))
         }
         Moment::Oom => {
             let out = run_spec(spec, input, replay)?;
@@ -408,12 +449,18 @@ fn attribute(
     keys: &Keys,
 ) -> Result<Attribution> {
     refuse_streamed(input)?;
-    let (stop, _) = moment_of(input, spec, options.at, &options.replay)?;
+    let (stop, full) = moment_of(input, spec, options.at, &options.replay)?;
     let (out, layout) = watch(input, spec, &options.replay, stop)?;
     let mut a = breakdown(&layout, keys, options.top)?;
     a.policy = out.result.policy.clone();
     a.config = out.result.config.clone();
     a.moment = MomentAt { kind: options.at.kind().into(), event: stop };
+    if let (Moment::Peak, Some(full)) = (options.at, &full) {
+        if full.result.peak_at_start {
+            let during = full.detail.peak_reserved_during_trace_bytes;
+            a.note = higher_start(full.result.peak_reserved_bytes, during, stop);
+        }
+    }
     Ok(a)
 }
 
@@ -499,6 +546,7 @@ pub fn breakdown(layout: &Layout, keys: &Keys, top: usize) -> Result<Attribution
         holes_by_segment_site: hole_rows(keys, by_segment, top),
         holes_by_last_free_site: hole_rows(keys, by_last_free, top),
         stacks,
+        note: None,
     })
 }
 

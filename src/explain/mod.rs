@@ -277,21 +277,9 @@ pub fn explain(input: &ReplayInput, trace: &str, options: &ExplainOptions) -> Re
             )))
         }
     };
-    let during = full.detail.peak_reserved_during_trace_bytes;
-    if kind == "peak" && full.result.peak_at_start && full.result.peak_reserved_bytes > during {
-        notes.push(format!(
-            "the state before the first event held more ({}) than any moment of the run: the \
-             recording began mid-run with that cache; explained here is the highest reserved \
-             memory during the trace ({})",
-            crate::units::format_bytes(full.result.peak_reserved_bytes),
-            crate::units::format_bytes(during),
-        ));
-    } else if kind == "peak" && full.result.peak_at_start {
-        notes.push(format!(
-            "the run never reserved more than the cache it started with ({}): the recording \
-             began mid-run; explained here is the first event at that level",
-            crate::units::format_bytes(during),
-        ));
+    if kind == "peak" && full.result.peak_at_start {
+        let during = full.detail.peak_reserved_during_trace_bytes;
+        notes.extend(blame::higher_start(full.result.peak_reserved_bytes, during, stop));
     }
     let events = blame::events(input);
     let event = events.get(stop as usize);
