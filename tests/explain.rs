@@ -399,3 +399,53 @@ fn a_snapshot_that_starts_with_more_cached_is_read_at_its_peak_during_the_trace(
     assert_eq!(e["moment"]["kind"], "peak");
     assert!(e["notes"][0].as_str().unwrap().contains("never reserved more"), "{e}");
 }
+
+/// A state-only snapshot: two tensors live when the recording began, one of them freed by its
+/// only events. Live bytes peak before the first event.
+const STATE_ONLY: &str = r#"
+import pickle, sys
+M = 2**20
+base = 2**40
+fr = [{'filename': 'train.py', 'line': 3, 'name': 'load'}]
+snap = {
+  'segments': [
+    {'device': 0, 'address': base, 'total_size': 20*M, 'allocated_size': 4*M, 'active_size': 4*M,
+     'requested_size': 4*M, 'stream': 0, 'segment_type': 'large', 'segment_pool_id': (0, 0),
+     'is_expandable': False, 'frames': [],
+     'blocks': [{'address': base, 'size': 4*M, 'requested_size': 4*M, 'state': 'active_allocated', 'frames': fr},
+                {'address': base + 4*M, 'size': 16*M, 'requested_size': 0, 'state': 'inactive', 'frames': []}]}],
+  'device_traces': [[
+     {'action': 'free_requested', 'addr': base + 4*M, 'size': 6*M, 'stream': 0, 'time_us': 8, 'frames': []},
+     {'action': 'free_completed', 'addr': base + 4*M, 'size': 6*M, 'stream': 0, 'time_us': 9, 'frames': []}]],
+}
+sys.stdout.buffer.write(pickle.dumps(snap, protocol=4))
+"#;
+
+#[test]
+fn peak_live_equals_bounds_peak_when_live_bytes_peak_before_the_first_event() {
+    let out = Command::new("python3").args(["-c", STATE_ONLY]).output().expect("python3 runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (_d, path) = temp_file("state-only.pickle", &out.stdout);
+    let p = path.to_str().unwrap();
+    let policies = ["pytorch", "pytorch-expandable", "bfc", "buddy", "bound"];
+    let mut args = vec!["replay", p, "--json"];
+    for q in policies {
+        args.extend(["-p", q]);
+    }
+    let replayed = json_of(&args);
+    let bound = replayed["results"].as_array().unwrap().iter().find(|r| r["policy"] == "bound");
+    let need = n(&bound.expect("bound")["peak_requested_bytes"]);
+    assert_eq!(need, 10 * MIB, "both tensors live at the start");
+    let mut args = vec!["blame", p, "--at", "peak-live", "--format", "json"];
+    for q in policies {
+        args.extend(["-p", q]);
+    }
+    let b = json_of(&args);
+    let results = b["results"].as_array().unwrap();
+    assert_eq!(results.len(), policies.len() + 1, "recorded too: {b}");
+    for r in results {
+        assert_eq!(n(&r["live_bytes"]), need, "{}: {r}", r["policy"]);
+        assert_eq!(n(&r["moment"]["event"]), 0);
+        assert!(r["note"].as_str().unwrap().contains("before the first event"), "{r}");
+    }
+}

@@ -298,7 +298,13 @@ pub fn attribute_recorded(
             start_note = higher_start(r.reserved_at_start_bytes, during, at);
             (at, false)
         }
-        Moment::PeakLive => (peak_live_event(input), false),
+        Moment::PeakLive => {
+            let (at, before_first) = peak_live_moment(input);
+            if before_first {
+                start_note = Some(BEFORE_FIRST_LIVE.to_string());
+            }
+            (at, before_first)
+        }
         Moment::Oom => {
             let r = crate::recorded::recorded(input.trace(), input.device())?;
             (r.first_oom_event?, false)
@@ -312,6 +318,10 @@ pub fn attribute_recorded(
     a.note = start_note;
     Some(a)
 }
+
+/// The note of `--at peak-live` where live bytes peak before the first event.
+pub const BEFORE_FIRST_LIVE: &str = "live bytes peak before the first event (the blocks live when \
+     the recording began): read there, before event 0, where bound's peak_requested_bytes is read";
 
 /// The note for a run whose state before the first event (`start` bytes reserved) held at least
 /// its highest reserved memory during the trace (`during`, first reached after event `at`): a
@@ -379,27 +389,35 @@ pub fn moment_of(
 /// The first event after which live requested bytes reach their maximum (a walk over the
 /// events: frees take effect at `input.frees_at()`, an alloc at a live address frees that block).
 pub fn peak_live_event(input: &ReplayInput) -> u64 {
+    peak_live_moment(input).0
+}
+
+/// The moment live requested bytes first reach their maximum: the event after which they do,
+/// and whether it is the state before the first event (the blocks live when a snapshot's
+/// recording began, more than any event leaves live: then the event is 0 and the moment is
+/// before it, where `bound`'s `peak_requested_bytes` reads it too).
+pub fn peak_live_moment(input: &ReplayInput) -> (u64, bool) {
     let mut live: AddrMap<u64> = AddrMap::default();
     let mut now: u64 = 0;
     for b in input.live_at_start() {
         now -= live.insert(b.addr, b.size).unwrap_or(0);
         now += b.size;
     }
-    let (mut peak, mut at) = (now, 0);
+    let (mut peak, mut at, mut before_first) = (now, 0, now > 0);
     for (i, e) in events(input).iter().enumerate() {
         match e.action {
             Action::Alloc if e.size > 0 => {
                 now -= live.insert(e.addr, e.size).unwrap_or(0);
                 now += e.size;
                 if now > peak {
-                    (peak, at) = (now, i as u64);
+                    (peak, at, before_first) = (now, i as u64, false);
                 }
             }
             a if a == input.frees_at() => now -= live.remove(&e.addr).unwrap_or(0),
             _ => {}
         }
     }
-    at
+    (at, before_first)
 }
 
 /// Replays `spec` on `input` up to right after event `stop`, watched; the replay's output and
@@ -450,11 +468,16 @@ fn attribute(
 ) -> Result<Attribution> {
     refuse_streamed(input)?;
     let (stop, full) = moment_of(input, spec, options.at, &options.replay)?;
-    let (out, layout) = watch(input, spec, &options.replay, stop)?;
+    let before_first = options.at == Moment::PeakLive && peak_live_moment(input).1;
+    let replay = ReplayOptions { stop_before_first: before_first, ..options.replay.clone() };
+    let (out, layout) = watch(input, spec, &replay, stop)?;
     let mut a = breakdown(&layout, keys, options.top)?;
     a.policy = out.result.policy.clone();
     a.config = out.result.config.clone();
     a.moment = MomentAt { kind: options.at.kind().into(), event: stop };
+    if before_first {
+        a.note = Some(BEFORE_FIRST_LIVE.to_string());
+    }
     if let (Moment::Peak, Some(full)) = (options.at, &full) {
         if full.result.peak_at_start {
             let during = full.detail.peak_reserved_during_trace_bytes;
