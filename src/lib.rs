@@ -41,6 +41,7 @@ pub mod cli;
 
 pub mod blame;
 pub mod error;
+pub mod explain;
 pub mod metrics;
 pub mod policy;
 mod progress;

@@ -37,6 +37,11 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("whatif", &["trace", "backend", "metrics", "recorded", "policy", "replay", "error", "units"]),
     // Attribution by call site: watched replays.
     ("blame", &["trace", "backend", "metrics", "recorded", "policy", "replay", "error", "units"]),
+    // Why it ran out: one watched replay at the moment and replays of the fixes.
+    (
+        "explain",
+        &["trace", "backend", "metrics", "recorded", "policy", "replay", "blame", "error", "units"],
+    ),
     (
         "report",
         &[
@@ -51,7 +56,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         "cli",
         &[
             "trace", "backend", "metrics", "recorded", "policy", "replay", "validate", "synth",
-            "whatif", "blame", "report", "error", "units",
+            "whatif", "blame", "explain", "report", "error", "units",
         ],
     ),
 ];

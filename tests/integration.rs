@@ -13,6 +13,7 @@ mod cuda;
 mod custom_policy;
 mod deploy;
 mod docs;
+mod explain;
 mod fst_stream;
 mod golden;
 mod hostile;

@@ -17,6 +17,7 @@ _ROWS = {
     "info": ("devices",),
     "blame": ("results",),
     "diff": ("sites",),
+    "explain": ("fixes",),
 }
 
 # The number a row's bar shows in the chart, by the first key the rows have.

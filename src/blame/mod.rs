@@ -213,6 +213,10 @@ pub struct Attribution {
     /// Live requested bytes by full stack (innermost frame first), for the flame graph.
     #[serde(skip)]
     pub stacks: Vec<(FramesId, u64)>,
+    /// What a reader must know about the moment: at `--at peak`, that the state before the first
+    /// event held more than the run ever did after (a snapshot recorded mid-run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// `blame --format json`.
@@ -279,12 +283,28 @@ pub fn attribute_recorded(
     if !recorded::available(input) {
         return None;
     }
+    let mut start_note = None;
     let (stop, before_first) = match options.at {
         Moment::Peak => {
+            // The highest reserved memory after an event: the start state is not a moment of
+            // the run.
             let r = crate::recorded::recorded(input.trace(), input.device())?;
-            (r.peak_reserved_event.unwrap_or(0), r.peak_reserved_event.is_none())
+            let (mut at, mut during) = (0, 0);
+            for (i, &b) in r.reserved_after.iter().enumerate() {
+                if b > during {
+                    (at, during) = (i as u64, b);
+                }
+            }
+            start_note = higher_start(r.reserved_at_start_bytes, during, at);
+            (at, false)
         }
-        Moment::PeakLive => (peak_live_event(input), false),
+        Moment::PeakLive => {
+            let (at, before_first) = peak_live_moment(input);
+            if before_first {
+                start_note = Some(BEFORE_FIRST_LIVE.to_string());
+            }
+            (at, before_first)
+        }
         Moment::Oom => {
             let r = crate::recorded::recorded(input.trace(), input.device())?;
             (r.first_oom_event?, false)
@@ -295,7 +315,37 @@ pub fn attribute_recorded(
     let mut a = breakdown(&layout, keys, options.top).ok()?;
     a.policy = crate::recorded::POLICY_NAME.to_string();
     a.moment = MomentAt { kind: options.at.kind().into(), event: stop };
+    a.note = start_note;
     Some(a)
+}
+
+/// The note of `--at peak-live` where live bytes peak before the first event.
+pub const BEFORE_FIRST_LIVE: &str = "live bytes peak before the first event (the blocks live when \
+     the recording began): read there, before event 0, where bound's peak_requested_bytes is read";
+
+/// The note for a run whose state before the first event (`start` bytes reserved) held at least
+/// its highest reserved memory during the trace (`during`, first reached after event `at`): a
+/// snapshot recorded mid-run, whose cache at the peak may be the one it started with.
+pub fn higher_start(start: u64, during: u64, at: u64) -> Option<String> {
+    let gb = crate::units::format_bytes;
+    if start > during {
+        Some(format!(
+            "the state before the first event held more ({}) than any moment of the run: the \
+             recording began mid-run with that cache; the peak here is the highest during the \
+             trace ({} after event {at})",
+            gb(start),
+            gb(during)
+        ))
+    } else if start == during && start > 0 {
+        Some(format!(
+            "the run never reserved more than the cache it started with ({}): the recording \
+             began mid-run; the peak here is the first event at that level (event {at}), and \
+             its cached-free bytes may be that start cache",
+            gb(start)
+        ))
+    } else {
+        None
+    }
 }
 
 /// The event right after which `at` falls in `spec`'s replay of `input`, with the plain replay's
@@ -315,8 +365,9 @@ pub fn moment_of(
         ))),
         Moment::PeakLive => Ok((peak_live_event(input), None)),
         Moment::Peak => {
+            // The highest reserved memory during the trace, never the state before it.
             let out = run_spec(spec, input, replay)?;
-            Ok((out.result.peak_event, Some(out)))
+            Ok((out.detail.peak_reserved_during_trace_event, Some(out)))
         }
         Moment::Oom => {
             let out = run_spec(spec, input, replay)?;
@@ -338,27 +389,35 @@ pub fn moment_of(
 /// The first event after which live requested bytes reach their maximum (a walk over the
 /// events: frees take effect at `input.frees_at()`, an alloc at a live address frees that block).
 pub fn peak_live_event(input: &ReplayInput) -> u64 {
+    peak_live_moment(input).0
+}
+
+/// The moment live requested bytes first reach their maximum: the event after which they do,
+/// and whether it is the state before the first event (the blocks live when a snapshot's
+/// recording began, more than any event leaves live: then the event is 0 and the moment is
+/// before it, where `bound`'s `peak_requested_bytes` reads it too).
+pub fn peak_live_moment(input: &ReplayInput) -> (u64, bool) {
     let mut live: AddrMap<u64> = AddrMap::default();
     let mut now: u64 = 0;
     for b in input.live_at_start() {
         now -= live.insert(b.addr, b.size).unwrap_or(0);
         now += b.size;
     }
-    let (mut peak, mut at) = (now, 0);
+    let (mut peak, mut at, mut before_first) = (now, 0, now > 0);
     for (i, e) in events(input).iter().enumerate() {
         match e.action {
             Action::Alloc if e.size > 0 => {
                 now -= live.insert(e.addr, e.size).unwrap_or(0);
                 now += e.size;
                 if now > peak {
-                    (peak, at) = (now, i as u64);
+                    (peak, at, before_first) = (now, i as u64, false);
                 }
             }
             a if a == input.frees_at() => now -= live.remove(&e.addr).unwrap_or(0),
             _ => {}
         }
     }
-    at
+    (at, before_first)
 }
 
 /// Replays `spec` on `input` up to right after event `stop`, watched; the replay's output and
@@ -408,12 +467,23 @@ fn attribute(
     keys: &Keys,
 ) -> Result<Attribution> {
     refuse_streamed(input)?;
-    let (stop, _) = moment_of(input, spec, options.at, &options.replay)?;
-    let (out, layout) = watch(input, spec, &options.replay, stop)?;
+    let (stop, full) = moment_of(input, spec, options.at, &options.replay)?;
+    let before_first = options.at == Moment::PeakLive && peak_live_moment(input).1;
+    let replay = ReplayOptions { stop_before_first: before_first, ..options.replay.clone() };
+    let (out, layout) = watch(input, spec, &replay, stop)?;
     let mut a = breakdown(&layout, keys, options.top)?;
     a.policy = out.result.policy.clone();
     a.config = out.result.config.clone();
     a.moment = MomentAt { kind: options.at.kind().into(), event: stop };
+    if before_first {
+        a.note = Some(BEFORE_FIRST_LIVE.to_string());
+    }
+    if let (Moment::Peak, Some(full)) = (options.at, &full) {
+        if full.result.peak_at_start {
+            let during = full.detail.peak_reserved_during_trace_bytes;
+            a.note = higher_start(full.result.peak_reserved_bytes, during, stop);
+        }
+    }
     Ok(a)
 }
 
@@ -499,6 +569,7 @@ pub fn breakdown(layout: &Layout, keys: &Keys, top: usize) -> Result<Attribution
         holes_by_segment_site: hole_rows(keys, by_segment, top),
         holes_by_last_free_site: hole_rows(keys, by_last_free, top),
         stacks,
+        note: None,
     })
 }
 
@@ -595,6 +666,11 @@ impl<'i> Keys<'i> {
     pub fn short(mut self) -> Keys<'i> {
         self.short = true;
         self
+    }
+
+    /// The name of the group of `origin`'s request (a site, or what stands for one).
+    pub fn name_of(&self, origin: Origin) -> String {
+        self.name(self.key(origin))
     }
 
     /// The request behind `origin`: its stack, size and stream (`None`: no request).

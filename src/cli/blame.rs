@@ -217,6 +217,9 @@ fn run_table(r: &Attribution, by: GroupBy) -> String {
         format_bytes(r.cached_free_bytes),
         pct(r.cached_free_bytes),
     );
+    if let Some(note) = &r.note {
+        out += &format!("  note: {note}\n");
+    }
     let w = SITE_WIDTH;
     out += &format!(
         "  {:<w$}  {:>12}  {:>12}  {:>7}\n",

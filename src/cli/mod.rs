@@ -11,6 +11,7 @@ mod blame;
 mod check;
 mod convert;
 mod diff;
+mod explain;
 mod fit;
 mod info;
 mod merge;
@@ -57,6 +58,7 @@ enum Command {
     Check(check::Args),
     Blame(blame::Args),
     Diff(diff::Args),
+    Explain(explain::Args),
 }
 
 impl Cli {
@@ -69,7 +71,8 @@ impl Cli {
         Cli::command()
             .mut_subcommand("replay", |c| c.after_help(policies.clone()))
             .mut_subcommand("report", |c| c.after_help(policies.clone()))
-            .mut_subcommand("blame", |c| c.after_help(policies))
+            .mut_subcommand("blame", |c| c.after_help(policies.clone()))
+            .mut_subcommand("explain", |c| c.after_help(policies))
     }
 
     /// Parses `argv` (the program name first) against [`Cli::command_with_policies`].
@@ -87,6 +90,7 @@ impl Cli {
         match &self.command {
             Command::Info(_) | Command::Replay(_) | Command::Validate(_) | Command::Fit(_) => true,
             Command::Merge(_) | Command::Blame(_) | Command::Diff(_) => true,
+            Command::Explain(_) => true,
             Command::Sweep(a) => a.prints_results(),
             Command::Check(a) => a.prints_results(),
             Command::Convert(_) | Command::Report(_) | Command::Synth(_) => false,
@@ -117,6 +121,7 @@ impl Cli {
             Command::Check(a) => check::run(a, io),
             Command::Blame(a) => blame::run(a, io),
             Command::Diff(a) => diff::run(a, io),
+            Command::Explain(a) => explain::run(a, io),
         }
     }
 }

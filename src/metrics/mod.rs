@@ -173,4 +173,12 @@ pub struct PeakDetail {
     /// `empty_cache()` calls the what-if added (`replay --empty-cache-every` or `--empty-cache-at`).
     #[serde(default)]
     pub empty_cache_calls: u64,
+    /// The highest reserved memory after an event (the state before the first event left out:
+    /// a snapshot recorded mid-run can start with more cached than the run ever held after).
+    #[serde(skip)]
+    pub peak_reserved_during_trace_bytes: u64,
+    /// The first event after which reserved memory reached
+    /// [`PeakDetail::peak_reserved_during_trace_bytes`].
+    #[serde(skip)]
+    pub peak_reserved_during_trace_event: u64,
 }

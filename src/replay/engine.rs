@@ -349,7 +349,11 @@ fn drive<P: Policy, B: Backend, K: Blocks, G: Guide<P, B>, const PLAIN: bool>(
         (!input.live_at_start().is_empty()).then(|| (backend.reserved(), policy.allocated()));
     meter.observe_start(&backend.observer, start_time, levels);
 
-    let last = options.stop_after.map_or(count, |s| s.saturating_add(1).min(count));
+    let last = match options.stop_after {
+        _ if options.stop_before_first => 0,
+        Some(s) => s.saturating_add(1).min(count),
+        None => count,
+    };
     let mut added_calls = options.empty_cache.added_calls();
     // Read once: the policy's calls go through `backend` and could change what it points to, so
     // the compiler would otherwise reload these on every event.

@@ -105,6 +105,9 @@ impl Meter {
             self.observe(0, time_us, reserved, allocated);
             self.moments.peak_at_start = reserved > 0 && self.peak_reserved == reserved;
         }
+        // The start state is not a moment of the run: the peak during the trace starts over.
+        self.detail.peak_reserved_during_trace_bytes = 0;
+        self.detail.peak_reserved_during_trace_event = 0;
     }
 
     /// Takes the levels after `event`: the peaks, and a point of the series if one is kept.
@@ -136,6 +139,10 @@ impl Meter {
         reserved: u64,
         allocated: u64,
     ) {
+        if reserved > self.detail.peak_reserved_during_trace_bytes {
+            self.detail.peak_reserved_during_trace_bytes = reserved;
+            self.detail.peak_reserved_during_trace_event = event;
+        }
         if reserved > self.peak_reserved {
             self.peak_reserved = reserved;
             self.moments.peak_at_start = false;

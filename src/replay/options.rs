@@ -36,6 +36,9 @@ pub struct ReplayOptions {
     pub record_events: bool,
     /// Stop after this event index (inclusive), e.g. at the peak, to look at the state there.
     pub stop_after: Option<u64>,
+    /// Stop before the first event, once the start state is placed (`stop_after` is then
+    /// ignored): the state a snapshot recorded mid-run began with.
+    pub stop_before_first: bool,
     /// Check the policy's invariants after every event (slow; tests and debugging).
     pub check_invariants: bool,
     /// Write each new segment and mapped range once on the cuda backend (`--touch`).
@@ -148,6 +151,7 @@ impl Default for ReplayOptions {
             series_budget: series::DEFAULT_BUDGET,
             record_events: false,
             stop_after: None,
+            stop_before_first: false,
             check_invariants: false,
             touch: false,
             empty_cache: EmptyCachePlan::default(),

@@ -1093,8 +1093,12 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
         let p = self.into;
         let target = size.max(max_split);
         let Some(sid) = self.sid_of(stream) else { return Ok(false) };
+        // Only a whole segment can be cudaFree'd. A run under constant settings never splits a
+        // block of max_split_size or more, but a what-if that sets max_split_size_mb on a
+        // recorded start state can find such a block split: it is skipped, not freed.
+        let whole = |b: &Block| b.expandable == NIL && b.prev == NIL && b.next == NIL;
         if let Some((_, _, id)) = self.owner(p, small).blocks.first_from(sid, target, 0) {
-            if self.b(id).expandable == NIL {
+            if whole(self.b(id)) {
                 self.release_block(backend, id)?;
                 return Ok(true);
             }
@@ -1111,7 +1115,7 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
                 break;
             }
             cursor = (size, ptr);
-            if self.b(id).expandable == NIL {
+            if whole(self.b(id)) {
                 released += size;
                 self.release_block(backend, id)?;
             }

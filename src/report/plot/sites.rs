@@ -214,6 +214,7 @@ mod tests {
             holes_by_segment_site: vec![hole("c", 60), hole("(never allocated)", 5)],
             holes_by_last_free_site: vec![],
             stacks: vec![],
+            note: None,
         };
         let b = bars(&a, 2);
         assert_eq!(b.iter().map(|b| b.site.as_str()).collect::<Vec<_>>(), ["c", "a", "(other)"]);
