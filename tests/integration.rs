@@ -15,6 +15,7 @@ mod deploy;
 mod docs;
 mod fst_stream;
 mod hostile;
+mod kineto_warm;
 mod mutations;
 mod npu;
 mod pickle_stream;

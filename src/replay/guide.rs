@@ -91,6 +91,10 @@ pub struct Recorded<'r> {
     routes: Option<PoolRoutes>,
     /// The last event of the flush run the program called last (runs are consecutive releases).
     flush_run_to: u64,
+    /// The recorded `oom` entries made while a graph capture was underway, sorted.
+    captured_ooms: &'r [u64],
+    /// The policy was last told a capture is underway.
+    capture_told: bool,
 }
 
 impl<'r> Recorded<'r> {
@@ -102,6 +106,8 @@ impl<'r> Recorded<'r> {
             drop_recorded: options.empty_cache.drop_recorded,
             routes: input.pool_routes().cloned(),
             flush_run_to: u64::MAX - 1,
+            captured_ooms: input.ooms_without_release(),
+            capture_told: false,
         }
     }
 }
@@ -116,11 +122,19 @@ impl<P: Policy, B: Backend> Guide<P, B> for Recorded<'_> {
     #[inline(always)]
     fn before_request<O: Observer>(
         &mut self,
-        _index: u64,
+        index: u64,
         e: &Event,
         policy: &mut P,
         _backend: &mut Observed<B, O>,
     ) -> Result<()> {
+        // A recorded `oom` that no release preceded failed during a graph capture, which skips
+        // the release-everything fallback: as `validate` reads it.
+        if e.action == Action::Oom || self.capture_told {
+            let underway =
+                e.action == Action::Oom && self.captured_ooms.binary_search(&index).is_ok();
+            policy.set_capture_underway(underway);
+            self.capture_told = underway;
+        }
         match &mut self.routes {
             Some(r) => route(policy, r, e),
             None => Ok(()),
@@ -166,6 +180,21 @@ impl<P: Policy, B: Backend> Guide<P, B> for Recorded<'_> {
     }
 }
 
+/// Whether a run of recorded releases right before a request of `size` bytes on `stream` (the
+/// request its `alloc` served, or the one its `oom` entry failed, less the recording
+/// allocator's padding) was the program's `empty_cache()` call rather than that request's
+/// out-of-memory fallback, where neither the releases' stacks nor the recorded levels tell
+/// ([`ReplayInput::undecided_flushes`]): a call when `policy`, modelling the recorded allocator,
+/// would serve the request from its cache now, since a fallback follows only a request the
+/// cache could not serve. The one rule that decides such runs: a replay ([`Recorded`]) asks it
+/// at the run's first release, `validate` at the request the run precedes (frees completed
+/// between them aside, the same state). A run it calls a fallback where the real program called
+/// `empty_cache()` (the device would have refused the request without it) records the same
+/// events either way: the reading costs one counted retry, never memory.
+pub fn undecided_run_is_call<P: Policy>(policy: &P, size: u64, stream: u64) -> bool {
+    policy.would_serve_from_cache(size, stream) == Some(true)
+}
+
 /// The recording's undecided release runs ([`ReplayInput::undecided_flushes`]), asked about
 /// in event order.
 struct Undecided<'r> {
@@ -188,7 +217,7 @@ impl Undecided<'_> {
         match self.runs.get(self.next) {
             Some(r) if r.event == index => {
                 let size = if r.failed { self.input.oom_request(r.size) } else { r.size };
-                policy.would_serve_from_cache(size, r.stream) == Some(true)
+                undecided_run_is_call(policy, size, r.stream)
             }
             _ => false,
         }
