@@ -268,7 +268,8 @@ impl EmptyCacheRuns {
             self.awaiting_alloc = false;
             if let Some(last) = self.retried.last_mut() {
                 let (size, stream) = (e.size, e.stream);
-                last.2 = Some(Retried { event: last.0, size, stream, failed: false });
+                let request = index;
+                last.2 = Some(Retried { event: last.0, request, size, stream, failed: false });
             }
         }
         let flush = matches!(action, Action::SegmentFree | Action::SegmentUnmap);
@@ -301,7 +302,13 @@ impl EmptyCacheRuns {
                         // can tell (no level proves a call here).
                         Action::Oom => {
                             let (size, stream) = (e.size, e.stream);
-                            let failed = Retried { event: start, size, stream, failed: true };
+                            let failed = Retried {
+                                event: start,
+                                request: index,
+                                size,
+                                stream,
+                                failed: true,
+                            };
                             self.retried.push((start, i128::MAX, Some(failed)));
                         }
                         _ => self.calls.push(start),
@@ -432,6 +439,8 @@ pub fn ooms_without_release(events: &[Event], causes: &FlushCauses, calls: &[u64
 pub struct Retried {
     /// The index of the run's first release.
     pub event: u64,
+    /// The index of the request after it: its `alloc`, or its `oom` when `failed`.
+    pub request: u64,
     /// The request the retried allocation served (its `alloc` event's size), or, when
     /// `failed`, the rounded size its `oom` entry records.
     pub size: u64,
