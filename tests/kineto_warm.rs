@@ -90,7 +90,6 @@ fn warm_kineto(
             step(&mut policy, &mut device, addr, -(block as i64), profiled);
         }
     }
-    drop(step);
     let text = format!("{{\"traceEvents\": [\n{}\n]}}\n", events.join(",\n"));
     (text, first_reserved.expect("a profiled event"), peak_reserved)
 }
