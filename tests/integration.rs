@@ -17,6 +17,7 @@ mod explain;
 mod fst_stream;
 mod golden;
 mod hostile;
+mod kineto_warm;
 mod mutations;
 mod npu;
 mod pickle_stream;

@@ -98,3 +98,60 @@ fn replay_says_it_uses_torch_npus_rules_unless_told_otherwise() {
     let json: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(json["results"][0]["config"], "expandable_segments:False", "{json}");
 }
+
+/// Issue 45: torch_npu records a run with expandable segments with `expandable_segments:False`
+/// in its settings while its trace maps pages. Such a recording is made here by exporting a
+/// replay (`--export-snapshot`, no frames) and writing `False` into its settings: it must be
+/// told torch_npu's by its blocks' padding, replayed and validated as expandable, every address
+/// matched; the same made by CUDA's rules stays CUDA's and validates too.
+#[test]
+fn an_expandable_recording_whose_settings_say_false_is_replayed_and_validated_as_expandable() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = bundled("gpt-4l-512h.txt");
+    for (spec, npu) in
+        [("pytorch-npu:expandable_segments:True", true), ("pytorch-expandable", false)]
+    {
+        let exported = dir.path().join("exported.pickle");
+        let o = run(&[
+            "replay",
+            trace.to_str().unwrap(),
+            "-p",
+            spec,
+            "--export-snapshot",
+            exported.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{spec}: {}", stderr(&o));
+        let mut t =
+            snapshot::read(&std::fs::read(&exported).unwrap(), &ReadOptions::default()).unwrap();
+        let settings = t.allocator_settings.as_mut().expect("exported settings");
+        settings.expandable_segments = false;
+        settings.conf = Some("expandable_segments:False".into());
+        assert!(t.devices[0].events.iter().any(|e| e.action == Action::SegmentMap), "{spec}");
+        let mut bytes = Vec::new();
+        snapshot::write(&t, &mut bytes).unwrap();
+        let (_d, path) = temp_file("recorded.pickle", &bytes);
+        let path = path.to_str().unwrap();
+        let read = snapshot::read(&bytes, &ReadOptions::default()).unwrap();
+        assert_eq!(read.torch_npu, npu, "{spec}: told by its blocks");
+
+        let o = run(&["validate", path, "--json"]);
+        assert_eq!(o.status.code(), Some(0), "{spec}: {}{}", stdout(&o), stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        assert!(v["allocs_total"].as_u64().unwrap() > 1000, "{spec}: {v}");
+        assert_eq!(v["allocs_addr_matched"], v["allocs_total"], "{spec}: {v}");
+        assert!(v["segment_events_recorded"].as_u64().unwrap() > 0, "{spec}");
+        assert_eq!(v["segment_events_matched"], v["segment_events_recorded"], "{spec}: {v}");
+
+        let o = run(&["replay", path, "-p", "pytorch", "--json"]);
+        assert!(o.status.success(), "{spec}: {}", stderr(&o));
+        assert_eq!(stderr(&o).contains("recorded by torch_npu"), npu, "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        let rows = v["results"].as_array().unwrap();
+        let peak = |name: &str| {
+            rows.iter().find(|r| r["policy"] == name).unwrap()["peak_reserved_bytes"].clone()
+        };
+        assert_eq!(peak("pytorch"), peak("recorded"), "{spec}: {v}");
+        let mallocs = rows.iter().find(|r| r["policy"] == "pytorch").unwrap()["map_count"].clone();
+        assert!(mallocs.as_u64().unwrap() > 0, "{spec}: replayed with pages: {v}");
+    }
+}

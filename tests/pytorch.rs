@@ -293,6 +293,9 @@ struct Run<'a> {
     /// Recorded by torch_npu: its allocator's rules (`conf` is `PYTORCH_NPU_ALLOC_CONF`), and a
     /// snapshot its frames mark as torch_npu's.
     npu: bool,
+    /// With `stacks`: every second `empty_cache()` call's releases carry no stack, as a real
+    /// snapshot's call can (the levels then decide it).
+    frameless_calls: bool,
 }
 
 impl Run<'static> {
@@ -309,6 +312,7 @@ impl Run<'static> {
         gpu_memory: None,
         stacks: false,
         npu: false,
+        frameless_calls: false,
     };
 }
 
@@ -318,6 +322,29 @@ impl Run<'static> {
 /// bytes; a free as `free_requested` and `free_completed`), the policy's own segments are the
 /// dump, and its configuration the recorded settings.
 fn recording(seed: u64, run: Run) -> fragsim::trace::Trace {
+    recording_with_truth(seed, run).0
+}
+
+/// What the recorded allocator did in a [`recording`]: its out-of-memory flushes, its
+/// cudaMallocs and releases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Truth {
+    /// The retries (`num_alloc_retries`) a recording shows: the malloc's fallback released
+    /// memory. (A fallback with nothing cached to release records only the `oom`, which reads
+    /// as a failure during a graph capture: no retry.)
+    shown_retries: u64,
+    /// Segments released (`segment_free`).
+    releases: u64,
+    mallocs: u64,
+    /// `empty_cache()` calls that no recording can tell from an out-of-memory fallback: the next
+    /// request could not be served from the cache before the call, and needed more than the
+    /// device had left then, so without the call its malloc would have failed, released the
+    /// same segments and retried. The releases carry no stack that tells.
+    ambiguous: u64,
+}
+
+/// [`recording`] and the recorded allocator's own counts.
+fn recording_with_truth(seed: u64, run: Run) -> (fragsim::trace::Trace, Truth) {
     use fragsim::backend::{Backend, BackendCall, Recording, SimDevice};
     use fragsim::policy::pytorch::{Config, PyTorch};
     use fragsim::policy::{Allocation, Policy};
@@ -377,7 +404,14 @@ fn recording(seed: u64, run: Run) -> fragsim::trace::Trace {
     let mut streams = std::collections::HashMap::new();
     // (base, size, stream, pool) of every reservation.
     let mut reservations: Vec<(u64, u64, u64, u16)> = Vec::new();
-    for (k, step) in workload(seed, 700).into_iter().enumerate() {
+    let mut calls_made = 0u64;
+    // Before a call: reserved bytes, and whether the next request would have hit the cache.
+    let mut before_call: Option<(u64, bool, bool)> = None;
+    let mut ambiguous = 0;
+    let mut shown_retries = 0;
+    let steps = workload(seed, 700);
+    for (k, step) in steps.iter().cloned().enumerate() {
+        let called = before_call.take();
         let deleted = run.graph_deleted_at.is_some_and(|at| k >= at);
         let capture = run.captures && (k / 60) % 3 == 1 && !deleted;
         let time = events.len() as i64;
@@ -438,7 +472,28 @@ fn recording(seed: u64, run: Run) -> fragsim::trace::Trace {
                 let in_mem_pool = run.mem_pool && (k / 50) % 4 == 2 && stream == 1;
                 let pool = if capture && stream == 0 { 1 } else { 2 * u16::from(in_mem_pool) };
                 p.allocate_into(POOLS[pool as usize]).unwrap();
+                let calls_before = d.calls().len();
+                let retries_before = p.alloc_retries();
                 let got = p.malloc(&mut d, size, stream).unwrap();
+                let released = d.calls()[calls_before..].iter().any(|c| {
+                    matches!(c, BackendCall::SegmentFree { .. } | BackendCall::Unmap { .. })
+                });
+                if released {
+                    shown_retries += p.alloc_retries() - retries_before;
+                }
+                if let (Some((reserved, hit, told)), Some(cap)) = (called, run.capacity) {
+                    let new: u64 = d.calls()[calls_before..]
+                        .iter()
+                        .map(|c| match *c {
+                            BackendCall::SegmentAlloc { size, addr: Some(_) } => size,
+                            BackendCall::Map { size, ok: true, .. } => size,
+                            _ => 0,
+                        })
+                        .sum();
+                    let failed = got.is_none();
+                    let beyond = failed || new > 0 && reserved + new > cap;
+                    ambiguous += u64::from(!told && !hit && beyond);
+                }
                 log(&d, &mut events, stream, pool, malloc_stack);
                 let named = |e: Event| Event { pool: pool_of(pool), ..e };
                 match got {
@@ -469,8 +524,14 @@ fn recording(seed: u64, run: Run) -> fragsim::trace::Trace {
             // PyTorch refuses empty_cache() during a capture; between captures it keeps the
             // graph's pool (the graph lives), as the policy does.
             Step::EmptyCache if !capture => {
+                calls_made += 1;
+                let frameless = run.frameless_calls && calls_made % 2 == 0;
+                if let Some(&Step::Alloc { size, stream, .. }) = steps.get(k + 1) {
+                    let told = run.stacks && !frameless;
+                    before_call = Some((d.reserved(), p.would_hit_cache(size, stream), told));
+                }
                 p.empty_cache(&mut d).unwrap();
-                log(&d, &mut events, 0, 0, call_stack);
+                log(&d, &mut events, 0, 0, if frameless { FramesId::NONE } else { call_stack });
             }
             Step::EmptyCache => {}
         }
@@ -478,7 +539,11 @@ fn recording(seed: u64, run: Run) -> fragsim::trace::Trace {
     }
     let mut segments = p.segments();
     segments.iter_mut().for_each(|s| s.device = 0);
-    Trace {
+    let mallocs = d.segment_sizes().len() as u64;
+    let releases =
+        d.calls().iter().filter(|c| matches!(c, BackendCall::SegmentFree { .. })).count() as u64;
+    let truth = Truth { shown_retries, releases, mallocs, ambiguous };
+    let trace = Trace {
         format: Format::PytorchSnapshot,
         devices: vec![DeviceTrace {
             device: 0,
@@ -492,7 +557,8 @@ fn recording(seed: u64, run: Run) -> fragsim::trace::Trace {
         }),
         torch_npu: run.npu,
         ..Trace::default()
-    }
+    };
+    (trace, truth)
 }
 
 /// `t` as a snapshot older than PyTorch ≈ 2.7 records it: no entry names its pool.
@@ -530,6 +596,94 @@ fn replayed_peak(t: &fragsim::trace::Trace) -> u64 {
     };
     let out = fragsim::policy::lookup("pytorch").unwrap().run(&spec, &input, &options);
     out.unwrap().result.peak_reserved_bytes
+}
+
+/// `replay -p pytorch`'s result on `t` as the command runs it ([`replayed_peak`]).
+fn replayed_as_recorded(t: &fragsim::trace::Trace) -> fragsim::metrics::PolicyResult {
+    use fragsim::recorded::CapacityKind;
+    use fragsim::replay::{ReplayInput, ReplayOptions};
+    let limit = fragsim::recorded::row_and_limit(t, 0).1;
+    let capacity = limit.as_ref().and_then(|l| l.limit_bytes);
+    let capacity_kind = limit.map_or(CapacityKind::GpuMemory, |l| l.capacity_kind());
+    let input = ReplayInput::new(t, None).unwrap();
+    let spec = fragsim::policy::PolicySpec::parse_list("pytorch").unwrap().remove(0);
+    let options = ReplayOptions {
+        capacity,
+        capacity_kind,
+        check_invariants: true,
+        ..ReplayOptions::default()
+    };
+    let out = fragsim::policy::lookup("pytorch").unwrap().run(&spec, &input, &options);
+    out.unwrap().result
+}
+
+/// Issue 45: wherever `validate` reproduces a recording exactly (every address and segment
+/// event), the free replay (`replay -p pytorch`: the recorded settings, under the limit the
+/// recording shows) takes the same decisions: the recorded peak reserved, the recorded
+/// allocator's out-of-memory flushes and its cudaMallocs. Recordings under memory pressure with
+/// `empty_cache()` calls whose releases carry stacks, carry none, or only some do.
+#[test]
+fn wherever_validate_is_exact_the_free_replay_reproduces_the_recorded_decisions() {
+    use fragsim::validate::{validate, ValidateOptions};
+    let options = ValidateOptions::default();
+    let (mut exact, mut retries, mut failures) = (0, 0, Vec::new());
+    for conf in
+        ["", "max_split_size_mb:64", "roundup_power2_divisions:4", "expandable_segments:True"]
+    {
+        for capacity in [Some(300 << 20), Some(200 << 20), Some(150 << 20)] {
+            for seed in 0..8 {
+                let kinds = [(false, false, false), (true, false, false), (true, true, false)];
+                for (stacks, frameless_calls, captures) in
+                    kinds.into_iter().chain([(true, true, true), (false, false, true)])
+                {
+                    let run =
+                        Run { conf, capacity, stacks, frameless_calls, captures, ..Run::PLAIN };
+                    let (t, truth) = recording_with_truth(seed, run);
+                    let v = validate(&t, &options).unwrap();
+                    if !v.mismatches.is_empty()
+                        || v.allocs_addr_matched != v.allocs_total
+                        || v.segment_events_matched != v.segment_events_recorded
+                    {
+                        continue;
+                    }
+                    exact += 1;
+                    retries += truth.shown_retries;
+                    let recorded = fragsim::recorded::recorded(&t, 0).expect("segment events");
+                    let r = replayed_as_recorded(&t);
+                    let got = (
+                        r.peak_reserved_bytes,
+                        r.alloc_retries,
+                        r.device_malloc_count,
+                        r.device_free_count,
+                    );
+                    let want = (
+                        recorded.peak_reserved_bytes,
+                        truth.shown_retries,
+                        truth.mallocs,
+                        truth.releases,
+                    );
+                    // A call no recording can tell from a fallback may be read as either: the
+                    // same memory, at most one more retry each.
+                    let retries_fit = (want.1..=want.1 + truth.ambiguous).contains(&got.1);
+                    // Expandable segments map pages: their cudaMallocs and frees are none.
+                    let pages = conf == "expandable_segments:True";
+                    if got.0 != want.0
+                        || !retries_fit
+                        || (!pages && (got.2, got.3) != (want.2, want.3))
+                    {
+                        failures.push(format!(
+                            "{conf:?}, {capacity:?}, seed {seed}, stacks {stacks}, frameless \
+                             calls {frameless_calls}, captures {captures}: (peak, retries, \
+                             mallocs, frees) replayed {got:?}, recorded {want:?} ({} ambiguous)",
+                            truth.ambiguous
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} of {exact}:\n{}", failures.len(), failures.join("\n"));
+    assert!(exact > 200 && retries > 50, "enough to test: {exact} exact, {retries} retries");
 }
 
 /// `replay -p pytorch --capacity C`'s result on `t` (`None`: unlimited).

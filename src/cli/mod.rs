@@ -672,6 +672,9 @@ pub(crate) fn note_unmodelled_options(
              rules (as pytorch-npu); -p pytorch-cuda replays CUDA's",
         );
     }
+    if specs.iter().any(|s| follows(&s) || s.name == "pytorch-cuda" || s.name == "pytorch-npu") {
+        note_warm_start(control, io, trace);
+    }
     let Some(settings) = &trace.allocator_settings else { return };
     let names = Config::unmodelled_options_as(settings, flavour);
     if !names.is_empty() {
@@ -684,6 +687,32 @@ pub(crate) fn note_unmodelled_options(
                 names.join(", ")
             ),
         );
+    }
+}
+
+/// Says, unless `--quiet`, where a profiler trace starts warm (memory reserved before its first
+/// event beyond what was live): the `pytorch` replays start with it cached, in segments whose
+/// sizes are assumed (docs/pytorch-model.md#kineto-warm-start).
+fn note_warm_start(control: &progress::Control, io: &mut Io, trace: &fragsim::trace::Trace) {
+    use fragsim::units::format_bytes;
+    for d in trace.devices.iter().filter(|d| d.device >= 0) {
+        let Some(k) = fragsim::recorded::kineto_start::start_state(trace, d.device) else {
+            continue;
+        };
+        if k.reserved_bytes > k.live_bytes {
+            control.note(
+                io,
+                &format!(
+                    "note: device {}: this profiler trace starts warm: {} reserved before its \
+                     first event, {} of it live; the pytorch replays start with the rest cached \
+                     as free segments whose sizes are assumed (the segments the trace's own \
+                     requests make; docs/pytorch-model.md#kineto-warm-start)",
+                    d.device,
+                    format_bytes(k.reserved_bytes),
+                    format_bytes(k.live_bytes)
+                ),
+            );
+        }
     }
 }
 

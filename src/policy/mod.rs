@@ -115,6 +115,12 @@ pub trait Policy {
         stream: u64,
     ) -> Result<Option<Allocation>>;
 
+    /// Says whether a CUDA graph capture is underway while the next mallocs are served (the
+    /// replay tells it from a recorded `oom` that no release preceded,
+    /// [`ooms_without_release`](crate::trace::lifetimes::ooms_without_release)): a policy
+    /// modelling PyTorch then skips its release-everything fallback. Ignored by default.
+    fn set_capture_underway(&mut self, _underway: bool) {}
+
     /// Says which private pool (a CUDA graph's or a `torch.cuda.MemPool`'s `segment_pool_id`)
     /// the recorded allocator made the next mallocs into, or `None` for the default pools. The
     /// replay tells it from where each allocation was recorded

@@ -217,7 +217,9 @@ struct Run<'r, 'a> {
 }
 
 /// True when a replay is plain: no log of the simulated run, no series, no invariant checks,
-/// no `empty_cache()` calls added, no private pools to route. Such a replay (`replay`, `fit`,
+/// no `empty_cache()` calls added, no private pools to route, no release run the recording
+/// leaves undecided (decided before its request, [`super::guide::undecided_run_is_call`]).
+/// Such a replay (`replay`, `fit`,
 /// `sweep`, `check`: nearly every one) runs the engine built with `PLAIN`, where each of those
 /// tests is the constant `false` and leaves the loop: about 15 instructions an event.
 pub(super) fn is_plain(input: &ReplayInput, options: &ReplayOptions) -> bool {
@@ -228,6 +230,7 @@ pub(super) fn is_plain(input: &ReplayInput, options: &ReplayOptions) -> bool {
         && !options.check_invariants
         && !adds_calls
         && input.pool_routes().is_none()
+        && input.undecided_flushes().is_empty()
 }
 
 /// [`run`] with the block lookup `blocks`; `PLAIN`: the replay [`is_plain`]. Never inlined:

@@ -91,6 +91,8 @@ pub struct Recorded<'r> {
     routes: Option<PoolRoutes>,
     /// The last event of the flush run the program called last (runs are consecutive releases).
     flush_run_to: u64,
+    /// The recorded `oom` entries made while a graph capture was underway, sorted.
+    captured_ooms: &'r [u64],
 }
 
 impl<'r> Recorded<'r> {
@@ -102,6 +104,7 @@ impl<'r> Recorded<'r> {
             drop_recorded: options.empty_cache.drop_recorded,
             routes: input.pool_routes().cloned(),
             flush_run_to: u64::MAX - 1,
+            captured_ooms: input.ooms_without_release(),
         }
     }
 }
@@ -116,15 +119,40 @@ impl<P: Policy, B: Backend> Guide<P, B> for Recorded<'_> {
     #[inline(always)]
     fn before_request<O: Observer>(
         &mut self,
+        index: u64,
+        e: &Event,
+        policy: &mut P,
+        backend: &mut Observed<B, O>,
+    ) -> Result<()> {
+        // A recorded `oom` that no release preceded failed during a graph capture, which skips
+        // the release-everything fallback: as `validate` reads it (until `after_request`).
+        if e.action == Action::Oom && self.captured_ooms.binary_search(&index).is_ok() {
+            policy.set_capture_underway(true);
+        }
+        if let Some(r) = &mut self.routes {
+            route(policy, r, e)?;
+        }
+        // A release run the recording leaves undecided before this request: decided now, with
+        // the request routed to its pool, as `validate` decides it.
+        if !self.drop_recorded && self.undecided.called_before(index, &*policy) {
+            policy.empty_cache(backend)?;
+        }
+        Ok(())
+    }
+
+    /// Ends the capture a recorded `oom` was read to have failed in.
+    fn after_request<O: Observer>(
+        &mut self,
         _index: u64,
         e: &Event,
+        _placed: Option<u64>,
         policy: &mut P,
         _backend: &mut Observed<B, O>,
     ) -> Result<()> {
-        match &mut self.routes {
-            Some(r) => route(policy, r, e),
-            None => Ok(()),
+        if e.action == Action::Oom {
+            policy.set_capture_underway(false);
         }
+        Ok(())
     }
 
     #[inline(always)]
@@ -136,11 +164,7 @@ impl<P: Policy, B: Backend> Guide<P, B> for Recorded<'_> {
         backend: &mut Observed<B, O>,
     ) -> Result<bool> {
         let release = matches!(e.action, Action::SegmentFree | Action::SegmentUnmap);
-        if release
-            && !self.drop_recorded
-            && (self.calls.binary_search(&index).is_ok()
-                || self.undecided.called_at(index, &*policy))
-        {
+        if release && !self.drop_recorded && self.calls.binary_search(&index).is_ok() {
             if let Some(r) = &mut self.routes {
                 follow(policy, r, e, true)?;
             }
@@ -166,6 +190,21 @@ impl<P: Policy, B: Backend> Guide<P, B> for Recorded<'_> {
     }
 }
 
+/// Whether a run of recorded releases right before a request of `size` bytes on `stream` (the
+/// request its `alloc` served, or the one its `oom` entry failed, less the recording
+/// allocator's padding) was the program's `empty_cache()` call rather than that request's
+/// out-of-memory fallback, where neither the releases' stacks nor the recorded levels tell
+/// ([`ReplayInput::undecided_flushes`]): a call when `policy`, modelling the recorded allocator,
+/// would serve the request from its cache now, since a fallback follows only a request the
+/// cache could not serve. The one rule that decides such runs, asked by a replay
+/// ([`Recorded`]) and by `validate` at the same point: before the request the run precedes,
+/// routed to its pool, after the frees completed between them. A run it calls a fallback where the real program called
+/// `empty_cache()` (the device would have refused the request without it) records the same
+/// events either way: the reading costs one counted retry, never memory.
+pub fn undecided_run_is_call<P: Policy>(policy: &P, size: u64, stream: u64) -> bool {
+    policy.would_serve_from_cache(size, stream) == Some(true)
+}
+
 /// The recording's undecided release runs ([`ReplayInput::undecided_flushes`]), asked about
 /// in event order.
 struct Undecided<'r> {
@@ -177,18 +216,17 @@ struct Undecided<'r> {
 }
 
 impl Undecided<'_> {
-    /// True when the run starting at event `index` was the program's `empty_cache()`: the
-    /// policy models the recorded allocator and its cache would have served the retried
-    /// request, which an out-of-memory fallback never follows.
+    /// True when an undecided run ends right before the request at event `index` and was the
+    /// program's `empty_cache()` ([`undecided_run_is_call`]).
     #[inline]
-    fn called_at<P: Policy>(&mut self, index: u64, policy: &P) -> bool {
-        while self.runs.get(self.next).is_some_and(|r| r.event < index) {
+    fn called_before<P: Policy>(&mut self, index: u64, policy: &P) -> bool {
+        while self.runs.get(self.next).is_some_and(|r| r.request < index) {
             self.next += 1;
         }
         match self.runs.get(self.next) {
-            Some(r) if r.event == index => {
+            Some(r) if r.request == index => {
                 let size = if r.failed { self.input.oom_request(r.size) } else { r.size };
-                policy.would_serve_from_cache(size, r.stream) == Some(true)
+                undecided_run_is_call(policy, size, r.stream)
             }
             _ => false,
         }

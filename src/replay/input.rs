@@ -36,6 +36,9 @@ pub struct ReplayInput<'a> {
     /// policy that models the recorded allocator decides each
     /// ([`Policy::would_serve_from_cache`](crate::policy::Policy::would_serve_from_cache)).
     undecided_flushes: Vec<Retried>,
+    /// The recorded `oom` entries no release of their malloc precedes: a graph capture was
+    /// underway ([`crate::trace::lifetimes::ooms_without_release`]). Empty for a streamed replay.
+    ooms_without_release: Vec<u64>,
     /// Which recorded allocations were made into a private pool, as of the first event (`None`
     /// when the dump shows no private pool); each replay follows a copy through the events.
     pool_routes: Option<PoolRoutes>,
@@ -222,6 +225,11 @@ impl<'a> ReplayInput<'a> {
         }
         let (empty_cache_at, undecided_flushes) =
             runs.finish_with_undecided(!may_collect_garbage(trace));
+        let ooms_without_release = crate::trace::lifetimes::ooms_without_release(
+            events,
+            &FlushCauses::of(&trace.frames),
+            &empty_cache_at,
+        );
         let pool_routes = PoolRoutes::new(trace, device, events, &lifetimes);
         Ok(ReplayInput {
             trace,
@@ -230,6 +238,7 @@ impl<'a> ReplayInput<'a> {
             live_at_start,
             empty_cache_at,
             undecided_flushes,
+            ooms_without_release,
             pool_routes,
             frees_at,
             lifetimes,
@@ -310,6 +319,7 @@ impl<'a> ReplayInput<'a> {
             live_at_start,
             empty_cache_at,
             undecided_flushes,
+            ooms_without_release: Vec::new(),
             pool_routes,
             frees_at,
             lifetimes,
@@ -367,6 +377,12 @@ impl<'a> ReplayInput<'a> {
     /// out-of-memory fallback, in order.
     pub fn undecided_flushes(&self) -> &[Retried] {
         &self.undecided_flushes
+    }
+
+    /// The recorded `oom` entries no release of their malloc precedes, in order: a graph capture
+    /// was underway when they failed ([`crate::trace::lifetimes::ooms_without_release`]).
+    pub fn ooms_without_release(&self) -> &[u64] {
+        &self.ooms_without_release
     }
 
     /// The action at which frees take effect (`free_completed`, or `free_requested` in formats
@@ -433,6 +449,7 @@ impl<'a> ReplayInput<'a> {
             live_at_start: self.live_at_start.clone(),
             empty_cache_at: self.empty_cache_at.clone(),
             undecided_flushes: self.undecided_flushes.clone(),
+            ooms_without_release: self.ooms_without_release.clone(),
             pool_routes: self.pool_routes.clone(),
             frees_at: self.frees_at,
             lifetimes: self.lifetimes.clone(),

@@ -11,7 +11,8 @@
 //! ```
 //!
 //! - `Bytes` > 0 is an allocation, < 0 a free of `|Bytes|`; `Device Type` 0 is host (CPU)
-//!   memory, which fragsim files as device -1; other types keep their `Device Id`.
+//!   memory, which fragsim files as device -1; other types (CUDA's 1, ROCm's 6: c10's `HIP`)
+//!   are GPUs and keep their `Device Id`.
 //! - `ts` is in microseconds (an integer or a float). Events come from several threads and are
 //!   written per thread, so the reader sorts them by `ts` (stable: ties keep file order).
 //! - Kineto records no streams (stream 0 here), no segment events and no `free_requested`: a free
@@ -37,6 +38,14 @@ use std::io::{BufRead, Write};
 const DEVICE_TYPE_CPU: u64 = 0;
 /// Kineto's `Device Type` for CUDA memory (c10::DeviceType::CUDA).
 const DEVICE_TYPE_CUDA: u64 = 1;
+/// Why a `[memory]` event without `Addr` cannot be replayed: 2021-era traces (PyTorch before
+/// 1.10, whose Kineto memory events carry only `Bytes`, `Device Type` and `Device Id`; `Addr`
+/// and the totals came with pytorch/pytorch#61282).
+const MISSING_ADDR: &str = "missing 'Addr': this [memory] event records no block address, as \
+     PyTorch's profiler wrote them before 1.10 (2021: only Bytes, Device Type and Device Id); fragsim needs the \
+     address to tell which allocation each free releases, and the totals to know what was live \
+     and reserved; PyTorch 1.10 and later record Addr, Total Allocated and Total Reserved \
+     (torch.profiler.profile(profile_memory=True)): record the run again with one of them";
 /// The device fragsim files host memory under (docs/interface.md).
 pub const HOST_DEVICE: i32 = -1;
 
@@ -583,6 +592,9 @@ impl RawEvent {
         }
         if bytes == 0 {
             return Ok(None);
+        }
+        if a.addr == Scalar::Missing {
+            return Err(MISSING_ADDR.to_string());
         }
         let raw = a.addr.integer("Addr")?;
         // Kineto writes pointers as int64: a negative value is an address above 2^63.

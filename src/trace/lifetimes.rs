@@ -268,7 +268,8 @@ impl EmptyCacheRuns {
             self.awaiting_alloc = false;
             if let Some(last) = self.retried.last_mut() {
                 let (size, stream) = (e.size, e.stream);
-                last.2 = Some(Retried { event: last.0, size, stream, failed: false });
+                let request = index;
+                last.2 = Some(Retried { event: last.0, request, size, stream, failed: false });
             }
         }
         let flush = matches!(action, Action::SegmentFree | Action::SegmentUnmap);
@@ -301,7 +302,13 @@ impl EmptyCacheRuns {
                         // can tell (no level proves a call here).
                         Action::Oom => {
                             let (size, stream) = (e.size, e.stream);
-                            let failed = Retried { event: start, size, stream, failed: true };
+                            let failed = Retried {
+                                event: start,
+                                request: index,
+                                size,
+                                stream,
+                                failed: true,
+                            };
                             self.retried.push((start, i128::MAX, Some(failed)));
                         }
                         _ => self.calls.push(start),
@@ -374,6 +381,57 @@ impl EmptyCacheRuns {
     }
 }
 
+/// The recorded `oom` entries (event indices, in order) that no release of their own malloc
+/// precedes. PyTorch skips its release-everything fallback before an out-of-memory error only
+/// while a graph capture is underway, so such an entry shows one (or a cache with nothing left
+/// to release, which skipping the release reproduces as well). A malloc's releases are those in
+/// the run of segment events and completed frees right before its entry, where that run is not
+/// the program's `empty_cache()` call (`calls`: the first index of each, whose run takes the
+/// releases `causes` does not give another cause, and the completed frees among them). The one
+/// reading of capture that `replay` and `validate` both follow.
+pub fn ooms_without_release(events: &[Event], causes: &FlushCauses, calls: &[u64]) -> Vec<u64> {
+    let release = |a: Action| matches!(a, Action::SegmentFree | Action::SegmentUnmap);
+    let mut out = Vec::new();
+    let mut i = 0;
+    while let Some(e) = events.get(i) {
+        if release(e.action) && calls.binary_search(&(i as u64)).is_ok() {
+            // The call's run: its releases and the frees completed among them.
+            while let Some(x) = events.get(i) {
+                let called = release(x.action)
+                    && causes.get(x.frames).is_none_or(|c| c == FlushCause::EmptyCacheCall);
+                if !called && x.action != Action::FreeCompleted {
+                    break;
+                }
+                i += 1;
+            }
+            continue;
+        }
+        if e.action.is_segment_event() {
+            // A malloc's segment events (and frees completed among them), then its entry.
+            let mut released = false;
+            while let Some(x) = events.get(i) {
+                if !x.action.is_segment_event() && x.action != Action::FreeCompleted {
+                    break;
+                }
+                released |= release(x.action);
+                i += 1;
+            }
+            if events.get(i).is_some_and(|x| x.action == Action::Oom) {
+                if !released {
+                    out.push(i as u64);
+                }
+                i += 1;
+            }
+            continue;
+        }
+        if e.action == Action::Oom {
+            out.push(i as u64);
+        }
+        i += 1;
+    }
+    out
+}
+
 /// A run of recorded releases followed by a retried allocation that the levels cannot classify
 /// ([`EmptyCacheRuns::finish_with_undecided`]), or by an allocation that failed: where it starts
 /// and the request after it.
@@ -381,6 +439,8 @@ impl EmptyCacheRuns {
 pub struct Retried {
     /// The index of the run's first release.
     pub event: u64,
+    /// The index of the request after it: its `alloc`, or its `oom` when `failed`.
+    pub request: u64,
     /// The request the retried allocation served (its `alloc` event's size), or, when
     /// `failed`, the rounded size its `oom` entry records.
     pub size: u64,

@@ -246,8 +246,52 @@ fn build(
             trace.allocator_settings = Some(read_settings(p, settings, root)?);
         }
     }
-    trace.torch_npu = reader.torch_npu || trace.frames.names_torch_npu();
+    trace.torch_npu = reader.torch_npu
+        || trace.frames.names_torch_npu()
+        || (maps_pages_against_settings(&trace) && blocks_show_npu_padding(&trace));
     Ok(trace)
+}
+
+/// True when the trace maps pages (a `segment_map` or `segment_unmap` entry, or an expandable
+/// range in the dump) while its settings say `expandable_segments:False`: how torch_npu records
+/// a run with expandable segments (docs/pytorch-model.md#npu).
+fn maps_pages_against_settings(trace: &Trace) -> bool {
+    let maps = trace.segments.iter().any(|s| s.is_expandable)
+        || trace
+            .devices
+            .iter()
+            .flat_map(|d| &d.events)
+            .any(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap));
+    maps && !trace.allocator_settings.as_ref().is_some_and(|s| s.expandable_segments)
+}
+
+/// True when the dump's small-pool blocks show torch_npu's 32-byte padding and none shows its
+/// absence: a small-pool block is split to its rounded size exactly, so a live block whose size
+/// is `round(requested + 32)` where that differs from `round(requested)` was padded (torch_npu's
+/// `AddPadSize`), and one of `round(requested)` where that differs was not (CUDA's). Asked of a
+/// recording whose pages contradict its settings, which names no `torch_npu/` file in its
+/// frames (docs/pytorch-model.md#npu).
+/// Not asked where `roundup_power2_divisions` round up further (the sizes tell nothing then).
+fn blocks_show_npu_padding(trace: &Trace) -> bool {
+    let settings = trace.allocator_settings.as_ref();
+    if settings.is_some_and(|s| s.roundup_power2_divisions.iter().any(|&d| d > 1)) {
+        return false;
+    }
+    let round = |n: u64| n.div_ceil(512).max(1) * 512;
+    let (mut padded, mut plain) = (0u64, 0u64);
+    let small = trace.segments.iter().filter(|s| s.pool == super::PoolKind::Small);
+    for b in small.flat_map(|s| &s.blocks) {
+        if b.state != BlockState::ActiveAllocated || b.requested_size == 0 {
+            continue;
+        }
+        let (cuda, npu) = (round(b.requested_size), round(b.requested_size.saturating_add(32)));
+        if cuda == npu {
+            continue;
+        }
+        padded += (b.size == npu) as u64;
+        plain += (b.size == cuda) as u64;
+    }
+    padded > 0 && plain == 0
 }
 
 /// The entry index of each event, kept run-length coded (a run ends where an entry gives two

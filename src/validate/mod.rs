@@ -258,6 +258,10 @@ pub enum Warning {
         /// The memory assumed before.
         assumed: u64,
     },
+    /// The recorded settings say `expandable_segments:False` but the trace maps pages
+    /// (`segment_map` entries or expandable ranges in the dump): replayed with expandable
+    /// segments ([`start::shows_expandable`]).
+    ExpandableFromTrace,
     /// Expandable segments: the recording bounds the GPU memory only from below.
     GpuMemoryUnbounded {
         /// The smallest memory that fits.
@@ -286,6 +290,7 @@ impl Warning {
                 | Warning::EntriesNamePools { .. }
                 | Warning::PrivatePoolMemory { .. }
                 | Warning::UnmodelledOptions { .. }
+                | Warning::ExpandableFromTrace
         )
     }
 }
@@ -302,6 +307,10 @@ impl std::fmt::Display for Warning {
             Warning::NoAllocatorSettings => {
                 f.write_str("the snapshot has no allocator_settings: PyTorch's defaults")
             }
+            Warning::ExpandableFromTrace => f.write_str(
+                "the recorded settings say expandable_segments:False but the trace maps pages \
+                 (segment_map entries or expandable segments): replayed with expandable segments",
+            ),
             Warning::AllocatorRules { flavour, recorded_by } => match (flavour, recorded_by) {
                 (Flavour::Npu, Flavour::Npu) => f.write_str(
                     "recorded by torch_npu (Ascend NPU): replayed with torch_npu's allocator rules \
@@ -853,6 +862,7 @@ fn replay(
     let mut checker = Checker {
         events: recording.events,
         ops: &recording.ops,
+        captured_ooms: recording.input.ooms_without_release(),
         routes: start.routes.clone(),
         stop: how.stop,
         ref_pos: 0,
@@ -887,6 +897,9 @@ fn replay(
 struct Checker<'a> {
     events: &'a [Event],
     ops: &'a [Op],
+    /// The recorded `oom` entries made during a graph capture
+    /// ([`ReplayInput::ooms_without_release`]).
+    captured_ooms: &'a [u64],
     routes: Option<crate::trace::pool_routes::PoolRoutes>,
     stop: Stop<'a>,
     /// The next placement of the reference run to compare with ([`Stop::Diverge`]).
@@ -936,18 +949,19 @@ impl<'a> Guide<PyTorch, Guided<'a>> for Checker<'a> {
         backend.inner.pool = into;
         // An OOM that no release preceded: PyTorch releases every cached segment before giving
         // up unless a graph capture is underway, so one was (or there was nothing to release,
-        // which skipping the release reproduces as well).
+        // which skipping the release reproduces as well). Read as a replay reads it.
         let events = self.events;
         let released =
             |j: &usize| matches!(events[*j].action, Action::SegmentFree | Action::SegmentUnmap);
-        policy.set_capture_underway(oom && !script.iter().any(released));
+        let captured = self.captured_ooms.binary_search(&index).is_ok();
+        debug_assert_eq!(!oom || captured, !oom || !script.iter().any(released), "event {i}");
+        policy.set_capture_underway(oom && captured);
         release_gone_pools(policy, self.routes.as_ref(), events, script, into)?;
         // A release run right before a malloc's new segment is either the malloc's own fallback
-        // or an empty_cache() just before it. If the cache could serve the request now, no
-        // fallback was needed: it was a flush.
+        // or an empty_cache() just before it: decided as a replay decides it.
         let releases = script.iter().take_while(|j| released(j)).count();
         let mut script = &script[..];
-        if releases > 0 && policy.would_hit_cache(size, stream) {
+        if releases > 0 && crate::replay::undecided_run_is_call(&*policy, size, stream) {
             backend.inner.follow(&script[..releases], false);
             policy.empty_cache(backend)?;
             compare_segments(events, &script[..releases], &backend.inner.log, i, &mut self.run);
@@ -1221,6 +1235,10 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
     };
     if let Some(g) = options.gpu_memory {
         config.gpu_memory = g;
+    }
+    if !config.expandable_segments && start::shows_expandable(trace, device, events) {
+        config.expandable_segments = true;
+        notes.push(Warning::ExpandableFromTrace);
     }
     let pool_memory = start::PrivatePoolMemory::recorded(trace, device, events);
     pool_memory.apply_to(&mut config);

@@ -34,6 +34,7 @@ mod active;
 pub mod config;
 pub(crate) mod expandable;
 pub mod start;
+pub mod warm;
 
 pub use config::{Config, Flavour, Version};
 
@@ -250,6 +251,9 @@ pub struct PyTorch<const DEFAULT_RULES: bool = false> {
     /// What of the start state did not fit under the limits when it was installed
     /// ([`Policy::start_fit`]).
     start_fit: Option<crate::backend::StartFit>,
+    /// A warm Kineto trace's cache before its first event ([`warm::plan`]), installed by
+    /// [`Policy::start`] after the live blocks; taken when installed.
+    warm: Option<Box<warm::WarmCache>>,
     /// Requests are recorded block sizes (a Kineto trace, see [`PyTorch::reading_kineto`]): a
     /// block found larger is split down to the request whenever the rest can be a block.
     exact_blocks: bool,
@@ -320,6 +324,7 @@ impl PyTorch {
             config,
             start: None,
             start_fit: None,
+            warm: None,
             exact_blocks: false,
         }
     }
@@ -333,8 +338,13 @@ impl PyTorch {
     /// run never allocated; so the recorded size is honoured as the block: a larger free block is
     /// split down to it whenever the rest can be a block. Peak allocated bytes then equal the
     /// profiler's `Total Allocated` wherever the replay serves every request.
+    ///
+    /// A Kineto trace that starts warm (its first `Total Reserved` above what its live blocks'
+    /// segments need) also starts with that memory cached, in free segments of assumed sizes
+    /// ([`warm::plan`], docs/pytorch-model.md#kineto-warm-start).
     pub fn reading_kineto(mut self, context: &PolicyContext) -> PyTorch {
         self.exact_blocks = context.trace.source_format() == crate::trace::Format::Kineto;
+        self.warm = warm::plan(&self, context).map(Box::new);
         self
     }
 
@@ -490,7 +500,7 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
         carry!(self;
             config, blocks, spare, pools, private, private_pools, freeable, into, capture_underway,
             segments, expandable, streams, stream_index, allocated, total_allocated, alloc_retries, stats, gc_on,
-            start, start_fit, exact_blocks, plain_rounding,
+            start, start_fit, warm, exact_blocks, plain_rounding,
         )
     }
 
@@ -1485,10 +1495,14 @@ pub fn config_for(
 ) -> Result<Config> {
     let o = options.trim();
     let mut config = if o.is_empty() || o == "recorded" {
-        match &context.trace.allocator_settings {
+        let mut c = match &context.trace.allocator_settings {
             Some(s) => Config::from_recorded_as(s, version, flavour)?,
             None => Config { version, ..Config::default_for(flavour) },
-        }
+        };
+        // Pages the trace maps show expandable segments on, whatever the settings string says.
+        c.expandable_segments |=
+            start::shows_expandable(context.trace, context.device, context.events);
+        c
     } else {
         Config::refuse_repeated_options(o)?;
         let mut c = Config { version, ..Config::default_for(flavour) };
@@ -1546,6 +1560,9 @@ impl<const DEFAULT_RULES: bool> Policy for PyTorch<DEFAULT_RULES> {
         live_at_start: &[crate::trace::LiveBlock],
     ) -> Result<Vec<Option<Allocation>>> {
         let mut out = vec![None; live_at_start.len()];
+        if let Some(warm) = self.warm.take() {
+            return self.start_warm(backend, live_at_start, &warm);
+        }
         let Some(state) = self.start.take() else { return Ok(out) };
         let index: std::collections::HashMap<u64, usize> =
             live_at_start.iter().enumerate().map(|(k, b)| (b.addr, k)).collect();
@@ -1664,6 +1681,10 @@ impl<const DEFAULT_RULES: bool> Policy for PyTorch<DEFAULT_RULES> {
     fn allocate_into(&mut self, pool: Option<(u64, u64)>) -> Result<()> {
         self.into = self.pool_number(pool)?;
         Ok(())
+    }
+
+    fn set_capture_underway(&mut self, underway: bool) {
+        self.capture_underway = underway;
     }
 
     fn release_pool(&mut self, pool: (u64, u64)) -> Result<()> {

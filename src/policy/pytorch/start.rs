@@ -386,6 +386,17 @@ impl StartState {
     }
 }
 
+/// True when `device` of `trace` shows expandable segments in use, whatever its recorded
+/// settings say: the dump holds an expandable range or an entry maps or unmaps pages. torch_npu
+/// recordings made with expandable segments can record `expandable_segments:False` in their
+/// settings (docs/pytorch-model.md#npu); a replay or validation of the recorded settings then
+/// follows the pages, not the string. `events`: the device's events, or a streamed replay's
+/// digest (which keeps the first segment events).
+pub fn shows_expandable(trace: &Trace, device: i32, events: &[Event]) -> bool {
+    trace.segments_of(device).any(|s| s.is_expandable)
+        || events.iter().any(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap))
+}
+
 /// What a recording with expandable segments shows of the memory its private pools got.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PrivatePoolMemory {

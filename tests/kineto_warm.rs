@@ -1,0 +1,160 @@
+//! Warm profiler traces: a Kineto trace of a running server starts with memory already
+//! reserved, and `replay -p pytorch` starts with it cached (docs/pytorch-model.md#kineto-warm-start).
+//!
+//! The traces here are made by a run of the `pytorch` policy itself: a warm-up the profiler does
+//! not see, then a profiled window written as Kineto `[memory]` events with the policy's own
+//! `Total Allocated` and `Total Reserved`, so the truth is known.
+
+use crate::util::{run, stderr, stdout, temp_file};
+use fragsim::backend::{Backend, SimDevice};
+use fragsim::policy::pytorch::{Config, PyTorch};
+use fragsim::policy::Policy;
+use fragsim::testing::Rng;
+use std::collections::HashMap;
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+
+/// One iteration of a server's requests: tensors of mixed sizes (small-pool, large-pool below
+/// 10 MiB, and large), each freed a few requests later; all freed by the iteration's end.
+/// `scale` grows every size (a larger batch).
+fn iteration(rng: &mut Rng, scale: u64) -> Vec<(u64, usize)> {
+    (0..40)
+        .map(|_| {
+            let size = match rng.below(10) {
+                0..=4 => (1 + rng.below(256)) * 2 * KIB,
+                5..=7 => MIB + rng.below(8 * MIB),
+                _ => 12 * MIB + rng.below(60 * MIB),
+            };
+            (size * scale / 4, 1 + rng.index(6))
+        })
+        .collect()
+}
+
+/// A run of `warm_up` iterations at `warm_scale`, then `window` profiled iterations at
+/// `window_scale`, on one device of type `device_type`. Returns the profiled window as Kineto
+/// JSON, the recorded reserve at its first event, and its recorded peak `Total Reserved`.
+fn warm_kineto(
+    seed: u64,
+    warm_scale: u64,
+    window_scale: u64,
+    (warm_up, window): (usize, usize),
+    device_type: u32,
+) -> (String, u64, u64) {
+    let mut rng = Rng::new(seed);
+    let mut policy = PyTorch::new(Config::default());
+    let mut device = SimDevice::new(None);
+    let mut events = Vec::new();
+    let (mut first_reserved, mut peak_reserved) = (None, 0u64);
+    let mut next_ts = 1_000_000u64;
+    let mut step = |policy: &mut PyTorch,
+                    device: &mut SimDevice,
+                    addr: u64,
+                    bytes: i64,
+                    on: bool| {
+        if !on {
+            return;
+        }
+        let (allocated, reserved) = (policy.allocated(), device.reserved());
+        first_reserved.get_or_insert(reserved);
+        peak_reserved = peak_reserved.max(reserved);
+        next_ts += 3;
+        events.push(format!(
+            r#"{{"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": {next_ts}, "args": {{"Device Type": {device_type}, "Device Id": 0, "Addr": {addr}, "Bytes": {bytes}, "Total Allocated": {allocated}, "Total Reserved": {reserved}}}}}"#
+        ));
+    };
+    // Weights, live throughout.
+    for _ in 0..6 {
+        policy.malloc(&mut device, 30 * MIB + 512, 0).unwrap().unwrap();
+    }
+    for it in 0..warm_up + window {
+        let profiled = it >= warm_up;
+        let scale = if profiled { window_scale } else { warm_scale };
+        let requests = iteration(&mut rng, scale);
+        let mut live: Vec<(usize, u64, u64)> = Vec::new(); // (free after request k, addr, block)
+        let mut by_addr = HashMap::new();
+        for (k, &(size, lifetime)) in requests.iter().enumerate() {
+            let a = policy.malloc(&mut device, size, 0).unwrap().expect("unlimited device");
+            by_addr.insert(a.addr, a.block_size);
+            step(&mut policy, &mut device, a.addr, a.block_size as i64, profiled);
+            live.push((k + lifetime, a.addr, a.block_size));
+            live.sort();
+            while live.first().is_some_and(|l| l.0 <= k) {
+                let (_, addr, block) = live.remove(0);
+                policy.free(&mut device, addr).unwrap();
+                step(&mut policy, &mut device, addr, -(block as i64), profiled);
+            }
+        }
+        for (_, addr, block) in live {
+            policy.free(&mut device, addr).unwrap();
+            step(&mut policy, &mut device, addr, -(block as i64), profiled);
+        }
+    }
+    let text = format!("{{\"traceEvents\": [\n{}\n]}}\n", events.join(",\n"));
+    (text, first_reserved.expect("a profiled event"), peak_reserved)
+}
+
+/// `replay -p pytorch --json` on `text`: the recorded row's and the replay's peak reserved.
+fn replayed(text: &str) -> (u64, u64, String) {
+    let (_dir, path) = temp_file("warm.json", text.as_bytes());
+    let o = run(&["replay", path.to_str().unwrap(), "-p", "pytorch", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let row = |name: &str| {
+        v["results"].as_array().unwrap().iter().find(|r| r["policy"] == name).cloned().unwrap()
+    };
+    let peak = |name: &str| row(name)["peak_reserved_bytes"].as_u64().unwrap();
+    (peak("recorded"), peak("pytorch"), stderr(&o))
+}
+
+#[test]
+fn a_warm_profiler_trace_replays_from_its_reserve_to_its_recorded_peak() {
+    // (seed, warm-up scale, window scale): the same load (the reserve is the peak), a window
+    // with larger batches (it grows past the reserve), one with smaller (the reserve holds more
+    // than the window needs), and on ROCm (Device Type 6).
+    let cases = [(1, 4, 4, 1), (2, 4, 6, 1), (3, 6, 4, 1), (4, 4, 5, 6), (5, 3, 3, 6)];
+    for (seed, warm_scale, window_scale, device_type) in cases {
+        let (text, start, peak) = warm_kineto(seed, warm_scale, window_scale, (8, 4), device_type);
+        let (recorded, replayed, err) = replayed(&text);
+        let case = format!("seed {seed}, scales {warm_scale}->{window_scale}, type {device_type}");
+        assert_eq!(recorded, peak, "{case}: the recorded row reads Total Reserved");
+        assert!(start > 0 && peak >= start, "{case}: the generator starts warm");
+        assert!(replayed >= start, "{case}: replay {replayed} below the starting reserve {start}");
+        let off = (replayed as f64 - peak as f64).abs() / peak as f64;
+        assert!(off <= 0.005, "{case}: replay {replayed} vs recorded peak {peak}: {off:.4}");
+        assert!(err.contains("starts warm"), "{case}: the assumption is named: {err}");
+    }
+}
+
+#[test]
+fn the_bundled_v100_trace_replays_at_its_starting_reserve() {
+    let path = crate::util::real_trace("kineto-ddp-v100-rank1.json.gz");
+    let o = run(&["replay", path.to_str().unwrap(), "-p", "pytorch", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let rows = v["results"].as_array().unwrap();
+    let peak = |name: &str| {
+        rows.iter().find(|r| r["policy"] == name).unwrap()["peak_reserved_bytes"].as_u64().unwrap()
+    };
+    let info = stdout(&run(&["info", path.to_str().unwrap()]));
+    assert!(info.contains("11.90 GiB reserved before the first event"), "{info}");
+    let (recorded, replayed) = (peak("recorded"), peak("pytorch"));
+    // The recorded peak is the starting reserve (12,782,141,440 B); the window reuses it all.
+    assert_eq!(recorded, 12_782_141_440);
+    assert!(replayed >= recorded, "replay {replayed} below the starting reserve {recorded}");
+    assert!((replayed - recorded) as f64 <= 0.005 * recorded as f64, "{replayed} vs {recorded}");
+}
+
+#[test]
+fn a_2021_profiler_trace_is_refused_saying_what_is_missing_and_which_pytorch_records_it() {
+    let text = r#"{"traceEvents": [
+{"ph": "i", "name": "[memory]", "pid": 1, "tid": 1, "ts": 100, "args": {"Device Type": 1, "Device Id": 0, "Bytes": 1024}}
+]}"#;
+    let (_dir, path) = temp_file("old.json", text.as_bytes());
+    let o = run(&["replay", path.to_str().unwrap(), "-p", "pytorch"]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    for said in ["old.json", "traceEvents[0]", "missing 'Addr'", "which allocation", "1.10"] {
+        assert!(err.contains(said), "says {said:?}: {err}");
+    }
+}
