@@ -133,7 +133,12 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
                 first.policy,
                 path.display()
             );
-            blame::flame::write_svg(first, &trace, &title, out)?;
+            // Drawn whole before the file is touched: a graph that cannot be drawn leaves an
+            // existing file as it was.
+            let svg = blame::flame::svg_of(first, &trace, &title).map_err(&named)?;
+            fragsim::report::output::write_output(out, "--flamegraph", |w| {
+                w.write_all(svg.as_bytes()).map_err(|e| Error::writing("the flame graph", e))
+            })?;
             args.control.note(io, &format!("wrote the flame graph to {}", out.display()));
         }
     }

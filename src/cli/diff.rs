@@ -8,7 +8,7 @@ use fragsim::error::{Error, Result};
 use fragsim::policy::PolicySpec;
 use fragsim::replay::ReplayInput;
 use fragsim::units::format_bytes;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Two runs side by side: two traces, or one trace under two policies.
 ///
@@ -89,6 +89,11 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let (spec_a, spec_b) = pair_specs(&args.policies, args.b.is_some())?;
     if args.depth == 0 {
         return Err(Error::usage("--depth 0: give at least 1 frame"));
+    }
+    if let Some(dir) = &args.out {
+        let inputs: Vec<&Path> =
+            std::iter::once(args.a.as_path()).chain(args.b.as_deref()).collect();
+        fragsim::report::output::refuse_input_in_folder(dir, "--out", &inputs)?;
     }
     let trace_a = args.control.read_trace_with_frames(io, &args.a, true)?;
     let loaded_b = match &args.b {

@@ -299,9 +299,17 @@ fn signed(d: i64) -> String {
     format!("{sign}{}", format_bytes(d.unsigned_abs()))
 }
 
-/// Writes the overlay directory (see the module docs) and returns the files written.
-pub fn write_dir(data: &OverlayData, dir: &Path) -> Result<Vec<PathBuf>> {
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+/// Writes the overlay directory (see the module docs) and returns the files written. Every file
+/// is built in a staging folder inside `out` and renamed into place with `diff.html` last
+/// ([`super::output::Staging`]): a failed or killed run leaves the old files as they were.
+pub fn write_dir(data: &OverlayData, out: &Path) -> Result<Vec<PathBuf>> {
+    let staging = super::output::Staging::for_flag(out, "--out")?;
+    let files = write_files(data, staging.path())?;
+    staging.commit(&files, "diff.html")
+}
+
+/// Writes the overlay's files into `dir`.
+fn write_files(data: &OverlayData, dir: &Path) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     let aligned = Overlay {
         lines: &data.aligned,
