@@ -653,3 +653,121 @@ fn a_failed_command_leaves_its_old_output_as_it_was() {
     assert!(stderr(&o).contains("a file, not a folder"), "{}", stderr(&o));
     assert!(!stderr(&o).contains("os error"), "{}", stderr(&o));
 }
+
+// ---- Issue 46: names from a trace are data ----
+
+/// Names no terminal, CSV row or XML document may get raw; `@@@` becomes an unpaired surrogate
+/// (Python's `surrogatepass` bytes) in the pickle.
+const HOSTILE: [&str; 9] = [
+    "\u{1b}[31mred\u{1b}[0m",
+    "bell\u{7}",
+    "back\u{8}space",
+    "carriage\rreturn",
+    "nul\0byte",
+    "new\nline",
+    "<script>alert(1)</script>",
+    "a & b \"q\" 'r'",
+    "surrogate@@@",
+];
+
+/// A snapshot whose allocations, live to the end, each come from a frame named by one of
+/// [`HOSTILE`] (file and function), `scale` times 4 KiB each.
+fn hostile_snapshot(scale: u64) -> Vec<u8> {
+    use fragsim::trace::{snapshot, Action, DeviceTrace, Event, Frame, Trace};
+    let base: u64 = 0x7f00_0000_0000;
+    let mut t = Trace { format: Format::PytorchSnapshot, ..Trace::default() };
+    let mut events = vec![Event::new(Action::SegmentAlloc, base, 64 << 20, 0, 0)];
+    for (i, name) in HOSTILE.iter().enumerate() {
+        let frames = t.frames.intern(vec![Frame {
+            filename: format!("/home/u/{name}.py"),
+            line: i as u32 + 1,
+            name: name.to_string(),
+        }]);
+        let addr = base + ((i as u64) << 20);
+        let size = scale * 4096 * (i as u64 + 1);
+        events.push(Event { frames, ..Event::new(Action::Alloc, addr, size, 0, 0) });
+    }
+    t.devices = vec![DeviceTrace { device: 0, events }];
+    let mut bytes = Vec::new();
+    snapshot::write(&t, &mut bytes).unwrap();
+    // "@@@" → ED A0 80, U+D800 as surrogatepass writes it: the same length, so the pickle's
+    // string lengths stay right.
+    let at = bytes.windows(3).position(|w| w == b"@@@").expect("the marker");
+    bytes[at..at + 3].copy_from_slice(&[0xed, 0xa0, 0x80]);
+    bytes
+}
+
+/// No byte a terminal would act on: control characters other than a line's end.
+fn assert_printable(what: &str, text: &str) {
+    let bad: Vec<char> = text.chars().filter(|c| c.is_control() && *c != '\n').collect();
+    assert!(bad.is_empty(), "{what}: raw control characters {bad:?} in:\n{text}");
+}
+
+fn assert_well_formed(path: &Path) {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let options = roxmltree::ParsingOptions { allow_dtd: true, ..Default::default() };
+    if let Err(e) = roxmltree::Document::parse_with_options(&text, options) {
+        panic!("{} is not well-formed XML: {e}", path.display());
+    }
+}
+
+/// Every `.svg` and `.html` in `dir`, parsed.
+fn assert_folder_well_formed(dir: &Path) -> usize {
+    let mut n = 0;
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "svg" || x == "html") {
+            assert_well_formed(&p);
+            n += 1;
+        }
+    }
+    n
+}
+
+#[test]
+fn hostile_names_are_escaped_in_tables_and_csv_and_every_svg_and_html_is_well_formed() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.pickle");
+    let b = dir.path().join("b.pickle");
+    std::fs::write(&a, hostile_snapshot(1)).unwrap();
+    std::fs::write(&b, hostile_snapshot(2)).unwrap();
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+
+    let svg = dir.path().join("flame.svg");
+    let o = fragsim()
+        .args(["blame", a, "--at", "peak-live", "--top", "0", "--flamegraph"])
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_printable("blame's table", &stdout(&o));
+    assert!(stdout(&o).contains("\\x1b[31mred"), "{}", stdout(&o));
+    assert_well_formed(&svg);
+    let flame = std::fs::read_to_string(&svg).unwrap();
+    assert!(flame.contains("&lt;script&gt;") && !flame.contains("<script>"), "{flame}");
+
+    for format in ["csv", "json"] {
+        for cmd in [&["blame", a, "--top", "0"][..], &["diff", a, b, "--top", "0"]] {
+            let mut args = cmd.to_vec();
+            args.extend(["--format", format]);
+            let o = run(&args);
+            assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
+            assert_printable(&format!("{args:?}"), &stdout(&o));
+        }
+    }
+    let o = run(&["blame", a, "--at", "peak-live", "--top", "0", "--format", "csv"]);
+    let (_, rows) = csv_table(&stdout(&o));
+    assert!(rows.iter().any(|r| r.iter().any(|c| c.contains("new\\nline"))), "{rows:?}");
+
+    let out = dir.path().join("diff");
+    let o = fragsim().args(["diff", a, b, "--top", "0", "--out"]).arg(&out).output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_printable("diff's table", &stdout(&o));
+    assert!(assert_folder_well_formed(&out) >= 3, "diff.html, overlay.svg, site-delta.svg");
+
+    let out = dir.path().join("report");
+    let o = fragsim().args(["report", a, "-p", "pytorch", "--out"]).arg(&out).output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(out.join("flame.svg").is_file() && out.join("sites.svg").is_file());
+    assert!(assert_folder_well_formed(&out) >= 5, "index.html and the charts' SVGs");
+}

@@ -1,6 +1,6 @@
 //! `fragsim blame`: at a moment of each policy's replay, reserved bytes by allocation site.
 
-use super::{OutputFormat, ReplaySource};
+use super::ReplaySource;
 use fragsim::blame::{
     self, keep_end, Attribution, BlameOptions, BlameReport, GroupBy, Moment, SiteRule,
 };
@@ -44,9 +44,8 @@ pub struct Args {
     #[arg(long, value_name = "OUT.svg")]
     flamegraph: Option<PathBuf>,
 
-    /// How to print the results.
-    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = OutputFormat::Table)]
-    format: OutputFormat,
+    #[command(flatten)]
+    format: super::FormatArgs,
 
     #[command(flatten)]
     control: super::progress::Control,
@@ -149,7 +148,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         site_rule: blame::site_rule(&input),
         results,
     };
-    super::print_as(&mut *io.out, args.format, &report, csv, table)?;
+    super::print_as(&mut *io.out, args.format.format(), &report, csv, table)?;
     Ok(0)
 }
 

@@ -1,7 +1,6 @@
 //! `fragsim diff`: two runs side by side, and what changed by allocation site.
 
 use super::blame::By;
-use super::OutputFormat;
 use fragsim::blame::diff::{self, DiffReport, Side};
 use fragsim::blame::{keep_end, BlameOptions, Moment};
 use fragsim::error::{Error, Result};
@@ -54,9 +53,8 @@ pub struct Args {
     #[arg(long, short = 'o', value_name = "DIR")]
     out: Option<PathBuf>,
 
-    /// How to print the results.
-    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = OutputFormat::Table)]
-    format: OutputFormat,
+    #[command(flatten)]
+    format: super::FormatArgs,
 
     #[command(flatten)]
     control: super::progress::Control,
@@ -104,10 +102,11 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         (Some(p), Some(t)) => (p, t),
         _ => (&args.a, &trace_a),
     };
-    let input_a =
-        ReplayInput::new(&trace_a, args.device).map_err(super::in_trace(&args.a, &trace_a))?;
-    let input_b =
-        ReplayInput::new(trace_b, args.device).map_err(super::in_trace(path_b, trace_b))?;
+    // A device a trace lacks, or settings it records that cannot be read, name that trace.
+    let input_a = ReplayInput::new(&trace_a, args.device)
+        .map_err(|e| super::in_trace(&args.a, &trace_a)(e).in_file(&args.a))?;
+    let input_b = ReplayInput::new(trace_b, args.device)
+        .map_err(|e| super::in_trace(path_b, trace_b)(e).in_file(path_b))?;
     let options = BlameOptions {
         at: Moment::PeakLive,
         by: args.by.group(),
@@ -123,7 +122,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         fragsim::report::overlay::write_dir(&data, dir)?;
         args.control.note(io, &format!("wrote the charts to {}", dir.join("diff.html").display()));
     }
-    super::print_as(&mut *io.out, args.format, &report, csv, table)?;
+    super::print_as(&mut *io.out, args.format.format(), &report, csv, table)?;
     Ok(0)
 }
 
