@@ -389,7 +389,7 @@ mod tests {
         assert_eq!(CARDS[5].bytes, 64 * GIB, "Ascend 910B: 64 GiB of HBM");
         assert_eq!(CARDS[6].bytes, 85_899_345_920, "80 GB is 81,920 MiB");
         let line = cards_line(need, 0);
-        assert!(line.starts_with("16 GB ✗") && line.contains("40 GB ✓"), "{line}");
+        assert!(line.starts_with("16 GiB ✗") && line.contains("40 GiB ✓"), "{line}");
         assert_eq!(gib_and_gb(80 * GIB), "80.00 GiB (85.90 GB)");
     }
 }

@@ -174,7 +174,7 @@ fn check_result_with(
             ));
         };
         let number = matches!(kind, Kind::Count | Kind::Fraction | Kind::Seconds);
-        if !kind.accepts(v) && !(nulls && number && v.is_null()) {
+        if !(kind.accepts(v) || (nulls && number && v.is_null())) {
             return Err(expected(file, &format!("{path}.{key}"), kind.expected(), v));
         }
     }
