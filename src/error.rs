@@ -112,6 +112,16 @@ impl Error {
         .in_file(path)
     }
 
+    /// An I/O error worded by fragsim (`message`), keeping `err` as the source.
+    pub fn io_worded(message: impl Into<String>, err: std::io::Error) -> Error {
+        Error {
+            kind: ErrorKind::Io,
+            message: message.into(),
+            location: Location::default(),
+            source: Some(Box::new(err)),
+        }
+    }
+
     /// An I/O error while writing `what` (`"CSV"`, `"to stdout"`): the message reads
     /// `writing {what}: {err}`, and `err` stays the [source](std::error::Error::source), so the
     /// binary can tell a closed pipe (see [`Error::is_broken_pipe`]) from a full disk.

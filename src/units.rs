@@ -94,8 +94,14 @@ pub fn parse_capacity(text: &str) -> Result<u64> {
         )));
     }
     if bytes < MIB {
+        // A bare number lacks its unit; a number that has one is just too small.
+        let hint = if unit.trim().is_empty() || unit.trim().eq_ignore_ascii_case("b") {
+            format!("give a unit, e.g. {number}GB or {number}GiB")
+        } else {
+            "no GPU has less: give the device memory, e.g. 40GiB or 80GB".to_string()
+        };
         return Err(Error::usage(format!(
-            "capacity '{n}' is {bytes} bytes, less than 1 MiB: give a unit, e.g. {n}GB or {n}GiB"
+            "capacity '{n}' is {bytes} bytes, less than 1 MiB: {hint}"
         )));
     }
     Ok(bytes)
@@ -204,6 +210,10 @@ mod tests {
     #[test]
     fn capacities_below_a_mebibyte_suggest_a_unit() {
         assert_eq!(parse_capacity("40GB").unwrap(), 40_000_000_000);
+        let e = parse_capacity("0.0001MiB").unwrap_err().to_string();
+        assert!(e.contains("less than 1 MiB") && !e.contains("MiBGB"), "{e}");
+        let e = parse_capacity("40").unwrap_err().to_string();
+        assert!(e.contains("40GB or 40GiB"), "{e}");
         assert_eq!(parse_capacity("1MiB").unwrap(), MIB);
         let e = parse_capacity("40").unwrap_err();
         assert_eq!(e.kind().exit_code(), 2);

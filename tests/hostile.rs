@@ -5,6 +5,7 @@
 use crate::util::*;
 use fragsim::trace::pickle::encode::Encoder;
 use fragsim::trace::{limits, read_bytes, write_to, Format, ReadOptions, FORMATS};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 fn text(src: &str) -> fragsim::error::Result<fragsim::trace::Trace> {
@@ -459,4 +460,314 @@ fn frames_repeated_in_many_stacks_cannot_take_memory_quadratic_in_the_file() {
     assert_eq!(t.frames.get(t.devices[0].events[19].frames).len(), 20);
     let t = read_bytes(&data, Format::PytorchSnapshot, &ReadOptions::default()).unwrap();
     assert_eq!(t.devices[0].events.len(), 140);
+}
+
+// ---- Issue 46: one output rule for every command (docs/interface.md, "Outputs") ----
+
+/// A small trace that frees everything it allocates (text format).
+const TWO_EVENTS: &str = "alloc 0x1000 4096 s0\nfree_completed 0x1000 4096 s0\n";
+
+/// Each command that writes one file, as arguments with `OUT` where the output goes and `T`
+/// where the trace goes.
+const FILE_OUTPUTS: [&[&str]; 6] = [
+    &["sweep", "T", "--out", "OUT"],
+    &["replay", "T", "--export-snapshot", "OUT"],
+    &["convert", "T", "OUT"],
+    &["blame", "T", "--at", "0", "--flamegraph", "OUT"],
+    &["check", "T", "--baseline", "OUT", "--update"],
+    &["synth", "OUT", "--layers", "1", "--hidden", "64", "--heads", "2", "--steps", "1"],
+];
+
+fn with_paths(args: &[&str], trace: &Path, out: &Path) -> Vec<std::ffi::OsString> {
+    args.iter()
+        .map(|a| match *a {
+            "T" => trace.as_os_str().to_owned(),
+            "OUT" => out.as_os_str().to_owned(),
+            a => a.into(),
+        })
+        .collect()
+}
+
+fn sh(cmd: &str, args: &[&str]) {
+    let st = std::process::Command::new(cmd).args(args).status().expect(cmd);
+    assert!(st.success(), "{cmd} {args:?}");
+}
+
+fn kind(p: &Path) -> String {
+    use std::os::unix::fs::FileTypeExt;
+    let t = std::fs::symlink_metadata(p).unwrap().file_type();
+    match () {
+        _ if t.is_symlink() => "link",
+        _ if t.is_char_device() => "char device",
+        _ if t.is_block_device() => "block device",
+        _ if t.is_fifo() => "fifo",
+        _ if t.is_file() => "file",
+        _ => "other",
+    }
+    .into()
+}
+
+#[test]
+fn every_file_output_writes_through_a_device_and_a_fifo_and_follows_a_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.txt");
+    std::fs::write(&trace, TWO_EVENTS).unwrap();
+    for (i, args) in FILE_OUTPUTS.iter().enumerate() {
+        // check reads its baseline before it writes it: only a link is a baseline to update.
+        let reads_it = args[0] == "check";
+        // A character device (a null device this test owns): written, never replaced.
+        let null = dir.path().join(format!("null{i}.txt"));
+        sh("mknod", &[null.to_str().unwrap(), "c", "1", "3"]);
+        if !reads_it {
+            let o = fragsim().args(with_paths(args, &trace, &null)).output().unwrap();
+            assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
+            assert_eq!(kind(&null), "char device", "{args:?}: {}", stderr(&o));
+        }
+
+        // A FIFO: its reader gets the whole output, and it stays a FIFO.
+        if !reads_it {
+            let fifo = dir.path().join(format!("fifo{i}.txt"));
+            sh("mkfifo", &[fifo.to_str().unwrap()]);
+            let reader = {
+                let fifo = fifo.clone();
+                std::thread::spawn(move || std::fs::read(fifo).unwrap())
+            };
+            let o = fragsim().args(with_paths(args, &trace, &fifo)).output().unwrap();
+            assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
+            let got = reader.join().unwrap();
+            assert_eq!(kind(&fifo), "fifo", "{args:?}: {}", stderr(&o));
+            assert!(!got.is_empty(), "{args:?}: the FIFO's reader got nothing");
+        }
+
+        // A link: its target gets the output, the link stays a link.
+        let target = dir.path().join(format!("target{i}.txt"));
+        let link = dir.path().join(format!("link{i}.txt"));
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let o = fragsim().args(with_paths(args, &trace, &link)).output().unwrap();
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
+        assert_eq!(kind(&link), "link", "{args:?}");
+        assert!(std::fs::metadata(&target).unwrap().len() > 0, "{args:?}: the target is empty");
+
+        // A block device is refused before any work; it stays what it was.
+        let block = dir.path().join(format!("block{i}.txt"));
+        sh("mknod", &[block.to_str().unwrap(), "b", "7", "250"]);
+        let o = fragsim().args(with_paths(args, &trace, &block)).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains("block device"), "{args:?}: {}", stderr(&o));
+        assert_eq!(kind(&block), "block device");
+    }
+    // Nothing but the outputs named: no temporary left beside them.
+    for e in std::fs::read_dir(dir.path()).unwrap() {
+        let name = e.unwrap().file_name().into_string().unwrap();
+        assert!(!name.contains("fragsim-tmp"), "{name}");
+    }
+}
+
+#[test]
+fn stdout_as_an_output_is_written_straight_through() {
+    let (_dir, trace) = temp_file("t.txt", TWO_EVENTS.as_bytes());
+    let t = trace.to_str().unwrap();
+    for out in ["-", "/dev/stdout"] {
+        let o = run(&["replay", t, "--export-snapshot", out, "--policy", "pytorch"]);
+        assert_eq!(o.status.code(), Some(0), "{out}: {}", stderr(&o));
+        assert_eq!(o.stdout.first(), Some(&0x80), "{out}: a pickle on stdout");
+        let o = run(&["sweep", t, "--out", out]);
+        assert_eq!(o.status.code(), Some(0), "{out}: {}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert!(v["results"].is_array(), "{out}");
+    }
+}
+
+#[test]
+fn an_output_that_is_an_input_is_refused_before_any_work() {
+    let a = real_trace("cs336-lm-step-c.pickle");
+    let b = real_trace("cs336-lm-step-b.pickle");
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("c.pickle");
+    std::fs::copy(&a, &copy).unwrap();
+    let hard = dir.path().join("hard.pickle");
+    std::fs::hard_link(&copy, &hard).unwrap();
+    let before = std::fs::read(&copy).unwrap();
+    let (c, h, d) = (copy.to_str().unwrap(), hard.to_str().unwrap(), dir.path().to_str().unwrap());
+    let b = b.to_str().unwrap();
+    let sub = dir.path().join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    let inner = sub.join("b.pickle");
+    std::fs::copy(b, &inner).unwrap();
+    let cases: [&[&str]; 7] = [
+        &["convert", c, c],
+        &["convert", c, h],
+        &["sweep", c, "--out", h],
+        &["blame", c, "--flamegraph", h],
+        &["diff", c, b, "--out", d],
+        &["diff", b, inner.to_str().unwrap(), "--out", d],
+        &["report", c, "--out", d],
+    ];
+    for args in cases {
+        let start = Instant::now();
+        let o = run(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        let e = stderr(&o);
+        assert!(e.contains("an input of this command"), "{args:?}: {e}");
+        assert!(start.elapsed() < Duration::from_secs(5), "{args:?}: refused only after work");
+    }
+    assert_eq!(std::fs::read(&copy).unwrap(), before, "the input is untouched");
+    let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert_eq!(names.len(), 3, "nothing written into the folder: {names:?}");
+}
+
+#[test]
+fn a_failed_command_leaves_its_old_output_as_it_was() {
+    let (dir, trace) = temp_file("t.txt", TWO_EVENTS.as_bytes());
+    let svg = dir.path().join("f.svg");
+    std::fs::write(&svg, "good").unwrap();
+    // Nothing is live after the free: no flame graph to draw, and the old one stays.
+    let o = fragsim()
+        .args(["blame", trace.to_str().unwrap(), "--at", "1", "--flamegraph"])
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains("t.txt") && e.contains("no live requested bytes"), "{e}");
+    assert!(!e.contains("No stack counts"), "{e}");
+    assert_eq!(std::fs::read(&svg).unwrap(), b"good");
+    // A folder output whose link dangles is made where the link points; a file is no folder.
+    let link = dir.path().join("report-link");
+    std::os::unix::fs::symlink(dir.path().join("made"), &link).unwrap();
+    let real = real_trace("cs336-lm-step-c.pickle");
+    let o = fragsim()
+        .args(["diff", real.to_str().unwrap(), "-p", "pytorch", "-p", "bfc", "--out"])
+        .arg(&link)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(kind(&link), "link");
+    assert!(dir.path().join("made/diff.html").is_file());
+    let o = fragsim()
+        .args(["diff", real.to_str().unwrap(), "-p", "pytorch", "-p", "bfc", "--out"])
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("a file, not a folder"), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("os error"), "{}", stderr(&o));
+}
+
+// ---- Issue 46: names from a trace are data ----
+
+/// Names no terminal, CSV row or XML document may get raw; `@@@` becomes an unpaired surrogate
+/// (Python's `surrogatepass` bytes) in the pickle.
+const HOSTILE: [&str; 9] = [
+    "\u{1b}[31mred\u{1b}[0m",
+    "bell\u{7}",
+    "back\u{8}space",
+    "carriage\rreturn",
+    "nul\0byte",
+    "new\nline",
+    "<script>alert(1)</script>",
+    "a & b \"q\" 'r'",
+    "surrogate@@@",
+];
+
+/// A snapshot whose allocations, live to the end, each come from a frame named by one of
+/// [`HOSTILE`] (file and function), `scale` times 4 KiB each.
+fn hostile_snapshot(scale: u64) -> Vec<u8> {
+    use fragsim::trace::{snapshot, Action, DeviceTrace, Event, Frame, Trace};
+    let base: u64 = 0x7f00_0000_0000;
+    let mut t = Trace { format: Format::PytorchSnapshot, ..Trace::default() };
+    let mut events = vec![Event::new(Action::SegmentAlloc, base, 64 << 20, 0, 0)];
+    for (i, name) in HOSTILE.iter().enumerate() {
+        let frames = t.frames.intern(vec![Frame {
+            filename: format!("/home/u/{name}.py"),
+            line: i as u32 + 1,
+            name: name.to_string(),
+        }]);
+        let addr = base + ((i as u64) << 20);
+        let size = scale * 4096 * (i as u64 + 1);
+        events.push(Event { frames, ..Event::new(Action::Alloc, addr, size, 0, 0) });
+    }
+    t.devices = vec![DeviceTrace { device: 0, events }];
+    let mut bytes = Vec::new();
+    snapshot::write(&t, &mut bytes).unwrap();
+    // "@@@" → ED A0 80, U+D800 as surrogatepass writes it: the same length, so the pickle's
+    // string lengths stay right.
+    let at = bytes.windows(3).position(|w| w == b"@@@").expect("the marker");
+    bytes[at..at + 3].copy_from_slice(&[0xed, 0xa0, 0x80]);
+    bytes
+}
+
+/// No byte a terminal would act on: control characters other than a line's end.
+fn assert_printable(what: &str, text: &str) {
+    let bad: Vec<char> = text.chars().filter(|c| c.is_control() && *c != '\n').collect();
+    assert!(bad.is_empty(), "{what}: raw control characters {bad:?} in:\n{text}");
+}
+
+fn assert_well_formed(path: &Path) {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let options = roxmltree::ParsingOptions { allow_dtd: true, ..Default::default() };
+    if let Err(e) = roxmltree::Document::parse_with_options(&text, options) {
+        panic!("{} is not well-formed XML: {e}", path.display());
+    }
+}
+
+/// Every `.svg` and `.html` in `dir`, parsed.
+fn assert_folder_well_formed(dir: &Path) -> usize {
+    let mut n = 0;
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "svg" || x == "html") {
+            assert_well_formed(&p);
+            n += 1;
+        }
+    }
+    n
+}
+
+#[test]
+fn hostile_names_are_escaped_in_tables_and_csv_and_every_svg_and_html_is_well_formed() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.pickle");
+    let b = dir.path().join("b.pickle");
+    std::fs::write(&a, hostile_snapshot(1)).unwrap();
+    std::fs::write(&b, hostile_snapshot(2)).unwrap();
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+
+    let svg = dir.path().join("flame.svg");
+    let o = fragsim()
+        .args(["blame", a, "--at", "peak-live", "--top", "0", "--flamegraph"])
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_printable("blame's table", &stdout(&o));
+    assert!(stdout(&o).contains("\\x1b[31mred"), "{}", stdout(&o));
+    assert_well_formed(&svg);
+    let flame = std::fs::read_to_string(&svg).unwrap();
+    assert!(flame.contains("&lt;script&gt;") && !flame.contains("<script>"), "{flame}");
+
+    for format in ["csv", "json"] {
+        for cmd in [&["blame", a, "--top", "0"][..], &["diff", a, b, "--top", "0"]] {
+            let mut args = cmd.to_vec();
+            args.extend(["--format", format]);
+            let o = run(&args);
+            assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
+            assert_printable(&format!("{args:?}"), &stdout(&o));
+        }
+    }
+    let o = run(&["blame", a, "--at", "peak-live", "--top", "0", "--format", "csv"]);
+    let (_, rows) = csv_table(&stdout(&o));
+    assert!(rows.iter().any(|r| r.iter().any(|c| c.contains("new\\nline"))), "{rows:?}");
+
+    let out = dir.path().join("diff");
+    let o = fragsim().args(["diff", a, b, "--top", "0", "--out"]).arg(&out).output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_printable("diff's table", &stdout(&o));
+    assert!(assert_folder_well_formed(&out) >= 3, "diff.html, overlay.svg, site-delta.svg");
+
+    let out = dir.path().join("report");
+    let o = fragsim().args(["report", a, "-p", "pytorch", "--out"]).arg(&out).output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(out.join("flame.svg").is_file() && out.join("sites.svg").is_file());
+    assert!(assert_folder_well_formed(&out) >= 5, "index.html and the charts' SVGs");
 }

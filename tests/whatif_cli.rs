@@ -38,7 +38,7 @@ fn fit_is_tight_for_the_default_policies() {
     }
     let table = stdout(&run(&["fit", t]));
     assert!(
-        table.contains("GiB (") && table.contains("GB)") && table.contains("16 GB "),
+        table.contains("GiB (") && table.contains("GB)") && table.contains("16 GiB "),
         "{table}"
     );
     assert!(table.contains('✓') || table.contains('✗'), "{table}");

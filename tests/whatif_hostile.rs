@@ -428,7 +428,7 @@ fn fit_offers_only_the_formats_it_prints() {
             |l: &&str| l.starts_with("bfc,\"") && (l.ends_with(",true") || l.ends_with(",false"));
         assert!(rows.iter().all(whole), "one quoted config, a verdict per row: {text}");
         assert!(
-            rows.iter().any(|l| l.contains(",16 GB,")) && rows.iter().any(|l| l.contains(",t4,"))
+            rows.iter().any(|l| l.contains(",16 GiB,")) && rows.iter().any(|l| l.contains(",t4,"))
         );
     }
     let o = run(&["fit", &t, "--format", "json", "--csv"]);
@@ -484,5 +484,112 @@ fn rejections_name_a_place() {
         let o = run(&["replay", path.to_str().unwrap()]);
         assert_eq!(o.status.code(), Some(2));
         assert!(stderr(&o).contains(want), "{}", stderr(&o));
+    }
+}
+
+// ---- Issue 46 ----
+
+#[test]
+fn own_json_inputs_stop_at_their_cap_while_reading_a_device() {
+    let dir = tempfile::tempdir().unwrap();
+    // Devices this test owns: a zero device (endless NULs) and a full device.
+    let zero = dir.path().join("zero");
+    let full = dir.path().join("full");
+    for (p, minor) in [(&zero, "5"), (&full, "7")] {
+        let st = std::process::Command::new("mknod")
+            .args([p.to_str().unwrap(), "c", "1", minor])
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+    let t = text_trace();
+    let (z, f) = (zero.to_str().unwrap(), full.to_str().unwrap());
+    let cases: [&[&str]; 4] = [
+        &["check", &t, "--baseline", z],
+        &["check", &t, "--baseline", f, "--update"],
+        &["merge", z],
+        &["merge", f],
+    ];
+    for args in cases {
+        let start = Instant::now();
+        let o = run(args);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {e}");
+        assert!(start.elapsed() < Duration::from_secs(10), "{args:?}: {:?}", start.elapsed());
+        assert!(
+            e.contains("byte 0") && e.contains("not a JSON file fragsim wrote"),
+            "{args:?}: {e}"
+        );
+    }
+}
+
+#[test]
+fn check_takes_a_replay_output_whose_recorded_row_has_no_value_for_a_metric() {
+    let trace = real_trace("cs336-lm-step-c.pickle");
+    let t = trace.to_str().unwrap();
+    let o = run(&["replay", t, "-p", "pytorch", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let recorded = v["results"].as_array().unwrap().iter().find(|r| r["policy"] == "recorded");
+    assert!(recorded.unwrap()["fragmentation_at_peak"].is_null(), "the case this covers");
+    let (_dir, baseline) = temp_file("replay.json", &o.stdout);
+    let o = run(&["check", t, "-p", "pytorch", "--baseline", baseline.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // A part for merge keeps its stricter rule: null is no number there.
+    let o = run(&["merge", baseline.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}
+
+#[test]
+fn diff_names_the_trace_that_lacks_the_device() {
+    let a = real_trace("cs336-lm-step-c.pickle");
+    let b = real_trace("cs336-lm-step-b.pickle");
+    let o = run(&["diff", a.to_str().unwrap(), b.to_str().unwrap(), "--device", "1"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains("cs336-lm-step-c.pickle") && e.contains("no device 1"), "{e}");
+}
+
+/// `v` without its timings (keys ending in `_seconds`), at any depth.
+fn without_seconds(mut v: Value) -> Value {
+    match &mut v {
+        Value::Object(m) => {
+            m.retain(|k, _| !k.ends_with("_seconds"));
+            for x in m.values_mut() {
+                *x = without_seconds(x.take());
+            }
+        }
+        Value::Array(a) => {
+            for x in a.iter_mut() {
+                *x = without_seconds(x.take());
+            }
+        }
+        _ => {}
+    }
+    v
+}
+
+#[test]
+fn blame_and_diff_take_json_and_csv_like_every_command_with_format() {
+    let a = real_trace("cs336-lm-step-c.pickle");
+    let b = real_trace("cs336-lm-step-b.pickle");
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    for cmd in [&["blame", a][..], &["diff", a, b]] {
+        let mut json = cmd.to_vec();
+        json.push("--json");
+        let o = run(&json);
+        assert_eq!(o.status.code(), Some(0), "{json:?}: {}", stderr(&o));
+        let by_flag: Value = serde_json::from_slice(&o.stdout).unwrap();
+        let mut long = cmd.to_vec();
+        long.extend(["--format", "json"]);
+        let by_format: Value = serde_json::from_slice(&run(&long).stdout).unwrap();
+        assert_eq!(without_seconds(by_flag), without_seconds(by_format), "{cmd:?}");
+        let mut csv = cmd.to_vec();
+        csv.push("--csv");
+        let o = run(&csv);
+        assert_eq!(o.status.code(), Some(0), "{csv:?}: {}", stderr(&o));
+        let mut long = cmd.to_vec();
+        long.extend(["--format", "csv"]);
+        assert_eq!(stdout(&o), stdout(&run(&long)), "{cmd:?}");
     }
 }

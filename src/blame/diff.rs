@@ -126,8 +126,16 @@ pub struct DiffReport {
 pub fn diff(a: &Side, b: &Side, options: &BlameOptions) -> Result<DiffReport> {
     let keys_a = Keys::new(a.input, options.by, options.depth).short();
     let keys_b = Keys::new(b.input, options.by, options.depth).short();
-    let (peaks_a, sites_a) = run(a, &keys_a, &options.replay)?;
-    let (peaks_b, sites_b) = run(b, &keys_b, &options.replay)?;
+    // An input problem found while replaying a side names that side's trace.
+    let named = |side: &Side| {
+        let path = std::path::PathBuf::from(&side.trace);
+        move |e: crate::error::Error| match e.kind() {
+            crate::error::ErrorKind::Input | crate::error::ErrorKind::Usage => e.in_file(&path),
+            _ => e,
+        }
+    };
+    let (peaks_a, sites_a) = run(a, &keys_a, &options.replay).map_err(named(a))?;
+    let (peaks_b, sites_b) = run(b, &keys_b, &options.replay).map_err(named(b))?;
     let delta = Delta {
         peak_reserved_bytes: signed(peaks_b.peak_reserved_bytes, peaks_a.peak_reserved_bytes),
         peak_allocated_bytes: signed(peaks_b.peak_allocated_bytes, peaks_a.peak_allocated_bytes),

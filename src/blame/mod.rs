@@ -547,13 +547,12 @@ pub fn breakdown(layout: &Layout, keys: &Keys, top: usize) -> Result<Attribution
     }
     let allocated = live + rounding;
     if allocated + holes != reserved {
-        return Err(Error::new(
-            crate::error::ErrorKind::Backend,
-            format!(
-                "attribution: live blocks of {allocated} B lie partly outside the {reserved} B the \
-                 policy holds ({holes} B of holes)"
-            ),
-        ));
+        // The recording contradicts itself (blocks it shows live outside the segments it
+        // shows): a problem of the input, not of a backend.
+        return Err(Error::input(format!(
+            "attribution: live blocks of {allocated} B lie partly outside the {reserved} B the \
+             policy holds ({holes} B of holes): the trace's blocks and segments disagree"
+        )));
     }
     let mut stacks: Vec<(FramesId, u64)> = stacks.into_iter().collect();
     stacks.sort_unstable_by_key(|&(f, b)| (std::cmp::Reverse(b), f.0));

@@ -1,6 +1,6 @@
 //! `fragsim blame`: at a moment of each policy's replay, reserved bytes by allocation site.
 
-use super::{OutputFormat, ReplaySource};
+use super::ReplaySource;
 use fragsim::blame::{
     self, keep_end, Attribution, BlameOptions, BlameReport, GroupBy, Moment, SiteRule,
 };
@@ -44,9 +44,8 @@ pub struct Args {
     #[arg(long, value_name = "OUT.svg")]
     flamegraph: Option<PathBuf>,
 
-    /// How to print the results.
-    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = OutputFormat::Table)]
-    format: OutputFormat,
+    #[command(flatten)]
+    format: super::FormatArgs,
 
     #[command(flatten)]
     control: super::progress::Control,
@@ -133,7 +132,12 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
                 first.policy,
                 path.display()
             );
-            blame::flame::write_svg(first, &trace, &title, out)?;
+            // Drawn whole before the file is touched: a graph that cannot be drawn leaves an
+            // existing file as it was.
+            let svg = blame::flame::svg_of(first, &trace, &title).map_err(&named)?;
+            fragsim::report::output::write_output(out, "--flamegraph", |w| {
+                w.write_all(svg.as_bytes()).map_err(|e| Error::writing("the flame graph", e))
+            })?;
             args.control.note(io, &format!("wrote the flame graph to {}", out.display()));
         }
     }
@@ -144,7 +148,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         site_rule: blame::site_rule(&input),
         results,
     };
-    super::print_as(&mut *io.out, args.format, &report, csv, table)?;
+    super::print_as(&mut *io.out, args.format.format(), &report, csv, table)?;
     Ok(0)
 }
 

@@ -76,9 +76,10 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     // With --update, the baseline is read too (when it exists): the run is written over it,
     // keeping the entries this run does not produce.
     let previous = if args.update && args.baseline.exists() {
-        let data = super::read_capped(io, &args.baseline, "baseline to update")?;
-        Some(Baseline::parse(&data, &args.baseline).map_err(|e| {
-            Error::new(
+        let read = super::read_capped(io, &args.baseline, "baseline to update")
+            .and_then(|data| Baseline::parse(&data, &args.baseline));
+        Some(read.map_err(|e| {
+            let err = Error::new(
                 e.kind(),
                 format!(
                     "{} (check --update keeps the baseline's other entries, so it must read the \
@@ -86,7 +87,11 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
                     e.message()
                 ),
             )
-            .in_file(&args.baseline)
+            .in_file(&args.baseline);
+            match e.location().place {
+                Some(p) => err.at(p),
+                None => err,
+            }
         })?)
     } else {
         None

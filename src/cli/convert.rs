@@ -25,8 +25,11 @@ pub struct Args {
 pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     // Check the output extension before a possibly long read.
     let format = Format::for_output(&args.output)?.info();
+    fragsim::report::output::refuse_input(&args.output, "OUT", &[&args.input])?;
     let t = super::read_trace(io, &args.input, format.keeps_frames)?;
-    trace::write_trace_cancellable(&t, &args.output, &io.cancel)?;
+    fragsim::report::output::write_output(&args.output, "OUT", |w| {
+        trace::write_trace_into(&t, &args.output, w, &io.cancel)
+    })?;
     for note in (format.losses)(&t) {
         io.note(&format!("note: {}: {note}", args.output.display()));
     }

@@ -1,14 +1,13 @@
 //! `fragsim diff`: two runs side by side, and what changed by allocation site.
 
 use super::blame::By;
-use super::OutputFormat;
 use fragsim::blame::diff::{self, DiffReport, Side};
 use fragsim::blame::{keep_end, BlameOptions, Moment};
 use fragsim::error::{Error, Result};
 use fragsim::policy::PolicySpec;
 use fragsim::replay::ReplayInput;
 use fragsim::units::format_bytes;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Two runs side by side: two traces, or one trace under two policies.
 ///
@@ -54,9 +53,8 @@ pub struct Args {
     #[arg(long, short = 'o', value_name = "DIR")]
     out: Option<PathBuf>,
 
-    /// How to print the results.
-    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = OutputFormat::Table)]
-    format: OutputFormat,
+    #[command(flatten)]
+    format: super::FormatArgs,
 
     #[command(flatten)]
     control: super::progress::Control,
@@ -90,6 +88,11 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     if args.depth == 0 {
         return Err(Error::usage("--depth 0: give at least 1 frame"));
     }
+    if let Some(dir) = &args.out {
+        let inputs: Vec<&Path> =
+            std::iter::once(args.a.as_path()).chain(args.b.as_deref()).collect();
+        fragsim::report::output::refuse_input_in_folder(dir, "--out", &inputs)?;
+    }
     let trace_a = args.control.read_trace_with_frames(io, &args.a, true)?;
     let loaded_b = match &args.b {
         Some(b) => Some(args.control.read_trace_with_frames(io, b, true)?),
@@ -99,10 +102,11 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         (Some(p), Some(t)) => (p, t),
         _ => (&args.a, &trace_a),
     };
-    let input_a =
-        ReplayInput::new(&trace_a, args.device).map_err(super::in_trace(&args.a, &trace_a))?;
-    let input_b =
-        ReplayInput::new(trace_b, args.device).map_err(super::in_trace(path_b, trace_b))?;
+    // A device a trace lacks, or settings it records that cannot be read, name that trace.
+    let input_a = ReplayInput::new(&trace_a, args.device)
+        .map_err(|e| super::in_trace(&args.a, &trace_a)(e).in_file(&args.a))?;
+    let input_b = ReplayInput::new(trace_b, args.device)
+        .map_err(|e| super::in_trace(path_b, trace_b)(e).in_file(path_b))?;
     let options = BlameOptions {
         at: Moment::PeakLive,
         by: args.by.group(),
@@ -118,7 +122,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         fragsim::report::overlay::write_dir(&data, dir)?;
         args.control.note(io, &format!("wrote the charts to {}", dir.join("diff.html").display()));
     }
-    super::print_as(&mut *io.out, args.format, &report, csv, table)?;
+    super::print_as(&mut *io.out, args.format.format(), &report, csv, table)?;
     Ok(0)
 }
 

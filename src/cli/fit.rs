@@ -17,7 +17,7 @@ pub const DEFAULT_POLICIES: &[&str] = &["pytorch", "pytorch-expandable", "bound"
 /// Find the smallest GPU a run fits on: per policy, the least device memory with no OOM.
 ///
 /// Bisects `--capacity` per policy (to 2 MiB, then to the byte) and shows which common cards
-/// (16 to 192 GB, taken as GiB as the boards have) hold it with `--outside` memory used outside
+/// (16 to 192 GiB, the memory of boards sold as "16 GB" to "192 GB") hold it with `--outside` memory used outside
 /// the allocator. Default policies: pytorch (the recorded settings), pytorch-expandable, bound.
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -235,7 +235,8 @@ fn table(report: &FitReport) -> String {
     } else {
         let _ = writeln!(
             s,
-            "cards: {} outside the allocator (--outside) is added; \"N GB\" boards hold N GiB",
+            "cards: {} outside the allocator (--outside) is added; sizes are GiB, the memory on \
+             a board sold as \"N GB\" (--capacity reads each label as the same bytes)",
             format_bytes(report.outside_bytes)
         );
     }

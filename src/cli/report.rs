@@ -38,6 +38,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         PolicySpec::parse_list(name)?;
     }
     let progress = args.control.show_progress(io);
+    fragsim::report::output::refuse_input_in_folder(&args.out, "--out", &[&args.source.trace])?;
     // Frames name the allocation sites of the "where the memory went" chart.
     let trace = args.control.read_trace_with_frames(io, &args.source.trace, true)?;
     let device = args.source.device.or_else(|| trace.default_device());

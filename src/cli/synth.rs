@@ -93,8 +93,11 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         cancel: io.cancel.clone(),
     };
     config.validate()?;
+    fragsim::report::output::refuse_input(&args.out, "OUT", &[])?;
     let (trace, summary) = synth::generate(&config)?;
-    fragsim::trace::write_trace_cancellable(&trace, &args.out, &io.cancel)?;
+    fragsim::report::output::write_output(&args.out, "OUT", |w| {
+        fragsim::trace::write_trace_into(&trace, &args.out, w, &io.cancel)
+    })?;
     writeln!(
         io.out,
         "wrote {} events ({} allocs; {} parameters; peak live {}; {} live at end) to {}",

@@ -13,6 +13,7 @@ use crate::progress::Bar;
 use crate::replay::{run_specs, ReplayInput, ReplayOptions, ReplayOutput, RunSettings};
 use crate::trace::summary::{DeviceSummary, SizeBucket};
 use crate::trace::{DeviceTrace, Segment, Trace};
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 /// How many points each policy's plotted series keeps at most. Series are down-sampled to this
@@ -509,9 +510,13 @@ pub fn write_dir(data: &ReportData, dir: &Path, progress: bool) -> Result<Vec<Pa
         &|| plot::write_sites(data, stage),
         &|| match &data.flame {
             Some((title, lines)) => {
-                let path = stage.join("flame.svg");
-                crate::blame::flame::write_lines(lines, title, &path)?;
-                Ok(vec![path])
+                // Nothing live at the peak: no flame graph, the rest of the report stands.
+                let Ok(svg) = crate::blame::flame::svg(lines, title) else {
+                    return Ok(Vec::new());
+                };
+                write_file(stage, "flame.svg", |w| {
+                    w.write_all(svg.as_bytes()).map_err(|e| Error::writing("the flame graph", e))
+                })
             }
             None => Ok(Vec::new()),
         },

@@ -9,8 +9,10 @@ use crate::units::format_bytes;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-/// Escapes text for HTML content and attribute values.
+/// Escapes text for HTML content and attribute values, control characters written out
+/// ([`crate::trace::sites::printable`]), so the page is well-formed XML whatever a trace names.
 pub fn escape(s: &str) -> String {
+    let s = crate::trace::sites::printable(s);
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
@@ -94,8 +96,8 @@ pub fn write_index(
     let have = |name: &str| files.iter().any(|f| f == &dir.join(name));
     let t = &data.trace;
     let mut h = String::new();
-    h += "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n";
-    h += "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n";
+    h += "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\"/>\n";
+    h += "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"/>\n";
     h += &format!("<title>fragsim report: {}</title>\n", escape(&t.file_name()));
     h += &format!("<style>{STYLE}</style>\n</head>\n<body>\n");
     h += &format!("<h1>fragsim report: {}</h1>\n", escape(&t.file_name()));
@@ -147,7 +149,7 @@ pub fn write_index(
             continue;
         }
         h += &format!("<h2>{}</h2>\n<figure>\n", escape(title));
-        h += &format!("<a href=\"{svg}\"><img src=\"{png}\" alt=\"{}\"></a>\n", escape(title));
+        h += &format!("<a href=\"{svg}\"><img src=\"{png}\" alt=\"{}\"/></a>\n", escape(title));
         let mut caption = what.to_string();
         if stem == "segments" {
             if let Some(note) = &data.segment_map.note {

@@ -1,18 +1,154 @@
-//! Output files that appear whole or not at all, and never over one of the command's inputs.
+//! Where fragsim writes: one rule for every output a command names (`--out`,
+//! `--export-snapshot`, `--flamegraph`, `report --out`, `diff --out`, `check --update`,
+//! `convert`, `synth`). See docs/interface.md, "Outputs".
 //!
-//! A command killed while it writes (Ctrl-C, a scheduler's time limit, a full disk) must not
-//! leave a half-written baseline, sweep part or snapshot where the old one was: a later `check` or
-//! `merge` would read the torn file, or a user would trust a report folder that mixes two runs.
-//! [`write_whole`] writes into a temporary file in the target's own folder (so the final rename
-//! stays on one file system and is atomic) and renames it over the target only once every byte is
-//! written; until then the old file, if any, is untouched.
+//! - A **regular file** (or a path where nothing stands yet) is written whole or not at all: a
+//!   temporary file in the same folder is filled and renamed over the target only once every
+//!   byte is written ([`write_whole`]). A command killed on the way, or one that fails, leaves
+//!   the old file as it was.
+//! - A **folder** (`report --out`, `diff --out`) gets its files built in a staging folder inside
+//!   it, then renamed in one by one with the page that links them last ([`Staging`]).
+//! - A **character device, FIFO or socket** (`/dev/null`, a named pipe), and **stdout** (`-`,
+//!   `/dev/stdout`), are written straight through: fragsim never replaces them with a file.
+//! - A **symbolic link** is followed: its target is written by the rules above and the link
+//!   stays a link (a dangling link's target is created).
+//! - A **block device** is refused.
 //!
-//! [`refuse_input`] stops a command from writing over a file it reads (`sweep T --out T`,
-//! `check T --baseline T --update`): the same path or the same file under another name.
+//! [`refuse_input`] and [`refuse_input_in_folder`] stop a command before any work from writing
+//! over a file it reads (`convert T T`, `sweep T --out T`, `diff A B --out DIR` with A in DIR):
+//! the same path, or the same file (device and inode) under another name.
 
 use crate::error::{Error, ErrorKind, Result};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+
+/// Where an output path leads once its symbolic links are followed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// `-` or `/dev/stdout`: the process's standard output, written straight through.
+    Stdout,
+    /// A character device, FIFO or socket, or an open descriptor's path (`/dev/stderr`,
+    /// `/dev/fd/N`): opened for writing, never created, truncated or replaced.
+    Stream(PathBuf),
+    /// A regular file, or nothing yet: staged beside it and renamed over it.
+    File(PathBuf),
+    /// A folder that exists, or nothing yet where a folder is wanted.
+    Folder(PathBuf),
+}
+
+/// The most symbolic links followed from one output path (Linux's own limit).
+const MAX_LINKS: usize = 40;
+
+/// Whether `path` names an open descriptor rather than a file (`/dev/fd/1`, `/proc/self/fd/3`):
+/// such a path is a "magic" link that cannot be followed by reading it.
+fn is_descriptor(path: &Path) -> bool {
+    let s = path.to_string_lossy();
+    s == "/dev/stderr"
+        || s == "/dev/stdin"
+        || s.starts_with("/dev/fd/")
+        || (s.starts_with("/proc/") && s.contains("/fd/"))
+}
+
+/// `path` with every symbolic link at its end followed: the file that writing it changes.
+fn follow_links(path: &Path) -> Result<PathBuf> {
+    let mut at = path.to_path_buf();
+    for _ in 0..MAX_LINKS {
+        if is_descriptor(&at) {
+            return Ok(at);
+        }
+        match std::fs::symlink_metadata(&at) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let to = std::fs::read_link(&at).map_err(|e| failed(path, "follow the link", e))?;
+                at = if to.is_absolute() { to } else { folder(&at).join(to) };
+            }
+            _ => return Ok(at),
+        }
+    }
+    Err(Error::usage(format!(
+        "'{}': more than {MAX_LINKS} symbolic links in a row (a loop?); give the file to write",
+        path.display()
+    )))
+}
+
+/// An I/O failure on an output, worded by fragsim: `cannot {doing} '{path}': {reason}`.
+fn failed(path: &Path, doing: &str, e: std::io::Error) -> Error {
+    use std::io::ErrorKind as K;
+    let reason = match e.kind() {
+        K::NotFound => "its folder does not exist".to_string(),
+        K::PermissionDenied => "permission denied".to_string(),
+        K::AlreadyExists => "something else already stands there".to_string(),
+        K::StorageFull => "no space left on the device".to_string(),
+        K::ReadOnlyFilesystem => "the file system is read-only".to_string(),
+        K::NotADirectory => "a part of the path is a file, not a folder".to_string(),
+        _ => {
+            // The OS's words without Rust's "(os error N)" suffix.
+            let text = e.to_string();
+            match text.find(" (os error") {
+                Some(i) => text[..i].to_string(),
+                None => text,
+            }
+        }
+    };
+    Error::io_worded(format!("cannot {doing} '{}': {reason}", path.display()), e)
+}
+
+/// Where writing the file `path` (given with `flag`) leads: see [`Target`]. A folder or a block
+/// device is refused.
+pub fn file_target(path: &Path, flag: &str) -> Result<Target> {
+    if path == Path::new("-") || path == Path::new("/dev/stdout") {
+        return Ok(Target::Stdout);
+    }
+    let at = follow_links(path)?;
+    if is_descriptor(&at) {
+        return Ok(Target::Stream(at));
+    }
+    match std::fs::metadata(&at) {
+        Err(_) => Ok(Target::File(at)),
+        Ok(m) if m.is_dir() => Err(Error::usage(format!(
+            "{flag} {}: that is a folder; give the path of a file to write",
+            path.display()
+        ))),
+        Ok(m) if m.is_file() => Ok(Target::File(at)),
+        Ok(m) if is_block_device(&m) => Err(Error::usage(format!(
+            "{flag} {}: that is a block device; fragsim writes files, character devices and FIFOs",
+            path.display()
+        ))),
+        Ok(_) => Ok(Target::Stream(at)),
+    }
+}
+
+/// Where writing the folder `path` (given with `flag`) leads: an existing folder or a path
+/// where nothing stands (through links). Stdout, a file or a device is refused.
+pub fn folder_target(path: &Path, flag: &str) -> Result<Target> {
+    let not_folder = |what: &str| {
+        Error::usage(format!(
+            "{flag} {}: that is {what}, not a folder: {flag} names the folder the files are written into",
+            path.display()
+        ))
+    };
+    if path == Path::new("-") || path == Path::new("/dev/stdout") {
+        return Err(not_folder("stdout"));
+    }
+    let at = follow_links(path)?;
+    match std::fs::metadata(&at) {
+        Err(_) if is_descriptor(&at) => Err(not_folder("a descriptor")),
+        Err(_) => Ok(Target::Folder(at)),
+        Ok(m) if m.is_dir() => Ok(Target::Folder(at)),
+        Ok(m) if m.is_file() => Err(not_folder("a file")),
+        Ok(_) => Err(not_folder("a device or FIFO")),
+    }
+}
+
+#[cfg(unix)]
+fn is_block_device(m: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    m.file_type().is_block_device()
+}
+
+#[cfg(not(unix))]
+fn is_block_device(_m: &std::fs::Metadata) -> bool {
+    false
+}
 
 /// The folder a file at `path` lives in (`.` for a bare name).
 fn folder(path: &Path) -> &Path {
@@ -22,42 +158,71 @@ fn folder(path: &Path) -> &Path {
     }
 }
 
-/// Writes `path` whole: `write` fills a temporary file in the same folder, which then replaces
-/// `path` in one rename. On any error (from `write` or the file system) the temporary is removed
-/// and `path` keeps what it held. A new file gets the usual `rw-r--r--` permissions; a replaced
-/// one keeps its own.
+/// Writes the output `path` by the rule of [`Target`]: `write` fills a temporary file that then
+/// replaces a regular file in one rename (on any error the temporary is removed and `path`
+/// keeps what it held; a new file gets `rw-r--r--`, a replaced one keeps its permissions), or
+/// it writes straight into stdout, a character device or a FIFO. Errors name `path` as given.
 pub fn write_whole(path: &Path, write: impl FnOnce(&mut dyn Write) -> Result<()>) -> Result<()> {
-    let name = path.file_name().ok_or_else(|| {
+    write_output(path, "the output", write)
+}
+
+/// [`write_whole`], naming the output by its `flag` in a refusal (`--out`, `--flamegraph`).
+pub fn write_output(
+    path: &Path,
+    flag: &str,
+    write: impl FnOnce(&mut dyn Write) -> Result<()>,
+) -> Result<()> {
+    match file_target(path, flag)? {
+        Target::Stdout => {
+            let stdout = std::io::stdout();
+            let mut w = std::io::BufWriter::new(stdout.lock());
+            write(&mut w)?;
+            w.flush().map_err(|e| Error::writing("to stdout", e))
+        }
+        Target::Stream(at) => {
+            // No create, no truncate: a device or FIFO is written as it stands.
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&at)
+                .map_err(|e| failed(path, "open for writing", e))?;
+            let mut w = std::io::BufWriter::new(file);
+            write(&mut w).map_err(|e| e.in_file(path))?;
+            w.flush().map_err(|e| failed(path, "write", e))
+        }
+        Target::File(at) | Target::Folder(at) => stage_file(path, &at, write),
+    }
+}
+
+/// Fills a temporary file beside `at` and renames it over `at`; errors name `path`.
+fn stage_file(
+    path: &Path,
+    at: &Path,
+    write: impl FnOnce(&mut dyn Write) -> Result<()>,
+) -> Result<()> {
+    let name = at.file_name().ok_or_else(|| {
         Error::usage(format!("'{}' names a folder, not a file to write", path.display()))
     })?;
-    if path.is_dir() {
-        return Err(Error::usage(format!(
-            "'{}' is a folder: give the path of a file to write",
-            path.display()
-        )));
-    }
-    let io = |e: std::io::Error| Error::io(path, e);
     let mut prefix = std::ffi::OsString::from(".");
     prefix.push(name);
     prefix.push(".");
     let temp = tempfile::Builder::new()
         .prefix(&prefix)
         .suffix(".fragsim-tmp")
-        .tempfile_in(folder(path))
-        .map_err(io)?;
+        .tempfile_in(folder(at))
+        .map_err(|e| failed(path, "write", e))?;
     {
         let mut w = std::io::BufWriter::new(temp.as_file());
         write(&mut w).map_err(|e| e.in_file(path))?;
-        w.flush().map_err(io)?;
+        w.flush().map_err(|e| failed(path, "write", e))?;
     }
-    let permissions = match std::fs::metadata(path) {
+    let permissions = match std::fs::metadata(at) {
         Ok(m) => Some(m.permissions()),
         Err(_) => default_permissions(),
     };
     if let Some(p) = permissions {
-        temp.as_file().set_permissions(p).map_err(io)?;
+        temp.as_file().set_permissions(p).map_err(|e| failed(path, "write", e))?;
     }
-    temp.persist(path).map_err(|e| io(e.error))?;
+    temp.persist(at).map_err(|e| failed(path, "replace", e.error))?;
     Ok(())
 }
 
@@ -86,23 +251,24 @@ pub struct Staging {
 }
 
 impl Staging {
-    /// A hidden staging folder inside `target` (created if missing), removed when dropped.
+    /// A hidden staging folder inside `target` (created if missing; a link is followed, a
+    /// dangling one makes its target), removed when dropped. `target` must be a folder or
+    /// nothing yet (see [`folder_target`]).
     pub fn new(target: &Path) -> Result<Staging> {
-        if target.exists() && !target.is_dir() {
-            return Err(Error::new(
-                ErrorKind::Usage,
-                format!(
-                    "'{}' is a file, not a folder: --out names the folder the report is written into",
-                    target.display()
-                ),
-            ));
-        }
-        std::fs::create_dir_all(target).map_err(|e| Error::io(target, e))?;
+        Staging::for_flag(target, "--out")
+    }
+
+    /// [`Staging::new`], naming the output by its `flag` in a refusal.
+    pub fn for_flag(target: &Path, flag: &str) -> Result<Staging> {
+        let Target::Folder(at) = folder_target(target, flag)? else {
+            return Err(Error::usage(format!("{flag} {}: not a folder", target.display())));
+        };
+        std::fs::create_dir_all(&at).map_err(|e| failed(target, "create the folder", e))?;
         let dir = tempfile::Builder::new()
             .prefix(".fragsim-staging-")
-            .tempdir_in(target)
-            .map_err(|e| Error::io(target, e))?;
-        Ok(Staging { dir, target: target.to_path_buf() })
+            .tempdir_in(&at)
+            .map_err(|e| failed(target, "write into the folder", e))?;
+        Ok(Staging { dir, target: at })
     }
 
     /// Where the files are built.
@@ -123,7 +289,7 @@ impl Staging {
                 Error::new(ErrorKind::Io, format!("'{}' names no file", f.display()))
             })?;
             let to = self.target.join(name);
-            std::fs::rename(f, &to).map_err(|e| Error::io(&to, e))?;
+            std::fs::rename(f, &to).map_err(|e| failed(&to, "replace", e))?;
             out.push(to);
         }
         Ok(out)
@@ -159,9 +325,19 @@ pub fn identity(_m: &std::fs::Metadata) -> Option<(u64, u64)> {
 }
 
 /// Refuses to write `output` (given with `flag`) when it is one of `inputs`: fragsim never
-/// writes over a file the same command reads.
+/// writes over a file the same command reads. Stdout (`-`) is no input's file.
+/// A folder or a block device as `output` is refused here too, before any work.
 pub fn refuse_input(output: &Path, flag: &str, inputs: &[&Path]) -> Result<()> {
-    match inputs.iter().find(|i| same_file(output, i)) {
+    file_target(output, flag)?;
+    refuse_same(output, flag, inputs)
+}
+
+/// [`refuse_input`] without the check of what `output` is.
+fn refuse_same(output: &Path, flag: &str, inputs: &[&Path]) -> Result<()> {
+    if output == Path::new("-") {
+        return Ok(());
+    }
+    match inputs.iter().find(|i| **i != Path::new("-") && same_file(output, i)) {
         Some(input) => Err(Error::usage(format!(
             "{flag} {}: that file is an input of this command ({}); write the output elsewhere",
             output.display(),
@@ -169,6 +345,28 @@ pub fn refuse_input(output: &Path, flag: &str, inputs: &[&Path]) -> Result<()> {
         ))),
         None => Ok(()),
     }
+}
+
+/// Refuses to write the folder `output` (given with `flag`) when it holds one of `inputs`, at
+/// any depth, or is one: the files a command writes into a folder must not replace what it reads.
+/// An `output` that is no folder (stdout, a file, a device) is refused here too, before any work.
+pub fn refuse_input_in_folder(output: &Path, flag: &str, inputs: &[&Path]) -> Result<()> {
+    refuse_same(output, flag, inputs)?;
+    folder_target(output, flag)?;
+    let Ok(dir) = std::fs::canonicalize(output) else {
+        return Ok(()); // nothing there yet: it holds no input
+    };
+    for input in inputs.iter().filter(|i| **i != Path::new("-")) {
+        if std::fs::canonicalize(input).is_ok_and(|i| i.starts_with(&dir)) {
+            return Err(Error::usage(format!(
+                "{flag} {}: that folder holds {}, an input of this command; write the output \
+                 elsewhere",
+                output.display(),
+                input.display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -209,6 +407,32 @@ mod tests {
         let e = refuse_input(&again, "--out", &[Path::new("b"), &a]).unwrap_err().to_string();
         assert!(e.contains("--out") && e.contains("an input"), "{e}");
         assert!(refuse_input(&dir.path().join("new"), "--out", &[&a]).is_ok());
+        let e = refuse_input_in_folder(dir.path(), "--out", &[&a]).unwrap_err().to_string();
+        assert!(e.contains("that folder holds"), "{e}");
+        assert!(refuse_input_in_folder(&dir.path().join("new"), "--out", &[&a]).is_ok());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_link_is_followed_and_stays_a_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target.json");
+        let link = dir.path().join("link.json");
+        std::fs::write(&target, "old").unwrap();
+        std::os::unix::fs::symlink("target.json", &link).unwrap();
+        write_bytes(&link, b"new").unwrap();
+        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+        assert_eq!(std::fs::read(&target).unwrap(), b"new");
+        // A dangling link makes its target; a loop is refused.
+        let dangling = dir.path().join("dangling.json");
+        std::os::unix::fs::symlink("made.json", &dangling).unwrap();
+        write_bytes(&dangling, b"made").unwrap();
+        assert_eq!(std::fs::read(dir.path().join("made.json")).unwrap(), b"made");
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::os::unix::fs::symlink("b", &a).unwrap();
+        std::os::unix::fs::symlink("a", &b).unwrap();
+        let e = write_bytes(&a, b"x").unwrap_err().to_string();
+        assert!(e.contains("symbolic links in a row"), "{e}");
     }
 
     #[test]
@@ -229,6 +453,6 @@ mod tests {
         let left: Vec<_> = std::fs::read_dir(&target).unwrap().map(|e| e.unwrap()).collect();
         assert_eq!(left.len(), 2, "the staging folder is gone: {left:?}");
         let e = Staging::new(&target.join("a.png")).unwrap_err().to_string();
-        assert!(e.contains("is a file, not a folder"), "{e}");
+        assert!(e.contains("a file, not a folder"), "{e}");
     }
 }

@@ -216,10 +216,28 @@ pub struct SiteDelta<'a> {
 
 const DELTA_ROW: i32 = 28;
 const NAME_CHARS: usize = 64;
+/// The most sites the site-delta chart draws (the largest changes; `diff.json` has them all):
+/// the bitmap grows with every row, and `--top 0` on a trace of 200,000 sites would need
+/// gigabytes.
+pub const MAX_DELTA_ROWS: usize = 100;
+
+impl SiteDelta<'_> {
+    /// The sites drawn: the first [`MAX_DELTA_ROWS`] (the report lists the largest changes first).
+    fn drawn(&self) -> &[crate::blame::diff::SiteDelta] {
+        let s = &self.report.sites;
+        &s[..s.len().min(MAX_DELTA_ROWS)]
+    }
+
+    /// How many sites are not drawn.
+    fn left_out(&self) -> usize {
+        self.report.sites.len() - self.drawn().len()
+    }
+}
 
 impl Chart for SiteDelta<'_> {
     fn size(&self) -> (u32, u32) {
-        (1400, (150 + DELTA_ROW * self.report.sites.len().max(1) as i32) as u32)
+        let rows = self.drawn().len().max(1) + usize::from(self.left_out() > 0);
+        (1400, (150 + DELTA_ROW * rows as i32) as u32)
     }
 
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> ChartResult {
@@ -236,24 +254,25 @@ impl Chart for SiteDelta<'_> {
             anchored(text(SMALL), HPos::Center, VPos::Top),
         ))
         .or_draw_error()?;
-        if r.sites.is_empty() {
+        let sites = self.drawn();
+        if sites.is_empty() {
             return Ok(());
         }
-        let names: Vec<String> = r.sites.iter().map(|s| keep_end(&s.site, NAME_CHARS)).collect();
+        let names: Vec<String> = sites.iter().map(|s| keep_end(&s.site, NAME_CHARS)).collect();
         let name_w =
             names.iter().map(|n| text_width(n, SMALL)).max().unwrap_or(100).clamp(100, 620) + 20;
-        let max = r.sites.iter().map(|s| s.delta_bytes.unsigned_abs()).max().unwrap_or(1).max(1);
+        let max = sites.iter().map(|s| s.delta_bytes.unsigned_abs()).max().unwrap_or(1).max(1);
         let (x0, x1) = (16 + name_w + 110, w as i32 - 130);
         let zero = (x0 + x1) / 2;
         let half = (x1 - x0) / 2;
         let px = |d: i64| zero + (half as f64 * d as f64 / max as f64).round() as i32;
         let mut y = 90;
         root.draw(&PathElement::new(
-            vec![(zero, y - 6), (zero, y + DELTA_ROW * r.sites.len() as i32 + 6)],
+            vec![(zero, y - 6), (zero, y + DELTA_ROW * sites.len() as i32 + 6)],
             INK.stroke_width(1),
         ))
         .or_draw_error()?;
-        for (s, name) in r.sites.iter().zip(names) {
+        for (s, name) in sites.iter().zip(names) {
             let (top, bottom) = (y + 5, y + DELTA_ROW - 5);
             let end = px(s.delta_bytes);
             let color = if s.delta_bytes >= 0 { ROUNDING } else { REQUESTED };
@@ -285,6 +304,17 @@ impl Chart for SiteDelta<'_> {
             .or_draw_error()?;
             y += DELTA_ROW;
         }
+        if self.left_out() > 0 {
+            root.draw(&Text::new(
+                format!(
+                    "… and {} more sites with smaller changes (diff.json lists every site)",
+                    self.left_out()
+                ),
+                (16, y + DELTA_ROW / 2),
+                anchored(text(SMALL), HPos::Left, VPos::Center),
+            ))
+            .or_draw_error()?;
+        }
         Ok(())
     }
 }
@@ -299,9 +329,17 @@ fn signed(d: i64) -> String {
     format!("{sign}{}", format_bytes(d.unsigned_abs()))
 }
 
-/// Writes the overlay directory (see the module docs) and returns the files written.
-pub fn write_dir(data: &OverlayData, dir: &Path) -> Result<Vec<PathBuf>> {
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+/// Writes the overlay directory (see the module docs) and returns the files written. Every file
+/// is built in a staging folder inside `out` and renamed into place with `diff.html` last
+/// ([`super::output::Staging`]): a failed or killed run leaves the old files as they were.
+pub fn write_dir(data: &OverlayData, out: &Path) -> Result<Vec<PathBuf>> {
+    let staging = super::output::Staging::for_flag(out, "--out")?;
+    let files = write_files(data, staging.path())?;
+    staging.commit(&files, "diff.html")
+}
+
+/// Writes the overlay's files into `dir`.
+fn write_files(data: &OverlayData, dir: &Path) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     let aligned = Overlay {
         lines: &data.aligned,
@@ -334,7 +372,7 @@ pub fn write_dir(data: &OverlayData, dir: &Path) -> Result<Vec<PathBuf>> {
 fn page(data: &OverlayData) -> String {
     let r = &data.report;
     let mut h =
-        String::from("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n");
+        String::from("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\"/>\n");
     h += "<title>fragsim diff</title>\n<style>body{font-family:system-ui,sans-serif;max-width:1280px;\
           margin:2em auto;padding:0 1em;color:#222}img{max-width:100%;border:1px solid #e4e4e4}\
           td,th{padding:.3em .7em;border-bottom:1px solid #e4e4e4}td.n{text-align:right}\
@@ -359,7 +397,7 @@ fn page(data: &OverlayData) -> String {
     );
     let mut figure = |stem: &str, title: &str| {
         h += &format!(
-            "<h2>{title}</h2>\n<figure><a href=\"{stem}.svg\"><img src=\"{stem}.png\" alt=\"{title}\"></a>\
+            "<h2>{title}</h2>\n<figure><a href=\"{stem}.svg\"><img src=\"{stem}.png\" alt=\"{title}\"/></a>\
              <figcaption><a href=\"{stem}.svg\">SVG</a> · <a href=\"{stem}.png\">PNG</a></figcaption></figure>\n"
         );
     };
@@ -396,6 +434,30 @@ mod tests {
 
     fn run(xs: &[f64]) -> Lines {
         Lines { label: "run".into(), points: xs.iter().map(|&x| (x, 1, 1)).collect() }
+    }
+
+    #[test]
+    fn the_site_delta_chart_draws_a_bounded_number_of_sites() {
+        let sites: Vec<serde_json::Value> = (0..200_000)
+            .map(|i| {
+                serde_json::json!({"site": format!("m.py:{i}:f"), "a_bytes": 0, "b_bytes": 512,
+                    "delta_bytes": 512, "only_in": "b"})
+            })
+            .collect();
+        let run = serde_json::json!({"trace": "t", "policy": "pytorch", "config": "",
+            "peak_reserved_bytes": 0, "peak_allocated_bytes": 0, "peak_live_bytes": 0,
+            "peak_event": 0, "peak_live_event": 0});
+        let report: DiffReport = serde_json::from_value(serde_json::json!({
+            "a": run, "b": run, "by": "site", "sites": sites, "alignment": "site-rank",
+            "matched_count": 0, "matched": [],
+            "delta": {"peak_reserved_bytes": 0, "peak_allocated_bytes": 0, "peak_live_bytes": 0},
+        }))
+        .unwrap();
+        let chart = SiteDelta { report: &report };
+        assert_eq!(chart.drawn().len(), MAX_DELTA_ROWS);
+        assert_eq!(chart.left_out(), 200_000 - MAX_DELTA_ROWS);
+        let (w, h) = chart.size();
+        assert!(u64::from(w) * u64::from(h) * 3 < 64 << 20, "{w}×{h}");
     }
 
     #[test]

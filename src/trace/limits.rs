@@ -44,6 +44,32 @@ pub const EVENTS_PER_DEVICE: usize = 1 << 32;
 /// `FRAGSIM_MAX_INPUT_SIZE` or `--max-input-size` changes it.
 pub const DEFAULT_MAX_INPUT_BYTES: u64 = 8 << 30;
 
+/// The most bytes of a frame's file name or function name that a reader keeps: a longer one is
+/// cut at a character boundary and marked (`…[N bytes]`), so one long string that a pickle's
+/// memo shares among many frames costs this much per frame, not its full length. No path is this
+/// long (PATH_MAX is 4096), nor any function name a real trace records.
+pub const FRAME_STRING_BYTES: usize = 8 << 10;
+
+/// `bytes` (a frame's file or function name) as kept: UTF-8 (invalid sequences replaced), at most
+/// [`FRAME_STRING_BYTES`] of it, with a mark giving the full length when cut.
+pub fn frame_string(bytes: &[u8]) -> String {
+    if bytes.len() <= FRAME_STRING_BYTES {
+        return String::from_utf8_lossy(bytes).into_owned();
+    }
+    let head = String::from_utf8_lossy(&bytes[..FRAME_STRING_BYTES]);
+    let head = head.trim_end_matches('\u{fffd}');
+    format!("{head}…[{} bytes]", bytes.len())
+}
+
+/// The bytes [`frame_string`] keeps of a string of `len` bytes, about.
+pub fn frame_string_len(len: usize) -> usize {
+    if len <= FRAME_STRING_BYTES {
+        len
+    } else {
+        FRAME_STRING_BYTES + 24
+    }
+}
+
 /// One row of the table of limits, as `docs/interface.md` shows it.
 #[derive(Clone, Copy, Debug)]
 pub struct Limit {
@@ -178,6 +204,19 @@ pub fn check_trace(trace: &Trace) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_frame_string_is_cut_and_marked() {
+        assert_eq!(frame_string(b"model.py"), "model.py");
+        let long = vec![b'x'; FRAME_STRING_BYTES * 3];
+        let kept = frame_string(&long);
+        assert!(
+            kept.ends_with(&format!("…[{} bytes]", long.len())),
+            "{}",
+            &kept[kept.len() - 30..]
+        );
+        assert!(kept.len() <= frame_string_len(long.len()));
+    }
     use crate::trace::{Action, DeviceTrace};
 
     #[test]

@@ -633,6 +633,33 @@ pub fn write_trace_cancellable(trace: &Trace, path: &Path, cancel: &Cancel) -> R
     })
 }
 
+/// Writes `trace` into `out` in the format `path`'s extension names (`.gz` compresses), looking
+/// at `cancel` once per buffer written (256 KiB): once it is raised, the write stops with an
+/// error naming the byte it reached. `path` is only read for its name: where and how the bytes
+/// land is the caller's (fragsim's commands write through `report::output`).
+pub fn write_trace_into(
+    trace: &Trace,
+    path: &Path,
+    out: &mut dyn Write,
+    cancel: &Cancel,
+) -> Result<()> {
+    let format = Format::for_output(path)?;
+    let failure = std::rc::Rc::new(std::cell::RefCell::new(None));
+    let mut sink =
+        Stoppable { inner: out, written: 0, cancel: cancel.clone(), failure: failure.clone() };
+    let mut buffered = std::io::BufWriter::with_capacity(BUFFER, &mut sink);
+    let written = if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gz")) {
+        let mut enc = flate2::write::GzEncoder::new(&mut buffered, flate2::Compression::default());
+        write_to(trace, format, &mut enc)
+            .and_then(|_| enc.finish().map(drop).map_err(Error::from_io))
+    } else {
+        write_to(trace, format, &mut buffered)
+    }
+    .and_then(|_| buffered.flush().map_err(Error::from_io));
+    drop(buffered);
+    written.map_err(|e| failure.borrow_mut().take().unwrap_or(e))
+}
+
 /// Writes `trace` in `format` to `out`; a trace outside the [limits](limits) is refused, so
 /// nothing is written that fragsim could not read back.
 pub fn write_to(trace: &Trace, format: Format, out: &mut impl Write) -> Result<()> {

@@ -76,9 +76,35 @@ pub fn is_user(f: &Frame) -> bool {
     is_python(f) && !is_library(&f.filename)
 }
 
-/// A frame written as a site: `FILE:LINE:FUNCTION`.
+/// A frame written as a site: `FILE:LINE:FUNCTION`, control characters written out
+/// ([`printable`]).
 pub fn describe(f: &Frame) -> String {
-    format!("{}:{}:{}", f.filename, f.line, f.name)
+    format!("{}:{}:{}", printable(&f.filename), f.line, printable(&f.name))
+}
+
+/// `s` with every character that a terminal, a CSV row or an XML document cannot show as itself
+/// written out: `\n`, `\r`, `\t`, `\0`, other control characters as `\xHH` (C0, DEL, C1) and
+/// the non-characters U+FFFE/U+FFFF as `\u{fffe}`. Names from a trace are data: an ESC must not
+/// reach the terminal, a newline must not split a table row, and no byte XML forbids may reach an
+/// SVG. Text without such characters is returned as is.
+pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
+    let bad = |c: char| c.is_control() || c == '\u{fffe}' || c == '\u{ffff}';
+    if !s.chars().any(bad) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\0' => out.push_str("\\0"),
+            c if (c as u32) < 0x100 && bad(c) => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c if bad(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// The site of `frames` (innermost first); see the module docs.
@@ -158,7 +184,7 @@ pub fn display(frames: &[Frame]) -> Vec<String> {
 /// One frame for [`display`].
 fn display_frame(f: &Frame) -> String {
     match f.filename.as_str() {
-        "" | "??" => f.name.clone(),
+        "" | "??" => printable(&f.name).into_owned(),
         _ => describe(f),
     }
 }
@@ -277,6 +303,17 @@ impl SiteTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn control_characters_are_written_out() {
+        assert!(matches!(printable("model.py"), std::borrow::Cow::Borrowed(_)));
+        assert_eq!(
+            printable("a\u{1b}[31m\u{7}\u{8}\r\n\t\0\u{9b}\u{fffe}z"),
+            "a\\x1b[31m\\x07\\x08\\r\\n\\t\\0\\x9b\\u{fffe}z"
+        );
+        let frame = f("a\nb.py", 3, "g\u{1b}");
+        assert_eq!(describe(&frame), "a\\nb.py:3:g\\x1b");
+    }
 
     fn f(filename: &str, line: u32, name: &str) -> Frame {
         Frame { filename: filename.into(), line, name: name.into() }

@@ -914,8 +914,9 @@ impl Reader {
                     read.saturating_mul(FRAME_BYTES_PER_INPUT_BYTE).max(FRAME_BYTES_FLOOR);
                 let mut frames = Vec::with_capacity(items.len().min(4096));
                 for &f in items {
-                    let frame = self.frame(p, f);
-                    let size = frame.filename.len() + frame.name.len() + size_of::<Frame>();
+                    // Counted before the frame is built, so a long string shared by many frames
+                    // is refused before it is copied into them.
+                    let size = self.frame_size(p, f) + size_of::<Frame>();
                     self.frame_bytes = self.frame_bytes.saturating_add(size as u64);
                     if self.frame_bytes > allowed {
                         let message = format!(
@@ -925,7 +926,7 @@ impl Reader {
                         );
                         return Err(err(message, p.offset_of(v)));
                     }
-                    frames.push(frame);
+                    frames.push(self.frame(p, f));
                 }
                 let id = table.intern(frames);
                 self.stacks.insert(dict_ids.clone(), id);
@@ -961,14 +962,34 @@ impl Reader {
             self.npu_looked[d] = true;
             for &(k, x) in p.entries(f).unwrap_or(&[]) {
                 if p.str_bytes(k) == Some(b"filename".as_slice()) {
-                    if let Some(name) = p.text(x) {
-                        if crate::trace::frames::is_torch_npu_file(&name) {
-                            self.torch_npu = true;
-                            return;
-                        }
+                    // A name longer than a path can be (PATH_MAX) names no torch_npu file, and
+                    // is not scanned: one long name shared by every frame would cost its
+                    // length once per frame.
+                    let Some(name) = p.str_bytes(x).filter(|n| n.len() <= 4096) else { continue };
+                    if crate::trace::frames::is_torch_npu_file(&String::from_utf8_lossy(name)) {
+                        self.torch_npu = true;
+                        return;
                     }
                 }
             }
+        }
+    }
+
+    /// The bytes of the strings of frame `f` ([`Self::frame`]) without building it.
+    fn frame_size(&self, p: &Pickle, f: Value) -> usize {
+        match f {
+            Value::Dict(_) => p
+                .entries(f)
+                .unwrap_or(&[])
+                .iter()
+                .filter(|(k, _)| matches!(p.str_bytes(*k), Some(b"filename" | b"name")))
+                .map(|&(_, x)| p.str_bytes(x).map_or(0, |s| limits::frame_string_len(s.len())))
+                .sum(),
+            Value::Handle(h) => self
+                .handles
+                .get((h & !FRAME_HANDLE) as usize)
+                .map_or(0, |f| f.filename.len() + f.name.len()),
+            _ => 0,
         }
     }
 
@@ -992,8 +1013,12 @@ impl Reader {
         for &(k, x) in p.entries(f).unwrap_or(&[]) {
             let Some(k) = p.str_bytes(k) else { continue };
             match k {
-                b"filename" => frame.filename = p.text(x).unwrap_or_default().into_owned(),
-                b"name" => frame.name = p.text(x).unwrap_or_default().into_owned(),
+                b"filename" => {
+                    frame.filename = p.str_bytes(x).map(limits::frame_string).unwrap_or_default()
+                }
+                b"name" => {
+                    frame.name = p.str_bytes(x).map(limits::frame_string).unwrap_or_default()
+                }
                 b"line" => {
                     frame.line = p.int(x).and_then(|l| u32::try_from(l).ok()).unwrap_or_default()
                 }

@@ -84,7 +84,7 @@ impl Baseline {
     /// checked as [`super::input`] checks results (typed keys, required keys, no repeated
     /// (trace, policy, config)); errors name `file` and the key path.
     pub fn parse(data: impl AsRef<[u8]>, file: &Path) -> Result<Baseline> {
-        use super::input::{check_result, no_repeated_rows, parse_json};
+        use super::input::{check_baseline_result, check_result, no_repeated_rows, parse_json};
         let bad = |path: &str, m: String| Error::input(format!("{path}: {m}")).in_file(file);
         let v = parse_json(data.as_ref(), file, "record a baseline with check --update")?;
         let obj = v.as_object().ok_or_else(|| {
@@ -181,7 +181,7 @@ impl Baseline {
                     .ok_or_else(|| Error::input(format!("{path} names no trace")).in_file(file))?
                     .to_string(),
             };
-            check_result(&map, file, &path, true, &["spec"])?;
+            check_baseline_result(&map, file, &path, &["spec"])?;
             rows.push(Row::from_json(trace, map));
         }
         no_repeated_rows(&rows, file, "results")?;

@@ -225,7 +225,8 @@ fn refine<F: FnMut(u64) -> Result<Probe>>(
 /// A common GPU memory size, for the `fit` table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Card {
-    /// The size as vendors print it, e.g. `80 GB`.
+    /// The size in the unit it really is, e.g. `80 GiB` (vendors print "80 GB"): the text
+    /// `--capacity` reads as the same bytes.
     pub label: &'static str,
     /// Cards sold with that size (examples, not a complete list).
     pub examples: &'static str,
@@ -242,16 +243,16 @@ pub struct Card {
 /// cards are listed by their nominal HBM size too (torch_npu's reservation base is what
 /// `aclrtGetMemInfo` reports, a little less).
 pub const CARDS: &[Card] = &[
-    Card { label: "16 GB", examples: "V100 16GB, T4, RTX A4000", bytes: 16 * GIB },
-    Card { label: "24 GB", examples: "RTX 3090/4090, A10, L4", bytes: 24 * GIB },
-    Card { label: "32 GB", examples: "V100 32GB, RTX 5090, Ascend 910, 910B4", bytes: 32 * GIB },
-    Card { label: "40 GB", examples: "A100 40GB", bytes: 40 * GIB },
-    Card { label: "48 GB", examples: "RTX A6000, L40S, RTX 6000 Ada", bytes: 48 * GIB },
-    Card { label: "64 GB", examples: "Ascend 910B1/B2/B3", bytes: 64 * GIB },
-    Card { label: "80 GB", examples: "A100 80GB, H100 80GB", bytes: 80 * GIB },
-    Card { label: "94 GB", examples: "H100 NVL", bytes: 94 * GIB },
-    Card { label: "141 GB", examples: "H200", bytes: 141 * GIB },
-    Card { label: "192 GB", examples: "B200, MI300X", bytes: 192 * GIB },
+    Card { label: "16 GiB", examples: "V100 16GB, T4, RTX A4000", bytes: 16 * GIB },
+    Card { label: "24 GiB", examples: "RTX 3090/4090, A10, L4", bytes: 24 * GIB },
+    Card { label: "32 GiB", examples: "V100 32GB, RTX 5090, Ascend 910, 910B4", bytes: 32 * GIB },
+    Card { label: "40 GiB", examples: "A100 40GB", bytes: 40 * GIB },
+    Card { label: "48 GiB", examples: "RTX A6000, L40S, RTX 6000 Ada", bytes: 48 * GIB },
+    Card { label: "64 GiB", examples: "Ascend 910B1/B2/B3", bytes: 64 * GIB },
+    Card { label: "80 GiB", examples: "A100 80GB, H100 80GB", bytes: 80 * GIB },
+    Card { label: "94 GiB", examples: "H100 NVL", bytes: 94 * GIB },
+    Card { label: "141 GiB", examples: "H200", bytes: 141 * GIB },
+    Card { label: "192 GiB", examples: "B200, MI300X", bytes: 192 * GIB },
 ];
 
 /// The default `--outside`: device memory a PyTorch process uses outside its caching allocator,
@@ -287,7 +288,7 @@ pub fn gib_and_gb(bytes: u64) -> String {
     format!("{:.2} GiB ({:.2} GB)", bytes as f64 / GIB as f64, bytes as f64 / 1e9)
 }
 
-/// One line of ✓/✗ per card: `16 GB ✗  24 GB ✓ ...`.
+/// One line of ✓/✗ per card: `16 GiB ✗  24 GiB ✓ ...`.
 pub fn cards_line(min_capacity: u64, outside: u64) -> String {
     cards_fit(min_capacity, outside)
         .iter()
@@ -370,6 +371,14 @@ mod tests {
     }
 
     #[test]
+    fn each_card_label_is_the_bytes_capacity_reads_for_it() {
+        for c in CARDS {
+            let typed = c.label.replace(' ', "");
+            assert_eq!(crate::units::parse_capacity(&typed).unwrap(), c.bytes, "{}", c.label);
+        }
+    }
+
+    #[test]
     fn cards_subtract_the_outside_memory() {
         let need = 40 * GIB - 100 * MIB;
         let fits = cards_fit(need, 0);
@@ -380,7 +389,7 @@ mod tests {
         assert_eq!(CARDS[5].bytes, 64 * GIB, "Ascend 910B: 64 GiB of HBM");
         assert_eq!(CARDS[6].bytes, 85_899_345_920, "80 GB is 81,920 MiB");
         let line = cards_line(need, 0);
-        assert!(line.starts_with("16 GB ✗") && line.contains("40 GB ✓"), "{line}");
+        assert!(line.starts_with("16 GiB ✗") && line.contains("40 GiB ✓"), "{line}");
         assert_eq!(gib_and_gb(80 * GIB), "80.00 GiB (85.90 GB)");
     }
 }

@@ -138,6 +138,29 @@ pub fn check_result(
     timings_optional: bool,
     skip: &[&str],
 ) -> Result<()> {
+    check_result_with(map, file, path, timings_optional, skip, false)
+}
+
+/// [`check_result`] for a result a baseline is read from (`replay --json`, `sweep --json`): a
+/// metric may be `null`, a row with no value for it (the `recorded` row's
+/// `fragmentation_at_peak`), which `check` then skips.
+pub fn check_baseline_result(
+    map: &Map<String, Value>,
+    file: &Path,
+    path: &str,
+    skip: &[&str],
+) -> Result<()> {
+    check_result_with(map, file, path, true, skip, true)
+}
+
+fn check_result_with(
+    map: &Map<String, Value>,
+    file: &Path,
+    path: &str,
+    timings_optional: bool,
+    skip: &[&str],
+    nulls: bool,
+) -> Result<()> {
     for (key, v) in map {
         if skip.contains(&key.as_str()) {
             continue;
@@ -150,7 +173,8 @@ pub fn check_result(
                 format!("unknown result key (a result holds {})", known.join(", ")),
             ));
         };
-        if !kind.accepts(v) {
+        let number = matches!(kind, Kind::Count | Kind::Fraction | Kind::Seconds);
+        if !(kind.accepts(v) || (nulls && number && v.is_null())) {
             return Err(expected(file, &format!("{path}.{key}"), kind.expected(), v));
         }
     }
