@@ -35,9 +35,8 @@ pub struct Args {
     #[arg(long)]
     no_fixes: bool,
 
-    /// How to print the results.
-    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = OutputFormat::Table)]
-    format: OutputFormat,
+    #[command(flatten)]
+    format: super::FormatArgs,
 
     #[command(flatten)]
     control: super::progress::Control,
@@ -75,7 +74,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         .control
         .install(io, 8, || explain::explain(&input, &path.display().to_string(), &options))?
         .map_err(&named)?;
-    super::print_as(&mut *io.out, args.format, &e, csv, table)?;
+    super::print_as(&mut *io.out, args.format.format(), &e, csv, table)?;
     Ok(0)
 }
 
