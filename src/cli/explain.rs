@@ -1,6 +1,6 @@
 //! `fragsim explain`: was it fragmentation, of which kind, and what would have fixed it.
 
-use super::{OutputFormat, ReplaySource};
+use super::ReplaySource;
 use fragsim::blame::{keep_end, Moment};
 use fragsim::error::{Error, Result};
 use fragsim::explain::{self, ExplainOptions, Explanation, Verdict};
