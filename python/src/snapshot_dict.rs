@@ -10,9 +10,10 @@
 //! file has. Every container keeps how it was reached, so an error names its key path:
 //! `segments[3].blocks[0]`.
 //!
-//! Where the command keeps no stack frames, `frames` values are left out unwalked: the reader
-//! would not look at them (a file's are decoded, then ignored), and they are most of the
-//! objects (each entry's list of shared frame dicts).
+//! Where the command keeps no stack frames, `frames` values are left out unwalked, except those
+//! the reader reads anyway ([`Walk::frames_read`]: a release's, and a torch_npu one): the
+//! reader would not look at the others (a file's are decoded, then ignored), and they are most
+//! of the objects (each entry's list of shared frame dicts).
 //!
 //! Three memos keep the walk as fast as reading the snapshot's pickle file (the test suite
 //! prints both): where PyTorch gives each entry a new `frames` list holding the same shared
@@ -149,8 +150,12 @@ struct Walk<'py> {
     /// Bytes the converted objects take, against `cap`.
     held: u64,
     cap: u64,
-    /// Leave out every `frames` value: the reader, not keeping frames, would not look at them.
+    /// Leave out the `frames` values the reader, not keeping frames, would not look at.
     skip_frames: bool,
+    /// Frame dicts already looked at for a torch_npu file name, by address.
+    npu_looked: std::collections::HashSet<usize, BuildHasherDefault<AddrHasher>>,
+    /// A stack naming a torch_npu file was kept: no other needs looking at.
+    npu_found: bool,
     /// Converted items and entries of the containers on the stack, innermost last.
     items: Vec<Value>,
     entries: Vec<(Value, Value)>,
@@ -467,7 +472,7 @@ impl<'py> Walk<'py> {
                             }
                         };
                         let frames = matches!(key, Value::Str(i) if self.frames_keys.contains(&i));
-                        if frames && self.skip_frames {
+                        if frames && self.skip_frames && !self.frames_read(top.obj, v) {
                             // The reader does not look at frames it does not keep.
                             self.entries.push((key, Value::None));
                             continue;
@@ -556,6 +561,59 @@ impl<'py> Walk<'py> {
             }
         }
         Ok(())
+    }
+
+    /// Whether the snapshot reader looks at the `frames` value `frames` of the dict `owner`
+    /// even when it keeps no stack frames, as it does for a file: a release of cached memory
+    /// (`segment_free`, `segment_unmap`), whose stack tells an `empty_cache()` call from a
+    /// malloc's out-of-memory flush, and the first stack naming a torch_npu file (the recording's
+    /// allocator). Leaving these out made a dict's flush counts and `frame_lists` differ from
+    /// its file's.
+    ///
+    /// # Safety
+    /// `owner` and `frames` are live objects and the GIL is held.
+    unsafe fn frames_read(
+        &mut self,
+        owner: *mut ffi::PyObject,
+        frames: *mut ffi::PyObject,
+    ) -> bool {
+        let action = ffi::PyDict_GetItemString(owner, c"action".as_ptr());
+        if !action.is_null() && ffi::PyUnicode_Check(action) != 0 {
+            for name in [c"segment_free", c"segment_unmap"] {
+                let same = ffi::PyUnicode_CompareWithASCIIString(action, name.as_ptr()) == 0;
+                if same {
+                    return true;
+                }
+            }
+        }
+        if self.npu_found {
+            return false;
+        }
+        let ty = ffi::Py_TYPE(frames);
+        let len = if ty == std::ptr::addr_of_mut!(ffi::PyList_Type) {
+            ffi::PyList_Size(frames)
+        } else {
+            return false;
+        };
+        for i in 0..len {
+            let f = ffi::PyList_GetItem(frames, i);
+            if f.is_null() || ffi::PyDict_Check(f) == 0 || !self.npu_looked.insert(f as usize) {
+                continue;
+            }
+            let name = ffi::PyDict_GetItemString(f, c"filename".as_ptr());
+            if name.is_null() || ffi::PyUnicode_Check(name) == 0 {
+                continue;
+            }
+            let name = Bound::from_borrowed_ptr(self.py, name);
+            if let Ok(name) = name.downcast::<PyString>().map(|s| s.to_string_lossy()) {
+                if fragsim::trace::is_torch_npu_file(&name) {
+                    self.npu_found = true;
+                    return true;
+                }
+            }
+        }
+        ffi::PyErr_Clear();
+        false
     }
 
     /// Converts item `i` of container `number` and pushes its value.
@@ -665,6 +723,8 @@ pub fn convert(
         held: 0,
         cap,
         skip_frames: !keep_frames,
+        npu_looked: Default::default(),
+        npu_found: false,
         items: Vec::new(),
         entries: Vec::new(),
     };
