@@ -352,8 +352,19 @@ def _check_view(r: Result) -> str:
     verdict = "✓ no regression beyond the tolerance" if ok else (
         f"✗ {len(regressions)} regression(s) beyond the tolerance")
     return (f"<p><b>{html.escape(verdict)}</b></p>"
-            f"<h4>Regressions ({len(regressions)})</h4>{_table(regressions)}"
-            f"<h4>Improvements ({len(improvements)})</h4>{_table(improvements)}")
+            f"<h4>Regressions ({len(regressions)})</h4>{_table(_in_units(regressions))}"
+            f"<h4>Improvements ({len(improvements)})</h4>{_table(_in_units(improvements))}")
+
+
+def _in_units(changes: Sequence[Row]) -> List[Row]:
+    """A check's changes with the values of a byte metric in human units."""
+    out = []
+    for c in changes:
+        if str(c.get("metric", "")).endswith("_bytes"):
+            c = {k: human_bytes(v) if k in ("baseline", "now") and isinstance(v, (int, float))
+                 else v for k, v in c.items()}
+        out.append(c)
+    return out
 
 
 def _top_sites(sites: Sequence[Row], key: str, n: int = 10) -> List[Tuple[str, float]]:
