@@ -156,6 +156,9 @@ struct Walk<'py> {
     npu_looked: std::collections::HashSet<usize, BuildHasherDefault<AddrHasher>>,
     /// A stack naming a torch_npu file was kept: no other needs looking at.
     npu_found: bool,
+    /// The keys `'action'` and `'filename'`, as Python strings.
+    action_key: Py<PyString>,
+    filename_key: Py<PyString>,
     /// Converted items and entries of the containers on the stack, innermost last.
     items: Vec<Value>,
     entries: Vec<(Value, Value)>,
@@ -577,7 +580,8 @@ impl<'py> Walk<'py> {
         owner: *mut ffi::PyObject,
         frames: *mut ffi::PyObject,
     ) -> bool {
-        let action = ffi::PyDict_GetItemString(owner, c"action".as_ptr());
+        // Keys made once: `PyDict_GetItemString` would make a new `str` per call.
+        let action = ffi::PyDict_GetItem(owner, self.action_key.as_ptr());
         if !action.is_null() && ffi::PyUnicode_Check(action) != 0 {
             for name in [c"segment_free", c"segment_unmap"] {
                 let same = ffi::PyUnicode_CompareWithASCIIString(action, name.as_ptr()) == 0;
@@ -600,7 +604,7 @@ impl<'py> Walk<'py> {
             if f.is_null() || ffi::PyDict_Check(f) == 0 || !self.npu_looked.insert(f as usize) {
                 continue;
             }
-            let name = ffi::PyDict_GetItemString(f, c"filename".as_ptr());
+            let name = ffi::PyDict_GetItem(f, self.filename_key.as_ptr());
             if name.is_null() || ffi::PyUnicode_Check(name) == 0 {
                 continue;
             }
@@ -725,6 +729,8 @@ pub fn convert(
         skip_frames: !keep_frames,
         npu_looked: Default::default(),
         npu_found: false,
+        action_key: PyString::intern(obj.py(), "action").unbind(),
+        filename_key: PyString::intern(obj.py(), "filename").unbind(),
         items: Vec::new(),
         entries: Vec::new(),
     };

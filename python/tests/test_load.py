@@ -82,6 +82,12 @@ def test_a_loaded_dict_and_its_file_answer_every_question_alike(snapshot, tmp_pa
         cmd["explain"] = _json_of("explain", path)
     for question, want in cmd.items():
         assert without_timings(from_file[question]) == without_timings(want), question
+    # report: the same results.json from either.
+    reports = [
+        json.loads(t.report(tmp_path / name, policies=TWO)["results.json"].read_text())
+        for name, t in (("file", fragsim.load(path)), ("dict", fragsim.load(d)))
+    ]
+    assert without_timings(reports[1]) == renamed(without_timings(reports[0]), path, "<dict>")
     # export: the same file from either.
     fragsim.load(d).export(tmp_path / "d.fst")
     fragsim.load(path).export(tmp_path / "f.fst")
@@ -274,3 +280,39 @@ def test_to_pandas_is_tidy_with_a_kind_column(tmp_path):
         assert mine["live_bytes"].sum() == run["live_bytes"]
     diff = t.diff(policies=TWO, top=0).to_pandas()
     assert set(diff["kind"]) == {"site"} and "delta_bytes" in diff.columns
+
+
+def _with_a_flush(snapshot, tmp_path):
+    """The snapshot's dict with an `empty_cache()` release appended (a segment made and
+    released), whose stack shares frame dicts with the first entries, as PyTorch's stacks do,
+    and the same dict's pickle file."""
+    with open(snapshot, "rb") as f:
+        d = pickle.load(f)
+    entries = d["device_traces"][0]
+    end = max(s["address"] + s["total_size"] for s in d["segments"]) + (64 << 20)
+    shared = next(e["frames"] for e in entries if e.get("frames"))
+    call = {"filename": "/usr/lib/python3/site-packages/torch/cuda/memory.py", "line": 192,
+            "name": "empty_cache"}
+    time_us = entries[-1].get("time_us", 0)
+    for i, action in enumerate(("segment_alloc", "segment_free")):
+        frames = list(shared) if action == "segment_alloc" else [call, *shared]
+        entries.append({"action": action, "addr": end, "size": 20 << 20, "stream": 0,
+                        "time_us": time_us + 1 + i, "frames": frames})
+    path = tmp_path / "flush.pickle"
+    with open(path, "wb") as f:
+        pickle.dump(d, f)
+    return d, str(path)
+
+
+def test_a_release_s_stack_is_read_from_a_dict_as_from_its_file(tmp_path):
+    """Without stack frames, a release's stack is still read (it says the program called
+    empty_cache()): the dict kept none, and the file lost it where its frame dicts referred back
+    to a batch of entries already read."""
+    d, path = _with_a_flush(SNAPSHOTS[0], tmp_path)
+    from_file, from_dict = fragsim.load(path), fragsim.load(d)
+    flushes = from_file.replay()["capacity"]["limit"]["flushes"]
+    assert [f["kind"] for f in flushes] == ["EmptyCacheByStack"]
+    assert from_dict.replay()["capacity"]["limit"]["flushes"] == flushes
+    assert from_file.info["frame_lists"] == from_dict.info["frame_lists"] == 1
+    want = renamed(without_timings(from_file.replay(policies=POLICIES)), path, "<dict>")
+    assert without_timings(from_dict.replay(policies=POLICIES)) == want
