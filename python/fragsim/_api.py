@@ -221,6 +221,8 @@ def _held(trace: Any) -> Tuple[str, Any]:
 
 
 _FLAG = re.compile(r"'--([a-z0-9-]+)(?: <[^>]*>)?'")
+_TYPED = re.compile(r"(?<![\w-])--([a-z][a-z0-9-]*)[ =](\S+?):")
+_BARE = re.compile(r"(?<![\w-])--([a-z][a-z0-9-]*)\b")
 
 
 def _usage_words(message: str) -> str:
@@ -239,6 +241,9 @@ def _usage_words(message: str) -> str:
 
     text = _FLAG.sub(lambda m: param(m), text)
     text = re.sub(r"invalid value '([^']*)' for (\w+)", r"\2=\1 is not valid", text)
+    # fragsim's own messages name the flag as typed: `--at nowhere: expected ...`.
+    text = _TYPED.sub(lambda m: f"{param(m)}={m.group(2)}:", text)
+    text = _BARE.sub(lambda m: f"{param(m)}=", text)
     text = text.replace("[possible values: ", "(one of: ").replace("]", ")")
     return text
 

@@ -174,13 +174,17 @@ def test_a_bad_value_is_a_usage_error_in_fragsim_s_words():
         lambda: fragsim.blame(str(TEXT_TRACE), by="nonsense"),
         lambda: fragsim.replay(str(TEXT_TRACE), capacity="40XB"),
         lambda: fragsim.replay(str(TEXT_TRACE), backend="tpu"),
+        lambda: fragsim.replay(str(TEXT_TRACE), empty_cache_every=0),
+        lambda: fragsim.blame(str(TEXT_TRACE), at="nowhere"),
     ):
         with pytest.raises(fragsim.UsageError) as e:
             call()
         text = str(e.value)
-        assert "Usage:" not in text and "--help" not in text and "'--" not in text, text
+        assert "Usage:" not in text and "--help" not in text and "--" not in text, text
     with pytest.raises(fragsim.UsageError, match="by=nonsense is not valid.*site"):
         fragsim.blame(str(TEXT_TRACE), by="nonsense")
+    with pytest.raises(fragsim.UsageError, match="^at=nowhere: expected peak"):
+        fragsim.blame(str(TEXT_TRACE), at="nowhere")
 
 
 def test_sizes_and_settings_take_python_values():
