@@ -1,27 +1,37 @@
 """fragsim: replay GPU allocation traces (PyTorch memory snapshots, Kineto traces, RMM logs)
 against allocator policies and measure peak reserved memory and fragmentation.
 
-Every command of the ``fragsim`` command line is a function of the same name taking its options
-as keyword arguments and returning what ``--format json`` prints::
+Load a trace once, then ask it questions; each answer is what the command of the same name
+prints with ``--format json``, as a ``dict``::
 
     import fragsim, torch
-    r = fragsim.replay(torch.cuda.memory._snapshot(), policies=["all"])
+    t = fragsim.load(torch.cuda.memory._snapshot())   # or a path, bytes, a binary file object
+    r = t.replay(policies=["pytorch", "pytorch-expandable"], capacity="a100-40gb")
     r["results"][0]["peak_reserved_bytes"]
     r.to_pandas()
 
-A trace is a path, ``bytes``, a binary file object or a snapshot dict. Errors raise
-:class:`TraceError` (a ``ValueError`` with ``file``, ``format`` and ``place``) or
-:class:`UsageError`. The contract is ``docs/interface.md``.
+Every command is also a function taking the trace first (``fragsim.replay(trace, ...)``), with
+the same typed keyword parameters. Errors raise :class:`TraceError` (a ``ValueError`` with
+``file``, ``format`` and ``place``) or :class:`UsageError`. The contract is
+``docs/interface.md``.
 """
 
-from . import _native
+from . import _native as _native
 from ._api import (
+    Capacity,
+    Policies,
+    PolicyLike,
+    Size,
+    Trace,
     TraceLike,
-    _json_command,
+    blame,
     check,
     convert,
+    diff,
+    explain,
     fit,
     info,
+    load,
     merge,
     replay,
     report,
@@ -37,16 +47,25 @@ __version__: str = _version()
 
 __all__ = [
     "BackendError",
+    "Capacity",
     "FragsimError",
     "InternalError",
+    "PolicyLike",
+    "Policies",
     "Result",
+    "Size",
+    "Trace",
     "TraceError",
     "TraceLike",
     "UsageError",
+    "blame",
     "check",
     "convert",
+    "diff",
+    "explain",
     "fit",
     "info",
+    "load",
     "merge",
     "replay",
     "report",
@@ -54,10 +73,3 @@ __all__ = [
     "synth",
     "validate",
 ]
-
-# Commands this build's command line has beyond the ones above (blame, diff), each a function of
-# the same name and shape.
-for _name in _native.commands():
-    if _name not in globals() and _name.isidentifier():
-        globals()[_name] = _json_command(_name)
-        __all__.append(_name)

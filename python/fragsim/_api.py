@@ -1,29 +1,131 @@
-"""Every fragsim command as a function.
+"""Every fragsim command as a function, and :class:`Trace`, a trace loaded once.
 
-Each function builds the command line its keyword arguments stand for (``policies=[...]`` is
-``--policy`` given once per item, ``capacity="40GiB"`` is ``--capacity=40GiB``, ``jobs=4`` is
-``--jobs=4``, ``True`` is a bare flag, ``None``/``False`` leave it out) and runs it with the Rust
-crate's own command line, in this process: the one implementation of every command. What the
-command prints with ``--format json`` comes back as a :class:`Result`.
+Each function names the options of its command as typed keyword parameters, builds the command
+line they stand for (``policies=[...]`` is ``--policy`` given once per item, ``capacity="40GiB"``
+is ``--capacity=40GiB``, ``True`` a bare flag, ``None``/``False`` leave it out) and runs it with
+the Rust crate's own command line, in this process: the one implementation of every command.
+What the command prints with ``--format json`` comes back as a :class:`Result`.
 """
 
 from __future__ import annotations
 
+import difflib
+import functools
+import inspect
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
+from typing import (
+    IO,
+    Any,
+    Callable,
+    Dict,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+    Union,
+)
 
 from . import _native
-from ._errors import raise_for
+from ._errors import UsageError, raise_for
 from ._result import Result
 
+PathLike = Union[str, "os.PathLike[str]"]
+
 #: What a trace argument may be: a path, a trace file's content (``bytes``), a binary file
-#: object, or the dict ``torch.cuda.memory._snapshot()`` returns (or ``pickle.load`` of a
-#: dumped snapshot gives).
-TraceLike = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview, Any, Mapping[str, Any]]
+#: object, the dict ``torch.cuda.memory._snapshot()`` returns (or ``pickle.load`` of a dumped
+#: snapshot gives), or a :class:`Trace` from :func:`load`.
+TraceLike = Union[
+    str, "os.PathLike[str]", bytes, bytearray, memoryview, IO[bytes], Mapping[str, Any],
+    List[Any], "Trace",
+]
+
+#: A size: an ``int`` of bytes, or a string fragsim reads (``"40GiB"``, ``"a100-40gb"``).
+Size = Union[int, str]
+
+#: A policy: a spec string (``"pytorch:expandable_segments:True"``), or the settings of the
+#: PyTorch policy as a dict (``{"expandable_segments": True}``, ``PYTORCH_CUDA_ALLOC_CONF``'s
+#: keys).
+PolicyLike = Union[str, Mapping[str, Any]]
+
+#: One policy or several.
+Policies = Union[PolicyLike, Sequence[PolicyLike]]
+
+#: A replay's memory limit: a size, ``"recorded"`` (the limit the recording implies, the
+#: default) or ``"none"`` (unlimited).
+Capacity = Union[int, str]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _suggesting(function: F) -> F:
+    """Makes a keyword the function does not take a ``TypeError`` that names it and the closest
+    one it takes (``did you mean 'policies'?``); the signature stays the function's own."""
+    sig = inspect.signature(function)
+    names = [
+        n for n, p in sig.parameters.items()
+        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    qualname = function.__qualname__
+
+    @functools.wraps(function)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        for key in kwargs:
+            if key not in sig.parameters:
+                raise TypeError(_unknown_keyword(qualname, key, names))
+        return function(*args, **kwargs)
+
+    return checked  # type: ignore[return-value]
+
+
+def _unknown_keyword(where: str, key: str, names: Sequence[str]) -> str:
+    message = f"{where}() got an unexpected keyword argument '{key}'"
+    close = difflib.get_close_matches(key, [n for n in names if n != "self"], n=1, cutoff=0.5)
+    if close:
+        message += f"; did you mean '{close[0]}'?"
+    else:
+        message += "; it takes " + ", ".join(f"'{n}'" for n in names if n != "self")
+    return message
+
+
+def _policy_text(policy: PolicyLike) -> str:
+    if isinstance(policy, str):
+        return policy
+    if isinstance(policy, Mapping):
+        settings = ",".join(f"{k}:{_setting(v)}" for k, v in policy.items())
+        return "pytorch:" + settings if settings else "pytorch"
+    raise TypeError(
+        f"a policy is a spec string or a dict of PyTorch settings, not {type(policy).__name__}"
+    )
+
+
+def _setting(value: Any) -> str:
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    return str(value)
+
+
+def _policy_list(policies: Optional[Policies]) -> Optional[List[str]]:
+    if policies is None:
+        return None
+    if isinstance(policies, (str, Mapping)):
+        return [_policy_text(policies)]
+    return [_policy_text(p) for p in policies]
+
+
+def _size(name: str, value: Optional[Union[int, str]]) -> Optional[str]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise TypeError(f"{name} is an int of bytes or a string such as '40GiB', not "
+                        f"{type(value).__name__}")
+    return str(value)
 
 
 class _Call:
@@ -34,53 +136,49 @@ class _Call:
         self.memory: List[Tuple[str, Any]] = []
 
     def source(self, trace: Any) -> None:
-        """Adds a trace argument: a path as it is, anything else under a name of its own."""
+        """Adds a trace argument: a loaded trace under its name, a path as it is, anything
+        else held under a name of its own, read once for the whole command."""
+        if isinstance(trace, Trace):
+            name = trace.name
+            if any(n == name and held is not trace._native for n, held in self.memory):
+                name = self._fresh(f"<{trace.kind}>")
+            self.argv.append(name)
+            if not any(n == name for n, _ in self.memory):
+                self.memory.append((name, trace._native))
+            return
         if isinstance(trace, (str, os.PathLike)):
             self.argv.append(os.fspath(trace))
             return
-        if isinstance(trace, (bytes, bytearray, memoryview)):
-            kind, held = "bytes", bytes(trace)
-        elif isinstance(trace, (dict, list)) or isinstance(trace, Mapping):
-            kind, held = "dict", trace if isinstance(trace, (dict, list)) else dict(trace)
-        elif hasattr(trace, "read"):
-            data = trace.read()
-            if not isinstance(data, (bytes, bytearray)):
-                from ._errors import UsageError
-
-                raise UsageError(
-                    f"a trace file object must be opened in binary mode ('rb'), got "
-                    f"{type(data).__name__} from read()"
-                )
-            kind, held = "file", bytes(data)
-        else:
-            from ._errors import UsageError
-
-            raise UsageError(
-                f"a trace is a path, bytes, a binary file object or a snapshot dict, not "
-                f"{type(trace).__name__}"
-            )
-        taken = {name for name, _ in self.memory}
-        name = f"<{kind}>"
-        n = 2
-        while name in taken:
-            name = f"<{kind} {n}>"
-            n += 1
+        kind, held = _held(trace)
+        name = self._fresh(f"<{kind}>")
         self.argv.append(name)
-        self.memory.append((name, held))
+        self.memory.append((name, _native.Loaded(held)))
 
-    def options(self, options: Mapping[str, Any]) -> None:
-        """Adds ``--flag=value`` per keyword argument."""
-        for key, value in options.items():
-            if value is None or value is False:
-                continue
-            flag = "--policy" if key in ("policies", "policy") else "--" + key.replace("_", "-")
-            if value is True:
-                self.argv.append(flag)
-            elif isinstance(value, (list, tuple)):
-                for v in value:
-                    self.argv.append(f"{flag}={_text(v)}")
-            else:
-                self.argv.append(f"{flag}={_text(value)}")
+    def _fresh(self, base: str) -> str:
+        taken = {name for name, _ in self.memory} | set(self.argv)
+        name, n = base, 2
+        while name in taken:
+            name = f"{base[:-1]} {n}>"
+            n += 1
+        return name
+
+    def flag(self, name: str, value: Any) -> None:
+        """Adds ``--name=value`` (``--name`` for ``True``; nothing for ``None``/``False``;
+        once per item of a list)."""
+        if value is None or value is False:
+            return
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            self.argv.append(flag)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                self.argv.append(f"{flag}={_text(v)}")
+        else:
+            self.argv.append(f"{flag}={_text(value)}")
+
+    def flags(self, **values: Any) -> None:
+        for name, value in values.items():
+            self.flag(name, value)
 
     def run(self, verbose: bool) -> Tuple[int, str, List[str]]:
         """Runs the command line: exit code, stdout and the notes of stderr; raises its error.
@@ -92,8 +190,62 @@ class _Call:
         if verbose and err:
             sys.stderr.write(err)
         if error is not None:
-            raise_for(*error)
+            kind, message, file, format, place, line = error
+            if kind == "usage":
+                message = line = _usage_words(message)
+            raise_for(kind, message, file, format, place, line)
         return code, out, notes
+
+
+def _held(trace: Any) -> Tuple[str, Any]:
+    """What a trace from memory is held as: its kind (``bytes``, ``dict``, ``file``) and the
+    object the native module reads."""
+    if isinstance(trace, (bytes, bytearray, memoryview)):
+        return "bytes", bytes(trace)
+    if isinstance(trace, (dict, list)):
+        return "dict", trace
+    if isinstance(trace, Mapping):
+        return "dict", dict(trace)
+    if hasattr(trace, "read"):
+        data = trace.read()
+        if not isinstance(data, (bytes, bytearray)):
+            raise UsageError(
+                f"a trace file object must be opened in binary mode ('rb'), got "
+                f"{type(data).__name__} from read()"
+            )
+        return "file", bytes(data)
+    raise UsageError(
+        f"a trace is a path, bytes, a binary file object or a snapshot dict, not "
+        f"{type(trace).__name__}"
+    )
+
+
+_FLAG = re.compile(r"'--([a-z0-9-]+)(?: <[^>]*>)?'")
+_TYPED = re.compile(r"(?<![\w-])--([a-z][a-z0-9-]*)[ =](\S+?):")
+_BARE = re.compile(r"(?<![\w-])--([a-z][a-z0-9-]*)\b")
+
+
+def _usage_words(message: str) -> str:
+    """A usage error in fragsim's own words for Python: the parameter's name (``by=``), not the
+    command line's flag, and no usage line or ``--help`` hint."""
+    lines = [
+        ln for ln in message.splitlines()
+        if ln.strip() and not ln.startswith("Usage:") and "--help" not in ln
+        and not ln.strip().startswith("tip:")
+    ]
+    text = " ".join(ln.strip() for ln in lines)
+
+    def param(m: "re.Match[str]") -> str:
+        name = m.group(1).replace("-", "_")
+        return "policies" if name == "policy" else name
+
+    text = _FLAG.sub(lambda m: param(m), text)
+    text = re.sub(r"invalid value '([^']*)' for (\w+)", r"\2=\1 is not valid", text)
+    # fragsim's own messages name the flag as typed: `--at nowhere: expected ...`.
+    text = _TYPED.sub(lambda m: f"{param(m)}={m.group(2)}:", text)
+    text = _BARE.sub(lambda m: f"{param(m)}=", text)
+    text = text.replace("[possible values: ", "(one of: ").replace("]", ")")
+    return text
 
 
 def _text(value: Any) -> str:
@@ -111,7 +263,8 @@ def _isatty(stream: Any) -> bool:
         return False
 
 
-def _json(command: str, call: _Call, verbose: bool) -> Result:
+def _json(command: str, call: _Call, verbose: bool, flag: str = "--json") -> Result:
+    call.argv.append(flag)
     code, out, notes = call.run(verbose)
     return Result(json.loads(out), command, code, notes)
 
@@ -130,115 +283,393 @@ def _is_segment_list(value: Sequence[Any]) -> bool:
     return all(isinstance(v, dict) and "blocks" in v for v in value)
 
 
-def info(trace: TraceLike, *, verbose: bool = False, **options: Any) -> Result:
-    """``fragsim info TRACE --json``: what a trace holds (format, devices, events by kind, ...)."""
+def _has(command: str) -> bool:
+    return command in _native.commands()
+
+
+# ---------------------------------------------------------------------------------------------
+# The commands. Each module-level function takes a trace first; Trace's methods call them.
+
+
+@_suggesting
+def info(trace: TraceLike, *, max_input_size: Optional[Size] = None,
+         verbose: bool = False) -> Result:
+    """``fragsim info TRACE --json``: what a trace holds (format, devices, events by kind, the
+    recording's peaks and capacity hints).
+
+    :param max_input_size: the most bytes the trace may hold (default 4 GiB).
+    :param verbose: print the command's notes on stderr (they are in ``result.notes`` anyway).
+    """
     call = _Call("info")
     call.source(trace)
-    call.options(options)
-    call.argv.append("--json")
+    call.flags(max_input_size=_size("max_input_size", max_input_size))
     return _json("info", call, verbose)
 
 
-def replay(trace: TraceLike, *, verbose: bool = False, **options: Any) -> Result:
-    """``fragsim replay TRACE --json``: one device's events against each policy
-    (``policies=["pytorch", "pytorch:expandable_segments:True"]``, ``capacity="40GiB"``,
-    ``device=0``, ``jobs=4``, ...); one row per policy in ``result["results"]``."""
+@_suggesting
+def replay(
+    trace: TraceLike,
+    *,
+    policies: Optional[Policies] = None,
+    device: Optional[int] = None,
+    capacity: Optional[Capacity] = None,
+    empty_cache_every: Optional[int] = None,
+    empty_cache_at: Optional[Sequence[int]] = None,
+    no_recorded_empty_cache: bool = False,
+    outside: Optional[Size] = None,
+    backend: Optional[str] = None,
+    cuda_device: Optional[int] = None,
+    touch: bool = False,
+    export_snapshot: Optional[PathLike] = None,
+    jobs: Optional[int] = None,
+    max_input_size: Optional[Size] = None,
+    verbose: bool = False,
+) -> Result:
+    """``fragsim replay TRACE --json``: one device's events against each policy; one row per
+    policy in ``result["results"]``, and the recorded run's row.
+
+    :param policies: policy specs (``["pytorch", "pytorch-expandable", "bfc"]``, ``"all"``) or
+        PyTorch settings as a dict; default ``pytorch``.
+    :param device: the device to replay (default: the one with the most events).
+    :param capacity: the device's memory: bytes, ``"40GiB"``, a card (``"a100-40gb"``),
+        ``"recorded"`` (the limit the recording's OOM flushes imply, the default) or ``"none"``.
+    :param empty_cache_every: call ``empty_cache()`` every N events (a what-if).
+    :param empty_cache_at: call ``empty_cache()`` at these event indices.
+    :param no_recorded_empty_cache: leave out the program's recorded ``empty_cache()`` calls.
+    :param outside: device memory used outside the allocator (CUDA context, NCCL).
+    :param backend: ``"sim"`` (default) or ``"cuda"`` (real GPU memory).
+    :param cuda_device: with ``backend="cuda"``, the GPU to use.
+    :param touch: with ``backend="cuda"``, write every new segment once.
+    :param export_snapshot: write the first policy's simulated run as a PyTorch snapshot here.
+    :param jobs: policies replayed in parallel (default: the cores).
+    :param max_input_size: the most bytes the trace may hold.
+    :param verbose: print the command's notes on stderr.
+    """
     call = _Call("replay")
     call.source(trace)
-    call.options(options)
-    call.argv.append("--json")
+    call.flags(
+        policy=_policy_list(policies), device=device, capacity=_size("capacity", capacity),
+        empty_cache_every=empty_cache_every,
+        empty_cache_at=None if empty_cache_at is None else ",".join(map(str, empty_cache_at)),
+        no_recorded_empty_cache=no_recorded_empty_cache, outside=_size("outside", outside),
+        backend=backend, cuda_device=cuda_device, touch=touch, export_snapshot=export_snapshot,
+        jobs=jobs, max_input_size=_size("max_input_size", max_input_size),
+    )
     return _json("replay", call, verbose)
 
 
-def validate(snapshot: TraceLike, *, verbose: bool = False, **options: Any) -> Result:
-    """``fragsim validate SNAPSHOT --json``: the PyTorch policy's decisions against the recording;
-    ``result.exit_code`` is 1 when a decision differs (``result["mismatches"]``)."""
+@_suggesting
+def validate(
+    snapshot: TraceLike,
+    *,
+    device: Optional[int] = None,
+    gpu_mem: Optional[Size] = None,
+    pytorch_version: Optional[str] = None,
+    policy: Optional[PolicyLike] = None,
+    export_snapshot: Optional[PathLike] = None,
+    max_input_size: Optional[Size] = None,
+    verbose: bool = False,
+) -> Result:
+    """``fragsim validate SNAPSHOT --json``: the PyTorch policy's decisions against the
+    recording; ``result.exit_code`` is 1 when a decision differs (``result["mismatches"]``).
+
+    :param device: the device to check (default: the one with the most events).
+    :param gpu_mem: the device's memory, when the recording's OOMs depend on it.
+    :param pytorch_version: the PyTorch version that recorded it (default: from the snapshot).
+    :param policy: the policy to check (a spec or PyTorch settings; default ``pytorch``).
+    :param export_snapshot: write the simulated run as a PyTorch snapshot here.
+    :param max_input_size: the most bytes the snapshot may hold.
+    :param verbose: print the command's notes on stderr.
+    """
     call = _Call("validate")
     call.source(snapshot)
-    call.options(options)
-    call.argv.append("--json")
+    call.flags(
+        device=device, gpu_mem=_size("gpu_mem", gpu_mem), pytorch_version=pytorch_version,
+        policy=None if policy is None else _policy_text(policy), export_snapshot=export_snapshot,
+        max_input_size=_size("max_input_size", max_input_size),
+    )
     return _json("validate", call, verbose)
 
 
-def fit(trace: TraceLike, *, verbose: bool = False, **options: Any) -> Result:
-    """``fragsim fit TRACE --json``: per policy, the least device memory with no OOM."""
+@_suggesting
+def fit(
+    trace: TraceLike,
+    *,
+    policies: Optional[Policies] = None,
+    device: Optional[int] = None,
+    outside: Optional[Size] = None,
+    jobs: Optional[int] = None,
+    max_input_size: Optional[Size] = None,
+    verbose: bool = False,
+) -> Result:
+    """``fragsim fit TRACE --json``: per policy, the least device memory with no OOM, and which
+    cards it fits.
+
+    :param policies: policy specs or PyTorch settings (default: the built-in set).
+    :param device: the device to replay.
+    :param outside: device memory used outside the allocator.
+    :param jobs: policies searched in parallel.
+    :param max_input_size: the most bytes the trace may hold.
+    :param verbose: print the command's notes on stderr.
+    """
     call = _Call("fit")
     call.source(trace)
-    call.options(options)
-    call.argv.append("--json")
+    call.flags(policy=_policy_list(policies), device=device, outside=_size("outside", outside),
+               jobs=jobs, max_input_size=_size("max_input_size", max_input_size))
     return _json("fit", call, verbose)
 
 
-def sweep(traces: Union[TraceLike, Sequence[TraceLike]], *, verbose: bool = False,
-          **options: Any) -> Result:
-    """``fragsim sweep TRACE... --json``: brace-expanded policy specs on every trace, ranked by
-    the worst case; ``result["best"]["env"]`` is the line to paste. With ``out=...`` and
-    ``shard="I/N"`` it writes a part and returns an empty result."""
+@_suggesting
+def sweep(
+    traces: Union[TraceLike, Sequence[TraceLike]],
+    *,
+    policies: Optional[Policies] = None,
+    objective: Optional[str] = None,
+    device: Optional[int] = None,
+    capacity: Optional[Capacity] = None,
+    shard: Optional[str] = None,
+    out: Optional[PathLike] = None,
+    jobs: Optional[int] = None,
+    max_input_size: Optional[Size] = None,
+    verbose: bool = False,
+) -> Result:
+    """``fragsim sweep TRACE... --json``: policy specs (brace-expanded:
+    ``"pytorch:max_split_size_mb:{64,256}"``) on every trace, ranked by the worst case;
+    ``result["best"]["env"]`` is the line to paste. Without ``policies``, the built-in grid.
+
+    :param objective: the JSON key to rank by (default ``peak_reserved_bytes``).
+    :param device: the device to replay.
+    :param capacity: as for :func:`replay`.
+    :param shard: ``"I/N"``: run part I of N (with ``out``); :func:`merge` joins the parts.
+    :param out: write the (part) result to this file and return an empty result.
+    :param jobs: replays in parallel.
+    :param max_input_size: the most bytes a trace may hold.
+    :param verbose: print the command's notes on stderr.
+    """
     call = _Call("sweep")
     _sources(call, traces)
-    call.options(options)
-    if options.get("out") is not None:
+    call.flags(policy=_policy_list(policies), objective=objective, device=device,
+               capacity=_size("capacity", capacity), shard=shard, out=out, jobs=jobs,
+               max_input_size=_size("max_input_size", max_input_size))
+    if out is not None:
         code, _, notes = call.run(verbose)
         return Result({}, "sweep", code, notes)
-    call.argv.append("--json")
     return _json("sweep", call, verbose)
 
 
-def merge(parts: Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]], *,
-          verbose: bool = False, **options: Any) -> Result:
-    """``fragsim merge PART.json... --json``: the parts of a sharded sweep, combined into exactly
-    what the unsharded sweep returns."""
+@_suggesting
+def merge(parts: Union[PathLike, Sequence[PathLike]], *,
+          max_input_size: Optional[Size] = None, verbose: bool = False) -> Result:
+    """``fragsim merge PART.json... --json``: the parts of a sharded sweep, combined into
+    exactly what the unsharded sweep returns."""
     call = _Call("merge")
     for p in [parts] if isinstance(parts, (str, os.PathLike)) else parts:
         call.argv.append(os.fspath(p))
-    call.options(options)
-    call.argv.append("--json")
+    call.flags(max_input_size=_size("max_input_size", max_input_size))
     return _json("merge", call, verbose)
 
 
-def check(traces: Union[TraceLike, Sequence[TraceLike]], *, baseline: Union[str, "os.PathLike[str]"],
-          verbose: bool = False, **options: Any) -> Result:
+@_suggesting
+def check(
+    traces: Union[TraceLike, Sequence[TraceLike]],
+    *,
+    baseline: PathLike,
+    tolerance: Optional[float] = None,
+    policies: Optional[Policies] = None,
+    device: Optional[int] = None,
+    capacity: Optional[Capacity] = None,
+    update: bool = False,
+    jobs: Optional[int] = None,
+    max_input_size: Optional[Size] = None,
+    verbose: bool = False,
+) -> Result:
     """``fragsim check TRACE... --baseline FILE --json``: replays and compares with a baseline;
     ``result["ok"]`` is false (and ``result.exit_code`` 1) on a regression beyond the tolerance.
-    ``update=True`` (re)writes the baseline and returns an empty result."""
+
+    :param baseline: the baseline file (JSON).
+    :param tolerance: the percentage a peak may grow before it is a regression.
+    :param update: (re)write the baseline and return an empty result.
+    """
     call = _Call("check")
     _sources(call, traces)
-    call.options({"baseline": baseline, **options})
-    if options.get("update"):
+    call.flags(baseline=baseline, tolerance=tolerance, policy=_policy_list(policies),
+               device=device, capacity=_size("capacity", capacity), update=update, jobs=jobs,
+               max_input_size=_size("max_input_size", max_input_size))
+    if update:
         code, _, notes = call.run(verbose)
         return Result({}, "check", code, notes)
-    call.argv.append("--json")
     return _json("check", call, verbose)
 
 
-def convert(input: TraceLike, output: Union[str, "os.PathLike[str]"], *, verbose: bool = False,
-            **options: Any) -> Path:
-    """``fragsim convert IN OUT``: the output format follows OUT's extension. Returns OUT."""
+@_suggesting
+def blame(
+    trace: TraceLike,
+    *,
+    policies: Optional[Policies] = None,
+    device: Optional[int] = None,
+    capacity: Optional[Capacity] = None,
+    at: Optional[Union[str, int]] = None,
+    by: Optional[str] = None,
+    top: Optional[int] = None,
+    depth: Optional[int] = None,
+    empty_cache_every: Optional[int] = None,
+    empty_cache_at: Optional[Sequence[int]] = None,
+    no_recorded_empty_cache: bool = False,
+    flamegraph: Optional[PathLike] = None,
+    jobs: Optional[int] = None,
+    max_input_size: Optional[Size] = None,
+    verbose: bool = False,
+) -> Result:
+    """``fragsim blame TRACE --format json``: who holds the memory at a moment, by site.
+
+    :param at: ``"peak"`` (default), ``"peak-live"``, ``"oom"`` or an event index.
+    :param by: ``"site"`` (default), ``"function"``, ``"file"``, ``"stream"`` or ``"size"``.
+    :param top: the sites shown (0: all).
+    :param depth: frames shown per site.
+    :param flamegraph: write a flame graph SVG here.
+    """
+    call = _Call("blame")
+    call.source(trace)
+    call.flags(
+        policy=_policy_list(policies), device=device, capacity=_size("capacity", capacity),
+        empty_cache_every=empty_cache_every,
+        empty_cache_at=None if empty_cache_at is None else ",".join(map(str, empty_cache_at)),
+        no_recorded_empty_cache=no_recorded_empty_cache, at=at, by=by, top=top, depth=depth,
+        flamegraph=flamegraph, jobs=jobs, max_input_size=_size("max_input_size", max_input_size),
+    )
+    return _json("blame", call, verbose, "--format=json")
+
+
+@_suggesting
+def diff(
+    a: TraceLike,
+    b: Optional[TraceLike] = None,
+    *,
+    policies: Optional[Policies] = None,
+    device: Optional[int] = None,
+    by: Optional[str] = None,
+    top: Optional[int] = None,
+    depth: Optional[int] = None,
+    out: Optional[PathLike] = None,
+    jobs: Optional[int] = None,
+    max_input_size: Optional[Size] = None,
+    verbose: bool = False,
+) -> Result:
+    """``fragsim diff A [B] --format json``: two runs side by side, both peaks, the deltas and
+    the live bytes by site at each run's peak-live moment. Without ``b``, ``a`` under two
+    policies (``policies=[X, Y]``).
+
+    :param by: how to group sites (as :func:`blame`).
+    :param top: the sites shown (0: all).
+    :param out: also write the charts and an HTML page in this folder.
+    """
+    call = _Call("diff")
+    call.source(a)
+    if b is not None:
+        call.source(b)
+    call.flags(policy=_policy_list(policies), device=device, by=by, top=top, depth=depth,
+               out=out, jobs=jobs, max_input_size=_size("max_input_size", max_input_size))
+    return _json("diff", call, verbose, "--format=json")
+
+
+@_suggesting
+def explain(
+    trace: TraceLike,
+    *,
+    at: Optional[Union[str, int]] = None,
+    capacity: Optional[Capacity] = None,
+    policy: Optional[PolicyLike] = None,
+    device: Optional[int] = None,
+    verbose: bool = False,
+) -> Result:
+    """``fragsim explain TRACE --format json``: why the peak is what it is: the verdict, the
+    kinds of free memory, the fixes. Needs a build whose command line has ``explain``.
+
+    :param at: the moment (as :func:`blame`).
+    :param capacity: as for :func:`replay`.
+    :param policy: the policy replayed (default ``pytorch``).
+    :param device: the device to replay.
+    """
+    if not _has("explain"):
+        raise UsageError("this build of fragsim has no 'explain' command (upgrade fragsim)")
+    call = _Call("explain")
+    call.source(trace)
+    call.flags(at=at, capacity=_size("capacity", capacity),
+               policy=None if policy is None else _policy_text(policy), device=device)
+    return _json("explain", call, verbose, "--format=json")
+
+
+@_suggesting
+def convert(input: TraceLike, output: PathLike, *, max_input_size: Optional[Size] = None,
+            verbose: bool = False) -> Path:
+    """``fragsim convert IN OUT``: the output format follows OUT's extension (``.fst``,
+    ``.pickle``, ``.json``, ``.txt``). Returns OUT."""
     call = _Call("convert")
     call.source(input)
     call.argv.append(os.fspath(output))
-    call.options(options)
+    call.flags(max_input_size=_size("max_input_size", max_input_size))
     call.run(verbose)
     return Path(output)
 
 
-def synth(out: Union[str, "os.PathLike[str]"], *, verbose: bool = False, **options: Any) -> Path:
-    """``fragsim synth OUT``: writes a synthetic training trace (``layers=``, ``hidden=``,
-    ``steps=``, ...). Returns OUT."""
+@_suggesting
+def synth(
+    out: PathLike,
+    *,
+    layers: Optional[int] = None,
+    hidden: Optional[int] = None,
+    heads: Optional[int] = None,
+    vocab: Optional[int] = None,
+    seq: Optional[int] = None,
+    batch: Optional[int] = None,
+    steps: Optional[int] = None,
+    mixed_precision: bool = False,
+    grad_accum: Optional[int] = None,
+    checkpointing: bool = False,
+    vary_seq: Optional[str] = None,
+    seed: Optional[int] = None,
+    streams: Optional[int] = None,
+    verbose: bool = False,
+) -> Path:
+    """``fragsim synth OUT``: writes a synthetic transformer training trace (defaults: 4 layers,
+    hidden 512, 8 heads, vocab 50257, seq 256, batch 8, 3 steps). ``vary_seq="MIN:MAX"`` varies
+    the sequence length per step. Returns OUT."""
     call = _Call("synth")
     call.argv.append(os.fspath(out))
-    call.options(options)
+    call.flags(layers=layers, hidden=hidden, heads=heads, vocab=vocab, seq=seq, batch=batch,
+               steps=steps, mixed_precision=mixed_precision, grad_accum=grad_accum,
+               checkpointing=checkpointing, vary_seq=vary_seq, seed=seed, streams=streams)
     call.run(verbose)
     return Path(out)
 
 
-def report(trace: TraceLike, *, out: Union[str, "os.PathLike[str]"], verbose: bool = False,
-           **options: Any) -> Dict[str, Path]:
-    """``fragsim report TRACE --out DIR``: charts, tables and an index.html. Returns the files it
-    wrote, by name (``paths["index.html"]``, ``paths["peaks.svg"]``, ...)."""
+@_suggesting
+def report(
+    trace: TraceLike,
+    *,
+    out: PathLike,
+    policies: Optional[Policies] = None,
+    device: Optional[int] = None,
+    capacity: Optional[Capacity] = None,
+    empty_cache_every: Optional[int] = None,
+    empty_cache_at: Optional[Sequence[int]] = None,
+    no_recorded_empty_cache: bool = False,
+    segment_map_policy: Optional[str] = None,
+    jobs: Optional[int] = None,
+    max_input_size: Optional[Size] = None,
+    verbose: bool = False,
+) -> Dict[str, Path]:
+    """``fragsim report TRACE --out DIR``: charts, tables and an index.html. Returns the files
+    it wrote, by name (``paths["index.html"]``, ``paths["peaks.svg"]``, ...)."""
     call = _Call("report")
     call.source(trace)
-    call.options({"out": out, **options})
+    call.flags(
+        out=out, policy=_policy_list(policies), device=device,
+        capacity=_size("capacity", capacity), empty_cache_every=empty_cache_every,
+        empty_cache_at=None if empty_cache_at is None else ",".join(map(str, empty_cache_at)),
+        no_recorded_empty_cache=no_recorded_empty_cache, segment_map_policy=segment_map_policy,
+        jobs=jobs, max_input_size=_size("max_input_size", max_input_size),
+    )
     started = time.time() - 1.0
     call.run(verbose)
     folder = Path(out)
@@ -249,17 +680,233 @@ def report(trace: TraceLike, *, out: Union[str, "os.PathLike[str]"], verbose: bo
     }
 
 
-def _json_command(name: str):
-    """A function for a command that prints ``--format json`` (``blame``, ``diff``)."""
+# ---------------------------------------------------------------------------------------------
+# A trace loaded once.
 
-    def command(*traces: TraceLike, verbose: bool = False, **options: Any) -> Result:
-        call = _Call(name)
-        for t in traces:
-            call.source(t)
-        call.options(options)
-        call.argv.append("--format=json")
-        return _json(name, call, verbose)
 
-    command.__name__ = name
-    command.__doc__ = f"``fragsim {name} ... --format json``, as a :class:`Result`."
-    return command
+class Trace:
+    """A trace read once (from :func:`load`): every method asks it one question, on the same
+    loaded trace, and returns what the function of the same name returns.
+
+    ``name`` is what results call it (the path, or ``<dict>``/``<bytes>``/``<file>``);
+    ``device`` the device its methods replay unless told otherwise.
+    """
+
+    def __init__(self, native: Any, name: str, kind: str, device: Optional[int]) -> None:
+        self._native = native
+        self.name = name
+        self.kind = kind
+        self.device = device
+        self._info: Optional[Result] = None
+
+    def __repr__(self) -> str:
+        device = "" if self.device is None else f", device={self.device}"
+        return f"fragsim.Trace({self.name!r}{device})"
+
+    def _device(self, device: Optional[int]) -> Optional[int]:
+        return self.device if device is None else device
+
+    @property
+    def info(self) -> Result:
+        """What the trace holds (``fragsim info``), read once."""
+        if self._info is None:
+            self._info = info(self)
+        return self._info
+
+    @_suggesting
+    def replay(
+        self,
+        *,
+        policies: Optional[Policies] = None,
+        device: Optional[int] = None,
+        capacity: Optional[Capacity] = None,
+        empty_cache_every: Optional[int] = None,
+        empty_cache_at: Optional[Sequence[int]] = None,
+        no_recorded_empty_cache: bool = False,
+        outside: Optional[Size] = None,
+        backend: Optional[str] = None,
+        cuda_device: Optional[int] = None,
+        touch: bool = False,
+        export_snapshot: Optional[PathLike] = None,
+        jobs: Optional[int] = None,
+        verbose: bool = False,
+    ) -> Result:
+        """Replays the trace against each policy: :func:`fragsim.replay`'s parameters."""
+        return replay(
+            self, policies=policies, device=self._device(device), capacity=capacity,
+            empty_cache_every=empty_cache_every, empty_cache_at=empty_cache_at,
+            no_recorded_empty_cache=no_recorded_empty_cache, outside=outside, backend=backend,
+            cuda_device=cuda_device, touch=touch, export_snapshot=export_snapshot, jobs=jobs,
+            verbose=verbose,
+        )
+
+    @_suggesting
+    def explain(
+        self,
+        *,
+        at: Optional[Union[str, int]] = None,
+        capacity: Optional[Capacity] = None,
+        policy: Optional[PolicyLike] = None,
+        device: Optional[int] = None,
+        verbose: bool = False,
+    ) -> Result:
+        """Why the peak is what it is: :func:`fragsim.explain`'s parameters."""
+        return explain(self, at=at, capacity=capacity, policy=policy,
+                       device=self._device(device), verbose=verbose)
+
+    @_suggesting
+    def blame(
+        self,
+        *,
+        policies: Optional[Policies] = None,
+        device: Optional[int] = None,
+        capacity: Optional[Capacity] = None,
+        at: Optional[Union[str, int]] = None,
+        by: Optional[str] = None,
+        top: Optional[int] = None,
+        depth: Optional[int] = None,
+        empty_cache_every: Optional[int] = None,
+        empty_cache_at: Optional[Sequence[int]] = None,
+        no_recorded_empty_cache: bool = False,
+        flamegraph: Optional[PathLike] = None,
+        jobs: Optional[int] = None,
+        verbose: bool = False,
+    ) -> Result:
+        """Who holds the memory at a moment: :func:`fragsim.blame`'s parameters."""
+        return blame(
+            self, policies=policies, device=self._device(device), capacity=capacity, at=at,
+            by=by, top=top, depth=depth, empty_cache_every=empty_cache_every,
+            empty_cache_at=empty_cache_at, no_recorded_empty_cache=no_recorded_empty_cache,
+            flamegraph=flamegraph, jobs=jobs, verbose=verbose,
+        )
+
+    @_suggesting
+    def diff(
+        self,
+        other: Optional[TraceLike] = None,
+        *,
+        policies: Optional[Policies] = None,
+        device: Optional[int] = None,
+        by: Optional[str] = None,
+        top: Optional[int] = None,
+        depth: Optional[int] = None,
+        out: Optional[PathLike] = None,
+        jobs: Optional[int] = None,
+        verbose: bool = False,
+    ) -> Result:
+        """This trace (A) against ``other`` (B), or under two policies without ``other``:
+        :func:`fragsim.diff`'s parameters."""
+        return diff(self, other, policies=policies, device=self._device(device), by=by,
+                    top=top, depth=depth, out=out, jobs=jobs, verbose=verbose)
+
+    @_suggesting
+    def fit(
+        self,
+        *,
+        policies: Optional[Policies] = None,
+        device: Optional[int] = None,
+        outside: Optional[Size] = None,
+        jobs: Optional[int] = None,
+        verbose: bool = False,
+    ) -> Result:
+        """The least memory each policy needs: :func:`fragsim.fit`'s parameters."""
+        return fit(self, policies=policies, device=self._device(device), outside=outside,
+                   jobs=jobs, verbose=verbose)
+
+    @_suggesting
+    def sweep(
+        self,
+        *,
+        policies: Optional[Policies] = None,
+        objective: Optional[str] = None,
+        device: Optional[int] = None,
+        capacity: Optional[Capacity] = None,
+        jobs: Optional[int] = None,
+        verbose: bool = False,
+    ) -> Result:
+        """The best setting of a grid (the built-in one by default): :func:`fragsim.sweep`'s
+        parameters."""
+        return sweep(self, policies=policies, objective=objective,
+                     device=self._device(device), capacity=capacity, jobs=jobs,
+                     verbose=verbose)
+
+    @_suggesting
+    def check(
+        self,
+        *,
+        baseline: PathLike,
+        tolerance: Optional[float] = None,
+        policies: Optional[Policies] = None,
+        device: Optional[int] = None,
+        capacity: Optional[Capacity] = None,
+        update: bool = False,
+        jobs: Optional[int] = None,
+        verbose: bool = False,
+    ) -> Result:
+        """Compares with a baseline: :func:`fragsim.check`'s parameters."""
+        return check(self, baseline=baseline, tolerance=tolerance, policies=policies,
+                     device=self._device(device), capacity=capacity, update=update, jobs=jobs,
+                     verbose=verbose)
+
+    @_suggesting
+    def validate(
+        self,
+        *,
+        device: Optional[int] = None,
+        gpu_mem: Optional[Size] = None,
+        pytorch_version: Optional[str] = None,
+        policy: Optional[PolicyLike] = None,
+        export_snapshot: Optional[PathLike] = None,
+        verbose: bool = False,
+    ) -> Result:
+        """The PyTorch policy against the recording: :func:`fragsim.validate`'s parameters."""
+        return validate(self, device=self._device(device), gpu_mem=gpu_mem,
+                        pytorch_version=pytorch_version, policy=policy,
+                        export_snapshot=export_snapshot, verbose=verbose)
+
+    @_suggesting
+    def report(
+        self,
+        out: PathLike,
+        *,
+        policies: Optional[Policies] = None,
+        device: Optional[int] = None,
+        capacity: Optional[Capacity] = None,
+        empty_cache_every: Optional[int] = None,
+        empty_cache_at: Optional[Sequence[int]] = None,
+        no_recorded_empty_cache: bool = False,
+        segment_map_policy: Optional[str] = None,
+        jobs: Optional[int] = None,
+        verbose: bool = False,
+    ) -> Dict[str, Path]:
+        """Charts, tables and an index.html in ``out``: :func:`fragsim.report`'s parameters."""
+        return report(
+            self, out=out, policies=policies, device=self._device(device), capacity=capacity,
+            empty_cache_every=empty_cache_every, empty_cache_at=empty_cache_at,
+            no_recorded_empty_cache=no_recorded_empty_cache,
+            segment_map_policy=segment_map_policy, jobs=jobs, verbose=verbose,
+        )
+
+    @_suggesting
+    def export(self, out: PathLike, *, verbose: bool = False) -> Path:
+        """Writes the trace to ``out`` in the format its extension names (``.fst``,
+        ``.pickle``, ...): :func:`fragsim.convert`. Returns ``out``."""
+        return convert(self, out, verbose=verbose)
+
+
+@_suggesting
+def load(trace: TraceLike, *, device: Optional[int] = None) -> Trace:
+    """Loads a trace once for several questions: a path, ``bytes``, a binary file object, or
+    the dict ``torch.cuda.memory._snapshot()`` returns. Nothing is read until the first
+    question; each later one reuses what the first read (a snapshot dict is converted once).
+
+    :param device: the device every method replays unless told otherwise.
+    """
+    if isinstance(trace, Trace):
+        return trace if device is None else Trace(trace._native, trace.name, trace.kind, device)
+    if isinstance(trace, (str, os.PathLike)):
+        path = os.fspath(trace)
+        return Trace(_native.Loaded(path), path, "path", device)
+    kind, held = _held(trace)
+    return Trace(_native.Loaded(held), f"<{kind}>", kind, device)
+

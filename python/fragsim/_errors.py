@@ -17,7 +17,8 @@ class FragsimError(Exception):
 
 
 class UsageError(FragsimError, ValueError):
-    """A bad option or option value (exit code 2): an unknown flag, a bad size, an unknown policy."""
+    """A bad option value (exit code 2): a bad size, an unknown policy, a value a parameter does
+    not take."""
 
 
 class TraceError(FragsimError, ValueError):

@@ -21,3 +21,12 @@ def convert_only(obj: Any, keep_frames: bool = False) -> float:
 
 def commands() -> List[str]:
     """The names of the command line's commands."""
+
+class Loaded:
+    """A trace held for the commands that read it (a path, bytes or a snapshot dict), read
+    once per kind (with stack frames, without)."""
+
+    def __init__(self, source: Any) -> None: ...
+    @property
+    def read(self) -> bool:
+        """Whether a command has read the trace yet."""

@@ -10,6 +10,7 @@
 //! instead of crossing into Python. The pure-Python layer (`python/fragsim/`) turns the outcome into results and
 //! exceptions.
 
+mod loaded;
 mod snapshot_dict;
 
 use fragsim::cli::{self, Failure, InMemory, Io};
@@ -50,8 +51,9 @@ type ErrorInfo = (String, String, Option<String>, Option<String>, Option<String>
 type Outcome = (u8, String, String, Option<ErrorInfo>);
 
 /// Runs the command line `argv` with its output captured. `memory` maps names used in `argv`
-/// to traces held in memory: `bytes` (a trace file's content) or a snapshot dict (converted when
-/// the command reads it, under the GIL, then read as its pickle file is). `progress` allows
+/// to traces held in memory: `bytes` (a trace file's content), a snapshot dict (converted when
+/// the command reads it, under the GIL, then read as its pickle file is), or a [`loaded::Loaded`]
+/// trace (read once, for every command given it). `progress` allows
 /// progress bars on the process's stderr.
 #[pyfunction]
 fn call(
@@ -63,7 +65,11 @@ fn call(
     let mut held = std::collections::HashMap::new();
     let mut paths = Vec::new();
     for (name, obj) in memory {
-        let item = if let Ok(b) = obj.downcast::<PyBytes>() {
+        let item = if let Ok(loaded) = obj.downcast::<loaded::Loaded>() {
+            let loaded = loaded.get();
+            paths.push((name.clone(), loaded.names.clone()));
+            InMemory::Shared(loaded.reader())
+        } else if let Ok(b) = obj.downcast::<PyBytes>() {
             InMemory::Bytes(b.as_bytes().to_vec())
         } else if let Ok(b) = obj.downcast::<PyByteArray>() {
             InMemory::Bytes(b.to_vec())
@@ -129,9 +135,9 @@ fn call(
             let names = e.location().file.as_ref().and_then(|f| {
                 paths.iter().find(|(n, _)| std::path::Path::new(n) == f).map(|(_, names)| names)
             });
-            let names = names.and_then(|n| n.lock().ok().and_then(|mut n| n.take()));
+            let names = names.and_then(|n| n.lock().ok());
             let code = e.kind().exit_code();
-            (code, out, err, Some(error_info(&e, names.as_ref())))
+            (code, out, err, Some(error_info(&e, names.as_ref().and_then(|n| n.as_ref()))))
         }
         Err(panic) => {
             let what = panic
@@ -216,5 +222,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(version, m)?)?;
     m.add_function(wrap_pyfunction!(commands, m)?)?;
     m.add_function(wrap_pyfunction!(snapshot_dict::convert_only, m)?)?;
+    m.add_class::<loaded::Loaded>()?;
     Ok(())
 }

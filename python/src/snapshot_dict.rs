@@ -10,9 +10,10 @@
 //! file has. Every container keeps how it was reached, so an error names its key path:
 //! `segments[3].blocks[0]`.
 //!
-//! Where the command keeps no stack frames, `frames` values are left out unwalked: the reader
-//! would not look at them (a file's are decoded, then ignored), and they are most of the
-//! objects (each entry's list of shared frame dicts).
+//! Where the command keeps no stack frames, `frames` values are left out unwalked, except those
+//! the reader reads anyway ([`Walk::frames_read`]: a release's, and a torch_npu one): the
+//! reader would not look at the others (a file's are decoded, then ignored), and they are most
+//! of the objects (each entry's list of shared frame dicts).
 //!
 //! Three memos keep the walk as fast as reading the snapshot's pickle file (the test suite
 //! prints both): where PyTorch gives each entry a new `frames` list holding the same shared
@@ -144,17 +145,34 @@ struct Walk<'py> {
     scratch: Vec<usize>,
     /// The string numbers of the `'frames'` strings converted (one, unless hashes collide).
     frames_keys: Vec<u32>,
+    /// The string numbers of the `'action'` strings, and of the `'segment_free'` and
+    /// `'segment_unmap'` ones, converted.
+    action_keys: Vec<u32>,
+    releases: Vec<u32>,
     steps: Vec<(u64, Step)>,
     keys: HashMap<u32, String>,
     /// Bytes the converted objects take, against `cap`.
     held: u64,
     cap: u64,
-    /// Leave out every `frames` value: the reader, not keeping frames, would not look at them.
+    /// Leave out the `frames` values the reader, not keeping frames, would not look at.
     skip_frames: bool,
+    /// Frame dicts already looked at for a torch_npu file name, by address.
+    npu_looked: std::collections::HashSet<usize, BuildHasherDefault<AddrHasher>>,
+    /// A stack naming a torch_npu file was kept: no other needs looking at.
+    npu_found: bool,
+    /// The item addresses of the `frames` lists looked at for torch_npu.
+    npu_lists: std::collections::HashSet<Box<[usize]>, BuildHasherDefault<SeqHasher>>,
+    /// The keys `'action'` and `'filename'`, as Python strings.
+    action_key: Py<PyString>,
+    filename_key: Py<PyString>,
     /// Converted items and entries of the containers on the stack, innermost last.
     items: Vec<Value>,
     entries: Vec<(Value, Value)>,
 }
+
+/// The most `frames` sequences remembered as looked at for torch_npu (then forgotten, and
+/// looked at again: a bound on memory, not on correctness).
+const NPU_LISTS: usize = 1 << 16;
 
 /// Bytes counted for one value or container item (a [`Value`] is 16 bytes).
 const PER_VALUE: u64 = 16;
@@ -340,8 +358,11 @@ impl<'py> Walk<'py> {
                 self.b.str(&raw)
             }
         };
-        if let (Value::Str(i), Some(b"frames")) = (v, self.b.str_bytes(v)) {
-            self.frames_keys.push(i);
+        match (v, self.b.str_bytes(v)) {
+            (Value::Str(i), Some(b"frames")) => self.frames_keys.push(i),
+            (Value::Str(i), Some(b"action")) => self.action_keys.push(i),
+            (Value::Str(i), Some(b"segment_free" | b"segment_unmap")) => self.releases.push(i),
+            _ => {}
         }
         if hash != -1 {
             self.strs.entry(hash as u64).or_insert((p as usize, v));
@@ -467,7 +488,8 @@ impl<'py> Walk<'py> {
                             }
                         };
                         let frames = matches!(key, Value::Str(i) if self.frames_keys.contains(&i));
-                        if frames && self.skip_frames {
+                        let start = top.start;
+                        if frames && self.skip_frames && !self.frames_read(top.obj, start, v) {
                             // The reader does not look at frames it does not keep.
                             self.entries.push((key, Value::None));
                             continue;
@@ -556,6 +578,101 @@ impl<'py> Walk<'py> {
             }
         }
         Ok(())
+    }
+
+    /// Whether the snapshot reader looks at the `frames` value `frames` of the dict `owner`
+    /// even when it keeps no stack frames, as it does for a file: a release of cached memory
+    /// (`segment_free`, `segment_unmap`), whose stack tells an `empty_cache()` call from a
+    /// malloc's out-of-memory flush, and the first stack naming a torch_npu file (the recording's
+    /// allocator). Leaving these out made a dict's flush counts and `frame_lists` differ from
+    /// its file's.
+    ///
+    /// # Safety
+    /// `owner` and `frames` are live objects and the GIL is held.
+    unsafe fn frames_read(
+        &mut self,
+        owner: *mut ffi::PyObject,
+        start: usize,
+        frames: *mut ffi::PyObject,
+    ) -> bool {
+        // The entry's action, converted already where it comes before `frames` (PyTorch's
+        // order): equal strings are one value, so this is a comparison of numbers.
+        let action = self.entries[start..].iter().find_map(|&(k, v)| match k {
+            Value::Str(i) if self.action_keys.contains(&i) => Some(v),
+            _ => None,
+        });
+        let release = match action {
+            Some(Value::Str(i)) => self.releases.contains(&i),
+            Some(_) => false,
+            None => {
+                // Another order: asked of the dict (with a key made once).
+                let action = ffi::PyDict_GetItem(owner, self.action_key.as_ptr());
+                !action.is_null()
+                    && ffi::PyUnicode_Check(action) != 0
+                    && [c"segment_free", c"segment_unmap"].iter().any(|name| {
+                        ffi::PyUnicode_CompareWithASCIIString(action, name.as_ptr()) == 0
+                    })
+            }
+        };
+        if release {
+            return true;
+        }
+        if self.npu_found {
+            return false;
+        }
+        let ty = ffi::Py_TYPE(frames);
+        let len = if ty == std::ptr::addr_of_mut!(ffi::PyList_Type) {
+            ffi::PyList_Size(frames)
+        } else {
+            return false;
+        };
+        if len <= 0 {
+            return false;
+        }
+        // A list holding the very frame dicts an earlier one held was looked at then: one
+        // lookup of the sequence instead of one per frame (PyTorch makes a new list per entry).
+        let mut items = std::mem::take(&mut self.scratch);
+        items.clear();
+        items.extend((0..len).map(|i| ffi::PyList_GetItem(frames, i) as usize));
+        let seen = self.npu_lists.contains(&items[..]);
+        if !seen {
+            if self.npu_lists.len() >= NPU_LISTS {
+                self.npu_lists.clear();
+            }
+            self.npu_lists.insert(items.as_slice().into());
+        }
+        let found = !seen && self.names_torch_npu(&items);
+        self.scratch = items;
+        ffi::PyErr_Clear();
+        if found {
+            self.npu_found = true;
+        }
+        found
+    }
+
+    /// Whether a frame dict among `items` (object addresses) not looked at before names a
+    /// torch_npu file.
+    ///
+    /// # Safety
+    /// Every item is a live object (or null) and the GIL is held.
+    unsafe fn names_torch_npu(&mut self, items: &[usize]) -> bool {
+        for &f in items {
+            let f = f as *mut ffi::PyObject;
+            if f.is_null() || ffi::PyDict_Check(f) == 0 || !self.npu_looked.insert(f as usize) {
+                continue;
+            }
+            let name = ffi::PyDict_GetItem(f, self.filename_key.as_ptr());
+            if name.is_null() || ffi::PyUnicode_Check(name) == 0 {
+                continue;
+            }
+            let name = Bound::from_borrowed_ptr(self.py, name);
+            if let Ok(name) = name.downcast::<PyString>().map(|s| s.to_string_lossy()) {
+                if fragsim::trace::is_torch_npu_file(&name) {
+                    return true;
+                }
+            }
+        }
+        false
     }
 
     /// Converts item `i` of container `number` and pushes its value.
@@ -660,11 +777,18 @@ pub fn convert(
         lists: HashMap::default(),
         scratch: Vec::new(),
         frames_keys: Vec::new(),
+        action_keys: Vec::new(),
+        releases: Vec::new(),
         steps: Vec::new(),
         keys: HashMap::new(),
         held: 0,
         cap,
         skip_frames: !keep_frames,
+        npu_looked: Default::default(),
+        npu_found: false,
+        npu_lists: Default::default(),
+        action_key: PyString::intern(obj.py(), "action").unbind(),
+        filename_key: PyString::intern(obj.py(), "filename").unbind(),
         items: Vec::new(),
         entries: Vec::new(),
     };

@@ -134,7 +134,16 @@ pub enum InMemory {
     /// A trace its holder makes when the command reads it, with the command's read options:
     /// a snapshot dict is converted knowing whether the command keeps stack frames.
     Reader(TraceReader),
+    /// A trace its holder keeps and may hand out again: every read of the name asks it, so a
+    /// command that reads a trace twice (a sweep's built-in grid) and every later command on the
+    /// same loaded trace (the Python package's `fragsim.load`) reuse one conversion.
+    Shared(SharedReader),
 }
+
+/// Makes an in-memory trace each time a command reads it ([`InMemory::Shared`]).
+pub type SharedReader = std::sync::Arc<
+    dyn Fn(&fragsim::trace::ReadOptions) -> Result<fragsim::trace::Trace> + Send + Sync,
+>;
 
 /// Makes an in-memory trace with the reading command's options ([`InMemory::Reader`]).
 pub type TraceReader =
@@ -160,6 +169,9 @@ pub struct Io<'a> {
     max_input_size: Option<u64>,
     /// Whether the note that `--jobs` was lowered has been written (once per command).
     pub(crate) jobs_noted: bool,
+    /// Whether the note that a snapshot holds no memory history has been written (once per
+    /// command).
+    history_noted: bool,
     /// Stops the command's replays early when raised: the Python package raises it when Ctrl-C
     /// interrupts the call, so abandoned work does not go on in the background. The binary's
     /// can never be raised (Ctrl-C ends the process).
@@ -179,6 +191,7 @@ impl<'a> Io<'a> {
             stdio: true,
             max_input_size: None,
             jobs_noted: false,
+            history_noted: false,
             cancel: fragsim::replay::Cancel::default(),
         }
     }
@@ -193,6 +206,7 @@ impl<'a> Io<'a> {
             stdio: false,
             max_input_size: None,
             jobs_noted: false,
+            history_noted: false,
             cancel: fragsim::replay::Cancel::default(),
         }
     }
@@ -223,19 +237,53 @@ impl<'a> Io<'a> {
             max_input_bytes: self.max_input_size,
             cancel: self.cancel.clone(),
         };
+        let trace = if let Some(InMemory::Shared(read)) = self.memory.get(path) {
+            let read = read.clone();
+            read(&options).map_err(|e| e.in_file(path))?
+        } else {
+            self.read_held_or_file(path, &options)?
+        };
+        if !self.history_noted && no_history(&trace) {
+            self.history_noted = true;
+            self.note(&format!(
+                "{}: the snapshot has segments but no trace events: memory history was not \
+                 recorded. Call torch.cuda.memory._record_memory_history() before the code to \
+                 measure, then take the snapshot (torch.cuda.memory._snapshot() or \
+                 _dump_snapshot(\"FILE.pickle\")); without it every replay has nothing to replay.",
+                path.display()
+            ));
+        }
+        Ok(trace)
+    }
+
+    /// Reads `path` from the in-memory trace of that name (taken), else from the file.
+    fn read_held_or_file(
+        &mut self,
+        path: &Path,
+        options: &fragsim::trace::ReadOptions,
+    ) -> Result<fragsim::trace::Trace> {
         match self.memory.remove(path) {
-            Some(InMemory::Reader(read)) => read(&options).map_err(|e| e.in_file(path)),
+            Some(InMemory::Reader(read)) => read(options).map_err(|e| e.in_file(path)),
+            Some(InMemory::Shared(read)) => read(options).map_err(|e| e.in_file(path)),
             Some(InMemory::Bytes(data)) => {
-                fragsim::trace::read_memory(&data, &options).map_err(|e| e.in_file(path))
+                fragsim::trace::read_memory(&data, options).map_err(|e| e.in_file(path))
             }
-            None => fragsim::trace::read_trace(path, &options),
+            None => fragsim::trace::read_trace(path, options),
         }
     }
 
-    /// Whether `path` names an in-memory trace not read yet.
+    /// Whether `path` names an in-memory trace not read yet (or one its holder keeps).
     pub fn holds(&self, path: &Path) -> bool {
         self.memory.contains_key(path)
     }
+}
+
+/// Whether `trace` is a PyTorch snapshot whose segments show memory but that holds no trace
+/// events: taken without `torch.cuda.memory._record_memory_history()`.
+fn no_history(trace: &fragsim::trace::Trace) -> bool {
+    trace.format == fragsim::trace::Format::PytorchSnapshot
+        && !trace.segments.is_empty()
+        && trace.devices.iter().all(|d| d.events.is_empty())
 }
 
 /// The version `fragsim --version` prints.

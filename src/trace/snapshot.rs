@@ -642,9 +642,13 @@ impl pickle::Sink for Streamer {
         READ.contains(&bytes)
     }
 
-    fn keep(&mut self, _: &Pickle<'_>, v: Value) -> Option<u32> {
+    fn keep(&mut self, p: &Pickle<'_>, v: Value) -> Option<u32> {
         if !self.reader.keep_frames {
-            return None;
+            // A release's stack is read even without frames (it tells an `empty_cache()` call
+            // from an out-of-memory flush), and PyTorch shares each frame dict between stacks:
+            // a frame dict a later release may name is kept as its frame, so the file reads the
+            // stack the same snapshot's dict gives, wherever its batches were cut.
+            return self.reader.keep_frame_dict(p, v);
         }
         self.reader.handle(v)
     }
@@ -761,6 +765,30 @@ impl Reader {
         }
     }
 
+    /// Without [`ReadOptions::keep_frames`]: the handle of `v` when it is a frame dict (a dict
+    /// with a `filename` and no `action`), decoded now, within the bytes the stacks may take
+    /// ([`FRAME_BYTES_PER_INPUT_BYTE`]); `None` otherwise (a release naming it then has no
+    /// stack, as before).
+    fn keep_frame_dict(&mut self, p: &Pickle, v: Value) -> Option<u32> {
+        let Value::Dict(i) = v else { return None };
+        if !matches!(self.frame_cache.get(i as usize), Some(Some(_))) {
+            let keys = p.entries(v)?;
+            let named = |name: &[u8]| keys.iter().any(|&(k, _)| p.str_bytes(k) == Some(name));
+            if keys.len() > 8 || !named(b"filename") || named(b"action") {
+                return None;
+            }
+            let frame = self.frame(p, v);
+            let read = p.offset_of(v).unwrap_or(0);
+            let allowed = read.saturating_mul(FRAME_BYTES_PER_INPUT_BYTE).max(FRAME_BYTES_FLOOR);
+            let size = frame.filename.len() + frame.name.len() + size_of::<Frame>();
+            self.frame_bytes = self.frame_bytes.saturating_add(size as u64);
+            if self.frame_bytes > allowed {
+                return None;
+            }
+        }
+        self.handle(v)
+    }
+
     /// Forgets what it knows of the containers from index `seqs` (lists) and `dicts` (dicts)
     /// on, which streaming dropped: their indices are handed out again.
     fn forget(&mut self, seqs: usize, dicts: usize) {
@@ -823,7 +851,11 @@ impl Reader {
         if !self.keep_frames {
             // Only a release's frames are read then, and only when all of them are at hand:
             // the other entries cost no look at their frames.
-            let dropped = |f: &Value| matches!(f, Value::Handle(_) | Value::Dropped);
+            // A frame handle is a frame dict streaming dropped ([`Reader::keep_frame_dict`]).
+            let dropped = |f: &Value| match f {
+                Value::Handle(h) => h & FRAME_HANDLE == 0,
+                _ => matches!(f, Value::Dropped),
+            };
             let whole = || {
                 matches!(v, Value::List(_) | Value::Tuple(_))
                     && !p.items(v).unwrap_or(&[]).iter().any(dropped)

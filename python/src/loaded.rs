@@ -1,0 +1,102 @@
+//! `fragsim._native.Loaded`: a trace read once and handed to every command that asks for it
+//! ([`fragsim::cli::InMemory::Shared`]). `fragsim.load` holds one; the module-level functions
+//! make one per call for a trace from memory, so a command that reads its trace twice (a
+//! sweep's built-in grid) converts a snapshot dict once.
+//!
+//! The trace is read when a command first asks for it, with that command's read options, and
+//! kept by whether it has stack frames (the two reads differ: a trace without frames keeps only
+//! a release's); each later read is a copy of the one kept.
+
+use crate::snapshot_dict::{self, Names};
+use fragsim::cli::SharedReader;
+use fragsim::error::Error;
+use fragsim::trace::{ReadOptions, Trace};
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyByteArray, PyBytes};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+/// Where a loaded trace comes from.
+enum Source {
+    /// A trace file.
+    Path(PathBuf),
+    /// A trace file's content.
+    Bytes(Vec<u8>),
+    /// A snapshot dict (or a legacy segment list), converted under the GIL.
+    Dict(Py<PyAny>),
+}
+
+/// The traces read so far (without, with stack frames), and a dict's key paths for errors.
+#[derive(Default)]
+struct Kept {
+    traces: [Option<Arc<Trace>>; 2],
+}
+
+/// A trace held for the commands that read it: a path, `bytes` or a snapshot dict.
+#[pyclass(module = "fragsim._native", frozen)]
+pub struct Loaded {
+    source: Arc<Source>,
+    kept: Arc<Mutex<Kept>>,
+    /// The key paths of a converted dict, for the caller to name an error's place.
+    pub names: Arc<Mutex<Option<Names>>>,
+}
+
+#[pymethods]
+impl Loaded {
+    /// Holds `source`: a path (`str` or `os.PathLike`), `bytes`/`bytearray`, or a snapshot
+    /// dict (or list). Nothing is read until a command asks for the trace.
+    #[new]
+    fn new(source: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let source = if let Ok(b) = source.downcast::<PyBytes>() {
+            Source::Bytes(b.as_bytes().to_vec())
+        } else if let Ok(b) = source.downcast::<PyByteArray>() {
+            Source::Bytes(b.to_vec())
+        } else if source.is_instance_of::<pyo3::types::PyDict>()
+            || source.is_instance_of::<pyo3::types::PyList>()
+        {
+            Source::Dict(source.clone().unbind())
+        } else if let Ok(p) = source.extract::<PathBuf>() {
+            Source::Path(p)
+        } else {
+            return Err(PyTypeError::new_err(format!(
+                "a trace is a path, bytes or a snapshot dict, not {}",
+                source.get_type().name()?
+            )));
+        };
+        Ok(Loaded { source: Arc::new(source), kept: Arc::default(), names: Arc::default() })
+    }
+
+    /// Whether a command has read the trace yet (with stack frames or without).
+    #[getter]
+    fn read(&self) -> bool {
+        self.kept.lock().map(|k| k.traces.iter().any(Option::is_some)).unwrap_or(false)
+    }
+}
+
+impl Loaded {
+    /// The reader commands ask for the trace: the kept trace of that kind, else a read.
+    pub fn reader(&self) -> SharedReader {
+        let (source, kept, names) = (self.source.clone(), self.kept.clone(), self.names.clone());
+        Arc::new(move |options: &ReadOptions| -> fragsim::error::Result<Trace> {
+            let slot = usize::from(options.keep_frames);
+            // The lock is held while reading: two commands on one trace read it once.
+            let mut kept =
+                kept.lock().map_err(|_| Error::input("a command on this trace failed"))?;
+            if let Some(trace) = &kept.traces[slot] {
+                return Ok(Trace::clone(trace));
+            }
+            let trace = match &*source {
+                Source::Path(p) => fragsim::trace::read_trace(p, options)?,
+                Source::Bytes(data) => fragsim::trace::read_memory(data, options)?,
+                Source::Dict(obj) => {
+                    let obj = Python::with_gil(|py| obj.clone_ref(py));
+                    snapshot_dict::read(obj, options, &names)?
+                }
+            };
+            let trace = Arc::new(trace);
+            kept.traces[slot] = Some(trace.clone());
+            Ok(Trace::clone(&trace))
+        })
+    }
+}
