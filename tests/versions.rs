@@ -86,7 +86,7 @@ fn snapshot_2_15() -> Value {
                 pinned_max_cached_size_mb:128,expandable_segments_reserve:0.5,\
                 expandable_segments_reserve_by_class:[serving:0.25,ads_sparse:8G]",
             "max_split_size": -1, "garbage_collection_threshold": 0.0,
-            "expandable_segments": false, "roundup_power2_divisions": [0; 16],
+            "expandable_segments": false, "roundup_power2_divisions": vec![0; 16],
             "release_lock_on_cudamalloc": false, "max_round_threshold": 1024,
             "max_cached_size": 0
         },

@@ -218,7 +218,7 @@ impl ModelledVersion {
             keys.iter().find(|k| tokens.iter().any(|t| t == *k)).map(|k| k.to_string())
         };
         let settings_key = |keys: &[&str]| {
-            x.settings_keys.iter().find(|k| keys.contains(&k.as_str())).cloned()
+            keys.iter().find(|k| x.settings_keys.iter().any(|s| s == *k)).map(|k| k.to_string())
         };
         let found: Option<(Version, String)> = if x.internal_metadata > 0 {
             Some((Version::V2_15, "trace entries carry internal_metadata".into()))
@@ -335,13 +335,13 @@ impl std::fmt::Display for ModelledVersion {
         match self.at_least {
             _ if self.given => write!(f, "modelled PyTorch {v} (as asked)"),
             None => write!(f, "modelled PyTorch {v}: {}", self.why),
-            Some(least) if least == v => write!(f, "modelled PyTorch {v} ({})", self.why),
             Some(least) if v == Version::V2_12 => write!(
                 f,
                 "PyTorch ≥ {least} ({}), and allocator_settings lacks max_round_threshold, which \
                  2.13+ write: modelled {v}",
                 self.why
             ),
+            Some(least) if least == v => write!(f, "modelled PyTorch {v} ({})", self.why),
             Some(least) => write!(
                 f,
                 "PyTorch ≥ {least} ({}); modelled {v}, the newest release modelled",
