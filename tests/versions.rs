@@ -117,7 +117,10 @@ fn a_snapshot_with_2_15_keys_validates_and_names_2_15() {
     assert_eq!(v["allocs_total"], 2, "the annotate entry is no allocation: {v}");
     assert_eq!(v["allocs_addr_matched"], 2, "{v}");
     assert_eq!(v["peak_reserved_simulated_bytes"], v["peak_reserved_recorded_bytes"]);
-    assert!(text.contains("modelled PyTorch 2.15 (trace entries carry internal_metadata)"), "{text}");
+    assert!(
+        text.contains("modelled PyTorch 2.15 (trace entries carry internal_metadata)"),
+        "{text}"
+    );
     assert!(!text.contains("does not model"), "every 2.12 – 2.15 option is known: {text}");
     // `info` shows the pinned host allocator as its own device, and the labels.
     let (_d, path) = temp_file("s.pickle", &pickle(&snapshot_2_15()));
@@ -129,7 +132,10 @@ fn a_snapshot_with_2_15_keys_validates_and_names_2_15() {
         "{info}"
     );
     assert!(info.contains("annotate entries: 1"), "{info}");
-    assert!(info.contains("PyTorch release: 2.15 (trace entries carry internal_metadata)"), "{info}");
+    assert!(
+        info.contains("PyTorch release: 2.15 (trace entries carry internal_metadata)"),
+        "{info}"
+    );
     // A replay says which release it modelled (on stderr; its JSON unchanged).
     let out = run(&["replay", path.to_str().unwrap(), "-p", "pytorch", "--json"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
@@ -256,7 +262,8 @@ fn throw_on_cudamalloc_oom_makes_a_replay_run_out_where_the_default_frees_cache(
 /// both in 100 MiB; a 100 MiB request does not fit in one and fails.
 #[test]
 fn expandable_segments_reserve_changes_a_replay() {
-    let two = "# fragsim text trace v1\nalloc 0x7f0000000000 52428800\nalloc 0x7f0010000000 52428800\n";
+    let two =
+        "# fragsim text trace v1\nalloc 0x7f0000000000 52428800\nalloc 0x7f0010000000 52428800\n";
     let v = replay_json(
         two,
         &[
@@ -273,7 +280,57 @@ fn expandable_segments_reserve_changes_a_replay() {
     let one = "# fragsim text trace v1\nalloc 0x7f0000000000 104857600\n";
     let v = replay_json(
         one,
-        &["--capacity", "1GiB", "-p", "pytorch:expandable_segments:True,expandable_segments_reserve:64M"],
+        &[
+            "--capacity",
+            "1GiB",
+            "-p",
+            "pytorch:expandable_segments:True,expandable_segments_reserve:64M",
+        ],
     );
     assert_eq!(v["results"][0]["oom"], true, "{v}");
+}
+
+/// A snapshot whose entries name their pools: 60 MiB allocated and freed in the default pools,
+/// then 50 MiB allocated into private pool `pool`, its stack through `frame`.
+fn pool_snapshot(pool: [u64; 2], frame: &str) -> Value {
+    let stack = json!([{"filename": "torch/cuda/memory.py", "line": 1, "name": frame}]);
+    let e = |action: &str, addr: u64, size: u64, t: u64, pool: Value, frames: &Value| {
+        let mut v = entry(action, addr, size, t);
+        v["pool_id"] = pool;
+        v["frames"] = frames.clone();
+        v
+    };
+    let none = json!([]);
+    json!({
+        "segments": [],
+        "device_traces": [[
+            e("alloc", A, 60 * MIB, 1, json!([0, 0]), &none),
+            e("free_requested", A, 60 * MIB, 2, json!([0, 0]), &none),
+            e("free_completed", A, 60 * MIB, 3, json!([0, 0]), &none),
+            e("alloc", A + 0x1000_0000, 50 * MIB, 4, json!(pool), &stack),
+        ]]
+    })
+}
+
+/// 2.13's "a capture is not a pool" end to end: under a 100 MiB card, the 50 MiB malloc into a
+/// `use_mem_pool` pool `(0, 1)` needs the 60 MiB default-pool cache released. 2.13+ do that
+/// fallback, 2.12 did not (the pool counted as a capture); a graph capture's pool `(1, 0)`, or a
+/// `(0, n)` pool whose stacks do not show `use_mem_pool`, never does.
+#[test]
+fn a_mem_pool_malloc_is_no_capture_from_2_13_in_a_replay() {
+    let oom = |snapshot: &Value, version: &str| {
+        let (_d, path) = temp_file("pools.pickle", &pickle(snapshot));
+        let spec = format!("pytorch:version={version}");
+        let out =
+            run(&["replay", path.to_str().unwrap(), "--capacity", "100MiB", "-p", &spec, "--json"]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["results"][0]["oom"].as_bool().unwrap()
+    };
+    let mem_pool = pool_snapshot([0, 1], "use_mem_pool");
+    assert!(!oom(&mem_pool, "2.13"), "cache released for a MemPool malloc");
+    assert!(!oom(&mem_pool, "2.15"));
+    assert!(oom(&mem_pool, "2.12"), "before 2.13 a pool was a capture");
+    assert!(oom(&pool_snapshot([1, 0], "use_mem_pool"), "2.15"), "a graph's pool id");
+    assert!(oom(&pool_snapshot([0, 1], "capture_begin"), "2.15"), "a graph's stack");
 }

@@ -171,14 +171,16 @@ fn newer_lines(trace: &fragsim::trace::Trace) -> String {
     }
     if x.host_segments.is_some() || x.host_trace_entries.is_some() {
         let h = x.host_segments.unwrap_or_default();
-        let plural = |n: u64, what: &str| format!("{} {what}{}", count(n), if n == 1 { "" } else { "s" });
+        let plural =
+            |n: u64, what: &str| format!("{} {what}{}", count(n), if n == 1 { "" } else { "s" });
         let _ = writeln!(
             o,
             "pinned host memory (host_segments): {}, {} reserved, {} allocated; host_traces: {}",
             plural(h.count, "segment"),
             format_bytes(h.reserved),
             format_bytes(h.allocated),
-            x.host_trace_entries.map_or("none".to_string(), |n| plural(n, "entry").replace("entrys", "entries"))
+            x.host_trace_entries
+                .map_or("none".to_string(), |n| plural(n, "entry").replace("entrys", "entries"))
         );
     }
     if x.annotate_entries > 0 {

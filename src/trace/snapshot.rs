@@ -49,8 +49,8 @@
 
 use super::pickle::{self, encode::Encoder, Pickle, Stop, StreamedList, Value};
 use super::{
-    limits, Action, AllocatorSettings, Annotation, Block, BlockState, DeviceTrace, Event, Format, Frame,
-    FrameTable, FramesId, HostSegments, PoolId, PoolKind, PoolRef, ReadOptions, Segment,
+    limits, Action, AllocatorSettings, Annotation, Block, BlockState, DeviceTrace, Event, Format,
+    Frame, FrameTable, FramesId, HostSegments, PoolId, PoolKind, PoolRef, ReadOptions, Segment,
     SnapshotExtras, Trace,
 };
 use crate::error::{Cancel, Error, Place, Result};
@@ -508,8 +508,7 @@ fn read_entry(
             (7, b"pool_id") => pool = Some(v),
             (17, b"internal_metadata") => {
                 marks.internal = true;
-                marks.malloc_with_address =
-                    p.str_bytes(v) == Some(b"mallocWithAddress".as_slice());
+                marks.malloc_with_address = p.str_bytes(v) == Some(b"mallocWithAddress".as_slice());
             }
             (13, b"user_metadata") => {
                 marks.user = true;

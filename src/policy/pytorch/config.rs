@@ -22,8 +22,8 @@
 
 use crate::error::{Error, Result};
 use crate::trace::{AllocatorSettings, Trace};
-use std::borrow::Cow;
 use crate::units::MIB;
+use std::borrow::Cow;
 
 /// Every block size is a multiple of this (`kMinBlockSize`).
 pub const MIN_BLOCK_SIZE: u64 = 512;
@@ -227,18 +227,21 @@ impl ModelledVersion {
         {
             Some((Version::V2_15, format!("the settings string names {k}")))
         } else if x.host_segments.is_some() || x.host_trace_entries.is_some() {
-            Some((Version::V2_14, "the snapshot has the pinned host allocator's host_segments".into()))
+            Some((
+                Version::V2_14,
+                "the snapshot has the pinned host allocator's host_segments".into(),
+            ))
         } else if x.annotate_entries > 0 {
             Some((Version::V2_14, "the trace has annotate entries".into()))
         } else if let Some(k) = settings_key(&["max_round_threshold", "max_cached_size"]) {
             Some((Version::V2_13, format!("allocator_settings has {k}")))
-        } else if let Some(k) = names(&["pinned_max_round_threshold_mb", "pinned_max_cached_size_mb"])
+        } else if let Some(k) =
+            names(&["pinned_max_round_threshold_mb", "pinned_max_cached_size_mb"])
         {
             Some((Version::V2_13, format!("the settings string names {k}")))
-        } else if let Some(k) = names(&["throw_on_cudamalloc_oom", "pinned_free_catch_all"]) {
-            Some((Version::V2_12, format!("the settings string names {k}")))
         } else {
-            None
+            names(&["throw_on_cudamalloc_oom", "pinned_free_catch_all"])
+                .map(|k| (Version::V2_12, format!("the settings string names {k}")))
         };
         match found {
             None => ModelledVersion {
@@ -255,7 +258,12 @@ impl ModelledVersion {
                 // allocator_settings without it is from 2.12.
                 let exactly_2_12 = at_least == Version::V2_12 && trace.allocator_settings.is_some();
                 let version = if exactly_2_12 { Version::V2_12 } else { Version::NEWEST };
-                ModelledVersion { version, at_least: Some(at_least), why: Cow::Owned(why), given: false }
+                ModelledVersion {
+                    version,
+                    at_least: Some(at_least),
+                    why: Cow::Owned(why),
+                    given: false,
+                }
             }
         }
     }

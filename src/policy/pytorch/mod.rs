@@ -1004,7 +1004,7 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
         }
         // Not while a capture is underway: one told so, or a malloc into a private pool (from
         // 2.13 only a graph capture's, docs/pytorch-model.md#capture-not-pool).
-        if found.is_none() && !self.capture_underway && !self.into_capture() {
+        if found.is_none() && !self.capture_underway && !self.allocating_in_capture() {
             self.release_cached_blocks(backend)?;
             found = self.alloc_block(backend, stream, rounded, small, alloc_size, true)?;
         }
@@ -1016,7 +1016,7 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
 
     /// Whether mallocs now go into a private pool that counts as a capture's
     /// ([`Config::pool_is_capture`]).
-    fn into_capture(&self) -> bool {
+    fn allocating_in_capture(&self) -> bool {
         let pool = self.into.checked_sub(1).map(|k| self.private_pools[k as usize]);
         self.config.pool_is_capture(pool)
     }

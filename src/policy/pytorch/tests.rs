@@ -893,7 +893,8 @@ fn expandable_segments_reserve_bounds_each_reservation() {
     let (mut p, mut d) = setup(reserve, Version::NEWEST);
     assert!(p.malloc(&mut d, 100 * MIB, 0).unwrap().is_none(), "larger than a reservation");
     // A fraction of the GPU's memory; past 9/8 of it, clamped.
-    let (p, _) = setup("expandable_segments:True,expandable_segments_reserve:0.25", Version::NEWEST);
+    let (p, _) =
+        setup("expandable_segments:True,expandable_segments_reserve:0.25", Version::NEWEST);
     assert_eq!(p.settings().va_size(false), 260 * MIB, "256 MiB in whole 20 MiB pages");
     let (p, _) = setup("expandable_segments:True,expandable_segments_reserve:4G", Version::NEWEST);
     assert_eq!(p.settings().va_size(false), config::va_size_on(GIB, 20 * MIB));
