@@ -287,7 +287,7 @@ pub struct SnapshotExtras {
     /// Of those, entries tagged `mallocWithAddress`: the prefix pair of an exact-address
     /// allocation (2.13+ allocates it; 2.15+ tags it).
     pub malloc_with_address: u64,
-    /// Trace entries carrying `user_metadata` (a string; compact JSON from 2.15).
+    /// Trace entries carrying a non-empty `user_metadata` string (compact JSON from 2.15).
     pub user_metadata: u64,
     /// The `annotate` entries (2.14+), at most [`SnapshotExtras::MAX_ANNOTATIONS`] kept.
     pub annotations: Vec<Annotation>,
@@ -299,7 +299,8 @@ pub struct SnapshotExtras {
     /// Entries of `host_traces` (2.14+), `None` where the file has no such key.
     pub host_trace_entries: Option<u64>,
     /// Keys of `allocator_settings` that only newer releases write, in the file's order:
-    /// `max_round_threshold`, `max_cached_size` (2.13+), `graph_capture_record_stream_reuse`.
+    /// `max_round_threshold`, `max_cached_size` (2.13+). Not written back by the snapshot
+    /// writer, nor kept in `.fst` (neither keeps any of these extras).
     pub settings_keys: Vec<String>,
 }
 

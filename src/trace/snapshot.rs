@@ -451,7 +451,7 @@ struct Marks {
     internal: bool,
     /// Its `internal_metadata` is `mallocWithAddress`.
     malloc_with_address: bool,
-    /// It has `user_metadata`.
+    /// It has a non-empty `user_metadata` string.
     user: bool,
     /// An `annotate` entry: its label (empty where unreadable).
     annotate: Option<String>,
@@ -511,7 +511,8 @@ fn read_entry(
                 marks.malloc_with_address = p.str_bytes(v) == Some(b"mallocWithAddress".as_slice());
             }
             (13, b"user_metadata") => {
-                marks.user = true;
+                // PyTorch writes an empty one on every entry: only a label counts.
+                marks.user = p.str_bytes(v).is_some_and(|b| !b.is_empty());
                 user = Some(v);
             }
             _ => {}
@@ -1222,8 +1223,7 @@ fn describe(p: &Pickle, v: Value) -> String {
 
 /// The keys of the `allocator_settings` dict `v` that only newer releases write.
 fn newer_settings_keys(p: &Pickle, v: Value) -> Vec<String> {
-    const NEWER: [&str; 3] =
-        ["max_round_threshold", "max_cached_size", "graph_capture_record_stream_reuse"];
+    const NEWER: [&str; 2] = ["max_round_threshold", "max_cached_size"];
     let Some(fields) = p.entries(v) else { return Vec::new() };
     fields
         .iter()
