@@ -30,6 +30,7 @@ mod recorded;
 mod report;
 mod snapshot;
 mod synth;
+mod versions;
 mod whatif;
 mod whatif_cli;
 mod whatif_hostile;

@@ -32,7 +32,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     }
     let path = args.trace.display().to_string();
     super::print_as(&mut *io.out, format, &summary, csv, |s| {
-        render(&path, s, &|d| start_lines(&trace, d))
+        render(&path, s, &|d| start_lines(&trace, d)) + &newer_lines(&trace)
     })?;
     Ok(0)
 }
@@ -151,6 +151,56 @@ fn start_lines(trace: &fragsim::trace::Trace, device: i32) -> Vec<String> {
         }
     }
     out
+}
+
+/// What a snapshot records of releases after 2.11 (docs/pytorch-model.md#versions): the
+/// release it shows, the pinned host allocator as a device of its own, labels, exact-address
+/// allocations. Nothing for a recording without any of it.
+fn newer_lines(trace: &fragsim::trace::Trace) -> String {
+    use fragsim::policy::pytorch::config::ModelledVersion;
+    let x = &trace.extras;
+    let mut o = String::new();
+    let m = ModelledVersion::of_trace(trace);
+    if let Some(least) = m.at_least {
+        let v = m.version;
+        let _ = if least == v {
+            writeln!(o, "PyTorch release: {v} ({})", m.why)
+        } else {
+            writeln!(o, "PyTorch release: ≥ {least} ({}); modelled {v}", m.why)
+        };
+    }
+    if x.host_segments.is_some() || x.host_trace_entries.is_some() {
+        let h = x.host_segments.unwrap_or_default();
+        let plural =
+            |n: u64, what: &str| format!("{} {what}{}", count(n), if n == 1 { "" } else { "s" });
+        let _ = writeln!(
+            o,
+            "pinned host memory (host_segments): {}, {} reserved, {} allocated; host_traces: {}",
+            plural(h.count, "segment"),
+            format_bytes(h.reserved),
+            format_bytes(h.allocated),
+            x.host_trace_entries
+                .map_or("none".to_string(), |n| plural(n, "entry").replace("entrys", "entries"))
+        );
+    }
+    if x.annotate_entries > 0 {
+        let _ = writeln!(
+            o,
+            "annotate entries: {} (labels on live allocations; they change no memory)",
+            count(x.annotate_entries)
+        );
+    }
+    if x.malloc_with_address > 0 {
+        let _ = writeln!(
+            o,
+            "exact-address allocations (internal_metadata mallocWithAddress): {} prefix entries",
+            count(x.malloc_with_address)
+        );
+    }
+    if x.user_metadata > 0 {
+        let _ = writeln!(o, "entries with user_metadata: {}", count(x.user_metadata));
+    }
+    o
 }
 
 /// The human summary.

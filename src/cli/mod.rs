@@ -767,6 +767,7 @@ pub(crate) fn note_unmodelled_options(
     if specs.iter().any(|s| follows(&s) || s.name == "pytorch-cuda" || s.name == "pytorch-npu") {
         note_warm_start(control, io, trace);
     }
+    note_pytorch_versions(control, io, trace, specs);
     let Some(settings) = &trace.allocator_settings else { return };
     let names = Config::unmodelled_options_as(settings, flavour);
     if !names.is_empty() {
@@ -804,6 +805,30 @@ fn note_warm_start(control: &progress::Control, io: &mut Io, trace: &fragsim::tr
                     format_bytes(k.live_bytes)
                 ),
             );
+        }
+    }
+}
+
+/// Says which PyTorch release each `pytorch` spec models, where it is not the default 2.11
+/// (the recording shows a later one, or a spec asks with `version=`).
+fn note_pytorch_versions(
+    control: &progress::Control,
+    io: &mut Io,
+    trace: &fragsim::trace::Trace,
+    specs: &[fragsim::policy::PolicySpec],
+) {
+    use fragsim::policy::pytorch::config::{modelled_version, split_version};
+    let mut said = Vec::new();
+    for spec in specs.iter().filter(|s| s.name.starts_with("pytorch")) {
+        let Ok((options, asked)) = split_version(&spec.options) else { continue };
+        let Ok(m) = modelled_version(&options, asked, trace) else { continue };
+        if m.at_least.is_none() && !m.given {
+            continue;
+        }
+        let line = format!("note: {}: {m}", spec.display());
+        if !said.contains(&line) {
+            control.note(io, &line);
+            said.push(line);
         }
     }
 }

@@ -39,7 +39,8 @@ pub struct Args {
     #[arg(long)]
     verbose: bool,
 
-    /// Model an older PyTorch where versions differ, e.g. 2.8 (default: current main).
+    /// Model PyTorch release V (2.0 … 2.15), e.g. 2.8 (default: the release the recording
+    /// shows, else 2.11).
     #[arg(long, value_name = "V", value_parser = version_arg)]
     pytorch_version: Option<Version>,
 

@@ -69,6 +69,7 @@ fn simulated_trace(trace: &Trace, device: i32, output: &ReplayOutput) -> Result<
         // The simulated run's segment events do not say their pool; its segments do.
         entry_pools: None,
         torch_npu: false,
+        extras: Default::default(),
     })
 }
 

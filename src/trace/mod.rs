@@ -257,6 +257,69 @@ pub struct AllocatorSettings {
     pub release_lock_on_cudamalloc: bool,
 }
 
+/// A label a snapshot attached to a live allocation (`action: "annotate"`, PyTorch ≈ 2.14+):
+/// it changes no memory.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Annotation {
+    /// The device whose trace holds the entry.
+    pub device: i32,
+    /// The entry's index in that device's trace.
+    pub entry: u64,
+    /// The allocation's base address (`addr`).
+    pub addr: u64,
+    /// The label (`user_metadata`, as text; JSON as written), cut to [`Annotation::MAX_LABEL`]
+    /// bytes; empty where the entry has none or streaming dropped it.
+    pub label: String,
+}
+
+impl Annotation {
+    /// The longest label kept, in bytes (a hostile file must not make labels unbounded).
+    pub const MAX_LABEL: usize = 256;
+}
+
+/// What a PyTorch snapshot records besides the allocator's memory events, from releases newer
+/// than the model's first ones (docs/pytorch-model.md#version-evidence): read so that none of
+/// it is an error, shown by `info`, and evidence of the release that wrote the file.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotExtras {
+    /// Trace entries carrying `internal_metadata` (2.15+).
+    pub internal_metadata: u64,
+    /// Of those, entries tagged `mallocWithAddress`: the prefix pair of an exact-address
+    /// allocation (2.13+ allocates it; 2.15+ tags it).
+    pub malloc_with_address: u64,
+    /// Trace entries carrying a non-empty `user_metadata` string (compact JSON from 2.15).
+    pub user_metadata: u64,
+    /// The `annotate` entries (2.14+), at most [`SnapshotExtras::MAX_ANNOTATIONS`] kept.
+    pub annotations: Vec<Annotation>,
+    /// `annotate` entries seen, kept or not.
+    pub annotate_entries: u64,
+    /// The pinned host allocator's segments (`host_segments`, 2.14+): `None` where the file
+    /// has no such key.
+    pub host_segments: Option<HostSegments>,
+    /// Entries of `host_traces` (2.14+), `None` where the file has no such key.
+    pub host_trace_entries: Option<u64>,
+    /// Keys of `allocator_settings` that only newer releases write, in the file's order:
+    /// `max_round_threshold`, `max_cached_size` (2.13+). Not written back by the snapshot
+    /// writer, nor kept in `.fst` (neither keeps any of these extras).
+    pub settings_keys: Vec<String>,
+}
+
+impl SnapshotExtras {
+    /// The most `annotate` entries kept with their labels.
+    pub const MAX_ANNOTATIONS: usize = 1 << 16;
+}
+
+/// The pinned host allocator's segments at dump time (`host_segments`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostSegments {
+    /// Segments listed.
+    pub count: u64,
+    /// Sum of their `size`s (bytes of pinned host memory the allocator held).
+    pub reserved: u64,
+    /// Sum of their `allocated` sizes (bytes live in them), where recorded.
+    pub allocated: u64,
+}
+
 /// A whole trace: every device's events plus what a snapshot records beside them.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Trace {
@@ -292,6 +355,10 @@ pub struct Trace {
     /// rules of its own, and the `pytorch` policy replays a recording with its maker's rules.
     #[serde(default)]
     pub torch_npu: bool,
+    /// What a snapshot records besides memory events ([`SnapshotExtras`]); empty for other
+    /// formats and for `.fst` files (which do not keep it).
+    #[serde(default)]
+    pub extras: SnapshotExtras,
 }
 
 /// The real allocator's totals right after one event, as the file records them.

@@ -8,8 +8,9 @@
 //! - `device_traces[i]` → `DeviceTrace { device: i }`, every index kept (even empty ones) so the
 //!   numbering matches PyTorch's; each entry's `action` per [`Action::from_name`], where the old
 //!   single `free` becomes `free_requested` then `free_completed`, the markers that change no
-//!   memory are skipped (`annotate`; `user_defined`, which ≈ 2.4–2.5 wrote at the start and end
-//!   of every `torch.profiler.record_function` while history was recorded), and any
+//!   memory are skipped (`annotate`, 2.14+, whose label is kept in [`SnapshotExtras`];
+//!   `user_defined`, which ≈ 2.4–2.5 wrote at the start and end of every
+//!   `torch.profiler.record_function` while history was recorded), and any
 //!   other action is an input error naming the device and entry index; `oom` entries carry
 //!   `device_free` instead of `addr` (docs/pytorch-model.md#oom), which becomes the event's `addr`.
 //! - `time_us` (≈ 2.2+) when every entry has it (`has_times`), else each entry's index.
@@ -36,7 +37,11 @@
 //! - Each entry's `pool_id` (≈ 2.7+), when every entry has one, → [`Event::pool`], the private
 //!   pools in [`Trace::entry_pools`] (`(0, 0)`, the default pools, is [`PoolRef::DEFAULT`]).
 //!
-//! Other keys (`external_annotations`, `compile_context`, `user_metadata`, segment `frames`,
+//! - Newer releases' keys → [`SnapshotExtras`]: entries' `internal_metadata` (2.15+) and
+//!   `user_metadata`, `allocator_settings`' `max_round_threshold` / `max_cached_size` (2.13+),
+//!   the pinned host allocator's `host_segments` / `host_traces` (2.14+), counted leniently.
+//!
+//! Other keys (`external_annotations`, `compile_context`, segment `frames`,
 //! ...) are ignored. Sizes must be integers in `0..2^60`, addresses in `0..2^64` (see [`super::limits`]).
 //!
 //! The writer emits the same schema as protocol 4 with plain dicts and lists, which Python's
@@ -44,8 +49,9 @@
 
 use super::pickle::{self, encode::Encoder, Pickle, Stop, StreamedList, Value};
 use super::{
-    limits, Action, AllocatorSettings, Block, BlockState, DeviceTrace, Event, Format, Frame,
-    FrameTable, FramesId, PoolId, PoolKind, PoolRef, ReadOptions, Segment, Trace,
+    limits, Action, AllocatorSettings, Annotation, Block, BlockState, DeviceTrace, Event, Format,
+    Frame, FrameTable, FramesId, HostSegments, PoolId, PoolKind, PoolRef, ReadOptions, Segment,
+    SnapshotExtras, Trace,
 };
 use crate::error::{Cancel, Error, Place, Result};
 use std::collections::HashMap;
@@ -210,6 +216,7 @@ fn build(
                 };
                 any |= !d.events.is_empty();
                 all_timed &= d.all_timed;
+                trace.extras.absorb(device, d.extras);
                 trace.devices.push(DeviceTrace { device, events: d.events });
                 indices.push(d.index);
             }
@@ -244,7 +251,9 @@ fn build(
     if let Value::Dict(_) = root {
         if let Some(settings) = p.get(root, "allocator_settings") {
             trace.allocator_settings = Some(read_settings(p, settings, root)?);
+            trace.extras.settings_keys = newer_settings_keys(p, settings);
         }
+        read_host_allocator(p, root, &mut trace.extras);
     }
     trace.torch_npu = reader.torch_npu
         || trace.frames.names_torch_npu()
@@ -335,6 +344,34 @@ struct DeviceEvents {
     all_timed: bool,
     /// Entries converted so far.
     entries: usize,
+    /// What its entries carry besides memory events (`internal_metadata`, `annotate`, ...).
+    extras: EntryExtras,
+}
+
+/// One device's entries' keys and markers of newer releases ([`SnapshotExtras`]).
+#[derive(Debug, Default)]
+struct EntryExtras {
+    internal_metadata: u64,
+    malloc_with_address: u64,
+    user_metadata: u64,
+    annotate_entries: u64,
+    /// (entry index, addr, label).
+    annotations: Vec<(u64, u64, String)>,
+}
+
+impl SnapshotExtras {
+    /// Adds device `device`'s entry extras.
+    fn absorb(&mut self, device: i32, e: EntryExtras) {
+        self.internal_metadata += e.internal_metadata;
+        self.malloc_with_address += e.malloc_with_address;
+        self.user_metadata += e.user_metadata;
+        self.annotate_entries += e.annotate_entries;
+        for (entry, addr, label) in e.annotations {
+            if self.annotations.len() < SnapshotExtras::MAX_ANNOTATIONS {
+                self.annotations.push(Annotation { device, entry, addr, label });
+            }
+        }
+    }
 }
 
 impl DeviceEvents {
@@ -360,6 +397,18 @@ impl DeviceEvents {
         let index = self.entries;
         self.entries += 1;
         let Some(e) = read_entry(p, device, index, entry, list)? else { return Ok(()) };
+        let x = &mut self.extras;
+        x.internal_metadata += e.marks.internal as u64;
+        x.malloc_with_address += e.marks.malloc_with_address as u64;
+        x.user_metadata += e.marks.user as u64;
+        if let Some(label) = e.marks.annotate {
+            // A label on a live allocation: it changes no memory.
+            x.annotate_entries += 1;
+            if x.annotations.len() < SnapshotExtras::MAX_ANNOTATIONS {
+                x.annotations.push((index as u64, e.addr, label));
+            }
+            return Ok(());
+        }
         let at = byte_of(p, entry, list);
         // A release's stack says why the cache was flushed (`empty_cache()` or a malloc's
         // out-of-memory fallback): kept even when other frames are not.
@@ -435,10 +484,25 @@ struct Entry {
     frames: Option<Value>,
     /// The `pool_id`, when it is there: `None` inside for the default pools.
     pool: Option<Option<PoolId>>,
+    /// Keys and markers of newer releases.
+    marks: Marks,
 }
 
-/// Reads entry `index` of device `device`'s trace `list`; `None` for a marker (`annotate`,
-/// `user_defined`). A part of
+/// What an entry carries of newer releases (docs/pytorch-model.md#version-evidence).
+#[derive(Debug, Default)]
+struct Marks {
+    /// It has `internal_metadata` (2.15+).
+    internal: bool,
+    /// Its `internal_metadata` is `mallocWithAddress`.
+    malloc_with_address: bool,
+    /// It has a non-empty `user_metadata` string.
+    user: bool,
+    /// An `annotate` entry: its label (empty where unreadable).
+    annotate: Option<String>,
+}
+
+/// Reads entry `index` of device `device`'s trace `list`; `None` for a `user_defined` marker,
+/// an entry with no actions and [`Marks::annotate`] for an `annotate` one. A part of
 /// the entry that the streamed decoder discarded and the conversion needs is refused.
 fn read_entry(
     p: &Pickle,
@@ -467,6 +531,8 @@ fn read_entry(
     let mut device_free = None;
     let mut frames = None;
     let mut pool = None;
+    let mut marks = Marks::default();
+    let mut user = None;
     for &(k, v) in fields {
         // A discarded key is not one read here: the streamed decoder keeps those.
         let Some(k) = p.str_bytes(k) else { continue };
@@ -484,6 +550,15 @@ fn read_entry(
             (7, b"time_us") => time = Some(v),
             (6, b"frames") => frames = Some(v),
             (7, b"pool_id") => pool = Some(v),
+            (17, b"internal_metadata") => {
+                marks.internal = true;
+                marks.malloc_with_address = p.str_bytes(v) == Some(b"mallocWithAddress".as_slice());
+            }
+            (13, b"user_metadata") => {
+                // PyTorch writes an empty one on every entry: only a label counts.
+                marks.user = p.str_bytes(v).is_some_and(|b| !b.is_empty());
+                user = Some(v);
+            }
             _ => {}
         }
     }
@@ -499,7 +574,23 @@ fn read_entry(
         b"segment_unmap" => &[Action::SegmentUnmap],
         b"oom" => &[Action::Oom],
         b"snapshot" => &[Action::Snapshot],
-        b"annotate" | b"user_defined" => return Ok(None),
+        b"annotate" => {
+            // Never an error: a label whose address or text cannot be read is kept without it.
+            let addr = addr.and_then(|v| p.int(v)).and_then(|a| u64::try_from(a).ok());
+            let mut label = user.and_then(|v| p.text(v)).unwrap_or_default().into_owned();
+            if label.len() > Annotation::MAX_LABEL {
+                let mut end = Annotation::MAX_LABEL;
+                while !label.is_char_boundary(end) {
+                    end -= 1;
+                }
+                label.truncate(end);
+            }
+            marks.annotate = Some(label);
+            let (size, stream, time, frames, pool) = (0, 0, None, None, None);
+            let addr = addr.unwrap_or(0);
+            return Ok(Some(Entry { actions: &[], addr, size, stream, time, frames, pool, marks }));
+        }
+        b"user_defined" => return Ok(None),
         other => {
             return Err(err(format!(
                 "unknown action '{}' (accepted: {}, free, annotate, user_defined)",
@@ -539,7 +630,7 @@ fn read_entry(
         None => None,
         Some(v) => Some(pool_id(p, v).map_err(|m| err(format!("'pool_id' {m}")))?),
     };
-    Ok(Some(Entry { actions, addr, size, stream, time, frames, pool }))
+    Ok(Some(Entry { actions, addr, size, stream, time, frames, pool, marks }))
 }
 
 /// A `MempoolId_t` (`segment_pool_id`, an entry's `pool_id`): `None` for the default pools
@@ -614,7 +705,7 @@ impl pickle::Sink for Streamer {
     fn keeps(&self, bytes: &[u8]) -> bool {
         // What `read_entry` and `Reader::frame` compare a string with: the keys and the action
         // names.
-        const READ: [&[u8]; 23] = [
+        const READ: [&[u8]; 26] = [
             b"action",
             b"pool_id",
             b"addr",
@@ -638,6 +729,9 @@ impl pickle::Sink for Streamer {
             b"filename",
             b"line",
             b"name",
+            b"internal_metadata",
+            b"user_metadata",
+            b"mallocWithAddress",
         ];
         READ.contains(&bytes)
     }
@@ -1225,6 +1319,41 @@ fn describe(p: &Pickle, v: Value) -> String {
     match p.text(v) {
         Some(t) => format!("'{t}'"),
         None => format!("of type {}", v.type_name()),
+    }
+}
+
+/// The keys of the `allocator_settings` dict `v` that only newer releases write.
+fn newer_settings_keys(p: &Pickle, v: Value) -> Vec<String> {
+    const NEWER: [&str; 2] = ["max_round_threshold", "max_cached_size"];
+    let Some(fields) = p.entries(v) else { return Vec::new() };
+    fields
+        .iter()
+        .filter_map(|&(k, _)| p.str_bytes(k))
+        .filter_map(|k| NEWER.iter().find(|n| n.as_bytes() == k))
+        .map(|n| n.to_string())
+        .collect()
+}
+
+/// The pinned host allocator's `host_segments` and `host_traces` (2.14+), read leniently: a
+/// shape this reader does not expect is counted as far as it can be, never an error.
+fn read_host_allocator(p: &Pickle, root: Value, extras: &mut SnapshotExtras) {
+    if let Some(segments) = p.get(root, "host_segments") {
+        let mut h = HostSegments::default();
+        for &s in p.items(segments).unwrap_or(&[]) {
+            h.count += 1;
+            let int = |key: &str| {
+                p.get(s, key).and_then(|v| p.int(v)).and_then(|x| u64::try_from(x).ok())
+            };
+            h.reserved = h.reserved.saturating_add(int("size").unwrap_or(0));
+            h.allocated = h.allocated.saturating_add(int("allocated").unwrap_or(0));
+        }
+        extras.host_segments = Some(h);
+    }
+    if let Some(traces) = p.get(root, "host_traces") {
+        let items = p.items(traces).unwrap_or(&[]);
+        // A list of entries, or (as `device_traces`) a list of lists of entries.
+        let n = items.iter().map(|&x| p.items(x).map_or(1, |inner| inner.len() as u64)).sum();
+        extras.host_trace_entries = Some(n);
     }
 }
 

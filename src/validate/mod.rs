@@ -25,7 +25,7 @@ use crate::backend::Backend;
 use crate::backend::{Observed, Observer};
 use crate::error::{Error, Result};
 use crate::policy::pytorch::config::SMALL_SIZE;
-use crate::policy::pytorch::config::{self, Config, Flavour, Version};
+use crate::policy::pytorch::config::{self, Config, Flavour, ModelledVersion, Version};
 use crate::policy::pytorch::start::{self, StartState};
 use crate::policy::pytorch::NAME;
 use crate::policy::pytorch::{expandable, PyTorch};
@@ -165,11 +165,11 @@ pub enum Warning {
         /// The allocator that made the recording, as far as it shows.
         recorded_by: Flavour,
     },
-    /// No `--pytorch-version` was given: `version` (current main) was modelled where releases
-    /// differ.
-    ModelledCurrentVersion {
-        /// The version modelled.
-        version: Version,
+    /// No `--pytorch-version` was given: the release modelled, and what in the recording
+    /// chose it (docs/pytorch-model.md#versions).
+    ModelledVersion {
+        /// The version modelled and why.
+        modelled: ModelledVersion,
     },
     /// Expandable segments reserve a share of GPU memory, and none was given (`--gpu-mem`).
     AssumedGpuMemory {
@@ -279,7 +279,7 @@ impl Warning {
     pub fn is_modelling_note(&self) -> bool {
         matches!(
             self,
-            Warning::ModelledCurrentVersion { .. }
+            Warning::ModelledVersion { .. }
                 | Warning::AllocatorRules { .. }
                 | Warning::AssumedGpuMemory { .. }
                 | Warning::InferredGpuMemory { .. }
@@ -325,10 +325,7 @@ impl std::fmt::Display for Warning {
                      recording does not show torch_npu",
                 ),
             },
-            Warning::ModelledCurrentVersion { version } => write!(
-                f,
-                "modelled PyTorch {version} (current main) where versions differ; --pytorch-version selects older behaviour"
-            ),
+            Warning::ModelledVersion { ref modelled } => write!(f, "{modelled}"),
             Warning::AssumedGpuMemory { gpu_memory_bytes } => write!(
                 f,
                 "expandable segments: reservations assumed 9/8 of {} of GPU memory (--gpu-mem)",
@@ -1213,7 +1210,11 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
         .device(device)
         .ok_or_else(|| Error::usage(format!("the trace has no device {device}")))?
         .events;
-    let version = options.version.unwrap_or(Version::CURRENT);
+    let modelled = match options.version {
+        Some(v) => ModelledVersion::given(v),
+        None => ModelledVersion::of_trace(trace),
+    };
+    let version = modelled.version;
     let mut notes = Vec::new();
     let recorded_by = Flavour::of_trace(trace);
     let flavour = options.flavour.unwrap_or(recorded_by);
@@ -1242,12 +1243,13 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
     }
     let pool_memory = start::PrivatePoolMemory::recorded(trace, device, events);
     pool_memory.apply_to(&mut config);
+    config.mem_pools = start::mem_pools_by_stacks(trace, events);
     if let Some(expandable) = pool_memory.expandable {
         let own_allocator = pool_memory.own_allocator.len() as u64;
         notes.push(Warning::PrivatePoolMemory { expandable, own_allocator });
     }
     if options.version.is_none() {
-        notes.push(Warning::ModelledCurrentVersion { version: Version::CURRENT });
+        notes.push(Warning::ModelledVersion { modelled });
     }
     let private: Vec<&Segment> =
         trace.segments_of(device).filter(|s| s.private_pool.is_some()).collect();
@@ -1852,6 +1854,7 @@ mod tests {
             recorded_totals: Vec::new(),
             entry_pools: None,
             torch_npu: false,
+            extras: Default::default(),
         }
     }
 
@@ -2036,10 +2039,19 @@ mod tests {
             shown(Warning::UnplacedOrphanFree { addr: 0x400 }),
             "the orphan free at 0x400 lies in no segment known at the start"
         );
-        let current = shown(Warning::ModelledCurrentVersion { version: Version::CURRENT });
+        // A recording that shows no later release: 2.11, said as a default, not as a fact.
+        let plain = ModelledVersion::of_trace(&Trace::default());
         assert_eq!(
-            current,
-            format!("modelled PyTorch {} (current main) where versions differ; --pytorch-version selects older behaviour", Version::CURRENT)
+            shown(Warning::ModelledVersion { modelled: plain }),
+            "modelled PyTorch 2.11: nothing in the recording shows a later release (absence \
+             proves nothing; --pytorch-version X.Y models another)"
+        );
+        let mut newest = Trace::default();
+        newest.extras.internal_metadata = 1;
+        let modelled = ModelledVersion::of_trace(&newest);
+        assert_eq!(
+            shown(Warning::ModelledVersion { modelled }),
+            "modelled PyTorch 2.15 (trace entries carry internal_metadata)"
         );
     }
 }

@@ -6,7 +6,9 @@
 //! `get_allocation_size`). See docs/pytorch-model.md#rounding and
 //! docs/pytorch-model.md#alloc-conf.
 //!
-//! The baseline is current main (≈ 2.11, early 2026). [`Version`] selects older behaviour where it
+//! The baseline is 2.11 (what a recording showing no later release is modelled as); 2.12 – 2.15
+//! add rules of their own ([`Version::NEWEST`], [`ModelledVersion`] for which one a recording
+//! shows). [`Version`] selects older behaviour where it
 //! changes a decision and the trace cannot tell: how `>` fills the divisions table (≤ 2.8 fills from
 //! the last listed key itself), the lower limit of `max_split_size_mb` (≤ 2.8: > 20, later ≥ 20),
 //! the oversize tolerance (< 2.6: the constant 20 MiB, no `max_non_split_rounding_mb`), and whether a
@@ -21,6 +23,7 @@
 use crate::error::{Error, Result};
 use crate::trace::{AllocatorSettings, Trace};
 use crate::units::MIB;
+use std::borrow::Cow;
 
 /// Every block size is a multiple of this (`kMinBlockSize`).
 pub const MIN_BLOCK_SIZE: u64 = 512;
@@ -119,8 +122,20 @@ pub struct Version {
 }
 
 impl Version {
-    /// Current main (early 2026), the default.
+    /// The release modelled where nothing says which made a recording: 2.11, the last whose
+    /// rules every later one keeps unless its own settings, keys or actions show
+    /// (docs/pytorch-model.md#versions).
     pub const CURRENT: Version = Version { major: 2, minor: 11 };
+    /// The newest release whose rules are modelled.
+    pub const NEWEST: Version = Version { major: 2, minor: 15 };
+    /// 2.12: `throw_on_cudamalloc_oom`.
+    pub const V2_12: Version = Version { major: 2, minor: 12 };
+    /// 2.13: a capture is not a pool; exact-address allocations.
+    pub const V2_13: Version = Version { major: 2, minor: 13 };
+    /// 2.14: `annotate` entries, the pinned host allocator's segments in snapshots.
+    pub const V2_14: Version = Version { major: 2, minor: 14 };
+    /// 2.15: `expandable_segments_reserve`, `internal_metadata`.
+    pub const V2_15: Version = Version { major: 2, minor: 15 };
 
     /// Parses `2.8`, `2.8.1` or `v2.8`.
     pub fn parse(text: &str) -> Result<Version> {
@@ -140,16 +155,15 @@ impl Version {
         if v < (Version { major: 2, minor: 0 }) {
             return Err(bad());
         }
-        if v > Version::CURRENT {
-            // A version past current main has rules nobody has read yet: modelling it as
-            // current main under its name would be a guess presented as a fact.
+        if v > Version::NEWEST {
+            // A version past the newest modelled has rules nobody has read yet: modelling it as
+            // the newest under its name would be a guess presented as a fact.
             return Err(Error::usage(format!(
-                "PyTorch {v} is newer than the newest modelled, {} (current main): the modelled \
-                 versions are 2.0 to {}, whose rules differ at 2.8 (2.0–2.8 and 2.9–{}); give one \
-                 of them, or leave --pytorch-version out to model current main",
-                Version::CURRENT,
-                Version::CURRENT,
-                Version::CURRENT
+                "PyTorch {v} is newer than the newest modelled, {}: the modelled versions are \
+                 2.0 to {}, whose rules differ at 2.5, 2.6, 2.8, 2.12, 2.13 and 2.15; give one of \
+                 them, or leave the version out to model what the recording shows",
+                Version::NEWEST,
+                Version::NEWEST
             )));
         }
         Ok(v)
@@ -164,6 +178,237 @@ impl std::fmt::Display for Version {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}.{}", self.major, self.minor)
     }
+}
+
+/// Which release a recording shows it was made by, and so which release's rules are modelled
+/// (docs/pytorch-model.md#versions). Absence proves nothing: a recording with none of the
+/// evidence is modelled as [`Version::CURRENT`] (2.11), whose rules 2.12+ keep unless their
+/// own settings, keys or actions show (which are then the evidence).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelledVersion {
+    /// The release whose rules are modelled.
+    pub version: Version,
+    /// The least release the recording shows, where it shows one past [`Version::CURRENT`].
+    pub at_least: Option<Version>,
+    /// What shows it (a phrase), or why the version is what it is.
+    pub why: Cow<'static, str>,
+    /// The version was given (`--pytorch-version`, `version=` in a spec), not inferred.
+    pub given: bool,
+}
+
+impl ModelledVersion {
+    /// `version`, as asked for.
+    pub fn given(version: Version) -> ModelledVersion {
+        ModelledVersion { version, at_least: None, why: Cow::Borrowed("as asked"), given: true }
+    }
+
+    /// The release `trace` shows (the evidence named in docs/pytorch-model.md#versions):
+    /// `internal_metadata` on an entry or `expandable_segments_reserve` in the settings string
+    /// ⇒ 2.15; `host_segments` / `host_traces` or an `annotate` entry ⇒ 2.14;
+    /// `max_round_threshold` / `max_cached_size` in `allocator_settings` or a `pinned_max_*`
+    /// option ⇒ 2.13; `throw_on_cudamalloc_oom` or `pinned_free_catch_all` ⇒ 2.12. A recording
+    /// of 2.13 or later is modelled as the newest release ([`Version::NEWEST`]), whose rules
+    /// only its own settings change; one showing 2.12 and recording `allocator_settings`
+    /// without the keys 2.13 adds is modelled as 2.12.
+    pub fn of_trace(trace: &Trace) -> ModelledVersion {
+        let x = &trace.extras;
+        let conf = trace.allocator_settings.as_ref().and_then(|s| s.conf.as_deref());
+        let names = |keys: &[&str]| -> Option<String> {
+            let tokens = tokenize(conf?);
+            keys.iter().find(|k| tokens.iter().any(|t| t == *k)).map(|k| k.to_string())
+        };
+        let settings_key = |keys: &[&str]| {
+            keys.iter().find(|k| x.settings_keys.iter().any(|s| s == *k)).map(|k| k.to_string())
+        };
+        let found: Option<(Version, String)> = if x.internal_metadata > 0 {
+            Some((Version::V2_15, "trace entries carry internal_metadata".into()))
+        } else if let Some(k) =
+            names(&["expandable_segments_reserve", "expandable_segments_reserve_by_class"])
+        {
+            Some((Version::V2_15, format!("the settings string names {k}")))
+        } else if x.host_segments.is_some() || x.host_trace_entries.is_some() {
+            Some((
+                Version::V2_14,
+                "the snapshot has the pinned host allocator's host_segments".into(),
+            ))
+        } else if x.annotate_entries > 0 {
+            Some((Version::V2_14, "the trace has annotate entries".into()))
+        } else if let Some(k) = settings_key(&["max_round_threshold", "max_cached_size"]) {
+            Some((Version::V2_13, format!("allocator_settings has {k}")))
+        } else if let Some(k) =
+            names(&["pinned_max_round_threshold_mb", "pinned_max_cached_size_mb"])
+        {
+            Some((Version::V2_13, format!("the settings string names {k}")))
+        } else {
+            names(&["throw_on_cudamalloc_oom", "pinned_free_catch_all"])
+                .map(|k| (Version::V2_12, format!("the settings string names {k}")))
+        };
+        match found {
+            None => ModelledVersion {
+                version: Version::CURRENT,
+                at_least: None,
+                why: Cow::Borrowed(
+                    "nothing in the recording shows a later release (absence proves nothing; \
+                     --pytorch-version X.Y models another)",
+                ),
+                given: false,
+            },
+            Some((at_least, why)) => {
+                // 2.13+ write max_round_threshold in allocator_settings: a recording that has
+                // allocator_settings without it is from 2.12.
+                let exactly_2_12 = at_least == Version::V2_12 && trace.allocator_settings.is_some();
+                let version = if exactly_2_12 { Version::V2_12 } else { Version::NEWEST };
+                ModelledVersion {
+                    version,
+                    at_least: Some(at_least),
+                    why: Cow::Owned(why),
+                    given: false,
+                }
+            }
+        }
+    }
+}
+
+/// Splits fragsim's own `version=X.Y` out of a `pytorch` policy's options (docs/interface.md,
+/// "PyTorch versions"): the rest of the options (empty: the recorded settings) and the version
+/// asked for, if any.
+pub fn split_version(options: &str) -> Result<(String, Option<Version>)> {
+    let mut rest = Vec::new();
+    let mut asked = None;
+    let (mut depth, mut start) = (0i32, 0usize);
+    let mut parts = Vec::new();
+    for (i, c) in options.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ',' if depth <= 0 => {
+                parts.push(&options[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&options[start..]);
+    for part in parts {
+        match part.trim().strip_prefix("version=") {
+            Some(v) => {
+                if asked.is_some() {
+                    return Err(Error::usage(format!(
+                        "version= is given twice in '{options}': give it once"
+                    )));
+                }
+                asked = Some(Version::parse(v)?);
+            }
+            None => rest.push(part),
+        }
+    }
+    let rest = rest.join(",");
+    let rest = if rest.trim().is_empty() { String::new() } else { rest };
+    Ok((rest, asked))
+}
+
+/// The release a `pytorch` replay of `trace` models: `asked` where given (an error where
+/// `options` name an option that release does not have), else what the recording shows
+/// ([`ModelledVersion::of_trace`]), raised to the least release that has every option
+/// `options` names.
+pub fn modelled_version(
+    options: &str,
+    asked: Option<Version>,
+    trace: &Trace,
+) -> Result<ModelledVersion> {
+    let needed = Config::newest_option_release(options);
+    if let Some(v) = asked {
+        if let Some((least, key)) = needed.filter(|(least, _)| *least > v) {
+            return Err(Error::usage(format!(
+                "{key} is an option of PyTorch {least} and later; version={v} does not have it"
+            )));
+        }
+        return Ok(ModelledVersion::given(v));
+    }
+    let mut m = ModelledVersion::of_trace(trace);
+    if let Some((least, key)) = needed.filter(|(least, _)| *least > m.version) {
+        m = ModelledVersion {
+            version: least,
+            at_least: Some(least),
+            why: Cow::Owned(format!("the options name {key}")),
+            given: false,
+        };
+    }
+    Ok(m)
+}
+
+impl std::fmt::Display for ModelledVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let v = self.version;
+        match self.at_least {
+            _ if self.given => write!(f, "modelled PyTorch {v} (as asked)"),
+            None => write!(f, "modelled PyTorch {v}: {}", self.why),
+            Some(least) if v == Version::V2_12 => write!(
+                f,
+                "PyTorch ≥ {least} ({}), and allocator_settings lacks max_round_threshold, which \
+                 2.13+ write: modelled {v}",
+                self.why
+            ),
+            Some(least) if least == v => write!(f, "modelled PyTorch {v} ({})", self.why),
+            Some(least) => write!(
+                f,
+                "PyTorch ≥ {least} ({}); modelled {v}, the newest release modelled",
+                self.why
+            ),
+        }
+    }
+}
+
+/// How much virtual address space each expandable segment reserves
+/// (`expandable_segments_reserve`, 2.15).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ExpandableReserve {
+    /// A fraction of the device's total memory.
+    Fraction(f64),
+    /// A size in bytes (`8G`).
+    Bytes(u64),
+}
+
+impl std::fmt::Display for ExpandableReserve {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExpandableReserve::Fraction(x) => write!(f, "{x}"),
+            ExpandableReserve::Bytes(b) => write!(f, "{b}"),
+        }
+    }
+}
+
+/// Reads an `expandable_segments_reserve` value: a size with a unit (`8G`, `512M`, `64K`,
+/// `1T`, an optional `B` / `iB` after it; powers of 1024) or a plain number, which is a
+/// fraction of total memory when it is at most 1 and a byte count above.
+fn parse_reserve(text: &str, key: &str) -> Result<ExpandableReserve> {
+    let bad = || {
+        Error::usage(format!(
+            "invalid value '{text}' for {key}: expected a fraction of device memory (e.g. 0.5) or a size (e.g. 8G)"
+        ))
+    };
+    let t = text.trim();
+    let lower = t.to_ascii_lowercase();
+    let stem = lower.trim_end_matches("ib").trim_end_matches('b');
+    let (digits, shift) = match stem.chars().last() {
+        Some('k') => (&stem[..stem.len() - 1], 10),
+        Some('m') => (&stem[..stem.len() - 1], 20),
+        Some('g') => (&stem[..stem.len() - 1], 30),
+        Some('t') => (&stem[..stem.len() - 1], 40),
+        _ => (stem, 0),
+    };
+    let x: f64 = digits.parse().map_err(|_| bad())?;
+    if !x.is_finite() || x <= 0.0 {
+        return Err(bad());
+    }
+    if shift == 0 && x <= 1.0 {
+        return Ok(ExpandableReserve::Fraction(x));
+    }
+    let bytes = x * (1u64 << shift) as f64;
+    if bytes >= (1u64 << 60) as f64 {
+        return Err(bad());
+    }
+    Ok(ExpandableReserve::Bytes(bytes as u64))
 }
 
 /// The allocator's effective settings. `Default` is PyTorch's defaults on current main.
@@ -213,6 +458,22 @@ pub struct Config {
     /// torch_npu's `page_size:1g`: the large pool gets 1 GiB pages (segments rounded up to
     /// 1 GiB, or 1 GiB expandable pages).
     pub page_size_1g: bool,
+    /// `throw_on_cudamalloc_oom` (2.12+): with a memory fraction below 1, a request past its
+    /// limit fails at once, without releasing cached memory first
+    /// (docs/pytorch-model.md#throw-on-oom).
+    pub throw_on_cudamalloc_oom: bool,
+    /// `expandable_segments_reserve` (2.15+): each expandable segment's reservation
+    /// (docs/pytorch-model.md#expandable-reserve); `None`: 9/8 of the device's memory.
+    pub expandable_segments_reserve: Option<ExpandableReserve>,
+    /// `expandable_segments_reserve_by_class` was set: a stream's class is not recorded, so
+    /// the per-class reservations are unknown and the global one is modelled for every stream.
+    pub reserve_by_class: bool,
+    /// Private pools `(0, n)` that the recording's stacks show were `torch.cuda.use_mem_pool`
+    /// pools, not graph captures (docs/pytorch-model.md#capture-not-pool): from 2.13 a malloc
+    /// into one behaves as a default-pool malloc for the capture gates. A pool whose first
+    /// number is non-zero is a graph capture's; a `(0, n)` pool the stacks do not show is taken
+    /// to be a graph's (`graph_pool_handle()`), as before 2.13.
+    pub mem_pools: Vec<(u64, u64)>,
 }
 
 impl Default for Config {
@@ -234,6 +495,10 @@ impl Default for Config {
             base_addr_aligned: 0,
             npu_segment_size: 0,
             page_size_1g: false,
+            throw_on_cudamalloc_oom: false,
+            expandable_segments_reserve: None,
+            reserve_by_class: false,
+            mem_pools: Vec::new(),
         }
     }
 }
@@ -537,11 +802,48 @@ impl Config {
                 | "pinned_use_cuda_host_register"
                 | "pinned_use_background_threads"
                 | "graph_capture_record_stream_reuse"
+                | "pinned_free_catch_all"
                 | "throw_on_cudamalloc_oom" => {
                     let v = t.boolean(&key)?;
+                    if key == "throw_on_cudamalloc_oom" {
+                        self.throw_on_cudamalloc_oom = v;
+                    }
                     self.note_other(&key, if v { "True" } else { "False" });
                 }
-                "pinned_num_register_threads" | "pinned_reserve_segment_size_mb" => {
+                "expandable_segments_reserve" => {
+                    let v = parse_reserve(t.value(&key)?, &key)?;
+                    self.expandable_segments_reserve = Some(v);
+                    self.note_other(&key, &v.to_string());
+                }
+                "expandable_segments_reserve_by_class" => {
+                    // `[class:value,...]`: each value read as the global one is, the classes
+                    // kept only for display (a stream's class is not recorded).
+                    t.separator(":", &key)?;
+                    let mut shown = Vec::new();
+                    if t.tokens.get(t.i).map(String::as_str) == Some("[") {
+                        t.i += 1;
+                        while let Some(class) = t.tokens.get(t.i).cloned() {
+                            t.i += 1;
+                            if class == "]" {
+                                break;
+                            }
+                            if class == "," {
+                                continue;
+                            }
+                            let v = parse_reserve(t.value(&key)?, &key)?;
+                            shown.push(format!("{class}:{v}"));
+                        }
+                    } else {
+                        let v = t.value(&key)?.to_string();
+                        shown.push(v);
+                    }
+                    self.reserve_by_class = true;
+                    self.note_other(&key, &format!("[{}]", shown.join(",")));
+                }
+                "pinned_num_register_threads"
+                | "pinned_reserve_segment_size_mb"
+                | "pinned_max_round_threshold_mb"
+                | "pinned_max_cached_size_mb" => {
                     let v = stoull(t.value(&key)?, &key)?;
                     self.note_other(&key, &v.to_string());
                 }
@@ -1001,7 +1303,61 @@ impl Config {
     /// totalGlobalMem / 8)` pages, i.e. 9/8 of the GPU's memory (the `/ 8` rounds down) rounded up
     /// to whole pages.
     pub fn va_size(&self, small: bool) -> u64 {
-        va_size_on(self.gpu_memory, self.page_size(small))
+        let page = self.page_size(small);
+        let full = va_size_on(self.gpu_memory, page);
+        match self.reserve_limit() {
+            // Whole pages, at least one, never past the historical 9/8.
+            Some(bytes) => bytes.div_ceil(page).max(1).saturating_mul(page).min(full),
+            None => full,
+        }
+    }
+
+    /// The bytes `expandable_segments_reserve` asks each reservation to hold (2.15+; `None`
+    /// where it is not set or the modelled release has no such option).
+    pub fn reserve_limit(&self) -> Option<u64> {
+        if self.version < Version::V2_15 {
+            return None;
+        }
+        Some(match self.expandable_segments_reserve? {
+            ExpandableReserve::Fraction(f) => (f * self.gpu_memory as f64) as u64,
+            ExpandableReserve::Bytes(b) => b,
+        })
+    }
+
+    /// Whether a request past the memory fraction's limit fails at once
+    /// (`throw_on_cudamalloc_oom`, 2.12+, with a fraction below 1).
+    pub fn rejects_past_fraction(&self) -> bool {
+        self.throw_on_cudamalloc_oom
+            && self.version >= Version::V2_12
+            && self.allowed_memory_maximum().is_some()
+    }
+
+    /// Whether a malloc into private pool `pool` (`None`: the default pools) runs as during a
+    /// CUDA graph capture for the three capture gates (docs/pytorch-model.md#capture-not-pool):
+    /// before 2.13 any private pool; from 2.13 only a graph capture's.
+    pub fn pool_is_capture(&self, pool: Option<(u64, u64)>) -> bool {
+        let Some(id) = pool else { return false };
+        self.version < Version::V2_13 || id.0 != 0 || !self.mem_pools.contains(&id)
+    }
+
+    /// The least release that has `key` (an option of 2.12+), if it is one.
+    pub fn release_of_option(key: &str) -> Option<Version> {
+        match key {
+            "throw_on_cudamalloc_oom" | "pinned_free_catch_all" => Some(Version::V2_12),
+            "pinned_max_round_threshold_mb" | "pinned_max_cached_size_mb" => Some(Version::V2_13),
+            "expandable_segments_reserve" | "expandable_segments_reserve_by_class" => {
+                Some(Version::V2_15)
+            }
+            _ => None,
+        }
+    }
+
+    /// The newest release any option named in `conf` needs, with the option.
+    pub fn newest_option_release(conf: &str) -> Option<(Version, String)> {
+        tokenize(conf)
+            .into_iter()
+            .filter_map(|t| Config::release_of_option(&t).map(|v| (v, t)))
+            .max_by_key(|(v, _)| *v)
     }
 }
 

@@ -53,6 +53,10 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
         }
         let page = self.config.page_size(small);
         let va_size = self.config.va_size(small);
+        // 2.15's expandable_segments_reserve: a request cannot span reservations.
+        if self.config.reserve_limit().is_some() && size > va_size {
+            return Ok(None);
+        }
         let Some(base) = backend.reserve(va_size)? else { return Ok(None) };
         Self::check_range(base, va_size)?;
         let seg = self.expandable.len() as u32;

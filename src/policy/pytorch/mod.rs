@@ -449,7 +449,9 @@ fn settings_for(
     flavour: Option<Flavour>,
 ) -> Result<Config> {
     let flavour = flavour.unwrap_or_else(|| Flavour::of_trace(context.trace));
-    let mut config = config_for(options, context, Version::CURRENT, flavour)?;
+    let (options, asked) = config::split_version(options)?;
+    let version = config::modelled_version(&options, asked, context.trace)?.version;
+    let mut config = config_for(&options, context, version, flavour)?;
     if force_expandable {
         config.expandable_segments = true;
     }
@@ -992,6 +994,15 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
         small: bool,
     ) -> Result<Option<u32>> {
         let alloc_size = self.config.allocation_size(rounded);
+        // 2.12's throw_on_cudamalloc_oom: past the fraction's limit, out of memory at once
+        // (no garbage collection, no release of cached blocks).
+        if self.config.rejects_past_fraction() {
+            let max = self.config.allowed_memory_maximum().unwrap_or(u64::MAX);
+            if self.total_allocated.saturating_add(alloc_size) > max {
+                self.stats.num_ooms += 1;
+                return Ok(None);
+            }
+        }
         if self.gc_enabled() {
             self.garbage_collect(backend)?;
         }
@@ -1001,8 +1012,9 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
         {
             found = self.alloc_block(backend, stream, rounded, small, alloc_size, false)?;
         }
-        // Not while a capture is underway (a malloc into a private pool, or one told so).
-        if found.is_none() && self.into == 0 && !self.capture_underway {
+        // Not while a capture is underway: one told so, or a malloc into a private pool (from
+        // 2.13 only a graph capture's, docs/pytorch-model.md#capture-not-pool).
+        if found.is_none() && !self.capture_underway && !self.allocating_in_capture() {
             self.release_cached_blocks(backend)?;
             found = self.alloc_block(backend, stream, rounded, small, alloc_size, true)?;
         }
@@ -1010,6 +1022,13 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
             self.stats.num_ooms += 1;
         }
         Ok(found)
+    }
+
+    /// Whether mallocs now go into a private pool that counts as a capture's
+    /// ([`Config::pool_is_capture`]).
+    fn allocating_in_capture(&self) -> bool {
+        let pool = self.into.checked_sub(1).map(|k| self.private_pools[k as usize]);
+        self.config.pool_is_capture(pool)
     }
 
     /// `release_block` (docs/pytorch-model.md#release-segment): cudaFree one whole cudaMalloc
@@ -1511,6 +1530,7 @@ pub fn config_for(
     };
     start::PrivatePoolMemory::recorded(context.trace, context.device, context.events)
         .apply_to(&mut config);
+    config.mem_pools = start::mem_pools_by_stacks(context.trace, context.events);
     Ok(config)
 }
 

@@ -712,6 +712,38 @@ fn infer_orphan_sizes(s: &mut StartSegment, config: &Config) {
     }
 }
 
+/// The `(0, n)` private pools whose allocations' stacks show a
+/// `torch.cuda.use_mem_pool` pool, not a graph capture ([`Config::mem_pools`],
+/// docs/pytorch-model.md#capture-not-pool): a stack through `use_mem_pool` and none through
+/// `torch/cuda/graphs.py` (`capture_begin`, `make_graphed_callables`). Only where entries
+/// name their pool and stacks were kept; elsewhere none (every private pool is taken to be a
+/// graph capture's).
+pub fn mem_pools_by_stacks(trace: &Trace, events: &[Event]) -> Vec<(u64, u64)> {
+    if trace.entry_pools.is_none() || trace.frames.is_empty() {
+        return Vec::new();
+    }
+    // Per pool: (a stack names use_mem_pool, a stack names graph capture).
+    let mut seen: BTreeMap<(u64, u64), (bool, bool)> = BTreeMap::new();
+    for e in events {
+        if e.action != Action::Alloc || e.pool.0 == 0 {
+            continue;
+        }
+        let Some(Some(id)) = trace.entry_pool(e) else { continue };
+        if id.0 != 0 {
+            continue;
+        }
+        let frames = trace.frames.get(e.frames);
+        let mem_pool = frames.iter().any(|f| f.name == "use_mem_pool");
+        let graph = frames
+            .iter()
+            .any(|f| f.name == "capture_begin" || f.filename.ends_with("torch/cuda/graphs.py"));
+        let s = seen.entry(id).or_default();
+        s.0 |= mem_pool;
+        s.1 |= graph;
+    }
+    seen.into_iter().filter(|(_, (m, g))| *m && !*g).map(|(id, _)| id).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -810,3 +810,92 @@ fn npu_property_checker_holds() {
         }
     }
 }
+
+/// 2.12's `throw_on_cudamalloc_oom` (docs/pytorch-model.md#throw-on-oom): on a 100 MiB GPU
+/// with `per_process_memory_fraction:0.5` (a 50 MiB limit), 30 MiB cached and 40 MiB asked
+/// for: the default releases the cached segment and succeeds (40 MiB reserved); with the
+/// option the request past the limit fails at once, the cache untouched (30 MiB reserved).
+/// Before 2.12 the option changes nothing.
+#[test]
+fn throw_on_cudamalloc_oom_rejects_past_the_fraction_without_releasing_cache() {
+    let run = |conf: &str, version: Version| {
+        let mut config = Config::parse(conf, version).unwrap();
+        config.gpu_memory = 100 * MIB;
+        let mut p = PyTorch::new(config);
+        let mut d = device(None);
+        let a = malloc(&mut p, &mut d, 30 * MIB);
+        free(&mut p, &mut d, a);
+        let got = p.malloc(&mut d, 40 * MIB, 0).unwrap();
+        p.check().unwrap();
+        (got.is_some(), p.reserved(), p.stats().num_ooms)
+    };
+    let fraction = "per_process_memory_fraction:0.5";
+    let throw = "per_process_memory_fraction:0.5,throw_on_cudamalloc_oom:True";
+    assert_eq!(run(fraction, Version::V2_12), (true, 40 * MIB, 0), "cache released");
+    assert_eq!(run(throw, Version::V2_12), (false, 30 * MIB, 1), "rejected at once");
+    assert_eq!(run(throw, Version::NEWEST), (false, 30 * MIB, 1));
+    assert_eq!(run(throw, Version::CURRENT), (true, 40 * MIB, 0), "2.11 has no such rule");
+    // Without a fraction below 1 there is no limit to reject at.
+    let whole = "per_process_memory_fraction:1.0,throw_on_cudamalloc_oom:True";
+    assert_eq!(run(whole, Version::V2_12), (true, 70 * MIB, 0));
+}
+
+/// 2.13's "a capture is not a pool" (docs/pytorch-model.md#capture-not-pool): a malloc into a
+/// `use_mem_pool` pool `(0, 1)` that cannot get memory falls back to releasing the default
+/// pools' cache from 2.13 (as a default-pool malloc does); before 2.13 it did not, and a graph
+/// capture's pool `(1, 0)` never does.
+#[test]
+fn a_mem_pool_malloc_releases_cached_blocks_from_2_13_and_a_capture_never() {
+    let run = |version: Version, pool: (u64, u64)| {
+        let mut config = Config::parse("", version).unwrap();
+        config.mem_pools = vec![(0, 1)];
+        let mut p = PyTorch::new(config);
+        let mut d = device(Some(100 * MIB));
+        let a = malloc(&mut p, &mut d, 60 * MIB);
+        free(&mut p, &mut d, a);
+        p.allocate_into(Some(pool)).unwrap();
+        let got = p.malloc(&mut d, 50 * MIB, 0).unwrap();
+        p.check().unwrap();
+        (got.is_some(), p.reserved())
+    };
+    assert_eq!(run(Version::V2_13, (0, 1)), (true, 50 * MIB), "60 MiB cache released");
+    assert_eq!(run(Version::NEWEST, (0, 1)), (true, 50 * MIB));
+    assert_eq!(run(Version::V2_12, (0, 1)), (false, 60 * MIB), "before 2.13: a capture");
+    assert_eq!(run(Version::NEWEST, (1, 0)), (false, 60 * MIB), "a graph capture's pool");
+    // A (0, n) pool the stacks do not show as use_mem_pool is taken to be a graph's.
+    assert_eq!(run(Version::NEWEST, (0, 2)), (false, 60 * MIB));
+}
+
+/// 2.15's `expandable_segments_reserve` (docs/pytorch-model.md#expandable-reserve) on a 1 GiB
+/// GPU: reservations of 64 MiB, rounded up to whole 20 MiB pages (80 MiB). Two 50 MiB requests
+/// map 60 MiB each: the second does not fit in the first reservation's remaining 30 MiB and
+/// starts a new one (120 MiB reserved, where 9/8 of the GPU holds both in 100 MiB). One request
+/// larger than the reservation fails. Clamped to 9/8 of the GPU's memory.
+#[test]
+fn expandable_segments_reserve_bounds_each_reservation() {
+    let setup = |conf: &str, version: Version| {
+        let mut config = Config::parse(conf, version).unwrap();
+        config.gpu_memory = GIB;
+        (PyTorch::new(config), device(None))
+    };
+    let two = |conf: &str, version: Version| {
+        let (mut p, mut d) = setup(conf, version);
+        malloc(&mut p, &mut d, 50 * MIB);
+        malloc(&mut p, &mut d, 50 * MIB);
+        let reservations =
+            d.calls().iter().filter(|c| matches!(c, BackendCall::Reserve { .. })).count();
+        (p.reserved(), reservations)
+    };
+    let reserve = "expandable_segments:True,expandable_segments_reserve:64M";
+    assert_eq!(two("expandable_segments:True", Version::NEWEST), (100 * MIB, 1));
+    assert_eq!(two(reserve, Version::NEWEST), (120 * MIB, 2), "a new segment");
+    assert_eq!(two(reserve, Version::V2_13), (100 * MIB, 1), "2.13 has no such option");
+    let (mut p, mut d) = setup(reserve, Version::NEWEST);
+    assert!(p.malloc(&mut d, 100 * MIB, 0).unwrap().is_none(), "larger than a reservation");
+    // A fraction of the GPU's memory; past 9/8 of it, clamped.
+    let (p, _) =
+        setup("expandable_segments:True,expandable_segments_reserve:0.25", Version::NEWEST);
+    assert_eq!(p.settings().va_size(false), 260 * MIB, "256 MiB in whole 20 MiB pages");
+    let (p, _) = setup("expandable_segments:True,expandable_segments_reserve:4G", Version::NEWEST);
+    assert_eq!(p.settings().va_size(false), config::va_size_on(GIB, 20 * MIB));
+}

@@ -306,6 +306,7 @@ impl Chunked<'_> {
             recorded_totals: fill.totals,
             entry_pools,
             torch_npu,
+            extras: Default::default(),
         })
     }
 }
@@ -455,6 +456,7 @@ impl FstStream {
             recorded_totals: Vec::new(),
             entry_pools,
             torch_npu,
+            extras: Default::default(),
         };
         let file = input.into_inner();
         let identity = Identity::of(&file.metadata().map_err(|e| Error::io(path, e))?);
@@ -899,6 +901,7 @@ mod tests {
             }],
             entry_pools: Some(vec![(0, 3), (1, u64::MAX)]),
             torch_npu: false,
+            extras: Default::default(),
         }
     }
 

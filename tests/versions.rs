@@ -1,0 +1,336 @@
+//! PyTorch releases as a setting (docs/pytorch-model.md#versions): which release a recording
+//! shows, `--pytorch-version` / `version=` as a what-if, and the rules of 2.12 – 2.15 end to
+//! end, on recordings built here.
+
+use crate::util::*;
+use fragsim::trace::pickle::encode::Encoder;
+use serde_json::{json, Value};
+
+const MIB: u64 = 1 << 20;
+const A: u64 = 0x7f00_0000_0000;
+
+/// Pickles a JSON value as Python would pickle the same dicts, lists, strings and numbers.
+fn encode(e: &mut Encoder, v: &Value) {
+    match v {
+        Value::Null => e.none(),
+        Value::Bool(b) => e.bool(*b),
+        Value::Number(n) => match n.as_i64() {
+            Some(i) => e.int(i as i128),
+            None => match n.as_u64() {
+                Some(u) => e.int(u as i128),
+                None => e.float(n.as_f64().unwrap_or(0.0)),
+            },
+        },
+        Value::String(s) => e.str(s),
+        Value::Array(xs) => {
+            e.begin_list();
+            for x in xs {
+                encode(e, x);
+            }
+            e.end_list();
+        }
+        Value::Object(m) => {
+            e.begin_dict();
+            for (k, x) in m {
+                e.str(k);
+                encode(e, x);
+            }
+            e.end_dict();
+        }
+    }
+}
+
+fn pickle(v: &Value) -> Vec<u8> {
+    let mut e = Encoder::new();
+    encode(&mut e, v);
+    e.finish()
+}
+
+fn entry(action: &str, addr: u64, size: u64, t: u64) -> Value {
+    json!({"action": action, "addr": addr, "size": size, "stream": 0, "time_us": t, "frames": []})
+}
+
+fn with(mut v: Value, key: &str, x: Value) -> Value {
+    v[key] = x;
+    v
+}
+
+/// A 2.15 recording: a 20 MiB segment, 2 MiB live in it at the end, 4 MiB allocated and freed
+/// after it, a label on the 2 MiB block; every key 2.12 – 2.15 added.
+fn snapshot_2_15() -> Value {
+    let tagged = |e: Value| with(e, "internal_metadata", json!(""));
+    json!({
+        "segments": [{
+            "device": 0, "address": A, "total_size": 20 * MIB, "allocated_size": 2 * MIB,
+            "active_size": 2 * MIB, "requested_size": 2 * MIB, "stream": 0,
+            "segment_type": "large", "segment_pool_id": [0, 0], "is_expandable": false,
+            "frames": [],
+            "blocks": [
+                {"address": A, "size": 2 * MIB, "requested_size": 2 * MIB,
+                 "state": "active_allocated", "frames": []},
+                {"address": A + 2 * MIB, "size": 18 * MIB, "requested_size": 0,
+                 "state": "inactive", "frames": []}
+            ]
+        }],
+        "device_traces": [[
+            tagged(entry("segment_alloc", A, 20 * MIB, 1)),
+            with(tagged(entry("alloc", A, 2 * MIB, 2)), "user_metadata", json!("{\"step\":1}")),
+            with(entry("annotate", A, 0, 3), "user_metadata", json!("{\"layer\":\"mlp.0\"}")),
+            tagged(entry("alloc", A + 2 * MIB, 4 * MIB, 4)),
+            tagged(entry("free_requested", A + 2 * MIB, 4 * MIB, 5)),
+            tagged(entry("free_completed", A + 2 * MIB, 4 * MIB, 6)),
+        ]],
+        "allocator_settings": {
+            "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False,throw_on_cudamalloc_oom:False,\
+                pinned_free_catch_all:True,pinned_max_round_threshold_mb:64,\
+                pinned_max_cached_size_mb:128,expandable_segments_reserve:0.5,\
+                expandable_segments_reserve_by_class:[serving:0.25,ads_sparse:8G]",
+            "max_split_size": -1, "garbage_collection_threshold": 0.0,
+            "expandable_segments": false, "roundup_power2_divisions": vec![0; 16],
+            "release_lock_on_cudamalloc": false, "max_round_threshold": 1024,
+            "max_cached_size": 0
+        },
+        "host_segments": [{"address": 0x5000_0000u64, "size": 4 * MIB, "allocated": MIB,
+                           "active": true, "owner_private_pool_id": [0, 0], "frames": []}],
+        "host_traces": [[{"action": "alloc", "addr": 0x5000_0000u64, "size": MIB, "time_us": 1}]]
+    })
+}
+
+/// `validate` of `snapshot`: (exit code, JSON, the text with --verbose).
+fn validate(snapshot: &Value, extra: &[&str]) -> (i32, Value, String) {
+    let (_d, path) = temp_file("s.pickle", &pickle(snapshot));
+    let p = path.to_str().unwrap();
+    let mut args = vec!["validate", p, "--json"];
+    args.extend(extra);
+    let out = run(&args);
+    let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    let mut args = vec!["validate", p, "--verbose"];
+    args.extend(extra);
+    let text = stdout(&run(&args)) + &stderr(&run(&args));
+    (out.status.code().unwrap_or(-1), v, text)
+}
+
+#[test]
+fn a_snapshot_with_2_15_keys_validates_and_names_2_15() {
+    let (code, v, text) = validate(&snapshot_2_15(), &[]);
+    assert_eq!(code, 0, "{v} {text}");
+    assert_eq!(v["allocs_total"], 2, "the annotate entry is no allocation: {v}");
+    assert_eq!(v["allocs_addr_matched"], 2, "{v}");
+    assert_eq!(v["peak_reserved_simulated_bytes"], v["peak_reserved_recorded_bytes"]);
+    assert!(
+        text.contains("modelled PyTorch 2.15 (trace entries carry internal_metadata)"),
+        "{text}"
+    );
+    assert!(!text.contains("does not model"), "every 2.12 – 2.15 option is known: {text}");
+    // `info` shows the pinned host allocator as its own device, and the labels.
+    let (_d, path) = temp_file("s.pickle", &pickle(&snapshot_2_15()));
+    let out = run(&["info", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let info = stdout(&out);
+    assert!(
+        info.contains("pinned host memory (host_segments): 1 segment, 4.00 MiB reserved, 1.00 MiB allocated; host_traces: 1 entry"),
+        "{info}"
+    );
+    assert!(info.contains("annotate entries: 1"), "{info}");
+    assert!(
+        info.contains("PyTorch release: 2.15 (trace entries carry internal_metadata)"),
+        "{info}"
+    );
+    // A replay says which release it modelled (on stderr; its JSON unchanged).
+    let out = run(&["replay", path.to_str().unwrap(), "-p", "pytorch", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stderr(&out).contains("modelled PyTorch 2.15"), "{}", stderr(&out));
+}
+
+/// Each piece of evidence alone, strongest first; none: 2.11, said as a default.
+#[test]
+fn the_modelled_release_follows_the_recordings_evidence() {
+    let base = snapshot_2_15();
+    let strip = |mut v: Value, keys: &[&str]| {
+        let root = v.as_object_mut().unwrap();
+        for k in keys {
+            root.remove(*k);
+        }
+        for e in root["device_traces"][0].as_array_mut().unwrap() {
+            e.as_object_mut().unwrap().remove("internal_metadata");
+        }
+        v
+    };
+    let conf = |mut v: Value, c: &str| {
+        v["allocator_settings"]["PYTORCH_CUDA_ALLOC_CONF"] = json!(c);
+        v
+    };
+    let no_round = |mut v: Value| {
+        let s = v["allocator_settings"].as_object_mut().unwrap();
+        s.remove("max_round_threshold");
+        s.remove("max_cached_size");
+        v
+    };
+    let no_annotate = |mut v: Value| {
+        v["device_traces"][0].as_array_mut().unwrap().retain(|e| e["action"] != "annotate");
+        v
+    };
+    let annotated = conf(strip(base.clone(), &["host_segments", "host_traces"]), "");
+    let round = no_annotate(annotated.clone());
+    let throw = conf(no_round(round.clone()), "throw_on_cudamalloc_oom:False");
+    let nothing = conf(no_round(round.clone()), "");
+    for (v, says) in [
+        (annotated, "PyTorch ≥ 2.14 (the trace has annotate entries); modelled 2.15"),
+        (round, "PyTorch ≥ 2.13 (allocator_settings has max_round_threshold); modelled 2.15"),
+        (throw, "PyTorch ≥ 2.12 (the settings string names throw_on_cudamalloc_oom), and allocator_settings lacks max_round_threshold, which 2.13+ write: modelled 2.12"),
+        (nothing, "modelled PyTorch 2.11: nothing in the recording shows a later release"),
+    ] {
+        let (code, _, text) = validate(&v, &[]);
+        assert_eq!(code, 0, "{text}");
+        assert!(text.contains(says), "{says}: {text}");
+    }
+}
+
+#[test]
+fn pytorch_versions_2_12_to_2_15_are_accepted_and_later_ones_refused() {
+    for v in ["2.12", "2.13", "2.14", "2.15", "2.15.1"] {
+        let (code, out, text) = validate(&snapshot_2_15(), &["--pytorch-version", v]);
+        assert_eq!(code, 0, "{v}: {out} {text}");
+    }
+    let (code, _, text) = validate(&snapshot_2_15(), &["--pytorch-version", "2.16"]);
+    assert_eq!(code, 2);
+    assert!(text.contains("PyTorch 2.16 is newer than the newest modelled, 2.15"), "{text}");
+    // As a what-if in a replay's spec.
+    let (_d, path) = temp_file("s.pickle", &pickle(&snapshot_2_15()));
+    let p = path.to_str().unwrap();
+    for spec in ["pytorch:version=2.12", "pytorch:version=2.15", "pytorch:version=2.8"] {
+        let out = run(&["replay", p, "-p", spec, "--json"]);
+        assert_eq!(out.status.code(), Some(0), "{spec}: {}", stderr(&out));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["results"][0]["oom"], false, "{spec}");
+    }
+    let out = run(&["replay", p, "-p", "pytorch:version=2.16"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("newer than the newest modelled"), "{}", stderr(&out));
+    let out = run(&["replay", p, "-p", "pytorch:throw_on_cudamalloc_oom:True,version=2.11"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("throw_on_cudamalloc_oom is an option of PyTorch 2.12 and later"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// A text trace: 30 MiB allocated and freed, then 40 MiB.
+const CACHE_THEN_MORE: &str = "# fragsim text trace v1\nalloc 0x7f0000000000 31457280\n\
+    free 0x7f0000000000 31457280\nalloc 0x7f0004000000 41943040\n";
+
+fn replay_json(trace: &str, args: &[&str]) -> Value {
+    let (_d, path) = temp_file("t.txt", trace.as_bytes());
+    let mut all = vec!["replay", path.to_str().unwrap(), "--json"];
+    all.extend(args);
+    let out = run(&all);
+    assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// 2.12's `throw_on_cudamalloc_oom` under a 0.5 memory fraction of a 100 MiB card (50 MiB):
+/// the default frees the 30 MiB cache and serves 40 MiB; with the option the request fails
+/// where it would pass the limit.
+#[test]
+fn throw_on_cudamalloc_oom_makes_a_replay_run_out_where_the_default_frees_cache() {
+    let v = replay_json(
+        CACHE_THEN_MORE,
+        &[
+            "--capacity",
+            "100MiB",
+            "-p",
+            "pytorch:per_process_memory_fraction:0.5",
+            "-p",
+            "pytorch:per_process_memory_fraction:0.5,throw_on_cudamalloc_oom:True",
+            "-p",
+            "pytorch:per_process_memory_fraction:0.5,throw_on_cudamalloc_oom:True,version=2.15",
+        ],
+    );
+    let r = &v["results"];
+    assert_eq!(r[0]["oom"], false, "{v}");
+    assert_eq!(r[0]["peak_reserved_bytes"], 40 * MIB);
+    for k in [1, 2] {
+        assert_eq!(r[k]["oom"], true, "{v}");
+        assert_eq!(r[k]["first_oom_event"], 3, "the 40 MiB request: {v}");
+        assert_eq!(r[k]["peak_reserved_bytes"], 30 * MIB, "nothing released: {v}");
+    }
+}
+
+/// 2.15's `expandable_segments_reserve:64M` on a 1 GiB card: two 50 MiB requests need two
+/// reservations (60 MiB mapped in each, 120 MiB), where one 9/8-of-the-card reservation holds
+/// both in 100 MiB; a 100 MiB request does not fit in one and fails.
+#[test]
+fn expandable_segments_reserve_changes_a_replay() {
+    let two =
+        "# fragsim text trace v1\nalloc 0x7f0000000000 52428800\nalloc 0x7f0010000000 52428800\n";
+    let v = replay_json(
+        two,
+        &[
+            "--capacity",
+            "1GiB",
+            "-p",
+            "pytorch:expandable_segments:True",
+            "-p",
+            "pytorch:expandable_segments:True,expandable_segments_reserve:64M",
+        ],
+    );
+    assert_eq!(v["results"][0]["peak_reserved_bytes"], 100 * MIB, "{v}");
+    assert_eq!(v["results"][1]["peak_reserved_bytes"], 120 * MIB, "{v}");
+    let one = "# fragsim text trace v1\nalloc 0x7f0000000000 104857600\n";
+    let v = replay_json(
+        one,
+        &[
+            "--capacity",
+            "1GiB",
+            "-p",
+            "pytorch:expandable_segments:True,expandable_segments_reserve:64M",
+        ],
+    );
+    assert_eq!(v["results"][0]["oom"], true, "{v}");
+}
+
+/// A snapshot whose entries name their pools: 60 MiB allocated and freed in the default pools,
+/// then 50 MiB allocated into private pool `pool`, its stack through `frame`.
+fn pool_snapshot(pool: [u64; 2], frame: &str) -> Value {
+    let stack = json!([{"filename": "torch/cuda/memory.py", "line": 1, "name": frame}]);
+    let e = |action: &str, addr: u64, size: u64, t: u64, pool: Value, frames: &Value| {
+        let mut v = entry(action, addr, size, t);
+        v["pool_id"] = pool;
+        v["frames"] = frames.clone();
+        v
+    };
+    let none = json!([]);
+    json!({
+        "segments": [],
+        "device_traces": [[
+            e("alloc", A, 60 * MIB, 1, json!([0, 0]), &none),
+            e("free_requested", A, 60 * MIB, 2, json!([0, 0]), &none),
+            e("free_completed", A, 60 * MIB, 3, json!([0, 0]), &none),
+            e("alloc", A + 0x1000_0000, 50 * MIB, 4, json!(pool), &stack),
+        ]]
+    })
+}
+
+/// 2.13's "a capture is not a pool" end to end: under a 100 MiB card, the 50 MiB malloc into a
+/// `use_mem_pool` pool `(0, 1)` needs the 60 MiB default-pool cache released. 2.13+ do that
+/// fallback, 2.12 did not (the pool counted as a capture); a graph capture's pool `(1, 0)`, or a
+/// `(0, n)` pool whose stacks do not show `use_mem_pool`, never does.
+#[test]
+fn a_mem_pool_malloc_is_no_capture_from_2_13_in_a_replay() {
+    let oom = |snapshot: &Value, version: &str| {
+        let (_d, path) = temp_file("pools.pickle", &pickle(snapshot));
+        let spec = format!("pytorch:version={version}");
+        let out =
+            run(&["replay", path.to_str().unwrap(), "--capacity", "100MiB", "-p", &spec, "--json"]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["results"][0]["oom"].as_bool().unwrap()
+    };
+    let mem_pool = pool_snapshot([0, 1], "use_mem_pool");
+    assert!(!oom(&mem_pool, "2.13"), "cache released for a MemPool malloc");
+    assert!(!oom(&mem_pool, "2.15"));
+    assert!(oom(&mem_pool, "2.12"), "before 2.13 a pool was a capture");
+    assert!(oom(&pool_snapshot([1, 0], "use_mem_pool"), "2.15"), "a graph's pool id");
+    assert!(oom(&pool_snapshot([0, 1], "capture_begin"), "2.15"), "a graph's stack");
+}
