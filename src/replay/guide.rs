@@ -197,7 +197,7 @@ impl<P: Policy, B: Backend> Guide<P, B> for Recorded<'_> {
 /// ([`ReplayInput::undecided_flushes`]): a call when `policy`, modelling the recorded allocator,
 /// would serve the request from its cache now, since a fallback follows only a request the
 /// cache could not serve. The one rule that decides such runs, asked by a replay
-/// ([`Recorded`]) and by `validate` at the same point: before the request the run precedes,
+/// (the `Recorded` guide) and by `validate` at the same point: before the request the run precedes,
 /// routed to its pool, after the frees completed between them. A run it calls a fallback where the real program called
 /// `empty_cache()` (the device would have refused the request without it) records the same
 /// events either way: the reading costs one counted retry, never memory.

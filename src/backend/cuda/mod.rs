@@ -1,5 +1,5 @@
 //! Real GPU memory through the CUDA driver API (cudarc), behind the same
-//! [`Backend`] trait as the simulated device, so a replay can check its simulated
+//! [`Backend`](super::Backend) trait as the simulated device, so a replay can check its simulated
 //! peak against what the GPU really grants (`fragsim replay --backend cuda`).
 //!
 //! - Segments are `cuMemAlloc_v2` / `cuMemFree_v2`, as PyTorch's `cudaMalloc` path.
@@ -9,7 +9,7 @@
 //!   `cuMemSetAccess` per page, keeping each page's handle. The driver can only unmap a whole
 //!   earlier mapping, so per-page mappings let `unmap` cover any page-aligned part of earlier
 //!   maps, as PyTorch's expandable segments do (they also map one handle per segment-size page).
-//! - Out of memory is not an error (the [`Backend`] contract): `CUDA_ERROR_OUT_OF_MEMORY`, or
+//! - Out of memory is not an error (the [`Backend`](super::Backend) contract): `CUDA_ERROR_OUT_OF_MEMORY`, or
 //!   exceeding the optional `capacity` cap, gives `Ok(None)` / `Ok(false)` and leaves nothing
 //!   allocated. The cap lets `--capacity` simulate a smaller GPU on a big one.
 //! - Reserved bytes count what the policy asked for (segment sizes, mapped pages), exactly as
