@@ -139,17 +139,20 @@ impl Meter {
         reserved: u64,
         allocated: u64,
     ) {
+        // The peak during the trace is never above the peak (which also counts the start
+        // state), so a level that does not raise the first cannot raise the second: one
+        // comparison an event, as before the first was kept.
         if reserved > self.detail.peak_reserved_during_trace_bytes {
             self.detail.peak_reserved_during_trace_bytes = reserved;
             self.detail.peak_reserved_during_trace_event = event;
-        }
-        if reserved > self.peak_reserved {
-            self.peak_reserved = reserved;
-            self.moments.peak_at_start = false;
-            self.detail.peak_reserved_event = event;
-            self.detail.peak_reserved_time_us = time_us;
-            self.detail.allocated_at_peak_bytes = allocated;
-            self.detail.requested_at_peak_bytes = self.requested;
+            if reserved > self.peak_reserved {
+                self.peak_reserved = reserved;
+                self.moments.peak_at_start = false;
+                self.detail.peak_reserved_event = event;
+                self.detail.peak_reserved_time_us = time_us;
+                self.detail.allocated_at_peak_bytes = allocated;
+                self.detail.requested_at_peak_bytes = self.requested;
+            }
         }
     }
 
