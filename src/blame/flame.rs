@@ -178,19 +178,7 @@ pub fn svg(lines: &[String], title: &str) -> Result<String> {
 
 /// `s` escaped for XML text and attribute values, control characters written out.
 fn xml(s: &str) -> String {
-    let s = sites::printable(s);
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
+    sites::xml_escape(s)
 }
 
 /// A warm colour for `name`, the same for the same name in every graph.

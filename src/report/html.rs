@@ -12,19 +12,7 @@ use std::path::{Path, PathBuf};
 /// Escapes text for HTML content and attribute values, control characters written out
 /// ([`crate::trace::sites::printable`]), so the page is well-formed XML whatever a trace names.
 pub fn escape(s: &str) -> String {
-    let s = crate::trace::sites::printable(s);
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
+    crate::trace::sites::xml_escape(s)
 }
 
 /// The charts in page order: file stem, heading, what to look for.

@@ -82,6 +82,25 @@ pub fn describe(f: &Frame) -> String {
     format!("{}:{}:{}", printable(&f.filename), f.line, printable(&f.name))
 }
 
+/// `s` escaped for XML text and attribute values (SVG, HTML), control characters written out
+/// ([`printable`]): the one rule every chart and page fragsim writes uses, so the file is
+/// well-formed XML whatever a trace names.
+pub fn xml_escape(s: &str) -> String {
+    let s = printable(s);
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// `s` with every character that a terminal, a CSV row or an XML document cannot show as itself
 /// written out: `\n`, `\r`, `\t`, `\0`, other control characters as `\xHH` (C0, DEL, C1) and
 /// the non-characters U+FFFE/U+FFFF as `\u{fffe}`. Names from a trace are data: an ESC must not
