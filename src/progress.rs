@@ -5,7 +5,8 @@
 //! terminal, as indicatif decides); without it every method is a no-op, so a library user who
 //! builds with `default-features = false` gets no terminal output and no `indicatif` in the tree.
 
-use std::time::{Duration, Instant};
+#[cfg(feature = "cli")]
+use std::time::Instant;
 
 /// A progress bar of `len` steps, or a spinner for a step of unknown length.
 #[derive(Debug)]
@@ -43,26 +44,19 @@ impl Bar {
         Bar::hidden()
     }
 
-    /// A spinner labelled `reading WHAT` that has run since `start`, ticking by itself.
-    #[cfg_attr(not(feature = "cli"), allow(unused_variables))]
+    /// A spinner labelled `reading WHAT` that has run since `start`, ticking by itself. Only a
+    /// build that can draw it has it: without `cli`, reading starts no spinner at all.
+    #[cfg(feature = "cli")]
     pub fn reading(what: &str, start: Instant) -> Bar {
-        #[cfg(feature = "cli")]
+        let inner = indicatif::ProgressBar::new_spinner().with_elapsed(start.elapsed());
+        if let Ok(style) =
+            indicatif::ProgressStyle::with_template("{spinner} reading {msg} {elapsed}")
         {
-            let inner = indicatif::ProgressBar::new_spinner().with_elapsed(start.elapsed());
-            if let Ok(style) =
-                indicatif::ProgressStyle::with_template("{spinner} reading {msg} {elapsed}")
-            {
-                inner.set_style(style);
-            }
-            inner.set_message(what.to_string());
-            inner.enable_steady_tick(Duration::from_millis(100));
-            Bar { inner }
+            inner.set_style(style);
         }
-        #[cfg(not(feature = "cli"))]
-        {
-            let _ = Duration::ZERO;
-            Bar::hidden()
-        }
+        inner.set_message(what.to_string());
+        inner.enable_steady_tick(std::time::Duration::from_millis(100));
+        Bar { inner }
     }
 
     /// Advances the bar by `n` steps.

@@ -495,7 +495,14 @@ fn unrecognised() -> Error {
         .at(Place::Byte(0))
 }
 
+/// Without the `cli` feature nothing is drawn, so there is no spinner thread to start.
+#[cfg(not(feature = "cli"))]
+fn with_progress<T>(_path: &Path, read: impl FnOnce() -> T) -> T {
+    read()
+}
+
 /// Runs `read` while a helper thread waits one second, then shows a spinner until it is done.
+#[cfg(feature = "cli")]
 fn with_progress<T>(path: &Path, read: impl FnOnce() -> T) -> T {
     use std::sync::mpsc::{channel, RecvTimeoutError};
     use std::time::Duration;
