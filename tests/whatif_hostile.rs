@@ -106,6 +106,11 @@ fn merge_refuses_parts_that_lie_and_sizes_nothing_by_them() {
         "results",
     );
     attack(&|v| v["results"][1]["spec"] = "pytorch:max_split_size_mb:128".into(), "results[1]");
+    // A relabelled config: not what its spec builds (#46).
+    attack(
+        &|v| v["results"][0]["config"] = "allow_growth=false,memory_limit=none".into(),
+        "results[0].config: 'allow_growth=false,memory_limit=none' is not the configuration of 'bfc'",
+    );
     attack(&|v| v["grid_specs"][2] = "buddy".into(), "grid: ");
     attack(&|v| v["results"][0]["peak_reserved_bytes"] = "5".into(), "found the string \"5\"");
     attack(&|v| v["objective"] = "peak".into(), "objective");
@@ -123,6 +128,47 @@ fn merge_refuses_parts_that_lie_and_sizes_nothing_by_them() {
     let o = run(&["--max-input-size", "100", "merge", parts[0].to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("the input limit"), "{}", stderr(&o));
+}
+
+/// A PyTorch config relabelled in a part (another value of an option its spec sets, an option
+/// its spec sets dropped, not a configuration at all) is refused, naming the part and the row.
+#[test]
+fn merge_refuses_a_relabelled_pytorch_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let part = dir.path().join("part.json");
+    let t = text_trace();
+    let grid = "pytorch:max_split_size_mb:{128,256}";
+    let p = part.to_str().unwrap();
+    let o =
+        run(&["sweep", &t, "-p", grid, "-p", "pytorch-expandable", "--shard", "1/1", "--out", p]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (code, _, err) = merge(&[&part]);
+    assert_eq!(code, Some(0), "the part as written merges: {err}");
+    let v = read_json(&part);
+    let rows = v["results"].as_array().unwrap();
+    let index = |spec: &str| rows.iter().position(|r| r["spec"] == spec).unwrap();
+    let config = |i: usize| rows[i]["config"].as_str().unwrap().to_string();
+    let (at128, expandable) = (index("pytorch:max_split_size_mb:128"), index("pytorch-expandable"));
+    let bad = dir.path().join("bad.json");
+    for (i, relabelled) in [
+        (at128, config(at128).replace("max_split_size_mb:128", "max_split_size_mb:256")),
+        (at128, config(at128).replace(",max_split_size_mb:128", "")),
+        (at128, "fast".to_string()),
+        (
+            expandable,
+            config(expandable).replace("expandable_segments:True", "expandable_segments:False"),
+        ),
+    ] {
+        assert_ne!(relabelled, config(i));
+        let mut edited = v.clone();
+        edited["results"][i]["config"] = relabelled.clone().into();
+        write_json(&bad, &edited);
+        let (code, _, err) = merge(&[&bad]);
+        assert_eq!(code, Some(2), "{relabelled}: {err}");
+        let want = format!("fragsim: {}: results[{i}].config: '{relabelled}'", bad.display());
+        assert!(err.starts_with(&want), "{want}\n{err}");
+        assert!(err.contains("relabelled"), "{err}");
+    }
 }
 
 #[test]

@@ -406,6 +406,10 @@ pub fn read_part(data: &[u8], file: &Path) -> Result<SweepReport> {
                 format!("'{policy}' is not the policy of its spec '{spec}'"),
             ));
         }
+        let config = map.get("config").and_then(Value::as_str).unwrap_or("");
+        if let Some(why) = config_mismatch(spec, config) {
+            return Err(bad(file, &format!("{path}.config"), why));
+        }
         let mut result = map.clone();
         result.remove("spec");
         result.remove("trace");
@@ -433,6 +437,107 @@ pub fn read_part(data: &[u8], file: &Path) -> Result<SweepReport> {
             Some(v) => return Err(expected(file, "capacity", "a string", v)),
         },
     })
+}
+
+/// Why `config` is not a configuration the policy `spec` names would report, or `None` when it
+/// could be. A part's rows are checked with it, so a relabelled config is refused.
+///
+/// A policy other than PyTorch's reports the same configuration on every trace: it is built
+/// from the spec's options and must show exactly `config`. PyTorch's policies start from a
+/// trace's recorded settings, which a part does not carry, so for them `config` must be a
+/// configuration the policy shows (it reads back to itself), of the right allocator
+/// (`pytorch-npu` torch_npu's, `pytorch-cuda` CUDA's), with expandable segments for
+/// `pytorch-expandable`, and holding every option the spec sets (setting the spec's options on
+/// it changes nothing).
+pub fn config_mismatch(spec: &str, config: &str) -> Option<String> {
+    use crate::policy::pytorch::config::{split_version, Config, Flavour};
+    let (name, options) = spec.split_once(':').unwrap_or((spec, ""));
+    let info = match crate::policy::lookup(name) {
+        Ok(info) => info,
+        Err(e) => return Some(e.message().to_string()),
+    };
+    if !name.starts_with("pytorch") {
+        let shown = match built_config(info, options) {
+            Ok(shown) => shown,
+            Err(e) => return Some(format!("its spec '{spec}' does not build: {}", e.message())),
+        };
+        return (shown != config).then(|| {
+            format!("'{config}' is not the configuration of '{spec}' ('{shown}'): the row was relabelled")
+        });
+    }
+    let relabelled = |why: String| Some(format!("'{config}' {why}: the row was relabelled"));
+    let c = match Config::parse_shown(config) {
+        Ok(c) => c,
+        Err(e) => {
+            return relabelled(format!("is not a configuration '{name}' shows ({})", e.message()))
+        }
+    };
+    if c.to_conf_string() != config {
+        return relabelled(format!(
+            "is not a configuration as '{name}' shows it (it would show '{}')",
+            c.to_conf_string()
+        ));
+    }
+    match name {
+        "pytorch-npu" if c.flavour != Flavour::Npu => {
+            return relabelled("is not torch_npu's allocator's".into())
+        }
+        "pytorch-cuda" if c.flavour != Flavour::Cuda => {
+            return relabelled("is not CUDA's allocator's".into())
+        }
+        "pytorch-expandable" if !c.expandable_segments => {
+            return relabelled(
+                "has expandable segments off, which 'pytorch-expandable' forces on".into(),
+            )
+        }
+        _ => {}
+    }
+    let options = match split_version(options) {
+        Ok((o, _)) => o,
+        Err(e) => return Some(format!("its spec '{spec}' does not parse: {}", e.message())),
+    };
+    let o = options.trim();
+    if o.is_empty() || o == "recorded" {
+        return None;
+    }
+    let mut with_spec = c.clone();
+    if let Err(e) = with_spec.apply(o) {
+        return Some(format!("its spec '{spec}' does not parse: {}", e.message()));
+    }
+    with_spec.expandable_segments |= name == "pytorch-expandable";
+    (with_spec.to_conf_string() != config).then(|| {
+        format!(
+            "'{config}' does not hold the options its spec '{spec}' sets (it would show '{}'): the row was relabelled",
+            with_spec.to_conf_string()
+        )
+    })
+}
+
+/// The configuration `info` reports when built from `options` (for a policy whose
+/// configuration does not depend on the trace).
+fn built_config(info: &crate::policy::PolicyInfo, options: &str) -> Result<String> {
+    use crate::policy::{Policy, PolicyContext, PolicyRunner, PolicySpec};
+    struct Shown;
+    impl PolicyRunner for Shown {
+        type Output = String;
+        fn run<P: Policy>(self, _name: &str, policy: P) -> String {
+            policy.config()
+        }
+    }
+    let trace = crate::trace::Trace::default();
+    let context = PolicyContext {
+        trace: &trace,
+        device: 0,
+        events: &[],
+        live_at_start: &[],
+        lifetimes: &crate::trace::lifetimes::scan(&[]),
+        capacity: None,
+        gpu_memory: None,
+        recorded_peak_reserved: None,
+        cancel: &crate::error::Cancel::default(),
+    };
+    let spec = PolicySpec { name: info.name.into(), options: options.into() };
+    Ok(info.build(&spec, &context)?.run_with(info.name, Shown))
 }
 
 /// Refuses a second row for the same (trace, policy, config) among `rows`, naming both indices
@@ -464,6 +569,10 @@ mod tests {
     fn row_json(spec: &str, trace: &str) -> Value {
         let mut v = serde_json::to_value(PolicyResult {
             policy: spec.split(':').next().unwrap().into(),
+            config: match spec {
+                "bfc" => "allow_growth=true,memory_limit=none,garbage_collection=true".into(),
+                _ => "expandable_segments:False".into(),
+            },
             peak_reserved_bytes: 4096,
             ..Default::default()
         })
@@ -491,6 +600,31 @@ mod tests {
 
     fn read(v: &Value) -> Result<SweepReport> {
         read_part(v.to_string().as_bytes(), Path::new("p.json"))
+    }
+
+    #[test]
+    fn a_relabelled_config_is_refused() {
+        assert_eq!(config_mismatch("pytorch", "expandable_segments:False"), None);
+        assert_eq!(
+            config_mismatch(
+                "pytorch:max_split_size_mb:128",
+                "expandable_segments:False,max_split_size_mb:128"
+            ),
+            None
+        );
+        for (spec, config) in [
+            ("bfc", "allow_growth=false,memory_limit=none,garbage_collection=true"),
+            ("pytorch:max_split_size_mb:128", "expandable_segments:False,max_split_size_mb:256"),
+            ("pytorch:max_split_size_mb:128", "expandable_segments:False"),
+            ("pytorch-expandable", "expandable_segments:False"),
+            ("pytorch", "not a config"),
+        ] {
+            assert!(config_mismatch(spec, config).is_some(), "{spec} / {config}");
+        }
+        let mut v = part();
+        v["results"][1]["config"] = "allow_growth=false".into();
+        let e = read(&v).unwrap_err().to_string();
+        assert!(e.contains("results[1].config: 'allow_growth=false'"), "{e}");
     }
 
     #[test]
