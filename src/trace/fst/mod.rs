@@ -618,7 +618,19 @@ impl FstStream {
             }
             Ok(())
         };
-        run().map_err(|e| e.in_format(Format::Fst.name()).in_file(path))
+        run().map_err(|e| {
+            // A file cut short or rewritten during this pass reads as damaged from where it
+            // changed (a record length of 277 TB, a truncated body): when it is no longer the
+            // file opened, say so, at the place the pass stopped, rather than blame its bytes.
+            let e = match (e.kind(), self.same_file()) {
+                (crate::error::ErrorKind::Input, Err(changed)) => match e.location().place {
+                    Some(place) => changed.at(place),
+                    None => changed,
+                },
+                _ => e,
+            };
+            e.in_format(Format::Fst.name()).in_file(path)
+        })
     }
 }
 
@@ -1112,6 +1124,31 @@ mod tests {
             f.set_modified(mtime).unwrap();
         }
         changed(pass(&file), "record 1 now has checksum");
+
+        // Cut short, or overwritten with other bytes of the same length, while a pass reads it
+        // (in the first record, seven records before the end, beyond what the reader buffers):
+        // the pass stops where it read a damaged record and says the file changed there, not
+        // that its bytes are bad.
+        let bytes = encode(&Trace { recorded_totals: Vec::new(), ..long(8 * CHUNK + 5) });
+        let garbage = vec![0xffu8; bytes.len()];
+        for (rewrite, why) in [(&bytes[..100], "now holds 100"), (&garbage[..], "written to")] {
+            std::fs::write(&path, &bytes).unwrap();
+            let file = FstStream::open(&path).unwrap().unwrap();
+            pass(&file).unwrap();
+            let r = file.each_event(0, u64::MAX, true, |i, _| {
+                if i == 10 {
+                    std::fs::write(&path, rewrite).unwrap();
+                }
+                Ok(())
+            });
+            changed(
+                r.map_err(|e| {
+                    assert!(e.location().place.is_some(), "located: {e}");
+                    e
+                }),
+                why,
+            );
+        }
     }
 
     #[test]
