@@ -381,3 +381,31 @@ fn diff_out_and_report_write_the_attribution_charts() {
     let flame = std::fs::read_to_string(report.join("flame.svg")).unwrap();
     assert!(flame.contains("<svg") && flame.contains("bytes"));
 }
+
+/// `diff` of a snapshot (frame sites) and a trace without frames (size-class sites) by site
+/// says that no site can match, in the table and in JSON; by size class the sites compare and
+/// no note is given (#46).
+#[test]
+fn diff_of_unlike_site_kinds_says_no_site_can_match() {
+    let a = real_trace("cs336-lm-step-c.pickle");
+    let b = concat!(env!("CARGO_MANIFEST_DIR"), "/traces/gpt-4l-512h.txt");
+    let a = a.to_str().unwrap();
+    let d = json_of(&["diff", a, b, "--json"]);
+    let note = d["note"].as_str().expect("a note on unlike sites");
+    assert!(note.contains("A's sites are stack frames and B's are size classes"), "{note}");
+    assert!(note.contains("--by size"), "{note}");
+    assert_eq!(d["matched_count"], 0, "{d}");
+    // Either way round, and in the table.
+    let back = json_of(&["diff", b, a, "--json"]);
+    assert!(back["note"].as_str().unwrap().contains("A's sites are size classes"), "{back}");
+    let o = run(&["diff", a, b]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains(&format!("note: {note}")), "{}", stdout(&o));
+    // Groupings both traces share: no note, and allocations match.
+    let by_size = json_of(&["diff", a, b, "--by", "size", "--json"]);
+    assert!(by_size.get("note").is_none(), "{by_size}");
+    assert!(by_size["matched_count"].as_u64().unwrap() > 0, "{by_size}");
+    // Two snapshots: no note.
+    let same = json_of(&["diff", a, a, "--json"]);
+    assert!(same.get("note").is_none(), "{same}");
+}

@@ -16,7 +16,7 @@
 //! then pairs the k-th allocation of each site in one run with the k-th of the same site in the
 //! other, and says so.
 
-use super::{events, BlameOptions, GroupBy, Keys, OTHER};
+use super::{events, BlameOptions, GroupBy, Keys, SiteRule, OTHER};
 use crate::error::Result;
 use crate::policy::PolicySpec;
 use crate::replay::{run_spec, ReplayInput, ReplayOptions};
@@ -119,6 +119,30 @@ pub struct DiffReport {
     pub matched_count: u64,
     /// Matched pairs whose sizes differ, largest difference first.
     pub matched: Vec<Matched>,
+    /// Set when the two traces name sites differently (one records stack frames, the other
+    /// none, so its sites are size classes and streams) and `by` groups by site, function or
+    /// file: no site of one run can be a site of the other, so every site is in one run only and
+    /// nothing is matched. Says so and which grouping compares them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// The note of [`DiffReport::note`] for sides whose traces follow `rule_a` and `rule_b`, grouped
+/// `by`; `None` where their sites can match.
+pub fn unlike_sites_note(rule_a: SiteRule, rule_b: SiteRule, by: GroupBy) -> Option<String> {
+    if rule_a == rule_b || !matches!(by, GroupBy::Site | GroupBy::Function | GroupBy::File) {
+        return None;
+    }
+    let kind = |r: SiteRule| match r {
+        SiteRule::Frames => "stack frames",
+        SiteRule::SizeAndStream => "size classes and streams (it records no frames)",
+    };
+    Some(format!(
+        "A's sites are {} and B's are {}: no {} can be in both runs, so none is matched; compare them with --by size or --by stream",
+        kind(rule_a),
+        kind(rule_b),
+        by.name()
+    ))
 }
 
 /// Compares `a` and `b`; `options.at` is ignored (sites are read at each run's peak-live
@@ -161,6 +185,7 @@ pub fn diff(a: &Side, b: &Side, options: &BlameOptions) -> Result<DiffReport> {
         alignment: alignment.to_string(),
         matched_count,
         matched,
+        note: unlike_sites_note(super::site_rule(a.input), super::site_rule(b.input), options.by),
     })
 }
 

@@ -206,6 +206,9 @@ pub fn table(r: &DiffReport) -> String {
             signed_bytes(s.delta_bytes)
         );
     }
+    if let Some(note) = &r.note {
+        out += &format!("  note: {note}\n");
+    }
     out += &format!(
         "\nallocations aligned by {} ({}): {} matched, {} of them differ in size\n",
         r.by.name(),
