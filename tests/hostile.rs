@@ -771,3 +771,138 @@ fn hostile_names_are_escaped_in_tables_and_csv_and_every_svg_and_html_is_well_fo
     assert!(out.join("flame.svg").is_file() && out.join("sites.svg").is_file());
     assert!(assert_folder_well_formed(&out) >= 5, "index.html and the charts' SVGs");
 }
+
+/// A recorded `PYTORCH_CUDA_ALLOC_CONF` the `pytorch` policy cannot read is refused in every
+/// command that replays it, exit 2, naming the file and the recorded key; `diff A B` names the
+/// trace it came from, A or B, and a device one trace lacks names that trace (#46).
+#[test]
+fn a_bad_recorded_settings_string_is_refused_with_its_place_in_every_command() {
+    let mut e = Encoder::new();
+    e.begin_dict();
+    e.str("device_traces");
+    e.begin_list();
+    e.begin_list();
+    for action in ["alloc", "free_requested", "free_completed"] {
+        e.begin_dict();
+        e.str("action");
+        e.str(action);
+        for (k, v) in [("addr", 0x1000), ("size", 512)] {
+            e.str(k);
+            e.int(v);
+        }
+        e.end_dict();
+    }
+    e.end_list();
+    e.end_list();
+    e.str("allocator_settings");
+    e.begin_dict();
+    e.str("PYTORCH_CUDA_ALLOC_CONF");
+    e.str("garbage_collection_threshold:7");
+    e.end_dict();
+    e.end_dict();
+    let (dir, bad) = temp_file("conf.pickle", &e.finish());
+    let good = dir.path().join("good.txt");
+    std::fs::write(&good, "alloc 0x1000 512\nfree 0x1000 512\n").unwrap();
+    let (bad, good) = (bad.to_str().unwrap(), good.to_str().unwrap());
+    let want = format!(
+        "fragsim: {bad}: pytorch-snapshot: {{}}the recorded PYTORCH_CUDA_ALLOC_CONF: \
+         garbage_collection_threshold too big (7)"
+    );
+    for (args, policy) in [
+        (vec!["replay", bad], true),
+        (vec!["blame", bad], true),
+        (vec!["explain", bad], true),
+        (vec!["fit", bad], true),
+        (vec!["sweep", bad], true),
+        (vec!["validate", bad], false),
+        (vec!["diff", bad, good], true),
+        (vec!["diff", good, bad], true),
+        (vec!["diff", bad, "-p", "bfc", "-p", "pytorch"], true),
+    ] {
+        let o = run(&args);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        let want = want.replace("{}", if policy { "policy 'pytorch': " } else { "" });
+        assert!(err.starts_with(&want), "{args:?}:\n{want}\n{err}");
+    }
+    // A device one trace lacks names that trace, A or B.
+    let (_d2, other) = temp_file("two.txt", b"device 1\nalloc 0x1000 512\nfree 0x1000 512\n");
+    let other = other.to_str().unwrap();
+    for (args, named) in [
+        (["diff", good, other, "--device", "1"], good),
+        (["diff", other, good, "--device", "1"], good),
+        (["diff", other, good, "--device", "0"], other),
+    ] {
+        let o = run(&args);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.starts_with(&format!("fragsim: {named}: the trace has no device")),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// The `blame` and `diff` fuzz targets' bodies over a small seeded corpus, as CI can afford:
+/// random text traces and byte-flipped copies of them, a real snapshot, and a snapshot against a
+/// text trace (unlike site kinds). Each body asserts the sums `blame`/`diff --format json`
+/// promise; none may panic (#46).
+#[test]
+fn the_blame_and_diff_fuzz_bodies_hold_on_a_seeded_corpus() {
+    let index = |f: Format| FORMATS.iter().position(|r| r.format == f).unwrap() as u8;
+    let (text, snapshot) = (index(Format::Text), index(Format::PytorchSnapshot));
+    let mut rng = fragsim::testing::Rng::new(46);
+    let started = Instant::now();
+    let random_text = |rng: &mut fragsim::testing::Rng| {
+        let mut src = String::new();
+        let mut live: Vec<(u64, u64)> = Vec::new();
+        for _ in 0..(5 + rng.index(60)) {
+            if !live.is_empty() && rng.index(3) == 0 {
+                let (addr, size) = live.swap_remove(rng.index(live.len()));
+                src += &format!("free {addr:#x} {size}\n");
+            } else {
+                let addr = 0x1000 + rng.index(1 << 20) as u64 * 512;
+                let size = 1 + rng.index(1 << 22) as u64;
+                src += &format!("alloc {addr:#x} {size} s{}\n", rng.index(3));
+                live.push((addr, size));
+            }
+        }
+        src.into_bytes()
+    };
+    let mut checked = (0, 0);
+    for round in 0..150u32 {
+        let a = random_text(&mut rng);
+        let b = random_text(&mut rng);
+        // Moments and groupings by the high bits of the pick byte; the format stays text.
+        let pick = text + (round as u8 % 16) * (FORMATS.len() as u8);
+        let mut one = vec![pick];
+        one.extend_from_slice(&a);
+        checked.0 += fragsim::testing::fuzz::blame(&one) as u32;
+        let mut two = fragsim::testing::fuzz::diff_input(text, &a, text, &b, round as u8);
+        checked.1 += fragsim::testing::fuzz::diff(&two) as u32;
+        // Damaged: a few bytes flipped anywhere.
+        for _ in 0..3 {
+            let at = 6 + rng.index(two.len() - 6);
+            two[at] ^= 1 << rng.index(8);
+        }
+        let _ = fragsim::testing::fuzz::diff(&two);
+        let at = 1 + rng.index(one.len() - 1);
+        one[at] ^= 0x20;
+        let _ = fragsim::testing::fuzz::blame(&one);
+    }
+    // The clean inputs are broken down and checked, not refused.
+    assert!(checked.0 >= 140 && checked.1 >= 140, "checked (blame, diff): {checked:?}");
+    // A real snapshot (frame sites), alone and against a text trace (size-class sites).
+    let real = std::fs::read(real_trace("cs336-lm-step-c.pickle")).unwrap();
+    let mut one = vec![snapshot];
+    one.extend_from_slice(&real);
+    assert!(fragsim::testing::fuzz::blame(&one), "the real snapshot is broken down");
+    let a = random_text(&mut rng);
+    // Both ways round, by each grouping (by site a note is due, by size class none).
+    for pick in 0..5 {
+        let d = fragsim::testing::fuzz::diff_input;
+        assert!(fragsim::testing::fuzz::diff(&d(snapshot, &real, text, &a, pick)), "{pick}");
+        assert!(fragsim::testing::fuzz::diff(&d(text, &a, snapshot, &real, pick | 0x80)), "{pick}");
+    }
+    assert!(started.elapsed() < Duration::from_secs(120), "took {:?}", started.elapsed());
+}

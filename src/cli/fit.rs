@@ -176,7 +176,11 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
             .collect()
     })?;
     bar.finish();
-    let results = outcomes.into_iter().collect::<Result<Vec<_>>>()?;
+    // A recorded setting the policy cannot read names the trace's file.
+    let results = outcomes
+        .into_iter()
+        .collect::<Result<Vec<_>>>()
+        .map_err(super::in_trace(&args.trace, &trace))?;
     let report = FitReport {
         trace: args.trace.display().to_string(),
         device: input.device(),
