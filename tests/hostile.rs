@@ -877,18 +877,18 @@ fn the_blame_and_diff_fuzz_bodies_hold_on_a_seeded_corpus() {
         let pick = text + (round as u8 % 16) * (FORMATS.len() as u8);
         let mut one = vec![pick];
         one.extend_from_slice(&a);
-        checked.0 += fragsim::testing::fuzz::blame(&one) as u32;
-        let mut two = fragsim::testing::fuzz::diff_input(text, &a, text, &b, round as u8);
-        checked.1 += fragsim::testing::fuzz::diff(&two) as u32;
+        checked.0 += fragsim::blame::fuzz::blame(&one) as u32;
+        let mut two = fragsim::blame::fuzz::diff_input(text, &a, text, &b, round as u8);
+        checked.1 += fragsim::blame::fuzz::diff(&two) as u32;
         // Damaged: a few bytes flipped anywhere.
         for _ in 0..3 {
             let at = 6 + rng.index(two.len() - 6);
             two[at] ^= 1 << rng.index(8);
         }
-        let _ = fragsim::testing::fuzz::diff(&two);
+        let _ = fragsim::blame::fuzz::diff(&two);
         let at = 1 + rng.index(one.len() - 1);
         one[at] ^= 0x20;
-        let _ = fragsim::testing::fuzz::blame(&one);
+        let _ = fragsim::blame::fuzz::blame(&one);
     }
     // The clean inputs are broken down and checked, not refused.
     assert!(checked.0 >= 140 && checked.1 >= 140, "checked (blame, diff): {checked:?}");
@@ -896,13 +896,13 @@ fn the_blame_and_diff_fuzz_bodies_hold_on_a_seeded_corpus() {
     let real = std::fs::read(real_trace("cs336-lm-step-c.pickle")).unwrap();
     let mut one = vec![snapshot];
     one.extend_from_slice(&real);
-    assert!(fragsim::testing::fuzz::blame(&one), "the real snapshot is broken down");
+    assert!(fragsim::blame::fuzz::blame(&one), "the real snapshot is broken down");
     let a = random_text(&mut rng);
     // Both ways round, by each grouping (by site a note is due, by size class none).
     for pick in 0..5 {
-        let d = fragsim::testing::fuzz::diff_input;
-        assert!(fragsim::testing::fuzz::diff(&d(snapshot, &real, text, &a, pick)), "{pick}");
-        assert!(fragsim::testing::fuzz::diff(&d(text, &a, snapshot, &real, pick | 0x80)), "{pick}");
+        let d = fragsim::blame::fuzz::diff_input;
+        assert!(fragsim::blame::fuzz::diff(&d(snapshot, &real, text, &a, pick)), "{pick}");
+        assert!(fragsim::blame::fuzz::diff(&d(text, &a, snapshot, &real, pick | 0x80)), "{pick}");
     }
     assert!(started.elapsed() < Duration::from_secs(120), "took {:?}", started.elapsed());
 }

@@ -3,5 +3,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = fragsim::testing::fuzz::blame(data);
+    let _ = fragsim::blame::fuzz::blame(data);
 });

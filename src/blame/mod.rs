@@ -17,6 +17,7 @@
 
 pub mod diff;
 pub mod flame;
+pub mod fuzz;
 pub mod observe;
 pub mod recorded;
 

@@ -122,6 +122,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         fragsim::report::overlay::write_dir(&data, dir)?;
         args.control.note(io, &format!("wrote the charts to {}", dir.join("diff.html").display()));
     }
+    let table = |r: &DiffReport| table(r) + &note_line(r);
     super::print_as(&mut *io.out, args.format.format(), &report, csv, table)?;
     Ok(0)
 }
@@ -141,6 +142,11 @@ pub fn csv(r: &DiffReport) -> String {
         );
     }
     out
+}
+
+/// The table's last line: the report's note (unlike site kinds), where it has one.
+fn note_line(r: &DiffReport) -> String {
+    r.note.as_ref().map(|n| format!("note: {n}\n")).unwrap_or_default()
 }
 
 /// A signed byte count for people.
@@ -205,9 +211,6 @@ pub fn table(r: &DiffReport) -> String {
             format_bytes(s.b_bytes),
             signed_bytes(s.delta_bytes)
         );
-    }
-    if let Some(note) = &r.note {
-        out += &format!("  note: {note}\n");
     }
     out += &format!(
         "\nallocations aligned by {} ({}): {} matched, {} of them differ in size\n",

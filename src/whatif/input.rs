@@ -397,19 +397,7 @@ pub fn read_part(data: &[u8], file: &Path) -> Result<SweepReport> {
                 ),
             ));
         }
-        let policy = map.get("policy").and_then(Value::as_str).unwrap_or("");
-        let spec_policy = spec.split(':').next().unwrap_or(spec);
-        if policy != spec_policy {
-            return Err(bad(
-                file,
-                &format!("{path}.policy"),
-                format!("'{policy}' is not the policy of its spec '{spec}'"),
-            ));
-        }
-        let config = map.get("config").and_then(Value::as_str).unwrap_or("");
-        if let Some(why) = config_mismatch(spec, config) {
-            return Err(bad(file, &format!("{path}.config"), why));
-        }
+        check_labels(map, spec, file, &path)?;
         let mut result = map.clone();
         result.remove("spec");
         result.remove("trace");
@@ -437,6 +425,25 @@ pub fn read_part(data: &[u8], file: &Path) -> Result<SweepReport> {
             Some(v) => return Err(expected(file, "capacity", "a string", v)),
         },
     })
+}
+
+/// Refuses a part's row at `path` whose `policy` is not its spec's, or whose `config` is not one
+/// its spec would produce ([`config_mismatch`]).
+fn check_labels(map: &Map<String, Value>, spec: &str, file: &Path, path: &str) -> Result<()> {
+    let policy = map.get("policy").and_then(Value::as_str).unwrap_or("");
+    let spec_policy = spec.split(':').next().unwrap_or(spec);
+    if policy != spec_policy {
+        return Err(bad(
+            file,
+            &format!("{path}.policy"),
+            format!("'{policy}' is not the policy of its spec '{spec}'"),
+        ));
+    }
+    let config = map.get("config").and_then(Value::as_str).unwrap_or("");
+    match config_mismatch(spec, config) {
+        Some(why) => Err(bad(file, &format!("{path}.config"), why)),
+        None => Ok(()),
+    }
 }
 
 /// Why `config` is not a configuration the policy `spec` names would report, or `None` when it
