@@ -130,7 +130,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         writeln!(out, "{}\n{}", header.join(","), values.join(",")).map_err(io)?;
     } else {
         let pct = |a: u64, b: u64| if b == 0 { 100.0 } else { 100.0 * a as f64 / b as f64 };
-        let determinable = v.allocs_total - v.undeterminable_events;
+        let determinable = v.allocs_total - v.undeterminable_events - v.allocs_exact_address;
         let mut s = String::new();
         s += &format!("{} (device {}), settings {}\n", v.trace, v.device, v.config);
         s += &format!(
@@ -140,6 +140,12 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
             pct(v.allocs_addr_matched, determinable),
             v.undeterminable_events
         );
+        if v.allocs_exact_address > 0 {
+            s += &format!(
+                "allocs placed by address:       {} (mallocWithAddress; not compared)\n",
+                v.allocs_exact_address
+            );
+        }
         s += &format!(
             "segment events reproduced:      {} of {}\n",
             v.segment_events_matched, v.segment_events_recorded

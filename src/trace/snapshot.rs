@@ -355,8 +355,10 @@ struct EntryExtras {
     malloc_with_address: u64,
     user_metadata: u64,
     annotate_entries: u64,
-    /// (entry index, addr, label).
-    annotations: Vec<(u64, u64, String)>,
+    /// (entry index, events before it, addr, label).
+    annotations: Vec<(u64, u64, u64, String)>,
+    /// The index of the first event of each entry tagged `mallocWithAddress`.
+    malloc_with_address_events: Vec<u64>,
 }
 
 impl SnapshotExtras {
@@ -366,9 +368,14 @@ impl SnapshotExtras {
         self.malloc_with_address += e.malloc_with_address;
         self.user_metadata += e.user_metadata;
         self.annotate_entries += e.annotate_entries;
-        for (entry, addr, label) in e.annotations {
+        for event in e.malloc_with_address_events {
+            if self.malloc_with_address_events.len() < SnapshotExtras::MAX_ANNOTATIONS {
+                self.malloc_with_address_events.push((device, event));
+            }
+        }
+        for (entry, event, addr, label) in e.annotations {
             if self.annotations.len() < SnapshotExtras::MAX_ANNOTATIONS {
-                self.annotations.push(Annotation { device, entry, addr, label });
+                self.annotations.push(Annotation { device, entry, event, addr, label });
             }
         }
     }
@@ -405,7 +412,7 @@ impl DeviceEvents {
             // A label on a live allocation: it changes no memory.
             x.annotate_entries += 1;
             if x.annotations.len() < SnapshotExtras::MAX_ANNOTATIONS {
-                x.annotations.push((index as u64, e.addr, label));
+                x.annotations.push((index as u64, self.events.len() as u64, e.addr, label));
             }
             return Ok(());
         }
@@ -419,6 +426,12 @@ impl DeviceEvents {
             None => FramesId::NONE,
         };
         let pool = pools.intern(e.pool).map_err(|m| entry_err(device, index, m, at))?;
+        if e.marks.malloc_with_address
+            && !e.actions.is_empty()
+            && self.extras.malloc_with_address_events.len() < SnapshotExtras::MAX_ANNOTATIONS
+        {
+            self.extras.malloc_with_address_events.push(self.events.len() as u64);
+        }
         self.all_timed &= e.time.is_some();
         let time_us = e.time.unwrap_or(index as i64);
         for &action in e.actions {
