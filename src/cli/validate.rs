@@ -134,18 +134,12 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         let mut s = String::new();
         s += &format!("{} (device {}), settings {}\n", v.trace, v.device, v.config);
         s += &format!(
-            "allocs at the recorded address: {} of {} determinable ({:.2}%); {} undeterminable\n",
+            "allocs at the recorded address: {} of {} determinable ({:.2}%); {}\n",
             v.allocs_addr_matched,
             determinable,
             pct(v.allocs_addr_matched, determinable),
-            v.undeterminable_events
+            undeterminable_and_exact(&v)
         );
-        if v.allocs_exact_address > 0 {
-            s += &format!(
-                "allocs placed by address:       {} (mallocWithAddress; not compared)\n",
-                v.allocs_exact_address
-            );
-        }
         s += &format!(
             "segment events reproduced:      {} of {}\n",
             v.segment_events_matched, v.segment_events_recorded
@@ -186,4 +180,16 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         write!(out, "{s}").map_err(io)?;
     }
     Ok(if v.mismatches.is_empty() { 0 } else { 1 })
+}
+
+/// `N undeterminable`, and how many allocs were placed by address (`mallocWithAddress`,
+/// counted apart) where the recording has any.
+fn undeterminable_and_exact(v: &fragsim::validate::Validation) -> String {
+    match v.allocs_exact_address {
+        0 => format!("{} undeterminable", v.undeterminable_events),
+        n => format!(
+            "{} undeterminable; {n} placed by address (mallocWithAddress, not compared)",
+            v.undeterminable_events
+        ),
+    }
 }

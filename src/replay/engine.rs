@@ -552,7 +552,6 @@ fn drive<P: Policy, B: Backend, K: Blocks, G: Guide<P, B>, const PLAIN: bool>(
         start_assumed: policy.assumed_start(),
         gpu_memory_bytes: policy.assumed_gpu_memory(),
         capacity_bytes: options.capacity,
-        cuda: None,
         ..PolicyResult::default()
     };
     meter.moments.fill(&mut result);

@@ -1424,9 +1424,7 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
     let segment_events_recorded = events.iter().filter(|e| e.action.is_segment_event()).count();
     let peak_rec = recorded_peak(events, start.reserved());
     let mut output = base.output;
-    for s in &mut output.segments {
-        s.device = device;
-    }
+    output.segments.iter_mut().for_each(|s| s.device = device);
     if !options.record_events {
         output.events = None;
     }
