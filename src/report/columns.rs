@@ -597,6 +597,11 @@ mod tests {
                 installed_bytes: 2 << 20,
                 limit_bytes: Some(4 << 20),
             }),
+            start_assumed: Some(crate::backend::AssumedStart {
+                reserved_bytes: 5 << 20,
+                cached_bytes: 4 << 20,
+                assumed: "free mapped pages".into(),
+            }),
             gpu_memory_bytes: Some(8 << 30),
             capacity_bytes: Some(16 << 30),
             planning_seconds: Some(0.25),
