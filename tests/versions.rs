@@ -450,3 +450,38 @@ fn blame_by_annotation_groups_allocations_by_their_labels() {
         assert!(text.contains("mlp.0") && text.contains("(no annotation)"), "{format}: {text}");
     }
 }
+
+/// `convert` to a snapshot keeps what 2.14 – 2.15 entries carry that fragsim uses: the
+/// `annotate` labels (so `blame --by annotation` groups alike), the `mallocWithAddress` tags
+/// (so `validate` still places and counts those allocs apart) and `internal_metadata` (the
+/// release evidence).
+#[test]
+fn a_snapshot_round_trip_keeps_annotations_and_exact_address_tags() {
+    let (_d, path) = temp_file("s.pickle", &pickle(&snapshot_2_15()));
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("again.pickle");
+    let (a, b) = (path.to_str().unwrap(), out.to_str().unwrap());
+    let c = run(&["convert", a, b]);
+    assert_eq!(c.status.code(), Some(0), "{}", stderr(&c));
+    let blame = |p: &str| {
+        let o = run(&["blame", p, "--at", "2", "--by", "annotation", "--format", "json"]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        serde_json::from_slice::<Value>(&o.stdout).unwrap()["results"].clone()
+    };
+    assert_eq!(blame(a), blame(b));
+    let info = stdout(&run(&["info", b]));
+    assert!(info.contains("annotate entries: 1"), "{info}");
+    assert!(info.contains("PyTorch release: 2.15"), "{info}");
+    // The exact-address recording, converted, validates as the original does.
+    let (_d2, path) = temp_file("m.pickle", &pickle(&malloc_with_address_snapshot()));
+    let out = dir.path().join("m2.pickle");
+    let c = run(&["convert", path.to_str().unwrap(), out.to_str().unwrap()]);
+    assert_eq!(c.status.code(), Some(0), "{}", stderr(&c));
+    let o = run(&["validate", out.to_str().unwrap(), "--json"]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(o.status.code(), Some(0), "{v}");
+    assert_eq!(
+        (v["allocs_exact_address"].as_u64(), v["allocs_addr_matched"].as_u64()),
+        (Some(2), Some(3))
+    );
+}

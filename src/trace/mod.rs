@@ -310,7 +310,8 @@ pub struct SnapshotExtras {
     pub host_trace_entries: Option<u64>,
     /// Keys of `allocator_settings` that only newer releases write, in the file's order:
     /// `max_round_threshold`, `max_cached_size` (2.13+). Not written back by the snapshot
-    /// writer, nor kept in `.fst` (neither keeps any of these extras).
+    /// writer (which writes back only the annotations and `internal_metadata`), nor kept in
+    /// `.fst` (which keeps none of these extras).
     pub settings_keys: Vec<String>,
 }
 
