@@ -189,6 +189,9 @@ pub struct Stats {
     pub num_device_free: u64,
     /// `num_ooms`.
     pub num_ooms: u64,
+    /// `num_oom_rejections` (2.12+): of `num_ooms`, requests `throw_on_cudamalloc_oom`
+    /// rejected at once for passing the memory fraction's limit.
+    pub num_oom_rejections: u64,
     /// `requested_bytes.all.current`.
     pub requested_bytes: u64,
 }
@@ -1062,6 +1065,7 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
             let max = self.config.allowed_memory_maximum().unwrap_or(u64::MAX);
             if self.total_allocated.saturating_add(alloc_size) > max {
                 self.stats.num_ooms += 1;
+                self.stats.num_oom_rejections += 1;
                 return Ok(None);
             }
         }

@@ -827,17 +827,18 @@ fn throw_on_cudamalloc_oom_rejects_past_the_fraction_without_releasing_cache() {
         free(&mut p, &mut d, a);
         let got = p.malloc(&mut d, 40 * MIB, 0).unwrap();
         p.check().unwrap();
-        (got.is_some(), p.reserved(), p.stats().num_ooms)
+        let stats = p.stats();
+        (got.is_some(), p.reserved(), stats.num_ooms, stats.num_oom_rejections)
     };
     let fraction = "per_process_memory_fraction:0.5";
     let throw = "per_process_memory_fraction:0.5,throw_on_cudamalloc_oom:True";
-    assert_eq!(run(fraction, Version::V2_12), (true, 40 * MIB, 0), "cache released");
-    assert_eq!(run(throw, Version::V2_12), (false, 30 * MIB, 1), "rejected at once");
-    assert_eq!(run(throw, Version::NEWEST), (false, 30 * MIB, 1));
-    assert_eq!(run(throw, Version::CURRENT), (true, 40 * MIB, 0), "2.11 has no such rule");
+    assert_eq!(run(fraction, Version::V2_12), (true, 40 * MIB, 0, 0), "cache released");
+    assert_eq!(run(throw, Version::V2_12), (false, 30 * MIB, 1, 1), "rejected at once");
+    assert_eq!(run(throw, Version::NEWEST), (false, 30 * MIB, 1, 1));
+    assert_eq!(run(throw, Version::CURRENT), (true, 40 * MIB, 0, 0), "2.11 has no such rule");
     // Without a fraction below 1 there is no limit to reject at.
     let whole = "per_process_memory_fraction:1.0,throw_on_cudamalloc_oom:True";
-    assert_eq!(run(whole, Version::V2_12), (true, 70 * MIB, 0));
+    assert_eq!(run(whole, Version::V2_12), (true, 70 * MIB, 0, 0));
 }
 
 /// 2.13's "a capture is not a pool" (docs/pytorch-model.md#capture-not-pool): a malloc into a
