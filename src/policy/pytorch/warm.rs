@@ -41,7 +41,7 @@ const MAX_PIECES: u64 = 1 << 16;
 /// The warm cache of `context`'s device under `policy`'s settings, or `None` when there is none
 /// to model: not a Kineto trace, no recorded totals for every event, or host memory (c10's CPU
 /// allocator caches nothing). With expandable segments, only the reserve is planned (no
-/// segments: the cache is mapped pages, see [`PyTorch::start_warm`]).
+/// segments: the cache is mapped pages, see `PyTorch::start_warm`).
 ///
 /// The trace is replayed from its live blocks on an unlimited device. A request that made a new
 /// segment there, where the recorded `Total Reserved` did not grow, found that memory cached in
