@@ -158,3 +158,31 @@ fn a_2021_profiler_trace_is_refused_saying_what_is_missing_and_which_pytorch_rec
         assert!(err.contains(said), "says {said:?}: {err}");
     }
 }
+
+/// `pytorch-expandable` starts warm too: the reserve before the first event becomes free mapped
+/// pages (rounded up to whole 20 MiB pages), and each replay row that assumed a start says what
+/// it assumed (`start_assumed`); the recorded row assumes nothing.
+#[test]
+fn an_expandable_replay_of_a_warm_trace_starts_warm_and_says_what_it_assumed() {
+    let (text, start, _) = warm_kineto(2, 4, 6, (8, 4), 1);
+    let (_dir, path) = temp_file("warm.json", text.as_bytes());
+    let p = path.to_str().unwrap();
+    let o = run(&["replay", p, "-p", "pytorch-expandable", "-p", "pytorch", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let row = |name: &str| {
+        v["results"].as_array().unwrap().iter().find(|r| r["policy"] == name).cloned().unwrap()
+    };
+    let e = row("pytorch-expandable");
+    let peak = e["peak_reserved_bytes"].as_u64().unwrap();
+    assert!(peak >= start, "replay {peak} below the starting reserve {start}: {e}");
+    let assumed = &e["start_assumed"];
+    assert_eq!(assumed["reserved_bytes"], start, "{e}");
+    let cached = assumed["cached_bytes"].as_u64().unwrap();
+    assert!(cached > 0 && cached < start + 20 * MIB, "{e}");
+    assert!(assumed["assumed"].as_str().unwrap().contains("mapped pages"), "{e}");
+    let c = row("pytorch");
+    assert_eq!(c["start_assumed"]["reserved_bytes"], start, "{c}");
+    assert!(c["start_assumed"]["assumed"].as_str().unwrap().contains("cudaMalloc segments"));
+    assert!(row("recorded").get("start_assumed").is_none(), "{v}");
+}

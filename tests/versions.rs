@@ -334,3 +334,154 @@ fn a_mem_pool_malloc_is_no_capture_from_2_13_in_a_replay() {
     assert!(oom(&pool_snapshot([1, 0], "use_mem_pool"), "2.15"), "a graph's pool id");
     assert!(oom(&pool_snapshot([0, 1], "capture_begin"), "2.15"), "a graph's stack");
 }
+
+/// A 2.15 recording of `mallocWithAddress` (2.13+): 4 MiB freed at the segment's start and a
+/// 14 MiB block freed after a live 2 MiB one; then a 2 MiB request asked at 10 MiB into the
+/// segment. The allocator allocates the 4 MiB prefix from the free block's start (6 MiB in),
+/// the request at the address, and frees the prefix, which 2.15 tags. Best fit would have put
+/// the prefix at the segment's start.
+fn malloc_with_address_snapshot() -> Value {
+    let tag = |e: Value, t: &str| with(e, "internal_metadata", json!(t));
+    let block = |addr: u64, size: u64, live: bool| {
+        json!({"address": addr, "size": size, "requested_size": if live { size } else { 0 },
+               "state": if live { "active_allocated" } else { "inactive" }, "frames": []})
+    };
+    json!({
+        "segments": [{
+            "device": 0, "address": A, "total_size": 20 * MIB, "allocated_size": 4 * MIB,
+            "active_size": 4 * MIB, "requested_size": 4 * MIB, "stream": 0,
+            "segment_type": "large", "segment_pool_id": [0, 0], "is_expandable": false,
+            "frames": [],
+            "blocks": [
+                block(A, 4 * MIB, false), block(A + 4 * MIB, 2 * MIB, true),
+                block(A + 6 * MIB, 4 * MIB, false), block(A + 10 * MIB, 2 * MIB, true),
+                block(A + 12 * MIB, 8 * MIB, false)
+            ]
+        }],
+        "device_traces": [[
+            tag(entry("segment_alloc", A, 20 * MIB, 1), ""),
+            tag(entry("alloc", A, 4 * MIB, 2), ""),
+            tag(entry("alloc", A + 4 * MIB, 2 * MIB, 3), ""),
+            tag(entry("alloc", A + 6 * MIB, 14 * MIB, 4), ""),
+            tag(entry("free_requested", A, 4 * MIB, 5), ""),
+            tag(entry("free_completed", A, 4 * MIB, 6), ""),
+            tag(entry("free_requested", A + 6 * MIB, 14 * MIB, 7), ""),
+            tag(entry("free_completed", A + 6 * MIB, 14 * MIB, 8), ""),
+            tag(entry("alloc", A + 6 * MIB, 4 * MIB, 9), ""),
+            tag(entry("alloc", A + 10 * MIB, 2 * MIB, 10), ""),
+            tag(entry("free_requested", A + 6 * MIB, 4 * MIB, 11), "mallocWithAddress"),
+            tag(entry("free_completed", A + 6 * MIB, 4 * MIB, 12), "mallocWithAddress"),
+        ]],
+        "allocator_settings": {
+            "PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1,
+            "garbage_collection_threshold": 0.0, "expandable_segments": false,
+            "roundup_power2_divisions": vec![0; 16], "release_lock_on_cudamalloc": false
+        }
+    })
+}
+
+/// `validate` places the prefix and the request where recorded and counts them apart (a key
+/// and a line of their own), never as mismatches; every other decision is compared as before.
+#[test]
+fn exact_address_allocations_are_placed_where_recorded_and_counted_apart() {
+    let (code, v, text) = validate(&malloc_with_address_snapshot(), &[]);
+    assert_eq!(code, 0, "{v} {text}");
+    assert_eq!(v["allocs_total"], 5, "{v}");
+    assert_eq!(v["allocs_exact_address"], 2, "the prefix and the request: {v}");
+    assert_eq!(v["allocs_addr_matched"], 3, "the other three: {v}");
+    assert_eq!(v["mismatches"], json!([]), "{v}");
+    assert_eq!(v["segment_events_matched"], v["segment_events_recorded"], "{v}");
+    assert!(
+        text.contains(
+            "3 of 3 determinable (100.00%); 0 undeterminable; 2 placed by address \
+             (mallocWithAddress, not compared)"
+        ),
+        "{text}"
+    );
+    // Without the tag (a 2.13 or 2.14 recording leaves none), nothing says the address was
+    // asked for: the prefix is a best-fit decision, and a mismatch.
+    let mut untagged = malloc_with_address_snapshot();
+    for e in untagged["device_traces"][0].as_array_mut().unwrap() {
+        e["internal_metadata"] = json!("");
+    }
+    let (code, v, _) = validate(&untagged, &[]);
+    assert_eq!(code, 1, "{v}");
+    assert!(v.get("allocs_exact_address").is_none(), "a key only where there are some: {v}");
+    assert_eq!(v["mismatches"][0]["event"], 8, "the prefix's alloc: {v}");
+    // A replay places them too, and its peak equals the recorded one.
+    let (_d, path) = temp_file("s.pickle", &pickle(&malloc_with_address_snapshot()));
+    let out = run(&["replay", path.to_str().unwrap(), "-p", "pytorch", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["results"][0]["peak_reserved_bytes"], 20 * MIB, "{r}");
+}
+
+/// `blame --by annotation`: the 2.15 recording's `annotate` entry labels the 2 MiB allocation
+/// at its address; at event 2 (both allocations live) that label holds 2 MiB and the 4 MiB
+/// allocation no entry labelled is `(no annotation)`; CSV and the table show the same groups.
+#[test]
+fn blame_by_annotation_groups_allocations_by_their_labels() {
+    let (_d, path) = temp_file("s.pickle", &pickle(&snapshot_2_15()));
+    let p = path.to_str().unwrap();
+    let args = ["blame", p, "--at", "2", "--by", "annotation", "--top", "0"];
+    let out = run(&[&args[..], &["--format", "json"]].concat());
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["by"], "annotation");
+    let row = v["results"].as_array().unwrap().iter().find(|r| r["policy"] == "pytorch").unwrap();
+    let groups: Vec<(String, u64)> = row["sites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["site"].as_str().unwrap().to_string(), s["live_bytes"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        groups,
+        vec![
+            ("(no annotation)".to_string(), 4 * MIB),
+            ("{\"layer\":\"mlp.0\"}".to_string(), 2 * MIB)
+        ],
+        "{v}"
+    );
+    for format in ["csv", "table"] {
+        let out = run(&[&args[..], &["--format", format]].concat());
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let text = stdout(&out);
+        assert!(text.contains("mlp.0") && text.contains("(no annotation)"), "{format}: {text}");
+    }
+}
+
+/// `convert` to a snapshot keeps what 2.14 – 2.15 entries carry that fragsim uses: the
+/// `annotate` labels (so `blame --by annotation` groups alike), the `mallocWithAddress` tags
+/// (so `validate` still places and counts those allocs apart) and `internal_metadata` (the
+/// release evidence).
+#[test]
+fn a_snapshot_round_trip_keeps_annotations_and_exact_address_tags() {
+    let (_d, path) = temp_file("s.pickle", &pickle(&snapshot_2_15()));
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("again.pickle");
+    let (a, b) = (path.to_str().unwrap(), out.to_str().unwrap());
+    let c = run(&["convert", a, b]);
+    assert_eq!(c.status.code(), Some(0), "{}", stderr(&c));
+    let blame = |p: &str| {
+        let o = run(&["blame", p, "--at", "2", "--by", "annotation", "--format", "json"]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        serde_json::from_slice::<Value>(&o.stdout).unwrap()["results"].clone()
+    };
+    assert_eq!(blame(a), blame(b));
+    let info = stdout(&run(&["info", b]));
+    assert!(info.contains("annotate entries: 1"), "{info}");
+    assert!(info.contains("PyTorch release: 2.15"), "{info}");
+    // The exact-address recording, converted, validates as the original does.
+    let (_d2, path) = temp_file("m.pickle", &pickle(&malloc_with_address_snapshot()));
+    let out = dir.path().join("m2.pickle");
+    let c = run(&["convert", path.to_str().unwrap(), out.to_str().unwrap()]);
+    assert_eq!(c.status.code(), Some(0), "{}", stderr(&c));
+    let o = run(&["validate", out.to_str().unwrap(), "--json"]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(o.status.code(), Some(0), "{v}");
+    assert_eq!(
+        (v["allocs_exact_address"].as_u64(), v["allocs_addr_matched"].as_u64()),
+        (Some(2), Some(3))
+    );
+}

@@ -81,6 +81,20 @@ pub struct StartFit {
     pub limit_bytes: Option<u64>,
 }
 
+/// A start state the replay assumed rather than read from the recording: a warm profiler
+/// trace's memory reserved before its first event, which the trace records only as a total
+/// (docs/pytorch-model.md#kineto-warm-start). Filled in by the policy (`Policy::assumed_start`),
+/// reported as the result's `start_assumed` key.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct AssumedStart {
+    /// The reserved bytes the recording shows at its first event (what the start reaches for).
+    pub reserved_bytes: u64,
+    /// Of those, bytes the replay installed as cached (free) memory before the first event.
+    pub cached_bytes: u64,
+    /// What was assumed of that cached memory's layout (its sizes are not recorded).
+    pub assumed: String,
+}
+
 impl StartFit {
     /// This fit with its limit made the least of the policy's own and `device` (the device's
     /// capacity less outside usage, if limited): the limit a replay reports, since either one

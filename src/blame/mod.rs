@@ -95,7 +95,13 @@ pub enum GroupBy {
     Stream,
     /// The request's power-of-two size class.
     Size,
+    /// The label a snapshot's `annotate` entry attached to the allocation (PyTorch 2.14+):
+    /// [`ANNOTATION_NONE`] for allocations no entry labelled.
+    Annotation,
 }
+
+/// The group of allocations no `annotate` entry labelled (`--by annotation`).
+pub const ANNOTATION_NONE: &str = "(no annotation)";
 
 impl GroupBy {
     /// The name used on the command line and in JSON.
@@ -106,6 +112,7 @@ impl GroupBy {
             GroupBy::File => "file",
             GroupBy::Stream => "stream",
             GroupBy::Size => "size",
+            GroupBy::Annotation => "annotation",
         }
     }
 }
@@ -637,6 +644,57 @@ enum Key {
     Size(u32),
     SizeStream(u32, u64),
     Named(&'static str),
+    /// An `annotate` label, by its index in [`Labels::names`].
+    Label(u32),
+}
+
+/// The `annotate` labels of one device's allocations (`--by annotation`): each label belongs
+/// to the allocation live at its `addr` when its entry was written, the last `alloc` at that
+/// address before it (or the block live there at the start). An allocation labelled more than
+/// once is grouped under its first label.
+#[derive(Default)]
+struct Labels {
+    names: Vec<String>,
+    /// The label of each labelled allocation's `alloc` event.
+    of_event: std::collections::HashMap<u64, u32>,
+    /// The label of each labelled block live at the start.
+    of_start: std::collections::HashMap<u64, u32>,
+}
+
+impl Labels {
+    fn new(input: &ReplayInput) -> Labels {
+        let mut labels = Labels::default();
+        let mut notes: Vec<&crate::trace::Annotation> = (input.trace().extras.annotations.iter())
+            .filter(|a| a.device == input.device())
+            .collect();
+        if notes.is_empty() {
+            return labels;
+        }
+        notes.sort_by_key(|a| a.event);
+        let events = events(input);
+        let mut index: std::collections::HashMap<&str, u32> = std::collections::HashMap::new();
+        let mut last_alloc: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
+        let mut next = 0usize;
+        for note in notes {
+            let upto = (note.event as usize).min(events.len());
+            while next < upto {
+                if events[next].action == Action::Alloc {
+                    last_alloc.insert(events[next].addr, next as u64);
+                }
+                next += 1;
+            }
+            let n = index.len() as u32;
+            let id = *index.entry(note.label.as_str()).or_insert_with(|| {
+                labels.names.push(note.label.clone());
+                n
+            });
+            match last_alloc.get(&note.addr) {
+                Some(&i) => labels.of_event.entry(i).or_insert(id),
+                None => labels.of_start.entry(note.addr).or_insert(id),
+            };
+        }
+        labels
+    }
 }
 
 /// Names the group of each request for one trace and grouping: sites computed once per stack.
@@ -647,6 +705,8 @@ pub struct Keys<'i> {
     rule: SiteRule,
     /// Name sites by the last two components of their file's path ([`sites::short_site`]).
     short: bool,
+    /// The `annotate` labels, for [`GroupBy::Annotation`] (empty otherwise).
+    labels: Labels,
 }
 
 impl<'i> Keys<'i> {
@@ -658,6 +718,7 @@ impl<'i> Keys<'i> {
             by,
             rule: site_rule(input),
             short: false,
+            labels: if by == GroupBy::Annotation { Labels::new(input) } else { Labels::default() },
         }
     }
 
@@ -700,6 +761,15 @@ impl<'i> Keys<'i> {
             });
         };
         let class = 63 - size.max(1).leading_zeros();
+        if self.by == GroupBy::Annotation {
+            let label = match origin {
+                Origin::Event(i) => self.labels.of_event.get(&u64::from(i)),
+                Origin::Start(k) => (self.input.live_at_start().get(k as usize))
+                    .and_then(|b| self.labels.of_start.get(&b.addr)),
+                _ => None,
+            };
+            return label.map_or(Key::Named(ANNOTATION_NONE), |&l| Key::Label(l));
+        }
         match self.by {
             GroupBy::Stream => Key::Stream(stream),
             GroupBy::Size => Key::Size(class),
@@ -734,6 +804,7 @@ impl<'i> Keys<'i> {
             Key::Size(c) => format!("size {}", class(c)),
             Key::SizeStream(c, s) => format!("size {}, stream {s:#x}", class(c)),
             Key::Named(n) => n.to_string(),
+            Key::Label(l) => self.labels.names[l as usize].clone(),
         }
     }
 }

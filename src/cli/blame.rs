@@ -64,6 +64,8 @@ pub enum By {
     Stream,
     /// The request's power-of-two size class.
     Size,
+    /// The `annotate` label on the allocation (PyTorch 2.14+ snapshots).
+    Annotation,
 }
 
 impl By {
@@ -75,6 +77,7 @@ impl By {
             By::File => GroupBy::File,
             By::Stream => GroupBy::Stream,
             By::Size => GroupBy::Size,
+            By::Annotation => GroupBy::Annotation,
         }
     }
 }

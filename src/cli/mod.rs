@@ -799,7 +799,8 @@ fn note_warm_start(control: &progress::Control, io: &mut Io, trace: &fragsim::tr
                     "note: device {}: this profiler trace starts warm: {} reserved before its \
                      first event, {} of it live; the pytorch replays start with the rest cached \
                      as free segments whose sizes are assumed (the segments the trace's own \
-                     requests make; docs/pytorch-model.md#kineto-warm-start)",
+                     requests make; with expandable segments, free mapped pages; each row's \
+                     start_assumed; docs/pytorch-model.md#kineto-warm-start)",
                     d.device,
                     format_bytes(k.reserved_bytes),
                     format_bytes(k.live_bytes)

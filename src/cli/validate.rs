@@ -130,15 +130,15 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         writeln!(out, "{}\n{}", header.join(","), values.join(",")).map_err(io)?;
     } else {
         let pct = |a: u64, b: u64| if b == 0 { 100.0 } else { 100.0 * a as f64 / b as f64 };
-        let determinable = v.allocs_total - v.undeterminable_events;
+        let determinable = v.allocs_total - v.undeterminable_events - v.allocs_exact_address;
         let mut s = String::new();
         s += &format!("{} (device {}), settings {}\n", v.trace, v.device, v.config);
         s += &format!(
-            "allocs at the recorded address: {} of {} determinable ({:.2}%); {} undeterminable\n",
+            "allocs at the recorded address: {} of {} determinable ({:.2}%); {}\n",
             v.allocs_addr_matched,
             determinable,
             pct(v.allocs_addr_matched, determinable),
-            v.undeterminable_events
+            undeterminable_and_exact(&v)
         );
         s += &format!(
             "segment events reproduced:      {} of {}\n",
@@ -180,4 +180,16 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         write!(out, "{s}").map_err(io)?;
     }
     Ok(if v.mismatches.is_empty() { 0 } else { 1 })
+}
+
+/// `N undeterminable`, and how many allocs were placed by address (`mallocWithAddress`,
+/// counted apart) where the recording has any.
+fn undeterminable_and_exact(v: &fragsim::validate::Validation) -> String {
+    match v.allocs_exact_address {
+        0 => format!("{} undeterminable", v.undeterminable_events),
+        n => format!(
+            "{} undeterminable; {n} placed by address (mallocWithAddress, not compared)",
+            v.undeterminable_events
+        ),
+    }
 }

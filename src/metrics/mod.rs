@@ -75,6 +75,10 @@ pub struct PolicyResult {
     /// policy installs none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_state: Option<crate::backend::StartFit>,
+    /// The start state the replay assumed rather than read (a warm profiler trace's cache
+    /// before its first event): absent where it assumed none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_assumed: Option<crate::backend::AssumedStart>,
     /// The GPU memory the policy assumed where its limit is a share of it
     /// (`per_process_memory_fraction`): a setting that only pays on some card is only as good
     /// as this assumption. Absent when no limit depends on the GPU's memory.

@@ -121,6 +121,14 @@ pub trait Policy {
     /// modelling PyTorch then skips its release-everything fallback. Ignored by default.
     fn set_capture_underway(&mut self, _underway: bool) {}
 
+    /// Asks that the next malloc place its block at `addr`: one part of an exact-address
+    /// allocation the recording shows (`mallocWithAddress`, PyTorch 2.13+:
+    /// `UntypedStorage._resize_with_addr_`), which no placement rule chooses. A policy that
+    /// models it (`pytorch`) places the block there when a free block it may use holds the
+    /// address and the request, and serves the request as any other otherwise; every other
+    /// policy ignores it (the default).
+    fn place_next_at(&mut self, _addr: u64) {}
+
     /// Says which private pool (a CUDA graph's or a `torch.cuda.MemPool`'s `segment_pool_id`)
     /// the recorded allocator made the next mallocs into, or `None` for the default pools. The
     /// replay tells it from where each allocation was recorded
@@ -181,6 +189,13 @@ pub trait Policy {
     /// After [`Policy::start`], how much of a recorded start state fit under the limits, when
     /// not all of it did; `None` when the whole state was installed or the policy has none.
     fn start_fit(&self) -> Option<StartFit> {
+        None
+    }
+
+    /// The start state the policy assumed where the recording shows only a total (a warm
+    /// profiler trace's memory reserved before its first event); `None` (the default) where it
+    /// assumed none.
+    fn assumed_start(&self) -> Option<crate::backend::AssumedStart> {
         None
     }
 

@@ -168,6 +168,7 @@ impl RecordedRow {
             oom: self.oom.unwrap_or(false),
             first_oom_event: self.first_oom_event,
             start_state: None,
+            start_assumed: None,
             gpu_memory_bytes: None,
             capacity_bytes: None,
             replay_seconds: 0.0,

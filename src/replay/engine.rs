@@ -549,9 +549,9 @@ fn drive<P: Policy, B: Backend, K: Blocks, G: Guide<P, B>, const PLAIN: bool>(
         start_state: policy
             .start_fit()
             .map(|f| f.bound_by(options.capacity.map(|c| c.saturating_sub(options.outside_bytes)))),
+        start_assumed: policy.assumed_start(),
         gpu_memory_bytes: policy.assumed_gpu_memory(),
         capacity_bytes: options.capacity,
-        cuda: None,
         ..PolicyResult::default()
     };
     meter.moments.fill(&mut result);

@@ -13,6 +13,7 @@ use super::options::ReplayOptions;
 use crate::backend::{Backend, Observed, Observer};
 use crate::error::Result;
 use crate::policy::Policy;
+use crate::trace::exact::ExactAddress;
 use crate::trace::lifetimes::Retried;
 use crate::trace::pool_routes::PoolRoutes;
 use crate::trace::{Action, Event};
@@ -93,6 +94,8 @@ pub struct Recorded<'r> {
     flush_run_to: u64,
     /// The recorded `oom` entries made while a graph capture was underway, sorted.
     captured_ooms: &'r [u64],
+    /// The recording's exact-address allocations.
+    exact: ExactPlacer<'r>,
 }
 
 impl<'r> Recorded<'r> {
@@ -105,6 +108,7 @@ impl<'r> Recorded<'r> {
             routes: input.pool_routes().cloned(),
             flush_run_to: u64::MAX - 1,
             captured_ooms: input.ooms_without_release(),
+            exact: ExactPlacer::new(input.exact_addresses()),
         }
     }
 }
@@ -132,6 +136,9 @@ impl<P: Policy, B: Backend> Guide<P, B> for Recorded<'_> {
         if let Some(r) = &mut self.routes {
             route(policy, r, e)?;
         }
+        if self.exact.any() {
+            self.exact.before(index, e, policy);
+        }
         // A release run the recording leaves undecided before this request: decided now, with
         // the request routed to its pool, as `validate` decides it.
         if !self.drop_recorded && self.undecided.called_before(index, &*policy) {
@@ -143,12 +150,15 @@ impl<P: Policy, B: Backend> Guide<P, B> for Recorded<'_> {
     /// Ends the capture a recorded `oom` was read to have failed in.
     fn after_request<O: Observer>(
         &mut self,
-        _index: u64,
+        index: u64,
         e: &Event,
-        _placed: Option<u64>,
+        placed: Option<u64>,
         policy: &mut P,
         _backend: &mut Observed<B, O>,
     ) -> Result<()> {
+        if self.exact.any() {
+            self.exact.after(index, placed);
+        }
         if e.action == Action::Oom {
             policy.set_capture_underway(false);
         }
@@ -187,6 +197,68 @@ impl<P: Policy, B: Backend> Guide<P, B> for Recorded<'_> {
         }
         policy.empty_cache(backend)?;
         Ok(true)
+    }
+}
+
+/// Places a recording's exact-address allocations (`mallocWithAddress`,
+/// [`crate::trace::exact`]) where recorded, for any guide: the prefix at its recorded address
+/// (where the replay's memory lies as the recording's, as in `validate`), and the request at
+/// the same offset from where the run placed the prefix. A policy that cannot place a block
+/// there serves it as any request ([`Policy::place_next_at`]).
+#[derive(Clone, Debug)]
+pub struct ExactPlacer<'r> {
+    pairs: &'r [ExactAddress],
+    /// The first pair whose request is not yet served.
+    next: usize,
+    /// Where this run placed that pair's prefix (`None`: not yet, or nowhere).
+    prefix_at: Option<u64>,
+}
+
+impl<'r> ExactPlacer<'r> {
+    /// The placer of `pairs` (in order of their prefixes).
+    pub fn new(pairs: &'r [ExactAddress]) -> ExactPlacer<'r> {
+        ExactPlacer { pairs, next: 0, prefix_at: None }
+    }
+
+    /// Whether the recording has any.
+    #[inline(always)]
+    pub fn any(&self) -> bool {
+        !self.pairs.is_empty()
+    }
+
+    /// Whether event `index` is the `alloc` of a prefix or of a request placed by address.
+    pub fn is_placed(&self, index: u64) -> bool {
+        let k = self.pairs.partition_point(|p| p.alloc < index);
+        self.pairs.get(k).is_some_and(|p| p.alloc == index || p.prefix == index)
+    }
+
+    /// Before the request of event `index` (`e`): asks `policy` to place it, when it is part of
+    /// an exact-address allocation.
+    #[inline(never)]
+    pub fn before<P: Policy>(&mut self, index: u64, e: &Event, policy: &mut P) {
+        while self.pairs.get(self.next).is_some_and(|p| p.alloc < index) {
+            self.next += 1;
+            self.prefix_at = None;
+        }
+        let Some(p) = self.pairs.get(self.next) else { return };
+        if e.action != Action::Alloc {
+            return;
+        }
+        if p.prefix == index {
+            policy.place_next_at(e.addr);
+        } else if p.alloc == index {
+            if let Some(at) = self.prefix_at.and_then(|a| a.checked_add(p.offset)) {
+                policy.place_next_at(at);
+            }
+        }
+    }
+
+    /// After the request of event `index` was served at `placed`.
+    #[inline(never)]
+    pub fn after(&mut self, index: u64, placed: Option<u64>) {
+        if self.pairs.get(self.next).is_some_and(|p| p.prefix == index) {
+            self.prefix_at = placed;
+        }
     }
 }
 

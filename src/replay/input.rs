@@ -39,6 +39,9 @@ pub struct ReplayInput<'a> {
     /// The recorded `oom` entries no release of their malloc precedes: a graph capture was
     /// underway ([`crate::trace::lifetimes::ooms_without_release`]). Empty for a streamed replay.
     ooms_without_release: Vec<u64>,
+    /// The recording's exact-address allocations (`mallocWithAddress`,
+    /// [`crate::trace::exact::pairs`]), placed where recorded. Empty for a streamed replay.
+    exact_addresses: Vec<crate::trace::exact::ExactAddress>,
     /// Which recorded allocations were made into a private pool, as of the first event (`None`
     /// when the dump shows no private pool); each replay follows a copy through the events.
     pool_routes: Option<PoolRoutes>,
@@ -231,6 +234,11 @@ impl<'a> ReplayInput<'a> {
             &empty_cache_at,
         );
         let pool_routes = PoolRoutes::new(trace, device, events, &lifetimes);
+        let marked: Vec<u64> = (trace.extras.malloc_with_address_events.iter())
+            .filter(|&&(d, _)| d == device)
+            .map(|&(_, i)| i)
+            .collect();
+        let exact_addresses = crate::trace::exact::pairs(events, &marked);
         Ok(ReplayInput {
             trace,
             device,
@@ -239,6 +247,7 @@ impl<'a> ReplayInput<'a> {
             empty_cache_at,
             undecided_flushes,
             ooms_without_release,
+            exact_addresses,
             pool_routes,
             frees_at,
             lifetimes,
@@ -320,6 +329,7 @@ impl<'a> ReplayInput<'a> {
             empty_cache_at,
             undecided_flushes,
             ooms_without_release: Vec::new(),
+            exact_addresses: Vec::new(),
             pool_routes,
             frees_at,
             lifetimes,
@@ -383,6 +393,11 @@ impl<'a> ReplayInput<'a> {
     /// was underway when they failed ([`crate::trace::lifetimes::ooms_without_release`]).
     pub fn ooms_without_release(&self) -> &[u64] {
         &self.ooms_without_release
+    }
+
+    /// The recording's exact-address allocations, in order of their prefixes.
+    pub fn exact_addresses(&self) -> &[crate::trace::exact::ExactAddress] {
+        &self.exact_addresses
     }
 
     /// The action at which frees take effect (`free_completed`, or `free_requested` in formats
@@ -450,6 +465,7 @@ impl<'a> ReplayInput<'a> {
             empty_cache_at: self.empty_cache_at.clone(),
             undecided_flushes: self.undecided_flushes.clone(),
             ooms_without_release: self.ooms_without_release.clone(),
+            exact_addresses: self.exact_addresses.clone(),
             pool_routes: self.pool_routes.clone(),
             frees_at: self.frees_at,
             lifetimes: self.lifetimes.clone(),

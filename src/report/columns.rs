@@ -251,6 +251,17 @@ nested_columns! { start_state:
     START_STATE_INSTALLED_BYTES installed_bytes "start installed bytes" Cell::Bytes;
     START_STATE_LIMIT limit_bytes "start limit" bytes_or_unknown;
 }
+nested_columns! { start_assumed:
+    START_ASSUMED_RESERVED reserved_bytes "assumed start reserve" Cell::Bytes;
+    START_ASSUMED_CACHED cached_bytes "assumed start cache" Cell::Bytes;
+}
+column!(
+    START_ASSUMED,
+    "start_assumed.assumed",
+    "assumed start",
+    "as the JSON result holds it (CSV only)",
+    |r| start_assumed(r, |x| Cell::Text(x.assumed.clone()))
+);
 column!(
     GPU_MEMORY,
     "gpu_memory_bytes",
@@ -302,7 +313,7 @@ column!(
 /// result holds only sometimes are empty cells where it does not. Left out, as lists and tables
 /// a CSV row cannot hold: `first_oom.stack` (the frames) and `cuda.device_calls` (latency
 /// statistics per kind of call).
-pub static RESULT: [&Column; 42] = [
+pub static RESULT: [&Column; 45] = [
     &POLICY,
     &CONFIG,
     &PEAK_RESERVED,
@@ -328,6 +339,9 @@ pub static RESULT: [&Column; 42] = [
     &START_STATE_INSTALLED_SEGMENTS,
     &START_STATE_INSTALLED_BYTES,
     &START_STATE_LIMIT,
+    &START_ASSUMED_RESERVED,
+    &START_ASSUMED_CACHED,
+    &START_ASSUMED,
     &GPU_MEMORY,
     &CAPACITY,
     &REPLAY_SECONDS,
@@ -355,6 +369,11 @@ fn bytes_or_unknown(bytes: Option<u64>) -> Cell {
 /// A cell of the result's `start_state`, [`Cell::Unknown`] when the whole state was installed.
 fn start_state(r: &Row, cell: fn(&crate::backend::StartFit) -> Cell) -> Cell {
     r.result.start_state.as_ref().map_or(Cell::Unknown, cell)
+}
+
+/// A cell of the result's `start_assumed`, [`Cell::Unknown`] where the run assumed no start.
+fn start_assumed(r: &Row, cell: fn(&crate::backend::AssumedStart) -> Cell) -> Cell {
+    r.result.start_assumed.as_ref().map_or(Cell::Unknown, cell)
 }
 
 /// A cell of the result's `first_oom`, [`Cell::Unknown`] when every request was served.
@@ -577,6 +596,11 @@ mod tests {
                 installed_segments: 1,
                 installed_bytes: 2 << 20,
                 limit_bytes: Some(4 << 20),
+            }),
+            start_assumed: Some(crate::backend::AssumedStart {
+                reserved_bytes: 5 << 20,
+                cached_bytes: 4 << 20,
+                assumed: "free mapped pages".into(),
             }),
             gpu_memory_bytes: Some(8 << 30),
             capacity_bytes: Some(16 << 30),

@@ -77,10 +77,10 @@ mod tests {
         let text = String::from_utf8(out).unwrap();
         let row = text.lines().nth(1).unwrap();
         assert!(row.starts_with("pytorch,\"a:1,b:\"\"2\"\"\",2097152,0,0,0,0.0,"), "{row}");
-        // The keys a result holds only sometimes (start_state, gpu_memory_bytes, capacity_bytes
-        // before replay_seconds; planning_seconds, first_oom, cuda after it) are empty without
-        // them.
-        let end = format!(",false,,false,0,0.0,0,0{}0.0{}", ",".repeat(8), ",".repeat(14));
+        // The keys a result holds only sometimes (start_state, start_assumed, gpu_memory_bytes,
+        // capacity_bytes before replay_seconds; planning_seconds, first_oom, cuda after it) are
+        // empty without them.
+        let end = format!(",false,,false,0,0.0,0,0{}0.0{}", ",".repeat(11), ",".repeat(14));
         assert!(row.ends_with(&end), "{row}");
     }
 

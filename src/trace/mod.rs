@@ -11,6 +11,7 @@
 //! reader is asked to, because most replays never look at them.
 
 pub mod detect;
+pub mod exact;
 pub mod fst;
 pub mod kineto;
 pub mod lifetimes;
@@ -265,6 +266,10 @@ pub struct Annotation {
     pub device: i32,
     /// The entry's index in that device's trace.
     pub entry: u64,
+    /// How many of that device's events come before it: the allocation it labels is the last
+    /// one at `addr` among them.
+    #[serde(default)]
+    pub event: u64,
     /// The allocation's base address (`addr`).
     pub addr: u64,
     /// The label (`user_metadata`, as text; JSON as written), cut to [`Annotation::MAX_LABEL`]
@@ -287,6 +292,11 @@ pub struct SnapshotExtras {
     /// Of those, entries tagged `mallocWithAddress`: the prefix pair of an exact-address
     /// allocation (2.13+ allocates it; 2.15+ tags it).
     pub malloc_with_address: u64,
+    /// The events of entries tagged `mallocWithAddress`, as (device, index in that device's
+    /// events), in order; at most [`SnapshotExtras::MAX_ANNOTATIONS`]. Their allocations are
+    /// placed where recorded ([`exact::pairs`]).
+    #[serde(default)]
+    pub malloc_with_address_events: Vec<(i32, u64)>,
     /// Trace entries carrying a non-empty `user_metadata` string (compact JSON from 2.15).
     pub user_metadata: u64,
     /// The `annotate` entries (2.14+), at most [`SnapshotExtras::MAX_ANNOTATIONS`] kept.
@@ -300,7 +310,8 @@ pub struct SnapshotExtras {
     pub host_trace_entries: Option<u64>,
     /// Keys of `allocator_settings` that only newer releases write, in the file's order:
     /// `max_round_threshold`, `max_cached_size` (2.13+). Not written back by the snapshot
-    /// writer, nor kept in `.fst` (neither keeps any of these extras).
+    /// writer (which writes back only the annotations and `internal_metadata`), nor kept in
+    /// `.fst` (which keeps none of these extras).
     pub settings_keys: Vec<String>,
 }
 

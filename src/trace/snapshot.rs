@@ -355,8 +355,10 @@ struct EntryExtras {
     malloc_with_address: u64,
     user_metadata: u64,
     annotate_entries: u64,
-    /// (entry index, addr, label).
-    annotations: Vec<(u64, u64, String)>,
+    /// (entry index, events before it, addr, label).
+    annotations: Vec<(u64, u64, u64, String)>,
+    /// The index of the first event of each entry tagged `mallocWithAddress`.
+    malloc_with_address_events: Vec<u64>,
 }
 
 impl SnapshotExtras {
@@ -366,9 +368,14 @@ impl SnapshotExtras {
         self.malloc_with_address += e.malloc_with_address;
         self.user_metadata += e.user_metadata;
         self.annotate_entries += e.annotate_entries;
-        for (entry, addr, label) in e.annotations {
+        for event in e.malloc_with_address_events {
+            if self.malloc_with_address_events.len() < SnapshotExtras::MAX_ANNOTATIONS {
+                self.malloc_with_address_events.push((device, event));
+            }
+        }
+        for (entry, event, addr, label) in e.annotations {
             if self.annotations.len() < SnapshotExtras::MAX_ANNOTATIONS {
-                self.annotations.push(Annotation { device, entry, addr, label });
+                self.annotations.push(Annotation { device, entry, event, addr, label });
             }
         }
     }
@@ -405,7 +412,7 @@ impl DeviceEvents {
             // A label on a live allocation: it changes no memory.
             x.annotate_entries += 1;
             if x.annotations.len() < SnapshotExtras::MAX_ANNOTATIONS {
-                x.annotations.push((index as u64, e.addr, label));
+                x.annotations.push((index as u64, self.events.len() as u64, e.addr, label));
             }
             return Ok(());
         }
@@ -419,6 +426,12 @@ impl DeviceEvents {
             None => FramesId::NONE,
         };
         let pool = pools.intern(e.pool).map_err(|m| entry_err(device, index, m, at))?;
+        if e.marks.malloc_with_address
+            && !e.actions.is_empty()
+            && self.extras.malloc_with_address_events.len() < SnapshotExtras::MAX_ANNOTATIONS
+        {
+            self.extras.malloc_with_address_events.push(self.events.len() as u64);
+        }
         self.all_timed &= e.time.is_some();
         let time_us = e.time.unwrap_or(index as i64);
         for &action in e.actions {
@@ -1495,13 +1508,36 @@ fn encode(trace: &Trace) -> Result<Vec<u8>> {
         )));
     }
     let mut frames_memo: HashMap<FramesId, u32> = HashMap::new();
+    let x = &trace.extras;
+    // Entries get `internal_metadata` where the file's had it (2.15+): `mallocWithAddress` on
+    // the first event of each tagged entry, empty on the rest.
+    let tagged: std::collections::HashSet<(i32, u64)> =
+        x.malloc_with_address_events.iter().copied().collect();
     e.begin_list();
     for device in 0..=max {
         e.begin_list();
+        let mut notes: Vec<&Annotation> =
+            x.annotations.iter().filter(|a| a.device == device).collect();
+        notes.sort_by_key(|a| a.event);
+        let mut notes = notes.into_iter().peekable();
         for d in trace.devices.iter().filter(|d| d.device == device) {
-            for ev in &d.events {
-                write_event(&mut e, trace, ev, &mut frames_memo);
+            for (i, ev) in d.events.iter().enumerate() {
+                while let Some(a) = notes.next_if(|a| a.event <= i as u64) {
+                    write_annotation(&mut e, trace, a, ev.time_us);
+                }
+                let tag = (x.internal_metadata > 0).then(|| {
+                    if tagged.contains(&(device, i as u64)) {
+                        "mallocWithAddress"
+                    } else {
+                        ""
+                    }
+                });
+                write_event(&mut e, trace, ev, tag, &mut frames_memo);
             }
+        }
+        let last = trace.device(device).and_then(|d| d.events.last()).map_or(0, |ev| ev.time_us);
+        for a in notes {
+            write_annotation(&mut e, trace, a, last);
         }
         e.end_list();
     }
@@ -1570,10 +1606,36 @@ fn write_segment(e: &mut Encoder, s: &Segment) {
     e.end_dict();
 }
 
+/// An `annotate` entry (2.14+): `a`'s label on the allocation at its address, at `time_us`
+/// (the next entry's time, where the trace has times).
+fn write_annotation(e: &mut Encoder, trace: &Trace, a: &Annotation, time_us: i64) {
+    e.begin_dict();
+    e.str("action");
+    e.str("annotate");
+    e.str("addr");
+    e.int(a.addr as i128);
+    e.str("size");
+    e.int(0);
+    e.str("stream");
+    e.int(0);
+    if trace.has_times {
+        e.str("time_us");
+        e.int(time_us as i128);
+    }
+    e.str("user_metadata");
+    e.str(&a.label);
+    e.str("frames");
+    e.begin_list();
+    e.end_list();
+    e.end_dict();
+}
+
+/// An entry for `ev`; `internal_metadata` written where `tag` is given.
 fn write_event(
     e: &mut Encoder,
     trace: &Trace,
     ev: &Event,
+    tag: Option<&str>,
     frames_memo: &mut HashMap<FramesId, u32>,
 ) {
     e.begin_dict();
@@ -1594,6 +1656,10 @@ fn write_event(
         let (a, b) = trace.entry_pool(ev).flatten().unwrap_or((0, 0));
         e.str("pool_id");
         e.pair(a as i64 as i128, b as i64 as i128);
+    }
+    if let Some(tag) = tag {
+        e.str("internal_metadata");
+        e.str(tag);
     }
     e.str("frames");
     match frames_memo.get(&ev.frames) {

@@ -104,6 +104,12 @@ pub struct Validation {
     pub allocs_total: u64,
     /// Allocs the simulation placed at the recorded address (undeterminable ones excluded).
     pub allocs_addr_matched: u64,
+    /// Allocs of exact-address allocations (`mallocWithAddress`, PyTorch 2.13+: the prefix and
+    /// the request), placed at the recorded address and counted apart: neither in
+    /// `allocs_addr_matched` nor ever a mismatch (no placement rule chose their address).
+    /// A JSON key only where the recording has any.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub allocs_exact_address: u64,
     /// Recorded segment events (`segment_alloc/free/map/unmap`).
     pub segment_events_recorded: u64,
     /// Recorded segment events the simulation reproduced (kind, size, address, order).
@@ -129,6 +135,10 @@ pub struct Validation {
     /// only when [`ValidateOptions::record_events`] asked for them).
     #[serde(skip)]
     pub output: ReplayOutput,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Mismatch {
@@ -745,6 +755,8 @@ struct Run {
     first_inside_free: Option<(usize, u64)>,
     /// First alloc placed elsewhere: (event, recorded address, simulated address).
     first_mismatch: Option<(usize, u64, Option<u64>)>,
+    /// Allocs of exact-address allocations served (placed by address, not compared).
+    exact_placed: u64,
     segment_events_matched: u64,
     /// The engine's output: peaks, the simulated run as events, the final segments.
     output: ReplayOutput,
@@ -861,6 +873,7 @@ fn replay(
         ops: &recording.ops,
         captured_ooms: recording.input.ooms_without_release(),
         routes: start.routes.clone(),
+        exact: crate::replay::ExactPlacer::new(recording.input.exact_addresses()),
         stop: how.stop,
         ref_pos: 0,
         run: Run::default(),
@@ -898,6 +911,8 @@ struct Checker<'a> {
     /// ([`ReplayInput::ooms_without_release`]).
     captured_ooms: &'a [u64],
     routes: Option<crate::trace::pool_routes::PoolRoutes>,
+    /// The recording's exact-address allocations, placed where recorded.
+    exact: crate::replay::ExactPlacer<'a>,
     stop: Stop<'a>,
     /// The next placement of the reference run to compare with ([`Stop::Diverge`]).
     ref_pos: usize,
@@ -965,6 +980,9 @@ impl<'a> Guide<PyTorch, Guided<'a>> for Checker<'a> {
             script = &script[releases..];
         }
         backend.inner.follow(script, oom);
+        if self.exact.any() {
+            self.exact.before(index, e, policy);
+        }
         Ok(())
     }
 
@@ -990,6 +1008,14 @@ impl<'a> Guide<PyTorch, Guided<'a>> for Checker<'a> {
                 });
             }
             return Ok(());
+        }
+        if self.exact.any() {
+            self.exact.after(index, placed);
+            if self.exact.is_placed(index) {
+                // Placed by address: counted apart, never compared.
+                self.run.exact_placed += 1;
+                return Ok(());
+            }
         }
         let run = &mut self.run;
         run.placed.push((i, placed));
@@ -1398,9 +1424,7 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
     let segment_events_recorded = events.iter().filter(|e| e.action.is_segment_event()).count();
     let peak_rec = recorded_peak(events, start.reserved());
     let mut output = base.output;
-    for s in &mut output.segments {
-        s.device = device;
-    }
+    output.segments.iter_mut().for_each(|s| s.device = device);
     if !options.record_events {
         output.events = None;
     }
@@ -1409,6 +1433,7 @@ pub fn validate(trace: &Trace, options: &ValidateOptions) -> Result<Validation> 
         device,
         allocs_total,
         allocs_addr_matched,
+        allocs_exact_address: base.exact_placed,
         segment_events_recorded: segment_events_recorded as u64,
         segment_events_matched: base.segment_events_matched,
         peak_reserved_recorded_bytes: peak_rec,

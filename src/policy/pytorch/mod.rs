@@ -189,6 +189,9 @@ pub struct Stats {
     pub num_device_free: u64,
     /// `num_ooms`.
     pub num_ooms: u64,
+    /// `num_oom_rejections` (2.12+): of `num_ooms`, requests `throw_on_cudamalloc_oom`
+    /// rejected at once for passing the memory fraction's limit.
+    pub num_oom_rejections: u64,
     /// `requested_bytes.all.current`.
     pub requested_bytes: u64,
 }
@@ -261,6 +264,11 @@ pub struct PyTorch<const DEFAULT_RULES: bool = false> {
     /// rounds up to a multiple of 512 bytes, with no look-up of its interval. Fixed at
     /// construction, as the configuration is.
     plain_rounding: bool,
+    /// Where the next malloc places its block ([`Policy::place_next_at`]): an exact-address
+    /// allocation (`mallocWithAddress`, PyTorch 2.13+). Taken by that malloc.
+    place_at: Option<u64>,
+    /// The warm cache [`Policy::start`] installed, as assumed ([`Policy::assumed_start`]).
+    assumed_start: Option<crate::backend::AssumedStart>,
 }
 
 /// The oversize rules of `get_free_block` (docs/pytorch-model.md#oversize): a request below
@@ -326,6 +334,8 @@ impl PyTorch {
             start_fit: None,
             warm: None,
             exact_blocks: false,
+            place_at: None,
+            assumed_start: None,
         }
     }
 
@@ -502,7 +512,7 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
         carry!(self;
             config, blocks, spare, pools, private, private_pools, freeable, into, capture_underway,
             segments, expandable, streams, stream_index, allocated, total_allocated, alloc_retries, stats, gc_on,
-            start, start_fit, warm, exact_blocks, plain_rounding,
+            start, start_fit, warm, exact_blocks, plain_rounding, place_at, assumed_start,
         )
     }
 
@@ -841,6 +851,61 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
         (high, rest)
     }
 
+    /// `mallocWithAddress` (PyTorch 2.13+, docs/pytorch-model.md#exact-address): a request of
+    /// `size` bytes on `stream` placed at `addr`, in the free block of the pool mallocs allocate
+    /// into that holds `addr` and the rounded request after it. The bytes before `addr` stay
+    /// cached as a free block of their own (PyTorch allocates them as a prefix and frees it
+    /// again); the rest is split off by the split rule. `None` where no such free block is
+    /// there: the caller serves the request as any other.
+    #[inline(never)]
+    fn malloc_at(&mut self, addr: u64, size: u64, stream: u64) -> Option<Allocation> {
+        let rounded = self.round_size(size);
+        let sid = self.sid_of(stream)?;
+        let mut id = self.head_containing(addr)?;
+        while id != NIL && !(self.b(id).ptr <= addr && addr < self.b(id).ptr + self.b(id).size) {
+            id = self.b(id).next;
+        }
+        if id == NIL {
+            return None;
+        }
+        let b = *self.b(id);
+        let offset = addr - b.ptr;
+        let fits = !b.allocated
+            && b.mapped
+            && b.expandable == NIL
+            && b.sid == sid
+            && b.pool == self.into
+            && offset.checked_add(rounded).is_some_and(|end| end <= b.size);
+        if !fits {
+            return None;
+        }
+        self.remove_free(id);
+        let (id, block_size) = if offset == 0 {
+            (id, b.size)
+        } else {
+            let rest = b.size - offset;
+            let high = self.new_block(Block {
+                ptr: addr,
+                size: rest,
+                requested: 0,
+                prev: id,
+                in_use: true,
+                allocated: false,
+                ..b
+            });
+            if b.next != NIL {
+                self.bm(b.next).prev = high;
+            }
+            let front = self.bm(id);
+            front.next = high;
+            front.size = offset;
+            self.insert_free(id);
+            (high, rest)
+        };
+        let split = self.should_split(block_size, rounded, b.small);
+        Some(self.alloc_found_block(id, rounded, size, split))
+    }
+
     /// `alloc_found_block` (docs/pytorch-model.md#split-rule): splits off the low part if asked and
     /// hands it out.
     #[inline(always)]
@@ -1000,6 +1065,7 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
             let max = self.config.allowed_memory_maximum().unwrap_or(u64::MAX);
             if self.total_allocated.saturating_add(alloc_size) > max {
                 self.stats.num_ooms += 1;
+                self.stats.num_oom_rejections += 1;
                 return Ok(None);
             }
         }
@@ -1673,6 +1739,11 @@ impl<const DEFAULT_RULES: bool> Policy for PyTorch<DEFAULT_RULES> {
         size: u64,
         stream: u64,
     ) -> Result<Option<Allocation>> {
+        if let Some(addr) = self.place_at.take() {
+            if let Some(placed) = self.malloc_at(addr, size, stream) {
+                return Ok(Some(placed));
+            }
+        }
         let rounded = self.round_size(size);
         let small = rounded <= SMALL_SIZE;
         let (id, block_size) = match self.get_free_block(stream, rounded, small) {
@@ -1701,6 +1772,14 @@ impl<const DEFAULT_RULES: bool> Policy for PyTorch<DEFAULT_RULES> {
     fn allocate_into(&mut self, pool: Option<(u64, u64)>) -> Result<()> {
         self.into = self.pool_number(pool)?;
         Ok(())
+    }
+
+    fn assumed_start(&self) -> Option<crate::backend::AssumedStart> {
+        self.assumed_start.clone()
+    }
+
+    fn place_next_at(&mut self, addr: u64) {
+        self.place_at = Some(addr);
     }
 
     fn set_capture_underway(&mut self, underway: bool) {

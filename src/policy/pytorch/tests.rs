@@ -827,17 +827,18 @@ fn throw_on_cudamalloc_oom_rejects_past_the_fraction_without_releasing_cache() {
         free(&mut p, &mut d, a);
         let got = p.malloc(&mut d, 40 * MIB, 0).unwrap();
         p.check().unwrap();
-        (got.is_some(), p.reserved(), p.stats().num_ooms)
+        let stats = p.stats();
+        (got.is_some(), p.reserved(), stats.num_ooms, stats.num_oom_rejections)
     };
     let fraction = "per_process_memory_fraction:0.5";
     let throw = "per_process_memory_fraction:0.5,throw_on_cudamalloc_oom:True";
-    assert_eq!(run(fraction, Version::V2_12), (true, 40 * MIB, 0), "cache released");
-    assert_eq!(run(throw, Version::V2_12), (false, 30 * MIB, 1), "rejected at once");
-    assert_eq!(run(throw, Version::NEWEST), (false, 30 * MIB, 1));
-    assert_eq!(run(throw, Version::CURRENT), (true, 40 * MIB, 0), "2.11 has no such rule");
+    assert_eq!(run(fraction, Version::V2_12), (true, 40 * MIB, 0, 0), "cache released");
+    assert_eq!(run(throw, Version::V2_12), (false, 30 * MIB, 1, 1), "rejected at once");
+    assert_eq!(run(throw, Version::NEWEST), (false, 30 * MIB, 1, 1));
+    assert_eq!(run(throw, Version::CURRENT), (true, 40 * MIB, 0, 0), "2.11 has no such rule");
     // Without a fraction below 1 there is no limit to reject at.
     let whole = "per_process_memory_fraction:1.0,throw_on_cudamalloc_oom:True";
-    assert_eq!(run(whole, Version::V2_12), (true, 70 * MIB, 0));
+    assert_eq!(run(whole, Version::V2_12), (true, 70 * MIB, 0, 0));
 }
 
 /// 2.13's "a capture is not a pool" (docs/pytorch-model.md#capture-not-pool): a malloc into a
@@ -898,4 +899,34 @@ fn expandable_segments_reserve_bounds_each_reservation() {
     assert_eq!(p.settings().va_size(false), 260 * MIB, "256 MiB in whole 20 MiB pages");
     let (p, _) = setup("expandable_segments:True,expandable_segments_reserve:4G", Version::NEWEST);
     assert_eq!(p.settings().va_size(false), config::va_size_on(GIB, 20 * MIB));
+}
+
+/// `mallocWithAddress` (docs/pytorch-model.md#exact-address): a request asked at an address
+/// inside a free block is placed there, the bytes before it cached as their own free block and
+/// the rest split off; where no free block holds the address and the request, it is served by
+/// best fit as any other.
+#[test]
+fn a_request_placed_by_address_takes_that_address_in_its_free_block() {
+    let mut p = policy("");
+    let mut d = device(None);
+    let x1 = malloc(&mut p, &mut d, 4 * MIB);
+    let k1 = malloc(&mut p, &mut d, 2 * MIB);
+    let x2 = malloc(&mut p, &mut d, 14 * MIB);
+    let base = x1.addr;
+    assert_eq!((k1.addr, x2.addr), (base + 4 * MIB, base + 6 * MIB));
+    free(&mut p, &mut d, x1);
+    free(&mut p, &mut d, x2);
+    // Best fit would take the 4 MiB block at the segment's start.
+    p.place_next_at(base + 10 * MIB);
+    let at = malloc(&mut p, &mut d, 2 * MIB);
+    assert_eq!((at.addr, at.block_size), (base + 10 * MIB, 2 * MIB));
+    assert_eq!(p.block_containing(base + 6 * MIB), Some((base + 6 * MIB, 4 * MIB, false)));
+    assert_eq!(p.block_containing(base + 12 * MIB), Some((base + 12 * MIB, 8 * MIB, false)));
+    assert_eq!(p.allocated(), 4 * MIB);
+    // The hint is taken by that malloc: the next one is best fit again.
+    assert_eq!(malloc(&mut p, &mut d, 4 * MIB).addr, base);
+    // An address in an allocated block cannot be taken: best fit (the 4 MiB block after k1).
+    p.place_next_at(k1.addr);
+    assert_eq!(malloc(&mut p, &mut d, 4 * MIB).addr, base + 6 * MIB);
+    assert_eq!(segment_allocs(&d), vec![20 * MIB], "no new segment");
 }

@@ -39,9 +39,9 @@ pub struct WarmCache {
 const MAX_PIECES: u64 = 1 << 16;
 
 /// The warm cache of `context`'s device under `policy`'s settings, or `None` when there is none
-/// to model: not a Kineto trace, no recorded totals for every event, host memory (c10's CPU
-/// allocator caches nothing), or expandable segments (mapped pages, not segments: the start
-/// stays as it was).
+/// to model: not a Kineto trace, no recorded totals for every event, or host memory (c10's CPU
+/// allocator caches nothing). With expandable segments, only the reserve is planned (no
+/// segments: the cache is mapped pages, see `PyTorch::start_warm`).
 ///
 /// The trace is replayed from its live blocks on an unlimited device. A request that made a new
 /// segment there, where the recorded `Total Reserved` did not grow, found that memory cached in
@@ -49,16 +49,18 @@ const MAX_PIECES: u64 = 1 << 16;
 /// segment in the real run too, and is left to make it again.
 pub fn plan<const D: bool>(policy: &PyTorch<D>, context: &PolicyContext) -> Option<WarmCache> {
     let trace = context.trace;
-    if trace.source_format() != Format::Kineto
-        || context.device < 0
-        || policy.config.expandable_segments
-    {
+    if trace.source_format() != Format::Kineto || context.device < 0 {
         return None;
     }
     let totals = trace.totals_of(context.device)?;
     let first = totals.first()?;
     if totals.len() != context.events.len() {
         return None;
+    }
+    // With expandable segments the cache is mapped pages, not segments of sizes to choose:
+    // [`PyTorch::start_warm`] maps the rest of the reserve at the end of a reservation.
+    if policy.config.expandable_segments {
+        return Some(WarmCache { reserved_bytes: first.reserved, ..WarmCache::default() });
     }
     let mut cold: PyTorch = PyTorch::new(policy.config.clone());
     cold.exact_blocks = policy.exact_blocks;
@@ -151,6 +153,10 @@ impl<const D: bool> PyTorch<D> {
         for b in live_at_start {
             out.push(self.malloc(backend, b.size.max(1), b.stream)?);
         }
+        if self.config.expandable_segments {
+            return self.start_warm_expandable(backend, warm, out);
+        }
+        let before = self.total_allocated;
         let limit = self.config.allowed_memory_maximum();
         let mut fit = crate::backend::StartFit::default();
         for (size, stream, small) in warm.to_install(self.total_allocated) {
@@ -167,6 +173,52 @@ impl<const D: bool> PyTorch<D> {
         self.start_fit = (fit.installed_segments < fit.segments).then(|| {
             fit.limit_bytes = limit;
             fit
+        });
+        self.assumed_start = Some(crate::backend::AssumedStart {
+            reserved_bytes: warm.reserved_bytes,
+            cached_bytes: self.total_allocated - before,
+            assumed: "free cudaMalloc segments: those the trace's requests reuse without the \
+                      recorded reserve growing, the rest in large-pool segments smaller than \
+                      the least request that made it grow"
+                .into(),
+        });
+        Ok(out)
+    }
+
+    /// [`PyTorch::start_warm`] with expandable segments: after the live blocks, the rest of the
+    /// recorded reserve (rounded up to whole pages) is mapped at the end of the default stream's large-pool
+    /// reservation and left free, as pages a caching allocator that never called
+    /// `empty_cache()` keeps mapped. Which reservation held them, and on which stream, is not
+    /// recorded: the assumption is one, on the default stream. Pages the backend, the memory
+    /// fraction or the reservation's size refuse are left out, and [`Policy::start_fit`] says so.
+    fn start_warm_expandable<B: crate::backend::Backend>(
+        &mut self,
+        backend: &mut B,
+        warm: &WarmCache,
+        out: Vec<Option<crate::policy::Allocation>>,
+    ) -> crate::error::Result<Vec<Option<crate::policy::Allocation>>> {
+        let before = self.total_allocated;
+        let page = self.config.page_size(false).max(1);
+        let size = warm.reserved_bytes.saturating_sub(before).div_ceil(page) * page;
+        if size > 0 {
+            let taken = self.malloc(backend, size, 0)?;
+            if let Some(a) = taken {
+                self.free_handle(backend, a.addr, a.handle)?;
+            } else {
+                self.start_fit = Some(crate::backend::StartFit {
+                    segments: 1,
+                    bytes: size,
+                    limit_bytes: self.config.allowed_memory_maximum(),
+                    ..Default::default()
+                });
+            }
+        }
+        self.assumed_start = Some(crate::backend::AssumedStart {
+            reserved_bytes: warm.reserved_bytes,
+            cached_bytes: self.total_allocated - before,
+            assumed: "free mapped pages at the end of the default stream's large-pool \
+                      expandable segment"
+                .into(),
         });
         Ok(out)
     }

@@ -1,0 +1,75 @@
+//! Exact-address allocations (`mallocWithAddress`, PyTorch 2.13+): a request placed at an
+//! address the program chose (`UntypedStorage._resize_with_addr_`), which no placement rule
+//! reproduces. The allocator finds the free block holding the address, allocates a prefix
+//! from the block's start up to the address, allocates the request at the address, and frees
+//! the prefix; from 2.15 the prefix's entries carry `internal_metadata: "mallocWithAddress"`,
+//! which is how a recording shows one (earlier releases leave no mark).
+
+use super::{Action, Event};
+
+/// How far from a marked entry the prefix's and the request's `alloc` may lie, in events: the
+/// allocator makes the three steps back to back, under its lock.
+const NEAR: usize = 8;
+
+/// One exact-address allocation in a device's events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExactAddress {
+    /// The index of the prefix's `alloc` (at the start of the free block that held the address).
+    pub prefix: u64,
+    /// The index of the request's `alloc`, at the address asked.
+    pub alloc: u64,
+    /// The request's recorded address less the prefix's.
+    pub offset: u64,
+}
+
+/// The exact-address allocations in `events`, from the indices of the events whose entries
+/// carry the `mallocWithAddress` mark (`marked`, in order): for each, the prefix's `alloc` (the
+/// marked `alloc`, or the last `alloc` at the marked address before the mark) and the next
+/// `alloc` after it at a higher address. Marks that show no such pair are passed over. In the
+/// order of their prefixes, without repeats.
+pub fn pairs(events: &[Event], marked: &[u64]) -> Vec<ExactAddress> {
+    let mut out: Vec<ExactAddress> = Vec::new();
+    for &m in marked {
+        let m = m as usize;
+        let Some(e) = events.get(m) else { continue };
+        let prefix = (m.saturating_sub(NEAR)..=m)
+            .rev()
+            .find(|&i| events[i].action == Action::Alloc && events[i].addr == e.addr);
+        let Some(prefix) = prefix else { continue };
+        if out.last().is_some_and(|p| p.prefix >= prefix as u64) {
+            continue;
+        }
+        let end = (prefix + 1 + NEAR).min(events.len());
+        let alloc = (prefix + 1..end).find(|&i| events[i].action == Action::Alloc);
+        let Some(alloc) = alloc.filter(|&i| events[i].addr > e.addr) else { continue };
+        out.push(ExactAddress {
+            prefix: prefix as u64,
+            alloc: alloc as u64,
+            offset: events[alloc].addr - e.addr,
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_marked_prefix_pair_names_the_prefix_and_the_request_after_it() {
+        let ev = |action, addr, size| Event::new(action, addr, size, 0, 0);
+        let events = [
+            ev(Action::SegmentAlloc, 0x1000_0000, 20 << 20),
+            ev(Action::Alloc, 0x1000_0000, 4096),
+            ev(Action::Alloc, 0x1000_1000, 1 << 20),
+            ev(Action::FreeRequested, 0x1000_0000, 4096),
+            ev(Action::FreeCompleted, 0x1000_0000, 4096),
+        ];
+        let want = vec![ExactAddress { prefix: 1, alloc: 2, offset: 4096 }];
+        // Marked on the prefix's free pair (and on its alloc, or not): one allocation.
+        assert_eq!(pairs(&events, &[3, 4]), want);
+        assert_eq!(pairs(&events, &[1, 3, 4]), want);
+        // A mark with no alloc at its address before it, or out of range: none.
+        assert_eq!(pairs(&events, &[0, 9]), vec![]);
+    }
+}
