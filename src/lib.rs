@@ -13,17 +13,34 @@
 //!    memory-over-time [`metrics::Series`];
 //! 4. **report** — [`report`] prints tables and writes JSON, CSV, Markdown, plots and HTML.
 //!
-//! ```
-//! use fragsim::policy::{self, PolicySpec};
-//! use fragsim::replay::{ReplayInput, ReplayOptions};
-//! use fragsim::trace::{self, Format, ReadOptions};
+//! A [`session::Session`] reads a trace once and answers questions about it; here three, on a
+//! real snapshot bundled with the crate:
 //!
-//! let text = "alloc 0x1000 4096 s0\nalloc 0x2000 1000 s0\nfree 0x1000 4096 s0\n";
-//! let trace = trace::read_bytes(text.as_bytes(), Format::Text, &ReadOptions::default())?;
-//! let input = ReplayInput::new(&trace, None)?;
-//! let spec = &PolicySpec::parse_list("bound")?[0];
-//! let out = policy::lookup(&spec.name)?.run(spec, &input, &ReplayOptions::default())?;
-//! assert_eq!(out.result.peak_reserved_bytes, 5096);
+//! ```
+//! use fragsim::blame::BlameOptions;
+//! use fragsim::policy::PolicySpec;
+//! use fragsim::session::{OpenOptions, ReplayRequest, Session};
+//! use fragsim::validate::ValidateOptions;
+//!
+//! let path = concat!(env!("CARGO_MANIFEST_DIR"), "/traces/real/cs336-lm-step-a.pickle");
+//! let open = OpenOptions { keep_frames: true, ..OpenOptions::default() };
+//! let session = Session::open(path.as_ref(), &open)?;
+//!
+//! // Does the PyTorch model make the recorded allocator's decisions?
+//! let v = session.validate(&ValidateOptions::default())?;
+//! assert!(v.mismatches.is_empty());
+//! assert_eq!(v.segment_events_matched, v.segment_events_recorded);
+//!
+//! // What would each policy reserve, beside what the recording reserved?
+//! let specs = PolicySpec::parse_many(&["pytorch".into(), "bound".into()])?;
+//! let answer = session.replay(&ReplayRequest::new(specs.clone()), &Default::default())?;
+//! let recorded = answer.recorded.as_ref().and_then(|r| r.peak_reserved_bytes);
+//! let pytorch = answer.results.iter().find(|r| r.policy == "pytorch").unwrap();
+//! assert_eq!(Some(pytorch.peak_reserved_bytes), recorded);
+//!
+//! // Where did the memory go at the peak?
+//! let report = session.blame(&specs[..1], &BlameOptions::default())?;
+//! assert!(!report.results[0].sites.is_empty());
 //! # Ok::<(), fragsim::Error>(())
 //! ```
 
@@ -48,6 +65,7 @@ mod progress;
 pub mod recorded;
 pub mod replay;
 pub mod report;
+pub mod session;
 pub mod synth;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

@@ -51,12 +51,20 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
     // Helpers for tests, benches and fuzz targets.
     ("testing", &["trace", "backend", "metrics", "recorded", "policy", "replay", "error", "units"]),
+    // One trace read once and a method per question: what the CLI and Python are faces on.
+    (
+        "session",
+        &[
+            "trace", "backend", "metrics", "recorded", "policy", "replay", "validate", "whatif",
+            "blame", "explain", "report", "error", "units",
+        ],
+    ),
     // The binary's thin CLI: it may name every module.
     (
         "cli",
         &[
             "trace", "backend", "metrics", "recorded", "policy", "replay", "validate", "synth",
-            "whatif", "blame", "explain", "report", "error", "units",
+            "whatif", "blame", "explain", "report", "session", "error", "units",
         ],
     ),
 ];

@@ -536,48 +536,12 @@ impl CapacityFlag {
     }
 }
 
-/// What `--capacity` says.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum CapacityArg {
-    /// A size: as the user typed it (for headers) and in bytes.
-    Size {
-        /// The text as the user typed it.
-        typed: String,
-        /// The capacity in bytes.
-        bytes: u64,
-    },
-    /// `recorded`: the device limit inferred from the recording.
-    Recorded,
-    /// `none`: unlimited, even where the recording shows a limit.
-    Unlimited,
-}
+/// What `--capacity` says: the library's [`fragsim::session::Capacity`].
+pub use fragsim::session::Capacity as CapacityArg;
 
-/// Parses `--capacity` for clap: a size of at least 1 MiB (`40` alone is an error that
-/// suggests `40GB` or `40GiB`), a card by name (`a100-40gb`: the total its driver reports,
-/// [`fragsim::units::cards`]), `recorded` or `none`.
+/// Parses `--capacity` for clap ([`fragsim::session::Capacity::parse`]).
 pub fn capacity_arg(text: &str) -> std::result::Result<CapacityArg, String> {
-    use fragsim::units::cards;
-    match text.trim() {
-        "recorded" => Ok(CapacityArg::Recorded),
-        "none" => Ok(CapacityArg::Unlimited),
-        t => match cards::named(t) {
-            Some(card) => {
-                Ok(CapacityArg::Size { typed: card.name.to_string(), bytes: card.bytes() })
-            }
-            None if t.starts_with(|c: char| c.is_ascii_alphabetic()) => {
-                let hint =
-                    cards::closest(t).map(|n| format!(": did you mean '{n}'?")).unwrap_or_default();
-                Err(format!(
-                    "unknown card '{t}'{hint} (cards by name: {}; or give the memory as a size, \
-                     e.g. 40GiB, or 'recorded' or 'none')",
-                    cards::names()
-                ))
-            }
-            None => fragsim::units::parse_capacity(t)
-                .map(|bytes| CapacityArg::Size { typed: t.to_string(), bytes })
-                .map_err(|e| e.message().to_string()),
-        },
-    }
+    CapacityArg::parse(text)
 }
 
 /// The capacity a replay of `device` runs under, what it stands for, and a line saying where it
@@ -589,21 +553,8 @@ pub fn resolve_capacity(
     arg: Option<&CapacityArg>,
     limit: Option<&fragsim::recorded::limit::DeviceLimit>,
 ) -> Result<(Option<u64>, Option<String>, CapacityKind)> {
-    let inferred = limit.and_then(|l| l.limit_bytes.map(|b| (b, l.describe(), l.capacity_kind())));
-    match arg {
-        Some(CapacityArg::Size { bytes, .. }) => Ok((Some(*bytes), None, CapacityKind::GpuMemory)),
-        Some(CapacityArg::Unlimited) => Ok((None, None, CapacityKind::GpuMemory)),
-        Some(CapacityArg::Recorded) => match inferred {
-            Some((b, why, kind)) => Ok((Some(b), Some(why), kind)),
-            None => Err(fragsim::error::Error::usage(format!(
-                "--capacity recorded: the recording shows no device limit ({})",
-                limit.map_or("no recorded allocator figures".to_string(), |l| l.describe())
-            ))),
-        },
-        None => Ok(inferred.map_or((None, None, CapacityKind::GpuMemory), |(b, why, kind)| {
-            (Some(b), Some(why), kind)
-        })),
-    }
+    let r = fragsim::session::Resolved::of(arg, limit)?;
+    Ok((r.bytes, r.inferred, r.kind))
 }
 
 /// The table's first line for the capacity a replay ran under: as typed and in GiB (with the

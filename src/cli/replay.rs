@@ -3,10 +3,9 @@
 use super::OutputFormat;
 use fragsim::error::{Error, Result};
 use fragsim::policy::PolicySpec;
-use fragsim::replay::{
-    empty_cache, run_specs, BackendKind, EmptyCachePlan, ReplayInput, ReplayOptions, RunSettings,
-};
+use fragsim::replay::{BackendKind, ReplayOptions, RunSettings};
 use fragsim::report::{csv, json, table};
+use fragsim::session::{ReplayAnswer, ReplayRequest, Session};
 use fragsim::trace::fst::FstStream;
 use std::path::PathBuf;
 
@@ -104,56 +103,32 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
             ),
         );
     }
-    let loaded;
-    let (trace, input) = match &stream {
-        Some(file) => {
-            let named = super::in_trace(path, file.head());
-            (file.head(), ReplayInput::streamed(file, args.source.device).map_err(&named)?)
-        }
+    let session = match stream {
+        Some(file) => Session::streamed(file, path, args.source.device)?,
         None => {
             // Frames only matter for naming the stack of an OOM, which needs a capacity.
-            loaded = args.control.read_trace_with_frames(
-                io,
-                path,
-                args.source.capacity.get().is_some(),
-            )?;
-            let named = super::in_trace(path, &loaded);
-            (&loaded, ReplayInput::new(&loaded, args.source.device).map_err(&named)?)
+            let frames = args.source.capacity.get().is_some();
+            let loaded = args.control.read_trace_with_frames(io, path, frames)?;
+            Session::of_trace(loaded, path, args.source.device)?
         }
     };
-    let named = super::in_trace(path, trace);
-    let (recorded_row, limit) = match &stream {
-        Some(file) => fragsim::recorded::row_and_limit_streamed(
-            trace,
-            input.device(),
-            input.live_at_start(),
-            input.frees_at(),
-            |f| file.each_event(input.device(), u64::MAX, false, f),
-        )
-        .map_err(&named)?,
-        _ => fragsim::recorded::row_and_limit(trace, input.device()),
-    };
-    super::note_unmodelled_options(&args.control, io, trace, &specs);
-    let (capacity, inferred, capacity_kind) =
-        super::resolve_capacity(args.source.capacity.get(), limit.as_ref())?;
-    if let Some(why) = &inferred {
-        if args.output_format() == OutputFormat::Table {
-            io.note(&format!("capacity inferred from the recording: {why} (--capacity overrides)"));
-        }
-    }
-    let options = ReplayOptions {
-        capacity,
-        capacity_kind,
-        empty_cache: empty_cache.clone(),
-        outside_bytes: args.outside,
-        backend: match args.backend {
-            Backend::Sim => BackendKind::Sim,
-            Backend::Cuda => BackendKind::Cuda,
+    super::note_unmodelled_options(&args.control, io, session.trace(), &specs);
+    let request = ReplayRequest {
+        specs: specs.clone(),
+        capacity: args.source.capacity.get().cloned(),
+        options: ReplayOptions {
+            empty_cache: empty_cache.clone(),
+            outside_bytes: args.outside,
+            backend: match args.backend {
+                Backend::Sim => BackendKind::Sim,
+                Backend::Cuda => BackendKind::Cuda,
+            },
+            cuda_ordinal: args.cuda_device,
+            touch: args.touch,
+            cancel: io.cancel.clone(),
+            ..ReplayOptions::default()
         },
-        cuda_ordinal: args.cuda_device,
-        touch: args.touch,
-        cancel: io.cancel.clone(),
-        ..ReplayOptions::default()
+        empty_cache_price: args.output_format() == OutputFormat::Table,
     };
     let bar = args.control.bar(io, specs.len(), "replaying");
     let tick = bar.tick();
@@ -162,79 +137,43 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         progress: Some(&tick),
         ..RunSettings::default()
     };
-    let comparison = run_specs(&specs, &input, &options, &settings).map_err(&named)?;
+    let answer = session.replay(&request, &settings)?;
     bar.finish();
+    if let Some(why) = &answer.capacity.inferred {
+        if args.output_format() == OutputFormat::Table {
+            io.note(&format!("capacity inferred from the recording: {why} (--capacity overrides)"));
+        }
+    }
     // The exported run starts cold (every block live at the start malloc'd, so that `validate`
     // can replay it from its own events), which a warm recording's replay does not: it runs
     // apart, so that an output flag never changes the numbers printed.
-    if let Some(path) = &args.export_snapshot {
-        let exported = RunSettings {
-            jobs: fragsim::replay::Jobs::Sequential,
-            record_events_of: Some(EXPORTED),
-            ..RunSettings::default()
-        };
-        let runs = run_specs(&specs[..specs.len().min(EXPORTED + 1)], &input, &options, &exported)
-            .map_err(&named)?;
-        let run = runs.run_of(EXPORTED).ok_or_else(|| {
-            Error::usage("--export-snapshot: the first policy given did not run".to_string())
-        })?;
-        fragsim::report::snapshot_out::write_simulated(trace, input.device(), &run.output, path)?;
-        let printed = comparison.run_of(EXPORTED).map(|r| r.output.result.peak_reserved_bytes);
-        let peak = run.output.result.peak_reserved_bytes;
-        let cold = if printed == Some(peak) {
-            String::new()
-        } else {
-            format!(
-                "; it starts from a cold cache (every block live at the start allocated anew), \
-                 so its peak reserved is {peak} B where the table's run, from the recorded \
-                 start state, has {} B",
-                printed.unwrap_or(0)
-            )
-        };
-        io.note(&format!(
-            "wrote {}: the simulated run of {} ({}), the first policy given{cold}",
-            path.display(),
-            run.spec.display(),
-            run.output.result.config
-        ));
+    if let Some(out) = &args.export_snapshot {
+        export(&session, &request, &answer, out, io)?;
     }
-    let results = comparison.results();
-    // The what-if's price: the same specs with the recorded empty_cache() calls only.
-    let whatif = if empty_cache.is_recorded_only() || args.output_format() != OutputFormat::Table {
-        None
-    } else {
-        let plain = ReplayOptions { empty_cache: EmptyCachePlan::default(), ..options.clone() };
-        let settings =
-            RunSettings { jobs: args.control.jobs_for(io, specs.len()), ..RunSettings::default() };
-        let baseline = run_specs(&specs, &input, &plain, &settings)?;
-        Some(empty_cache::describe(&empty_cache, &empty_cache::effects(&baseline, &comparison)))
-    };
+    let (results, recorded_row, whatif) =
+        (&answer.results, answer.recorded.as_ref(), answer.empty_cache_effects.as_ref());
     let mut stdout = &mut *io.out;
     let io = |e: std::io::Error| Error::writing("to stdout", e);
     match args.output_format() {
         OutputFormat::Json => {
             let path = args.source.trace.display().to_string();
-            let mut report = json::ReplayReport::new(&path, &input, &results);
-            report.recorded = recorded_row;
-            report.capacity = Some(json::CapacityNote { bytes: capacity, inferred, limit });
-            json::write(&report, &mut stdout)?
+            json::write(&answer.report(&path), &mut stdout)?
         }
-        OutputFormat::Csv => {
-            csv::write_with_recorded(&results, recorded_row.as_ref(), &mut stdout)?
-        }
+        OutputFormat::Csv => csv::write_with_recorded(results, recorded_row, &mut stdout)?,
         OutputFormat::Table => {
-            if let Some(line) = super::capacity_header(args.source.capacity.get(), capacity) {
+            if let Some(line) =
+                super::capacity_header(args.source.capacity.get(), answer.capacity.bytes)
+            {
                 writeln!(stdout, "{line}").map_err(io)?;
             }
-            write!(stdout, "{}", table::render_with_recorded(&results, recorded_row.as_ref()))
-                .map_err(io)?;
-            if input.device() < 0 && recorded_row.is_some() {
+            write!(stdout, "{}", table::render_with_recorded(results, recorded_row)).map_err(io)?;
+            if answer.device < 0 && recorded_row.is_some() {
                 writeln!(
                     stdout,
                     "\nhost memory (device {}): the CPU allocator keeps no cache and the profiler \
                      records 0 reserved bytes, so the recorded row's reserved bytes are the bytes \
                      it had allocated",
-                    input.device()
+                    answer.device
                 )
                 .map_err(io)?;
             }
@@ -244,4 +183,44 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         }
     }
     Ok(0)
+}
+
+/// Writes the first spec's simulated run as a PyTorch snapshot (`--export-snapshot`), from a cold
+/// cache, and says which run it is and where its peak differs from the table's.
+fn export(
+    session: &Session,
+    request: &ReplayRequest,
+    answer: &ReplayAnswer,
+    out: &std::path::Path,
+    io: &mut super::Io,
+) -> Result<()> {
+    let spec = request.specs.get(EXPORTED).ok_or_else(|| {
+        Error::usage("--export-snapshot: the first policy given did not run".to_string())
+    })?;
+    let options = ReplayOptions {
+        capacity: answer.capacity.bytes,
+        capacity_kind: answer.capacity.kind,
+        ..request.options.clone()
+    };
+    let run = session.replay_recorded(spec, &options)?;
+    session.write_snapshot(&run, out)?;
+    let printed = answer.comparison.run_of(EXPORTED).map(|r| r.output.result.peak_reserved_bytes);
+    let peak = run.output.result.peak_reserved_bytes;
+    let cold = if printed == Some(peak) {
+        String::new()
+    } else {
+        format!(
+            "; it starts from a cold cache (every block live at the start allocated anew), \
+             so its peak reserved is {peak} B where the table's run, from the recorded \
+             start state, has {} B",
+            printed.unwrap_or(0)
+        )
+    };
+    io.note(&format!(
+        "wrote {}: the simulated run of {} ({}), the first policy given{cold}",
+        out.display(),
+        run.spec.display(),
+        run.output.result.config
+    ));
+    Ok(())
 }

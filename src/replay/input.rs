@@ -497,7 +497,7 @@ fn may_collect_garbage(trace: &Trace) -> bool {
 }
 
 /// The device a replay runs on: `asked`, or the default; errors list the devices there are.
-fn pick_device(
+pub(crate) fn pick_device(
     asked: Option<i32>,
     default: Option<i32>,
     have: impl Fn() -> Vec<i32>,

@@ -36,7 +36,7 @@ pub mod compare;
 pub mod empty_cache;
 mod engine;
 mod guide;
-mod input;
+pub(crate) mod input;
 mod lockstep;
 mod meter;
 mod options;
