@@ -148,27 +148,59 @@ pub fn unlike_sites_note(rule_a: SiteRule, rule_b: SiteRule, by: GroupBy) -> Opt
 /// Compares `a` and `b`; `options.at` is ignored (sites are read at each run's peak-live
 /// moment), `options.top` bounds both lists.
 pub fn diff(a: &Side, b: &Side, options: &BlameOptions) -> Result<DiffReport> {
-    let keys_a = Keys::new(a.input, options.by, options.depth).short();
-    let keys_b = Keys::new(b.input, options.by, options.depth).short();
-    // An input problem found while replaying a side names that side's trace.
-    let named = |side: &Side| {
-        let path = std::path::PathBuf::from(&side.trace);
-        move |e: crate::error::Error| match e.kind() {
-            crate::error::ErrorKind::Input | crate::error::ErrorKind::Usage => e.in_file(&path),
-            _ => e,
-        }
+    Ok(compare(&summarize(a, options)?, &summarize(b, options)?, options).0)
+}
+
+/// One run of a diff, summarised: all [`compare`] needs of it, so that a trace can be dropped
+/// before the other run's trace is read (two large traces are never held at once).
+pub struct SideSummary {
+    /// Its peaks.
+    pub peaks: RunPeaks,
+    /// Live bytes by site at its peak-live moment.
+    sites: HashMap<String, u64>,
+    /// How its sites are named.
+    rule: SiteRule,
+    /// Its site names, by the numbers in `allocs` (numbered in order of first allocation).
+    names: Vec<String>,
+    /// Its allocations as (site number, size, event).
+    allocs: Vec<(u32, u64, u64)>,
+}
+
+/// Replays `side` and keeps what [`compare`] needs of it; an input problem names its trace.
+pub fn summarize(side: &Side, options: &BlameOptions) -> Result<SideSummary> {
+    let keys = Keys::new(side.input, options.by, options.depth).short();
+    let path = std::path::PathBuf::from(&side.trace);
+    let named = move |e: crate::error::Error| match e.kind() {
+        crate::error::ErrorKind::Input | crate::error::ErrorKind::Usage => e.in_file(&path),
+        _ => e,
     };
-    let (peaks_a, sites_a) = run(a, &keys_a, &options.replay).map_err(named(a))?;
-    let (peaks_b, sites_b) = run(b, &keys_b, &options.replay).map_err(named(b))?;
+    let (peaks, sites) = run(side, &keys, &options.replay).map_err(named)?;
+    let mut numbers: HashMap<String, u32> = HashMap::new();
+    let allocs = allocations(side, &keys, &mut numbers);
+    let mut names = vec![String::new(); numbers.len()];
+    for (n, i) in numbers {
+        names[i as usize] = n;
+    }
+    Ok(SideSummary { peaks, sites, rule: super::site_rule(side.input), names, allocs })
+}
+
+/// The diff of two summarised runs, and the aligned allocation pairs as ordinals (`(i, j)`
+/// matches A's i-th allocation with B's j-th, in A's order).
+pub fn compare(
+    a: &SideSummary,
+    b: &SideSummary,
+    options: &BlameOptions,
+) -> (DiffReport, Vec<(usize, usize)>) {
+    let (peaks_a, peaks_b) = (a.peaks.clone(), b.peaks.clone());
     let delta = Delta {
         peak_reserved_bytes: signed(peaks_b.peak_reserved_bytes, peaks_a.peak_reserved_bytes),
         peak_allocated_bytes: signed(peaks_b.peak_allocated_bytes, peaks_a.peak_allocated_bytes),
         peak_live_bytes: signed(peaks_b.peak_live_bytes, peaks_a.peak_live_bytes),
     };
-    let sites = site_deltas(&sites_a, &sites_b, options.top);
-    let (alignment, pairs) = align_runs(a, b, &keys_a, &keys_b);
-    let matched_count = pairs.len() as u64;
-    let mut matched: Vec<Matched> = pairs.into_iter().filter(|m| m.a_size != m.b_size).collect();
+    let sites = site_deltas(&a.sites, &b.sites, options.top);
+    let (alignment, pairs, matched) = align_runs(a, b);
+    let matched_count = matched.len() as u64;
+    let mut matched: Vec<Matched> = matched.into_iter().filter(|m| m.a_size != m.b_size).collect();
     matched.sort_by(|x, y| {
         let d = |m: &Matched| m.a_size.abs_diff(m.b_size);
         d(y).cmp(&d(x)).then(x.a_event.cmp(&y.a_event))
@@ -176,7 +208,7 @@ pub fn diff(a: &Side, b: &Side, options: &BlameOptions) -> Result<DiffReport> {
     if options.top > 0 {
         matched.truncate(options.top);
     }
-    Ok(DiffReport {
+    let report = DiffReport {
         a: peaks_a,
         b: peaks_b,
         delta,
@@ -185,8 +217,9 @@ pub fn diff(a: &Side, b: &Side, options: &BlameOptions) -> Result<DiffReport> {
         alignment: alignment.to_string(),
         matched_count,
         matched,
-        note: unlike_sites_note(super::site_rule(a.input), super::site_rule(b.input), options.by),
-    })
+        note: unlike_sites_note(a.rule, b.rule, options.by),
+    };
+    (report, pairs)
 }
 
 /// `x - y` as a signed number.
@@ -285,41 +318,43 @@ fn allocations(side: &Side, keys: &Keys, names: &mut HashMap<String, u32>) -> Ve
     out
 }
 
-/// The two runs' allocations aligned (see the module docs), as ordinal pairs: `(i, j)` matches
-/// A's i-th allocation with B's j-th, in A's order.
-pub fn aligned_ordinals(a: &Side, b: &Side, keys_a: &Keys, keys_b: &Keys) -> Vec<(usize, usize)> {
-    let mut names: HashMap<String, u32> = HashMap::new();
-    let sa: Vec<u32> = allocations(a, keys_a, &mut names).iter().map(|x| x.0).collect();
-    let sb: Vec<u32> = allocations(b, keys_b, &mut names).iter().map(|y| y.0).collect();
-    align(&sa, &sb, MAX_EDITS).unwrap_or_else(|| align_by_rank(&sa, &sb))
-}
-
-/// Aligns the two runs' allocation sequences (see the module docs): the method and the pairs.
-fn align_runs(a: &Side, b: &Side, keys_a: &Keys, keys_b: &Keys) -> (&'static str, Vec<Matched>) {
-    let mut names: HashMap<String, u32> = HashMap::new();
-    let xs = allocations(a, keys_a, &mut names);
-    let ys = allocations(b, keys_b, &mut names);
-    let mut by_id: Vec<&str> = vec![""; names.len()];
-    for (n, &i) in &names {
-        by_id[i as usize] = n;
-    }
-    let sa: Vec<u32> = xs.iter().map(|x| x.0).collect();
-    let sb: Vec<u32> = ys.iter().map(|y| y.0).collect();
+/// Aligns the two runs' allocation sequences (see the module docs): the method, the ordinal
+/// pairs and the matched allocations. B's site numbers are renumbered into A's, a site new in B
+/// numbered after A's in order of its first allocation.
+fn align_runs(
+    a: &SideSummary,
+    b: &SideSummary,
+) -> (&'static str, Vec<(usize, usize)>, Vec<Matched>) {
+    let mut numbers: HashMap<&str, u32> =
+        a.names.iter().enumerate().map(|(i, n)| (n.as_str(), i as u32)).collect();
+    let mut by_id: Vec<&str> = a.names.iter().map(String::as_str).collect();
+    let b_to_global: Vec<u32> = b
+        .names
+        .iter()
+        .map(|n| {
+            *numbers.entry(n.as_str()).or_insert_with(|| {
+                by_id.push(n);
+                (by_id.len() - 1) as u32
+            })
+        })
+        .collect();
+    let sa: Vec<u32> = a.allocs.iter().map(|x| x.0).collect();
+    let sb: Vec<u32> = b.allocs.iter().map(|y| b_to_global[y.0 as usize]).collect();
     let (how, pairs) = match align(&sa, &sb, MAX_EDITS) {
         Some(p) => ("myers", p),
         None => ("site-rank", align_by_rank(&sa, &sb)),
     };
     let matched = pairs
-        .into_iter()
-        .map(|(i, j)| Matched {
+        .iter()
+        .map(|&(i, j)| Matched {
             site: by_id[sa[i] as usize].to_string(),
-            a_size: xs[i].1,
-            b_size: ys[j].1,
-            a_event: xs[i].2,
-            b_event: ys[j].2,
+            a_size: a.allocs[i].1,
+            b_size: b.allocs[j].1,
+            a_event: a.allocs[i].2,
+            b_event: b.allocs[j].2,
         })
         .collect();
-    (how, matched)
+    (how, pairs, matched)
 }
 
 /// The matched index pairs of a shortest edit script between `a` and `b` (Myers' greedy

@@ -1,11 +1,12 @@
 //! `fragsim diff`: two runs side by side, and what changed by allocation site.
 
 use super::blame::By;
-use fragsim::blame::diff::{self, DiffReport, Side};
+use fragsim::blame::diff::{self, DiffReport, SideSummary};
 use fragsim::blame::{keep_end, BlameOptions, Moment};
 use fragsim::error::{Error, Result};
 use fragsim::policy::PolicySpec;
-use fragsim::replay::ReplayInput;
+use fragsim::report::overlay::SideLines;
+use fragsim::session::Session;
 use fragsim::units::format_bytes;
 use std::path::{Path, PathBuf};
 
@@ -93,20 +94,6 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
             std::iter::once(args.a.as_path()).chain(args.b.as_deref()).collect();
         fragsim::report::output::refuse_input_in_folder(dir, "--out", &inputs)?;
     }
-    let trace_a = args.control.read_trace_with_frames(io, &args.a, true)?;
-    let loaded_b = match &args.b {
-        Some(b) => Some(args.control.read_trace_with_frames(io, b, true)?),
-        None => None,
-    };
-    let (path_b, trace_b) = match (&args.b, &loaded_b) {
-        (Some(p), Some(t)) => (p, t),
-        _ => (&args.a, &trace_a),
-    };
-    // A device a trace lacks, or settings it records that cannot be read, name that trace.
-    let input_a = ReplayInput::new(&trace_a, args.device)
-        .map_err(|e| super::in_trace(&args.a, &trace_a)(e).in_file(&args.a))?;
-    let input_b = ReplayInput::new(trace_b, args.device)
-        .map_err(|e| super::in_trace(path_b, trace_b)(e).in_file(path_b))?;
     let options = BlameOptions {
         at: Moment::PeakLive,
         by: args.by.group(),
@@ -114,17 +101,44 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         depth: args.depth,
         ..BlameOptions::default()
     };
-    let a = Side { trace: args.a.display().to_string(), input: &input_a, spec: spec_a };
-    let b = Side { trace: path_b.display().to_string(), input: &input_b, spec: spec_b };
-    let report = args.control.install(io, 2, || diff::diff(&a, &b, &options))??;
-    if let Some(dir) = &args.out {
-        let data = fragsim::report::overlay::collect(&a, &b, report.clone(), &options)?;
+    // One trace at a time: A is summarised and dropped before B is read, so two large traces
+    // are never held at once.
+    let charts = args.out.is_some();
+    let session_a = args.control.session(io, &args.a, args.device, true)?;
+    let (side_a, lines_a) = side(&args, io, &session_a, &spec_a, &options, charts)?;
+    let (side_b, lines_b) = match &args.b {
+        Some(path) => {
+            drop(session_a);
+            let session_b = args.control.session(io, path, args.device, true)?;
+            side(&args, io, &session_b, &spec_b, &options, charts)?
+        }
+        None => side(&args, io, &session_a, &spec_b, &options, charts)?,
+    };
+    let (report, pairs) = diff::compare(&side_a, &side_b, &options);
+    if let (Some(dir), Some(a), Some(b)) = (&args.out, lines_a, lines_b) {
+        let data = fragsim::report::overlay::place(report.clone(), &a, &b, pairs);
         fragsim::report::overlay::write_dir(&data, dir)?;
         args.control.note(io, &format!("wrote the charts to {}", dir.join("diff.html").display()));
     }
     let table = |r: &DiffReport| table(r) + &note_line(r);
     super::print_as(&mut *io.out, args.format.format(), &report, csv, table)?;
     Ok(0)
+}
+
+/// One run of the diff on `session` under `spec`, and its memory over time when `charts`.
+fn side(
+    args: &Args,
+    io: &mut super::Io,
+    session: &Session,
+    spec: &PolicySpec,
+    options: &BlameOptions,
+    charts: bool,
+) -> Result<(SideSummary, Option<SideLines>)> {
+    args.control.install(io, 1, || {
+        let summary = session.diff_side(spec, options)?;
+        let lines = if charts { Some(session.diff_lines(spec, options)?) } else { None };
+        Ok((summary, lines))
+    })?
 }
 
 /// `diff --format csv`: the site deltas, one row each.

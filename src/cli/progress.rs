@@ -116,6 +116,19 @@ impl Control {
         io.read_trace(path, keep_frames, !self.quiet)
     }
 
+    /// A session on the trace at `path` (read as [`Control::read_trace_with_frames`] reads
+    /// it) about `device` (default: its device with the most events).
+    pub fn session(
+        &self,
+        io: &mut Io,
+        path: &std::path::Path,
+        device: Option<i32>,
+        keep_frames: bool,
+    ) -> Result<fragsim::session::Session> {
+        let trace = self.read_trace_with_frames(io, path, keep_frames)?;
+        fragsim::session::Session::of_trace(trace, path, device)
+    }
+
     /// A progress bar of `total` steps described by `what` (hidden unless
     /// [`Control::show_progress`], and for its first second).
     pub fn bar(&self, io: &Io, total: usize, what: &str) -> Bar {

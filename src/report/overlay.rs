@@ -1,7 +1,7 @@
 //! `diff --out DIR`: two runs on one axis, for a paper or a bug report.
 //!
-//! [`collect`] replays both runs of a [`DiffReport`] keeping their memory over time, and places
-//! both on A's axis: x is the number of A's allocations made so far, and a moment of B sits where
+//! [`side`] replays one run of a [`DiffReport`] keeping its memory over time (while its trace is
+//! at hand), and [`place`] puts both on A's axis: x is the number of A's allocations made so far, and a moment of B sits where
 //! the alignment of the two allocation sequences ([`crate::blame::diff`]) puts B's allocations
 //! made so far, so the same step of the same program lines up even when B runs longer or
 //! allocates more. Where both traces record times, a second chart puts them on a time axis
@@ -11,8 +11,8 @@
 
 use super::html::escape;
 use super::plot::style::{self, *};
-use crate::blame::diff::{self, DiffReport, Side};
-use crate::blame::{keep_end, BlameOptions, Keys};
+use crate::blame::diff::{DiffReport, Side};
+use crate::blame::{keep_end, BlameOptions};
 use crate::error::{Error, Result};
 use crate::metrics::Point;
 use crate::replay::{run_spec, ReplayOptions};
@@ -46,46 +46,72 @@ pub struct OverlayData {
     pub timed: Option<[Lines; 2]>,
 }
 
-/// For each event, the number of allocations (`alloc` of non-zero size) before and at it.
-fn alloc_counts(events: &[crate::trace::Event]) -> Vec<u64> {
-    let mut n = 0;
-    events
-        .iter()
-        .map(|e| {
-            n += u64::from(e.action == Action::Alloc && e.size > 0);
-            n
-        })
-        .collect()
-}
-
 /// The label of a run: its trace's file name and policy.
 fn label(side: &str, trace: &str, policy: &str) -> String {
     let name = Path::new(trace).file_name().map_or(trace.into(), |n| n.to_string_lossy());
     format!("{side}: {name} ({policy})")
 }
 
-/// Replays both runs of `report` keeping their memory over time and places them on one axis.
-pub fn collect(
-    a: &Side,
-    b: &Side,
-    report: DiffReport,
-    options: &BlameOptions,
-) -> Result<OverlayData> {
+/// One run's memory over time, kept while its trace is at hand ([`side`]), so that the overlay
+/// of two large traces never holds both.
+#[derive(Clone, Debug, Default)]
+pub struct SideLines {
+    /// Its memory over time, at most [`POINTS`] points.
+    points: Vec<Point>,
+    /// For each point, the allocations (`alloc` of non-zero size) made at and before its event.
+    counts: Vec<u64>,
+    /// All its allocations.
+    total: u64,
+    /// The time of its first event.
+    first_time: i64,
+    /// Whether its trace records times.
+    has_times: bool,
+}
+
+/// Replays `s` keeping its memory over time.
+pub fn side(s: &Side, options: &BlameOptions) -> Result<SideLines> {
     let replay =
         ReplayOptions { keep_series: true, series_budget: POINTS, ..options.replay.clone() };
-    let series = |s: &Side| -> Result<Vec<Point>> {
-        let out = run_spec(&s.spec, s.input, &replay)?;
-        Ok(out.series.map(|s| s.downsampled(POINTS)).unwrap_or_default())
-    };
-    let (pa, pb) = (series(a)?, series(b)?);
-    let keys_a = Keys::new(a.input, options.by, options.depth).short();
-    let keys_b = Keys::new(b.input, options.by, options.depth).short();
-    let mut pairs = diff::aligned_ordinals(a, b, &keys_a, &keys_b);
+    let out = run_spec(&s.spec, s.input, &replay)?;
+    let points = out.series.map(|s| s.downsampled(POINTS)).unwrap_or_default();
+    let events = crate::blame::events(s.input);
+    let mut wanted: Vec<u64> = points.iter().map(|p| p.event).collect();
+    wanted.sort_unstable();
+    wanted.dedup();
+    // One pass: the running count of allocations, read at each wanted event (an event past
+    // the last counts none).
+    let mut at: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
+    let (mut n, mut next) = (0u64, 0usize);
+    for (i, e) in events.iter().enumerate() {
+        n += u64::from(e.action == Action::Alloc && e.size > 0);
+        while next < wanted.len() && wanted[next] < i as u64 {
+            next += 1;
+        }
+        if next < wanted.len() && wanted[next] == i as u64 {
+            at.insert(i as u64, n);
+        }
+    }
+    let counts = points.iter().map(|p| at.get(&p.event).copied().unwrap_or(0)).collect();
+    Ok(SideLines {
+        points,
+        counts,
+        total: n,
+        first_time: events.first().map_or(0, |e| e.time_us),
+        has_times: s.input.trace().has_times,
+    })
+}
+
+/// Places two runs on A's axis through the aligned allocation pairs of
+/// [`crate::blame::diff::compare`].
+pub fn place(
+    report: DiffReport,
+    a: &SideLines,
+    b: &SideLines,
+    mut pairs: Vec<(usize, usize)>,
+) -> OverlayData {
     pairs.sort_unstable_by_key(|p| p.1);
-    let (ca, cb) =
-        (alloc_counts(crate::blame::events(a.input)), alloc_counts(crate::blame::events(b.input)));
     // B's allocation count → A's, through the last matched pair at or before it.
-    let total_b = cb.last().copied().unwrap_or(0) as usize;
+    let total_b = b.total as usize;
     let mut b_to_a = vec![0u64; total_b + 1];
     let mut k = 0;
     for (j, slot) in b_to_a.iter_mut().enumerate() {
@@ -96,42 +122,38 @@ pub fn collect(
         // are the A ordinal of the last of them plus one.
         *slot = k.checked_sub(1).map_or(0, |p| pairs[p].0 as u64 + 1);
     }
-    let at = |counts: &[u64], e: u64| counts.get(e as usize).copied().unwrap_or(0);
     let la = label("A", &report.a.trace, &report.a.policy);
     let lb = label("B", &report.b.trace, &report.b.policy);
     let aligned = [
         Lines {
             label: la.clone(),
-            points: pa.iter().map(|p| (at(&ca, p.event) as f64, p.reserved, p.allocated)).collect(),
+            points: a
+                .points
+                .iter()
+                .zip(&a.counts)
+                .map(|(p, &c)| (c as f64, p.reserved, p.allocated))
+                .collect(),
         },
         Lines {
             label: lb.clone(),
-            points: pb
+            points: b
+                .points
                 .iter()
-                .map(|p| {
-                    (
-                        b_to_a[(at(&cb, p.event) as usize).min(total_b)] as f64,
-                        p.reserved,
-                        p.allocated,
-                    )
-                })
+                .zip(&b.counts)
+                .map(|(p, &c)| (b_to_a[(c as usize).min(total_b)] as f64, p.reserved, p.allocated))
                 .collect(),
         },
     ];
-    let timed = (a.input.trace().has_times && b.input.trace().has_times).then(|| {
-        let t = |points: &[Point], first: i64| -> Vec<(f64, u64, u64)> {
-            points
+    let timed = (a.has_times && b.has_times).then(|| {
+        let t = |s: &SideLines| -> Vec<(f64, u64, u64)> {
+            s.points
                 .iter()
-                .map(|p| ((p.time_us - first) as f64 / 1e6, p.reserved, p.allocated))
+                .map(|p| ((p.time_us - s.first_time) as f64 / 1e6, p.reserved, p.allocated))
                 .collect()
         };
-        let first = |s: &Side| crate::blame::events(s.input).first().map_or(0, |e| e.time_us);
-        [
-            Lines { label: la, points: t(&pa, first(a)) },
-            Lines { label: lb, points: t(&pb, first(b)) },
-        ]
+        [Lines { label: la, points: t(a) }, Lines { label: lb, points: t(b) }]
     });
-    Ok(OverlayData { report, aligned, timed })
+    OverlayData { report, aligned, timed }
 }
 
 /// The overlay chart: both runs' reserved (solid) and allocated (dashed) bytes on one axis.

@@ -29,6 +29,7 @@ pub mod capacity;
 
 pub use capacity::{Capacity, Resolved};
 
+use crate::blame::diff::{Side, SideSummary};
 use crate::blame::{self, BlameOptions, BlameReport};
 use crate::error::{Error, ErrorKind, Result};
 use crate::explain::{ExplainOptions, Explanation};
@@ -331,6 +332,33 @@ impl Session {
             self.name.display()
         );
         blame::flame::svg_of(first, self.trace(), &title).map(Some).map_err(|e| self.named(e))
+    }
+
+    /// One run of a `diff`: this trace replayed under `spec`, summarised
+    /// ([`crate::blame::diff::summarize`]) so that the session can be dropped before the other
+    /// run's trace is read. Sites are read at the run's peak-live moment.
+    pub fn diff_side(&self, spec: &PolicySpec, options: &BlameOptions) -> Result<SideSummary> {
+        self.with_side(spec, |side| crate::blame::diff::summarize(side, options))
+    }
+
+    /// One run of a `diff`'s charts: its memory over time ([`crate::report::overlay::side`]).
+    #[cfg(feature = "charts")]
+    pub fn diff_lines(
+        &self,
+        spec: &PolicySpec,
+        options: &BlameOptions,
+    ) -> Result<crate::report::overlay::SideLines> {
+        self.with_side(spec, |side| crate::report::overlay::side(side, options))
+    }
+
+    /// Calls `f` with this trace as a side of a diff under `spec` (an input problem names the
+    /// trace, whatever its kind: a diff has two).
+    fn with_side<T>(&self, spec: &PolicySpec, f: impl FnOnce(&Side) -> Result<T>) -> Result<T> {
+        self.loaded("diff")?;
+        let input = self.input().map_err(|e| e.in_file(&self.name))?;
+        let side =
+            Side { trace: self.name.display().to_string(), input: &input, spec: spec.clone() };
+        f(&side)
     }
 
     /// Whether the run ran out of memory from fragmentation or capacity, of which kinds, and
