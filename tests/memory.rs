@@ -199,3 +199,49 @@ fn a_streamed_replay_holds_the_same_for_any_length() {
     // Loading the longer trace alone would take 40 bytes an event.
     assert!(long.1 < long.0 * 40 / 10, "{} bytes for {} events", long.1, long.0);
 }
+
+/// The most a session opened to stream the .fst at `path` held at once while it answered a
+/// replay of `pytorch` and `bfc` (the question `sweep` and `check` ask of each trace), and the
+/// pytorch row's peak.
+fn session_replay_peak(path: &std::path::Path) -> (usize, u64) {
+    use fragsim::session::{OpenOptions, ReplayRequest, Session};
+    let before = HELD.load(Relaxed);
+    PEAK.store(before, Relaxed);
+    let open = OpenOptions { stream: true, ..OpenOptions::default() };
+    let session = Session::open(path, &open).expect("opens");
+    assert!(session.is_streamed());
+    let specs = PolicySpec::parse_many(&["pytorch".into(), "bfc".into()]).expect("specs");
+    let answer = session.replay(&ReplayRequest::new(specs), &Default::default()).expect("replays");
+    let peak =
+        answer.results.iter().find(|r| r.policy == "pytorch").expect("row").peak_reserved_bytes;
+    drop(answer);
+    drop(session);
+    (PEAK.load(Relaxed) - before, peak)
+}
+
+/// What the replays of a streamed session may hold in flight beside their own state: the
+/// shared reader feeds each replay through a channel of at most 4 chunks of 16,384 events
+/// (`replay::lockstep`), full or not depending on which thread runs ahead.
+const IN_FLIGHT_PER_REPLAY: usize = 4 * 16_384 * std::mem::size_of::<Event>();
+
+#[test]
+fn a_streamed_session_answers_in_the_same_memory_for_any_length() {
+    let _alone = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut seen = Vec::new();
+    for n in [300_000, 3_000_000] {
+        let path = dir.path().join(format!("{n}.fst"));
+        write_trace(&steady(n), &path).expect("writes");
+        seen.push((n, session_replay_peak(&path)));
+    }
+    let ((short_n, (short_held, short_peak)), (long_n, (long_held, long_peak))) =
+        (seen[0], seen[1]);
+    assert_eq!(short_peak, long_peak, "the same steady state reaches the same peak");
+    let slack = STREAM_SLACK + 2 * IN_FLIGHT_PER_REPLAY;
+    assert!(
+        long_held <= short_held + slack,
+        "{long_n} events held {long_held} bytes, {short_n} events {short_held}: memory grows"
+    );
+    // Loading the longer trace alone would take 40 bytes an event.
+    assert!(long_held < long_n * 40 / 10, "{long_held} bytes for {long_n} events");
+}

@@ -10,7 +10,9 @@ use super::Io;
 use fragsim::error::{Error, Result};
 use fragsim::metrics::PolicyResult;
 use fragsim::policy::PolicySpec;
-use fragsim::replay::{run_specs, Jobs, ReplayInput, ReplayOptions, RunSettings};
+use fragsim::replay::{Jobs, ReplayOptions, RunSettings};
+use fragsim::session::ReplayRequest;
+use fragsim::trace::fst::FstStream;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -129,6 +131,43 @@ impl Control {
         fragsim::session::Session::of_trace(trace, path, device)
     }
 
+    /// A session on `path` for replaying `specs`: an uncompressed `.fst` file streams (each
+    /// replay reads it again, so memory follows the blocks live at once, not the trace's
+    /// length), unless a planner among `specs` needs every lifetime (the events are loaded once
+    /// for all, and a note says so) or `io` holds the bytes; any other trace is read whole.
+    pub fn replay_session(
+        &self,
+        io: &mut Io,
+        path: &std::path::Path,
+        device: Option<i32>,
+        specs: &[PolicySpec],
+        keep_frames: bool,
+    ) -> Result<fragsim::session::Session> {
+        let planners: Vec<&str> = specs
+            .iter()
+            .filter_map(|s| fragsim::policy::lookup(&s.name).ok())
+            .filter(|p| p.role == fragsim::policy::Role::Clairvoyant)
+            .map(|p| p.name)
+            .collect();
+        let file = if io.holds(path) { None } else { FstStream::open(path)? };
+        match file {
+            Some(file) if planners.is_empty() => {
+                return fragsim::session::Session::streamed(file, path, device)
+            }
+            Some(_) => self.note(
+                io,
+                &format!(
+                    "{} plans with every lifetime: the events of {} are loaded (without it, \
+                     the replay streams them)",
+                    planners.join(", "),
+                    path.display()
+                ),
+            ),
+            None => {}
+        }
+        self.session(io, path, device, keep_frames)
+    }
+
     /// A progress bar of `total` steps described by `what` (hidden unless
     /// [`Control::show_progress`], and for its first second).
     pub fn bar(&self, io: &Io, total: usize, what: &str) -> Bar {
@@ -144,7 +183,7 @@ impl Control {
 
     /// Replays every spec on every trace, the one loop `sweep` and `check` share: traces are read
     /// one at a time (one trace's events in memory at once) and each trace's specs run through
-    /// [`run_specs`] with `--jobs`, advancing `bar` per replay, on `device` (default: each
+    /// [`fragsim::replay::run_specs`] with `--jobs`, advancing `bar` per replay, on `device` (default: each
     /// trace's device with the most events), under the capacity the `--capacity` flag resolves
     /// to for that trace (as `replay` does: with no flag, the limit the recording implies, if it
     /// shows one; [`super::resolve_capacity`]). Returns, per trace in order, its results in the
@@ -163,29 +202,23 @@ impl Control {
         let Targets { traces, device, capacity } = targets;
         let mut out = Vec::with_capacity(traces.len());
         for path in traces {
-            let trace = self.read_trace(io, path)?;
-            super::note_unmodelled_options(self, io, &trace, specs);
-            let named = super::in_trace(path, &trace);
-            // With several traces, a missing device must say which trace lacks it.
-            let input = ReplayInput::new(&trace, device).map_err(|e| named(e).in_file(path))?;
-            // The recording is read for its limit only when the limit may be used.
-            let (row, limit) = match capacity {
-                None | Some(super::CapacityArg::Recorded) => {
-                    fragsim::recorded::row_and_limit(&trace, input.device())
-                }
-                _ => (None, None),
+            let session = self.replay_session(io, path, device, specs, false)?;
+            super::note_unmodelled_options(self, io, session.trace(), specs);
+            let request = ReplayRequest {
+                capacity: capacity.cloned(),
+                options: options.clone(),
+                ..ReplayRequest::new(specs.to_vec())
             };
-            let (bytes, inferred, kind) =
-                super::resolve_capacity(capacity, limit.as_ref()).map_err(|e| e.in_file(path))?;
-            let options = ReplayOptions { capacity: bytes, capacity_kind: kind, ..options.clone() };
-            let mut runs = run_specs(specs, &input, &options, &settings).map_err(&named)?.runs;
+            let answer = session.replay(&request, &settings)?;
+            let mut runs = answer.comparison.runs;
             runs.sort_by_key(|r| r.index);
+            let inferred = answer.capacity.inferred.is_some();
             out.push(Replayed {
                 results: runs.into_iter().map(|r| r.output.result).collect(),
-                device: input.device(),
-                capacity: bytes,
-                recorded_oom: row.and_then(|r| r.first_oom_event).filter(|_| inferred.is_some()),
-                inferred: inferred.is_some(),
+                device: answer.device,
+                capacity: answer.capacity.bytes,
+                recorded_oom: answer.recorded.and_then(|r| r.first_oom_event).filter(|_| inferred),
+                inferred,
             });
         }
         Ok(out)

@@ -6,7 +6,6 @@ use fragsim::policy::PolicySpec;
 use fragsim::replay::{BackendKind, ReplayOptions, RunSettings};
 use fragsim::report::{csv, json, table};
 use fragsim::session::{ReplayAnswer, ReplayRequest, Session};
-use fragsim::trace::fst::FstStream;
 use std::path::PathBuf;
 
 /// Replay a trace against allocator policies and compare peak reserved memory.
@@ -71,46 +70,17 @@ const EXPORTED: usize = 0;
 pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let specs = PolicySpec::parse_many(&args.source.policies)?;
     let empty_cache = args.source.empty_cache_plan()?;
-    // An .fst file streams: each policy's replay reads it again, record by record, so memory
-    // does not grow with the trace. Not for --export-snapshot, which keeps the whole run, nor
-    // when a planner is asked for: it needs every lifetime, so the events are loaded once for
-    // every policy rather than streamed to the others and loaded for it.
     let path = &args.source.trace;
-    let planners: Vec<&str> = specs
-        .iter()
-        .filter_map(|s| fragsim::policy::lookup(&s.name).ok())
-        .filter(|p| p.role == fragsim::policy::Role::Clairvoyant)
-        .map(|p| p.name)
-        .collect();
     if let Some(out) = &args.export_snapshot {
         fragsim::report::output::refuse_input(out, "--export-snapshot", &[path])?;
     }
-    let streamable = match &args.export_snapshot {
-        None if io.holds(path) => None,
-        None => FstStream::open(path)?,
-        Some(_) => None,
-    };
-    let would_stream = streamable.is_some();
-    let stream = streamable.filter(|_| planners.is_empty());
-    if !planners.is_empty() && would_stream {
-        args.control.note(
-            io,
-            &format!(
-                "{} plans with every lifetime: the events of {} are loaded (without it, the \
-             replay streams them)",
-                planners.join(", "),
-                path.display()
-            ),
-        );
-    }
-    let session = match stream {
-        Some(file) => Session::streamed(file, path, args.source.device)?,
-        None => {
-            // Frames only matter for naming the stack of an OOM, which needs a capacity.
-            let frames = args.source.capacity.get().is_some();
-            let loaded = args.control.read_trace_with_frames(io, path, frames)?;
-            Session::of_trace(loaded, path, args.source.device)?
-        }
+    // Frames only matter for naming the stack of an OOM, which needs a capacity.
+    let frames = args.source.capacity.get().is_some();
+    let device = args.source.device;
+    // An .fst file streams, but not for --export-snapshot, which keeps the whole run.
+    let session = match &args.export_snapshot {
+        Some(_) => args.control.session(io, path, device, frames)?,
+        None => args.control.replay_session(io, path, device, &specs, frames)?,
     };
     super::note_unmodelled_options(&args.control, io, session.trace(), &specs);
     let request = ReplayRequest {
