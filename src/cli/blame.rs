@@ -1,12 +1,9 @@
 //! `fragsim blame`: at a moment of each policy's replay, reserved bytes by allocation site.
 
 use super::ReplaySource;
-use fragsim::blame::{
-    self, keep_end, Attribution, BlameOptions, BlameReport, GroupBy, Moment, SiteRule,
-};
+use fragsim::blame::{keep_end, Attribution, BlameOptions, BlameReport, GroupBy, Moment, SiteRule};
 use fragsim::error::{Error, Result};
 use fragsim::policy::PolicySpec;
-use fragsim::replay::{ReplayInput, ReplayOptions};
 use fragsim::units::format_bytes;
 use std::path::PathBuf;
 
@@ -82,24 +79,6 @@ impl By {
     }
 }
 
-/// The replay options of `source` for `trace` replayed on `device`, as `replay` would use them
-/// (the capacity inferred from the recording where it shows one).
-pub fn replay_options(
-    source: &ReplaySource,
-    trace: &fragsim::trace::Trace,
-    device: i32,
-) -> Result<ReplayOptions> {
-    let limit = fragsim::recorded::row_and_limit(trace, device).1;
-    let (capacity, _, capacity_kind) =
-        super::resolve_capacity(source.capacity.get(), limit.as_ref())?;
-    Ok(ReplayOptions {
-        capacity,
-        capacity_kind,
-        empty_cache: source.empty_cache_plan()?,
-        ..ReplayOptions::default()
-    })
-}
-
 /// Runs the command on `io`; `Ok` carries the exit code.
 pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let specs = PolicySpec::parse_many(&args.source.policies)?;
@@ -111,46 +90,27 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     if let Some(out) = &args.flamegraph {
         fragsim::report::output::refuse_input(out, "--flamegraph", &[path])?;
     }
-    let trace = args.control.read_trace_with_frames(io, path, true)?;
-    let named = super::in_trace(path, &trace);
-    let input = ReplayInput::new(&trace, args.source.device).map_err(&named)?;
-    super::note_unmodelled_options(&args.control, io, &trace, &specs);
+    let session = args.control.session(io, path, args.source.device, true)?;
+    super::note_unmodelled_options(&args.control, io, session.trace(), &specs);
     let options = BlameOptions {
         at,
         by: args.by.group(),
         top: args.top,
         depth: args.depth,
-        replay: replay_options(&args.source, &trace, input.device())?,
+        replay: session
+            .replay_options(args.source.capacity.get(), args.source.empty_cache_plan()?)?,
     };
-    let results = args
-        .control
-        .install(io, specs.len(), || blame::blame(&input, &specs, &options))?
-        .map_err(&named)?;
+    let report = args.control.install(io, specs.len(), || session.blame(&specs, &options))??;
     if let Some(out) = &args.flamegraph {
-        if let Some(first) = results.first() {
-            let title = format!(
-                "live bytes at {} (event {}), {}: {}",
-                first.moment.kind,
-                first.moment.event,
-                first.policy,
-                path.display()
-            );
-            // Drawn whole before the file is touched: a graph that cannot be drawn leaves an
-            // existing file as it was.
-            let svg = blame::flame::svg_of(first, &trace, &title).map_err(&named)?;
+        // Drawn whole before the file is touched: a graph that cannot be drawn leaves an
+        // existing file as it was.
+        if let Some(svg) = session.flame_graph(&report)? {
             fragsim::report::output::write_output(out, "--flamegraph", |w| {
                 w.write_all(svg.as_bytes()).map_err(|e| Error::writing("the flame graph", e))
             })?;
             args.control.note(io, &format!("wrote the flame graph to {}", out.display()));
         }
     }
-    let report = BlameReport {
-        trace: path.display().to_string(),
-        device: input.device(),
-        by: options.by,
-        site_rule: blame::site_rule(&input),
-        results,
-    };
     super::print_as(&mut *io.out, args.format.format(), &report, csv, table)?;
     Ok(0)
 }

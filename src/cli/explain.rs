@@ -3,9 +3,8 @@
 use super::ReplaySource;
 use fragsim::blame::{keep_end, Moment};
 use fragsim::error::{Error, Result};
-use fragsim::explain::{self, ExplainOptions, Explanation, Verdict};
+use fragsim::explain::{ExplainOptions, Explanation, Verdict};
 use fragsim::policy::PolicySpec;
-use fragsim::replay::ReplayInput;
 use fragsim::report::csv::field;
 use fragsim::units::format_bytes;
 
@@ -59,21 +58,17 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         Some(t) => Some(Moment::parse(t)?),
     };
     let path = &args.source.trace;
-    let trace = args.control.read_trace_with_frames(io, path, true)?;
-    let named = super::in_trace(path, &trace);
-    let input = ReplayInput::new(&trace, args.source.device).map_err(&named)?;
-    super::note_unmodelled_options(&args.control, io, &trace, &specs);
+    let session = args.control.session(io, path, args.source.device, true)?;
+    super::note_unmodelled_options(&args.control, io, session.trace(), &specs);
     let options = ExplainOptions {
         at,
         spec: specs.remove(0),
-        replay: super::blame::replay_options(&args.source, &trace, input.device())?,
+        replay: session
+            .replay_options(args.source.capacity.get(), args.source.empty_cache_plan()?)?,
         top: args.top,
         fixes: !args.no_fixes,
     };
-    let e = args
-        .control
-        .install(io, 8, || explain::explain(&input, &path.display().to_string(), &options))?
-        .map_err(&named)?;
+    let e = args.control.install(io, 8, || session.explain(&options))??;
     super::print_as(&mut *io.out, args.format.format(), &e, csv, table)?;
     Ok(0)
 }

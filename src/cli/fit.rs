@@ -1,14 +1,11 @@
 //! `fragsim fit`: per policy, the smallest device capacity with no OOM, beside common GPU sizes.
 
 use super::progress::Control;
-use fragsim::error::{Error, Result};
-use fragsim::metrics::PolicyResult;
+use fragsim::error::Result;
 use fragsim::policy::PolicySpec;
-use fragsim::replay::{run_specs, Cancel, Jobs, ReplayInput, ReplayOptions, RunSettings};
-use fragsim::units::{cards, format_bytes};
-use fragsim::whatif::fit::{self, Fit, FitOptions, Probe};
-use rayon::prelude::*;
-use serde::Serialize;
+use fragsim::replay::RunSettings;
+use fragsim::units::format_bytes;
+use fragsim::whatif::fit::{self, FitReport};
 use std::path::PathBuf;
 
 /// The policies `fit` answers for when no `-p` is given.
@@ -47,109 +44,6 @@ pub struct Args {
     control: Control,
 }
 
-/// One card size and whether the policy fits on it, with the cards of that size by name.
-#[derive(Serialize)]
-struct CardFit {
-    card: &'static str,
-    bytes: u64,
-    fits: bool,
-    /// The cards sold at this size that `--capacity` knows by name, at the memory their
-    /// drivers report (a little less than the size).
-    named: Vec<NamedFit>,
-}
-
-/// One card by name (`a100-40gb`) and whether the policy fits in what its driver reports.
-#[derive(Serialize)]
-struct NamedFit {
-    card: &'static str,
-    model: &'static str,
-    bytes: u64,
-    fits: bool,
-}
-
-/// One policy's answer, as `fit --json` prints it.
-#[derive(Serialize)]
-struct PolicyFit {
-    policy: String,
-    config: String,
-    #[serde(flatten)]
-    fit: Fit,
-    cards: Vec<CardFit>,
-}
-
-/// What `fit --json` prints.
-#[derive(Serialize)]
-struct FitReport {
-    trace: String,
-    device: i32,
-    outside_bytes: u64,
-    /// True for host memory (device -1, a CPU profiler trace): no GPU card holds it, so every
-    /// result's `cards` is empty.
-    host_memory: bool,
-    /// The device limit the recording implies, where it shows the device running out (the
-    /// limit `replay`, `sweep` and `check` replay under by default); absent otherwise. Each
-    /// policy's need is beside it: a need above it is a run that did not fit as recorded.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    recorded_limit_bytes: Option<u64>,
-    results: Vec<PolicyFit>,
-}
-
-/// One replay of `spec` at `capacity` (`None`: unlimited), through the one replay entry point,
-/// stopped early when `cancel` is raised.
-fn replay(
-    spec: &PolicySpec,
-    input: &ReplayInput,
-    capacity: Option<u64>,
-    cancel: &Cancel,
-) -> Result<PolicyResult> {
-    let options = ReplayOptions { capacity, cancel: cancel.clone(), ..ReplayOptions::default() };
-    let settings = RunSettings { jobs: Jobs::Sequential, ..RunSettings::default() };
-    let mut c = run_specs(std::slice::from_ref(spec), input, &options, &settings)?;
-    Ok(c.runs.remove(0).output.result)
-}
-
-/// The search for one policy: an unlimited replay bounds it (its peak passes; no policy serves
-/// in less than the peak of live requests), then [`fit::fit`] bisects.
-fn fit_one(
-    spec: &PolicySpec,
-    input: &ReplayInput,
-    outside: u64,
-    cancel: &Cancel,
-) -> Result<PolicyFit> {
-    // Host memory (device -1) is no GPU's: no card applies to it.
-    let host = input.device() < 0;
-    let free = replay(spec, input, None, cancel)?;
-    let options = FitOptions {
-        upper_hint: free.peak_reserved_bytes.max(1),
-        known_failing: free.peak_requested_bytes.saturating_sub(1),
-        ..FitOptions::default()
-    };
-    let probe = |c| {
-        let r = replay(spec, input, Some(c), cancel)?;
-        Ok(Probe { oom: r.oom, peak_reserved: r.peak_reserved_bytes })
-    };
-    let found = fit::fit(probe, &options)
-        .map_err(|e| Error::new(e.kind(), format!("{}: {}", spec.display(), e.message())))?;
-    let cards = fit::cards_fit(found.min_capacity_bytes, outside)
-        .into_iter()
-        .filter(|_| !host)
-        .map(|(c, fits_size)| CardFit {
-            card: c.label,
-            bytes: c.bytes,
-            fits: fits_size,
-            named: cards::of_nominal(c.nominal_gb())
-                .map(|n| NamedFit {
-                    card: n.name,
-                    model: n.model,
-                    bytes: n.bytes(),
-                    fits: fit::fits(n.bytes(), found.min_capacity_bytes, outside),
-                })
-                .collect(),
-        })
-        .collect();
-    Ok(PolicyFit { policy: spec.display(), config: free.config, fit: found, cards })
-}
-
 /// Runs the command on `io`; `Ok` carries the exit code.
 pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let written: Vec<String> = if args.policies.is_empty() {
@@ -158,37 +52,17 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         args.policies.clone()
     };
     let specs = PolicySpec::parse_many(&written)?;
-    let trace = args.control.read_trace(io, &args.trace)?;
-    super::note_unmodelled_options(&args.control, io, &trace, &specs);
-    let input = ReplayInput::new(&trace, args.device)?;
-    let recorded_limit =
-        fragsim::recorded::row_and_limit(&trace, input.device()).1.and_then(|l| l.limit_bytes);
+    // Loaded, not streamed: each policy's search replays the trace a score of times.
+    let session = args.control.session(io, &args.trace, args.device, false)?;
+    super::note_unmodelled_options(&args.control, io, session.trace(), &specs);
     let bar = args.control.bar(io, specs.len(), "fitting");
+    let tick = bar.tick();
+    let settings = RunSettings { progress: Some(&tick), ..RunSettings::default() };
     let cancel = io.cancel.clone();
-    let outcomes: Vec<Result<PolicyFit>> = args.control.install(io, specs.len(), || {
-        specs
-            .par_iter()
-            .map(|s| {
-                let r = fit_one(s, &input, args.outside, &cancel);
-                bar.inc();
-                r
-            })
-            .collect()
-    })?;
+    let report = args
+        .control
+        .install(io, specs.len(), || session.fit(&specs, args.outside, &cancel, &settings))??;
     bar.finish();
-    // A recorded setting the policy cannot read names the trace's file.
-    let results = outcomes
-        .into_iter()
-        .collect::<Result<Vec<_>>>()
-        .map_err(super::in_trace(&args.trace, &trace))?;
-    let report = FitReport {
-        trace: args.trace.display().to_string(),
-        device: input.device(),
-        outside_bytes: args.outside,
-        host_memory: input.device() < 0,
-        recorded_limit_bytes: recorded_limit,
-        results,
-    };
     super::print_as(&mut *io.out, args.format.format(), &report, csv, table)?;
     Ok(0)
 }

@@ -103,11 +103,6 @@ impl Control {
         !self.quiet && io.progress
     }
 
-    /// Reads a trace, with the reader's progress bar when [`Control::show_progress`].
-    pub fn read_trace(&self, io: &mut Io, path: &std::path::Path) -> Result<fragsim::trace::Trace> {
-        self.read_trace_with_frames(io, path, false)
-    }
-
     /// Reads a trace, keeping its stack frames when `keep_frames` (for naming an OOM's stack).
     pub fn read_trace_with_frames(
         &self,

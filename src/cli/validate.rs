@@ -4,8 +4,9 @@
 
 use fragsim::error::{Error, Result};
 use fragsim::policy::pytorch::{Flavour, Version};
+use fragsim::session::Session;
 use fragsim::units::format_bytes;
-use fragsim::validate::{validate, ValidateOptions};
+use fragsim::validate::ValidateOptions;
 use std::path::PathBuf;
 
 /// Check that fragsim's PyTorch policy makes the decisions the real allocator recorded.
@@ -90,6 +91,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
             trace.format.name()
         )));
     }
+    let session = Session::of_trace(trace, &args.snapshot, args.device)?;
     let options = ValidateOptions {
         device: args.device,
         gpu_memory: args.gpu_mem,
@@ -99,10 +101,9 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         flavour: args.policy.and_then(|r| r.0),
         cancel: io.cancel.clone(),
     };
-    let mut v = validate(&trace, &options).map_err(super::in_trace(&args.snapshot, &trace))?;
-    v.trace = args.snapshot.display().to_string();
+    let v = session.validate(&options)?;
     if let Some(path) = &args.export_snapshot {
-        fragsim::report::snapshot_out::write_simulated(&trace, v.device, &v.output, path)?;
+        fragsim::report::snapshot_out::write_simulated(session.trace(), v.device, &v.output, path)?;
     }
     let out = &mut *io.out;
     let io = |e: std::io::Error| Error::writing("to stdout", e);
@@ -129,57 +130,63 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         let values: Vec<&str> = scalars.iter().map(|(_, x)| x.as_str()).collect();
         writeln!(out, "{}\n{}", header.join(","), values.join(",")).map_err(io)?;
     } else {
-        let pct = |a: u64, b: u64| if b == 0 { 100.0 } else { 100.0 * a as f64 / b as f64 };
-        let determinable = v.allocs_total - v.undeterminable_events - v.allocs_exact_address;
-        let mut s = String::new();
-        s += &format!("{} (device {}), settings {}\n", v.trace, v.device, v.config);
-        s += &format!(
-            "allocs at the recorded address: {} of {} determinable ({:.2}%); {}\n",
-            v.allocs_addr_matched,
-            determinable,
-            pct(v.allocs_addr_matched, determinable),
-            undeterminable_and_exact(&v)
-        );
-        s += &format!(
-            "segment events reproduced:      {} of {}\n",
-            v.segment_events_matched, v.segment_events_recorded
-        );
-        s += &format!(
-            "peak reserved:                  {} recorded, {} simulated\n",
-            format_bytes(v.peak_reserved_recorded_bytes),
-            format_bytes(v.peak_reserved_simulated_bytes)
-        );
-        let shown = if args.verbose { v.mismatches.len() } else { v.mismatches.len().min(10) };
-        for m in &v.mismatches[..shown] {
-            s += &format!(
-                "  mismatch at event {}: {} expected {}, got {}: {}\n",
-                m.event,
-                m.action_name(),
-                m.expected,
-                m.got,
-                m.why
-            );
-        }
-        if shown < v.mismatches.len() {
-            s += &format!("  ... {} more (--verbose lists all)\n", v.mismatches.len() - shown);
-        }
-        if args.verbose {
-            for m in &v.undeterminable {
-                s += &format!("  undeterminable event {}: {}\n", m.event, m.why);
-            }
-            for n in &v.notes {
-                s += &format!("  note: {n}\n");
-            }
-        } else {
-            // What was modelled without being recorded: the PyTorch version and the GPU's memory.
-            for n in v.notes.iter().filter(|n| n.is_modelling_note()) {
-                s += &format!("note: {n}\n");
-            }
-        }
-        s += if v.mismatches.is_empty() { "result: valid\n" } else { "result: MISMATCH\n" };
-        write!(out, "{s}").map_err(io)?;
+        write!(out, "{}", table(&v, args.verbose)).map_err(io)?;
     }
     Ok(if v.mismatches.is_empty() { 0 } else { 1 })
+}
+
+/// The answer for people: the match counts, the mismatches (the first ten unless `verbose`)
+/// and the verdict.
+fn table(v: &fragsim::validate::Validation, verbose: bool) -> String {
+    let pct = |a: u64, b: u64| if b == 0 { 100.0 } else { 100.0 * a as f64 / b as f64 };
+    let determinable = v.allocs_total - v.undeterminable_events - v.allocs_exact_address;
+    let mut s = String::new();
+    s += &format!("{} (device {}), settings {}\n", v.trace, v.device, v.config);
+    s += &format!(
+        "allocs at the recorded address: {} of {} determinable ({:.2}%); {}\n",
+        v.allocs_addr_matched,
+        determinable,
+        pct(v.allocs_addr_matched, determinable),
+        undeterminable_and_exact(&v)
+    );
+    s += &format!(
+        "segment events reproduced:      {} of {}\n",
+        v.segment_events_matched, v.segment_events_recorded
+    );
+    s += &format!(
+        "peak reserved:                  {} recorded, {} simulated\n",
+        format_bytes(v.peak_reserved_recorded_bytes),
+        format_bytes(v.peak_reserved_simulated_bytes)
+    );
+    let shown = if verbose { v.mismatches.len() } else { v.mismatches.len().min(10) };
+    for m in &v.mismatches[..shown] {
+        s += &format!(
+            "  mismatch at event {}: {} expected {}, got {}: {}\n",
+            m.event,
+            m.action_name(),
+            m.expected,
+            m.got,
+            m.why
+        );
+    }
+    if shown < v.mismatches.len() {
+        s += &format!("  ... {} more (--verbose lists all)\n", v.mismatches.len() - shown);
+    }
+    if verbose {
+        for m in &v.undeterminable {
+            s += &format!("  undeterminable event {}: {}\n", m.event, m.why);
+        }
+        for n in &v.notes {
+            s += &format!("  note: {n}\n");
+        }
+    } else {
+        // What was modelled without being recorded: the PyTorch version and the GPU's memory.
+        for n in v.notes.iter().filter(|n| n.is_modelling_note()) {
+            s += &format!("note: {n}\n");
+        }
+    }
+    s += if v.mismatches.is_empty() { "result: valid\n" } else { "result: MISMATCH\n" };
+    s
 }
 
 /// `N undeterminable`, and how many allocs were placed by address (`mallocWithAddress`,

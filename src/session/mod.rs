@@ -38,12 +38,13 @@ use crate::policy::PolicySpec;
 use crate::recorded::limit::DeviceLimit;
 use crate::recorded::RecordedRow;
 use crate::replay::{
-    empty_cache, run_specs, Comparison, EmptyCachePlan, Jobs, ReplayInput, ReplayOptions,
+    empty_cache, run_specs, Cancel, Comparison, EmptyCachePlan, Jobs, ReplayInput, ReplayOptions,
     RunSettings, SpecRun,
 };
 use crate::trace::fst::FstStream;
 use crate::trace::{ReadOptions, Trace};
 use crate::validate::{ValidateOptions, Validation};
+use crate::whatif::fit::{FitReport, PolicyFit};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -306,6 +307,48 @@ impl Session {
         crate::report::snapshot_out::write_simulated(self.trace(), self.device, &run.output, out)
     }
 
+    /// Per spec, the least device memory it replays in without an OOM, beside the common cards
+    /// with `outside` bytes used outside the allocator ([`crate::whatif::fit::fit_policy`]).
+    /// The specs are searched in parallel (in rayon's current pool); `settings.progress` is
+    /// told as each search ends.
+    pub fn fit(
+        &self,
+        specs: &[PolicySpec],
+        outside: u64,
+        cancel: &Cancel,
+        settings: &RunSettings,
+    ) -> Result<FitReport> {
+        use rayon::prelude::*;
+        let input = self.input()?;
+        let done = std::sync::atomic::AtomicUsize::new(0);
+        let outcomes: Vec<Result<PolicyFit>> = specs
+            .par_iter()
+            .map(|s| {
+                let r = crate::whatif::fit::fit_policy(s, &input, outside, cancel);
+                let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                if let Some(progress) = settings.progress {
+                    progress(n, specs.len());
+                }
+                r
+            })
+            .collect();
+        // A recorded setting the policy cannot read names the trace's file.
+        let results =
+            outcomes.into_iter().collect::<Result<Vec<_>>>().map_err(|e| self.named(e))?;
+        Ok(FitReport {
+            trace: self.name.display().to_string(),
+            device: input.device(),
+            outside_bytes: outside,
+            host_memory: input.device() < 0,
+            recorded_limit_bytes: self
+                .recording_of(&input)?
+                .limit
+                .as_ref()
+                .and_then(|l| l.limit_bytes),
+            results,
+        })
+    }
+
     /// At a moment of each spec's replay, reserved bytes by allocation site
     /// ([`blame::blame`]), the recorded run first where the trace records its layout.
     pub fn blame(&self, specs: &[PolicySpec], options: &BlameOptions) -> Result<BlameReport> {
@@ -375,7 +418,9 @@ impl Session {
     pub fn validate(&self, options: &ValidateOptions) -> Result<Validation> {
         let trace = self.loaded("validate")?;
         let options = ValidateOptions { device: Some(self.device), ..options.clone() };
-        crate::validate::validate(trace, &options).map_err(|e| self.named(e))
+        let mut v = crate::validate::validate(trace, &options).map_err(|e| self.named(e))?;
+        v.trace = self.name.display().to_string();
+        Ok(v)
     }
 }
 

@@ -19,6 +19,9 @@
 //! every failure seen, the one that is safe to buy.
 
 use crate::error::{Error, Result};
+use crate::metrics::PolicyResult;
+use crate::policy::PolicySpec;
+use crate::replay::{run_specs, Cancel, Jobs, ReplayInput, ReplayOptions, RunSettings};
 use crate::units::{GIB, MIB};
 use serde::Serialize;
 
@@ -295,6 +298,125 @@ pub fn cards_line(min_capacity: u64, outside: u64) -> String {
         .map(|(c, ok)| format!("{} {}", c.label, if *ok { "✓" } else { "✗" }))
         .collect::<Vec<_>>()
         .join("  ")
+}
+
+/// One card size and whether a policy fits on it, with the cards of that size by name.
+#[derive(Clone, Debug, Serialize)]
+pub struct CardFit {
+    /// The size, e.g. `80 GiB`.
+    pub card: &'static str,
+    /// Its bytes.
+    pub bytes: u64,
+    /// Whether the need and `--outside` fit in it.
+    pub fits: bool,
+    /// The cards sold at this size that `--capacity` knows by name, at the memory their
+    /// drivers report (a little less than the size).
+    pub named: Vec<NamedFit>,
+}
+
+/// One card by name (`a100-40gb`) and whether a policy fits in what its driver reports.
+#[derive(Clone, Debug, Serialize)]
+pub struct NamedFit {
+    /// Its name, as `--capacity` takes it.
+    pub card: &'static str,
+    /// The model, as sold.
+    pub model: &'static str,
+    /// The memory its driver reports.
+    pub bytes: u64,
+    /// Whether the need and `--outside` fit in it.
+    pub fits: bool,
+}
+
+/// One policy's answer, as `fit --json` prints it.
+#[derive(Clone, Debug, Serialize)]
+pub struct PolicyFit {
+    /// The spec, as written.
+    pub policy: String,
+    /// Its configuration, as `replay` prints it.
+    pub config: String,
+    /// The search's answer.
+    #[serde(flatten)]
+    pub fit: Fit,
+    /// The common sizes (empty for host memory, which no card holds).
+    pub cards: Vec<CardFit>,
+}
+
+/// What `fit --json` prints.
+#[derive(Clone, Debug, Serialize)]
+pub struct FitReport {
+    /// The trace.
+    pub trace: String,
+    /// The device replayed.
+    pub device: i32,
+    /// Memory used outside the allocator, added before comparing with the cards.
+    pub outside_bytes: u64,
+    /// True for host memory (device -1, a CPU profiler trace): no GPU card holds it, so every
+    /// result's `cards` is empty.
+    pub host_memory: bool,
+    /// The device limit the recording implies, where it shows the device running out (the
+    /// limit `replay`, `sweep` and `check` replay under by default); absent otherwise. Each
+    /// policy's need is beside it: a need above it is a run that did not fit as recorded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recorded_limit_bytes: Option<u64>,
+    /// One per policy, in the order given.
+    pub results: Vec<PolicyFit>,
+}
+
+/// One replay of `spec` at `capacity` (`None`: unlimited), stopped early when `cancel` is
+/// raised.
+fn replay_at(
+    spec: &PolicySpec,
+    input: &ReplayInput,
+    capacity: Option<u64>,
+    cancel: &Cancel,
+) -> Result<PolicyResult> {
+    let options = ReplayOptions { capacity, cancel: cancel.clone(), ..ReplayOptions::default() };
+    let settings = RunSettings { jobs: Jobs::Sequential, ..RunSettings::default() };
+    let mut c = run_specs(std::slice::from_ref(spec), input, &options, &settings)?;
+    Ok(c.runs.remove(0).output.result)
+}
+
+/// The search for one policy on `input`: an unlimited replay bounds it (its peak passes; no
+/// policy serves in less than the peak of live requests), then [`fit`] bisects; the answer is
+/// set beside the cards with `outside` bytes used outside the allocator.
+pub fn fit_policy(
+    spec: &PolicySpec,
+    input: &ReplayInput,
+    outside: u64,
+    cancel: &Cancel,
+) -> Result<PolicyFit> {
+    // Host memory (device -1) is no GPU's: no card applies to it.
+    let host = input.device() < 0;
+    let free = replay_at(spec, input, None, cancel)?;
+    let options = FitOptions {
+        upper_hint: free.peak_reserved_bytes.max(1),
+        known_failing: free.peak_requested_bytes.saturating_sub(1),
+        ..FitOptions::default()
+    };
+    let probe = |c| {
+        let r = replay_at(spec, input, Some(c), cancel)?;
+        Ok(Probe { oom: r.oom, peak_reserved: r.peak_reserved_bytes })
+    };
+    let found = fit(probe, &options)
+        .map_err(|e| Error::new(e.kind(), format!("{}: {}", spec.display(), e.message())))?;
+    let cards = cards_fit(found.min_capacity_bytes, outside)
+        .into_iter()
+        .filter(|_| !host)
+        .map(|(c, fits_size)| CardFit {
+            card: c.label,
+            bytes: c.bytes,
+            fits: fits_size,
+            named: crate::units::cards::of_nominal(c.nominal_gb())
+                .map(|n| NamedFit {
+                    card: n.name,
+                    model: n.model,
+                    bytes: n.bytes(),
+                    fits: fits(n.bytes(), found.min_capacity_bytes, outside),
+                })
+                .collect(),
+        })
+        .collect();
+    Ok(PolicyFit { policy: spec.display(), config: free.config, fit: found, cards })
 }
 
 #[cfg(test)]
