@@ -147,7 +147,7 @@ fn table(v: &fragsim::validate::Validation, verbose: bool) -> String {
         v.allocs_addr_matched,
         determinable,
         pct(v.allocs_addr_matched, determinable),
-        undeterminable_and_exact(&v)
+        undeterminable_and_exact(v)
     );
     s += &format!(
         "segment events reproduced:      {} of {}\n",
