@@ -40,11 +40,9 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let progress = args.control.show_progress(io);
     fragsim::report::output::refuse_input_in_folder(&args.out, "--out", &[&args.source.trace])?;
     // Frames name the allocation sites of the "where the memory went" chart.
-    let trace = args.control.read_trace_with_frames(io, &args.source.trace, true)?;
-    let device = args.source.device.or_else(|| trace.default_device());
-    let limit = device.and_then(|d| fragsim::recorded::row_and_limit(&trace, d).1);
-    let (capacity, inferred, capacity_kind) =
-        super::resolve_capacity(args.source.capacity.get(), limit.as_ref())?;
+    let session = args.control.session(io, &args.source.trace, args.source.device, true)?;
+    let resolved = session.capacity(args.source.capacity.get())?;
+    let (capacity, inferred, capacity_kind) = (resolved.bytes, resolved.inferred, resolved.kind);
     if let Some(why) = &inferred {
         io.note(&format!("capacity inferred from the recording: {why} (--capacity overrides)"));
     }
@@ -61,8 +59,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         jobs: args.control.jobs_for(io, policies_count),
         cancel: io.cancel.clone(),
     };
-    let data =
-        report::collect(&trace, &plan).map_err(super::in_trace(&args.source.trace, &trace))?;
+    let data = session.report(&plan)?;
     for s in &data.skipped {
         args.control.note(io, &format!("note: skipped policy '{}': {}", s.label, s.reason));
     }

@@ -404,6 +404,15 @@ impl Session {
         f(&side)
     }
 
+    /// What `fragsim report` shows of this trace ([`crate::report::collect`]): the replays of
+    /// the plan's policies, the segment map, the sizes and the sites at the peaks.
+    #[cfg(feature = "charts")]
+    pub fn report(&self, plan: &crate::report::ReportPlan) -> Result<crate::report::ReportData> {
+        let trace = self.loaded("report")?;
+        let plan = crate::report::ReportPlan { device: Some(self.device), ..plan.clone() };
+        crate::report::collect(trace, &plan).map_err(|e| self.named(e))
+    }
+
     /// Whether the run ran out of memory from fragmentation or capacity, of which kinds, and
     /// what would have fixed it ([`crate::explain::explain`]).
     pub fn explain(&self, options: &ExplainOptions) -> Result<Explanation> {
