@@ -24,7 +24,6 @@ mod validate;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use fragsim::error::{Error, Result};
-use fragsim::recorded::CapacityKind;
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::io::Write;
@@ -513,7 +512,7 @@ impl ReplaySource {
 }
 
 /// The `--capacity` flag of every command that replays: with several traces (`sweep`, `check`),
-/// each trace's capacity is resolved on its own ([`resolve_capacity`]).
+/// each trace's capacity is resolved on its own ([`fragsim::session::Session::capacity`]).
 #[derive(Debug, clap::Args)]
 pub struct CapacityFlag {
     /// Device memory, e.g. 40GiB or 80GB (at least 1 MiB), or a card by name (a100-40gb,
@@ -542,19 +541,6 @@ pub use fragsim::session::Capacity as CapacityArg;
 /// Parses `--capacity` for clap ([`fragsim::session::Capacity::parse`]).
 pub fn capacity_arg(text: &str) -> std::result::Result<CapacityArg, String> {
     CapacityArg::parse(text)
-}
-
-/// The capacity a replay of `device` runs under, what it stands for, and a line saying where it
-/// came from when it was inferred: the flag's size (a card's memory); with no flag (or `recorded`)
-/// the device limit the recording shows ([`fragsim::recorded::limit::infer`]), if it shows one,
-/// which is the GPU's memory only where the recording's `oom` entries measured it; `none` is
-/// unlimited.
-pub fn resolve_capacity(
-    arg: Option<&CapacityArg>,
-    limit: Option<&fragsim::recorded::limit::DeviceLimit>,
-) -> Result<(Option<u64>, Option<String>, CapacityKind)> {
-    let r = fragsim::session::Resolved::of(arg, limit)?;
-    Ok((r.bytes, r.inferred, r.kind))
 }
 
 /// The table's first line for the capacity a replay ran under: as typed and in GiB (with the

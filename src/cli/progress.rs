@@ -181,7 +181,7 @@ impl Control {
     /// [`fragsim::replay::run_specs`] with `--jobs`, advancing `bar` per replay, on `device` (default: each
     /// trace's device with the most events), under the capacity the `--capacity` flag resolves
     /// to for that trace (as `replay` does: with no flag, the limit the recording implies, if it
-    /// shows one; [`super::resolve_capacity`]). Returns, per trace in order, its results in the
+    /// shows one; [`fragsim::session::Session::capacity`]). Returns, per trace in order, its results in the
     /// order of `specs`, its device and its capacity.
     pub fn replay_traces(
         &self,

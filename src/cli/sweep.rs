@@ -70,19 +70,25 @@ impl Args {
     }
 }
 
+/// The policies as written: the `-p` values, or the built-in grid, which is the recording's
+/// allocator's (torch_npu refuses some of CUDA's points). Telling which costs a look at the first
+/// trace, only when no `-p` is given.
+fn written_grid(args: &Args, io: &mut super::Io) -> Result<Vec<String>> {
+    Ok(match (args.policies.is_empty(), args.traces.first()) {
+        (true, Some(first)) => {
+            // An .fst file's head says it: its events stay in the file.
+            let session = args.control.replay_session(io, first, args.device, &[], false)?;
+            grid::builtin_grid_for(fragsim::policy::pytorch::Flavour::of_trace(session.trace()))
+        }
+        (true, None) => grid::builtin_grid(),
+        (false, _) => args.policies.clone(),
+    })
+}
+
 /// Runs the command on `io`; `Ok` carries the exit code.
 pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     // Everything the user typed is checked before the first replay.
-    // The built-in grid is the recording's allocator's: torch_npu refuses some of CUDA's points.
-    // Telling which costs a read of the first trace, only when no -p is given.
-    let written = match (args.policies.is_empty(), args.traces.first()) {
-        (true, Some(first)) => {
-            let trace = super::read_trace(io, first, false)?;
-            grid::builtin_grid_for(fragsim::policy::pytorch::Flavour::of_trace(&trace))
-        }
-        (true, None) => grid::builtin_grid(),
-        (false, _) => args.policies,
-    };
+    let written = written_grid(&args, io)?;
     let all = grid::expand_all(std::iter::once(REFERENCE.to_string()).chain(written))?;
     let mut specs = Vec::with_capacity(all.len());
     for text in &all {
