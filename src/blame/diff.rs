@@ -22,7 +22,7 @@ use crate::policy::PolicySpec;
 use crate::replay::{run_spec, ReplayInput, ReplayOptions};
 use crate::trace::Action;
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// The most differences [`align`] searches with Myers' algorithm before pairing by rank.
 pub const MAX_EDITS: usize = 2_000;
@@ -53,6 +53,10 @@ pub struct RunPeaks {
     /// Live requested bytes at the peak-live moment (`peak_requested_bytes` when every request
     /// is served).
     pub peak_live_bytes: u64,
+    /// Reserved memory before the first event: the cache the run started with (a snapshot
+    /// recorded mid-run starts with what the program had reserved by then).
+    #[serde(default)]
+    pub start_reserved_bytes: u64,
     /// The event at which reserved memory first peaks.
     pub peak_event: u64,
     /// The peak-live moment, at which `sites` are read.
@@ -68,6 +72,30 @@ pub struct Delta {
     pub peak_allocated_bytes: i64,
     /// Of `peak_live_bytes`; the sites' `delta_bytes` add up to it.
     pub peak_live_bytes: i64,
+    /// Of `start_reserved_bytes`: the part of the reserved delta that is the cache each run
+    /// started with.
+    #[serde(default)]
+    pub start_reserved_bytes: i64,
+    /// Of the reserved memory each run grew by during its trace (`peak_reserved_bytes -
+    /// start_reserved_bytes`, 0 where the peak is the start): `peak_reserved_bytes` is this plus
+    /// `start_reserved_bytes`.
+    #[serde(default)]
+    pub grown_reserved_bytes: i64,
+}
+
+/// Blocks of the same size live in both runs at their peak-live moments under different sites:
+/// the same tensors allocated by another op (under autocast, another kernel, another code path).
+/// Left out of [`DiffReport::sites`], which then shows what changed in amount.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Moved {
+    /// The site in A.
+    pub from_site: String,
+    /// The site in B.
+    pub to_site: String,
+    /// Their bytes (requested), the same in both runs.
+    pub bytes: u64,
+    /// How many blocks.
+    pub blocks: u64,
 }
 
 /// One site's live bytes in both runs at their peak-live moments.
@@ -111,8 +139,12 @@ pub struct DiffReport {
     pub delta: Delta,
     /// The grouping of `sites` and of the alignment.
     pub by: GroupBy,
-    /// Live bytes by site, largest |delta| first.
+    /// Live bytes by site, largest |delta| first, the moved blocks left out.
     pub sites: Vec<SiteDelta>,
+    /// Blocks that moved from one site to another, most bytes first (beyond `--top`, folded
+    /// into one `(other)` → `(other)` entry).
+    #[serde(default)]
+    pub moved: Vec<Moved>,
     /// How the allocation sequences were aligned: `myers` or `site-rank`.
     pub alignment: String,
     /// Allocations aligned in both runs.
@@ -164,6 +196,8 @@ pub struct SideSummary {
     names: Vec<String>,
     /// Its allocations as (site number, size, event).
     allocs: Vec<(u32, u64, u64)>,
+    /// Its live blocks at the peak-live moment as (site, size) → count.
+    blocks: BTreeMap<(String, u64), u64>,
 }
 
 /// Replays `side` and keeps what [`compare`] needs of it; an input problem names its trace.
@@ -174,14 +208,14 @@ pub fn summarize(side: &Side, options: &BlameOptions) -> Result<SideSummary> {
         crate::error::ErrorKind::Input | crate::error::ErrorKind::Usage => e.in_file(&path),
         _ => e,
     };
-    let (peaks, sites) = run(side, &keys, &options.replay).map_err(named)?;
+    let (peaks, sites, blocks) = run(side, &keys, &options.replay).map_err(named)?;
     let mut numbers: HashMap<String, u32> = HashMap::new();
     let allocs = allocations(side, &keys, &mut numbers);
     let mut names = vec![String::new(); numbers.len()];
     for (n, i) in numbers {
         names[i as usize] = n;
     }
-    Ok(SideSummary { peaks, sites, rule: super::site_rule(side.input), names, allocs })
+    Ok(SideSummary { peaks, sites, rule: super::site_rule(side.input), names, allocs, blocks })
 }
 
 /// The diff of two summarised runs, and the aligned allocation pairs as ordinals (`(i, j)`
@@ -192,12 +226,20 @@ pub fn compare(
     options: &BlameOptions,
 ) -> (DiffReport, Vec<(usize, usize)>) {
     let (peaks_a, peaks_b) = (a.peaks.clone(), b.peaks.clone());
+    let grown = |p: &RunPeaks| p.peak_reserved_bytes.saturating_sub(p.start_reserved_bytes);
     let delta = Delta {
         peak_reserved_bytes: signed(peaks_b.peak_reserved_bytes, peaks_a.peak_reserved_bytes),
         peak_allocated_bytes: signed(peaks_b.peak_allocated_bytes, peaks_a.peak_allocated_bytes),
         peak_live_bytes: signed(peaks_b.peak_live_bytes, peaks_a.peak_live_bytes),
+        start_reserved_bytes: signed(
+            peaks_b.start_reserved_bytes.min(peaks_b.peak_reserved_bytes),
+            peaks_a.start_reserved_bytes.min(peaks_a.peak_reserved_bytes),
+        ),
+        grown_reserved_bytes: signed(grown(&peaks_b), grown(&peaks_a)),
     };
-    let sites = site_deltas(&a.sites, &b.sites, options.top);
+    let (moved, sites_a, sites_b) = moves(a, b);
+    let sites = site_deltas(&sites_a, &sites_b, options.top);
+    let moved = fold_moves(moved, options.top);
     let (alignment, pairs, matched) = align_runs(a, b);
     let matched_count = matched.len() as u64;
     let mut matched: Vec<Matched> = matched.into_iter().filter(|m| m.a_size != m.b_size).collect();
@@ -214,6 +256,7 @@ pub fn compare(
         delta,
         by: options.by,
         sites,
+        moved,
         alignment: alignment.to_string(),
         matched_count,
         matched,
@@ -228,16 +271,25 @@ fn signed(x: u64, y: u64) -> i64 {
 }
 
 /// One side's peaks and its live bytes by site at its peak-live moment.
+type SiteBlocks = BTreeMap<(String, u64), u64>;
+
 fn run(
     side: &Side,
     keys: &Keys,
     replay: &ReplayOptions,
-) -> Result<(RunPeaks, HashMap<String, u64>)> {
+) -> Result<(RunPeaks, HashMap<String, u64>, SiteBlocks)> {
     let out = run_spec(&side.spec, side.input, replay)?;
     let stop = super::peak_live_event(side.input);
     let (_, layout) = super::watch(side.input, &side.spec, replay, stop)?;
     let at = super::breakdown(&layout, keys, 0)?;
     let sites = at.sites.iter().map(|s| (s.site.clone(), s.live_bytes)).collect();
+    let mut names: HashMap<super::Key, String> = HashMap::new();
+    let mut blocks = SiteBlocks::new();
+    for b in layout.live.values().filter(|b| b.request > 0) {
+        let key = keys.key(b.origin);
+        let site = names.entry(key).or_insert_with(|| keys.name(key)).clone();
+        *blocks.entry((site, b.request)).or_default() += 1;
+    }
     let peaks = RunPeaks {
         trace: side.trace.clone(),
         policy: out.result.policy.clone(),
@@ -245,10 +297,92 @@ fn run(
         peak_reserved_bytes: out.result.peak_reserved_bytes,
         peak_allocated_bytes: out.result.peak_allocated_bytes,
         peak_live_bytes: at.live_bytes,
+        start_reserved_bytes: out.detail.reserved_at_start_bytes,
         peak_event: out.result.peak_event,
         peak_live_event: stop,
     };
-    Ok((peaks, sites))
+    Ok((peaks, sites, blocks))
+}
+
+/// The blocks that moved between sites (see [`Moved`]), and each run's live bytes by site
+/// without them. Per size, the blocks a site holds in both runs stay; what one run holds more
+/// of at one site and the other more of at another is paired, sites in name order, as moves.
+fn moves(
+    a: &SideSummary,
+    b: &SideSummary,
+) -> (Vec<Moved>, HashMap<String, u64>, HashMap<String, u64>) {
+    let (mut sites_a, mut sites_b) = (a.sites.clone(), b.sites.clone());
+    let mut by_pair: BTreeMap<(&str, &str), (u64, u64)> = BTreeMap::new();
+    // Each run's blocks by size, then site (in name order).
+    fn by_size(m: &SiteBlocks) -> BTreeMap<u64, BTreeMap<&str, u64>> {
+        let mut out: BTreeMap<u64, BTreeMap<&str, u64>> = BTreeMap::new();
+        for ((site, size), &n) in m {
+            out.entry(*size).or_default().insert(site.as_str(), n);
+        }
+        out
+    }
+    // What `this` run holds more of at a site than `other`: the candidates to pair.
+    fn more<'m>(this: &BTreeMap<&'m str, u64>, other: &BTreeMap<&str, u64>) -> Vec<(&'m str, u64)> {
+        let count = |site: &str| other.get(site).copied().unwrap_or(0);
+        this.iter().map(|(&s, &n)| (s, n.saturating_sub(count(s)))).filter(|x| x.1 > 0).collect()
+    }
+    let (sizes_a, sizes_b) = (by_size(&a.blocks), by_size(&b.blocks));
+    for (&size, in_a) in &sizes_a {
+        let Some(in_b) = sizes_b.get(&size) else { continue };
+        let (more_a, more_b) = (more(in_a, in_b), more(in_b, in_a));
+        let (mut i, mut j) = (0, 0);
+        let (mut left_a, mut left_b) =
+            (more_a.first().map_or(0, |x| x.1), more_b.first().map_or(0, |x| x.1));
+        while i < more_a.len() && j < more_b.len() {
+            let k = left_a.min(left_b);
+            let (from, to) = (more_a[i].0, more_b[j].0);
+            let entry = by_pair.entry((from, to)).or_default();
+            entry.0 += k * size;
+            entry.1 += k;
+            left_a -= k;
+            left_b -= k;
+            if left_a == 0 {
+                i += 1;
+                left_a = more_a.get(i).map_or(0, |x| x.1);
+            }
+            if left_b == 0 {
+                j += 1;
+                left_b = more_b.get(j).map_or(0, |x| x.1);
+            }
+        }
+    }
+    let mut moved = Vec::with_capacity(by_pair.len());
+    for ((from, to), (bytes, blocks)) in by_pair {
+        for (sites, site) in [(&mut sites_a, from), (&mut sites_b, to)] {
+            if let Some(v) = sites.get_mut(site) {
+                *v -= bytes.min(*v);
+                if *v == 0 {
+                    sites.remove(site);
+                }
+            }
+        }
+        moved.push(Moved { from_site: from.to_string(), to_site: to.to_string(), bytes, blocks });
+    }
+    (moved, sites_a, sites_b)
+}
+
+/// Moves sorted by bytes, beyond `top` (0: all) folded into one `(other)` entry.
+fn fold_moves(mut moved: Vec<Moved>, top: usize) -> Vec<Moved> {
+    moved.sort_by(|x, y| {
+        y.bytes
+            .cmp(&x.bytes)
+            .then_with(|| (&x.from_site, &x.to_site).cmp(&(&y.from_site, &y.to_site)))
+    });
+    if top > 0 && moved.len() > top {
+        let rest = moved.split_off(top);
+        moved.push(Moved {
+            from_site: OTHER.to_string(),
+            to_site: OTHER.to_string(),
+            bytes: rest.iter().map(|m| m.bytes).sum(),
+            blocks: rest.iter().map(|m| m.blocks).sum(),
+        });
+    }
+    moved
 }
 
 /// Every site of either run with its bytes in both, largest |delta| first, beyond `top` folded
@@ -514,5 +648,85 @@ mod tests {
         assert_eq!(folded.len(), 3);
         assert_eq!(folded[2].site, OTHER);
         assert_eq!(folded.iter().map(|r| r.delta_bytes).sum::<i64>(), -2);
+    }
+
+    /// A side whose live blocks are `blocks` as (site, size, count), sites summed from them.
+    fn summary(blocks: &[(&str, u64, u64)], start: u64, peak: u64) -> SideSummary {
+        let mut sites: HashMap<String, u64> = HashMap::new();
+        for &(site, size, n) in blocks {
+            *sites.entry(site.to_string()).or_default() += size * n;
+        }
+        let live = sites.values().sum();
+        SideSummary {
+            peaks: RunPeaks {
+                trace: "t".into(),
+                policy: "pytorch".into(),
+                config: String::new(),
+                peak_reserved_bytes: peak,
+                peak_allocated_bytes: live,
+                peak_live_bytes: live,
+                start_reserved_bytes: start,
+                peak_event: 0,
+                peak_live_event: 0,
+            },
+            sites,
+            rule: SiteRule::Frames,
+            names: Vec::new(),
+            allocs: Vec::new(),
+            blocks: blocks.iter().map(|&(s, size, n)| ((s.to_string(), size), n)).collect(),
+        }
+    }
+
+    #[test]
+    fn blocks_of_one_size_under_another_site_are_a_move_and_the_rows_still_add_up() {
+        // The same three 100-byte gradients, allocated by Bmm in A and by ToCopy in B; one
+        // more 50-byte block at Z in B; a 100-byte block at Z in both stays.
+        let a = summary(&[("bmm", 100, 3), ("z", 100, 1), ("z", 50, 1)], 1000, 1500);
+        let b = summary(&[("tocopy", 100, 3), ("z", 100, 1), ("z", 50, 2)], 400, 1200);
+        let (r, _) = compare(&a, &b, &BlameOptions::default());
+        assert_eq!(
+            r.moved,
+            vec![Moved {
+                from_site: "bmm".into(),
+                to_site: "tocopy".into(),
+                bytes: 300,
+                blocks: 3
+            }]
+        );
+        let names: Vec<&str> = r.sites.iter().map(|s| s.site.as_str()).collect();
+        assert_eq!(names, ["z"], "moved blocks are left out of the site rows");
+        assert_eq!((r.sites[0].a_bytes, r.sites[0].b_bytes), (150, 200));
+        let sum: i64 = r.sites.iter().map(|s| s.delta_bytes).sum();
+        assert_eq!(sum, r.delta.peak_live_bytes);
+        // The headline: reserved -300 of which the start cache -600 and growth +300.
+        assert_eq!(r.delta.peak_reserved_bytes, -300);
+        assert_eq!(r.delta.start_reserved_bytes, -600);
+        assert_eq!(r.delta.grown_reserved_bytes, 300);
+        assert_eq!(
+            r.delta.start_reserved_bytes + r.delta.grown_reserved_bytes,
+            r.delta.peak_reserved_bytes
+        );
+    }
+
+    #[test]
+    fn a_surplus_at_one_site_is_no_move_without_a_shortfall_of_the_same_size_elsewhere() {
+        let a = summary(&[("x", 64, 2), ("y", 128, 1)], 0, 0);
+        let b = summary(&[("x", 64, 5), ("w", 256, 1)], 0, 0);
+        let (r, _) = compare(&a, &b, &BlameOptions::default());
+        assert!(r.moved.is_empty(), "{:?}", r.moved);
+        let sum: i64 = r.sites.iter().map(|s| s.delta_bytes).sum();
+        assert_eq!(sum, r.delta.peak_live_bytes);
+    }
+
+    #[test]
+    fn moves_beyond_top_fold_into_other() {
+        let a = summary(&[("a1", 10, 1), ("a2", 20, 1), ("a3", 30, 1)], 0, 0);
+        let b = summary(&[("b1", 10, 1), ("b2", 20, 1), ("b3", 30, 1)], 0, 0);
+        let options = BlameOptions { top: 2, ..BlameOptions::default() };
+        let (r, _) = compare(&a, &b, &options);
+        let got: Vec<(&str, u64)> =
+            r.moved.iter().map(|m| (m.from_site.as_str(), m.bytes)).collect();
+        assert_eq!(got, [("a3", 30), ("a2", 20), (OTHER, 10)]);
+        assert!(r.sites.is_empty());
     }
 }

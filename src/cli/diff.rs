@@ -163,6 +163,66 @@ fn note_line(r: &DiffReport) -> String {
     r.note.as_ref().map(|n| format!("note: {n}\n")).unwrap_or_default()
 }
 
+/// Both runs' peaks and their deltas; the reserved peak split into the cache each run started
+/// with and what it grew by during its trace, where a run started warm.
+fn peak_lines(r: &DiffReport) -> String {
+    let start = |p: &diff::RunPeaks| p.start_reserved_bytes.min(p.peak_reserved_bytes);
+    let grown = |p: &diff::RunPeaks| p.peak_reserved_bytes - start(p);
+    let warm = start(&r.a) > 0 || start(&r.b) > 0;
+    let mut rows = vec![(
+        "peak reserved",
+        r.a.peak_reserved_bytes,
+        r.b.peak_reserved_bytes,
+        r.delta.peak_reserved_bytes,
+    )];
+    if warm {
+        rows.push(("  cache at the start", start(&r.a), start(&r.b), r.delta.start_reserved_bytes));
+        rows.push(("  grown during trace", grown(&r.a), grown(&r.b), r.delta.grown_reserved_bytes));
+    }
+    rows.push((
+        "peak allocated",
+        r.a.peak_allocated_bytes,
+        r.b.peak_allocated_bytes,
+        r.delta.peak_allocated_bytes,
+    ));
+    rows.push(("peak live", r.a.peak_live_bytes, r.b.peak_live_bytes, r.delta.peak_live_bytes));
+    let mut out = format!("\n  {:<22} {:>14} {:>14} {:>14}\n", "", "A", "B", "B - A");
+    for (name, a, b, d) in rows {
+        out += &format!(
+            "  {name:<22} {:>14} {:>14} {:>14}\n",
+            format_bytes(a),
+            format_bytes(b),
+            signed_bytes(d)
+        );
+    }
+    if warm {
+        out += "  (the cache at the start is what each run had reserved before its trace began)\n";
+    }
+    out
+}
+
+/// The blocks that moved from one site to another, sites `w` wide; empty when none did.
+fn moved_lines(r: &DiffReport, w: usize) -> String {
+    if r.moved.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from(
+        "\nmoved: blocks of the same size live in both runs under another site (left out above)\n",
+    );
+    let half = w / 2;
+    for m in &r.moved {
+        out += &format!(
+            "  {:<half$} -> {:<half$} {:>12} {:>8} block{}\n",
+            keep_end(&m.from_site, half),
+            keep_end(&m.to_site, half),
+            format_bytes(m.bytes),
+            m.blocks,
+            if m.blocks == 1 { "" } else { "s" }
+        );
+    }
+    out
+}
+
 /// A signed byte count for people.
 fn signed_bytes(d: i64) -> String {
     let sign = if d < 0 {
@@ -180,30 +240,7 @@ pub fn table(r: &DiffReport) -> String {
     let run = |name: &str, p: &diff::RunPeaks| {
         format!("{name}: {} under {} ({})\n", p.trace, p.policy, p.config)
     };
-    let mut out = run("A", &r.a) + &run("B", &r.b);
-    out += &format!("\n  {:<22} {:>14} {:>14} {:>14}\n", "", "A", "B", "B - A");
-    for (name, a, b, d) in [
-        (
-            "peak reserved",
-            r.a.peak_reserved_bytes,
-            r.b.peak_reserved_bytes,
-            r.delta.peak_reserved_bytes,
-        ),
-        (
-            "peak allocated",
-            r.a.peak_allocated_bytes,
-            r.b.peak_allocated_bytes,
-            r.delta.peak_allocated_bytes,
-        ),
-        ("peak live", r.a.peak_live_bytes, r.b.peak_live_bytes, r.delta.peak_live_bytes),
-    ] {
-        out += &format!(
-            "  {name:<22} {:>14} {:>14} {:>14}\n",
-            format_bytes(a),
-            format_bytes(b),
-            signed_bytes(d)
-        );
-    }
+    let mut out = run("A", &r.a) + &run("B", &r.b) + &peak_lines(r);
     let w = 64;
     out += &format!(
         "\nlive bytes by {} at each run's peak-live moment (A: event {}, B: event {})\n",
@@ -226,6 +263,7 @@ pub fn table(r: &DiffReport) -> String {
             signed_bytes(s.delta_bytes)
         );
     }
+    out += &moved_lines(r, w);
     out += &format!(
         "\nallocations aligned by {} ({}): {} matched, {} of them differ in size\n",
         r.by.name(),

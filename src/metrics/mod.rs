@@ -185,4 +185,8 @@ pub struct PeakDetail {
     /// [`PeakDetail::peak_reserved_during_trace_bytes`].
     #[serde(skip)]
     pub peak_reserved_during_trace_event: u64,
+    /// Reserved memory before the first event: the cache the run started with (the recorded
+    /// start state a snapshot taken mid-run holds, 0 for a cold start).
+    #[serde(skip)]
+    pub reserved_at_start_bytes: u64,
 }

@@ -350,7 +350,7 @@ fn drive<P: Policy, B: Backend, K: Blocks, G: Guide<P, B>, const PLAIN: bool>(
     }
     let levels =
         (!input.live_at_start().is_empty()).then(|| (backend.reserved(), policy.allocated()));
-    meter.observe_start(&backend.observer, start_time, levels);
+    meter.observe_start(&backend.observer, start_time, levels, backend.reserved());
 
     let last = match options.stop_after {
         _ if options.stop_before_first => 0,

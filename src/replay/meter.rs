@@ -92,15 +92,18 @@ impl Moments {
 
 impl Meter {
     /// Takes the state before the first event, once the start state is placed: the device
-    /// calls `metered` made placing it, and its `(reserved, allocated)` levels when there is a
-    /// start state to observe (as [`Meter::observe`] at event 0).
+    /// calls `metered` made placing it, its `(reserved, allocated)` levels when there is a
+    /// start state to observe (as [`Meter::observe`] at event 0), and the bytes reserved then
+    /// (a warm start's cache, live blocks or not).
     pub(super) fn observe_start(
         &mut self,
         metered: &Metered,
         time_us: i64,
         levels: Option<(u64, u64)>,
+        reserved: u64,
     ) {
         self.moments.start_calls = (metered.mallocs, metered.maps);
+        self.detail.reserved_at_start_bytes = reserved;
         if let Some((reserved, allocated)) = levels {
             self.observe(0, time_us, reserved, allocated);
             self.moments.peak_at_start = reserved > 0 && self.peak_reserved == reserved;

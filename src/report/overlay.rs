@@ -428,6 +428,24 @@ fn page(data: &OverlayData) -> String {
         figure("overlay-time", "Both runs on a time axis");
     }
     figure("site-delta", "What changed, by site");
+    if !r.moved.is_empty() {
+        h += "<h2>Moved between sites</h2>\n<p>Blocks of the same size live in both runs under \
+              another site (the same tensors, allocated by another op): left out of the sites \
+              above.</p>\n<table>\n<tr><th>in A</th><th>in B</th><th>bytes</th><th>blocks</th></tr>\n";
+        for m in &r.moved {
+            h += &format!(
+                "<tr><td><code>{}</code></td><td><code>{}</code></td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>\n",
+                escape(&m.from_site),
+                escape(&m.to_site),
+                format_bytes(m.bytes),
+                m.blocks
+            );
+        }
+        h += "</table>\n";
+    }
+    if let Some(note) = &r.note {
+        h += &format!("<p><strong>Note:</strong> {}</p>\n", escape(note));
+    }
     h += &format!(
         "<p>Allocations aligned by {} ({}): {} matched pairs. The exact numbers: <a href=\"diff.json\">diff.json</a> \
          (the <code>diff --format json</code> object).</p>\n</body>\n</html>\n",
