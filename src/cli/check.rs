@@ -73,36 +73,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         let inputs: Vec<&std::path::Path> = traces.iter().map(PathBuf::as_path).collect();
         fragsim::report::output::refuse_input(&args.baseline, "--baseline", &inputs)?;
     }
-    // With --update, the baseline is read too (when it exists): the run is written over it,
-    // keeping the entries this run does not produce.
-    let previous = if args.update && args.baseline.exists() {
-        let read = super::read_capped(io, &args.baseline, "baseline to update")
-            .and_then(|data| Baseline::parse(&data, &args.baseline));
-        Some(read.map_err(|e| {
-            let err = Error::new(
-                e.kind(),
-                format!(
-                    "{} (check --update keeps the baseline's other entries, so it must read the \
-                     file; remove it to record a new baseline from scratch)",
-                    e.message()
-                ),
-            )
-            .in_file(&args.baseline);
-            match e.location().place {
-                Some(p) => err.at(p),
-                None => err,
-            }
-        })?)
-    } else {
-        None
-    };
-    let baseline = if args.update {
-        None
-    } else {
-        let data =
-            super::read_capped(io, &args.baseline, "baseline (record one with check --update)")?;
-        Some(Baseline::parse(&data, &args.baseline)?)
-    };
+    let (previous, baseline) = read_baselines(&args, io)?;
     let bar = args.control.bar(io, specs.len() * traces.len(), "checking");
     let options = ReplayOptions { cancel: io.cancel.clone(), ..ReplayOptions::default() };
     let replayed = args.control.replay_traces(
@@ -113,10 +84,65 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         &bar,
     )?;
     bar.finish();
-    for (t, r) in traces.iter().zip(&replayed) {
+    note_inferred_capacities(&args.control, io, &traces, &replayed);
+    let rows: Vec<Row> = traces
+        .iter()
+        .zip(&replayed)
+        .flat_map(|(t, per)| per.results.iter().map(move |r| Row::new(t.display().to_string(), r)))
+        .collect();
+
+    let Some(baseline) = baseline else {
+        update(&args, io, previous.as_ref(), &rows)?;
+        return Ok(0);
+    };
+    let report = check::check(&baseline, &args.baseline, &rows, tolerance, None)?;
+    super::print_as(&mut *io.out, args.format.format(), &report, csv, |r| table(r, rows.len()))?;
+    Ok(if report.ok { 0 } else { 1 })
+}
+
+/// The baselines `run` needs before any replay, so that a broken one fails first: with
+/// `--update`, the baseline to write over (when it exists: the run keeps the entries it does not
+/// produce); without, the baseline to compare with.
+fn read_baselines(args: &Args, io: &mut super::Io) -> Result<(Option<Baseline>, Option<Baseline>)> {
+    if !args.update {
+        let data =
+            super::read_capped(io, &args.baseline, "baseline (record one with check --update)")?;
+        return Ok((None, Some(Baseline::parse(&data, &args.baseline)?)));
+    }
+    if !args.baseline.exists() {
+        return Ok((None, None));
+    }
+    let read = super::read_capped(io, &args.baseline, "baseline to update")
+        .and_then(|data| Baseline::parse(&data, &args.baseline));
+    let previous = read.map_err(|e| {
+        let err = Error::new(
+            e.kind(),
+            format!(
+                "{} (check --update keeps the baseline's other entries, so it must read the \
+                 file; remove it to record a new baseline from scratch)",
+                e.message()
+            ),
+        )
+        .in_file(&args.baseline);
+        match e.location().place {
+            Some(p) => err.at(p),
+            None => err,
+        }
+    })?;
+    Ok((Some(previous), None))
+}
+
+/// Says, per trace replayed under the limit its recording implies, what that limit was.
+fn note_inferred_capacities(
+    control: &super::progress::Control,
+    io: &mut super::Io,
+    traces: &[PathBuf],
+    replayed: &[super::progress::Replayed],
+) {
+    for (t, r) in traces.iter().zip(replayed) {
         if let Some(bytes) = r.capacity.filter(|_| r.inferred) {
             let at = format_bytes(bytes);
-            args.control.note(
+            control.note(
                 io,
                 &format!(
                     "{}: replayed under {at}, the limit the recording implies (`fragsim replay` \
@@ -126,39 +152,31 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
             );
         }
     }
-    let rows: Vec<Row> = traces
-        .iter()
-        .zip(&replayed)
-        .flat_map(|(t, per)| per.results.iter().map(move |r| Row::new(t.display().to_string(), r)))
-        .collect();
+}
 
-    let Some(baseline) = baseline else {
-        let (written, line) = match &previous {
-            Some(old) => {
-                let (new, update) = old.updated(&rows);
-                let line = format!(
-                    "updated the baseline {}: {}",
-                    args.baseline.display(),
-                    update.describe()
-                );
-                (new, line)
-            }
-            None => (
-                Baseline::new(&rows),
-                format!(
-                    "wrote the baseline of {} results to {}",
-                    rows.len(),
-                    args.baseline.display()
-                ),
-            ),
-        };
-        fragsim::report::output::write_bytes(&args.baseline, written.to_json().as_bytes())?;
-        args.control.note(io, &line);
-        return Ok(0);
+/// `--update`: writes `rows` into the baseline (over `previous`, keeping its other entries).
+fn update(
+    args: &Args,
+    io: &mut super::Io,
+    previous: Option<&Baseline>,
+    rows: &[Row],
+) -> Result<()> {
+    let (written, line) = match previous {
+        Some(old) => {
+            let (new, update) = old.updated(rows);
+            (
+                new,
+                format!("updated the baseline {}: {}", args.baseline.display(), update.describe()),
+            )
+        }
+        None => (
+            Baseline::new(rows),
+            format!("wrote the baseline of {} results to {}", rows.len(), args.baseline.display()),
+        ),
     };
-    let report = check::check(&baseline, &args.baseline, &rows, tolerance, None)?;
-    super::print_as(&mut *io.out, args.format.format(), &report, csv, |r| table(r, rows.len()))?;
-    Ok(if report.ok { 0 } else { 1 })
+    fragsim::report::output::write_bytes(&args.baseline, written.to_json().as_bytes())?;
+    args.control.note(io, &line);
+    Ok(())
 }
 
 /// `check --format csv`: one row per regression, then per improvement.

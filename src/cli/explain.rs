@@ -160,6 +160,14 @@ pub fn table(e: &Explanation) -> String {
     for n in &e.notes {
         out += &format!("note: {n}\n");
     }
+    out + &moment_lines(e) + &fix_lines(e)
+}
+
+/// The moment in numbers: reserved memory split into live, rounding and cached free, the cached
+/// free by kind, the stranded segments and the live sites.
+fn moment_lines(e: &Explanation) -> String {
+    let gb = format_bytes;
+    let mut out = String::new();
     out += &format!(
         "{} at {} (event {}{}): reserved {} = live {} + rounding {} + cached free {}\n",
         e.policy,
@@ -202,6 +210,13 @@ pub fn table(e: &Explanation) -> String {
     for s in &e.sites {
         out += &format!("  {:<w$}  {:>12}\n", keep_end(&s.site, w), gb(s.live_bytes));
     }
+    out
+}
+
+/// The fixes replayed, fits first, each with the line to paste.
+fn fix_lines(e: &Explanation) -> String {
+    let gb = format_bytes;
+    let mut out = String::new();
     if !e.fixes.is_empty() {
         out += "fixes, fits first, then lowest peak:\n";
         for f in &e.fixes {

@@ -127,55 +127,62 @@ fn table(report: &FitReport) -> String {
         );
     }
     for r in &report.results {
-        let f = &r.fit;
-        let exact = if f.exact { "exact" } else { "to 2 MiB" };
-        let config = if r.config.is_empty() { String::new() } else { format!("  ({})", r.config) };
+        s += &policy_lines(report, r);
+    }
+    s
+}
+
+/// One policy's need, the cards it fits on and what to know about them.
+fn policy_lines(report: &FitReport, r: &fragsim::whatif::fit::PolicyFit) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let f = &r.fit;
+    let exact = if f.exact { "exact" } else { "to 2 MiB" };
+    let config = if r.config.is_empty() { String::new() } else { format!("  ({})", r.config) };
+    let _ = writeln!(
+        s,
+        "\n{}{config}\n  needs {}, {exact}, {} replay{}",
+        r.policy,
+        fit::gib_and_gb(f.min_capacity_bytes),
+        f.probes,
+        if f.probes == 1 { "" } else { "s" }
+    );
+    if !report.host_memory {
+        let _ = writeln!(s, "  {}", fit::cards_line(f.min_capacity_bytes, report.outside_bytes));
+    }
+    // A size that holds the run while a card sold at that size does not: the trap of
+    // nominal sizes, said per card.
+    let short: Vec<String> = r
+        .cards
+        .iter()
+        .filter(|c| c.fits)
+        .flat_map(|c| c.named.iter().filter(|n| !n.fits).map(move |n| (c, n)))
+        .map(|(c, n)| format!("{} ({}, not {})", n.card, format_bytes(n.bytes), c.card))
+        .collect();
+    if !short.is_empty() {
         let _ = writeln!(
             s,
-            "\n{}{config}\n  needs {}, {exact}, {} replay{}",
-            r.policy,
-            fit::gib_and_gb(f.min_capacity_bytes),
-            f.probes,
-            if f.probes == 1 { "" } else { "s" }
+            "  but not on: {} (the memory their drivers report; --capacity CARD replays it)",
+            short.join(", ")
         );
-        if !report.host_memory {
-            let _ =
-                writeln!(s, "  {}", fit::cards_line(f.min_capacity_bytes, report.outside_bytes));
-        }
-        // A size that holds the run while a card sold at that size does not: the trap of
-        // nominal sizes, said per card.
-        let short: Vec<String> = r
-            .cards
-            .iter()
-            .filter(|c| c.fits)
-            .flat_map(|c| c.named.iter().filter(|n| !n.fits).map(move |n| (c, n)))
-            .map(|(c, n)| format!("{} ({}, not {})", n.card, format_bytes(n.bytes), c.card))
-            .collect();
-        if !short.is_empty() {
-            let _ = writeln!(
-                s,
-                "  but not on: {} (the memory their drivers report; --capacity CARD replays it)",
-                short.join(", ")
-            );
-        }
-        // A share of the GPU's memory: the card assumed is the capacity tried.
-        if r.config.split(',').any(|o| o.starts_with("per_process_memory_fraction:")) {
-            let _ = writeln!(
-                s,
-                "  note: per_process_memory_fraction is a share of the GPU's memory: each capacity \
-                 tried is taken as the card's whole memory, so this need holds on a card of that \
-                 size, not on a larger card shared"
-            );
-        }
-        if let Some(nm) = f.non_monotonic {
-            let _ = writeln!(
-                s,
-                "  note: not monotonic: it passes at {} but runs out at {}; reported the least \
-                 capacity above every failure seen",
-                format_bytes(nm.passes_at),
-                format_bytes(nm.fails_at)
-            );
-        }
+    }
+    // A share of the GPU's memory: the card assumed is the capacity tried.
+    if r.config.split(',').any(|o| o.starts_with("per_process_memory_fraction:")) {
+        let _ = writeln!(
+            s,
+            "  note: per_process_memory_fraction is a share of the GPU's memory: each capacity \
+             tried is taken as the card's whole memory, so this need holds on a card of that \
+             size, not on a larger card shared"
+        );
+    }
+    if let Some(nm) = f.non_monotonic {
+        let _ = writeln!(
+            s,
+            "  note: not monotonic: it passes at {} but runs out at {}; reported the least \
+             capacity above every failure seen",
+            format_bytes(nm.passes_at),
+            format_bytes(nm.fails_at)
+        );
     }
     s
 }

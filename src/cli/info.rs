@@ -247,6 +247,12 @@ fn render(path: &str, s: &Summary, extra: &dyn Fn(i32) -> Vec<String>) -> String
             count(allocs)
         );
     }
+    render_settings(&mut o, s);
+    o
+}
+
+/// The allocator settings the trace recorded.
+fn render_settings(o: &mut String, s: &Summary) {
     match &s.allocator_settings {
         Some(a) => {
             let split = a.max_split_size.map_or("unlimited".to_string(), format_bytes);
@@ -264,7 +270,6 @@ fn render(path: &str, s: &Summary, extra: &dyn Fn(i32) -> Vec<String>) -> String
             let _ = writeln!(o, "allocator settings: not recorded");
         }
     }
-    o
 }
 
 fn render_device(o: &mut String, d: &DeviceSummary, default: bool, extra: &[String]) {
@@ -310,6 +315,11 @@ fn render_device(o: &mut String, d: &DeviceSummary, default: bool, extra: &[Stri
         count(d.allocated_in_trace_live_at_end),
         format_bytes(d.live_at_end_bytes)
     );
+    render_span(o, d);
+}
+
+/// When the device's events happened, and its segments at the dump.
+fn render_span(o: &mut String, d: &DeviceSummary) {
     if let (Some(first), Some(span)) = (d.first_time_us, d.time_span_us) {
         let _ = writeln!(
             o,
@@ -326,6 +336,11 @@ fn render_device(o: &mut String, d: &DeviceSummary, default: bool, extra: &[Stri
             format_bytes(d.reserved_at_dump_bytes)
         );
     }
+    render_histogram(o, d);
+}
+
+/// The device's allocation sizes by power of two, as bars.
+fn render_histogram(o: &mut String, d: &DeviceSummary) {
     if !d.size_histogram.is_empty() {
         let _ = writeln!(o, "  alloc sizes by power of two:");
         let widest = d.size_histogram.iter().map(|b| b.count).max().unwrap_or(1).max(1);

@@ -439,28 +439,30 @@ pub fn read_capped(io: &Io, path: &Path, what: &str) -> Result<Vec<u8>> {
         };
         data.extend_from_slice(&chunk[..n]);
         if !checked {
-            if let Some(i) = data.iter().position(|b| !b.is_ascii_whitespace()) {
-                checked = true;
-                let skip = if data[i..].starts_with(b"\xef\xbb\xbf") { i + 3 } else { i };
-                match data.get(skip) {
-                    Some(b'{') => {}
-                    Some(&b) => {
-                        return Err(Error::input(format!(
-                            "the {what} is not a JSON file fragsim wrote: it starts with byte \
-                             0x{b:02x}, not '{{'"
-                        ))
-                        .in_file(path)
-                        .at(fragsim::error::Place::Byte(skip as u64)))
-                    }
-                    None => checked = false,
-                }
-            }
+            checked = starts_as_json(&data, what, path)?;
         }
         if data.len() as u64 > cap {
             return Err(too_big());
         }
     }
     Ok(data)
+}
+
+/// Whether `data`, the first bytes of the `what` at `path`, tell yet that it is a JSON object
+/// (its first byte past whitespace and a byte-order mark is `{`); an error where they tell it
+/// is not, so that a binary file is refused at its first chunk, not read to the cap.
+fn starts_as_json(data: &[u8], what: &str, path: &Path) -> Result<bool> {
+    let Some(i) = data.iter().position(|b| !b.is_ascii_whitespace()) else { return Ok(false) };
+    let skip = if data[i..].starts_with(b"\xef\xbb\xbf") { i + 3 } else { i };
+    match data.get(skip) {
+        Some(b'{') => Ok(true),
+        Some(&b) => Err(Error::input(format!(
+            "the {what} is not a JSON file fragsim wrote: it starts with byte 0x{b:02x}, not '{{'"
+        ))
+        .in_file(path)
+        .at(fragsim::error::Place::Byte(skip as u64))),
+        None => Ok(false),
+    }
 }
 
 /// The flags `replay` and `report` share: what to replay, against what, on which device.

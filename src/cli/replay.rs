@@ -83,23 +83,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         None => args.control.replay_session(io, path, device, &specs, frames)?,
     };
     super::note_unmodelled_options(&args.control, io, session.trace(), &specs);
-    let request = ReplayRequest {
-        specs: specs.clone(),
-        capacity: args.source.capacity.get().cloned(),
-        options: ReplayOptions {
-            empty_cache: empty_cache.clone(),
-            outside_bytes: args.outside,
-            backend: match args.backend {
-                Backend::Sim => BackendKind::Sim,
-                Backend::Cuda => BackendKind::Cuda,
-            },
-            cuda_ordinal: args.cuda_device,
-            touch: args.touch,
-            cancel: io.cancel.clone(),
-            ..ReplayOptions::default()
-        },
-        empty_cache_price: args.output_format() == OutputFormat::Table,
-    };
+    let request = request(&args, io, &specs, empty_cache);
     let bar = args.control.bar(io, specs.len(), "replaying");
     let tick = bar.tick();
     let settings = RunSettings {
@@ -120,9 +104,40 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     if let Some(out) = &args.export_snapshot {
         export(&session, &request, &answer, out, io)?;
     }
+    print(&args, &answer, io.out)?;
+    Ok(0)
+}
+
+/// The replay `args` ask for, of `specs` under the `empty_cache` what-if.
+fn request(
+    args: &Args,
+    io: &super::Io,
+    specs: &[PolicySpec],
+    empty_cache: fragsim::replay::EmptyCachePlan,
+) -> ReplayRequest {
+    ReplayRequest {
+        specs: specs.to_vec(),
+        capacity: args.source.capacity.get().cloned(),
+        options: ReplayOptions {
+            empty_cache,
+            outside_bytes: args.outside,
+            backend: match args.backend {
+                Backend::Sim => BackendKind::Sim,
+                Backend::Cuda => BackendKind::Cuda,
+            },
+            cuda_ordinal: args.cuda_device,
+            touch: args.touch,
+            cancel: io.cancel.clone(),
+            ..ReplayOptions::default()
+        },
+        empty_cache_price: args.output_format() == OutputFormat::Table,
+    }
+}
+
+/// Prints `answer` in the format asked for.
+fn print(args: &Args, answer: &ReplayAnswer, mut stdout: &mut dyn std::io::Write) -> Result<()> {
     let (results, recorded_row, whatif) =
         (&answer.results, answer.recorded.as_ref(), answer.empty_cache_effects.as_ref());
-    let mut stdout = &mut *io.out;
     let io = |e: std::io::Error| Error::writing("to stdout", e);
     match args.output_format() {
         OutputFormat::Json => {
@@ -152,7 +167,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
             }
         }
     }
-    Ok(0)
+    Ok(())
 }
 
 /// Writes the first spec's simulated run as a PyTorch snapshot (`--export-snapshot`), from a cold

@@ -88,32 +88,11 @@ fn written_grid(args: &Args, io: &mut super::Io) -> Result<Vec<String>> {
 /// Runs the command on `io`; `Ok` carries the exit code.
 pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     // Everything the user typed is checked before the first replay.
-    let written = written_grid(&args, io)?;
-    let all = grid::expand_all(std::iter::once(REFERENCE.to_string()).chain(written))?;
-    let mut specs = Vec::with_capacity(all.len());
-    for text in &all {
-        for spec in PolicySpec::parse_list(text)? {
-            specs.push(spec);
-        }
-    }
+    let specs = grid_specs(&args, io)?;
     let names: Vec<String> = specs.iter().map(PolicySpec::display).collect();
     Row::new("", &PolicyResult::default()).number(&args.objective)?;
-    // The grid id covers the capacity setting (a size as bytes, so `40GiB` and `42949672960`
-    // shards merge); with no flag each trace runs under the limit its recording implies.
-    let capacity_setting = match args.capacity.get() {
-        None | Some(super::CapacityArg::Recorded) => "capacity=recorded".to_string(),
-        Some(super::CapacityArg::Unlimited) => "capacity=None".to_string(),
-        Some(super::CapacityArg::Size { bytes, .. }) => format!("capacity={:?}", Some(bytes)),
-    };
     let shard = args.shard.as_deref().map(Shard::parse).transpose()?;
-    let mut identity = names.clone();
-    identity.push(capacity_setting);
-    // Parts of sweeps of different devices must not merge (the default keeps older grid ids).
-    if let Some(device) = args.device {
-        identity.push(format!("device={device}"));
-    }
-    let grid_id = sweep::grid_id(&identity);
-    let grid_settings = identity.split_off(names.len());
+    let (grid_id, grid_settings) = grid_identity(&args, &names);
     let control = args.control.clone();
     let traces_given = super::distinct_inputs(&args.traces, |n| control.note(io, n));
     if let Some(out) = &args.out {
@@ -135,38 +114,14 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         &bar,
     )?;
     bar.finish();
-    // Under the recording's own limit, a config may run out where the recording did.
-    for (t, r) in traces_given.iter().zip(&replayed) {
-        if let Some(event) = r.recorded_oom {
-            args.control.note(
-                io,
-                &format!(
-                    "{}: the recording itself ran out of memory (first at event {event}) under \
-                     the limit it implies: configs that run out there reproduce it; \
-                     --capacity none ranks them unlimited",
-                    t.display()
-                ),
-            );
-        }
-    }
+    note_recorded_ooms(&args.control, io, &traces_given, &replayed);
 
     let traces: Vec<String> = traces_given.iter().map(|t| t.display().to_string()).collect();
-    // Spec-major: the parts of a sharded sweep concatenate into the unsharded order.
-    let mut rows = Vec::with_capacity(specs.len() * traces.len());
-    for (i, name) in names.iter().enumerate() {
-        for (t, per_trace) in traces.iter().zip(&replayed) {
-            let row = Row::new(t.clone(), &per_trace.results[i]);
-            rows.push(SweepRow { spec: name.clone(), row });
-        }
-    }
+    let rows = rows(names, &traces, &replayed);
     let mut report = sweep::report(traces, &args.objective, rows, Some(REFERENCE))?;
     report.grid = Some(grid_id);
     report.shard = shard;
-    report.capacity = Some(match args.capacity.get() {
-        None | Some(super::CapacityArg::Recorded) => "recorded".to_string(),
-        Some(super::CapacityArg::Unlimited) => "none".to_string(),
-        Some(super::CapacityArg::Size { typed, .. }) => typed.clone(),
-    });
+    report.capacity = Some(capacity_label(args.capacity.get()));
     // A CPU profiler trace's host memory: CUDA's allocator settings do not apply to it.
     if !replayed.is_empty() && replayed.iter().all(|r| r.device < 0) {
         report = report.on_host();
@@ -181,14 +136,92 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
             fragsim::report::output::write_bytes(path, text.as_bytes())?;
             let part =
                 shard.map(|s| format!(" (part {}/{})", s.index, s.count)).unwrap_or_default();
-            args.control.note(
-                io,
-                &format!("wrote the sweep of {} configs{part} to {}", specs.len(), path.display()),
-            );
+            let done =
+                format!("wrote the sweep of {} configs{part} to {}", specs.len(), path.display());
+            args.control.note(io, &done);
         }
         None => print(&report, args.output.format(), io.out)?,
     }
     Ok(0)
+}
+
+/// The report's `capacity`: as typed, `recorded` (also with no flag) or `none`.
+fn capacity_label(capacity: Option<&super::CapacityArg>) -> String {
+    match capacity {
+        None | Some(super::CapacityArg::Recorded) => "recorded".to_string(),
+        Some(super::CapacityArg::Unlimited) => "none".to_string(),
+        Some(super::CapacityArg::Size { typed, .. }) => typed.clone(),
+    }
+}
+
+/// The specs to sweep: the recorded settings first, then the grid as written, expanded.
+fn grid_specs(args: &Args, io: &mut super::Io) -> Result<Vec<PolicySpec>> {
+    let written = written_grid(args, io)?;
+    let all = grid::expand_all(std::iter::once(REFERENCE.to_string()).chain(written))?;
+    let mut specs = Vec::with_capacity(all.len());
+    for text in &all {
+        specs.extend(PolicySpec::parse_list(text)?);
+    }
+    Ok(specs)
+}
+
+/// One row per config and trace, spec-major: the parts of a sharded sweep concatenate into the
+/// unsharded order.
+fn rows(
+    names: &[String],
+    traces: &[String],
+    replayed: &[super::progress::Replayed],
+) -> Vec<SweepRow> {
+    let mut rows = Vec::with_capacity(names.len() * traces.len());
+    for (i, name) in names.iter().enumerate() {
+        for (t, per_trace) in traces.iter().zip(replayed) {
+            let row = Row::new(t.clone(), &per_trace.results[i]);
+            rows.push(SweepRow { spec: name.clone(), row });
+        }
+    }
+    rows
+}
+
+/// The grid's id and the settings beside its specs that the id covers: the capacity setting (a
+/// size as bytes, so `40GiB` and `42949672960` shards merge; with no flag each trace runs under
+/// the limit its recording implies) and the device, where given (parts of sweeps of different
+/// devices must not merge; without one the id stays what older versions wrote).
+fn grid_identity(args: &Args, names: &[String]) -> (String, Vec<String>) {
+    let capacity_setting = match args.capacity.get() {
+        None | Some(super::CapacityArg::Recorded) => "capacity=recorded".to_string(),
+        Some(super::CapacityArg::Unlimited) => "capacity=None".to_string(),
+        Some(super::CapacityArg::Size { bytes, .. }) => format!("capacity={:?}", Some(bytes)),
+    };
+    let mut identity = names.to_vec();
+    identity.push(capacity_setting);
+    if let Some(device) = args.device {
+        identity.push(format!("device={device}"));
+    }
+    let grid_id = sweep::grid_id(&identity);
+    (grid_id, identity.split_off(names.len()))
+}
+
+/// Under the recording's own limit, a config may run out where the recording did: says so for
+/// each trace whose recording ran out.
+fn note_recorded_ooms(
+    control: &super::progress::Control,
+    io: &mut super::Io,
+    traces: &[PathBuf],
+    replayed: &[super::progress::Replayed],
+) {
+    for (t, r) in traces.iter().zip(replayed) {
+        if let Some(event) = r.recorded_oom {
+            control.note(
+                io,
+                &format!(
+                    "{}: the recording itself ran out of memory (first at event {event}) under \
+                     the limit it implies: configs that run out there reproduce it; \
+                     --capacity none ranks them unlimited",
+                    t.display()
+                ),
+            );
+        }
+    }
 }
 
 /// Prints a sweep report in `format`: `sweep` and `merge` print the same way, so a merged sweep
@@ -265,6 +298,17 @@ fn table(report: &SweepReport) -> String {
     for line in capacity_lines(report) {
         let _ = writeln!(s, "{line}");
     }
+    s += &ranking_lines(report);
+    s += &assumed_card_line(report);
+    s += &best_lines(report);
+    s
+}
+
+/// The ranking, one line per config, and which ran out of memory.
+fn ranking_lines(report: &SweepReport) -> String {
+    use std::fmt::Write as _;
+    let (obj, traces) = (&report.objective, report.traces.len());
+    let mut s = String::new();
     let reference = report.reference.as_deref().unwrap_or(REFERENCE);
     let ref_worst =
         report.ranking.iter().find(|r| r.spec == reference).and_then(|r| as_number(&r.worst));
@@ -299,15 +343,8 @@ fn table(report: &SweepReport) -> String {
                 None => r.spec.clone(),
             });
         }
-        let _ = writeln!(
-            s,
-            "{:>4}  {:<width$}  {:>16}  {:>w$}{oom}",
-            i + 1,
-            r.spec,
-            value,
-            vs,
-            w = vs_header.len()
-        );
+        let w = vs_header.len();
+        let _ = writeln!(s, "{:>4}  {:<width$}  {:>16}  {:>w$}{oom}", i + 1, r.spec, value, vs);
     }
     if !ran_out.is_empty() {
         let _ = writeln!(
@@ -316,7 +353,11 @@ fn table(report: &SweepReport) -> String {
             ran_out.join(", ")
         );
     }
-    // A share of the GPU's memory pays only on a card of that size: say which card was assumed.
+    s
+}
+
+/// A share of the GPU's memory pays only on a card of that size: which card was assumed.
+fn assumed_card_line(report: &SweepReport) -> String {
     let mut assumed: Vec<u64> = report
         .results
         .iter()
@@ -324,16 +365,24 @@ fn table(report: &SweepReport) -> String {
         .collect();
     assumed.sort_unstable();
     assumed.dedup();
-    if !assumed.is_empty() {
-        let cards: Vec<String> = assumed.iter().map(|&b| format_bytes(b)).collect();
-        let _ = writeln!(
-            s,
-            "\nper_process_memory_fraction (and a garbage_collection_threshold with it) is a share \
-             of the GPU's memory: these configs assume a GPU of {}; give --capacity CARD to model \
-             another card",
-            cards.join(" / ")
-        );
+    if assumed.is_empty() {
+        return String::new();
     }
+    let cards: Vec<String> = assumed.iter().map(|&b| format_bytes(b)).collect();
+    format!(
+        "\nper_process_memory_fraction (and a garbage_collection_threshold with it) is a share \
+         of the GPU's memory: these configs assume a GPU of {}; give --capacity CARD to model \
+         another card\n",
+        cards.join(" / ")
+    )
+}
+
+/// The best config, what it saves against the recorded settings, and the line to set it.
+fn best_lines(report: &SweepReport) -> String {
+    use std::fmt::Write as _;
+    let obj = &report.objective;
+    let mut s = String::new();
+    let reference = report.reference.as_deref().unwrap_or(REFERENCE);
     let Some(best) = &report.best else { return s };
     let value = best.objective.get(obj.as_str()).map(|v| show(obj, v)).unwrap_or_default();
     let _ = writeln!(s, "\nbest: {} ({obj} {value})", best.spec);
@@ -355,24 +404,17 @@ fn table(report: &SweepReport) -> String {
     if !report.ranking.first().is_some_and(|r| r.oom_free) {
         let _ = writeln!(s, "every config ran out of memory at this capacity on some trace");
     }
-    match &best.env {
-        Some(env) => {
-            let _ = writeln!(s, "{env}");
-        }
+    let line = match &best.env {
+        Some(env) => env.as_str(),
         None if report.host_memory => {
-            let _ = writeln!(
-                s,
-                "(host memory, device -1: CUDA allocator settings do not apply to it, so there is \
-                 no PYTORCH_CUDA_ALLOC_CONF to set; the ranking says how each policy would hold it)"
-            );
+            "(host memory, device -1: CUDA allocator settings do not apply to it, so there is \
+             no PYTORCH_CUDA_ALLOC_CONF to set; the ranking says how each policy would hold it)"
         }
         None if best.policy.starts_with("pytorch") => {
-            let _ = writeln!(s, "(the recorded settings differ per trace: no single export line)");
+            "(the recorded settings differ per trace: no single export line)"
         }
-        None => {
-            let _ =
-                writeln!(s, "(not a PyTorch config: there is no PYTORCH_CUDA_ALLOC_CONF to set)");
-        }
-    }
+        None => "(not a PyTorch config: there is no PYTORCH_CUDA_ALLOC_CONF to set)",
+    };
+    let _ = writeln!(s, "{line}");
     s
 }

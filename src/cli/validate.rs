@@ -76,21 +76,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         fragsim::report::output::refuse_input(out, "--export-snapshot", &[&args.snapshot])?;
     }
     let trace = super::read_trace(io, &args.snapshot, false)?;
-    // A snapshot records the allocator's decisions; so does a text or .fst trace written from
-    // one (it keeps the segment events). Anything else (Kineto, RMM, a bare alloc/free list)
-    // has nothing to validate against.
-    let segment_events = trace.devices.iter().flat_map(|d| &d.events).any(|e| {
-        use fragsim::trace::Action::*;
-        matches!(e.action, SegmentAlloc | SegmentFree | SegmentMap | SegmentUnmap)
-    });
-    if trace.format != fragsim::trace::Format::PytorchSnapshot && !segment_events {
-        return Err(fragsim::error::Error::usage(format!(
-            "{}: validate needs a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot), \
-             not a {} trace: only a snapshot records the allocator's own decisions",
-            args.snapshot.display(),
-            trace.format.name()
-        )));
-    }
+    refuse_without_decisions(&args.snapshot, &trace)?;
     let session = Session::of_trace(trace, &args.snapshot, args.device)?;
     let options = ValidateOptions {
         device: args.device,
@@ -133,6 +119,25 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         write!(out, "{}", table(&v, args.verbose)).map_err(io)?;
     }
     Ok(if v.mismatches.is_empty() { 0 } else { 1 })
+}
+
+/// A snapshot records the allocator's decisions; so does a text or .fst trace written from one
+/// (it keeps the segment events). Anything else (Kineto, RMM, a bare alloc/free list) has
+/// nothing to validate against: a usage error naming the file.
+fn refuse_without_decisions(path: &std::path::Path, trace: &fragsim::trace::Trace) -> Result<()> {
+    let segment_events = trace.devices.iter().flat_map(|d| &d.events).any(|e| {
+        use fragsim::trace::Action::*;
+        matches!(e.action, SegmentAlloc | SegmentFree | SegmentMap | SegmentUnmap)
+    });
+    if trace.format != fragsim::trace::Format::PytorchSnapshot && !segment_events {
+        return Err(Error::usage(format!(
+            "{}: validate needs a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot), \
+             not a {} trace: only a snapshot records the allocator's own decisions",
+            path.display(),
+            trace.format.name()
+        )));
+    }
+    Ok(())
 }
 
 /// The answer for people: the match counts, the mismatches (the first ten unless `verbose`)
