@@ -129,6 +129,35 @@ fn merged_shards_equal_the_unsharded_sweep_and_other_grids_are_refused() {
 }
 
 #[test]
+fn a_sweep_of_all_policies_shards_and_merges_with_each_config_once() {
+    // `-p all` holds `pytorch`, the recorded settings every sweep starts with: it runs once,
+    // and each part lists the grid `merge` expects.
+    let trace = real_trace("cs336-lm-step-b.pickle");
+    let t = trace.to_str().unwrap();
+    let whole = json(&run(&["sweep", t, "-p", "all", "--json"]));
+    let ranked: Vec<&str> =
+        whole["ranking"].as_array().unwrap().iter().map(|r| r["spec"].as_str().unwrap()).collect();
+    assert_eq!(ranked.iter().filter(|s| **s == "pytorch").count(), 1, "{ranked:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = vec!["merge".to_string()];
+    for i in [1, 2] {
+        let part = dir.path().join(format!("part{i}.json")).to_string_lossy().into_owned();
+        let shard = format!("{i}/2");
+        let out = run(&["sweep", t, "-p", "all", "--shard", &shard, "--out", &part]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let written: Value =
+            serde_json::from_str(&std::fs::read_to_string(&part).unwrap()).unwrap();
+        let specs: Vec<&str> =
+            written["grid_specs"].as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect();
+        assert_eq!(specs.iter().filter(|s| **s == "pytorch").count(), 1, "{specs:?}");
+        args.push(part);
+    }
+    args.push("--json".into());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert_eq!(untimed(json(&run(&args))), untimed(whole));
+}
+
+#[test]
 fn check_exits_0_1_and_2() {
     let trace = real_trace("cs336-lm-step-c.pickle");
     let t = trace.to_str().unwrap();

@@ -154,13 +154,20 @@ fn capacity_label(capacity: Option<&super::CapacityArg>) -> String {
     }
 }
 
-/// The specs to sweep: the recorded settings first, then the grid as written, expanded.
+/// The specs to sweep: the recorded settings first, then the grid as written, expanded, each
+/// config once.
 fn grid_specs(args: &Args, io: &mut super::Io) -> Result<Vec<PolicySpec>> {
     let written = written_grid(args, io)?;
     let all = grid::expand_all(std::iter::once(REFERENCE.to_string()).chain(written))?;
-    let mut specs = Vec::with_capacity(all.len());
+    let mut specs: Vec<PolicySpec> = Vec::with_capacity(all.len());
     for text in &all {
-        specs.extend(PolicySpec::parse_list(text)?);
+        for spec in PolicySpec::parse_list(text)? {
+            // A config written twice (`-p all` holds the recorded settings again) runs once,
+            // so that each part of a sharded sweep lists the grid `merge` expects.
+            if !specs.iter().any(|s| s.display() == spec.display()) {
+                specs.push(spec);
+            }
+        }
     }
     Ok(specs)
 }
