@@ -60,7 +60,7 @@ impl SimDevice {
     }
 
     /// Counts `bytes` as used outside the allocator (CUDA context, NCCL buffers, other processes).
-    pub fn with_outside_usage(mut self, bytes: u64) -> SimDevice {
+    pub(crate) fn with_outside_usage(mut self, bytes: u64) -> SimDevice {
         self.outside = bytes;
         self
     }

@@ -161,7 +161,7 @@ pub struct DiffReport {
 
 /// The note of [`DiffReport::note`] for sides whose traces follow `rule_a` and `rule_b`, grouped
 /// `by`; `None` where their sites can match.
-pub fn unlike_sites_note(rule_a: SiteRule, rule_b: SiteRule, by: GroupBy) -> Option<String> {
+pub(crate) fn unlike_sites_note(rule_a: SiteRule, rule_b: SiteRule, by: GroupBy) -> Option<String> {
     if rule_a == rule_b || !matches!(by, GroupBy::Site | GroupBy::Function | GroupBy::File) {
         return None;
     }
@@ -387,7 +387,7 @@ fn fold_moves(mut moved: Vec<Moved>, top: usize) -> Vec<Moved> {
 
 /// Every site of either run with its bytes in both, largest |delta| first, beyond `top` folded
 /// into `(other)` (which keeps the sums exact).
-pub fn site_deltas(
+pub(crate) fn site_deltas(
     a: &HashMap<String, u64>,
     b: &HashMap<String, u64>,
     top: usize,
@@ -564,7 +564,10 @@ fn myers<T: PartialEq>(a: &[T], b: &[T], max_edits: usize) -> Option<Vec<(usize,
 }
 
 /// Pairs the k-th occurrence of each value in `a` with the k-th in `b`, in `a`'s order.
-pub fn align_by_rank<T: Eq + std::hash::Hash + Copy>(a: &[T], b: &[T]) -> Vec<(usize, usize)> {
+pub(crate) fn align_by_rank<T: Eq + std::hash::Hash + Copy>(
+    a: &[T],
+    b: &[T],
+) -> Vec<(usize, usize)> {
     let mut positions: HashMap<T, std::collections::VecDeque<usize>> = HashMap::new();
     for (j, y) in b.iter().enumerate() {
         positions.entry(*y).or_default().push_back(j);

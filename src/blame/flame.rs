@@ -62,7 +62,7 @@ pub fn folded(a: &Attribution, trace: &Trace) -> Vec<String> {
 }
 
 /// `a`'s flame graph as an SVG document, titled `title`; an error when nothing is live.
-pub fn svg_of(a: &Attribution, trace: &Trace, title: &str) -> Result<String> {
+pub(crate) fn svg_of(a: &Attribution, trace: &Trace, title: &str) -> Result<String> {
     svg(&folded(a, trace), title)
 }
 

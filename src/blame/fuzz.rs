@@ -38,7 +38,7 @@ const GROUPINGS: [super::GroupBy; 5] = {
 };
 
 /// [`blame`] on a trace already read; `pick` chooses the moment and the grouping.
-pub fn blame_trace(trace: &Trace, pick: u8) -> bool {
+pub(crate) fn blame_trace(trace: &Trace, pick: u8) -> bool {
     use super::{BlameOptions, Moment};
     let Ok(input) = ReplayInput::new(trace, None) else { return false };
     // Every moment but `oom`, which a replay without a capacity never reaches.
@@ -112,7 +112,7 @@ pub fn diff_input(format_a: u8, a: &[u8], format_b: u8, b: &[u8], pick: u8) -> V
 }
 
 /// [`diff`] on two traces already read; `pick` chooses the grouping and the policies.
-pub fn diff_traces(a: &Trace, b: &Trace, pick: u8) -> bool {
+pub(crate) fn diff_traces(a: &Trace, b: &Trace, pick: u8) -> bool {
     use super::diff::{diff, Side};
     use super::{BlameOptions, Moment};
     let (Ok(input_a), Ok(input_b)) = (ReplayInput::new(a, None), ReplayInput::new(b, None)) else {

@@ -283,7 +283,7 @@ pub fn blame(
 /// The recorded run broken down at `options.at` ([`recorded`]), where the trace records its
 /// layout and the moment exists in it (`--at oom`: where it recorded an OOM); `None` also where
 /// the recording contradicts itself (a block outside the recorded segments).
-pub fn attribute_recorded(
+pub(crate) fn attribute_recorded(
     input: &ReplayInput,
     options: &BlameOptions,
     keys: &Keys,
@@ -334,7 +334,7 @@ pub const BEFORE_FIRST_LIVE: &str = "live bytes peak before the first event (the
 /// The note for a run whose state before the first event (`start` bytes reserved) held at least
 /// its highest reserved memory during the trace (`during`, first reached after event `at`): a
 /// snapshot recorded mid-run, whose cache at the peak may be the one it started with.
-pub fn higher_start(start: u64, during: u64, at: u64) -> Option<String> {
+pub(crate) fn higher_start(start: u64, during: u64, at: u64) -> Option<String> {
     let gb = crate::units::format_bytes;
     if start > during {
         Some(format!(
@@ -404,7 +404,7 @@ pub fn peak_live_event(input: &ReplayInput) -> u64 {
 /// and whether it is the state before the first event (the blocks live when a snapshot's
 /// recording began, more than any event leaves live: then the event is 0 and the moment is
 /// before it, where `bound`'s `peak_requested_bytes` reads it too).
-pub fn peak_live_moment(input: &ReplayInput) -> (u64, bool) {
+pub(crate) fn peak_live_moment(input: &ReplayInput) -> (u64, bool) {
     let mut live: AddrMap<u64> = AddrMap::default();
     let mut now: u64 = 0;
     for b in input.live_at_start() {
@@ -730,7 +730,7 @@ impl<'i> Keys<'i> {
     }
 
     /// The name of the group of `origin`'s request (a site, or what stands for one).
-    pub fn name_of(&self, origin: Origin) -> String {
+    pub(crate) fn name_of(&self, origin: Origin) -> String {
         self.name(self.key(origin))
     }
 

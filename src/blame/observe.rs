@@ -166,7 +166,7 @@ impl<'e> Layout<'e> {
     }
 
     /// The block last freed into `[a, b)`, if any.
-    pub fn last_freed_in(&self, a: u64, b: u64) -> Option<Origin> {
+    pub(crate) fn last_freed_in(&self, a: u64, b: u64) -> Option<Origin> {
         let mut best: Option<(u64, Origin)> = None;
         for (_, f) in self.freed.range(..b).rev() {
             if f.end <= a {

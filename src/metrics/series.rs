@@ -41,7 +41,7 @@ impl Default for Series {
 
 impl Series {
     /// An empty series that keeps about `budget` points (at least 16).
-    pub fn with_budget(budget: usize) -> Series {
+    pub(crate) fn with_budget(budget: usize) -> Series {
         Series { points: Vec::new(), budget: budget.max(16) }
     }
 

@@ -62,7 +62,7 @@ pub struct PlannedPolicy {
 impl ReportPlan {
     /// The policies for `--policy` values as given (`all` expands to unnamed entries); with none,
     /// every built-in policy, unnamed.
-    pub fn policies_from(values: &[String]) -> Result<Vec<PlannedPolicy>> {
+    pub(crate) fn policies_from(values: &[String]) -> Result<Vec<PlannedPolicy>> {
         if values.is_empty() {
             return PolicySpec::parse_list("all").map(|specs| {
                 specs.into_iter().map(|spec| PlannedPolicy { spec, named: false }).collect()
@@ -132,7 +132,7 @@ impl TraceSummary {
 
     /// Where a moment sits on a chart's x axis: seconds since the first event, or the event index
     /// when the trace records no times.
-    pub fn x_of(&self, time_us: i64, event: u64) -> f64 {
+    pub(crate) fn x_of(&self, time_us: i64, event: u64) -> f64 {
         if self.has_times {
             (time_us - self.first_time_us) as f64 / self.time_unit().0
         } else {
@@ -141,13 +141,13 @@ impl TraceSummary {
     }
 
     /// The end of the x axis.
-    pub fn x_end(&self) -> f64 {
+    pub(crate) fn x_end(&self) -> f64 {
         self.x_of(self.last_time_us, self.events.saturating_sub(1))
     }
 
     /// The unit of the time axis, chosen by the recorded span so ticks stay readable: (µs per
     /// unit, unit name). A 14 ms trace is plotted in ms, not as a row of "0.01 s" ticks.
-    pub fn time_unit(&self) -> (f64, &'static str) {
+    pub(crate) fn time_unit(&self) -> (f64, &'static str) {
         let span = self.last_time_us.saturating_sub(self.first_time_us);
         if span >= 2_000_000 {
             (1e6, "s")
@@ -159,7 +159,7 @@ impl TraceSummary {
     }
 
     /// The x axis description.
-    pub fn x_desc(&self) -> &'static str {
+    pub(crate) fn x_desc(&self) -> &'static str {
         if self.has_times {
             match self.time_unit().1 {
                 "s" => "time since the first event (s)",
@@ -172,7 +172,7 @@ impl TraceSummary {
     }
 
     /// The recorded time span in words, e.g. `2.31 s`.
-    pub fn span_text(&self) -> String {
+    pub(crate) fn span_text(&self) -> String {
         if self.has_times {
             format!("{:.3} s", (self.last_time_us - self.first_time_us) as f64 / 1e6)
         } else {

@@ -464,7 +464,7 @@ fn config_items(config: &str) -> Vec<&str> {
 }
 
 /// `peak` over `bound` in percent (`None` without a positive bound).
-pub fn over_bound(peak: u64, bound: Option<u64>) -> Option<f64> {
+pub(crate) fn over_bound(peak: u64, bound: Option<u64>) -> Option<f64> {
     match bound {
         Some(b) if b > 0 => Some((peak as f64 / b as f64 - 1.0) * 100.0),
         _ => None,
@@ -473,7 +473,7 @@ pub fn over_bound(peak: u64, bound: Option<u64>) -> Option<f64> {
 
 /// `p` percent with one decimal and its sign, except that a value that rounds to zero is
 /// `0.0%` (never `-0.0%` or `+0.0%`: two OOM runs at the same level are not "below bound").
-pub fn signed_percent(p: f64) -> String {
+pub(crate) fn signed_percent(p: f64) -> String {
     let text = format!("{p:+.1}%");
     if text.trim_start_matches(['+', '-']) == "0.0%" {
         "0.0%".to_string()
@@ -492,7 +492,7 @@ pub fn vs_recorded(result: &PolicyResult, recorded: &RecordedRow) -> Cell {
 
 /// The cells of `columns` for the recorded run beside `results`: what the file cannot tell is
 /// [`Cell::Unknown`] (a derived column is unknown when any key it is made from is).
-pub fn recorded_cells(
+pub(crate) fn recorded_cells(
     recorded: &RecordedRow,
     results: &[PolicyResult],
     columns: &[&Column],
@@ -543,7 +543,7 @@ pub struct SummaryTable {
 }
 
 /// Builds the [`SummaryTable`] of `results` labelled by `labels`, beside `recorded`.
-pub fn summary_table(
+pub(crate) fn summary_table(
     results: &[PolicyResult],
     labels: Vec<String>,
     recorded: Option<&RecordedRow>,
@@ -566,7 +566,7 @@ pub fn summary_table(
 }
 
 /// `bound`'s peak among `results`, if it ran.
-pub fn bound_of(results: &[PolicyResult]) -> Option<u64> {
+pub(crate) fn bound_of(results: &[PolicyResult]) -> Option<u64> {
     results.iter().find(|r| r.policy == "bound").map(|r| r.peak_reserved_bytes)
 }
 

@@ -102,7 +102,7 @@ pub fn write(report: &ReplayReport, out: &mut impl Write) -> Result<()> {
 
 /// Writes a report's results as the `replay --json` object.
 #[cfg(feature = "charts")]
-pub fn write_report(data: &ReportData, out: &mut impl Write) -> Result<()> {
+pub(crate) fn write_report(data: &ReportData, out: &mut impl Write) -> Result<()> {
     let results = data.results();
     write(
         &ReplayReport {

@@ -12,7 +12,7 @@ fn cell(s: &str) -> String {
 }
 
 /// Writes the summary of `data` as Markdown.
-pub fn write_summary(data: &ReportData, out: &mut impl Write) -> Result<()> {
+pub(crate) fn write_summary(data: &ReportData, out: &mut impl Write) -> Result<()> {
     let io = |e: std::io::Error| Error::writing("Markdown", e);
     let t = &data.trace;
     let mut s = String::new();

@@ -94,7 +94,7 @@ fn failed(path: &Path, doing: &str, e: std::io::Error) -> Error {
 
 /// Where writing the file `path` (given with `flag`) leads: see [`Target`]. A folder or a block
 /// device is refused.
-pub fn file_target(path: &Path, flag: &str) -> Result<Target> {
+pub(crate) fn file_target(path: &Path, flag: &str) -> Result<Target> {
     if path == Path::new("-") || path == Path::new("/dev/stdout") {
         return Ok(Target::Stdout);
     }
@@ -167,7 +167,7 @@ pub fn write_whole(path: &Path, write: impl FnOnce(&mut dyn Write) -> Result<()>
 }
 
 /// [`write_whole`], naming the output by its `flag` in a refusal (`--out`, `--flamegraph`).
-pub fn write_output(
+pub(crate) fn write_output(
     path: &Path,
     flag: &str,
     write: impl FnOnce(&mut dyn Write) -> Result<()>,
@@ -238,7 +238,7 @@ fn default_permissions() -> Option<std::fs::Permissions> {
 }
 
 /// [`write_whole`] of `bytes`.
-pub fn write_bytes(path: &Path, bytes: &[u8]) -> Result<()> {
+pub(crate) fn write_bytes(path: &Path, bytes: &[u8]) -> Result<()> {
     write_whole(path, |w| w.write_all(bytes).map_err(|e| Error::writing("the file", e)))
 }
 
@@ -259,7 +259,7 @@ impl Staging {
     }
 
     /// [`Staging::new`], naming the output by its `flag` in a refusal.
-    pub fn for_flag(target: &Path, flag: &str) -> Result<Staging> {
+    pub(crate) fn for_flag(target: &Path, flag: &str) -> Result<Staging> {
         let Target::Folder(at) = folder_target(target, flag)? else {
             return Err(Error::usage(format!("{flag} {}: not a folder", target.display())));
         };

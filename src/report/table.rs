@@ -17,7 +17,10 @@ pub fn render(results: &[PolicyResult]) -> String {
 /// Like [`render`], with the recorded run (when the trace carries its figures) as a first row,
 /// `-` where the file cannot tell, and a `vs recorded` column: each policy's peak reserved
 /// against the recorded peak.
-pub fn render_with_recorded(results: &[PolicyResult], recorded: Option<&RecordedRow>) -> String {
+pub(crate) fn render_with_recorded(
+    results: &[PolicyResult],
+    recorded: Option<&RecordedRow>,
+) -> String {
     let table = columns::summary_table(results, columns::labels(results), recorded);
     let header: Vec<&str> = table.headers.iter().map(|h| h.0).collect();
     let mut text: Vec<Vec<String>> = table
@@ -79,7 +82,7 @@ pub fn render_with_recorded(results: &[PolicyResult], recorded: Option<&Recorded
 /// snapshot's cache that does not fit under `per_process_memory_fraction` or `--capacity`):
 /// what was installed, and that the live blocks left out were allocated anew before the first
 /// event (an OOM at event 0 where they could not be). Empty when every start state fit.
-pub fn start_fit_lines(results: &[PolicyResult]) -> String {
+pub(crate) fn start_fit_lines(results: &[PolicyResult]) -> String {
     let mut out = String::new();
     for (r, label) in results.iter().zip(columns::labels(results)) {
         let Some(f) = &r.start_state else { continue };
@@ -109,7 +112,7 @@ pub fn start_fit_lines(results: &[PolicyResult]) -> String {
 /// snapshot's recovered cache, before the first event): one line naming those runs, since their
 /// peak is no moment the program asked for memory, and saying that `frag@live peak` reads the
 /// cache when live bytes peaked. Empty when no run peaked at its start.
-pub fn start_peak_line(results: &[PolicyResult], recorded: Option<&RecordedRow>) -> String {
+pub(crate) fn start_peak_line(results: &[PolicyResult], recorded: Option<&RecordedRow>) -> String {
     let mut names: Vec<String> = recorded
         .filter(|r| r.peak_at_start == Some(true))
         .map(|r| r.policy.clone())

@@ -113,7 +113,7 @@ impl Policy for Toy {
 
 /// A text trace of a training-like pattern: a stack of activations that grows and shrinks each
 /// step, with small temporaries, over `steps` steps (times in µs).
-pub fn training_text(steps: usize) -> String {
+pub(crate) fn training_text(steps: usize) -> String {
     let mut lines = vec!["# fragsim text trace v1".to_string()];
     let mut t: i64 = 1_700_000_000_000_000;
     let mut next = 0x7f00_0000_0000u64;
@@ -153,7 +153,7 @@ pub fn text_trace(text: &str) -> Trace {
 
 /// A report over `trace` with `n` toy policies (plus `bound` first), the segment map from the
 /// first toy policy at its peak, as `collect` would build it.
-pub fn toy_report(trace: &Trace, n: usize) -> ReportData {
+pub(crate) fn toy_report(trace: &Trace, n: usize) -> ReportData {
     let input = ReplayInput::new(trace, None).expect("device");
     let options =
         ReplayOptions { keep_series: true, series_budget: PLOT_POINTS, ..ReplayOptions::default() };

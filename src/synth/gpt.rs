@@ -53,7 +53,7 @@ const BUCKET_BYTES: u64 = 25 << 20;
 
 /// The element count of every parameter, in `model.parameters()` order: `wte`, `wpe`, each
 /// block's twelve, then `ln_f`'s weight and bias.
-pub fn parameter_shapes(c: &SynthConfig) -> Vec<u64> {
+pub(crate) fn parameter_shapes(c: &SynthConfig) -> Vec<u64> {
     let h = c.hidden;
     let mut shapes = vec![c.vocab * h, c.seq * h];
     for _ in 0..c.layers {

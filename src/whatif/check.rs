@@ -222,7 +222,7 @@ impl Baseline {
     }
 
     /// The file's text: pretty JSON and a final newline.
-    pub fn to_json(&self) -> String {
+    pub(crate) fn to_json(&self) -> String {
         let mut s = serde_json::to_string_pretty(self).unwrap_or_default();
         s.push('\n');
         s

@@ -269,14 +269,14 @@ pub const DEFAULT_OUTSIDE: u64 = 512 * MIB;
 impl Card {
     /// The nominal size in GB (`80` for "80 GB"), which names the cards sold at it
     /// ([`crate::units::cards::of_nominal`]).
-    pub fn nominal_gb(&self) -> u32 {
+    pub(crate) fn nominal_gb(&self) -> u32 {
         u32::try_from(self.bytes >> 30).unwrap_or(u32::MAX)
     }
 }
 
 /// Whether a run needing `min_capacity` bytes of allocator memory fits on each of [`CARDS`], with
 /// `outside` bytes used outside the allocator.
-pub fn cards_fit(min_capacity: u64, outside: u64) -> Vec<(Card, bool)> {
+pub(crate) fn cards_fit(min_capacity: u64, outside: u64) -> Vec<(Card, bool)> {
     CARDS.iter().map(|c| (*c, fits(c.bytes, min_capacity, outside))).collect()
 }
 

@@ -186,7 +186,7 @@ fn too_many(what: &str) -> Error {
 
 /// Expands several specs ([`expand`] each) into one list, in order, dropping repeats (the first
 /// occurrence keeps its place); the total is capped at [`MAX_POINTS`].
-pub fn expand_all(specs: impl IntoIterator<Item = String>) -> Result<Vec<String>> {
+pub(crate) fn expand_all(specs: impl IntoIterator<Item = String>) -> Result<Vec<String>> {
     let mut out: Vec<String> = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for spec in specs {
@@ -208,7 +208,7 @@ pub fn expand_all(specs: impl IntoIterator<Item = String>) -> Result<Vec<String>
 /// `expandable_segments:False`, which states the defaults explicitly (an empty value would mean
 /// "the recorded settings" to `-p pytorch:`, and `unset` would not override a value the user's
 /// job script sets).
-pub fn conf_value(config: &Config) -> String {
+pub(crate) fn conf_value(config: &Config) -> String {
     let mut c = config.clone();
     if c.roundup_power2_divisions.iter().all(|&d| d <= 1) {
         c.roundup_power2_divisions = [0; INTERVALS];
@@ -235,7 +235,7 @@ pub fn conf_value(config: &Config) -> String {
 /// single-quoted when it holds characters a POSIX shell would interpret (`[`, `]` glob and `>`
 /// redirects, from a divisions list). PyTorch 2.9 also reads `PYTORCH_ALLOC_CONF`; the CUDA name
 /// works on every 2.x release.
-pub fn export_line(config: &Config) -> String {
+pub(crate) fn export_line(config: &Config) -> String {
     let value = conf_value(config);
     let var = config.flavour.env_var();
     let plain = value.chars().all(|c| c.is_ascii_alphanumeric() || "_:,.=+-".contains(c));

@@ -131,7 +131,7 @@ fn expected(file: &Path, path: &str, wanted: &str, found: &Value) -> Error {
 /// Checks one result object at `path` in `file`: every key known and of its type, every key a
 /// result always has present (the timings too unless `timings_optional`, as a baseline leaves them
 /// out). `skip` lists keys the caller handles itself (`trace`, `spec`).
-pub fn check_result(
+pub(crate) fn check_result(
     map: &Map<String, Value>,
     file: &Path,
     path: &str,
@@ -144,7 +144,7 @@ pub fn check_result(
 /// [`check_result`] for a result a baseline is read from (`replay --json`, `sweep --json`): a
 /// metric may be `null`, a row with no value for it (the `recorded` row's
 /// `fragmentation_at_peak`), which `check` then skips.
-pub fn check_baseline_result(
+pub(crate) fn check_baseline_result(
     map: &Map<String, Value>,
     file: &Path,
     path: &str,
@@ -252,7 +252,7 @@ fn path_or_top(path: &str) -> &str {
 }
 
 /// Parses JSON text, naming the line and column of a syntax error.
-pub fn parse_json(data: &[u8], file: &Path, hint: &str) -> Result<Value> {
+pub(crate) fn parse_json(data: &[u8], file: &Path, hint: &str) -> Result<Value> {
     serde_json::from_slice(data).map_err(|e| {
         Error::input(format!("not JSON: {e} (line {}, column {}); {hint}", e.line(), e.column()))
             .in_file(file)
@@ -456,7 +456,7 @@ fn check_labels(map: &Map<String, Value>, spec: &str, file: &Path, path: &str) -
 /// (`pytorch-npu` torch_npu's, `pytorch-cuda` CUDA's), with expandable segments for
 /// `pytorch-expandable`, and holding every option the spec sets (setting the spec's options on
 /// it changes nothing).
-pub fn config_mismatch(spec: &str, config: &str) -> Option<String> {
+pub(crate) fn config_mismatch(spec: &str, config: &str) -> Option<String> {
     use crate::policy::pytorch::config::{split_version, Config, Flavour};
     let (name, options) = spec.split_once(':').unwrap_or((spec, ""));
     let info = match crate::policy::lookup(name) {
@@ -549,7 +549,7 @@ fn built_config(info: &crate::policy::PolicyInfo, options: &str) -> Result<Strin
 
 /// Refuses a second row for the same (trace, policy, config) among `rows`, naming both indices
 /// as `what[i]` in `file`.
-pub fn no_repeated_rows(rows: &[Row], file: &Path, what: &str) -> Result<()> {
+pub(crate) fn no_repeated_rows(rows: &[Row], file: &Path, what: &str) -> Result<()> {
     let mut seen = std::collections::HashMap::new();
     for (i, r) in rows.iter().enumerate() {
         if let Some(first) = seen.insert((r.trace.as_str(), r.policy(), r.config()), i) {

@@ -31,7 +31,7 @@ impl Row {
     }
 
     /// A row from a JSON result object (a `replay --json` `results` entry).
-    pub fn from_json(trace: impl Into<String>, result: Map<String, Value>) -> Row {
+    pub(crate) fn from_json(trace: impl Into<String>, result: Map<String, Value>) -> Row {
         Row { trace: trace.into(), result }
     }
 
@@ -68,13 +68,13 @@ impl Row {
     }
 
     /// The keys whose values are numbers, in the result's order.
-    pub fn numeric_keys(&self) -> Vec<&str> {
+    pub(crate) fn numeric_keys(&self) -> Vec<&str> {
         self.result.iter().filter(|(_, v)| v.is_number()).map(|(k, _)| k.as_str()).collect()
     }
 }
 
 /// A JSON number or boolean as a number; anything else (null, text) is `None`.
-pub fn as_number(v: &Value) -> Option<f64> {
+pub(crate) fn as_number(v: &Value) -> Option<f64> {
     match v {
         Value::Number(n) => n.as_f64(),
         Value::Bool(b) => Some(f64::from(u8::from(*b))),

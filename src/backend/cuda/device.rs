@@ -115,7 +115,7 @@ impl CudaDevice {
 
     /// With `touch`, every new segment and mapped range is written once (`cuMemsetD8_v2`), so
     /// the driver really backs its pages (`--touch`).
-    pub fn with_touch(mut self, touch: bool) -> CudaDevice {
+    pub(crate) fn with_touch(mut self, touch: bool) -> CudaDevice {
         self.touch = touch;
         let (total, used) = {
             let s = self.recorder.borrow().summary();
@@ -136,7 +136,7 @@ impl CudaDevice {
     }
 
     /// `(free, total)` device memory as the driver reports it now.
-    pub fn memory_info(&self) -> Result<(u64, u64)> {
+    pub(crate) fn memory_info(&self) -> Result<(u64, u64)> {
         self.driver.mem_get_info().map_err(driver_error("cuMemGetInfo_v2".into()))
     }
 

@@ -26,12 +26,12 @@ pub fn name(result: sys::CUresult) -> String {
 }
 
 /// True when `result` is `CUDA_ERROR_OUT_OF_MEMORY`.
-pub fn is_out_of_memory(result: sys::CUresult) -> bool {
+pub(crate) fn is_out_of_memory(result: sys::CUresult) -> bool {
     result == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY
 }
 
 /// True when libcuda can be loaded (nothing is called in it).
-pub fn library_present() -> bool {
+pub(crate) fn library_present() -> bool {
     // SAFETY: only tries to dlopen libcuda (and closes it again); calls no driver function.
     unsafe { sys::is_culib_present() }
 }
@@ -77,7 +77,7 @@ impl Driver {
     }
 
     /// `cuDeviceGetCount`: devices the driver can see.
-    pub fn device_count(self) -> CuResult<i32> {
+    pub(crate) fn device_count(self) -> CuResult<i32> {
         let mut count: std::ffi::c_int = 0;
         // SAFETY: the driver is initialised (a `Driver` exists); `count` is a live local.
         check(unsafe { sys::cuDeviceGetCount(&mut count) })?;
@@ -86,7 +86,7 @@ impl Driver {
 
     /// `cuDeviceGet` then `cuDevicePrimaryCtxRetain` and `cuCtxSetCurrent`: the device's primary
     /// context (the one the CUDA runtime and PyTorch use), current on this thread.
-    pub fn retain_primary_context(self, ordinal: i32) -> CuResult<PrimaryContext> {
+    pub(crate) fn retain_primary_context(self, ordinal: i32) -> CuResult<PrimaryContext> {
         let mut device: sys::CUdevice = 0;
         // SAFETY: initialised driver; `device` is a live local out-parameter.
         check(unsafe { sys::cuDeviceGet(&mut device, ordinal) })?;
@@ -104,7 +104,7 @@ impl Driver {
 
     /// `cuCtxSetCurrent`: makes `context` current on this thread again (other code on the
     /// thread may have switched contexts since it was retained).
-    pub fn make_current(self, context: PrimaryContext) -> CuResult<()> {
+    pub(crate) fn make_current(self, context: PrimaryContext) -> CuResult<()> {
         // SAFETY: `context` is retained until `release_primary_context` consumes it.
         check(unsafe { sys::cuCtxSetCurrent(context.context) })
     }
@@ -112,13 +112,13 @@ impl Driver {
     /// `cuDevicePrimaryCtxRelease_v2`: gives back one retain; the driver destroys the context
     /// when the last one is gone. It is not detached from the thread, so that another retain
     /// of the same primary context on this thread keeps working.
-    pub fn release_primary_context(self, context: PrimaryContext) -> CuResult<()> {
+    pub(crate) fn release_primary_context(self, context: PrimaryContext) -> CuResult<()> {
         // SAFETY: releases the one retain `retain_primary_context` made on this device.
         check(unsafe { sys::cuDevicePrimaryCtxRelease_v2(context.device) })
     }
 
     /// `cuMemAlloc_v2`: `size` bytes of device memory (what `cudaMalloc` does).
-    pub fn mem_alloc(self, size: u64) -> CuResult<u64> {
+    pub(crate) fn mem_alloc(self, size: u64) -> CuResult<u64> {
         let mut ptr: sys::CUdeviceptr = 0;
         let size = usize::try_from(size).map_err(|_| sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
         // SAFETY: initialised driver with a current context; `ptr` is a live local.
@@ -127,7 +127,7 @@ impl Driver {
     }
 
     /// `cuMemFree_v2`: frees memory from [`Driver::mem_alloc`].
-    pub fn mem_free(self, ptr: u64) -> CuResult<()> {
+    pub(crate) fn mem_free(self, ptr: u64) -> CuResult<()> {
         // SAFETY: `ptr` is a device address the host never dereferences; an address the driver
         // did not hand out is rejected with CUDA_ERROR_INVALID_VALUE.
         check(unsafe { sys::cuMemFree_v2(ptr) })
@@ -162,7 +162,7 @@ impl Driver {
     }
 
     /// `cuMemAddressReserve`: `size` bytes of virtual address space aligned to `alignment`.
-    pub fn address_reserve(self, size: u64, alignment: u64) -> CuResult<u64> {
+    pub(crate) fn address_reserve(self, size: u64, alignment: u64) -> CuResult<u64> {
         let too_big = |_| sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY;
         let size = usize::try_from(size).map_err(too_big)?;
         let alignment = usize::try_from(alignment).map_err(too_big)?;
@@ -173,14 +173,14 @@ impl Driver {
     }
 
     /// `cuMemAddressFree`: releases a whole reservation (its pages must be unmapped).
-    pub fn address_free(self, ptr: u64, size: u64) -> CuResult<()> {
+    pub(crate) fn address_free(self, ptr: u64, size: u64) -> CuResult<()> {
         let size = usize::try_from(size).map_err(|_| sys::CUresult::CUDA_ERROR_INVALID_VALUE)?;
         // SAFETY: device addresses only; the driver checks they name a reservation.
         check(unsafe { sys::cuMemAddressFree(ptr, size) })
     }
 
     /// `cuMemCreate`: `size` bytes (a multiple of the granularity) of physical memory.
-    pub fn mem_create(self, device: sys::CUdevice, size: u64) -> CuResult<Handle> {
+    pub(crate) fn mem_create(self, device: sys::CUdevice, size: u64) -> CuResult<Handle> {
         let size = usize::try_from(size).map_err(|_| sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
         let prop = Self::allocation_prop(device);
         let mut handle: Handle = 0;
@@ -190,14 +190,14 @@ impl Driver {
     }
 
     /// `cuMemMap`: backs `[ptr, ptr + size)` with all of `handle` (not yet accessible).
-    pub fn mem_map(self, ptr: u64, size: u64, handle: Handle) -> CuResult<()> {
+    pub(crate) fn mem_map(self, ptr: u64, size: u64, handle: Handle) -> CuResult<()> {
         let size = usize::try_from(size).map_err(|_| sys::CUresult::CUDA_ERROR_INVALID_VALUE)?;
         // SAFETY: device addresses and a handle from cuMemCreate; offset and flags must be 0.
         check(unsafe { sys::cuMemMap(ptr, size, 0, handle, 0) })
     }
 
     /// `cuMemSetAccess`: read-write access for `device` to the mapped `[ptr, ptr + size)`.
-    pub fn set_access(self, device: sys::CUdevice, ptr: u64, size: u64) -> CuResult<()> {
+    pub(crate) fn set_access(self, device: sys::CUdevice, ptr: u64, size: u64) -> CuResult<()> {
         let size = usize::try_from(size).map_err(|_| sys::CUresult::CUDA_ERROR_INVALID_VALUE)?;
         // SAFETY: as for `allocation_prop`: all-zero bytes are a valid access descriptor.
         let mut access: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
@@ -210,7 +210,7 @@ impl Driver {
 
     /// `cuMemGetInfo_v2`: (free, total) bytes of the current context's device, as the driver
     /// sees them (other processes' memory included).
-    pub fn mem_get_info(self) -> CuResult<(u64, u64)> {
+    pub(crate) fn mem_get_info(self) -> CuResult<(u64, u64)> {
         let (mut free, mut total): (usize, usize) = (0, 0);
         // SAFETY: two live local out-parameters.
         check(unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) })?;
@@ -219,7 +219,7 @@ impl Driver {
 
     /// `cuMemsetD8_v2`: writes `value` to `[ptr, ptr + size)` of device memory, so the pages
     /// behind it are really backed (`--touch`).
-    pub fn memset_d8(self, ptr: u64, value: u8, size: u64) -> CuResult<()> {
+    pub(crate) fn memset_d8(self, ptr: u64, value: u8, size: u64) -> CuResult<()> {
         let size = usize::try_from(size).map_err(|_| sys::CUresult::CUDA_ERROR_INVALID_VALUE)?;
         // SAFETY: the host never dereferences `ptr`; the driver checks the range is device
         // memory this context owns and fails with an error code otherwise.
@@ -228,7 +228,7 @@ impl Driver {
 
     /// `cuMemUnmap`: unmaps exactly one earlier [`Driver::mem_map`] range (the driver cannot
     /// unmap part of a mapping).
-    pub fn mem_unmap(self, ptr: u64, size: u64) -> CuResult<()> {
+    pub(crate) fn mem_unmap(self, ptr: u64, size: u64) -> CuResult<()> {
         let size = usize::try_from(size).map_err(|_| sys::CUresult::CUDA_ERROR_INVALID_VALUE)?;
         // SAFETY: device addresses only; the host never touched the mapped memory.
         check(unsafe { sys::cuMemUnmap(ptr, size) })
@@ -236,7 +236,7 @@ impl Driver {
 
     /// `cuMemRelease`: gives back a [`Driver::mem_create`] handle; the memory is freed once no
     /// mapping uses it.
-    pub fn mem_release(self, handle: Handle) -> CuResult<()> {
+    pub(crate) fn mem_release(self, handle: Handle) -> CuResult<()> {
         // SAFETY: the handle is an opaque integer the driver validates.
         check(unsafe { sys::cuMemRelease(handle) })
     }

@@ -25,7 +25,7 @@ const BOTTOM: u32 = 60;
 
 /// Pieces of the fragmentation step line of `run` in percent: broken where reserved is zero
 /// (no memory held, so no fragmentation to speak of).
-pub fn fragmentation_pieces(trace: &TraceSummary, run: &PolicyRun) -> Vec<Vec<(f64, f64)>> {
+pub(crate) fn fragmentation_pieces(trace: &TraceSummary, run: &PolicyRun) -> Vec<Vec<(f64, f64)>> {
     let pts = plotted_points(run);
     let x_end = x_range(trace).end;
     let mut pieces = Vec::new();

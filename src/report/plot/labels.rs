@@ -26,7 +26,7 @@ impl Occupancy {
     }
 
     /// Marks the pixels within `half` pixels of the path through `points` with `weight`.
-    pub fn mark_path(&mut self, points: &[(i32, i32)], half: i32, weight: u32) {
+    pub(crate) fn mark_path(&mut self, points: &[(i32, i32)], half: i32, weight: u32) {
         for pair in points.windows(2) {
             let ((ax, ay), (bx, by)) = (pair[0], pair[1]);
             let steps = (bx - ax).abs().max((by - ay).abs()).max(1);
@@ -39,7 +39,7 @@ impl Occupancy {
     }
 
     /// Marks every pixel of the rectangle `a..=b` with `weight` (the largest weight wins).
-    pub fn mark_rect(&mut self, a: (i32, i32), b: (i32, i32), weight: u32) {
+    pub(crate) fn mark_rect(&mut self, a: (i32, i32), b: (i32, i32), weight: u32) {
         let xs = (a.0.min(b.0) - self.x0).max(0)..=(a.0.max(b.0) - self.x0).min(self.w - 1);
         let ys = (a.1.min(b.1) - self.y0).max(0)..=(a.1.max(b.1) - self.y0).min(self.h - 1);
         for y in ys {
@@ -52,7 +52,7 @@ impl Occupancy {
 
     /// Marks, in each pixel column, everything from `points`' path down to the bottom of the
     /// area: a filled area under a step line.
-    pub fn mark_below(&mut self, points: &[(i32, i32)], weight: u32) {
+    pub(crate) fn mark_below(&mut self, points: &[(i32, i32)], weight: u32) {
         let bottom = self.y0 + self.h - 1;
         for pair in points.windows(2) {
             let ((ax, ay), (bx, by)) = (pair[0], pair[1]);
@@ -200,7 +200,7 @@ fn crosses(((ax, ay), (bx, by)): ((i32, i32), (i32, i32)), r: LabelBox) -> bool 
 }
 
 /// The point of `b`'s edge nearest to `p`: where a leader line from `p` meets the box.
-pub fn nearest_edge(b: LabelBox, p: (i32, i32)) -> (i32, i32) {
+pub(crate) fn nearest_edge(b: LabelBox, p: (i32, i32)) -> (i32, i32) {
     (p.0.clamp(b.0, b.2 - 1), p.1.clamp(b.1, b.3 - 1))
 }
 

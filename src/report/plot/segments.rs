@@ -26,7 +26,7 @@ const TARGET_LINES: u64 = 48;
 /// Lays segments (sorted largest first) into lines of `line_bytes` each, in order, starting a new
 /// line when the next segment does not fit (the first segment of a line always fits, as no
 /// segment is longer than a line). Returns the lines as index lists into `sizes`.
-pub fn pack(sizes: &[u64], line_bytes: u64) -> Vec<Vec<usize>> {
+pub(crate) fn pack(sizes: &[u64], line_bytes: u64) -> Vec<Vec<usize>> {
     let mut lines: Vec<Vec<usize>> = Vec::new();
     let mut used = 0u64;
     for (i, &size) in sizes.iter().enumerate() {
@@ -98,7 +98,11 @@ pub fn runs(segment: &Segment) -> Vec<(u64, u64, Part)> {
 /// bytes; neighbouring spans of one part are merged. So a segment costs at most one rectangle per
 /// pixel column however many blocks it has: a trace with a hundred thousand live blocks at its
 /// peak still makes a small SVG.
-pub fn pixel_runs(runs: &[(u64, u64, Part)], x0: i32, bytes_per_px: f64) -> Vec<(i32, i32, Part)> {
+pub(crate) fn pixel_runs(
+    runs: &[(u64, u64, Part)],
+    x0: i32,
+    bytes_per_px: f64,
+) -> Vec<(i32, i32, Part)> {
     let bpp = if bytes_per_px > 0.0 { bytes_per_px } else { 1.0 };
     let pixel = |o: u64| (o as f64 / bpp).floor() as i64;
     let first_byte = |p: i64| (p as f64 * bpp).ceil().max(0.0) as u64;

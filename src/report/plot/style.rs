@@ -81,12 +81,12 @@ pub fn text(size: u32) -> TextStyle<'static> {
 }
 
 /// Bold text of `size` pixels.
-pub fn bold(size: u32) -> TextStyle<'static> {
+pub(crate) fn bold(size: u32) -> TextStyle<'static> {
     (FONT, size).into_font().style(FontStyle::Bold).color(&INK)
 }
 
 /// Text anchored at `h`/`v` of its box.
-pub fn anchored(style: TextStyle<'static>, h: HPos, v: VPos) -> TextStyle<'static> {
+pub(crate) fn anchored(style: TextStyle<'static>, h: HPos, v: VPos) -> TextStyle<'static> {
     style.pos(Pos::new(h, v))
 }
 
@@ -116,7 +116,7 @@ pub const ROUNDING: RGBColor = RGBColor(213, 120, 0);
 pub const CACHED: RGBColor = RGBColor(176, 212, 236);
 
 /// One policy's colour, by its position in the report (Okabe–Ito order, extended).
-pub fn policy_color(i: usize) -> RGBColor {
+pub(crate) fn policy_color(i: usize) -> RGBColor {
     const PALETTE: [RGBColor; 10] = [
         RGBColor(0, 114, 178),   // blue
         RGBColor(213, 94, 0),    // vermillion
@@ -158,7 +158,7 @@ pub enum Marker {
 }
 
 /// One policy's marker, by its position in the report.
-pub fn policy_marker(i: usize) -> Marker {
+pub(crate) fn policy_marker(i: usize) -> Marker {
     const MARKERS: [Marker; 10] = [
         Marker::Circle,
         Marker::Square,
@@ -176,7 +176,7 @@ pub fn policy_marker(i: usize) -> Marker {
 }
 
 /// Draws `marker` centred at pixel `(x, y)` with half-size `r`.
-pub fn draw_marker<DB: DrawingBackend>(
+pub(crate) fn draw_marker<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     marker: Marker,
     (x, y): (i32, i32),
@@ -270,7 +270,7 @@ pub const BAND_WIDTH: u32 = 10;
 pub const LEGEND_LINE: i32 = 24;
 
 /// Draws `entries` one per line from pixel `(x, y)` (top left) on `area`.
-pub fn draw_legend<DB: DrawingBackend>(
+pub(crate) fn draw_legend<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     (x, y): (i32, i32),
     entries: &[LegendEntry],
@@ -290,7 +290,7 @@ pub fn draw_legend<DB: DrawingBackend>(
 }
 
 /// Draws entries side by side in one row starting at `(x, cy)` (vertical centre).
-pub fn draw_legend_row<DB: DrawingBackend>(
+pub(crate) fn draw_legend_row<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     (x, cy): (i32, i32),
     entries: &[LegendEntry],
@@ -306,7 +306,7 @@ pub fn draw_legend_row<DB: DrawingBackend>(
 }
 
 /// Draws a chart's title, centred at the top of `root`, a chart `width` pixels wide.
-pub fn draw_title<DB: DrawingBackend>(
+pub(crate) fn draw_title<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
     title: &str,
     width: u32,
@@ -317,7 +317,7 @@ pub fn draw_title<DB: DrawingBackend>(
 
 /// Draws the grid, axes and labels of a chart of memory against `x_desc`, as every such chart
 /// draws them.
-pub fn draw_memory_mesh<DB: DrawingBackend>(
+pub(crate) fn draw_memory_mesh<DB: DrawingBackend>(
     chart: &mut ChartContext<
         '_,
         DB,
@@ -336,7 +336,7 @@ pub fn draw_memory_mesh<DB: DrawingBackend>(
 
 /// Gives `mesh` the look every chart's grid, axes and labels share: label and tick text sizes,
 /// a white minor grid, a light major grid and ink-coloured axes.
-pub fn house_mesh<'m, 'a, 'b, X: Ranged, Y: Ranged, DB: DrawingBackend>(
+pub(crate) fn house_mesh<'m, 'a, 'b, X: Ranged, Y: Ranged, DB: DrawingBackend>(
     mesh: &'m mut plotters::chart::MeshStyle<'a, 'b, X, Y, DB>,
 ) -> &'m mut plotters::chart::MeshStyle<'a, 'b, X, Y, DB> {
     mesh.axis_desc_style(text(LABEL))
@@ -349,7 +349,7 @@ pub fn house_mesh<'m, 'a, 'b, X: Ranged, Y: Ranged, DB: DrawingBackend>(
 /// Draws the legend of a chart that splits memory into requested, rounding and cached-free
 /// parts (the [`REQUESTED`], [`ROUNDING`] and [`CACHED`] swatches), with each chart's own words
 /// for the three, in one row at `at` (see [`draw_legend_row`]).
-pub fn draw_parts_legend<DB: DrawingBackend>(
+pub(crate) fn draw_parts_legend<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     at: (i32, i32),
     [requested, rounding, cached]: [&str; 3],
@@ -404,7 +404,7 @@ fn draw_sample<DB: DrawingBackend>(
 
 /// An estimate of `s`'s width in pixels at `size` (DejaVu Sans averages ~0.58 em per character).
 /// Used for layout before drawing; it errs on the wide side.
-pub fn text_width(s: &str, size: u32) -> i32 {
+pub(crate) fn text_width(s: &str, size: u32) -> i32 {
     (s.chars().count() as f64 * size as f64 * 0.60).ceil() as i32
 }
 
@@ -422,7 +422,7 @@ pub fn truncate(s: &str, max: usize) -> String {
 pub use crate::units::ByteScale;
 
 /// A tick label with as few decimals as the axis needs.
-pub fn tick(v: f64) -> String {
+pub(crate) fn tick(v: f64) -> String {
     if v == 0.0 {
         "0".into()
     } else if v.abs() >= 100.0 || (v - v.round()).abs() < 1e-9 {
@@ -438,7 +438,7 @@ pub fn tick(v: f64) -> String {
 /// Splits a step function (value holds from each point to the next) at `x` boundaries into dash
 /// pieces `[k·period, k·period + dash]`, so a dashed line costs one path per dash however jagged the
 /// data is (a dash laid along the path's length would cost one element per zig-zag in SVG).
-pub fn dash_by_x(path: &[(f64, f64)], period: f64, dash: f64) -> Vec<Vec<(f64, f64)>> {
+pub(crate) fn dash_by_x(path: &[(f64, f64)], period: f64, dash: f64) -> Vec<Vec<(f64, f64)>> {
     let mut out = Vec::new();
     let (Some(first), Some(last)) = (path.first(), path.last()) else { return out };
     if period.is_nan() || dash.is_nan() || period <= 0.0 || dash <= 0.0 {
@@ -480,7 +480,7 @@ fn value_before(path: &[(f64, f64)], i: usize, x: f64) -> f64 {
 }
 
 /// The vertices of a step line through `(x, y)` points, held until `x_end`.
-pub fn step_path(points: &[(f64, f64)], x_end: f64) -> Vec<(f64, f64)> {
+pub(crate) fn step_path(points: &[(f64, f64)], x_end: f64) -> Vec<(f64, f64)> {
     let mut out = Vec::with_capacity(points.len() * 2 + 1);
     for (k, &(x, y)) in points.iter().enumerate() {
         if k > 0 {
@@ -497,7 +497,7 @@ pub fn step_path(points: &[(f64, f64)], x_end: f64) -> Vec<(f64, f64)> {
 }
 
 /// The value of a step function (points sorted by x) at `x`.
-pub fn step_value(points: &[(f64, f64)], x: f64) -> Option<f64> {
+pub(crate) fn step_value(points: &[(f64, f64)], x: f64) -> Option<f64> {
     let k = points.partition_point(|p| p.0 <= x);
     k.checked_sub(1).and_then(|k| points.get(k)).map(|p| p.1)
 }
