@@ -356,7 +356,6 @@ const LONGER: &[(&str, &str, usize)] = &[
     ("src/trace/lifetimes.rs", "digest", 159),
     ("src/whatif/input.rs", "read_part", 159),
     ("src/report/html.rs", "write_index", 154),
-    ("src/explain/mod.rs", "explain", 162),
     ("src/policy/pytorch/config.rs", "apply_skipping", 161),
 ];
 

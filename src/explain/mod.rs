@@ -253,30 +253,7 @@ pub fn explain(input: &ReplayInput, trace: &str, options: &ExplainOptions) -> Re
     } else {
         Moment::Peak
     });
-    let count = input.event_count();
-    let (kind, stop) = match at {
-        Moment::Oom => match full.result.first_oom_event {
-            Some(e) => ("oom", e),
-            None => {
-                return Err(Error::usage(format!(
-                    "--at oom: {} never runs out{}",
-                    spec.display(),
-                    match options.replay.capacity {
-                        Some(c) => format!(" under a capacity of {c} B"),
-                        None => " (give --capacity)".to_string(),
-                    }
-                )))
-            }
-        },
-        Moment::Peak | Moment::PeakLive => ("peak", full.detail.peak_reserved_during_trace_event),
-        Moment::Event(n) if n < count => ("event", n),
-        Moment::Event(n) => {
-            return Err(Error::usage(format!(
-                "--at {n}: the device has {count} events (0 to {})",
-                count.saturating_sub(1)
-            )))
-        }
-    };
+    let (kind, stop) = moment_of(at, &full, input, options)?;
     if kind == "peak" && full.result.peak_at_start {
         let during = full.detail.peak_reserved_during_trace_bytes;
         notes.extend(blame::higher_start(full.result.peak_reserved_bytes, during, stop));
@@ -306,39 +283,7 @@ pub fn explain(input: &ReplayInput, trace: &str, options: &ExplainOptions) -> Re
     // The request the free blocks are judged against: at a peak, the pool and stream of the
     // event that made it.
     let judged = Judged::new(config.as_ref(), request, stream, event);
-    let seg_reserved: u64 = out.segments.iter().map(|s| s.total_size).sum();
-    let seg_allocated: u64 = out
-        .segments
-        .iter()
-        .flat_map(|s| &s.blocks)
-        .filter(|b| b.state != BlockState::Inactive)
-        .map(|b| b.size)
-        .sum();
-    let mut free: Vec<FreeBytes> = KINDS
-        .iter()
-        .map(|&kind| FreeBytes { kind, bytes: 0, blocks: 0, largest_bytes: 0 })
-        .collect();
-    if (seg_reserved, seg_allocated) == (a.reserved_bytes, allocated) {
-        for s in &out.segments {
-            for b in s.blocks.iter().filter(|b| b.state == BlockState::Inactive) {
-                let k = judged.kind(s, b.size);
-                let row = &mut free[KINDS.iter().position(|&x| x == k).unwrap_or(5)];
-                row.bytes += b.size;
-                row.blocks += 1;
-                row.largest_bytes = row.largest_bytes.max(b.size);
-            }
-        }
-    } else {
-        notes.push(format!(
-            "{} does not show its blocks at this moment: every cached-free byte is counted as \
-             too_small",
-            spec.display()
-        ));
-        let row = &mut free[5];
-        row.bytes = a.cached_free_bytes;
-        row.blocks = u64::from(a.cached_free_bytes > 0);
-        row.largest_bytes = a.cached_free_bytes;
-    }
+    let free = free_by_kind(&out, &a, &judged, spec, &mut notes);
     let stranded = stranded_segments(&out.segments, &layout, &keys, options.top);
     let request_bytes = request.map_or(0, |r| r.0);
     let at_moment = a.live_bytes.saturating_add(request_bytes);
@@ -350,21 +295,14 @@ pub fn explain(input: &ReplayInput, trace: &str, options: &ExplainOptions) -> Re
         (b.result.peak_requested_bytes, b.result.peak_event)
     };
     let needs_bytes = at_moment.max(least);
-    let verdict = match (kind, options.replay.capacity) {
-        ("oom", Some(c)) if at_moment > c => Verdict::Capacity,
-        ("oom", Some(c)) if least > c => {
-            notes.push(format!(
-                "this OOM itself is fragmentation ({} live + the request fit in the limit), but \
-                 live requested bytes reach {} at event {least_event}, above the limit: no \
-                 allocator runs this trace in it",
-                crate::units::format_bytes(a.live_bytes),
-                crate::units::format_bytes(least),
-            ));
-            Verdict::Capacity
-        }
-        ("oom", _) => Verdict::Fragmentation,
-        _ => Verdict::Fits,
-    };
+    let verdict = verdict(
+        kind,
+        options.replay.capacity,
+        at_moment,
+        (least, least_event),
+        a.live_bytes,
+        &mut notes,
+    );
     if kind == "oom" && options.replay.capacity.is_none() {
         notes.push("the recording's own OOM, replayed without a limit".into());
     }
@@ -401,6 +339,113 @@ pub fn explain(input: &ReplayInput, trace: &str, options: &ExplainOptions) -> Re
         e.fixes = fixes(input, options, config.as_ref(), &e, full.result.peak_reserved_bytes)?;
     }
     Ok(e)
+}
+
+/// The moment `at` names in the run `full`: its kind (`oom`, `peak`, `event`) and event.
+fn moment_of(
+    at: Moment,
+    full: &crate::replay::ReplayOutput,
+    input: &ReplayInput,
+    options: &ExplainOptions,
+) -> Result<(&'static str, u64)> {
+    let spec = &options.spec;
+    let count = input.event_count();
+    Ok(match at {
+        Moment::Oom => match full.result.first_oom_event {
+            Some(e) => ("oom", e),
+            None => {
+                return Err(Error::usage(format!(
+                    "--at oom: {} never runs out{}",
+                    spec.display(),
+                    match options.replay.capacity {
+                        Some(c) => format!(" under a capacity of {c} B"),
+                        None => " (give --capacity)".to_string(),
+                    }
+                )))
+            }
+        },
+        Moment::Peak | Moment::PeakLive => ("peak", full.detail.peak_reserved_during_trace_event),
+        Moment::Event(n) if n < count => ("event", n),
+        Moment::Event(n) => {
+            return Err(Error::usage(format!(
+                "--at {n}: the device has {count} events (0 to {})",
+                count.saturating_sub(1)
+            )))
+        }
+    })
+}
+
+/// The cached-free bytes of the run `out` at the moment, by kind, judged against `judged`
+/// (every byte `too_small`, with a note, where the policy does not show its blocks).
+fn free_by_kind(
+    out: &crate::replay::ReplayOutput,
+    a: &blame::Attribution,
+    judged: &Judged,
+    spec: &PolicySpec,
+    notes: &mut Vec<String>,
+) -> Vec<FreeBytes> {
+    let allocated = a.live_bytes + a.rounding_bytes;
+    let seg_reserved: u64 = out.segments.iter().map(|s| s.total_size).sum();
+    let seg_allocated: u64 = out
+        .segments
+        .iter()
+        .flat_map(|s| &s.blocks)
+        .filter(|b| b.state != BlockState::Inactive)
+        .map(|b| b.size)
+        .sum();
+    let mut free: Vec<FreeBytes> = KINDS
+        .iter()
+        .map(|&kind| FreeBytes { kind, bytes: 0, blocks: 0, largest_bytes: 0 })
+        .collect();
+    if (seg_reserved, seg_allocated) == (a.reserved_bytes, allocated) {
+        for s in &out.segments {
+            for b in s.blocks.iter().filter(|b| b.state == BlockState::Inactive) {
+                let k = judged.kind(s, b.size);
+                let row = &mut free[KINDS.iter().position(|&x| x == k).unwrap_or(5)];
+                row.bytes += b.size;
+                row.blocks += 1;
+                row.largest_bytes = row.largest_bytes.max(b.size);
+            }
+        }
+    } else {
+        notes.push(format!(
+            "{} does not show its blocks at this moment: every cached-free byte is counted as \
+             too_small",
+            spec.display()
+        ));
+        let row = &mut free[5];
+        row.bytes = a.cached_free_bytes;
+        row.blocks = u64::from(a.cached_free_bytes > 0);
+        row.largest_bytes = a.cached_free_bytes;
+    }
+    free
+}
+
+/// Capacity or fragmentation: whether the live bytes and the request at the moment exceed the
+/// limit, or the live bytes of the whole trace do (`least`, at its event); `fits` at a peak.
+fn verdict(
+    kind: &str,
+    capacity: Option<u64>,
+    at_moment: u64,
+    (least, least_event): (u64, u64),
+    live_bytes: u64,
+    notes: &mut Vec<String>,
+) -> Verdict {
+    match (kind, capacity) {
+        ("oom", Some(c)) if at_moment > c => Verdict::Capacity,
+        ("oom", Some(c)) if least > c => {
+            notes.push(format!(
+                "this OOM itself is fragmentation ({} live + the request fit in the limit), but \
+                 live requested bytes reach {} at event {least_event}, above the limit: no \
+                 allocator runs this trace in it",
+                crate::units::format_bytes(live_bytes),
+                crate::units::format_bytes(least),
+            ));
+            Verdict::Capacity
+        }
+        ("oom", _) => Verdict::Fragmentation,
+        _ => Verdict::Fits,
+    }
 }
 
 /// What free blocks are judged against: the request (or, at a peak, the event's stream and
