@@ -354,8 +354,6 @@ const LONGER: &[(&str, &str, usize)] = &[
     ("src/validate/mod.rs", "validate", 223),
     ("src/report/plot/segments.rs", "draw", 166),
     ("src/trace/lifetimes.rs", "digest", 159),
-    ("src/whatif/input.rs", "read_part", 159),
-    ("src/report/html.rs", "write_index", 154),
     ("src/policy/pytorch/config.rs", "apply_skipping", 161),
 ];
 

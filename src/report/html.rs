@@ -100,7 +100,21 @@ pub fn write_index(
             .unwrap_or_default()
     );
 
-    // The table.
+    h += &results_html(data);
+    h += &charts_html(data, &have);
+    h += &trace_html(t);
+    h += &configs_html(data);
+    h += &format!(
+        "<p><small>Made by fragsim {} with <code>fragsim report</code>.</small></p>\n",
+        escape(data.version)
+    );
+    h += "</body>\n</html>\n";
+    out.write_all(h.as_bytes()).map_err(io)
+}
+
+/// The results table and the links to its exact numbers.
+fn results_html(data: &ReportData) -> String {
+    let mut h = String::new();
     let results = data.results();
     let labels = data.runs.iter().map(|r| r.label.clone()).collect();
     let table = columns::summary_table(&results, labels, data.recorded.as_ref());
@@ -130,7 +144,12 @@ pub fn write_index(
         );
     }
 
-    // The charts.
+    h
+}
+
+/// Each chart written, with its caption.
+fn charts_html(data: &ReportData, have: &dyn Fn(&str) -> bool) -> String {
+    let mut h = String::new();
     for (stem, title, what) in CHARTS {
         let (png, svg) = (format!("{stem}.png"), format!("{stem}.svg"));
         if !(have(&png) && have(&svg)) {
@@ -156,7 +175,12 @@ pub fn write_index(
         h += "</figure>\n";
     }
 
-    // The trace.
+    h
+}
+
+/// What the trace holds.
+fn trace_html(t: &super::bundle::TraceSummary) -> String {
+    let mut h = String::new();
     h += "<h2>Trace</h2>\n<dl>\n";
     let mut fact = |k: &str, v: String| h += &format!("<dt>{}</dt><dd>{}</dd>\n", escape(k), v);
     // The file's name only: the path given may be this machine's absolute one.
@@ -207,7 +231,12 @@ pub fn write_index(
     }
     h += "</dl>\n";
 
-    // The configurations.
+    h
+}
+
+/// Each policy's exact configuration.
+fn configs_html(data: &ReportData) -> String {
+    let mut h = String::new();
     h += "<h2>Policy configurations</h2>\n<table>\n<tr><th>policy</th><th>exact configuration</th></tr>\n";
     for run in &data.runs {
         let config = &run.output.result.config;
@@ -219,12 +248,7 @@ pub fn write_index(
         );
     }
     h += "</table>\n";
-    h += &format!(
-        "<p><small>Made by fragsim {} with <code>fragsim report</code>.</small></p>\n",
-        escape(data.version)
-    );
-    h += "</body>\n</html>\n";
-    out.write_all(h.as_bytes()).map_err(io)
+    h
 }
 
 #[cfg(test)]

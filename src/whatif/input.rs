@@ -288,6 +288,63 @@ pub fn read_part(data: &[u8], file: &Path) -> Result<SweepReport> {
     if let Some(key) = top.keys().find(|k| !PART_KEYS.contains(&k.as_str())) {
         return Err(bad(file, key, format!("unknown key in a sweep part; {hint}")));
     }
+    let traces = read_traces(top, file)?;
+    let objective = required_text(top, "objective", file, "")?.to_string();
+    if !KEYS.iter().any(|k| {
+        k.0 == objective && matches!(k.1, Kind::Count | Kind::Fraction | Kind::Seconds | Kind::Flag)
+    }) {
+        return Err(bad(file, "objective", format!("'{objective}' is not a numeric result key")));
+    }
+    let reference = text(top, "reference", file, "")?.map(str::to_string);
+    let grid = required_text(top, "grid", file, "")?.to_string();
+    let shard = read_shard(top, file)?;
+    let grid_specs = strings(top, "grid_specs", "a spec", file)?;
+    let grid_settings = strings(top, "grid_settings", "a string", file)?;
+    let hashed = grid_id(&[grid_specs.as_slice(), grid_settings.as_slice()].concat());
+    if hashed != grid {
+        return Err(bad(
+            file,
+            "grid",
+            format!("'{grid}' is not the hash of grid_specs and grid_settings ({hashed}): the part was edited"),
+        ));
+    }
+    {
+        let mut seen = std::collections::HashSet::new();
+        if let Some((i, s)) = grid_specs.iter().enumerate().find(|(_, s)| !seen.insert(*s)) {
+            return Err(bad(file, &format!("grid_specs[{i}]"), format!("'{s}' is listed twice")));
+        }
+    }
+    let mine = match shard {
+        Some(s) => &grid_specs[s.range(grid_specs.len())],
+        None => &grid_specs[..],
+    };
+    let results = read_rows(top, file, mine, &traces)?;
+    Ok(SweepReport {
+        traces,
+        objective,
+        results,
+        ranking: Vec::new(),
+        best: None,
+        reference,
+        grid: Some(grid),
+        shard,
+        grid_specs: Some(grid_specs),
+        grid_settings: Some(grid_settings),
+        host_memory: match top.get("host_memory") {
+            None => false,
+            Some(Value::Bool(b)) => *b,
+            Some(v) => return Err(expected(file, "host_memory", "true or false", v)),
+        },
+        capacity: match top.get("capacity") {
+            None => None,
+            Some(Value::String(c)) => Some(c.clone()),
+            Some(v) => return Err(expected(file, "capacity", "a string", v)),
+        },
+    })
+}
+
+/// A part's `traces`: at least one, none twice.
+fn read_traces(top: &Map<String, Value>, file: &Path) -> Result<Vec<String>> {
     let traces_v = array(top, "traces", file, "")?;
     let mut traces: Vec<String> = Vec::with_capacity(traces_v.len());
     for (i, t) in traces_v.iter().enumerate() {
@@ -300,15 +357,12 @@ pub fn read_part(data: &[u8], file: &Path) -> Result<SweepReport> {
     if traces.is_empty() {
         return Err(bad(file, "traces", "a sweep holds at least one trace".into()));
     }
-    let objective = required_text(top, "objective", file, "")?.to_string();
-    if !KEYS.iter().any(|k| {
-        k.0 == objective && matches!(k.1, Kind::Count | Kind::Fraction | Kind::Seconds | Kind::Flag)
-    }) {
-        return Err(bad(file, "objective", format!("'{objective}' is not a numeric result key")));
-    }
-    let reference = text(top, "reference", file, "")?.map(str::to_string);
-    let grid = required_text(top, "grid", file, "")?.to_string();
-    let shard = match top.get("shard") {
+    Ok(traces)
+}
+
+/// A part's `shard`, if it names one: `index` of `count`, 1 <= index <= count.
+fn read_shard(top: &Map<String, Value>, file: &Path) -> Result<Option<Shard>> {
+    Ok(match top.get("shard") {
         None | Some(Value::Null) => None,
         Some(s) => {
             let o = object(s, file, "shard")?;
@@ -331,42 +385,29 @@ pub fn read_part(data: &[u8], file: &Path) -> Result<SweepReport> {
             }
             Some(Shard { index, count })
         }
-    };
-    let specs_v = array(top, "grid_specs", file, "")?;
-    let mut grid_specs = Vec::with_capacity(specs_v.len());
-    for (i, s) in specs_v.iter().enumerate() {
-        let s =
-            s.as_str().ok_or_else(|| expected(file, &format!("grid_specs[{i}]"), "a spec", s))?;
-        grid_specs.push(s.to_string());
+    })
+}
+
+/// The list of strings at `key`, each `what`.
+fn strings(top: &Map<String, Value>, key: &str, what: &str, file: &Path) -> Result<Vec<String>> {
+    let list = array(top, key, file, "")?;
+    let mut out = Vec::with_capacity(list.len());
+    for (i, s) in list.iter().enumerate() {
+        let s = s.as_str().ok_or_else(|| expected(file, &format!("{key}[{i}]"), what, s))?;
+        out.push(s.to_string());
     }
-    let settings_v = array(top, "grid_settings", file, "")?;
-    let mut grid_settings = Vec::with_capacity(settings_v.len());
-    for (i, s) in settings_v.iter().enumerate() {
-        let s = s
-            .as_str()
-            .ok_or_else(|| expected(file, &format!("grid_settings[{i}]"), "a string", s))?;
-        grid_settings.push(s.to_string());
-    }
-    let hashed = grid_id(&[grid_specs.as_slice(), grid_settings.as_slice()].concat());
-    if hashed != grid {
-        return Err(bad(
-            file,
-            "grid",
-            format!("'{grid}' is not the hash of grid_specs and grid_settings ({hashed}): the part was edited"),
-        ));
-    }
-    {
-        let mut seen = std::collections::HashSet::new();
-        if let Some((i, s)) = grid_specs.iter().enumerate().find(|(_, s)| !seen.insert(*s)) {
-            return Err(bad(file, &format!("grid_specs[{i}]"), format!("'{s}' is listed twice")));
-        }
-    }
-    let mine = match shard {
-        Some(s) => &grid_specs[s.range(grid_specs.len())],
-        None => &grid_specs[..],
-    };
+    Ok(out)
+}
+
+/// A part's `results`: spec-major, every spec of its shard (`mine`) on every trace, in order,
+/// each a result row whose labels are its spec's.
+fn read_rows(
+    top: &Map<String, Value>,
+    file: &Path,
+    mine: &[String],
+    traces: &[String],
+) -> Result<Vec<SweepRow>> {
     let results_v = array(top, "results", file, "")?;
-    // Spec-major: every spec of the shard on every trace, in order.
     let expected_rows = mine.len().saturating_mul(traces.len());
     if results_v.len() != expected_rows {
         return Err(bad(
@@ -403,28 +444,7 @@ pub fn read_part(data: &[u8], file: &Path) -> Result<SweepReport> {
         result.remove("trace");
         results.push(SweepRow { spec: spec.to_string(), row: Row::from_json(trace, result) });
     }
-    Ok(SweepReport {
-        traces,
-        objective,
-        results,
-        ranking: Vec::new(),
-        best: None,
-        reference,
-        grid: Some(grid),
-        shard,
-        grid_specs: Some(grid_specs),
-        grid_settings: Some(grid_settings),
-        host_memory: match top.get("host_memory") {
-            None => false,
-            Some(Value::Bool(b)) => *b,
-            Some(v) => return Err(expected(file, "host_memory", "true or false", v)),
-        },
-        capacity: match top.get("capacity") {
-            None => None,
-            Some(Value::String(c)) => Some(c.clone()),
-            Some(v) => return Err(expected(file, "capacity", "a string", v)),
-        },
-    })
+    Ok(results)
 }
 
 /// Refuses a part's row at `path` whose `policy` is not its spec's, or whose `config` is not one
