@@ -156,6 +156,137 @@ struct Peak {
 /// The capacity line's colour.
 const CAPACITY: RGBColor = RGBColor(200, 0, 0);
 
+impl Timeline<'_> {
+    /// The peaks to mark: the recorded run's, then each policy's from the highest down, each
+    /// placed by `at(x, bytes)`.
+    fn peaks(
+        &self,
+        recorded: &[crate::metrics::Point],
+        at: &dyn Fn(f64, u64) -> (i32, i32),
+    ) -> Vec<Peak> {
+        let trace = &self.data.trace;
+        let mut peaks: Vec<Peak> = Vec::new();
+        if let Some(p) = recorded.iter().max_by_key(|p| (p.reserved, std::cmp::Reverse(p.event))) {
+            let x = trace.x_of(p.time_us, p.event);
+            peaks.push(Peak {
+                at: at(x, p.reserved),
+                label: format!(
+                    "{} {} peak (event {})",
+                    crate::recorded::POLICY_NAME,
+                    format_bytes(p.reserved),
+                    p.event
+                ),
+                index: None,
+            });
+        }
+        let mut by_peak: Vec<&PolicyRun> = self.runs.clone();
+        by_peak.sort_by_key(|r| std::cmp::Reverse(r.output.result.peak_reserved_bytes));
+        for run in by_peak {
+            let d = &run.output.detail;
+            let x = trace.x_of(d.peak_reserved_time_us, d.peak_reserved_event);
+            // The value and the moment (the event at which reserved first reaches its peak);
+            // the marker and the legend say whose peak it is.
+            peaks.push(Peak {
+                at: at(x, run.output.result.peak_reserved_bytes),
+                label: format!(
+                    "{} peak (event {})",
+                    format_bytes(run.output.result.peak_reserved_bytes),
+                    d.peak_reserved_event
+                ),
+                index: Some(run.index),
+            });
+        }
+        peaks
+    }
+}
+
+/// The capacity `c` (at `y` on the chart) as a dashed red line across `x` with its value, its
+/// pixels marked taken so that no peak label covers it.
+fn draw_capacity<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    chart: &mut ChartContext<
+        '_,
+        DB,
+        Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+    >,
+    occupancy: &mut Occupancy,
+    (c, y): (u64, f64),
+    (x_start, x_end): (f64, f64),
+    period: f64,
+    (px_start, px_end): (i32, i32),
+) -> ChartResult {
+    let line = vec![(x_start, y), (x_end, y)];
+    let dashes = dash_by_x(&line, period, period * 0.5);
+    chart
+        .draw_series(dashes.into_iter().map(|d| PathElement::new(d, CAPACITY.stroke_width(2))))
+        .or_draw_error()?;
+    let at = chart.backend_coord(&(x_start, y));
+    let capacity_text = format!("capacity {}", format_bytes(c));
+    occupancy.mark_path(&[(px_start, at.1), (px_end, at.1)], 1, 3);
+    occupancy.mark_rect(
+        (at.0 + 6, at.1 - 4 - SMALL as i32),
+        (at.0 + 6 + text_width(&capacity_text, SMALL), at.1 - 4),
+        4,
+    );
+    root.draw(&Text::new(
+        capacity_text,
+        (at.0 + 6, at.1 - 4),
+        anchored(text(SMALL).color(&CAPACITY), HPos::Left, VPos::Bottom),
+    ))
+    .or_draw_error()?;
+    Ok(())
+}
+
+/// Draws each peak's label in its box (`boxes`, from [`labels::place`]) with a line to the
+/// peak, then the peak markers over everything.
+fn draw_peaks<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    peaks: &[Peak],
+    boxes: &[(i32, i32, i32, i32)],
+) -> ChartResult {
+    for (peak, b) in peaks.iter().zip(boxes) {
+        let color = peak.index.map_or(RECORDED, policy_color);
+        root.draw(&PathElement::new(
+            vec![peak.at, labels::nearest_edge(*b, peak.at)],
+            color.mix(0.8).stroke_width(1),
+        ))
+        .or_draw_error()?;
+    }
+    for (peak, b) in peaks.iter().zip(boxes) {
+        let color = peak.index.map_or(RECORDED, policy_color);
+        let (bx0, by0, bx1, by1) = *b;
+        let y = (by0 + by1) / 2;
+        root.draw(&Rectangle::new([(bx0, by0), (bx1, by1)], WHITE.mix(0.9).filled()))
+            .or_draw_error()?;
+        root.draw(&Rectangle::new([(bx0, by0), (bx1, by1)], color.stroke_width(1)))
+            .or_draw_error()?;
+        // The box holds the policy's marker, then the value: it reads in greyscale too.
+        let text_x = match peak.index {
+            Some(i) => {
+                draw_marker(root, policy_marker(i), (bx0 + 8, y), 4, color)?;
+                bx0 + 3 + LABEL_MARK
+            }
+            None => bx0 + 5,
+        };
+        root.draw(&Text::new(
+            peak.label.clone(),
+            (text_x, y),
+            anchored(text(SMALL), HPos::Left, VPos::Center),
+        ))
+        .or_draw_error()?;
+    }
+    for peak in peaks {
+        match peak.index {
+            Some(i) => draw_marker(root, policy_marker(i), peak.at, PEAK_MARKER, policy_color(i))?,
+            None => root
+                .draw(&Circle::new(peak.at, PEAK_MARKER, RECORDED.stroke_width(2)))
+                .or_draw_error()?,
+        }
+    }
+
+    Ok(())
+}
+
 impl Chart for Timeline<'_> {
     fn size(&self) -> (u32, u32) {
         let rows = self.runs.len() as u32 + 7 + u32::from(self.recorded_peak().is_some());
@@ -283,112 +414,21 @@ impl Chart for Timeline<'_> {
                 }
             }
         }
-        if let Some(c) = data.capacity {
-            let y = scale.of(c);
-            if y <= y_max {
-                let line = vec![(xr.start, y), (x_end, y)];
-                let dashes = dash_by_x(&line, period, period * 0.5);
-                chart
-                    .draw_series(
-                        dashes.into_iter().map(|d| PathElement::new(d, CAPACITY.stroke_width(2))),
-                    )
-                    .or_draw_error()?;
-                let at = chart.backend_coord(&(xr.start, y));
-                let capacity_text = format!("capacity {}", format_bytes(c));
-                occupancy.mark_path(&[(px_range.start, at.1), (px_range.end, at.1)], 1, 3);
-                occupancy.mark_rect(
-                    (at.0 + 6, at.1 - 4 - SMALL as i32),
-                    (at.0 + 6 + text_width(&capacity_text, SMALL), at.1 - 4),
-                    4,
-                );
-                root.draw(&Text::new(
-                    capacity_text,
-                    (at.0 + 6, at.1 - 4),
-                    anchored(text(SMALL).color(&CAPACITY), HPos::Left, VPos::Bottom),
-                ))
-                .or_draw_error()?;
-            }
+        if let Some(c) = data.capacity.filter(|&c| scale.of(c) <= y_max) {
+            let x = (xr.start, x_end);
+            let px = (px_range.start, px_range.end);
+            draw_capacity(root, &mut chart, &mut occupancy, (c, scale.of(c)), x, period, px)?;
         }
 
         // Peaks: a big marker at each; each label where it hides the least data, the recorded
         // run's first, then from the highest peak down.
         occupancy.finish();
-        let mut peaks: Vec<Peak> = Vec::new();
-        if let Some(p) = recorded.iter().max_by_key(|p| (p.reserved, std::cmp::Reverse(p.event))) {
-            let x = trace.x_of(p.time_us, p.event);
-            peaks.push(Peak {
-                at: chart.backend_coord(&(x, scale.of(p.reserved))),
-                label: format!(
-                    "{} {} peak (event {})",
-                    crate::recorded::POLICY_NAME,
-                    format_bytes(p.reserved),
-                    p.event
-                ),
-                index: None,
-            });
-        }
-        let mut by_peak: Vec<&PolicyRun> = self.runs.clone();
-        by_peak.sort_by_key(|r| std::cmp::Reverse(r.output.result.peak_reserved_bytes));
-        for run in by_peak {
-            let d = &run.output.detail;
-            let x = trace.x_of(d.peak_reserved_time_us, d.peak_reserved_event);
-            // The value and the moment (the event at which reserved first reaches its peak);
-            // the marker and the legend say whose peak it is.
-            peaks.push(Peak {
-                at: chart.backend_coord(&(x, scale.of(run.output.result.peak_reserved_bytes))),
-                label: format!(
-                    "{} peak (event {})",
-                    format_bytes(run.output.result.peak_reserved_bytes),
-                    d.peak_reserved_event
-                ),
-                index: Some(run.index),
-            });
-        }
+        let peaks = self.peaks(&recorded, &|x, y| chart.backend_coord(&(x, scale.of(y))));
         let anchors: Vec<(i32, i32)> = peaks.iter().map(|p| p.at).collect();
         let sizes: Vec<(i32, i32)> =
             peaks.iter().map(|p| (LABEL_MARK + text_width(&p.label, SMALL) + 6, 19)).collect();
         let boxes = labels::place(&occupancy, &anchors, &sizes, PEAK_MARKER + 2);
-        for (peak, b) in peaks.iter().zip(&boxes) {
-            let color = peak.index.map_or(RECORDED, policy_color);
-            root.draw(&PathElement::new(
-                vec![peak.at, labels::nearest_edge(*b, peak.at)],
-                color.mix(0.8).stroke_width(1),
-            ))
-            .or_draw_error()?;
-        }
-        for (peak, b) in peaks.iter().zip(&boxes) {
-            let color = peak.index.map_or(RECORDED, policy_color);
-            let (bx0, by0, bx1, by1) = *b;
-            let y = (by0 + by1) / 2;
-            root.draw(&Rectangle::new([(bx0, by0), (bx1, by1)], WHITE.mix(0.9).filled()))
-                .or_draw_error()?;
-            root.draw(&Rectangle::new([(bx0, by0), (bx1, by1)], color.stroke_width(1)))
-                .or_draw_error()?;
-            // The box holds the policy's marker, then the value: it reads in greyscale too.
-            let text_x = match peak.index {
-                Some(i) => {
-                    draw_marker(root, policy_marker(i), (bx0 + 8, y), 4, color)?;
-                    bx0 + 3 + LABEL_MARK
-                }
-                None => bx0 + 5,
-            };
-            root.draw(&Text::new(
-                peak.label.clone(),
-                (text_x, y),
-                anchored(text(SMALL), HPos::Left, VPos::Center),
-            ))
-            .or_draw_error()?;
-        }
-        for peak in &peaks {
-            match peak.index {
-                Some(i) => {
-                    draw_marker(root, policy_marker(i), peak.at, PEAK_MARKER, policy_color(i))?
-                }
-                None => root
-                    .draw(&Circle::new(peak.at, PEAK_MARKER, RECORDED.stroke_width(2)))
-                    .or_draw_error()?,
-            }
-        }
+        draw_peaks(root, &peaks, &boxes)?;
 
         style::draw_legend(root, (w as i32 - legend_w + 8, 60), &legend)?;
         let _ = h;
