@@ -219,12 +219,24 @@ impl std::error::Error for Error {
 /// A flag that stops long work early: replays, validation, trace reading and writing, the
 /// `offline` planner and `synth` look at it before they start and every [`Cancel::EVERY`]
 /// items (events, blocks, or a reader's buffer of input), and then fail with an
-/// [interrupted](Cancel::check) error that whoever raised the flag discards. The default one can
-/// never be raised, so the command line pays nothing for it. Clones share the flag, so the
-/// caller keeps one and hands the others to the work (the Python package raises it when Ctrl-C
-/// interrupts the call that started the work).
+/// [interrupted](Cancel::check) error that whoever raised the flag discards, or, on the command
+/// line, that ends the process with exit code 130.
+///
+/// It is raised in one of two ways, and every `Cancel` sees both:
+/// - [`Cancel::cancel`] on a flag made by [`Cancel::new`]: clones share it, so the caller keeps
+///   one and hands the others to the work (the Python package raises it when Ctrl-C interrupts
+///   the call that started the work);
+/// - Ctrl-C in a process that installed [`Cancel::interrupt`] as its SIGINT handler (opening
+///   the `cuda` backend does, so that a replay stopped on a real GPU frees its memory before
+///   the process ends; elsewhere Ctrl-C ends the process at once).
+///
+/// The default one is raised only by the second, so the command line pays one load of a
+/// static for it.
 #[derive(Clone, Debug, Default)]
 pub struct Cancel(Option<Arc<AtomicBool>>);
+
+/// The process's flag (see [`Cancel`]): a static, because a signal handler can reach nothing else.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 impl Cancel {
     /// Items long work handles between two looks at the flag: a few milliseconds of work at
@@ -243,9 +255,22 @@ impl Cancel {
         }
     }
 
-    /// True once the flag was raised.
+    /// True once the flag was raised, or the process interrupted ([`Cancel::interrupt`]).
     pub fn is_cancelled(&self) -> bool {
         self.0.as_ref().is_some_and(|flag| flag.load(Ordering::Relaxed))
+            || INTERRUPTED.load(Ordering::Relaxed)
+    }
+
+    /// Raises the process's flag, which every `Cancel` sees: what a SIGINT handler calls. It
+    /// only stores to an atomic, so it is async-signal-safe.
+    pub fn interrupt() {
+        INTERRUPTED.store(true, Ordering::Relaxed);
+    }
+
+    /// True once [`Cancel::interrupt`] was called: the process was interrupted, so the command
+    /// line exits 130 rather than with the error's own code.
+    pub fn interrupted() -> bool {
+        INTERRUPTED.load(Ordering::Relaxed)
     }
 
     /// An error once the flag was raised (the work was abandoned; nobody reads its result):

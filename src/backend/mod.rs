@@ -22,13 +22,6 @@ use crate::error::Result;
 
 /// The memory a policy allocates from. See the module docs for the contract.
 pub trait Backend {
-    /// The backend holds real device memory, which a replay stopped by Ctrl-C must give back:
-    /// the engine polls [`cuda::interrupt::requested`] after every event only for such a
-    /// backend. A simulated replay holds nothing to give back: Ctrl-C ends it at once, or, once
-    /// a real replay has installed the handler, it runs to its end and the binary exits 130.
-    /// (The poll costs 1% of a `pytorch` replay's instructions.)
-    const HOLDS_DEVICE_MEMORY: bool = false;
-
     /// Allocates a segment of `size` bytes (`cudaMalloc`). `None` when the device is out of memory.
     fn segment_alloc(&mut self, size: u64) -> Result<Option<u64>>;
 
@@ -183,8 +176,6 @@ pub enum BackendCall {
 }
 
 impl<B: Backend, O: Observer> Backend for Observed<B, O> {
-    const HOLDS_DEVICE_MEMORY: bool = B::HOLDS_DEVICE_MEMORY;
-
     fn segment_alloc(&mut self, size: u64) -> Result<Option<u64>> {
         let addr = self.inner.segment_alloc(size)?;
         self.observer.observe(BackendCall::SegmentAlloc { size, addr });

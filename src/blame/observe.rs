@@ -246,8 +246,6 @@ struct Watch<'a, 'e, B> {
 }
 
 impl<B: Backend> Backend for Watch<'_, '_, B> {
-    const HOLDS_DEVICE_MEMORY: bool = B::HOLDS_DEVICE_MEMORY;
-
     fn segment_alloc(&mut self, size: u64) -> Result<Option<u64>> {
         let addr = self.inner.segment_alloc(size)?;
         if let Some(a) = addr {

@@ -172,8 +172,9 @@ pub struct Io<'a> {
     /// command).
     history_noted: bool,
     /// Stops the command's replays early when raised: the Python package raises it when Ctrl-C
-    /// interrupts the call, so abandoned work does not go on in the background. The binary's
-    /// can never be raised (Ctrl-C ends the process).
+    /// interrupts the call, so abandoned work does not go on in the background. The binary's is
+    /// raised only by Ctrl-C on the cuda backend ([`fragsim::replay::Cancel`]); elsewhere Ctrl-C
+    /// ends the process.
     pub cancel: fragsim::replay::Cancel,
 }
 
@@ -347,13 +348,16 @@ where
                 return 0;
             }
             let _ = writeln!(io.err, "fragsim: {err}");
-            if fragsim::backend::cuda::interrupt::requested() {
-                return fragsim::backend::cuda::interrupt::EXIT_CODE;
+            if fragsim::replay::Cancel::interrupted() {
+                return INTERRUPTED_EXIT_CODE;
             }
             err.kind().exit_code()
         }
     }
 }
+
+/// The exit code after Ctrl-C stopped a command (128 + SIGINT, as shells report it).
+const INTERRUPTED_EXIT_CODE: u8 = 130;
 
 /// Whether the process started with its stdout closed. The Rust runtime opens `/dev/null`
 /// read-write in place of a closed standard descriptor, so a closed stdout shows as `/dev/null`

@@ -106,24 +106,6 @@ fn log_alloc(logging: bool, log: &mut Option<Vec<Event>>, addr: u64, at: &Event)
     }
 }
 
-/// Counts the request of `at` that the policy could not serve, keeps the first such moment's
-/// `detail`, and logs the `oom`, if the log is kept.
-fn count_oom(
-    meter: &mut Meter,
-    first: &mut Option<OomDetail>,
-    log: &mut Option<Vec<Event>>,
-    at: &Event,
-    detail: impl FnOnce() -> OomDetail,
-) {
-    meter.detail.oom_count += 1;
-    if first.is_none() {
-        *first = Some(detail());
-    }
-    if let Some(log) = log {
-        log.push(Event::new(Action::Oom, 0, at.size, at.stream, at.time_us));
-    }
-}
-
 /// Records a free of the policy's block at `addr` in the simulated run's log, if kept (as
 /// [`log_alloc`]).
 #[inline(always)]
@@ -238,7 +220,7 @@ pub(super) fn is_plain(input: &ReplayInput, options: &ReplayOptions) -> bool {
 #[inline(never)]
 fn drive<P: Policy, B: Backend, K: Blocks, G: Guide<P, B>, const PLAIN: bool>(
     run: Run,
-    mut policy: P,
+    policy: P,
     backend: B,
     guide: &mut G,
     mut blocks: K,
@@ -250,108 +232,8 @@ fn drive<P: Policy, B: Backend, K: Blocks, G: Guide<P, B>, const PLAIN: bool>(
     // Copied into the walk and into its closure (it holds only references and a number).
     let stop_if_cancelled = |index: u64| options.cancel.check(|| G::doing(name, index, count));
     stop_if_cancelled(0)?;
-    // Only a planner uses the events up front, and it is always handed loaded ones
-    // ([`PolicyInfo::run`](crate::policy::PolicyInfo::run)).
-    let events = input.loaded_events().unwrap_or_default();
-    let mut backend = Observed {
-        inner: backend,
-        observer: Metered {
-            mallocs: 0,
-            frees: 0,
-            maps: 0,
-            unmaps: 0,
-            log: None,
-            now: 0,
-            stream: 0,
-        },
-    };
-    if options.record_events {
-        backend.observer.log = Some(Vec::new());
-    }
-    policy.prepare(events)?;
-    let frees_at = input.frees_at();
-    let cold = guide.starts_cold(options);
-    let mut meter = Meter {
-        requested: 0,
-        peak_reserved: 0,
-        peak_allocated: 0,
-        peak_requested: 0,
-        detail: PeakDetail { events: count, ..PeakDetail::default() },
-        series: options.keep_series.then(|| Series::with_budget(options.series_budget)),
-        last: (u64::MAX, 0, 0),
-        moments: Default::default(),
-    };
-    let mut first_oom: Option<OomDetail> = None;
-    // What PyTorch's OOM message says about the moment a request failed.
-    let oom_detail = |event: u64, size: u64, e: Option<&Event>, reserved: u64, allocated: u64| {
-        // The user's frames first, as memory_viz filters them.
-        let stack = crate::trace::sites::display(
-            e.map(|e| input.trace().frames.get(e.frames)).unwrap_or_default(),
-        );
-        OomDetail {
-            event,
-            size,
-            stream: e.map_or(0, |e| e.stream),
-            capacity_bytes: options.capacity,
-            reserved_bytes: reserved,
-            allocated_bytes: allocated,
-            free_bytes: options
-                .capacity
-                .map(|c| c.saturating_sub(options.outside_bytes).saturating_sub(reserved)),
-            stack,
-        }
-    };
-    let start_time = input.first_time_us();
-
-    // Blocks live before the first event: every policy must carry them.
-    backend.observer.now = start_time;
-    let installed = if cold {
-        vec![None; input.live_at_start().len()]
-    } else {
-        let installed = policy.start(&mut backend, input.live_at_start())?;
-        // The log is of the run from the state installed: it holds no call that installed it.
-        if let Some(log) = &mut backend.observer.log {
-            log.clear();
-        }
-        installed
-    };
-    for (k, b) in input.live_at_start().iter().enumerate() {
-        backend.observer.now = start_time;
-        backend.observer.stream = b.stream;
-        let placed = match installed.get(k).copied().flatten() {
-            Some(a) => Some(a),
-            None if !cold && !G::MALLOCS_UNHELD_START => None,
-            None => {
-                if let Some(r) = input.pool_routes() {
-                    policy.allocate_into(r.pool_of(b.addr))?;
-                }
-                malloc_cold(&mut policy, &mut backend, b.size.max(1), b.stream)?
-            }
-        };
-        blocks.started(k, b, placed);
-        match placed {
-            Some(a) => {
-                meter.requested += b.size;
-                if let Some(log) = backend.observer.log.as_mut().filter(|_| cold) {
-                    log.push(Event::new(Action::Alloc, a.addr, b.size, b.stream, start_time));
-                }
-                meter.detail.live_at_start += 1;
-            }
-            None if !cold && !G::MALLOCS_UNHELD_START => {}
-            None => {
-                meter.detail.oom_count += 1;
-                if first_oom.is_none() {
-                    let mut d = oom_detail(0, b.size, None, backend.reserved(), policy.allocated());
-                    d.stream = b.stream;
-                    first_oom = Some(d);
-                }
-            }
-        }
-    }
-    let levels =
-        (!input.live_at_start().is_empty()).then(|| (backend.reserved(), policy.allocated()));
-    meter.observe_start(&backend.observer, start_time, levels, backend.reserved());
-
+    let mut d = Driver::new(run, policy, backend)?;
+    d.start(guide, &mut blocks)?;
     let last = match options.stop_after {
         _ if options.stop_before_first => 0,
         Some(s) => s.saturating_add(1).min(count),
@@ -360,8 +242,9 @@ fn drive<P: Policy, B: Backend, K: Blocks, G: Guide<P, B>, const PLAIN: bool>(
     let mut added_calls = options.empty_cache.added_calls();
     // Read once: the policy's calls go through `backend` and could change what it points to, so
     // the compiler would otherwise reload these on every event.
-    let logging = !PLAIN && backend.observer.log.is_some();
+    let logging = !PLAIN && d.backend.observer.log.is_some();
     let check = !PLAIN && options.check_invariants;
+    let frees_at = input.frees_at();
     K::walk(blocks.source(), last, !PLAIN, stop_if_cancelled, |index, e, slot| {
         if K::HANDS_EVERY_EVENT && index % Cancel::EVERY as u64 == 0 {
             stop_if_cancelled(index)?;
@@ -377,189 +260,368 @@ fn drive<P: Policy, B: Backend, K: Blocks, G: Guide<P, B>, const PLAIN: bool>(
         };
         if logging {
             // What the backend calls this event makes are logged with.
-            backend.observer.now = e.time_us;
-            backend.observer.stream = e.stream;
+            d.backend.observer.now = e.time_us;
+            d.backend.observer.stream = e.stream;
         }
-        'event: {
-            // `None`, or after a free `Some(its policy's allocated bytes before it)` (read only
-            // when invariants are checked): a free lowers allocated and requested bytes, so
-            // only reserved bytes can reach a new peak then.
-            let after_free = match e.action {
-                Action::Alloc => {
-                    if e.size == 0 {
-                        // Zero-byte requests never reach the allocator:
-                        // docs/pytorch-model.md#zero-byte.
-                        break 'event;
-                    }
-                    // The recording reused the address of a block we still hold: that block was
-                    // freed before this alloc, though its free was not recorded.
-                    if let Some(b) = blocks.displaced(slot, e) {
-                        meter.requested -= b.request;
-                        log_free(logging, &mut backend.observer.log, b.addr, b.request, e);
-                        free_cold(&mut policy, &mut backend, b.addr, b.handle).map_err(at)?;
-                    }
-                    // (A plain replay routes no request: the guide is not asked.)
-                    if !PLAIN {
-                        guide.before_request(index, e, &mut policy, &mut backend).map_err(at)?;
-                    }
-                    let placed = policy.malloc(&mut backend, e.size, e.stream).map_err(at)?;
-                    match placed {
-                        Some(a) => {
-                            blocks.allocated(slot, e, a);
-                            meter.requested += e.size;
-                            log_alloc(logging, &mut backend.observer.log, a.addr, e);
-                        }
-                        None => {
-                            blocks.failed(slot, e);
-                            let (r, a) = (backend.reserved(), policy.allocated());
-                            let log = &mut backend.observer.log;
-                            count_oom(&mut meter, &mut first_oom, log, e, || {
-                                oom_detail(index, e.size, Some(e), r, a)
-                            });
-                        }
-                    }
-                    if !PLAIN {
-                        let addr = placed.map(|a| a.addr);
-                        guide
-                            .after_request(index, e, addr, &mut policy, &mut backend)
-                            .map_err(at)?;
-                    }
-                    None
-                }
-                // A request the recorded allocator could not serve (`size` is its rounded size):
-                // it is part of what the program asked for, so every policy tries it too. One
-                // that fails counts as an OOM here, as it did in the recording; one that is
-                // served is freed at once, since the program went on without it.
-                Action::Oom if e.size > 0 => {
-                    // Routed as any request: to the pool it names, or the default pools.
-                    guide.before_request(index, e, &mut policy, &mut backend).map_err(at)?;
-                    let request = input.oom_request(e.size);
-                    let placed =
-                        malloc_cold(&mut policy, &mut backend, request, e.stream).map_err(at)?;
-                    let addr = placed.map(|a| a.addr);
-                    guide.after_request(index, e, addr, &mut policy, &mut backend).map_err(at)?;
-                    match placed {
-                        Some(a) => {
-                            log_alloc(logging, &mut backend.observer.log, a.addr, e);
-                            log_free(logging, &mut backend.observer.log, a.addr, e.size, e);
-                            free_cold(&mut policy, &mut backend, a.addr, a.handle).map_err(at)?;
-                        }
-                        None => {
-                            let (r, a) = (backend.reserved(), policy.allocated());
-                            let log = &mut backend.observer.log;
-                            count_oom(&mut meter, &mut first_oom, log, e, || {
-                                oom_detail(index, e.size, Some(e), r, a)
-                            });
-                        }
-                    }
-                    None
-                }
-                a if a == frees_at => {
-                    let b = match blocks.freed(slot, e) {
-                        Freed::Block(b) => b,
-                        Freed::Orphan => {
-                            meter.detail.orphan_frees += 1;
-                            guide.unheld_free(index, e);
-                            break 'event;
-                        }
-                        // Its alloc failed under --capacity: the block never existed.
-                        Freed::Never => {
-                            guide.unheld_free(index, e);
-                            break 'event;
-                        }
-                    };
-                    meter.requested -= b.request;
-                    log_free(logging, &mut backend.observer.log, b.addr, b.request, e);
-                    let before = if check { policy.allocated() } else { u64::MAX };
-                    policy.free_handle(&mut backend, b.addr, b.handle).map_err(at)?;
-                    Some(before)
-                }
-                Action::SegmentAlloc
-                | Action::SegmentFree
-                | Action::SegmentMap
-                | Action::SegmentUnmap => {
-                    if !guide.segment_event(index, e, &mut policy, &mut backend).map_err(at)? {
-                        break 'event;
-                    }
-                    None
-                }
-                _ => break 'event,
-            };
-            let (reserved, allocated) = (backend.reserved(), policy.allocated());
-            match after_free {
-                None => meter.peaks(index, e.time_us, reserved, allocated),
-                Some(before) => {
-                    meter.reserved_peak(index, e.time_us, reserved, allocated);
-                    if check && allocated > before {
-                        return Err(Error::input(format!(
-                            "policy '{name}' broke an invariant: a free raised its allocated \
-                             bytes from {before} to {allocated}"
-                        ))
-                        .at(crate::error::Place::Event(index)));
-                    }
-                }
+        // `None`: nothing to measure; else what to measure after the event ([`Step`]).
+        let step = match e.action {
+            // Zero-byte requests never reach the allocator: docs/pytorch-model.md#zero-byte.
+            Action::Alloc if e.size == 0 => None,
+            Action::Alloc => {
+                d.alloc::<K, G, PLAIN>(index, e, slot, &mut blocks, guide, logging).map_err(at)?;
+                Some(Step::Request)
             }
-            if !PLAIN {
-                meter.sample(index, e.time_us, reserved, allocated);
+            Action::Oom if e.size > 0 => {
+                d.recorded_oom(index, e, guide, logging).map_err(at)?;
+                Some(Step::Request)
             }
-            if B::HOLDS_DEVICE_MEMORY && crate::backend::cuda::interrupt::requested() {
-                return Err(Error::backend("interrupted").at(crate::error::Place::Event(index)));
+            a if a == frees_at => {
+                d.free(index, e, slot, &mut blocks, guide, logging, check).map_err(at)?
             }
-            if check {
-                policy.check_invariants().map_err(|m| {
-                    Error::input(format!("policy '{name}' broke an invariant: {m}"))
-                        .at(crate::error::Place::Event(index))
-                })?;
+            Action::SegmentAlloc
+            | Action::SegmentFree
+            | Action::SegmentMap
+            | Action::SegmentUnmap => {
+                let changed = guide.segment_event(index, e, &mut d.policy, &mut d.backend);
+                changed.map_err(at)?.then_some(Step::Request)
             }
+            _ => None,
+        };
+        if let Some(step) = step {
+            d.measure::<PLAIN>(index, e, step, check)?;
         }
         if !PLAIN && added_calls.after(index) {
-            policy.empty_cache(&mut backend).map_err(at)?;
-            meter.detail.empty_cache_calls += 1;
-            meter.observe(index, e.time_us, backend.reserved(), policy.allocated());
+            d.policy.empty_cache(&mut d.backend).map_err(at)?;
+            d.meter.detail.empty_cache_calls += 1;
+            let (reserved, allocated) = (d.backend.reserved(), d.policy.allocated());
+            d.meter.observe(index, e.time_us, reserved, allocated);
         }
         Ok(())
     })?;
+    Ok(d.finish(started))
+}
 
-    let reserved_at_end = backend.reserved();
-    let segments = policy.segments();
-    let fragmentation_at_peak = if meter.peak_reserved == 0 {
-        0.0
-    } else {
-        1.0 - meter.detail.allocated_at_peak_bytes as f64 / meter.peak_reserved as f64
-    };
-    let mut result = PolicyResult {
-        policy: name.to_string(),
-        config: policy.config(),
-        peak_reserved_bytes: meter.peak_reserved,
-        peak_allocated_bytes: meter.peak_allocated,
-        peak_requested_bytes: meter.peak_requested,
-        reserved_at_end_bytes: reserved_at_end,
-        fragmentation_at_peak,
-        peak_event: meter.detail.peak_reserved_event,
-        device_malloc_count: backend.observer.mallocs,
-        device_free_count: backend.observer.frees,
-        map_count: backend.observer.maps,
-        unmap_count: backend.observer.unmaps,
-        alloc_retries: policy.alloc_retries(),
-        oom: first_oom.is_some(),
-        first_oom_event: first_oom.as_ref().map(|d| d.event),
-        replay_seconds: started.elapsed().as_secs_f64(),
-        planning_seconds: policy.planning_seconds(),
-        first_oom,
-        start_state: policy
-            .start_fit()
-            .map(|f| f.bound_by(options.capacity.map(|c| c.saturating_sub(options.outside_bytes)))),
-        start_assumed: policy.assumed_start(),
-        gpu_memory_bytes: policy.assumed_gpu_memory(),
-        capacity_bytes: options.capacity,
-        ..PolicyResult::default()
-    };
-    meter.moments.fill(&mut result);
-    Ok(ReplayOutput {
-        result,
-        detail: meter.detail,
-        series: meter.series,
-        events: backend.observer.log,
-        segments,
-    })
+/// What the engine measures after an event it replayed.
+#[derive(Clone, Copy)]
+enum Step {
+    /// A request, or a change the guide made: any level may reach a new peak.
+    Request,
+    /// A free, with the policy's allocated bytes before it (read only when invariants are
+    /// checked): a free lowers allocated and requested bytes, so only reserved bytes can reach a
+    /// new peak.
+    Free(u64),
+}
+
+/// One replay under way: its policy, the backend observed by the meter, and what was measured.
+struct Driver<'r, 'a, P, B> {
+    run: Run<'r, 'a>,
+    policy: P,
+    backend: Observed<B, Metered>,
+    meter: Meter,
+    /// The first request the policy could not serve.
+    first_oom: Option<OomDetail>,
+}
+
+impl<'r, 'a, P: Policy, B: Backend> Driver<'r, 'a, P, B> {
+    /// `policy` on `backend`, prepared for the run: the planner handed the events, the meter set.
+    fn new(run: Run<'r, 'a>, mut policy: P, backend: B) -> Result<Self> {
+        let Run { input, options, .. } = run;
+        let observer = Metered {
+            mallocs: 0,
+            frees: 0,
+            maps: 0,
+            unmaps: 0,
+            log: options.record_events.then(Vec::new),
+            now: 0,
+            stream: 0,
+        };
+        // Only a planner uses the events up front, and it is always handed loaded ones
+        // ([`PolicyInfo::run`](crate::policy::PolicyInfo::run)).
+        policy.prepare(input.loaded_events().unwrap_or_default())?;
+        let meter = Meter {
+            requested: 0,
+            peak_reserved: 0,
+            peak_allocated: 0,
+            peak_requested: 0,
+            detail: PeakDetail { events: input.event_count(), ..PeakDetail::default() },
+            series: options.keep_series.then(|| Series::with_budget(options.series_budget)),
+            last: (u64::MAX, 0, 0),
+            moments: Default::default(),
+        };
+        let backend = Observed { inner: backend, observer };
+        Ok(Driver { run, policy, backend, meter, first_oom: None })
+    }
+
+    /// Places the blocks live before the first event, which every policy must carry: in the
+    /// policy's start state, or (a cold start, or blocks the start state did not hold) malloc'd.
+    fn start<K: Blocks, G: Guide<P, B>>(&mut self, guide: &G, blocks: &mut K) -> Result<()> {
+        let Run { input, options, .. } = self.run;
+        let cold = guide.starts_cold(options);
+        let start_time = input.first_time_us();
+        self.backend.observer.now = start_time;
+        let installed = if cold {
+            vec![None; input.live_at_start().len()]
+        } else {
+            let installed = self.policy.start(&mut self.backend, input.live_at_start())?;
+            // The log is of the run from the state installed: it holds no call that installed it.
+            if let Some(log) = &mut self.backend.observer.log {
+                log.clear();
+            }
+            installed
+        };
+        // A guide that follows a recorded start state leaves out the blocks it did not hold.
+        let leaves_unheld = !cold && !G::MALLOCS_UNHELD_START;
+        for (k, b) in input.live_at_start().iter().enumerate() {
+            self.backend.observer.now = start_time;
+            self.backend.observer.stream = b.stream;
+            let placed = match installed.get(k).copied().flatten() {
+                Some(a) => Some(a),
+                None if leaves_unheld => None,
+                None => {
+                    if let Some(r) = input.pool_routes() {
+                        self.policy.allocate_into(r.pool_of(b.addr))?;
+                    }
+                    malloc_cold(&mut self.policy, &mut self.backend, b.size.max(1), b.stream)?
+                }
+            };
+            blocks.started(k, b, placed);
+            match placed {
+                Some(a) => {
+                    self.meter.requested += b.size;
+                    if let Some(log) = self.backend.observer.log.as_mut().filter(|_| cold) {
+                        log.push(Event::new(Action::Alloc, a.addr, b.size, b.stream, start_time));
+                    }
+                    self.meter.detail.live_at_start += 1;
+                }
+                None if leaves_unheld => {}
+                None => self.count_oom(0, b.size, b.stream, None),
+            }
+        }
+        let levels = (!input.live_at_start().is_empty())
+            .then(|| (self.backend.reserved(), self.policy.allocated()));
+        let reserved = self.backend.reserved();
+        self.meter.observe_start(&self.backend.observer, start_time, levels, reserved);
+        Ok(())
+    }
+
+    /// Serves the request of alloc event `e`: first frees a block the recording displaced (its
+    /// address reused though its free was not recorded), then asks the guide, then the policy.
+    #[inline(always)]
+    fn alloc<K: Blocks, G: Guide<P, B>, const PLAIN: bool>(
+        &mut self,
+        index: u64,
+        e: &Event,
+        slot: u32,
+        blocks: &mut K,
+        guide: &mut G,
+        logging: bool,
+    ) -> Result<()> {
+        if let Some(b) = blocks.displaced(slot, e) {
+            self.meter.requested -= b.request;
+            log_free(logging, &mut self.backend.observer.log, b.addr, b.request, e);
+            free_cold(&mut self.policy, &mut self.backend, b.addr, b.handle)?;
+        }
+        // (A plain replay routes no request: the guide is not asked.)
+        if !PLAIN {
+            guide.before_request(index, e, &mut self.policy, &mut self.backend)?;
+        }
+        let placed = self.policy.malloc(&mut self.backend, e.size, e.stream)?;
+        match placed {
+            Some(a) => {
+                blocks.allocated(slot, e, a);
+                self.meter.requested += e.size;
+                log_alloc(logging, &mut self.backend.observer.log, a.addr, e);
+            }
+            None => {
+                blocks.failed(slot, e);
+                self.count_oom(index, e.size, e.stream, Some(e));
+            }
+        }
+        if !PLAIN {
+            let addr = placed.map(|a| a.addr);
+            guide.after_request(index, e, addr, &mut self.policy, &mut self.backend)?;
+        }
+        Ok(())
+    }
+
+    /// A request the recorded allocator could not serve (`size` is its rounded size): it is
+    /// part of what the program asked for, so every policy tries it too. One that fails counts
+    /// as an OOM here, as it did in the recording; one that is served is freed at once, since
+    /// the program went on without it. Routed as any request: to the pool it names, or the
+    /// default pools.
+    fn recorded_oom<G: Guide<P, B>>(
+        &mut self,
+        index: u64,
+        e: &Event,
+        guide: &mut G,
+        logging: bool,
+    ) -> Result<()> {
+        guide.before_request(index, e, &mut self.policy, &mut self.backend)?;
+        let request = self.run.input.oom_request(e.size);
+        let placed = malloc_cold(&mut self.policy, &mut self.backend, request, e.stream)?;
+        let addr = placed.map(|a| a.addr);
+        guide.after_request(index, e, addr, &mut self.policy, &mut self.backend)?;
+        match placed {
+            Some(a) => {
+                log_alloc(logging, &mut self.backend.observer.log, a.addr, e);
+                log_free(logging, &mut self.backend.observer.log, a.addr, e.size, e);
+                free_cold(&mut self.policy, &mut self.backend, a.addr, a.handle)
+            }
+            None => {
+                self.count_oom(index, e.size, e.stream, Some(e));
+                Ok(())
+            }
+        }
+    }
+
+    /// Frees the block of free event `e`; `None` where the replay holds none (its address was
+    /// never allocated, or its alloc failed under `--capacity`).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn free<K: Blocks, G: Guide<P, B>>(
+        &mut self,
+        index: u64,
+        e: &Event,
+        slot: u32,
+        blocks: &mut K,
+        guide: &mut G,
+        logging: bool,
+        check: bool,
+    ) -> Result<Option<Step>> {
+        let b = match blocks.freed(slot, e) {
+            Freed::Block(b) => b,
+            unheld => {
+                if matches!(unheld, Freed::Orphan) {
+                    self.meter.detail.orphan_frees += 1;
+                }
+                guide.unheld_free(index, e);
+                return Ok(None);
+            }
+        };
+        self.meter.requested -= b.request;
+        log_free(logging, &mut self.backend.observer.log, b.addr, b.request, e);
+        let before = if check { self.policy.allocated() } else { u64::MAX };
+        self.policy.free_handle(&mut self.backend, b.addr, b.handle)?;
+        Ok(Some(Step::Free(before)))
+    }
+
+    /// Measures the levels after event `e`, and checks the policy's invariants when asked.
+    #[inline(always)]
+    fn measure<const PLAIN: bool>(
+        &mut self,
+        index: u64,
+        e: &Event,
+        step: Step,
+        check: bool,
+    ) -> Result<()> {
+        let (reserved, allocated) = (self.backend.reserved(), self.policy.allocated());
+        match step {
+            Step::Request => self.meter.peaks(index, e.time_us, reserved, allocated),
+            Step::Free(before) => {
+                self.meter.reserved_peak(index, e.time_us, reserved, allocated);
+                if check && allocated > before {
+                    return Err(self.broke(
+                        index,
+                        format!("a free raised its allocated bytes from {before} to {allocated}"),
+                    ));
+                }
+            }
+        }
+        if !PLAIN {
+            self.meter.sample(index, e.time_us, reserved, allocated);
+        }
+        if check {
+            self.policy.check_invariants().map_err(|m| self.broke(index, m))?;
+        }
+        Ok(())
+    }
+
+    /// The error of a policy that broke an invariant at event `index`.
+    #[cold]
+    fn broke(&self, index: u64, what: String) -> Error {
+        let name = self.run.name;
+        Error::input(format!("policy '{name}' broke an invariant: {what}"))
+            .at(crate::error::Place::Event(index))
+    }
+
+    /// Counts a request of `size` bytes on `stream` that the policy could not serve (at event
+    /// `index`, `e`; a block live at the start has none), keeps the first such moment as
+    /// PyTorch's OOM message describes it, and logs the `oom`, if the log is kept.
+    fn count_oom(&mut self, index: u64, size: u64, stream: u64, e: Option<&Event>) {
+        self.meter.detail.oom_count += 1;
+        if self.first_oom.is_none() {
+            self.first_oom = Some(self.oom_detail(index, size, stream, e));
+        }
+        if let (Some(log), Some(e)) = (&mut self.backend.observer.log, e) {
+            log.push(Event::new(Action::Oom, 0, e.size, e.stream, e.time_us));
+        }
+    }
+
+    /// What PyTorch's OOM message says about the moment a request failed.
+    #[cold]
+    fn oom_detail(&self, event: u64, size: u64, stream: u64, e: Option<&Event>) -> OomDetail {
+        let Run { input, options, .. } = self.run;
+        let reserved = self.backend.reserved();
+        // The user's frames first, as memory_viz filters them.
+        let stack = crate::trace::sites::display(
+            e.map(|e| input.trace().frames.get(e.frames)).unwrap_or_default(),
+        );
+        OomDetail {
+            event,
+            size,
+            stream,
+            capacity_bytes: options.capacity,
+            reserved_bytes: reserved,
+            allocated_bytes: self.policy.allocated(),
+            free_bytes: options
+                .capacity
+                .map(|c| c.saturating_sub(options.outside_bytes).saturating_sub(reserved)),
+            stack,
+        }
+    }
+
+    /// The replay's result, from what was measured and the policy's state at the end.
+    fn finish(self, started: Instant) -> ReplayOutput {
+        let Driver { run, policy, backend, meter, first_oom } = self;
+        let options = run.options;
+        let fragmentation_at_peak = if meter.peak_reserved == 0 {
+            0.0
+        } else {
+            1.0 - meter.detail.allocated_at_peak_bytes as f64 / meter.peak_reserved as f64
+        };
+        let cap = options.capacity.map(|c| c.saturating_sub(options.outside_bytes));
+        let mut result = PolicyResult {
+            policy: run.name.to_string(),
+            config: policy.config(),
+            peak_reserved_bytes: meter.peak_reserved,
+            peak_allocated_bytes: meter.peak_allocated,
+            peak_requested_bytes: meter.peak_requested,
+            reserved_at_end_bytes: backend.reserved(),
+            fragmentation_at_peak,
+            peak_event: meter.detail.peak_reserved_event,
+            device_malloc_count: backend.observer.mallocs,
+            device_free_count: backend.observer.frees,
+            map_count: backend.observer.maps,
+            unmap_count: backend.observer.unmaps,
+            alloc_retries: policy.alloc_retries(),
+            oom: first_oom.is_some(),
+            first_oom_event: first_oom.as_ref().map(|d| d.event),
+            replay_seconds: started.elapsed().as_secs_f64(),
+            planning_seconds: policy.planning_seconds(),
+            first_oom,
+            start_state: policy.start_fit().map(|f| f.bound_by(cap)),
+            start_assumed: policy.assumed_start(),
+            gpu_memory_bytes: policy.assumed_gpu_memory(),
+            capacity_bytes: options.capacity,
+            ..PolicyResult::default()
+        };
+        meter.moments.fill(&mut result);
+        ReplayOutput {
+            result,
+            detail: meter.detail,
+            series: meter.series,
+            events: backend.observer.log,
+            segments: policy.segments(),
+        }
+    }
 }

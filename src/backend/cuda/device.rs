@@ -240,8 +240,6 @@ impl CudaDevice {
 }
 
 impl Backend for CudaDevice {
-    const HOLDS_DEVICE_MEMORY: bool = true;
-
     fn segment_alloc(&mut self, size: u64) -> Result<Option<u64>> {
         if size == 0 || !self.fits(size) {
             return Ok(None);

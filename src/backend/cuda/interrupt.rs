@@ -2,24 +2,12 @@
 //!
 //! Killed by SIGINT's default action, fragsim would leave freeing its GPU memory to the driver's
 //! process teardown. Instead, opening the cuda backend installs a handler that only sets a flag
-//! (the one async-signal-safe thing to do) and restores the default action, so a second Ctrl-C
-//! still kills at once. The replay loop on a backend that holds device memory
-//! ([`Backend::HOLDS_DEVICE_MEMORY`](crate::backend::Backend::HOLDS_DEVICE_MEMORY)) polls
-//! [`requested`] after every event and returns an error; unwinding drops the backend, which
-//! frees everything; the binary exits with 130.
+//! ([`Cancel::interrupt`](crate::error::Cancel::interrupt), the one async-signal-safe thing to
+//! do) and restores the default action, so a second Ctrl-C still kills at once. The replay sees
+//! the flag as every long work sees its [`Cancel`](crate::error::Cancel) and returns an
+//! error; unwinding drops the backend, which frees everything; the binary exits with 130.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Once;
-
-static REQUESTED: AtomicBool = AtomicBool::new(false);
-
-/// The exit code after an interrupted replay (128 + SIGINT, as shells report it).
-pub const EXIT_CODE: u8 = 130;
-
-/// True once SIGINT arrived after [`install`].
-pub fn requested() -> bool {
-    REQUESTED.load(Ordering::Relaxed)
-}
 
 #[cfg(unix)]
 mod imp {
@@ -34,7 +22,7 @@ mod imp {
     }
 
     extern "C" fn on_sigint(_: c_int) {
-        super::REQUESTED.store(true, std::sync::atomic::Ordering::Relaxed);
+        crate::error::Cancel::interrupt();
         // SAFETY: `signal` is async-signal-safe; restoring the default lets a second Ctrl-C kill.
         unsafe { signal(SIGINT, SIG_DFL) };
     }
