@@ -203,73 +203,18 @@ impl Chart for SegmentChart<'_> {
     }
 
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> ChartResult {
-        let map = &self.data.segment_map;
-        let trace = &self.data.trace;
         let (w, h) = self.size();
-        let segs = &map.segments;
-        let reserved: u64 = segs.iter().map(|s| s.total_size).sum();
-        let title = if map.policy.is_empty() {
-            format!("Segment map: {} (device {})", truncate(&trace.file_name(), 60), trace.device)
-        } else {
-            format!(
-                "Segments of {} at its peak reserved: {} (device {})",
-                map.policy.clone(),
-                truncate(&trace.file_name(), 50),
-                trace.device
-            )
-        };
-        draw_title(root, &title, w)?;
+        draw_title(root, &self.title(), w)?;
         if self.order.is_empty() {
-            let note = map.note.clone().unwrap_or_else(|| "no segments at the peak".into());
-            root.draw(&Rectangle::new([(40, 60), (w as i32 - 40, h as i32 - 40)], GRID.filled()))
-                .or_draw_error()?;
-            root.draw(&Text::new(
-                "No segment map to draw".to_string(),
-                (w as i32 / 2, h as i32 / 2 - 30),
-                anchored(bold(LABEL + 4), HPos::Center, VPos::Center),
-            ))
-            .or_draw_error()?;
-            root.draw(&Text::new(
-                truncate(&note, 120),
-                (w as i32 / 2, h as i32 / 2 + 6),
-                anchored(text(LABEL), HPos::Center, VPos::Center),
-            ))
-            .or_draw_error()?;
-            root.draw(&Text::new(
-                "Name a policy that models segments with --segment-map-policy (e.g. pytorch)."
-                    .to_string(),
-                (w as i32 / 2, h as i32 / 2 + 34),
-                anchored(text(LABEL), HPos::Center, VPos::Center),
-            ))
-            .or_draw_error()?;
-            return Ok(());
-        }
-
-        let (mut alloc, mut round, mut cached) = (0u64, 0u64, 0u64);
-        for s in segs {
-            for (_, len, part) in runs(s) {
-                match part {
-                    Part::Allocated => alloc += len,
-                    Part::Rounding => round += len,
-                    Part::Cached => cached += len,
-                }
-            }
-        }
-        let mut sub = format!(
-            "after event {}: {} segments, {} reserved = {} requested + {} rounding + {} cached free",
-            map.event,
-            segs.len(),
-            format_bytes(reserved),
-            format_bytes(alloc),
-            format_bytes(round),
-            format_bytes(cached)
-        );
-        if self.packed() {
-            sub =
-                format!("{sub}; packed largest first, {} per line", format_bytes(self.line_bytes));
+            let note = self.data.segment_map.note.clone();
+            return draw_no_segments(
+                root,
+                &note.unwrap_or_else(|| "no segments at the peak".into()),
+                (w, h),
+            );
         }
         root.draw(&Text::new(
-            sub,
+            self.subtitle(),
             (w as i32 / 2, 42),
             anchored(text(LABEL), HPos::Center, VPos::Top),
         ))
@@ -279,7 +224,6 @@ impl Chart for SegmentChart<'_> {
             (90, 84),
             ["allocated (requested bytes)", "rounding (block − request)", "cached free"],
         )?;
-
         let scale = ByteScale::for_max(self.line_bytes);
         let n = self.lines.len();
         let x_factor = if self.packed() { 1.02 } else { 1.1 };
@@ -292,10 +236,6 @@ impl Chart for SegmentChart<'_> {
             .y_label_area_size(78)
             .build_cartesian_2d(0.0..scale.of(self.line_bytes) * x_factor, 0.0..n as f64)
             .or_draw_error()?;
-        let plot_px = {
-            let r = chart.plotting_area().get_pixel_range().0;
-            (r.end - r.start) as f64
-        };
         let (x_desc, y_desc) = if self.packed() {
             (
                 format!("bytes along the line ({}); each strip is one segment", scale.unit),
@@ -312,7 +252,66 @@ impl Chart for SegmentChart<'_> {
             .y_label_formatter(&|_| String::new())
             .y_labels(0);
         house_mesh(&mut mesh).draw().or_draw_error()?;
-        // Line numbers on the left: every line when there is room, else about ten.
+        self.draw_line_numbers(root, &chart)?;
+        self.draw_lines(root, &chart, &scale, x_factor)
+    }
+}
+
+impl SegmentChart<'_> {
+    /// The chart's title: the policy's segments at its peak, or the trace's own segment map.
+    fn title(&self) -> String {
+        let (map, trace) = (&self.data.segment_map, &self.data.trace);
+        if map.policy.is_empty() {
+            format!("Segment map: {} (device {})", truncate(&trace.file_name(), 60), trace.device)
+        } else {
+            format!(
+                "Segments of {} at its peak reserved: {} (device {})",
+                map.policy.clone(),
+                truncate(&trace.file_name(), 50),
+                trace.device
+            )
+        }
+    }
+
+    /// The line under the title: when, how many segments, and reserved split into requested,
+    /// rounding and cached free bytes.
+    fn subtitle(&self) -> String {
+        let map = &self.data.segment_map;
+        let segs = &map.segments;
+        let reserved: u64 = segs.iter().map(|s| s.total_size).sum();
+        let (mut alloc, mut round, mut cached) = (0u64, 0u64, 0u64);
+        for s in segs {
+            for (_, len, part) in runs(s) {
+                match part {
+                    Part::Allocated => alloc += len,
+                    Part::Rounding => round += len,
+                    Part::Cached => cached += len,
+                }
+            }
+        }
+        let sub = format!(
+            "after event {}: {} segments, {} reserved = {} requested + {} rounding + {} cached free",
+            map.event,
+            segs.len(),
+            format_bytes(reserved),
+            format_bytes(alloc),
+            format_bytes(round),
+            format_bytes(cached)
+        );
+        if self.packed() {
+            format!("{sub}; packed largest first, {} per line", format_bytes(self.line_bytes))
+        } else {
+            sub
+        }
+    }
+
+    /// Line numbers on the left: every line when there is room, else about ten.
+    fn draw_line_numbers<DB: DrawingBackend>(
+        &self,
+        root: &DrawingArea<DB, Shift>,
+        chart: &Plane<'_, DB>,
+    ) -> ChartResult {
+        let n = self.lines.len();
         let every = if self.row_h >= 16 { 1 } else { n.div_ceil(10).max(1) };
         for i in (0..n).filter(|i| i % every == 0 || *i + 1 == n) {
             let at = chart.backend_coord(&(0.0, (n - i) as f64 - 0.5));
@@ -323,6 +322,24 @@ impl Chart for SegmentChart<'_> {
             ))
             .or_draw_error()?;
         }
+        Ok(())
+    }
+
+    /// Each line's segments as strips of coloured runs, outlined where tall enough, labelled
+    /// with their size when one per row.
+    fn draw_lines<DB: DrawingBackend>(
+        &self,
+        root: &DrawingArea<DB, Shift>,
+        chart: &Plane<'_, DB>,
+        scale: &ByteScale,
+        x_factor: f64,
+    ) -> ChartResult {
+        let n = self.lines.len();
+        let plot_px = {
+            let r = chart.plotting_area().get_pixel_range().0;
+            (r.end - r.start) as f64
+        };
+        let bytes_per_px = self.line_bytes as f64 * x_factor / plot_px.max(1.0);
         let gap = if self.row_h >= 10 { 0.15 } else { 0.1 };
         for (i, line) in self.lines.iter().enumerate() {
             let y1 = (n - i) as f64 - gap;
@@ -337,7 +354,6 @@ impl Chart for SegmentChart<'_> {
                 let (left, right) = (px(0), px(s.total_size));
                 let inset = if self.packed() && right - left >= 4 { 1 } else { 0 };
                 let (left, right) = (left + inset, (right - inset).max(left + inset + 1));
-                let bytes_per_px = self.line_bytes as f64 * x_factor / plot_px.max(1.0);
                 for (a, b, part) in pixel_runs(&runs(s), px(0), bytes_per_px) {
                     let (a, b) = (a.max(left), b.min(right));
                     root.draw(&Rectangle::new(
@@ -368,6 +384,35 @@ impl Chart for SegmentChart<'_> {
         }
         Ok(())
     }
+}
+
+/// The chart of a map with no segments: a grey panel that says why (`note`) and how to get one.
+fn draw_no_segments<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    note: &str,
+    (w, h): (u32, u32),
+) -> ChartResult {
+    root.draw(&Rectangle::new([(40, 60), (w as i32 - 40, h as i32 - 40)], GRID.filled()))
+        .or_draw_error()?;
+    root.draw(&Text::new(
+        "No segment map to draw".to_string(),
+        (w as i32 / 2, h as i32 / 2 - 30),
+        anchored(bold(LABEL + 4), HPos::Center, VPos::Center),
+    ))
+    .or_draw_error()?;
+    root.draw(&Text::new(
+        truncate(note, 120),
+        (w as i32 / 2, h as i32 / 2 + 6),
+        anchored(text(LABEL), HPos::Center, VPos::Center),
+    ))
+    .or_draw_error()?;
+    root.draw(&Text::new(
+        "Name a policy that models segments with --segment-map-policy (e.g. pytorch).".to_string(),
+        (w as i32 / 2, h as i32 / 2 + 34),
+        anchored(text(LABEL), HPos::Center, VPos::Center),
+    ))
+    .or_draw_error()?;
+    Ok(())
 }
 
 #[cfg(test)]

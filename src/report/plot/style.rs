@@ -315,14 +315,17 @@ pub(crate) fn draw_title<DB: DrawingBackend>(
     root.draw(&Text::new(title, at, anchored(bold(TITLE), HPos::Center, VPos::Top))).or_draw_error()
 }
 
+/// A chart with a linear `f64` axis each way, as every chart here draws on.
+pub(crate) type Plane<'a, DB> = ChartContext<
+    'a,
+    DB,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
 /// Draws the grid, axes and labels of a chart of memory against `x_desc`, as every such chart
 /// draws them.
 pub(crate) fn draw_memory_mesh<DB: DrawingBackend>(
-    chart: &mut ChartContext<
-        '_,
-        DB,
-        Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
-    >,
+    chart: &mut Plane<'_, DB>,
     x_desc: &str,
     y_desc: &str,
 ) -> ChartResult {

@@ -204,11 +204,7 @@ impl Timeline<'_> {
 /// pixels marked taken so that no peak label covers it.
 fn draw_capacity<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
-    chart: &mut ChartContext<
-        '_,
-        DB,
-        Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
-    >,
+    chart: &mut Plane<'_, DB>,
     occupancy: &mut Occupancy,
     (c, y): (u64, f64),
     (x_start, x_end): (f64, f64),
