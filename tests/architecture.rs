@@ -351,7 +351,6 @@ const LONGER: &[(&str, &str, usize)] = &[
     ("src/trace/pickle/decode.rs", "run", 360),
     ("src/validate/mod.rs", "validate", 223),
     ("src/trace/lifetimes.rs", "digest", 159),
-    ("src/policy/pytorch/config.rs", "apply_skipping", 161),
 ];
 
 #[test]

@@ -378,6 +378,38 @@ impl std::fmt::Display for ExpandableReserve {
     }
 }
 
+/// `garbage_collection_threshold`'s value: strictly between 0 and 1.
+fn parse_gc_threshold(value: &str, key: &str) -> Result<f64> {
+    let v = stod(value, key)?;
+    if v <= 0.0 {
+        return Err(Error::usage(format!(
+            "garbage_collection_threshold too small ({v}), set it 0.0~1.0"
+        )));
+    }
+    if v >= 1.0 {
+        return Err(Error::usage(format!(
+            "garbage_collection_threshold too big ({v}), set it 0.0~1.0"
+        )));
+    }
+    Ok(v)
+}
+
+/// `backend`: `native` (the caching allocator fragsim models); `cudaMallocAsync` is refused
+/// as another allocator.
+fn check_backend(v: &str) -> Result<()> {
+    if v == "cudaMallocAsync" {
+        return Err(Error::usage(
+            "backend:cudaMallocAsync replaces the caching allocator; fragsim models the native allocator only",
+        ));
+    }
+    if v != "native" {
+        return Err(Error::usage(format!(
+            "unknown allocator backend '{v}' (accepted: native, cudaMallocAsync)"
+        )));
+    }
+    Ok(())
+}
+
 /// Reads an `expandable_segments_reserve` value: a size with a unit (`8G`, `512M`, `64K`,
 /// `1T`, an optional `B` / `iB` after it; powers of 1024) or a plain number, which is a
 /// fraction of total memory when it is at most 1 and a byte count above.
@@ -742,136 +774,129 @@ impl Config {
         while t.i < tokens.len() {
             let key = tokens[t.i].clone();
             t.i += 1;
-            match key.as_str() {
-                "max_split_size_mb" | "max_non_split_rounding_mb" => {
-                    if key == "max_non_split_rounding_mb"
-                        && self.version < (Version { major: 2, minor: 6 })
-                    {
-                        return Err(unknown(&key, self.version));
-                    }
-                    let mb = stoull(t.value(&key)?, &key)?;
-                    let min_mb = self.large_segment_size / MIB;
-                    if old && mb <= min_mb {
-                        return Err(Error::usage(format!(
-                            "CachingAllocator option {key} too small, must be > {min_mb}"
-                        )));
-                    }
-                    if !old && mb < min_mb {
-                        return Err(Error::usage(format!(
-                            "CachingAllocator option {key} too small, must be >= {min_mb}"
-                        )));
-                    }
-                    let bytes = mb.min(u64::MAX / MIB) * MIB;
-                    if key == "max_split_size_mb" {
-                        self.max_split_size = bytes;
-                    } else {
-                        self.max_non_split_rounding = bytes;
-                    }
-                }
-                "roundup_power2_divisions" => self.parse_divisions(&mut t)?,
-                "garbage_collection_threshold" => {
-                    let v = stod(t.value(&key)?, &key)?;
-                    if v <= 0.0 {
-                        return Err(Error::usage(format!(
-                            "garbage_collection_threshold too small ({v}), set it 0.0~1.0"
-                        )));
-                    }
-                    if v >= 1.0 {
-                        return Err(Error::usage(format!(
-                            "garbage_collection_threshold too big ({v}), set it 0.0~1.0"
-                        )));
-                    }
-                    self.garbage_collection_threshold = v;
-                }
-                "expandable_segments" => self.expandable_segments = t.boolean(&key)?,
-                "large_segment_size_mb" if !old => {
-                    t.value(&key)?; // parsed above
-                }
-                "per_process_memory_fraction"
-                    if self.version >= (Version { major: 2, minor: 9 }) =>
-                {
-                    let v = stod(t.value(&key)?, &key)?;
-                    if !(0.0..=1.0).contains(&v) {
-                        return Err(Error::usage(format!(
-                            "per_process_memory_fraction is invalid ({v}), set it in [0.0, 1.0]"
-                        )));
-                    }
-                    self.per_process_memory_fraction = Some(v);
-                }
-                "release_lock_on_cudamalloc"
-                | "pinned_use_cuda_host_register"
-                | "pinned_use_background_threads"
-                | "graph_capture_record_stream_reuse"
-                | "pinned_free_catch_all"
-                | "throw_on_cudamalloc_oom" => {
-                    let v = t.boolean(&key)?;
-                    if key == "throw_on_cudamalloc_oom" {
-                        self.throw_on_cudamalloc_oom = v;
-                    }
-                    self.note_other(&key, if v { "True" } else { "False" });
-                }
-                "expandable_segments_reserve" => {
-                    let v = parse_reserve(t.value(&key)?, &key)?;
-                    self.expandable_segments_reserve = Some(v);
-                    self.note_other(&key, &v.to_string());
-                }
-                "expandable_segments_reserve_by_class" => {
-                    // `[class:value,...]`: each value read as the global one is, the classes
-                    // kept only for display (a stream's class is not recorded).
-                    t.separator(":", &key)?;
-                    let mut shown = Vec::new();
-                    if t.tokens.get(t.i).map(String::as_str) == Some("[") {
-                        t.i += 1;
-                        while let Some(class) = t.tokens.get(t.i).cloned() {
-                            t.i += 1;
-                            if class == "]" {
-                                break;
-                            }
-                            if class == "," {
-                                continue;
-                            }
-                            let v = parse_reserve(t.value(&key)?, &key)?;
-                            shown.push(format!("{class}:{v}"));
-                        }
-                    } else {
-                        let v = t.value(&key)?.to_string();
-                        shown.push(v);
-                    }
-                    self.reserve_by_class = true;
-                    self.note_other(&key, &format!("[{}]", shown.join(",")));
-                }
-                "pinned_num_register_threads"
-                | "pinned_reserve_segment_size_mb"
-                | "pinned_max_round_threshold_mb"
-                | "pinned_max_cached_size_mb" => {
-                    let v = stoull(t.value(&key)?, &key)?;
-                    self.note_other(&key, &v.to_string());
-                }
-                "backend" => {
-                    let v = t.value(&key)?.to_string();
-                    if v == "cudaMallocAsync" {
-                        return Err(Error::usage(
-                            "backend:cudaMallocAsync replaces the caching allocator; fragsim models the native allocator only",
-                        ));
-                    }
-                    if v != "native" {
-                        return Err(Error::usage(format!(
-                            "unknown allocator backend '{v}' (accepted: native, cudaMallocAsync)"
-                        )));
-                    }
-                }
-                _ => match skipped.as_deref_mut() {
+            if !self.apply_option(&key, &mut t, old)? {
+                match skipped.as_deref_mut() {
                     Some(names) => {
                         names.push(key.clone());
                         t.skip_value();
                     }
                     None => return Err(unknown(&key, self.version)),
-                },
+                }
             }
             if t.i < tokens.len() {
                 t.separator(",", &key)?;
             }
         }
+        Ok(())
+    }
+
+    /// Reads the value of option `key` from `t` (just past the key) into this config, as
+    /// PyTorch's parser (`old`: 2.8 or earlier, with its stricter syntax) reads it; false for
+    /// an option this release does not know, its value left unread.
+    fn apply_option(&mut self, key: &str, t: &mut Tokens, old: bool) -> Result<bool> {
+        match key {
+            "max_split_size_mb" | "max_non_split_rounding_mb" => {
+                self.parse_split_limit(key, t, old)?
+            }
+            "roundup_power2_divisions" => self.parse_divisions(t)?,
+            "garbage_collection_threshold" => {
+                self.garbage_collection_threshold = parse_gc_threshold(t.value(key)?, key)?;
+            }
+            "expandable_segments" => self.expandable_segments = t.boolean(key)?,
+            "large_segment_size_mb" if !old => {
+                t.value(key)?; // parsed first
+            }
+            "per_process_memory_fraction" if self.version >= (Version { major: 2, minor: 9 }) => {
+                let v = stod(t.value(key)?, key)?;
+                if !(0.0..=1.0).contains(&v) {
+                    return Err(Error::usage(format!(
+                        "per_process_memory_fraction is invalid ({v}), set it in [0.0, 1.0]"
+                    )));
+                }
+                self.per_process_memory_fraction = Some(v);
+            }
+            "release_lock_on_cudamalloc"
+            | "pinned_use_cuda_host_register"
+            | "pinned_use_background_threads"
+            | "graph_capture_record_stream_reuse"
+            | "pinned_free_catch_all"
+            | "throw_on_cudamalloc_oom" => {
+                let v = t.boolean(key)?;
+                if key == "throw_on_cudamalloc_oom" {
+                    self.throw_on_cudamalloc_oom = v;
+                }
+                self.note_other(key, if v { "True" } else { "False" });
+            }
+            "expandable_segments_reserve" => {
+                let v = parse_reserve(t.value(key)?, key)?;
+                self.expandable_segments_reserve = Some(v);
+                self.note_other(key, &v.to_string());
+            }
+            "expandable_segments_reserve_by_class" => self.parse_reserve_by_class(t, key)?,
+            "pinned_num_register_threads"
+            | "pinned_reserve_segment_size_mb"
+            | "pinned_max_round_threshold_mb"
+            | "pinned_max_cached_size_mb" => {
+                let v = stoull(t.value(key)?, key)?;
+                self.note_other(key, &v.to_string());
+            }
+            "backend" => check_backend(t.value(key)?)?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// `max_split_size_mb` or (2.6 on) `max_non_split_rounding_mb`: megabytes no smaller than a
+    /// large segment (no smaller or equal, up to 2.8).
+    fn parse_split_limit(&mut self, key: &str, t: &mut Tokens, old: bool) -> Result<()> {
+        if key == "max_non_split_rounding_mb" && self.version < (Version { major: 2, minor: 6 }) {
+            return Err(unknown(key, self.version));
+        }
+        let mb = stoull(t.value(key)?, key)?;
+        let min_mb = self.large_segment_size / MIB;
+        if old && mb <= min_mb {
+            return Err(Error::usage(format!(
+                "CachingAllocator option {key} too small, must be > {min_mb}"
+            )));
+        }
+        if !old && mb < min_mb {
+            return Err(Error::usage(format!(
+                "CachingAllocator option {key} too small, must be >= {min_mb}"
+            )));
+        }
+        let bytes = mb.min(u64::MAX / MIB) * MIB;
+        if key == "max_split_size_mb" {
+            self.max_split_size = bytes;
+        } else {
+            self.max_non_split_rounding = bytes;
+        }
+        Ok(())
+    }
+
+    /// `expandable_segments_reserve_by_class:[class:value,...]`: each value read as the global
+    /// one is, the classes kept only for display (a stream's class is not recorded).
+    fn parse_reserve_by_class(&mut self, t: &mut Tokens, key: &str) -> Result<()> {
+        t.separator(":", key)?;
+        let mut shown = Vec::new();
+        if t.tokens.get(t.i).map(String::as_str) == Some("[") {
+            t.i += 1;
+            while let Some(class) = t.tokens.get(t.i).cloned() {
+                t.i += 1;
+                if class == "]" {
+                    break;
+                }
+                if class == "," {
+                    continue;
+                }
+                let v = parse_reserve(t.value(key)?, key)?;
+                shown.push(format!("{class}:{v}"));
+            }
+        } else {
+            let v = t.value(key)?.to_string();
+            shown.push(v);
+        }
+        self.reserve_by_class = true;
+        self.note_other(key, &format!("[{}]", shown.join(",")));
         Ok(())
     }
 
