@@ -31,7 +31,7 @@ use crate::policy::pytorch::NAME;
 use crate::policy::pytorch::{expandable, PyTorch};
 use crate::policy::Policy;
 use crate::replay::{run_guided, Cancel, Guide, ReplayInput, ReplayOptions, ReplayOutput};
-use crate::trace::lifetimes::{free_action, FlushCause, FlushCauses};
+use crate::trace::lifetimes::{free_action, FlushCauses};
 use crate::trace::{Action, Event, Segment, Trace};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -470,8 +470,7 @@ fn plan(events: &[Event], causes: &FlushCauses, calls: &[u64]) -> Vec<Op> {
             let mut segs = Vec::new();
             while i < events.len() {
                 let x = &events[i];
-                let cause = causes.get(x.frames);
-                if release(x.action) && cause.is_none_or(|c| c == FlushCause::EmptyCacheCall) {
+                if causes.made_by_call(x) {
                     segs.push(i);
                 } else if x.action == Action::FreeCompleted {
                     ops[i] = Op::Free;
@@ -874,6 +873,7 @@ fn replay(
         captured_ooms: recording.input.ooms_without_release(),
         routes: start.routes.clone(),
         exact: crate::replay::ExactPlacer::new(recording.input.exact_addresses()),
+        undecided: crate::replay::Undecided::new(&recording.input),
         stop: how.stop,
         ref_pos: 0,
         run: Run::default(),
@@ -913,6 +913,8 @@ struct Checker<'a> {
     routes: Option<crate::trace::pool_routes::PoolRoutes>,
     /// The recording's exact-address allocations, placed where recorded.
     exact: crate::replay::ExactPlacer<'a>,
+    /// The release runs the recording leaves undecided, decided as a replay decides them.
+    undecided: crate::replay::Undecided<'a>,
     stop: Stop<'a>,
     /// The next placement of the reference run to compare with ([`Stop::Diverge`]).
     ref_pos: usize,
@@ -973,7 +975,7 @@ impl<'a> Guide<PyTorch, Guided<'a>> for Checker<'a> {
         // or an empty_cache() just before it: decided as a replay decides it.
         let releases = script.iter().take_while(|j| released(j)).count();
         let mut script = &script[..];
-        if releases > 0 && crate::replay::undecided_run_is_call(&*policy, size, stream) {
+        if releases > 0 && self.undecided.called_before(index, &*policy) {
             backend.inner.follow(&script[..releases], false);
             policy.empty_cache(backend)?;
             compare_segments(events, &script[..releases], &backend.inner.log, i, &mut self.run);
@@ -1908,6 +1910,26 @@ mod tests {
             if script.first().is_some_and(|&j| t.devices[0].events[j].action == Action::SegmentFree))));
         let t = generate("expandable_segments:True", 3, Some(96 << 20));
         assert!(count(&t, Action::SegmentMap) > 0 && count(&t, Action::SegmentUnmap) > 0);
+    }
+
+    #[test]
+    fn a_replay_asks_about_every_release_run_that_validate_asks_about() {
+        // With garbage collection on, the levels prove nothing of a release run before a
+        // malloc's new segment: a replay asks the model about it, as `validate` does (a replay
+        // once left such runs to no one and never made those `empty_cache()` calls).
+        let conf = "garbage_collection_threshold:0.6,per_process_memory_fraction:0.5";
+        let t = generate_on(conf, 21, None, 256 << 20);
+        let e = &t.devices[0].events;
+        let input = ReplayInput::of_events(&t, t.devices[0].device, e).unwrap();
+        let asked: Vec<u64> = input.undecided_flushes().iter().map(|r| r.request).collect();
+        let released =
+            |script: &[usize]| script.first().is_some_and(|&j| e[j].action == Action::SegmentFree);
+        let runs: Vec<u64> = (plan_of(&t).iter().enumerate())
+            .filter(|(_, o)| matches!(o, Op::Malloc { script, .. } if released(script)))
+            .map(|(i, _)| i as u64)
+            .collect();
+        assert!(!runs.is_empty());
+        assert_eq!(asked, runs);
     }
 
     #[test]
