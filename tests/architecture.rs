@@ -350,7 +350,6 @@ const MOST_CLI_LINES: usize = 60;
 const LONGER: &[(&str, &str, usize)] = &[
     ("src/trace/pickle/decode.rs", "run", 360),
     ("src/replay/engine.rs", "drive", 330),
-    ("src/validate/mod.rs", "validate", 223),
     ("src/report/plot/segments.rs", "draw", 166),
     ("src/trace/lifetimes.rs", "digest", 159),
     ("src/policy/pytorch/config.rs", "apply_skipping", 161),
