@@ -351,7 +351,6 @@ const LONGER: &[(&str, &str, usize)] = &[
     ("src/trace/pickle/decode.rs", "run", 360),
     ("src/replay/engine.rs", "drive", 330),
     ("src/report/plot/segments.rs", "draw", 166),
-    ("src/trace/lifetimes.rs", "digest", 159),
     ("src/policy/pytorch/config.rs", "apply_skipping", 161),
 ];
 

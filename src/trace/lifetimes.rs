@@ -626,6 +626,44 @@ pub fn digest<W>(trace: &Trace, device: i32, frees_at: Action, mut walk: W) -> R
 where
     W: FnMut(u64, &mut dyn FnMut(u64, &Event) -> Result<()>) -> Result<()>,
 {
+    let first = first_walk(trace, device, frees_at, &mut walk)?;
+    // The cache misses (a new segment and the alloc placed at its start, or an `oom`), where
+    // every request went to the default pools: they bound the orphans' sizes too.
+    let default_pools =
+        trace.entry_pools.is_none() && trace.segments_of(device).all(|s| s.private_pool.is_none());
+    let second = second_walk(&first.candidates, default_pools, &mut walk)?;
+    Ok(first.keep(second))
+}
+
+/// What [`digest`]'s first walk over every event finds.
+struct FirstWalk {
+    /// Each orphan candidate (the first free of an address not live then): the free's index,
+    /// the free, and whether no alloc of its address came before (its bit in the set is clear).
+    candidates: Vec<(u64, Event, bool)>,
+    /// The first `alloc` of each address the final segments show live.
+    final_live: AddrMap<Option<(u64, Event)>>,
+    /// The first segment event of each segment address.
+    segments: AddrMap<(u64, Event)>,
+    /// The first `segment_map` or `segment_unmap`.
+    mapping: Option<(u64, Event)>,
+}
+
+/// What [`digest`]'s second walk, up to the last candidate, finds.
+struct SecondWalk {
+    /// The candidates' addresses that an alloc came before (no orphans then).
+    allocated_first: AddrSet,
+    /// Per candidate: its first `alloc` within its reach before its free.
+    proofs: Vec<Option<(u64, Event)>>,
+    /// The cache misses before the last candidate's free.
+    misses: Vec<(u64, Event)>,
+}
+
+/// [`digest`]'s first walk: the orphan candidates, the final blocks' first allocs, the first
+/// event of each segment and the first mapping.
+fn first_walk<W>(trace: &Trace, device: i32, frees_at: Action, walk: &mut W) -> Result<FirstWalk>
+where
+    W: FnMut(u64, &mut dyn FnMut(u64, &Event) -> Result<()>) -> Result<()>,
+{
     let fits = |e: &Event| e.addr.checked_add(e.size).is_some_and(|end| end < 1 << 62);
     let mut final_live: AddrMap<Option<(u64, Event)>> = AddrMap::default();
     for seg in trace.segments_of(device) {
@@ -649,10 +687,6 @@ where
     let mut orphaned = AddrSet::default();
     let mut segments: AddrMap<(u64, Event)> = AddrMap::default();
     let mut mapping: Option<(u64, Event)> = None;
-    // The cache misses (a new segment and the alloc placed at its start, or an `oom`), where
-    // every request went to the default pools: they bound the orphans' sizes too.
-    let default_pools =
-        trace.entry_pools.is_none() && trace.segments_of(device).all(|s| s.private_pool.is_none());
     walk(u64::MAX, &mut |i, e| {
         match e.action {
             Action::Alloc => {
@@ -679,14 +713,24 @@ where
         }
         Ok(())
     })?;
-    drop(live);
-    // One more walk, when there are candidates, does two jobs. A candidate the bit set cannot
-    // clear is an orphan only if no alloc of its address came first. And each orphan's first
-    // alloc within its reach before its free can prove the orphan's size, as the cache misses
-    // before the last orphan's free can bound it: gathered here, once the candidates are known,
-    // rather than on the first walk, where remembering every address's first alloc or every miss
-    // would grow with the trace (a steady run misses the cache every step) though a trace with no
-    // orphan needs none of them.
+    Ok(FirstWalk { candidates, final_live, segments, mapping })
+}
+
+/// [`digest`]'s second walk, when there are candidates, does two jobs. A candidate the bit set
+/// cannot clear is an orphan only if no alloc of its address came first. And each orphan's first
+/// alloc within its reach before its free can prove the orphan's size, as the cache misses
+/// before the last orphan's free can bound it: gathered here, once the candidates are known,
+/// rather than on the first walk, where remembering every address's first alloc or every miss
+/// would grow with the trace (a steady run misses the cache every step) though a trace with no
+/// orphan needs none of them.
+fn second_walk<W>(
+    candidates: &[(u64, Event, bool)],
+    default_pools: bool,
+    walk: &mut W,
+) -> Result<SecondWalk>
+where
+    W: FnMut(u64, &mut dyn FnMut(u64, &Event) -> Result<()>) -> Result<()>,
+{
     let unsure: AddrMap<u64> =
         candidates.iter().filter(|c| !c.2).map(|c| (c.1.addr, c.0)).collect();
     let horizon = candidates.iter().map(|c| c.0).max().unwrap_or(0);
@@ -741,26 +785,36 @@ where
             Ok(())
         })?;
     }
-    let keep: Vec<bool> =
-        candidates.iter().map(|c| c.2 || !allocated_first.contains(&c.1.addr)).collect();
-    let candidates: Vec<(u64, Event, bool)> =
-        candidates.into_iter().zip(&keep).filter(|(_, k)| **k).map(|(c, _)| c).collect();
-    let proving = proofs.into_iter().zip(&keep).filter_map(|(p, k)| p.filter(|_| *k));
-    // Misses after the last orphan's free bound nothing.
-    let last_free = candidates.iter().map(|c| c.0).max().unwrap_or(0);
-    misses.retain(|m| m.0 < last_free);
-    let mut out: Vec<(u64, Event)> = candidates
-        .into_iter()
-        .map(|c| (c.0, c.1))
-        .chain(proving)
-        .chain(misses)
-        .chain(final_live.into_values().flatten())
-        .chain(segments.into_values())
-        .chain(mapping)
-        .collect();
-    out.sort_by_key(|p| p.0);
-    out.dedup_by_key(|p| p.0); // a proving alloc may be a final block's first alloc too
-    Ok(out.into_iter().map(|p| p.1).collect())
+    Ok(SecondWalk { allocated_first, proofs, misses })
+}
+
+impl FirstWalk {
+    /// The digest: the candidates no alloc came before, their proving allocs, the misses before
+    /// the last orphan's free, the final blocks' first allocs, the segments' first events and
+    /// the first mapping, in trace order.
+    fn keep(self, second: SecondWalk) -> Vec<Event> {
+        let SecondWalk { allocated_first, proofs, mut misses } = second;
+        let keep: Vec<bool> =
+            self.candidates.iter().map(|c| c.2 || !allocated_first.contains(&c.1.addr)).collect();
+        let candidates: Vec<(u64, Event, bool)> =
+            self.candidates.into_iter().zip(&keep).filter(|(_, k)| **k).map(|(c, _)| c).collect();
+        let proving = proofs.into_iter().zip(&keep).filter_map(|(p, k)| p.filter(|_| *k));
+        // Misses after the last orphan's free bound nothing.
+        let last_free = candidates.iter().map(|c| c.0).max().unwrap_or(0);
+        misses.retain(|m| m.0 < last_free);
+        let mut out: Vec<(u64, Event)> = candidates
+            .into_iter()
+            .map(|c| (c.0, c.1))
+            .chain(proving)
+            .chain(misses)
+            .chain(self.final_live.into_values().flatten())
+            .chain(self.segments.into_values())
+            .chain(self.mapping)
+            .collect();
+        out.sort_by_key(|p| p.0);
+        out.dedup_by_key(|p| p.0); // a proving alloc may be a final block's first alloc too
+        out.into_iter().map(|p| p.1).collect()
+    }
 }
 
 /// The words of [`digest`]'s bit set of allocated addresses (128 KiB).
