@@ -477,17 +477,12 @@ impl<'a> ReplayInput<'a> {
 
 /// What the allocator that recorded `trace` added to each request before rounding it.
 fn oom_pad(trace: &Trace) -> u64 {
-    crate::policy::pytorch::Flavour::of_trace(trace).pad()
+    crate::policy::RecordedAllocator::of(trace).request_pad
 }
 
 /// Whether `trace`'s recorded allocator settings set a `per_process_memory_fraction`.
 fn records_fraction(trace: &Trace) -> bool {
-    let Some(settings) = &trace.allocator_settings else { return false };
-    crate::policy::pytorch::Config::from_recorded(
-        settings,
-        crate::policy::pytorch::Version::CURRENT,
-    )
-    .is_ok_and(|c| c.per_process_memory_fraction.is_some())
+    crate::policy::RecordedAllocator::of(trace).memory_fraction
 }
 
 /// The device a replay runs on: `asked`, or the default; errors list the devices there are.
