@@ -31,7 +31,7 @@ pub use spec::PolicySpec;
 use crate::backend::{Backend, StartFit};
 use crate::error::{Cancel, Error, Result};
 use crate::trace::lifetimes::Lifetimes;
-use crate::trace::{Event, LiveBlock, Segment, Trace};
+use crate::trace::{AllocatorSettings, Event, LiveBlock, Segment, Trace};
 
 /// What a successful malloc hands out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,6 +86,27 @@ impl Handle {
 pub trait Policy {
     /// The exact configuration, in the policy's own option syntax (shown in results).
     fn config(&self) -> String;
+
+    /// The allocator settings a run of this policy had, as a PyTorch snapshot records them
+    /// (`allocator_settings`), from the configuration its result shows ([`Policy::config`]):
+    /// what a snapshot written of the run says. `None` (the default) for a policy that has no
+    /// such settings.
+    fn recorded_settings(shown_config: &str) -> Option<AllocatorSettings>
+    where
+        Self: Sized,
+    {
+        let _ = shown_config;
+        None
+    }
+
+    /// Whether its configuration is an allocator's settings, as `PYTORCH_CUDA_ALLOC_CONF` holds
+    /// them ([`Policy::recorded_settings`] reads them); false (the default) for other policies.
+    fn has_allocator_settings() -> bool
+    where
+        Self: Sized,
+    {
+        false
+    }
 
     /// Called once before the replay with every event it will see. Online policies ignore it;
     /// the clairvoyant `offline` policy plans with it.
@@ -321,9 +342,22 @@ pub struct PolicyInfo {
     pub role: Role,
     options: fn() -> String,
     build: fn(&str, &PolicyContext) -> Result<BuiltPolicy>,
+    recorded_settings: fn(&str) -> Option<AllocatorSettings>,
+    has_allocator_settings: fn() -> bool,
 }
 
 impl PolicyInfo {
+    /// The allocator settings a run of it had, from the configuration its result shows
+    /// ([`Policy::recorded_settings`]).
+    pub fn recorded_settings(&self, shown_config: &str) -> Option<AllocatorSettings> {
+        (self.recorded_settings)(shown_config)
+    }
+
+    /// Whether its configuration is an allocator's settings ([`Policy::has_allocator_settings`]).
+    pub fn has_allocator_settings(&self) -> bool {
+        (self.has_allocator_settings)()
+    }
+
     /// The options it accepts, for error messages and help.
     pub fn options(&self) -> String {
         (self.options)()
@@ -371,6 +405,8 @@ macro_rules! registry {
                 role: $reg.role,
                 options: $reg.options,
                 build: |options, context| ($reg.build)(options, context).map(BuiltPolicy::$variant),
+                recorded_settings: <$ty as Policy>::recorded_settings,
+                has_allocator_settings: <$ty as Policy>::has_allocator_settings,
             },
         )*];
     };
@@ -395,6 +431,35 @@ pub fn names() -> Vec<&'static str> {
     POLICIES.iter().map(|p| p.name).collect()
 }
 
+/// The role of the built-in policy called `name` (`None`: no such policy): what reports
+/// compare results by, rather than by name.
+pub fn role_of(name: &str) -> Option<Role> {
+    POLICIES.iter().find(|p| p.name == name).map(|p| p.role)
+}
+
+/// What the allocator that recorded `trace` did that a replay of it must know, read by the
+/// policy that models that allocator.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecordedAllocator {
+    /// The bytes it added to each request before rounding (torch_npu's padding): an `oom`
+    /// entry's recorded size is that much more than the request.
+    pub request_pad: u64,
+    /// Its recorded settings set a per-process memory fraction.
+    pub memory_fraction: bool,
+}
+
+impl RecordedAllocator {
+    /// What `trace`'s recorded allocator settings and frames say.
+    pub fn of(trace: &Trace) -> RecordedAllocator {
+        let memory_fraction = trace.allocator_settings.as_ref().is_some_and(|settings| {
+            pytorch::Config::from_recorded(settings, pytorch::Version::CURRENT)
+                .is_ok_and(|c| c.per_process_memory_fraction.is_some())
+        });
+        let request_pad = pytorch::Flavour::of_trace(trace).pad();
+        RecordedAllocator { request_pad, memory_fraction }
+    }
+}
+
 /// The built-in policy called `name`.
 pub fn lookup(name: &str) -> Result<&'static PolicyInfo> {
     POLICIES.iter().find(|p| p.name == name).ok_or_else(|| {
@@ -414,4 +479,42 @@ pub fn help() -> String {
         .map(|p| format!("  {:<20} {}\n  {:<20} options: {}", p.name, p.summary, "", p.options()))
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_find_policies_by_their_declared_role_and_settings() {
+        assert_eq!(role_of("bound"), Some(Role::Floor));
+        assert_eq!(role_of("offline"), Some(Role::Clairvoyant));
+        assert_eq!(role_of("no-such-policy"), None);
+        let floors: Vec<&str> =
+            POLICIES.iter().filter(|p| p.role == Role::Floor).map(|p| p.name).collect();
+        assert_eq!(floors, ["bound"]);
+        // The PyTorch policies, and only they, declare allocator settings, which a snapshot of
+        // their run records as its own (`expandable_segments: True` for `pytorch-expandable`).
+        for p in POLICIES {
+            assert_eq!(p.has_allocator_settings(), p.name.starts_with("pytorch"), "{}", p.name);
+        }
+        let expandable = lookup("pytorch-expandable").unwrap();
+        let settings = expandable.recorded_settings("expandable_segments:True").unwrap();
+        assert!(settings.expandable_segments);
+        assert!(lookup("bfc").unwrap().recorded_settings("").is_none());
+    }
+
+    #[test]
+    fn the_recorded_allocator_says_whether_a_memory_fraction_was_set() {
+        let read = |conf: Option<&str>| {
+            let src = b"alloc 0x0 512\n";
+            let mut t = crate::trace::text::read(&src[..], &Default::default()).unwrap();
+            let config = |c| pytorch::Config::parse(c, pytorch::Version::CURRENT).unwrap();
+            t.allocator_settings = conf.map(|c| config(c).to_recorded());
+            RecordedAllocator::of(&t)
+        };
+        assert_eq!(read(None), RecordedAllocator { request_pad: 0, memory_fraction: false });
+        assert!(!read(Some("max_split_size_mb:128")).memory_fraction);
+        assert!(read(Some("per_process_memory_fraction:0.5")).memory_fraction);
+    }
 }

@@ -28,7 +28,9 @@
 //! own bound.
 
 use super::{Recorded, Source};
-use crate::trace::lifetimes::{empty_cache_points, FlushCause, FlushCauses};
+use crate::trace::lifetimes::{
+    may_collect_garbage, read_run, AfterRun, FlushCause, FlushCauses, Levels, RunReading,
+};
 use crate::trace::{Action, Trace};
 use serde::{Deserialize, Serialize};
 
@@ -114,6 +116,26 @@ impl FlushKind {
                 | FlushKind::EmptyCacheBelowLimit
                 | FlushKind::EmptyCacheByStack
         )
+    }
+}
+
+impl FlushKind {
+    /// The kind of a run as [`read_run`] reads it with the levels known.
+    fn of(reading: RunReading) -> FlushKind {
+        match reading {
+            RunReading::CalledByStack => FlushKind::EmptyCacheByStack,
+            RunReading::Called => FlushKind::EmptyCache,
+            RunReading::CalledBelowPeak => FlushKind::EmptyCacheBelowPeak,
+            RunReading::CalledBelowLimit => FlushKind::EmptyCacheBelowLimit,
+            RunReading::FallbackByStack { failed: true } | RunReading::Failed => {
+                FlushKind::FailedRetry
+            }
+            RunReading::FallbackByStack { failed: false } => FlushKind::OutOfMemoryByStack,
+            RunReading::CollectedByStack => FlushKind::GarbageCollectionByStack,
+            // Above every level served: taken as an OOM (the levels cannot prove a call).
+            RunReading::AboveLevels | RunReading::Retried { .. } => FlushKind::OutOfMemory,
+            RunReading::Unproven => FlushKind::Unproven,
+        }
     }
 }
 
@@ -261,8 +283,6 @@ pub fn infer(trace: &Trace, recorded: &Recorded) -> DeviceLimit {
     {
         return limit;
     }
-    let gc =
-        trace.allocator_settings.as_ref().is_some_and(|s| s.garbage_collection_threshold > 0.0);
     let reserved_before = |i: usize| {
         if i == 0 {
             recorded.reserved_at_start_bytes
@@ -271,8 +291,9 @@ pub fn infer(trace: &Trace, recorded: &Recorded) -> DeviceLimit {
         }
     };
     let causes = FlushCauses::of(&trace.frames);
-    let explicit = empty_cache_points(events, &causes);
     let releases = |a: Action| matches!(a, Action::SegmentFree | Action::SegmentUnmap);
+    // Each run of releases, with what its stacks say and what follows it.
+    let mut runs: Vec<(Flush, Option<FlushCause>, AfterRun)> = Vec::new();
     let mut i = 0;
     while i < events.len() {
         let e = &events[i];
@@ -297,67 +318,58 @@ pub fn infer(trace: &Trace, recorded: &Recorded) -> DeviceLimit {
             && (releases(events[i].action) || events[i].action == Action::FreeCompleted)
         {
             if releases(events[i].action) {
-                match (cause, causes.get(events[i].frames)) {
-                    (Some(c), Some(d)) if c != d => break,
-                    (None, d) => cause = d,
-                    _ => {}
+                let next = causes.get(events[i].frames);
+                if FlushCauses::ends_run(cause, next) {
+                    break;
                 }
+                cause = cause.or(next);
             }
             i += 1;
         }
-        let before = reserved_before(start);
         let mut flush = Flush {
             event: start as u64,
             retry_event: None,
-            reserved_before: before,
+            reserved_before: reserved_before(start),
             retry_bytes: None,
-            kind: match cause {
-                Some(FlushCause::EmptyCacheCall) => FlushKind::EmptyCacheByStack,
-                _ => FlushKind::EmptyCache,
-            },
+            kind: FlushKind::EmptyCache,
         };
-        if cause != Some(FlushCause::EmptyCacheCall) && !explicit[start] {
-            match events.get(i).map(|e| e.action) {
-                Some(Action::Oom) => flush.kind = FlushKind::FailedRetry,
-                Some(Action::SegmentAlloc) => {
-                    flush.retry_event = Some(i as u64);
-                    flush.retry_bytes = Some(events[i].size);
-                }
-                Some(Action::SegmentMap) => {
-                    flush.retry_event = Some(i as u64);
-                    let maps = events[i..].iter().take_while(|e| e.action == Action::SegmentMap);
-                    flush.retry_bytes = Some(maps.map(|e| e.size).sum());
-                }
-                _ => {}
+        let mut after = AfterRun::Nothing;
+        match events.get(i).map(|e| e.action) {
+            Some(Action::Oom) => after = AfterRun::Failed,
+            Some(Action::SegmentAlloc) => {
+                flush.retry_event = Some(i as u64);
+                flush.retry_bytes = Some(events[i].size);
             }
-            if cause == Some(FlushCause::GarbageCollection) {
-                flush.kind = FlushKind::GarbageCollectionByStack;
-            } else if cause == Some(FlushCause::OutOfMemory) && flush.kind != FlushKind::FailedRetry
-            {
-                flush.kind = FlushKind::OutOfMemoryByStack;
-            } else if let Some(need) = flush.needed_bytes() {
-                flush.kind = if gc {
-                    FlushKind::Unproven
-                } else if need <= limit.at_least_bytes {
-                    FlushKind::EmptyCacheBelowPeak
-                } else {
-                    FlushKind::OutOfMemory
-                };
+            Some(Action::SegmentMap) => {
+                flush.retry_event = Some(i as u64);
+                let maps = events[i..].iter().take_while(|e| e.action == Action::SegmentMap);
+                flush.retry_bytes = Some(maps.map(|e| e.size).sum());
             }
+            _ => {}
         }
-        limit.flushes.push(flush);
+        if let Some(need) = flush.needed_bytes() {
+            after = AfterRun::Retry { need: need as i128 };
+        }
+        runs.push((flush, cause, after));
     }
     // The oom entries measure the limit itself; where they agree, a flush whose retry needed no
     // more than it cannot have been an OOM.
     let points: Vec<u64> = limit.oom_entries.iter().map(OomEntry::limit_bytes).collect();
-    if let Some(&p) = points.first().filter(|&&p| p >= limit.at_least_bytes) {
-        if points.iter().all(|&q| q == p) {
-            for f in limit.flushes.iter_mut().filter(|f| f.kind == FlushKind::OutOfMemory) {
-                if f.needed_bytes().is_some_and(|need| need <= p) {
-                    f.kind = FlushKind::EmptyCacheBelowLimit;
-                }
-            }
+    let agreed = points.first().filter(|&&p| p >= limit.at_least_bytes);
+    let agreed = agreed.filter(|&&p| points.iter().all(|&q| q == p));
+    let levels = if may_collect_garbage(trace) {
+        Levels::ProveNothing
+    } else {
+        Levels::Served { peak: limit.at_least_bytes as i128, limit: agreed.map(|&p| p as i128) }
+    };
+    for (mut flush, cause, after) in runs {
+        let reading = read_run(cause, after, levels);
+        flush.kind = FlushKind::of(reading);
+        if matches!(reading, RunReading::Called | RunReading::CalledByStack) {
+            // A call no retry belongs to.
+            (flush.retry_event, flush.retry_bytes) = (None, None);
         }
+        limit.flushes.push(flush);
     }
     let proven_oom =
         |k: FlushKind| matches!(k, FlushKind::OutOfMemory | FlushKind::OutOfMemoryByStack);

@@ -103,7 +103,7 @@ impl<'r> Recorded<'r> {
     pub(super) fn new(input: &'r ReplayInput, options: &ReplayOptions) -> Recorded<'r> {
         Recorded {
             calls: input.empty_cache_at(),
-            undecided: Undecided { runs: input.undecided_flushes(), next: 0, input },
+            undecided: Undecided::new(input),
             drop_recorded: options.empty_cache.drop_recorded,
             routes: input.pool_routes().cloned(),
             flush_run_to: u64::MAX - 1,
@@ -278,8 +278,9 @@ pub fn undecided_run_is_call<P: Policy>(policy: &P, size: u64, stream: u64) -> b
 }
 
 /// The recording's undecided release runs ([`ReplayInput::undecided_flushes`]), asked about
-/// in event order.
-struct Undecided<'r> {
+/// in event order: by a replay (the `Recorded` guide) and by `validate`, so that both make
+/// the same calls.
+pub(crate) struct Undecided<'r> {
     runs: &'r [Retried],
     next: usize,
     /// The recording (a failed request's `oom` entry records more than was asked,
@@ -287,11 +288,16 @@ struct Undecided<'r> {
     input: &'r ReplayInput<'r>,
 }
 
-impl Undecided<'_> {
+impl<'r> Undecided<'r> {
+    /// The undecided runs of `input`, none asked yet.
+    pub(crate) fn new(input: &'r ReplayInput<'r>) -> Undecided<'r> {
+        Undecided { runs: input.undecided_flushes(), next: 0, input }
+    }
+
     /// True when an undecided run ends right before the request at event `index` and was the
     /// program's `empty_cache()` ([`undecided_run_is_call`]).
     #[inline]
-    fn called_before<P: Policy>(&mut self, index: u64, policy: &P) -> bool {
+    pub(crate) fn called_before<P: Policy>(&mut self, index: u64, policy: &P) -> bool {
         while self.runs.get(self.next).is_some_and(|r| r.request < index) {
             self.next += 1;
         }

@@ -227,7 +227,7 @@ impl<'a> ReplayInput<'a> {
             runs.push(i as u64, e);
         }
         let (empty_cache_at, undecided_flushes) =
-            runs.finish_with_undecided(!may_collect_garbage(trace));
+            runs.finish_with_undecided(!crate::trace::lifetimes::may_collect_garbage(trace));
         let ooms_without_release = crate::trace::lifetimes::ooms_without_release(
             events,
             &FlushCauses::of(&trace.frames),
@@ -295,7 +295,7 @@ impl<'a> ReplayInput<'a> {
         })?;
         let lifetimes = crate::trace::lifetimes::scan(&digest);
         let (empty_cache_at, undecided_flushes) =
-            runs.finish_with_undecided(!may_collect_garbage(trace));
+            runs.finish_with_undecided(!crate::trace::lifetimes::may_collect_garbage(trace));
         // The digest keeps each address's first segment event, all the routes need.
         let pool_routes = PoolRoutes::new(trace, device, &digest, &lifetimes);
         let live_at_start = live_at_start_of(trace, device, &lifetimes);
@@ -477,23 +477,12 @@ impl<'a> ReplayInput<'a> {
 
 /// What the allocator that recorded `trace` added to each request before rounding it.
 fn oom_pad(trace: &Trace) -> u64 {
-    crate::policy::pytorch::Flavour::of_trace(trace).pad()
+    crate::policy::RecordedAllocator::of(trace).request_pad
 }
 
 /// Whether `trace`'s recorded allocator settings set a `per_process_memory_fraction`.
 fn records_fraction(trace: &Trace) -> bool {
-    let Some(settings) = &trace.allocator_settings else { return false };
-    crate::policy::pytorch::Config::from_recorded(
-        settings,
-        crate::policy::pytorch::Version::CURRENT,
-    )
-    .is_ok_and(|c| c.per_process_memory_fraction.is_some())
-}
-
-/// True when the recorded allocator had `garbage_collection_threshold` set, so that it may have
-/// released cached memory before a malloc's first attempt (see [`EmptyCacheRuns::finish`]).
-fn may_collect_garbage(trace: &Trace) -> bool {
-    trace.allocator_settings.as_ref().is_some_and(|s| s.garbage_collection_threshold > 0.0)
+    crate::policy::RecordedAllocator::of(trace).memory_fraction
 }
 
 /// The device a replay runs on: `asked`, or the default; errors list the devices there are.

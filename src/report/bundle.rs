@@ -8,7 +8,7 @@
 
 use super::plot;
 use crate::error::{Error, Result};
-use crate::policy::{self, PolicySpec};
+use crate::policy::{self, role_of, PolicySpec, Role};
 use crate::progress::Bar;
 use crate::replay::{run_specs, ReplayInput, ReplayOptions, ReplayOutput, RunSettings};
 use crate::trace::summary::{DeviceSummary, SizeBucket};
@@ -272,12 +272,11 @@ pub struct ReportData {
 }
 
 impl ReportData {
-    /// The `bound` policy's peak reserved bytes, if it ran: the floor overheads are measured from.
+    /// The floor's peak reserved bytes (the `bound` policy's, [`Role::Floor`]), if it ran: the
+    /// floor overheads are measured from.
     pub fn bound(&self) -> Option<u64> {
-        self.runs
-            .iter()
-            .find(|r| r.output.result.policy == "bound")
-            .map(|r| r.output.result.peak_reserved_bytes)
+        let floor = |r: &&PolicyRun| role_of(&r.output.result.policy) == Some(Role::Floor);
+        self.runs.iter().find(floor).map(|r| r.output.result.peak_reserved_bytes)
     }
 
     /// The results in report order.

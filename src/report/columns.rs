@@ -4,6 +4,7 @@
 //! hand-synced CSV is the counter-example).
 
 use crate::metrics::PolicyResult;
+use crate::policy::Role;
 use crate::recorded::RecordedRow;
 use crate::units::format_bytes;
 
@@ -565,9 +566,10 @@ pub(crate) fn summary_table(
     SummaryTable { headers, rows }
 }
 
-/// `bound`'s peak among `results`, if it ran.
+/// The floor's peak among `results` (`bound`'s, [`Role::Floor`]), if it ran.
 pub(crate) fn bound_of(results: &[PolicyResult]) -> Option<u64> {
-    results.iter().find(|r| r.policy == "bound").map(|r| r.peak_reserved_bytes)
+    let floor = |r: &&PolicyResult| crate::policy::role_of(&r.policy) == Some(Role::Floor);
+    results.iter().find(floor).map(|r| r.peak_reserved_bytes)
 }
 
 /// The cells of `columns` for each result, in order.

@@ -73,15 +73,12 @@ fn simulated_trace(trace: &Trace, device: i32, output: &ReplayOutput) -> Result<
     })
 }
 
-/// The `allocator_settings` of the simulated run: the PyTorch policy's own effective settings
-/// (not the input's: a `pytorch-expandable` what-if must say `expandable_segments: True`), and
-/// none for other policies, which have no such settings.
+/// The `allocator_settings` of the simulated run, as its policy declares them
+/// ([`crate::policy::Policy::recorded_settings`]: the PyTorch policy's own effective settings,
+/// not the input's), and none for policies that have no such settings.
 fn settings_of(output: &ReplayOutput) -> Option<crate::trace::AllocatorSettings> {
-    use crate::policy::pytorch::Config;
-    if !output.result.policy.starts_with("pytorch") {
-        return None;
-    }
-    Config::parse_shown(&output.result.config).ok().map(|c| c.to_recorded())
+    let policy = crate::policy::lookup(&output.result.policy).ok()?;
+    policy.recorded_settings(&output.result.config)
 }
 
 #[cfg(test)]

@@ -186,6 +186,153 @@ impl FlushCauses {
     }
 }
 
+impl FlushCauses {
+    /// Whether the release `e`, inside a run already read as the program's `empty_cache()` call
+    /// ([`read_run`]), was made by that call: its stack says so, or says nothing. A release
+    /// whose stack names another cause belongs to another flush (a malloc's fallback).
+    pub fn made_by_call(&self, e: &Event) -> bool {
+        matches!(e.action, Action::SegmentFree | Action::SegmentUnmap)
+            && self.get(e.frames).is_none_or(|c| c == FlushCause::EmptyCacheCall)
+    }
+
+    /// Whether a release whose stack says `next` ends the run whose stacks said `run` so far
+    /// and starts another flush: both stacks tell, and they name different causes
+    /// (`empty_cache()`, then a malloc that ran out of memory).
+    pub fn ends_run(run: Option<FlushCause>, next: Option<FlushCause>) -> bool {
+        matches!((run, next), (Some(c), Some(d)) if c != d)
+    }
+}
+
+/// Whether `trace`'s recorded allocator had `garbage_collection_threshold` set, so that it may
+/// have released cached memory before a malloc's first attempt: a release run a retried
+/// allocation follows then proves nothing ([`Levels::ProveNothing`]).
+pub fn may_collect_garbage(trace: &Trace) -> bool {
+    trace.allocator_settings.as_ref().is_some_and(|s| s.garbage_collection_threshold > 0.0)
+}
+
+/// What follows a run of recorded releases (and the `free_completed` among and after them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AfterRun {
+    /// No allocation of the same malloc: another event, another flush, or the recording's end.
+    Nothing,
+    /// A retried allocation (a `segment_alloc`, or `segment_map`s) that needed the reserved
+    /// level `need`: the level before the releases plus the retried bytes.
+    Retry {
+        /// The level the retry needed, in the frame of the [`Levels`] it is read with.
+        need: i128,
+    },
+    /// An `oom` entry: the allocation failed.
+    Failed,
+}
+
+/// What the recorded reserved levels can say of a release run a retried allocation follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Levels {
+    /// Not known yet (a recording read one event at a time, before its end).
+    Pending,
+    /// Nothing: the allocator may release memory before its first attempt
+    /// ([`may_collect_garbage`]), so a retry proves no failed one.
+    ProveNothing,
+    /// The highest reserved level the recording shows, and the device limit its `oom` entries
+    /// agree on (reserved plus the device's free bytes), if they agree on one.
+    Served {
+        /// The recorded peak reserved level.
+        peak: i128,
+        /// The limit the `oom` entries measure.
+        limit: Option<i128>,
+    },
+}
+
+/// What a run of recorded releases was, as [`read_run`] reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunReading {
+    /// Its stack shows the program's `empty_cache()` call.
+    CalledByStack,
+    /// No allocation follows it: the program's `empty_cache()` call.
+    Called,
+    /// A retry follows at a level no higher than the recorded peak: the device served more, so
+    /// no attempt failed; the program's call.
+    CalledBelowPeak,
+    /// A retry follows above the peak but at most at the limit the `oom` entries measure: the
+    /// program's call.
+    CalledBelowLimit,
+    /// Its stack shows a malloc's out-of-memory fallback (`release_cached_blocks` under
+    /// `malloc`); `failed` when an `oom` entry follows (the retry failed too).
+    FallbackByStack {
+        /// An `oom` entry follows.
+        failed: bool,
+    },
+    /// Its stack shows garbage collection before a malloc's first attempt.
+    CollectedByStack,
+    /// A retry follows and the levels are not known yet ([`Levels::Pending`]): read it again
+    /// with them.
+    Retried {
+        /// The level the retry needed.
+        need: i128,
+    },
+    /// A retry follows above every level the recording shows the device serving: an
+    /// out-of-memory fallback, or the program's call followed by an allocation needing new
+    /// memory. The levels cannot tell; a model of the recorded allocator can
+    /// (`replay::undecided_run_is_call`).
+    AboveLevels,
+    /// An `oom` entry follows and no stack tells: the malloc's own fallback, or the program's
+    /// call right before a malloc that then found nothing. Only a model can tell.
+    Failed,
+    /// A retry follows but the levels prove nothing ([`Levels::ProveNothing`]).
+    Unproven,
+}
+
+impl RunReading {
+    /// True when the run was the program's `empty_cache()` call.
+    pub fn is_call(self) -> bool {
+        matches!(
+            self,
+            RunReading::CalledByStack
+                | RunReading::Called
+                | RunReading::CalledBelowPeak
+                | RunReading::CalledBelowLimit
+        )
+    }
+
+    /// True when neither the stacks nor the levels tell a call from a fallback (or from garbage
+    /// collection): only a model of the recorded allocator can.
+    pub fn is_undecided(self) -> bool {
+        matches!(self, RunReading::AboveLevels | RunReading::Failed | RunReading::Unproven)
+    }
+}
+
+/// Whether a run of recorded releases was the program's `empty_cache()` call or a malloc's
+/// out-of-memory fallback: the one rule that a replay ([`EmptyCacheRuns`]), `validate` (which
+/// takes a replay's calls) and the device-limit inference (`recorded::limit`) all follow
+/// (docs/pytorch-model.md#recorded-flushes). `cause` is what the run's stacks say (the first
+/// release with a telling stack, [`FlushCause`]), `after` what follows it, `levels` what the
+/// recorded reserved levels can prove.
+///
+/// A telling stack decides. Without one, a run no allocation follows is a call; one a retried
+/// allocation follows records what a fallback records (a failed `cudaMalloc`, the cache
+/// released, the retry) and also what a call followed by an allocation needing a new segment
+/// records, so the level the retry needed decides: at most the recorded peak, or the limit the
+/// `oom` entries measure, the first attempt cannot have failed, so it was a call. Above them,
+/// or before a failed allocation, the run is undecided.
+pub fn read_run(cause: Option<FlushCause>, after: AfterRun, levels: Levels) -> RunReading {
+    match (cause, after) {
+        (Some(FlushCause::EmptyCacheCall), _) => RunReading::CalledByStack,
+        (Some(FlushCause::OutOfMemory), a) => {
+            RunReading::FallbackByStack { failed: a == AfterRun::Failed }
+        }
+        (Some(FlushCause::GarbageCollection), _) => RunReading::CollectedByStack,
+        (None, AfterRun::Nothing) => RunReading::Called,
+        (None, AfterRun::Failed) => RunReading::Failed,
+        (None, AfterRun::Retry { need }) => match levels {
+            Levels::Pending => RunReading::Retried { need },
+            Levels::ProveNothing => RunReading::Unproven,
+            Levels::Served { peak, .. } if need <= peak => RunReading::CalledBelowPeak,
+            Levels::Served { limit: Some(l), .. } if need <= l => RunReading::CalledBelowLimit,
+            Levels::Served { .. } => RunReading::AboveLevels,
+        },
+    }
+}
+
 /// For each event, true where the recorded program released cached memory on its own: a run of
 /// `segment_free` / `segment_unmap` whose stack shows `empty_cache()` ([`FlushCause`]), or, with
 /// no telling stack, that is not part of a malloc's fallback, i.e. not followed (after any
@@ -231,9 +378,9 @@ pub struct EmptyCacheRuns {
     /// A run followed by `segment_map`s, still summing them: its first index and the level the
     /// maps need so far.
     mapping: Option<(u64, i128)>,
-    /// Runs followed by a retried allocation: first index, the level it needed, and the request
-    /// the retry served (the `alloc` after it), once seen.
-    retried: Vec<(u64, i128, Option<Retried>)>,
+    /// Runs followed by a retried (or failed) allocation: first index, what followed, and the
+    /// request the retry served (the `alloc` after it, or the failed `oom`), once seen.
+    retried: Vec<(u64, AfterRun, Option<Retried>)>,
     /// Whether the last of `retried` still waits for its `alloc`.
     awaiting_alloc: bool,
     calls: Vec<u64>,
@@ -276,13 +423,11 @@ impl EmptyCacheRuns {
         let cause = if flush { self.causes.get(e.frames) } else { None };
         // Releases whose stacks name another cause than the run's so far are another flush
         // (`empty_cache()`, then a malloc that ran out of memory): the run ends before them.
-        if let (Some((start, _)), Some(c), Some(d)) = (self.run, self.run_cause, cause) {
-            if c != d {
-                self.run = None;
-                self.run_cause = None;
-                if c == FlushCause::EmptyCacheCall {
-                    self.calls.push(start);
-                }
+        if let Some((start, _)) = self.run.filter(|_| FlushCauses::ends_run(self.run_cause, cause))
+        {
+            self.run = None;
+            if read_run(self.run_cause.take(), AfterRun::Nothing, Levels::Pending).is_call() {
+                self.calls.push(start);
             }
         }
         match self.run {
@@ -291,28 +436,29 @@ impl EmptyCacheRuns {
             Some(_) if action == Action::FreeCompleted => {}
             Some((start, before)) => {
                 self.run = None;
-                match self.run_cause.take() {
-                    Some(FlushCause::EmptyCacheCall) => self.calls.push(start),
-                    Some(FlushCause::OutOfMemory | FlushCause::GarbageCollection) => {}
-                    None => match action {
-                        Action::SegmentAlloc => self.push_retried(start, before + size),
-                        Action::SegmentMap => self.mapping = Some((start, before + size)),
-                        // The malloc failed: its fallback released the cache, or the program
-                        // called empty_cache() and the malloc then found nothing. Only a model
-                        // can tell (no level proves a call here).
-                        Action::Oom => {
-                            let (size, stream) = (e.size, e.stream);
-                            let failed = Retried {
-                                event: start,
-                                request: index,
-                                size,
-                                stream,
-                                failed: true,
-                            };
-                            self.retried.push((start, i128::MAX, Some(failed)));
-                        }
-                        _ => self.calls.push(start),
-                    },
+                let after = match action {
+                    Action::SegmentAlloc | Action::SegmentMap => {
+                        AfterRun::Retry { need: before + size }
+                    }
+                    Action::Oom => AfterRun::Failed,
+                    _ => AfterRun::Nothing,
+                };
+                match read_run(self.run_cause.take(), after, Levels::Pending) {
+                    r if r.is_call() => self.calls.push(start),
+                    // The `segment_map`s that follow add to what the retry needed.
+                    RunReading::Retried { need } if action == Action::SegmentMap => {
+                        self.mapping = Some((start, need))
+                    }
+                    RunReading::Retried { need } => self.push_retried(start, need),
+                    // The malloc failed: its fallback released the cache, or the program
+                    // called empty_cache() and the malloc then found nothing.
+                    RunReading::Failed => {
+                        let (size, stream) = (e.size, e.stream);
+                        let failed =
+                            Retried { event: start, request: index, size, stream, failed: true };
+                        self.retried.push((start, AfterRun::Failed, Some(failed)));
+                    }
+                    _ => {}
                 }
             }
             None if flush => {
@@ -338,7 +484,7 @@ impl EmptyCacheRuns {
     }
 
     fn push_retried(&mut self, start: u64, need: i128) {
-        self.retried.push((start, need, None));
+        self.retried.push((start, AfterRun::Retry { need }, None));
         self.awaiting_alloc = true;
     }
 
@@ -356,27 +502,33 @@ impl EmptyCacheRuns {
     /// the first attempt failed and the allocator released its cache (an OOM fallback), or the
     /// program called `empty_cache()` and the allocation then needed new memory; the levels
     /// cannot tell which. A model of the recorded allocator can: only a request its cache could
-    /// not serve falls back. In event order; none with `below_limit` off.
+    /// not serve falls back. In event order; with `below_limit` off, every run a retried or
+    /// failed allocation follows (the levels prove nothing, [`read_run`]).
     pub fn finish_with_undecided(mut self, below_limit: bool) -> (Vec<u64>, Vec<Retried>) {
         let cause = self.run_cause.take();
-        let last =
-            self.run.take().filter(|_| cause.is_none_or(|c| c == FlushCause::EmptyCacheCall));
+        let last = self
+            .run
+            .take()
+            .filter(|_| read_run(cause, AfterRun::Nothing, Levels::Pending).is_call());
         self.calls.extend(last.map(|(start, _)| start));
         if let Some((start, need)) = self.mapping.take() {
-            self.retried.push((start, need, None));
+            self.retried.push((start, AfterRun::Retry { need }, None));
         }
         let mut undecided = Vec::new();
-        if below_limit {
-            let served = self.limit.flatten().map_or(self.peak, |l| l.max(self.peak));
-            for &(start, need, request) in &self.retried {
-                match request {
-                    _ if need <= served => self.calls.push(start),
-                    Some(r) => undecided.push(r),
-                    None => {} // no request followed (a cut-off trace): nothing to ask
-                }
+        let levels = match below_limit {
+            true => Levels::Served { peak: self.peak, limit: self.limit.flatten() },
+            false => Levels::ProveNothing,
+        };
+        for &(start, after, request) in &self.retried {
+            let reading = read_run(None, after, levels);
+            match request {
+                _ if reading.is_call() => self.calls.push(start),
+                Some(r) if reading.is_undecided() => undecided.push(r),
+                // No request followed (a cut-off trace): nothing to ask.
+                _ => {}
             }
-            self.calls.sort_unstable();
         }
+        self.calls.sort_unstable();
         (self.calls, undecided)
     }
 }
@@ -397,9 +549,7 @@ pub fn ooms_without_release(events: &[Event], causes: &FlushCauses, calls: &[u64
         if release(e.action) && calls.binary_search(&(i as u64)).is_ok() {
             // The call's run: its releases and the frees completed among them.
             while let Some(x) = events.get(i) {
-                let called = release(x.action)
-                    && causes.get(x.frames).is_none_or(|c| c == FlushCause::EmptyCacheCall);
-                if !called && x.action != Action::FreeCompleted {
+                if !causes.made_by_call(x) && x.action != Action::FreeCompleted {
                     break;
                 }
                 i += 1;
@@ -476,6 +626,44 @@ pub fn digest<W>(trace: &Trace, device: i32, frees_at: Action, mut walk: W) -> R
 where
     W: FnMut(u64, &mut dyn FnMut(u64, &Event) -> Result<()>) -> Result<()>,
 {
+    let first = first_walk(trace, device, frees_at, &mut walk)?;
+    // The cache misses (a new segment and the alloc placed at its start, or an `oom`), where
+    // every request went to the default pools: they bound the orphans' sizes too.
+    let default_pools =
+        trace.entry_pools.is_none() && trace.segments_of(device).all(|s| s.private_pool.is_none());
+    let second = second_walk(&first.candidates, default_pools, &mut walk)?;
+    Ok(first.keep(second))
+}
+
+/// What [`digest`]'s first walk over every event finds.
+struct FirstWalk {
+    /// Each orphan candidate (the first free of an address not live then): the free's index,
+    /// the free, and whether no alloc of its address came before (its bit in the set is clear).
+    candidates: Vec<(u64, Event, bool)>,
+    /// The first `alloc` of each address the final segments show live.
+    final_live: AddrMap<Option<(u64, Event)>>,
+    /// The first segment event of each segment address.
+    segments: AddrMap<(u64, Event)>,
+    /// The first `segment_map` or `segment_unmap`.
+    mapping: Option<(u64, Event)>,
+}
+
+/// What [`digest`]'s second walk, up to the last candidate, finds.
+struct SecondWalk {
+    /// The candidates' addresses that an alloc came before (no orphans then).
+    allocated_first: AddrSet,
+    /// Per candidate: its first `alloc` within its reach before its free.
+    proofs: Vec<Option<(u64, Event)>>,
+    /// The cache misses before the last candidate's free.
+    misses: Vec<(u64, Event)>,
+}
+
+/// [`digest`]'s first walk: the orphan candidates, the final blocks' first allocs, the first
+/// event of each segment and the first mapping.
+fn first_walk<W>(trace: &Trace, device: i32, frees_at: Action, walk: &mut W) -> Result<FirstWalk>
+where
+    W: FnMut(u64, &mut dyn FnMut(u64, &Event) -> Result<()>) -> Result<()>,
+{
     let fits = |e: &Event| e.addr.checked_add(e.size).is_some_and(|end| end < 1 << 62);
     let mut final_live: AddrMap<Option<(u64, Event)>> = AddrMap::default();
     for seg in trace.segments_of(device) {
@@ -499,10 +687,6 @@ where
     let mut orphaned = AddrSet::default();
     let mut segments: AddrMap<(u64, Event)> = AddrMap::default();
     let mut mapping: Option<(u64, Event)> = None;
-    // The cache misses (a new segment and the alloc placed at its start, or an `oom`), where
-    // every request went to the default pools: they bound the orphans' sizes too.
-    let default_pools =
-        trace.entry_pools.is_none() && trace.segments_of(device).all(|s| s.private_pool.is_none());
     walk(u64::MAX, &mut |i, e| {
         match e.action {
             Action::Alloc => {
@@ -529,14 +713,24 @@ where
         }
         Ok(())
     })?;
-    drop(live);
-    // One more walk, when there are candidates, does two jobs. A candidate the bit set cannot
-    // clear is an orphan only if no alloc of its address came first. And each orphan's first
-    // alloc within its reach before its free can prove the orphan's size, as the cache misses
-    // before the last orphan's free can bound it: gathered here, once the candidates are known,
-    // rather than on the first walk, where remembering every address's first alloc or every miss
-    // would grow with the trace (a steady run misses the cache every step) though a trace with no
-    // orphan needs none of them.
+    Ok(FirstWalk { candidates, final_live, segments, mapping })
+}
+
+/// [`digest`]'s second walk, when there are candidates, does two jobs. A candidate the bit set
+/// cannot clear is an orphan only if no alloc of its address came first. And each orphan's first
+/// alloc within its reach before its free can prove the orphan's size, as the cache misses
+/// before the last orphan's free can bound it: gathered here, once the candidates are known,
+/// rather than on the first walk, where remembering every address's first alloc or every miss
+/// would grow with the trace (a steady run misses the cache every step) though a trace with no
+/// orphan needs none of them.
+fn second_walk<W>(
+    candidates: &[(u64, Event, bool)],
+    default_pools: bool,
+    walk: &mut W,
+) -> Result<SecondWalk>
+where
+    W: FnMut(u64, &mut dyn FnMut(u64, &Event) -> Result<()>) -> Result<()>,
+{
     let unsure: AddrMap<u64> =
         candidates.iter().filter(|c| !c.2).map(|c| (c.1.addr, c.0)).collect();
     let horizon = candidates.iter().map(|c| c.0).max().unwrap_or(0);
@@ -591,26 +785,36 @@ where
             Ok(())
         })?;
     }
-    let keep: Vec<bool> =
-        candidates.iter().map(|c| c.2 || !allocated_first.contains(&c.1.addr)).collect();
-    let candidates: Vec<(u64, Event, bool)> =
-        candidates.into_iter().zip(&keep).filter(|(_, k)| **k).map(|(c, _)| c).collect();
-    let proving = proofs.into_iter().zip(&keep).filter_map(|(p, k)| p.filter(|_| *k));
-    // Misses after the last orphan's free bound nothing.
-    let last_free = candidates.iter().map(|c| c.0).max().unwrap_or(0);
-    misses.retain(|m| m.0 < last_free);
-    let mut out: Vec<(u64, Event)> = candidates
-        .into_iter()
-        .map(|c| (c.0, c.1))
-        .chain(proving)
-        .chain(misses)
-        .chain(final_live.into_values().flatten())
-        .chain(segments.into_values())
-        .chain(mapping)
-        .collect();
-    out.sort_by_key(|p| p.0);
-    out.dedup_by_key(|p| p.0); // a proving alloc may be a final block's first alloc too
-    Ok(out.into_iter().map(|p| p.1).collect())
+    Ok(SecondWalk { allocated_first, proofs, misses })
+}
+
+impl FirstWalk {
+    /// The digest: the candidates no alloc came before, their proving allocs, the misses before
+    /// the last orphan's free, the final blocks' first allocs, the segments' first events and
+    /// the first mapping, in trace order.
+    fn keep(self, second: SecondWalk) -> Vec<Event> {
+        let SecondWalk { allocated_first, proofs, mut misses } = second;
+        let keep: Vec<bool> =
+            self.candidates.iter().map(|c| c.2 || !allocated_first.contains(&c.1.addr)).collect();
+        let candidates: Vec<(u64, Event, bool)> =
+            self.candidates.into_iter().zip(&keep).filter(|(_, k)| **k).map(|(c, _)| c).collect();
+        let proving = proofs.into_iter().zip(&keep).filter_map(|(p, k)| p.filter(|_| *k));
+        // Misses after the last orphan's free bound nothing.
+        let last_free = candidates.iter().map(|c| c.0).max().unwrap_or(0);
+        misses.retain(|m| m.0 < last_free);
+        let mut out: Vec<(u64, Event)> = candidates
+            .into_iter()
+            .map(|c| (c.0, c.1))
+            .chain(proving)
+            .chain(misses)
+            .chain(self.final_live.into_values().flatten())
+            .chain(self.segments.into_values())
+            .chain(self.mapping)
+            .collect();
+        out.sort_by_key(|p| p.0);
+        out.dedup_by_key(|p| p.0); // a proving alloc may be a final block's first alloc too
+        out.into_iter().map(|p| p.1).collect()
+    }
 }
 
 /// The words of [`digest`]'s bit set of allocated addresses (128 KiB).
@@ -802,5 +1006,48 @@ segment_free 0x0 20971520
 alloc 0x0 8
 ";
         assert_eq!(calls(oom, true), [4]);
+    }
+
+    #[test]
+    fn a_run_the_levels_cannot_read_is_left_to_a_model() {
+        let undecided = |src: &str, below_limit: bool| {
+            let (_, e) = events(src);
+            let mut runs = EmptyCacheRuns::default();
+            for (i, e) in e.iter().enumerate() {
+                runs.push(i as u64, e);
+            }
+            let (calls, undecided) = runs.finish_with_undecided(below_limit);
+            (calls, undecided.iter().map(|r| (r.event, r.request, r.failed)).collect::<Vec<_>>())
+        };
+        // A release and a retried segment above the peak, then a failed request.
+        let src = "segment_alloc 0x0 20971520\nsegment_free 0x0 20971520\n\
+                   segment_alloc 0x0 41943040\nalloc 0x0 41943040\n\
+                   segment_free 0x0 41943040\noom 0 41943040\n";
+        assert_eq!(undecided(src, true), (vec![], vec![(1, 3, false), (4, 5, true)]));
+        // With garbage collection on, the levels prove nothing: both are still asked.
+        assert_eq!(undecided(src, false), (vec![], vec![(1, 3, false), (4, 5, true)]));
+    }
+
+    #[test]
+    fn a_telling_stack_decides_and_levels_decide_the_rest() {
+        use RunReading as R;
+        let served = Levels::Served { peak: 10, limit: Some(20) };
+        let read = |cause, after| read_run(cause, after, served);
+        let retry = |need| AfterRun::Retry { need };
+        for after in [AfterRun::Nothing, retry(30), AfterRun::Failed] {
+            assert_eq!(read(Some(FlushCause::EmptyCacheCall), after), R::CalledByStack);
+            assert_eq!(read(Some(FlushCause::GarbageCollection), after), R::CollectedByStack);
+        }
+        let oom = Some(FlushCause::OutOfMemory);
+        assert_eq!(read(oom, retry(5)), R::FallbackByStack { failed: false });
+        assert_eq!(read(oom, AfterRun::Failed), R::FallbackByStack { failed: true });
+        assert_eq!(read(None, AfterRun::Nothing), R::Called);
+        assert_eq!(read(None, retry(10)), R::CalledBelowPeak);
+        assert_eq!(read(None, retry(20)), R::CalledBelowLimit);
+        assert_eq!(read(None, retry(21)), R::AboveLevels);
+        assert_eq!(read(None, AfterRun::Failed), R::Failed);
+        assert_eq!(read_run(None, retry(5), Levels::Pending), R::Retried { need: 5 });
+        assert_eq!(read_run(None, retry(5), Levels::ProveNothing), R::Unproven);
+        assert!(R::Unproven.is_undecided() && !R::Unproven.is_call());
     }
 }

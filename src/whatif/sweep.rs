@@ -228,7 +228,7 @@ pub fn rank(traces: &[String], rows: &[SweepRow], objective: &str) -> Result<Vec
 /// effective configuration is the same on every trace.
 fn env_for(spec: &str, rows: &[SweepRow]) -> Option<String> {
     let policy = spec.split(':').next().unwrap_or(spec);
-    if !matches!(policy, "pytorch" | "pytorch-expandable" | "pytorch-cuda" | "pytorch-npu") {
+    if !crate::policy::lookup(policy).is_ok_and(|p| p.has_allocator_settings()) {
         return None;
     }
     let mut configs = rows.iter().filter(|r| r.spec == spec).map(|r| r.row.config());

@@ -1622,6 +1622,16 @@ impl<const DEFAULT_RULES: bool> Policy for PyTorch<DEFAULT_RULES> {
         self.config.to_conf_string()
     }
 
+    /// Its own effective settings (not the input's: a `pytorch-expandable` what-if says
+    /// `expandable_segments: True`).
+    fn recorded_settings(shown_config: &str) -> Option<crate::trace::AllocatorSettings> {
+        Config::parse_shown(shown_config).ok().map(|c| c.to_recorded())
+    }
+
+    fn has_allocator_settings() -> bool {
+        true
+    }
+
     /// Runs [`PyTorch::with_default_rules`] where the configuration allows it.
     fn run_by<R: super::PolicyRunner>(self, name: &str, runner: R) -> R::Output {
         if DEFAULT_RULES {

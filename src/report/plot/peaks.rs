@@ -65,7 +65,7 @@ impl Peaks<'_> {
         let Some(run) = bar.run else {
             return format!("{value}  (what the recorded run reserved)");
         };
-        if run.output.result.policy != "bound" {
+        if crate::policy::role_of(&run.output.result.policy) != Some(crate::policy::Role::Floor) {
             if let Some(p) = over_bound(bar.peak, data.bound()) {
                 value = format!("{value}  ({} over bound)", signed_percent(p));
             }

@@ -14,6 +14,7 @@
 use super::labels::{self, Occupancy};
 use super::style::{self, *};
 use super::{plotted_points, recorded_points, x_range, xy};
+use crate::policy::{role_of, Role};
 use crate::report::bundle::{PolicyRun, ReportData};
 use crate::units::format_bytes;
 use plotters::coord::Shift;
@@ -54,13 +55,14 @@ pub fn focus(data: &ReportData) -> Vec<&PolicyRun> {
         return data.runs.iter().collect();
     }
     let settings = data.runs.iter().find(|r| r.label == "pytorch").map(|r| r.index);
+    let floor = |r: &PolicyRun| role_of(&r.output.result.policy) == Some(Role::Floor);
     let best = data
         .runs
         .iter()
-        .filter(|r| !r.output.result.oom && !r.label.starts_with("bound"))
+        .filter(|r| !r.output.result.oom && !floor(r))
         .min_by_key(|r| r.output.result.peak_reserved_bytes)
         .map(|r| r.index);
-    let bound = data.runs.iter().find(|r| r.label == "bound").map(|r| r.index);
+    let bound = data.runs.iter().find(|r| floor(r)).map(|r| r.index);
     let keep = [settings, best, bound];
     let chosen: Vec<&PolicyRun> =
         data.runs.iter().filter(|r| keep.contains(&Some(r.index))).collect();
