@@ -245,14 +245,12 @@ impl<'py> Walk<'py> {
         self.memo.get(&(p as u64)).copied()
     }
 
-    /// Remembers that `p` became `v`, unless nothing else refers to it (its one container
-    /// is walked once, so it is not reached again).
-    ///
-    /// # Safety
-    /// `p` is a live object and the GIL is held.
+    /// Remembers that `p` became `v` where another reference holds it (`shared`: read before
+    /// the conversion took references of its own). An object only its one container holds is
+    /// reached once, so it is not remembered.
     #[inline(always)]
-    unsafe fn remember(&mut self, p: *mut ffi::PyObject, v: Value) {
-        if ffi::Py_REFCNT(p) != 1 {
+    fn remember(&mut self, p: *mut ffi::PyObject, v: Value, shared: bool) {
+        if shared {
             self.memo.insert(p as u64, v);
         }
     }
@@ -272,9 +270,17 @@ impl<'py> Walk<'py> {
         if let Some(v) = self.quick(p) {
             return Ok(Converted::Done(v));
         }
+        // Read before anything below takes a reference of its own (a `Bound` does): counted
+        // after, every object would look shared, and each be remembered.
+        let shared = ffi::Py_REFCNT(p) != 1;
         let ty = ffi::Py_TYPE(p);
         if ty == addr_of_mut!(ffi::PyLong_Type) {
             return Ok(Converted::Done(self.wide_int(p)));
+        }
+        if ty == addr_of_mut!(ffi::PyUnicode_Type) {
+            let v = self.string(p)?;
+            self.remember(p, v, shared);
+            return Ok(Converted::Done(v));
         }
         let container = if ty == addr_of_mut!(ffi::PyDict_Type) || ffi::PyDict_Check(p) != 0 {
             Some((self.b.begin_dict(), Cursor::Dict { pos: 0 }, ffi::PyDict_Size(p)))
@@ -287,11 +293,11 @@ impl<'py> Walk<'py> {
         };
         if let Some((value, cursor, len)) = container {
             self.charge((len.max(0) as u64 * 2 + 1) * PER_VALUE)?;
-            return Ok(Converted::Begun(self.begin(p, value, cursor, parent, step)));
+            return Ok(Converted::Begun(self.begin(p, value, cursor, parent, step, shared)));
         }
         let obj = Bound::from_borrowed_ptr(self.py, p);
-        let v = if let Ok(s) = obj.downcast::<PyString>() {
-            self.string(p, s)?
+        let v = if obj.downcast::<PyString>().is_ok() {
+            self.string(p)?
         } else if let Ok(b) = obj.downcast::<PyBytes>() {
             self.charge(b.as_bytes().len() as u64 + PER_VALUE)?;
             self.b.bytes(b.as_bytes())
@@ -311,7 +317,7 @@ impl<'py> Walk<'py> {
             self.charge((items.len() as u64 + 1) * PER_VALUE)?;
             let value = self.b.begin_seq(Seq::Set);
             let cursor = Cursor::Owned { items, next: 0 };
-            return Ok(Converted::Begun(self.begin(p, value, cursor, parent, step)));
+            return Ok(Converted::Begun(self.begin(p, value, cursor, parent, step, shared)));
         } else {
             let type_name =
                 obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "object".into());
@@ -322,21 +328,17 @@ impl<'py> Walk<'py> {
                  {type_name} (a memory snapshot holds plain data only)"
             )));
         };
-        self.remember(p, v);
+        self.remember(p, v, shared);
         Ok(Converted::Done(v))
     }
 
-    /// The value of the `str` `p` (`s`): that of an equal string converted before (same hash,
+    /// The value of the `str` `p`: that of an equal string converted before (same hash,
     /// and equal), else a new one. The first string of each hash is kept for later ones to
     /// compare with; a second, different string of the same hash is converted on its own.
     ///
     /// # Safety
     /// `p` is a live `str` that the root keeps alive, and the GIL is held.
-    unsafe fn string(
-        &mut self,
-        p: *mut ffi::PyObject,
-        s: &Bound<'py, PyString>,
-    ) -> Result<Value, Error> {
+    unsafe fn string(&mut self, p: *mut ffi::PyObject) -> Result<Value, Error> {
         let hash = ffi::PyObject_Hash(p);
         if hash == -1 {
             ffi::PyErr_Clear();
@@ -345,6 +347,8 @@ impl<'py> Walk<'py> {
                 return Ok(v);
             }
         }
+        let obj = Bound::from_borrowed_ptr(self.py, p);
+        let s = obj.downcast_unchecked::<PyString>();
         let v = match s.encode_utf8() {
             Ok(b) => {
                 let raw = b.as_bytes();
@@ -419,7 +423,8 @@ impl<'py> Walk<'py> {
         }
     }
 
-    /// Begins the container `obj` as `value`, numbered and reached from `parent` by `step`.
+    /// Begins the container `obj` as `value`, numbered and reached from `parent` by `step`
+    /// (`shared`: held by more than that parent, so remembered).
     ///
     /// # Safety
     /// `obj` is a live object and the GIL is held.
@@ -430,10 +435,11 @@ impl<'py> Walk<'py> {
         cursor: Cursor,
         parent: u64,
         step: Step,
+        shared: bool,
     ) -> Frame {
         let number = self.b.containers() - 1;
         self.steps.push((parent, step));
-        self.remember(obj, value);
+        self.remember(obj, value, shared);
         let start = match cursor {
             Cursor::Dict { .. } => self.entries.len(),
             _ => self.items.len(),
