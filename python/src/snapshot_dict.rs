@@ -1,7 +1,11 @@
 //! The dict `torch.cuda.memory._snapshot()` returns (or `pickle.load` of a dumped snapshot
-//! gives), turned into the decoded form of its pickle file
-//! ([`fragsim::trace::pickle::objects::Builder`]) without pickling it: the snapshot reader then
-//! converts it with the checks and limits a file gets.
+//! gives), read as its pickle file is read, without pickling it: turned into the decoded form
+//! of the file ([`fragsim::trace::pickle::objects::Builder`]) for the snapshot reader, with the
+//! checks and limits a file gets. As a file's stream does, each device's trace entries go to
+//! the reader [`BATCH`] at a time ([`EntryStream`]) and are then dropped, what was remembered of
+//! them becoming what the reader kept (a frame list's stack, a frame); where a later object
+//! refers back to a dropped entry (PyTorch's dicts never do), the dict is converted whole, then
+//! read ([`read_dict`]).
 //!
 //! Objects are walked with an explicit stack (a hostile nesting depth cannot overflow the call
 //! stack), each container and string once, however often it is referred to (PyTorch shares
@@ -15,15 +19,16 @@
 //! reader would not look at the others (a file's are decoded, then ignored), and they are most
 //! of the objects (each entry's list of shared frame dicts).
 //!
-//! Three memos keep the walk as fast as reading the snapshot's pickle file (the test suite
-//! prints both): where PyTorch gives each entry a new `frames` list holding the same shared
-//! frame dicts as an earlier one (in `cs336-lm-step-a`, 12,976 lists of 727,227 items name only
-//! 650 frame dicts), the list becomes that earlier list's value, found by the identities of its
-//! items, without visiting them; the reader then knows its stack by the list's number too. A
-//! `str` equal to one converted before (PyTorch makes a new `'action'` key and `'alloc'` value
+//! Memos keep the walk as fast as reading the snapshot's pickle file (`scripts/dict-speed.py`
+//! and the test suite print both): where PyTorch gives each entry a new `frames` list holding
+//! the same shared frame dicts as an earlier one (in `cs336-lm-step-a`, 12,976 lists of 727,227
+//! items name only 650 frame dicts), the list becomes that earlier list's value, found by the
+//! identities of its items, without visiting them; the reader then knows its stack by the
+//! list's number too. A `str` equal to one converted before (PyTorch makes a new `'N/A'` value
 //! for each entry) takes that one's value, found by its hash and one comparison, without
-//! encoding it. Containers and strings seen before are found by address, and only those that
-//! more than one reference holds are remembered (an entry's own dict is reached once).
+//! encoding it. Containers and strings seen before are found by address (the last ones met
+//! by address bits first, with no hashing), and only those that more than one reference holds
+//! are remembered (an entry's own dict is reached once).
 
 use fragsim::error::Error;
 use fragsim::trace::pickle::objects::{Builder, Mark, Seq};
@@ -764,6 +769,8 @@ impl<'py> Walk<'py> {
         *base += items.len();
         self.items.truncate(top.start);
         self.b.rollback(*mark);
+        // The dropped containers' numbers are taken again, and their key paths with them.
+        self.steps.truncate(mark.number() as usize);
         let (seqs, dicts) = mark.containers();
         stream.discarded(seqs, dicts);
         *mark = self.b.mark();

@@ -5,7 +5,9 @@
 //! Containers are numbered in the order they are begun, and that number stands where a decoded
 //! pickle keeps the byte offset of the opcode that built the container
 //! ([`Pickle::offset_of`]): an error the reader reports "at byte N" of such a pickle is about
-//! container N, which the builder's caller can name by its key path.
+//! container N, which the builder's caller can name by its key path. Containers dropped with
+//! [`Builder::rollback`] (a streamed read drops each batch of trace entries once converted) give
+//! their numbers to the next ones.
 
 use super::{Pickle, Value};
 
@@ -25,6 +27,7 @@ pub enum Seq {
 pub struct Mark {
     seqs: super::arena::Mark,
     dicts: super::arena::Mark,
+    number: u64,
 }
 
 impl Mark {
@@ -40,6 +43,11 @@ impl Mark {
     /// The first sequence and dict indices past the mark.
     pub fn containers(&self) -> (usize, usize) {
         (self.seqs.containers, self.dicts.containers)
+    }
+
+    /// The number of the first container begun after the mark ([`Builder::containers`] then).
+    pub fn number(&self) -> u64 {
+        self.number
     }
 }
 
@@ -149,14 +157,19 @@ impl Builder {
     /// How full the container arenas are now, to drop what comes after with
     /// [`Builder::rollback`].
     pub fn mark(&self) -> Mark {
-        Mark { seqs: self.pickle.seqs.mark(), dicts: self.pickle.dicts.mark() }
+        Mark {
+            seqs: self.pickle.seqs.mark(),
+            dicts: self.pickle.dicts.mark(),
+            number: self.containers,
+        }
     }
 
-    /// Drops every container begun since `mark` (their indices are taken again; numbers are
-    /// not). No container begun before `mark` may have grown since. Strings stay.
+    /// Drops every container begun since `mark`: the next ones take their indices and numbers
+    /// again. No container begun before `mark` may have grown since. Strings stay.
     pub fn rollback(&mut self, mark: Mark) {
         self.pickle.seqs.rollback(mark.seqs);
         self.pickle.dicts.rollback(mark.dicts);
+        self.containers = mark.number;
     }
 
     /// The pickle built so far (its root not yet set).
@@ -205,13 +218,14 @@ mod tests {
         b.extend_seq(l, &[s]);
         b.extend_dict(d, &[(s, l)]);
         assert!(mark.owns(d) && mark.owns(l) && !mark.owns(root) && !mark.owns(s));
-        assert_eq!(mark.containers(), (1, 0));
+        assert_eq!((mark.containers(), mark.number()), ((1, 0), 1));
         b.rollback(mark);
+        assert_eq!(b.containers(), 1);
         let again = b.begin_seq(Seq::List);
         assert_eq!(again, Value::List(1), "indices are taken again");
         b.extend_seq(root, &[s, again]);
         let p = b.finish(root);
-        assert_eq!(p.offset_of(again), Some(3), "numbers are not");
+        assert_eq!(p.offset_of(again), Some(1), "and numbers");
         assert_eq!(p.str_bytes(s), Some(&b"kept"[..]), "strings stay");
         assert_eq!(p.items(root), Some(&[s, again][..]));
     }
