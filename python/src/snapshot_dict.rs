@@ -53,9 +53,9 @@ enum Step {
     Index(usize),
 }
 
-/// The key path of every container of a converted dict, by container number.
+/// The key path of every container of a converted dict still held, by container number.
 pub struct Names {
-    steps: Vec<(u64, Step)>,
+    steps: Vec<(u64, u64, Step)>,
     keys: HashMap<u32, String>,
 }
 
@@ -65,7 +65,8 @@ impl Names {
         let mut parts = Vec::new();
         let mut at = n;
         for _ in 0..self.steps.len() {
-            let (parent, step) = self.steps.get(at as usize)?;
+            let (_, parent, step) =
+                self.steps.get(self.steps.binary_search_by_key(&at, |s| s.0).ok()?)?;
             match step {
                 Step::Root => break,
                 Step::Index(i) => parts.push(format!("[{i}]")),
@@ -179,7 +180,9 @@ struct Walk<'py> {
     /// `'segment_unmap'` ones, converted.
     action_keys: Vec<u32>,
     releases: Vec<u32>,
-    steps: Vec<(u64, Step)>,
+    /// How each container still held was reached: its number, its parent's, and the step
+    /// (numbers only grow; a batch of dropped entries leaves a gap).
+    steps: Vec<(u64, u64, Step)>,
     keys: HashMap<u32, String>,
     /// Bytes the converted objects take, against `cap`.
     held: u64,
@@ -499,7 +502,7 @@ impl<'py> Walk<'py> {
         shared: bool,
     ) -> Frame {
         let number = self.b.containers() - 1;
-        self.steps.push((parent, step));
+        self.steps.push((number, parent, step));
         self.remember(obj, value, shared);
         let start = match cursor {
             Cursor::Dict { .. } => self.entries.len(),
@@ -769,8 +772,10 @@ impl<'py> Walk<'py> {
         *base += items.len();
         self.items.truncate(top.start);
         self.b.rollback(*mark);
-        // The dropped containers' numbers are taken again, and their key paths with them.
-        self.steps.truncate(mark.number() as usize);
+        // The dropped containers' key paths go with them (their numbers are not taken again:
+        // they stand where a file has byte offsets, which the frame budget reads).
+        let held = self.steps.partition_point(|s| s.0 < mark.number());
+        self.steps.truncate(held);
         let (seqs, dicts) = mark.containers();
         stream.discarded(seqs, dicts);
         *mark = self.b.mark();

@@ -147,6 +147,21 @@ def test_a_dict_that_refers_back_to_its_entries_reads_as_its_pickle_does(tmp_pat
     assert got == (tmp_path / "from-file.fst").read_bytes()
 
 
+def test_an_error_in_a_later_batch_of_entries_names_its_key_path():
+    """Entries dropped batch by batch keep their place in key paths and event indices."""
+    d = pickle.load(open(SNAPSHOTS[0], "rb"))
+    d["device_traces"][0][2345]["size"] = "large"
+    with pytest.raises(fragsim.TraceError) as e:
+        fragsim.info(d)
+    assert e.value.place == "device_traces[0][2345]"
+    assert "trace entry 2345" in e.value.message and "pickle byte" not in str(e.value)
+    d = pickle.load(open(SNAPSHOTS[0], "rb"))
+    d["device_traces"][0][3456]["frames"] = [object()]
+    with pytest.raises(fragsim.TraceError) as e:
+        fragsim.replay(d, policies=["pytorch"], capacity="1GiB")
+    assert "device_traces[0][3456].frames[0]: expected a dict" in str(e.value)
+
+
 def test_frames_lists_that_share_objects_keep_their_own_frames(tmp_path):
     """New lists holding the same frame dicts become one stack, and a list that differs in
     one object, or in its type, stays its own, as a file with the same content reads."""

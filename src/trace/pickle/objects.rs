@@ -7,7 +7,7 @@
 //! ([`Pickle::offset_of`]): an error the reader reports "at byte N" of such a pickle is about
 //! container N, which the builder's caller can name by its key path. Containers dropped with
 //! [`Builder::rollback`] (a streamed read drops each batch of trace entries once converted) give
-//! their numbers to the next ones.
+//! their indices to the next ones, not their numbers.
 
 use super::{Pickle, Value};
 
@@ -164,12 +164,12 @@ impl Builder {
         }
     }
 
-    /// Drops every container begun since `mark`: the next ones take their indices and numbers
-    /// again. No container begun before `mark` may have grown since. Strings stay.
+    /// Drops every container begun since `mark`: the next ones take their indices again, not
+    /// their numbers (numbers stand for byte offsets, which only grow). No container begun
+    /// before `mark` may have grown since. Strings stay.
     pub fn rollback(&mut self, mark: Mark) {
         self.pickle.seqs.rollback(mark.seqs);
         self.pickle.dicts.rollback(mark.dicts);
-        self.containers = mark.number;
     }
 
     /// The pickle built so far (its root not yet set).
@@ -220,12 +220,12 @@ mod tests {
         assert!(mark.owns(d) && mark.owns(l) && !mark.owns(root) && !mark.owns(s));
         assert_eq!((mark.containers(), mark.number()), ((1, 0), 1));
         b.rollback(mark);
-        assert_eq!(b.containers(), 1);
+        assert_eq!(b.containers(), 3);
         let again = b.begin_seq(Seq::List);
         assert_eq!(again, Value::List(1), "indices are taken again");
         b.extend_seq(root, &[s, again]);
         let p = b.finish(root);
-        assert_eq!(p.offset_of(again), Some(1), "and numbers");
+        assert_eq!(p.offset_of(again), Some(3), "numbers are not");
         assert_eq!(p.str_bytes(s), Some(&b"kept"[..]), "strings stay");
         assert_eq!(p.items(root), Some(&[s, again][..]));
     }
