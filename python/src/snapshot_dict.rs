@@ -118,11 +118,12 @@ pub fn strip_byte(message: &str) -> (String, Option<u64>) {
 
 /// Where a container's walk stands. Items are borrowed from the container (the caller's
 /// object keeps them alive, and no Python code runs while the walk holds the GIL), except a
-/// set's, which are copied out first.
+/// set's, which are copied out first. A list's or tuple's `len` is its length when begun (an
+/// item past a shrunk end reads as null, an error).
 enum Cursor {
     Dict { pos: ffi::Py_ssize_t },
-    List { next: ffi::Py_ssize_t },
-    Tuple { next: ffi::Py_ssize_t },
+    List { next: ffi::Py_ssize_t, len: ffi::Py_ssize_t },
+    Tuple { next: ffi::Py_ssize_t, len: ffi::Py_ssize_t },
     Owned { items: Vec<Py<PyAny>>, next: usize },
 }
 
@@ -163,7 +164,7 @@ struct Walk<'py> {
     b: Builder,
     /// Strings and containers already converted, by object address.
     memo: HashMap<u64, Value, BuildHasherDefault<AddrHasher>>,
-    /// The memo entries found last, by address bits: the few objects met in every entry (its
+    /// The memo's strings found last, by address bits: the few objects met in every entry (its
     /// keys, its action, an empty string) are found here without hashing.
     hot: Box<[(usize, Value)]>,
     /// Strings already converted, by their Python hash: the first object with that hash (alive
@@ -298,7 +299,10 @@ impl<'py> Walk<'py> {
             return Some(self.hot[hot].1);
         }
         let v = self.memo.get(&(p as u64)).copied()?;
-        self.hot[hot] = (p as usize, v);
+        if !container(v) {
+            // Containers stay out: a batch's end would have to look for those it drops.
+            self.hot[hot] = (p as usize, v);
+        }
         Some(v)
     }
 
@@ -345,9 +349,11 @@ impl<'py> Walk<'py> {
         let container = if ty == addr_of_mut!(ffi::PyDict_Type) || ffi::PyDict_Check(p) != 0 {
             Some((self.b.begin_dict(), Cursor::Dict { pos: 0 }, ffi::PyDict_Size(p)))
         } else if ty == addr_of_mut!(ffi::PyList_Type) || ffi::PyList_Check(p) != 0 {
-            Some((self.b.begin_seq(Seq::List), Cursor::List { next: 0 }, ffi::PyList_Size(p)))
+            let len = ffi::PyList_Size(p);
+            Some((self.b.begin_seq(Seq::List), Cursor::List { next: 0, len }, len))
         } else if ty == addr_of_mut!(ffi::PyTuple_Type) || ffi::PyTuple_Check(p) != 0 {
-            Some((self.b.begin_seq(Seq::Tuple), Cursor::Tuple { next: 0 }, ffi::PyTuple_Size(p)))
+            let len = ffi::PyTuple_Size(p);
+            Some((self.b.begin_seq(Seq::Tuple), Cursor::Tuple { next: 0, len }, len))
         } else {
             None
         };
@@ -640,14 +646,13 @@ impl<'py> Walk<'py> {
                         Some(c)
                     }
                 }
-                Cursor::List { next } | Cursor::Tuple { next } => {
+                Cursor::List { next, len } | Cursor::Tuple { next, len } => {
                     let base = match top.role {
                         Role::Device { base, .. } => base,
                         _ => 0,
                     };
                     let (obj, i) = (top.obj, base + self.items.len() - top.start);
-                    let len = if is_list { ffi::PyList_Size(obj) } else { ffi::PyTuple_Size(obj) };
-                    if *next >= len {
+                    if *next >= *len {
                         None
                     } else {
                         let item = if is_list {
@@ -762,11 +767,6 @@ impl<'py> Walk<'py> {
                 if mark.owns(*v) {
                     *v = stream.keep(p, *v);
                 }
-            }
-        }
-        for slot in self.hot.iter_mut() {
-            if mark.owns(slot.1) {
-                *slot = (0, Value::None);
             }
         }
         *base += items.len();
