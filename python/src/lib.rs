@@ -51,8 +51,8 @@ type ErrorInfo = (String, String, Option<String>, Option<String>, Option<String>
 type Outcome = (u8, String, String, Option<ErrorInfo>);
 
 /// Runs the command line `argv` with its output captured. `memory` maps names used in `argv`
-/// to traces held in memory: `bytes` (a trace file's content), a snapshot dict (converted when
-/// the command reads it, under the GIL, then read as its pickle file is), or a [`loaded::Loaded`]
+/// to traces held in memory: `bytes` (a trace file's content), a snapshot dict (read when the
+/// command reads it, under the GIL, as its pickle file is streamed), or a [`loaded::Loaded`]
 /// trace (read once, for every command given it). `progress` allows
 /// progress bars on the process's stderr.
 #[pyfunction]

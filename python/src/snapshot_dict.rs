@@ -1,7 +1,11 @@
 //! The dict `torch.cuda.memory._snapshot()` returns (or `pickle.load` of a dumped snapshot
-//! gives), turned into the decoded form of its pickle file
-//! ([`fragsim::trace::pickle::objects::Builder`]) without pickling it: the snapshot reader then
-//! converts it with the checks and limits a file gets.
+//! gives), read as its pickle file is read, without pickling it: turned into the decoded form
+//! of the file ([`fragsim::trace::pickle::objects::Builder`]) for the snapshot reader, with the
+//! checks and limits a file gets. As a file's stream does, each device's trace entries go to
+//! the reader [`BATCH`] at a time ([`EntryStream`]) and are then dropped, what was remembered of
+//! them becoming what the reader kept (a frame list's stack, a frame); where a later object
+//! refers back to a dropped entry (PyTorch's dicts never do), the dict is converted whole, then
+//! read ([`read_dict`]).
 //!
 //! Objects are walked with an explicit stack (a hostile nesting depth cannot overflow the call
 //! stack), each container and string once, however often it is referred to (PyTorch shares
@@ -15,20 +19,22 @@
 //! reader would not look at the others (a file's are decoded, then ignored), and they are most
 //! of the objects (each entry's list of shared frame dicts).
 //!
-//! Three memos keep the walk as fast as reading the snapshot's pickle file (the test suite
-//! prints both): where PyTorch gives each entry a new `frames` list holding the same shared
-//! frame dicts as an earlier one (in `cs336-lm-step-a`, 12,976 lists of 727,227 items name only
-//! 650 frame dicts), the list becomes that earlier list's value, found by the identities of its
-//! items, without visiting them; the reader then knows its stack by the list's number too. A
-//! `str` equal to one converted before (PyTorch makes a new `'action'` key and `'alloc'` value
+//! Memos keep the walk as fast as reading the snapshot's pickle file (`scripts/dict-speed.py`
+//! and the test suite print both): where PyTorch gives each entry a new `frames` list holding
+//! the same shared frame dicts as an earlier one (in `cs336-lm-step-a`, 12,976 lists of 727,227
+//! items name only 650 frame dicts), the list becomes that earlier list's value, found by the
+//! identities of its items, without visiting them; the reader then knows its stack by the
+//! list's number too. A `str` equal to one converted before (PyTorch makes a new `'N/A'` value
 //! for each entry) takes that one's value, found by its hash and one comparison, without
-//! encoding it. Containers and strings seen before are found by address, and only those that
-//! more than one reference holds are remembered (an entry's own dict is reached once).
+//! encoding it. Containers and strings seen before are found by address (the last ones met
+//! by address bits first, with no hashing), and only those that more than one reference holds
+//! are remembered (an entry's own dict is reached once).
 
 use fragsim::error::Error;
-use fragsim::trace::pickle::objects::{Builder, Seq};
-use fragsim::trace::pickle::{Pickle, Value};
-use fragsim::trace::AddrHasher;
+use fragsim::trace::pickle::objects::{Builder, Mark, Seq};
+use fragsim::trace::pickle::{Pickle, Stop, Value};
+use fragsim::trace::snapshot::EntryStream;
+use fragsim::trace::{AddrHasher, ReadOptions};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyFloat, PyFrozenSet, PyInt, PySet, PyString};
@@ -47,9 +53,9 @@ enum Step {
     Index(usize),
 }
 
-/// The key path of every container of a converted dict, by container number.
+/// The key path of every container of a converted dict still held, by container number.
 pub struct Names {
-    steps: Vec<(u64, Step)>,
+    steps: Vec<(u64, u64, Step)>,
     keys: HashMap<u32, String>,
 }
 
@@ -59,7 +65,8 @@ impl Names {
         let mut parts = Vec::new();
         let mut at = n;
         for _ in 0..self.steps.len() {
-            let (parent, step) = self.steps.get(at as usize)?;
+            let (_, parent, step) =
+                self.steps.get(self.steps.binary_search_by_key(&at, |s| s.0).ok()?)?;
             match step {
                 Step::Root => break,
                 Step::Index(i) => parts.push(format!("[{i}]")),
@@ -111,11 +118,12 @@ pub fn strip_byte(message: &str) -> (String, Option<u64>) {
 
 /// Where a container's walk stands. Items are borrowed from the container (the caller's
 /// object keeps them alive, and no Python code runs while the walk holds the GIL), except a
-/// set's, which are copied out first.
+/// set's, which are copied out first. A list's or tuple's `len` is its length when begun (an
+/// item past a shrunk end reads as null, an error).
 enum Cursor {
     Dict { pos: ffi::Py_ssize_t },
-    List { next: ffi::Py_ssize_t },
-    Tuple { next: ffi::Py_ssize_t },
+    List { next: ffi::Py_ssize_t, len: ffi::Py_ssize_t },
+    Tuple { next: ffi::Py_ssize_t, len: ffi::Py_ssize_t },
     Owned { items: Vec<Py<PyAny>>, next: usize },
 }
 
@@ -127,7 +135,28 @@ struct Frame {
     number: u64,
     cursor: Cursor,
     start: usize,
+    role: Role,
 }
+
+/// What a container is to a streamed read ([`Walk::stream`]).
+#[derive(Clone, Copy)]
+enum Role {
+    Other,
+    /// The root's `device_traces` list.
+    Traces,
+    /// Item `index` of `within` (the `device_traces` list): its entries go to the reader a
+    /// batch at a time. `mark` is the builder's state before the batch, `base` the number of
+    /// entries handed over before it.
+    Device {
+        index: usize,
+        within: Value,
+        mark: Mark,
+        base: usize,
+    },
+}
+
+/// The trace entries handed to the reader at a time: as many as a file's stream holds.
+const BATCH: usize = 1000;
 
 /// The walk: the builder, the objects converted so far, and each container's way in.
 struct Walk<'py> {
@@ -135,6 +164,9 @@ struct Walk<'py> {
     b: Builder,
     /// Strings and containers already converted, by object address.
     memo: HashMap<u64, Value, BuildHasherDefault<AddrHasher>>,
+    /// The memo's strings found last, by address bits: the few objects met in every entry (its
+    /// keys, its action, an empty string) are found here without hashing.
+    hot: Box<[(usize, Value)]>,
     /// Strings already converted, by their Python hash: the first object with that hash (alive
     /// as long as the root is) and its value.
     strs: HashMap<u64, (usize, Value), BuildHasherDefault<AddrHasher>>,
@@ -149,7 +181,9 @@ struct Walk<'py> {
     /// `'segment_unmap'` ones, converted.
     action_keys: Vec<u32>,
     releases: Vec<u32>,
-    steps: Vec<(u64, Step)>,
+    /// How each container still held was reached: its number, its parent's, and the step
+    /// (numbers only grow; a batch of dropped entries leaves a gap).
+    steps: Vec<(u64, u64, Step)>,
     keys: HashMap<u32, String>,
     /// Bytes the converted objects take, against `cap`.
     held: u64,
@@ -158,21 +192,38 @@ struct Walk<'py> {
     skip_frames: bool,
     /// Frame dicts already looked at for a torch_npu file name, by address.
     npu_looked: std::collections::HashSet<usize, BuildHasherDefault<AddrHasher>>,
+    /// The frame dicts looked at last, by address bits: PyTorch shares each frame dict between
+    /// the stacks that hold it, so most items of an entry's `frames` are found here, with no
+    /// hashing.
+    npu_recent: Box<[usize]>,
     /// A stack naming a torch_npu file was kept: no other needs looking at.
     npu_found: bool,
-    /// The item addresses of the `frames` lists looked at for torch_npu.
-    npu_lists: std::collections::HashSet<Box<[usize]>, BuildHasherDefault<SeqHasher>>,
     /// The keys `'action'` and `'filename'`, as Python strings.
     action_key: Py<PyString>,
     filename_key: Py<PyString>,
     /// Converted items and entries of the containers on the stack, innermost last.
     items: Vec<Value>,
     entries: Vec<(Value, Value)>,
+    /// Where trace entries go a batch at a time, when the read is streamed (then dropped from
+    /// the builder, as a file's stream drops them).
+    stream: Option<EntryStream>,
+    /// The objects remembered as containers since the last batch, and the `frames` sequences
+    /// remembered since then: what the batch's end looks at.
+    recent: Vec<u64>,
+    recent_lists: Vec<Box<[usize]>>,
+    /// The reader could not take the entries streamed (a later object needs a dropped one):
+    /// the dict is read whole instead.
+    refused: bool,
 }
 
-/// The most `frames` sequences remembered as looked at for torch_npu (then forgotten, and
-/// looked at again: a bound on memory, not on correctness).
-const NPU_LISTS: usize = 1 << 16;
+/// The slots of [`Walk::hot`] and [`Walk::npu_recent`] (a power of two).
+const RECENT: usize = 1 << 12;
+
+/// The slot of `p` in [`Walk::hot`] or [`Walk::npu_recent`]: Python objects are 16-byte aligned.
+#[inline(always)]
+fn slot(p: usize) -> usize {
+    (p >> 4) & (RECENT - 1)
+}
 
 /// Bytes counted for one value or container item (a [`Value`] is 16 bytes).
 const PER_VALUE: u64 = 16;
@@ -223,7 +274,7 @@ impl<'py> Walk<'py> {
     /// # Safety
     /// `p` is a live object and the GIL is held.
     #[inline(always)]
-    unsafe fn quick(&self, p: *mut ffi::PyObject) -> Option<Value> {
+    unsafe fn quick(&mut self, p: *mut ffi::PyObject) -> Option<Value> {
         use std::ptr::addr_of_mut;
         let ty = ffi::Py_TYPE(p);
         if ty == addr_of_mut!(ffi::PyLong_Type) {
@@ -242,18 +293,29 @@ impl<'py> Walk<'py> {
             // Held by the one container that led here: it was not seen before, nor will be.
             return None;
         }
-        self.memo.get(&(p as u64)).copied()
+        // An address keeps its value for the whole walk (the root keeps every object alive).
+        let hot = slot(p as usize);
+        if self.hot[hot].0 == p as usize {
+            return Some(self.hot[hot].1);
+        }
+        let v = self.memo.get(&(p as u64)).copied()?;
+        if !container(v) {
+            // Containers stay out: a batch's end would have to look for those it drops.
+            self.hot[hot] = (p as usize, v);
+        }
+        Some(v)
     }
 
-    /// Remembers that `p` became `v`, unless nothing else refers to it (its one container
-    /// is walked once, so it is not reached again).
-    ///
-    /// # Safety
-    /// `p` is a live object and the GIL is held.
+    /// Remembers that `p` became `v` where another reference holds it (`shared`: read before
+    /// the conversion took references of its own). An object only its one container holds is
+    /// reached once, so it is not remembered.
     #[inline(always)]
-    unsafe fn remember(&mut self, p: *mut ffi::PyObject, v: Value) {
-        if ffi::Py_REFCNT(p) != 1 {
+    fn remember(&mut self, p: *mut ffi::PyObject, v: Value, shared: bool) {
+        if shared {
             self.memo.insert(p as u64, v);
+            if self.stream.is_some() && container(v) {
+                self.recent.push(p as u64);
+            }
         }
     }
 
@@ -272,26 +334,36 @@ impl<'py> Walk<'py> {
         if let Some(v) = self.quick(p) {
             return Ok(Converted::Done(v));
         }
+        // Read before anything below takes a reference of its own (a `Bound` does): counted
+        // after, every object would look shared, and each be remembered.
+        let shared = ffi::Py_REFCNT(p) != 1;
         let ty = ffi::Py_TYPE(p);
         if ty == addr_of_mut!(ffi::PyLong_Type) {
             return Ok(Converted::Done(self.wide_int(p)));
         }
+        if ty == addr_of_mut!(ffi::PyUnicode_Type) {
+            let v = self.string(p)?;
+            self.remember(p, v, shared);
+            return Ok(Converted::Done(v));
+        }
         let container = if ty == addr_of_mut!(ffi::PyDict_Type) || ffi::PyDict_Check(p) != 0 {
             Some((self.b.begin_dict(), Cursor::Dict { pos: 0 }, ffi::PyDict_Size(p)))
         } else if ty == addr_of_mut!(ffi::PyList_Type) || ffi::PyList_Check(p) != 0 {
-            Some((self.b.begin_seq(Seq::List), Cursor::List { next: 0 }, ffi::PyList_Size(p)))
+            let len = ffi::PyList_Size(p);
+            Some((self.b.begin_seq(Seq::List), Cursor::List { next: 0, len }, len))
         } else if ty == addr_of_mut!(ffi::PyTuple_Type) || ffi::PyTuple_Check(p) != 0 {
-            Some((self.b.begin_seq(Seq::Tuple), Cursor::Tuple { next: 0 }, ffi::PyTuple_Size(p)))
+            let len = ffi::PyTuple_Size(p);
+            Some((self.b.begin_seq(Seq::Tuple), Cursor::Tuple { next: 0, len }, len))
         } else {
             None
         };
         if let Some((value, cursor, len)) = container {
             self.charge((len.max(0) as u64 * 2 + 1) * PER_VALUE)?;
-            return Ok(Converted::Begun(self.begin(p, value, cursor, parent, step)));
+            return Ok(Converted::Begun(self.begin(p, value, cursor, parent, step, shared)));
         }
         let obj = Bound::from_borrowed_ptr(self.py, p);
-        let v = if let Ok(s) = obj.downcast::<PyString>() {
-            self.string(p, s)?
+        let v = if obj.downcast::<PyString>().is_ok() {
+            self.string(p)?
         } else if let Ok(b) = obj.downcast::<PyBytes>() {
             self.charge(b.as_bytes().len() as u64 + PER_VALUE)?;
             self.b.bytes(b.as_bytes())
@@ -311,7 +383,7 @@ impl<'py> Walk<'py> {
             self.charge((items.len() as u64 + 1) * PER_VALUE)?;
             let value = self.b.begin_seq(Seq::Set);
             let cursor = Cursor::Owned { items, next: 0 };
-            return Ok(Converted::Begun(self.begin(p, value, cursor, parent, step)));
+            return Ok(Converted::Begun(self.begin(p, value, cursor, parent, step, shared)));
         } else {
             let type_name =
                 obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "object".into());
@@ -322,21 +394,17 @@ impl<'py> Walk<'py> {
                  {type_name} (a memory snapshot holds plain data only)"
             )));
         };
-        self.remember(p, v);
+        self.remember(p, v, shared);
         Ok(Converted::Done(v))
     }
 
-    /// The value of the `str` `p` (`s`): that of an equal string converted before (same hash,
+    /// The value of the `str` `p`: that of an equal string converted before (same hash,
     /// and equal), else a new one. The first string of each hash is kept for later ones to
     /// compare with; a second, different string of the same hash is converted on its own.
     ///
     /// # Safety
     /// `p` is a live `str` that the root keeps alive, and the GIL is held.
-    unsafe fn string(
-        &mut self,
-        p: *mut ffi::PyObject,
-        s: &Bound<'py, PyString>,
-    ) -> Result<Value, Error> {
+    unsafe fn string(&mut self, p: *mut ffi::PyObject) -> Result<Value, Error> {
         let hash = ffi::PyObject_Hash(p);
         if hash == -1 {
             ffi::PyErr_Clear();
@@ -345,6 +413,8 @@ impl<'py> Walk<'py> {
                 return Ok(v);
             }
         }
+        let obj = Bound::from_borrowed_ptr(self.py, p);
+        let s = obj.downcast_unchecked::<PyString>();
         let v = match s.encode_utf8() {
             Ok(b) => {
                 let raw = b.as_bytes();
@@ -406,8 +476,12 @@ impl<'py> Walk<'py> {
     /// `scratch` became `v` (the items are converted by identity, so any list holding the same
     /// objects becomes the same value).
     fn remember_list(&mut self, v: Value) {
-        if !self.scratch.is_empty() {
-            self.lists.entry(self.scratch.as_slice().into()).or_insert(v);
+        if !self.scratch.is_empty() && !self.lists.contains_key(self.scratch.as_slice()) {
+            let key: Box<[usize]> = self.scratch.as_slice().into();
+            if self.stream.is_some() {
+                self.recent_lists.push(key.clone());
+            }
+            self.lists.insert(key, v);
         }
     }
 
@@ -419,7 +493,8 @@ impl<'py> Walk<'py> {
         }
     }
 
-    /// Begins the container `obj` as `value`, numbered and reached from `parent` by `step`.
+    /// Begins the container `obj` as `value`, numbered and reached from `parent` by `step`
+    /// (`shared`: held by more than that parent, so remembered).
     ///
     /// # Safety
     /// `obj` is a live object and the GIL is held.
@@ -430,40 +505,87 @@ impl<'py> Walk<'py> {
         cursor: Cursor,
         parent: u64,
         step: Step,
+        shared: bool,
     ) -> Frame {
         let number = self.b.containers() - 1;
-        self.steps.push((parent, step));
-        self.remember(obj, value);
+        self.steps.push((number, parent, step));
+        self.remember(obj, value, shared);
         let start = match cursor {
             Cursor::Dict { .. } => self.entries.len(),
             _ => self.items.len(),
         };
-        Frame { obj, value, number, cursor, start }
+        Frame { obj, value, number, cursor, start, role: Role::Other }
     }
 
-    /// Converts `root` and everything it holds.
-    fn run(mut self, root: &Bound<'py, PyAny>) -> Result<(Pickle<'static>, Names), Error> {
+    /// A walk of `obj` holding at most `cap` bytes, with room for `items` sequence items and
+    /// `entries` dict entries, its `frames` left out unless `keep_frames`; not streamed.
+    fn new(
+        obj: &Bound<'py, PyAny>,
+        cap: u64,
+        keep_frames: bool,
+        (items, entries): (usize, usize),
+    ) -> Walk<'py> {
+        Walk {
+            py: obj.py(),
+            b: Builder::with_capacity(items, entries),
+            memo: HashMap::default(),
+            hot: vec![(0, Value::None); RECENT].into(),
+            strs: HashMap::default(),
+            lists: HashMap::default(),
+            scratch: Vec::new(),
+            frames_keys: Vec::new(),
+            action_keys: Vec::new(),
+            releases: Vec::new(),
+            steps: Vec::new(),
+            keys: HashMap::new(),
+            held: 0,
+            cap,
+            skip_frames: !keep_frames,
+            npu_looked: Default::default(),
+            npu_recent: vec![0; RECENT].into(),
+            npu_found: false,
+            action_key: PyString::intern(obj.py(), "action").unbind(),
+            filename_key: PyString::intern(obj.py(), "filename").unbind(),
+            items: Vec::new(),
+            entries: Vec::new(),
+            stream: None,
+            recent: Vec::new(),
+            recent_lists: Vec::new(),
+            refused: false,
+        }
+    }
+
+    /// Converts `root` and everything it holds: the root's value.
+    fn walk_root(&mut self, root: &Bound<'py, PyAny>) -> Result<Value, Error> {
         // SAFETY: the GIL is held for the whole walk (`self.py`), `root` is alive, and every
         // pointer walked is borrowed from a container that `root` keeps alive; nothing here runs
         // Python code that could change them.
         unsafe {
-            let root_value = match self.convert(root.as_ptr(), 0, Step::Root)? {
+            Ok(match self.convert(root.as_ptr(), 0, Step::Root)? {
                 Converted::Done(v) => v,
                 Converted::Begun(f) => {
                     let v = f.value;
                     self.walk(f)?;
                     v
                 }
-            };
-            let names = Names { steps: self.steps, keys: self.keys };
-            Ok((self.b.finish(root_value), names))
+            })
         }
+    }
+
+    /// Converts `root` and everything it holds, whole.
+    fn run(mut self, root: &Bound<'py, PyAny>) -> Result<(Pickle<'static>, Names), Error> {
+        let root_value = self.walk_root(root)?;
+        let names = Names { steps: self.steps, keys: self.keys };
+        Ok((self.b.finish(root_value), names))
     }
 
     /// Walks `first` and the containers below it, with a stack of frames.
     unsafe fn walk(&mut self, first: Frame) -> Result<(), Error> {
         let mut stack = vec![first];
         while let Some(top) = stack.last_mut() {
+            if matches!(top.role, Role::Device { .. }) && self.items.len() - top.start >= BATCH {
+                self.flush(top)?;
+            }
             let number = top.number;
             let is_list = matches!(top.cursor, Cursor::List { .. });
             let converted = match &mut top.cursor {
@@ -524,10 +646,13 @@ impl<'py> Walk<'py> {
                         Some(c)
                     }
                 }
-                Cursor::List { next } | Cursor::Tuple { next } => {
-                    let (obj, i) = (top.obj, self.items.len() - top.start);
-                    let len = if is_list { ffi::PyList_Size(obj) } else { ffi::PyTuple_Size(obj) };
-                    if *next >= len {
+                Cursor::List { next, len } | Cursor::Tuple { next, len } => {
+                    let base = match top.role {
+                        Role::Device { base, .. } => base,
+                        _ => 0,
+                    };
+                    let (obj, i) = (top.obj, base + self.items.len() - top.start);
+                    if *next >= *len {
                         None
                     } else {
                         let item = if is_list {
@@ -562,10 +687,16 @@ impl<'py> Walk<'py> {
                         Cursor::Dict { .. } => self.entries.len(),
                         _ => self.items.len(),
                     };
+                    if let Some(parent) = stack.last() {
+                        frame.role = self.role(parent, &frame);
+                    }
                     stack.push(frame)
                 }
                 Some(Converted::Done(_)) => {}
                 None => {
+                    if let Some(top) = stack.last_mut() {
+                        self.flush(top)?;
+                    }
                     let done = stack.pop().expect("a frame is on the stack");
                     if let Cursor::Dict { .. } = done.cursor {
                         self.b.extend_dict(done.value, &self.entries[done.start..]);
@@ -577,6 +708,77 @@ impl<'py> Walk<'py> {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// What the container `frame`, just begun as an item of `parent`, is to a streamed read.
+    fn role(&self, parent: &Frame, frame: &Frame) -> Role {
+        if self.stream.is_none() || !matches!(frame.cursor, Cursor::List { .. }) {
+            return Role::Other;
+        }
+        match parent.role {
+            Role::Other if parent.number == 0 && matches!(parent.cursor, Cursor::Dict { .. }) => {
+                let key = self.entries.last().map(|&(k, _)| k);
+                if key.and_then(|k| self.b.str_bytes(k)) == Some(b"device_traces") {
+                    Role::Traces
+                } else {
+                    Role::Other
+                }
+            }
+            Role::Traces => Role::Device {
+                index: self.items.len() - parent.start - 1,
+                within: parent.value,
+                mark: self.b.mark(),
+                base: 0,
+            },
+            _ => Role::Other,
+        }
+    }
+
+    /// Hands the entries of `top` converted so far to the reader, when it is a device's list
+    /// of a streamed read, and drops them: what was remembered of them becomes what the reader
+    /// keeps of it (a frame list's stack, a frame) for later references.
+    fn flush(&mut self, top: &mut Frame) -> Result<(), Error> {
+        let (Role::Device { index, within, mark, base }, Some(stream)) =
+            (&mut top.role, self.stream.as_mut())
+        else {
+            return Ok(());
+        };
+        let p = self.b.pickle();
+        let items = &self.items[top.start..];
+        if let Err(stop) = stream.entries(p, (*index, top.value, *within), items) {
+            return Err(match stop {
+                Stop::Error(e) => e,
+                Stop::Refused { why, .. } => {
+                    self.refused = true;
+                    Error::input(why)
+                }
+            });
+        }
+        for key in self.recent.drain(..) {
+            if let Some(v) = self.memo.get_mut(&key) {
+                if mark.owns(*v) {
+                    *v = stream.keep(p, *v);
+                }
+            }
+        }
+        for key in self.recent_lists.drain(..) {
+            if let Some(v) = self.lists.get_mut(&key) {
+                if mark.owns(*v) {
+                    *v = stream.keep(p, *v);
+                }
+            }
+        }
+        *base += items.len();
+        self.items.truncate(top.start);
+        self.b.rollback(*mark);
+        // The dropped containers' key paths go with them (their numbers are not taken again:
+        // they stand where a file has byte offsets, which the frame budget reads).
+        let held = self.steps.partition_point(|s| s.0 < mark.number());
+        self.steps.truncate(held);
+        let (seqs, dicts) = mark.containers();
+        stream.discarded(seqs, dicts);
+        *mark = self.b.mark();
         Ok(())
     }
 
@@ -629,20 +831,7 @@ impl<'py> Walk<'py> {
         if len <= 0 {
             return false;
         }
-        // A list holding the very frame dicts an earlier one held was looked at then: one
-        // lookup of the sequence instead of one per frame (PyTorch makes a new list per entry).
-        let mut items = std::mem::take(&mut self.scratch);
-        items.clear();
-        items.extend((0..len).map(|i| ffi::PyList_GetItem(frames, i) as usize));
-        let seen = self.npu_lists.contains(&items[..]);
-        if !seen {
-            if self.npu_lists.len() >= NPU_LISTS {
-                self.npu_lists.clear();
-            }
-            self.npu_lists.insert(items.as_slice().into());
-        }
-        let found = !seen && self.names_torch_npu(&items);
-        self.scratch = items;
+        let found = (0..len).any(|i| self.names_torch_npu(ffi::PyList_GetItem(frames, i)));
         ffi::PyErr_Clear();
         if found {
             self.npu_found = true;
@@ -650,29 +839,28 @@ impl<'py> Walk<'py> {
         found
     }
 
-    /// Whether a frame dict among `items` (object addresses) not looked at before names a
-    /// torch_npu file.
+    /// Whether the frame dict `f`, not looked at before, names a torch_npu file.
     ///
     /// # Safety
-    /// Every item is a live object (or null) and the GIL is held.
-    unsafe fn names_torch_npu(&mut self, items: &[usize]) -> bool {
-        for &f in items {
-            let f = f as *mut ffi::PyObject;
-            if f.is_null() || ffi::PyDict_Check(f) == 0 || !self.npu_looked.insert(f as usize) {
-                continue;
-            }
-            let name = ffi::PyDict_GetItem(f, self.filename_key.as_ptr());
-            if name.is_null() || ffi::PyUnicode_Check(name) == 0 {
-                continue;
-            }
-            let name = Bound::from_borrowed_ptr(self.py, name);
-            if let Ok(name) = name.downcast::<PyString>().map(|s| s.to_string_lossy()) {
-                if fragsim::trace::is_torch_npu_file(&name) {
-                    return true;
-                }
-            }
+    /// `f` is a live object (or null) and the GIL is held.
+    #[inline(always)]
+    unsafe fn names_torch_npu(&mut self, f: *mut ffi::PyObject) -> bool {
+        // Each frame dict is looked at once: most are found among the recent ones.
+        let recent = slot(f as usize);
+        if self.npu_recent[recent] == f as usize {
+            return false;
         }
-        false
+        self.npu_recent[recent] = f as usize;
+        if f.is_null() || ffi::PyDict_Check(f) == 0 || !self.npu_looked.insert(f as usize) {
+            return false;
+        }
+        let name = ffi::PyDict_GetItem(f, self.filename_key.as_ptr());
+        if name.is_null() || ffi::PyUnicode_Check(name) == 0 {
+            return false;
+        }
+        let name = Bound::from_borrowed_ptr(self.py, name);
+        name.downcast::<PyString>()
+            .is_ok_and(|s| fragsim::trace::is_torch_npu_file(&s.to_string_lossy()))
     }
 
     /// Converts item `i` of container `number` and pushes its value.
@@ -693,6 +881,11 @@ impl<'py> Walk<'py> {
         });
         Ok(c)
     }
+}
+
+/// Whether `v` is a container.
+fn container(v: Value) -> bool {
+    matches!(v, Value::List(_) | Value::Tuple(_) | Value::Set(_) | Value::Dict(_))
 }
 
 /// The value of the exact `int` `p` if it fits in 64 bits (a wider one leaves no error set).
@@ -768,53 +961,68 @@ pub fn convert(
     cap: u64,
     keep_frames: bool,
 ) -> Result<(Pickle<'static>, Names), Error> {
-    let (items, entries) = expected_size(obj, cap);
-    let walk = Walk {
-        py: obj.py(),
-        b: Builder::with_capacity(items, entries),
-        memo: HashMap::default(),
-        strs: HashMap::default(),
-        lists: HashMap::default(),
-        scratch: Vec::new(),
-        frames_keys: Vec::new(),
-        action_keys: Vec::new(),
-        releases: Vec::new(),
-        steps: Vec::new(),
-        keys: HashMap::new(),
-        held: 0,
-        cap,
-        skip_frames: !keep_frames,
-        npu_looked: Default::default(),
-        npu_found: false,
-        npu_lists: Default::default(),
-        action_key: PyString::intern(obj.py(), "action").unbind(),
-        filename_key: PyString::intern(obj.py(), "filename").unbind(),
-        items: Vec::new(),
-        entries: Vec::new(),
-    };
+    let walk = Walk::new(obj, cap, keep_frames, expected_size(obj, cap));
     walk.run(obj).map_err(|e| e.in_format(FORMAT))
 }
 
-/// Reads the snapshot dict `obj` as the command that reads it asks (`options`): converted under
-/// the GIL (taken on the command's thread), then read without it as its pickle file is. The key
-/// paths go to `names`, for the caller to name the place of an error.
+/// Reads the snapshot dict `obj` (or the list of a legacy `memory_snapshot()`) into a trace as
+/// `options` ask, as its pickle file is read: streamed, each device's trace entries handed to
+/// the reader [`BATCH`] at a time and then dropped ([`EntryStream`]), so that the conversion
+/// holds the events plus one batch and works in cache. Where the stream is refused (a later
+/// object refers to an entry dropped, which PyTorch's dicts never do), the dict is converted
+/// whole, then read. The key paths come back whatever the outcome, for the caller to name an
+/// error's place.
+pub fn read_dict(
+    obj: &Bound<'_, PyAny>,
+    options: &ReadOptions,
+) -> (Result<fragsim::trace::Trace, Error>, Option<Names>) {
+    let cap = match options.input_cap() {
+        Ok(cap) => cap,
+        Err(e) => return (Err(e), None),
+    };
+    let mut walk = Walk::new(obj, cap, options.keep_frames, (4 * BATCH, 16 * BATCH));
+    walk.stream = Some(EntryStream::new(options));
+    let root = walk.walk_root(obj);
+    let mut refused = walk.refused;
+    let names =
+        Names { steps: std::mem::take(&mut walk.steps), keys: std::mem::take(&mut walk.keys) };
+    let result = root.and_then(|root| {
+        let stream = walk.stream.take().unwrap_or_else(|| EntryStream::new(options));
+        let p = walk.b.finish(root);
+        stream.finish(&p, options).map_err(|stop| match stop {
+            Stop::Error(e) => e,
+            Stop::Refused { why, .. } => {
+                refused = true;
+                Error::input(why)
+            }
+        })
+    });
+    if refused {
+        return match convert(obj, cap, options.keep_frames) {
+            Ok((p, names)) => (
+                fragsim::trace::snapshot::read_decoded(&p, options)
+                    .map_err(|e| e.in_format(FORMAT)),
+                Some(names),
+            ),
+            Err(e) => (Err(e), None),
+        };
+    }
+    (result.map_err(|e| e.in_format(FORMAT)), Some(names))
+}
+
+/// Reads the snapshot dict `obj` as the command that reads it asks (`options`), under the GIL
+/// (taken on the command's thread): [`read_dict`]. The key paths go to `names`, for the caller
+/// to name the place of an error.
 pub fn read(
     obj: Py<PyAny>,
-    options: &fragsim::trace::ReadOptions,
+    options: &ReadOptions,
     names: &Mutex<Option<Names>>,
 ) -> Result<fragsim::trace::Trace, Error> {
-    let cap = options.input_cap()?;
-    let pickle = Python::with_gil(|py| {
-        let obj = obj.into_bound(py);
-        convert(&obj, cap, options.keep_frames)
-    })
-    .map(|(pickle, paths)| {
-        if let Ok(mut slot) = names.lock() {
-            *slot = Some(paths);
-        }
-        pickle
-    })?;
-    fragsim::trace::snapshot::read_decoded(&pickle, options).map_err(|e| e.in_format(FORMAT))
+    let (result, paths) = Python::with_gil(|py| read_dict(&obj.into_bound(py), options));
+    if let (Some(paths), Ok(mut slot)) = (paths, names.lock()) {
+        *slot = Some(paths);
+    }
+    result
 }
 
 /// The format a snapshot dict is read as.
@@ -831,11 +1039,7 @@ pub fn convert_only(py: Python<'_>, obj: &Bound<'_, PyAny>, keep_frames: bool) -
     let read = if let Ok(path) = obj.extract::<std::path::PathBuf>() {
         py.allow_threads(|| fragsim::trace::read_trace(&path, &options))
     } else {
-        let cap = options.input_cap().unwrap_or(u64::MAX);
-        match convert(obj, cap, options.keep_frames) {
-            Ok((p, _)) => py.allow_threads(|| fragsim::trace::snapshot::read_decoded(&p, &options)),
-            Err(e) => Err(e),
-        }
+        read_dict(obj, &options).0
     };
     let seconds = start.elapsed().as_secs_f64();
     read.map(|_| seconds).map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))

@@ -126,6 +126,42 @@ def test_a_snapshot_dict_gives_what_its_file_gives(snapshot, tmp_path):
         assert got == (tmp_path / f"from-file{suffix}").read_bytes(), suffix
 
 
+def test_a_dict_that_refers_back_to_its_entries_reads_as_its_pickle_does(tmp_path):
+    """A dict's trace entries go to the reader 1000 at a time and are then dropped, as a
+    file's stream drops them; where a later object refers back to one (PyTorch's dicts never
+    do), the dict is read whole instead, and answers as its pickle file does."""
+    d = pickle.load(open(SNAPSHOTS[0], "rb"))
+    entries = d["device_traces"][0]
+    assert len(entries) > 2000, "entries in more than one batch"
+    # After `device_traces`: an entry of the first batch, one of the last, and a frame list.
+    d["later"] = [entries[0], entries[-1], entries[1500]["frames"]]
+    path = tmp_path / "refers-back.pickle"
+    path.write_bytes(pickle.dumps(d))
+    for function, options in ((fragsim.info, {}), (fragsim.replay, {"policies": POLICIES})):
+        from_file = without_timings(function(str(path), **options))
+        from_dict = without_timings(function(d, **options))
+        assert from_dict == renamed(from_file, str(path), "<dict>"), function.__name__
+    fragsim.convert(d, tmp_path / "from-dict.fst")
+    fragsim.convert(path, tmp_path / "from-file.fst")
+    got = (tmp_path / "from-dict.fst").read_bytes()
+    assert got == (tmp_path / "from-file.fst").read_bytes()
+
+
+def test_an_error_in_a_later_batch_of_entries_names_its_key_path():
+    """Entries dropped batch by batch keep their place in key paths and event indices."""
+    d = pickle.load(open(SNAPSHOTS[0], "rb"))
+    d["device_traces"][0][2345]["size"] = "large"
+    with pytest.raises(fragsim.TraceError) as e:
+        fragsim.info(d)
+    assert e.value.place == "device_traces[0][2345]"
+    assert "trace entry 2345" in e.value.message and "pickle byte" not in str(e.value)
+    d = pickle.load(open(SNAPSHOTS[0], "rb"))
+    d["device_traces"][0][3456]["frames"] = [object()]
+    with pytest.raises(fragsim.TraceError) as e:
+        fragsim.replay(d, policies=["pytorch"], capacity="1GiB")
+    assert "device_traces[0][3456].frames[0]: expected a dict" in str(e.value)
+
+
 def test_frames_lists_that_share_objects_keep_their_own_frames(tmp_path):
     """New lists holding the same frame dicts become one stack, and a list that differs in
     one object, or in its type, stays its own, as a file with the same content reads."""

@@ -84,6 +84,72 @@ pub fn read_decoded(p: &Pickle, options: &ReadOptions) -> Result<Trace> {
     Ok(trace)
 }
 
+/// A snapshot built from objects in memory ([`pickle::objects::Builder`]) read as a file is
+/// streamed ([`stream`]): the builder hands over each device's trace entries a batch at a time
+/// ([`EntryStream::entries`]), then drops them (so reading holds the events plus one batch, and
+/// stays in cache), making what it memoized of them into what [`EntryStream::keep`] says, and
+/// ends with [`EntryStream::finish`] on what is left. The Python package reads a snapshot dict
+/// this way.
+#[derive(Debug, Default)]
+pub struct EntryStream {
+    sink: Streamer,
+    lists: Vec<StreamedList>,
+}
+
+impl EntryStream {
+    /// A stream read with `options` (whether stack frames are kept).
+    pub fn new(options: &ReadOptions) -> EntryStream {
+        let sink = Streamer { reader: Reader::new(options.keep_frames), ..Streamer::default() };
+        EntryStream { sink, lists: Vec::new() }
+    }
+
+    /// Converts `items`, the next trace entries of `list`, which is item `device` of the
+    /// `device_traces` list `within`. The builder drops them afterwards (`p` still has them
+    /// now), and then calls [`EntryStream::discarded`].
+    pub fn entries(
+        &mut self,
+        p: &Pickle<'_>,
+        (device, list, within): (usize, Value, Value),
+        items: &[Value],
+    ) -> std::result::Result<(), Stop> {
+        if !self.lists.iter().any(|l| l.list == list) {
+            self.lists.push(StreamedList { list, device, within });
+        }
+        pickle::Sink::items(&mut self.sink, p, device, list, items)
+    }
+
+    /// What the container `v` (about to be dropped) becomes for a later reference to it: the
+    /// handle of what the reader made of it (a frame list's stack, a frame), or
+    /// [`Value::Dropped`].
+    pub fn keep(&mut self, p: &Pickle<'_>, v: Value) -> Value {
+        pickle::Sink::keep(&mut self.sink, p, v).map_or(Value::Dropped, Value::Handle)
+    }
+
+    /// The containers from index `seqs` (lists, tuples, sets) and `dicts` (dicts) on were
+    /// dropped; the next ones take their indices again.
+    pub fn discarded(&mut self, seqs: usize, dicts: usize) {
+        pickle::Sink::discarded(&mut self.sink, seqs, dicts);
+    }
+
+    /// The trace: the entries converted so far and the rest of `p` (the snapshot without the
+    /// dropped entries), with the checks and limits of [`read_decoded`].
+    /// [`Stop::Refused`] where `p` refers to a dropped entry in a way the conversion needs (a
+    /// snapshot from PyTorch never does): the caller reads it whole instead.
+    pub fn finish(
+        mut self,
+        p: &Pickle<'_>,
+        options: &ReadOptions,
+    ) -> std::result::Result<Trace, Stop> {
+        if let Some(at) = p.find_dropped(p.root()) {
+            let why = "a dropped trace entry (or part of one) is used outside 'device_traces'";
+            return Err(Stop::Refused { at: at.unwrap_or(0), why: why.into() });
+        }
+        let trace = build(p, options, Some((&self.lists, &mut self.sink)))?;
+        limits::check_trace(&trace)?;
+        Ok(trace)
+    }
+}
+
 /// The error for a [`Stop`]: itself, or, for a refusal, what was refused and where.
 pub fn refusal_error(stop: Stop) -> Error {
     match stop {

@@ -5,7 +5,9 @@
 //! Containers are numbered in the order they are begun, and that number stands where a decoded
 //! pickle keeps the byte offset of the opcode that built the container
 //! ([`Pickle::offset_of`]): an error the reader reports "at byte N" of such a pickle is about
-//! container N, which the builder's caller can name by its key path.
+//! container N, which the builder's caller can name by its key path. Containers dropped with
+//! [`Builder::rollback`] (a streamed read drops each batch of trace entries once converted) give
+//! their indices to the next ones, not their numbers.
 
 use super::{Pickle, Value};
 
@@ -18,6 +20,35 @@ pub enum Seq {
     Tuple,
     /// A `set` or `frozenset`.
     Set,
+}
+
+/// How full a [`Builder`]'s containers were at one moment ([`Builder::mark`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Mark {
+    seqs: super::arena::Mark,
+    dicts: super::arena::Mark,
+    number: u64,
+}
+
+impl Mark {
+    /// Whether `v` is a container begun since the mark.
+    pub fn owns(&self, v: Value) -> bool {
+        match v {
+            Value::List(i) | Value::Tuple(i) | Value::Set(i) => i as usize >= self.seqs.containers,
+            Value::Dict(i) => i as usize >= self.dicts.containers,
+            _ => false,
+        }
+    }
+
+    /// The first sequence and dict indices past the mark.
+    pub fn containers(&self) -> (usize, usize) {
+        (self.seqs.containers, self.dicts.containers)
+    }
+
+    /// The number of the first container begun after the mark ([`Builder::containers`] then).
+    pub fn number(&self) -> u64 {
+        self.number
+    }
 }
 
 /// Builds a [`Pickle`] value by value. Containers are begun empty (so a container can hold
@@ -123,6 +154,29 @@ impl Builder {
         }
     }
 
+    /// How full the container arenas are now, to drop what comes after with
+    /// [`Builder::rollback`].
+    pub fn mark(&self) -> Mark {
+        Mark {
+            seqs: self.pickle.seqs.mark(),
+            dicts: self.pickle.dicts.mark(),
+            number: self.containers,
+        }
+    }
+
+    /// Drops every container begun since `mark`: the next ones take their indices again, not
+    /// their numbers (numbers stand for byte offsets, which only grow). No container begun
+    /// before `mark` may have grown since. Strings stay.
+    pub fn rollback(&mut self, mark: Mark) {
+        self.pickle.seqs.rollback(mark.seqs);
+        self.pickle.dicts.rollback(mark.dicts);
+    }
+
+    /// The pickle built so far (its root not yet set).
+    pub fn pickle(&self) -> &Pickle<'static> {
+        &self.pickle
+    }
+
     /// The pickle whose root is `root`.
     pub fn finish(mut self, root: Value) -> Pickle<'static> {
         self.pickle.root = Some(root);
@@ -152,5 +206,27 @@ mod tests {
         assert_eq!(p.int(items[1]), Some(1 << 70));
         assert_eq!(items[2], list, "a container may hold itself");
         assert_eq!((p.offset_of(root), p.offset_of(list)), (Some(0), Some(1)));
+    }
+
+    #[test]
+    fn a_rollback_drops_the_containers_begun_since_the_mark() {
+        let mut b = Builder::new();
+        let root = b.begin_seq(Seq::List);
+        let mark = b.mark();
+        let (d, s) = (b.begin_dict(), b.str(b"kept"));
+        let l = b.begin_seq(Seq::Tuple);
+        b.extend_seq(l, &[s]);
+        b.extend_dict(d, &[(s, l)]);
+        assert!(mark.owns(d) && mark.owns(l) && !mark.owns(root) && !mark.owns(s));
+        assert_eq!((mark.containers(), mark.number()), ((1, 0), 1));
+        b.rollback(mark);
+        assert_eq!(b.containers(), 3);
+        let again = b.begin_seq(Seq::List);
+        assert_eq!(again, Value::List(1), "indices are taken again");
+        b.extend_seq(root, &[s, again]);
+        let p = b.finish(root);
+        assert_eq!(p.offset_of(again), Some(3), "numbers are not");
+        assert_eq!(p.str_bytes(s), Some(&b"kept"[..]), "strings stay");
+        assert_eq!(p.items(root), Some(&[s, again][..]));
     }
 }
