@@ -273,7 +273,7 @@ impl<'r> ExactPlacer<'r> {
 /// routed to its pool, after the frees completed between them. A run it calls a fallback where the real program called
 /// `empty_cache()` (the device would have refused the request without it) records the same
 /// events either way: the reading costs one counted retry, never memory.
-pub fn undecided_run_is_call<P: Policy>(policy: &P, size: u64, stream: u64) -> bool {
+pub(crate) fn undecided_run_is_call<P: Policy>(policy: &P, size: u64, stream: u64) -> bool {
     policy.would_serve_from_cache(size, stream) == Some(true)
 }
 

@@ -45,7 +45,7 @@ pub use crate::error::Cancel;
 pub use compare::{run_specs, Comparison, Jobs, RunSettings, SpecFailure, SpecRun};
 pub(crate) use engine::run_guided;
 pub use engine::{run_policy, ReplayOutput};
-pub use guide::undecided_run_is_call;
+
 pub(crate) use guide::Undecided;
 pub(crate) use guide::{ExactPlacer, Guide};
 pub use input::ReplayInput;
