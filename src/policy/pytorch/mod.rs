@@ -831,6 +831,14 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
         if offset == 0 || offset.saturating_add(rounded) > block_size {
             return (id, block_size);
         }
+        self.cut_front(id, offset, block_size)
+    }
+
+    /// Cuts the first `offset` bytes off block `id` (of `block_size` bytes, taken off the free
+    /// lists), which stay cached as a free block of their own: the block after them, which the
+    /// request takes, and its size.
+    fn cut_front(&mut self, id: u32, offset: u64, block_size: u64) -> (u32, u64) {
+        let b = *self.b(id);
         let rest = block_size - offset;
         let high = self.new_block(Block {
             ptr: b.ptr + offset,
@@ -880,28 +888,8 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
             return None;
         }
         self.remove_free(id);
-        let (id, block_size) = if offset == 0 {
-            (id, b.size)
-        } else {
-            let rest = b.size - offset;
-            let high = self.new_block(Block {
-                ptr: addr,
-                size: rest,
-                requested: 0,
-                prev: id,
-                in_use: true,
-                allocated: false,
-                ..b
-            });
-            if b.next != NIL {
-                self.bm(b.next).prev = high;
-            }
-            let front = self.bm(id);
-            front.next = high;
-            front.size = offset;
-            self.insert_free(id);
-            (high, rest)
-        };
+        let (id, block_size) =
+            if offset == 0 { (id, b.size) } else { self.cut_front(id, offset, b.size) };
         let split = self.should_split(block_size, rounded, b.small);
         Some(self.alloc_found_block(id, rounded, size, split))
     }
