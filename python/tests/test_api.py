@@ -356,7 +356,19 @@ def _command_threads() -> int:
     return count
 
 
-def test_ctrl_c_interrupts_a_long_command_and_stops_its_work(tmp_path):
+@pytest.fixture
+def sigint_raises():
+    """Python's own Ctrl-C handler for the test: a suite started as a background job of a
+    non-interactive shell inherits SIGINT ignored, which Python keeps, so no KeyboardInterrupt
+    would come."""
+    import signal
+
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
+def test_ctrl_c_interrupts_a_long_command_and_stops_its_work(tmp_path, sigint_raises):
     """Ctrl-C raises KeyboardInterrupt in the caller, and the abandoned command's replays stop
     at their next look at the cancel flag instead of running on in the background: a minute or
     more of fitting here (a hundred policy specs, one at a time) ends within seconds."""
@@ -403,7 +415,8 @@ def long_json(tmp_path_factory):
 
 
 @pytest.mark.parametrize("work", ["synth", "convert", "read"])
-def test_ctrl_c_stops_synth_convert_and_reading(work, long_trace, long_json, tmp_path):
+def test_ctrl_c_stops_synth_convert_and_reading(work, long_trace, long_json, tmp_path,
+                                                 sigint_raises):
     """Ctrl-C stops the work of `synth`, `convert` and a trace read (here of a Kineto JSON file)
     as it stops replays: KeyboardInterrupt at once, the command's thread gone soon after, and no
     half-written output left behind."""
