@@ -200,7 +200,8 @@ struct Run<'r, 'a> {
 
 /// True when a replay is plain: no log of the simulated run, no series, no invariant checks,
 /// no `empty_cache()` calls added, no private pools to route, no release run the recording
-/// leaves undecided (decided before its request, [`super::guide::undecided_run_is_call`]).
+/// leaves undecided (decided before its request, [`super::guide::undecided_run_is_call`]), no
+/// exact-address allocation to place where recorded (`mallocWithAddress`).
 /// Such a replay (`replay`, `fit`,
 /// `sweep`, `check`: nearly every one) runs the engine built with `PLAIN`, where each of those
 /// tests is the constant `false` and leaves the loop: about 15 instructions an event.
@@ -213,6 +214,7 @@ pub(super) fn is_plain(input: &ReplayInput, options: &ReplayOptions) -> bool {
         && !adds_calls
         && input.pool_routes().is_none()
         && input.undecided_flushes().is_empty()
+        && input.exact_addresses().is_empty()
 }
 
 /// [`run`] with the block lookup `blocks`; `PLAIN`: the replay [`is_plain`]. Never inlined:

@@ -295,3 +295,24 @@ fn a_raised_cancel_flag_stops_a_replay_within_one_chunk_of_events() {
     run_policy("toy", policy, &input, &ReplayOptions::default()).unwrap();
     assert_eq!(mallocs.load(std::sync::atomic::Ordering::Relaxed), pairs);
 }
+
+/// A recording with an exact-address allocation (`mallocWithAddress`) is never replayed by the
+/// plain build, which skips the guide that places it: `replay` and `replay --series` must make
+/// the same decisions on it.
+#[test]
+fn exact_address_allocations_take_the_guided_build() {
+    let src = "alloc 0x10000000 20971520 s0\nalloc 0x20000000 10485760 s0\n\
+               free 0x10000000 20971520 s0\nfree 0x20000000 10485760 s0\n\
+               alloc 0x10000000 8388608 s0\nalloc 0x10800000 4194304 s0\n\
+               free 0x10000000 8388608 s0\n";
+    let mut trace = text::read(src.as_bytes(), &ReadOptions::default()).unwrap();
+    let plain = ReplayOptions::default();
+    assert!(is_plain(&ReplayInput::new(&trace, None).unwrap(), &plain));
+    let events = &trace.devices[0].events;
+    let prefix =
+        events.iter().position(|e| e.action == crate::trace::Action::Alloc && e.size == 8 << 20);
+    trace.extras.malloc_with_address_events = vec![(0, prefix.unwrap() as u64)];
+    let input = ReplayInput::new(&trace, None).unwrap();
+    assert_eq!(input.exact_addresses().len(), 1);
+    assert!(!is_plain(&input, &plain), "the guide places exact-address allocations");
+}
