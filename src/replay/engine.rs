@@ -157,6 +157,9 @@ fn run<P: Policy, B: Backend>(
     let guide = &mut Recorded::new(input, options);
     let engine = Run { name, input, options };
     match input.source() {
+        Source::Streamed(_) if is_plain(input, options) => {
+            drive::<_, _, _, _, true>(engine, policy, backend, guide, Keyed::new(input))
+        }
         Source::Streamed(_) => {
             drive::<_, _, _, _, false>(engine, policy, backend, guide, Keyed::new(input))
         }
