@@ -201,13 +201,23 @@ impl<P: Policy, B: Backend> Guide<P, B> for Recorded<'_> {
 }
 
 /// Places a recording's exact-address allocations (`mallocWithAddress`,
-/// [`crate::trace::exact`]) where recorded, for any guide: the prefix at its recorded address
-/// (where the replay's memory lies as the recording's, as in `validate`), and the request at
-/// the same offset from where the run placed the prefix. A policy that cannot place a block
-/// there serves it as any request ([`Policy::place_next_at`]).
+/// [`crate::trace::exact`]) where recorded, for any guide. The address asked is found through
+/// the block the program took it from ([`ExactAddress::source`]): where this run placed that
+/// block, at the same distance into it; the prefix goes that far below it, as recorded, and the
+/// request at the address. In `validate`, whose memory lies as the recording's, that is the
+/// recorded address; in any other run it is where the address lies in the run's own memory.
+/// Without a source (the address came from before the trace), the recorded addresses are
+/// asked. A policy that cannot place a block there serves it as any request
+/// ([`Policy::place_next_at`]).
 #[derive(Clone, Debug)]
 pub struct ExactPlacer<'r> {
     pairs: &'r [ExactAddress],
+    /// The pairs' sources, sorted: (event index, pair).
+    sources: Vec<(u64, usize)>,
+    /// The first of `sources` not yet served.
+    next_source: usize,
+    /// Where this run placed each pair's source (`None`: not yet, or nowhere).
+    source_at: Vec<Option<u64>>,
     /// The first pair whose request is not yet served.
     next: usize,
     /// Where this run placed that pair's prefix (`None`: not yet, or nowhere).
@@ -217,7 +227,17 @@ pub struct ExactPlacer<'r> {
 impl<'r> ExactPlacer<'r> {
     /// The placer of `pairs` (in order of their prefixes).
     pub fn new(pairs: &'r [ExactAddress]) -> ExactPlacer<'r> {
-        ExactPlacer { pairs, next: 0, prefix_at: None }
+        let mut sources: Vec<(u64, usize)> =
+            pairs.iter().enumerate().filter_map(|(k, p)| Some((p.source?, k))).collect();
+        sources.sort_unstable();
+        ExactPlacer {
+            pairs,
+            sources,
+            next_source: 0,
+            source_at: vec![None; pairs.len()],
+            next: 0,
+            prefix_at: None,
+        }
     }
 
     /// Whether the recording has any.
@@ -232,6 +252,12 @@ impl<'r> ExactPlacer<'r> {
         self.pairs.get(k).is_some_and(|p| p.alloc == index || p.prefix == index)
     }
 
+    /// Where this run holds the address pair `k` asks for, if its source was placed.
+    fn asked_in_run(&self, k: usize) -> Option<u64> {
+        let p = &self.pairs[k];
+        self.source_at[k]?.checked_add(p.source_offset)
+    }
+
     /// Before the request of event `index` (`e`): asks `policy` to place it, when it is part of
     /// an exact-address allocation.
     #[inline(never)]
@@ -244,10 +270,18 @@ impl<'r> ExactPlacer<'r> {
         if e.action != Action::Alloc {
             return;
         }
+        let asked = self.asked_in_run(self.next);
         if p.prefix == index {
-            policy.place_next_at(e.addr);
+            let at = match asked {
+                Some(a) => a.checked_sub(p.offset),
+                None => Some(e.addr),
+            };
+            if let Some(at) = at {
+                policy.place_next_at(at);
+            }
         } else if p.alloc == index {
-            if let Some(at) = self.prefix_at.and_then(|a| a.checked_add(p.offset)) {
+            let at = asked.or_else(|| self.prefix_at.and_then(|a| a.checked_add(p.offset)));
+            if let Some(at) = at {
                 policy.place_next_at(at);
             }
         }
@@ -256,6 +290,15 @@ impl<'r> ExactPlacer<'r> {
     /// After the request of event `index` was served at `placed`.
     #[inline(never)]
     pub fn after(&mut self, index: u64, placed: Option<u64>) {
+        while let Some(&(source, k)) = self.sources.get(self.next_source) {
+            if source > index {
+                break;
+            }
+            if source == index {
+                self.source_at[k] = placed;
+            }
+            self.next_source += 1;
+        }
         if self.pairs.get(self.next).is_some_and(|p| p.prefix == index) {
             self.prefix_at = placed;
         }

@@ -316,3 +316,34 @@ fn exact_address_allocations_take_the_guided_build() {
     assert_eq!(input.exact_addresses().len(), 1);
     assert!(!is_plain(&input, &plain), "the guide places exact-address allocations");
 }
+
+/// A free replay's memory lies elsewhere than the recording's (fresh simulated addresses): an
+/// exact-address request is placed where the run holds the address asked, found through the
+/// block the program took it from, not at the recorded address, which the run never has. Here
+/// the request asked 6 MiB into a freed 12 MiB block; best fit would have put the 6 MiB prefix
+/// in the 6 MiB hole at the segment's start (so that the request, at the recorded distance from
+/// it, would land on a live block and be served by best fit too) and left room for the last
+/// 8 MiB request, which the recording served from a second segment.
+#[test]
+fn a_free_replay_places_an_exact_address_request_where_its_memory_holds_the_address() {
+    let src = "alloc 0x10000000 20971520 s0\nfree 0x10000000 20971520 s0\n\
+               alloc 0x10000000 6291456 s0\nalloc 0x10600000 2097152 s0\n\
+               alloc 0x10800000 12582912 s0\nfree 0x10000000 6291456 s0\n\
+               free 0x10800000 12582912 s0\n\
+               alloc 0x10800000 6291456 s0\nalloc 0x10e00000 2097152 s0\n\
+               free 0x10800000 6291456 s0\n\
+               alloc 0x20000000 8388608 s0\n";
+    let mut trace = text::read(src.as_bytes(), &ReadOptions::default()).unwrap();
+    let spec = PolicySpec { name: "pytorch".into(), options: String::new() };
+    let peak = |trace: &crate::trace::Trace| {
+        let input = ReplayInput::new(trace, None).unwrap();
+        let out = run_spec(&spec, &input, &ReplayOptions::default()).unwrap();
+        out.result.peak_reserved_bytes
+    };
+    assert_eq!(peak(&trace), 20 << 20, "unmarked: best fit, one segment");
+    let events = &trace.devices[0].events;
+    let prefix =
+        events.iter().rposition(|e| e.action == crate::trace::Action::Alloc && e.size == 6 << 20);
+    trace.extras.malloc_with_address_events = vec![(0, prefix.unwrap() as u64)];
+    assert_eq!(peak(&trace), 40 << 20, "placed as recorded: a second segment");
+}
