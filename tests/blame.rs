@@ -409,3 +409,57 @@ fn diff_of_unlike_site_kinds_says_no_site_can_match() {
     let same = json_of(&["diff", a, a, "--json"]);
     assert!(same.get("note").is_none(), "{same}");
 }
+
+/// `diff --format csv` holds what the JSON holds: every site delta, then every moved block as a
+/// row of its own (`kind` `moved`, from A's site to B's), so a spreadsheet of the CSV adds up as
+/// the JSON does: moved rows leave live bytes unchanged.
+#[test]
+fn diff_csv_lists_the_site_deltas_and_the_moved_blocks() {
+    let a = real_trace("cs336-lm-step-a.pickle");
+    let b = real_trace("cs336-lm-step-b.pickle");
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let json = run(&["diff", a, b, "--json"]);
+    assert_eq!(json.status.code(), Some(0), "{}", stderr(&json));
+    let d: Value = serde_json::from_slice(&json.stdout).unwrap();
+    let moved = d["moved"].as_array().unwrap();
+    assert!(!moved.is_empty(), "the two steps move blocks between sites: {d}");
+    let csv = run(&["diff", a, b, "--csv"]);
+    assert_eq!(csv.status.code(), Some(0), "{}", stderr(&csv));
+    let (header, rows) = crate::util::csv_table(&stdout(&csv));
+    assert_eq!(
+        header,
+        ["site", "a_bytes", "b_bytes", "delta_bytes", "only_in", "kind", "to_site", "blocks"]
+    );
+    let sites = d["sites"].as_array().unwrap();
+    assert_eq!(rows.len(), sites.len() + moved.len(), "{rows:?}");
+    for (row, s) in rows.iter().zip(sites) {
+        let only_in = s["only_in"].as_str().unwrap_or("");
+        let want = [
+            s["site"].as_str().unwrap().to_string(),
+            s["a_bytes"].to_string(),
+            s["b_bytes"].to_string(),
+            s["delta_bytes"].to_string(),
+            only_in.to_string(),
+            "site".into(),
+            String::new(),
+            String::new(),
+        ];
+        assert_eq!(row[..], want[..]);
+    }
+    for (row, m) in rows[sites.len()..].iter().zip(moved) {
+        let bytes = m["bytes"].to_string();
+        let want = [
+            m["from_site"].as_str().unwrap().to_string(),
+            bytes.clone(),
+            bytes,
+            "0".into(),
+            String::new(),
+            "moved".into(),
+            m["to_site"].as_str().unwrap().to_string(),
+            m["blocks"].to_string(),
+        ];
+        assert_eq!(row[..], want[..]);
+    }
+    let delta: i64 = rows.iter().map(|r| r[3].parse::<i64>().unwrap()).sum();
+    assert_eq!(delta, d["delta"]["peak_live_bytes"].as_i64().unwrap(), "rows add up as the JSON's");
+}

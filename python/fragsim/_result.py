@@ -105,6 +105,15 @@ def _sites_rows(r: Result) -> List[Row]:
     return out
 
 
+def _diff_rows(r: Result) -> List[Row]:
+    """The site deltas (``kind`` ``"site"``), then the moved blocks (``kind`` ``"moved"``:
+    from A's ``site`` to B's ``to_site``, the same bytes in both runs), as the CSV lists them."""
+    moved = [{"site": m.get("from_site"), "to_site": m.get("to_site"), "a_bytes": m.get("bytes"),
+              "b_bytes": m.get("bytes"), "delta_bytes": 0, "blocks": m.get("blocks")}
+             for m in _dicts(r.get("moved"))]
+    return _kinded(_dicts(r.get("sites")), "site") + _kinded(moved, "moved")
+
+
 def _check_rows(r: Result) -> List[Row]:
     return (_kinded(_dicts(r.get("regressions")), "regression")
             + _kinded(_dicts(r.get("improvements")), "improvement"))
@@ -131,7 +140,7 @@ _ROWS: Dict[str, Callable[[Result], List[Row]]] = {
     "info": lambda r: _kinded(_dicts(r.get("devices")), "device"),
     "blame": _sites_rows,
     "explain": lambda r: _sites_rows(r) or _generic_rows(r),
-    "diff": lambda r: _kinded(_dicts(r.get("sites")), "site"),
+    "diff": _diff_rows,
 }
 
 
@@ -402,7 +411,16 @@ def _diff_view(r: Result) -> str:
     return (_table(rows, ("run", "trace", "policy", "config", *keys))
             + "<h4>Live bytes by site at each run's peak-live moment: B − A</h4>"
             + bars_svg("delta_bytes", _top_sites(sites, "delta_bytes"))
-            + _table(sites[:20], ("site", "a_bytes", "b_bytes", "delta_bytes", "only_in")))
+            + _table(sites[:20], ("site", "a_bytes", "b_bytes", "delta_bytes", "only_in"))
+            + _moved_view(r))
+
+
+def _moved_view(r: Result) -> str:
+    moved = _dicts(r.get("moved"))
+    if not moved:
+        return ""
+    return ("<h4>Moved: the same blocks, allocated at another site in B</h4>"
+            + _table(moved[:20], ("from_site", "to_site", "bytes", "blocks")))
 
 
 def _sweep_view(r: Result) -> str:

@@ -3,6 +3,7 @@ dict as from its file; typed keyword parameters; the notebook views and data fra
 
 from __future__ import annotations
 
+import html
 import inspect
 import json
 import pickle
@@ -11,6 +12,7 @@ import subprocess
 import fragsim
 import pytest
 from conftest import (
+    REAL,
     SNAPSHOTS,
     TEXT_TRACE,
     cli,
@@ -284,6 +286,25 @@ def test_to_pandas_is_tidy_with_a_kind_column(tmp_path):
         assert mine["live_bytes"].sum() == run["live_bytes"]
     diff = t.diff(policies=TWO, top=0).to_pandas()
     assert set(diff["kind"]) == {"site"} and "delta_bytes" in diff.columns
+
+
+def test_diff_rows_and_view_hold_the_moved_blocks():
+    """Two steps of one model move blocks between sites: the data frame lists each move as a
+    row of its own (from A's site to B's), whose bytes change nothing, so the deltas still add
+    up to the change in live bytes; the notebook view shows them in a table of their own."""
+    need("pandas")
+    a, b = REAL / "cs336-lm-step-a.pickle", REAL / "cs336-lm-step-b.pickle"
+    d = fragsim.load(a).diff(fragsim.load(b), top=0)
+    assert d["moved"], d
+    frame = d.to_pandas()
+    moved = frame[frame["kind"] == "moved"]
+    assert len(moved) == len(d["moved"])
+    assert list(moved["site"]) == [m["from_site"] for m in d["moved"]]
+    assert list(moved["to_site"]) == [m["to_site"] for m in d["moved"]]
+    assert (moved["delta_bytes"] == 0).all() and (moved["a_bytes"] == moved["b_bytes"]).all()
+    assert frame["delta_bytes"].sum() == d["delta"]["peak_live_bytes"]
+    view = d._repr_html_()
+    assert "Moved" in view and html.escape(d["moved"][0]["to_site"]) in view
 
 
 def _with_a_flush(snapshot, tmp_path):

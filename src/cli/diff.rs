@@ -141,18 +141,30 @@ fn side(
     })?
 }
 
-/// `diff --format csv`: the site deltas, one row each.
+/// `diff --format csv`: the site deltas, one row each (`kind` `site`), then the moved blocks,
+/// one row per move (`kind` `moved`: `site` is where A allocated them, `to_site` where B did,
+/// the same bytes in both runs).
 pub fn csv(r: &DiffReport) -> String {
     let q = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
-    let mut out = String::from("site,a_bytes,b_bytes,delta_bytes,only_in\n");
+    let mut out = String::from("site,a_bytes,b_bytes,delta_bytes,only_in,kind,to_site,blocks\n");
     for s in &r.sites {
         out += &format!(
-            "{},{},{},{},{}\n",
+            "{},{},{},{},{},site,,\n",
             q(&s.site),
             s.a_bytes,
             s.b_bytes,
             s.delta_bytes,
             s.only_in.as_deref().unwrap_or("")
+        );
+    }
+    for m in &r.moved {
+        out += &format!(
+            "{},{},{},0,,moved,{},{}\n",
+            q(&m.from_site),
+            m.bytes,
+            m.bytes,
+            q(&m.to_site),
+            m.blocks
         );
     }
     out
