@@ -803,6 +803,7 @@ fn a_bad_recorded_settings_string_is_refused_with_its_place_in_every_command() {
     let (dir, bad) = temp_file("conf.pickle", &e.finish());
     let good = dir.path().join("good.txt");
     std::fs::write(&good, "alloc 0x1000 512\nfree 0x1000 512\n").unwrap();
+    let out = dir.path().join("report");
     let (bad, good) = (bad.to_str().unwrap(), good.to_str().unwrap());
     let want = format!(
         "fragsim: {bad}: pytorch-snapshot: {{}}the recorded PYTORCH_CUDA_ALLOC_CONF: \
@@ -818,6 +819,9 @@ fn a_bad_recorded_settings_string_is_refused_with_its_place_in_every_command() {
         (vec!["diff", bad, good], true),
         (vec!["diff", good, bad], true),
         (vec!["diff", bad, "-p", "bfc", "-p", "pytorch"], true),
+        // `all` skips a policy that cannot run on a trace, never a trace that is bad.
+        (vec!["replay", bad, "-p", "all"], true),
+        (vec!["report", bad, "--out", out.to_str().unwrap()], true),
     ] {
         let o = run(&args);
         let err = stderr(&o);
@@ -825,6 +829,7 @@ fn a_bad_recorded_settings_string_is_refused_with_its_place_in_every_command() {
         let want = want.replace("{}", if policy { "policy 'pytorch': " } else { "" });
         assert!(err.starts_with(&want), "{args:?}:\n{want}\n{err}");
     }
+    assert!(!out.exists(), "a report of a bad trace writes nothing");
     // A device one trace lacks names that trace, A or B.
     let (_d2, other) = temp_file("two.txt", b"device 1\nalloc 0x1000 512\nfree 0x1000 512\n");
     let other = other.to_str().unwrap();

@@ -364,14 +364,17 @@ impl PolicyInfo {
     }
 
     /// Builds the policy from `spec`'s options; errors name the policy, and one about the
-    /// trace (a recorded setting the policy rejects) also names the trace's format, so the
-    /// command can name its file.
+    /// trace (a recorded setting the policy rejects) stays an input error and also names the
+    /// trace's format, so the command can name its file: a policy `all` adds is skipped when it
+    /// cannot run on the trace (a usage error), never when the trace itself is bad.
     pub fn build(&self, spec: &PolicySpec, context: &PolicyContext) -> Result<BuiltPolicy> {
         (self.build)(&spec.options, context).map_err(|e| {
-            let err = Error::usage(format!("policy '{}': {}", spec.name, e.message()));
+            let message = format!("policy '{}': {}", spec.name, e.message());
             match e.kind() {
-                crate::error::ErrorKind::Input => err.in_format(context.trace.format.name()),
-                _ => err,
+                crate::error::ErrorKind::Input => {
+                    Error::input(message).in_format(context.trace.format.name())
+                }
+                _ => Error::usage(message),
             }
         })
     }
