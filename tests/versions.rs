@@ -459,29 +459,44 @@ fn blame_by_annotation_groups_allocations_by_their_labels() {
 fn a_snapshot_round_trip_keeps_annotations_and_exact_address_tags() {
     let (_d, path) = temp_file("s.pickle", &pickle(&snapshot_2_15()));
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("again.pickle");
-    let (a, b) = (path.to_str().unwrap(), out.to_str().unwrap());
-    let c = run(&["convert", a, b]);
-    assert_eq!(c.status.code(), Some(0), "{}", stderr(&c));
     let blame = |p: &str| {
         let o = run(&["blame", p, "--at", "2", "--by", "annotation", "--format", "json"]);
         assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
         serde_json::from_slice::<Value>(&o.stdout).unwrap()["results"].clone()
     };
-    assert_eq!(blame(a), blame(b));
-    let info = stdout(&run(&["info", b]));
-    assert!(info.contains("annotate entries: 1"), "{info}");
-    assert!(info.contains("PyTorch release: 2.15"), "{info}");
-    // The exact-address recording, converted, validates as the original does.
+    // To a snapshot and to fragsim's own .fst alike.
+    for name in ["again.pickle", "again.fst"] {
+        let out = dir.path().join(name);
+        let (a, b) = (path.to_str().unwrap(), out.to_str().unwrap());
+        let c = run(&["convert", a, b]);
+        assert_eq!(c.status.code(), Some(0), "{}", stderr(&c));
+        assert_eq!(blame(a), blame(b), "{name}");
+        let info = stdout(&run(&["info", b]));
+        assert!(info.contains("annotate entries: 1"), "{name}: {info}");
+        assert!(info.contains("PyTorch release: 2.15"), "{name}: {info}");
+    }
+    // The exact-address recording, converted, validates and replays as the original does.
     let (_d2, path) = temp_file("m.pickle", &pickle(&malloc_with_address_snapshot()));
-    let out = dir.path().join("m2.pickle");
-    let c = run(&["convert", path.to_str().unwrap(), out.to_str().unwrap()]);
-    assert_eq!(c.status.code(), Some(0), "{}", stderr(&c));
-    let o = run(&["validate", out.to_str().unwrap(), "--json"]);
-    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(o.status.code(), Some(0), "{v}");
-    assert_eq!(
-        (v["allocs_exact_address"].as_u64(), v["allocs_addr_matched"].as_u64()),
-        (Some(2), Some(3))
-    );
+    for name in ["m2.pickle", "m2.fst"] {
+        let out = dir.path().join(name);
+        let c = run(&["convert", path.to_str().unwrap(), out.to_str().unwrap()]);
+        assert_eq!(c.status.code(), Some(0), "{}", stderr(&c));
+        let o = run(&["validate", out.to_str().unwrap(), "--json"]);
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(o.status.code(), Some(0), "{name}: {v}");
+        assert_eq!(
+            (v["allocs_exact_address"].as_u64(), v["allocs_addr_matched"].as_u64()),
+            (Some(2), Some(3)),
+            "{name}"
+        );
+        let replay = |p: &std::path::Path| {
+            let o = run(&["replay", p.to_str().unwrap(), "-p", "all", "--json"]);
+            assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+            let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+            let rows = v["results"].as_array().unwrap().iter();
+            rows.map(|r| (r["policy"].clone(), r["peak_reserved_bytes"].clone()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(replay(&out), replay(&path), "{name}");
+    }
 }

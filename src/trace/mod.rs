@@ -309,9 +309,9 @@ pub struct SnapshotExtras {
     /// Entries of `host_traces` (2.14+), `None` where the file has no such key.
     pub host_trace_entries: Option<u64>,
     /// Keys of `allocator_settings` that only newer releases write, in the file's order:
-    /// `max_round_threshold`, `max_cached_size` (2.13+). Not written back by the snapshot
-    /// writer (which writes back only the annotations and `internal_metadata`), nor kept in
-    /// `.fst` (which keeps none of these extras).
+    /// `max_round_threshold`, `max_cached_size` (2.13+), each once. Not written back by the
+    /// snapshot writer (which writes back only the annotations and `internal_metadata`); `.fst`
+    /// keeps every extra.
     pub settings_keys: Vec<String>,
 }
 

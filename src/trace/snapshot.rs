@@ -1405,12 +1405,15 @@ fn describe(p: &Pickle, v: Value) -> String {
 fn newer_settings_keys(p: &Pickle, v: Value) -> Vec<String> {
     const NEWER: [&str; 2] = ["max_round_threshold", "max_cached_size"];
     let Some(fields) = p.entries(v) else { return Vec::new() };
-    fields
-        .iter()
-        .filter_map(|&(k, _)| p.str_bytes(k))
-        .filter_map(|k| NEWER.iter().find(|n| n.as_bytes() == k))
-        .map(|n| n.to_string())
-        .collect()
+    let mut keys: Vec<String> = Vec::new();
+    let named = fields.iter().filter_map(|&(k, _)| p.str_bytes(k));
+    for n in named.filter_map(|k| NEWER.iter().find(|n| n.as_bytes() == k)) {
+        // A forged dict may repeat a key: each is listed once.
+        if !keys.iter().any(|k| k == n) {
+            keys.push(n.to_string());
+        }
+    }
+    keys
 }
 
 /// The pinned host allocator's `host_segments` and `host_traces` (2.14+), read leniently: a

@@ -5,7 +5,7 @@
 //! settings, the format of origin, whether times are real) and decodes at memory speed.
 //!
 //! The layout is defined in docs/interface.md#fst-wire-layout (every enum by a fixed tag, so a
-//! file means what that page says whatever the order of a Rust enum); version 5, in short:
+//! file means what that page says whatever the order of a Rust enum); version 6, in short:
 //!
 //! | bytes | content |
 //! |---|---|
@@ -16,13 +16,15 @@
 //! Every body is bincode 2.0.1 (`bincode::serde`, `config::standard()`, varint). The first
 //! record's body is the head (the format of origin, whether times are real, each device with its
 //! event count, the interned frames, final segments, allocator settings, each device's count
-//! of recorded totals, and the private pools the entries name) followed by a chunk; every later body is a chunk alone. A chunk is the next
+//! of recorded totals, the private pools the entries name, and what a snapshot records beside
+//! its memory events: [`SnapshotExtras`]) followed by a chunk; every later body is a chunk alone. A chunk is the next
 //! at most [`CHUNK`] events of the flat sequence "device 0's events, device 1's, ..." and the next
 //! at most [`CHUNK`] recorded totals of the same kind of sequence. So a small trace is one record,
 //! and a reader holds one record at a time: memory while reading is the events plus one chunk.
 //! A replay consumes the events record by record without loading them ([`FstStream`]): it reads
 //! the head once, then the file from its start for each pass, holding one record at a time.
 //!
+//! Version 5 is version 6 without the extras (a file of it reads as a trace that has none).
 //! A file of another version is refused: versions 1 to 4 were written by development builds
 //! before this layout was fixed, and the message says to re-convert such a file from its source
 //! trace. The CRC catches corruption that would otherwise decode into wrong numbers (bincode is
@@ -33,7 +35,7 @@
 use super::limits;
 use super::{
     AllocatorSettings, DeviceTotals, DeviceTrace, Event, Format, Frame, FrameTable, FramesId,
-    PoolId, PoolRef, ReadOptions, RecordedTotals, Segment, Trace,
+    PoolId, PoolRef, ReadOptions, RecordedTotals, Segment, SnapshotExtras, Trace,
 };
 use crate::error::{Error, ErrorKind, Place, Result};
 use serde::{Deserialize, Serialize};
@@ -45,8 +47,16 @@ mod chunk;
 /// The first bytes of every `.fst` file.
 pub const MAGIC: &[u8] = b"FRAGSIM\0";
 
-/// The version of the layout this build writes, and the only one it reads.
-pub const VERSION: u32 = 5;
+/// The version of the layout this build writes.
+pub const VERSION: u32 = 6;
+
+/// The oldest version this build reads: version 5, which has no [`SnapshotExtras`] in its head.
+pub const OLDEST_READ: u32 = 5;
+
+/// Whether this build reads files of `version`.
+fn reads(version: u32) -> bool {
+    (OLDEST_READ..=VERSION).contains(&version)
+}
 
 /// The most events (and, separately, recorded totals) one record holds: about 250 KB encoded and
 /// 650 KB decoded, the bound on what a reader buffers beside the events.
@@ -64,7 +74,7 @@ fn config() -> impl bincode::config::Config {
     bincode::config::standard().with_limit::<DECODE_LIMIT>()
 }
 
-/// The head of a version 5 file, as written (borrowing the trace).
+/// The head of a version 6 file, as written (borrowing the trace).
 #[derive(Serialize)]
 struct HeadOut<'a> {
     format: Format,
@@ -75,12 +85,21 @@ struct HeadOut<'a> {
     allocator_settings: &'a Option<AllocatorSettings>,
     totals: Vec<(i32, u64)>,
     entry_pools: &'a Option<Vec<PoolId>>,
+    extras: &'a SnapshotExtras,
 }
 
-/// The head of a version 5 file, as read: bincode writes a nested struct's fields in place,
+/// The head of a version 6 file, as read: bincode writes a nested struct's fields in place,
 /// so this reads what [`HeadOut`] writes.
 #[derive(Deserialize)]
 struct HeadIn {
+    base: HeadBase,
+    entry_pools: Option<Vec<PoolId>>,
+    extras: SnapshotExtras,
+}
+
+/// The head of a version 5 file: a version 6 head without the extras.
+#[derive(Deserialize)]
+struct HeadIn5 {
     base: HeadBase,
     entry_pools: Option<Vec<PoolId>>,
 }
@@ -116,25 +135,26 @@ pub fn read_from(input: &mut dyn BufRead, _options: &ReadOptions) -> Result<Trac
             .at(Place::Byte(got as u64)));
     }
     let version = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
-    if version != VERSION {
+    if !reads(version) {
         return Err(other_version(version));
     }
-    Chunked { input, at: 12, body: Vec::new(), crc: 0 }.read()
+    Chunked { input, at: 12, body: Vec::new(), crc: 0 }.read(version)
 }
 
-/// The error for a file of `version`, not [`VERSION`]: one of the layouts development builds
-/// wrote before this one was fixed (1 to 4), or an unknown one. The reader adds the file.
+/// The error for a file of a `version` this build does not read: one of the layouts
+/// development builds wrote before the layout was fixed (1 to 4), or an unknown one. The reader
+/// adds the file.
 fn other_version(version: u32) -> Error {
-    let message = if (1..VERSION).contains(&version) {
+    let message = if (1..OLDEST_READ).contains(&version) {
         format!(
             "written by an earlier build of fragsim: .fst version {version}, and this build reads \
-             version {VERSION} only; re-convert the file from its source trace with \
+             versions {OLDEST_READ} to {VERSION}; re-convert the file from its source trace with \
              'fragsim convert SOURCE FILE.fst'"
         )
     } else {
         format!(
-            "unsupported .fst version {version} (this build reads version {VERSION} only); \
-             re-create the file from the original trace with 'fragsim convert'"
+            "unsupported .fst version {version} (this build reads versions {OLDEST_READ} to \
+             {VERSION}); re-create the file from the original trace with 'fragsim convert'"
         )
     };
     Error::input(message).at(Place::Byte(8))
@@ -207,18 +227,24 @@ impl Chunked<'_> {
         Ok(true)
     }
 
-    /// Reads the first record and decodes its head; returns the head and where its first chunk
-    /// starts in the body.
-    fn head(&mut self) -> Result<(HeadIn, usize)> {
+    /// Reads the first record and decodes its head, as a file of `version` lays it out;
+    /// returns the head and where its first chunk starts in the body.
+    fn head(&mut self, version: u32) -> Result<(HeadIn, usize)> {
         if !self.next_record()? {
             return Err(Error::input("truncated header: the file ends before its body length")
                 .at(Place::Byte(12)));
         }
         let at = self.body_start();
         let undecodable = |e| undecodable(e, at);
-        let (head, used): (HeadIn, usize) =
-            bincode::serde::decode_from_slice(&self.body, config()).map_err(undecodable)?;
+        let (head, used): (HeadIn, usize) = if version == OLDEST_READ {
+            let (HeadIn5 { base, entry_pools }, used): (HeadIn5, usize) =
+                bincode::serde::decode_from_slice(&self.body, config()).map_err(undecodable)?;
+            (HeadIn { base, entry_pools, extras: SnapshotExtras::default() }, used)
+        } else {
+            bincode::serde::decode_from_slice(&self.body, config()).map_err(undecodable)?
+        };
         check_entry_pools(&head.entry_pools).map_err(|e| e.at(Place::Byte(at)))?;
+        check_extras(&head.extras).map_err(|e| e.at(Place::Byte(at)))?;
         Ok((head, used))
     }
 
@@ -274,9 +300,9 @@ impl Chunked<'_> {
         Ok(())
     }
 
-    /// Reads the records into a trace.
-    fn read(mut self) -> Result<Trace> {
-        let (HeadIn { base: head, entry_pools }, mut offset) = self.head()?;
+    /// Reads the records of a file of `version` into a trace.
+    fn read(mut self, version: u32) -> Result<Trace> {
+        let (HeadIn { base: head, entry_pools, extras }, mut offset) = self.head(version)?;
         let frames = intern_frames(head.frames).map_err(at_head)?;
         let refs = Refs { frames: &frames, pools: pool_count(&entry_pools) };
         let mut fill = Fill::new(&head.devices, &head.totals);
@@ -306,7 +332,7 @@ impl Chunked<'_> {
             recorded_totals: fill.totals,
             entry_pools,
             torch_npu,
-            extras: Default::default(),
+            extras,
         })
     }
 }
@@ -420,13 +446,16 @@ impl FstStream {
         let mut start = [0u8; 12];
         let got = read_up_to(&mut input, &mut start).map_err(|e| e.in_file(path))?;
         let version = u32::from_le_bytes([start[8], start[9], start[10], start[11]]);
-        if got < 12 || !start.starts_with(MAGIC) || version != VERSION {
+        if got < 12 || !start.starts_with(MAGIC) || !reads(version) {
             return Ok(None); // read as usual: refused there, with the reader's message
         }
         let mut records = Chunked { input: &mut input, at: 12, body: Vec::new(), crc: 0 };
         let in_file = |e: Error| at_head(e).in_format(Format::Fst.name()).in_file(path);
-        let (HeadIn { base: head, entry_pools }, first_chunk) = records.head().map_err(in_file)?;
-        if !head.totals.is_empty() {
+        let (HeadIn { base: head, entry_pools, extras }, first_chunk) =
+            records.head(version).map_err(in_file)?;
+        // Exact-address allocations are found among the events near each mark before a replay
+        // starts: a trace with them is loaded.
+        if !head.totals.is_empty() || !extras.malloc_with_address_events.is_empty() {
             return Ok(None);
         }
         let frames = intern_frames(head.frames).map_err(in_file)?;
@@ -456,7 +485,7 @@ impl FstStream {
             recorded_totals: Vec::new(),
             entry_pools,
             torch_npu,
-            extras: Default::default(),
+            extras,
         };
         let file = input.into_inner();
         let identity = Identity::of(&file.metadata().map_err(|e| Error::io(path, e))?);
@@ -722,6 +751,44 @@ fn pool_count(entry_pools: &Option<Vec<PoolId>>) -> usize {
 
 /// Rejects a pool table that names the default pools, names a pool twice, or has more pools
 /// than a [`PoolRef`] can name: what the snapshot reader never writes.
+/// Checks a head's [`SnapshotExtras`] against the bounds the snapshot reader keeps: at most
+/// [`SnapshotExtras::MAX_ANNOTATIONS`] annotations and exact-address marks, labels of at most
+/// [`Annotation::MAX_LABEL`](super::Annotation::MAX_LABEL) bytes, marks in order.
+fn check_extras(extras: &SnapshotExtras) -> Result<()> {
+    let most = SnapshotExtras::MAX_ANNOTATIONS;
+    let marks = &extras.malloc_with_address_events;
+    if extras.annotations.len() > most || marks.len() > most {
+        return Err(Error::input(format!(
+            "{} annotations and {} exact-address marks, more than {most}",
+            extras.annotations.len(),
+            marks.len()
+        )));
+    }
+    if let Some(a) =
+        extras.annotations.iter().find(|a| a.label.len() > super::Annotation::MAX_LABEL)
+    {
+        return Err(Error::input(format!(
+            "an annotation's label has {} bytes, more than {}",
+            a.label.len(),
+            super::Annotation::MAX_LABEL
+        )));
+    }
+    if marks.windows(2).any(|w| w[0] > w[1]) {
+        return Err(Error::input("the exact-address marks are not in order"));
+    }
+    if extras.settings_keys.len() > MAX_SETTINGS_KEYS
+        || extras.settings_keys.iter().any(|k| k.len() > super::Annotation::MAX_LABEL)
+    {
+        return Err(Error::input(
+            "more allocator settings keys, or longer ones, than a snapshot has",
+        ));
+    }
+    Ok(())
+}
+
+/// The most `allocator_settings` keys a head may list as only newer releases write them.
+const MAX_SETTINGS_KEYS: usize = 64;
+
 fn check_entry_pools(entry_pools: &Option<Vec<PoolId>>) -> Result<()> {
     let Some(pools) = entry_pools else { return Ok(()) };
     if pools.len() > PoolRef::MAX_POOLS {
@@ -806,7 +873,7 @@ pub fn losses(_trace: &Trace) -> Vec<String> {
     Vec::new()
 }
 
-/// Writes `trace` as .fst version 5 (nothing is lost: the format holds the whole model), one
+/// Writes `trace` as .fst version 6 (nothing is lost: the format holds the whole model), one
 /// record of at most [`CHUNK`] events and totals at a time.
 pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
     let frames = (1..=trace.frames.len() as u32).map(|i| trace.frames.get(FramesId(i))).collect();
@@ -819,6 +886,7 @@ pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
         allocator_settings: &trace.allocator_settings,
         totals: trace.recorded_totals.iter().map(|t| (t.device, t.totals.len() as u64)).collect(),
         entry_pools: &trace.entry_pools,
+        extras: &trace.extras,
     };
     let encoding = |e: bincode::error::EncodeError| {
         Error::new(ErrorKind::Io, format!("encoding the .fst body: {e}"))
@@ -913,7 +981,28 @@ mod tests {
             }],
             entry_pools: Some(vec![(0, 3), (1, u64::MAX)]),
             torch_npu: false,
-            extras: Default::default(),
+            extras: crate::trace::SnapshotExtras {
+                internal_metadata: 2,
+                malloc_with_address: 2,
+                // None: a file with marks is loaded, and most tests stream this one.
+                malloc_with_address_events: Vec::new(),
+                user_metadata: 1,
+                annotations: vec![crate::trace::Annotation {
+                    device: 0,
+                    entry: 1,
+                    event: 1,
+                    addr: 0x7f00_0000_0000,
+                    label: "{\"layer\":\"mlp.0\"}".into(),
+                }],
+                annotate_entries: 1,
+                host_segments: Some(crate::trace::HostSegments {
+                    count: 1,
+                    reserved: 1 << 20,
+                    allocated: 4096,
+                }),
+                host_trace_entries: Some(3),
+                settings_keys: vec!["max_round_threshold".into()],
+            },
         }
     }
 
@@ -925,12 +1014,87 @@ mod tests {
 
     #[test]
     fn round_trips_the_whole_model() {
-        let t = sample();
+        let mut t = sample();
+        t.extras.malloc_with_address_events = vec![(0, 1)];
         let back = read(&encode(&t), &ReadOptions::default()).unwrap();
         assert_eq!((back.format, back.converted_from), (Format::Fst, Some(t.format)));
         assert_eq!(Trace { format: t.format, converted_from: None, ..back.clone() }, t);
         let again = read(&encode(&back), &ReadOptions::default()).unwrap();
         assert_eq!(again, back, "an .fst of an .fst keeps the format of origin");
+    }
+
+    /// A version 5 file (written before the head held the extras) reads as the same trace
+    /// without them, loaded and streamed.
+    #[test]
+    fn a_version_5_file_reads_as_the_trace_without_its_extras() {
+        let t = Trace { recorded_totals: Vec::new(), ..sample() };
+        let frames: Vec<&[Frame]> =
+            (1..=t.frames.len() as u32).map(|i| t.frames.get(FramesId(i))).collect();
+        #[derive(Serialize)]
+        struct Head5<'a> {
+            format: Format,
+            has_times: bool,
+            devices: Vec<(i32, u64)>,
+            frames: Vec<&'a [Frame]>,
+            segments: &'a [Segment],
+            allocator_settings: &'a Option<AllocatorSettings>,
+            totals: Vec<(i32, u64)>,
+            entry_pools: &'a Option<Vec<PoolId>>,
+        }
+        let head = Head5 {
+            format: t.format,
+            has_times: t.has_times,
+            devices: t.devices.iter().map(|d| (d.device, d.events.len() as u64)).collect(),
+            frames,
+            segments: &t.segments,
+            allocator_settings: &t.allocator_settings,
+            totals: Vec::new(),
+            entry_pools: &t.entry_pools,
+        };
+        let mut body = bincode::serde::encode_to_vec(&head, config()).unwrap();
+        let events: Vec<&Event> = t.devices.iter().flat_map(|d| d.events.iter()).collect();
+        let totals: Vec<&RecordedTotals> = Vec::new();
+        body.extend(bincode::serde::encode_to_vec((events, totals), config()).unwrap());
+        let data = framed(5, &body);
+        let back = read(&data, &ReadOptions::default()).unwrap();
+        let want = Trace { extras: Default::default(), ..t.clone() };
+        assert_eq!(Trace { format: t.format, converted_from: None, ..back }, want);
+        // Written again, it is a version 6 file.
+        assert_eq!(encode(&want)[8..12], VERSION.to_le_bytes());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v5.fst");
+        std::fs::write(&path, &data).unwrap();
+        let stream = FstStream::open(&path).unwrap().expect("a version 5 file streams");
+        assert_eq!(stream.head.extras, Default::default());
+    }
+
+    /// A file whose head marks exact-address allocations is loaded, not streamed: they are
+    /// found among the events near each mark before a replay starts.
+    #[test]
+    fn a_file_with_exact_address_marks_is_loaded_not_streamed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut t = Trace { recorded_totals: Vec::new(), ..sample() };
+        t.extras.malloc_with_address_events = vec![(0, 1)];
+        let path = dir.path().join("marked.fst");
+        std::fs::write(&path, encode(&t)).unwrap();
+        assert!(FstStream::open(&path).unwrap().is_none());
+        let mut unmarked = t.clone();
+        unmarked.extras.malloc_with_address_events.clear();
+        std::fs::write(&path, encode(&unmarked)).unwrap();
+        let stream = FstStream::open(&path).unwrap().expect("streams");
+        assert_eq!(stream.head.extras, unmarked.extras, "the extras are in the head");
+    }
+
+    #[test]
+    fn extras_beyond_a_snapshot_readers_bounds_are_refused_in_the_head() {
+        let mut t = sample();
+        t.extras.annotations[0].label = "x".repeat(crate::trace::Annotation::MAX_LABEL + 1);
+        let err = read(&encode(&t), &ReadOptions::default()).unwrap_err().to_string();
+        assert!(err.starts_with("byte 24: an annotation's label has 257 bytes"), "{err}");
+        let mut t = sample();
+        t.extras.malloc_with_address_events = vec![(0, 5), (0, 1)];
+        let err = read(&encode(&t), &ReadOptions::default()).unwrap_err().to_string();
+        assert!(err.contains("byte 24: the exact-address marks are not in order"), "{err}");
     }
 
     #[test]
@@ -948,10 +1112,10 @@ mod tests {
         bad[40] ^= 0x55;
         assert!(read(&bad, &opts).unwrap_err().to_string().contains("checksum mismatch"));
         let mut other = data.clone();
-        other[8] = 6;
+        other[8] = 7;
         assert_eq!(
             read(&other, &opts).unwrap_err().to_string(),
-            "byte 8: unsupported .fst version 6 (this build reads version 5 only); re-create the file from the original trace with 'fragsim convert'"
+            "byte 8: unsupported .fst version 7 (this build reads versions 5 to 6); re-create the file from the original trace with 'fragsim convert'"
         );
         let mut longer = data.clone();
         longer.push(0);
@@ -986,12 +1150,12 @@ mod tests {
         // Development builds wrote versions 1 to 4 before the layout was fixed: however their
         // body looks, the version alone refuses them, naming the file and both versions.
         let dir = tempfile::tempdir().unwrap();
-        for version in 1..VERSION {
+        for version in 1..OLDEST_READ {
             let mut data = encode(&sample());
             data[8..12].copy_from_slice(&version.to_le_bytes());
             let expected = format!(
                 "byte 8: written by an earlier build of fragsim: .fst version {version}, and this \
-                 build reads version 5 only; re-convert the file from its source trace with \
+                 build reads versions 5 to 6; re-convert the file from its source trace with \
                  'fragsim convert SOURCE FILE.fst'"
             );
             let err = read(&data, &ReadOptions::default()).unwrap_err();
