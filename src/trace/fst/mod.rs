@@ -873,11 +873,10 @@ pub fn losses(_trace: &Trace) -> Vec<String> {
     Vec::new()
 }
 
-/// Writes `trace` as .fst version 6 (nothing is lost: the format holds the whole model), one
-/// record of at most [`CHUNK`] events and totals at a time.
-pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
+/// The head [`write`] writes for `trace`.
+fn head_of(trace: &Trace) -> HeadOut<'_> {
     let frames = (1..=trace.frames.len() as u32).map(|i| trace.frames.get(FramesId(i))).collect();
-    let head = HeadOut {
+    HeadOut {
         format: trace.source_format(),
         has_times: trace.has_times,
         devices: trace.devices.iter().map(|d| (d.device, d.events.len() as u64)).collect(),
@@ -887,7 +886,13 @@ pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
         totals: trace.recorded_totals.iter().map(|t| (t.device, t.totals.len() as u64)).collect(),
         entry_pools: &trace.entry_pools,
         extras: &trace.extras,
-    };
+    }
+}
+
+/// Writes `trace` as .fst version 6 (nothing is lost: the format holds the whole model), one
+/// record of at most [`CHUNK`] events and totals at a time.
+pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
+    let head = head_of(trace);
     let encoding = |e: bincode::error::EncodeError| {
         Error::new(ErrorKind::Io, format!("encoding the .fst body: {e}"))
     };
@@ -1028,33 +1033,13 @@ mod tests {
     #[test]
     fn a_version_5_file_reads_as_the_trace_without_its_extras() {
         let t = Trace { recorded_totals: Vec::new(), ..sample() };
-        let frames: Vec<&[Frame]> =
-            (1..=t.frames.len() as u32).map(|i| t.frames.get(FramesId(i))).collect();
-        #[derive(Serialize)]
-        struct Head5<'a> {
-            format: Format,
-            has_times: bool,
-            devices: Vec<(i32, u64)>,
-            frames: Vec<&'a [Frame]>,
-            segments: &'a [Segment],
-            allocator_settings: &'a Option<AllocatorSettings>,
-            totals: Vec<(i32, u64)>,
-            entry_pools: &'a Option<Vec<PoolId>>,
-        }
-        let head = Head5 {
-            format: t.format,
-            has_times: t.has_times,
-            devices: t.devices.iter().map(|d| (d.device, d.events.len() as u64)).collect(),
-            frames,
-            segments: &t.segments,
-            allocator_settings: &t.allocator_settings,
-            totals: Vec::new(),
-            entry_pools: &t.entry_pools,
-        };
-        let mut body = bincode::serde::encode_to_vec(&head, config()).unwrap();
-        let events: Vec<&Event> = t.devices.iter().flat_map(|d| d.events.iter()).collect();
-        let totals: Vec<&RecordedTotals> = Vec::new();
-        body.extend(bincode::serde::encode_to_vec((events, totals), config()).unwrap());
+        // A version 6 body less the head's last field (the extras, encoded last in the head).
+        let v6 = encode(&t);
+        let head = bincode::serde::encode_to_vec(head_of(&t), config()).unwrap();
+        let extras = bincode::serde::encode_to_vec(&t.extras, config()).unwrap();
+        let body = &v6[HEADER_LEN..];
+        let cut = head.len() - extras.len();
+        let body = [&body[..cut], &body[head.len()..]].concat();
         let data = framed(5, &body);
         let back = read(&data, &ReadOptions::default()).unwrap();
         let want = Trace { extras: Default::default(), ..t.clone() };
