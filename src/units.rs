@@ -20,6 +20,9 @@ pub const GIB: u64 = 1 << 30;
 /// `GB`, `TB`) powers of 1000, as GPU data sheets use them. Suffixes are case-insensitive.
 pub fn parse_size(text: &str) -> Result<u64> {
     let t = text.trim();
+    if t.starts_with('-') {
+        return Err(Error::usage(format!("invalid size '{text}': a size is not negative")));
+    }
     let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (number, suffix) = t.split_at(split);
     let multiplier: u64 = match suffix.trim().to_ascii_lowercase().as_str() {
@@ -204,6 +207,8 @@ mod tests {
         assert!(parse_size("").is_err());
         assert!(parse_size("12 parsecs").unwrap_err().to_string().contains("'12 parsecs'"));
         assert!(parse_size("99999999999TiB").is_err());
+        let e = parse_size("-1GB").unwrap_err().to_string();
+        assert_eq!(e, "invalid size '-1GB': a size is not negative");
         assert!(parse_size("-5").is_err());
     }
 

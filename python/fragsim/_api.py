@@ -245,7 +245,17 @@ def _usage_words(message: str) -> str:
     text = _TYPED.sub(lambda m: f"{param(m)}={m.group(2)}:", text)
     text = _BARE.sub(lambda m: f"{param(m)}=", text)
     text = text.replace("[possible values: ", "(one of: ").replace("]", ")")
+    for cli_words, python_words in _PHRASES:
+        text = text.replace(cli_words, python_words)
     return text
+
+
+#: What the command line's messages say in its own syntax, in the words of the functions.
+_PHRASES = (
+    ("diff TRACE compares two policies: give exactly two (-p X -p Y)",
+     "diff of one trace compares two policies: give policies=[X, Y], or a second trace,"),
+    ("diff A B takes one policy", "diff(a, b) takes one policy"),
+)
 
 
 def _text(value: Any) -> str:

@@ -178,11 +178,16 @@ def test_a_bad_value_is_a_usage_error_in_fragsim_s_words():
         lambda: fragsim.replay(str(TEXT_TRACE), backend="tpu"),
         lambda: fragsim.replay(str(TEXT_TRACE), empty_cache_every=0),
         lambda: fragsim.blame(str(TEXT_TRACE), at="nowhere"),
+        lambda: fragsim.diff(str(TEXT_TRACE)),
+        lambda: fragsim.diff(str(TEXT_TRACE), str(TEXT_TRACE), policies=["a", "b", "c"]),
     ):
         with pytest.raises(fragsim.UsageError) as e:
             call()
         text = str(e.value)
         assert "Usage:" not in text and "--help" not in text and "--" not in text, text
+        assert "-p " not in text and "TRACE" not in text, text
+    with pytest.raises(fragsim.UsageError, match=r"give policies=\[X, Y\], or a second trace"):
+        fragsim.load(str(TEXT_TRACE)).diff(policies=["pytorch"])
     with pytest.raises(fragsim.UsageError, match="by=nonsense is not valid.*site"):
         fragsim.blame(str(TEXT_TRACE), by="nonsense")
     with pytest.raises(fragsim.UsageError, match="^at=nowhere: expected peak"):
