@@ -252,11 +252,12 @@ fn errors_after_reading_name_the_file_format_and_event() {
     let (_d, path) = temp_file("conf.pickle", &conf);
     let o = run(&["replay", "-p", "pytorch", path.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let at = settings_dict_byte(&conf);
     assert!(
-        stderr(&o).contains(
-            "conf.pickle: pytorch-snapshot: policy 'pytorch': the recorded PYTORCH_CUDA_ALLOC_CONF: \
-             garbage_collection_threshold too big (7), set it 0.0~1.0"
-        ),
+        stderr(&o).contains(&format!(
+            "conf.pickle: pytorch-snapshot: byte {at}: policy 'pytorch': the recorded \
+             PYTORCH_CUDA_ALLOC_CONF: garbage_collection_threshold too big (7), set it 0.0~1.0"
+        )),
         "{}",
         stderr(&o)
     );
@@ -800,13 +801,15 @@ fn a_bad_recorded_settings_string_is_refused_with_its_place_in_every_command() {
     e.str("garbage_collection_threshold:7");
     e.end_dict();
     e.end_dict();
-    let (dir, bad) = temp_file("conf.pickle", &e.finish());
+    let data = e.finish();
+    let at = settings_dict_byte(&data);
+    let (dir, bad) = temp_file("conf.pickle", &data);
     let good = dir.path().join("good.txt");
     std::fs::write(&good, "alloc 0x1000 512\nfree 0x1000 512\n").unwrap();
     let out = dir.path().join("report");
     let (bad, good) = (bad.to_str().unwrap(), good.to_str().unwrap());
     let want = format!(
-        "fragsim: {bad}: pytorch-snapshot: {{}}the recorded PYTORCH_CUDA_ALLOC_CONF: \
+        "fragsim: {bad}: pytorch-snapshot: byte {at}: {{}}the recorded PYTORCH_CUDA_ALLOC_CONF: \
          garbage_collection_threshold too big (7)"
     );
     for (args, policy) in [
@@ -910,4 +913,13 @@ fn the_blame_and_diff_fuzz_bodies_hold_on_a_seeded_corpus() {
         assert!(fragsim::blame::fuzz::diff(&d(text, &a, snapshot, &real, pick | 0x80)), "{pick}");
     }
     assert!(started.elapsed() < Duration::from_secs(120), "took {:?}", started.elapsed());
+}
+
+/// The byte of the `allocator_settings` dict in a pickle the tests encode: the `EMPTY_DICT`
+/// opcode (`}`) last opened before its `PYTORCH_CUDA_ALLOC_CONF` key, where a settings string
+/// that a policy refuses is located.
+fn settings_dict_byte(pickle: &[u8]) -> usize {
+    let key = b"PYTORCH_CUDA_ALLOC_CONF";
+    let k = pickle.windows(key.len()).position(|w| w == key).expect("the settings key");
+    pickle[..k].iter().rposition(|&b| b == b'}').expect("the settings dict")
 }

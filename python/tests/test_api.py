@@ -200,6 +200,22 @@ def test_several_traces_from_memory_keep_their_own_names():
     assert got["traces"] == ["<dict>", "<dict 2>"]
 
 
+def test_a_settings_string_no_pytorch_accepts_is_located_in_the_dict_and_the_file(tmp_path):
+    """A recorded ``PYTORCH_CUDA_ALLOC_CONF`` the model refuses names where it lies: the key
+    path of the settings in a dict, their byte in the pickle file."""
+    d = pickle.load(open(SNAPSHOTS[0], "rb"))
+    d["allocator_settings"]["PYTORCH_CUDA_ALLOC_CONF"] = "max_split_size_mb:abc"
+    with pytest.raises(fragsim.TraceError) as e:
+        fragsim.replay(d)
+    assert e.value.place == "allocator_settings", e.value
+    assert "the recorded PYTORCH_CUDA_ALLOC_CONF: invalid value 'abc'" in e.value.message
+    path = tmp_path / "bad-settings.pickle"
+    path.write_bytes(pickle.dumps(d))
+    with pytest.raises(fragsim.TraceError) as e:
+        fragsim.load(path).replay()
+    assert e.value.file == str(path) and e.value.place.startswith("byte "), e.value
+
+
 def test_a_wrong_shape_in_a_dict_names_its_key_path():
     d = pickle.load(open(SNAPSHOTS[0], "rb"))
     seg = next(i for i, s in enumerate(d["segments"]) if s["blocks"])

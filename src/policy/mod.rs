@@ -370,9 +370,13 @@ impl PolicyInfo {
     pub fn build(&self, spec: &PolicySpec, context: &PolicyContext) -> Result<BuiltPolicy> {
         (self.build)(&spec.options, context).map_err(|e| {
             let message = format!("policy '{}': {}", spec.name, e.message());
-            match e.kind() {
-                crate::error::ErrorKind::Input => {
-                    Error::input(message).in_format(context.trace.format.name())
+            match (e.kind(), e.location().place) {
+                (crate::error::ErrorKind::Input, place) => {
+                    let err = Error::input(message).in_format(context.trace.format.name());
+                    match place {
+                        Some(p) => err.at(p),
+                        None => err,
+                    }
                 }
                 _ => Error::usage(message),
             }

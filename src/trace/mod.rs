@@ -242,7 +242,7 @@ pub struct Segment {
 }
 
 /// The `allocator_settings` a PyTorch snapshot recorded (≈ 2.3+).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct AllocatorSettings {
     /// The last `PYTORCH_CUDA_ALLOC_CONF` string, if any.
     pub conf: Option<String>,
@@ -256,6 +256,23 @@ pub struct AllocatorSettings {
     pub roundup_power2_divisions: [u64; 16],
     /// `release_lock_on_cudamalloc`.
     pub release_lock_on_cudamalloc: bool,
+    /// Where the reader found them in its file (the byte of the `allocator_settings` dict), so
+    /// that a settings string a policy refuses is refused at its place. Not a setting: not
+    /// compared, not kept in `.fst`.
+    #[serde(skip)]
+    pub at: Option<u64>,
+}
+
+impl PartialEq for AllocatorSettings {
+    /// The same settings, wherever they were read.
+    fn eq(&self, other: &Self) -> bool {
+        self.conf == other.conf
+            && self.max_split_size == other.max_split_size
+            && self.garbage_collection_threshold == other.garbage_collection_threshold
+            && self.expandable_segments == other.expandable_segments
+            && self.roundup_power2_divisions == other.roundup_power2_divisions
+            && self.release_lock_on_cudamalloc == other.release_lock_on_cudamalloc
+    }
 }
 
 /// A label a snapshot attached to a live allocation (`action: "annotate"`, PyTorch ≈ 2.14+):

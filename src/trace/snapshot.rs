@@ -1446,7 +1446,7 @@ fn read_settings(p: &Pickle, v: Value, root: Value) -> Result<AllocatorSettings>
     if p.entries(v).is_none() {
         return Err(err(format!("is {}, not a dict", v.a_type_name())));
     }
-    let mut s = AllocatorSettings::default();
+    let mut s = AllocatorSettings { at, ..AllocatorSettings::default() };
     if let Some(c) = p.get(v, "PYTORCH_CUDA_ALLOC_CONF") {
         match c {
             Value::Str(_) => {

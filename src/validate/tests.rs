@@ -425,6 +425,7 @@ fn generate_with(config: Config, conf: &str, seed: u64, capacity: Option<u64>) -
             expandable_segments: config.expandable_segments,
             roundup_power2_divisions: config.roundup_power2_divisions,
             release_lock_on_cudamalloc: false,
+            at: None,
         }),
         has_times: false,
         frames: Default::default(),

@@ -1122,7 +1122,12 @@ impl Config {
         let mut c = Config { version, ..Config::default_for(flavour) };
         if let Some(conf) = s.conf.as_deref() {
             c.apply_skipping(conf, Some(&mut Vec::new())).map_err(|e| {
-                Error::input(format!("the recorded {}: {}", flavour.env_var(), e.message()))
+                let e =
+                    Error::input(format!("the recorded {}: {}", flavour.env_var(), e.message()));
+                match s.at {
+                    Some(byte) => e.at(crate::error::Place::Byte(byte)),
+                    None => e,
+                }
             })?;
         }
         c.max_split_size = s.max_split_size.unwrap_or(u64::MAX);
@@ -1158,6 +1163,7 @@ impl Config {
             expandable_segments: self.expandable_segments,
             roundup_power2_divisions: self.roundup_power2_divisions,
             release_lock_on_cudamalloc: false,
+            at: None,
         }
     }
 
@@ -1665,6 +1671,7 @@ mod tests {
             expandable_segments: true,
             roundup_power2_divisions: [0; INTERVALS],
             release_lock_on_cudamalloc: false,
+            at: None,
         };
         let c = Config::from_recorded(&recorded, Version::CURRENT).unwrap();
         assert_eq!(c.max_split_size, 128 * MIB);
@@ -1685,6 +1692,7 @@ mod tests {
             expandable_segments: true,
             roundup_power2_divisions: divisions,
             release_lock_on_cudamalloc: false,
+            at: None,
         };
         let c = Config::from_recorded(&recorded, Version::CURRENT).unwrap();
         assert_eq!(c.max_split_size, 64 * MIB, "the recorded value, not the string's 128");

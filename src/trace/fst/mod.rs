@@ -978,6 +978,7 @@ mod tests {
                 expandable_segments: true,
                 roundup_power2_divisions: [4; 16],
                 release_lock_on_cudamalloc: false,
+                at: None,
             }),
             has_times: true,
             recorded_totals: vec![DeviceTotals {
