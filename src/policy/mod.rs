@@ -301,6 +301,10 @@ pub struct PolicyContext<'a> {
 pub enum Role {
     /// An allocator that serves each call as it comes, knowing nothing of later calls.
     Online,
+    /// An online allocator that models the one the recording was made with, and replays it
+    /// under the recorded settings unless options change them (`pytorch`): with no options, the
+    /// run reports draw as "the recorded settings".
+    Recorded,
     /// A reference that plans with every lifetime in advance (`offline`): a target, not an
     /// allocator.
     Clairvoyant,

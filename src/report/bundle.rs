@@ -192,6 +192,15 @@ pub struct PolicyRun {
     pub output: ReplayOutput,
 }
 
+impl PolicyRun {
+    /// Whether it replays the recording's own allocator under the recorded settings: the policy
+    /// of [`Role::Recorded`] with no options (`pytorch`), which reports draw first.
+    pub fn runs_recorded_settings(&self) -> bool {
+        let policy = &self.output.result.policy;
+        role_of(policy) == Some(Role::Recorded) && self.label == *policy
+    }
+}
+
 /// A policy left out of a default report, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Skipped {
@@ -437,7 +446,7 @@ fn segment_map(
         }
         None => runs
             .iter()
-            .find(|r| r.output.result.policy == "pytorch")
+            .find(|r| r.runs_recorded_settings())
             .or_else(|| runs.iter().find(|r| !r.output.segments.is_empty()))
             .map(|r| Ok((one_spec(&r.label)?, Some(r.output.detail.peak_reserved_event))))
             .transpose()?,
@@ -561,6 +570,22 @@ fn write_file(
 mod tests {
     use super::*;
     use crate::report::testing::{text_trace, toy_report, training_text};
+
+    /// The run reports draw first is the recording's own allocator with no options, whatever
+    /// the order: not the same policy under other settings, nor another PyTorch variant.
+    #[test]
+    fn the_recorded_settings_run_is_the_recorded_allocator_without_options() {
+        let run = |label: &str, policy: &str| {
+            let mut output = ReplayOutput::default();
+            output.result.policy = policy.into();
+            PolicyRun { label: label.into(), index: 0, output }
+        };
+        assert!(run("pytorch", "pytorch").runs_recorded_settings());
+        assert!(!run("pytorch:max_split_size_mb:128", "pytorch").runs_recorded_settings());
+        assert!(!run("pytorch-expandable", "pytorch-expandable").runs_recorded_settings());
+        assert!(!run("pytorch-cuda", "pytorch-cuda").runs_recorded_settings());
+        assert!(!run("bfc", "bfc").runs_recorded_settings());
+    }
 
     /// The report directory for a test: a temp dir, or `$FRAGSIM_REPORT_PREVIEW/NAME` to keep it.
     fn out_dir(name: &str) -> (Option<tempfile::TempDir>, PathBuf) {

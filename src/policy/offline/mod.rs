@@ -724,7 +724,9 @@ mod tests {
             let peak_of = |role| runs.iter().find(|(i, _)| i.role == role).unwrap().1;
             let (bound, offline) = (peak_of(Role::Floor), peak_of(Role::Clairvoyant));
             assert!(bound <= offline, "seed {seed}: bound {bound} > offline {offline}");
-            for &(info, peak) in runs.iter().filter(|(i, _)| i.role == Role::Online) {
+            for &(info, peak) in
+                runs.iter().filter(|(i, _)| matches!(i.role, Role::Online | Role::Recorded))
+            {
                 let name = info.name;
                 assert!(bound <= peak, "seed {seed}: {name} below bound");
                 if name == "nocache" {

@@ -58,7 +58,8 @@ pub type MappedRange = (u64, u64, Tiling);
 pub const NAME: &str = "pytorch";
 
 /// A line of [`POLICIES`](super::POLICIES) for one way of building [`PyTorch`]: each models an
-/// allocator, so each is [`Role::Online`].
+/// allocator, so each is [`Role::Online`] (`pytorch`, the recording's own, is
+/// [`Role::Recorded`]).
 const fn online(
     name: &'static str,
     summary: &'static str,
@@ -68,13 +69,17 @@ const fn online(
     Registration { name, summary, role: Role::Online, options, build }
 }
 
-/// `pytorch`'s line in [`POLICIES`](super::POLICIES).
-pub const POLICY: Registration<PyTorch> = online(
-    NAME,
-    "PyTorch's caching allocator: CUDA's, or torch_npu's for a torch_npu recording (default: recorded settings)",
-    || "PYTORCH_CUDA_ALLOC_CONF syntax, e.g. max_split_size_mb:128,roundup_power2_divisions:4; or 'recorded'".into(),
-    PyTorch::from_spec,
-);
+/// `pytorch`'s line in [`POLICIES`](super::POLICIES): the allocator that made the recording
+/// ([`Role::Recorded`]), CUDA's or torch_npu's.
+pub const POLICY: Registration<PyTorch> = Registration {
+    role: Role::Recorded,
+    ..online(
+        NAME,
+        "PyTorch's caching allocator: CUDA's, or torch_npu's for a torch_npu recording (default: recorded settings)",
+        || "PYTORCH_CUDA_ALLOC_CONF syntax, e.g. max_split_size_mb:128,roundup_power2_divisions:4; or 'recorded'".into(),
+        PyTorch::from_spec,
+    )
+};
 
 /// `pytorch-npu`'s line in [`POLICIES`](super::POLICIES): torch_npu's allocator whatever made
 /// the recording.

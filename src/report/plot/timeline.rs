@@ -54,7 +54,7 @@ pub fn focus(data: &ReportData) -> Vec<&PolicyRun> {
     if data.runs.len() <= MOST_DRAWN {
         return data.runs.iter().collect();
     }
-    let settings = data.runs.iter().find(|r| r.label == "pytorch").map(|r| r.index);
+    let settings = data.runs.iter().find(|r| r.runs_recorded_settings()).map(|r| r.index);
     let floor = |r: &PolicyRun| role_of(&r.output.result.policy) == Some(Role::Floor);
     let best = data
         .runs
