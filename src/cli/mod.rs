@@ -693,7 +693,7 @@ pub(crate) fn note_unmodelled_options(
     specs: &[fragsim::policy::PolicySpec],
 ) {
     use fragsim::policy::pytorch::{Config, Flavour};
-    if !specs.iter().any(|s| s.name.starts_with("pytorch")) {
+    if !specs.iter().any(|s| fragsim::policy::has_allocator_settings(&s.name)) {
         return;
     }
     let flavour = Flavour::of_trace(trace);
@@ -763,7 +763,7 @@ fn note_pytorch_versions(
 ) {
     use fragsim::policy::pytorch::config::{modelled_version, split_version};
     let mut said = Vec::new();
-    for spec in specs.iter().filter(|s| s.name.starts_with("pytorch")) {
+    for spec in specs.iter().filter(|s| fragsim::policy::has_allocator_settings(&s.name)) {
         let Ok((options, asked)) = split_version(&spec.options) else { continue };
         let Ok(m) = modelled_version(&options, asked, trace) else { continue };
         if m.at_least.is_none() && !m.given {

@@ -417,7 +417,7 @@ fn best_lines(report: &SweepReport) -> String {
             "(host memory, device -1: CUDA allocator settings do not apply to it, so there is \
              no PYTORCH_CUDA_ALLOC_CONF to set; the ranking says how each policy would hold it)"
         }
-        None if best.policy.starts_with("pytorch") => {
+        None if fragsim::policy::has_allocator_settings(&best.policy) => {
             "(the recorded settings differ per trace: no single export line)"
         }
         None => "(not a PyTorch config: there is no PYTORCH_CUDA_ALLOC_CONF to set)",

@@ -235,11 +235,6 @@ pub struct Explanation {
     pub notes: Vec<String>,
 }
 
-/// The pytorch policies, whose settings `PYTORCH_CUDA_ALLOC_CONF` holds.
-fn is_pytorch(name: &str) -> bool {
-    name == "pytorch" || name == "pytorch-expandable"
-}
-
 /// Explains `options.spec`'s replay of `input` (named `trace` in the output).
 pub fn explain(input: &ReplayInput, trace: &str, options: &ExplainOptions) -> Result<Explanation> {
     if input.is_streamed() {
@@ -278,8 +273,9 @@ pub fn explain(input: &ReplayInput, trace: &str, options: &ExplainOptions) -> Re
     let keys = Keys::new(input, GroupBy::Site, 1);
     let a = blame::breakdown(&layout, &keys, options.top)?;
     let allocated = a.live_bytes + a.rounding_bytes;
-    let config =
-        is_pytorch(&spec.name).then(|| Config::parse_shown(&out.result.config).ok()).flatten();
+    let config = crate::policy::has_allocator_settings(&spec.name)
+        .then(|| Config::parse_shown(&out.result.config).ok())
+        .flatten();
     // The request the free blocks are judged against: at a peak, the pool and stream of the
     // event that made it.
     let judged = Judged::new(config.as_ref(), request, stream, event);

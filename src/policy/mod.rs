@@ -442,6 +442,13 @@ pub fn names() -> Vec<&'static str> {
     POLICIES.iter().map(|p| p.name).collect()
 }
 
+/// Whether the built-in policy called `name` is configured by an allocator's settings
+/// (`PYTORCH_CUDA_ALLOC_CONF` for the pytorch policies): what the commands test, rather than
+/// the name, before they read, show or export a configuration as settings.
+pub fn has_allocator_settings(name: &str) -> bool {
+    POLICIES.iter().any(|p| p.name == name && p.has_allocator_settings())
+}
+
 /// The role of the built-in policy called `name` (`None`: no such policy): what reports
 /// compare results by, rather than by name.
 pub fn role_of(name: &str) -> Option<Role> {

@@ -108,7 +108,10 @@ pub struct Comparison {
 impl Comparison {
     /// The `bound` policy's result, if it ran: the floor every overhead is measured from.
     pub fn bound(&self) -> Option<&PolicyResult> {
-        self.runs.iter().map(|r| &r.output.result).find(|r| r.policy == "bound")
+        self.runs
+            .iter()
+            .map(|r| &r.output.result)
+            .find(|r| crate::policy::role_of(&r.policy) == Some(crate::policy::Role::Floor))
     }
 
     /// The results in table order.

@@ -61,7 +61,7 @@ pub fn policy_specs(data: &[u8]) {
     for s in &all {
         let Ok(parsed) = PolicySpec::parse_list(s) else { continue };
         for p in parsed {
-            if p.name.starts_with("pytorch") {
+            if crate::policy::has_allocator_settings(&p.name) {
                 if let Ok(c) = Config::parse(&p.options, Version::CURRENT) {
                     let again = Config::parse(&grid::conf_value(&c), Version::CURRENT);
                     assert!(again.is_ok(), "{s}: {} does not parse back", grid::conf_value(&c));

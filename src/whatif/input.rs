@@ -483,7 +483,7 @@ pub(crate) fn config_mismatch(spec: &str, config: &str) -> Option<String> {
         Ok(info) => info,
         Err(e) => return Some(e.message().to_string()),
     };
-    if !name.starts_with("pytorch") {
+    if !info.has_allocator_settings() {
         let shown = match built_config(info, options) {
             Ok(shown) => shown,
             Err(e) => return Some(format!("its spec '{spec}' does not build: {}", e.message())),
