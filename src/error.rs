@@ -81,12 +81,12 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     /// A new error of `kind` with `message` (lower case, no final period).
-    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
+    pub(crate) fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
         Error { kind, message: message.into(), location: Location::default(), source: None }
     }
 
     /// A usage error: a bad flag or option value.
-    pub fn usage(message: impl Into<String>) -> Error {
+    pub(crate) fn usage(message: impl Into<String>) -> Error {
         Error::new(ErrorKind::Usage, message)
     }
 
@@ -96,12 +96,12 @@ impl Error {
     }
 
     /// A backend error: the memory backend failed or is unavailable.
-    pub fn backend(message: impl Into<String>) -> Error {
+    pub(crate) fn backend(message: impl Into<String>) -> Error {
         Error::new(ErrorKind::Backend, message)
     }
 
     /// An I/O error on `path`.
-    pub fn io(path: &Path, err: std::io::Error) -> Error {
+    pub(crate) fn io(path: &Path, err: std::io::Error) -> Error {
         let message = format!("{err}");
         Error {
             kind: ErrorKind::Io,
@@ -125,7 +125,7 @@ impl Error {
     /// An I/O error while writing `what` (`"CSV"`, `"to stdout"`): the message reads
     /// `writing {what}: {err}`, and `err` stays the [source](std::error::Error::source), so the
     /// binary can tell a closed pipe (see [`Error::is_broken_pipe`]) from a full disk.
-    pub fn writing(what: &str, err: std::io::Error) -> Error {
+    pub(crate) fn writing(what: &str, err: std::io::Error) -> Error {
         Error {
             kind: ErrorKind::Io,
             message: format!("writing {what}: {err}"),
@@ -145,7 +145,7 @@ impl Error {
 
     /// An I/O error with no file to name (a writer the caller handed in); `err` stays the source,
     /// so a closed pipe is still recognised.
-    pub fn from_io(err: std::io::Error) -> Error {
+    pub(crate) fn from_io(err: std::io::Error) -> Error {
         Error {
             kind: ErrorKind::Io,
             message: err.to_string(),
@@ -170,7 +170,7 @@ impl Error {
     }
 
     /// Names the file, unless one is named already.
-    pub fn in_file(mut self, path: &Path) -> Error {
+    pub(crate) fn in_file(mut self, path: &Path) -> Error {
         if self.location.file.is_none() {
             self.location.file = Some(path.to_path_buf());
         }
@@ -186,7 +186,7 @@ impl Error {
     }
 
     /// Names the place in the file, unless one is named already.
-    pub fn at(mut self, place: Place) -> Error {
+    pub(crate) fn at(mut self, place: Place) -> Error {
         if self.location.place.is_none() {
             self.location.place = Some(place);
         }
@@ -219,7 +219,7 @@ impl std::error::Error for Error {
 /// A flag that stops long work early: replays, validation, trace reading and writing, the
 /// `offline` planner and `synth` look at it before they start and every [`Cancel::EVERY`]
 /// items (events, blocks, or a reader's buffer of input), and then fail with an
-/// [interrupted](Cancel::check) error that whoever raised the flag discards, or, on the command
+/// interrupted error that whoever raised the flag discards, or, on the command
 /// line, that ends the process with exit code 130.
 ///
 /// It is raised in one of two ways, and every `Cancel` sees both:
@@ -256,7 +256,7 @@ impl Cancel {
     }
 
     /// True once the flag was raised, or the process interrupted ([`Cancel::interrupt`]).
-    pub fn is_cancelled(&self) -> bool {
+    pub(crate) fn is_cancelled(&self) -> bool {
         self.0.as_ref().is_some_and(|flag| flag.load(Ordering::Relaxed))
             || INTERRUPTED.load(Ordering::Relaxed)
     }
@@ -278,7 +278,7 @@ impl Cancel {
     /// {doing}`. `doing` (e.g. `replaying policy 'bfc' at event 65536 of 200000`) is called
     /// only then, so the check costs one load of the flag.
     #[inline(always)]
-    pub fn check<S: Into<String>>(&self, doing: impl FnOnce() -> S) -> Result<()> {
+    pub(crate) fn check<S: Into<String>>(&self, doing: impl FnOnce() -> S) -> Result<()> {
         if self.is_cancelled() {
             return Err(interrupted(doing().into()));
         }

@@ -19,7 +19,7 @@ pub struct Bar {
 #[cfg_attr(not(feature = "charts"), allow(dead_code))]
 impl Bar {
     /// A bar that draws nothing (asked for by a caller that wants no progress shown).
-    pub fn hidden() -> Bar {
+    pub(crate) fn hidden() -> Bar {
         Bar {
             #[cfg(feature = "cli")]
             inner: indicatif::ProgressBar::hidden(),
@@ -28,7 +28,7 @@ impl Bar {
 
     /// A bar of `len` steps labelled `what`, drawn on stderr where the build can draw one.
     #[cfg_attr(not(feature = "cli"), allow(unused_variables))]
-    pub fn steps(len: u64, what: &str) -> Bar {
+    pub(crate) fn steps(len: u64, what: &str) -> Bar {
         #[cfg(feature = "cli")]
         {
             let inner = indicatif::ProgressBar::new(len);
@@ -47,7 +47,7 @@ impl Bar {
     /// A spinner labelled `reading WHAT` that has run since `start`, ticking by itself. Only a
     /// build that can draw it has it: without `cli`, reading starts no spinner at all.
     #[cfg(feature = "cli")]
-    pub fn reading(what: &str, start: Instant) -> Bar {
+    pub(crate) fn reading(what: &str, start: Instant) -> Bar {
         let inner = indicatif::ProgressBar::new_spinner().with_elapsed(start.elapsed());
         if let Ok(style) =
             indicatif::ProgressStyle::with_template("{spinner} reading {msg} {elapsed}")
@@ -61,20 +61,20 @@ impl Bar {
 
     /// Advances the bar by `n` steps.
     #[cfg_attr(not(feature = "cli"), allow(unused_variables))]
-    pub fn inc(&self, n: u64) {
+    pub(crate) fn inc(&self, n: u64) {
         #[cfg(feature = "cli")]
         self.inner.inc(n);
     }
 
     /// Moves the bar to step `pos`.
     #[cfg_attr(not(feature = "cli"), allow(unused_variables))]
-    pub fn set_position(&self, pos: u64) {
+    pub(crate) fn set_position(&self, pos: u64) {
         #[cfg(feature = "cli")]
         self.inner.set_position(pos);
     }
 
     /// Removes the bar from the terminal.
-    pub fn finish_and_clear(&self) {
+    pub(crate) fn finish_and_clear(&self) {
         #[cfg(feature = "cli")]
         self.inner.finish_and_clear();
     }

@@ -18,7 +18,7 @@ pub const GIB: u64 = 1 << 30;
 ///
 /// Binary suffixes (`KiB`, `MiB`, `GiB`, `TiB`) are powers of 1024; decimal ones (`kB`, `MB`,
 /// `GB`, `TB`) powers of 1000, as GPU data sheets use them. Suffixes are case-insensitive.
-pub fn parse_size(text: &str) -> Result<u64> {
+pub(crate) fn parse_size(text: &str) -> Result<u64> {
     let t = text.trim();
     if t.starts_with('-') {
         return Err(Error::usage(format!("invalid size '{text}': a size is not negative")));
@@ -62,7 +62,7 @@ pub fn parse_size(text: &str) -> Result<u64> {
     Ok(bytes.round() as u64)
 }
 
-/// Parses a device capacity (`--capacity`): a size as [`parse_size`] reads it, at least 1 MiB.
+/// Parses a device capacity (`--capacity`): a size as `parse_size` reads it, at least 1 MiB.
 ///
 /// No GPU has less, and a smaller value is almost always a forgotten unit (`--capacity 40` is 40
 /// bytes and would OOM at the first event), so it is an error that suggests the units.
@@ -155,7 +155,7 @@ pub fn compact_bytes(bytes: u64) -> String {
 }
 
 /// A power-of-two size, short: `512`, `1K`, `2M`, `1G` (size-class labels).
-pub fn short_size(bytes: u64) -> String {
+pub(crate) fn short_size(bytes: u64) -> String {
     for (unit, _, name) in UNITS {
         if bytes >= unit && bytes % unit == 0 {
             return format!("{}{name}", bytes / unit);

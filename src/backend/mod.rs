@@ -70,7 +70,7 @@ pub struct StartFit {
     pub installed_bytes: u64,
     /// The limit that bound. A policy reports its own (`per_process_memory_fraction` × GPU
     /// memory); the replay's result holds the least of that and the device's capacity less
-    /// outside usage ([`StartFit::bound_by`]); `None` if neither is known.
+    /// outside usage (`StartFit::bound_by`); `None` if neither is known.
     pub limit_bytes: Option<u64>,
 }
 
@@ -92,7 +92,7 @@ impl StartFit {
     /// This fit with its limit made the least of the policy's own and `device` (the device's
     /// capacity less outside usage, if limited): the limit a replay reports, since either one
     /// can leave a segment out.
-    pub fn bound_by(self, device: Option<u64>) -> StartFit {
+    pub(crate) fn bound_by(self, device: Option<u64>) -> StartFit {
         let limit_bytes = match (self.limit_bytes, device) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),

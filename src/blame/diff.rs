@@ -1,14 +1,14 @@
 //! Two runs side by side (`fragsim diff`): two traces, or one trace under two policies.
 //!
 //! Sites are named by the last two components of their file's path
-//! ([`crate::trace::sites::short_site`]), so runs recorded in different checkouts or on
+//! (`crate::trace::sites::short_site`), so runs recorded in different checkouts or on
 //! different machines (`C:\...\pkg\model.py`, `/home/.../pkg/model.py`) compare site by site.
 //!
 //! Each run is replayed once plainly (its peaks) and once watched up to its peak-live moment,
-//! where its live bytes are broken down by site ([`super::blame`]); the site deltas are the
+//! where its live bytes are broken down by site (`super::blame`); the site deltas are the
 //! differences of those breakdowns, so they add up to the difference of the live bytes exactly.
 //!
-//! To put two traces on one axis, their allocation sequences are aligned by site ([`align`]): a
+//! To put two traces on one axis, their allocation sequences are aligned by site (`align`): a
 //! shortest edit script (Myers' greedy algorithm) over the sequence of sites, so that an
 //! allocation of the same site that grew from 8 to 16 MiB is one matched pair, not a removal and
 //! an addition. The matched pairs whose sizes differ most are reported. Where the two sequences
@@ -24,7 +24,7 @@ use crate::trace::Action;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 
-/// The most differences [`align`] searches with Myers' algorithm before pairing by rank.
+/// The most differences `align` searches with Myers' algorithm before pairing by rank.
 pub const MAX_EDITS: usize = 2_000;
 
 /// One run of a diff.
@@ -183,7 +183,7 @@ pub fn diff(a: &Side, b: &Side, options: &BlameOptions) -> Result<DiffReport> {
     Ok(compare(&summarize(a, options)?, &summarize(b, options)?, options).0)
 }
 
-/// One run of a diff, summarised: all [`compare`] needs of it, so that a trace can be dropped
+/// One run of a diff, summarised: all `compare` needs of it, so that a trace can be dropped
 /// before the other run's trace is read (two large traces are never held at once).
 pub struct SideSummary {
     /// Its peaks.
@@ -201,7 +201,7 @@ pub struct SideSummary {
 }
 
 /// Replays `side` and keeps what [`compare`] needs of it; an input problem names its trace.
-pub fn summarize(side: &Side, options: &BlameOptions) -> Result<SideSummary> {
+pub(crate) fn summarize(side: &Side, options: &BlameOptions) -> Result<SideSummary> {
     let keys = Keys::new(side.input, options.by, options.depth).short();
     let path = std::path::PathBuf::from(&side.trace);
     let named = move |e: crate::error::Error| match e.kind() {
@@ -220,7 +220,7 @@ pub fn summarize(side: &Side, options: &BlameOptions) -> Result<SideSummary> {
 
 /// The diff of two summarised runs, and the aligned allocation pairs as ordinals (`(i, j)`
 /// matches A's i-th allocation with B's j-th, in A's order).
-pub fn compare(
+pub(crate) fn compare(
     a: &SideSummary,
     b: &SideSummary,
     options: &BlameOptions,
@@ -494,7 +494,11 @@ fn align_runs(
 /// The matched index pairs of a shortest edit script between `a` and `b` (Myers' greedy
 /// algorithm, after the common prefix and suffix); `None` when it needs more than `max_edits`
 /// insertions and deletions.
-pub fn align<T: PartialEq>(a: &[T], b: &[T], max_edits: usize) -> Option<Vec<(usize, usize)>> {
+pub(crate) fn align<T: PartialEq>(
+    a: &[T],
+    b: &[T],
+    max_edits: usize,
+) -> Option<Vec<(usize, usize)>> {
     let prefix = a.iter().zip(b).take_while(|(x, y)| x == y).count();
     let (ra, rb) = (&a[prefix..], &b[prefix..]);
     let suffix = ra.iter().rev().zip(rb.iter().rev()).take_while(|(x, y)| x == y).count();

@@ -1,12 +1,12 @@
 //! The flame graph of `blame --flamegraph` (and the report's `flame.svg`): live requested bytes
 //! at the moment by full stack, drawn by fragsim itself as an SVG.
 //!
-//! Stacks are shown as memory_viz shows them ([`sites::shown`]), outermost frame at the bottom;
+//! Stacks are shown as memory_viz shows them (`sites::shown`), outermost frame at the bottom;
 //! an entry without frames is one bar named by its site. Each frame is a rectangle as wide as the
 //! bytes live under it, with a `<title>` tooltip (name, bytes, share); children sit on their
 //! parent in name order. Rectangles narrower than [`MIN_WIDTH`] pixels are not drawn (their bytes
 //! stay in their parent's width), so the file stays small however many stacks there are. Every
-//! name is XML-escaped, with control characters written out ([`sites::printable`]), so the file
+//! name is XML-escaped, with control characters written out (`sites::printable`), so the file
 //! is well-formed whatever the trace holds.
 
 use super::Attribution;

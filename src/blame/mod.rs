@@ -70,7 +70,7 @@ impl Moment {
     }
 
     /// The name JSON gives the kind of moment.
-    pub fn kind(self) -> &'static str {
+    pub(crate) fn kind(self) -> &'static str {
         match self {
             Moment::Peak => "peak",
             Moment::PeakLive => "peak-live",
@@ -105,7 +105,7 @@ pub const ANNOTATION_NONE: &str = "(no annotation)";
 
 impl GroupBy {
     /// The name used on the command line and in JSON.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             GroupBy::Site => "site",
             GroupBy::Function => "function",
@@ -245,7 +245,7 @@ pub struct BlameReport {
 /// The device's events, which attribution walks more than once and by index. Attribution asks for
 /// an input whose events are loaded ([`ReplayInput::new`]); its entry points refuse one that
 /// streams them, for which this is empty.
-pub fn events<'a>(input: &ReplayInput<'a>) -> &'a [Event] {
+pub(crate) fn events<'a>(input: &ReplayInput<'a>) -> &'a [Event] {
     input.loaded_events().unwrap_or(&[])
 }
 
@@ -258,7 +258,7 @@ fn refuse_streamed(input: &ReplayInput) -> Result<()> {
 }
 
 /// The site rule of `input`'s trace: frames where it records any.
-pub fn site_rule(input: &ReplayInput) -> SiteRule {
+pub(crate) fn site_rule(input: &ReplayInput) -> SiteRule {
     if input.trace().frames.is_empty() {
         SiteRule::SizeAndStream
     } else {
@@ -267,7 +267,7 @@ pub fn site_rule(input: &ReplayInput) -> SiteRule {
 }
 
 /// Breaks each of `specs`' replays of `input` down at `options.at`.
-pub fn blame(
+pub(crate) fn blame(
     input: &ReplayInput,
     specs: &[PolicySpec],
     options: &BlameOptions,
@@ -396,7 +396,7 @@ pub fn moment_of(
 
 /// The first event after which live requested bytes reach their maximum (a walk over the
 /// events: frees take effect at `input.frees_at()`, an alloc at a live address frees that block).
-pub fn peak_live_event(input: &ReplayInput) -> u64 {
+pub(crate) fn peak_live_event(input: &ReplayInput) -> u64 {
     peak_live_moment(input).0
 }
 
@@ -504,7 +504,7 @@ struct Sums {
 }
 
 /// The breakdown of what `layout` holds, groups named by `keys`, the `top` largest listed.
-pub fn breakdown(layout: &Layout, keys: &Keys, top: usize) -> Result<Attribution> {
+pub(crate) fn breakdown(layout: &Layout, keys: &Keys, top: usize) -> Result<Attribution> {
     let mut by_key: HashMap<Key, Sums> = HashMap::new();
     let mut stacks: HashMap<FramesId, u64> = HashMap::new();
     let mut blocks: Vec<(u64, u64)> = Vec::with_capacity(layout.live.len());
@@ -711,7 +711,7 @@ pub struct Keys<'i> {
 
 impl<'i> Keys<'i> {
     /// The keys of `input`'s requests grouped `by`, with `depth` user frames per site key.
-    pub fn new(input: &'i ReplayInput<'i>, by: GroupBy, depth: usize) -> Keys<'i> {
+    pub(crate) fn new(input: &'i ReplayInput<'i>, by: GroupBy, depth: usize) -> Keys<'i> {
         Keys {
             input,
             sites: SiteTable::new(&input.trace().frames, depth),
@@ -724,7 +724,7 @@ impl<'i> Keys<'i> {
 
     /// The same keys, sites named by the last two components of their file's path
     /// ([`sites::short_site`]): how `diff` matches sites of runs recorded in different checkouts.
-    pub fn short(mut self) -> Keys<'i> {
+    pub(crate) fn short(mut self) -> Keys<'i> {
         self.short = true;
         self
     }

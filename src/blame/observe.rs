@@ -80,7 +80,7 @@ pub struct Layout<'e> {
 
 impl<'e> Layout<'e> {
     /// A layout for a replay of `events` starting with `live_at_start`.
-    pub fn new(events: &'e [Event], live_at_start: &'e [LiveBlock]) -> Layout<'e> {
+    pub(crate) fn new(events: &'e [Event], live_at_start: &'e [LiveBlock]) -> Layout<'e> {
         Layout {
             events,
             live_at_start,
@@ -96,7 +96,7 @@ impl<'e> Layout<'e> {
     }
 
     /// An error if the replay's calls did not follow the expected order.
-    pub fn check(&self) -> Result<()> {
+    pub(crate) fn check(&self) -> Result<()> {
         match &self.lost {
             Some(why) => Err(Error::new(
                 crate::error::ErrorKind::Backend,

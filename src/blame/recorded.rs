@@ -23,22 +23,12 @@ fn block_of(request: u64) -> u64 {
 }
 
 /// True when `input`'s trace records the real allocator's segments (a PyTorch snapshot).
-pub fn available(input: &ReplayInput) -> bool {
+pub(crate) fn available(input: &ReplayInput) -> bool {
     input.trace().source_format() == Format::PytorchSnapshot && !input.is_streamed()
 }
 
-/// The event after which the recorded reserved memory first peaks (0 when the peak is the state
-/// at the first event, which `stop` 0 then stands for: see [`layout`]).
-pub fn peak_event(input: &ReplayInput) -> (u64, u64) {
-    let r = crate::recorded::recorded(input.trace(), input.device());
-    match r {
-        Some(r) => (r.peak_reserved_event.unwrap_or(0), r.peak_reserved_bytes),
-        None => (0, 0),
-    }
-}
-
 /// The recorded layout right after event `stop` (`before_first`: at the first event, before it).
-pub fn layout<'e>(input: &'e ReplayInput, stop: u64, before_first: bool) -> Layout<'e> {
+pub(crate) fn layout<'e>(input: &'e ReplayInput, stop: u64, before_first: bool) -> Layout<'e> {
     let events: &[Event] = super::events(input);
     let mut l = Layout::new(events, input.live_at_start());
     // The memory held at the first event: the final segments with the trace's segment events

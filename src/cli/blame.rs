@@ -67,7 +67,7 @@ pub enum By {
 
 impl By {
     /// The library's grouping.
-    pub fn group(self) -> GroupBy {
+    pub(crate) fn group(self) -> GroupBy {
         match self {
             By::Site => GroupBy::Site,
             By::Function => GroupBy::Function,
@@ -80,7 +80,7 @@ impl By {
 }
 
 /// Runs the command on `io`; `Ok` carries the exit code.
-pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
+pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let specs = PolicySpec::parse_many(&args.source.policies)?;
     let at = Moment::parse(&args.at)?;
     if args.depth == 0 {
@@ -116,7 +116,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
 }
 
 /// `blame --format csv`: one row per listed group of each table of each run.
-pub fn csv(report: &BlameReport) -> String {
+pub(crate) fn csv(report: &BlameReport) -> String {
     let mut out = String::from(
         "policy,config,moment,event,table,site,live_bytes,rounding_bytes,blocks,cached_free_bytes\n",
     );
@@ -150,7 +150,7 @@ pub fn csv(report: &BlameReport) -> String {
 const SITE_WIDTH: usize = 72;
 
 /// The table for people.
-pub fn table(report: &BlameReport) -> String {
+pub(crate) fn table(report: &BlameReport) -> String {
     let mut out = String::new();
     if report.site_rule == SiteRule::SizeAndStream {
         out += "note: this trace records no stack frames: sites are size classes and streams\n";

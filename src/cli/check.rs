@@ -57,13 +57,13 @@ pub struct Args {
 
 impl Args {
     /// Whether the check prints on stdout (not with `--update`).
-    pub fn prints_results(&self) -> bool {
+    pub(crate) fn prints_results(&self) -> bool {
         !self.update
     }
 }
 
 /// Runs the command on `io`; `Ok` carries the exit code.
-pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
+pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let specs = PolicySpec::parse_many(&args.policies)?;
     let tolerance = check::parse_tolerance(&args.tolerance)?;
     // A broken baseline fails before the replays, not after.
@@ -180,7 +180,7 @@ fn update(
 }
 
 /// `check --format csv`: one row per regression, then per improvement.
-pub fn csv(report: &CheckReport) -> String {
+pub(crate) fn csv(report: &CheckReport) -> String {
     use fragsim::report::csv::field;
     let mut out = String::from("kind,trace,policy,config,metric,baseline,now,change\n");
     let changes = [("regression", &report.regressions), ("improvement", &report.improvements)];

@@ -22,7 +22,7 @@ pub struct Args {
 }
 
 /// Runs the command on `io`; `Ok` carries the exit code.
-pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
+pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     // Check the output extension before a possibly long read.
     let format = Format::for_output(&args.output)?.info();
     fragsim::report::output::refuse_input(&args.output, "OUT", &[&args.input])?;

@@ -84,7 +84,7 @@ fn pair_specs(policies: &[String], two_traces: bool) -> Result<(PolicySpec, Poli
 }
 
 /// Runs the command on `io`; `Ok` carries the exit code.
-pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
+pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let (spec_a, spec_b) = pair_specs(&args.policies, args.b.is_some())?;
     if args.depth == 0 {
         return Err(Error::usage("--depth 0: give at least 1 frame"));
@@ -144,7 +144,7 @@ fn side(
 /// `diff --format csv`: the site deltas, one row each (`kind` `site`), then the moved blocks,
 /// one row per move (`kind` `moved`: `site` is where A allocated them, `to_site` where B did,
 /// the same bytes in both runs).
-pub fn csv(r: &DiffReport) -> String {
+pub(crate) fn csv(r: &DiffReport) -> String {
     let q = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
     let mut out = String::from("site,a_bytes,b_bytes,delta_bytes,only_in,kind,to_site,blocks\n");
     for s in &r.sites {
@@ -248,7 +248,7 @@ fn signed_bytes(d: i64) -> String {
 }
 
 /// The table for people.
-pub fn table(r: &DiffReport) -> String {
+pub(crate) fn table(r: &DiffReport) -> String {
     let run = |name: &str, p: &diff::RunPeaks| {
         format!("{name}: {} under {} ({})\n", p.trace, p.policy, p.config)
     };

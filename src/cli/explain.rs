@@ -42,7 +42,7 @@ pub struct Args {
 }
 
 /// Runs the command on `io`; `Ok` carries the exit code.
-pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
+pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let mut specs = PolicySpec::parse_many(&args.source.policies)?;
     if specs.len() != 1 {
         return Err(Error::usage(format!(
@@ -75,7 +75,7 @@ pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
 
 /// `explain --format csv`: one row per kind of free memory, stranded segment, site and fix;
 /// `table` names which, the moment's numbers repeat on every row.
-pub fn csv(e: &Explanation) -> String {
+pub(crate) fn csv(e: &Explanation) -> String {
     let mut out = String::from(
         "verdict,moment,event,request_bytes,capacity_bytes,reserved_bytes,allocated_bytes,\
          live_requested_bytes,table,name,bytes,blocks,other_bytes,fits,flags,env\n",
@@ -131,7 +131,7 @@ pub fn csv(e: &Explanation) -> String {
 const SITE_WIDTH: usize = 64;
 
 /// The table for people: the verdict line first.
-pub fn table(e: &Explanation) -> String {
+pub(crate) fn table(e: &Explanation) -> String {
     let gb = format_bytes;
     let limit =
         e.capacity_bytes.map_or("no limit".to_string(), |c| format!("a limit of {}", gb(c)));

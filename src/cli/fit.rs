@@ -45,7 +45,7 @@ pub struct Args {
 }
 
 /// Runs the command on `io`; `Ok` carries the exit code.
-pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
+pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let written: Vec<String> = if args.policies.is_empty() {
         DEFAULT_POLICIES.iter().map(|s| s.to_string()).collect()
     } else {

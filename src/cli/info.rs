@@ -22,7 +22,7 @@ pub struct Args {
 }
 
 /// Runs the command on `io`; `Ok` carries the exit code.
-pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
+pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let trace = super::read_trace(io, &args.trace, false)?;
     let format = args.output.format();
     let mut summary = Summary::of(&trace);

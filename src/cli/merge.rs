@@ -21,7 +21,7 @@ pub struct Args {
 }
 
 /// Runs the command on `io`; `Ok` carries the exit code.
-pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
+pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let paths = super::distinct_inputs(&args.parts, |n| io.note(n));
     let mut parts = Vec::with_capacity(paths.len());
     for path in paths {

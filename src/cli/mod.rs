@@ -64,7 +64,7 @@ impl Cli {
     /// The command line definition, with what only the library knows at run time: `replay
     /// --help` and `report --help` end with every registered policy and its options, from the
     /// one table (`fragsim::policy::POLICIES`), so the help cannot miss a policy.
-    pub fn command_with_policies() -> clap::Command {
+    pub(crate) fn command_with_policies() -> clap::Command {
         let policies =
             format!("Policies (--policy NAME[:OPTIONS], or all):\n{}", fragsim::policy::help());
         Cli::command()
@@ -75,7 +75,7 @@ impl Cli {
     }
 
     /// Parses `argv` (the program name first) against [`Cli::command_with_policies`].
-    pub fn try_parse_with_policies<I, T>(argv: I) -> std::result::Result<Cli, clap::Error>
+    pub(crate) fn try_parse_with_policies<I, T>(argv: I) -> std::result::Result<Cli, clap::Error>
     where
         I: IntoIterator<Item = T>,
         T: Into<OsString> + Clone,
@@ -97,7 +97,7 @@ impl Cli {
     }
 
     /// Runs the chosen command; `Ok` carries the exit code (0, or 1 for a failed check).
-    pub fn run(self, io: &mut Io) -> Result<u8> {
+    pub(crate) fn run(self, io: &mut Io) -> Result<u8> {
         io.max_input_size = self.max_input_size;
         // A closed stdout (`>&-`) is no place for results: fail as a full disk does, before any
         // work, rather than print into nothing and exit 0.
@@ -213,19 +213,19 @@ impl<'a> Io<'a> {
 
     /// A note for the user on `err` (`fragsim: {text}`); a note that cannot be written is lost,
     /// as an `eprintln!` to a closed stderr would be.
-    pub fn note(&mut self, text: &str) {
+    pub(crate) fn note(&mut self, text: &str) {
         let _ = writeln!(self.err, "fragsim: {text}");
     }
 
     /// The global `--max-input-size`, if given (else the library's default and its environment
     /// variable apply).
-    pub fn max_input_bytes(&self) -> Option<u64> {
+    pub(crate) fn max_input_bytes(&self) -> Option<u64> {
         self.max_input_size
     }
 
     /// Reads the trace `path` names: the in-memory trace of that name, else the file, with the
     /// reader's progress bar when `progress`.
-    pub fn read_trace(
+    pub(crate) fn read_trace(
         &mut self,
         path: &Path,
         keep_frames: bool,
@@ -273,7 +273,7 @@ impl<'a> Io<'a> {
     }
 
     /// Whether `path` names an in-memory trace not read yet (or one its holder keeps).
-    pub fn holds(&self, path: &Path) -> bool {
+    pub(crate) fn holds(&self, path: &Path) -> bool {
         self.memory.contains_key(path)
     }
 }
@@ -378,7 +378,7 @@ fn stdout_closed() -> bool {
 /// The paths of a command's inputs, each once: a path named again (the same text, or the same
 /// file under another name) is dropped with a note from `note`. Each file is then read once, and a
 /// FIFO named twice is not opened a second time, which would wait forever for a writer.
-pub fn distinct_inputs(paths: &[PathBuf], mut note: impl FnMut(&str)) -> Vec<PathBuf> {
+pub(crate) fn distinct_inputs(paths: &[PathBuf], mut note: impl FnMut(&str)) -> Vec<PathBuf> {
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::with_capacity(paths.len());
     for p in paths {
@@ -405,7 +405,7 @@ pub const MAX_OWN_JSON_BYTES: u64 = 64 << 20;
 /// not start as a JSON object (after white space) is refused at its first bytes, so a device or
 /// a binary file fails at once. `what` names the file's role in errors, which name the file and
 /// the byte.
-pub fn read_capped(io: &Io, path: &Path, what: &str) -> Result<Vec<u8>> {
+pub(crate) fn read_capped(io: &Io, path: &Path, what: &str) -> Result<Vec<u8>> {
     use std::io::Read;
     let options =
         fragsim::trace::ReadOptions { max_input_bytes: io.max_input_bytes(), ..Default::default() };
@@ -503,7 +503,7 @@ pub struct ReplaySource {
 
 impl ReplaySource {
     /// The `empty_cache` what-if the flags describe.
-    pub fn empty_cache_plan(&self) -> Result<fragsim::replay::EmptyCachePlan> {
+    pub(crate) fn empty_cache_plan(&self) -> Result<fragsim::replay::EmptyCachePlan> {
         if self.empty_cache_every == Some(0) {
             return Err(fragsim::error::Error::usage(
                 "--empty-cache-every 0: give a number of events of at least 1",
@@ -536,7 +536,7 @@ pub struct CapacityFlag {
 
 impl CapacityFlag {
     /// The flag as given (`None`: not given, which reads as `recorded`).
-    pub fn get(&self) -> Option<&CapacityArg> {
+    pub(crate) fn get(&self) -> Option<&CapacityArg> {
         self.capacity.as_ref()
     }
 }
@@ -545,13 +545,13 @@ impl CapacityFlag {
 pub use fragsim::session::Capacity as CapacityArg;
 
 /// Parses `--capacity` for clap ([`fragsim::session::Capacity::parse`]).
-pub fn capacity_arg(text: &str) -> std::result::Result<CapacityArg, String> {
+pub(crate) fn capacity_arg(text: &str) -> std::result::Result<CapacityArg, String> {
     CapacityArg::parse(text)
 }
 
 /// The table's first line for the capacity a replay ran under: as typed and in GiB (with the
 /// card a name stands for), or the inferred limit; `None` when unlimited.
-pub fn capacity_header(arg: Option<&CapacityArg>, bytes: Option<u64>) -> Option<String> {
+pub(crate) fn capacity_header(arg: Option<&CapacityArg>, bytes: Option<u64>) -> Option<String> {
     let bytes = bytes?;
     Some(match arg {
         Some(CapacityArg::Size { typed, bytes }) => {
@@ -574,14 +574,14 @@ pub fn capacity_header(arg: Option<&CapacityArg>, bytes: Option<u64>) -> Option<
 
 /// A capacity inferred from the recording, for headers: `200.00 MiB (209715200 B, inferred
 /// from the recording)`.
-pub fn inferred_capacity(bytes: u64) -> String {
+pub(crate) fn inferred_capacity(bytes: u64) -> String {
     format!("{} ({bytes} B, inferred from the recording)", fragsim::units::format_bytes(bytes))
 }
 
 /// For a capacity typed in decimal units (`40GB`) within a few percent of a card's nominal size
 /// (sold as "40 GB"), a note saying what the cards of that size really report and how to name
 /// them; `None` near no card.
-pub fn near_card(typed: &str, bytes: u64) -> Option<String> {
+pub(crate) fn near_card(typed: &str, bytes: u64) -> Option<String> {
     let t = typed.trim().to_ascii_lowercase();
     if !(t.ends_with("gb") || t.ends_with("tb")) {
         return None;
@@ -628,7 +628,7 @@ pub struct FormatArgs {
 
 impl FormatArgs {
     /// The format asked for, by `--format` or an alias.
-    pub fn format(&self) -> OutputFormat {
+    pub(crate) fn format(&self) -> OutputFormat {
         match (self.json, self.csv) {
             (true, _) => OutputFormat::Json,
             (_, true) => OutputFormat::Csv,
@@ -640,7 +640,7 @@ impl FormatArgs {
 /// Prints a command's result on `out` in `format`: the JSON object of `value` (pretty, with a
 /// final newline), or the CSV or table text the command makes of it. One place, so every command
 /// that prints a result prints JSON and reports a closed stdout the same way.
-pub fn print_as<T: serde::Serialize>(
+pub(crate) fn print_as<T: serde::Serialize>(
     out: &mut dyn Write,
     format: OutputFormat,
     value: &T,
@@ -660,27 +660,17 @@ pub fn print_as<T: serde::Serialize>(
 }
 
 /// Parses a size flag such as `40GiB` for clap.
-pub fn size_arg(text: &str) -> std::result::Result<u64, String> {
+pub(crate) fn size_arg(text: &str) -> std::result::Result<u64, String> {
     fragsim::units::parse_size(text).map_err(|e| e.message().to_string())
 }
 
 /// Reads a trace for a command, with a progress bar when stderr is a terminal.
-pub fn read_trace(io: &mut Io, path: &Path, keep_frames: bool) -> Result<fragsim::trace::Trace> {
+pub(crate) fn read_trace(
+    io: &mut Io,
+    path: &Path,
+    keep_frames: bool,
+) -> Result<fragsim::trace::Trace> {
     io.read_trace(path, keep_frames, true)
-}
-
-/// Names the trace's file and format on an input error raised after reading it (the engine or
-/// a policy refusing the trace, with the event's place), so every message says where.
-pub fn in_trace<'p>(
-    path: &'p std::path::Path,
-    trace: &fragsim::trace::Trace,
-) -> impl Fn(fragsim::error::Error) -> fragsim::error::Error + 'p {
-    let format = trace.format.name();
-    move |e| match e.kind() {
-        fragsim::error::ErrorKind::Input => e.in_format(format).in_file(path),
-        _ if e.location().format.is_some() => e.in_file(path),
-        _ => e,
-    }
 }
 
 /// Says, unless `--quiet`, which options of `trace`'s recorded `PYTORCH_CUDA_ALLOC_CONF` the

@@ -64,20 +64,20 @@ pub struct Control {
 pub const JOBS_PER_CORE: usize = 4;
 
 /// The ceiling on `--jobs`: [`JOBS_PER_CORE`] times the cores.
-pub fn max_jobs() -> usize {
+pub(crate) fn max_jobs() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get()).saturating_mul(JOBS_PER_CORE)
 }
 
 impl Control {
     /// The parallelism asked for, before it is bounded by the work ([`Control::jobs_for`]).
-    pub fn jobs(&self) -> Jobs {
+    pub(crate) fn jobs(&self) -> Jobs {
         Jobs::from_count(self.jobs)
     }
 
     /// The parallelism for `replays` replays: `--jobs N` bounded by the number of replays and by
     /// [`max_jobs`], with a note on `io` (once per command, unless `--quiet`) when it was
     /// lowered; never more threads than there is work for.
-    pub fn jobs_for(&self, io: &mut Io, replays: usize) -> Jobs {
+    pub(crate) fn jobs_for(&self, io: &mut Io, replays: usize) -> Jobs {
         let Some(asked) = self.jobs.filter(|&n| n > 1) else { return self.jobs() };
         let ceiling = max_jobs();
         let work = replays.max(1);
@@ -99,12 +99,12 @@ impl Control {
 
     /// Whether progress may be drawn: `io` allows it (stderr is a terminal) and `--quiet` was
     /// not given.
-    pub fn show_progress(&self, io: &Io) -> bool {
+    pub(crate) fn show_progress(&self, io: &Io) -> bool {
         !self.quiet && io.progress
     }
 
     /// Reads a trace, keeping its stack frames when `keep_frames` (for naming an OOM's stack).
-    pub fn read_trace_with_frames(
+    pub(crate) fn read_trace_with_frames(
         &self,
         io: &mut Io,
         path: &std::path::Path,
@@ -115,7 +115,7 @@ impl Control {
 
     /// A session on the trace at `path` (read as [`Control::read_trace_with_frames`] reads
     /// it) about `device` (default: its device with the most events).
-    pub fn session(
+    pub(crate) fn session(
         &self,
         io: &mut Io,
         path: &std::path::Path,
@@ -130,7 +130,7 @@ impl Control {
     /// replay reads it again, so memory follows the blocks live at once, not the trace's
     /// length), unless a planner among `specs` needs every lifetime (the events are loaded once
     /// for all, and a note says so) or `io` holds the bytes; any other trace is read whole.
-    pub fn replay_session(
+    pub(crate) fn replay_session(
         &self,
         io: &mut Io,
         path: &std::path::Path,
@@ -165,12 +165,12 @@ impl Control {
 
     /// A progress bar of `total` steps described by `what` (hidden unless
     /// [`Control::show_progress`], and for its first second).
-    pub fn bar(&self, io: &Io, total: usize, what: &str) -> Bar {
+    pub(crate) fn bar(&self, io: &Io, total: usize, what: &str) -> Bar {
         Bar::new(self.show_progress(io), total, what)
     }
 
     /// A note for the user on `io`'s stderr, unless `--quiet`.
-    pub fn note(&self, io: &mut Io, text: &str) {
+    pub(crate) fn note(&self, io: &mut Io, text: &str) {
         if !self.quiet {
             io.note(text);
         }
@@ -183,7 +183,7 @@ impl Control {
     /// to for that trace (as `replay` does: with no flag, the limit the recording implies, if it
     /// shows one; [`fragsim::session::Session::capacity`]). Returns, per trace in order, its results in the
     /// order of `specs`, its device and its capacity.
-    pub fn replay_traces(
+    pub(crate) fn replay_traces(
         &self,
         io: &mut Io,
         targets: Targets,
@@ -221,7 +221,7 @@ impl Control {
 
     /// Runs `f`, which works through `tasks` items, where rayon's parallel iterators use at most
     /// `--jobs` threads (bounded by [`Control::jobs_for`]).
-    pub fn install<T: Send>(
+    pub(crate) fn install<T: Send>(
         &self,
         io: &mut Io,
         tasks: usize,
@@ -261,7 +261,7 @@ impl Bar {
     }
 
     /// One more step done.
-    pub fn inc(&self) {
+    pub(crate) fn inc(&self) {
         self.bar.inc(1);
         if self.enabled && self.bar.is_hidden() && self.started.elapsed() >= SHOW_AFTER {
             self.bar.set_draw_target(ProgressDrawTarget::stderr());
@@ -270,12 +270,12 @@ impl Bar {
 
     /// A callback for [`fragsim::replay::RunSettings::progress`]: each finished replay is a step
     /// (the callback's own counts are per call, so a bar shared by several calls ignores them).
-    pub fn tick(&self) -> impl Fn(usize, usize) + Sync + '_ {
+    pub(crate) fn tick(&self) -> impl Fn(usize, usize) + Sync + '_ {
         move |_, _| self.inc()
     }
 
     /// Removes the bar from the terminal.
-    pub fn finish(&self) {
+    pub(crate) fn finish(&self) {
         self.bar.finish_and_clear();
     }
 }

@@ -58,7 +58,7 @@ enum Backend {
 
 impl Args {
     /// The output format asked for (`--format`, `--json` or `--csv`).
-    pub fn output_format(&self) -> OutputFormat {
+    pub(crate) fn output_format(&self) -> OutputFormat {
         self.output.format()
     }
 }
@@ -67,7 +67,7 @@ impl Args {
 const EXPORTED: usize = 0;
 
 /// Runs the command on `io`; `Ok` carries the exit code.
-pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
+pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let specs = PolicySpec::parse_many(&args.source.policies)?;
     let empty_cache = args.source.empty_cache_plan()?;
     let path = &args.source.trace;

@@ -31,7 +31,7 @@ pub struct Args {
 }
 
 /// Runs the command on `io`; `Ok` carries the exit code.
-pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
+pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let policies = ReportPlan::policies_from(&args.source.policies)?;
     let policies_count = policies.len();
     if let Some(name) = &args.segment_map_policy {

@@ -65,7 +65,7 @@ pub struct Args {
 
 impl Args {
     /// Whether the sweep prints on stdout (not with `--out`).
-    pub fn prints_results(&self) -> bool {
+    pub(crate) fn prints_results(&self) -> bool {
         self.out.is_none()
     }
 }
@@ -86,7 +86,7 @@ fn written_grid(args: &Args, io: &mut super::Io) -> Result<Vec<String>> {
 }
 
 /// Runs the command on `io`; `Ok` carries the exit code.
-pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
+pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     // Everything the user typed is checked before the first replay.
     let specs = grid_specs(&args, io)?;
     let names: Vec<String> = specs.iter().map(PolicySpec::display).collect();
@@ -233,7 +233,7 @@ fn note_recorded_ooms(
 
 /// Prints a sweep report in `format`: `sweep` and `merge` print the same way, so a merged sweep
 /// prints exactly what the unsharded one does.
-pub fn print(report: &SweepReport, format: OutputFormat, out: &mut dyn Write) -> Result<()> {
+pub(crate) fn print(report: &SweepReport, format: OutputFormat, out: &mut dyn Write) -> Result<()> {
     let io = |e: std::io::Error| Error::writing("to stdout", e);
     match format {
         OutputFormat::Json => {

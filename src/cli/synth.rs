@@ -75,7 +75,7 @@ fn seq_range_arg(text: &str) -> std::result::Result<(u64, u64), String> {
 }
 
 /// Runs the command on `io`; `Ok` carries the exit code.
-pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
+pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let config = SynthConfig {
         layers: args.layers,
         hidden: args.hidden,

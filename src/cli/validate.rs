@@ -71,7 +71,7 @@ fn version_arg(text: &str) -> std::result::Result<Version, String> {
 }
 
 /// Runs the command on `io`; `Ok` carries the exit code.
-pub fn run(args: Args, io: &mut super::Io) -> Result<u8> {
+pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     if let Some(out) = &args.export_snapshot {
         fragsim::report::output::refuse_input(out, "--export-snapshot", &[&args.snapshot])?;
     }

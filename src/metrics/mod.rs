@@ -135,7 +135,7 @@ impl OomDetail {
     /// One line in the words of PyTorch's message, e.g. `event 812: tried to allocate 2.00 GiB
     /// on stream 0; capacity 8.00 GiB of which 1.20 GiB is free; 6.50 GiB reserved, of which
     /// 300.00 MiB is reserved but unallocated`.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         use crate::units::format_bytes;
         let mut s = format!(
             "event {}: tried to allocate {} on stream {}",

@@ -46,7 +46,7 @@ impl Series {
     }
 
     /// Appends a point, merging old ones when over budget.
-    pub fn push(&mut self, point: Point) {
+    pub(crate) fn push(&mut self, point: Point) {
         self.points.push(point);
         if self.points.len() >= 2 * self.budget {
             self.points = downsample(&self.points, self.budget);
@@ -72,7 +72,7 @@ impl Series {
 /// highest and lowest reserved, allocated and requested (a min/max envelope, so a chart with one
 /// window per pixel column still shows each step's rise and fall rather than a flat block of
 /// maxima), in time order, plus the first and last.
-pub fn downsample(points: &[Point], max_points: usize) -> Vec<Point> {
+pub(crate) fn downsample(points: &[Point], max_points: usize) -> Vec<Point> {
     let max_points = max_points.max(8);
     if points.len() <= max_points {
         return points.to_vec();

@@ -6,7 +6,7 @@
 //!
 //! - **Rounding**: every request is rounded up to a multiple of `kMinAllocationSize` = 256 bytes.
 //! - **Bins**: 21 bins; bin *b* holds free chunks of [256·2^b, 256·2^(b+1)), the last one everything
-//!   bigger ([`bin_for_size`]). Each bin is ordered by (size, address) and a search starts at the
+//!   bigger (`bin_for_size`). Each bin is ordered by (size, address) and a search starts at the
 //!   request's bin and scans upward, taking the first chunk that fits. Because bins partition
 //!   sizes in ascending order, that is exactly the smallest fitting chunk overall with the lowest
 //!   address on ties, so one ordered set keyed by (size, address) gives the same choice.
@@ -71,8 +71,9 @@ pub const MAX_INTERNAL_FRAGMENTATION: u64 = 128 * MIB;
 /// `kBackpedalFactor` in `Extend`.
 const BACKPEDAL: f64 = 0.9;
 
+#[cfg(test)]
 /// The bin a chunk of `size` bytes lives in (`BinNumForSize`).
-pub fn bin_for_size(size: u64) -> usize {
+pub(crate) fn bin_for_size(size: u64) -> usize {
     let v = size.max(MIN_ALLOCATION) >> 8;
     (63 - v.leading_zeros() as usize).min(NUM_BINS - 1)
 }
@@ -106,13 +107,13 @@ pub struct Bfc {
 
 impl Bfc {
     /// Builds the policy from `key=value` options (see [`KEYS`]).
-    pub fn from_options(options: &str) -> Result<Bfc> {
+    pub(crate) fn from_options(options: &str) -> Result<Bfc> {
         let o = opt::parse(NAME, options, KEYS)?;
         Bfc::new(o)
     }
 
     /// Builds the policy from parsed options.
-    pub fn new(options: BfcOptions) -> Result<Bfc> {
+    pub(crate) fn new(options: BfcOptions) -> Result<Bfc> {
         if !options.allow_growth && options.memory_limit.is_none() {
             return Err(Error::usage(
                 "allow_growth=false needs memory_limit=SIZE (the region taken up front)",

@@ -37,7 +37,7 @@ pub struct Bound {
 
 impl Bound {
     /// Builds the policy; it accepts no options.
-    pub fn from_options(options: &str) -> Result<Bound> {
+    pub(crate) fn from_options(options: &str) -> Result<Bound> {
         let bound = opt::parse(NAME, options, KEYS)?;
         Ok(bound)
     }

@@ -118,13 +118,13 @@ pub struct Buddy {
 
 impl Buddy {
     /// Builds the policy from `key=value` options (see [`KEYS`]).
-    pub fn from_options(options: &str) -> Result<Buddy> {
+    pub(crate) fn from_options(options: &str) -> Result<Buddy> {
         let o = opt::parse(NAME, options, KEYS)?;
         Buddy::new(o)
     }
 
     /// Builds the policy from parsed options.
-    pub fn new(options: BuddyOptions) -> Result<Buddy> {
+    pub(crate) fn new(options: BuddyOptions) -> Result<Buddy> {
         if !options.min_block.is_power_of_two() {
             return Err(Error::usage(format!(
                 "min_block must be a power of two, got {}",

@@ -21,12 +21,12 @@ use std::collections::BTreeMap;
 
 /// The error for a free of an address the policy never handed out (or already took back): the
 /// trace and the replay disagree, which is bad input, not a policy bug.
-pub fn unknown_block(policy: &str, addr: u64) -> crate::error::Error {
+pub(crate) fn unknown_block(policy: &str, addr: u64) -> crate::error::Error {
     crate::error::Error::input(format!("{policy}: free of unknown block {addr:#x}"))
 }
 
 /// `value` rounded up to a multiple of `align` (> 0).
-pub fn round_up(value: u64, align: u64) -> u64 {
+pub(crate) fn round_up(value: u64, align: u64) -> u64 {
     // Saturates near 2^64: such a size is refused by every backend, never wrapped to a small one.
     value.div_ceil(align).saturating_mul(align)
 }
@@ -150,22 +150,22 @@ pub struct Chunks {
 
 impl Chunks {
     /// Bytes in chunks handed out.
-    pub fn allocated(&self) -> u64 {
+    pub(crate) fn allocated(&self) -> u64 {
         self.allocated
     }
 
     /// Bytes in free chunks.
-    pub fn free_bytes(&self) -> u64 {
+    pub(crate) fn free_bytes(&self) -> u64 {
         self.free_bytes
     }
 
     /// The regions, by base address.
-    pub fn regions(&self) -> &BTreeMap<u64, Region> {
+    pub(crate) fn regions(&self) -> &BTreeMap<u64, Region> {
         &self.regions
     }
 
     /// The chunk starting at `addr`.
-    pub fn get(&self, addr: u64) -> Option<&Chunk> {
+    pub(crate) fn get(&self, addr: u64) -> Option<&Chunk> {
         self.by_addr.get(&addr).map(|&i| &self.nodes[i as usize].chunk)
     }
 
@@ -198,14 +198,14 @@ impl Chunks {
     }
 
     /// Records a new region (holding no chunks yet).
-    pub fn add_region(&mut self, base: u64, size: u64, stream: u64) {
+    pub(crate) fn add_region(&mut self, base: u64, size: u64, stream: u64) {
         self.regions.insert(base, Region { size, stream, chunks: 0, in_use: 0 });
     }
 
     /// Adds a free chunk `[addr, addr + size)` of `region` to `list`. The range must have no
     /// chunk adjacent to it in its region (a fresh region, or one whose pages around it are
     /// unmapped). Returns its address.
-    pub fn add_free(&mut self, addr: u64, size: u64, region: u64, list: u64) -> u64 {
+    pub(crate) fn add_free(&mut self, addr: u64, size: u64, region: u64, list: u64) -> u64 {
         let chunk = Chunk { size, region, list, in_use: false, request: 0 };
         self.new_node(addr, chunk, NONE, NONE);
         self.free.insert(list, size, addr);
@@ -214,17 +214,17 @@ impl Chunks {
     }
 
     /// The smallest free chunk on `list` with at least `size` bytes (lowest address on ties).
-    pub fn best_fit(&self, list: u64, size: u64) -> Option<(u64, u64)> {
+    pub(crate) fn best_fit(&self, list: u64, size: u64) -> Option<(u64, u64)> {
         self.free.first_from(list, size)
     }
 
     /// The free chunks of `list`, smallest first.
-    pub fn free_chunks(&self, list: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+    pub(crate) fn free_chunks(&self, list: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.free.of_list(list)
     }
 
     /// The lists that hold free chunks.
-    pub fn lists(&self) -> Vec<u64> {
+    pub(crate) fn lists(&self) -> Vec<u64> {
         self.free.nonempty_lists()
     }
 
@@ -232,7 +232,14 @@ impl Chunks {
     /// the allocating stream): when `split` and it is bigger than `size`, the tail beyond `size`
     /// stays free (on the chunk's list) as a new chunk. Returns the block size (0 when no free
     /// chunk starts at `addr`).
-    pub fn take(&mut self, addr: u64, size: u64, request: u64, split: bool, owner: u64) -> u64 {
+    pub(crate) fn take(
+        &mut self,
+        addr: u64,
+        size: u64,
+        request: u64,
+        split: bool,
+        owner: u64,
+    ) -> u64 {
         let Some(&i) = self.by_addr.get(&addr) else { return 0 };
         let n = self.nodes[i as usize];
         if n.chunk.in_use || n.chunk.size < size {
@@ -267,7 +274,7 @@ impl Chunks {
 
     /// Returns the in-use chunk at `addr` to `list`, merging it with free neighbours. Returns
     /// the merged chunk's address, or `None` when no in-use chunk starts at `addr`.
-    pub fn release(&mut self, addr: u64, list: u64) -> Option<u64> {
+    pub(crate) fn release(&mut self, addr: u64, list: u64) -> Option<u64> {
         let i = *self.by_addr.get(&addr)?;
         let c = &mut self.nodes[i as usize].chunk;
         if !c.in_use {
@@ -324,7 +331,7 @@ impl Chunks {
     }
 
     /// Removes the free chunk at `addr` (unmapped, or its region released); returns it.
-    pub fn remove_free(&mut self, addr: u64) -> Option<Chunk> {
+    pub(crate) fn remove_free(&mut self, addr: u64) -> Option<Chunk> {
         let i = *self.by_addr.get(&addr)?;
         let n = self.nodes[i as usize];
         if n.chunk.in_use {
@@ -344,7 +351,7 @@ impl Chunks {
 
     /// Removes the first `by` bytes of the free chunk at `addr` (less than its size); the rest
     /// stays free at `addr + by`, with a hole before it. Returns false when there is no such chunk.
-    pub fn trim_front(&mut self, addr: u64, by: u64) -> bool {
+    pub(crate) fn trim_front(&mut self, addr: u64, by: u64) -> bool {
         let Some(&i) = self.by_addr.get(&addr) else { return false };
         let n = self.nodes[i as usize];
         if n.chunk.in_use || by == 0 || by >= n.chunk.size {
@@ -368,7 +375,7 @@ impl Chunks {
 
     /// Moves every free chunk of list `from` to list `to`, merging as it goes (RMM's
     /// `merge_lists`).
-    pub fn move_list(&mut self, from: u64, to: u64) {
+    pub(crate) fn move_list(&mut self, from: u64, to: u64) {
         let moved: Vec<(u64, u64)> = self.free_chunks(from).collect();
         for &(addr, size) in &moved {
             self.free.remove(from, size, addr);
@@ -391,18 +398,18 @@ impl Chunks {
     }
 
     /// True when region `base` holds nothing in use.
-    pub fn region_is_free(&self, base: u64) -> bool {
+    pub(crate) fn region_is_free(&self, base: u64) -> bool {
         self.regions.get(&base).is_some_and(|r| r.in_use == 0)
     }
 
     /// True when no chunk lies in region `base` (all its pages were unmapped).
-    pub fn region_is_empty(&self, base: u64) -> bool {
+    pub(crate) fn region_is_empty(&self, base: u64) -> bool {
         self.regions.get(&base).is_some_and(|r| r.chunks == 0)
     }
 
     /// Returns every region with nothing in use to the device (`segment_free`), forgetting it;
     /// returns the bytes released.
-    pub fn release_idle_regions<B: crate::backend::Backend>(
+    pub(crate) fn release_idle_regions<B: crate::backend::Backend>(
         &mut self,
         backend: &mut B,
     ) -> crate::error::Result<u64> {
@@ -420,7 +427,7 @@ impl Chunks {
 
     /// Forgets region `base` and its (free) chunks; returns its size. Call only when
     /// [`Chunks::region_is_free`].
-    pub fn remove_region(&mut self, base: u64) -> Option<u64> {
+    pub(crate) fn remove_region(&mut self, base: u64) -> Option<u64> {
         let r = *self.regions.get(&base)?;
         if r.chunks > 0 {
             let inside: Vec<u64> = self
@@ -445,7 +452,12 @@ impl Chunks {
     }
 
     /// The regions as PyTorch-style segments with their blocks (`is_expandable` for VMM ranges).
-    pub fn segments(&self, device: i32, pool: PoolKind, is_expandable: bool) -> Vec<Segment> {
+    pub(crate) fn segments(
+        &self,
+        device: i32,
+        pool: PoolKind,
+        is_expandable: bool,
+    ) -> Vec<Segment> {
         let all = self.sorted();
         self.regions
             .iter()
@@ -485,7 +497,7 @@ impl Chunks {
     /// [`Chunks::check`], then that `counted`, a policy's own running total of region bytes
     /// (called `counter` in the message, the regions `regions`), equals the regions' sizes summed.
     /// Returns that sum for the policy's further checks. Shared by `bfc` and `rmm-pool`.
-    pub fn check_region_total(
+    pub(crate) fn check_region_total(
         &self,
         counted: u64,
         counter: &str,
@@ -502,7 +514,7 @@ impl Chunks {
     /// Checks that chunks lie in their regions without overlap, links join exactly the adjacent
     /// chunks of a region, the free set matches the free chunks, no two free neighbours on one
     /// list were left unmerged, and the counters match.
-    pub fn check(&self) -> std::result::Result<(), String> {
+    pub(crate) fn check(&self) -> std::result::Result<(), String> {
         let all = self.sorted();
         let (mut allocated, mut free_bytes, mut free_count) = (0u64, 0u64, 0usize);
         let mut per_region: BTreeMap<u64, (u32, u32)> = BTreeMap::new();

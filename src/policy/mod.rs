@@ -10,7 +10,7 @@
 //! [`Registration`] (name, summary, options, constructor); the table turns each into a
 //! [`PolicyInfo`] and a variant of [`BuiltPolicy`]. Data flows one way: the replay engine asks a
 //! [`PolicyInfo`] to build its policy from a [`PolicyContext`] (what the engine hands a policy)
-//! and then runs the concrete type through [`BuiltPolicy::run_with`], so dispatch happens once
+//! and then runs the concrete type through `BuiltPolicy::run_with`, so dispatch happens once
 //! per run, not once per event, and this module never names the engine.
 
 pub mod bfc;
@@ -70,13 +70,13 @@ impl Handle {
 
     /// Handle `index`; `u32::MAX` is [`Handle::NONE`].
     #[inline]
-    pub fn new(index: u32) -> Handle {
+    pub(crate) fn new(index: u32) -> Handle {
         Handle(index)
     }
 
     /// The index, unless this is [`Handle::NONE`].
     #[inline]
-    pub fn index(self) -> Option<u32> {
+    pub(crate) fn index(self) -> Option<u32> {
         (self != Handle::NONE).then_some(self.0)
     }
 }
@@ -138,7 +138,7 @@ pub trait Policy {
 
     /// Says whether a CUDA graph capture is underway while the next mallocs are served (the
     /// replay tells it from a recorded `oom` that no release preceded,
-    /// [`ooms_without_release`](crate::trace::lifetimes::ooms_without_release)): a policy
+    /// `ooms_without_release`): a policy
     /// modelling PyTorch then skips its release-everything fallback. Ignored by default.
     fn set_capture_underway(&mut self, _underway: bool) {}
 
@@ -268,14 +268,14 @@ pub struct PolicyContext<'a> {
     /// The device replayed.
     pub device: i32,
     /// That device's events; when the replay streams them from a file, only the few that
-    /// decide the state at the first event (the [`digest`](crate::trace::lifetimes::digest):
+    /// decide the state at the first event (the `digest`:
     /// orphan frees, first allocs of blocks live at the end, first segment events), from which
     /// the same start state is recovered. A policy that needs every event plans in
     /// [`Policy::prepare`] instead.
     pub events: &'a [Event],
     /// Blocks live before the first event, in address order (the engine allocates them first).
     pub live_at_start: &'a [LiveBlock],
-    /// The lifetime [`scan`](crate::trace::lifetimes::scan) of `events`, done once by the
+    /// The lifetime `scan` of `events`, done once by the
     /// engine (it finds `live_at_start` from it) so that a policy recovering a start state does
     /// not scan every event again. Its `allocated` set is kept only where the trace has final
     /// segments for the device (the only case a start state is recovered from); elsewhere it is
@@ -320,7 +320,7 @@ pub struct Registration<P> {
     pub summary: &'static str,
     /// Whether it is an allocator or a reference line.
     pub role: Role,
-    /// The options it accepts, for help and error messages (usually [`options::help`] of the
+    /// The options it accepts, for help and error messages (usually `options::help` of the
     /// policy's key table).
     pub options: fn() -> String,
     /// Builds the policy from its option string and the engine's context.
@@ -358,7 +358,7 @@ impl PolicyInfo {
     }
 
     /// Whether its configuration is an allocator's settings ([`Policy::has_allocator_settings`]).
-    pub fn has_allocator_settings(&self) -> bool {
+    pub(crate) fn has_allocator_settings(&self) -> bool {
         (self.has_allocator_settings)()
     }
 
@@ -371,7 +371,7 @@ impl PolicyInfo {
     /// trace (a recorded setting the policy rejects) stays an input error and also names the
     /// trace's format, so the command can name its file: a policy `all` adds is skipped when it
     /// cannot run on the trace (a usage error), never when the trace itself is bad.
-    pub fn build(&self, spec: &PolicySpec, context: &PolicyContext) -> Result<BuiltPolicy> {
+    pub(crate) fn build(&self, spec: &PolicySpec, context: &PolicyContext) -> Result<BuiltPolicy> {
         (self.build)(&spec.options, context).map_err(|e| {
             let message = format!("policy '{}': {}", spec.name, e.message());
             match (e.kind(), e.location().place) {
@@ -401,7 +401,7 @@ macro_rules! registry {
 
         impl BuiltPolicy {
             /// Hands the concrete policy to `runner`: the one dispatch of a run.
-            pub fn run_with<R: PolicyRunner>(self, name: &str, runner: R) -> R::Output {
+            pub(crate) fn run_with<R: PolicyRunner>(self, name: &str, runner: R) -> R::Output {
                 match self {
                     $(BuiltPolicy::$variant(p) => p.run_by(name, runner),)*
                 }
@@ -445,13 +445,13 @@ pub fn names() -> Vec<&'static str> {
 /// Whether the built-in policy called `name` is configured by an allocator's settings
 /// (`PYTORCH_CUDA_ALLOC_CONF` for the pytorch policies): what the commands test, rather than
 /// the name, before they read, show or export a configuration as settings.
-pub fn has_allocator_settings(name: &str) -> bool {
+pub(crate) fn has_allocator_settings(name: &str) -> bool {
     POLICIES.iter().any(|p| p.name == name && p.has_allocator_settings())
 }
 
 /// The role of the built-in policy called `name` (`None`: no such policy): what reports
 /// compare results by, rather than by name.
-pub fn role_of(name: &str) -> Option<Role> {
+pub(crate) fn role_of(name: &str) -> Option<Role> {
     POLICIES.iter().find(|p| p.name == name).map(|p| p.role)
 }
 
@@ -468,7 +468,7 @@ pub struct RecordedAllocator {
 
 impl RecordedAllocator {
     /// What `trace`'s recorded allocator settings and frames say.
-    pub fn of(trace: &Trace) -> RecordedAllocator {
+    pub(crate) fn of(trace: &Trace) -> RecordedAllocator {
         let memory_fraction = trace.allocator_settings.as_ref().is_some_and(|settings| {
             pytorch::Config::from_recorded(settings, pytorch::Version::CURRENT)
                 .is_ok_and(|c| c.per_process_memory_fraction.is_some())

@@ -81,7 +81,7 @@ pub struct NoCache {
 
 impl NoCache {
     /// Builds the policy from `key=value` options (see [`KEYS`]).
-    pub fn from_options(options: &str) -> Result<NoCache> {
+    pub(crate) fn from_options(options: &str) -> Result<NoCache> {
         let o = opt::parse(NAME, options, KEYS)?;
         if o.align == 0 || o.page == 0 || o.page % o.align != 0 {
             return Err(Error::usage(format!(
@@ -93,7 +93,7 @@ impl NoCache {
     }
 
     /// The device memory a `cudaMalloc(size)` costs under this model.
-    pub fn cost(&self, size: u64) -> u64 {
+    pub(crate) fn cost(&self, size: u64) -> u64 {
         if size >= self.options.page {
             round_up(size, self.options.page)
         } else {

@@ -2,7 +2,7 @@
 //! but `pytorch`, whose options follow `PYTORCH_CUDA_ALLOC_CONF`).
 //!
 //! A policy lists its keys once, as a `const KEYS: &[OptionKey<Options>]` table: the same table
-//! drives the parser ([`parse`]), the help text ([`help`]) and the "unknown option" error, so a
+//! drives the parser (`parse`), the help text (`help`) and the "unknown option" error, so a
 //! key cannot be accepted without being documented, or documented without being accepted.
 
 use crate::error::{Error, Result};
@@ -10,11 +10,11 @@ use crate::error::{Error, Result};
 /// How a key's value is read and stored in the policy's options struct `O`: the kind decides the
 /// parser (and so the error a bad value gets), the function only stores the parsed value.
 pub enum Setter<O> {
-    /// A boolean (`true`/`false`, `1`/`0`, `yes`/`no`, `on`/`off`, any case): [`parse_bool`].
+    /// A boolean (`true`/`false`, `1`/`0`, `yes`/`no`, `on`/`off`, any case): `parse_bool`.
     Bool(fn(&mut O, bool)),
-    /// A byte size (`512`, `2MiB`, ...): [`crate::units::parse_size`].
+    /// A byte size (`512`, `2MiB`, ...): `crate::units::parse_size`.
     Size(fn(&mut O, u64)),
-    /// A whole number: [`parse_int`].
+    /// A whole number: `parse_int`.
     Count(fn(&mut O, u32)),
 }
 
@@ -30,27 +30,27 @@ pub struct OptionKey<O> {
 
 impl<O> OptionKey<O> {
     /// A key shown in help and errors as `key=VALUE` (e.g. `SIZE (power of two)`), set by `set`.
-    pub const fn new(key: &'static str, value: &'static str, set: Setter<O>) -> Self {
+    pub(crate) const fn new(key: &'static str, value: &'static str, set: Setter<O>) -> Self {
         OptionKey { key, value, set }
     }
 
     /// A boolean key, shown as `key=true|false`.
-    pub const fn flag(key: &'static str, set: fn(&mut O, bool)) -> Self {
+    pub(crate) const fn flag(key: &'static str, set: fn(&mut O, bool)) -> Self {
         OptionKey { key, value: "true|false", set: Setter::Bool(set) }
     }
 
     /// A byte-size key, shown as `key=SIZE`.
-    pub const fn size(key: &'static str, set: fn(&mut O, u64)) -> Self {
+    pub(crate) const fn size(key: &'static str, set: fn(&mut O, u64)) -> Self {
         OptionKey { key, value: "SIZE", set: Setter::Size(set) }
     }
 
     /// A whole-number key, shown as `key=N`.
-    pub const fn count(key: &'static str, set: fn(&mut O, u32)) -> Self {
+    pub(crate) const fn count(key: &'static str, set: fn(&mut O, u32)) -> Self {
         OptionKey { key, value: "N", set: Setter::Count(set) }
     }
 
     /// Parses `value` (the text after `=`) and stores it in `into`; errors name the key.
-    pub fn apply(&self, into: &mut O, value: &str) -> Result<()> {
+    pub(crate) fn apply(&self, into: &mut O, value: &str) -> Result<()> {
         match self.set {
             Setter::Bool(set) => set(into, parse_bool(self.key, value)?),
             Setter::Size(set) => set(into, crate::units::parse_size(value)?),
@@ -62,7 +62,7 @@ impl<O> OptionKey<O> {
 
 /// Parses `options` (`key=value,...`) with `keys`, the table of `policy`'s keys, into the
 /// defaults of `O`: what every keyed policy's `from_options` starts with.
-pub fn parse<O: Default>(policy: &str, options: &str, keys: &[OptionKey<O>]) -> Result<O> {
+pub(crate) fn parse<O: Default>(policy: &str, options: &str, keys: &[OptionKey<O>]) -> Result<O> {
     let mut into = O::default();
     parse_key_values(options, |k, v| match keys.iter().find(|o| o.key == k) {
         Some(o) => o.apply(&mut into, v),
@@ -72,7 +72,7 @@ pub fn parse<O: Default>(policy: &str, options: &str, keys: &[OptionKey<O>]) -> 
 }
 
 /// The accepted keys as help text (`key=VALUE, key=VALUE`), or `(none)`.
-pub fn help<O>(keys: &[OptionKey<O>]) -> String {
+pub(crate) fn help<O>(keys: &[OptionKey<O>]) -> String {
     if keys.is_empty() {
         return "(none)".to_string();
     }
@@ -80,7 +80,7 @@ pub fn help<O>(keys: &[OptionKey<O>]) -> String {
 }
 
 /// The error for an option key `policy` does not know, listing the ones it accepts.
-pub fn unknown_option<O>(policy: &str, key: &str, keys: &[OptionKey<O>]) -> Error {
+pub(crate) fn unknown_option<O>(policy: &str, key: &str, keys: &[OptionKey<O>]) -> Error {
     if keys.is_empty() {
         return Error::usage(format!("unknown option '{key}' ({policy} takes no options)"));
     }
@@ -88,7 +88,7 @@ pub fn unknown_option<O>(policy: &str, key: &str, keys: &[OptionKey<O>]) -> Erro
 }
 
 /// Parses `key=value,key=value` options, calling `set(key, value)` for each.
-pub fn parse_key_values(
+pub(crate) fn parse_key_values(
     options: &str,
     mut set: impl FnMut(&str, &str) -> Result<()>,
 ) -> Result<()> {
@@ -111,7 +111,7 @@ pub fn parse_key_values(
 }
 
 /// Parses a boolean option value (`true`/`false`, `1`/`0`, any case), naming `key` on error.
-pub fn parse_bool(key: &str, value: &str) -> Result<bool> {
+pub(crate) fn parse_bool(key: &str, value: &str) -> Result<bool> {
     match value.to_ascii_lowercase().as_str() {
         "true" | "1" | "yes" | "on" => Ok(true),
         "false" | "0" | "no" | "off" => Ok(false),
@@ -120,7 +120,7 @@ pub fn parse_bool(key: &str, value: &str) -> Result<bool> {
 }
 
 /// Parses an integer option value, naming `key` on error.
-pub fn parse_int<T: std::str::FromStr>(key: &str, value: &str) -> Result<T> {
+pub(crate) fn parse_int<T: std::str::FromStr>(key: &str, value: &str) -> Result<T> {
     value
         .parse()
         .map_err(|_| Error::usage(format!("option '{key}': expected an integer, got '{value}'")))

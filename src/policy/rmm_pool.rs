@@ -84,7 +84,7 @@ pub struct RmmPool {
 
 impl RmmPool {
     /// Builds the policy from `key=value` options (see [`KEYS`]).
-    pub fn from_options(options: &str) -> Result<RmmPool> {
+    pub(crate) fn from_options(options: &str) -> Result<RmmPool> {
         let o = opt::parse(NAME, options, KEYS)?;
         if let Some(max) = o.maximum {
             if o.initial > max {

@@ -111,7 +111,7 @@ pub struct Stitch {
 
 impl Stitch {
     /// Builds the policy from `key=value` options (see [`KEYS`]).
-    pub fn from_options(options: &str) -> Result<Stitch> {
+    pub(crate) fn from_options(options: &str) -> Result<Stitch> {
         let o = opt::parse(NAME, options, KEYS)?;
         if o.small > SMALL_SEGMENT {
             return Err(Error::usage(format!(

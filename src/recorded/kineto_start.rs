@@ -91,7 +91,7 @@ pub fn start_state(trace: &Trace, device: i32) -> Option<StartState> {
 /// carry, or `None` when there is none. Its address is one no event of `device` uses (512-byte
 /// aligned, below the lowest recorded address where possible), so no free can release it.
 ///
-/// The replay engine's live-at-start list ([`crate::trace::lifetimes::live_at_start`]) holds the orphan
+/// The replay engine's live-at-start list (`crate::trace::lifetimes::live_at_start`) holds the orphan
 /// frees; appending this block to it makes a Kineto replay start where the profiled run was.
 pub fn opaque_live_block(trace: &Trace, device: i32) -> Option<LiveBlock> {
     let start = start_state(trace, device)?;

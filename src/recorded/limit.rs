@@ -100,7 +100,7 @@ pub struct Flush {
 
 impl FlushKind {
     /// True for a flush that was a malloc's out-of-memory fallback.
-    pub fn is_out_of_memory(self) -> bool {
+    pub(crate) fn is_out_of_memory(self) -> bool {
         matches!(
             self,
             FlushKind::OutOfMemory | FlushKind::OutOfMemoryByStack | FlushKind::FailedRetry
@@ -141,7 +141,7 @@ impl FlushKind {
 
 impl Flush {
     /// For an OOM flush, the level the failed attempt needed: the limit is below it.
-    pub fn needed_bytes(&self) -> Option<u64> {
+    pub(crate) fn needed_bytes(&self) -> Option<u64> {
         self.retry_bytes.map(|s| self.reserved_before.saturating_add(s))
     }
 }
@@ -161,7 +161,7 @@ pub struct OomEntry {
 
 impl OomEntry {
     /// The limit at that moment: reserved plus the device's free bytes.
-    pub fn limit_bytes(&self) -> u64 {
+    pub(crate) fn limit_bytes(&self) -> u64 {
         self.reserved.saturating_add(self.device_free)
     }
 }
@@ -208,7 +208,7 @@ impl DeviceLimit {
 
     /// The number of flushes that were out-of-memory retries (PyTorch's `num_alloc_retries`),
     /// when every candidate flush could be classified; `None` otherwise or for Kineto traces.
-    pub fn proven_retries(&self) -> Option<u64> {
+    pub(crate) fn proven_retries(&self) -> Option<u64> {
         if self.flushes.iter().any(|f| f.kind == FlushKind::Unproven) {
             return None;
         }
@@ -216,7 +216,7 @@ impl DeviceLimit {
     }
 
     /// One line saying what was inferred and from which events, for headers and notes.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let ooms = self
             .flushes
             .iter()

@@ -12,7 +12,7 @@
 //!   `[memory]` event ([`Trace::recorded_totals`]); requests and segment calls are unknown. Host
 //!   memory (device -1, a CPU profiler trace) records `Total Reserved` 0 throughout: c10's CPU
 //!   allocator keeps no cache, so what it held is what it had allocated, and that is its
-//!   reserved line ([`host_reserves_what_it_allocates`]).
+//!   reserved line (`host_reserves_what_it_allocates`).
 //!
 //! [`recorded`] gathers these as a [`Recorded`]; [`Recorded::row`] shapes them as a
 //! [`RecordedRow`], the `replay --json` keys of [`PolicyResult`] with `null` for what the file
@@ -151,7 +151,7 @@ pub struct RecordedRow {
 impl RecordedRow {
     /// The row as a [`PolicyResult`], for code that needs one: every unknown number becomes 0
     /// (and `oom` false), so show it only beside [`RecordedRow`]'s own `None`s.
-    pub fn to_policy_result(&self) -> PolicyResult {
+    pub(crate) fn to_policy_result(&self) -> PolicyResult {
         PolicyResult {
             policy: self.policy.clone(),
             config: self.config.clone(),
@@ -222,7 +222,7 @@ pub fn row_and_limit(
 /// per segment event) and its event indices mapped back, while requested bytes are summed on
 /// the way. The results equal [`row_and_limit`] on the loaded events; memory follows the
 /// segment events and the live blocks, not the trace's length.
-pub fn row_and_limit_streamed<W>(
+pub(crate) fn row_and_limit_streamed<W>(
     head: &Trace,
     device: i32,
     live_at_start: &[LiveBlock],
@@ -461,7 +461,7 @@ fn from_totals(
 /// it allocates: the profiler's CPU allocator (c10's) keeps no cache and reports no reserved
 /// bytes, so the memory it held is its `Total Allocated` at each moment. A GPU's reserved bytes
 /// are always its own.
-pub fn host_reserves_what_it_allocates(
+pub(crate) fn host_reserves_what_it_allocates(
     device: i32,
     totals: &[crate::trace::RecordedTotals],
 ) -> bool {
@@ -486,7 +486,7 @@ impl Recorded {
     /// The row (with `alloc_retries` from the inferred limit where the recording's segment
     /// events prove them) and the device limit the recording implies: what [`row_and_limit`]
     /// gives, for a caller that also wants [`Recorded::series`] without recovering it twice.
-    pub fn row_and_limit(&self, trace: &Trace) -> (RecordedRow, limit::DeviceLimit) {
+    pub(crate) fn row_and_limit(&self, trace: &Trace) -> (RecordedRow, limit::DeviceLimit) {
         let l = limit::infer(trace, self);
         let row = match self.source {
             Source::SnapshotSegments => self.row().with_limit(&l),

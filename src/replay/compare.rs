@@ -115,12 +115,12 @@ impl Comparison {
     }
 
     /// The results in table order.
-    pub fn results(&self) -> Vec<PolicyResult> {
+    pub(crate) fn results(&self) -> Vec<PolicyResult> {
         self.runs.iter().map(|r| r.output.result.clone()).collect()
     }
 
     /// The run of the spec given at `index`, if it ran.
-    pub fn run_of(&self, index: usize) -> Option<&SpecRun> {
+    pub(crate) fn run_of(&self, index: usize) -> Option<&SpecRun> {
         self.runs.iter().find(|r| r.index == index)
     }
 }

@@ -3,8 +3,8 @@
 //!
 //! Releasing wholly free cached segments can lower the peak (memory cached for one size is
 //! returned and reused for another) but costs device calls: every released segment is a
-//! `cudaFree` now and often a `cudaMalloc` later. [`effects`] pairs the two runs of each spec;
-//! [`describe`] says, per policy, the change in peak reserved and in device mallocs and frees,
+//! `cudaFree` now and often a `cudaMalloc` later. `effects` pairs the two runs of each spec;
+//! `describe` says, per policy, the change in peak reserved and in device mallocs and frees,
 //! and when the peak does not move, why.
 
 use super::{Comparison, EmptyCachePlan, SpecRun};
@@ -35,7 +35,7 @@ pub struct EmptyCacheEffect {
 
 /// Pairs the runs of each spec in `baseline` (recorded calls only) and `whatif` (under the
 /// plan), in `whatif`'s order.
-pub fn effects(baseline: &Comparison, whatif: &Comparison) -> Vec<EmptyCacheEffect> {
+pub(crate) fn effects(baseline: &Comparison, whatif: &Comparison) -> Vec<EmptyCacheEffect> {
     let device_calls = |r: &SpecRun| {
         let x = &r.output.result;
         ((x.device_malloc_count + x.map_count) as i64, (x.device_free_count + x.unmap_count) as i64)
@@ -67,7 +67,7 @@ pub fn effects(baseline: &Comparison, whatif: &Comparison) -> Vec<EmptyCacheEffe
 
 impl EmptyCacheEffect {
     /// One line: the change in peak and in device calls, and why the peak did not move.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let change = self.peak_after as i128 - self.peak_before as i128;
         let peak = if change == 0 {
             format!("peak reserved unchanged at {}", format_bytes(self.peak_after))
@@ -117,7 +117,7 @@ impl EmptyCacheEffect {
 }
 
 /// The lines printed under the table: the plan, then one line per policy.
-pub fn describe(plan: &EmptyCachePlan, effects: &[EmptyCacheEffect]) -> String {
+pub(crate) fn describe(plan: &EmptyCachePlan, effects: &[EmptyCacheEffect]) -> String {
     let mut s = format!("what-if: {} (against the recorded calls only)\n", plan.describe());
     for e in effects {
         s += "  ";

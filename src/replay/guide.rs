@@ -226,7 +226,7 @@ pub struct ExactPlacer<'r> {
 
 impl<'r> ExactPlacer<'r> {
     /// The placer of `pairs` (in order of their prefixes).
-    pub fn new(pairs: &'r [ExactAddress]) -> ExactPlacer<'r> {
+    pub(crate) fn new(pairs: &'r [ExactAddress]) -> ExactPlacer<'r> {
         let mut sources: Vec<(u64, usize)> =
             pairs.iter().enumerate().filter_map(|(k, p)| Some((p.source?, k))).collect();
         sources.sort_unstable();
@@ -242,12 +242,12 @@ impl<'r> ExactPlacer<'r> {
 
     /// Whether the recording has any.
     #[inline(always)]
-    pub fn any(&self) -> bool {
+    pub(crate) fn any(&self) -> bool {
         !self.pairs.is_empty()
     }
 
     /// Whether event `index` is the `alloc` of a prefix or of a request placed by address.
-    pub fn is_placed(&self, index: u64) -> bool {
+    pub(crate) fn is_placed(&self, index: u64) -> bool {
         let k = self.pairs.partition_point(|p| p.alloc < index);
         self.pairs.get(k).is_some_and(|p| p.alloc == index || p.prefix == index)
     }
@@ -261,7 +261,7 @@ impl<'r> ExactPlacer<'r> {
     /// Before the request of event `index` (`e`): asks `policy` to place it, when it is part of
     /// an exact-address allocation.
     #[inline(never)]
-    pub fn before<P: Policy>(&mut self, index: u64, e: &Event, policy: &mut P) {
+    pub(crate) fn before<P: Policy>(&mut self, index: u64, e: &Event, policy: &mut P) {
         while self.pairs.get(self.next).is_some_and(|p| p.alloc < index) {
             self.next += 1;
             self.prefix_at = None;
@@ -289,7 +289,7 @@ impl<'r> ExactPlacer<'r> {
 
     /// After the request of event `index` was served at `placed`.
     #[inline(never)]
-    pub fn after(&mut self, index: u64, placed: Option<u64>) {
+    pub(crate) fn after(&mut self, index: u64, placed: Option<u64>) {
         while let Some(&(source, k)) = self.sources.get(self.next_source) {
             if source > index {
                 break;

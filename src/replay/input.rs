@@ -263,7 +263,7 @@ impl<'a> ReplayInput<'a> {
     /// to stream its events: two passes over the file (the first also checks all of it as
     /// loading would; a third, up to the last candidate, when a free of an address not live
     /// may follow an alloc of it) find where frees take effect, the `empty_cache()` calls, and
-    /// the [`digest`](crate::trace::lifetimes::digest) from which the blocks live at the start follow. Every policy's replay then
+    /// the `digest` from which the blocks live at the start follow. Every policy's replay then
     /// reads the file again; memory follows the live blocks, not the trace's length.
     pub fn streamed(file: &'a FstStream, device: Option<i32>) -> Result<ReplayInput<'a>> {
         let have = || file.devices().into_iter().map(|d| d.0).collect::<Vec<_>>();
@@ -341,7 +341,7 @@ impl<'a> ReplayInput<'a> {
     /// The request behind a recorded `oom` entry of `size` bytes: the entry records the request
     /// as the recording's allocator padded and rounded it, and some allocators pad
     /// ([`Flavour::pad`](crate::policy::pytorch::Flavour::pad)).
-    pub fn oom_request(&self, size: u64) -> u64 {
+    pub(crate) fn oom_request(&self, size: u64) -> u64 {
         if size > self.oom_pad {
             size - self.oom_pad
         } else {
@@ -350,17 +350,17 @@ impl<'a> ReplayInput<'a> {
     }
 
     /// The trace the events come from (policies read its segments and recorded settings).
-    pub fn trace(&self) -> &'a Trace {
+    pub(crate) fn trace(&self) -> &'a Trace {
         self.trace
     }
 
     /// The device replayed.
-    pub fn device(&self) -> i32 {
+    pub(crate) fn device(&self) -> i32 {
         self.device
     }
 
     /// The device's events when they are held in memory; `None` when they stream from a file
-    /// ([`ReplayInput::load_events`] reads them then).
+    /// (`ReplayInput::load_events` reads them then).
     pub fn loaded_events(&self) -> Option<&'a [Event]> {
         match self.source {
             Source::Loaded { events, .. } => Some(events),
@@ -385,18 +385,18 @@ impl<'a> ReplayInput<'a> {
 
     /// The release runs the recording leaves undecided between an `empty_cache()` call and an
     /// out-of-memory fallback, in order.
-    pub fn undecided_flushes(&self) -> &[Retried] {
+    pub(crate) fn undecided_flushes(&self) -> &[Retried] {
         &self.undecided_flushes
     }
 
     /// The recorded `oom` entries no release of their malloc precedes, in order: a graph capture
     /// was underway when they failed ([`crate::trace::lifetimes::ooms_without_release`]).
-    pub fn ooms_without_release(&self) -> &[u64] {
+    pub(crate) fn ooms_without_release(&self) -> &[u64] {
         &self.ooms_without_release
     }
 
     /// The recording's exact-address allocations, in order of their prefixes.
-    pub fn exact_addresses(&self) -> &[crate::trace::exact::ExactAddress] {
+    pub(crate) fn exact_addresses(&self) -> &[crate::trace::exact::ExactAddress] {
         &self.exact_addresses
     }
 
@@ -434,7 +434,7 @@ impl<'a> ReplayInput<'a> {
 
     /// The device's events, read from the file when streamed: for a policy that plans with
     /// all of them (`offline`).
-    pub fn load_events(&self) -> Result<Vec<Event>> {
+    pub(crate) fn load_events(&self) -> Result<Vec<Event>> {
         let s = match &self.source {
             Source::Loaded { events, .. } => return Ok(events.to_vec()),
             Source::Streamed(s) => s,

@@ -12,7 +12,7 @@
 //! every policy's replay follows indices into a table as long as the most blocks live at once,
 //! instead of hashing addresses. Streamed events are never all held: two pre-passes over
 //! the file find where frees take effect, the recorded `empty_cache()` calls (as sorted indices)
-//! and the few events that decide the blocks live at the start ([`digest`](crate::trace::lifetimes::digest)), in memory that
+//! and the few events that decide the blocks live at the start (`digest`), in memory that
 //! follows the live blocks; each policy's replay then reads the file again and finds a free's
 //! block in a map of the recording's live blocks (recorded address → the policy's address and
 //! the request size). The results are the same number for number. `offline`, which plans with

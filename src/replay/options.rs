@@ -59,13 +59,13 @@ pub struct EmptyCachePlan {
     pub every: Option<u64>,
     /// Call it after each of these event indices.
     pub at: Vec<u64>,
-    /// Skip the calls the recording holds ([`empty_cache_points`](crate::trace::lifetimes::empty_cache_points)).
+    /// Skip the calls the recording holds (`empty_cache_points`).
     pub drop_recorded: bool,
 }
 
 impl EmptyCachePlan {
     /// True when the plan changes nothing: the recorded calls only.
-    pub fn is_recorded_only(&self) -> bool {
+    pub(crate) fn is_recorded_only(&self) -> bool {
         self.every.is_none_or(|n| n == 0) && self.at.is_empty() && !self.drop_recorded
     }
 
@@ -79,7 +79,7 @@ impl EmptyCachePlan {
     }
 
     /// Describes the plan for people, e.g. `empty_cache() every 1000 events, no recorded calls`.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let mut parts = Vec::new();
         if let Some(n) = self.every.filter(|&n| n > 0) {
             parts.push(format!("every {n} events"));

@@ -17,7 +17,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 /// How many points each policy's plotted series keeps at most. Series are down-sampled to this
-/// with [`crate::metrics::series::downsample`], which keeps every peak, so a 10 M-event trace still
+/// with `crate::metrics::series::downsample`, which keeps every peak, so a 10 M-event trace still
 /// makes charts of a few hundred kilobytes.
 pub const PLOT_POINTS: usize = 2_000;
 
@@ -62,7 +62,7 @@ pub struct PlannedPolicy {
 impl ReportPlan {
     /// The policies for `--policy` values as given (`all` expands to unnamed entries); with none,
     /// every built-in policy, unnamed.
-    pub(crate) fn policies_from(values: &[String]) -> Result<Vec<PlannedPolicy>> {
+    pub fn policies_from(values: &[String]) -> Result<Vec<PlannedPolicy>> {
         if values.is_empty() {
             return PolicySpec::parse_list("all").map(|specs| {
                 specs.into_iter().map(|spec| PlannedPolicy { spec, named: false }).collect()
@@ -105,7 +105,7 @@ pub struct TraceSummary {
 
 impl TraceSummary {
     /// Summarises `device`'s events of `trace`.
-    pub fn of(trace: &Trace, path: &str, device: i32) -> TraceSummary {
+    pub(crate) fn of(trace: &Trace, path: &str, device: i32) -> TraceSummary {
         let empty = DeviceTrace { device, events: Vec::new() };
         let d = trace.device(device).unwrap_or(&empty);
         let events = d.events.as_slice();
@@ -123,7 +123,7 @@ impl TraceSummary {
     }
 
     /// The file name of the trace, for chart titles.
-    pub fn file_name(&self) -> String {
+    pub(crate) fn file_name(&self) -> String {
         Path::new(&self.path)
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -195,7 +195,7 @@ pub struct PolicyRun {
 impl PolicyRun {
     /// Whether it replays the recording's own allocator under the recorded settings: the policy
     /// of [`Role::Recorded`] with no options (`pytorch`), which reports draw first.
-    pub fn runs_recorded_settings(&self) -> bool {
+    pub(crate) fn runs_recorded_settings(&self) -> bool {
         let policy = &self.output.result.policy;
         role_of(policy) == Some(Role::Recorded) && self.label == *policy
     }
@@ -228,7 +228,7 @@ pub struct SegmentMap {
 /// The trace's allocation size classes (from [`DeviceSummary::size_histogram`]) from the
 /// smallest occupied class to the largest, with the empty classes between them filled in so a
 /// chart's axis is continuous. Zero-byte requests never reach an allocator and are left out.
-pub fn size_bins(info: &DeviceSummary) -> Vec<SizeBucket> {
+pub(crate) fn size_bins(info: &DeviceSummary) -> Vec<SizeBucket> {
     let mut out: Vec<SizeBucket> = Vec::new();
     for b in info.size_histogram.iter().filter(|b| b.min_bytes > 0) {
         while let Some(last) = out.last().copied() {
@@ -259,7 +259,7 @@ pub struct ReportData {
     pub skipped: Vec<Skipped>,
     /// The segment map.
     pub segment_map: SegmentMap,
-    /// Allocation size classes ([`size_bins`]).
+    /// Allocation size classes (`size_bins`).
     pub sizes: Vec<SizeBucket>,
     /// `--capacity`, if given.
     pub capacity: Option<u64>,
@@ -283,13 +283,13 @@ pub struct ReportData {
 impl ReportData {
     /// The floor's peak reserved bytes (the `bound` policy's, [`Role::Floor`]), if it ran: the
     /// floor overheads are measured from.
-    pub fn bound(&self) -> Option<u64> {
+    pub(crate) fn bound(&self) -> Option<u64> {
         let floor = |r: &&PolicyRun| role_of(&r.output.result.policy) == Some(Role::Floor);
         self.runs.iter().find(floor).map(|r| r.output.result.peak_reserved_bytes)
     }
 
     /// The results in report order.
-    pub fn results(&self) -> Vec<crate::metrics::PolicyResult> {
+    pub(crate) fn results(&self) -> Vec<crate::metrics::PolicyResult> {
         self.runs.iter().map(|r| r.output.result.clone()).collect()
     }
 }

@@ -42,7 +42,7 @@ pub enum Cell {
 
 impl Cell {
     /// The value as `replay --json` writes it (`""` for null), for CSV.
-    pub fn raw(&self) -> String {
+    pub(crate) fn raw(&self) -> String {
         let float = |x: f64| serde_json::to_string(&x).unwrap_or_else(|_| x.to_string());
         match self {
             Cell::Text(s) => s.clone(),
@@ -56,7 +56,7 @@ impl Cell {
     }
 
     /// The value as a person reads it (`12.66 GiB`, `23.4%`, `at event 812`).
-    pub fn human(&self) -> String {
+    pub(crate) fn human(&self) -> String {
         match self {
             Cell::Text(s) => s.clone(),
             Cell::Bytes(n) => format_bytes(*n),
@@ -404,7 +404,7 @@ pub static SUMMARY: [&Column; 9] = [
 
 /// The columns a summary of `results` shows: [`SUMMARY`], with `retries`
 /// ([`ALLOC_RETRIES`]) before `over bound` when any policy flushed its cache and retried.
-pub fn summary_for(results: &[PolicyResult]) -> Vec<&'static Column> {
+pub(crate) fn summary_for(results: &[PolicyResult]) -> Vec<&'static Column> {
     let mut columns: Vec<&'static Column> = SUMMARY.to_vec();
     if results.iter().any(|r| r.alloc_retries > 0) {
         let at = columns.iter().position(|c| c.key == OVER_BOUND.key).unwrap_or(columns.len());
@@ -419,7 +419,7 @@ pub fn summary_for(results: &[PolicyResult]) -> Vec<&'static Column> {
 /// `pytorch (max_split_size_mb:128)`. Five `pytorch:...` variants are five distinct rows. A
 /// configuration with no item of its own (the plain `pytorch` beside `pytorch:...` variants) is
 /// `(defaults)`.
-pub fn labels(results: &[PolicyResult]) -> Vec<String> {
+pub(crate) fn labels(results: &[PolicyResult]) -> Vec<String> {
     results
         .iter()
         .map(|r| {
@@ -483,11 +483,11 @@ pub(crate) fn signed_percent(p: f64) -> String {
     }
 }
 
-/// The header of the column [`vs_recorded`] fills.
+/// The header of the column `vs_recorded` fills.
 pub const VS_RECORDED: &str = "vs recorded";
 
 /// A policy's peak reserved against the recorded run's, as a signed percentage.
-pub fn vs_recorded(result: &PolicyResult, recorded: &RecordedRow) -> Cell {
+pub(crate) fn vs_recorded(result: &PolicyResult, recorded: &RecordedRow) -> Cell {
     Cell::Percent(over_bound(result.peak_reserved_bytes, recorded.peak_reserved_bytes))
 }
 
@@ -573,7 +573,7 @@ pub(crate) fn bound_of(results: &[PolicyResult]) -> Option<u64> {
 }
 
 /// The cells of `columns` for each result, in order.
-pub fn cells(results: &[PolicyResult], columns: &[&Column]) -> Vec<Vec<Cell>> {
+pub(crate) fn cells(results: &[PolicyResult], columns: &[&Column]) -> Vec<Vec<Cell>> {
     let bound = bound_of(results);
     results
         .iter()

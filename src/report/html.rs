@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 /// Escapes text for HTML content and attribute values, control characters written out
 /// ([`crate::trace::sites::printable`]), so the page is well-formed XML whatever a trace names.
-pub fn escape(s: &str) -> String {
+pub(crate) fn escape(s: &str) -> String {
     crate::trace::sites::xml_escape(s)
 }
 
@@ -74,7 +74,7 @@ grid-template-columns:max-content auto;gap:.2em 1em}dt{font-weight:600}dd{margin
 
 /// Writes the page for `data`. `files` are the files already written into `dir`: a chart appears
 /// only when both its PNG and SVG are among them, so the page never links a missing file.
-pub fn write_index(
+pub(crate) fn write_index(
     data: &ReportData,
     files: &[PathBuf],
     dir: &Path,

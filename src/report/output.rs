@@ -320,7 +320,7 @@ pub fn identity(m: &std::fs::Metadata) -> Option<(u64, u64)> {
 
 /// The (device, inode) of a file, where the platform has them.
 #[cfg(not(unix))]
-pub fn identity(_m: &std::fs::Metadata) -> Option<(u64, u64)> {
+pub(crate) fn identity(_m: &std::fs::Metadata) -> Option<(u64, u64)> {
     None
 }
 

@@ -1,7 +1,7 @@
 //! `diff --out DIR`: two runs on one axis, for a paper or a bug report.
 //!
-//! [`side`] replays one run of a [`DiffReport`] keeping its memory over time (while its trace is
-//! at hand), and [`place`] puts both on A's axis: x is the number of A's allocations made so far, and a moment of B sits where
+//! `side` replays one run of a [`DiffReport`] keeping its memory over time (while its trace is
+//! at hand), and `place` puts both on A's axis: x is the number of A's allocations made so far, and a moment of B sits where
 //! the alignment of the two allocation sequences ([`crate::blame::diff`]) puts B's allocations
 //! made so far, so the same step of the same program lines up even when B runs longer or
 //! allocates more. Where both traces record times, a second chart puts them on a time axis
@@ -52,7 +52,7 @@ fn label(side: &str, trace: &str, policy: &str) -> String {
     format!("{side}: {name} ({policy})")
 }
 
-/// One run's memory over time, kept while its trace is at hand ([`side`]), so that the overlay
+/// One run's memory over time, kept while its trace is at hand (`side`), so that the overlay
 /// of two large traces never holds both.
 #[derive(Clone, Debug, Default)]
 pub struct SideLines {
@@ -102,7 +102,7 @@ pub fn side(s: &Side, options: &BlameOptions) -> Result<SideLines> {
 }
 
 /// Places two runs on A's axis through the aligned allocation pairs of
-/// [`crate::blame::diff::compare`].
+/// `crate::blame::diff::compare`.
 pub fn place(
     report: DiffReport,
     a: &SideLines,

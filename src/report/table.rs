@@ -7,8 +7,8 @@ use crate::recorded::RecordedRow;
 use std::fmt::Write;
 
 /// Renders `results` as an aligned text table, in the order given, then one line per policy
-/// that ran out of memory (see [`oom_lines`]). Rows are labelled by [`columns::labels`];
-/// `retries` shows when a policy retried ([`columns::summary_for`]). When `bound` is among
+/// that ran out of memory (see `oom_lines`). Rows are labelled by `columns::labels`;
+/// `retries` shows when a policy retried (`columns::summary_for`). When `bound` is among
 /// them, the `over bound` column gives each policy's overhead over it.
 pub fn render(results: &[PolicyResult]) -> String {
     render_with_recorded(results, None)
@@ -142,7 +142,7 @@ const OOM_FRAMES: usize = 5;
 /// Under the table, per policy that ran out of memory, its first OOM in PyTorch's words
 /// ([`crate::metrics::OomDetail::describe`]) and the allocation's innermost frames when the
 /// trace kept them. Empty when nothing ran out.
-pub fn oom_lines(results: &[PolicyResult]) -> String {
+pub(crate) fn oom_lines(results: &[PolicyResult]) -> String {
     let mut out = String::new();
     for (r, label) in results.iter().zip(columns::labels(results)) {
         let Some(d) = &r.first_oom else { continue };

@@ -25,7 +25,7 @@ pub struct Toy {
 
 impl Toy {
     /// A toy policy; see the type docs.
-    pub fn new(round: u64, cache: bool) -> Toy {
+    pub(crate) fn new(round: u64, cache: bool) -> Toy {
         Toy { round, cache, ..Toy::default() }
     }
 
@@ -146,7 +146,7 @@ pub(crate) fn training_text(steps: usize) -> String {
 }
 
 /// Reads `text` as a text trace.
-pub fn text_trace(text: &str) -> Trace {
+pub(crate) fn text_trace(text: &str) -> Trace {
     crate::trace::read_bytes(text.as_bytes(), crate::trace::Format::Text, &Default::default())
         .expect("the test trace reads")
 }

@@ -80,7 +80,7 @@ impl Resolved {
     /// Resolves `asked` against the recording's inferred device `limit`: the size asked for;
     /// with nothing asked (or `recorded`) the limit the recording shows, if it shows one (an
     /// error for `recorded` where it shows none); `none` is unlimited.
-    pub fn of(asked: Option<&Capacity>, limit: Option<&DeviceLimit>) -> Result<Resolved> {
+    pub(crate) fn of(asked: Option<&Capacity>, limit: Option<&DeviceLimit>) -> Result<Resolved> {
         let inferred =
             limit.and_then(|l| l.limit_bytes.map(|b| (b, l.describe(), l.capacity_kind())));
         let unlimited = Resolved { bytes: None, inferred: None, kind: CapacityKind::GpuMemory };

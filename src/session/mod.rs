@@ -121,7 +121,7 @@ impl Session {
     }
 
     /// A session streaming an opened `.fst` file.
-    pub fn streamed(
+    pub(crate) fn streamed(
         file: FstStream,
         name: impl Into<PathBuf>,
         device: Option<i32>,
@@ -144,7 +144,7 @@ impl Session {
     }
 
     /// The trace: everything but a streamed file's events (which stay in the file).
-    pub fn trace(&self) -> &Trace {
+    pub(crate) fn trace(&self) -> &Trace {
         match &self.data {
             Data::Loaded(t) => t,
             Data::Streamed(f) => f.head(),
@@ -157,7 +157,7 @@ impl Session {
     }
 
     /// The device's events ready to replay: built for each question (see the module docs).
-    pub fn input(&self) -> Result<ReplayInput<'_>> {
+    pub(crate) fn input(&self) -> Result<ReplayInput<'_>> {
         match &self.data {
             Data::Loaded(t) => ReplayInput::new(t, Some(self.device)),
             Data::Streamed(f) => ReplayInput::streamed(f, Some(self.device)),
@@ -167,12 +167,12 @@ impl Session {
 
     /// Names the trace (and its format, for an input problem) on an error raised by a question,
     /// so every message says where.
-    pub fn named(&self, e: Error) -> Error {
+    pub(crate) fn named(&self, e: Error) -> Error {
         name_error(&self.name, self.trace(), e)
     }
 
     /// What the recording says of the device (read once; a streamed file is read once more).
-    pub fn recording(&self) -> Result<&Recording> {
+    pub(crate) fn recording(&self) -> Result<&Recording> {
         if let Some(r) = self.recording.get() {
             return Ok(r);
         }
@@ -211,7 +211,7 @@ impl Session {
         Ok(Recording { row, limit })
     }
 
-    /// The capacity `asked` resolves to on this recording ([`Resolved::of`]); the recording is
+    /// The capacity `asked` resolves to on this recording (`Resolved::of`); the recording is
     /// read only where the answer depends on it.
     pub fn capacity(&self, asked: Option<&Capacity>) -> Result<Resolved> {
         let limit =
@@ -350,7 +350,7 @@ impl Session {
     }
 
     /// At a moment of each spec's replay, reserved bytes by allocation site
-    /// ([`blame::blame`]), the recorded run first where the trace records its layout.
+    /// (`blame::blame`), the recorded run first where the trace records its layout.
     pub fn blame(&self, specs: &[PolicySpec], options: &BlameOptions) -> Result<BlameReport> {
         self.loaded("blame")?;
         let input = self.input()?;
@@ -378,7 +378,7 @@ impl Session {
     }
 
     /// One run of a `diff`: this trace replayed under `spec`, summarised
-    /// ([`crate::blame::diff::summarize`]) so that the session can be dropped before the other
+    /// (`crate::blame::diff::summarize`) so that the session can be dropped before the other
     /// run's trace is read. Sites are read at the run's peak-live moment.
     pub fn diff_side(&self, spec: &PolicySpec, options: &BlameOptions) -> Result<SideSummary> {
         self.with_side(spec, |side| crate::blame::diff::summarize(side, options))

@@ -12,31 +12,31 @@ pub fn detect(data: &[u8]) -> Option<Format> {
 }
 
 /// fragsim's binary format starts with its magic.
-pub fn is_fst(data: &[u8]) -> bool {
+pub(crate) fn is_fst(data: &[u8]) -> bool {
     data.starts_with(fst::MAGIC)
 }
 
 /// A pickle of protocol 2+ starts with PROTO (0x80) and its version.
-pub fn is_pickle(data: &[u8]) -> bool {
+pub(crate) fn is_pickle(data: &[u8]) -> bool {
     data.len() >= 2 && data[0] == 0x80 && (2..=5).contains(&data[1])
 }
 
 /// JSON (a Kineto trace) starts with `{` or `[`, after a byte-order mark and white space.
-pub fn is_kineto(data: &[u8]) -> bool {
+pub(crate) fn is_kineto(data: &[u8]) -> bool {
     let head = text_head(data);
     let head = head.trim_start_matches('\u{feff}').trim_start();
     head.starts_with('{') || head.starts_with('[')
 }
 
 /// An RMM log's first line is its header, `Thread,Time,Action,...` (any case, spaces allowed).
-pub fn is_rmm_csv(data: &[u8]) -> bool {
+pub(crate) fn is_rmm_csv(data: &[u8]) -> bool {
     let head = text_head(data);
     let first_line = head.trim_start_matches('\u{feff}').trim_start().lines().next().unwrap_or("");
     first_line.replace(' ', "").to_ascii_lowercase().starts_with("thread,time,action")
 }
 
 /// fragsim text: see [`super::text::looks_like_text`].
-pub fn is_text(data: &[u8]) -> bool {
+pub(crate) fn is_text(data: &[u8]) -> bool {
     super::text::looks_like_text(text_head(data).trim_start_matches('\u{feff}').trim_start())
 }
 

@@ -38,7 +38,7 @@ pub struct ExactAddress {
 /// marked `alloc`, or the last `alloc` at the marked address before the mark) and the next
 /// `alloc` after it at a higher address. Marks that show no such pair are passed over. In the
 /// order of their prefixes, without repeats.
-pub fn pairs(events: &[Event], marked: &[u64]) -> Vec<ExactAddress> {
+pub(crate) fn pairs(events: &[Event], marked: &[u64]) -> Vec<ExactAddress> {
     let mut out: Vec<ExactAddress> = Vec::new();
     for &m in marked {
         let m = m as usize;

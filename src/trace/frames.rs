@@ -81,12 +81,12 @@ impl FrameTable {
 
     /// True when a frame names a file of torch_npu (Huawei Ascend's PyTorch backend), which
     /// made the recording then ([`is_torch_npu_file`]).
-    pub fn names_torch_npu(&self) -> bool {
+    pub(crate) fn names_torch_npu(&self) -> bool {
         self.stacks.iter().flatten().any(|f| is_torch_npu_file(&f.filename))
     }
 
     /// Records that the final-segment block at `address` of `device` has stack `id`.
-    pub fn set_block(&mut self, device: i32, address: u64, id: FramesId) {
+    pub(crate) fn set_block(&mut self, device: i32, address: u64, id: FramesId) {
         if id != FramesId::NONE {
             self.blocks.insert((device, address), id);
         }

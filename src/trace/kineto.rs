@@ -56,7 +56,7 @@ pub fn read(data: &[u8], options: &ReadOptions) -> Result<Trace> {
 
 /// Reads a Kineto trace from a stream: memory is the `[memory]` events and serde_json's
 /// buffer, whatever else the file holds.
-pub fn read_from(input: &mut dyn BufRead, _options: &ReadOptions) -> Result<Trace> {
+pub(crate) fn read_from(input: &mut dyn BufRead, _options: &ReadOptions) -> Result<Trace> {
     // A byte order mark is skipped. The first buffer holds at least its three bytes whenever
     // the stream does: the file reader hands over the 64 KiB it detected the format from.
     if input.fill_buf().map_err(Error::from_io)?.starts_with(b"\xef\xbb\xbf") {
@@ -109,7 +109,7 @@ pub fn read_from(input: &mut dyn BufRead, _options: &ReadOptions) -> Result<Trac
 /// running sum of segment events (0 when the trace has none). Times that go
 /// backwards within a device are written as the previous time, so that reading the file back
 /// (which sorts by `ts`) keeps the order of events.
-pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
+pub(crate) fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
     let io = Error::from_io;
     write!(out, "{{\"schemaVersion\": 1, \"profile_memory\": 1, \"traceEvents\": [").map_err(io)?;
     let mut first = true;
@@ -163,7 +163,7 @@ pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
 }
 
 /// What writing `trace` as Kineto JSON leaves out, one line each (empty when nothing is lost).
-pub fn losses(trace: &Trace) -> Vec<String> {
+pub(crate) fn losses(trace: &Trace) -> Vec<String> {
     let mut out = Vec::new();
     for d in &trace.devices {
         let frees = free_action(&d.events);

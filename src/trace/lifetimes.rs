@@ -6,7 +6,7 @@
 //! the final segments that no `alloc` event produced. These are facts about the recording, not
 //! about any allocator, so they live beside the trace model: readers, `info`, the replay engine
 //! and the policies that recover a start state all read them from here, and the orphan-free scan
-//! is written once ([`scan`]).
+//! is written once (`scan`).
 
 use super::{Action, BlockState, DeviceTrace, Event, Frame, FrameTable, FramesId, Trace};
 use crate::error::Result;
@@ -28,7 +28,7 @@ pub struct LiveBlock {
     pub freed_in_trace: bool,
 }
 
-/// What one pass over a device's events finds about block lifetimes (see [`scan`]).
+/// What one pass over a device's events finds about block lifetimes (see `scan`).
 #[derive(Clone, Debug)]
 pub struct Lifetimes {
     /// The action at which frees take effect (see [`free_action`]).
@@ -49,13 +49,13 @@ pub struct Lifetimes {
 /// 512 bytes) plus the up to 1 MiB of a large-pool block handed out unsplit, with room to spare.
 /// The first `alloc` within it, before the orphan's free, can prove the orphan's block size, so a
 /// [`digest`] keeps it.
-pub fn orphan_reach(size: u64) -> u64 {
+pub(crate) fn orphan_reach(size: u64) -> u64 {
     size.saturating_mul(2).saturating_add(2 << 20)
 }
 
 /// The one orphan-free scan: finds where frees take effect, the orphan frees in trace order, and
 /// every allocated address.
-pub fn scan(events: &[Event]) -> Lifetimes {
+pub(crate) fn scan(events: &[Event]) -> Lifetimes {
     let frees_at = free_action(events);
     let mut allocated = AddrSet::default();
     let mut orphaned = AddrSet::default();
@@ -83,12 +83,16 @@ pub fn scan(events: &[Event]) -> Lifetimes {
 
 /// The blocks live at the first of `events`, in address order: orphan frees, and blocks that
 /// the final segments of `device` in `trace` show allocated but that no event allocated.
-pub fn live_at_start(trace: &Trace, device: i32, events: &[Event]) -> Vec<LiveBlock> {
+pub(crate) fn live_at_start(trace: &Trace, device: i32, events: &[Event]) -> Vec<LiveBlock> {
     live_at_start_of(trace, device, &scan(events))
 }
 
 /// [`live_at_start`] from the [`scan`] of the events, for a caller that keeps the scan.
-pub fn live_at_start_of(trace: &Trace, device: i32, lifetimes: &Lifetimes) -> Vec<LiveBlock> {
+pub(crate) fn live_at_start_of(
+    trace: &Trace,
+    device: i32,
+    lifetimes: &Lifetimes,
+) -> Vec<LiveBlock> {
     let Lifetimes { orphans, allocated, .. } = lifetimes;
     let mut orphans = orphans.clone();
     let orphaned: AddrSet = orphans.iter().map(|b| b.addr).collect();
@@ -113,7 +117,7 @@ pub fn live_at_start_of(trace: &Trace, device: i32, lifetimes: &Lifetimes) -> Ve
 /// The blocks live at the first of `events` that the events alone show: frees of addresses
 /// with no earlier alloc (orphan frees), in address order. [`live_at_start`] adds those that
 /// only a snapshot's final segments show.
-pub fn orphan_frees(events: &[Event]) -> Vec<LiveBlock> {
+pub(crate) fn orphan_frees(events: &[Event]) -> Vec<LiveBlock> {
     let mut out = scan(events).orphans;
     out.sort_by_key(|b| b.addr);
     out
@@ -150,7 +154,7 @@ pub enum FlushCause {
 
 impl FlushCause {
     /// What `frames` (one release's stack, innermost first or last) say, if anything.
-    pub fn of_stack(frames: &[Frame]) -> Option<FlushCause> {
+    pub(crate) fn of_stack(frames: &[Frame]) -> Option<FlushCause> {
         let has = |pred: &dyn Fn(&Frame) -> bool| frames.iter().any(pred);
         if has(&|f| {
             f.name.contains("emptyCache")
@@ -168,7 +172,7 @@ impl FlushCause {
     }
 }
 
-/// [`FlushCause::of_stack`] for every stack of a [`FrameTable`], looked up by [`FramesId`]:
+/// `FlushCause::of_stack` for every stack of a [`FrameTable`], looked up by [`FramesId`]:
 /// what [`EmptyCacheRuns`] consults for each release.
 #[derive(Clone, Debug, Default)]
 pub struct FlushCauses(Vec<Option<FlushCause>>);
@@ -190,7 +194,7 @@ impl FlushCauses {
     /// Whether the release `e`, inside a run already read as the program's `empty_cache()` call
     /// ([`read_run`]), was made by that call: its stack says so, or says nothing. A release
     /// whose stack names another cause belongs to another flush (a malloc's fallback).
-    pub fn made_by_call(&self, e: &Event) -> bool {
+    pub(crate) fn made_by_call(&self, e: &Event) -> bool {
         matches!(e.action, Action::SegmentFree | Action::SegmentUnmap)
             && self.get(e.frames).is_none_or(|c| c == FlushCause::EmptyCacheCall)
     }
@@ -198,7 +202,7 @@ impl FlushCauses {
     /// Whether a release whose stack says `next` ends the run whose stacks said `run` so far
     /// and starts another flush: both stacks tell, and they name different causes
     /// (`empty_cache()`, then a malloc that ran out of memory).
-    pub fn ends_run(run: Option<FlushCause>, next: Option<FlushCause>) -> bool {
+    pub(crate) fn ends_run(run: Option<FlushCause>, next: Option<FlushCause>) -> bool {
         matches!((run, next), (Some(c), Some(d)) if c != d)
     }
 }
@@ -206,7 +210,7 @@ impl FlushCauses {
 /// Whether `trace`'s recorded allocator had `garbage_collection_threshold` set, so that it may
 /// have released cached memory before a malloc's first attempt: a release run a retried
 /// allocation follows then proves nothing ([`Levels::ProveNothing`]).
-pub fn may_collect_garbage(trace: &Trace) -> bool {
+pub(crate) fn may_collect_garbage(trace: &Trace) -> bool {
     trace.allocator_settings.as_ref().is_some_and(|s| s.garbage_collection_threshold > 0.0)
 }
 
@@ -231,7 +235,7 @@ pub enum Levels {
     /// Not known yet (a recording read one event at a time, before its end).
     Pending,
     /// Nothing: the allocator may release memory before its first attempt
-    /// ([`may_collect_garbage`]), so a retry proves no failed one.
+    /// (`may_collect_garbage`), so a retry proves no failed one.
     ProveNothing,
     /// The highest reserved level the recording shows, and the device limit its `oom` entries
     /// agree on (reserved plus the device's free bytes), if they agree on one.
@@ -243,7 +247,7 @@ pub enum Levels {
     },
 }
 
-/// What a run of recorded releases was, as [`read_run`] reads it.
+/// What a run of recorded releases was, as `read_run` reads it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RunReading {
     /// Its stack shows the program's `empty_cache()` call.
@@ -284,7 +288,7 @@ pub enum RunReading {
 
 impl RunReading {
     /// True when the run was the program's `empty_cache()` call.
-    pub fn is_call(self) -> bool {
+    pub(crate) fn is_call(self) -> bool {
         matches!(
             self,
             RunReading::CalledByStack
@@ -296,7 +300,7 @@ impl RunReading {
 
     /// True when neither the stacks nor the levels tell a call from a fallback (or from garbage
     /// collection): only a model of the recorded allocator can.
-    pub fn is_undecided(self) -> bool {
+    pub(crate) fn is_undecided(self) -> bool {
         matches!(self, RunReading::AboveLevels | RunReading::Failed | RunReading::Unproven)
     }
 }
@@ -314,7 +318,7 @@ impl RunReading {
 /// records, so the level the retry needed decides: at most the recorded peak, or the limit the
 /// `oom` entries measure, the first attempt cannot have failed, so it was a call. Above them,
 /// or before a failed allocation, the run is undecided.
-pub fn read_run(cause: Option<FlushCause>, after: AfterRun, levels: Levels) -> RunReading {
+pub(crate) fn read_run(cause: Option<FlushCause>, after: AfterRun, levels: Levels) -> RunReading {
     match (cause, after) {
         (Some(FlushCause::EmptyCacheCall), _) => RunReading::CalledByStack,
         (Some(FlushCause::OutOfMemory), a) => {
@@ -333,6 +337,7 @@ pub fn read_run(cause: Option<FlushCause>, after: AfterRun, levels: Levels) -> R
     }
 }
 
+#[cfg(test)]
 /// For each event, true where the recorded program released cached memory on its own: a run of
 /// `segment_free` / `segment_unmap` whose stack shows `empty_cache()` ([`FlushCause`]), or, with
 /// no telling stack, that is not part of a malloc's fallback, i.e. not followed (after any
@@ -342,7 +347,7 @@ pub fn read_run(cause: Option<FlushCause>, after: AfterRun, levels: Levels) -> R
 /// `causes` classifies the events' stacks ([`FlushCauses::of`] the trace's frames).
 /// [`EmptyCacheRuns`] finds the same calls one event at a time, and also the calls a retried
 /// allocation follows that the recording proves were no OOM.
-pub fn empty_cache_points(events: &[Event], causes: &FlushCauses) -> Vec<bool> {
+pub(crate) fn empty_cache_points(events: &[Event], causes: &FlushCauses) -> Vec<bool> {
     let mut marks = vec![false; events.len()];
     let mut runs = EmptyCacheRuns::new(causes.clone());
     for (i, e) in events.iter().enumerate() {
@@ -357,7 +362,7 @@ pub fn empty_cache_points(events: &[Event], causes: &FlushCauses) -> Vec<bool> {
 /// The `empty_cache()` calls of a recording, found one event at a time (for a trace streamed
 /// from a file too): the index of each call's first event, in order.
 ///
-/// A run of releases that no allocation follows is a call ([`empty_cache_points`]). One that a
+/// A run of releases that no allocation follows is a call (`empty_cache_points`). One that a
 /// `segment_alloc` (or `segment_map`s) follows records what an OOM fallback records, a failed
 /// `cudaMalloc`, the cache released, the retry, and also what `empty_cache()` followed by an
 /// allocation needing a new segment records. The reserved level tells them apart (the device
@@ -396,13 +401,13 @@ impl EmptyCacheRuns {
     /// Finds the calls of a recording whose releases' stacks `causes` classifies
     /// ([`FlushCauses::of`] the trace's frames); [`EmptyCacheRuns::default`] for one without
     /// stacks.
-    pub fn new(causes: FlushCauses) -> EmptyCacheRuns {
+    pub(crate) fn new(causes: FlushCauses) -> EmptyCacheRuns {
         EmptyCacheRuns { causes, ..EmptyCacheRuns::default() }
     }
 
     /// Takes the next event and its index.
     #[inline]
-    pub fn push(&mut self, index: u64, e: &Event) {
+    pub(crate) fn push(&mut self, index: u64, e: &Event) {
         let action = e.action;
         let size = e.size as i128;
         if let Some((start, need)) = self.mapping.take() {
@@ -488,12 +493,13 @@ impl EmptyCacheRuns {
         self.awaiting_alloc = true;
     }
 
+    #[cfg(test)]
     /// The calls, in event order, once every event has been pushed: the runs no allocation
     /// follows, and with `below_limit` also those whose retried allocation needed at most the
     /// recorded peak, or the device limit the `oom` entries agree on. Leave `below_limit` off
     /// where the allocator may release memory before its first attempt
     /// (`garbage_collection_threshold`), which makes such a run prove nothing.
-    pub fn finish(self, below_limit: bool) -> Vec<u64> {
+    pub(crate) fn finish(self, below_limit: bool) -> Vec<u64> {
         self.finish_with_undecided(below_limit).0
     }
 
@@ -504,7 +510,7 @@ impl EmptyCacheRuns {
     /// cannot tell which. A model of the recorded allocator can: only a request its cache could
     /// not serve falls back. In event order; with `below_limit` off, every run a retried or
     /// failed allocation follows (the levels prove nothing, [`read_run`]).
-    pub fn finish_with_undecided(mut self, below_limit: bool) -> (Vec<u64>, Vec<Retried>) {
+    pub(crate) fn finish_with_undecided(mut self, below_limit: bool) -> (Vec<u64>, Vec<Retried>) {
         let cause = self.run_cause.take();
         let last = self
             .run
@@ -541,7 +547,11 @@ impl EmptyCacheRuns {
 /// the program's `empty_cache()` call (`calls`: the first index of each, whose run takes the
 /// releases `causes` does not give another cause, and the completed frees among them). The one
 /// reading of capture that `replay` and `validate` both follow.
-pub fn ooms_without_release(events: &[Event], causes: &FlushCauses, calls: &[u64]) -> Vec<u64> {
+pub(crate) fn ooms_without_release(
+    events: &[Event],
+    causes: &FlushCauses,
+    calls: &[u64],
+) -> Vec<u64> {
     let release = |a: Action| matches!(a, Action::SegmentFree | Action::SegmentUnmap);
     let mut out = Vec::new();
     let mut i = 0;
@@ -583,7 +593,7 @@ pub fn ooms_without_release(events: &[Event], causes: &FlushCauses, calls: &[u64
 }
 
 /// A run of recorded releases followed by a retried allocation that the levels cannot classify
-/// ([`EmptyCacheRuns::finish_with_undecided`]), or by an allocation that failed: where it starts
+/// (`EmptyCacheRuns::finish_with_undecided`), or by an allocation that failed: where it starts
 /// and the request after it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Retried {
@@ -622,7 +632,12 @@ pub struct Retried {
 /// some or orphans to bound. Memory: the blocks live at a time, the final segments' live
 /// blocks, the segment addresses, the candidate orphans, each allocated address's first index and
 /// the cache misses before the last orphan's free; not the other events.
-pub fn digest<W>(trace: &Trace, device: i32, frees_at: Action, mut walk: W) -> Result<Vec<Event>>
+pub(crate) fn digest<W>(
+    trace: &Trace,
+    device: i32,
+    frees_at: Action,
+    mut walk: W,
+) -> Result<Vec<Event>>
 where
     W: FnMut(u64, &mut dyn FnMut(u64, &Event) -> Result<()>) -> Result<()>,
 {
@@ -826,14 +841,14 @@ impl DeviceTrace {
         free_action(&self.events)
     }
 
-    /// This device's orphan frees, in address order (see [`orphan_frees`]).
+    /// This device's orphan frees, in address order (see `orphan_frees`).
     pub fn orphan_frees(&self) -> Vec<LiveBlock> {
         orphan_frees(&self.events)
     }
 }
 
 impl Trace {
-    /// The blocks live at the first event of `device` (see [`live_at_start`]); empty when the
+    /// The blocks live at the first event of `device` (see `live_at_start`); empty when the
     /// trace has no such device.
     pub fn live_at_start(&self, device: i32) -> Vec<LiveBlock> {
         self.device(device).map_or_else(Vec::new, |d| live_at_start(self, device, &d.events))

@@ -52,7 +52,7 @@ pub const FRAME_STRING_BYTES: usize = 8 << 10;
 
 /// `bytes` (a frame's file or function name) as kept: UTF-8 (invalid sequences replaced), at most
 /// [`FRAME_STRING_BYTES`] of it, with a mark giving the full length when cut.
-pub fn frame_string(bytes: &[u8]) -> String {
+pub(crate) fn frame_string(bytes: &[u8]) -> String {
     if bytes.len() <= FRAME_STRING_BYTES {
         return String::from_utf8_lossy(bytes).into_owned();
     }
@@ -62,7 +62,7 @@ pub fn frame_string(bytes: &[u8]) -> String {
 }
 
 /// The bytes [`frame_string`] keeps of a string of `len` bytes, about.
-pub fn frame_string_len(len: usize) -> usize {
+pub(crate) fn frame_string_len(len: usize) -> usize {
     if len <= FRAME_STRING_BYTES {
         len
     } else {
@@ -95,7 +95,7 @@ pub const LIMITS: [Limit; 7] = [
 
 /// Checks a size against [`SIZE_LIMIT`]; `what` names the field in the message.
 #[inline]
-pub fn check_size(what: &str, size: u64) -> Result<(), String> {
+pub(crate) fn check_size(what: &str, size: u64) -> Result<(), String> {
     if size >= SIZE_LIMIT {
         return Err(format!(
             "{what} {size} is 2^60 or more, beyond what any allocator accepts (PyTorch rejects such requests)"
@@ -110,7 +110,7 @@ pub fn check_size(what: &str, size: u64) -> Result<(), String> {
 // table is the one place to change should the limit ever come down.
 #[allow(clippy::absurd_extreme_comparisons)]
 #[inline]
-pub fn check_range(addr: u64, size: u64) -> Result<(), String> {
+pub(crate) fn check_range(addr: u64, size: u64) -> Result<(), String> {
     check_size("size", size)?;
     match addr.checked_add(size) {
         Some(end) if end <= ADDRESS_LIMIT => Ok(()),
@@ -119,7 +119,7 @@ pub fn check_range(addr: u64, size: u64) -> Result<(), String> {
 }
 
 /// Checks a device index against [`DEVICE_MIN`]..=[`DEVICE_MAX`].
-pub fn check_device(device: i64) -> Result<i32, String> {
+pub(crate) fn check_device(device: i64) -> Result<i32, String> {
     match i32::try_from(device) {
         Ok(d) if (DEVICE_MIN..=DEVICE_MAX).contains(&d) => Ok(d),
         _ => Err(format!("device {device} is outside {DEVICE_MIN}..={DEVICE_MAX}")),
@@ -128,7 +128,7 @@ pub fn check_device(device: i64) -> Result<i32, String> {
 
 /// Checks a time in microseconds against `0..=`[`TIME_LIMIT`].
 #[inline]
-pub fn check_time(time_us: i64) -> Result<(), String> {
+pub(crate) fn check_time(time_us: i64) -> Result<(), String> {
     if !(0..=TIME_LIMIT).contains(&time_us) {
         return Err(format!("time {time_us} µs is outside 0..=2^53"));
     }
@@ -137,13 +137,13 @@ pub fn check_time(time_us: i64) -> Result<(), String> {
 
 /// Checks one event: its address range and its time.
 #[inline]
-pub fn check_event(e: &Event) -> Result<(), String> {
+pub(crate) fn check_event(e: &Event) -> Result<(), String> {
     check_range(e.addr, e.size)?;
     check_time(e.time_us)
 }
 
 /// Checks one final segment: its device, its range and every block's range and request.
-pub fn check_segment(s: &Segment) -> Result<(), String> {
+pub(crate) fn check_segment(s: &Segment) -> Result<(), String> {
     check_device(s.device as i64)?;
     check_range(s.address, s.total_size)?;
     for (j, b) in s.blocks.iter().enumerate() {

@@ -91,12 +91,12 @@ impl Action {
     }
 
     /// The action PyTorch spells `name`, if any.
-    pub fn from_name(name: &str) -> Option<Action> {
+    pub(crate) fn from_name(name: &str) -> Option<Action> {
         Action::ALL.into_iter().find(|a| a.name() == name)
     }
 
     /// True for the actions that change reserved memory (segment and page events).
-    pub fn is_segment_event(self) -> bool {
+    pub(crate) fn is_segment_event(self) -> bool {
         matches!(
             self,
             Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap
@@ -157,7 +157,7 @@ impl PoolRef {
     /// The private pool this names in `pools` ([`Trace::entry_pools`]); `None` for the default
     /// pools, or a number the table does not list.
     #[inline]
-    pub fn private_in(self, pools: &[PoolId]) -> Option<PoolId> {
+    pub(crate) fn private_in(self, pools: &[PoolId]) -> Option<PoolId> {
         self.0.checked_sub(1).and_then(|k| pools.get(k as usize)).copied()
     }
 }
@@ -196,7 +196,7 @@ pub enum BlockState {
 
 impl BlockState {
     /// PyTorch's spelling of the state.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             BlockState::ActiveAllocated => "active_allocated",
             BlockState::ActivePendingFree => "active_pending_free",
@@ -311,7 +311,7 @@ pub struct SnapshotExtras {
     pub malloc_with_address: u64,
     /// The events of entries tagged `mallocWithAddress`, as (device, index in that device's
     /// events), in order; at most [`SnapshotExtras::MAX_ANNOTATIONS`]. Their allocations are
-    /// placed where recorded ([`exact::pairs`]).
+    /// placed where recorded (`exact::pairs`).
     #[serde(default)]
     pub malloc_with_address_events: Vec<(i32, u64)>,
     /// Trace entries carrying a non-empty `user_metadata` string (compact JSON from 2.15).
@@ -410,7 +410,7 @@ pub struct DeviceTotals {
 impl Trace {
     /// The format the trace was first recorded in: [`Trace::converted_from`] when read from .fst,
     /// else [`Trace::format`].
-    pub fn source_format(&self) -> Format {
+    pub(crate) fn source_format(&self) -> Format {
         self.converted_from.unwrap_or(self.format)
     }
 
@@ -436,7 +436,7 @@ impl Trace {
 
     /// The private pool event `e` names, where entries name one: `Some(None)` for the default
     /// pools, `None` where the file does not say (or names a pool it does not list).
-    pub fn entry_pool(&self, e: &Event) -> Option<Option<PoolId>> {
+    pub(crate) fn entry_pool(&self, e: &Event) -> Option<Option<PoolId>> {
         let pools = self.entry_pools.as_ref()?;
         match e.pool {
             PoolRef::DEFAULT => Some(None),
@@ -446,7 +446,7 @@ impl Trace {
 
     /// What a format that cannot name pools loses of this trace: one line where some entry
     /// names a private pool.
-    pub fn entry_pools_loss(&self, format: &str) -> Option<String> {
+    pub(crate) fn entry_pools_loss(&self, format: &str) -> Option<String> {
         let named = self.devices.iter().flat_map(|d| &d.events).filter(|e| e.pool.0 != 0).count();
         (named > 0).then(|| {
             format!("{named} entries name a private pool (pool_id), which the {format} format does not hold")

@@ -23,7 +23,7 @@
 //! release a private pool's memory only once nothing uses it. The one release of a live private
 //! pool is a request's own (`release_available_cached_blocks`, with `max_split_size_mb`, works
 //! within the request's pool), so a release just before a request made into that pool does not
-//! say it ([`PoolRoutes::released`], [`PoolRoutes::request`]).
+//! say it (`PoolRoutes::released`, `PoolRoutes::request`).
 //!
 //! A segment is alive from the start when its first segment event is not a `segment_alloc`
 //! (the trace never created it), and then from each recorded `segment_alloc` of its address to
@@ -68,7 +68,7 @@ impl PoolRoutes {
     /// pool (every allocation then goes to the default pools, and the replay asks nothing per
     /// event). `events` and `lifetimes` are what the engine hands policies: the loaded events
     /// or a streamed replay's digest, which keeps each address's first segment event.
-    pub fn new(
+    pub(crate) fn new(
         trace: &Trace,
         device: i32,
         events: &[Event],
@@ -111,7 +111,7 @@ impl PoolRoutes {
     /// Follows a recorded segment event: a `segment_alloc` of a route's address makes it alive,
     /// a `segment_free` ends it. Other events change nothing.
     #[inline]
-    pub fn follow(&mut self, e: &Event) {
+    pub(crate) fn follow(&mut self, e: &Event) {
         let alive = match e.action {
             Action::SegmentAlloc => true,
             Action::SegmentFree => false,
@@ -126,7 +126,7 @@ impl PoolRoutes {
     /// flush the program called (`called`), the pool is gone, and it is returned the first time.
     /// Outside one, the release may be the next request's own, within its pool: that request
     /// decides ([`PoolRoutes::request`]).
-    pub fn released(&mut self, e: &Event, called: bool) -> Option<PoolId> {
+    pub(crate) fn released(&mut self, e: &Event, called: bool) -> Option<PoolId> {
         let pool = self.released_by(e).filter(|p| !self.gone.contains(p))?;
         if !called {
             if !self.pending.contains(&pool) {
@@ -141,7 +141,7 @@ impl PoolRoutes {
     /// The private pool the request `e` was made into ([`PoolRoutes::pool_for`]), after telling
     /// `gone` of each pool released just before it into which it was not made: its fallback
     /// released those as gone pools (a request releases only its own pool's live segments).
-    pub fn request<E>(
+    pub(crate) fn request<E>(
         &mut self,
         e: &Event,
         mut gone: impl FnMut(PoolId) -> Result<(), E>,
@@ -158,7 +158,7 @@ impl PoolRoutes {
 
     /// The private pool the request `e` was made into, as [`PoolRoutes::pool_for`] tells it,
     /// kept as the last one routed where it is one.
-    pub fn route(&mut self, e: &Event) -> Option<PoolId> {
+    pub(crate) fn route(&mut self, e: &Event) -> Option<PoolId> {
         let pool = self.pool_for(e);
         if pool.is_some() {
             self.last_private = pool;
@@ -172,7 +172,7 @@ impl PoolRoutes {
     /// not searching them. Taken to be the pool of the last request routed to one, else the
     /// dump's only private pool; `None` where neither exists or the default pools could not
     /// have served it.
-    pub fn route_failed(
+    pub(crate) fn route_failed(
         &mut self,
         e: &Event,
         served_by_default: impl FnOnce() -> bool,
@@ -187,9 +187,10 @@ impl PoolRoutes {
         })
     }
 
+    #[cfg(test)]
     /// True when the entries name their pools: [`PoolRoutes::pool_for`] is then exact for
     /// every request, failed ones included.
-    pub fn entries_name_pools(&self) -> bool {
+    pub(crate) fn entries_name_pools(&self) -> bool {
         self.named.is_some()
     }
 
@@ -199,7 +200,7 @@ impl PoolRoutes {
     /// where they lie at the dump (a live private pool never unmaps: only flushes and GC do, and
     /// they skip a pool still in use).
     #[inline]
-    pub fn pool_for(&self, e: &Event) -> Option<PoolId> {
+    pub(crate) fn pool_for(&self, e: &Event) -> Option<PoolId> {
         match &self.named {
             Some(pools) => e.pool.private_in(pools),
             None if matches!(e.action, Action::Alloc | Action::SegmentMap) => self.pool_of(e.addr),
@@ -210,7 +211,7 @@ impl PoolRoutes {
     /// The private pool whose segment or pages the recorded release `e` returned, where the
     /// entry names one: that pool is gone (PyTorch frees a private pool's memory only then).
     #[inline]
-    pub fn released_by(&self, e: &Event) -> Option<PoolId> {
+    pub(crate) fn released_by(&self, e: &Event) -> Option<PoolId> {
         match e.action {
             Action::SegmentFree | Action::SegmentUnmap => self.pool_for(e),
             _ => None,
@@ -227,7 +228,7 @@ impl PoolRoutes {
     /// The private pool a block recorded at `addr` was allocated into, by where it lies now;
     /// `None`: the default pools.
     #[inline]
-    pub fn pool_of(&self, addr: u64) -> Option<PoolId> {
+    pub(crate) fn pool_of(&self, addr: u64) -> Option<PoolId> {
         let k = self.routes.partition_point(|r| r.start <= addr).checked_sub(1)?;
         let r = &self.routes[k];
         (r.alive && addr < r.end).then_some(r.pool)

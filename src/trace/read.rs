@@ -115,7 +115,7 @@ impl Format {
     }
 
     /// The format an output path asks for, by its extension (`.gz` on top is ignored).
-    pub fn from_extension(path: &Path) -> Option<Format> {
+    pub(crate) fn from_extension(path: &Path) -> Option<Format> {
         let name = path.file_name()?.to_str()?.to_ascii_lowercase();
         let name = name.strip_suffix(".gz").unwrap_or(&name);
         let ext = name.rsplit('.').next()?;
@@ -123,7 +123,7 @@ impl Format {
     }
 
     /// The output format `path`'s extension names, or a usage error listing the extensions.
-    pub fn for_output(path: &Path) -> Result<Format> {
+    pub(crate) fn for_output(path: &Path) -> Result<Format> {
         Format::from_extension(path).ok_or_else(|| {
             let exts: Vec<String> =
                 FORMATS.iter().map(|f| format!(".{}", f.extensions[0])).collect();
@@ -363,7 +363,7 @@ fn peek(input: &mut dyn BufRead) -> Result<Vec<u8>> {
 
 /// All of `input`, for the readers that parse a whole file at once (and a snapshot whose stream
 /// was refused).
-pub fn whole(input: &mut dyn BufRead) -> Result<Vec<u8>> {
+pub(crate) fn whole(input: &mut dyn BufRead) -> Result<Vec<u8>> {
     let mut data = Vec::new();
     input.read_to_end(&mut data).map_err(Error::from_io)?;
     Ok(data)
@@ -684,7 +684,7 @@ pub fn write_to(trace: &Trace, format: Format, out: &mut impl Write) -> Result<(
 
 /// How far a gzip file of `compressed` bytes may expand. Real traces compress 5–20×; a ratio
 /// far beyond that is a decompression bomb, so memory stays in proportion to the file.
-pub fn decompression_limit(compressed: u64) -> u64 {
+pub(crate) fn decompression_limit(compressed: u64) -> u64 {
     const RATIO: u64 = 200;
     const FLOOR: u64 = 64 << 20;
     compressed.saturating_mul(RATIO).clamp(FLOOR, MAX_DECOMPRESSED_BYTES)

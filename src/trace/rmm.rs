@@ -39,7 +39,7 @@ pub fn read(data: &[u8], options: &ReadOptions) -> Result<Trace> {
 }
 
 /// Reads an RMM log from a stream, one line at a time: memory is the events plus one line.
-pub fn read_from(input: &mut dyn BufRead, _options: &ReadOptions) -> Result<Trace> {
+pub(crate) fn read_from(input: &mut dyn BufRead, _options: &ReadOptions) -> Result<Trace> {
     let mut lines = Lines { input, buffer: Vec::new(), offset: 0, number: 0 };
     match lines.next_nonblank()? {
         Some((_, h)) if normalise_header(h) == normalise_header(HEADER) => {}
@@ -129,7 +129,7 @@ impl Lines<'_> {
 /// RMM log: allocations, frees (at the action where the trace's frees take effect) and OOMs.
 /// Times are written as epoch seconds with six decimals, which RMM's user guide shows and which
 /// keep the microseconds exactly; an untimed trace gets an empty Time field.
-pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
+pub(crate) fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
     let io = Error::from_io;
     writeln!(out, "{HEADER}").map_err(io)?;
     let Some(device) = trace.default_device().and_then(|d| trace.device(d)) else {
@@ -155,7 +155,7 @@ pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
 }
 
 /// What writing `trace` as an RMM log leaves out, one line each (empty when nothing is lost).
-pub fn losses(trace: &Trace) -> Vec<String> {
+pub(crate) fn losses(trace: &Trace) -> Vec<String> {
     let mut out = Vec::new();
     let chosen = trace.default_device();
     for d in &trace.devices {

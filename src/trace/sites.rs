@@ -17,7 +17,7 @@
 //! Python frames are told from C/C++ ones by their file: a `.py` file, or a pseudo-file such
 //! as `<string>` or `<eval_with_key>.3` (code that `torch.fx` and `exec` compile).
 //!
-//! [`shown`] is memory_viz's frame filter: it hides the unwinder, the traceback gatherer,
+//! `shown` is memory_viz's frame filter: it hides the unwinder, the traceback gatherer,
 //! CPython's eval loop and call machinery, and the dispatcher's boxing and registration files,
 //! so a stack shown to a person starts with frames that mean something to them.
 //!
@@ -37,13 +37,13 @@ pub const NO_PYTHON_FRAME: &str = "(no Python frame)";
 pub const BEFORE_THE_TRACE: &str = "(before the trace)";
 
 /// True for a Python frame: a `.py` file, or a pseudo-file such as `<string>`.
-pub fn is_python(f: &Frame) -> bool {
+pub(crate) fn is_python(f: &Frame) -> bool {
     f.filename.ends_with(".py") || (f.filename.starts_with('<') && f.line > 0)
 }
 
 /// True for a file inside an installed package or the Python standard library (Windows
 /// separators read as `/`).
-pub fn is_library(filename: &str) -> bool {
+pub(crate) fn is_library(filename: &str) -> bool {
     let slashed;
     let filename = if filename.contains('\\') {
         slashed = filename.replace('\\', "/");
@@ -72,18 +72,18 @@ fn in_python_lib(filename: &str) -> bool {
 }
 
 /// True for the user's own Python code: a Python frame outside packages and the standard library.
-pub fn is_user(f: &Frame) -> bool {
+pub(crate) fn is_user(f: &Frame) -> bool {
     is_python(f) && !is_library(&f.filename)
 }
 
 /// A frame written as a site: `FILE:LINE:FUNCTION`, control characters written out
 /// ([`printable`]).
-pub fn describe(f: &Frame) -> String {
+pub(crate) fn describe(f: &Frame) -> String {
     format!("{}:{}:{}", printable(&f.filename), f.line, printable(&f.name))
 }
 
 /// `s` escaped for XML text and attribute values (SVG, HTML), control characters written out
-/// ([`printable`]): the one rule every chart and page fragsim writes uses, so the file is
+/// (`printable`): the one rule every chart and page fragsim writes uses, so the file is
 /// well-formed XML whatever a trace names.
 pub fn xml_escape(s: &str) -> String {
     let s = printable(s);
@@ -106,7 +106,7 @@ pub fn xml_escape(s: &str) -> String {
 /// the non-characters U+FFFE/U+FFFF as `\u{fffe}`. Names from a trace are data: an ESC must not
 /// reach the terminal, a newline must not split a table row, and no byte XML forbids may reach an
 /// SVG. Text without such characters is returned as is.
-pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
+pub(crate) fn printable(s: &str) -> std::borrow::Cow<'_, str> {
     let bad = |c: char| c.is_control() || c == '\u{fffe}' || c == '\u{ffff}';
     if !s.chars().any(bad) {
         return std::borrow::Cow::Borrowed(s);
@@ -166,7 +166,7 @@ fn aten_op(name: &str) -> Option<&str> {
 
 /// memory_viz's frame filter: false for the frames it hides (the unwinder, the traceback
 /// gatherer, CPython's eval loop and call machinery, dispatcher boxing and registration files).
-pub fn shown(f: &Frame) -> bool {
+pub(crate) fn shown(f: &Frame) -> bool {
     const FUNCTIONS: [&str; 8] = [
         "unwind::unwind",
         "CapturedTraceback::gather",
@@ -194,7 +194,7 @@ pub fn shown(f: &Frame) -> bool {
 
 /// `frames` as a person should read them: the user's frames first (innermost first), then the
 /// rest that [`shown`] keeps, each `FILE:LINE:FUNCTION` (C++ frames without a file: the name).
-pub fn display(frames: &[Frame]) -> Vec<String> {
+pub(crate) fn display(frames: &[Frame]) -> Vec<String> {
     let user = frames.iter().filter(|f| is_user(f));
     let rest = frames.iter().filter(|f| shown(f) && !is_user(f));
     user.chain(rest).map(display_frame).collect()
@@ -210,7 +210,7 @@ fn display_frame(f: &Frame) -> String {
 
 /// A site's key parts, for grouping by function or file: `(file, function)` of a
 /// `FILE:LINE:FUNCTION` site; the whole site for the others.
-pub fn site_parts(site: &str) -> (&str, &str) {
+pub(crate) fn site_parts(site: &str) -> (&str, &str) {
     let mut it = site.rsplitn(3, ':');
     match (it.next(), it.next(), it.next()) {
         (Some(function), Some(line), Some(file))
@@ -225,7 +225,7 @@ pub fn site_parts(site: &str) -> (&str, &str) {
 /// `site` with its file cut to the last two components of its path (`\` read as `/`), e.g.
 /// `pkg/model.py:532:silu`: the form in which sites of runs recorded in different checkouts or
 /// on different machines compare equal. Sites that are not `FILE:LINE:FUNCTION` are unchanged.
-pub fn short_site(site: &str) -> String {
+pub(crate) fn short_site(site: &str) -> String {
     let (file, function) = site_parts(site);
     if file == site {
         return site.to_string();
@@ -235,7 +235,7 @@ pub fn short_site(site: &str) -> String {
 }
 
 /// The last two components of `file`'s path, `\` read as `/`.
-pub fn short_file(file: &str) -> String {
+pub(crate) fn short_file(file: &str) -> String {
     let file = file.replace('\\', "/");
     let parts: Vec<&str> = file.rsplitn(3, '/').collect();
     match parts.as_slice() {
@@ -262,7 +262,7 @@ pub struct SiteId(pub u32);
 impl SiteTable {
     /// The sites of every stack of `frames`. With `depth` above 1, a stack's key is its `depth`
     /// innermost user frames (innermost first, joined by ` < `), where it has any; else its site.
-    pub fn new(frames: &FrameTable, depth: usize) -> SiteTable {
+    pub(crate) fn new(frames: &FrameTable, depth: usize) -> SiteTable {
         let mut t = SiteTable::default();
         let none = t.intern(NO_FRAMES);
         t.of_stack.push(none.0);
@@ -287,7 +287,7 @@ impl SiteTable {
     }
 
     /// The id of site `name`, added if new.
-    pub fn intern(&mut self, name: &str) -> SiteId {
+    pub(crate) fn intern(&mut self, name: &str) -> SiteId {
         if let Some(&id) = self.by_name.get(name) {
             return SiteId(id);
         }
@@ -299,12 +299,12 @@ impl SiteTable {
 
     /// The site of stack `id` ([`NO_FRAMES`] for an unknown id).
     #[inline]
-    pub fn of(&self, id: FramesId) -> SiteId {
+    pub(crate) fn of(&self, id: FramesId) -> SiteId {
         SiteId(self.of_stack.get(id.0 as usize).copied().unwrap_or(0))
     }
 
     /// The name of site `id`.
-    pub fn name(&self, id: SiteId) -> &str {
+    pub(crate) fn name(&self, id: SiteId) -> &str {
         self.names.get(id.0 as usize).map_or(NO_FRAMES, String::as_str)
     }
 

@@ -6,7 +6,7 @@
 //! only maps the schema onto the model, in one place:
 //!
 //! - `device_traces[i]` → `DeviceTrace { device: i }`, every index kept (even empty ones) so the
-//!   numbering matches PyTorch's; each entry's `action` per [`Action::from_name`], where the old
+//!   numbering matches PyTorch's; each entry's `action` per `Action::from_name`, where the old
 //!   single `free` becomes `free_requested` then `free_completed`, the markers that change no
 //!   memory are skipped (`annotate`, 2.14+, whose label is kept in [`SnapshotExtras`];
 //!   `user_defined`, which ≈ 2.4–2.5 wrote at the start and end of every
@@ -33,7 +33,7 @@
 //! the stream dropped.
 //!
 //! - With frames kept, each final block's `frames` (the allocation that last used it) →
-//!   [`FrameTable::set_block`], which names the site of a block live before the trace begins.
+//!   `FrameTable::set_block`, which names the site of a block live before the trace begins.
 //! - Each entry's `pool_id` (≈ 2.7+), when every entry has one, → [`Event::pool`], the private
 //!   pools in [`Trace::entry_pools`] (`(0, 0)`, the default pools, is [`PoolRef::DEFAULT`]).
 //!
@@ -1540,7 +1540,7 @@ pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
 
 /// What writing `trace` as a snapshot leaves out, one line each (empty when nothing is lost):
 /// devices below 0 (host memory) have no place in `device_traces`.
-pub fn losses(trace: &Trace) -> Vec<String> {
+pub(crate) fn losses(trace: &Trace) -> Vec<String> {
     trace
         .devices
         .iter()

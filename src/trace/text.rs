@@ -23,7 +23,7 @@ use crate::error::{Error, Place, Result};
 use std::io::{BufRead, Write};
 
 /// True when `head` (the start of a file) reads like a text trace.
-pub fn looks_like_text(head: &str) -> bool {
+pub(crate) fn looks_like_text(head: &str) -> bool {
     let mut commented = false;
     for line in head.lines() {
         let line = line.trim();
@@ -43,7 +43,7 @@ pub fn looks_like_text(head: &str) -> bool {
 }
 
 /// What writing `trace` as text leaves out, one line each (empty when nothing is lost).
-pub fn losses(trace: &Trace) -> Vec<String> {
+pub(crate) fn losses(trace: &Trace) -> Vec<String> {
     let mut out = Vec::new();
     if !trace.segments.is_empty() || trace.allocator_settings.is_some() {
         out.push("final segments and allocator settings are not part of the text format".into());
@@ -58,7 +58,7 @@ pub fn read(data: &[u8], options: &ReadOptions) -> Result<Trace> {
 }
 
 /// Reads a text trace from a stream, one line at a time: memory is the events plus one line.
-pub fn read_from(input: &mut dyn BufRead, _options: &ReadOptions) -> Result<Trace> {
+pub(crate) fn read_from(input: &mut dyn BufRead, _options: &ReadOptions) -> Result<Trace> {
     let mut trace = Trace { format: Format::Text, ..Trace::default() };
     let mut device = 0i32;
     // The index in `trace.devices` of each device seen, so a `device` line costs O(1) however
@@ -163,7 +163,7 @@ pub fn read_from(input: &mut dyn BufRead, _options: &ReadOptions) -> Result<Trac
 }
 
 /// Writes `trace`'s events as text (segments, settings and frames are not part of this format).
-pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
+pub(crate) fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
     let io = Error::from_io;
     writeln!(out, "# fragsim text trace v1").map_err(io)?;
     for d in &trace.devices {

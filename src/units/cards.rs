@@ -27,7 +27,7 @@ pub struct NamedCard {
 
 impl NamedCard {
     /// The card's memory in bytes: the reported GiB figure in whole MiB.
-    pub fn bytes(&self) -> u64 {
+    pub(crate) fn bytes(&self) -> u64 {
         let gib: f64 = self.reported_gib.parse().unwrap_or(0.0);
         (gib * 1024.0).round() as u64 * MIB
     }

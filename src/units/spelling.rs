@@ -3,7 +3,7 @@
 
 /// The one of `known` closest to `name` (a typo: at most two edits, or a third of its length),
 /// if any.
-pub fn closest<'a>(name: &str, known: &[&'a str]) -> Option<&'a str> {
+pub(crate) fn closest<'a>(name: &str, known: &[&'a str]) -> Option<&'a str> {
     let limit = (name.chars().count() / 3).clamp(1, 2);
     known
         .iter()

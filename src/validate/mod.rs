@@ -75,7 +75,7 @@ pub struct ValidateOptions {
     /// Check the policy's invariants after every event (slow; tests and debugging).
     pub check_invariants: bool,
     /// Whose allocator rules to replay (`-p pytorch-cuda` / `pytorch-npu`); default: those of
-    /// the allocator that made the recording ([`Flavour::of_trace`]).
+    /// the allocator that made the recording (`Flavour::of_trace`).
     pub flavour: Option<Flavour>,
     /// Raised to abandon the validation (Ctrl-C in Python): every replay it runs looks at it
     /// every [`Cancel::EVERY`] events and stops with an error naming the event it reached.

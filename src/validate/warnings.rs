@@ -70,7 +70,7 @@ pub enum Warning {
         assumed: u64,
     },
     /// The recorded `PYTORCH_CUDA_ALLOC_CONF` names options this fragsim does not know (a newer
-    /// PyTorch's): they were left out of the replay ([`Config::unmodelled_options`](crate::policy::pytorch::config::Config::unmodelled_options)).
+    /// PyTorch's): they were left out of the replay (`Config::unmodelled_options`).
     UnmodelledOptions {
         /// The options' names.
         names: Vec<String>,
@@ -95,7 +95,7 @@ pub enum Warning {
         allocs: u64,
     },
     /// Expandable segments: the recording shows which memory private pools got
-    /// ([`Config::expandable_in_private_pools`](crate::policy::pytorch::config::Config::expandable_in_private_pools)), whatever the version modelled.
+    /// (`Config::expandable_in_private_pools`), whatever the version modelled.
     PrivatePoolMemory {
         /// Pages of their own reservations (PyTorch ≈ 2.5+); else cudaMalloc segments.
         expandable: bool,
@@ -115,7 +115,7 @@ pub enum Warning {
     },
     /// The recorded settings say `expandable_segments:False` but the trace maps pages
     /// (`segment_map` entries or expandable ranges in the dump): replayed with expandable
-    /// segments ([`start::shows_expandable`](crate::policy::pytorch::start::shows_expandable)).
+    /// segments (`start::shows_expandable`).
     ExpandableFromTrace,
     /// Expandable segments: the recording bounds the GPU memory only from below.
     GpuMemoryUnbounded {

@@ -83,7 +83,7 @@ impl Baseline {
     /// Reads a baseline file, a `replay --json` output or a `sweep --json` output, every row
     /// checked as [`super::input`] checks results (typed keys, required keys, no repeated
     /// (trace, policy, config)); errors name `file` and the key path.
-    pub fn parse(data: impl AsRef<[u8]>, file: &Path) -> Result<Baseline> {
+    pub(crate) fn parse(data: impl AsRef<[u8]>, file: &Path) -> Result<Baseline> {
         use super::input::{check_baseline_result, check_result, no_repeated_rows, parse_json};
         let bad = |path: &str, m: String| Error::input(format!("{path}: {m}")).in_file(file);
         let v = parse_json(data.as_ref(), file, "record a baseline with check --update")?;
@@ -189,7 +189,7 @@ impl Baseline {
     }
 
     /// This baseline with `rows` (a new run) written over it, as `check --update` keeps a
-    /// baseline: each new row replaces the row [`Baseline::find`] matches it with (in place),
+    /// baseline: each new row replaces the row `Baseline::find` matches it with (in place),
     /// rows with no match are added at the end, and rows this run did not produce are kept, so
     /// updating one policy or one trace never drops the others. Timings are left out as in
     /// [`Baseline::new`].
@@ -229,7 +229,7 @@ impl Baseline {
     }
 
     /// The baseline row `now` compares with (see the module docs on matching).
-    pub fn find(&self, now: &Row) -> Option<&Row> {
+    pub(crate) fn find(&self, now: &Row) -> Option<&Row> {
         self.position(now).map(|i| &self.rows[i])
     }
 
@@ -389,7 +389,7 @@ pub struct CheckReport {
 /// Compares `now` with `baseline` (see the module docs). `metrics` names the keys to compare
 /// (`None`: every numeric key but [`NOT_COMPARED`]). A result without a baseline row is an
 /// error naming `baseline_path` and every missing row.
-pub fn check(
+pub(crate) fn check(
     baseline: &Baseline,
     baseline_path: &Path,
     now: &[Row],

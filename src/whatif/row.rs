@@ -36,23 +36,23 @@ impl Row {
     }
 
     /// The `policy` key (empty when absent).
-    pub fn policy(&self) -> &str {
+    pub(crate) fn policy(&self) -> &str {
         self.result.get("policy").and_then(Value::as_str).unwrap_or("")
     }
 
     /// The `config` key (empty when absent).
-    pub fn config(&self) -> &str {
+    pub(crate) fn config(&self) -> &str {
         self.result.get("config").and_then(Value::as_str).unwrap_or("")
     }
 
     /// Whether the replay ran out of memory (`oom`).
-    pub fn oom(&self) -> bool {
+    pub(crate) fn oom(&self) -> bool {
         self.result.get("oom").and_then(Value::as_bool).unwrap_or(false)
     }
 
     /// The numeric value of `key` (booleans count as 0 and 1), or an error naming the numeric
     /// keys this row has.
-    pub fn number(&self, key: &str) -> Result<f64> {
+    pub(crate) fn number(&self, key: &str) -> Result<f64> {
         match self.result.get(key) {
             Some(v) => as_number(v).ok_or_else(|| {
                 Error::usage(format!(

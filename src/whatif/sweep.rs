@@ -8,7 +8,7 @@
 //! recommends the simplest of equally good ones, and a merged sweep ranks exactly as the
 //! unsharded one.
 //!
-//! `--shard I/N` splits the specs into N contiguous parts (1-based I); [`merge`] puts the parts
+//! `--shard I/N` splits the specs into N contiguous parts (1-based I); `merge` puts the parts
 //! back in order and ranks again, giving the unsharded report.
 
 use super::grid::export_line;
@@ -105,7 +105,7 @@ impl Shard {
 
     /// The contiguous range of `total` specs this part runs (computed wide, so no index or count
     /// read from a file can overflow it).
-    pub fn range(&self, total: usize) -> std::ops::Range<usize> {
+    pub(crate) fn range(&self, total: usize) -> std::ops::Range<usize> {
         let at = |i: usize| {
             let count = self.count.max(1) as u128;
             ((total as u128 * i.min(self.count) as u128) / count) as usize
@@ -130,7 +130,7 @@ pub struct SweepReport {
     /// The reference spec savings are measured against.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reference: Option<String>,
-    /// Identifies the grid swept (see [`grid_id`]): parts of different grids never merge.
+    /// Identifies the grid swept (see `grid_id`): parts of different grids never merge.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grid: Option<String>,
     /// Set on a part of a sharded sweep.
@@ -146,7 +146,7 @@ pub struct SweepReport {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grid_settings: Option<Vec<String>>,
     /// True when the memory swept is host memory (device -1, a CPU profiler trace): no CUDA
-    /// allocator setting applies to it, so [`Best::env`] is `null` ([`SweepReport::on_host`]).
+    /// allocator setting applies to it, so [`Best::env`] is `null` (`SweepReport::on_host`).
     #[serde(default)]
     pub host_memory: bool,
     /// How the capacity was chosen: `recorded` (each trace under the limit its recording
@@ -159,7 +159,7 @@ pub struct SweepReport {
 impl SweepReport {
     /// This report for host memory: `host_memory` set and no `PYTORCH_CUDA_ALLOC_CONF` line,
     /// since the CUDA allocator's settings do not apply to the memory replayed.
-    pub fn on_host(mut self) -> SweepReport {
+    pub(crate) fn on_host(mut self) -> SweepReport {
         self.host_memory = true;
         if let Some(best) = &mut self.best {
             best.env = None;
@@ -171,7 +171,7 @@ impl SweepReport {
 /// A short, stable name for a sweep's grid: 16 hex digits of the FNV-1a hash of `parts` (the
 /// whole expanded spec list and every setting that changes results, e.g. the capacity). The same
 /// on every machine and build, so parts run by different jobs of a scheduler compare equal.
-pub fn grid_id<S: AsRef<str>>(parts: &[S]) -> String {
+pub(crate) fn grid_id<S: AsRef<str>>(parts: &[S]) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for p in parts {
         for b in p.as_ref().bytes().chain(std::iter::once(0)) {
@@ -185,7 +185,7 @@ pub fn grid_id<S: AsRef<str>>(parts: &[S]) -> String {
 /// Ranks the configs of `rows` by `objective` (see the module docs). Every spec must have a row
 /// on every trace of `traces`; an objective that is not a numeric result key is an error listing
 /// the numeric keys.
-pub fn rank(traces: &[String], rows: &[SweepRow], objective: &str) -> Result<Vec<Ranked>> {
+pub(crate) fn rank(traces: &[String], rows: &[SweepRow], objective: &str) -> Result<Vec<Ranked>> {
     let mut specs: Vec<&str> = Vec::new();
     for r in rows {
         if !specs.contains(&r.spec.as_str()) {
@@ -291,7 +291,7 @@ pub fn report(
 pub struct Part {
     /// The file, as given.
     pub file: std::path::PathBuf,
-    /// Its sweep, read by [`super::input::read_part`].
+    /// Its sweep, read by `super::input::read_part`.
     pub report: SweepReport,
 }
 
@@ -299,7 +299,7 @@ pub struct Part {
 /// sweep (same traces, objective, reference, grid and part count) exactly once, in any order.
 /// Errors name the file and the field that differs. Nothing is sized by a count a part claims:
 /// the count must equal the number of parts given.
-pub fn merge(mut parts: Vec<Part>) -> Result<SweepReport> {
+pub(crate) fn merge(mut parts: Vec<Part>) -> Result<SweepReport> {
     let first = parts.first().ok_or_else(|| Error::usage("merge needs at least one part"))?;
     let first_file = first.file.display().to_string();
     let f = &first.report;

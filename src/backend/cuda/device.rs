@@ -49,7 +49,7 @@ pub struct Measures(Rc<RefCell<Recorder>>);
 
 impl Measures {
     /// The measurements so far.
-    pub fn summary(&self) -> CudaMeasures {
+    pub(crate) fn summary(&self) -> CudaMeasures {
         self.0.borrow().summary()
     }
 }
@@ -131,7 +131,7 @@ impl CudaDevice {
     }
 
     /// A handle on this device's measurements, readable after the device is gone.
-    pub fn measures(&self) -> Measures {
+    pub(crate) fn measures(&self) -> Measures {
         Measures(Rc::clone(&self.recorder))
     }
 
@@ -143,7 +143,7 @@ impl CudaDevice {
     /// Refuses to start a replay that needs `needed` bytes (the trace's `bound` peak) when the
     /// device has less free, unless the capacity cap keeps the replay within the free memory.
     /// Taking all of a GPU that a training job shares would make that job fail instead.
-    pub fn ensure_room(&self, needed: u64) -> Result<()> {
+    pub(crate) fn ensure_room(&self, needed: u64) -> Result<()> {
         let (free, total) = self.memory_info()?;
         if needed <= free || self.capacity.is_some_and(|cap| cap <= free) {
             return Ok(());

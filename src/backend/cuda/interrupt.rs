@@ -36,7 +36,7 @@ mod imp {
 
 #[cfg(not(unix))]
 mod imp {
-    pub fn install() {}
+    pub(crate) fn install() {}
 }
 
 /// Installs the SIGINT handler, once per process.

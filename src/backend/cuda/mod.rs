@@ -17,7 +17,7 @@
 //! - [`Drop`] unmaps, releases and frees everything still held, then releases the context: the
 //!   engine relies on it on every exit path, including errors.
 //!
-//! - Safety: [`CudaDevice::ensure_room`] refuses, before the first allocation, a trace whose
+//! - Safety: `CudaDevice::ensure_room` refuses, before the first allocation, a trace whose
 //!   `bound` peak does not fit in the device's free memory (unless `--capacity` keeps the replay
 //!   below it); no managed memory is ever allocated; the engine runs policies one at a time.
 //! - Measuring: every operation is timed and `cuMemGetInfo` is read at each new reserved peak

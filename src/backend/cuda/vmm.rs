@@ -21,7 +21,7 @@ pub type CuResult<T> = std::result::Result<T, sys::CUresult>;
 pub type Handle = sys::CUmemGenericAllocationHandle;
 
 /// The CUDA headers' name of a result, e.g. `CUDA_ERROR_OUT_OF_MEMORY`.
-pub fn name(result: sys::CUresult) -> String {
+pub(crate) fn name(result: sys::CUresult) -> String {
     format!("{result:?}")
 }
 
@@ -58,7 +58,7 @@ pub struct PrimaryContext {
 
 impl PrimaryContext {
     /// The device the context belongs to.
-    pub fn device(&self) -> sys::CUdevice {
+    pub(crate) fn device(&self) -> sys::CUdevice {
         self.device
     }
 }
@@ -66,7 +66,7 @@ impl PrimaryContext {
 impl Driver {
     /// Loads libcuda and calls `cuInit(0)`. `None` when the library is missing (calling into
     /// cudarc then would panic); `Some(Err)` when the driver refuses, e.g. with no GPU.
-    pub fn init() -> Option<CuResult<Driver>> {
+    pub(crate) fn init() -> Option<CuResult<Driver>> {
         if !library_present() {
             return None;
         }
@@ -147,7 +147,7 @@ impl Driver {
     }
 
     /// `cuMemGetAllocationGranularity(MINIMUM)`: the page size of [`Driver::mem_create`].
-    pub fn granularity(self, device: sys::CUdevice) -> CuResult<u64> {
+    pub(crate) fn granularity(self, device: sys::CUdevice) -> CuResult<u64> {
         let prop = Self::allocation_prop(device);
         let mut granularity: usize = 0;
         // SAFETY: `granularity` is a live local and `prop` a fully initialised struct on the stack.

@@ -162,7 +162,7 @@ pub struct Lifetime {
 /// The blocks live before the first event as far as `events` show them
 /// ([`lifetimes::orphan_frees`](crate::trace::lifetimes::orphan_frees)), as (address, size), in address
 /// order. Blocks that only the final segments show are not among them.
-pub fn orphan_frees(events: &[Event]) -> Vec<(u64, u64)> {
+pub(crate) fn orphan_frees(events: &[Event]) -> Vec<(u64, u64)> {
     crate::trace::lifetimes::orphan_frees(events)
         .into_iter()
         .map(|b| (b.addr, b.size.max(1)))
@@ -174,7 +174,7 @@ pub fn orphan_frees(events: &[Event]) -> Vec<(u64, u64)> {
 /// at 0; the malloc at event i is tick 2i + 2, a free at event j ends its block at 2j + 2, and a
 /// block whose address is re-allocated at event i ends at 2i + 3. The walk looks at `cancel`
 /// every [`Cancel::EVERY`] events and fails once it is raised.
-pub fn lifetimes(
+pub(crate) fn lifetimes(
     events: &[Event],
     at_start: &[(u64, u64)],
     cancel: &Cancel,
@@ -272,7 +272,7 @@ pub struct Offline {
 
 impl Offline {
     /// Builds the policy from `key=value` options (see [`KEYS`]).
-    pub fn from_options(options: &str) -> Result<Offline> {
+    pub(crate) fn from_options(options: &str) -> Result<Offline> {
         let o = opt::parse(NAME, options, KEYS)?;
         if o.align == 0 {
             return Err(Error::usage("align must be positive"));
@@ -643,7 +643,7 @@ mod tests {
     }
 
     /// The events a checker workload stands for, so `offline` can plan it.
-    pub fn events_of(steps: &[Step]) -> Vec<Event> {
+    pub(crate) fn events_of(steps: &[Step]) -> Vec<Event> {
         let addr = |id: usize| 0x1000 + id as u64;
         let mut size_of = std::collections::HashMap::new();
         let mut out = Vec::new();

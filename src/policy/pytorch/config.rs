@@ -39,7 +39,7 @@ pub const LARGE_BUFFER: u64 = 20 * MIB;
 pub const ROUND_LARGE: u64 = 2 * MIB;
 /// `round_size` where no divisions apply: up to a multiple of [`MIN_BLOCK_SIZE`], at least one.
 #[inline]
-pub fn round_to_blocks(n: u64) -> u64 {
+pub(crate) fn round_to_blocks(n: u64) -> u64 {
     n.max(1).div_ceil(MIN_BLOCK_SIZE).saturating_mul(MIN_BLOCK_SIZE)
 }
 
@@ -80,7 +80,7 @@ impl Flavour {
     /// The allocator that made `trace`: torch_npu's when a frame names torch_npu
     /// ([`Trace::torch_npu`]) or the recorded settings string holds an option only torch_npu
     /// has; CUDA's otherwise.
-    pub fn of_trace(trace: &Trace) -> Flavour {
+    pub(crate) fn of_trace(trace: &Trace) -> Flavour {
         let npu_conf = trace
             .allocator_settings
             .as_ref()
@@ -96,7 +96,7 @@ impl Flavour {
     /// Bytes this allocator adds to every request before rounding: 32 for torch_npu, none
     /// for CUDA. Why it is asked of a recording's maker: an `oom` entry records the rounded
     /// size, and the request behind it is that much smaller.
-    pub fn pad(self) -> u64 {
+    pub(crate) fn pad(self) -> u64 {
         match self {
             Flavour::Cuda => 0,
             Flavour::Npu => NPU_PAD,
@@ -104,7 +104,7 @@ impl Flavour {
     }
 
     /// The environment variable that configures this allocator.
-    pub fn env_var(self) -> &'static str {
+    pub(crate) fn env_var(self) -> &'static str {
         match self {
             Flavour::Cuda => "PYTORCH_CUDA_ALLOC_CONF",
             Flavour::Npu => "PYTORCH_NPU_ALLOC_CONF",
@@ -138,7 +138,7 @@ impl Version {
     pub const V2_15: Version = Version { major: 2, minor: 15 };
 
     /// Parses `2.8`, `2.8.1` or `v2.8`.
-    pub fn parse(text: &str) -> Result<Version> {
+    pub(crate) fn parse(text: &str) -> Result<Version> {
         let t = text.trim().trim_start_matches('v');
         let mut parts = t.split('.');
         let bad = || {
@@ -198,7 +198,7 @@ pub struct ModelledVersion {
 
 impl ModelledVersion {
     /// `version`, as asked for.
-    pub fn given(version: Version) -> ModelledVersion {
+    pub(crate) fn given(version: Version) -> ModelledVersion {
         ModelledVersion { version, at_least: None, why: Cow::Borrowed("as asked"), given: true }
     }
 
@@ -210,7 +210,7 @@ impl ModelledVersion {
     /// of 2.13 or later is modelled as the newest release ([`Version::NEWEST`]), whose rules
     /// only its own settings change; one showing 2.12 and recording `allocator_settings`
     /// without the keys 2.13 adds is modelled as 2.12.
-    pub fn of_trace(trace: &Trace) -> ModelledVersion {
+    pub(crate) fn of_trace(trace: &Trace) -> ModelledVersion {
         let x = &trace.extras;
         let conf = trace.allocator_settings.as_ref().and_then(|s| s.conf.as_deref());
         let names = |keys: &[&str]| -> Option<String> {
@@ -272,7 +272,7 @@ impl ModelledVersion {
 /// Splits fragsim's own `version=X.Y` out of a `pytorch` policy's options (docs/interface.md,
 /// "PyTorch versions"): the rest of the options (empty: the recorded settings) and the version
 /// asked for, if any.
-pub fn split_version(options: &str) -> Result<(String, Option<Version>)> {
+pub(crate) fn split_version(options: &str) -> Result<(String, Option<Version>)> {
     let mut rest = Vec::new();
     let mut asked = None;
     let (mut depth, mut start) = (0i32, 0usize);
@@ -311,7 +311,7 @@ pub fn split_version(options: &str) -> Result<(String, Option<Version>)> {
 /// `options` name an option that release does not have), else what the recording shows
 /// ([`ModelledVersion::of_trace`]), raised to the least release that has every option
 /// `options` names.
-pub fn modelled_version(
+pub(crate) fn modelled_version(
     options: &str,
     asked: Option<Version>,
     trace: &Trace,
@@ -468,7 +468,7 @@ pub struct Config {
     /// The PyTorch version whose behaviour is modelled.
     pub version: Version,
     /// Whether, with `expandable_segments` on, a private pool's mallocs get expandable segments
-    /// of their own, as a recording showed it ([`Config::expandable_in_private_pools`]); `None`:
+    /// of their own, as a recording showed it (`Config::expandable_in_private_pools`); `None`:
     /// as [`Config::version`] has it.
     pub private_pools_expandable: Option<bool>,
     /// Private pools whose `torch.cuda.MemPool` has an allocator of its own, as a recording
@@ -538,7 +538,7 @@ impl Default for Config {
 impl Config {
     /// torch_npu's defaults (`PYTORCH_NPU_ALLOC_CONF` unset), on a GPU-sized device of 64 GiB
     /// (an Ascend 910B's HBM) until the replay names one.
-    pub fn npu() -> Config {
+    pub(crate) fn npu() -> Config {
         Config {
             flavour: Flavour::Npu,
             base_addr_aligned: NPU_ALIGN_ROUND_LARGE,
@@ -548,7 +548,7 @@ impl Config {
     }
 
     /// The defaults of `flavour`'s allocator.
-    pub fn default_for(flavour: Flavour) -> Config {
+    pub(crate) fn default_for(flavour: Flavour) -> Config {
         match flavour {
             Flavour::Cuda => Config::default(),
             Flavour::Npu => Config::npu(),
@@ -557,14 +557,14 @@ impl Config {
 
     /// Bytes added to every request before rounding: 32 for torch_npu, none for CUDA.
     #[inline]
-    pub fn pad(&self) -> u64 {
+    pub(crate) fn pad(&self) -> u64 {
         self.flavour.pad()
     }
 
     /// Whether torch_npu's base-address alignment applies to a request rounded to `rounded`:
     /// expandable segments on, `rounded` at least 2 MiB (`kRoundLarge`), and alignment not off.
     #[inline]
-    pub fn aligns_base(&self, rounded: u64) -> bool {
+    pub(crate) fn aligns_base(&self, rounded: u64) -> bool {
         self.base_addr_aligned != 0 && self.expandable_segments && rounded >= ROUND_LARGE
     }
 }
@@ -708,7 +708,7 @@ impl Config {
     /// Refuses a spec that names an option twice (`max_split_size_mb:64,max_split_size_mb:128`):
     /// PyTorch applies each in turn, but a spec a user writes is a row's label, which would show
     /// both while one value is replayed. Recorded settings are parsed as PyTorch parses them.
-    pub fn refuse_repeated_options(text: &str) -> Result<()> {
+    pub(crate) fn refuse_repeated_options(text: &str) -> Result<()> {
         let tokens = tokenize(text);
         let mut depth = 0usize;
         let mut seen: Vec<&str> = Vec::new();
@@ -741,7 +741,7 @@ impl Config {
     /// Re-parses `text` as `_set_allocator_settings` does: `max_split_size`, divisions and the GC
     /// threshold reset to their defaults, `max_non_split_rounding` to the large segment size;
     /// every other option keeps its value unless named.
-    pub fn apply(&mut self, text: &str) -> Result<()> {
+    pub(crate) fn apply(&mut self, text: &str) -> Result<()> {
         self.apply_skipping(text, None)
     }
 
@@ -903,7 +903,7 @@ impl Config {
     /// Parses a configuration as [`Policy::config`](crate::policy::Policy::config) shows it:
     /// torch_npu's when it names an option only torch_npu has (its strings always do), else
     /// CUDA's on current main.
-    pub fn parse_shown(text: &str) -> Result<Config> {
+    pub(crate) fn parse_shown(text: &str) -> Result<Config> {
         if names_npu_option(text) {
             Config::parse_npu(text)
         } else {
@@ -1108,13 +1108,13 @@ impl Config {
     /// separately, then its recorded values, which are what the allocator actually used. The
     /// PyTorch that recorded it accepted the string, so an option this parser does not know (a
     /// newer release's) is left out, not refused: [`Config::unmodelled_options`] names them.
-    pub fn from_recorded(s: &AllocatorSettings, version: Version) -> Result<Config> {
+    pub(crate) fn from_recorded(s: &AllocatorSettings, version: Version) -> Result<Config> {
         Config::from_recorded_as(s, version, Flavour::Cuda)
     }
 
     /// [`Config::from_recorded`] for `flavour`'s allocator (torch_npu's settings string is
     /// `PYTORCH_NPU_ALLOC_CONF`, parsed by its rules).
-    pub fn from_recorded_as(
+    pub(crate) fn from_recorded_as(
         s: &AllocatorSettings,
         version: Version,
         flavour: Flavour,
@@ -1137,14 +1137,15 @@ impl Config {
         Ok(c)
     }
 
+    #[cfg(test)]
     /// The options of a recorded settings string that this parser does not know, which
     /// [`Config::from_recorded`] leaves out of the replay.
-    pub fn unmodelled_options(s: &AllocatorSettings) -> Vec<String> {
+    pub(crate) fn unmodelled_options(s: &AllocatorSettings) -> Vec<String> {
         Config::unmodelled_options_as(s, Flavour::Cuda)
     }
 
     /// [`Config::unmodelled_options`] by `flavour`'s parser.
-    pub fn unmodelled_options_as(s: &AllocatorSettings, flavour: Flavour) -> Vec<String> {
+    pub(crate) fn unmodelled_options_as(s: &AllocatorSettings, flavour: Flavour) -> Vec<String> {
         let mut names = Vec::new();
         if let Some(conf) = s.conf.as_deref() {
             let mut scratch = Config::default_for(flavour);
@@ -1168,7 +1169,7 @@ impl Config {
     }
 
     /// The effective settings in `PYTORCH_CUDA_ALLOC_CONF` syntax (parsing it gives this config).
-    pub fn to_conf_string(&self) -> String {
+    pub(crate) fn to_conf_string(&self) -> String {
         let mut parts = vec![format!(
             "expandable_segments:{}",
             if self.expandable_segments { "True" } else { "False" }
@@ -1217,7 +1218,7 @@ impl Config {
 
     /// The divisions that apply to a request of `n` bytes (docs/pytorch-model.md#divisions: by the
     /// unrounded size).
-    pub fn divisions_for(&self, n: u64) -> u64 {
+    pub(crate) fn divisions_for(&self, n: u64) -> u64 {
         let idx = (n.max(1).ilog2() as i64 - 20).clamp(0, INTERVALS as i64 - 1) as usize;
         self.roundup_power2_divisions[idx]
     }
@@ -1238,7 +1239,7 @@ impl Config {
 
     /// `get_allocation_size`: the cudaMalloc size for a new segment serving `rounded`
     /// (docs/pytorch-model.md#segment-size).
-    pub fn allocation_size(&self, rounded: u64) -> u64 {
+    pub(crate) fn allocation_size(&self, rounded: u64) -> u64 {
         if self.page_size_1g && rounded > SMALL_SIZE {
             return rounded.div_ceil(NPU_EXTRA_LARGE_BUFFER).saturating_mul(NPU_EXTRA_LARGE_BUFFER);
         }
@@ -1252,7 +1253,7 @@ impl Config {
     }
 
     /// The oversize tolerance: how much larger than an oversize request a cached block may be.
-    pub fn tolerance(&self) -> u64 {
+    pub(crate) fn tolerance(&self) -> u64 {
         if self.flavour == Flavour::Npu || self.version < (Version { major: 2, minor: 6 }) {
             LARGE_BUFFER
         } else {
@@ -1262,7 +1263,7 @@ impl Config {
 
     /// `allowed_memory_maximum`: the memory-fraction limit, if one is set
     /// (docs/pytorch-model.md#memory-fraction).
-    pub fn allowed_memory_maximum(&self) -> Option<u64> {
+    pub(crate) fn allowed_memory_maximum(&self) -> Option<u64> {
         let f = self.per_process_memory_fraction?;
         if f >= 1.0 && !self.version.at_most(2, 8) {
             return None;
@@ -1279,7 +1280,7 @@ impl Config {
     /// without one is less than many cards have (141 GB, 192 GB, 288 GB). A recording made with a
     /// small fraction of such a card, replayed under 80 GiB, would fail below its own recorded
     /// peak. Capped at 2^48 bytes (a hostile fraction must not make a reservation size overflow).
-    pub fn least_gpu_memory_for(&self, peak_reserved: u64) -> Option<u64> {
+    pub(crate) fn least_gpu_memory_for(&self, peak_reserved: u64) -> Option<u64> {
         const MOST: u64 = 1 << 48;
         let f = self.per_process_memory_fraction.filter(|f| *f > 0.0)?;
         self.allowed_memory_maximum()?;
@@ -1309,7 +1310,7 @@ impl Config {
     /// gave them expandable segments, one reservation per (stream, pool), as the default pools
     /// have. A recording shows which ([`Config::private_pools_expandable`]), and that wins over
     /// the version.
-    pub fn expandable_in_private_pools(&self) -> bool {
+    pub(crate) fn expandable_in_private_pools(&self) -> bool {
         self.expandable_segments
             && self
                 .private_pools_expandable
@@ -1317,7 +1318,7 @@ impl Config {
     }
 
     /// The expandable page size of a pool (docs/pytorch-model.md#expandable-va-size).
-    pub fn page_size(&self, small: bool) -> u64 {
+    pub(crate) fn page_size(&self, small: bool) -> u64 {
         if small {
             SMALL_BUFFER
         } else if self.page_size_1g {
@@ -1333,7 +1334,7 @@ impl Config {
     /// (docs/pytorch-model.md#expandable-va-size): PyTorch's `numSegments(totalGlobalMem +
     /// totalGlobalMem / 8)` pages, i.e. 9/8 of the GPU's memory (the `/ 8` rounds down) rounded up
     /// to whole pages.
-    pub fn va_size(&self, small: bool) -> u64 {
+    pub(crate) fn va_size(&self, small: bool) -> u64 {
         let page = self.page_size(small);
         let full = va_size_on(self.gpu_memory, page);
         match self.reserve_limit() {
@@ -1345,7 +1346,7 @@ impl Config {
 
     /// The bytes `expandable_segments_reserve` asks each reservation to hold (2.15+; `None`
     /// where it is not set or the modelled release has no such option).
-    pub fn reserve_limit(&self) -> Option<u64> {
+    pub(crate) fn reserve_limit(&self) -> Option<u64> {
         if self.version < Version::V2_15 {
             return None;
         }
@@ -1357,7 +1358,7 @@ impl Config {
 
     /// Whether a request past the memory fraction's limit fails at once
     /// (`throw_on_cudamalloc_oom`, 2.12+, with a fraction below 1).
-    pub fn rejects_past_fraction(&self) -> bool {
+    pub(crate) fn rejects_past_fraction(&self) -> bool {
         self.throw_on_cudamalloc_oom
             && self.version >= Version::V2_12
             && self.allowed_memory_maximum().is_some()
@@ -1366,13 +1367,13 @@ impl Config {
     /// Whether a malloc into private pool `pool` (`None`: the default pools) runs as during a
     /// CUDA graph capture for the three capture gates (docs/pytorch-model.md#capture-not-pool):
     /// before 2.13 any private pool; from 2.13 only a graph capture's.
-    pub fn pool_is_capture(&self, pool: Option<(u64, u64)>) -> bool {
+    pub(crate) fn pool_is_capture(&self, pool: Option<(u64, u64)>) -> bool {
         let Some(id) = pool else { return false };
         self.version < Version::V2_13 || id.0 != 0 || !self.mem_pools.contains(&id)
     }
 
     /// The least release that has `key` (an option of 2.12+), if it is one.
-    pub fn release_of_option(key: &str) -> Option<Version> {
+    pub(crate) fn release_of_option(key: &str) -> Option<Version> {
         match key {
             "throw_on_cudamalloc_oom" | "pinned_free_catch_all" => Some(Version::V2_12),
             "pinned_max_round_threshold_mb" | "pinned_max_cached_size_mb" => Some(Version::V2_13),
@@ -1384,7 +1385,7 @@ impl Config {
     }
 
     /// The newest release any option named in `conf` needs, with the option.
-    pub fn newest_option_release(conf: &str) -> Option<(Version, String)> {
+    pub(crate) fn newest_option_release(conf: &str) -> Option<(Version, String)> {
         tokenize(conf)
             .into_iter()
             .filter_map(|t| Config::release_of_option(&t).map(|v| (v, t)))
@@ -1404,7 +1405,7 @@ fn unknown(key: &str, version: Version) -> Error {
 
 /// `roundup_power2_next_division`: `n` rounded up to the next of `d` steps of its power-of-two
 /// interval.
-pub fn roundup_power2_next_division(n: u64, d: u64) -> u64 {
+pub(crate) fn roundup_power2_next_division(n: u64, d: u64) -> u64 {
     if n.is_power_of_two() {
         return n;
     }
@@ -1425,7 +1426,7 @@ pub fn roundup_power2_next_division(n: u64, d: u64) -> u64 {
 /// bytes (docs/pytorch-model.md#expandable-va-size); at least one page. Saturating: `--capacity`
 /// may be any u64, and the caller's range check refuses a reservation the address space cannot
 /// hold.
-pub fn va_size_on(gpu_memory: u64, page: u64) -> u64 {
+pub(crate) fn va_size_on(gpu_memory: u64, page: u64) -> u64 {
     gpu_memory.saturating_add(gpu_memory / 8).div_ceil(page).max(1).saturating_mul(page)
 }
 

@@ -230,7 +230,7 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
     /// Everything else in the reservation is unmapped. The pool is the small or large pool of
     /// `private_pool`, or of the default pools. Returns the live blocks as allocations (with
     /// their handles), in address order.
-    pub fn install_expandable(
+    pub(crate) fn install_expandable(
         &mut self,
         base: u64,
         va_size: u64,
@@ -337,14 +337,14 @@ impl GpuMemoryFit {
     /// The value to model: the largest consistent one (real drivers place reservations back to
     /// back, so the gap to the next one is the VA size itself); `None` when the bounds conflict
     /// or nothing bounds it from above.
-    pub fn inferred(&self) -> Option<u64> {
+    pub(crate) fn inferred(&self) -> Option<u64> {
         self.max.filter(|&m| m >= self.min)
     }
 
     /// The GPU memory to model where `assumed` was assumed: the inferred value; the assumption
     /// where no value fits; else (nothing bounds it from above) the assumption raised to the
     /// smallest memory that holds the pages.
-    pub fn modelled(&self, assumed: u64) -> u64 {
+    pub(crate) fn modelled(&self, assumed: u64) -> u64 {
         match (self.inferred(), self.max) {
             (Some(g), _) => g,
             (None, Some(_)) => assumed,
@@ -355,7 +355,7 @@ impl GpuMemoryFit {
 
 /// [`gpu_memory_fit`] of a recording: the mapped ranges of its start state and its
 /// `segment_map` events, each with its pool.
-pub fn recorded_gpu_memory_fit(
+pub(crate) fn recorded_gpu_memory_fit(
     events: &[crate::trace::Event],
     start: &super::start::StartState,
     config: &Config,
@@ -386,7 +386,7 @@ pub type MappedPiece = (u64, u64, u64, bool, Option<(u64, u64)>);
 /// pool) that follow each other in address order share a reservation, so its VA holds them (a
 /// lower bound); a reservation starting at its lowest page ends before the next (stream,
 /// pool)'s first page (an upper bound). `None` when there are no expandable pages.
-pub fn gpu_memory_fit(pieces: &[MappedPiece], config: &Config) -> Option<GpuMemoryFit> {
+pub(crate) fn gpu_memory_fit(pieces: &[MappedPiece], config: &Config) -> Option<GpuMemoryFit> {
     let mut pieces = pieces.to_vec();
     pieces.sort_unstable();
     // Runs of one (stream, pool) in address order, as pieces whose second field is the end.

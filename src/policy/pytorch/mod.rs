@@ -19,12 +19,12 @@
 //! pool take ([`Policy::allocate_into`], which the replay and `validate` call from where each
 //! allocation was recorded) and no flush releases, as in PyTorch while the graph or pool lives.
 //! With expandable segments a private pool has reservations of its own, or cudaMalloc segments
-//! as PyTorch before ≈ 2.5 gave it ([`Config::expandable_in_private_pools`]).
+//! as PyTorch before ≈ 2.5 gave it (`Config::expandable_in_private_pools`).
 //!
 //! Deviations: frees take effect when the engine calls [`Policy::free`] (at `free_completed`), so
 //! `record_stream` delays come from the trace; a capture is taken to be underway only for a
 //! malloc made into a private pool or one the caller says ran during a capture
-//! ([`PyTorch::set_capture_underway`]; PyTorch skips the release-everything fallback for every
+//! (`PyTorch::set_capture_underway`; PyTorch skips the release-everything fallback for every
 //! malloc while any capture is underway); a `MemPool` with a custom allocator is known only where
 //! the recording shows it ([`Config::own_allocator_pools`]), else it is modelled as any private
 //! pool; no IPC callbacks (the free-memory callback is taken to release nothing); `cudaMalloc`
@@ -204,7 +204,7 @@ pub struct Stats {
 /// PyTorch's caching allocator. See the module docs.
 ///
 /// `DEFAULT_RULES` true is the same allocator with the decisions that PyTorch's default
-/// configuration fixes made at compile time ([`PyTorch::has_default_rules`]): no garbage
+/// configuration fixes made at compile time (`PyTorch::has_default_rules`): no garbage
 /// collection, no `max_split_size`, no rounding divisions, no expandable segments, requests
 /// that are requests. Those settings are read on every malloc and free, and most runs leave
 /// them at their defaults, so the replay runs that form whenever it can
@@ -357,7 +357,7 @@ impl PyTorch {
     /// A Kineto trace that starts warm (its first `Total Reserved` above what its live blocks'
     /// segments need) also starts with that memory cached, in free segments of assumed sizes
     /// ([`warm::plan`], docs/pytorch-model.md#kineto-warm-start).
-    pub fn reading_kineto(mut self, context: &PolicyContext) -> PyTorch {
+    pub(crate) fn reading_kineto(mut self, context: &PolicyContext) -> PyTorch {
         self.exact_blocks = context.trace.source_format() == crate::trace::Format::Kineto;
         self.warm = warm::plan(&self, context).map(Box::new);
         self
@@ -382,7 +382,7 @@ impl PyTorch {
     /// GPU's memory, which sizes reservations and any `per_process_memory_fraction`: taken from
     /// it, as `validate` infers it, unless the replay knows the GPU's memory
     /// ([`PolicyContext::gpu_memory`]).
-    pub fn with_recorded_start(mut self, context: &PolicyContext) -> PyTorch {
+    pub(crate) fn with_recorded_start(mut self, context: &PolicyContext) -> PyTorch {
         self.start = None;
         let trace = context.trace;
         if trace.source_format() != crate::trace::Format::PytorchSnapshot
@@ -417,19 +417,19 @@ impl PyTorch {
     /// ([`PolicyContext::gpu_memory`]), starting from the recorded start state where there is one.
     /// The allocator is the one that made the recording ([`Flavour::of_trace`]): torch_npu's
     /// for a torch_npu recording, else CUDA's.
-    pub fn from_spec(options: &str, context: &PolicyContext) -> Result<PyTorch> {
+    pub(crate) fn from_spec(options: &str, context: &PolicyContext) -> Result<PyTorch> {
         PyTorch::from_spec_as(options, context, None)
     }
 
     /// [`PyTorch::from_spec`] with CUDA's rules whatever made the recording (`pytorch-cuda`:
     /// what would this run do on a GPU).
-    pub fn cuda_from_spec(options: &str, context: &PolicyContext) -> Result<PyTorch> {
+    pub(crate) fn cuda_from_spec(options: &str, context: &PolicyContext) -> Result<PyTorch> {
         PyTorch::from_spec_as(options, context, Some(Flavour::Cuda))
     }
 
     /// [`PyTorch::from_spec`] with torch_npu's rules whatever made the recording
     /// (`pytorch-npu`; its options are `PYTORCH_NPU_ALLOC_CONF` syntax).
-    pub fn npu_from_spec(options: &str, context: &PolicyContext) -> Result<PyTorch> {
+    pub(crate) fn npu_from_spec(options: &str, context: &PolicyContext) -> Result<PyTorch> {
         PyTorch::from_spec_as(options, context, Some(Flavour::Npu))
     }
 
@@ -445,7 +445,7 @@ impl PyTorch {
 
     /// Like [`PyTorch::from_spec`] with `expandable_segments:True` forced, from an empty cache
     /// (a recording's cudaMalloc segments cannot become mapped pages).
-    pub fn expandable_from_spec(options: &str, context: &PolicyContext) -> Result<PyTorch> {
+    pub(crate) fn expandable_from_spec(options: &str, context: &PolicyContext) -> Result<PyTorch> {
         let config = settings_for(options, context, true, None)?;
         Ok(PyTorch::new(config).reading_kineto(context))
     }
@@ -479,7 +479,7 @@ fn settings_for(
 impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
     /// True when this configuration decides every malloc and free as PyTorch's default one
     /// does: then [`PyTorch::with_default_rules`] makes the same decisions.
-    pub fn has_default_rules(&self) -> bool {
+    pub(crate) fn has_default_rules(&self) -> bool {
         !self.gc_on
             && self.plain_rounding
             && !self.exact_blocks
@@ -492,7 +492,7 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
     /// time, when it [`has_default_rules`](PyTorch::has_default_rules); else itself, unchanged.
     // Both variants are the policy itself, moved once per replay; boxing it would buy nothing.
     #[allow(clippy::result_large_err)]
-    pub fn with_default_rules(self) -> std::result::Result<PyTorch<true>, Self> {
+    pub(crate) fn with_default_rules(self) -> std::result::Result<PyTorch<true>, Self> {
         if self.has_default_rules() {
             Ok(self.retyped())
         } else {
@@ -1294,7 +1294,7 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
     }
 
     /// Looks at the block containing `addr`: (start, size, allocated), if any.
-    pub fn block_containing(&self, addr: u64) -> Option<(u64, u64, bool)> {
+    pub(crate) fn block_containing(&self, addr: u64) -> Option<(u64, u64, bool)> {
         // Blocks are few per segment; find the segment, then walk it.
         let head = self.head_containing(addr)?;
         let mut id = head;
@@ -1309,7 +1309,7 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
     }
 
     /// The private pool (`segment_pool_id`) owning the segment that holds `addr`, if it is one.
-    pub fn private_pool_at(&self, addr: u64) -> Option<(u64, u64)> {
+    pub(crate) fn private_pool_at(&self, addr: u64) -> Option<(u64, u64)> {
         let pool = self.b(self.head_containing(addr)?).pool;
         pool.checked_sub(1).map(|k| self.private_pools[k as usize])
     }
@@ -1340,7 +1340,7 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
     /// `None` when free). Free neighbours are merged. A segment of a `private_pool` goes to that
     /// pool, whose free blocks only mallocs made into it take (see `PyTorch::private_pools`).
     /// Returns the live blocks as allocations (with their handles), in address order.
-    pub fn install_segment(
+    pub(crate) fn install_segment(
         &mut self,
         addr: u64,
         size: u64,
@@ -1398,7 +1398,7 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
     /// stream: PyTorch then skips the release-every-cached-segment fallback for every malloc,
     /// not only for those made into the capture's pool. The trace does not mark capture;
     /// `validate` tells it from an `oom` that no release preceded.
-    pub fn set_capture_underway(&mut self, underway: bool) {
+    pub(crate) fn set_capture_underway(&mut self, underway: bool) {
         self.capture_underway = underway;
     }
 
@@ -1565,7 +1565,7 @@ fn placed_tiling(
 /// Either way, whether private pools get expandable segments of their own is what the recording
 /// shows of the PyTorch that made it, where it shows it
 /// ([`start::PrivatePoolMemory`]).
-pub fn config_for(
+pub(crate) fn config_for(
     options: &str,
     context: &PolicyContext,
     version: Version,
@@ -1625,7 +1625,7 @@ impl<const DEFAULT_RULES: bool> Policy for PyTorch<DEFAULT_RULES> {
         true
     }
 
-    /// Runs [`PyTorch::with_default_rules`] where the configuration allows it.
+    /// Runs `PyTorch::with_default_rules` where the configuration allows it.
     fn run_by<R: super::PolicyRunner>(self, name: &str, runner: R) -> R::Output {
         if DEFAULT_RULES {
             return runner.run(name, self);
@@ -1636,7 +1636,7 @@ impl<const DEFAULT_RULES: bool> Policy for PyTorch<DEFAULT_RULES> {
         }
     }
 
-    /// Installs the recorded start state ([`PyTorch::with_recorded_start`]): each segment, and
+    /// Installs the recorded start state (`PyTorch::with_recorded_start`): each segment, and
     /// each expandable reservation with its mapped ranges, is obtained from `backend` (at the
     /// backend's address, the recorded layout shifted with it) and tiled as it stood; the blocks
     /// of `live_at_start` found there are handed back at their new addresses. A segment or
@@ -1771,7 +1771,7 @@ impl<const DEFAULT_RULES: bool> Policy for PyTorch<DEFAULT_RULES> {
     /// pool's free blocks, a new segment belongs to it, and none falls back to releasing every
     /// cached segment (PyTorch skips that while a capture is underway). With expandable
     /// segments, the pool's new memory is pages of its own reservations, or cudaMalloc segments
-    /// in PyTorch before ≈ 2.5 ([`Config::expandable_in_private_pools`]).
+    /// in PyTorch before ≈ 2.5 (`Config::expandable_in_private_pools`).
     fn allocate_into(&mut self, pool: Option<(u64, u64)>) -> Result<()> {
         self.into = self.pool_number(pool)?;
         Ok(())

@@ -14,7 +14,7 @@
 //! large-pool block is always larger than 1 MiB); otherwise `round_size(request)` is the default
 //! and the block may be up to 1 MiB longer. Such an orphan is *ambiguous*, and the decisions that
 //! depend on its size are undeterminable unless the trace later proves its size
-//! (docs/pytorch-model.md#orphan-growth, [`StartState::extend`]). With `max_split_size`, an
+//! (docs/pytorch-model.md#orphan-growth, `StartState::extend`). With `max_split_size`, an
 //! oversize orphan was never split: it fills a room below the tolerance.
 //!
 //! Expandable segments (docs/pytorch-model.md#expandable-start): the mapped ranges at the start
@@ -24,8 +24,7 @@
 //! unmapped before recording).
 
 use super::config::{Config, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE};
-use super::{MappedRange, PyTorch, Tiling};
-use crate::error::Result;
+use super::Tiling;
 use crate::trace::lifetimes::{self, Lifetimes};
 use crate::trace::pool_routes::PoolRoutes;
 use crate::trace::{Action, BlockState, Event, Trace};
@@ -48,7 +47,7 @@ pub struct Reservation {
 
 impl Reservation {
     /// Whether the mapped range `s` lies in this reservation.
-    pub fn holds(&self, s: &StartSegment) -> bool {
+    pub(crate) fn holds(&self, s: &StartSegment) -> bool {
         s.expandable
             && (s.stream, s.small, s.private_pool) == (self.stream, self.small, self.private_pool)
             && self.contains(s.addr)
@@ -82,7 +81,7 @@ pub struct LiveAtStart {
 
 impl LiveAtStart {
     /// True when the size is a guess that could be up to `max_size`.
-    pub fn ambiguous(&self) -> bool {
+    pub(crate) fn ambiguous(&self) -> bool {
         self.orphan && !self.proven && self.max_size > self.size
     }
 }
@@ -135,7 +134,7 @@ impl StartState {
 
     /// [`StartState::recover`] with the events' lifetime [`scan`](lifetimes::scan) already done
     /// (a replay's [`PolicyContext::lifetimes`](crate::policy::PolicyContext::lifetimes)).
-    pub fn recover_from(
+    pub(crate) fn recover_from(
         trace: &Trace,
         device: i32,
         events: &[Event],
@@ -269,12 +268,12 @@ impl StartState {
     }
 
     /// The orphan at `addr`, if any.
-    pub fn orphan(&self, addr: u64) -> Option<&LiveAtStart> {
+    pub(crate) fn orphan(&self, addr: u64) -> Option<&LiveAtStart> {
         self.segments.iter().flat_map(|s| &s.live).find(|b| b.orphan && b.addr == addr)
     }
 
     /// Every ambiguous orphan's address.
-    pub fn ambiguous(&self) -> Vec<u64> {
+    pub(crate) fn ambiguous(&self) -> Vec<u64> {
         self.segments
             .iter()
             .flat_map(|s| &s.live)
@@ -285,7 +284,7 @@ impl StartState {
 
     /// A recorded placement at `addr` shows that the ambiguous orphan ending just before it
     /// was longer. Extends that orphan to end at `addr` and returns its address, if one fits.
-    pub fn extend(&mut self, addr: u64) -> Option<u64> {
+    pub(crate) fn extend(&mut self, addr: u64) -> Option<u64> {
         let seg = self.segments.iter_mut().find(|s| s.addr <= addr && addr < s.addr + s.size)?;
         let o = seg
             .live
@@ -298,7 +297,7 @@ impl StartState {
     }
 
     /// A copy with the orphan at `addr` at its largest feasible size (for undeterminable checks).
-    pub fn with_longest(&self, addr: u64) -> StartState {
+    pub(crate) fn with_longest(&self, addr: u64) -> StartState {
         let mut s = self.clone();
         for b in s.segments.iter_mut().flat_map(|s| s.live.iter_mut()) {
             if b.addr == addr {
@@ -309,7 +308,7 @@ impl StartState {
     }
 
     /// A copy with the orphan at `addr` given `size` bytes.
-    pub fn with_size(&self, addr: u64, size: u64) -> StartState {
+    pub(crate) fn with_size(&self, addr: u64, size: u64) -> StartState {
         let mut s = self.clone();
         s.set_size(addr, size);
         s
@@ -317,7 +316,7 @@ impl StartState {
 
     /// Gives the orphan at `addr` `size` bytes: a new lower bound the trace showed
     /// (docs/pytorch-model.md#orphan-growth).
-    pub fn set_size(&mut self, addr: u64, size: u64) {
+    pub(crate) fn set_size(&mut self, addr: u64, size: u64) {
         for b in self.segments.iter_mut().flat_map(|s| s.live.iter_mut()) {
             if b.addr == addr {
                 b.size = size.min(b.max_size);
@@ -326,7 +325,7 @@ impl StartState {
     }
 
     /// The ambiguous orphans in the segment that holds `addr`.
-    pub fn ambiguous_near(&self, addr: u64) -> Vec<u64> {
+    pub(crate) fn ambiguous_near(&self, addr: u64) -> Vec<u64> {
         self.segments
             .iter()
             .filter(|s| s.addr <= addr && addr < s.addr + s.size)
@@ -337,12 +336,12 @@ impl StartState {
     }
 
     /// Reserved bytes at the first event.
-    pub fn reserved(&self) -> u64 {
+    pub(crate) fn reserved(&self) -> u64 {
         self.segments.iter().fold(0u64, |sum, s| sum.saturating_add(s.size))
     }
 
     /// The (start, size, live request) tiling of one segment or mapped range.
-    pub fn tiling(s: &StartSegment) -> Tiling {
+    pub(crate) fn tiling(s: &StartSegment) -> Tiling {
         let mut blocks = Vec::with_capacity(2 * s.live.len() + 1);
         let mut pos = s.addr;
         let end = s.addr + s.size;
@@ -365,25 +364,6 @@ impl StartState {
         }
         blocks
     }
-
-    /// Builds the policy's state: every segment with its live and free blocks.
-    pub fn install(&self, policy: &mut PyTorch) -> Result<()> {
-        for r in &self.reservations {
-            let ranges: Vec<MappedRange> = self
-                .segments
-                .iter()
-                .filter(|s| r.holds(s))
-                .map(|s| (s.addr, s.size, Self::tiling(s)))
-                .collect();
-            let pool = (r.stream, r.small, r.private_pool);
-            policy.install_expandable(r.base, r.va_size, pool, &ranges)?;
-        }
-        for s in self.segments.iter().filter(|s| !s.expandable) {
-            let blocks = Self::tiling(s);
-            policy.install_segment(s.addr, s.size, s.stream, s.small, s.private_pool, &blocks)?;
-        }
-        Ok(())
-    }
 }
 
 /// True when `device` of `trace` shows expandable segments in use, whatever its recorded
@@ -392,7 +372,7 @@ impl StartState {
 /// settings (docs/pytorch-model.md#npu); a replay or validation of the recorded settings then
 /// follows the pages, not the string. `events`: the device's events, or a streamed replay's
 /// digest (which keeps the first segment events).
-pub fn shows_expandable(trace: &Trace, device: i32, events: &[Event]) -> bool {
+pub(crate) fn shows_expandable(trace: &Trace, device: i32, events: &[Event]) -> bool {
     trace.segments_of(device).any(|s| s.is_expandable)
         || events.iter().any(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap))
 }
@@ -463,7 +443,7 @@ impl PrivatePoolMemory {
     }
 
     /// Models what it shows in `config`.
-    pub fn apply_to(&self, config: &mut Config) {
+    pub(crate) fn apply_to(&self, config: &mut Config) {
         config.private_pools_expandable = self.expandable;
         config.own_allocator_pools.clone_from(&self.own_allocator);
     }
@@ -718,7 +698,7 @@ fn infer_orphan_sizes(s: &mut StartSegment, config: &Config) {
 /// `torch/cuda/graphs.py` (`capture_begin`, `make_graphed_callables`). Only where entries
 /// name their pool and stacks were kept; elsewhere none (every private pool is taken to be a
 /// graph capture's).
-pub fn mem_pools_by_stacks(trace: &Trace, events: &[Event]) -> Vec<(u64, u64)> {
+pub(crate) fn mem_pools_by_stacks(trace: &Trace, events: &[Event]) -> Vec<(u64, u64)> {
     if trace.entry_pools.is_none() || trace.frames.is_empty() {
         return Vec::new();
     }

@@ -20,7 +20,7 @@ use crate::policy::{Policy, PolicyContext};
 use crate::trace::{Action, Format};
 use std::collections::HashMap;
 
-/// The cached segments a warm Kineto trace starts with, as [`plan`] assumes them.
+/// The cached segments a warm Kineto trace starts with, as `plan` assumes them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct WarmCache {
     /// The recorded `Total Reserved` at the first event, after it (the reserve to reach).
@@ -47,7 +47,10 @@ const MAX_PIECES: u64 = 1 << 16;
 /// segment there, where the recorded `Total Reserved` did not grow, found that memory cached in
 /// the real run: the segment joins [`WarmCache::segments`]. One where the recording grew made a
 /// segment in the real run too, and is left to make it again.
-pub fn plan<const D: bool>(policy: &PyTorch<D>, context: &PolicyContext) -> Option<WarmCache> {
+pub(crate) fn plan<const D: bool>(
+    policy: &PyTorch<D>,
+    context: &PolicyContext,
+) -> Option<WarmCache> {
     let trace = context.trace;
     if trace.source_format() != Format::Kineto || context.device < 0 {
         return None;
@@ -114,7 +117,7 @@ impl WarmCache {
     /// reserve, then the rest (in 512-byte units) as large-pool segments of at most
     /// [`WarmCache::piece_bytes`] (one segment when that is `None`). Empty when the live
     /// blocks already reserve the recorded total.
-    pub fn to_install(&self, reserved: u64) -> Vec<(u64, u64, bool)> {
+    pub(crate) fn to_install(&self, reserved: u64) -> Vec<(u64, u64, bool)> {
         let mut left = self.reserved_bytes.saturating_sub(reserved);
         let mut out = Vec::new();
         for &(size, stream, small) in &self.segments {

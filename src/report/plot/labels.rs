@@ -3,7 +3,7 @@
 //! A label drawn at the point it names hides the lines around that point, and on a chart where
 //! several policies peak at the same moment it hides the very peaks it labels. [`Occupancy`]
 //! records which pixels of the plot hold data (lines, markers, filled areas, each with a weight);
-//! [`place`] then puts each label box, one after another, where it covers the least data,
+//! `place` then puts each label box, one after another, where it covers the least data,
 //! overlaps no box placed before it nor another label's anchor, stays inside the plot, and,
 //! among equally clear places, sits nearest its anchor. A leader line joins box and anchor.
 
@@ -20,7 +20,7 @@ pub struct Occupancy {
 
 impl Occupancy {
     /// An empty plot area spanning pixels `x0..x1` × `y0..y1`.
-    pub fn new((x0, x1): (i32, i32), (y0, y1): (i32, i32)) -> Occupancy {
+    pub(crate) fn new((x0, x1): (i32, i32), (y0, y1): (i32, i32)) -> Occupancy {
         let (w, h) = ((x1 - x0).max(1), (y1 - y0).max(1));
         Occupancy { x0, y0, w, h, weight: vec![0; (w * h) as usize], sums: Vec::new() }
     }
@@ -66,7 +66,7 @@ impl Occupancy {
     }
 
     /// Builds the sums [`Occupancy::cost`] reads; call once, after marking.
-    pub fn finish(&mut self) {
+    pub(crate) fn finish(&mut self) {
         let (w, h) = (self.w as usize, self.h as usize);
         let mut sums = vec![0u64; (w + 1) * (h + 1)];
         for y in 0..h {
@@ -80,7 +80,7 @@ impl Occupancy {
     }
 
     /// The summed weight of the pixels of the box `[x0, x1) × [y0, y1)` (clipped to the area).
-    pub fn cost(&self, (x0, y0, x1, y1): (i32, i32, i32, i32)) -> u64 {
+    pub(crate) fn cost(&self, (x0, y0, x1, y1): (i32, i32, i32, i32)) -> u64 {
         let w1 = self.w as usize + 1;
         let cx = |x: i32| (x - self.x0).clamp(0, self.w) as usize;
         let cy = |y: i32| (y - self.y0).clamp(0, self.h) as usize;
@@ -94,7 +94,7 @@ impl Occupancy {
     }
 
     /// The area's pixel bounds `(x0, y0, x1, y1)`.
-    pub fn bounds(&self) -> (i32, i32, i32, i32) {
+    pub(crate) fn bounds(&self) -> (i32, i32, i32, i32) {
         (self.x0, self.y0, self.x0 + self.w, self.y0 + self.h)
     }
 }
@@ -105,7 +105,7 @@ pub type LabelBox = (i32, i32, i32, i32);
 /// Places boxes of `sizes` (`(width, height)`) for labels of the points `anchors`, in the order
 /// given (put the most important first), as the module docs say; `keep_clear` is the radius
 /// around every anchor no other label may cover. Returns each box.
-pub fn place(
+pub(crate) fn place(
     occupancy: &Occupancy,
     anchors: &[(i32, i32)],
     sizes: &[(i32, i32)],

@@ -1,5 +1,5 @@
 //! The report's charts, one file each, every one written as PNG and SVG through
-//! [`style::write_chart`]. Colours, markers, fonts and shared drawing helpers live in [`style`],
+//! `style::write_chart`. Colours, markers, fonts and shared drawing helpers live in [`style`],
 //! so no chart copies another's plotting code.
 
 pub mod fragmentation;

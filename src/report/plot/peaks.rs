@@ -24,7 +24,7 @@ pub struct Peaks<'a> {
 const ROW: u32 = 46;
 
 /// The three parts of a policy's peak, in bytes: requested, rounding, cached free.
-pub fn split(run: &PolicyRun) -> (u64, u64, u64) {
+pub(crate) fn split(run: &PolicyRun) -> (u64, u64, u64) {
     let peak = run.output.result.peak_reserved_bytes;
     let d = &run.output.detail;
     let requested = d.requested_at_peak_bytes.min(peak);

@@ -67,7 +67,7 @@ impl Part {
 
 /// A segment's blocks as `(offset, length, part)` runs in address order, neighbouring runs of
 /// the same part merged (their boundaries cannot be seen at any useful size).
-pub fn runs(segment: &Segment) -> Vec<(u64, u64, Part)> {
+pub(crate) fn runs(segment: &Segment) -> Vec<(u64, u64, Part)> {
     let mut out: Vec<(u64, u64, Part)> = Vec::new();
     let mut push = |offset: u64, len: u64, part: Part| {
         if len == 0 {
@@ -167,7 +167,7 @@ pub struct SegmentChart<'a> {
 
 impl<'a> SegmentChart<'a> {
     /// Prepares the layout of `data`'s segment map.
-    pub fn new(data: &'a ReportData) -> SegmentChart<'a> {
+    pub(crate) fn new(data: &'a ReportData) -> SegmentChart<'a> {
         let mut order: Vec<&Segment> = data.segment_map.segments.iter().collect();
         order.sort_by_key(|s| (std::cmp::Reverse(s.total_size), s.address));
         let largest = order.first().map_or(1, |s| s.total_size.max(1));

@@ -51,7 +51,7 @@ impl SiteBar {
 
 /// The bars of one policy's breakdown: every site's three parts, the largest `n` totals first,
 /// the rest as one `(other)` bar, so the bars add up to the reserved bytes.
-pub fn bars(a: &Attribution, n: usize) -> Vec<SiteBar> {
+pub(crate) fn bars(a: &Attribution, n: usize) -> Vec<SiteBar> {
     let mut by: HashMap<&str, SiteBar> = HashMap::new();
     let bar = |site: &str| SiteBar { site: site.to_string(), live: 0, rounding: 0, cached: 0 };
     for s in &a.sites {

@@ -14,7 +14,7 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 use std::path::{Path, PathBuf};
 use std::sync::Once;
 
-/// The font family every chart uses (registered by [`ensure_font`]).
+/// The font family every chart uses (registered by `ensure_font`).
 pub const FONT: &str = "sans-serif";
 
 /// The outcome of drawing: plotters' errors carried as text (they are generic over the backend).
@@ -33,7 +33,7 @@ impl<T, E: std::fmt::Display> OrDrawError<T> for std::result::Result<T, E> {
 }
 
 /// Registers DejaVu Sans (regular and bold) as [`FONT`]; later calls do nothing.
-pub fn ensure_font() {
+pub(crate) fn ensure_font() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         // The bytes are a font compiled into the binary: registration cannot fail on them, and if
@@ -52,7 +52,7 @@ pub trait Chart {
 }
 
 /// Renders `chart` as `DIR/STEM.png` and `DIR/STEM.svg` and returns both paths.
-pub fn write_chart(chart: &impl Chart, dir: &Path, stem: &str) -> Result<Vec<PathBuf>> {
+pub(crate) fn write_chart(chart: &impl Chart, dir: &Path, stem: &str) -> Result<Vec<PathBuf>> {
     ensure_font();
     let size = chart.size();
     let png = dir.join(format!("{stem}.png"));
@@ -76,7 +76,7 @@ pub fn write_chart(chart: &impl Chart, dir: &Path, stem: &str) -> Result<Vec<Pat
 }
 
 /// Text of `size` pixels in [`FONT`], dark grey.
-pub fn text(size: u32) -> TextStyle<'static> {
+pub(crate) fn text(size: u32) -> TextStyle<'static> {
     (FONT, size).into_font().color(&INK)
 }
 
@@ -412,7 +412,7 @@ pub(crate) fn text_width(s: &str, size: u32) -> i32 {
 }
 
 /// `s`, shortened to at most `max` characters with a trailing ellipsis.
-pub fn truncate(s: &str, max: usize) -> String {
+pub(crate) fn truncate(s: &str, max: usize) -> String {
     if s.chars().count() <= max {
         s.to_string()
     } else {

@@ -1,6 +1,6 @@
 //! `timeline.*`: reserved (solid) and allocated (dashed) bytes over time for every policy on one
 //! chart, the live requested bytes as a grey floor, each policy's peak marked and labelled. With
-//! more than [`MOST_DRAWN`] policies (`-p all`), the main chart draws only its [`focus`] (the
+//! more than [`MOST_DRAWN`] policies (`-p all`), the main chart draws only its `focus` (the
 //! recorded settings, the best policy and `bound`, over the recorded band) and `timeline-all.*`
 //! draws every policy.
 //!
@@ -25,23 +25,23 @@ use plotters::style::text_anchor::{HPos, VPos};
 pub struct Timeline<'a> {
     /// What to draw.
     pub data: &'a ReportData,
-    /// The policies drawn: all of them, or the [`focus`] of many.
+    /// The policies drawn: all of them, or the `focus` of many.
     pub runs: Vec<&'a PolicyRun>,
 }
 
-/// More policies than this and the main timeline draws only its [`focus`]: ten overlapping
+/// More policies than this and the main timeline draws only its `focus`: ten overlapping
 /// step lines and their peak labels read as spaghetti.
 pub const MOST_DRAWN: usize = 4;
 
 impl<'a> Timeline<'a> {
     /// The main timeline: every policy when there are at most [`MOST_DRAWN`], else the
     /// [`focus`].
-    pub fn main(data: &'a ReportData) -> Timeline<'a> {
+    pub(crate) fn main(data: &'a ReportData) -> Timeline<'a> {
         Timeline { data, runs: focus(data) }
     }
 
     /// Every policy, for `timeline-all.*` beside a main timeline that drew only its focus.
-    pub fn every(data: &'a ReportData) -> Timeline<'a> {
+    pub(crate) fn every(data: &'a ReportData) -> Timeline<'a> {
         Timeline { data, runs: data.runs.iter().collect() }
     }
 }
@@ -50,7 +50,7 @@ impl<'a> Timeline<'a> {
 /// (`pytorch`, the policy that replays what the program ran with), the best (least peak reserved
 /// among the runs that did not run out of memory) and `bound` (the floor no policy beats); the
 /// recorded run is drawn anyway, as a band. Every run when there are at most [`MOST_DRAWN`].
-pub fn focus(data: &ReportData) -> Vec<&PolicyRun> {
+pub(crate) fn focus(data: &ReportData) -> Vec<&PolicyRun> {
     if data.runs.len() <= MOST_DRAWN {
         return data.runs.iter().collect();
     }

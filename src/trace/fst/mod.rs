@@ -122,7 +122,7 @@ pub fn read(data: &[u8], options: &ReadOptions) -> Result<Trace> {
 }
 
 /// Reads an .fst file from a stream, one record at a time.
-pub fn read_from(input: &mut dyn BufRead, _options: &ReadOptions) -> Result<Trace> {
+pub(crate) fn read_from(input: &mut dyn BufRead, _options: &ReadOptions) -> Result<Trace> {
     let mut head = [0u8; 12];
     let got = read_up_to(input, &mut head)?;
     if !head[..got].starts_with(MAGIC) {
@@ -356,7 +356,7 @@ fn intern_frames(lists: Vec<Vec<Frame>>) -> Result<FrameTable> {
 
 /// An `.fst` file opened to stream one device's events, record by
 /// record, without loading them: what `replay` runs on. Opening reads the head (frames, final
-/// segments, settings, each device's event count); [`FstStream::each_event`] then reads the file
+/// segments, settings, each device's event count); `FstStream::each_event` then reads the file
 /// again from its start for each pass, holding one record at a time, so memory does not grow with
 /// the trace's length.
 ///
@@ -522,7 +522,7 @@ impl FstStream {
     }
 
     /// The trace without its events (no devices): format, frames, final segments, settings.
-    pub fn head(&self) -> &Trace {
+    pub(crate) fn head(&self) -> &Trace {
         &self.head
     }
 
@@ -539,13 +539,13 @@ impl FstStream {
     }
 
     /// The number of events of `device`, if the file has it.
-    pub fn events_of(&self, device: i32) -> Option<u64> {
+    pub(crate) fn events_of(&self, device: i32) -> Option<u64> {
         self.devices.iter().find(|d| d.0 == device).map(|d| d.1)
     }
 
     /// The device with the most events (ties: the lowest number), as [`Trace::default_device`]
     /// picks it from a loaded trace.
-    pub fn default_device(&self) -> Option<i32> {
+    pub(crate) fn default_device(&self) -> Option<i32> {
         self.devices.iter().max_by_key(|d| (d.1, -(d.0 as i64))).map(|d| d.0)
     }
 
@@ -554,7 +554,7 @@ impl FstStream {
     /// to the end and checks the rest as the loader does (every event of every device, the
     /// declared counts, nothing after the last record): the first pass of a replay does, so a
     /// file the loader rejects is rejected here too. Errors name the file.
-    pub fn each_event(
+    pub(crate) fn each_event(
         &self,
         device: i32,
         limit: u64,
@@ -869,7 +869,7 @@ fn check_segments(segments: &[Segment]) -> Result<()> {
 }
 
 /// What writing `trace` as .fst leaves out: nothing, the format holds the whole model.
-pub fn losses(_trace: &Trace) -> Vec<String> {
+pub(crate) fn losses(_trace: &Trace) -> Vec<String> {
     Vec::new()
 }
 

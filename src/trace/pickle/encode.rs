@@ -185,7 +185,7 @@ impl Encoder {
     }
 
     /// Writes `(a, b)`: a two-int tuple (`segment_pool_id`).
-    pub fn pair(&mut self, a: i128, b: i128) {
+    pub(crate) fn pair(&mut self, a: i128, b: i128) {
         self.int_uncounted(a);
         self.int_uncounted(b);
         self.out.push(0x86); // TUPLE2
@@ -197,12 +197,12 @@ impl Encoder {
     /// Starts remembering the value about to be written, so [`Encoder::reuse`] can refer to it
     /// (used for frame lists shared by many entries). Returns the memo index it will have: the
     /// container opened next takes it.
-    pub fn next_memo(&self) -> u32 {
+    pub(crate) fn next_memo(&self) -> u32 {
         self.memo_len
     }
 
     /// Writes a reference to a container memoized earlier (its [`Encoder::next_memo`] index).
-    pub fn reuse(&mut self, memo: u32) {
+    pub(crate) fn reuse(&mut self, memo: u32) {
         self.get(memo);
         self.wrote();
     }

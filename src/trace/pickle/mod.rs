@@ -24,7 +24,7 @@
 //!   slot and container item costs an opcode byte, so memory is a small multiple of the input
 //!   size; decoding is a flat loop with no recursion, and containers are dropped flat, so a
 //!   hostile nesting depth cannot overflow the call stack. The recursive helper
-//!   ([`Pickle::depth`]) is capped; [`Pickle::find_dropped`] walks with its own stack.
+//!   (`Pickle::depth`) is capped; `Pickle::find_dropped` walks with its own stack.
 //! - **Streamed when asked.** [`decode_stream`] runs the same loop on a `BufRead` and hands the
 //!   items of `root[key][d]` (a snapshot's trace entries) to a [`Sink`] one batch at a time,
 //!   then discards them (see `stream.rs`): memory is the rest of the pickle plus one batch.
@@ -61,7 +61,7 @@ pub enum Value {
     /// A `float`.
     Float(f64),
     /// A `str`: index into the string table; its bytes are UTF-8, or Python's `surrogatepass`
-    /// variant (see [`Pickle::text`] and [`Pickle::str_bytes`]).
+    /// variant (see `Pickle::text` and [`Pickle::str_bytes`]).
     Str(u32),
     /// A `bytes` or `bytearray`: index into the string table (see [`Pickle::bytes`]).
     Bytes(u32),
@@ -215,7 +215,7 @@ impl<'a> Pickle<'a> {
     /// The byte offset in the input of the opcode that built container `v` (`EMPTY_LIST`,
     /// `DICT`, `TUPLE2`, ...), so errors found in the decoded data can point into the file;
     /// `None` for a scalar, which has no object of its own to point at.
-    pub fn offset_of(&self, v: Value) -> Option<u64> {
+    pub(crate) fn offset_of(&self, v: Value) -> Option<u64> {
         match v {
             Value::List(i) | Value::Tuple(i) | Value::Set(i) => self.seqs.offset(i as usize),
             Value::Dict(i) => self.dicts.offset(i as usize),
@@ -263,14 +263,14 @@ impl<'a> Pickle<'a> {
 
     /// A `str` as text: borrowed when it is valid UTF-8, else decoded lossily (Python writes lone
     /// surrogates, which UTF-8 cannot hold, with `surrogatepass`).
-    pub fn text(&self, v: Value) -> Option<std::borrow::Cow<'_, str>> {
+    pub(crate) fn text(&self, v: Value) -> Option<std::borrow::Cow<'_, str>> {
         self.str_bytes(v).map(String::from_utf8_lossy)
     }
 
     /// Whether a [`Value::Dropped`] or [`Value::Handle`] is reachable from `v`: `Some` with the
     /// byte offset of the container holding the first one found (when known). Each container is visited once, with
     /// an explicit stack (no recursion), so cycles and hostile depths stay cheap.
-    pub fn find_dropped(&self, v: Value) -> Option<Option<u64>> {
+    pub(crate) fn find_dropped(&self, v: Value) -> Option<Option<u64>> {
         let gone = |x: Value| matches!(x, Value::Dropped | Value::Handle(_));
         if gone(v) {
             return Some(None);
@@ -300,11 +300,12 @@ impl<'a> Pickle<'a> {
         None
     }
 
+    #[cfg(test)]
     /// The nesting depth of `v` (a scalar is 0, `[]` is 1, `[[1]]` is 2), counting at most `cap`
     /// levels, so cycles (`l.append(l)`) and hostile depths stay cheap. It goes level by level,
     /// each container once per level, so shared objects (`l = [m, m]`, `m = [k, k]`, ...) cost
     /// at most `cap` passes over the containers, never one walk per path.
-    pub fn depth(&self, v: Value, cap: usize) -> usize {
+    pub(crate) fn depth(&self, v: Value, cap: usize) -> usize {
         let key = |x: Value| match x {
             Value::List(i) | Value::Tuple(i) | Value::Set(i) => Some((false, i)),
             Value::Dict(i) => Some((true, i)),

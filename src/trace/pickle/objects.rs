@@ -4,7 +4,7 @@
 //!
 //! Containers are numbered in the order they are begun, and that number stands where a decoded
 //! pickle keeps the byte offset of the opcode that built the container
-//! ([`Pickle::offset_of`]): an error the reader reports "at byte N" of such a pickle is about
+//! (`Pickle::offset_of`): an error the reader reports "at byte N" of such a pickle is about
 //! container N, which the builder's caller can name by its key path. Containers dropped with
 //! [`Builder::rollback`] (a streamed read drops each batch of trace entries once converted) give
 //! their indices to the next ones, not their numbers.
@@ -62,8 +62,9 @@ pub struct Builder {
 }
 
 impl Builder {
+    #[cfg(test)]
     /// An empty builder.
-    pub fn new() -> Builder {
+    pub(crate) fn new() -> Builder {
         Builder::default()
     }
 
