@@ -81,12 +81,12 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     /// A new error of `kind` with `message` (lower case, no final period).
-    pub(crate) fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
         Error { kind, message: message.into(), location: Location::default(), source: None }
     }
 
     /// A usage error: a bad flag or option value.
-    pub(crate) fn usage(message: impl Into<String>) -> Error {
+    pub fn usage(message: impl Into<String>) -> Error {
         Error::new(ErrorKind::Usage, message)
     }
 
@@ -125,7 +125,7 @@ impl Error {
     /// An I/O error while writing `what` (`"CSV"`, `"to stdout"`): the message reads
     /// `writing {what}: {err}`, and `err` stays the [source](std::error::Error::source), so the
     /// binary can tell a closed pipe (see [`Error::is_broken_pipe`]) from a full disk.
-    pub(crate) fn writing(what: &str, err: std::io::Error) -> Error {
+    pub fn writing(what: &str, err: std::io::Error) -> Error {
         Error {
             kind: ErrorKind::Io,
             message: format!("writing {what}: {err}"),
@@ -170,7 +170,7 @@ impl Error {
     }
 
     /// Names the file, unless one is named already.
-    pub(crate) fn in_file(mut self, path: &Path) -> Error {
+    pub fn in_file(mut self, path: &Path) -> Error {
         if self.location.file.is_none() {
             self.location.file = Some(path.to_path_buf());
         }
@@ -186,7 +186,7 @@ impl Error {
     }
 
     /// Names the place in the file, unless one is named already.
-    pub(crate) fn at(mut self, place: Place) -> Error {
+    pub fn at(mut self, place: Place) -> Error {
         if self.location.place.is_none() {
             self.location.place = Some(place);
         }

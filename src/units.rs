@@ -18,7 +18,7 @@ pub const GIB: u64 = 1 << 30;
 ///
 /// Binary suffixes (`KiB`, `MiB`, `GiB`, `TiB`) are powers of 1024; decimal ones (`kB`, `MB`,
 /// `GB`, `TB`) powers of 1000, as GPU data sheets use them. Suffixes are case-insensitive.
-pub(crate) fn parse_size(text: &str) -> Result<u64> {
+pub fn parse_size(text: &str) -> Result<u64> {
     let t = text.trim();
     if t.starts_with('-') {
         return Err(Error::usage(format!("invalid size '{text}': a size is not negative")));

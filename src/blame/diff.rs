@@ -220,7 +220,7 @@ pub(crate) fn summarize(side: &Side, options: &BlameOptions) -> Result<SideSumma
 
 /// The diff of two summarised runs, and the aligned allocation pairs as ordinals (`(i, j)`
 /// matches A's i-th allocation with B's j-th, in A's order).
-pub(crate) fn compare(
+pub fn compare(
     a: &SideSummary,
     b: &SideSummary,
     options: &BlameOptions,

@@ -105,7 +105,7 @@ pub const ANNOTATION_NONE: &str = "(no annotation)";
 
 impl GroupBy {
     /// The name used on the command line and in JSON.
-    pub(crate) fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             GroupBy::Site => "site",
             GroupBy::Function => "function",

@@ -445,7 +445,7 @@ pub fn names() -> Vec<&'static str> {
 /// Whether the built-in policy called `name` is configured by an allocator's settings
 /// (`PYTORCH_CUDA_ALLOC_CONF` for the pytorch policies): what the commands test, rather than
 /// the name, before they read, show or export a configuration as settings.
-pub(crate) fn has_allocator_settings(name: &str) -> bool {
+pub fn has_allocator_settings(name: &str) -> bool {
     POLICIES.iter().any(|p| p.name == name && p.has_allocator_settings())
 }
 

@@ -216,7 +216,7 @@ impl DeviceLimit {
     }
 
     /// One line saying what was inferred and from which events, for headers and notes.
-    pub(crate) fn describe(&self) -> String {
+    pub fn describe(&self) -> String {
         let ooms = self
             .flushes
             .iter()

@@ -120,7 +120,7 @@ impl Comparison {
     }
 
     /// The run of the spec given at `index`, if it ran.
-    pub(crate) fn run_of(&self, index: usize) -> Option<&SpecRun> {
+    pub fn run_of(&self, index: usize) -> Option<&SpecRun> {
         self.runs.iter().find(|r| r.index == index)
     }
 }

@@ -15,7 +15,7 @@ pub fn write_results(results: &[PolicyResult], out: &mut impl Write) -> Result<(
 
 /// Like [`write_results`], with the recorded run as a last row when the trace carries its
 /// figures (the JSON's `null`s empty).
-pub(crate) fn write_with_recorded(
+pub fn write_with_recorded(
     results: &[PolicyResult],
     recorded: Option<&RecordedRow>,
     out: &mut impl Write,

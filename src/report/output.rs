@@ -167,7 +167,7 @@ pub fn write_whole(path: &Path, write: impl FnOnce(&mut dyn Write) -> Result<()>
 }
 
 /// [`write_whole`], naming the output by its `flag` in a refusal (`--out`, `--flamegraph`).
-pub(crate) fn write_output(
+pub fn write_output(
     path: &Path,
     flag: &str,
     write: impl FnOnce(&mut dyn Write) -> Result<()>,
@@ -238,7 +238,7 @@ fn default_permissions() -> Option<std::fs::Permissions> {
 }
 
 /// [`write_whole`] of `bytes`.
-pub(crate) fn write_bytes(path: &Path, bytes: &[u8]) -> Result<()> {
+pub fn write_bytes(path: &Path, bytes: &[u8]) -> Result<()> {
     write_whole(path, |w| w.write_all(bytes).map_err(|e| Error::writing("the file", e)))
 }
 

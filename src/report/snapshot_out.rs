@@ -17,7 +17,7 @@ use std::path::Path;
 /// Device numbering follows the input: `device_traces` has an (empty) entry for every other
 /// device of `trace`. Event times are the input's, or event indices when the input has none (the
 /// viewer needs some `time_us`).
-pub(crate) fn write_simulated(
+pub fn write_simulated(
     trace: &Trace,
     device: i32,
     output: &ReplayOutput,

@@ -17,10 +17,7 @@ pub fn render(results: &[PolicyResult]) -> String {
 /// Like [`render`], with the recorded run (when the trace carries its figures) as a first row,
 /// `-` where the file cannot tell, and a `vs recorded` column: each policy's peak reserved
 /// against the recorded peak.
-pub(crate) fn render_with_recorded(
-    results: &[PolicyResult],
-    recorded: Option<&RecordedRow>,
-) -> String {
+pub fn render_with_recorded(results: &[PolicyResult], recorded: Option<&RecordedRow>) -> String {
     let table = columns::summary_table(results, columns::labels(results), recorded);
     let header: Vec<&str> = table.headers.iter().map(|h| h.0).collect();
     let mut text: Vec<Vec<String>> = table

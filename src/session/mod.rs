@@ -121,7 +121,7 @@ impl Session {
     }
 
     /// A session streaming an opened `.fst` file.
-    pub(crate) fn streamed(
+    pub fn streamed(
         file: FstStream,
         name: impl Into<PathBuf>,
         device: Option<i32>,
@@ -144,7 +144,7 @@ impl Session {
     }
 
     /// The trace: everything but a streamed file's events (which stay in the file).
-    pub(crate) fn trace(&self) -> &Trace {
+    pub fn trace(&self) -> &Trace {
         match &self.data {
             Data::Loaded(t) => t,
             Data::Streamed(f) => f.head(),

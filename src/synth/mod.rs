@@ -120,7 +120,7 @@ const MAX_EVENTS: u64 = 250_000_000;
 impl SynthConfig {
     /// Checks the configuration: every count ≥ 1, heads divide hidden, the sequence range fits the
     /// context, and no tensor or trace is absurdly large. Errors are usage errors naming the flag.
-    pub(crate) fn validate(&self) -> Result<()> {
+    pub fn validate(&self) -> Result<()> {
         for (name, v) in [
             ("--layers", self.layers),
             ("--hidden", self.hidden),

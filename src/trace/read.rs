@@ -123,7 +123,7 @@ impl Format {
     }
 
     /// The output format `path`'s extension names, or a usage error listing the extensions.
-    pub(crate) fn for_output(path: &Path) -> Result<Format> {
+    pub fn for_output(path: &Path) -> Result<Format> {
         Format::from_extension(path).ok_or_else(|| {
             let exts: Vec<String> =
                 FORMATS.iter().map(|f| format!(".{}", f.extensions[0])).collect();

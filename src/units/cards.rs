@@ -125,7 +125,7 @@ pub fn named(name: &str) -> Option<&'static NamedCard> {
 }
 
 /// The cards sold with a nominal size of `nominal_gb` GB.
-pub(crate) fn of_nominal(nominal_gb: u32) -> impl Iterator<Item = &'static NamedCard> {
+pub fn of_nominal(nominal_gb: u32) -> impl Iterator<Item = &'static NamedCard> {
     NAMED_CARDS.iter().filter(move |c| c.nominal_gb == nominal_gb)
 }
 

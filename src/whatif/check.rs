@@ -83,7 +83,7 @@ impl Baseline {
     /// Reads a baseline file, a `replay --json` output or a `sweep --json` output, every row
     /// checked as [`super::input`] checks results (typed keys, required keys, no repeated
     /// (trace, policy, config)); errors name `file` and the key path.
-    pub(crate) fn parse(data: impl AsRef<[u8]>, file: &Path) -> Result<Baseline> {
+    pub fn parse(data: impl AsRef<[u8]>, file: &Path) -> Result<Baseline> {
         use super::input::{check_baseline_result, check_result, no_repeated_rows, parse_json};
         let bad = |path: &str, m: String| Error::input(format!("{path}: {m}")).in_file(file);
         let v = parse_json(data.as_ref(), file, "record a baseline with check --update")?;
@@ -222,7 +222,7 @@ impl Baseline {
     }
 
     /// The file's text: pretty JSON and a final newline.
-    pub(crate) fn to_json(&self) -> String {
+    pub fn to_json(&self) -> String {
         let mut s = serde_json::to_string_pretty(self).unwrap_or_default();
         s.push('\n');
         s
@@ -389,7 +389,7 @@ pub struct CheckReport {
 /// Compares `now` with `baseline` (see the module docs). `metrics` names the keys to compare
 /// (`None`: every numeric key but [`NOT_COMPARED`]). A result without a baseline row is an
 /// error naming `baseline_path` and every missing row.
-pub(crate) fn check(
+pub fn check(
     baseline: &Baseline,
     baseline_path: &Path,
     now: &[Row],

@@ -186,7 +186,7 @@ fn too_many(what: &str) -> Error {
 
 /// Expands several specs ([`expand`] each) into one list, in order, dropping repeats (the first
 /// occurrence keeps its place); the total is capped at [`MAX_POINTS`].
-pub(crate) fn expand_all(specs: impl IntoIterator<Item = String>) -> Result<Vec<String>> {
+pub fn expand_all(specs: impl IntoIterator<Item = String>) -> Result<Vec<String>> {
     let mut out: Vec<String> = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for spec in specs {

@@ -280,7 +280,7 @@ const PART_KEYS: &[&str] = &[
 /// module docs). The grid's spec list and settings must hash to its `grid`, and its results must
 /// be exactly the specs of its shard of that list, each once on every trace, spec-major; its
 /// `ranking` and `best` are left out, as `merge` ranks again.
-pub(crate) fn read_part(data: &[u8], file: &Path) -> Result<SweepReport> {
+pub fn read_part(data: &[u8], file: &Path) -> Result<SweepReport> {
     let hint = "write parts with sweep --shard I/N --out FILE";
     let v = parse_json(data, file, hint)?;
     let top = object(&v, file, "the top level")

@@ -52,7 +52,7 @@ impl Row {
 
     /// The numeric value of `key` (booleans count as 0 and 1), or an error naming the numeric
     /// keys this row has.
-    pub(crate) fn number(&self, key: &str) -> Result<f64> {
+    pub fn number(&self, key: &str) -> Result<f64> {
         match self.result.get(key) {
             Some(v) => as_number(v).ok_or_else(|| {
                 Error::usage(format!(
@@ -74,7 +74,7 @@ impl Row {
 }
 
 /// A JSON number or boolean as a number; anything else (null, text) is `None`.
-pub(crate) fn as_number(v: &Value) -> Option<f64> {
+pub fn as_number(v: &Value) -> Option<f64> {
     match v {
         Value::Number(n) => n.as_f64(),
         Value::Bool(b) => Some(f64::from(u8::from(*b))),

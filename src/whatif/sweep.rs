@@ -105,7 +105,7 @@ impl Shard {
 
     /// The contiguous range of `total` specs this part runs (computed wide, so no index or count
     /// read from a file can overflow it).
-    pub(crate) fn range(&self, total: usize) -> std::ops::Range<usize> {
+    pub fn range(&self, total: usize) -> std::ops::Range<usize> {
         let at = |i: usize| {
             let count = self.count.max(1) as u128;
             ((total as u128 * i.min(self.count) as u128) / count) as usize
@@ -159,7 +159,7 @@ pub struct SweepReport {
 impl SweepReport {
     /// This report for host memory: `host_memory` set and no `PYTORCH_CUDA_ALLOC_CONF` line,
     /// since the CUDA allocator's settings do not apply to the memory replayed.
-    pub(crate) fn on_host(mut self) -> SweepReport {
+    pub fn on_host(mut self) -> SweepReport {
         self.host_memory = true;
         if let Some(best) = &mut self.best {
             best.env = None;
@@ -171,7 +171,7 @@ impl SweepReport {
 /// A short, stable name for a sweep's grid: 16 hex digits of the FNV-1a hash of `parts` (the
 /// whole expanded spec list and every setting that changes results, e.g. the capacity). The same
 /// on every machine and build, so parts run by different jobs of a scheduler compare equal.
-pub(crate) fn grid_id<S: AsRef<str>>(parts: &[S]) -> String {
+pub fn grid_id<S: AsRef<str>>(parts: &[S]) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for p in parts {
         for b in p.as_ref().bytes().chain(std::iter::once(0)) {
@@ -299,7 +299,7 @@ pub struct Part {
 /// sweep (same traces, objective, reference, grid and part count) exactly once, in any order.
 /// Errors name the file and the field that differs. Nothing is sized by a count a part claims:
 /// the count must equal the number of parts given.
-pub(crate) fn merge(mut parts: Vec<Part>) -> Result<SweepReport> {
+pub fn merge(mut parts: Vec<Part>) -> Result<SweepReport> {
     let first = parts.first().ok_or_else(|| Error::usage("merge needs at least one part"))?;
     let first_file = first.file.display().to_string();
     let f = &first.report;

@@ -80,7 +80,7 @@ impl Flavour {
     /// The allocator that made `trace`: torch_npu's when a frame names torch_npu
     /// ([`Trace::torch_npu`]) or the recorded settings string holds an option only torch_npu
     /// has; CUDA's otherwise.
-    pub(crate) fn of_trace(trace: &Trace) -> Flavour {
+    pub fn of_trace(trace: &Trace) -> Flavour {
         let npu_conf = trace
             .allocator_settings
             .as_ref()
@@ -104,7 +104,7 @@ impl Flavour {
     }
 
     /// The environment variable that configures this allocator.
-    pub(crate) fn env_var(self) -> &'static str {
+    pub fn env_var(self) -> &'static str {
         match self {
             Flavour::Cuda => "PYTORCH_CUDA_ALLOC_CONF",
             Flavour::Npu => "PYTORCH_NPU_ALLOC_CONF",
@@ -138,7 +138,7 @@ impl Version {
     pub const V2_15: Version = Version { major: 2, minor: 15 };
 
     /// Parses `2.8`, `2.8.1` or `v2.8`.
-    pub(crate) fn parse(text: &str) -> Result<Version> {
+    pub fn parse(text: &str) -> Result<Version> {
         let t = text.trim().trim_start_matches('v');
         let mut parts = t.split('.');
         let bad = || {
@@ -210,7 +210,7 @@ impl ModelledVersion {
     /// of 2.13 or later is modelled as the newest release ([`Version::NEWEST`]), whose rules
     /// only its own settings change; one showing 2.12 and recording `allocator_settings`
     /// without the keys 2.13 adds is modelled as 2.12.
-    pub(crate) fn of_trace(trace: &Trace) -> ModelledVersion {
+    pub fn of_trace(trace: &Trace) -> ModelledVersion {
         let x = &trace.extras;
         let conf = trace.allocator_settings.as_ref().and_then(|s| s.conf.as_deref());
         let names = |keys: &[&str]| -> Option<String> {
@@ -272,7 +272,7 @@ impl ModelledVersion {
 /// Splits fragsim's own `version=X.Y` out of a `pytorch` policy's options (docs/interface.md,
 /// "PyTorch versions"): the rest of the options (empty: the recorded settings) and the version
 /// asked for, if any.
-pub(crate) fn split_version(options: &str) -> Result<(String, Option<Version>)> {
+pub fn split_version(options: &str) -> Result<(String, Option<Version>)> {
     let mut rest = Vec::new();
     let mut asked = None;
     let (mut depth, mut start) = (0i32, 0usize);
@@ -311,7 +311,7 @@ pub(crate) fn split_version(options: &str) -> Result<(String, Option<Version>)> 
 /// `options` name an option that release does not have), else what the recording shows
 /// ([`ModelledVersion::of_trace`]), raised to the least release that has every option
 /// `options` names.
-pub(crate) fn modelled_version(
+pub fn modelled_version(
     options: &str,
     asked: Option<Version>,
     trace: &Trace,
@@ -1107,7 +1107,7 @@ impl Config {
     /// The settings a snapshot recorded: its settings string for the options it does not list
     /// separately, then its recorded values, which are what the allocator actually used. The
     /// PyTorch that recorded it accepted the string, so an option this parser does not know (a
-    /// newer release's) is left out, not refused: [`Config::unmodelled_options`] names them.
+    /// newer release's) is left out, not refused: [`Config::unmodelled_options_as`] names them.
     pub(crate) fn from_recorded(s: &AllocatorSettings, version: Version) -> Result<Config> {
         Config::from_recorded_as(s, version, Flavour::Cuda)
     }
@@ -1137,15 +1137,9 @@ impl Config {
         Ok(c)
     }
 
-    #[cfg(test)]
-    /// The options of a recorded settings string that this parser does not know, which
-    /// [`Config::from_recorded`] leaves out of the replay.
-    pub(crate) fn unmodelled_options(s: &AllocatorSettings) -> Vec<String> {
-        Config::unmodelled_options_as(s, Flavour::Cuda)
-    }
-
-    /// [`Config::unmodelled_options`] by `flavour`'s parser.
-    pub(crate) fn unmodelled_options_as(s: &AllocatorSettings, flavour: Flavour) -> Vec<String> {
+    /// The options of a recorded settings string that `flavour`'s parser does not know, which
+    /// `Config::from_recorded` leaves out of the replay.
+    pub fn unmodelled_options_as(s: &AllocatorSettings, flavour: Flavour) -> Vec<String> {
         let mut names = Vec::new();
         if let Some(conf) = s.conf.as_deref() {
             let mut scratch = Config::default_for(flavour);
@@ -1677,7 +1671,7 @@ mod tests {
         let c = Config::from_recorded(&recorded, Version::CURRENT).unwrap();
         assert_eq!(c.max_split_size, 128 * MIB);
         assert_eq!(c.max_non_split_rounding, 40 * MIB, "the option after the skipped ones");
-        assert_eq!(Config::unmodelled_options(&recorded), ["future_knob", "future_list"]);
+        assert_eq!(Config::unmodelled_options_as(&recorded, Flavour::Cuda), ["future_knob", "future_list"]);
         // Given by the user, the same string is refused, as PyTorch refuses it.
         assert!(Config::parse(recorded.conf.as_deref().unwrap(), Version::CURRENT).is_err());
     }
