@@ -168,9 +168,9 @@ pub(crate) fn short_size(bytes: u64) -> String {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ByteScale {
     /// Bytes per unit.
-    pub divisor: f64,
+    pub(crate) divisor: f64,
     /// The unit's name, e.g. `GiB`.
-    pub unit: &'static str,
+    pub(crate) unit: &'static str,
 }
 
 impl ByteScale {

@@ -123,9 +123,9 @@ impl Observer for Vec<BackendCall> {
 #[derive(Debug, Default)]
 pub struct Observed<B, O> {
     /// The backend doing the work.
-    pub inner: B,
+    pub(crate) inner: B,
     /// What sees each call.
-    pub observer: O,
+    pub(crate) observer: O,
 }
 
 impl<B, O: Default> Observed<B, O> {

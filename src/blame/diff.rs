@@ -187,7 +187,7 @@ pub fn diff(a: &Side, b: &Side, options: &BlameOptions) -> Result<DiffReport> {
 /// before the other run's trace is read (two large traces are never held at once).
 pub struct SideSummary {
     /// Its peaks.
-    pub peaks: RunPeaks,
+    pub(crate) peaks: RunPeaks,
     /// Live bytes by site at its peak-live moment.
     sites: HashMap<String, u64>,
     /// How its sites are named.

@@ -41,11 +41,11 @@ pub enum Origin {
 #[derive(Clone, Copy, Debug)]
 pub struct LiveEntry {
     /// Block size (≥ the request).
-    pub block: u64,
+    pub(crate) block: u64,
     /// Request size.
-    pub request: u64,
+    pub(crate) request: u64,
     /// Who asked for it.
-    pub origin: Origin,
+    pub(crate) origin: Origin,
 }
 
 /// A freed range: where it ends, when it was freed (a sequence number) and whose block it was.
@@ -68,7 +68,7 @@ pub struct Layout<'e> {
     /// The request being served while a policy call runs.
     serving: Origin,
     /// Live blocks by the policy's address.
-    pub live: AddrMap<LiveEntry>,
+    pub(crate) live: AddrMap<LiveEntry>,
     /// Device memory held: start → (end, the request served when it was obtained); disjoint.
     pub created: BTreeMap<u64, (u64, Origin)>,
     /// Freed ranges: start → the block freed there last; disjoint.
@@ -287,9 +287,9 @@ impl<B: Backend> Backend for Watch<'_, '_, B> {
 /// A policy watched by a [`Layout`]: every call is forwarded unchanged. See the module docs.
 pub struct Watched<'a, 'e, P> {
     /// The policy.
-    pub inner: P,
+    pub(crate) inner: P,
     /// What is noted.
-    pub layout: &'a mut Layout<'e>,
+    pub(crate) layout: &'a mut Layout<'e>,
 }
 
 impl<P: Policy> Watched<'_, '_, P> {

@@ -82,11 +82,11 @@ pub(crate) fn bin_for_size(size: u64) -> usize {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BfcOptions {
     /// Grow by doubling regions (true) or take `memory_limit` at once (false).
-    pub allow_growth: bool,
+    pub(crate) allow_growth: bool,
     /// The most bytes of regions at once; `None` is unlimited.
-    pub memory_limit: Option<u64>,
+    pub(crate) memory_limit: Option<u64>,
     /// Return free regions to the device before reporting an OOM.
-    pub garbage_collection: bool,
+    pub(crate) garbage_collection: bool,
 }
 
 impl Default for BfcOptions {

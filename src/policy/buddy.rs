@@ -60,11 +60,11 @@ pub const POLICY: Registration<Buddy> = Registration {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BuddyOptions {
     /// The smallest block (order 0), a power of two.
-    pub min_block: u64,
+    pub(crate) min_block: u64,
     /// The smallest arena taken from the device (rounded up to a power of two).
-    pub arena: u64,
+    pub(crate) arena: u64,
     /// The largest order: blocks up to `min_block << max_order`.
-    pub max_order: u32,
+    pub(crate) max_order: u32,
 }
 
 impl Default for BuddyOptions {

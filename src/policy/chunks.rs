@@ -35,24 +35,24 @@ pub(crate) fn round_up(value: u64, align: u64) -> u64 {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Chunk {
     /// Bytes.
-    pub size: u64,
+    pub(crate) size: u64,
     /// Base address of the region holding it.
-    pub region: u64,
+    pub(crate) region: u64,
     /// The free list it belongs to when free (RMM: the stream); its owner when in use.
-    pub list: u64,
+    pub(crate) list: u64,
     /// Handed out to the caller.
-    pub in_use: bool,
+    pub(crate) in_use: bool,
     /// The request it serves (when in use), or served last.
-    pub request: u64,
+    pub(crate) request: u64,
 }
 
 /// A region obtained from the backend (a segment, or a reservation for `stitch`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Region {
     /// Bytes of address space.
-    pub size: u64,
+    pub(crate) size: u64,
     /// The stream of the request that created it (shown in segments).
-    pub stream: u64,
+    pub(crate) stream: u64,
     /// Chunks in it.
     chunks: u32,
     /// Chunks in it that are in use.

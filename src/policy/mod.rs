@@ -315,16 +315,16 @@ pub enum Role {
 /// How a policy's file registers it: what [`POLICIES`] needs to list, document and build it.
 pub struct Registration<P> {
     /// The name used in `--policy NAME[:OPTIONS]`.
-    pub name: &'static str,
+    pub(crate) name: &'static str,
     /// One line for help and tables.
-    pub summary: &'static str,
+    pub(crate) summary: &'static str,
     /// Whether it is an allocator or a reference line.
-    pub role: Role,
+    pub(crate) role: Role,
     /// The options it accepts, for help and error messages (usually `options::help` of the
     /// policy's key table).
-    pub options: fn() -> String,
+    pub(crate) options: fn() -> String,
     /// Builds the policy from its option string and the engine's context.
-    pub build: fn(&str, &PolicyContext) -> Result<P>,
+    pub(crate) build: fn(&str, &PolicyContext) -> Result<P>,
 }
 
 /// What runs a built policy: the replay engine implements it, so that the engine is
@@ -461,9 +461,9 @@ pub(crate) fn role_of(name: &str) -> Option<Role> {
 pub struct RecordedAllocator {
     /// The bytes it added to each request before rounding (torch_npu's padding): an `oom`
     /// entry's recorded size is that much more than the request.
-    pub request_pad: u64,
+    pub(crate) request_pad: u64,
     /// Its recorded settings set a per-process memory fraction.
-    pub memory_fraction: bool,
+    pub(crate) memory_fraction: bool,
 }
 
 impl RecordedAllocator {

@@ -51,9 +51,9 @@ pub const POLICY: Registration<NoCache> = Registration {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NoCacheOptions {
     /// The driver's allocation granularity for small requests (512 B).
-    pub align: u64,
+    pub(crate) align: u64,
     /// The physical page size; requests of at least this size are rounded up to it (2 MiB).
-    pub page: u64,
+    pub(crate) page: u64,
 }
 
 impl Default for NoCacheOptions {

@@ -21,11 +21,11 @@ pub enum Setter<O> {
 /// One option key a policy accepts, and how it sets the policy's options struct `O`.
 pub struct OptionKey<O> {
     /// The key, as written before `=`.
-    pub key: &'static str,
+    pub(crate) key: &'static str,
     /// What the value looks like, for help and errors (`SIZE`, `true|false`, `N`).
-    pub value: &'static str,
+    pub(crate) value: &'static str,
     /// How the text after `=` is parsed and stored.
-    pub set: Setter<O>,
+    pub(crate) set: Setter<O>,
 }
 
 impl<O> OptionKey<O> {

@@ -68,9 +68,9 @@ pub const ALIGNMENT: u64 = 256;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RmmPoolOptions {
     /// Bytes taken at the first request (`initial_pool_size`); 0 for none.
-    pub initial: u64,
+    pub(crate) initial: u64,
     /// The pool's size limit (`maximum_pool_size`); `None` is unlimited.
-    pub maximum: Option<u64>,
+    pub(crate) maximum: Option<u64>,
 }
 
 /// The RMM pool; see the module docs.

@@ -87,9 +87,9 @@ const MAX_LARGE: u64 = 1 << 40;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StitchOptions {
     /// Requests up to this many bytes use the small pool.
-    pub small: u64,
+    pub(crate) small: u64,
     /// Stitch free blocks together (false: plain VMM blocks).
-    pub stitch: bool,
+    pub(crate) stitch: bool,
 }
 
 impl Default for StitchOptions {

@@ -30,20 +30,20 @@ const POINTS: usize = 2_000;
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Lines {
     /// The run's label: trace file name and policy.
-    pub label: String,
+    pub(crate) label: String,
     /// The points.
-    pub points: Vec<(f64, u64, u64)>,
+    pub(crate) points: Vec<(f64, u64, u64)>,
 }
 
 /// What the overlay directory shows.
 #[derive(Clone, Debug)]
 pub struct OverlayData {
     /// The diff.
-    pub report: DiffReport,
+    pub(crate) report: DiffReport,
     /// A and B on A's allocation axis.
-    pub aligned: [Lines; 2],
+    pub(crate) aligned: [Lines; 2],
     /// A and B on a time axis (seconds since each first event), when both record times.
-    pub timed: Option<[Lines; 2]>,
+    pub(crate) timed: Option<[Lines; 2]>,
 }
 
 /// The label of a run: its trace's file name and policy.
@@ -159,11 +159,11 @@ pub fn place(
 /// The overlay chart: both runs' reserved (solid) and allocated (dashed) bytes on one axis.
 pub struct Overlay<'a> {
     /// The two runs.
-    pub lines: &'a [Lines; 2],
+    pub(crate) lines: &'a [Lines; 2],
     /// The x axis description.
-    pub x_desc: &'a str,
+    pub(crate) x_desc: &'a str,
     /// The title.
-    pub title: String,
+    pub(crate) title: String,
 }
 
 impl Chart for Overlay<'_> {
@@ -233,7 +233,7 @@ impl Chart for Overlay<'_> {
 /// the right of zero, shrinkage to the left, names in a column of their own.
 pub struct SiteDelta<'a> {
     /// The diff.
-    pub report: &'a DiffReport,
+    pub(crate) report: &'a DiffReport,
 }
 
 const DELTA_ROW: i32 = 28;

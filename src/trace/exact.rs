@@ -7,7 +7,7 @@
 //!
 //! The address a program asks for is one it was handed before: a storage put back where it
 //! lived. A replay whose memory lies elsewhere than the recording's (any run but `validate`'s)
-//! finds that address through the block that held it: [`ExactAddress::source`].
+//! finds that address through the block that held it: `ExactAddress::source`.
 
 use super::{Action, Event};
 use std::collections::BTreeMap;
@@ -20,17 +20,17 @@ const NEAR: usize = 8;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ExactAddress {
     /// The index of the prefix's `alloc` (at the start of the free block that held the address).
-    pub prefix: u64,
+    pub(crate) prefix: u64,
     /// The index of the request's `alloc`, at the address asked.
-    pub alloc: u64,
+    pub(crate) alloc: u64,
     /// The request's recorded address less the prefix's.
-    pub offset: u64,
+    pub(crate) offset: u64,
     /// The last `alloc` before the prefix whose recorded block held the request's address (the
     /// block the program took the address from), when the trace shows one: a replay places the
     /// request where it placed that block, at the same distance into it (`source_offset`).
-    pub source: Option<u64>,
+    pub(crate) source: Option<u64>,
     /// The request's recorded address less the `source` block's.
-    pub source_offset: u64,
+    pub(crate) source_offset: u64,
 }
 
 /// The exact-address allocations in `events`, from the indices of the events whose entries

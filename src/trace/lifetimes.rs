@@ -598,19 +598,19 @@ pub(crate) fn ooms_without_release(
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Retried {
     /// The index of the run's first release.
-    pub event: u64,
+    pub(crate) event: u64,
     /// The index of the request after it: its `alloc`, or its `oom` when `failed`.
-    pub request: u64,
+    pub(crate) request: u64,
     /// The request the retried allocation served (its `alloc` event's size), or, when
     /// `failed`, the rounded size its `oom` entry records.
-    pub size: u64,
+    pub(crate) size: u64,
     /// That request's stream.
-    pub stream: u64,
+    pub(crate) stream: u64,
     /// The allocation failed (an `oom` entry follows the run). Why such a run is undecided too:
     /// a program's `empty_cache()` right before a malloc that then runs out of memory records
     /// the same entries as that malloc's own fallback, and only the first kind leaves the cache
     /// empty before the malloc searches it.
-    pub failed: bool,
+    pub(crate) failed: bool,
 }
 
 /// The few events of a device that decide what lifetimes and start states are derived from it:

@@ -256,11 +256,11 @@ impl Baseline {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Update {
     /// Rows of the old baseline this run replaced.
-    pub replaced: usize,
+    pub(crate) replaced: usize,
     /// Rows this run added (no old row matched them).
-    pub added: usize,
+    pub(crate) added: usize,
     /// The old rows this run did not produce, kept as they were: `POLICY on TRACE`.
-    pub kept: Vec<String>,
+    pub(crate) kept: Vec<String>,
 }
 
 impl Update {

@@ -124,7 +124,7 @@ pub const POLICY: Registration<Offline> = Registration {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OfflineOptions {
     /// Every planned block is the request rounded up to this.
-    pub align: u64,
+    pub(crate) align: u64,
 }
 
 impl Default for OfflineOptions {
@@ -137,26 +137,26 @@ impl Default for OfflineOptions {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Planned {
     /// The request size the malloc will ask for.
-    pub request: u64,
+    pub(crate) request: u64,
     /// Bytes reserved for it (the request rounded up to `align`).
-    pub block: u64,
+    pub(crate) block: u64,
     /// Offset in the planned range.
-    pub offset: u64,
+    pub(crate) offset: u64,
     /// Lifetime start, in half-event ticks (see [`plan`]).
-    pub start: u64,
+    pub(crate) start: u64,
     /// Lifetime end (exclusive).
-    pub end: u64,
+    pub(crate) end: u64,
 }
 
 /// A lifetime to place: `[start, end)` in ticks, `block` bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Lifetime {
     /// First tick the block is live.
-    pub start: u64,
+    pub(crate) start: u64,
     /// First tick it is no longer live.
-    pub end: u64,
+    pub(crate) end: u64,
     /// Bytes.
-    pub block: u64,
+    pub(crate) block: u64,
 }
 
 /// The blocks live before the first event as far as `events` show them

@@ -1671,7 +1671,10 @@ mod tests {
         let c = Config::from_recorded(&recorded, Version::CURRENT).unwrap();
         assert_eq!(c.max_split_size, 128 * MIB);
         assert_eq!(c.max_non_split_rounding, 40 * MIB, "the option after the skipped ones");
-        assert_eq!(Config::unmodelled_options_as(&recorded, Flavour::Cuda), ["future_knob", "future_list"]);
+        assert_eq!(
+            Config::unmodelled_options_as(&recorded, Flavour::Cuda),
+            ["future_knob", "future_list"]
+        );
         // Given by the user, the same string is refused, as PyTorch refuses it.
         assert!(Config::parse(recorded.conf.as_deref().unwrap(), Version::CURRENT).is_err());
     }

@@ -325,12 +325,12 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GpuMemoryFit {
     /// The smallest GPU memory whose reservations hold every run of mapped pages seen.
-    pub min: u64,
+    pub(crate) min: u64,
     /// The largest whose reservations end before the next (stream, pool)'s pages start; `None`
     /// when nothing above a reservation bounds it.
-    pub max: Option<u64>,
+    pub(crate) max: Option<u64>,
     /// The tightest upper bound's evidence: (reservation base, next reservation's first page).
-    pub evidence: Option<(u64, u64)>,
+    pub(crate) evidence: Option<(u64, u64)>,
 }
 
 impl GpuMemoryFit {

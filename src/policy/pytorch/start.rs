@@ -34,15 +34,15 @@ use std::collections::BTreeMap;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Reservation {
     /// Its lowest address.
-    pub base: u64,
+    pub(crate) base: u64,
     /// Its size (9/8 of the GPU's memory, in pages).
-    pub va_size: u64,
+    pub(crate) va_size: u64,
     /// The stream it serves.
-    pub stream: u64,
+    pub(crate) stream: u64,
     /// The small pool's (2 MiB pages) or the large pool's.
-    pub small: bool,
+    pub(crate) small: bool,
     /// The private pool it belongs to; `None`: the default pools.
-    pub private_pool: Option<(u64, u64)>,
+    pub(crate) private_pool: Option<(u64, u64)>,
 }
 
 impl Reservation {
@@ -63,20 +63,20 @@ impl Reservation {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LiveAtStart {
     /// Its address.
-    pub addr: u64,
+    pub(crate) addr: u64,
     /// Its block size (exact, or the current guess for an orphan).
     pub size: u64,
     /// Its request size.
     pub request: u64,
     /// For an orphan: the largest block size the trace allows (= `size` when exact).
-    pub max_size: u64,
+    pub(crate) max_size: u64,
     /// True when freed inside the trace without an earlier alloc (an orphan free).
     pub orphan: bool,
     /// True when the trace proved this orphan's size (docs/pytorch-model.md#orphan-growth).
-    pub proven: bool,
+    pub(crate) proven: bool,
     /// The event that showed this orphan longer than its default guess, while the state was
     /// recovered: where `size` comes from ([`StartState::recover`]).
-    pub shown_at: Option<usize>,
+    pub(crate) shown_at: Option<usize>,
 }
 
 impl LiveAtStart {
@@ -90,18 +90,18 @@ impl LiveAtStart {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StartSegment {
     /// Its address.
-    pub addr: u64,
+    pub(crate) addr: u64,
     /// Its cudaMalloc size.
-    pub size: u64,
+    pub(crate) size: u64,
     /// The allocation stream.
-    pub stream: u64,
+    pub(crate) stream: u64,
     /// Small pool (2 MiB segments) or large.
     pub small: bool,
     /// A mapped range of an expandable segment (not a cudaMalloc segment).
-    pub expandable: bool,
+    pub(crate) expandable: bool,
     /// The private pool that owns it (`segment_pool_id`), when the snapshot says so; `None`
     /// for the default pools, and for a segment the trace frees (the dump does not show it).
-    pub private_pool: Option<(u64, u64)>,
+    pub(crate) private_pool: Option<(u64, u64)>,
     /// The blocks live in it, in address order.
     pub live: Vec<LiveAtStart>,
 }
@@ -112,14 +112,14 @@ pub struct StartState {
     /// Segments present at the first event, by address.
     pub segments: Vec<StartSegment>,
     /// Orphan frees that fall in no start segment (the state could not hold them).
-    pub unplaced: Vec<u64>,
+    pub(crate) unplaced: Vec<u64>,
     /// The recorded trace uses expandable segments.
-    pub expandable: bool,
+    pub(crate) expandable: bool,
     /// Expandable reservations at the start.
-    pub reservations: Vec<Reservation>,
+    pub(crate) reservations: Vec<Reservation>,
     /// Which recorded allocations were made into a private pool, as of the first event; `None`
     /// when the dump shows none. A replay follows a copy through the events.
-    pub routes: Option<PoolRoutes>,
+    pub(crate) routes: Option<PoolRoutes>,
 }
 
 /// A cudaMalloc segment's or a mapped expandable piece's (size, stream, small pool, private

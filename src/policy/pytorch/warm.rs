@@ -24,15 +24,15 @@ use std::collections::HashMap;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct WarmCache {
     /// The recorded `Total Reserved` at the first event, after it (the reserve to reach).
-    pub reserved_bytes: u64,
+    pub(crate) reserved_bytes: u64,
     /// The segments the trace's requests find cached, in the order a replay of the trace from
     /// its live blocks makes them: (size, stream, small pool). The start takes as many as fit
     /// in the reserve left by the live blocks' own segments.
-    pub segments: Vec<(u64, u64, bool)>,
+    pub(crate) segments: Vec<(u64, u64, bool)>,
     /// The largest segment the rest of the reserve is cut into: below the least block whose
     /// request made the recorded run reserve more (so no such request finds it cached, as the
     /// real run did not); `None` when no request did (the rest is one segment).
-    pub piece_bytes: Option<u64>,
+    pub(crate) piece_bytes: Option<u64>,
 }
 
 /// The most segments the rest of the reserve is cut into.

@@ -15,7 +15,7 @@ use plotters::style::text_anchor::{HPos, VPos};
 /// The chart; see the module docs.
 pub struct Fragmentation<'a> {
     /// What to draw.
-    pub data: &'a ReportData,
+    pub(crate) data: &'a ReportData,
 }
 
 const PANEL: u32 = 140;

@@ -18,7 +18,7 @@ use plotters::style::text_anchor::{HPos, VPos};
 /// The chart; see the module docs.
 pub struct Peaks<'a> {
     /// What to draw.
-    pub data: &'a ReportData,
+    pub(crate) data: &'a ReportData,
 }
 
 const ROW: u32 = 46;

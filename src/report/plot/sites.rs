@@ -19,7 +19,7 @@ use std::collections::HashMap;
 /// The chart; see the module docs.
 pub struct Sites<'a> {
     /// What to draw.
-    pub data: &'a ReportData,
+    pub(crate) data: &'a ReportData,
 }
 
 /// Sites shown per panel before the rest fold into `(other)`.
@@ -34,13 +34,13 @@ const NAME_CHARS: usize = 64;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SiteBar {
     /// The site.
-    pub site: String,
+    pub(crate) site: String,
     /// Live requested bytes.
-    pub live: u64,
+    pub(crate) live: u64,
     /// Rounding.
-    pub rounding: u64,
+    pub(crate) rounding: u64,
     /// Cached-free bytes in the memory its requests obtained.
-    pub cached: u64,
+    pub(crate) cached: u64,
 }
 
 impl SiteBar {

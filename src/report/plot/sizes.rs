@@ -13,7 +13,7 @@ use plotters::style::text_anchor::{HPos, VPos};
 /// The chart; see the module docs.
 pub struct Sizes<'a> {
     /// What to draw.
-    pub data: &'a ReportData,
+    pub(crate) data: &'a ReportData,
 }
 
 const COUNT: RGBColor = RGBColor(0, 114, 178);

@@ -249,9 +249,9 @@ pub enum Sample {
 #[derive(Clone, Debug, PartialEq)]
 pub struct LegendEntry {
     /// What the entry looks like.
-    pub sample: Sample,
+    pub(crate) sample: Sample,
     /// Its text.
-    pub label: String,
+    pub(crate) label: String,
 }
 
 /// The recorded run's colour (a hue no policy has): a [`Sample::Band`] on the timeline, a bar

@@ -24,9 +24,9 @@ use plotters::style::text_anchor::{HPos, VPos};
 /// The chart; see the module docs.
 pub struct Timeline<'a> {
     /// What to draw.
-    pub data: &'a ReportData,
+    pub(crate) data: &'a ReportData,
     /// The policies drawn: all of them, or the `focus` of many.
-    pub runs: Vec<&'a PolicyRun>,
+    pub(crate) runs: Vec<&'a PolicyRun>,
 }
 
 /// More policies than this and the main timeline draws only its `focus`: ten overlapping

@@ -190,21 +190,21 @@ pub trait Sink {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StreamedList {
     /// The list (it holds none of its streamed items).
-    pub list: Value,
+    pub(crate) list: Value,
     /// Its index in `within` when it was streamed.
-    pub device: usize,
+    pub(crate) device: usize,
     /// The list of lists (`root[key]`) it was an item of.
-    pub within: Value,
+    pub(crate) within: Value,
 }
 
 /// The result of a streamed decode.
 #[derive(Debug)]
 pub struct Streamed {
     /// The pickle without the streamed items.
-    pub pickle: Pickle<'static>,
+    pub(crate) pickle: Pickle<'static>,
     /// The lists whose items went to the sink, in the order they were first streamed. The
     /// caller checks they are where they were when the pickle ended (`root[key][device]`).
-    pub lists: Vec<StreamedList>,
+    pub(crate) lists: Vec<StreamedList>,
 }
 
 /// The objects built since a list was pushed or its last batch was converted.
