@@ -96,12 +96,12 @@ impl Error {
     }
 
     /// A backend error: the memory backend failed or is unavailable.
-    pub(crate) fn backend(message: impl Into<String>) -> Error {
+    pub fn backend(message: impl Into<String>) -> Error {
         Error::new(ErrorKind::Backend, message)
     }
 
     /// An I/O error on `path`.
-    pub(crate) fn io(path: &Path, err: std::io::Error) -> Error {
+    pub fn io(path: &Path, err: std::io::Error) -> Error {
         let message = format!("{err}");
         Error {
             kind: ErrorKind::Io,
@@ -145,7 +145,7 @@ impl Error {
 
     /// An I/O error with no file to name (a writer the caller handed in); `err` stays the source,
     /// so a closed pipe is still recognised.
-    pub(crate) fn from_io(err: std::io::Error) -> Error {
+    pub fn from_io(err: std::io::Error) -> Error {
         Error {
             kind: ErrorKind::Io,
             message: err.to_string(),
@@ -256,7 +256,7 @@ impl Cancel {
     }
 
     /// True once the flag was raised, or the process interrupted ([`Cancel::interrupt`]).
-    pub(crate) fn is_cancelled(&self) -> bool {
+    pub fn is_cancelled(&self) -> bool {
         self.0.as_ref().is_some_and(|flag| flag.load(Ordering::Relaxed))
             || INTERRUPTED.load(Ordering::Relaxed)
     }
@@ -278,7 +278,7 @@ impl Cancel {
     /// {doing}`. `doing` (e.g. `replaying policy 'bfc' at event 65536 of 200000`) is called
     /// only then, so the check costs one load of the flag.
     #[inline(always)]
-    pub(crate) fn check<S: Into<String>>(&self, doing: impl FnOnce() -> S) -> Result<()> {
+    pub fn check<S: Into<String>>(&self, doing: impl FnOnce() -> S) -> Result<()> {
         if self.is_cancelled() {
             return Err(interrupted(doing().into()));
         }

@@ -155,7 +155,7 @@ pub fn compact_bytes(bytes: u64) -> String {
 }
 
 /// A power-of-two size, short: `512`, `1K`, `2M`, `1G` (size-class labels).
-pub(crate) fn short_size(bytes: u64) -> String {
+pub fn short_size(bytes: u64) -> String {
     for (unit, _, name) in UNITS {
         if bytes >= unit && bytes % unit == 0 {
             return format!("{}{name}", bytes / unit);

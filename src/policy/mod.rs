@@ -358,7 +358,7 @@ impl PolicyInfo {
     }
 
     /// Whether its configuration is an allocator's settings ([`Policy::has_allocator_settings`]).
-    pub(crate) fn has_allocator_settings(&self) -> bool {
+    pub fn has_allocator_settings(&self) -> bool {
         (self.has_allocator_settings)()
     }
 
@@ -371,7 +371,7 @@ impl PolicyInfo {
     /// trace (a recorded setting the policy rejects) stays an input error and also names the
     /// trace's format, so the command can name its file: a policy `all` adds is skipped when it
     /// cannot run on the trace (a usage error), never when the trace itself is bad.
-    pub(crate) fn build(&self, spec: &PolicySpec, context: &PolicyContext) -> Result<BuiltPolicy> {
+    pub fn build(&self, spec: &PolicySpec, context: &PolicyContext) -> Result<BuiltPolicy> {
         (self.build)(&spec.options, context).map_err(|e| {
             let message = format!("policy '{}': {}", spec.name, e.message());
             match (e.kind(), e.location().place) {
@@ -451,7 +451,7 @@ pub fn has_allocator_settings(name: &str) -> bool {
 
 /// The role of the built-in policy called `name` (`None`: no such policy): what reports
 /// compare results by, rather than by name.
-pub(crate) fn role_of(name: &str) -> Option<Role> {
+pub fn role_of(name: &str) -> Option<Role> {
     POLICIES.iter().find(|p| p.name == name).map(|p| p.role)
 }
 
@@ -468,7 +468,7 @@ pub struct RecordedAllocator {
 
 impl RecordedAllocator {
     /// What `trace`'s recorded allocator settings and frames say.
-    pub(crate) fn of(trace: &Trace) -> RecordedAllocator {
+    pub fn of(trace: &Trace) -> RecordedAllocator {
         let memory_fraction = trace.allocator_settings.as_ref().is_some_and(|settings| {
             pytorch::Config::from_recorded(settings, pytorch::Version::CURRENT)
                 .is_ok_and(|c| c.per_process_memory_fraction.is_some())

@@ -350,12 +350,12 @@ impl<'a> ReplayInput<'a> {
     }
 
     /// The trace the events come from (policies read its segments and recorded settings).
-    pub(crate) fn trace(&self) -> &'a Trace {
+    pub fn trace(&self) -> &'a Trace {
         self.trace
     }
 
     /// The device replayed.
-    pub(crate) fn device(&self) -> i32 {
+    pub fn device(&self) -> i32 {
         self.device
     }
 

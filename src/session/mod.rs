@@ -157,7 +157,7 @@ impl Session {
     }
 
     /// The device's events ready to replay: built for each question (see the module docs).
-    pub(crate) fn input(&self) -> Result<ReplayInput<'_>> {
+    pub fn input(&self) -> Result<ReplayInput<'_>> {
         match &self.data {
             Data::Loaded(t) => ReplayInput::new(t, Some(self.device)),
             Data::Streamed(f) => ReplayInput::streamed(f, Some(self.device)),

@@ -91,12 +91,12 @@ impl Action {
     }
 
     /// The action PyTorch spells `name`, if any.
-    pub(crate) fn from_name(name: &str) -> Option<Action> {
+    pub fn from_name(name: &str) -> Option<Action> {
         Action::ALL.into_iter().find(|a| a.name() == name)
     }
 
     /// True for the actions that change reserved memory (segment and page events).
-    pub(crate) fn is_segment_event(self) -> bool {
+    pub fn is_segment_event(self) -> bool {
         matches!(
             self,
             Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap
@@ -196,7 +196,7 @@ pub enum BlockState {
 
 impl BlockState {
     /// PyTorch's spelling of the state.
-    pub(crate) fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             BlockState::ActiveAllocated => "active_allocated",
             BlockState::ActivePendingFree => "active_pending_free",
@@ -410,7 +410,7 @@ pub struct DeviceTotals {
 impl Trace {
     /// The format the trace was first recorded in: [`Trace::converted_from`] when read from .fst,
     /// else [`Trace::format`].
-    pub(crate) fn source_format(&self) -> Format {
+    pub fn source_format(&self) -> Format {
         self.converted_from.unwrap_or(self.format)
     }
 
