@@ -30,7 +30,7 @@
 //! by address bits first, with no hashing), and only those that more than one reference holds
 //! are remembered (an entry's own dict is reached once).
 
-use fragsim::error::Error;
+use fragsim::error::{Cancel, Error};
 use fragsim::trace::pickle::objects::{Builder, Mark, Seq};
 use fragsim::trace::pickle::{Pickle, Stop, Value};
 use fragsim::trace::snapshot::EntryStream;
@@ -207,6 +207,9 @@ struct Walk<'py> {
     /// Where trace entries go a batch at a time, when the read is streamed (then dropped from
     /// the builder, as a file's stream drops them).
     stream: Option<EntryStream>,
+    /// The command's cancel flag (raised on Ctrl-C), looked at after each batch of a streamed
+    /// read.
+    cancel: Cancel,
     /// The objects remembered as containers since the last batch, and the `frames` sequences
     /// remembered since then: what the batch's end looks at.
     recent: Vec<u64>,
@@ -549,6 +552,7 @@ impl<'py> Walk<'py> {
             items: Vec::new(),
             entries: Vec::new(),
             stream: None,
+            cancel: Cancel::default(),
             recent: Vec::new(),
             recent_lists: Vec::new(),
             refused: false,
@@ -746,7 +750,11 @@ impl<'py> Walk<'py> {
         };
         let p = self.b.pickle();
         let items = &self.items[top.start..];
-        if let Err(stop) = stream.entries(p, (*index, top.value, *within), items) {
+        // The batch is Rust data now: the reader needs no Python object for it, so the GIL is
+        // let go meanwhile, and a thread waiting for it (the caller's, looking for Ctrl-C)
+        // takes it here rather than after the whole dict.
+        let list = (*index, top.value, *within);
+        if let Err(stop) = self.py.allow_threads(|| stream.entries(p, list, items)) {
             return Err(match stop {
                 Stop::Error(e) => e,
                 Stop::Refused { why, .. } => {
@@ -779,7 +787,7 @@ impl<'py> Walk<'py> {
         let (seqs, dicts) = mark.containers();
         stream.discarded(seqs, dicts);
         *mark = self.b.mark();
-        Ok(())
+        self.cancel.check(|| "reading a snapshot dict")
     }
 
     /// Whether the snapshot reader looks at the `frames` value `frames` of the dict `owner`
@@ -982,6 +990,7 @@ pub fn read_dict(
     };
     let mut walk = Walk::new(obj, cap, options.keep_frames, (4 * BATCH, 16 * BATCH));
     walk.stream = Some(EntryStream::new(options));
+    walk.cancel = options.cancel.clone();
     let root = walk.walk_root(obj);
     let mut refused = walk.refused;
     let names =

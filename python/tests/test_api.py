@@ -470,6 +470,45 @@ def test_ctrl_c_stops_synth_convert_and_reading(work, long_trace, long_json, tmp
         assert not (tmp_path / "huge.fst").exists() and not out.exists()
 
 
+def test_ctrl_c_comes_through_while_a_snapshot_dict_is_read(sigint_raises):
+    """A snapshot dict is read holding the GIL (its objects are Python's), but it lets the GIL go
+    after each batch of trace entries: Ctrl-C raises KeyboardInterrupt within a batch, not once
+    the whole dict is read, and the read stops there. Here a million entries take a third of a
+    second or more to read; the Ctrl-C comes 0.05 s in."""
+    import signal
+    import threading
+
+    from fragsim import _native
+
+    frames = [{"filename": "train.py", "line": 1, "name": "step"}]
+    entries = []
+    for i in range(500_000):
+        addr = 0x7F0000000000 + (i % 64) * 4096
+        entries.append({"action": "alloc", "addr": addr, "size": 4096, "stream": 0,
+                        "frames": frames})
+        entries.append({"action": "free_completed", "addr": addr, "size": 4096, "stream": 0,
+                        "frames": frames})
+    snapshot = {"segments": [], "device_traces": [entries]}
+    whole = _native.convert_only(snapshot)
+    fragsim.info(snapshot)  # threads that outlive every command exist before
+    before = _command_threads()
+    timer = threading.Timer(0.05, lambda: os.kill(os.getpid(), signal.SIGINT))
+    start = time.monotonic()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        fragsim.info(snapshot)
+    late = time.monotonic() - start - 0.05
+    print(f"\nKeyboardInterrupt {late:.3f} s after SIGINT (the whole dict: {whole:.3f} s)", end="")
+    # Held until the dict was read, it would come `whole - 0.05` s late.
+    assert late < whole / 3, (late, whole)
+    if before < 0:
+        return
+    raised = time.monotonic()
+    while _command_threads() > before and time.monotonic() - raised < 0.5:
+        time.sleep(0.01)
+    assert _command_threads() <= before, "the interrupted read is still running"
+
+
 @pytest.mark.parametrize("snapshot", SNAPSHOTS[:2], ids=lambda p: p.stem)
 def test_blame_and_diff_equal_the_command_and_sum_exactly(snapshot):
     path = str(snapshot)
