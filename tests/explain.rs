@@ -70,7 +70,12 @@ fn assert_promises(trace: &Path, e: &Value) {
         assert_eq!(ooms, !f["fits"].as_bool().unwrap(), "{}: {f}", trace.display());
         if f["fits"] == true && f["card"].is_null() {
             let env = f["env"].as_str().expect("a pytorch fix has its env line");
-            assert!(env.starts_with("PYTORCH_CUDA_ALLOC_CONF="), "{env}");
+            let spec = f["spec"].as_str().unwrap();
+            let var = match spec.starts_with("pytorch-npu") {
+                true => "PYTORCH_NPU_ALLOC_CONF=",
+                false => "PYTORCH_CUDA_ALLOC_CONF=",
+            };
+            assert!(env.starts_with(var), "{spec}: {env}");
         }
     }
     // Fits first, then lowest peak among the setting fixes.
@@ -128,6 +133,32 @@ fn stranded_segments_are_fragmentation_that_expandable_segments_fix() {
         e["fixes"].as_array().unwrap().iter().find(|f| f["fits"] == true).expect("a fix fits");
     assert!(fix["spec"].as_str().unwrap().contains("expandable_segments:True"), "{fix}");
     assert!(n(&e["needs_bytes"]) <= 60 * MIB);
+}
+
+#[test]
+fn the_fixes_are_replays_of_the_policy_explained() {
+    // `--policy pytorch-npu` (torch_npu's rules) or `pytorch-cuda`: each setting fix is that
+    // policy with changed settings, and its line names that allocator's variable.
+    let mut t = stranding(0, 1 << 40, 2);
+    t += &format!("alloc {:#x} {} s0\n", 1u64 << 41, 30 * MIB);
+    for (policy, var) in
+        [("pytorch-npu", "PYTORCH_NPU_ALLOC_CONF="), ("pytorch-cuda", "PYTORCH_CUDA_ALLOC_CONF=")]
+    {
+        let (_d, e) = explain_text(&t, 60 * MIB, Some(policy));
+        let settings: Vec<&Value> =
+            e["fixes"].as_array().unwrap().iter().filter(|f| !f["env"].is_null()).collect();
+        assert!(!settings.is_empty(), "{policy}: {e}");
+        for f in settings {
+            let spec = f["spec"].as_str().unwrap();
+            assert!(spec == policy || spec.starts_with(&format!("{policy}:")), "{policy}: {f}");
+            assert!(f["env"].as_str().unwrap().starts_with(var), "{policy}: {f}");
+            if !f["flags"].as_array().unwrap().is_empty() {
+                let call = if policy == "pytorch-npu" { "torch.npu" } else { "torch.cuda" };
+                assert!(f["why"].as_str().unwrap().starts_with(call), "{policy}: {f}");
+            }
+        }
+        assert!(e["fixes"].as_array().unwrap().iter().any(|f| f["fits"] == true), "{e}");
+    }
 }
 
 #[test]

@@ -582,7 +582,12 @@ fn fixes(
             if &c != base {
                 candidates.push(Candidate {
                     why: why.into(),
-                    spec: PolicySpec { name: "pytorch".into(), options: c.to_conf_string() },
+                    // The policy asked, with the changed settings: `pytorch-npu`'s or
+                    // `pytorch-cuda`'s rules stay those of the fixes' replays.
+                    spec: PolicySpec {
+                        name: options.spec.name.clone(),
+                        options: c.to_conf_string(),
+                    },
                     flags: Vec::new(),
                     empty_cache: None,
                     capacity,
@@ -624,7 +629,7 @@ fn fixes(
         if fragmented {
             let every = (input.event_count() / 64).max(1);
             candidates.push(Candidate {
-                why: format!("torch.cuda.empty_cache() every {every} events"),
+                why: format!("{} every {every} events", base.flavour.empty_cache_call()),
                 spec: options.spec.clone(),
                 flags: vec!["--empty-cache-every".into(), every.to_string()],
                 empty_cache: Some(every),

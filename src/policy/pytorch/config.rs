@@ -110,6 +110,14 @@ impl Flavour {
             Flavour::Npu => "PYTORCH_NPU_ALLOC_CONF",
         }
     }
+
+    /// The call that releases this allocator's cached memory, as a program writes it.
+    pub fn empty_cache_call(self) -> &'static str {
+        match self {
+            Flavour::Cuda => "torch.cuda.empty_cache()",
+            Flavour::Npu => "torch.npu.empty_cache()",
+        }
+    }
 }
 
 /// A PyTorch release, as far as it changes a decision (see the module docs).
