@@ -262,3 +262,44 @@ fn a_long_trace_makes_small_files() {
         serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
     assert_eq!(json["events"], 100_000 + 2 * (100_000 - 50));
 }
+
+#[test]
+fn a_time_far_back_lies_on_the_time_axis_and_is_drawn_in_bounded_time() {
+    // The last event's time is a tenth of the others' (as a text line cut short leaves it): the
+    // time axis spans the earliest to the latest time, so every point lies on the plot and
+    // drawing walks its pixels, not the billions of pixels a point off the axis would be away.
+    let mut t = String::from("# fragsim text trace v1\n");
+    for i in 0..50u64 {
+        t += &format!(
+            "alloc {:#x} 4096 s0 @{}\n",
+            0x1000_0000 + i * 4096,
+            1_767_225_600_000_000 + i
+        );
+    }
+    t += "alloc 0x20000000 4096 s0 @176722560000000\n";
+    let (dir, trace) = temp_file("backwards.txt", t.as_bytes());
+    let out = dir.path().join("report");
+    let mut child = fragsim()
+        .args(["report", trace.to_str().unwrap(), "--out", out.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("fragsim runs");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("report still drawing after 120 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(status.success(), "report exits 0: {status}");
+    let (w, h) = png_size(&out.join("timeline.png"));
+    assert!(w >= 1200 && h >= 200, "{w}x{h}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    assert_eq!(json["events"], 51, "{json}");
+}

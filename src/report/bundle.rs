@@ -94,9 +94,10 @@ pub struct TraceSummary {
     pub events: u64,
     /// True when event times are real microseconds (else they are event indices).
     pub has_times: bool,
-    /// Time of the first event (µs, or 0).
+    /// The earliest event time (µs, or 0): the first event's, unless times go backwards. The
+    /// time axis starts here, so every event lies on it whatever order its times come in.
     pub first_time_us: i64,
-    /// Time of the last event.
+    /// The latest event time: the time axis ends here.
     pub last_time_us: i64,
     /// What `fragsim info` says about the replayed device (counts by action, streams, sizes,
     /// orphan frees, peak live bytes, ...).
@@ -116,8 +117,8 @@ impl TraceSummary {
             devices: trace.devices.iter().map(|d| (d.device, d.events.len() as u64)).collect(),
             events: events.len() as u64,
             has_times: trace.has_times,
-            first_time_us: events.first().map_or(0, |e| e.time_us),
-            last_time_us: events.last().map_or(0, |e| e.time_us),
+            first_time_us: events.iter().map(|e| e.time_us).min().unwrap_or(0),
+            last_time_us: events.iter().map(|e| e.time_us).max().unwrap_or(0),
             info: DeviceSummary::of(trace, d),
         }
     }
@@ -134,7 +135,7 @@ impl TraceSummary {
     /// when the trace records no times.
     pub(crate) fn x_of(&self, time_us: i64, event: u64) -> f64 {
         if self.has_times {
-            (time_us - self.first_time_us) as f64 / self.time_unit().0
+            (time_us as f64 - self.first_time_us as f64) / self.time_unit().0
         } else {
             event as f64
         }
@@ -174,7 +175,7 @@ impl TraceSummary {
     /// The recorded time span in words, e.g. `2.31 s`.
     pub(crate) fn span_text(&self) -> String {
         if self.has_times {
-            format!("{:.3} s", (self.last_time_us - self.first_time_us) as f64 / 1e6)
+            format!("{:.3} s", (self.last_time_us as f64 - self.first_time_us as f64) / 1e6)
         } else {
             "unknown (no times recorded)".into()
         }

@@ -25,10 +25,14 @@ impl Occupancy {
         Occupancy { x0, y0, w, h, weight: vec![0; (w * h) as usize], sums: Vec::new() }
     }
 
-    /// Marks the pixels within `half` pixels of the path through `points` with `weight`.
+    /// Marks the pixels within `half` pixels of the path through `points` with `weight`. Only
+    /// the part of each segment within reach of the area is walked, so a point far outside it
+    /// (a hostile time, a value off the scale) costs no more than one across it.
     pub(crate) fn mark_path(&mut self, points: &[(i32, i32)], half: i32, weight: u32) {
+        let lo = (self.x0 - half, self.y0 - half);
+        let hi = (self.x0 + self.w - 1 + half, self.y0 + self.h - 1 + half);
         for pair in points.windows(2) {
-            let ((ax, ay), (bx, by)) = (pair[0], pair[1]);
+            let Some(((ax, ay), (bx, by))) = clip(pair[0], pair[1], lo, hi) else { continue };
             let steps = (bx - ax).abs().max((by - ay).abs()).max(1);
             for k in 0..=steps {
                 let x = ax + (bx - ax) * k / steps;
@@ -54,13 +58,17 @@ impl Occupancy {
     /// area: a filled area under a step line.
     pub(crate) fn mark_below(&mut self, points: &[(i32, i32)], weight: u32) {
         let bottom = self.y0 + self.h - 1;
+        // The columns of the area, and every height a path above or below it may take.
+        let lo = (self.x0, i32::MIN);
+        let hi = (self.x0 + self.w - 1, i32::MAX);
         for pair in points.windows(2) {
-            let ((ax, ay), (bx, by)) = (pair[0], pair[1]);
-            let steps = (bx - ax).abs().max(1);
+            let Some(((ax, ay), (bx, by))) = clip(pair[0], pair[1], lo, hi) else { continue };
+            let steps = i64::from((bx - ax).abs().max(1));
             for k in 0..=steps {
-                let x = ax + (bx - ax) * k / steps;
-                let y = ay + (by - ay) * k / steps;
-                self.mark_rect((x, y), (x, bottom), weight);
+                let x = i64::from(ax) + i64::from(bx - ax) * k / steps;
+                let y = i64::from(ay) + (i64::from(by) - i64::from(ay)) * k / steps;
+                let y = y.clamp(i64::from(self.y0) - 1, i64::from(bottom) + 1) as i32;
+                self.mark_rect((x as i32, y), (x as i32, bottom), weight);
             }
         }
     }
@@ -204,6 +212,45 @@ pub(crate) fn nearest_edge(b: LabelBox, p: (i32, i32)) -> (i32, i32) {
     (p.0.clamp(b.0, b.2 - 1), p.1.clamp(b.1, b.3 - 1))
 }
 
+/// The part of the segment `a`–`b` inside the box `lo..=hi` (Liang–Barsky), its ends rounded to
+/// pixels; `None` when the segment misses the box. Worked in `f64`, so ends anywhere in `i32`
+/// neither overflow nor cost a step per pixel outside the box.
+fn clip(
+    a: (i32, i32),
+    b: (i32, i32),
+    lo: (i32, i32),
+    hi: (i32, i32),
+) -> Option<((i32, i32), (i32, i32))> {
+    let (ax, ay) = (f64::from(a.0), f64::from(a.1));
+    let (dx, dy) = (f64::from(b.0) - ax, f64::from(b.1) - ay);
+    let (mut t0, mut t1) = (0.0f64, 1.0f64);
+    let edges = [
+        (-dx, ax - f64::from(lo.0)),
+        (dx, f64::from(hi.0) - ax),
+        (-dy, ay - f64::from(lo.1)),
+        (dy, f64::from(hi.1) - ay),
+    ];
+    for (p, q) in edges {
+        if p == 0.0 {
+            if q < 0.0 {
+                return None;
+            }
+            continue;
+        }
+        let r = q / p;
+        if p < 0.0 {
+            t0 = t0.max(r);
+        } else {
+            t1 = t1.min(r);
+        }
+        if t0 > t1 {
+            return None;
+        }
+    }
+    let at = |t: f64| ((ax + t * dx).round() as i32, (ay + t * dy).round() as i32);
+    Some((at(t0), at(t1)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,6 +285,31 @@ mod tests {
         assert!(!crosses(((0, 0), (30, 0)), r));
         assert!(!crosses(((15, 0), (15, 10)), r), "ends on the edge");
         assert!(crosses(((0, 0), (30, 30)), r));
+    }
+
+    #[test]
+    fn paths_far_outside_the_area_cost_no_more_than_one_across_it() {
+        // A hostile time puts points a billion pixels off the plot: only the columns of the
+        // area are walked, and what lies in it is marked as for a path that stays inside.
+        let area = || Occupancy::new((0, 100), (0, 50));
+        let cost = |mark: &dyn Fn(&mut Occupancy), (x0, y0, x1, y1)| {
+            let mut o = area();
+            mark(&mut o);
+            o.finish();
+            (o.cost((x0, y0, x1, y1)), o.cost((0, 0, 100, 50)))
+        };
+        let below = |o: &mut Occupancy| o.mark_below(&[(-1_000_000_000, 20), (1 << 30, 20)], 1);
+        assert_eq!(cost(&below, (0, 20, 100, 50)), (100 * 30, 100 * 30), "under the line");
+        let row = |o: &mut Occupancy| o.mark_path(&[(i32::MIN, 10), (i32::MAX, 10)], 0, 2);
+        assert_eq!(cost(&row, (0, 10, 100, 11)), (100 * 2, 100 * 2), "the row it crosses");
+        let column = |o: &mut Occupancy| o.mark_path(&[(50, i32::MIN), (50, i32::MAX)], 0, 2);
+        assert_eq!(cost(&column, (50, 0, 51, 50)), (50 * 2, 50 * 2), "the column it crosses");
+        // y = x from corner to corner of i32: under it in the columns it crosses (50 - x
+        // pixels in column x), and the bottom pixel where it runs below the area.
+        let diagonal =
+            |o: &mut Occupancy| o.mark_below(&[(i32::MIN, i32::MIN), (i32::MAX, i32::MAX)], 1);
+        let crossed: u64 = (0..50).map(|x| 50 - x).sum();
+        assert_eq!(cost(&diagonal, (0, 0, 50, 50)), (crossed, crossed + 50), "the diagonal");
     }
 
     #[test]
