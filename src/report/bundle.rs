@@ -104,6 +104,19 @@ pub struct TraceSummary {
     pub info: DeviceSummary,
 }
 
+/// The unit a time axis spanning `span_us` microseconds is drawn in, so its ticks stay
+/// readable: (µs per unit, unit name). A 14 ms trace is plotted in ms, not as a row of "0.01 s"
+/// ticks, nor a row of "0" ones.
+pub(crate) fn time_unit(span_us: i64) -> (f64, &'static str) {
+    if span_us >= 2_000_000 {
+        (1e6, "s")
+    } else if span_us >= 2_000 {
+        (1e3, "ms")
+    } else {
+        (1.0, "µs")
+    }
+}
+
 impl TraceSummary {
     /// Summarises `device`'s events of `trace`.
     pub(crate) fn of(trace: &Trace, path: &str, device: i32) -> TraceSummary {
@@ -146,17 +159,9 @@ impl TraceSummary {
         self.x_of(self.last_time_us, self.events.saturating_sub(1))
     }
 
-    /// The unit of the time axis, chosen by the recorded span so ticks stay readable: (µs per
-    /// unit, unit name). A 14 ms trace is plotted in ms, not as a row of "0.01 s" ticks.
+    /// The unit of the time axis, chosen by the recorded span ([`time_unit`]).
     pub(crate) fn time_unit(&self) -> (f64, &'static str) {
-        let span = self.last_time_us.saturating_sub(self.first_time_us);
-        if span >= 2_000_000 {
-            (1e6, "s")
-        } else if span >= 2_000 {
-            (1e3, "ms")
-        } else {
-            (1.0, "µs")
-        }
+        time_unit(self.last_time_us.saturating_sub(self.first_time_us))
     }
 
     /// The x axis description.

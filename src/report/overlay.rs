@@ -42,8 +42,11 @@ pub struct OverlayData {
     pub(crate) report: DiffReport,
     /// A and B on A's allocation axis.
     pub(crate) aligned: [Lines; 2],
-    /// A and B on a time axis (seconds since each first event), when both record times.
+    /// A and B on a time axis (time since each run's earliest event, in `time_unit`), when
+    /// both record times.
     pub(crate) timed: Option<[Lines; 2]>,
+    /// The time axis's unit (`s`, `ms` or `µs`), chosen by the longer run's span.
+    pub(crate) time_unit: &'static str,
 }
 
 /// The label of a run: its trace's file name and policy.
@@ -62,8 +65,9 @@ pub struct SideLines {
     counts: Vec<u64>,
     /// All its allocations.
     total: u64,
-    /// The time of its first event.
-    first_time: i64,
+    /// Its earliest event time (the first event's, unless times go backwards): where its time
+    /// axis starts, so every point lies on it.
+    earliest_time: i64,
     /// Whether its trace records times.
     has_times: bool,
 }
@@ -96,7 +100,7 @@ pub fn side(s: &Side, options: &BlameOptions) -> Result<SideLines> {
         points,
         counts,
         total: n,
-        first_time: events.first().map_or(0, |e| e.time_us),
+        earliest_time: events.iter().map(|e| e.time_us).min().unwrap_or(0),
         has_times: s.input.trace().has_times,
     })
 }
@@ -144,16 +148,19 @@ pub fn place(
                 .collect(),
         },
     ];
+    let since = |s: &SideLines, t: i64| t.saturating_sub(s.earliest_time);
+    let span = |s: &SideLines| s.points.iter().map(|p| since(s, p.time_us)).max().unwrap_or(0);
+    let (per_unit, time_unit) = super::bundle::time_unit(span(a).max(span(b)));
     let timed = (a.has_times && b.has_times).then(|| {
         let t = |s: &SideLines| -> Vec<(f64, u64, u64)> {
             s.points
                 .iter()
-                .map(|p| ((p.time_us - s.first_time) as f64 / 1e6, p.reserved, p.allocated))
+                .map(|p| (since(s, p.time_us) as f64 / per_unit, p.reserved, p.allocated))
                 .collect()
         };
         [Lines { label: la, points: t(a) }, Lines { label: lb, points: t(b) }]
     });
-    OverlayData { report, aligned, timed }
+    OverlayData { report, aligned, timed, time_unit }
 }
 
 /// The overlay chart: both runs' reserved (solid) and allocated (dashed) bytes on one axis.
@@ -370,9 +377,10 @@ fn write_files(data: &OverlayData, dir: &Path) -> Result<Vec<PathBuf>> {
     };
     files.extend(style::write_chart(&aligned, dir, "overlay")?);
     if let Some(timed) = &data.timed {
+        let x_desc = format!("time since each run's first event ({})", data.time_unit);
         let chart = Overlay {
             lines: timed,
-            x_desc: "time since each run's first event (s)",
+            x_desc: &x_desc,
             title: "Two runs on one time axis: reserved (solid) and allocated (dashed) memory"
                 .into(),
         };
@@ -474,6 +482,56 @@ mod tests {
 
     fn run(xs: &[f64]) -> Lines {
         Lines { label: "run".into(), points: xs.iter().map(|&x| (x, 1, 1)).collect() }
+    }
+
+    /// A diff of two runs with no sites, for charts that only draw lines.
+    fn empty_report() -> DiffReport {
+        let run = serde_json::json!({"trace": "t", "policy": "pytorch", "config": "",
+            "peak_reserved_bytes": 0, "peak_allocated_bytes": 0, "peak_live_bytes": 0,
+            "peak_event": 0, "peak_live_event": 0});
+        serde_json::from_value(serde_json::json!({
+            "a": run, "b": run, "by": "site", "sites": [], "alignment": "site-rank",
+            "matched_count": 0, "matched": [],
+            "delta": {"peak_reserved_bytes": 0, "peak_allocated_bytes": 0, "peak_live_bytes": 0},
+        }))
+        .unwrap()
+    }
+
+    /// A timed run whose points are at `times` (µs), its earliest event at `earliest`.
+    fn timed_side(times: &[i64], earliest: i64) -> SideLines {
+        let points = times
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| Point {
+                event: i as u64,
+                time_us: t,
+                reserved: 1,
+                allocated: 1,
+                requested: 1,
+            })
+            .collect::<Vec<_>>();
+        let counts = vec![0; points.len()];
+        SideLines { points, counts, total: 0, earliest_time: earliest, has_times: true }
+    }
+
+    #[test]
+    fn the_time_axis_reads_in_the_unit_of_the_longer_run_and_starts_at_the_earliest_event() {
+        // 5 ms and 3 ms runs: ticks in ms (in seconds they would all read 0).
+        let t0 = 1_767_225_600_000_000;
+        let a = timed_side(&[t0, t0 + 5_000], t0);
+        let b = timed_side(&[t0 + 100, t0 + 3_100], t0 + 100);
+        let data = place(empty_report(), &a, &b, Vec::new());
+        assert_eq!(data.time_unit, "ms");
+        let timed = data.timed.expect("both runs are timed");
+        assert_eq!(timed[0].points.iter().map(|p| p.0).collect::<Vec<_>>(), [0.0, 5.0]);
+        assert_eq!(timed[1].points.iter().map(|p| p.0).collect::<Vec<_>>(), [0.0, 3.0]);
+        // A last time a tenth of the others (a truncated line): the axis starts there, so no
+        // point lies left of it.
+        let back = timed_side(&[t0, t0 + 10, t0 / 10], t0 / 10);
+        let data = place(empty_report(), &back, &back, Vec::new());
+        assert_eq!(data.time_unit, "s");
+        let xs: Vec<f64> = data.timed.unwrap()[0].points.iter().map(|p| p.0).collect();
+        assert!(xs.iter().all(|&x| x >= 0.0) && xs[2] == 0.0, "{xs:?}");
     }
 
     #[test]
