@@ -123,6 +123,9 @@ impl TraceSummary {
         let empty = DeviceTrace { device, events: Vec::new() };
         let d = trace.device(device).unwrap_or(&empty);
         let events = d.events.as_slice();
+        let (earliest, latest) = events
+            .iter()
+            .fold((i64::MAX, i64::MIN), |(lo, hi), e| (lo.min(e.time_us), hi.max(e.time_us)));
         TraceSummary {
             path: path.to_string(),
             format: trace.format.name(),
@@ -130,8 +133,8 @@ impl TraceSummary {
             devices: trace.devices.iter().map(|d| (d.device, d.events.len() as u64)).collect(),
             events: events.len() as u64,
             has_times: trace.has_times,
-            first_time_us: events.iter().map(|e| e.time_us).min().unwrap_or(0),
-            last_time_us: events.iter().map(|e| e.time_us).max().unwrap_or(0),
+            first_time_us: if events.is_empty() { 0 } else { earliest },
+            last_time_us: if events.is_empty() { 0 } else { latest },
             info: DeviceSummary::of(trace, d),
         }
     }

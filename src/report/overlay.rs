@@ -83,10 +83,11 @@ pub fn side(s: &Side, options: &BlameOptions) -> Result<SideLines> {
     wanted.sort_unstable();
     wanted.dedup();
     // One pass: the running count of allocations, read at each wanted event (an event past
-    // the last counts none).
+    // the last counts none), and the earliest time.
     let mut at: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
-    let (mut n, mut next) = (0u64, 0usize);
+    let (mut n, mut next, mut earliest_time) = (0u64, 0usize, None::<i64>);
     for (i, e) in events.iter().enumerate() {
+        earliest_time = Some(earliest_time.map_or(e.time_us, |t| t.min(e.time_us)));
         n += u64::from(e.action == Action::Alloc && e.size > 0);
         while next < wanted.len() && wanted[next] < i as u64 {
             next += 1;
@@ -100,7 +101,7 @@ pub fn side(s: &Side, options: &BlameOptions) -> Result<SideLines> {
         points,
         counts,
         total: n,
-        earliest_time: events.iter().map(|e| e.time_us).min().unwrap_or(0),
+        earliest_time: earliest_time.unwrap_or(0),
         has_times: s.input.trace().has_times,
     })
 }
@@ -484,13 +485,13 @@ mod tests {
         Lines { label: "run".into(), points: xs.iter().map(|&x| (x, 1, 1)).collect() }
     }
 
-    /// A diff of two runs with no sites, for charts that only draw lines.
-    fn empty_report() -> DiffReport {
+    /// A diff of two empty runs whose site deltas are `sites`.
+    fn report_with(sites: Vec<serde_json::Value>) -> DiffReport {
         let run = serde_json::json!({"trace": "t", "policy": "pytorch", "config": "",
             "peak_reserved_bytes": 0, "peak_allocated_bytes": 0, "peak_live_bytes": 0,
             "peak_event": 0, "peak_live_event": 0});
         serde_json::from_value(serde_json::json!({
-            "a": run, "b": run, "by": "site", "sites": [], "alignment": "site-rank",
+            "a": run, "b": run, "by": "site", "sites": sites, "alignment": "site-rank",
             "matched_count": 0, "matched": [],
             "delta": {"peak_reserved_bytes": 0, "peak_allocated_bytes": 0, "peak_live_bytes": 0},
         }))
@@ -520,7 +521,7 @@ mod tests {
         let t0 = 1_767_225_600_000_000;
         let a = timed_side(&[t0, t0 + 5_000], t0);
         let b = timed_side(&[t0 + 100, t0 + 3_100], t0 + 100);
-        let data = place(empty_report(), &a, &b, Vec::new());
+        let data = place(report_with(Vec::new()), &a, &b, Vec::new());
         assert_eq!(data.time_unit, "ms");
         let timed = data.timed.expect("both runs are timed");
         assert_eq!(timed[0].points.iter().map(|p| p.0).collect::<Vec<_>>(), [0.0, 5.0]);
@@ -528,7 +529,7 @@ mod tests {
         // A last time a tenth of the others (a truncated line): the axis starts there, so no
         // point lies left of it.
         let back = timed_side(&[t0, t0 + 10, t0 / 10], t0 / 10);
-        let data = place(empty_report(), &back, &back, Vec::new());
+        let data = place(report_with(Vec::new()), &back, &back, Vec::new());
         assert_eq!(data.time_unit, "s");
         let xs: Vec<f64> = data.timed.unwrap()[0].points.iter().map(|p| p.0).collect();
         assert!(xs.iter().all(|&x| x >= 0.0) && xs[2] == 0.0, "{xs:?}");
@@ -542,15 +543,7 @@ mod tests {
                     "delta_bytes": 512, "only_in": "b"})
             })
             .collect();
-        let run = serde_json::json!({"trace": "t", "policy": "pytorch", "config": "",
-            "peak_reserved_bytes": 0, "peak_allocated_bytes": 0, "peak_live_bytes": 0,
-            "peak_event": 0, "peak_live_event": 0});
-        let report: DiffReport = serde_json::from_value(serde_json::json!({
-            "a": run, "b": run, "by": "site", "sites": sites, "alignment": "site-rank",
-            "matched_count": 0, "matched": [],
-            "delta": {"peak_reserved_bytes": 0, "peak_allocated_bytes": 0, "peak_live_bytes": 0},
-        }))
-        .unwrap();
+        let report = report_with(sites);
         let chart = SiteDelta { report: &report };
         assert_eq!(chart.drawn().len(), MAX_DELTA_ROWS);
         assert_eq!(chart.left_out(), 200_000 - MAX_DELTA_ROWS);

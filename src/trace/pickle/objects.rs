@@ -62,12 +62,6 @@ pub struct Builder {
 }
 
 impl Builder {
-    #[cfg(test)]
-    /// An empty builder.
-    pub(crate) fn new() -> Builder {
-        Builder::default()
-    }
-
     /// An empty builder with room for `items` sequence items and `entries` dict entries before
     /// its pools first grow: a caller that can guess the sizes (from the objects it will add,
     /// bounded by its input limit) spares the copies of repeated doubling.
@@ -211,7 +205,7 @@ mod tests {
 
     #[test]
     fn a_rollback_drops_the_containers_begun_since_the_mark() {
-        let mut b = Builder::new();
+        let mut b = Builder::default();
         let root = b.begin_seq(Seq::List);
         let mark = b.mark();
         let (d, s) = (b.begin_dict(), b.str(b"kept"));
