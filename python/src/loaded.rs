@@ -5,7 +5,7 @@
 //!
 //! The trace is read when a command first asks for it, with that command's read options, and
 //! kept by whether it has stack frames (the two reads differ: a trace without frames keeps only
-//! a release's); each later read is a copy of the one kept.
+//! a release's); each later read shares the one kept (nothing is copied).
 
 use crate::snapshot_dict::{self, Names};
 use fragsim::cli::SharedReader;
@@ -78,13 +78,13 @@ impl Loaded {
     /// The reader commands ask for the trace: the kept trace of that kind, else a read.
     pub fn reader(&self) -> SharedReader {
         let (source, kept, names) = (self.source.clone(), self.kept.clone(), self.names.clone());
-        Arc::new(move |options: &ReadOptions| -> fragsim::error::Result<Trace> {
+        Arc::new(move |options: &ReadOptions| -> fragsim::error::Result<Arc<Trace>> {
             let slot = usize::from(options.keep_frames);
             // The lock is held while reading: two commands on one trace read it once.
             let mut kept =
                 kept.lock().map_err(|_| Error::input("a command on this trace failed"))?;
             if let Some(trace) = &kept.traces[slot] {
-                return Ok(Trace::clone(trace));
+                return Ok(trace.clone());
             }
             let trace = match &*source {
                 Source::Path(p) => fragsim::trace::read_trace(p, options)?,
@@ -96,7 +96,7 @@ impl Loaded {
             };
             let trace = Arc::new(trace);
             kept.traces[slot] = Some(trace.clone());
-            Ok(Trace::clone(&trace))
+            Ok(trace)
         })
     }
 }

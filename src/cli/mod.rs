@@ -139,9 +139,12 @@ pub enum InMemory {
     Shared(SharedReader),
 }
 
-/// Makes an in-memory trace each time a command reads it ([`InMemory::Shared`]).
+/// Hands out an in-memory trace each time a command reads it ([`InMemory::Shared`]): the one its
+/// holder keeps, shared, not copied.
 pub type SharedReader = std::sync::Arc<
-    dyn Fn(&fragsim::trace::ReadOptions) -> Result<fragsim::trace::Trace> + Send + Sync,
+    dyn Fn(&fragsim::trace::ReadOptions) -> Result<std::sync::Arc<fragsim::trace::Trace>>
+        + Send
+        + Sync,
 >;
 
 /// Makes an in-memory trace with the reading command's options ([`InMemory::Reader`]).
@@ -223,26 +226,21 @@ impl<'a> Io<'a> {
         self.max_input_size
     }
 
-    /// Reads the trace `path` names: the in-memory trace of that name, else the file, with the
-    /// reader's progress bar when `progress`.
+    /// Reads the trace `path` names: the in-memory trace of that name (shared where its holder
+    /// keeps it), else the file, with the reader's progress bar when `progress`.
     pub(crate) fn read_trace(
         &mut self,
         path: &Path,
         keep_frames: bool,
         progress: bool,
-    ) -> Result<fragsim::trace::Trace> {
+    ) -> Result<std::sync::Arc<fragsim::trace::Trace>> {
         let options = fragsim::trace::ReadOptions {
             keep_frames,
             progress: progress && self.progress,
             max_input_bytes: self.max_input_size,
             cancel: self.cancel.clone(),
         };
-        let trace = if let Some(InMemory::Shared(read)) = self.memory.get(path) {
-            let read = read.clone();
-            read(&options).map_err(|e| e.in_file(path))?
-        } else {
-            self.read_held_or_file(path, &options)?
-        };
+        let trace = self.read_held_or_file(path, &options)?;
         if !self.history_noted && no_history(&trace) {
             self.history_noted = true;
             self.note(&format!(
@@ -256,19 +254,27 @@ impl<'a> Io<'a> {
         Ok(trace)
     }
 
-    /// Reads `path` from the in-memory trace of that name (taken), else from the file.
+    /// Reads `path` from the in-memory trace of that name (taken, unless its holder keeps it),
+    /// else from the file.
     fn read_held_or_file(
         &mut self,
         path: &Path,
         options: &fragsim::trace::ReadOptions,
-    ) -> Result<fragsim::trace::Trace> {
+    ) -> Result<std::sync::Arc<fragsim::trace::Trace>> {
+        use std::sync::Arc;
+        if let Some(InMemory::Shared(read)) = self.memory.get(path) {
+            return read(options).map_err(|e| e.in_file(path));
+        }
         match self.memory.remove(path) {
-            Some(InMemory::Reader(read)) => read(options).map_err(|e| e.in_file(path)),
-            Some(InMemory::Shared(read)) => read(options).map_err(|e| e.in_file(path)),
-            Some(InMemory::Bytes(data)) => {
-                fragsim::trace::read_memory(&data, options).map_err(|e| e.in_file(path))
+            Some(InMemory::Reader(read)) => {
+                read(options).map(Arc::new).map_err(|e| e.in_file(path))
             }
-            None => fragsim::trace::read_trace(path, options),
+            Some(InMemory::Bytes(data)) => fragsim::trace::read_memory(&data, options)
+                .map(Arc::new)
+                .map_err(|e| e.in_file(path)),
+            Some(InMemory::Shared(_)) | None => {
+                fragsim::trace::read_trace(path, options).map(Arc::new)
+            }
         }
     }
 
@@ -669,7 +675,7 @@ pub(crate) fn read_trace(
     io: &mut Io,
     path: &Path,
     keep_frames: bool,
-) -> Result<fragsim::trace::Trace> {
+) -> Result<std::sync::Arc<fragsim::trace::Trace>> {
     io.read_trace(path, keep_frames, true)
 }
 

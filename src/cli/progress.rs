@@ -109,7 +109,7 @@ impl Control {
         io: &mut Io,
         path: &std::path::Path,
         keep_frames: bool,
-    ) -> Result<fragsim::trace::Trace> {
+    ) -> Result<std::sync::Arc<fragsim::trace::Trace>> {
         io.read_trace(path, keep_frames, !self.quiet)
     }
 

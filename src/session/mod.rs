@@ -46,7 +46,7 @@ use crate::trace::{ReadOptions, Trace};
 use crate::validate::{ValidateOptions, Validation};
 use crate::whatif::fit::{FitReport, PolicyFit};
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 /// One trace and the device its questions are about.
 pub struct Session {
@@ -63,11 +63,12 @@ pub struct Session {
 
 /// Where a session's events are.
 enum Data {
-    /// Read once, held in memory.
-    Loaded(Trace),
+    /// Read once, held in memory; shared with whoever else holds it (a Python `Trace` keeps one
+    /// for all its questions), never copied.
+    Loaded(Arc<Trace>),
     /// An uncompressed `.fst` file, read again for each pass: memory follows the blocks live at
     /// once, not the trace's length.
-    Streamed(FstStream),
+    Streamed(Box<FstStream>),
 }
 
 /// What a recording says of its device: the recorded run as a row beside the policies', and the
@@ -107,13 +108,14 @@ impl Session {
         Session::of_trace(trace, path, options.device)
     }
 
-    /// A session on a trace already read, under `name`.
+    /// A session on a trace already read, under `name`: a [`Trace`], or an `Arc<Trace>` its
+    /// holder keeps for other sessions (nothing is copied).
     pub fn of_trace(
-        trace: Trace,
+        trace: impl Into<Arc<Trace>>,
         name: impl Into<PathBuf>,
         device: Option<i32>,
     ) -> Result<Session> {
-        let name = name.into();
+        let (trace, name) = (trace.into(), name.into());
         let have = || trace.devices.iter().map(|d| d.device).collect::<Vec<_>>();
         let device = crate::replay::input::pick_device(device, trace.default_device(), have)
             .map_err(|e| name_error(&name, &trace, e).in_file(&name))?;
@@ -130,7 +132,12 @@ impl Session {
         let have = || file.devices().into_iter().map(|d| d.0).collect::<Vec<_>>();
         let device = crate::replay::input::pick_device(device, file.default_device(), have)
             .map_err(|e| name_error(&name, file.head(), e).in_file(&name))?;
-        Ok(Session { name, data: Data::Streamed(file), device, recording: OnceLock::new() })
+        Ok(Session {
+            name,
+            data: Data::Streamed(Box::new(file)),
+            device,
+            recording: OnceLock::new(),
+        })
     }
 
     /// The trace's name, as given.
@@ -507,5 +514,25 @@ fn name_error(name: &Path, trace: &Trace, e: Error) -> Error {
         ErrorKind::Input => e.in_format(trace.format.name()).in_file(name),
         _ if e.location().format.is_some() => e.in_file(name),
         _ => e,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_on_a_shared_trace_holds_that_trace_not_a_copy() {
+        let text = "alloc 0x1000 4096 s0\nalloc 0x2000 1000 s0\nfree 0x1000 4096 s0\n";
+        let format = crate::trace::Format::Text;
+        let trace = crate::trace::read_bytes(text.as_bytes(), format, &Default::default()).unwrap();
+        let shared = Arc::new(trace);
+        let one = Session::of_trace(shared.clone(), "a.txt", None).unwrap();
+        let two = Session::of_trace(shared.clone(), "a.txt", None).unwrap();
+        assert!(std::ptr::eq(one.trace(), &*shared));
+        assert!(std::ptr::eq(two.trace(), &*shared));
+        let request = ReplayRequest::new(PolicySpec::parse_list("bound").unwrap());
+        let answer = one.replay(&request, &Default::default()).unwrap();
+        assert_eq!(answer.results[0].peak_reserved_bytes, 5096);
     }
 }
