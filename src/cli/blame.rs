@@ -91,7 +91,7 @@ pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         fragsim::report::output::refuse_input(out, "--flamegraph", &[path])?;
     }
     let session = args.control.session(io, path, args.source.device, true)?;
-    super::note_unmodelled_options(&args.control, io, session.trace(), &specs);
+    super::print_notes(&args.control, io, &session, &specs);
     let options = BlameOptions {
         at,
         by: args.by.group(),

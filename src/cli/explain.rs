@@ -1,10 +1,9 @@
 //! `fragsim explain`: was it fragmentation, of which kind, and what would have fixed it.
 
 use super::ReplaySource;
-use fragsim::blame::{keep_end, Moment};
-use fragsim::error::{Error, Result};
+use fragsim::blame::keep_end;
+use fragsim::error::Result;
 use fragsim::explain::{ExplainOptions, Explanation, Verdict};
-use fragsim::policy::PolicySpec;
 use fragsim::report::csv::field;
 use fragsim::units::format_bytes;
 
@@ -43,26 +42,14 @@ pub struct Args {
 
 /// Runs the command on `io`; `Ok` carries the exit code.
 pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
-    let mut specs = PolicySpec::parse_many(&args.source.policies)?;
-    if specs.len() != 1 {
-        return Err(Error::usage(format!(
-            "explain takes one --policy ({} given)",
-            args.source.policies.len()
-        )));
-    }
-    let at = match args.at.as_deref() {
-        None => None,
-        Some("peak-live") => {
-            return Err(Error::usage("--at peak-live: explain takes oom, peak or an event index"))
-        }
-        Some(t) => Some(Moment::parse(t)?),
-    };
+    let spec = ExplainOptions::one_spec(&args.source.policies)?;
+    let at = ExplainOptions::moment(args.at.as_deref())?;
     let path = &args.source.trace;
     let session = args.control.session(io, path, args.source.device, true)?;
-    super::note_unmodelled_options(&args.control, io, session.trace(), &specs);
+    super::print_notes(&args.control, io, &session, std::slice::from_ref(&spec));
     let options = ExplainOptions {
         at,
-        spec: specs.remove(0),
+        spec,
         replay: session
             .replay_options(args.source.capacity.get(), args.source.empty_cache_plan()?)?,
         top: args.top,

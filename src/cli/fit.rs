@@ -54,7 +54,7 @@ pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let specs = PolicySpec::parse_many(&written)?;
     // Loaded, not streamed: each policy's search replays the trace a score of times.
     let session = args.control.session(io, &args.trace, args.device, false)?;
-    super::note_unmodelled_options(&args.control, io, session.trace(), &specs);
+    super::print_notes(&args.control, io, &session, &specs);
     let bar = args.control.bar(io, specs.len(), "fitting");
     let tick = bar.tick();
     let settings = RunSettings { progress: Some(&tick), ..RunSettings::default() };

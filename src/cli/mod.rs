@@ -241,15 +241,9 @@ impl<'a> Io<'a> {
             cancel: self.cancel.clone(),
         };
         let trace = self.read_held_or_file(path, &options)?;
-        if !self.history_noted && no_history(&trace) {
+        if let Some(note) = trace.no_history_note(path).filter(|_| !self.history_noted) {
             self.history_noted = true;
-            self.note(&format!(
-                "{}: the snapshot has segments but no trace events: memory history was not \
-                 recorded. Call torch.cuda.memory._record_memory_history() before the code to \
-                 measure, then take the snapshot (torch.cuda.memory._snapshot() or \
-                 _dump_snapshot(\"FILE.pickle\")); without it every replay has nothing to replay.",
-                path.display()
-            ));
+            self.note(&note);
         }
         Ok(trace)
     }
@@ -282,14 +276,6 @@ impl<'a> Io<'a> {
     pub(crate) fn holds(&self, path: &Path) -> bool {
         self.memory.contains_key(path)
     }
-}
-
-/// Whether `trace` is a PyTorch snapshot whose segments show memory but that holds no trace
-/// events: taken without `torch.cuda.memory._record_memory_history()`.
-fn no_history(trace: &fragsim::trace::Trace) -> bool {
-    trace.format == fragsim::trace::Format::PytorchSnapshot
-        && !trace.segments.is_empty()
-        && trace.devices.iter().all(|d| d.events.is_empty())
 }
 
 /// The version `fragsim --version` prints.
@@ -510,16 +496,11 @@ pub struct ReplaySource {
 impl ReplaySource {
     /// The `empty_cache` what-if the flags describe.
     pub(crate) fn empty_cache_plan(&self) -> Result<fragsim::replay::EmptyCachePlan> {
-        if self.empty_cache_every == Some(0) {
-            return Err(fragsim::error::Error::usage(
-                "--empty-cache-every 0: give a number of events of at least 1",
-            ));
-        }
-        Ok(fragsim::replay::EmptyCachePlan {
-            every: self.empty_cache_every,
-            at: self.empty_cache_at.clone(),
-            drop_recorded: self.no_recorded_empty_cache,
-        })
+        fragsim::replay::EmptyCachePlan::new(
+            self.empty_cache_every,
+            self.empty_cache_at.clone(),
+            self.no_recorded_empty_cache,
+        )
     }
 }
 
@@ -679,97 +660,18 @@ pub(crate) fn read_trace(
     io.read_trace(path, keep_frames, true)
 }
 
-/// Says, unless `--quiet`, which options of `trace`'s recorded `PYTORCH_CUDA_ALLOC_CONF` the
-/// `pytorch` specs among `specs` leave out, as options this fragsim does not model (a newer
-/// PyTorch's): the replay goes on without them rather than refusing a recording PyTorch made.
-pub(crate) fn note_unmodelled_options(
+/// Says, unless `--quiet`, what the session's recording changes about a replay of `specs`
+/// ([`fragsim::session::Session::notes`]): torch_npu's rules, a warm start, the PyTorch version
+/// modelled, and recorded options this fragsim leaves out (a newer PyTorch's: the replay goes on
+/// without them rather than refusing a recording PyTorch made).
+pub(crate) fn print_notes(
     control: &progress::Control,
     io: &mut Io,
-    trace: &fragsim::trace::Trace,
+    session: &fragsim::session::Session,
     specs: &[fragsim::policy::PolicySpec],
 ) {
-    use fragsim::policy::pytorch::{Config, Flavour};
-    if !specs.iter().any(|s| fragsim::policy::has_allocator_settings(&s.name)) {
-        return;
-    }
-    let flavour = Flavour::of_trace(trace);
-    let follows = |s: &&fragsim::policy::PolicySpec| {
-        matches!(s.name.as_str(), "pytorch" | "pytorch-expandable")
-    };
-    if flavour == Flavour::Npu && specs.iter().any(|s| follows(&s)) {
-        control.note(
-            io,
-            "note: recorded by torch_npu (Ascend NPU): pytorch replays torch_npu's allocator \
-             rules (as pytorch-npu); -p pytorch-cuda replays CUDA's",
-        );
-    }
-    if specs.iter().any(|s| follows(&s) || s.name == "pytorch-cuda" || s.name == "pytorch-npu") {
-        note_warm_start(control, io, trace);
-    }
-    note_pytorch_versions(control, io, trace, specs);
-    let Some(settings) = &trace.allocator_settings else { return };
-    let names = Config::unmodelled_options_as(settings, flavour);
-    if !names.is_empty() {
-        control.note(
-            io,
-            &format!(
-                "note: the recorded {} names option(s) this fragsim does not model, left out of \
-                 the pytorch replays: {}",
-                flavour.env_var(),
-                names.join(", ")
-            ),
-        );
-    }
-}
-
-/// Says, unless `--quiet`, where a profiler trace starts warm (memory reserved before its first
-/// event beyond what was live): the `pytorch` replays start with it cached, in segments whose
-/// sizes are assumed (docs/pytorch-model.md#kineto-warm-start).
-fn note_warm_start(control: &progress::Control, io: &mut Io, trace: &fragsim::trace::Trace) {
-    use fragsim::units::format_bytes;
-    for d in trace.devices.iter().filter(|d| d.device >= 0) {
-        let Some(k) = fragsim::recorded::kineto_start::start_state(trace, d.device) else {
-            continue;
-        };
-        if k.reserved_bytes > k.live_bytes {
-            control.note(
-                io,
-                &format!(
-                    "note: device {}: this profiler trace starts warm: {} reserved before its \
-                     first event, {} of it live; the pytorch replays start with the rest cached \
-                     as free segments whose sizes are assumed (the segments the trace's own \
-                     requests make; with expandable segments, free mapped pages; each row's \
-                     start_assumed; docs/pytorch-model.md#kineto-warm-start)",
-                    d.device,
-                    format_bytes(k.reserved_bytes),
-                    format_bytes(k.live_bytes)
-                ),
-            );
-        }
-    }
-}
-
-/// Says which PyTorch release each `pytorch` spec models, where it is not the default 2.11
-/// (the recording shows a later one, or a spec asks with `version=`).
-fn note_pytorch_versions(
-    control: &progress::Control,
-    io: &mut Io,
-    trace: &fragsim::trace::Trace,
-    specs: &[fragsim::policy::PolicySpec],
-) {
-    use fragsim::policy::pytorch::config::{modelled_version, split_version};
-    let mut said = Vec::new();
-    for spec in specs.iter().filter(|s| fragsim::policy::has_allocator_settings(&s.name)) {
-        let Ok((options, asked)) = split_version(&spec.options) else { continue };
-        let Ok(m) = modelled_version(&options, asked, trace) else { continue };
-        if m.at_least.is_none() && !m.given {
-            continue;
-        }
-        let line = format!("note: {}: {m}", spec.display());
-        if !said.contains(&line) {
-            control.note(io, &line);
-            said.push(line);
-        }
+    for note in session.notes(specs) {
+        control.note(io, &note);
     }
 }
 

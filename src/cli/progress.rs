@@ -59,42 +59,18 @@ pub struct Control {
     pub quiet: bool,
 }
 
-/// The most replays run at once per core, whatever `--jobs` says: replays are CPU-bound, so
-/// more threads than this only cost memory (and, by the thousand, the OS's thread limit).
-pub const JOBS_PER_CORE: usize = 4;
-
-/// The ceiling on `--jobs`: [`JOBS_PER_CORE`] times the cores.
-pub(crate) fn max_jobs() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get()).saturating_mul(JOBS_PER_CORE)
-}
-
 impl Control {
-    /// The parallelism asked for, before it is bounded by the work ([`Control::jobs_for`]).
-    pub(crate) fn jobs(&self) -> Jobs {
-        Jobs::from_count(self.jobs)
-    }
-
     /// The parallelism for `replays` replays: `--jobs N` bounded by the number of replays and by
-    /// [`max_jobs`], with a note on `io` (once per command, unless `--quiet`) when it was
+    /// [`fragsim::replay::max_jobs`], with a note on `io` (once per command, unless `--quiet`) when it was
     /// lowered; never more threads than there is work for.
     pub(crate) fn jobs_for(&self, io: &mut Io, replays: usize) -> Jobs {
-        let Some(asked) = self.jobs.filter(|&n| n > 1) else { return self.jobs() };
-        let ceiling = max_jobs();
-        let work = replays.max(1);
-        let bounded = asked.min(work).min(ceiling);
-        if bounded < asked && !io.jobs_noted {
+        let (jobs, lowered) = Jobs::bounded(self.jobs, replays);
+        if let (Some(why), Some(asked), false) = (lowered, self.jobs, io.jobs_noted) {
             io.jobs_noted = true;
-            let why = if bounded == work {
-                format!("{replays} replay{} to run", if replays == 1 { "" } else { "s" })
-            } else {
-                format!(
-                    "at most {JOBS_PER_CORE} per core on this machine's {} cores",
-                    ceiling / JOBS_PER_CORE
-                )
-            };
-            self.note(io, &format!("note: --jobs {asked}: running {bounded} at once ({why})"));
+            let at_once = jobs.count().unwrap_or(asked);
+            self.note(io, &format!("note: --jobs {asked}: running {at_once} at once ({why})"));
         }
-        Jobs::from_count(Some(bounded))
+        jobs
     }
 
     /// Whether progress may be drawn: `io` allows it (stderr is a terminal) and `--quiet` was
@@ -138,26 +114,15 @@ impl Control {
         specs: &[PolicySpec],
         keep_frames: bool,
     ) -> Result<fragsim::session::Session> {
-        let planners: Vec<&str> = specs
-            .iter()
-            .filter_map(|s| fragsim::policy::lookup(&s.name).ok())
-            .filter(|p| p.role == fragsim::policy::Role::Clairvoyant)
-            .map(|p| p.name)
-            .collect();
+        let planners = fragsim::policy::planners(specs);
         let file = if io.holds(path) { None } else { FstStream::open(path)? };
         match file {
             Some(file) if planners.is_empty() => {
                 return fragsim::session::Session::streamed(file, path, device)
             }
-            Some(_) => self.note(
-                io,
-                &format!(
-                    "{} plans with every lifetime: the events of {} are loaded (without it, \
-                     the replay streams them)",
-                    planners.join(", "),
-                    path.display()
-                ),
-            ),
+            Some(_) => {
+                self.note(io, &fragsim::session::loaded_for_planners(&planners, path));
+            }
             None => {}
         }
         self.session(io, path, device, keep_frames)
@@ -198,7 +163,7 @@ impl Control {
         let mut out = Vec::with_capacity(traces.len());
         for path in traces {
             let session = self.replay_session(io, path, device, specs, false)?;
-            super::note_unmodelled_options(self, io, session.trace(), specs);
+            super::print_notes(self, io, &session, specs);
             let request = ReplayRequest {
                 capacity: capacity.cloned(),
                 options: options.clone(),
@@ -293,10 +258,10 @@ mod tests {
     #[test]
     fn jobs_map_to_the_replay_settings() {
         let c = |jobs| Control { jobs, quiet: false };
-        assert_eq!(c(None).jobs(), Jobs::AllCores);
-        assert_eq!(c(Some(0)).jobs(), Jobs::AllCores);
-        assert_eq!(c(Some(1)).jobs(), Jobs::Sequential);
-        assert_eq!(c(Some(3)).jobs(), Jobs::from_count(Some(3)));
+        assert_eq!(Jobs::from_count(None), Jobs::AllCores);
+        assert_eq!(Jobs::from_count(Some(0)), Jobs::AllCores);
+        assert_eq!(Jobs::from_count(Some(1)), Jobs::Sequential);
+        assert_eq!(Jobs::from_count(Some(3)), Jobs::from_count(Some(3)));
         let (mut out, mut err) = (Vec::new(), Vec::new());
         let mut io = Io::buffers(&mut out, &mut err, false);
         let threads = c(Some(2)).install(&mut io, 2, rayon::current_num_threads).unwrap();
@@ -304,7 +269,7 @@ mod tests {
         assert_eq!(c(Some(100_000)).jobs_for(&mut io, 3), Jobs::from_count(Some(3)));
         assert_eq!(
             c(Some(usize::MAX)).jobs_for(&mut io, usize::MAX),
-            Jobs::from_count(Some(max_jobs()))
+            Jobs::from_count(Some(fragsim::replay::max_jobs()))
         );
         assert_eq!(c(Some(5)).jobs_for(&mut io, 1), Jobs::Sequential);
         assert_eq!(c(None).jobs_for(&mut io, 1), Jobs::AllCores);

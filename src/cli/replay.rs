@@ -82,7 +82,7 @@ pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         Some(_) => args.control.session(io, path, device, frames)?,
         None => args.control.replay_session(io, path, device, &specs, frames)?,
     };
-    super::note_unmodelled_options(&args.control, io, session.trace(), &specs);
+    super::print_notes(&args.control, io, &session, &specs);
     let request = request(&args, io, &specs, empty_cache);
     let bar = args.control.bar(io, specs.len(), "replaying");
     let tick = bar.tick();

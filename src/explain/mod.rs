@@ -58,6 +58,33 @@ impl Default for ExplainOptions {
     }
 }
 
+impl ExplainOptions {
+    /// The one policy explained, of the specs given (`pytorch` when none): an explanation is of
+    /// one replay.
+    pub fn one_spec(values: &[String]) -> Result<PolicySpec> {
+        let mut specs = PolicySpec::parse_many(values)?;
+        if specs.len() != 1 {
+            return Err(Error::usage(format!(
+                "explain takes one --policy ({} given)",
+                specs.len()
+            )));
+        }
+        Ok(specs.remove(0))
+    }
+
+    /// The moment `--at` names (`None`: the first OOM, else the peak): `oom`, `peak` or an
+    /// event index; `peak-live` is a moment of blame's, not of a replay.
+    pub fn moment(text: Option<&str>) -> Result<Option<Moment>> {
+        match text {
+            None => Ok(None),
+            Some(t) if t.trim() == "peak-live" => {
+                Err(Error::usage("--at peak-live: explain takes oom, peak or an event index"))
+            }
+            Some(t) => Moment::parse(t).map(Some),
+        }
+    }
+}
+
 /// What it was.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

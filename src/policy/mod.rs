@@ -455,6 +455,19 @@ pub fn role_of(name: &str) -> Option<Role> {
     POLICIES.iter().find(|p| p.name == name).map(|p| p.role)
 }
 
+/// The names of the policies among `specs` that plan with every lifetime ([`Role::Clairvoyant`]):
+/// their replays need the whole trace in memory, so a session for them cannot stream it.
+pub fn planners(specs: &[PolicySpec]) -> Vec<&'static str> {
+    let mut names: Vec<&'static str> = specs
+        .iter()
+        .filter_map(|s| lookup(&s.name).ok())
+        .filter(|p| p.role == Role::Clairvoyant)
+        .map(|p| p.name)
+        .collect();
+    names.dedup();
+    names
+}
+
 /// What the allocator that recorded `trace` did that a replay of it must know, read by the
 /// policy that models that allocator.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

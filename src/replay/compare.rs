@@ -38,6 +38,43 @@ impl Jobs {
             Some(n) => Jobs::AtMost(n),
         }
     }
+
+    /// How many threads run replays: `None` for every core.
+    pub fn count(self) -> Option<usize> {
+        match self {
+            Jobs::Sequential => Some(1),
+            Jobs::AllCores => None,
+            Jobs::AtMost(n) => Some(n.get()),
+        }
+    }
+
+    /// The setting for `asked` threads running `replays` replays: never more threads than
+    /// there is work for, nor than [`max_jobs`]; with why, when it asked for more.
+    pub fn bounded(asked: Option<usize>, replays: usize) -> (Jobs, Option<String>) {
+        let Some(asked) = asked.filter(|&n| n > 1) else { return (Jobs::from_count(asked), None) };
+        let (ceiling, work) = (max_jobs(), replays.max(1));
+        let bounded = asked.min(work).min(ceiling);
+        let why = (bounded < asked).then(|| {
+            if bounded == work {
+                format!("{replays} replay{} to run", if replays == 1 { "" } else { "s" })
+            } else {
+                format!(
+                    "at most {JOBS_PER_CORE} per core on this machine's {} cores",
+                    ceiling / JOBS_PER_CORE
+                )
+            }
+        });
+        (Jobs::from_count(Some(bounded)), why)
+    }
+}
+
+/// The most replays run at once per core, whatever `--jobs` says: replays are CPU-bound, so
+/// more threads than this only cost memory (and, by the thousand, the OS's thread limit).
+pub const JOBS_PER_CORE: usize = 4;
+
+/// The ceiling on the threads replays run on: [`JOBS_PER_CORE`] times the cores.
+pub fn max_jobs() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get()).saturating_mul(JOBS_PER_CORE)
 }
 
 /// A callback told `(finished, total)` after each replay ends (from any thread), e.g. to move a

@@ -42,7 +42,9 @@ mod meter;
 mod options;
 
 pub use crate::error::Cancel;
-pub use compare::{run_specs, Comparison, Jobs, RunSettings, SpecFailure, SpecRun};
+pub use compare::{
+    max_jobs, run_specs, Comparison, Jobs, RunSettings, SpecFailure, SpecRun, JOBS_PER_CORE,
+};
 pub(crate) use engine::run_guided;
 pub use engine::{run_policy, ReplayOutput};
 

@@ -64,6 +64,17 @@ pub struct EmptyCachePlan {
 }
 
 impl EmptyCachePlan {
+    /// The plan of `every` N events, at the events `at`, and without the recorded calls when
+    /// `drop_recorded`; refuses a call every 0 events.
+    pub fn new(every: Option<u64>, at: Vec<u64>, drop_recorded: bool) -> crate::Result<Self> {
+        if every == Some(0) {
+            return Err(crate::Error::usage(
+                "--empty-cache-every 0: give a number of events of at least 1",
+            ));
+        }
+        Ok(EmptyCachePlan { every, at, drop_recorded })
+    }
+
     /// True when the plan changes nothing: the recorded calls only.
     pub(crate) fn is_recorded_only(&self) -> bool {
         self.every.is_none_or(|n| n == 0) && self.at.is_empty() && !self.drop_recorded

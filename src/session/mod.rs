@@ -26,6 +26,9 @@
 //! the device limit the recording implies — is found once and kept.
 
 pub mod capacity;
+mod notes;
+
+pub use notes::loaded_for_planners;
 
 pub use capacity::{Capacity, Resolved};
 

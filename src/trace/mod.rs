@@ -408,6 +408,24 @@ pub struct DeviceTotals {
 }
 
 impl Trace {
+    /// Where the trace is a PyTorch snapshot whose segments show memory but that holds no trace
+    /// events (taken without `torch.cuda.memory._record_memory_history()`), what to tell the
+    /// user who asked about it under `name`: every replay of it has nothing to replay.
+    pub fn no_history_note(&self, name: &std::path::Path) -> Option<String> {
+        let no_history = self.format == Format::PytorchSnapshot
+            && !self.segments.is_empty()
+            && self.devices.iter().all(|d| d.events.is_empty());
+        no_history.then(|| {
+            format!(
+                "{}: the snapshot has segments but no trace events: memory history was not \
+                 recorded. Call torch.cuda.memory._record_memory_history() before the code to \
+                 measure, then take the snapshot (torch.cuda.memory._snapshot() or \
+                 _dump_snapshot(\"FILE.pickle\")); without it every replay has nothing to replay.",
+                name.display()
+            )
+        })
+    }
+
     /// The format the trace was first recorded in: [`Trace::converted_from`] when read from .fst,
     /// else [`Trace::format`].
     pub fn source_format(&self) -> Format {

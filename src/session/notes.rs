@@ -1,0 +1,99 @@
+//! What a session tells its user before replaying some specs: the facts about the recording that
+//! change how its replays read (recorded by torch_npu, a profiler trace that starts warm, the
+//! PyTorch version modelled, recorded allocator options this fragsim leaves out). The command
+//! line prints them on stderr as `fragsim: note: ...`; the Python package hands them back as a
+//! result's `notes`.
+
+use super::Session;
+use crate::policy::pytorch::config::{modelled_version, split_version};
+use crate::policy::pytorch::{Config, Flavour};
+use crate::policy::{has_allocator_settings, PolicySpec};
+use crate::trace::Trace;
+use crate::units::format_bytes;
+
+impl Session {
+    /// The notes a replay of `specs` on this trace warrants, each a line starting `note: `
+    /// (none for specs without the allocator's settings).
+    pub fn notes(&self, specs: &[PolicySpec]) -> Vec<String> {
+        notes(self.trace(), specs)
+    }
+}
+
+/// What to say when a file that could stream is loaded whole, because `planners` (the
+/// policies that plan with every lifetime, [`crate::policy::planners`]) need all its events.
+pub fn loaded_for_planners(planners: &[&str], name: &std::path::Path) -> String {
+    format!(
+        "{} plans with every lifetime: the events of {} are loaded (without it, the replay \
+         streams them)",
+        planners.join(", "),
+        name.display()
+    )
+}
+
+/// [`Session::notes`] of `trace`.
+fn notes(trace: &Trace, specs: &[PolicySpec]) -> Vec<String> {
+    let mut out = Vec::new();
+    if !specs.iter().any(|s| has_allocator_settings(&s.name)) {
+        return out;
+    }
+    let flavour = Flavour::of_trace(trace);
+    let follows = |s: &PolicySpec| matches!(s.name.as_str(), "pytorch" | "pytorch-expandable");
+    if flavour == Flavour::Npu && specs.iter().any(follows) {
+        out.push(
+            "note: recorded by torch_npu (Ascend NPU): pytorch replays torch_npu's allocator \
+             rules (as pytorch-npu); -p pytorch-cuda replays CUDA's"
+                .to_string(),
+        );
+    }
+    if specs.iter().any(|s| follows(s) || s.name == "pytorch-cuda" || s.name == "pytorch-npu") {
+        warm_start(trace, &mut out);
+    }
+    versions(trace, specs, &mut out);
+    let Some(settings) = &trace.allocator_settings else { return out };
+    let names = Config::unmodelled_options_as(settings, flavour);
+    if !names.is_empty() {
+        out.push(format!(
+            "note: the recorded {} names option(s) this fragsim does not model, left out of the \
+             pytorch replays: {}",
+            flavour.env_var(),
+            names.join(", ")
+        ));
+    }
+    out
+}
+
+/// A profiler trace that starts with memory reserved beyond its live blocks, per device.
+fn warm_start(trace: &Trace, out: &mut Vec<String>) {
+    for d in trace.devices.iter().filter(|d| d.device >= 0) {
+        let Some(k) = crate::recorded::kineto_start::start_state(trace, d.device) else {
+            continue;
+        };
+        if k.reserved_bytes > k.live_bytes {
+            out.push(format!(
+                "note: device {}: this profiler trace starts warm: {} reserved before its first \
+                 event, {} of it live; the pytorch replays start with the rest cached as free \
+                 segments whose sizes are assumed (the segments the trace's own requests make; \
+                 with expandable segments, free mapped pages; each row's start_assumed; \
+                 docs/pytorch-model.md#kineto-warm-start)",
+                d.device,
+                format_bytes(k.reserved_bytes),
+                format_bytes(k.live_bytes)
+            ));
+        }
+    }
+}
+
+/// The PyTorch version each spec models, where the recording or the spec chose it.
+fn versions(trace: &Trace, specs: &[PolicySpec], out: &mut Vec<String>) {
+    for spec in specs.iter().filter(|s| has_allocator_settings(&s.name)) {
+        let Ok((options, asked)) = split_version(&spec.options) else { continue };
+        let Ok(m) = modelled_version(&options, asked, trace) else { continue };
+        if m.at_least.is_none() && !m.given {
+            continue;
+        }
+        let line = format!("note: {}: {m}", spec.display());
+        if !out.contains(&line) {
+            out.push(line);
+        }
+    }
+}
