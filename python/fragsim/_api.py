@@ -190,11 +190,44 @@ class _Call:
         if verbose and err:
             sys.stderr.write(err)
         if error is not None:
-            kind, message, file, format, place, line = error
-            if kind == "usage":
-                message = line = _usage_words(message)
-            raise_for(kind, message, file, format, place, line)
+            _raise(error)
         return code, out, notes
+
+
+def _raise(error: Tuple[str, str, Optional[str], Optional[str], Optional[str], str]) -> None:
+    """Raises the exception for a failed command's or question's error parts; a usage error in
+    the words of the functions (:func:`_usage_words`)."""
+    kind, message, file, format, place, line = error
+    if kind == "usage":
+        message = line = _usage_words(message)
+    raise_for(kind, message, file, format, place, line)
+
+
+def _on(trace: Any) -> Tuple[Any, str, bool]:
+    """What the library's session is asked about: the native trace, its name in answers and
+    errors, and whether a ``.fst`` file may stream (a path given to a function is read for that
+    question alone; a :class:`Trace` keeps what it read)."""
+    if isinstance(trace, Trace):
+        return trace._native, trace.name, False
+    if isinstance(trace, (str, os.PathLike)):
+        name = os.fspath(trace)
+        return _native.Loaded(name), name, True
+    kind, held = _held(trace)
+    return _native.Loaded(held), f"<{kind}>", False
+
+
+def _answer(question: str, outcome: Tuple[int, Optional[str], List[str], Any],
+            verbose: bool) -> Result:
+    """A question the library's session answered in this process, with no command line between
+    (``_native.replay``, ``_native.explain``): the JSON the command prints with ``--format json``
+    as a :class:`Result`, its notes as the command prints them on stderr."""
+    code, text, notes, error = outcome
+    notes = [f"fragsim: {n}" for n in notes]
+    if verbose and notes:
+        sys.stderr.write("".join(n + "\n" for n in notes))
+    if error is not None or text is None:
+        _raise(error or ("internal", "no answer", None, None, None, "no answer"))
+    return Result(json.loads(text or "{}"), question, code, notes)
 
 
 def _held(trace: Any) -> Tuple[str, Any]:
@@ -293,10 +326,6 @@ def _is_segment_list(value: Sequence[Any]) -> bool:
     return all(isinstance(v, dict) and "blocks" in v for v in value)
 
 
-def _has(command: str) -> bool:
-    return command in _native.commands()
-
-
 # ---------------------------------------------------------------------------------------------
 # The commands. Each module-level function takes a trace first; Trace's methods call them.
 
@@ -355,6 +384,16 @@ def replay(
     :param max_input_size: the most bytes the trace may hold.
     :param verbose: print the command's notes on stderr.
     """
+    if backend in (None, "sim") and cuda_device is None and not touch and export_snapshot is None:
+        native, name, stream = _on(trace)
+        outcome = _native.replay(
+            native, name, policies=_policy_list(policies) or [], device=device,
+            capacity=_size("capacity", capacity), empty_cache_every=empty_cache_every,
+            empty_cache_at=list(empty_cache_at or []),
+            no_recorded_empty_cache=no_recorded_empty_cache, outside=_size("outside", outside),
+            jobs=jobs, max_input_size=_size("max_input_size", max_input_size), stream=stream,
+        )
+        return _answer("replay", outcome, verbose)
     call = _Call("replay")
     call.source(trace)
     call.flags(
@@ -593,20 +632,19 @@ def explain(
     verbose: bool = False,
 ) -> Result:
     """``fragsim explain TRACE --format json``: why the peak is what it is: the verdict, the
-    kinds of free memory, the fixes. Needs a build whose command line has ``explain``.
+    kinds of free memory, the fixes.
 
     :param at: the moment (as :func:`blame`).
     :param capacity: as for :func:`replay`.
     :param policy: the policy replayed (default ``pytorch``).
     :param device: the device to replay.
     """
-    if not _has("explain"):
-        raise UsageError("this build of fragsim has no 'explain' command (upgrade fragsim)")
-    call = _Call("explain")
-    call.source(trace)
-    call.flags(at=at, capacity=_size("capacity", capacity),
-               policy=None if policy is None else _policy_text(policy), device=device)
-    return _json("explain", call, verbose, "--format=json")
+    native, name, _ = _on(trace)
+    outcome = _native.explain(
+        native, name, policy=None if policy is None else _policy_text(policy),
+        at=None if at is None else str(at), capacity=_size("capacity", capacity), device=device,
+    )
+    return _answer("explain", outcome, verbose)
 
 
 @_suggesting

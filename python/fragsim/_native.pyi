@@ -1,4 +1,5 @@
-"""The extension module: the Rust crate's command line (see ``python/src/lib.rs``)."""
+"""The extension module: the Rust crate's command line, and the questions the library's session
+answers directly (see ``python/src/lib.rs`` and ``python/src/ask.rs``)."""
 
 from typing import Any, List, Optional, Sequence, Tuple
 
@@ -11,6 +12,26 @@ def call(
     argv: Sequence[str], memory: List[Tuple[str, Any]], progress: bool
 ) -> Tuple[int, str, str, Optional[_ErrorInfo]]:
     """Runs the command line with its output captured and traces from memory."""
+
+_Answer = Tuple[int, Optional[str], List[str], Optional[_ErrorInfo]]
+
+def replay(
+    trace: "Loaded", name: str, *, policies: Sequence[str], device: Optional[int] = None,
+    capacity: Optional[str] = None, empty_cache_every: Optional[int] = None,
+    empty_cache_at: Sequence[int] = (), no_recorded_empty_cache: bool = False,
+    outside: Optional[str] = None, jobs: Optional[int] = None,
+    max_input_size: Optional[str] = None, stream: bool = False,
+) -> _Answer:
+    """The session's replay of each policy: exit code, the JSON ``replay --json`` prints, the
+    notes, the error."""
+
+def explain(
+    trace: "Loaded", name: str, *, policy: Optional[str] = None, at: Optional[str] = None,
+    capacity: Optional[str] = None, device: Optional[int] = None, top: int = 10,
+    fixes: bool = True, max_input_size: Optional[str] = None,
+) -> _Answer:
+    """The session's explanation: exit code, the JSON ``explain --format json`` prints, the
+    notes, the error."""
 
 def version() -> str:
     """The version of the Rust crate the module was built from."""

@@ -10,6 +10,7 @@
 //! instead of crossing into Python. The pure-Python layer (`python/fragsim/`) turns the outcome into results and
 //! exceptions.
 
+mod ask;
 mod loaded;
 mod snapshot_dict;
 
@@ -83,42 +84,19 @@ fn call(
         };
         held.insert(PathBuf::from(name), item);
     }
-    install_quiet_panic_hook();
-    let (tx, rx) = channel();
     let cancel = Cancel::new();
     let stop = cancel.clone();
     let job = move || {
         let (mut out, mut err) = (Vec::new(), Vec::new());
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let mut io = Io::buffers(&mut out, &mut err, progress);
-            io.memory = held;
-            io.cancel = cancel;
-            cli::run(argv, &mut io)
-        }));
-        let _ = tx.send((result, out, err));
+        let mut io = Io::buffers(&mut out, &mut err, progress);
+        io.memory = held;
+        io.cancel = cancel;
+        let result = cli::run(argv, &mut io);
+        (result, out, err)
     };
-    std::thread::Builder::new()
-        .name(THREAD.into())
-        .stack_size(8 << 20)
-        .spawn(job)
-        .map_err(|e| PyRuntimeError::new_err(format!("fragsim: cannot start a thread: {e}")))?;
-    let mut rx = rx;
-    let (result, out, err) = loop {
-        // The receiver travels into the GIL-free wait and back (it may not be shared).
-        let (back, got) = py.allow_threads(move || {
-            let got = rx.recv_timeout(POLL);
-            (rx, got)
-        });
-        rx = back;
-        match got {
-            Ok(done) => break done,
-            // Ctrl-C raises here; the command's replays stop at their next look at the flag,
-            // and its thread ends unheard.
-            Err(RecvTimeoutError::Timeout) => py.check_signals().inspect_err(|_| stop.cancel())?,
-            Err(RecvTimeoutError::Disconnected) => {
-                return Err(PyRuntimeError::new_err("fragsim: the command ended without a result"))
-            }
-        }
+    let (result, out, err) = match off_thread(py, &stop, job)? {
+        Ok((result, out, err)) => (Ok(result), out, err),
+        Err(what) => (Err(what), Vec::new(), Vec::new()),
     };
     let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
     let (out, err) = (text(out), text(err));
@@ -139,17 +117,62 @@ fn call(
             let code = e.kind().exit_code();
             (code, out, err, Some(error_info(&e, names.as_ref().and_then(|n| n.as_ref()))))
         }
-        Err(panic) => {
-            let what = panic
+        Err(what) => {
+            let (code, info) = panicked(&what);
+            (code, out, err, Some(info))
+        }
+    })
+}
+
+/// Runs `job` on a thread of its own with the GIL released, looking for a signal Python has
+/// received (Ctrl-C) every [`POLL`]: a signal raises here and raises `stop`, so the job's replays
+/// stop at their next look at it. A panic in `job` comes back as its message.
+fn off_thread<T: Send + 'static>(
+    py: Python<'_>,
+    stop: &Cancel,
+    job: impl FnOnce() -> T + Send + 'static,
+) -> PyResult<std::result::Result<T, String>> {
+    install_quiet_panic_hook();
+    let (tx, rx) = channel();
+    let job = move || {
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+        let _ = tx.send(result.map_err(|panic| {
+            panic
                 .downcast_ref::<String>()
                 .cloned()
                 .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "a panic".into());
-            let message = format!("internal error (a bug in fragsim, please report it): {what}");
-            let info = ("internal".into(), message.clone(), None, None, None, message);
-            (101, out, err, Some(info))
+                .unwrap_or_else(|| "a panic".into())
+        }));
+    };
+    std::thread::Builder::new()
+        .name(THREAD.into())
+        .stack_size(8 << 20)
+        .spawn(job)
+        .map_err(|e| PyRuntimeError::new_err(format!("fragsim: cannot start a thread: {e}")))?;
+    let mut rx = rx;
+    loop {
+        // The receiver travels into the GIL-free wait and back (it may not be shared).
+        let (back, got) = py.allow_threads(move || {
+            let got = rx.recv_timeout(POLL);
+            (rx, got)
+        });
+        rx = back;
+        match got {
+            Ok(done) => return Ok(done),
+            // Ctrl-C raises here; the job's replays stop at their next look at the flag, and
+            // its thread ends unheard.
+            Err(RecvTimeoutError::Timeout) => py.check_signals().inspect_err(|_| stop.cancel())?,
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(PyRuntimeError::new_err("fragsim: the command ended without a result"))
+            }
         }
-    })
+    }
+}
+
+/// A panic's exit code and error for Python: a bug, said as one.
+fn panicked(what: &str) -> (u8, ErrorInfo) {
+    let message = format!("internal error (a bug in fragsim, please report it): {what}");
+    (101, ("internal".into(), message.clone(), None, None, None, message))
 }
 
 /// An error's parts for Python. For a snapshot dict (`names` given), a place the reader gives
@@ -219,6 +242,8 @@ fn commands() -> Vec<String> {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(main, m)?)?;
     m.add_function(wrap_pyfunction!(call, m)?)?;
+    m.add_function(wrap_pyfunction!(ask::replay, m)?)?;
+    m.add_function(wrap_pyfunction!(ask::explain, m)?)?;
     m.add_function(wrap_pyfunction!(version, m)?)?;
     m.add_function(wrap_pyfunction!(commands, m)?)?;
     m.add_function(wrap_pyfunction!(snapshot_dict::convert_only, m)?)?;

@@ -10,6 +10,8 @@
 use crate::snapshot_dict::{self, Names};
 use fragsim::cli::SharedReader;
 use fragsim::error::Error;
+use fragsim::session::Session;
+use fragsim::trace::fst::FstStream;
 use fragsim::trace::{ReadOptions, Trace};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
@@ -35,6 +37,7 @@ struct Kept {
 
 /// A trace held for the commands that read it: a path, `bytes` or a snapshot dict.
 #[pyclass(module = "fragsim._native", frozen)]
+#[derive(Clone)]
 pub struct Loaded {
     source: Arc<Source>,
     kept: Arc<Mutex<Kept>>,
@@ -75,6 +78,41 @@ impl Loaded {
 }
 
 impl Loaded {
+    /// A session on the trace under `name`, about `device`: a `.fst` file given by path streams
+    /// when `stream` (its events stay in the file), else the kept trace is shared (read now, with
+    /// stack frames when `frames`, if it is not kept yet).
+    pub fn session(
+        &self,
+        name: &str,
+        device: Option<i32>,
+        frames: bool,
+        stream: bool,
+        max_input_bytes: Option<u64>,
+        cancel: &fragsim::replay::Cancel,
+    ) -> fragsim::error::Result<Session> {
+        if let (true, Source::Path(path)) = (stream, &*self.source) {
+            if let Some(file) = FstStream::open(path)? {
+                return Session::streamed(file, name, device);
+            }
+        }
+        let options = ReadOptions {
+            keep_frames: frames,
+            progress: false,
+            max_input_bytes,
+            cancel: cancel.clone(),
+        };
+        let trace = (self.reader())(&options).map_err(|e| e.in_file(std::path::Path::new(name)))?;
+        Session::of_trace(trace, name, device)
+    }
+
+    /// Whether a session may stream the trace: it is a `.fst` file given by path.
+    pub fn streams(&self) -> fragsim::error::Result<bool> {
+        match &*self.source {
+            Source::Path(path) => Ok(FstStream::open(path)?.is_some()),
+            _ => Ok(false),
+        }
+    }
+
     /// The reader commands ask for the trace: the kept trace of that kind, else a read.
     pub fn reader(&self) -> SharedReader {
         let (source, kept, names) = (self.source.clone(), self.kept.clone(), self.names.clone());

@@ -1,0 +1,132 @@
+"""`replay` and `explain` ask the library's session directly, with typed parameters: no command
+line between. Each answer, and each note, is still exactly what the command prints."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import fragsim
+import pytest
+from conftest import KINETO, SNAPSHOTS, TEXT_TRACE, cli, renamed, without_timings
+from fragsim import _native
+
+
+@pytest.fixture
+def no_command_line(monkeypatch):
+    """Fails any call that goes through the command line in this process."""
+
+    def refused(*args, **kwargs):
+        raise AssertionError(f"went through the command line: {args[0] if args else kwargs}")
+
+    monkeypatch.setattr(_native, "call", refused)
+
+
+def _command(*args: str):
+    """The command's JSON and its notes (stderr's lines)."""
+    done = cli(*args)
+    return json.loads(done.stdout), [ln for ln in done.stderr.splitlines() if ln]
+
+
+REPLAYS = [
+    (TEXT_TRACE, {}, []),
+    (TEXT_TRACE, {"policies": "all"}, ["-p", "all"]),
+    (SNAPSHOTS[0], {"capacity": "6GiB"}, ["--capacity", "6GiB"]),
+    (SNAPSHOTS[0], {"capacity": "none", "policies": ["pytorch", "bfc"]},
+     ["--capacity", "none", "-p", "pytorch", "-p", "bfc"]),
+    (SNAPSHOTS[1], {"empty_cache_every": 500, "empty_cache_at": [3, 40]},
+     ["--empty-cache-every", "500", "--empty-cache-at", "3,40"]),
+    (SNAPSHOTS[1], {"no_recorded_empty_cache": True}, ["--no-recorded-empty-cache"]),
+    (SNAPSHOTS[2], {"outside": "1GiB", "capacity": 16 << 30},
+     ["--outside", "1GiB", "--capacity", str(16 << 30)]),
+    (SNAPSHOTS[2], {"policies": [{"expandable_segments": True}], "device": 0},
+     ["-p", "pytorch:expandable_segments:True", "--device", "0"]),
+    (KINETO, {"policies": ["pytorch", "pytorch-expandable"]},
+     ["-p", "pytorch", "-p", "pytorch-expandable"]),
+]
+
+
+@pytest.mark.parametrize("trace,params,flags", REPLAYS, ids=lambda v: str(v)[-40:])
+def test_replay_asks_the_session_and_answers_as_the_command(trace, params, flags,
+                                                            no_command_line):
+    want, notes = _command("replay", str(trace), *flags, "--json")
+    got = fragsim.replay(str(trace), **params)
+    assert without_timings(got) == without_timings(want)
+    assert got.notes == notes
+    loaded = fragsim.load(str(trace)).replay(**params)
+    assert without_timings(loaded) == without_timings(want)
+
+
+EXPLAINS = [
+    (SNAPSHOTS[0], {}, []),
+    (SNAPSHOTS[0], {"capacity": "6GiB"}, ["--capacity", "6GiB"]),
+    (SNAPSHOTS[1], {"at": "peak", "policy": {"expandable_segments": True}},
+     ["--at", "peak", "--policy", "pytorch:expandable_segments:True"]),
+    (SNAPSHOTS[1], {"at": 100}, ["--at", "100"]),
+    (KINETO, {}, []),
+]
+
+
+@pytest.mark.parametrize("trace,params,flags", EXPLAINS, ids=lambda v: str(v)[-40:])
+def test_explain_asks_the_session_and_answers_as_the_command(trace, params, flags,
+                                                             no_command_line):
+    want, notes = _command("explain", str(trace), *flags, "--format", "json")
+    got = fragsim.explain(str(trace), **params)
+    assert without_timings(got) == without_timings(want)
+    assert got.notes == notes
+
+
+def test_a_dict_is_asked_as_its_file(no_command_line):
+    with open(SNAPSHOTS[0], "rb") as f:
+        d = pickle.load(f)
+    want, _ = _command("replay", str(SNAPSHOTS[0]), "--capacity", "6GiB", "--json")
+    got = fragsim.replay(d, capacity="6GiB")
+    assert without_timings(got) == renamed(without_timings(want), str(SNAPSHOTS[0]), "<dict>")
+    want, _ = _command("explain", str(SNAPSHOTS[0]), "--format", "json")
+    got = fragsim.explain(d)
+    assert without_timings(got) == renamed(without_timings(want), str(SNAPSHOTS[0]), "<dict>")
+
+
+def test_an_fst_path_streams_and_answers_as_the_command(tmp_path, no_command_line):
+    fst = tmp_path / "a.fst"
+    cli("convert", str(SNAPSHOTS[0]), str(fst))
+    want, notes = _command("replay", str(fst), "-p", "all", "--json")
+    got = fragsim.replay(str(fst), policies="all")
+    assert without_timings(got) == without_timings(want)
+    assert got.notes == notes
+
+
+def test_a_bad_parameter_names_the_parameter(no_command_line):
+    cases = [
+        (lambda: fragsim.replay(str(TEXT_TRACE), capacity="40XB"), "capacity=40XB"),
+        (lambda: fragsim.replay(str(TEXT_TRACE), outside="lots"), "outside=lots"),
+        (lambda: fragsim.replay(str(TEXT_TRACE), empty_cache_every=0), "empty_cache_every=0"),
+        (lambda: fragsim.replay(str(TEXT_TRACE), policies=["nosuch"]), "nosuch"),
+        (lambda: fragsim.replay(str(TEXT_TRACE), device=7), "device 7"),
+        (lambda: fragsim.explain(str(SNAPSHOTS[0]), at="peak-live"), "at=peak-live"),
+        (lambda: fragsim.explain(str(SNAPSHOTS[0]), at="nowhere"), "at=nowhere"),
+        (lambda: fragsim.explain(str(SNAPSHOTS[0]), policy="all"), "one"),
+    ]
+    for call, named in cases:
+        with pytest.raises(fragsim.UsageError) as e:
+            call()
+        text = str(e.value)
+        assert named in text, text
+        assert "--" not in text and "Usage:" not in text, text
+
+
+def test_a_bad_trace_is_named_with_its_place(no_command_line):
+    data = SNAPSHOTS[0].read_bytes()
+    with pytest.raises(fragsim.TraceError) as e:
+        fragsim.replay(data[: len(data) // 2])
+    assert e.value.file == "<bytes>" and e.value.place.startswith("byte ")
+    with pytest.raises(fragsim.TraceError) as e:
+        fragsim.explain({"segments": 7})
+    assert e.value.file == "<dict>" and "segments" in str(e.value)
+
+
+def test_too_many_jobs_are_bounded_with_a_note(no_command_line):
+    got = fragsim.replay(str(TEXT_TRACE), policies=["pytorch", "bfc"], jobs=1000)
+    assert "fragsim: note: jobs=1000: running 2 at once (2 replays to run)" in got.notes
+    want, _ = _command("replay", str(TEXT_TRACE), "-p", "pytorch", "-p", "bfc", "--json")
+    assert without_timings(got) == without_timings(want)
