@@ -219,8 +219,9 @@ def _on(trace: Any) -> Tuple[Any, str, bool]:
 def _answer(question: str, outcome: Tuple[int, Optional[str], List[str], Any],
             verbose: bool) -> Result:
     """A question the library's session answered in this process, with no command line between
-    (``_native.replay``, ``_native.explain``): the JSON the command prints with ``--format json``
-    as a :class:`Result`, its notes as the command prints them on stderr."""
+    (``_native.replay``, ``explain``, ``fit``, ``blame``, ``validate``): the JSON the command
+    prints with ``--format json`` as a :class:`Result`, its notes as the command prints them on
+    stderr."""
     code, text, notes, error = outcome
     notes = [f"fragsim: {n}" for n in notes]
     if verbose and notes:
@@ -430,6 +431,15 @@ def validate(
     :param max_input_size: the most bytes the snapshot may hold.
     :param verbose: print the command's notes on stderr.
     """
+    if export_snapshot is None:
+        native, name, _ = _on(snapshot)
+        outcome = _native.validate(
+            native, name, device=device, gpu_mem=_size("gpu_mem", gpu_mem),
+            pytorch_version=pytorch_version,
+            policy=None if policy is None else _policy_text(policy),
+            max_input_size=_size("max_input_size", max_input_size),
+        )
+        return _answer("validate", outcome, verbose)
     call = _Call("validate")
     call.source(snapshot)
     call.flags(
@@ -461,11 +471,13 @@ def fit(
     :param max_input_size: the most bytes the trace may hold.
     :param verbose: print the command's notes on stderr.
     """
-    call = _Call("fit")
-    call.source(trace)
-    call.flags(policy=_policy_list(policies), device=device, outside=_size("outside", outside),
-               jobs=jobs, max_input_size=_size("max_input_size", max_input_size))
-    return _json("fit", call, verbose)
+    native, name, _ = _on(trace)
+    outcome = _native.fit(
+        native, name, policies=_policy_list(policies) or [], device=device,
+        outside=_size("outside", outside), jobs=jobs,
+        max_input_size=_size("max_input_size", max_input_size),
+    )
+    return _answer("fit", outcome, verbose)
 
 
 @_suggesting
@@ -577,6 +589,17 @@ def blame(
     :param depth: frames shown per site.
     :param flamegraph: write a flame graph SVG here.
     """
+    if flamegraph is None:
+        native, name, _ = _on(trace)
+        outcome = _native.blame(
+            native, name, policies=_policy_list(policies) or [], device=device,
+            capacity=_size("capacity", capacity), at=None if at is None else str(at), by=by,
+            top=top, depth=depth, empty_cache_every=empty_cache_every,
+            empty_cache_at=list(empty_cache_at or []),
+            no_recorded_empty_cache=no_recorded_empty_cache, jobs=jobs,
+            max_input_size=_size("max_input_size", max_input_size),
+        )
+        return _answer("blame", outcome, verbose)
     call = _Call("blame")
     call.source(trace)
     call.flags(

@@ -33,6 +33,32 @@ def explain(
     """The session's explanation: exit code, the JSON ``explain --format json`` prints, the
     notes, the error."""
 
+def fit(
+    trace: "Loaded", name: str, *, policies: Sequence[str], device: Optional[int] = None,
+    outside: Optional[str] = None, jobs: Optional[int] = None,
+    max_input_size: Optional[str] = None,
+) -> _Answer:
+    """The session's fit of each policy: the JSON ``fit --json`` prints."""
+
+def blame(
+    trace: "Loaded", name: str, *, policies: Sequence[str], device: Optional[int] = None,
+    capacity: Optional[str] = None, at: Optional[str] = None, by: Optional[str] = None,
+    top: Optional[int] = None, depth: Optional[int] = None,
+    empty_cache_every: Optional[int] = None, empty_cache_at: Sequence[int] = (),
+    no_recorded_empty_cache: bool = False, jobs: Optional[int] = None,
+    max_input_size: Optional[str] = None,
+) -> _Answer:
+    """The session's blame at a moment of each policy's replay: the JSON ``blame --format
+    json`` prints."""
+
+def validate(
+    trace: "Loaded", name: str, *, device: Optional[int] = None, gpu_mem: Optional[str] = None,
+    pytorch_version: Optional[str] = None, policy: Optional[str] = None,
+    max_input_size: Optional[str] = None,
+) -> _Answer:
+    """The session's validation: exit code 1 where a decision differs, the JSON ``validate
+    --json`` prints."""
+
 def version() -> str:
     """The version of the Rust crate the module was built from."""
 

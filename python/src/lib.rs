@@ -244,6 +244,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(call, m)?)?;
     m.add_function(wrap_pyfunction!(ask::replay, m)?)?;
     m.add_function(wrap_pyfunction!(ask::explain, m)?)?;
+    m.add_function(wrap_pyfunction!(ask::fit, m)?)?;
+    m.add_function(wrap_pyfunction!(ask::blame, m)?)?;
+    m.add_function(wrap_pyfunction!(ask::validate, m)?)?;
     m.add_function(wrap_pyfunction!(version, m)?)?;
     m.add_function(wrap_pyfunction!(commands, m)?)?;
     m.add_function(wrap_pyfunction!(snapshot_dict::convert_only, m)?)?;

@@ -1,5 +1,6 @@
-"""`replay` and `explain` ask the library's session directly, with typed parameters: no command
-line between. Each answer, and each note, is still exactly what the command prints."""
+"""`replay`, `explain`, `fit`, `blame` and `validate` ask the library's session directly, with
+typed parameters: no command line between. Each answer, and each note, is still exactly what the
+command prints."""
 
 from __future__ import annotations
 
@@ -76,6 +77,47 @@ def test_explain_asks_the_session_and_answers_as_the_command(trace, params, flag
     assert got.notes == notes
 
 
+OTHERS = [
+    ("fit", TEXT_TRACE, {}, ["--json"]),
+    ("fit", SNAPSHOTS[1], {"policies": ["pytorch", "bfc"], "outside": "1GiB"},
+     ["-p", "pytorch", "-p", "bfc", "--outside", "1GiB", "--json"]),
+    ("blame", SNAPSHOTS[0], {}, ["--format", "json"]),
+    ("blame", SNAPSHOTS[0], {"at": "peak-live", "by": "function", "top": 0, "depth": 2,
+                             "policies": ["pytorch", "bfc"]},
+     ["--at", "peak-live", "--by", "function", "--top", "0", "--depth", "2", "-p", "pytorch",
+      "-p", "bfc", "--format", "json"]),
+    ("blame", SNAPSHOTS[2], {"capacity": "6GiB", "at": "oom", "empty_cache_every": 1000},
+     ["--capacity", "6GiB", "--at", "oom", "--empty-cache-every", "1000", "--format", "json"]),
+    ("blame", KINETO, {"by": "size"}, ["--by", "size", "--format", "json"]),
+    ("validate", SNAPSHOTS[0], {}, ["--json"]),
+    ("validate", SNAPSHOTS[1], {"pytorch_version": "2.8", "policy": "pytorch-cuda",
+                                "gpu_mem": "80GiB"},
+     ["--pytorch-version", "2.8", "-p", "pytorch-cuda", "--gpu-mem", "80GiB", "--json"]),
+]
+
+
+@pytest.mark.parametrize("question,trace,params,flags", OTHERS, ids=lambda v: str(v)[-40:])
+def test_fit_blame_and_validate_ask_the_session_and_answer_as_the_command(
+    question, trace, params, flags, no_command_line
+):
+    done = cli(question, str(trace), *flags)
+    want, notes = json.loads(done.stdout), [ln for ln in done.stderr.splitlines() if ln]
+    got = getattr(fragsim, question)(str(trace), **params)
+    assert without_timings(got) == without_timings(want)
+    assert got.notes == notes
+    assert got.exit_code == done.returncode == 0
+    loaded = getattr(fragsim.load(str(trace)), question)(**params)
+    assert without_timings(loaded) == without_timings(want)
+
+
+def test_a_validation_that_differs_says_so_in_its_exit_code(no_command_line):
+    flags = ["-p", "pytorch-npu", "--json"]
+    done = cli("validate", str(SNAPSHOTS[1]), *flags, expect=1)
+    got = fragsim.validate(str(SNAPSHOTS[1]), policy="pytorch-npu")
+    assert got.exit_code == 1 and got["mismatches"]
+    assert without_timings(got) == without_timings(json.loads(done.stdout))
+
+
 def test_a_dict_is_asked_as_its_file(no_command_line):
     with open(SNAPSHOTS[0], "rb") as f:
         d = pickle.load(f)
@@ -106,6 +148,15 @@ def test_a_bad_parameter_names_the_parameter(no_command_line):
         (lambda: fragsim.explain(str(SNAPSHOTS[0]), at="peak-live"), "at=peak-live"),
         (lambda: fragsim.explain(str(SNAPSHOTS[0]), at="nowhere"), "at=nowhere"),
         (lambda: fragsim.explain(str(SNAPSHOTS[0]), policy="all"), "one"),
+        (lambda: fragsim.fit(str(TEXT_TRACE), outside="-1"), "outside=-1"),
+        (lambda: fragsim.blame(str(TEXT_TRACE), by="nonsense"), "by=nonsense is not valid"),
+        (lambda: fragsim.blame(str(TEXT_TRACE), depth=0), "depth=0"),
+        (lambda: fragsim.blame(str(TEXT_TRACE), at="nowhere"), "at=nowhere"),
+        (lambda: fragsim.validate(str(SNAPSHOTS[0]), policy="bfc"), "policy=bfc"),
+        (lambda: fragsim.validate(str(SNAPSHOTS[0]), pytorch_version="9.x"),
+         "pytorch_version=9.x"),
+        (lambda: fragsim.validate(str(SNAPSHOTS[0]), gpu_mem="big"), "gpu_mem=big"),
+        (lambda: fragsim.validate(str(KINETO)), "validate needs a PyTorch memory snapshot"),
     ]
     for call, named in cases:
         with pytest.raises(fragsim.UsageError) as e:

@@ -115,6 +115,33 @@ impl GroupBy {
             GroupBy::Annotation => "annotation",
         }
     }
+
+    /// Every grouping, in the order the command line lists them.
+    pub const ALL: [GroupBy; 6] = [
+        GroupBy::Site,
+        GroupBy::Function,
+        GroupBy::File,
+        GroupBy::Stream,
+        GroupBy::Size,
+        GroupBy::Annotation,
+    ];
+
+    /// The grouping called `text` ([`GroupBy::name`]).
+    pub fn parse(text: &str) -> std::result::Result<GroupBy, String> {
+        let text = text.trim();
+        Self::ALL.into_iter().find(|g| g.name() == text).ok_or_else(|| {
+            let names: Vec<&str> = Self::ALL.iter().map(|g| g.name()).collect();
+            format!("give one of {}", names.join(", "))
+        })
+    }
+}
+
+/// Refuses keys of no frames: a key is at least the site.
+pub fn check_depth(depth: usize) -> Result<()> {
+    if depth == 0 {
+        return Err(Error::usage("--depth 0: give at least 1 frame"));
+    }
+    Ok(())
 }
 
 /// What names a site in this trace.
@@ -806,5 +833,20 @@ impl<'i> Keys<'i> {
             Key::Named(n) => n.to_string(),
             Key::Label(l) => self.labels.names[l as usize].clone(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_grouping_parses_from_its_name_and_nothing_else() {
+        for g in GroupBy::ALL {
+            assert_eq!(GroupBy::parse(g.name()), Ok(g));
+        }
+        let e = GroupBy::parse("sites").unwrap_err();
+        assert!(e.contains("site, function, file, stream, size, annotation"), "{e}");
+        assert!(check_depth(0).is_err() && check_depth(1).is_ok());
     }
 }

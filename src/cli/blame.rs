@@ -83,9 +83,7 @@ impl By {
 pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let specs = PolicySpec::parse_many(&args.source.policies)?;
     let at = Moment::parse(&args.at)?;
-    if args.depth == 0 {
-        return Err(Error::usage("--depth 0: give at least 1 frame"));
-    }
+    fragsim::blame::check_depth(args.depth)?;
     let path = &args.source.trace;
     if let Some(out) = &args.flamegraph {
         fragsim::report::output::refuse_input(out, "--flamegraph", &[path])?;

@@ -8,9 +8,6 @@ use fragsim::units::format_bytes;
 use fragsim::whatif::fit::{self, FitReport};
 use std::path::PathBuf;
 
-/// The policies `fit` answers for when no `-p` is given.
-pub const DEFAULT_POLICIES: &[&str] = &["pytorch", "pytorch-expandable", "bound"];
-
 /// Find the smallest GPU a run fits on: per policy, the least device memory with no OOM.
 ///
 /// Bisects `--capacity` per policy (to 2 MiB, then to the byte) and shows which common cards
@@ -47,7 +44,7 @@ pub struct Args {
 /// Runs the command on `io`; `Ok` carries the exit code.
 pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let written: Vec<String> = if args.policies.is_empty() {
-        DEFAULT_POLICIES.iter().map(|s| s.to_string()).collect()
+        fragsim::whatif::fit::DEFAULT_POLICIES.iter().map(|s| s.to_string()).collect()
     } else {
         args.policies.clone()
     };

@@ -7,7 +7,7 @@
 //! It stays hidden for its first second: a run that ends sooner draws nothing.
 
 use super::Io;
-use fragsim::error::{Error, Result};
+use fragsim::error::Result;
 use fragsim::metrics::PolicyResult;
 use fragsim::policy::PolicySpec;
 use fragsim::replay::{Jobs, ReplayOptions, RunSettings};
@@ -192,19 +192,8 @@ impl Control {
         tasks: usize,
         f: impl FnOnce() -> T + Send,
     ) -> Result<T> {
-        match self.jobs_for(io, tasks) {
-            Jobs::AllCores => Ok(f()),
-            Jobs::Sequential => pool(1)?.install(|| Ok(f())),
-            Jobs::AtMost(n) => pool(n.get())?.install(|| Ok(f())),
-        }
+        self.jobs_for(io, tasks).install(f)
     }
-}
-
-fn pool(threads: usize) -> Result<rayon::ThreadPool> {
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .map_err(|e| Error::usage(format!("--jobs {threads}: {e}")))
 }
 
 /// A progress bar with an ETA that appears after [`SHOW_AFTER`]; safe to advance from any thread.

@@ -56,14 +56,7 @@ pub struct Args {
 struct Rules(Option<Flavour>);
 
 fn rules_arg(text: &str) -> std::result::Result<Rules, String> {
-    match text.trim() {
-        "pytorch" => Ok(Rules(None)),
-        "pytorch-cuda" => Ok(Rules(Some(Flavour::Cuda))),
-        "pytorch-npu" => Ok(Rules(Some(Flavour::Npu))),
-        other => Err(format!(
-            "validate replays PyTorch's allocator only: '{other}' is not one of pytorch, pytorch-cuda, pytorch-npu"
-        )),
-    }
+    Flavour::rules(text).map(Rules)
 }
 
 fn version_arg(text: &str) -> std::result::Result<Version, String> {
@@ -76,7 +69,7 @@ pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         fragsim::report::output::refuse_input(out, "--export-snapshot", &[&args.snapshot])?;
     }
     let trace = super::read_trace(io, &args.snapshot, false)?;
-    refuse_without_decisions(&args.snapshot, &trace)?;
+    fragsim::validate::needs_decisions(&args.snapshot, &trace)?;
     let session = Session::of_trace(trace, &args.snapshot, args.device)?;
     let options = ValidateOptions {
         device: args.device,
@@ -119,25 +112,6 @@ pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         write!(out, "{}", table(&v, args.verbose)).map_err(io)?;
     }
     Ok(if v.mismatches.is_empty() { 0 } else { 1 })
-}
-
-/// A snapshot records the allocator's decisions; so does a text or .fst trace written from one
-/// (it keeps the segment events). Anything else (Kineto, RMM, a bare alloc/free list) has
-/// nothing to validate against: a usage error naming the file.
-fn refuse_without_decisions(path: &std::path::Path, trace: &fragsim::trace::Trace) -> Result<()> {
-    let segment_events = trace.devices.iter().flat_map(|d| &d.events).any(|e| {
-        use fragsim::trace::Action::*;
-        matches!(e.action, SegmentAlloc | SegmentFree | SegmentMap | SegmentUnmap)
-    });
-    if trace.format != fragsim::trace::Format::PytorchSnapshot && !segment_events {
-        return Err(Error::usage(format!(
-            "{}: validate needs a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot), \
-             not a {} trace: only a snapshot records the allocator's own decisions",
-            path.display(),
-            trace.format.name()
-        )));
-    }
-    Ok(())
 }
 
 /// The answer for people: the match counts, the mismatches (the first ten unless `verbose`)

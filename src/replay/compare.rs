@@ -39,6 +39,21 @@ impl Jobs {
         }
     }
 
+    /// Runs `f` where rayon's parallel iterators use this many threads: on the global pool for
+    /// every core, else on a pool of its own.
+    pub fn install<T: Send>(self, f: impl FnOnce() -> T + Send) -> Result<T> {
+        let threads = match self {
+            Jobs::AllCores => return Ok(f()),
+            Jobs::Sequential => 1,
+            Jobs::AtMost(n) => n.get(),
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .map_err(|e| Error::usage(format!("--jobs {threads}: {e}")))?;
+        Ok(pool.install(f))
+    }
+
     /// How many threads run replays: `None` for every core.
     pub fn count(self) -> Option<usize> {
         match self {

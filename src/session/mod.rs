@@ -436,6 +436,7 @@ impl Session {
     /// ([`crate::validate::validate`]); the session's device is validated.
     pub fn validate(&self, options: &ValidateOptions) -> Result<Validation> {
         let trace = self.loaded("validate")?;
+        crate::validate::needs_decisions(&self.name, trace)?;
         let options = ValidateOptions { device: Some(self.device), ..options.clone() };
         let mut v = crate::validate::validate(trace, &options).map_err(|e| self.named(e))?;
         v.trace = self.name.display().to_string();

@@ -266,6 +266,10 @@ pub const CARDS: &[Card] = &[
 /// It is an estimate: `--outside 0` compares the allocator's need with the bare card sizes.
 pub const DEFAULT_OUTSIDE: u64 = 512 * MIB;
 
+/// The policies `fit` answers for when none is given: the recorded settings, expandable
+/// segments, and the floor no allocator beats.
+pub const DEFAULT_POLICIES: &[&str] = &["pytorch", "pytorch-expandable", "bound"];
+
 impl Card {
     /// The nominal size in GB (`80` for "80 GB"), which names the cards sold at it
     /// ([`crate::units::cards::of_nominal`]).

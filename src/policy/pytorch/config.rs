@@ -77,6 +77,20 @@ fn names_npu_option(conf: &str) -> bool {
 }
 
 impl Flavour {
+    /// Whose allocator rules a policy name asks `validate` for: `pytorch` the recording's own
+    /// (`None`), `pytorch-cuda` CUDA's, `pytorch-npu` torch_npu's.
+    pub fn rules(name: &str) -> std::result::Result<Option<Flavour>, String> {
+        match name.trim() {
+            "pytorch" => Ok(None),
+            "pytorch-cuda" => Ok(Some(Flavour::Cuda)),
+            "pytorch-npu" => Ok(Some(Flavour::Npu)),
+            other => Err(format!(
+                "validate replays PyTorch's allocator only: '{other}' is not one of pytorch, \
+                 pytorch-cuda, pytorch-npu"
+            )),
+        }
+    }
+
     /// The allocator that made `trace`: torch_npu's when a frame names torch_npu
     /// ([`Trace::torch_npu`]) or the recorded settings string holds an option only torch_npu
     /// has; CUDA's otherwise.
