@@ -205,8 +205,9 @@ def _raise(error: Tuple[str, str, Optional[str], Optional[str], Optional[str], s
 
 def _on(trace: Any) -> Tuple[Any, str, bool]:
     """What the library's session is asked about: the native trace, its name in answers and
-    errors, and whether a ``.fst`` file may stream (a path given to a function is read for that
-    question alone; a :class:`Trace` keeps what it read)."""
+    errors, and whether it is read for this question alone (a path given to a function: read
+    from the file and not kept, a ``.fst`` file streamed where the question allows; a
+    :class:`Trace` keeps what it read)."""
     if isinstance(trace, Trace):
         return trace._native, trace.name, False
     if isinstance(trace, (str, os.PathLike)):
@@ -386,13 +387,13 @@ def replay(
     :param verbose: print the command's notes on stderr.
     """
     if backend in (None, "sim") and cuda_device is None and not touch and export_snapshot is None:
-        native, name, stream = _on(trace)
+        native, name, once = _on(trace)
         outcome = _native.replay(
             native, name, policies=_policy_list(policies) or [], device=device,
             capacity=_size("capacity", capacity), empty_cache_every=empty_cache_every,
             empty_cache_at=list(empty_cache_at or []),
             no_recorded_empty_cache=no_recorded_empty_cache, outside=_size("outside", outside),
-            jobs=jobs, max_input_size=_size("max_input_size", max_input_size), stream=stream,
+            jobs=jobs, max_input_size=_size("max_input_size", max_input_size), once=once,
         )
         return _answer("replay", outcome, verbose)
     call = _Call("replay")
@@ -432,12 +433,12 @@ def validate(
     :param verbose: print the command's notes on stderr.
     """
     if export_snapshot is None:
-        native, name, _ = _on(snapshot)
+        native, name, once = _on(snapshot)
         outcome = _native.validate(
             native, name, device=device, gpu_mem=_size("gpu_mem", gpu_mem),
             pytorch_version=pytorch_version,
             policy=None if policy is None else _policy_text(policy),
-            max_input_size=_size("max_input_size", max_input_size),
+            max_input_size=_size("max_input_size", max_input_size), once=once,
         )
         return _answer("validate", outcome, verbose)
     call = _Call("validate")
@@ -471,11 +472,11 @@ def fit(
     :param max_input_size: the most bytes the trace may hold.
     :param verbose: print the command's notes on stderr.
     """
-    native, name, _ = _on(trace)
+    native, name, once = _on(trace)
     outcome = _native.fit(
         native, name, policies=_policy_list(policies) or [], device=device,
         outside=_size("outside", outside), jobs=jobs,
-        max_input_size=_size("max_input_size", max_input_size),
+        max_input_size=_size("max_input_size", max_input_size), once=once,
     )
     return _answer("fit", outcome, verbose)
 
@@ -590,14 +591,14 @@ def blame(
     :param flamegraph: write a flame graph SVG here.
     """
     if flamegraph is None:
-        native, name, _ = _on(trace)
+        native, name, once = _on(trace)
         outcome = _native.blame(
             native, name, policies=_policy_list(policies) or [], device=device,
             capacity=_size("capacity", capacity), at=None if at is None else str(at), by=by,
             top=top, depth=depth, empty_cache_every=empty_cache_every,
             empty_cache_at=list(empty_cache_at or []),
             no_recorded_empty_cache=no_recorded_empty_cache, jobs=jobs,
-            max_input_size=_size("max_input_size", max_input_size),
+            max_input_size=_size("max_input_size", max_input_size), once=once,
         )
         return _answer("blame", outcome, verbose)
     call = _Call("blame")
@@ -662,10 +663,11 @@ def explain(
     :param policy: the policy replayed (default ``pytorch``).
     :param device: the device to replay.
     """
-    native, name, _ = _on(trace)
+    native, name, once = _on(trace)
     outcome = _native.explain(
         native, name, policy=None if policy is None else _policy_text(policy),
         at=None if at is None else str(at), capacity=_size("capacity", capacity), device=device,
+        once=once,
     )
     return _answer("explain", outcome, verbose)
 

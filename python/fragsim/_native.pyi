@@ -20,7 +20,7 @@ def replay(
     capacity: Optional[str] = None, empty_cache_every: Optional[int] = None,
     empty_cache_at: Sequence[int] = (), no_recorded_empty_cache: bool = False,
     outside: Optional[str] = None, jobs: Optional[int] = None,
-    max_input_size: Optional[str] = None, stream: bool = False,
+    max_input_size: Optional[str] = None, once: bool = False,
 ) -> _Answer:
     """The session's replay of each policy: exit code, the JSON ``replay --json`` prints, the
     notes, the error."""
@@ -28,7 +28,7 @@ def replay(
 def explain(
     trace: "Loaded", name: str, *, policy: Optional[str] = None, at: Optional[str] = None,
     capacity: Optional[str] = None, device: Optional[int] = None, top: int = 10,
-    fixes: bool = True, max_input_size: Optional[str] = None,
+    fixes: bool = True, max_input_size: Optional[str] = None, once: bool = False,
 ) -> _Answer:
     """The session's explanation: exit code, the JSON ``explain --format json`` prints, the
     notes, the error."""
@@ -36,7 +36,7 @@ def explain(
 def fit(
     trace: "Loaded", name: str, *, policies: Sequence[str], device: Optional[int] = None,
     outside: Optional[str] = None, jobs: Optional[int] = None,
-    max_input_size: Optional[str] = None,
+    max_input_size: Optional[str] = None, once: bool = False,
 ) -> _Answer:
     """The session's fit of each policy: the JSON ``fit --json`` prints."""
 
@@ -46,7 +46,7 @@ def blame(
     top: Optional[int] = None, depth: Optional[int] = None,
     empty_cache_every: Optional[int] = None, empty_cache_at: Sequence[int] = (),
     no_recorded_empty_cache: bool = False, jobs: Optional[int] = None,
-    max_input_size: Optional[str] = None,
+    max_input_size: Optional[str] = None, once: bool = False,
 ) -> _Answer:
     """The session's blame at a moment of each policy's replay: the JSON ``blame --format
     json`` prints."""
@@ -54,7 +54,7 @@ def blame(
 def validate(
     trace: "Loaded", name: str, *, device: Optional[int] = None, gpu_mem: Optional[str] = None,
     pytorch_version: Optional[str] = None, policy: Optional[str] = None,
-    max_input_size: Optional[str] = None,
+    max_input_size: Optional[str] = None, once: bool = False,
 ) -> _Answer:
     """The session's validation: exit code 1 where a decision differs, the JSON ``validate
     --json`` prints."""

@@ -37,19 +37,22 @@ impl Answered {
 }
 
 /// Where a question's session comes from: the trace, its name in answers and errors, the device,
-/// the most bytes it may read, and whether a `.fst` file may stream.
+/// the most bytes it may read, and whether it is read for this question alone (a path given to a
+/// function, not a loaded trace: read from the file, not kept, and a `.fst` file may stream).
 struct On {
     trace: Loaded,
     name: String,
     device: Option<i32>,
     max_input: Option<u64>,
-    stream: bool,
+    once: bool,
 }
 
 impl On {
-    /// The session, reading the trace (with stack frames when `frames`) if it is not kept yet.
-    fn session(&self, frames: bool, cancel: &Cancel) -> Result<Session> {
-        self.trace.session(&self.name, self.device, frames, self.stream, self.max_input, cancel)
+    /// The session, reading the trace (with stack frames when `frames`) if it is not kept yet;
+    /// a `.fst` file read once streams when `stream`.
+    fn session(&self, frames: bool, stream: bool, cancel: &Cancel) -> Result<Session> {
+        let (name, max) = (&self.name, self.max_input);
+        self.trace.session(name, self.device, frames, self.once, stream, max, cancel)
     }
 }
 
@@ -58,7 +61,7 @@ impl On {
 #[pyo3(signature = (
     trace, name, *, policies, device=None, capacity=None, empty_cache_every=None,
     empty_cache_at=Vec::new(), no_recorded_empty_cache=false, outside=None, jobs=None,
-    max_input_size=None, stream=false,
+    max_input_size=None, once=false,
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn replay(
@@ -74,9 +77,9 @@ pub fn replay(
     outside: Option<String>,
     jobs: Option<usize>,
     max_input_size: Option<String>,
-    stream: bool,
+    once: bool,
 ) -> PyResult<Answer> {
-    let on = on(trace, name, device, max_input_size.as_deref(), stream);
+    let on = on(trace, name, device, max_input_size.as_deref(), once);
     ask(py, on, move |on, cancel| {
         let specs = PolicySpec::parse_many(&policies)?;
         let capacity = capacity.as_deref().map(|c| param("capacity", c, Capacity::parse));
@@ -86,11 +89,10 @@ pub fn replay(
             EmptyCachePlan::new(empty_cache_every, empty_cache_at, no_recorded_empty_cache)?;
         let planners = planners(&specs);
         let mut notes = Vec::new();
-        if on.stream && !planners.is_empty() && on.trace.streams()? {
+        if on.once && !planners.is_empty() && on.trace.streams()? {
             notes.push(loaded_for_planners(&planners, Path::new(&on.name)));
         }
-        let on = On { stream: on.stream && planners.is_empty(), ..on };
-        let session = on.session(capacity.is_some(), &cancel)?;
+        let session = on.session(capacity.is_some(), planners.is_empty(), &cancel)?;
         notes.extend(notes_of(&session, &specs));
         let bounded = bounded_jobs(jobs, specs.len(), &mut notes);
         let request = ReplayRequest {
@@ -116,7 +118,7 @@ pub fn replay(
 #[pyfunction]
 #[pyo3(signature = (
     trace, name, *, policy=None, at=None, capacity=None, device=None, top=10, fixes=true,
-    max_input_size=None,
+    max_input_size=None, once=false,
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn explain(
@@ -130,14 +132,15 @@ pub fn explain(
     top: usize,
     fixes: bool,
     max_input_size: Option<String>,
+    once: bool,
 ) -> PyResult<Answer> {
-    let on = on(trace, name, device, max_input_size.as_deref(), false);
+    let on = on(trace, name, device, max_input_size.as_deref(), once);
     ask(py, on, move |on, cancel| {
         let spec = ExplainOptions::one_spec(policy.as_slice())?;
         let at = ExplainOptions::moment(at.as_deref())?;
         let capacity = capacity.as_deref().map(|c| param("capacity", c, Capacity::parse));
         let capacity = capacity.transpose()?;
-        let session = on.session(true, &cancel)?;
+        let session = on.session(true, false, &cancel)?;
         let notes = notes_of(&session, std::slice::from_ref(&spec));
         let mut replay = session.replay_options(capacity.as_ref(), EmptyCachePlan::default())?;
         replay.cancel = cancel;
@@ -149,7 +152,7 @@ pub fn explain(
 /// `fragsim fit`'s answer: per policy, the least device memory with no OOM, and the cards.
 #[pyfunction]
 #[pyo3(signature = (
-    trace, name, *, policies, device=None, outside=None, jobs=None, max_input_size=None,
+    trace, name, *, policies, device=None, outside=None, jobs=None, max_input_size=None, once=false,
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn fit(
@@ -161,8 +164,9 @@ pub fn fit(
     outside: Option<String>,
     jobs: Option<usize>,
     max_input_size: Option<String>,
+    once: bool,
 ) -> PyResult<Answer> {
-    let on = on(trace, name, device, max_input_size.as_deref(), false);
+    let on = on(trace, name, device, max_input_size.as_deref(), once);
     ask(py, on, move |on, cancel| {
         let policies = if policies.is_empty() {
             DEFAULT_POLICIES.iter().map(|s| s.to_string()).collect()
@@ -171,7 +175,7 @@ pub fn fit(
         };
         let specs = PolicySpec::parse_many(&policies)?;
         let outside = outside.as_deref().map(|o| size("outside", o)).transpose()?;
-        let session = on.session(false, &cancel)?;
+        let session = on.session(false, false, &cancel)?;
         let mut notes = notes_of(&session, &specs);
         let jobs = bounded_jobs(jobs, specs.len(), &mut notes);
         let outside = outside.unwrap_or(DEFAULT_OUTSIDE);
@@ -186,7 +190,7 @@ pub fn fit(
 #[pyo3(signature = (
     trace, name, *, policies, device=None, capacity=None, at=None, by=None, top=None,
     depth=None, empty_cache_every=None, empty_cache_at=Vec::new(),
-    no_recorded_empty_cache=false, jobs=None, max_input_size=None,
+    no_recorded_empty_cache=false, jobs=None, max_input_size=None, once=false,
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn blame(
@@ -205,8 +209,9 @@ pub fn blame(
     no_recorded_empty_cache: bool,
     jobs: Option<usize>,
     max_input_size: Option<String>,
+    once: bool,
 ) -> PyResult<Answer> {
-    let on = on(trace, name, device, max_input_size.as_deref(), false);
+    let on = on(trace, name, device, max_input_size.as_deref(), once);
     ask(py, on, move |on, cancel| {
         let specs = PolicySpec::parse_many(&policies)?;
         let defaults = BlameOptions::default();
@@ -218,7 +223,7 @@ pub fn blame(
         let capacity = capacity.transpose()?;
         let empty_cache =
             EmptyCachePlan::new(empty_cache_every, empty_cache_at, no_recorded_empty_cache)?;
-        let session = on.session(true, &cancel)?;
+        let session = on.session(true, false, &cancel)?;
         let mut notes = notes_of(&session, &specs);
         let mut replay = session.replay_options(capacity.as_ref(), empty_cache)?;
         replay.cancel = cancel;
@@ -240,7 +245,7 @@ pub fn blame(
 #[pyfunction]
 #[pyo3(signature = (
     trace, name, *, device=None, gpu_mem=None, pytorch_version=None, policy=None,
-    max_input_size=None,
+    max_input_size=None, once=false,
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn validate(
@@ -252,8 +257,9 @@ pub fn validate(
     pytorch_version: Option<String>,
     policy: Option<String>,
     max_input_size: Option<String>,
+    once: bool,
 ) -> PyResult<Answer> {
-    let on = on(trace, name, device, max_input_size.as_deref(), false);
+    let on = on(trace, name, device, max_input_size.as_deref(), once);
     ask(py, on, move |on, cancel| {
         let gpu_memory = gpu_mem.as_deref().map(|g| size("gpu_mem", g)).transpose()?;
         let version = pytorch_version.as_deref().map(|v| {
@@ -261,7 +267,7 @@ pub fn validate(
         });
         let version = version.transpose()?;
         let flavour = policy.as_deref().map(|p| param("policy", p, Flavour::rules)).transpose()?;
-        let session = on.session(false, &cancel)?;
+        let session = on.session(false, false, &cancel)?;
         let notes = notes_of(&session, &[]);
         let options = ValidateOptions {
             device,
@@ -302,9 +308,9 @@ fn on(
     name: String,
     device: Option<i32>,
     max_input_size: Option<&str>,
-    stream: bool,
+    once: bool,
 ) -> (On, Option<String>) {
-    let on = On { trace: trace.get().clone(), name, device, max_input: None, stream };
+    let on = On { trace: trace.get().clone(), name, device, max_input: None, once };
     (on, max_input_size.map(str::to_string))
 }
 

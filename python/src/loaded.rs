@@ -10,7 +10,7 @@
 use crate::snapshot_dict::{self, Names};
 use fragsim::cli::SharedReader;
 use fragsim::error::Error;
-use fragsim::session::Session;
+use fragsim::session::{OpenOptions, Session};
 use fragsim::trace::fst::FstStream;
 use fragsim::trace::{ReadOptions, Trace};
 use pyo3::exceptions::PyTypeError;
@@ -78,30 +78,32 @@ impl Loaded {
 }
 
 impl Loaded {
-    /// A session on the trace under `name`, about `device`: a `.fst` file given by path streams
-    /// when `stream` (its events stay in the file), else the kept trace is shared (read now, with
+    /// A session on the trace under `name`, about `device`. Read for this question `once`, a
+    /// trace given by path is read from its file and not kept (a `.fst` file streams when
+    /// `stream`: its events stay in the file); else the kept trace is shared (read now, with
     /// stack frames when `frames`, if it is not kept yet).
+    #[allow(clippy::too_many_arguments)]
     pub fn session(
         &self,
         name: &str,
         device: Option<i32>,
         frames: bool,
+        once: bool,
         stream: bool,
         max_input_bytes: Option<u64>,
         cancel: &fragsim::replay::Cancel,
     ) -> fragsim::error::Result<Session> {
-        if let (true, Source::Path(path)) = (stream, &*self.source) {
-            if let Some(file) = FstStream::open(path)? {
-                return Session::streamed(file, name, device);
-            }
-        }
-        let options = ReadOptions {
+        let read = ReadOptions {
             keep_frames: frames,
             progress: false,
             max_input_bytes,
             cancel: cancel.clone(),
         };
-        let trace = (self.reader())(&options).map_err(|e| e.in_file(std::path::Path::new(name)))?;
+        if let (true, Source::Path(path)) = (once, &*self.source) {
+            let options = OpenOptions { device, keep_frames: frames, stream, read };
+            return Session::open(path, &options);
+        }
+        let trace = (self.reader())(&read).map_err(|e| e.in_file(std::path::Path::new(name)))?;
         Session::of_trace(trace, name, device)
     }
 
