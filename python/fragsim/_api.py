@@ -220,9 +220,9 @@ def _on(trace: Any) -> Tuple[Any, str, bool]:
 def _answer(question: str, outcome: Tuple[int, Optional[str], List[str], Any],
             verbose: bool) -> Result:
     """A question the library's session answered in this process, with no command line between
-    (``_native.replay``, ``explain``, ``fit``, ``blame``, ``validate``): the JSON the command
-    prints with ``--format json`` as a :class:`Result`, its notes as the command prints them on
-    stderr."""
+    (``_native.replay``, ``explain``, ``fit``, ``blame``, ``diff``, ``validate``): the JSON the
+    command prints with ``--format json`` as a :class:`Result`, its notes as the command prints
+    them on stderr."""
     code, text, notes, error = outcome
     notes = [f"fragsim: {n}" for n in notes]
     if verbose and notes:
@@ -636,6 +636,17 @@ def diff(
     :param top: the sites shown (0: all).
     :param out: also write the charts and an HTML page in this folder.
     """
+    if out is None:
+        native_a, name_a, once_a = _on(a)
+        native_b, name_b, once_b = (None, None, False) if b is None else _on(b)
+        if name_b == name_a and native_b is not native_a and name_a.startswith("<"):
+            name_b = f"{name_a[:-1]} 2>"  # two traces from memory of one kind: <dict>, <dict 2>
+        outcome = _native.diff(
+            native_a, name_a, native_b, name_b, policies=_policy_list(policies) or [],
+            device=device, by=by, top=top, depth=depth, jobs=jobs,
+            max_input_size=_size("max_input_size", max_input_size), once_a=once_a, once_b=once_b,
+        )
+        return _answer("diff", outcome, verbose)
     call = _Call("diff")
     call.source(a)
     if b is not None:

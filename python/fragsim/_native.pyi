@@ -51,6 +51,14 @@ def blame(
     """The session's blame at a moment of each policy's replay: the JSON ``blame --format
     json`` prints."""
 
+def diff(
+    a: "Loaded", name_a: str, b: Optional["Loaded"] = None, name_b: Optional[str] = None, *,
+    policies: Sequence[str], device: Optional[int] = None, by: Optional[str] = None,
+    top: Optional[int] = None, depth: Optional[int] = None, jobs: Optional[int] = None,
+    max_input_size: Optional[str] = None, once_a: bool = False, once_b: bool = False,
+) -> _Answer:
+    """The session's diff of two runs: the JSON ``diff --format json`` prints."""
+
 def validate(
     trace: "Loaded", name: str, *, device: Optional[int] = None, gpu_mem: Optional[str] = None,
     pytorch_version: Optional[str] = None, policy: Optional[str] = None,

@@ -6,6 +6,7 @@
 
 use crate::loaded::Loaded;
 use crate::{error_info, off_thread, panicked, ErrorInfo};
+use fragsim::blame::diff::{compare, pair_specs};
 use fragsim::blame::{BlameOptions, GroupBy, Moment};
 use fragsim::error::{Error, Result};
 use fragsim::explain::ExplainOptions;
@@ -236,6 +237,73 @@ pub fn blame(
         };
         let jobs = bounded_jobs(jobs, specs.len(), &mut notes);
         let report = jobs.install(|| session.blame(&specs, &options))??;
+        Answered::of(&report, notes)
+    })
+}
+
+/// `fragsim diff`'s answer: two runs side by side (two traces, or one under two policies),
+/// each at its peak-live moment, and what changed by site.
+#[pyfunction]
+#[pyo3(signature = (
+    a, name_a, b=None, name_b=None, *, policies, device=None, by=None, top=None, depth=None,
+    jobs=None, max_input_size=None, once_a=false, once_b=false,
+))]
+#[allow(clippy::too_many_arguments)]
+pub fn diff(
+    py: Python<'_>,
+    a: &Bound<'_, Loaded>,
+    name_a: String,
+    b: Option<&Bound<'_, Loaded>>,
+    name_b: Option<String>,
+    policies: Vec<String>,
+    device: Option<i32>,
+    by: Option<String>,
+    top: Option<usize>,
+    depth: Option<usize>,
+    jobs: Option<usize>,
+    max_input_size: Option<String>,
+    once_a: bool,
+    once_b: bool,
+) -> PyResult<Answer> {
+    let on_b = b.map(|b| {
+        let name = name_b.unwrap_or_else(|| "<B>".into());
+        On { trace: b.get().clone(), name, device, max_input: None, once: once_b }
+    });
+    let on_a = on(a, name_a, device, max_input_size.as_deref(), once_a);
+    ask(py, on_a, move |on_a, cancel| {
+        let (spec_a, spec_b) = pair_specs(&policies, on_b.is_some())?;
+        let defaults = BlameOptions::default();
+        let by = by.as_deref().map(|b| choice("by", b, GroupBy::parse)).transpose()?;
+        let depth = depth.unwrap_or(defaults.depth);
+        fragsim::blame::check_depth(depth)?;
+        let options = BlameOptions {
+            at: Moment::PeakLive,
+            by: by.unwrap_or(defaults.by),
+            top: top.unwrap_or(defaults.top),
+            depth,
+            ..defaults
+        };
+        let mut notes = Vec::new();
+        let jobs = bounded_jobs(jobs, 1, &mut notes);
+        let side = |session: &Session, spec: &PolicySpec| {
+            jobs.install(|| session.diff_side(spec, &options))?
+        };
+        // One trace at a time: A is summarised and dropped before B is read, as the command
+        // line does, so two large traces are never held at once.
+        let session_a = on_a.session(true, false, &cancel)?;
+        notes.extend(session_a.trace().no_history_note(session_a.name()));
+        let side_a = side(&session_a, &spec_a)?;
+        let side_b = match on_b {
+            Some(on_b) => {
+                drop(session_a);
+                let on_b = On { max_input: on_a.max_input, ..on_b };
+                let session_b = on_b.session(true, false, &cancel)?;
+                notes.extend(session_b.trace().no_history_note(session_b.name()));
+                side(&session_b, &spec_b)?
+            }
+            None => side(&session_a, &spec_b)?,
+        };
+        let (report, _) = compare(&side_a, &side_b, &options);
         Answered::of(&report, notes)
     })
 }

@@ -110,6 +110,41 @@ def test_fit_blame_and_validate_ask_the_session_and_answer_as_the_command(
     assert without_timings(loaded) == without_timings(want)
 
 
+DIFFS = [
+    ((SNAPSHOTS[0],), {"policies": ["pytorch", "pytorch-expandable"]},
+     ["-p", "pytorch", "-p", "pytorch-expandable"]),
+    ((SNAPSHOTS[0], SNAPSHOTS[1]), {}, []),
+    ((SNAPSHOTS[0], SNAPSHOTS[2]), {"policies": ["pytorch", "bfc"], "by": "file", "top": 0,
+                                    "depth": 3},
+     ["-p", "pytorch", "-p", "bfc", "--by", "file", "--top", "0", "--depth", "3"]),
+    ((KINETO, KINETO), {"by": "size"}, ["--by", "size"]),
+]
+
+
+@pytest.mark.parametrize("traces,params,flags", DIFFS, ids=lambda v: str(v)[-40:])
+def test_diff_asks_the_session_and_answers_as_the_command(traces, params, flags,
+                                                          no_command_line):
+    done = cli("diff", *map(str, traces), *flags, "--format", "json")
+    want, notes = json.loads(done.stdout), [ln for ln in done.stderr.splitlines() if ln]
+    got = fragsim.diff(*map(str, traces), **params)
+    assert without_timings(got) == without_timings(want)
+    assert got.notes == notes
+    loaded = fragsim.load(str(traces[0])).diff(*map(str, traces[1:]), **params)
+    assert without_timings(loaded) == without_timings(want)
+
+
+def test_a_diff_of_two_dicts_names_each(no_command_line):
+    dicts = []
+    for path in SNAPSHOTS[:2]:
+        with open(path, "rb") as f:
+            dicts.append(pickle.load(f))
+    got = fragsim.diff(*dicts)
+    want, _ = _command("diff", *map(str, SNAPSHOTS[:2]), "--format", "json")
+    want = renamed(renamed(want, str(SNAPSHOTS[0]), "<dict>"), str(SNAPSHOTS[1]), "<dict 2>")
+    assert without_timings(got) == without_timings(want)
+    assert (got["a"]["trace"], got["b"]["trace"]) == ("<dict>", "<dict 2>")
+
+
 def test_a_validation_that_differs_says_so_in_its_exit_code(no_command_line):
     flags = ["-p", "pytorch-npu", "--json"]
     done = cli("validate", str(SNAPSHOTS[1]), *flags, expect=1)
@@ -157,6 +192,10 @@ def test_a_bad_parameter_names_the_parameter(no_command_line):
          "pytorch_version=9.x"),
         (lambda: fragsim.validate(str(SNAPSHOTS[0]), gpu_mem="big"), "gpu_mem=big"),
         (lambda: fragsim.validate(str(KINETO)), "validate needs a PyTorch memory snapshot"),
+        (lambda: fragsim.diff(str(TEXT_TRACE)), "give policies=[X, Y], or a second trace"),
+        (lambda: fragsim.diff(str(TEXT_TRACE), str(TEXT_TRACE), policies=["bfc"] * 3),
+         "not 3"),
+        (lambda: fragsim.diff(str(TEXT_TRACE), str(TEXT_TRACE), depth=0), "depth=0"),
     ]
     for call, named in cases:
         with pytest.raises(fragsim.UsageError) as e:

@@ -218,6 +218,29 @@ pub(crate) fn summarize(side: &Side, options: &BlameOptions) -> Result<SideSumma
     Ok(SideSummary { peaks, sites, rule: super::site_rule(side.input), names, allocs, blocks })
 }
 
+/// The two runs' policies, of the specs given: with two traces, one for both (default `pytorch`)
+/// or two (A's, then B's); with one trace, exactly two.
+pub fn pair_specs(policies: &[String], two_traces: bool) -> Result<(PolicySpec, PolicySpec)> {
+    let mut specs = Vec::new();
+    for p in policies {
+        specs.extend(PolicySpec::parse_list(p)?);
+    }
+    match (specs.len(), two_traces) {
+        (0, true) => {
+            let p = PolicySpec::parse_list("pytorch")?.remove(0);
+            Ok((p.clone(), p))
+        }
+        (1, true) => Ok((specs[0].clone(), specs[0].clone())),
+        (2, _) => Ok((specs[0].clone(), specs[1].clone())),
+        (n, true) => Err(crate::Error::usage(format!(
+            "diff A B takes one policy for both runs or two (A's, then B's), not {n}"
+        ))),
+        (n, false) => Err(crate::Error::usage(format!(
+            "diff TRACE compares two policies: give exactly two (-p X -p Y), not {n}"
+        ))),
+    }
+}
+
 /// The diff of two summarised runs, and the aligned allocation pairs as ordinals (`(i, j)`
 /// matches A's i-th allocation with B's j-th, in A's order).
 pub fn compare(

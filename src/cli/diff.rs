@@ -3,7 +3,7 @@
 use super::blame::By;
 use fragsim::blame::diff::{self, DiffReport, SideSummary};
 use fragsim::blame::{keep_end, BlameOptions, Moment};
-use fragsim::error::{Error, Result};
+use fragsim::error::Result;
 use fragsim::policy::PolicySpec;
 use fragsim::report::overlay::SideLines;
 use fragsim::session::Session;
@@ -61,34 +61,10 @@ pub struct Args {
     control: super::progress::Control,
 }
 
-/// The two runs' policies: both from one spec, or one each.
-fn pair_specs(policies: &[String], two_traces: bool) -> Result<(PolicySpec, PolicySpec)> {
-    let mut specs = Vec::new();
-    for p in policies {
-        specs.extend(PolicySpec::parse_list(p)?);
-    }
-    match (specs.len(), two_traces) {
-        (0, true) => {
-            let p = PolicySpec::parse_list("pytorch")?.remove(0);
-            Ok((p.clone(), p))
-        }
-        (1, true) => Ok((specs[0].clone(), specs[0].clone())),
-        (2, _) => Ok((specs[0].clone(), specs[1].clone())),
-        (n, true) => Err(Error::usage(format!(
-            "diff A B takes one policy for both runs or two (A's, then B's), not {n}"
-        ))),
-        (n, false) => Err(Error::usage(format!(
-            "diff TRACE compares two policies: give exactly two (-p X -p Y), not {n}"
-        ))),
-    }
-}
-
 /// Runs the command on `io`; `Ok` carries the exit code.
 pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
-    let (spec_a, spec_b) = pair_specs(&args.policies, args.b.is_some())?;
-    if args.depth == 0 {
-        return Err(Error::usage("--depth 0: give at least 1 frame"));
-    }
+    let (spec_a, spec_b) = diff::pair_specs(&args.policies, args.b.is_some())?;
+    fragsim::blame::check_depth(args.depth)?;
     if let Some(dir) = &args.out {
         let inputs: Vec<&Path> =
             std::iter::once(args.a.as_path()).chain(args.b.as_deref()).collect();
