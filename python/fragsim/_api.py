@@ -220,9 +220,9 @@ def _on(trace: Any) -> Tuple[Any, str, bool]:
 def _answer(question: str, outcome: Tuple[int, Optional[str], List[str], Any],
             verbose: bool) -> Result:
     """A question the library's session answered in this process, with no command line between
-    (``_native.replay``, ``explain``, ``fit``, ``blame``, ``diff``, ``validate``): the JSON the
-    command prints with ``--format json`` as a :class:`Result`, its notes as the command prints
-    them on stderr."""
+    (``_native.info``, ``replay``, ``explain``, ``fit``, ``blame``, ``diff``, ``validate``): the
+    JSON the command prints with ``--format json`` as a :class:`Result`, its notes as the command
+    prints them on stderr."""
     code, text, notes, error = outcome
     notes = [f"fragsim: {n}" for n in notes]
     if verbose and notes:
@@ -341,10 +341,11 @@ def info(trace: TraceLike, *, max_input_size: Optional[Size] = None,
     :param max_input_size: the most bytes the trace may hold (default 4 GiB).
     :param verbose: print the command's notes on stderr (they are in ``result.notes`` anyway).
     """
-    call = _Call("info")
-    call.source(trace)
-    call.flags(max_input_size=_size("max_input_size", max_input_size))
-    return _json("info", call, verbose)
+    native, name, once = _on(trace)
+    outcome = _native.info(
+        native, name, max_input_size=_size("max_input_size", max_input_size), once=once
+    )
+    return _answer("info", outcome, verbose)
 
 
 @_suggesting

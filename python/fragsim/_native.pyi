@@ -15,6 +15,11 @@ def call(
 
 _Answer = Tuple[int, Optional[str], List[str], Optional[_ErrorInfo]]
 
+def info(
+    trace: "Loaded", name: str, *, max_input_size: Optional[str] = None, once: bool = False,
+) -> _Answer:
+    """What the trace holds: the JSON ``info --json`` prints."""
+
 def replay(
     trace: "Loaded", name: str, *, policies: Sequence[str], device: Optional[int] = None,
     capacity: Optional[str] = None, empty_cache_every: Optional[int] = None,

@@ -1,6 +1,6 @@
 //! The questions Python asks the library's [`Session`] directly, with typed parameters and no
-//! command line between: `fragsim.replay`, `explain`, `fit`, `blame` and `validate` (and
-//! `Trace`'s methods of those names). Each builds a session on a [`Loaded`] trace (shared, not copied), asks it, and hands
+//! command line between: `fragsim.info`, `replay`, `explain`, `fit`, `blame`, `diff` and
+//! `validate` (and `Trace`'s methods of those names). Each builds a session on a [`Loaded`] trace (shared, not copied), asks it, and hands
 //! back the answer as the JSON the command prints with `--format json`, the notes the command
 //! prints on stderr, or the error; the pure-Python layer wraps them as it wraps a command's.
 
@@ -147,6 +147,24 @@ pub fn explain(
         replay.cancel = cancel;
         let options = ExplainOptions { at, spec, replay, top, fixes };
         Answered::of(&session.explain(&options)?, notes)
+    })
+}
+
+/// `fragsim info`'s answer: what the trace holds.
+#[pyfunction]
+#[pyo3(signature = (trace, name, *, max_input_size=None, once=false))]
+pub fn info(
+    py: Python<'_>,
+    trace: &Bound<'_, Loaded>,
+    name: String,
+    max_input_size: Option<String>,
+    once: bool,
+) -> PyResult<Answer> {
+    let on = on(trace, name, None, max_input_size.as_deref(), once);
+    ask(py, on, move |on, cancel| {
+        let trace = on.trace.trace(&on.name, on.once, on.max_input, &cancel)?;
+        let notes = trace.no_history_note(Path::new(&on.name)).into_iter().collect();
+        Answered::of(&fragsim::session::info(&trace), notes)
     })
 }
 

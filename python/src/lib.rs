@@ -242,6 +242,7 @@ fn commands() -> Vec<String> {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(main, m)?)?;
     m.add_function(wrap_pyfunction!(call, m)?)?;
+    m.add_function(wrap_pyfunction!(ask::info, m)?)?;
     m.add_function(wrap_pyfunction!(ask::replay, m)?)?;
     m.add_function(wrap_pyfunction!(ask::explain, m)?)?;
     m.add_function(wrap_pyfunction!(ask::fit, m)?)?;

@@ -107,6 +107,27 @@ impl Loaded {
         Session::of_trace(trace, name, device)
     }
 
+    /// The trace itself, read without stack frames: from its file when read `once` (a path
+    /// given to a function), else the kept one, shared.
+    pub fn trace(
+        &self,
+        name: &str,
+        once: bool,
+        max_input_bytes: Option<u64>,
+        cancel: &fragsim::replay::Cancel,
+    ) -> fragsim::error::Result<Arc<Trace>> {
+        let read = ReadOptions {
+            keep_frames: false,
+            progress: false,
+            max_input_bytes,
+            cancel: cancel.clone(),
+        };
+        if let (true, Source::Path(path)) = (once, &*self.source) {
+            return fragsim::trace::read_trace(path, &read).map(Arc::new);
+        }
+        (self.reader())(&read).map_err(|e| e.in_file(std::path::Path::new(name)))
+    }
+
     /// Whether a session may stream the trace: it is a `.fst` file given by path.
     pub fn streams(&self) -> fragsim::error::Result<bool> {
         match &*self.source {

@@ -110,6 +110,23 @@ def test_fit_blame_and_validate_ask_the_session_and_answer_as_the_command(
     assert without_timings(loaded) == without_timings(want)
 
 
+@pytest.mark.parametrize("trace", [TEXT_TRACE, *SNAPSHOTS, KINETO], ids=lambda p: p.name)
+def test_info_asks_the_library_and_answers_as_the_command(trace, no_command_line):
+    want, notes = _command("info", str(trace), "--json")
+    got = fragsim.info(str(trace))
+    assert got == want and got.notes == notes
+    assert fragsim.load(str(trace)).info == want
+
+
+def test_a_snapshot_without_history_says_so(no_command_line, tmp_path):
+    with open(SNAPSHOTS[0], "rb") as f:
+        d = pickle.load(f)
+    d["device_traces"] = [[] for _ in d["device_traces"]]
+    for question in (fragsim.info, fragsim.replay, fragsim.fit):
+        got = question(d)
+        assert any("memory history was not recorded" in n for n in got.notes), question
+
+
 DIFFS = [
     ((SNAPSHOTS[0],), {"policies": ["pytorch", "pytorch-expandable"]},
      ["-p", "pytorch", "-p", "pytorch-expandable"]),

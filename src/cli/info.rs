@@ -1,7 +1,7 @@
 //! `fragsim info`: what is in a trace, before replaying it.
 
 use fragsim::error::Result;
-use fragsim::trace::summary::{DeviceSummary, StartFigures, Summary};
+use fragsim::trace::summary::{DeviceSummary, Summary};
 use fragsim::trace::Action;
 use fragsim::units::format_bytes;
 use std::fmt::Write as _;
@@ -25,11 +25,11 @@ pub struct Args {
 pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let trace = super::read_trace(io, &args.trace, false)?;
     let format = args.output.format();
-    let mut summary = Summary::of(&trace);
     // The table reads the start figures line by line with the recording's own (start_lines).
-    if format != super::OutputFormat::Table {
-        summary.set_start(|device| start_figures(&trace, device));
-    }
+    let summary = match format {
+        super::OutputFormat::Table => Summary::of(&trace),
+        _ => fragsim::session::info(&trace),
+    };
     let path = args.trace.display().to_string();
     super::print_as(&mut *io.out, format, &summary, csv, |s| {
         render(&path, s, &|d| start_lines(&trace, d)) + &newer_lines(&trace)
@@ -91,28 +91,10 @@ fn csv(summary: &Summary) -> String {
     out
 }
 
-/// What `device` held before its first event ([`StartFigures`]): the blocks live at the start,
-/// as every replay carries them, and the peak of live bytes counting them, `bound`'s peak
-/// reserved. All `None` when the device cannot be replayed.
-fn start_figures(trace: &fragsim::trace::Trace, device: i32) -> StartFigures {
-    let Ok(input) = fragsim::replay::ReplayInput::new(trace, Some(device)) else {
-        return StartFigures::default();
-    };
-    let bound = fragsim::policy::PolicySpec::parse_list("bound")
-        .ok()
-        .and_then(|specs| fragsim::replay::run_spec(&specs[0], &input, &Default::default()).ok())
-        .map(|o| o.result.peak_reserved_bytes);
-    StartFigures {
-        live_at_start_blocks: Some(input.live_at_start().len() as u64),
-        live_at_start_bytes: Some(input.live_at_start().iter().map(|b| b.size).sum()),
-        peak_live_with_start_bytes: bound,
-    }
-}
-
-/// What `device` held before its first event, next to peak live ([`start_figures`]); then what
+/// What `device` held before its first event, next to peak live ([`fragsim::session::start_figures`]); then what
 /// the recording says the real allocator held (Kineto's start totals, the recorded peaks).
 fn start_lines(trace: &fragsim::trace::Trace, device: i32) -> Vec<String> {
-    let start = start_figures(trace, device);
+    let start = fragsim::session::start_figures(trace, device);
     let (Some(blocks), Some(bytes)) = (start.live_at_start_blocks, start.live_at_start_bytes)
     else {
         return Vec::new();

@@ -26,8 +26,10 @@
 //! the device limit the recording implies — is found once and kept.
 
 pub mod capacity;
+mod info;
 mod notes;
 
+pub use info::{info, start_figures};
 pub use notes::loaded_for_planners;
 
 pub use capacity::{Capacity, Resolved};
