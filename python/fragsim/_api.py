@@ -203,18 +203,30 @@ def _raise(error: Tuple[str, str, Optional[str], Optional[str], Optional[str], s
     raise_for(kind, message, file, format, place, line)
 
 
-def _on(trace: Any) -> Tuple[Any, str, bool]:
-    """What the library's session is asked about: the native trace, its name in answers and
-    errors, and whether it is read for this question alone (a path given to a function: read
-    from the file and not kept, a ``.fst`` file streamed where the question allows; a
-    :class:`Trace` keeps what it read)."""
+def _on(trace: Any, device: Optional[int] = None, max_input_size: Optional[Size] = None,
+        taken: Optional[Any] = None) -> Any:
+    """What the library's session is asked about (``_native.On``): the native trace, its name
+    in answers and errors, the device, the read limit, and whether it is read for this question
+    alone (a path given to a function: read from the file and not kept, a ``.fst`` file
+    streamed where the question allows; a :class:`Trace` keeps what it read). ``taken``, the
+    other trace of the question, keeps its name: a second trace from memory of the same kind
+    is ``<dict 2>``."""
+    once = False
     if isinstance(trace, Trace):
-        return trace._native, trace.name, False
-    if isinstance(trace, (str, os.PathLike)):
+        native, name = trace._native, trace.name
+    elif isinstance(trace, (str, os.PathLike)):
         name = os.fspath(trace)
-        return _native.Loaded(name), name, True
-    kind, held = _held(trace)
-    return _native.Loaded(held), f"<{kind}>", False
+        native, once = _native.Loaded(name), True
+    else:
+        kind, held = _held(trace)
+        native, name = _native.Loaded(held), f"<{kind}>"
+    on = _native.On(native, name, device=device,
+                    max_input_size=_size("max_input_size", max_input_size), once=once)
+    if taken is not None and name == taken.name and name.startswith("<") \
+            and not on.same_trace(taken):
+        on = _native.On(native, f"{name[:-1]} 2>", device=device,
+                        max_input_size=_size("max_input_size", max_input_size), once=once)
+    return on
 
 
 def _answer(question: str, outcome: Tuple[int, Optional[str], List[str], Any],
@@ -341,10 +353,7 @@ def info(trace: TraceLike, *, max_input_size: Optional[Size] = None,
     :param max_input_size: the most bytes the trace may hold (default 4 GiB).
     :param verbose: print the command's notes on stderr (they are in ``result.notes`` anyway).
     """
-    native, name, once = _on(trace)
-    outcome = _native.info(
-        native, name, max_input_size=_size("max_input_size", max_input_size), once=once
-    )
+    outcome = _native.info(_on(trace, max_input_size=max_input_size))
     return _answer("info", outcome, verbose)
 
 
@@ -388,13 +397,12 @@ def replay(
     :param verbose: print the command's notes on stderr.
     """
     if backend in (None, "sim") and cuda_device is None and not touch and export_snapshot is None:
-        native, name, once = _on(trace)
         outcome = _native.replay(
-            native, name, policies=_policy_list(policies) or [], device=device,
+            _on(trace, device, max_input_size), policies=_policy_list(policies) or [],
             capacity=_size("capacity", capacity), empty_cache_every=empty_cache_every,
             empty_cache_at=list(empty_cache_at or []),
             no_recorded_empty_cache=no_recorded_empty_cache, outside=_size("outside", outside),
-            jobs=jobs, max_input_size=_size("max_input_size", max_input_size), once=once,
+            jobs=jobs,
         )
         return _answer("replay", outcome, verbose)
     call = _Call("replay")
@@ -434,12 +442,10 @@ def validate(
     :param verbose: print the command's notes on stderr.
     """
     if export_snapshot is None:
-        native, name, once = _on(snapshot)
         outcome = _native.validate(
-            native, name, device=device, gpu_mem=_size("gpu_mem", gpu_mem),
+            _on(snapshot, device, max_input_size), gpu_mem=_size("gpu_mem", gpu_mem),
             pytorch_version=pytorch_version,
             policy=None if policy is None else _policy_text(policy),
-            max_input_size=_size("max_input_size", max_input_size), once=once,
         )
         return _answer("validate", outcome, verbose)
     call = _Call("validate")
@@ -473,11 +479,9 @@ def fit(
     :param max_input_size: the most bytes the trace may hold.
     :param verbose: print the command's notes on stderr.
     """
-    native, name, once = _on(trace)
     outcome = _native.fit(
-        native, name, policies=_policy_list(policies) or [], device=device,
+        _on(trace, device, max_input_size), policies=_policy_list(policies) or [],
         outside=_size("outside", outside), jobs=jobs,
-        max_input_size=_size("max_input_size", max_input_size), once=once,
     )
     return _answer("fit", outcome, verbose)
 
@@ -592,14 +596,12 @@ def blame(
     :param flamegraph: write a flame graph SVG here.
     """
     if flamegraph is None:
-        native, name, once = _on(trace)
         outcome = _native.blame(
-            native, name, policies=_policy_list(policies) or [], device=device,
+            _on(trace, device, max_input_size), policies=_policy_list(policies) or [],
             capacity=_size("capacity", capacity), at=None if at is None else str(at), by=by,
             top=top, depth=depth, empty_cache_every=empty_cache_every,
             empty_cache_at=list(empty_cache_at or []),
             no_recorded_empty_cache=no_recorded_empty_cache, jobs=jobs,
-            max_input_size=_size("max_input_size", max_input_size), once=once,
         )
         return _answer("blame", outcome, verbose)
     call = _Call("blame")
@@ -638,14 +640,11 @@ def diff(
     :param out: also write the charts and an HTML page in this folder.
     """
     if out is None:
-        native_a, name_a, once_a = _on(a)
-        native_b, name_b, once_b = (None, None, False) if b is None else _on(b)
-        if name_b == name_a and native_b is not native_a and name_a.startswith("<"):
-            name_b = f"{name_a[:-1]} 2>"  # two traces from memory of one kind: <dict>, <dict 2>
+        on_a = _on(a, device, max_input_size)
+        on_b = None if b is None else _on(b, device, max_input_size, taken=on_a)
         outcome = _native.diff(
-            native_a, name_a, native_b, name_b, policies=_policy_list(policies) or [],
-            device=device, by=by, top=top, depth=depth, jobs=jobs,
-            max_input_size=_size("max_input_size", max_input_size), once_a=once_a, once_b=once_b,
+            on_a, on_b, policies=_policy_list(policies) or [], by=by, top=top, depth=depth,
+            jobs=jobs,
         )
         return _answer("diff", outcome, verbose)
     call = _Call("diff")
@@ -675,11 +674,9 @@ def explain(
     :param policy: the policy replayed (default ``pytorch``).
     :param device: the device to replay.
     """
-    native, name, once = _on(trace)
     outcome = _native.explain(
-        native, name, policy=None if policy is None else _policy_text(policy),
-        at=None if at is None else str(at), capacity=_size("capacity", capacity), device=device,
-        once=once,
+        _on(trace, device), policy=None if policy is None else _policy_text(policy),
+        at=None if at is None else str(at), capacity=_size("capacity", capacity),
     )
     return _answer("explain", outcome, verbose)
 

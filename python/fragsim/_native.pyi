@@ -15,59 +15,61 @@ def call(
 
 _Answer = Tuple[int, Optional[str], List[str], Optional[_ErrorInfo]]
 
-def info(
-    trace: "Loaded", name: str, *, max_input_size: Optional[str] = None, once: bool = False,
-) -> _Answer:
+class On:
+    """What a question is about: a loaded trace, its name in answers, the device, the read
+    limit, and whether it is read for this question alone."""
+
+    name: str
+    def __init__(
+        self, trace: "Loaded", name: str, *, device: Optional[int] = None,
+        max_input_size: Optional[str] = None, once: bool = False,
+    ) -> None: ...
+    def same_trace(self, other: "On") -> bool:
+        """Whether ``other`` is about the very same trace object."""
+
+def info(on: On) -> _Answer:
     """What the trace holds: the JSON ``info --json`` prints."""
 
 def replay(
-    trace: "Loaded", name: str, *, policies: Sequence[str], device: Optional[int] = None,
-    capacity: Optional[str] = None, empty_cache_every: Optional[int] = None,
-    empty_cache_at: Sequence[int] = (), no_recorded_empty_cache: bool = False,
-    outside: Optional[str] = None, jobs: Optional[int] = None,
-    max_input_size: Optional[str] = None, once: bool = False,
+    on: On, *, policies: Sequence[str], capacity: Optional[str] = None,
+    empty_cache_every: Optional[int] = None, empty_cache_at: Sequence[int] = (),
+    no_recorded_empty_cache: bool = False, outside: Optional[str] = None,
+    jobs: Optional[int] = None,
 ) -> _Answer:
     """The session's replay of each policy: exit code, the JSON ``replay --json`` prints, the
     notes, the error."""
 
 def explain(
-    trace: "Loaded", name: str, *, policy: Optional[str] = None, at: Optional[str] = None,
-    capacity: Optional[str] = None, device: Optional[int] = None, top: int = 10,
-    fixes: bool = True, max_input_size: Optional[str] = None, once: bool = False,
+    on: On, *, policy: Optional[str] = None, at: Optional[str] = None,
+    capacity: Optional[str] = None, top: int = 10, fixes: bool = True,
 ) -> _Answer:
-    """The session's explanation: exit code, the JSON ``explain --format json`` prints, the
-    notes, the error."""
+    """The session's explanation: the JSON ``explain --format json`` prints."""
 
 def fit(
-    trace: "Loaded", name: str, *, policies: Sequence[str], device: Optional[int] = None,
-    outside: Optional[str] = None, jobs: Optional[int] = None,
-    max_input_size: Optional[str] = None, once: bool = False,
+    on: On, *, policies: Sequence[str], outside: Optional[str] = None,
+    jobs: Optional[int] = None,
 ) -> _Answer:
     """The session's fit of each policy: the JSON ``fit --json`` prints."""
 
 def blame(
-    trace: "Loaded", name: str, *, policies: Sequence[str], device: Optional[int] = None,
-    capacity: Optional[str] = None, at: Optional[str] = None, by: Optional[str] = None,
-    top: Optional[int] = None, depth: Optional[int] = None,
-    empty_cache_every: Optional[int] = None, empty_cache_at: Sequence[int] = (),
-    no_recorded_empty_cache: bool = False, jobs: Optional[int] = None,
-    max_input_size: Optional[str] = None, once: bool = False,
+    on: On, *, policies: Sequence[str], capacity: Optional[str] = None,
+    at: Optional[str] = None, by: Optional[str] = None, top: Optional[int] = None,
+    depth: Optional[int] = None, empty_cache_every: Optional[int] = None,
+    empty_cache_at: Sequence[int] = (), no_recorded_empty_cache: bool = False,
+    jobs: Optional[int] = None,
 ) -> _Answer:
     """The session's blame at a moment of each policy's replay: the JSON ``blame --format
     json`` prints."""
 
 def diff(
-    a: "Loaded", name_a: str, b: Optional["Loaded"] = None, name_b: Optional[str] = None, *,
-    policies: Sequence[str], device: Optional[int] = None, by: Optional[str] = None,
+    a: On, b: Optional[On] = None, *, policies: Sequence[str], by: Optional[str] = None,
     top: Optional[int] = None, depth: Optional[int] = None, jobs: Optional[int] = None,
-    max_input_size: Optional[str] = None, once_a: bool = False, once_b: bool = False,
 ) -> _Answer:
     """The session's diff of two runs: the JSON ``diff --format json`` prints."""
 
 def validate(
-    trace: "Loaded", name: str, *, device: Optional[int] = None, gpu_mem: Optional[str] = None,
-    pytorch_version: Optional[str] = None, policy: Optional[str] = None,
-    max_input_size: Optional[str] = None, once: bool = False,
+    on: On, *, gpu_mem: Optional[str] = None, pytorch_version: Optional[str] = None,
+    policy: Optional[str] = None,
 ) -> _Answer:
     """The session's validation: exit code 1 where a decision differs, the JSON ``validate
     --json`` prints."""

@@ -5,6 +5,7 @@
 //! prints on stderr, or the error; the pure-Python layer wraps them as it wraps a command's.
 
 use crate::loaded::Loaded;
+use crate::snapshot_dict::Names;
 use crate::{error_info, off_thread, panicked, ErrorInfo};
 use fragsim::blame::diff::{compare, pair_specs};
 use fragsim::blame::{BlameOptions, GroupBy, Moment};
@@ -18,6 +19,7 @@ use fragsim::validate::ValidateOptions;
 use fragsim::whatif::fit::{DEFAULT_OUTSIDE, DEFAULT_POLICIES};
 use pyo3::prelude::*;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 /// A question's answer: the exit code, the JSON text, the notes, and the error, if it failed.
 type Answer = (u8, Option<String>, Vec<String>, Option<ErrorInfo>);
@@ -37,63 +39,93 @@ impl Answered {
     }
 }
 
-/// Where a question's session comes from: the trace, its name in answers and errors, the device,
-/// the most bytes it may read, and whether it is read for this question alone (a path given to a
-/// function, not a loaded trace: read from the file, not kept, and a `.fst` file may stream).
-struct On {
+/// What a question is about: the trace, its name in answers and errors, the device (`None`: the
+/// one with the most events), the most bytes it may read (as the user wrote it: its error is the
+/// question's), and whether it is read for this question alone (a path given to a function, not
+/// a loaded trace: read from the file, not kept, and a `.fst` file may stream).
+#[pyclass(module = "fragsim._native", frozen)]
+#[derive(Clone)]
+pub struct On {
     trace: Loaded,
+    #[pyo3(get)]
     name: String,
     device: Option<i32>,
-    max_input: Option<u64>,
+    max_input_size: Option<String>,
     once: bool,
 }
 
+#[pymethods]
 impl On {
-    /// The session, reading the trace (with stack frames when `frames`) if it is not kept yet;
+    #[new]
+    #[pyo3(signature = (trace, name, *, device=None, max_input_size=None, once=false))]
+    fn new(
+        trace: &Bound<'_, Loaded>,
+        name: String,
+        device: Option<i32>,
+        max_input_size: Option<String>,
+        once: bool,
+    ) -> On {
+        On { trace: trace.get().clone(), name, device, max_input_size, once }
+    }
+
+    /// Whether `other` is about the very same trace object (not a copy or the same path).
+    fn same_trace(&self, other: &On) -> bool {
+        self.trace.is(&other.trace)
+    }
+}
+
+/// A question being answered, on its own thread: what it is about, the read limit in bytes,
+/// and the flag Ctrl-C raises.
+struct Asked {
+    on: On,
+    max_input: Option<u64>,
+    cancel: Cancel,
+}
+
+impl Asked {
+    /// The session on the trace, read (with stack frames when `frames`) if it is not kept yet;
     /// a `.fst` file read once streams when `stream`.
-    fn session(&self, frames: bool, stream: bool, cancel: &Cancel) -> Result<Session> {
-        let (name, max) = (&self.name, self.max_input);
-        self.trace.session(name, self.device, frames, self.once, stream, max, cancel)
+    fn session(&self, frames: bool, stream: bool) -> Result<Session> {
+        self.session_on(&self.on, frames, stream)
+    }
+
+    /// [`Asked::session`] on another trace of the question (`diff`'s B).
+    fn session_on(&self, on: &On, frames: bool, stream: bool) -> Result<Session> {
+        let (max, cancel) = (self.max_input, &self.cancel);
+        on.trace.session(&on.name, on.device, frames, on.once, stream, max, cancel)
     }
 }
 
 /// `fragsim replay`'s answer: each spec replayed on the device, the recorded row beside them.
 #[pyfunction]
 #[pyo3(signature = (
-    trace, name, *, policies, device=None, capacity=None, empty_cache_every=None,
+    on, *, policies, capacity=None, empty_cache_every=None,
     empty_cache_at=Vec::new(), no_recorded_empty_cache=false, outside=None, jobs=None,
-    max_input_size=None, once=false,
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn replay(
     py: Python<'_>,
-    trace: &Bound<'_, Loaded>,
-    name: String,
+    on: &Bound<'_, On>,
     policies: Vec<String>,
-    device: Option<i32>,
     capacity: Option<String>,
     empty_cache_every: Option<u64>,
     empty_cache_at: Vec<u64>,
     no_recorded_empty_cache: bool,
     outside: Option<String>,
     jobs: Option<usize>,
-    max_input_size: Option<String>,
-    once: bool,
 ) -> PyResult<Answer> {
-    let on = on(trace, name, device, max_input_size.as_deref(), once);
-    ask(py, on, move |on, cancel| {
+    ask(py, on, None, move |asked| {
         let specs = PolicySpec::parse_many(&policies)?;
-        let capacity = capacity.as_deref().map(|c| param("capacity", c, Capacity::parse));
-        let capacity = capacity.transpose()?;
+        let capacity = capacity_of(capacity.as_deref())?;
         let outside = outside.as_deref().map(|o| size("outside", o)).transpose()?;
         let empty_cache =
             EmptyCachePlan::new(empty_cache_every, empty_cache_at, no_recorded_empty_cache)?;
         let planners = planners(&specs);
         let mut notes = Vec::new();
-        if on.once && !planners.is_empty() && on.trace.streams()? {
-            notes.push(loaded_for_planners(&planners, Path::new(&on.name)));
+        if asked.on.once && !planners.is_empty() && asked.on.trace.streams()? {
+            notes.push(loaded_for_planners(&planners, Path::new(&asked.on.name)));
         }
-        let session = on.session(capacity.is_some(), planners.is_empty(), &cancel)?;
+        let session = asked.session(capacity.is_some(), planners.is_empty())?;
         notes.extend(notes_of(&session, &specs));
         let bounded = bounded_jobs(jobs, specs.len(), &mut notes);
         let request = ReplayRequest {
@@ -102,7 +134,7 @@ pub fn replay(
             options: ReplayOptions {
                 empty_cache,
                 outside_bytes: outside.unwrap_or(0),
-                cancel,
+                cancel: asked.cancel.clone(),
                 ..ReplayOptions::default()
             },
             empty_cache_price: false,
@@ -110,7 +142,7 @@ pub fn replay(
         let settings = RunSettings { jobs: bounded, ..RunSettings::default() };
         let answer = session.replay(&request, &settings)?;
         let mut json = Vec::new();
-        fragsim::report::json::write(&answer.report(&on.name), &mut json)?;
+        fragsim::report::json::write(&answer.report(&asked.on.name), &mut json)?;
         Ok(Answered { code: 0, json: String::from_utf8_lossy(&json).into_owned(), notes })
     })
 }
@@ -118,33 +150,25 @@ pub fn replay(
 /// `fragsim explain`'s answer: the verdict at the moment, the free memory by kind, the fixes.
 #[pyfunction]
 #[pyo3(signature = (
-    trace, name, *, policy=None, at=None, capacity=None, device=None, top=10, fixes=true,
-    max_input_size=None, once=false,
+    on, *, policy=None, at=None, capacity=None, top=10, fixes=true,
 ))]
-#[allow(clippy::too_many_arguments)]
 pub fn explain(
     py: Python<'_>,
-    trace: &Bound<'_, Loaded>,
-    name: String,
+    on: &Bound<'_, On>,
     policy: Option<String>,
     at: Option<String>,
     capacity: Option<String>,
-    device: Option<i32>,
     top: usize,
     fixes: bool,
-    max_input_size: Option<String>,
-    once: bool,
 ) -> PyResult<Answer> {
-    let on = on(trace, name, device, max_input_size.as_deref(), once);
-    ask(py, on, move |on, cancel| {
+    ask(py, on, None, move |asked| {
         let spec = ExplainOptions::one_spec(policy.as_slice())?;
         let at = ExplainOptions::moment(at.as_deref())?;
-        let capacity = capacity.as_deref().map(|c| param("capacity", c, Capacity::parse));
-        let capacity = capacity.transpose()?;
-        let session = on.session(true, false, &cancel)?;
+        let capacity = capacity_of(capacity.as_deref())?;
+        let session = asked.session(true, false)?;
         let notes = notes_of(&session, std::slice::from_ref(&spec));
         let mut replay = session.replay_options(capacity.as_ref(), EmptyCachePlan::default())?;
-        replay.cancel = cancel;
+        replay.cancel = asked.cancel.clone();
         let options = ExplainOptions { at, spec, replay, top, fixes };
         Answered::of(&session.explain(&options)?, notes)
     })
@@ -152,17 +176,11 @@ pub fn explain(
 
 /// `fragsim info`'s answer: what the trace holds.
 #[pyfunction]
-#[pyo3(signature = (trace, name, *, max_input_size=None, once=false))]
-pub fn info(
-    py: Python<'_>,
-    trace: &Bound<'_, Loaded>,
-    name: String,
-    max_input_size: Option<String>,
-    once: bool,
-) -> PyResult<Answer> {
-    let on = on(trace, name, None, max_input_size.as_deref(), once);
-    ask(py, on, move |on, cancel| {
-        let trace = on.trace.trace(&on.name, on.once, on.max_input, &cancel)?;
+#[pyo3(signature = (on))]
+pub fn info(py: Python<'_>, on: &Bound<'_, On>) -> PyResult<Answer> {
+    ask(py, on, None, move |asked| {
+        let on = &asked.on;
+        let trace = on.trace.trace(&on.name, on.once, asked.max_input, &asked.cancel)?;
         let notes = trace.no_history_note(Path::new(&on.name)).into_iter().collect();
         Answered::of(&fragsim::session::info(&trace), notes)
     })
@@ -170,23 +188,15 @@ pub fn info(
 
 /// `fragsim fit`'s answer: per policy, the least device memory with no OOM, and the cards.
 #[pyfunction]
-#[pyo3(signature = (
-    trace, name, *, policies, device=None, outside=None, jobs=None, max_input_size=None, once=false,
-))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (on, *, policies, outside=None, jobs=None))]
 pub fn fit(
     py: Python<'_>,
-    trace: &Bound<'_, Loaded>,
-    name: String,
+    on: &Bound<'_, On>,
     policies: Vec<String>,
-    device: Option<i32>,
     outside: Option<String>,
     jobs: Option<usize>,
-    max_input_size: Option<String>,
-    once: bool,
 ) -> PyResult<Answer> {
-    let on = on(trace, name, device, max_input_size.as_deref(), once);
-    ask(py, on, move |on, cancel| {
+    ask(py, on, None, move |asked| {
         let policies = if policies.is_empty() {
             DEFAULT_POLICIES.iter().map(|s| s.to_string()).collect()
         } else {
@@ -194,12 +204,13 @@ pub fn fit(
         };
         let specs = PolicySpec::parse_many(&policies)?;
         let outside = outside.as_deref().map(|o| size("outside", o)).transpose()?;
-        let session = on.session(false, false, &cancel)?;
+        let session = asked.session(false, false)?;
         let mut notes = notes_of(&session, &specs);
         let jobs = bounded_jobs(jobs, specs.len(), &mut notes);
         let outside = outside.unwrap_or(DEFAULT_OUTSIDE);
         let settings = RunSettings::default();
-        let report = jobs.install(|| session.fit(&specs, outside, &cancel, &settings))??;
+        let cancel = &asked.cancel;
+        let report = jobs.install(|| session.fit(&specs, outside, cancel, &settings))??;
         Answered::of(&report, notes)
     })
 }
@@ -207,17 +218,15 @@ pub fn fit(
 /// `fragsim blame`'s answer: who holds the memory at a moment of each policy's replay.
 #[pyfunction]
 #[pyo3(signature = (
-    trace, name, *, policies, device=None, capacity=None, at=None, by=None, top=None,
+    on, *, policies, capacity=None, at=None, by=None, top=None,
     depth=None, empty_cache_every=None, empty_cache_at=Vec::new(),
-    no_recorded_empty_cache=false, jobs=None, max_input_size=None, once=false,
+    no_recorded_empty_cache=false, jobs=None,
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn blame(
     py: Python<'_>,
-    trace: &Bound<'_, Loaded>,
-    name: String,
+    on: &Bound<'_, On>,
     policies: Vec<String>,
-    device: Option<i32>,
     capacity: Option<String>,
     at: Option<String>,
     by: Option<String>,
@@ -227,32 +236,19 @@ pub fn blame(
     empty_cache_at: Vec<u64>,
     no_recorded_empty_cache: bool,
     jobs: Option<usize>,
-    max_input_size: Option<String>,
-    once: bool,
 ) -> PyResult<Answer> {
-    let on = on(trace, name, device, max_input_size.as_deref(), once);
-    ask(py, on, move |on, cancel| {
+    ask(py, on, None, move |asked| {
         let specs = PolicySpec::parse_many(&policies)?;
-        let defaults = BlameOptions::default();
-        let at = at.as_deref().map(Moment::parse).transpose()?.unwrap_or(defaults.at);
-        let by = by.as_deref().map(|b| choice("by", b, GroupBy::parse)).transpose()?;
-        let depth = depth.unwrap_or(defaults.depth);
-        fragsim::blame::check_depth(depth)?;
-        let capacity = capacity.as_deref().map(|c| param("capacity", c, Capacity::parse));
-        let capacity = capacity.transpose()?;
+        let grouped = grouping(by.as_deref(), top, depth)?;
+        let at = at.as_deref().map(Moment::parse).transpose()?.unwrap_or(grouped.at);
+        let capacity = capacity_of(capacity.as_deref())?;
         let empty_cache =
             EmptyCachePlan::new(empty_cache_every, empty_cache_at, no_recorded_empty_cache)?;
-        let session = on.session(true, false, &cancel)?;
+        let session = asked.session(true, false)?;
         let mut notes = notes_of(&session, &specs);
         let mut replay = session.replay_options(capacity.as_ref(), empty_cache)?;
-        replay.cancel = cancel;
-        let options = BlameOptions {
-            at,
-            by: by.unwrap_or(defaults.by),
-            top: top.unwrap_or(defaults.top),
-            depth,
-            replay,
-        };
+        replay.cancel = asked.cancel.clone();
+        let options = BlameOptions { at, replay, ..grouped };
         let jobs = bounded_jobs(jobs, specs.len(), &mut notes);
         let report = jobs.install(|| session.blame(&specs, &options))??;
         Answered::of(&report, notes)
@@ -263,44 +259,23 @@ pub fn blame(
 /// each at its peak-live moment, and what changed by site.
 #[pyfunction]
 #[pyo3(signature = (
-    a, name_a, b=None, name_b=None, *, policies, device=None, by=None, top=None, depth=None,
-    jobs=None, max_input_size=None, once_a=false, once_b=false,
+    a, b=None, *, policies, by=None, top=None, depth=None, jobs=None,
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn diff(
     py: Python<'_>,
-    a: &Bound<'_, Loaded>,
-    name_a: String,
-    b: Option<&Bound<'_, Loaded>>,
-    name_b: Option<String>,
+    a: &Bound<'_, On>,
+    b: Option<&Bound<'_, On>>,
     policies: Vec<String>,
-    device: Option<i32>,
     by: Option<String>,
     top: Option<usize>,
     depth: Option<usize>,
     jobs: Option<usize>,
-    max_input_size: Option<String>,
-    once_a: bool,
-    once_b: bool,
 ) -> PyResult<Answer> {
-    let on_b = b.map(|b| {
-        let name = name_b.unwrap_or_else(|| "<B>".into());
-        On { trace: b.get().clone(), name, device, max_input: None, once: once_b }
-    });
-    let on_a = on(a, name_a, device, max_input_size.as_deref(), once_a);
-    ask(py, on_a, move |on_a, cancel| {
+    let on_b = b.map(|b| b.get().clone());
+    ask(py, a, b, move |asked| {
         let (spec_a, spec_b) = pair_specs(&policies, on_b.is_some())?;
-        let defaults = BlameOptions::default();
-        let by = by.as_deref().map(|b| choice("by", b, GroupBy::parse)).transpose()?;
-        let depth = depth.unwrap_or(defaults.depth);
-        fragsim::blame::check_depth(depth)?;
-        let options = BlameOptions {
-            at: Moment::PeakLive,
-            by: by.unwrap_or(defaults.by),
-            top: top.unwrap_or(defaults.top),
-            depth,
-            ..defaults
-        };
+        let options = BlameOptions { at: Moment::PeakLive, ..grouping(by.as_deref(), top, depth)? };
         let mut notes = Vec::new();
         let jobs = bounded_jobs(jobs, 1, &mut notes);
         let side = |session: &Session, spec: &PolicySpec| {
@@ -308,14 +283,13 @@ pub fn diff(
         };
         // One trace at a time: A is summarised and dropped before B is read, as the command
         // line does, so two large traces are never held at once.
-        let session_a = on_a.session(true, false, &cancel)?;
+        let session_a = asked.session(true, false)?;
         notes.extend(session_a.trace().no_history_note(session_a.name()));
         let side_a = side(&session_a, &spec_a)?;
         let side_b = match on_b {
             Some(on_b) => {
                 drop(session_a);
-                let on_b = On { max_input: on_a.max_input, ..on_b };
-                let session_b = on_b.session(true, false, &cancel)?;
+                let session_b = asked.session_on(&on_b, true, false)?;
                 notes.extend(session_b.trace().no_history_note(session_b.name()));
                 side(&session_b, &spec_b)?
             }
@@ -329,40 +303,31 @@ pub fn diff(
 /// `fragsim validate`'s answer: the PyTorch policy's decisions against the recording's; exit
 /// code 1 where one differs.
 #[pyfunction]
-#[pyo3(signature = (
-    trace, name, *, device=None, gpu_mem=None, pytorch_version=None, policy=None,
-    max_input_size=None, once=false,
-))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (on, *, gpu_mem=None, pytorch_version=None, policy=None))]
 pub fn validate(
     py: Python<'_>,
-    trace: &Bound<'_, Loaded>,
-    name: String,
-    device: Option<i32>,
+    on: &Bound<'_, On>,
     gpu_mem: Option<String>,
     pytorch_version: Option<String>,
     policy: Option<String>,
-    max_input_size: Option<String>,
-    once: bool,
 ) -> PyResult<Answer> {
-    let on = on(trace, name, device, max_input_size.as_deref(), once);
-    ask(py, on, move |on, cancel| {
+    ask(py, on, None, move |asked| {
         let gpu_memory = gpu_mem.as_deref().map(|g| size("gpu_mem", g)).transpose()?;
         let version = pytorch_version.as_deref().map(|v| {
             param("pytorch_version", v, |t| Version::parse(t).map_err(|e| e.message().into()))
         });
         let version = version.transpose()?;
         let flavour = policy.as_deref().map(|p| param("policy", p, Flavour::rules)).transpose()?;
-        let session = on.session(false, false, &cancel)?;
+        let session = asked.session(false, false)?;
         let notes = notes_of(&session, &[]);
         let options = ValidateOptions {
-            device,
+            device: asked.on.device,
             gpu_memory,
             version,
             record_events: false,
             check_invariants: false,
             flavour: flavour.flatten(),
-            cancel,
+            cancel: asked.cancel.clone(),
         };
         let v = session.validate(&options)?;
         let code = u8::from(!v.mismatches.is_empty());
@@ -388,36 +353,32 @@ fn json(answer: &impl serde::Serialize) -> Result<String> {
     Ok(text + "\n")
 }
 
-/// What a question reads, the size limit parsed later (its error is the question's).
-fn on(
-    trace: &Bound<'_, Loaded>,
-    name: String,
-    device: Option<i32>,
-    max_input_size: Option<&str>,
-    once: bool,
-) -> (On, Option<String>) {
-    let on = On { trace: trace.get().clone(), name, device, max_input: None, once };
-    (on, max_input_size.map(str::to_string))
-}
-
-/// Asks `question` on a thread of its own (the GIL released, Ctrl-C heard, a panic caught) and
-/// turns its outcome into an [`Answer`], naming a snapshot dict's places by their keys.
+/// Asks `question` about `on` (and `also`, a second trace) on a thread of its own (the GIL
+/// released, Ctrl-C heard, a panic caught) and turns its outcome into an [`Answer`], naming a
+/// snapshot dict's places by their keys.
 fn ask(
     py: Python<'_>,
-    (on, max_input): (On, Option<String>),
-    question: impl FnOnce(On, Cancel) -> Result<Answered> + Send + 'static,
+    on: &Bound<'_, On>,
+    also: Option<&Bound<'_, On>>,
+    question: impl FnOnce(Asked) -> Result<Answered> + Send + 'static,
 ) -> PyResult<Answer> {
-    let names = on.trace.names.clone();
+    let on = on.get().clone();
+    let names: Vec<(String, Arc<Mutex<Option<Names>>>)> = std::iter::once(&on)
+        .chain(also.map(|b| b.get()))
+        .map(|o| (o.name.clone(), o.trace.names.clone()))
+        .collect();
     let cancel = Cancel::new();
     let stop = cancel.clone();
     let job = move || -> Result<Answered> {
-        let max_input = max_input.as_deref().map(|m| size("max_input_size", m)).transpose()?;
-        question(On { max_input, ..on }, cancel)
+        let max = on.max_input_size.as_deref().map(|m| size("max_input_size", m)).transpose()?;
+        question(Asked { on, max_input: max, cancel })
     };
     Ok(match off_thread(py, &stop, job)? {
         Ok(Ok(Answered { code, json, notes })) => (code, Some(json), notes, None),
         Ok(Err(e)) => {
-            let names = names.lock().ok();
+            let file = e.location().file.as_ref();
+            let names = names.iter().find(|(n, _)| file.is_some_and(|f| Path::new(n) == f));
+            let names = names.and_then(|(_, names)| names.lock().ok());
             let info = error_info(&e, names.as_ref().and_then(|n| n.as_ref()));
             (e.kind().exit_code(), None, Vec::new(), Some(info))
         }
@@ -433,6 +394,26 @@ fn ask(
 fn notes_of(session: &Session, specs: &[PolicySpec]) -> Vec<String> {
     let history = session.trace().no_history_note(session.name());
     history.into_iter().chain(session.notes(specs)).collect()
+}
+
+/// The capacity a replaying question is asked under (`None`: the recorded limit).
+fn capacity_of(capacity: Option<&str>) -> Result<Option<Capacity>> {
+    capacity.map(|c| param("capacity", c, Capacity::parse)).transpose()
+}
+
+/// How `blame` and `diff` group live bytes: `by`, the `top` groups listed, keys of `depth` frames
+/// (each default as the command's), at blame's default moment.
+fn grouping(by: Option<&str>, top: Option<usize>, depth: Option<usize>) -> Result<BlameOptions> {
+    let defaults = BlameOptions::default();
+    let by = by.map(|b| choice("by", b, GroupBy::parse)).transpose()?;
+    let depth = depth.unwrap_or(defaults.depth);
+    fragsim::blame::check_depth(depth)?;
+    Ok(BlameOptions {
+        by: by.unwrap_or(defaults.by),
+        top: top.unwrap_or(defaults.top),
+        depth,
+        ..defaults
+    })
 }
 
 /// A parameter parsed by `parse`; its error names the parameter as Python spells it.

@@ -253,5 +253,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(commands, m)?)?;
     m.add_function(wrap_pyfunction!(snapshot_dict::convert_only, m)?)?;
     m.add_class::<loaded::Loaded>()?;
+    m.add_class::<ask::On>()?;
     Ok(())
 }

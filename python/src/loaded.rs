@@ -47,6 +47,11 @@ pub struct Loaded {
 
 #[pymethods]
 impl Loaded {
+    /// Whether `other` holds the very same source (a clone of this `Loaded`).
+    pub fn is(&self, other: &Loaded) -> bool {
+        Arc::ptr_eq(&self.source, &other.source)
+    }
+
     /// Holds `source`: a path (`str` or `os.PathLike`), `bytes`/`bytearray`, or a snapshot
     /// dict (or list). Nothing is read until a command asks for the trace.
     #[new]
