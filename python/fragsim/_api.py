@@ -204,13 +204,13 @@ def _raise(error: Tuple[str, str, Optional[str], Optional[str], Optional[str], s
 
 
 def _on(trace: Any, device: Optional[int] = None, max_input_size: Optional[Size] = None,
-        taken: Optional[Any] = None) -> Any:
+        taken: Sequence[Any] = ()) -> Any:
     """What the library's session is asked about (``_native.On``): the native trace, its name
     in answers and errors, the device, the read limit, and whether it is read for this question
     alone (a path given to a function: read from the file and not kept, a ``.fst`` file
-    streamed where the question allows; a :class:`Trace` keeps what it read). ``taken``, the
-    other trace of the question, keeps its name: a second trace from memory of the same kind
-    is ``<dict 2>``."""
+    streamed where the question allows; a :class:`Trace` keeps what it read). A trace from
+    memory whose name another of the question's traces (``taken``) holds is ``<dict 2>``,
+    ``<dict 3>``, ... as the command line names them."""
     once = False
     if isinstance(trace, Trace):
         native, name = trace._native, trace.name
@@ -220,21 +220,35 @@ def _on(trace: Any, device: Optional[int] = None, max_input_size: Optional[Size]
     else:
         kind, held = _held(trace)
         native, name = _native.Loaded(held), f"<{kind}>"
-    on = _native.On(native, name, device=device,
-                    max_input_size=_size("max_input_size", max_input_size), once=once)
-    if taken is not None and name == taken.name and name.startswith("<") \
-            and not on.same_trace(taken):
-        on = _native.On(native, f"{name[:-1]} 2>", device=device,
-                        max_input_size=_size("max_input_size", max_input_size), once=once)
+    limit = _size("max_input_size", max_input_size)
+    on = _native.On(native, name, device=device, max_input_size=limit, once=once)
+    others = {t.name for t in taken if not on.same_trace(t)}
+    if name in others and name.startswith("<"):
+        n = 2
+        while f"{name[:-1]} {n}>" in others:
+            n += 1
+        on = _native.On(native, f"{name[:-1]} {n}>", device=device, max_input_size=limit,
+                        once=once)
     return on
+
+
+def _ons(traces: Any, device: Optional[int], max_input_size: Optional[Size]) -> List[Any]:
+    """:func:`_on` of one trace or of each of a sequence of them (a list of dicts is a list of
+    snapshots)."""
+    if not (isinstance(traces, (list, tuple)) and traces and not _is_segment_list(traces)):
+        traces = [traces]
+    ons: List[Any] = []
+    for t in traces:
+        ons.append(_on(t, device, max_input_size, taken=ons))
+    return ons
 
 
 def _answer(question: str, outcome: Tuple[int, Optional[str], List[str], Any],
             verbose: bool) -> Result:
     """A question the library's session answered in this process, with no command line between
-    (``_native.info``, ``replay``, ``explain``, ``fit``, ``blame``, ``diff``, ``validate``): the
-    JSON the command prints with ``--format json`` as a :class:`Result`, its notes as the command
-    prints them on stderr."""
+    (``_native.info``, ``replay``, ``explain``, ``fit``, ``blame``, ``diff``, ``sweep``,
+    ``validate``): the JSON the command prints with ``--format json`` as a :class:`Result`, its
+    notes as the command prints them on stderr."""
     code, text, notes, error = outcome
     notes = [f"fragsim: {n}" for n in notes]
     if verbose and notes:
@@ -513,6 +527,12 @@ def sweep(
     :param max_input_size: the most bytes a trace may hold.
     :param verbose: print the command's notes on stderr.
     """
+    if out is None and shard is None:
+        outcome = _native.sweep(
+            _ons(traces, device, max_input_size), policies=_policy_list(policies) or [],
+            objective=objective, capacity=_size("capacity", capacity), jobs=jobs,
+        )
+        return _answer("sweep", outcome, verbose)
     call = _Call("sweep")
     _sources(call, traces)
     call.flags(policy=_policy_list(policies), objective=objective, device=device,
@@ -641,7 +661,7 @@ def diff(
     """
     if out is None:
         on_a = _on(a, device, max_input_size)
-        on_b = None if b is None else _on(b, device, max_input_size, taken=on_a)
+        on_b = None if b is None else _on(b, device, max_input_size, taken=[on_a])
         outcome = _native.diff(
             on_a, on_b, policies=_policy_list(policies) or [], by=by, top=top, depth=depth,
             jobs=jobs,

@@ -67,6 +67,12 @@ def diff(
 ) -> _Answer:
     """The session's diff of two runs: the JSON ``diff --format json`` prints."""
 
+def sweep(
+    traces: Sequence[On], *, policies: Sequence[str], objective: Optional[str] = None,
+    capacity: Optional[str] = None, jobs: Optional[int] = None,
+) -> _Answer:
+    """The sessions' sweep of a grid of configs: the JSON ``sweep --json`` prints."""
+
 def validate(
     on: On, *, gpu_mem: Optional[str] = None, pytorch_version: Optional[str] = None,
     policy: Optional[str] = None,

@@ -14,9 +14,11 @@ use fragsim::explain::ExplainOptions;
 use fragsim::policy::pytorch::config::{Flavour, Version};
 use fragsim::policy::{planners, PolicySpec};
 use fragsim::replay::{Cancel, EmptyCachePlan, Jobs, ReplayOptions, RunSettings};
+use fragsim::session::several::{self, SweepPlan};
 use fragsim::session::{loaded_for_planners, Capacity, ReplayRequest, Session};
 use fragsim::validate::ValidateOptions;
 use fragsim::whatif::fit::{DEFAULT_OUTSIDE, DEFAULT_POLICIES};
+use fragsim::whatif::sweep::DEFAULT_OBJECTIVE;
 use pyo3::prelude::*;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -80,6 +82,9 @@ struct Asked {
     on: On,
     max_input: Option<u64>,
     cancel: Cancel,
+    /// Whether a trace's want of memory history was noted: once per question, as the command
+    /// line notes it once per command.
+    history_noted: std::cell::Cell<bool>,
 }
 
 impl Asked {
@@ -87,6 +92,43 @@ impl Asked {
     /// a `.fst` file read once streams when `stream`.
     fn session(&self, frames: bool, stream: bool) -> Result<Session> {
         self.session_on(&self.on, frames, stream)
+    }
+
+    /// A session on `on` for replaying `specs` (frames kept when `frames`), as the command line
+    /// opens it: a `.fst` file read once streams unless a planner needs every lifetime (and a
+    /// note says so); the snapshot's want of memory history is noted too.
+    fn replay_session(
+        &self,
+        on: &On,
+        specs: &[PolicySpec],
+        frames: bool,
+        notes: &mut Vec<String>,
+    ) -> Result<Session> {
+        let planners = planners(specs);
+        if on.once && !planners.is_empty() && on.trace.streams()? {
+            notes.push(loaded_for_planners(&planners, Path::new(&on.name)));
+        }
+        let session = self.session_on(on, frames, planners.is_empty())?;
+        self.note_history(session.trace(), session.name(), notes);
+        Ok(session)
+    }
+
+    /// The notes the command line prints before the answer: no memory history, and the
+    /// session's own ([`Session::notes`]), each as `fragsim: ...` would end.
+    fn notes_of(&self, session: &Session, specs: &[PolicySpec]) -> Vec<String> {
+        let mut notes = Vec::new();
+        self.note_history(session.trace(), session.name(), &mut notes);
+        notes.extend(session.notes(specs));
+        notes
+    }
+
+    /// Notes, once per question, that `trace` (called `name`) is a snapshot taken without
+    /// memory history.
+    fn note_history(&self, trace: &fragsim::trace::Trace, name: &Path, notes: &mut Vec<String>) {
+        if let Some(note) = trace.no_history_note(name).filter(|_| !self.history_noted.get()) {
+            self.history_noted.set(true);
+            notes.push(note);
+        }
     }
 
     /// [`Asked::session`] on another trace of the question (`diff`'s B).
@@ -114,19 +156,15 @@ pub fn replay(
     outside: Option<String>,
     jobs: Option<usize>,
 ) -> PyResult<Answer> {
-    ask(py, on, None, move |asked| {
+    ask(py, on, &[], move |asked| {
         let specs = PolicySpec::parse_many(&policies)?;
         let capacity = capacity_of(capacity.as_deref())?;
         let outside = outside.as_deref().map(|o| size("outside", o)).transpose()?;
         let empty_cache =
             EmptyCachePlan::new(empty_cache_every, empty_cache_at, no_recorded_empty_cache)?;
-        let planners = planners(&specs);
         let mut notes = Vec::new();
-        if asked.on.once && !planners.is_empty() && asked.on.trace.streams()? {
-            notes.push(loaded_for_planners(&planners, Path::new(&asked.on.name)));
-        }
-        let session = asked.session(capacity.is_some(), planners.is_empty())?;
-        notes.extend(notes_of(&session, &specs));
+        let session = asked.replay_session(&asked.on, &specs, capacity.is_some(), &mut notes)?;
+        notes.extend(session.notes(&specs));
         let bounded = bounded_jobs(jobs, specs.len(), &mut notes);
         let request = ReplayRequest {
             specs,
@@ -161,12 +199,12 @@ pub fn explain(
     top: usize,
     fixes: bool,
 ) -> PyResult<Answer> {
-    ask(py, on, None, move |asked| {
+    ask(py, on, &[], move |asked| {
         let spec = ExplainOptions::one_spec(policy.as_slice())?;
         let at = ExplainOptions::moment(at.as_deref())?;
         let capacity = capacity_of(capacity.as_deref())?;
         let session = asked.session(true, false)?;
-        let notes = notes_of(&session, std::slice::from_ref(&spec));
+        let notes = asked.notes_of(&session, std::slice::from_ref(&spec));
         let mut replay = session.replay_options(capacity.as_ref(), EmptyCachePlan::default())?;
         replay.cancel = asked.cancel.clone();
         let options = ExplainOptions { at, spec, replay, top, fixes };
@@ -178,10 +216,11 @@ pub fn explain(
 #[pyfunction]
 #[pyo3(signature = (on))]
 pub fn info(py: Python<'_>, on: &Bound<'_, On>) -> PyResult<Answer> {
-    ask(py, on, None, move |asked| {
+    ask(py, on, &[], move |asked| {
         let on = &asked.on;
         let trace = on.trace.trace(&on.name, on.once, asked.max_input, &asked.cancel)?;
-        let notes = trace.no_history_note(Path::new(&on.name)).into_iter().collect();
+        let mut notes = Vec::new();
+        asked.note_history(&trace, Path::new(&on.name), &mut notes);
         Answered::of(&fragsim::session::info(&trace), notes)
     })
 }
@@ -196,7 +235,7 @@ pub fn fit(
     outside: Option<String>,
     jobs: Option<usize>,
 ) -> PyResult<Answer> {
-    ask(py, on, None, move |asked| {
+    ask(py, on, &[], move |asked| {
         let policies = if policies.is_empty() {
             DEFAULT_POLICIES.iter().map(|s| s.to_string()).collect()
         } else {
@@ -205,7 +244,7 @@ pub fn fit(
         let specs = PolicySpec::parse_many(&policies)?;
         let outside = outside.as_deref().map(|o| size("outside", o)).transpose()?;
         let session = asked.session(false, false)?;
-        let mut notes = notes_of(&session, &specs);
+        let mut notes = asked.notes_of(&session, &specs);
         let jobs = bounded_jobs(jobs, specs.len(), &mut notes);
         let outside = outside.unwrap_or(DEFAULT_OUTSIDE);
         let settings = RunSettings::default();
@@ -237,7 +276,7 @@ pub fn blame(
     no_recorded_empty_cache: bool,
     jobs: Option<usize>,
 ) -> PyResult<Answer> {
-    ask(py, on, None, move |asked| {
+    ask(py, on, &[], move |asked| {
         let specs = PolicySpec::parse_many(&policies)?;
         let grouped = grouping(by.as_deref(), top, depth)?;
         let at = at.as_deref().map(Moment::parse).transpose()?.unwrap_or(grouped.at);
@@ -245,7 +284,7 @@ pub fn blame(
         let empty_cache =
             EmptyCachePlan::new(empty_cache_every, empty_cache_at, no_recorded_empty_cache)?;
         let session = asked.session(true, false)?;
-        let mut notes = notes_of(&session, &specs);
+        let mut notes = asked.notes_of(&session, &specs);
         let mut replay = session.replay_options(capacity.as_ref(), empty_cache)?;
         replay.cancel = asked.cancel.clone();
         let options = BlameOptions { at, replay, ..grouped };
@@ -273,7 +312,8 @@ pub fn diff(
     jobs: Option<usize>,
 ) -> PyResult<Answer> {
     let on_b = b.map(|b| b.get().clone());
-    ask(py, a, b, move |asked| {
+    let others: Vec<On> = on_b.iter().cloned().collect();
+    ask(py, a, &others, move |asked| {
         let (spec_a, spec_b) = pair_specs(&policies, on_b.is_some())?;
         let options = BlameOptions { at: Moment::PeakLive, ..grouping(by.as_deref(), top, depth)? };
         let mut notes = Vec::new();
@@ -284,13 +324,13 @@ pub fn diff(
         // One trace at a time: A is summarised and dropped before B is read, as the command
         // line does, so two large traces are never held at once.
         let session_a = asked.session(true, false)?;
-        notes.extend(session_a.trace().no_history_note(session_a.name()));
+        asked.note_history(session_a.trace(), session_a.name(), &mut notes);
         let side_a = side(&session_a, &spec_a)?;
         let side_b = match on_b {
             Some(on_b) => {
                 drop(session_a);
                 let session_b = asked.session_on(&on_b, true, false)?;
-                notes.extend(session_b.trace().no_history_note(session_b.name()));
+                asked.note_history(session_b.trace(), session_b.name(), &mut notes);
                 side(&session_b, &spec_b)?
             }
             None => side(&session_a, &spec_b)?,
@@ -298,6 +338,84 @@ pub fn diff(
         let (report, _) = compare(&side_a, &side_b, &options);
         Answered::of(&report, notes)
     })
+}
+
+/// `fragsim sweep`'s answer: a grid of configs replayed on every trace, ranked by the worst case.
+#[pyfunction]
+#[pyo3(signature = (traces, *, policies, objective=None, capacity=None, jobs=None))]
+pub fn sweep(
+    py: Python<'_>,
+    traces: Vec<Bound<'_, On>>,
+    policies: Vec<String>,
+    objective: Option<String>,
+    capacity: Option<String>,
+    jobs: Option<usize>,
+) -> PyResult<Answer> {
+    let Some((first, rest)) = traces.split_first() else {
+        let message = "sweep takes at least one trace".to_string();
+        let info = ("usage".into(), message.clone(), None, None, None, message);
+        return Ok((2, None, Vec::new(), Some(info)));
+    };
+    let others: Vec<On> = rest.iter().map(|o| o.get().clone()).collect();
+    let all: Vec<On> = traces.iter().map(|o| o.get().clone()).collect();
+    ask(py, first, &others, move |asked| {
+        let mut notes = Vec::new();
+        let capacity = capacity_of(capacity.as_deref())?;
+        let written = if policies.is_empty() {
+            let session = asked.session(false, true)?;
+            asked.note_history(session.trace(), session.name(), &mut notes);
+            several::builtin_grid(Some(&session))
+        } else {
+            policies
+        };
+        let objective = objective.as_deref().unwrap_or(DEFAULT_OBJECTIVE);
+        let plan = SweepPlan::new(written, objective, capacity.as_ref(), asked.on.device, None)?;
+        let traces = distinct(all, &mut notes);
+        let specs = &plan.specs;
+        let jobs = bounded_jobs(jobs, specs.len(), &mut notes);
+        let options = ReplayOptions { cancel: asked.cancel.clone(), ..ReplayOptions::default() };
+        let settings = RunSettings { jobs, ..RunSettings::default() };
+        let notes = std::cell::RefCell::new(notes);
+        let mut open = |on: &On| asked.replay_session(on, specs, false, &mut notes.borrow_mut());
+        let mut note = |n: &str| notes.borrow_mut().push(n.to_string());
+        let replayed = several::replay_each(
+            &traces,
+            specs,
+            capacity.as_ref(),
+            &options,
+            &settings,
+            &mut open,
+            &mut note,
+        )?;
+        let mut notes = notes.into_inner();
+        for r in &replayed {
+            notes.extend(r.recorded_oom.map(|event| several::recorded_oom_note(&r.trace, event)));
+        }
+        Answered::of(&plan.report(&replayed)?, notes)
+    })
+}
+
+/// `traces`, each once: one named again (the same trace object, or the same file by another
+/// path) is dropped with a note, as the command line drops a file named twice.
+fn distinct(traces: Vec<On>, notes: &mut Vec<String>) -> Vec<On> {
+    let file = |on: &On| {
+        let m = std::fs::metadata(&on.name).ok().filter(|_| on.once)?;
+        fragsim::report::output::identity(&m)
+    };
+    let mut kept: Vec<On> = Vec::with_capacity(traces.len());
+    for on in traces {
+        let twice = kept.iter().any(|k| {
+            k.trace.is(&on.trace)
+                || (on.once && k.once && k.name == on.name)
+                || file(k).is_some_and(|f| Some(f) == file(&on))
+        });
+        if twice {
+            notes.push(format!("note: {} is named twice; it is read once", on.name));
+        } else {
+            kept.push(on);
+        }
+    }
+    kept
 }
 
 /// `fragsim validate`'s answer: the PyTorch policy's decisions against the recording's; exit
@@ -311,7 +429,7 @@ pub fn validate(
     pytorch_version: Option<String>,
     policy: Option<String>,
 ) -> PyResult<Answer> {
-    ask(py, on, None, move |asked| {
+    ask(py, on, &[], move |asked| {
         let gpu_memory = gpu_mem.as_deref().map(|g| size("gpu_mem", g)).transpose()?;
         let version = pytorch_version.as_deref().map(|v| {
             param("pytorch_version", v, |t| Version::parse(t).map_err(|e| e.message().into()))
@@ -319,7 +437,7 @@ pub fn validate(
         let version = version.transpose()?;
         let flavour = policy.as_deref().map(|p| param("policy", p, Flavour::rules)).transpose()?;
         let session = asked.session(false, false)?;
-        let notes = notes_of(&session, &[]);
+        let notes = asked.notes_of(&session, &[]);
         let options = ValidateOptions {
             device: asked.on.device,
             gpu_memory,
@@ -353,25 +471,25 @@ fn json(answer: &impl serde::Serialize) -> Result<String> {
     Ok(text + "\n")
 }
 
-/// Asks `question` about `on` (and `also`, a second trace) on a thread of its own (the GIL
+/// Asks `question` about `on` (and `others`, the question's other traces) on a thread of its own (the GIL
 /// released, Ctrl-C heard, a panic caught) and turns its outcome into an [`Answer`], naming a
 /// snapshot dict's places by their keys.
 fn ask(
     py: Python<'_>,
     on: &Bound<'_, On>,
-    also: Option<&Bound<'_, On>>,
+    others: &[On],
     question: impl FnOnce(Asked) -> Result<Answered> + Send + 'static,
 ) -> PyResult<Answer> {
     let on = on.get().clone();
     let names: Vec<(String, Arc<Mutex<Option<Names>>>)> = std::iter::once(&on)
-        .chain(also.map(|b| b.get()))
+        .chain(others)
         .map(|o| (o.name.clone(), o.trace.names.clone()))
         .collect();
     let cancel = Cancel::new();
     let stop = cancel.clone();
     let job = move || -> Result<Answered> {
         let max = on.max_input_size.as_deref().map(|m| size("max_input_size", m)).transpose()?;
-        question(Asked { on, max_input: max, cancel })
+        question(Asked { on, max_input: max, cancel, history_noted: Default::default() })
     };
     Ok(match off_thread(py, &stop, job)? {
         Ok(Ok(Answered { code, json, notes })) => (code, Some(json), notes, None),
@@ -387,13 +505,6 @@ fn ask(
             (code, None, Vec::new(), Some(info))
         }
     })
-}
-
-/// The notes the command line prints before the answer: no memory history, and the session's
-/// own ([`Session::notes`]), each as `fragsim: ...` would end.
-fn notes_of(session: &Session, specs: &[PolicySpec]) -> Vec<String> {
-    let history = session.trace().no_history_note(session.name());
-    history.into_iter().chain(session.notes(specs)).collect()
 }
 
 /// The capacity a replaying question is asked under (`None`: the recorded limit).

@@ -162,6 +162,46 @@ def test_a_diff_of_two_dicts_names_each(no_command_line):
     assert (got["a"]["trace"], got["b"]["trace"]) == ("<dict>", "<dict 2>")
 
 
+SWEEPS = [
+    ((SNAPSHOTS[0],), {"policies": ["pytorch:max_split_size_mb:{64,256}"]},
+     ["-p", "pytorch:max_split_size_mb:{64,256}"]),
+    ((SNAPSHOTS[1],), {}, []),
+    ((SNAPSHOTS[0], SNAPSHOTS[2]), {"policies": ["bfc", "pytorch:expandable_segments:True"],
+                                    "capacity": "none", "objective": "fragmentation_at_peak"},
+     ["-p", "bfc", "-p", "pytorch:expandable_segments:True", "--capacity", "none",
+      "--objective", "fragmentation_at_peak"]),
+    ((SNAPSHOTS[0], SNAPSHOTS[0]), {"policies": "bfc"}, ["-p", "bfc"]),
+    ((KINETO,), {}, []),
+]
+
+
+@pytest.mark.parametrize("traces,params,flags", SWEEPS, ids=lambda v: str(v)[-40:])
+def test_sweep_asks_the_sessions_and_answers_as_the_command(traces, params, flags,
+                                                            no_command_line):
+    done = cli("sweep", *map(str, traces), *flags, "--json")
+    want, notes = json.loads(done.stdout), [ln for ln in done.stderr.splitlines() if ln]
+    got = fragsim.sweep([str(t) for t in traces], **params)
+    assert without_timings(got) == without_timings(want)
+    assert got.notes == notes
+    if len(traces) == 1:
+        loaded = fragsim.load(str(traces[0])).sweep(**params)
+        assert without_timings(loaded) == without_timings(want)
+
+
+def test_a_sweep_of_dicts_names_each_and_reads_a_trace_given_twice_once(no_command_line):
+    dicts = []
+    for path in SNAPSHOTS[:2]:
+        with open(path, "rb") as f:
+            dicts.append(pickle.load(f))
+    second = fragsim.load(dicts[1])
+    got = fragsim.sweep([dicts[0], second, second], policies="bfc")
+    assert got["traces"] == ["<dict>", "<dict 2>"]
+    assert "fragsim: note: <dict 2> is named twice; it is read once" in got.notes
+    want, _ = _command("sweep", *map(str, SNAPSHOTS[:2]), "-p", "bfc", "--json")
+    want = renamed(renamed(want, str(SNAPSHOTS[0]), "<dict>"), str(SNAPSHOTS[1]), "<dict 2>")
+    assert without_timings(got) == without_timings(want)
+
+
 def test_a_validation_that_differs_says_so_in_its_exit_code(no_command_line):
     flags = ["-p", "pytorch-npu", "--json"]
     done = cli("validate", str(SNAPSHOTS[1]), *flags, expect=1)
@@ -213,6 +253,10 @@ def test_a_bad_parameter_names_the_parameter(no_command_line):
         (lambda: fragsim.diff(str(TEXT_TRACE), str(TEXT_TRACE), policies=["bfc"] * 3),
          "not 3"),
         (lambda: fragsim.diff(str(TEXT_TRACE), str(TEXT_TRACE), depth=0), "depth=0"),
+        (lambda: fragsim.sweep(str(TEXT_TRACE), objective="nosuch_key"), "nosuch_key"),
+        (lambda: fragsim.sweep(str(TEXT_TRACE), policies="pytorch:max_split_size_mb:{64"),
+         "max_split_size_mb"),
+        (lambda: fragsim.sweep(str(TEXT_TRACE), capacity="huge"), "capacity=huge"),
     ]
     for call, named in cases:
         with pytest.raises(fragsim.UsageError) as e:

@@ -8,10 +8,8 @@
 
 use super::Io;
 use fragsim::error::Result;
-use fragsim::metrics::PolicyResult;
 use fragsim::policy::PolicySpec;
 use fragsim::replay::{Jobs, ReplayOptions, RunSettings};
-use fragsim::session::ReplayRequest;
 use fragsim::trace::fst::FstStream;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::path::PathBuf;
@@ -30,19 +28,7 @@ pub struct Targets<'a> {
 }
 
 /// One trace's replays by [`Control::replay_traces`].
-pub struct Replayed {
-    /// The results, in the order of the specs.
-    pub results: Vec<PolicyResult>,
-    /// The device replayed: host memory (a CPU profiler trace) is device -1.
-    pub device: i32,
-    /// The capacity the replays ran under (`None`: unlimited).
-    pub capacity: Option<u64>,
-    /// Whether the capacity is the limit the recording implies (no `--capacity`, or `recorded`).
-    pub inferred: bool,
-    /// Under an inferred capacity, the event at which the recording itself first ran out of
-    /// memory, if it did: replays that run out there reproduce it.
-    pub recorded_oom: Option<u64>,
-}
+pub use fragsim::session::several::Replayed;
 
 /// How long a run goes before its bar appears.
 const SHOW_AFTER: Duration = Duration::from_secs(1);
@@ -160,28 +146,14 @@ impl Control {
         let jobs = self.jobs_for(io, specs.len());
         let settings = RunSettings { jobs, progress: Some(&tick), ..Default::default() };
         let Targets { traces, device, capacity } = targets;
-        let mut out = Vec::with_capacity(traces.len());
-        for path in traces {
-            let session = self.replay_session(io, path, device, specs, false)?;
-            super::print_notes(self, io, &session, specs);
-            let request = ReplayRequest {
-                capacity: capacity.cloned(),
-                options: options.clone(),
-                ..ReplayRequest::new(specs.to_vec())
-            };
-            let answer = session.replay(&request, &settings)?;
-            let mut runs = answer.comparison.runs;
-            runs.sort_by_key(|r| r.index);
-            let inferred = answer.capacity.inferred.is_some();
-            out.push(Replayed {
-                results: runs.into_iter().map(|r| r.output.result).collect(),
-                device: answer.device,
-                capacity: answer.capacity.bytes,
-                recorded_oom: answer.recorded.and_then(|r| r.first_oom_event).filter(|_| inferred),
-                inferred,
-            });
-        }
-        Ok(out)
+        // Both write to `io`, one after the other: the notes go out as they come.
+        let io = std::cell::RefCell::new(io);
+        let mut open =
+            |path: &PathBuf| self.replay_session(&mut io.borrow_mut(), path, device, specs, false);
+        let mut note = |n: &str| self.note(&mut io.borrow_mut(), n);
+        fragsim::session::several::replay_each(
+            traces, specs, capacity, options, &settings, &mut open, &mut note,
+        )
     }
 
     /// Runs `f`, which works through `tasks` items, where rayon's parallel iterators use at most

@@ -4,19 +4,16 @@
 use super::progress::{Control, Targets};
 use super::{FormatArgs, OutputFormat};
 use fragsim::error::{Error, Result};
-use fragsim::metrics::PolicyResult;
-use fragsim::policy::PolicySpec;
 use fragsim::replay::ReplayOptions;
+use fragsim::session::several::{self, SweepPlan};
 use fragsim::units::format_bytes;
-use fragsim::whatif::grid;
 use fragsim::whatif::row::as_number;
-use fragsim::whatif::sweep::{self, Shard, SweepReport, SweepRow};
-use fragsim::whatif::Row;
+use fragsim::whatif::sweep::{self, SweepReport};
 use std::io::Write;
 use std::path::PathBuf;
 
 /// The spec savings are measured against: PyTorch with the trace's recorded settings.
-pub const REFERENCE: &str = "pytorch";
+pub const REFERENCE: &str = several::SWEEP_REFERENCE;
 
 /// Find the allocator settings that use the least memory: replay a grid of configs on traces.
 ///
@@ -74,68 +71,51 @@ impl Args {
 /// allocator's (torch_npu refuses some of CUDA's points). Telling which costs a look at the first
 /// trace, only when no `-p` is given.
 fn written_grid(args: &Args, io: &mut super::Io) -> Result<Vec<String>> {
-    Ok(match (args.policies.is_empty(), args.traces.first()) {
-        (true, Some(first)) => {
-            // An .fst file's head says it: its events stay in the file.
-            let session = args.control.replay_session(io, first, args.device, &[], false)?;
-            grid::builtin_grid_for(fragsim::policy::pytorch::Flavour::of_trace(session.trace()))
-        }
-        (true, None) => grid::builtin_grid(),
-        (false, _) => args.policies.clone(),
-    })
+    if !args.policies.is_empty() {
+        return Ok(args.policies.clone());
+    }
+    // An .fst file's head says it: its events stay in the file.
+    let first = match args.traces.first() {
+        Some(first) => Some(args.control.replay_session(io, first, args.device, &[], false)?),
+        None => None,
+    };
+    Ok(several::builtin_grid(first.as_ref()))
 }
 
 /// Runs the command on `io`; `Ok` carries the exit code.
 pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     // Everything the user typed is checked before the first replay.
-    let specs = grid_specs(&args, io)?;
-    let names: Vec<String> = specs.iter().map(PolicySpec::display).collect();
-    Row::new("", &PolicyResult::default()).number(&args.objective)?;
-    let shard = args.shard.as_deref().map(Shard::parse).transpose()?;
-    let (grid_id, grid_settings) = grid_identity(&args, &names);
+    let written = written_grid(&args, io)?;
+    let capacity = args.capacity.get();
+    let plan =
+        SweepPlan::new(written, &args.objective, capacity, args.device, args.shard.as_deref())?;
     let control = args.control.clone();
-    let traces_given = super::distinct_inputs(&args.traces, |n| control.note(io, n));
+    let traces = super::distinct_inputs(&args.traces, |n| control.note(io, n));
     if let Some(out) = &args.out {
-        let inputs: Vec<&std::path::Path> = traces_given.iter().map(PathBuf::as_path).collect();
+        let inputs: Vec<&std::path::Path> = traces.iter().map(PathBuf::as_path).collect();
         fragsim::report::output::refuse_input(out, "--out", &inputs)?;
     }
-
-    let mine = shard.map_or(0..specs.len(), |s| s.range(specs.len()));
-    let specs = &specs[mine.clone()];
-    let all_names = names.clone();
-    let names = &names[mine];
+    let specs = &plan.specs[plan.mine()];
     let options = ReplayOptions { cancel: io.cancel.clone(), ..ReplayOptions::default() };
-    let bar = args.control.bar(io, specs.len() * traces_given.len(), "sweeping");
-    let replayed = args.control.replay_traces(
-        io,
-        Targets { traces: &traces_given, device: args.device, capacity: args.capacity.get() },
-        specs,
-        &options,
-        &bar,
-    )?;
+    let bar = args.control.bar(io, specs.len() * traces.len(), "sweeping");
+    let targets = Targets { traces: &traces, device: args.device, capacity };
+    let replayed = args.control.replay_traces(io, targets, specs, &options, &bar)?;
     bar.finish();
-    note_recorded_ooms(&args.control, io, &traces_given, &replayed);
-
-    let traces: Vec<String> = traces_given.iter().map(|t| t.display().to_string()).collect();
-    let rows = rows(names, &traces, &replayed);
-    let mut report = sweep::report(traces, &args.objective, rows, Some(REFERENCE))?;
-    report.grid = Some(grid_id);
-    report.shard = shard;
-    report.capacity = Some(capacity_label(args.capacity.get()));
-    // A CPU profiler trace's host memory: CUDA's allocator settings do not apply to it.
-    if !replayed.is_empty() && replayed.iter().all(|r| r.device < 0) {
-        report = report.on_host();
+    for r in &replayed {
+        if let Some(event) = r.recorded_oom {
+            args.control.note(io, &several::recorded_oom_note(&r.trace, event));
+        }
     }
+    let report = plan.report(&replayed)?;
     match &args.out {
         Some(path) => {
             // What `merge` checks each part against: the whole grid and what its hash covers.
-            report.grid_specs = Some(all_names);
-            report.grid_settings = Some(grid_settings);
-            let mut text = serde_json::to_string_pretty(&report).unwrap_or_default();
+            let mut text =
+                serde_json::to_string_pretty(&plan.for_merge(report)).unwrap_or_default();
             text.push('\n');
             fragsim::report::output::write_bytes(path, text.as_bytes())?;
             let part =
-                shard.map(|s| format!(" (part {}/{})", s.index, s.count)).unwrap_or_default();
+                plan.shard.map(|s| format!(" (part {}/{})", s.index, s.count)).unwrap_or_default();
             let done =
                 format!("wrote the sweep of {} configs{part} to {}", specs.len(), path.display());
             args.control.note(io, &done);
@@ -143,92 +123,6 @@ pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         None => print(&report, args.output.format(), io.out)?,
     }
     Ok(0)
-}
-
-/// The report's `capacity`: as typed, `recorded` (also with no flag) or `none`.
-fn capacity_label(capacity: Option<&super::CapacityArg>) -> String {
-    match capacity {
-        None | Some(super::CapacityArg::Recorded) => "recorded".to_string(),
-        Some(super::CapacityArg::Unlimited) => "none".to_string(),
-        Some(super::CapacityArg::Size { typed, .. }) => typed.clone(),
-    }
-}
-
-/// The specs to sweep: the recorded settings first, then the grid as written, expanded, each
-/// config once.
-fn grid_specs(args: &Args, io: &mut super::Io) -> Result<Vec<PolicySpec>> {
-    let written = written_grid(args, io)?;
-    let all = grid::expand_all(std::iter::once(REFERENCE.to_string()).chain(written))?;
-    let mut specs: Vec<PolicySpec> = Vec::with_capacity(all.len());
-    for text in &all {
-        for spec in PolicySpec::parse_list(text)? {
-            // A config written twice (`-p all` holds the recorded settings again) runs once,
-            // so that each part of a sharded sweep lists the grid `merge` expects.
-            if !specs.iter().any(|s| s.display() == spec.display()) {
-                specs.push(spec);
-            }
-        }
-    }
-    Ok(specs)
-}
-
-/// One row per config and trace, spec-major: the parts of a sharded sweep concatenate into the
-/// unsharded order.
-fn rows(
-    names: &[String],
-    traces: &[String],
-    replayed: &[super::progress::Replayed],
-) -> Vec<SweepRow> {
-    let mut rows = Vec::with_capacity(names.len() * traces.len());
-    for (i, name) in names.iter().enumerate() {
-        for (t, per_trace) in traces.iter().zip(replayed) {
-            let row = Row::new(t.clone(), &per_trace.results[i]);
-            rows.push(SweepRow { spec: name.clone(), row });
-        }
-    }
-    rows
-}
-
-/// The grid's id and the settings beside its specs that the id covers: the capacity setting (a
-/// size as bytes, so `40GiB` and `42949672960` shards merge; with no flag each trace runs under
-/// the limit its recording implies) and the device, where given (parts of sweeps of different
-/// devices must not merge; without one the id stays what older versions wrote).
-fn grid_identity(args: &Args, names: &[String]) -> (String, Vec<String>) {
-    let capacity_setting = match args.capacity.get() {
-        None | Some(super::CapacityArg::Recorded) => "capacity=recorded".to_string(),
-        Some(super::CapacityArg::Unlimited) => "capacity=None".to_string(),
-        Some(super::CapacityArg::Size { bytes, .. }) => format!("capacity={:?}", Some(bytes)),
-    };
-    let mut identity = names.to_vec();
-    identity.push(capacity_setting);
-    if let Some(device) = args.device {
-        identity.push(format!("device={device}"));
-    }
-    let grid_id = sweep::grid_id(&identity);
-    (grid_id, identity.split_off(names.len()))
-}
-
-/// Under the recording's own limit, a config may run out where the recording did: says so for
-/// each trace whose recording ran out.
-fn note_recorded_ooms(
-    control: &super::progress::Control,
-    io: &mut super::Io,
-    traces: &[PathBuf],
-    replayed: &[super::progress::Replayed],
-) {
-    for (t, r) in traces.iter().zip(replayed) {
-        if let Some(event) = r.recorded_oom {
-            control.note(
-                io,
-                &format!(
-                    "{}: the recording itself ran out of memory (first at event {event}) under \
-                     the limit it implies: configs that run out there reproduce it; \
-                     --capacity none ranks them unlimited",
-                    t.display()
-                ),
-            );
-        }
-    }
 }
 
 /// Prints a sweep report in `format`: `sweep` and `merge` print the same way, so a merged sweep

@@ -28,6 +28,7 @@
 pub mod capacity;
 mod info;
 mod notes;
+pub mod several;
 
 pub use info::{info, start_figures};
 pub use notes::loaded_for_planners;
