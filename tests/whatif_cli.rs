@@ -157,6 +157,43 @@ fn a_sweep_of_all_policies_shards_and_merges_with_each_config_once() {
     assert_eq!(untimed(json(&run(&args))), untimed(whole));
 }
 
+/// A baseline `check --update` writes is one `check` reads back, on every bundled trace: a warm
+/// profiler trace's rows carry `start_assumed`, which the baseline reader refused (exit 2), so
+/// its first check failed on the file it had just written. A `replay --json` output is a
+/// baseline too.
+#[test]
+fn every_baseline_check_writes_it_reads_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut traces = vec![bundled("gpt-4l-512h.txt")];
+    for name in ["cs336-lm-step-b.pickle", "kineto-ddp-v100-rank1.json.gz"] {
+        traces.push(real_trace(name));
+    }
+    for (i, trace) in traces.iter().enumerate() {
+        let t = trace.to_str().unwrap();
+        let base = dir.path().join(format!("base-{i}.json"));
+        let b = base.to_str().unwrap();
+        let policies = ["-p", "pytorch", "-p", "pytorch-expandable", "-p", "bfc"];
+        let with = |extra: &[&str]| {
+            let mut args = vec!["check", t, "--baseline", b];
+            args.extend_from_slice(&policies);
+            args.extend_from_slice(extra);
+            run(&args)
+        };
+        let out = with(&["--update"]);
+        assert!(out.status.success(), "{t}: {}", stderr(&out));
+        let out = with(&[]);
+        assert_eq!(out.status.code(), Some(0), "{t}: {}{}", stdout(&out), stderr(&out));
+        let replayed = dir.path().join(format!("replay-{i}.json"));
+        let mut args = vec!["replay", t, "--json"];
+        args.extend_from_slice(&policies);
+        let out = run(&args);
+        assert!(out.status.success(), "{t}: {}", stderr(&out));
+        std::fs::write(&replayed, out.stdout).unwrap();
+        let out = run(&["check", t, "--baseline", replayed.to_str().unwrap(), "-p", "bfc"]);
+        assert_eq!(out.status.code(), Some(0), "{t}: {}{}", stdout(&out), stderr(&out));
+    }
+}
+
 #[test]
 fn check_exits_0_1_and_2() {
     let trace = real_trace("cs336-lm-step-c.pickle");

@@ -37,6 +37,8 @@ enum Kind {
     Cuda,
     /// The `start_state` object.
     StartState,
+    /// The `start_assumed` object.
+    StartAssumed,
 }
 
 /// Every key a `replay --json` result may hold, what it holds, and whether every result has it.
@@ -66,6 +68,7 @@ const KEYS: &[(&str, Kind, bool)] = &[
     ("start_malloc_count", Kind::Count, false),
     ("start_map_count", Kind::Count, false),
     ("start_state", Kind::StartState, false),
+    ("start_assumed", Kind::StartAssumed, false),
     ("gpu_memory_bytes", Kind::Count, false),
     ("capacity_bytes", Kind::Count, false),
 ];
@@ -82,6 +85,7 @@ impl Kind {
             Kind::Oom => "the first_oom object replay --json writes",
             Kind::Cuda => "the cuda object replay --json writes",
             Kind::StartState => "the start_state object replay --json writes",
+            Kind::StartAssumed => "the start_assumed object replay --json writes",
         }
     }
 
@@ -100,6 +104,9 @@ impl Kind {
             }
             Kind::StartState => {
                 serde_json::from_value::<crate::backend::StartFit>(v.clone()).is_ok()
+            }
+            Kind::StartAssumed => {
+                serde_json::from_value::<crate::backend::AssumedStart>(v.clone()).is_ok()
             }
         }
     }
@@ -143,7 +150,7 @@ pub(crate) fn check_result(
 
 /// [`check_result`] for a result a baseline is read from (`replay --json`, `sweep --json`): a
 /// metric may be `null`, a row with no value for it (the `recorded` row's
-/// `fragmentation_at_peak`), which `check` then skips.
+/// `fragmentation_at_peak`, or a profiler trace's `oom`), which `check` then skips.
 pub(crate) fn check_baseline_result(
     map: &Map<String, Value>,
     file: &Path,
@@ -173,8 +180,10 @@ fn check_result_with(
                 format!("unknown result key (a result holds {})", known.join(", ")),
             ));
         };
-        let number = matches!(kind, Kind::Count | Kind::Fraction | Kind::Seconds);
-        if !(kind.accepts(v) || (nulls && number && v.is_null())) {
+        // A metric a row has no value for (the recorded row of a profiler trace, which does not
+        // say whether the run ran out of memory: `oom`).
+        let metric = matches!(kind, Kind::Count | Kind::Fraction | Kind::Seconds | Kind::Flag);
+        if !(kind.accepts(v) || (nulls && metric && v.is_null())) {
             return Err(expected(file, &format!("{path}.{key}"), kind.expected(), v));
         }
     }
