@@ -247,8 +247,8 @@ def _answer(question: str, outcome: Tuple[int, Optional[str], List[str], Any],
             verbose: bool) -> Result:
     """A question the library's session answered in this process, with no command line between
     (``_native.info``, ``replay``, ``explain``, ``fit``, ``blame``, ``diff``, ``sweep``,
-    ``validate``): the JSON the command prints with ``--format json`` as a :class:`Result`, its
-    notes as the command prints them on stderr."""
+    ``check``, ``validate``): the JSON the command prints with ``--format json`` as a
+    :class:`Result`, its notes as the command prints them on stderr."""
     code, text, notes, error = outcome
     notes = [f"fragsim: {n}" for n in notes]
     if verbose and notes:
@@ -577,6 +577,14 @@ def check(
     :param tolerance: the percentage a peak may grow before it is a regression.
     :param update: (re)write the baseline and return an empty result.
     """
+    if not update:
+        outcome = _native.check(
+            _ons(traces, device, max_input_size), baseline=os.fspath(baseline),
+            policies=_policy_list(policies) or [],
+            tolerance=None if tolerance is None else _text(tolerance),
+            capacity=_size("capacity", capacity), jobs=jobs,
+        )
+        return _answer("check", outcome, verbose)
     call = _Call("check")
     _sources(call, traces)
     call.flags(baseline=baseline, tolerance=tolerance, policy=_policy_list(policies),

@@ -73,6 +73,13 @@ def sweep(
 ) -> _Answer:
     """The sessions' sweep of a grid of configs: the JSON ``sweep --json`` prints."""
 
+def check(
+    traces: Sequence[On], *, baseline: str, policies: Sequence[str],
+    tolerance: Optional[str] = None, capacity: Optional[str] = None, jobs: Optional[int] = None,
+) -> _Answer:
+    """The sessions' check against a baseline: exit code 1 on a regression, the JSON ``check
+    --json`` prints."""
+
 def validate(
     on: On, *, gpu_mem: Optional[str] = None, pytorch_version: Optional[str] = None,
     policy: Optional[str] = None,

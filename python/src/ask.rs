@@ -17,10 +17,13 @@ use fragsim::replay::{Cancel, EmptyCachePlan, Jobs, ReplayOptions, RunSettings};
 use fragsim::session::several::{self, SweepPlan};
 use fragsim::session::{loaded_for_planners, Capacity, ReplayRequest, Session};
 use fragsim::validate::ValidateOptions;
+use fragsim::whatif::check::{parse_tolerance, Baseline};
 use fragsim::whatif::fit::{DEFAULT_OUTSIDE, DEFAULT_POLICIES};
 use fragsim::whatif::sweep::DEFAULT_OBJECTIVE;
+use fragsim::whatif::{own_json, Row};
 use pyo3::prelude::*;
 use std::path::Path;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 /// A question's answer: the exit code, the JSON text, the notes, and the error, if it failed.
@@ -129,6 +132,29 @@ impl Asked {
             self.history_noted.set(true);
             notes.push(note);
         }
+    }
+
+    /// [`several::replay_each`] of `specs` on `traces` under `capacity`, with `jobs` threads
+    /// (bounded), opening each as the command line does; `notes` so far, and the replays'.
+    fn replay_each(
+        &self,
+        traces: &[On],
+        specs: &[PolicySpec],
+        capacity: Option<Capacity>,
+        jobs: Option<usize>,
+        mut notes: Vec<String>,
+    ) -> Result<(Vec<several::Replayed>, Vec<String>)> {
+        let jobs = bounded_jobs(jobs, specs.len(), &mut notes);
+        let options = ReplayOptions { cancel: self.cancel.clone(), ..ReplayOptions::default() };
+        let settings = RunSettings { jobs, ..RunSettings::default() };
+        let notes = std::cell::RefCell::new(notes);
+        let mut open = |on: &On| self.replay_session(on, specs, false, &mut notes.borrow_mut());
+        let mut note = |n: &str| notes.borrow_mut().push(n.to_string());
+        let capacity = capacity.as_ref();
+        let replayed = several::replay_each(
+            traces, specs, capacity, &options, &settings, &mut open, &mut note,
+        )?;
+        Ok((replayed, notes.into_inner()))
     }
 
     /// [`Asked::session`] on another trace of the question (`diff`'s B).
@@ -352,9 +378,7 @@ pub fn sweep(
     jobs: Option<usize>,
 ) -> PyResult<Answer> {
     let Some((first, rest)) = traces.split_first() else {
-        let message = "sweep takes at least one trace".to_string();
-        let info = ("usage".into(), message.clone(), None, None, None, message);
-        return Ok((2, None, Vec::new(), Some(info)));
+        return Ok(usage_answer("sweep takes at least one trace"));
     };
     let others: Vec<On> = rest.iter().map(|o| o.get().clone()).collect();
     let all: Vec<On> = traces.iter().map(|o| o.get().clone()).collect();
@@ -371,28 +395,60 @@ pub fn sweep(
         let objective = objective.as_deref().unwrap_or(DEFAULT_OBJECTIVE);
         let plan = SweepPlan::new(written, objective, capacity.as_ref(), asked.on.device, None)?;
         let traces = distinct(all, &mut notes);
-        let specs = &plan.specs;
-        let jobs = bounded_jobs(jobs, specs.len(), &mut notes);
-        let options = ReplayOptions { cancel: asked.cancel.clone(), ..ReplayOptions::default() };
-        let settings = RunSettings { jobs, ..RunSettings::default() };
-        let notes = std::cell::RefCell::new(notes);
-        let mut open = |on: &On| asked.replay_session(on, specs, false, &mut notes.borrow_mut());
-        let mut note = |n: &str| notes.borrow_mut().push(n.to_string());
-        let replayed = several::replay_each(
-            &traces,
-            specs,
-            capacity.as_ref(),
-            &options,
-            &settings,
-            &mut open,
-            &mut note,
-        )?;
-        let mut notes = notes.into_inner();
+        let (replayed, mut notes) =
+            asked.replay_each(&traces, &plan.specs, capacity, jobs, notes)?;
         for r in &replayed {
             notes.extend(r.recorded_oom.map(|event| several::recorded_oom_note(&r.trace, event)));
         }
         Answered::of(&plan.report(&replayed)?, notes)
     })
+}
+
+/// `fragsim check`'s answer: the traces replayed and compared with a baseline; exit code 1 on a
+/// regression beyond the tolerance.
+#[pyfunction]
+#[pyo3(signature = (traces, *, baseline, policies, tolerance=None, capacity=None, jobs=None))]
+pub fn check(
+    py: Python<'_>,
+    traces: Vec<Bound<'_, On>>,
+    baseline: PathBuf,
+    policies: Vec<String>,
+    tolerance: Option<String>,
+    capacity: Option<String>,
+    jobs: Option<usize>,
+) -> PyResult<Answer> {
+    let Some((first, rest)) = traces.split_first() else {
+        return Ok(usage_answer("check takes at least one trace"));
+    };
+    let others: Vec<On> = rest.iter().map(|o| o.get().clone()).collect();
+    let all: Vec<On> = traces.iter().map(|o| o.get().clone()).collect();
+    ask(py, first, &others, move |asked| {
+        let specs = PolicySpec::parse_many(&policies)?;
+        let tolerance = parse_tolerance(tolerance.as_deref().unwrap_or("1%"))?;
+        let capacity = capacity_of(capacity.as_deref())?;
+        let mut notes = Vec::new();
+        let traces = distinct(all, &mut notes);
+        let what = "baseline (record one with check --update)";
+        let data = own_json::read(&baseline, what, asked.max_input)?;
+        let base = Baseline::parse(&data, &baseline)?;
+        let (replayed, mut notes) = asked.replay_each(&traces, &specs, capacity, jobs, notes)?;
+        for r in &replayed {
+            let inferred = r.capacity.filter(|_| r.inferred);
+            notes.extend(inferred.map(|bytes| several::inferred_capacity_note(&r.trace, bytes)));
+        }
+        let rows: Vec<Row> = replayed
+            .iter()
+            .flat_map(|r| r.results.iter().map(|x| Row::new(r.trace.clone(), x)))
+            .collect();
+        let report = fragsim::whatif::check::check(&base, &baseline, &rows, tolerance, None)?;
+        Ok(Answered { code: u8::from(!report.ok), ..Answered::of(&report, notes)? })
+    })
+}
+
+/// An answer that is a usage error, found before any question was asked.
+fn usage_answer(message: &str) -> Answer {
+    let info = ("usage".into(), message.to_string(), None, None, None, message.to_string());
+    (2, None, Vec::new(), Some(info))
 }
 
 /// `traces`, each once: one named again (the same trace object, or the same file by another

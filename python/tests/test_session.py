@@ -202,6 +202,41 @@ def test_a_sweep_of_dicts_names_each_and_reads_a_trace_given_twice_once(no_comma
     assert without_timings(got) == without_timings(want)
 
 
+def test_check_asks_the_sessions_and_answers_as_the_command(tmp_path, no_command_line):
+    traces = [str(SNAPSHOTS[0]), str(SNAPSHOTS[1]), str(KINETO)]
+    baseline = tmp_path / "baseline.json"
+    cli("check", *traces, "--baseline", str(baseline), "-p", "pytorch", "-p", "bfc", "--update")
+
+    def same(flags, params, code):
+        done = cli("check", *traces, "--baseline", str(baseline), *flags, "--json", expect=code)
+        want, notes = json.loads(done.stdout), [ln for ln in done.stderr.splitlines() if ln]
+        got = fragsim.check(traces, baseline=baseline, **params)
+        assert without_timings(got) == without_timings(want), flags
+        assert got.notes == notes and got.exit_code == code, flags
+        return got
+
+    same([], {}, 0)
+    same(["-p", "bfc", "--tolerance", "0.5"], {"policies": "bfc", "tolerance": 0.5}, 0)
+    # A baseline 10% better: a regression on every row, exit code 1.
+    v = json.loads(baseline.read_text())
+    for row in v["rows"]:
+        row["peak_reserved_bytes"] = row["peak_reserved_bytes"] * 9 // 10
+    baseline.write_text(json.dumps(v))
+    got = same(["-p", "pytorch", "-p", "bfc"], {"policies": ["pytorch", "bfc"]}, 1)
+    assert not got["ok"] and len(got["regressions"]) == 6
+    done = cli("check", *traces, "--baseline", str(baseline), "--capacity", "8GiB", expect=2)
+    with pytest.raises(fragsim.TraceError) as e:
+        fragsim.check(traces, baseline=baseline, capacity="8GiB")
+    assert str(e.value) in done.stderr
+    with pytest.raises(fragsim.TraceError, match="baseline"):
+        fragsim.check(traces, baseline=tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_bytes(b"\x00garbage")
+    with pytest.raises(fragsim.TraceError, match="not a JSON file fragsim wrote"):
+        fragsim.check(traces, baseline=tmp_path / "bad.json")
+    with pytest.raises(fragsim.UsageError, match="tolerance"):
+        fragsim.check(traces, baseline=baseline, tolerance="lots")
+
+
 def test_a_validation_that_differs_says_so_in_its_exit_code(no_command_line):
     flags = ["-p", "pytorch-npu", "--json"]
     done = cli("validate", str(SNAPSHOTS[1]), *flags, expect=1)

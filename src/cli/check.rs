@@ -4,7 +4,6 @@ use super::progress::{Control, Targets};
 use fragsim::error::{Error, Result};
 use fragsim::policy::PolicySpec;
 use fragsim::replay::ReplayOptions;
-use fragsim::units::format_bytes;
 use fragsim::whatif::check::{self, Baseline, CheckReport};
 use fragsim::whatif::Row;
 use std::path::PathBuf;
@@ -84,7 +83,7 @@ pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         &bar,
     )?;
     bar.finish();
-    note_inferred_capacities(&args.control, io, &traces, &replayed);
+    note_inferred_capacities(&args.control, io, &replayed);
     let rows: Vec<Row> = traces
         .iter()
         .zip(&replayed)
@@ -136,20 +135,11 @@ fn read_baselines(args: &Args, io: &mut super::Io) -> Result<(Option<Baseline>, 
 fn note_inferred_capacities(
     control: &super::progress::Control,
     io: &mut super::Io,
-    traces: &[PathBuf],
     replayed: &[super::progress::Replayed],
 ) {
-    for (t, r) in traces.iter().zip(replayed) {
+    for r in replayed {
         if let Some(bytes) = r.capacity.filter(|_| r.inferred) {
-            let at = format_bytes(bytes);
-            control.note(
-                io,
-                &format!(
-                    "{}: replayed under {at}, the limit the recording implies (`fragsim replay` \
-                     says how it was inferred); --capacity none replays unlimited",
-                    t.display()
-                ),
-            );
+            control.note(io, &fragsim::session::several::inferred_capacity_note(&r.trace, bytes));
         }
     }
 }

@@ -166,6 +166,15 @@ pub fn recorded_oom_note(trace: &str, event: u64) -> String {
     )
 }
 
+/// The note for a trace a check replayed under the limit its recording implies.
+pub fn inferred_capacity_note(trace: &str, bytes: u64) -> String {
+    format!(
+        "{trace}: replayed under {}, the limit the recording implies (`fragsim replay` says how \
+         it was inferred); --capacity none replays unlimited",
+        crate::units::format_bytes(bytes)
+    )
+}
+
 /// The specs to sweep: the recorded settings first, then the grid as written, expanded, each
 /// config once.
 fn grid_specs(written: Vec<String>) -> Result<Vec<PolicySpec>> {

@@ -18,6 +18,7 @@ pub mod fit;
 pub mod fuzz;
 pub mod grid;
 pub mod input;
+pub mod own_json;
 pub mod row;
 pub mod sweep;
 
