@@ -600,6 +600,49 @@ pub(crate) fn no_repeated_rows(rows: &[Row], file: &Path, what: &str) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every key a result can be written with is one a baseline and a sweep part read back. The
+    /// literal names every field (no `..Default::default()`), so a new field does not compile
+    /// here until this test holds it: a key `replay --json` writes and `check` refuses is how
+    /// `start_assumed` broke a warm profiler trace's baseline.
+    #[test]
+    fn every_key_a_result_is_written_with_reads_back() {
+        use crate::metrics::{OomDetail, PolicyResult};
+        let full = PolicyResult {
+            policy: "pytorch".into(),
+            config: "expandable_segments:False".into(),
+            peak_reserved_bytes: 1,
+            peak_allocated_bytes: 1,
+            peak_requested_bytes: 1,
+            reserved_at_end_bytes: 1,
+            fragmentation_at_peak: 0.5,
+            peak_event: 1,
+            device_malloc_count: 1,
+            device_free_count: 1,
+            map_count: 1,
+            unmap_count: 1,
+            alloc_retries: 1,
+            oom: true,
+            first_oom_event: Some(1),
+            peak_at_start: true,
+            peak_allocated_event: 1,
+            fragmentation_at_peak_allocated: 0.5,
+            start_malloc_count: 1,
+            start_map_count: 1,
+            start_state: Some(Default::default()),
+            start_assumed: Some(Default::default()),
+            gpu_memory_bytes: Some(1),
+            capacity_bytes: Some(1),
+            replay_seconds: 0.5,
+            planning_seconds: Some(0.5),
+            first_oom: Some(OomDetail::default()),
+            cuda: Some(Default::default()),
+        };
+        let Value::Object(map) = serde_json::to_value(&full).unwrap() else { panic!() };
+        assert_eq!(map.len(), KEYS.len(), "{:?}", map.keys().collect::<Vec<_>>());
+        check_result(&map, Path::new("r.json"), "results[0]", false, &[]).unwrap();
+        check_baseline_result(&map, Path::new("r.json"), "results[0]", &[]).unwrap();
+    }
     use crate::metrics::PolicyResult;
 
     fn row_json(spec: &str, trace: &str) -> Value {
