@@ -247,7 +247,8 @@ def _answer(question: str, outcome: Tuple[int, Optional[str], List[str], Any],
             verbose: bool) -> Result:
     """A question the library's session answered in this process, with no command line between
     (``_native.info``, ``replay``, ``explain``, ``fit``, ``blame``, ``diff``, ``sweep``,
-    ``check``, ``validate``): the JSON the command prints with ``--format json`` as a
+    ``check``, ``validate``, and ``report`` and ``convert``, whose answer is the files they
+    write): the JSON the command prints with ``--format json`` as a
     :class:`Result`, its notes as the command prints them on stderr."""
     code, text, notes, error = outcome
     notes = [f"fragsim: {n}" for n in notes]
@@ -714,11 +715,8 @@ def convert(input: TraceLike, output: PathLike, *, max_input_size: Optional[Size
             verbose: bool = False) -> Path:
     """``fragsim convert IN OUT``: the output format follows OUT's extension (``.fst``,
     ``.pickle``, ``.json``, ``.txt``). Returns OUT."""
-    call = _Call("convert")
-    call.source(input)
-    call.argv.append(os.fspath(output))
-    call.flags(max_input_size=_size("max_input_size", max_input_size))
-    call.run(verbose)
+    outcome = _native.convert(_on(input, max_input_size=max_input_size), output=os.fspath(output))
+    _answer("convert", outcome, verbose)
     return Path(output)
 
 
@@ -771,17 +769,15 @@ def report(
 ) -> Dict[str, Path]:
     """``fragsim report TRACE --out DIR``: charts, tables and an index.html. Returns the files
     it wrote, by name (``paths["index.html"]``, ``paths["peaks.svg"]``, ...)."""
-    call = _Call("report")
-    call.source(trace)
-    call.flags(
-        out=out, policy=_policy_list(policies), device=device,
-        capacity=_size("capacity", capacity), empty_cache_every=empty_cache_every,
-        empty_cache_at=None if empty_cache_at is None else ",".join(map(str, empty_cache_at)),
-        no_recorded_empty_cache=no_recorded_empty_cache, segment_map_policy=segment_map_policy,
-        jobs=jobs, max_input_size=_size("max_input_size", max_input_size),
-    )
     started = time.time() - 1.0
-    call.run(verbose)
+    outcome = _native.report(
+        _on(trace, device, max_input_size), out=os.fspath(out),
+        policies=_policy_list(policies) or [], capacity=_size("capacity", capacity),
+        empty_cache_every=empty_cache_every, empty_cache_at=list(empty_cache_at or []),
+        no_recorded_empty_cache=no_recorded_empty_cache, segment_map_policy=segment_map_policy,
+        jobs=jobs,
+    )
+    _answer("report", outcome, verbose)
     folder = Path(out)
     return {
         p.name: p

@@ -80,6 +80,18 @@ def check(
     """The sessions' check against a baseline: exit code 1 on a regression, the JSON ``check
     --json`` prints."""
 
+def report(
+    on: On, *, out: str, policies: Sequence[str], capacity: Optional[str] = None,
+    empty_cache_every: Optional[int] = None, empty_cache_at: Sequence[int] = (),
+    no_recorded_empty_cache: bool = False, segment_map_policy: Optional[str] = None,
+    jobs: Optional[int] = None,
+) -> _Answer:
+    """Writes the session's report into ``out``: the answer's JSON is ``{}``."""
+
+def convert(on: On, *, output: str) -> _Answer:
+    """Writes the trace to ``output`` in the format its extension names: the answer's JSON is
+    ``{}``."""
+
 def validate(
     on: On, *, gpu_mem: Optional[str] = None, pytorch_version: Optional[str] = None,
     policy: Optional[str] = None,

@@ -14,6 +14,7 @@ use fragsim::explain::ExplainOptions;
 use fragsim::policy::pytorch::config::{Flavour, Version};
 use fragsim::policy::{planners, PolicySpec};
 use fragsim::replay::{Cancel, EmptyCachePlan, Jobs, ReplayOptions, RunSettings};
+use fragsim::report::ReportPlan;
 use fragsim::session::several::{self, SweepPlan};
 use fragsim::session::{loaded_for_planners, Capacity, ReplayRequest, Session};
 use fragsim::validate::ValidateOptions;
@@ -244,10 +245,100 @@ pub fn explain(
 pub fn info(py: Python<'_>, on: &Bound<'_, On>) -> PyResult<Answer> {
     ask(py, on, &[], move |asked| {
         let on = &asked.on;
-        let trace = on.trace.trace(&on.name, on.once, asked.max_input, &asked.cancel)?;
+        let trace = on.trace.trace(&on.name, on.once, false, asked.max_input, &asked.cancel)?;
         let mut notes = Vec::new();
         asked.note_history(&trace, Path::new(&on.name), &mut notes);
         Answered::of(&fragsim::session::info(&trace), notes)
+    })
+}
+
+/// `fragsim report`: the charts, tables and web page of each policy's replay, written into `out`;
+/// the answer is empty (the files are it).
+#[pyfunction]
+#[pyo3(signature = (
+    on, *, out, policies, capacity=None, empty_cache_every=None, empty_cache_at=Vec::new(),
+    no_recorded_empty_cache=false, segment_map_policy=None, jobs=None,
+))]
+#[allow(clippy::too_many_arguments)]
+pub fn report(
+    py: Python<'_>,
+    on: &Bound<'_, On>,
+    out: PathBuf,
+    policies: Vec<String>,
+    capacity: Option<String>,
+    empty_cache_every: Option<u64>,
+    empty_cache_at: Vec<u64>,
+    no_recorded_empty_cache: bool,
+    segment_map_policy: Option<String>,
+    jobs: Option<usize>,
+) -> PyResult<Answer> {
+    ask(py, on, &[], move |asked| {
+        let policies = ReportPlan::policies_from(&policies)?;
+        if let Some(name) = &segment_map_policy {
+            PolicySpec::parse_list(name)?;
+        }
+        let capacity = capacity_of(capacity.as_deref())?;
+        let empty_cache =
+            EmptyCachePlan::new(empty_cache_every, empty_cache_at, no_recorded_empty_cache)?;
+        let name = Path::new(&asked.on.name);
+        fragsim::report::output::refuse_input_in_folder(&out, "--out", &[name])?;
+        // Frames name the allocation sites of the "where the memory went" chart.
+        let session = asked.session(true, false)?;
+        let mut notes = Vec::new();
+        asked.note_history(session.trace(), session.name(), &mut notes);
+        let resolved = session.capacity(capacity.as_ref())?;
+        if let Some(why) = &resolved.inferred {
+            notes.push(format!(
+                "capacity inferred from the recording: {why} (--capacity overrides)"
+            ));
+        }
+        let jobs = bounded_jobs(jobs, policies.len(), &mut notes);
+        let plan = ReportPlan {
+            trace_path: asked.on.name.clone(),
+            policies,
+            device: asked.on.device,
+            capacity: resolved.bytes,
+            capacity_inferred: resolved.inferred,
+            capacity_kind: resolved.kind,
+            empty_cache,
+            segment_map_policy,
+            progress: false,
+            jobs,
+            cancel: asked.cancel.clone(),
+        };
+        let data = session.report(&plan)?;
+        for s in &data.skipped {
+            notes.push(format!("note: skipped policy '{}': {}", s.label, s.reason));
+        }
+        fragsim::report::write_dir(&data, &out, false)?;
+        let n = data.runs.len();
+        let policies = if n == 1 { "policy" } else { "policies" };
+        let index = out.join("index.html");
+        notes.push(format!("wrote the report for {n} {policies} to {}", index.display()));
+        Ok(Answered { code: 0, json: "{}".into(), notes })
+    })
+}
+
+/// `fragsim convert`: the trace written to `output` in the format its extension names; the answer
+/// is empty (the file is it).
+#[pyfunction]
+#[pyo3(signature = (on, *, output))]
+pub fn convert(py: Python<'_>, on: &Bound<'_, On>, output: PathBuf) -> PyResult<Answer> {
+    ask(py, on, &[], move |asked| {
+        // The output's format is known before a possibly long read.
+        let format = fragsim::trace::Format::for_output(&output)?.info();
+        let on = &asked.on;
+        fragsim::report::output::refuse_input(&output, "OUT", &[Path::new(&on.name)])?;
+        let (frames, max) = (format.keeps_frames, asked.max_input);
+        let trace = on.trace.trace(&on.name, on.once, frames, max, &asked.cancel)?;
+        let mut notes = Vec::new();
+        asked.note_history(&trace, Path::new(&on.name), &mut notes);
+        fragsim::report::output::write_output(&output, "OUT", |w| {
+            fragsim::trace::write_trace_into(&trace, &output, w, &asked.cancel)
+        })?;
+        let losses = (format.losses)(&trace);
+        notes.extend(losses.iter().map(|l| format!("note: {}: {l}", output.display())));
+        Ok(Answered { code: 0, json: "{}".into(), notes })
     })
 }
 

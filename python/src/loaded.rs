@@ -112,17 +112,18 @@ impl Loaded {
         Session::of_trace(trace, name, device)
     }
 
-    /// The trace itself, read without stack frames: from its file when read `once` (a path
-    /// given to a function), else the kept one, shared.
+    /// The trace itself, with stack frames when `frames`: from its file when read `once` (a
+    /// path given to a function), else the kept one, shared.
     pub fn trace(
         &self,
         name: &str,
         once: bool,
+        frames: bool,
         max_input_bytes: Option<u64>,
         cancel: &fragsim::replay::Cancel,
     ) -> fragsim::error::Result<Arc<Trace>> {
         let read = ReadOptions {
-            keep_frames: false,
+            keep_frames: frames,
             progress: false,
             max_input_bytes,
             cancel: cancel.clone(),

@@ -237,6 +237,44 @@ def test_check_asks_the_sessions_and_answers_as_the_command(tmp_path, no_command
         fragsim.check(traces, baseline=baseline, tolerance="lots")
 
 
+def test_report_writes_what_the_command_writes(tmp_path, no_command_line):
+    trace = str(SNAPSHOTS[1])
+    flags = ["-p", "pytorch", "-p", "bfc", "--capacity", "4GiB"]
+    done = cli("report", trace, "--out", str(tmp_path / "cli"), *flags)
+    paths = fragsim.report(trace, out=tmp_path / "py", policies=["pytorch", "bfc"],
+                           capacity="4GiB")
+    cli_files = sorted(p.name for p in (tmp_path / "cli").iterdir())
+    assert sorted(paths) == cli_files and "index.html" in paths
+    got = json.loads(paths["results.json"].read_text())
+    want = json.loads((tmp_path / "cli" / "results.json").read_text())
+    assert without_timings(got) == without_timings(want)
+    loaded = fragsim.load(trace).report(tmp_path / "loaded", policies=["pytorch", "bfc"],
+                                        capacity="4GiB")
+    assert sorted(loaded) == cli_files
+    assert "wrote the report for 2 policies" in done.stderr
+    with pytest.raises(fragsim.UsageError, match="segment_map_policy|nosuch"):
+        fragsim.report(trace, out=tmp_path / "bad", segment_map_policy="nosuch")
+
+
+@pytest.mark.parametrize("suffix", [".fst", ".txt", ".pickle", ".json", ".csv"])
+def test_convert_writes_what_the_command_writes(tmp_path, suffix, capsys, no_command_line):
+    for trace in (SNAPSHOTS[0], KINETO):
+        done = cli("convert", str(trace), str(tmp_path / f"cli{suffix}"))
+        capsys.readouterr()
+        out = fragsim.convert(str(trace), tmp_path / f"py{suffix}", verbose=True)
+        assert out.read_bytes() == (tmp_path / f"cli{suffix}").read_bytes(), (trace, suffix)
+        # The notes (what the format loses) are the command's, naming its own output.
+        said = capsys.readouterr().err
+        assert said == done.stderr.replace(f"cli{suffix}", f"py{suffix}"), (trace, suffix)
+        t = fragsim.load(str(trace))
+        t.export(tmp_path / f"export{suffix}")
+        assert (tmp_path / f"export{suffix}").read_bytes() == out.read_bytes()
+    with pytest.raises(fragsim.UsageError, match="OUT"):
+        fragsim.convert(str(SNAPSHOTS[0]), SNAPSHOTS[0])
+    with pytest.raises(fragsim.UsageError):
+        fragsim.convert(str(SNAPSHOTS[0]), tmp_path / "out.unknown")
+
+
 def test_a_validation_that_differs_says_so_in_its_exit_code(no_command_line):
     flags = ["-p", "pytorch-npu", "--json"]
     done = cli("validate", str(SNAPSHOTS[1]), *flags, expect=1)
