@@ -247,8 +247,8 @@ def _answer(question: str, outcome: Tuple[int, Optional[str], List[str], Any],
             verbose: bool) -> Result:
     """A question the library's session answered in this process, with no command line between
     (``_native.info``, ``replay``, ``explain``, ``fit``, ``blame``, ``diff``, ``sweep``,
-    ``check``, ``validate``, and ``report`` and ``convert``, whose answer is the files they
-    write): the JSON the command prints with ``--format json`` as a
+    ``check``, ``validate``, ``merge``, and ``report`` and ``convert``, whose answer is the files
+    they write): the JSON the command prints with ``--format json`` as a
     :class:`Result`, its notes as the command prints them on stderr."""
     code, text, notes, error = outcome
     notes = [f"fragsim: {n}" for n in notes]
@@ -550,11 +550,9 @@ def merge(parts: Union[PathLike, Sequence[PathLike]], *,
           max_input_size: Optional[Size] = None, verbose: bool = False) -> Result:
     """``fragsim merge PART.json... --json``: the parts of a sharded sweep, combined into
     exactly what the unsharded sweep returns."""
-    call = _Call("merge")
-    for p in [parts] if isinstance(parts, (str, os.PathLike)) else parts:
-        call.argv.append(os.fspath(p))
-    call.flags(max_input_size=_size("max_input_size", max_input_size))
-    return _json("merge", call, verbose)
+    paths = [os.fspath(p) for p in ([parts] if isinstance(parts, (str, os.PathLike)) else parts)]
+    outcome = _native.merge(paths, max_input_size=_size("max_input_size", max_input_size))
+    return _answer("merge", outcome, verbose)
 
 
 @_suggesting

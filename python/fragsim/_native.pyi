@@ -92,6 +92,9 @@ def convert(on: On, *, output: str) -> _Answer:
     """Writes the trace to ``output`` in the format its extension names: the answer's JSON is
     ``{}``."""
 
+def merge(parts: Sequence[str], *, max_input_size: Optional[str] = None) -> _Answer:
+    """The parts of a sharded sweep merged: the JSON ``merge --json`` prints."""
+
 def validate(
     on: On, *, gpu_mem: Optional[str] = None, pytorch_version: Optional[str] = None,
     policy: Optional[str] = None,

@@ -542,6 +542,32 @@ fn usage_answer(message: &str) -> Answer {
     (2, None, Vec::new(), Some(info))
 }
 
+/// `fragsim merge`'s answer: the parts of a sharded sweep combined into what the unsharded sweep
+/// answers.
+#[pyfunction]
+#[pyo3(signature = (parts, *, max_input_size=None))]
+pub fn merge(
+    py: Python<'_>,
+    parts: Vec<PathBuf>,
+    max_input_size: Option<String>,
+) -> PyResult<Answer> {
+    if parts.is_empty() {
+        return Ok(usage_answer("merge takes at least one sweep part"));
+    }
+    answer(py, Vec::new(), move |_| {
+        let max = max_input_size.as_deref().map(|m| size("max_input_size", m)).transpose()?;
+        let mut notes = Vec::new();
+        let paths = fragsim::report::output::distinct_inputs(&parts, |n| notes.push(n.into()));
+        let mut read = Vec::with_capacity(paths.len());
+        for path in paths {
+            let data = own_json::read(&path, "sweep part", max)?;
+            let report = fragsim::whatif::input::read_part(&data, &path)?;
+            read.push(fragsim::whatif::sweep::Part { file: path, report });
+        }
+        Answered::of(&fragsim::whatif::sweep::merge(read)?, notes)
+    })
+}
+
 /// `traces`, each once: one named again (the same trace object, or the same file by another
 /// path) is dropped with a note, as the command line drops a file named twice.
 fn distinct(traces: Vec<On>, notes: &mut Vec<String>) -> Vec<On> {
@@ -618,9 +644,8 @@ fn json(answer: &impl serde::Serialize) -> Result<String> {
     Ok(text + "\n")
 }
 
-/// Asks `question` about `on` (and `others`, the question's other traces) on a thread of its own (the GIL
-/// released, Ctrl-C heard, a panic caught) and turns its outcome into an [`Answer`], naming a
-/// snapshot dict's places by their keys.
+/// Asks `question` about `on` (and `others`, the question's other traces): [`answer`], with the
+/// read limit parsed on the question's thread (its error is the question's).
 fn ask(
     py: Python<'_>,
     on: &Bound<'_, On>,
@@ -632,13 +657,23 @@ fn ask(
         .chain(others)
         .map(|o| (o.name.clone(), o.trace.names.clone()))
         .collect();
-    let cancel = Cancel::new();
-    let stop = cancel.clone();
-    let job = move || -> Result<Answered> {
+    answer(py, names, move |cancel| {
         let max = on.max_input_size.as_deref().map(|m| size("max_input_size", m)).transpose()?;
         question(Asked { on, max_input: max, cancel, history_noted: Default::default() })
-    };
-    Ok(match off_thread(py, &stop, job)? {
+    })
+}
+
+/// Runs `job` on a thread of its own (the GIL released, Ctrl-C heard and passed on through the
+/// [`Cancel`] it is given, a panic caught) and turns its outcome into an [`Answer`], naming a
+/// snapshot dict's places by their keys (`names`: each trace's name and key paths).
+fn answer(
+    py: Python<'_>,
+    names: Vec<(String, Arc<Mutex<Option<Names>>>)>,
+    job: impl FnOnce(Cancel) -> Result<Answered> + Send + 'static,
+) -> PyResult<Answer> {
+    let cancel = Cancel::new();
+    let stop = cancel.clone();
+    Ok(match off_thread(py, &stop, move || job(cancel))? {
         Ok(Ok(Answered { code, json, notes })) => (code, Some(json), notes, None),
         Ok(Err(e)) => {
             let file = e.location().file.as_ref();

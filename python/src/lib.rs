@@ -253,6 +253,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ask::check, m)?)?;
     m.add_function(wrap_pyfunction!(ask::report, m)?)?;
     m.add_function(wrap_pyfunction!(ask::convert, m)?)?;
+    m.add_function(wrap_pyfunction!(ask::merge, m)?)?;
     m.add_function(wrap_pyfunction!(version, m)?)?;
     m.add_function(wrap_pyfunction!(commands, m)?)?;
     m.add_function(wrap_pyfunction!(snapshot_dict::convert_only, m)?)?;

@@ -275,6 +275,23 @@ def test_convert_writes_what_the_command_writes(tmp_path, suffix, capsys, no_com
         fragsim.convert(str(SNAPSHOTS[0]), tmp_path / "out.unknown")
 
 
+def test_merge_joins_the_parts_as_the_command_does(tmp_path, no_command_line):
+    trace, grid = str(SNAPSHOTS[0]), "pytorch:max_split_size_mb:{64,128,256}"
+    for i in (1, 2):
+        cli("sweep", trace, "-p", grid, "--shard", f"{i}/2", "--out", str(tmp_path / f"p{i}.json"))
+    parts = [tmp_path / "p2.json", tmp_path / "p1.json", tmp_path / "p1.json"]
+    done = cli("merge", *map(str, parts), "--json")
+    got = fragsim.merge(parts)
+    assert without_timings(got) == without_timings(json.loads(done.stdout))
+    assert got.notes == [ln for ln in done.stderr.splitlines() if ln] and got.notes
+    whole = fragsim.sweep(trace, policies=grid)
+    assert without_timings(got) == without_timings(whole)
+    with pytest.raises(fragsim.TraceError, match="sweep part"):
+        fragsim.merge([tmp_path / "missing.json"])
+    with pytest.raises(fragsim.UsageError, match="at least one"):
+        fragsim.merge([])
+
+
 def test_a_validation_that_differs_says_so_in_its_exit_code(no_command_line):
     flags = ["-p", "pytorch-npu", "--json"]
     done = cli("validate", str(SNAPSHOTS[1]), *flags, expect=1)

@@ -67,7 +67,7 @@ pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let tolerance = check::parse_tolerance(&args.tolerance)?;
     // A broken baseline fails before the replays, not after.
     let control = args.control.clone();
-    let traces = super::distinct_inputs(&args.traces, |n| control.note(io, n));
+    let traces = fragsim::report::output::distinct_inputs(&args.traces, |n| control.note(io, n));
     if args.update {
         let inputs: Vec<&std::path::Path> = traces.iter().map(PathBuf::as_path).collect();
         fragsim::report::output::refuse_input(&args.baseline, "--baseline", &inputs)?;

@@ -22,7 +22,7 @@ pub struct Args {
 
 /// Runs the command on `io`; `Ok` carries the exit code.
 pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
-    let paths = super::distinct_inputs(&args.parts, |n| io.note(n));
+    let paths = fragsim::report::output::distinct_inputs(&args.parts, |n| io.note(n));
     let mut parts = Vec::with_capacity(paths.len());
     for path in paths {
         let data = super::read_capped(io, &path, "sweep part")?;

@@ -367,26 +367,6 @@ fn stdout_closed() -> bool {
         .is_some_and(|flags| flags & 0o3 == 0o2)
 }
 
-/// The paths of a command's inputs, each once: a path named again (the same text, or the same
-/// file under another name) is dropped with a note from `note`. Each file is then read once, and a
-/// FIFO named twice is not opened a second time, which would wait forever for a writer.
-pub(crate) fn distinct_inputs(paths: &[PathBuf], mut note: impl FnMut(&str)) -> Vec<PathBuf> {
-    let mut seen = std::collections::HashSet::new();
-    let mut out = Vec::with_capacity(paths.len());
-    for p in paths {
-        let key = std::fs::metadata(p)
-            .ok()
-            .and_then(|m| fragsim::report::output::identity(&m))
-            .map_or_else(|| Err(p.clone()), Ok);
-        if seen.insert(key) {
-            out.push(p.clone());
-        } else {
-            note(&format!("note: {} is named twice; it is read once", p.display()));
-        }
-    }
-    out
-}
-
 /// Reads a JSON file fragsim wrote (a sweep part, a baseline) under the global
 /// `--max-input-size` ([`fragsim::whatif::own_json::read`]).
 pub(crate) fn read_capped(io: &Io, path: &Path, what: &str) -> Result<Vec<u8>> {

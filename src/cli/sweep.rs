@@ -90,7 +90,7 @@ pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let plan =
         SweepPlan::new(written, &args.objective, capacity, args.device, args.shard.as_deref())?;
     let control = args.control.clone();
-    let traces = super::distinct_inputs(&args.traces, |n| control.note(io, n));
+    let traces = fragsim::report::output::distinct_inputs(&args.traces, |n| control.note(io, n));
     if let Some(out) = &args.out {
         let inputs: Vec<&std::path::Path> = traces.iter().map(PathBuf::as_path).collect();
         fragsim::report::output::refuse_input(out, "--out", &inputs)?;

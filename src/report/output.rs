@@ -311,6 +311,24 @@ pub fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
+/// The paths of a command's inputs, each once: a path named again (the same text, or the same
+/// file under another name) is dropped with a note from `note`. Each file is then read once, and a
+/// FIFO named twice is not opened a second time, which would wait forever for a writer.
+pub fn distinct_inputs(paths: &[PathBuf], mut note: impl FnMut(&str)) -> Vec<PathBuf> {
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::with_capacity(paths.len());
+    for p in paths {
+        let key =
+            std::fs::metadata(p).ok().and_then(|m| identity(&m)).map_or_else(|| Err(p.clone()), Ok);
+        if seen.insert(key) {
+            out.push(p.clone());
+        } else {
+            note(&format!("note: {} is named twice; it is read once", p.display()));
+        }
+    }
+    out
+}
+
 /// The (device, inode) of a file, where the platform has them.
 #[cfg(unix)]
 pub fn identity(m: &std::fs::Metadata) -> Option<(u64, u64)> {
