@@ -1,8 +1,10 @@
-//! The questions Python asks the library's [`Session`] directly, with typed parameters and no
-//! command line between: `fragsim.info`, `replay`, `explain`, `fit`, `blame`, `diff` and
-//! `validate` (and `Trace`'s methods of those names). Each builds a session on a [`Loaded`] trace (shared, not copied), asks it, and hands
-//! back the answer as the JSON the command prints with `--format json`, the notes the command
-//! prints on stderr, or the error; the pure-Python layer wraps them as it wraps a command's.
+//! The questions Python asks the library directly, with typed parameters and no command line
+//! between: `fragsim.info`, `replay`, `explain`, `fit`, `blame`, `diff`, `sweep`, `check`,
+//! `validate`, `merge`, `report` and `convert` (and `Trace`'s methods of those names). Each
+//! builds a [`Session`] on a [`Loaded`] trace (shared, not copied), asks it, and hands back the
+//! answer as the JSON the command prints with `--format json` (`{}` for those whose answer is the
+//! files they write), the notes the command prints on stderr, or the error; the pure-Python layer
+//! wraps them as it wraps a command's.
 
 use crate::loaded::Loaded;
 use crate::snapshot_dict::Names;
@@ -287,11 +289,7 @@ pub fn report(
         let mut notes = Vec::new();
         asked.note_history(session.trace(), session.name(), &mut notes);
         let resolved = session.capacity(capacity.as_ref())?;
-        if let Some(why) = &resolved.inferred {
-            notes.push(format!(
-                "capacity inferred from the recording: {why} (--capacity overrides)"
-            ));
-        }
+        notes.extend(resolved.inferred_note());
         let jobs = bounded_jobs(jobs, policies.len(), &mut notes);
         let plan = ReportPlan {
             trace_path: asked.on.name.clone(),
@@ -307,14 +305,9 @@ pub fn report(
             cancel: asked.cancel.clone(),
         };
         let data = session.report(&plan)?;
-        for s in &data.skipped {
-            notes.push(format!("note: skipped policy '{}': {}", s.label, s.reason));
-        }
+        notes.extend(data.skipped_notes());
         fragsim::report::write_dir(&data, &out, false)?;
-        let n = data.runs.len();
-        let policies = if n == 1 { "policy" } else { "policies" };
-        let index = out.join("index.html");
-        notes.push(format!("wrote the report for {n} {policies} to {}", index.display()));
+        notes.push(data.written_note(&out));
         Ok(Answered { code: 0, json: "{}".into(), notes })
     })
 }
@@ -336,8 +329,7 @@ pub fn convert(py: Python<'_>, on: &Bound<'_, On>, output: PathBuf) -> PyResult<
         fragsim::report::output::write_output(&output, "OUT", |w| {
             fragsim::trace::write_trace_into(&trace, &output, w, &asked.cancel)
         })?;
-        let losses = (format.losses)(&trace);
-        notes.extend(losses.iter().map(|l| format!("note: {}: {l}", output.display())));
+        notes.extend(format.loss_notes(&trace, &output));
         Ok(Answered { code: 0, json: "{}".into(), notes })
     })
 }

@@ -30,8 +30,8 @@ pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     fragsim::report::output::write_output(&args.output, "OUT", |w| {
         trace::write_trace_into(&t, &args.output, w, &io.cancel)
     })?;
-    for note in (format.losses)(&t) {
-        io.note(&format!("note: {}: {note}", args.output.display()));
+    for note in format.loss_notes(&t, &args.output) {
+        io.note(&note);
     }
     Ok(0)
 }

@@ -93,9 +93,9 @@ pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     };
     let answer = session.replay(&request, &settings)?;
     bar.finish();
-    if let Some(why) = &answer.capacity.inferred {
+    if let Some(note) = answer.capacity.inferred_note() {
         if args.output_format() == OutputFormat::Table {
-            io.note(&format!("capacity inferred from the recording: {why} (--capacity overrides)"));
+            io.note(&note);
         }
     }
     // The exported run starts cold (every block live at the start malloc'd, so that `validate`

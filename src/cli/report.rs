@@ -42,17 +42,16 @@ pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     // Frames name the allocation sites of the "where the memory went" chart.
     let session = args.control.session(io, &args.source.trace, args.source.device, true)?;
     let resolved = session.capacity(args.source.capacity.get())?;
-    let (capacity, inferred, capacity_kind) = (resolved.bytes, resolved.inferred, resolved.kind);
-    if let Some(why) = &inferred {
-        io.note(&format!("capacity inferred from the recording: {why} (--capacity overrides)"));
+    if let Some(note) = resolved.inferred_note() {
+        io.note(&note);
     }
     let plan = ReportPlan {
         trace_path: args.source.trace.display().to_string(),
         policies,
         device: args.source.device,
-        capacity,
-        capacity_inferred: inferred,
-        capacity_kind,
+        capacity: resolved.bytes,
+        capacity_inferred: resolved.inferred,
+        capacity_kind: resolved.kind,
         empty_cache: args.source.empty_cache_plan()?,
         segment_map_policy: args.segment_map_policy,
         progress,
@@ -60,18 +59,10 @@ pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         cancel: io.cancel.clone(),
     };
     let data = session.report(&plan)?;
-    for s in &data.skipped {
-        args.control.note(io, &format!("note: skipped policy '{}': {}", s.label, s.reason));
+    for note in data.skipped_notes() {
+        args.control.note(io, &note);
     }
     report::write_dir(&data, &args.out, progress)?;
-    let n = data.runs.len();
-    args.control.note(
-        io,
-        &format!(
-            "wrote the report for {n} {} to {}",
-            if n == 1 { "policy" } else { "policies" },
-            args.out.join("index.html").display()
-        ),
-    );
+    args.control.note(io, &data.written_note(&args.out));
     Ok(0)
 }

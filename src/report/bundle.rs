@@ -290,6 +290,21 @@ pub struct ReportData {
 }
 
 impl ReportData {
+    /// The notes of the policies the report skipped, one each, and why.
+    pub fn skipped_notes(&self) -> Vec<String> {
+        self.skipped
+            .iter()
+            .map(|s| format!("note: skipped policy '{}': {}", s.label, s.reason))
+            .collect()
+    }
+
+    /// What a report written into `dir` says it wrote.
+    pub fn written_note(&self, dir: &std::path::Path) -> String {
+        let n = self.runs.len();
+        let policies = if n == 1 { "policy" } else { "policies" };
+        format!("wrote the report for {n} {policies} to {}", dir.join("index.html").display())
+    }
+
     /// The floor's peak reserved bytes (the `bound` policy's, [`Role::Floor`]), if it ran: the
     /// floor overheads are measured from.
     pub(crate) fn bound(&self) -> Option<u64> {
@@ -594,6 +609,24 @@ mod tests {
         assert!(!run("pytorch-expandable", "pytorch-expandable").runs_recorded_settings());
         assert!(!run("pytorch-cuda", "pytorch-cuda").runs_recorded_settings());
         assert!(!run("bfc", "bfc").runs_recorded_settings());
+    }
+
+    /// What `report` says of what it skipped and wrote: the command line and Python print these.
+    #[test]
+    fn a_report_names_what_it_skipped_and_where_it_wrote() {
+        let mut data = toy_report(&text_trace(&training_text(4)), 2);
+        data.skipped = vec![Skipped { label: "offline".into(), reason: "too big".into() }];
+        assert_eq!(data.skipped_notes(), ["note: skipped policy 'offline': too big"]);
+        let n = data.runs.len();
+        assert_eq!(
+            data.written_note(Path::new("out")),
+            format!("wrote the report for {n} policies to out/index.html")
+        );
+        data.runs.truncate(1);
+        assert_eq!(
+            data.written_note(Path::new("d")),
+            "wrote the report for 1 policy to d/index.html"
+        );
     }
 
     /// The report directory for a test: a temp dir, or `$FRAGSIM_REPORT_PREVIEW/NAME` to keep it.

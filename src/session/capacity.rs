@@ -77,6 +77,12 @@ pub struct Resolved {
 }
 
 impl Resolved {
+    /// Where the limit was inferred, the note that says so and how to override it.
+    pub fn inferred_note(&self) -> Option<String> {
+        let why = self.inferred.as_ref()?;
+        Some(format!("capacity inferred from the recording: {why} (--capacity overrides)"))
+    }
+
     /// Resolves `asked` against the recording's inferred device `limit`: the size asked for;
     /// with nothing asked (or `recorded`) the limit the recording shows, if it shows one (an
     /// error for `recorded` where it shows none); `none` is unlimited.
@@ -122,6 +128,19 @@ mod tests {
         let e = Capacity::parse("a100-40g").unwrap_err();
         assert!(e.contains("did you mean 'a100-40gb'?"), "{e}");
         assert!(Capacity::parse("40").unwrap_err().contains("40GiB"));
+    }
+
+    #[test]
+    fn an_inferred_limit_says_so_and_how_to_override_it() {
+        let kind = CapacityKind::GpuMemory;
+        let why = "the OOM at event 7".to_string();
+        let inferred = Resolved { bytes: Some(1 << 30), inferred: Some(why), kind };
+        assert_eq!(
+            inferred.inferred_note().as_deref(),
+            Some("capacity inferred from the recording: the OOM at event 7 (--capacity overrides)")
+        );
+        let given = Resolved { bytes: Some(1 << 30), inferred: None, kind };
+        assert_eq!(given.inferred_note(), None);
     }
 
     #[test]

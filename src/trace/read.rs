@@ -61,6 +61,13 @@ pub struct FormatInfo {
     pub keeps_frames: bool,
 }
 
+impl FormatInfo {
+    /// What writing `trace` in this format to `output` leaves out, as notes naming `output`.
+    pub fn loss_notes(&self, trace: &Trace, output: &std::path::Path) -> Vec<String> {
+        (self.losses)(trace).iter().map(|l| format!("note: {}: {l}", output.display())).collect()
+    }
+}
+
 /// A [`FORMATS`] row for a format whose module `$module` has `read` (or, `reads stream`,
 /// `read_from`), `write` and `losses`.
 macro_rules! format_row {
