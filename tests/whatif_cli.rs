@@ -157,6 +157,19 @@ fn a_sweep_of_all_policies_shards_and_merges_with_each_config_once() {
     assert_eq!(untimed(json(&run(&args))), untimed(whole));
 }
 
+/// `check TRACE --baseline BASE` with `policies` and `extra` flags.
+fn check_against(
+    trace: &str,
+    base: &str,
+    policies: &[&str],
+    extra: &[&str],
+) -> std::process::Output {
+    let mut args = vec!["check", trace, "--baseline", base];
+    args.extend_from_slice(policies);
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
 /// A baseline `check --update` writes is one `check` reads back, on every bundled trace: a warm
 /// profiler trace's rows carry `start_assumed`, which the baseline reader refused (exit 2), so
 /// its first check failed on the file it had just written. A `replay --json` output is a
@@ -173,12 +186,7 @@ fn every_baseline_check_writes_it_reads_back() {
         let base = dir.path().join(format!("base-{i}.json"));
         let b = base.to_str().unwrap();
         let policies = ["-p", "pytorch", "-p", "pytorch-expandable", "-p", "bfc"];
-        let with = |extra: &[&str]| {
-            let mut args = vec!["check", t, "--baseline", b];
-            args.extend_from_slice(&policies);
-            args.extend_from_slice(extra);
-            run(&args)
-        };
+        let with = |extra: &[&str]| check_against(t, b, &policies, extra);
         let out = with(&["--update"]);
         assert!(out.status.success(), "{t}: {}", stderr(&out));
         let out = with(&[]);
@@ -202,12 +210,7 @@ fn check_exits_0_1_and_2() {
     let base = dir.path().join("base.json");
     let b = base.to_str().unwrap();
     let policies = ["-p", "pytorch", "-p", "bound"];
-    let with = |extra: &[&str]| {
-        let mut args = vec!["check", t, "--baseline", b];
-        args.extend_from_slice(&policies);
-        args.extend_from_slice(extra);
-        run(&args)
-    };
+    let with = |extra: &[&str]| check_against(t, b, &policies, extra);
     let out = with(&["--update"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let out = with(&[]);

@@ -25,8 +25,7 @@ use fragsim::whatif::fit::{DEFAULT_OUTSIDE, DEFAULT_POLICIES};
 use fragsim::whatif::sweep::DEFAULT_OBJECTIVE;
 use fragsim::whatif::{own_json, Row};
 use pyo3::prelude::*;
-use std::path::Path;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 /// A question's answer: the exit code, the JSON text, the notes, and the error, if it failed.

@@ -10,7 +10,7 @@
 use crate::snapshot_dict::{self, Names};
 use fragsim::cli::SharedReader;
 use fragsim::error::Error;
-use fragsim::session::{OpenOptions, Session};
+use fragsim::session::Session;
 use fragsim::trace::fst::FstStream;
 use fragsim::trace::{ReadOptions, Trace};
 use pyo3::exceptions::PyTypeError;
@@ -98,17 +98,12 @@ impl Loaded {
         max_input_bytes: Option<u64>,
         cancel: &fragsim::replay::Cancel,
     ) -> fragsim::error::Result<Session> {
-        let read = ReadOptions {
-            keep_frames: frames,
-            progress: false,
-            max_input_bytes,
-            cancel: cancel.clone(),
-        };
-        if let (true, Source::Path(path)) = (once, &*self.source) {
-            let options = OpenOptions { device, keep_frames: frames, stream, read };
-            return Session::open(path, &options);
+        if let (true, true, Source::Path(path)) = (once, stream, &*self.source) {
+            if let Some(file) = FstStream::open(path)? {
+                return Session::streamed(file, name, device);
+            }
         }
-        let trace = (self.reader())(&read).map_err(|e| e.in_file(std::path::Path::new(name)))?;
+        let trace = self.trace(name, once, frames, max_input_bytes, cancel)?;
         Session::of_trace(trace, name, device)
     }
 
