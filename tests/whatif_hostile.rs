@@ -282,21 +282,23 @@ fn no_command_writes_over_its_own_input() {
     }
 }
 
+/// Runs fragsim with `args`, where `{fifo}` stands for a FIFO a writer fills once with the
+/// bundled text trace (as a shell's `cat trace > fifo` or `<(...)` does): a second open of it
+/// would wait for a writer that never comes, so a command that reads its input twice fails here.
 #[cfg(unix)]
-#[test]
-fn a_fifo_named_twice_is_read_once() {
+fn run_on_a_fifo(args: &[&str]) -> std::process::Output {
     let dir = tempfile::tempdir().unwrap();
     let fifo = dir.path().join("t.fifo");
     let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
     assert!(made.success());
     let f = fifo.to_str().unwrap();
+    let args: Vec<&str> = args.iter().map(|a| if *a == "{fifo}" { f } else { a }).collect();
     let mut child = fragsim()
-        .args(["sweep", f, f, "-p", "bfc", "--csv"])
+        .args(&args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    // The writer: one open of the FIFO, as a shell's `cat trace > fifo`.
     let text = std::fs::read(bundled("gpt-4l-512h.txt")).unwrap();
     let writer = {
         let fifo = fifo.clone();
@@ -306,15 +308,34 @@ fn a_fifo_named_twice_is_read_once() {
     while child.try_wait().unwrap().is_none() {
         if Instant::now() > deadline {
             child.kill().unwrap();
-            panic!("sweep of one FIFO named twice hangs");
+            panic!("{args:?} hangs on a FIFO written once");
         }
         std::thread::sleep(Duration::from_millis(50));
     }
     writer.join().unwrap().unwrap();
-    let o = child.wait_with_output().unwrap();
+    child.wait_with_output().unwrap()
+}
+
+#[cfg(unix)]
+#[test]
+fn a_fifo_named_twice_is_read_once() {
+    let o = run_on_a_fifo(&["sweep", "{fifo}", "{fifo}", "-p", "bfc", "--csv"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains("is named twice; it is read once"), "{}", stderr(&o));
     assert!(stdout(&o).contains(",bfc,"), "{}", stdout(&o));
+}
+
+/// With no `-p`, the built-in grid is chosen by a look at the first trace; the sweep replays the
+/// trace that look read (it opened the file again, and hung on a FIFO).
+#[cfg(unix)]
+#[test]
+fn a_sweep_of_the_built_in_grid_reads_a_fifo_once() {
+    let o = run_on_a_fifo(&["sweep", "{fifo}", "--csv"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let file = bundled("gpt-4l-512h.txt");
+    let of_file = run(&["sweep", file.to_str().unwrap(), "--csv"]);
+    assert!(of_file.status.success(), "{}", stderr(&of_file));
+    assert_eq!(stdout(&o), stdout(&of_file), "the FIFO's sweep is the file's");
 }
 
 /// Whether `path` is a whole output file of its kind: a PNG to its IEND chunk, an SVG to its

@@ -137,7 +137,8 @@ impl Asked {
     }
 
     /// [`several::replay_each`] of `specs` on `traces` under `capacity`, with `jobs` threads
-    /// (bounded), opening each as the command line does; `notes` so far, and the replays'.
+    /// (bounded), opening each as the command line does (the first from `first` when the
+    /// question already opened it); `notes` so far, and the replays'.
     fn replay_each(
         &self,
         traces: &[On],
@@ -145,12 +146,16 @@ impl Asked {
         capacity: Option<Capacity>,
         jobs: Option<usize>,
         mut notes: Vec<String>,
+        mut first: Option<Session>,
     ) -> Result<(Vec<several::Replayed>, Vec<String>)> {
         let jobs = bounded_jobs(jobs, specs.len(), &mut notes);
         let options = ReplayOptions { cancel: self.cancel.clone(), ..ReplayOptions::default() };
         let settings = RunSettings { jobs, ..RunSettings::default() };
         let notes = std::cell::RefCell::new(notes);
-        let mut open = |on: &On| self.replay_session(on, specs, false, &mut notes.borrow_mut());
+        let mut open = |on: &On| match first.take() {
+            Some(session) => Ok(session),
+            None => self.replay_session(on, specs, false, &mut notes.borrow_mut()),
+        };
         let mut note = |n: &str| notes.borrow_mut().push(n.to_string());
         let capacity = capacity.as_ref();
         let replayed = several::replay_each(
@@ -467,18 +472,20 @@ pub fn sweep(
     ask(py, first, &others, move |asked| {
         let mut notes = Vec::new();
         let capacity = capacity_of(capacity.as_deref())?;
-        let written = if policies.is_empty() {
+        // The session the built-in grid is read from is the sweep's first trace's: replayed,
+        // not read again.
+        let (written, first) = if policies.is_empty() {
             let session = asked.session(false, true)?;
             asked.note_history(session.trace(), session.name(), &mut notes);
-            several::builtin_grid(Some(&session))
+            (several::builtin_grid(Some(&session)), Some(session))
         } else {
-            policies
+            (policies, None)
         };
         let objective = objective.as_deref().unwrap_or(DEFAULT_OBJECTIVE);
         let plan = SweepPlan::new(written, objective, capacity.as_ref(), asked.on.device, None)?;
         let traces = distinct(all, &mut notes);
         let (replayed, mut notes) =
-            asked.replay_each(&traces, &plan.specs, capacity, jobs, notes)?;
+            asked.replay_each(&traces, &plan.specs, capacity, jobs, notes, first)?;
         for r in &replayed {
             notes.extend(r.recorded_oom.map(|event| several::recorded_oom_note(&r.trace, event)));
         }
@@ -513,7 +520,8 @@ pub fn check(
         let what = "baseline (record one with check --update)";
         let data = own_json::read(&baseline, what, asked.max_input)?;
         let base = Baseline::parse(&data, &baseline)?;
-        let (replayed, mut notes) = asked.replay_each(&traces, &specs, capacity, jobs, notes)?;
+        let (replayed, mut notes) =
+            asked.replay_each(&traces, &specs, capacity, jobs, notes, None)?;
         for r in &replayed {
             let inferred = r.capacity.filter(|_| r.inferred);
             notes.extend(inferred.map(|bytes| several::inferred_capacity_note(&r.trace, bytes)));

@@ -81,6 +81,7 @@ pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         &specs,
         &options,
         &bar,
+        None,
     )?;
     bar.finish();
     note_inferred_capacities(&args.control, io, &replayed);

@@ -141,6 +141,7 @@ impl Control {
         specs: &[PolicySpec],
         options: &ReplayOptions,
         bar: &Bar,
+        mut first: Option<fragsim::session::Session>,
     ) -> Result<Vec<Replayed>> {
         let tick = bar.tick();
         let jobs = self.jobs_for(io, specs.len());
@@ -148,8 +149,10 @@ impl Control {
         let Targets { traces, device, capacity } = targets;
         // Both write to `io`, one after the other: the notes go out as they come.
         let io = std::cell::RefCell::new(io);
-        let mut open =
-            |path: &PathBuf| self.replay_session(&mut io.borrow_mut(), path, device, specs, false);
+        let mut open = |path: &PathBuf| match first.take() {
+            Some(session) => Ok(session),
+            None => self.replay_session(&mut io.borrow_mut(), path, device, specs, false),
+        };
         let mut note = |n: &str| self.note(&mut io.borrow_mut(), n);
         fragsim::session::several::replay_each(
             traces, specs, capacity, options, &settings, &mut open, &mut note,

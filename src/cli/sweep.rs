@@ -6,6 +6,7 @@ use super::{FormatArgs, OutputFormat};
 use fragsim::error::{Error, Result};
 use fragsim::replay::ReplayOptions;
 use fragsim::session::several::{self, SweepPlan};
+use fragsim::session::Session;
 use fragsim::units::format_bytes;
 use fragsim::whatif::row::as_number;
 use fragsim::whatif::sweep::{self, SweepReport};
@@ -69,23 +70,25 @@ impl Args {
 
 /// The policies as written: the `-p` values, or the built-in grid, which is the recording's
 /// allocator's (torch_npu refuses some of CUDA's points). Telling which costs a look at the first
-/// trace, only when no `-p` is given.
-fn written_grid(args: &Args, io: &mut super::Io) -> Result<Vec<String>> {
+/// trace, only when no `-p` is given; the session that look opened is returned, for the sweep to
+/// replay rather than read the trace again (the built-in grid has no planner that would want
+/// it opened otherwise).
+fn written_grid(args: &Args, io: &mut super::Io) -> Result<(Vec<String>, Option<Session>)> {
     if !args.policies.is_empty() {
-        return Ok(args.policies.clone());
+        return Ok((args.policies.clone(), None));
     }
     // An .fst file's head says it: its events stay in the file.
     let first = match args.traces.first() {
         Some(first) => Some(args.control.replay_session(io, first, args.device, &[], false)?),
         None => None,
     };
-    Ok(several::builtin_grid(first.as_ref()))
+    Ok((several::builtin_grid(first.as_ref()), first))
 }
 
 /// Runs the command on `io`; `Ok` carries the exit code.
 pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     // Everything the user typed is checked before the first replay.
-    let written = written_grid(&args, io)?;
+    let (written, first) = written_grid(&args, io)?;
     let capacity = args.capacity.get();
     let plan =
         SweepPlan::new(written, &args.objective, capacity, args.device, args.shard.as_deref())?;
@@ -99,7 +102,7 @@ pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     let options = ReplayOptions { cancel: io.cancel.clone(), ..ReplayOptions::default() };
     let bar = args.control.bar(io, specs.len() * traces.len(), "sweeping");
     let targets = Targets { traces: &traces, device: args.device, capacity };
-    let replayed = args.control.replay_traces(io, targets, specs, &options, &bar)?;
+    let replayed = args.control.replay_traces(io, targets, specs, &options, &bar, first)?;
     bar.finish();
     for r in &replayed {
         if let Some(event) = r.recorded_oom {
