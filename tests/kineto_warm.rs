@@ -186,3 +186,95 @@ fn an_expandable_replay_of_a_warm_trace_starts_warm_and_says_what_it_assumed() {
     assert!(c["start_assumed"]["assumed"].as_str().unwrap().contains("cudaMalloc segments"));
     assert!(row("recorded").get("start_assumed").is_none(), "{v}");
 }
+
+/// A step of a scripted run: a request (named by an index, of a size), its free, or an
+/// `empty_cache()` call (which no Kineto event records).
+#[derive(Clone, Copy)]
+enum Op {
+    Malloc(usize, u64),
+    Free(usize),
+    EmptyCache,
+}
+
+/// `warm_up`, which the profiler does not see, then `window` written as Kineto `[memory]` events
+/// with the `pytorch` policy's own totals. Returns the window as Kineto JSON, the reserve at its
+/// first event and its peak `Total Reserved`.
+fn scripted_kineto(warm_up: &[Op], window: &[Op]) -> (String, u64, u64) {
+    let mut policy = PyTorch::new(Config::default());
+    let mut device = SimDevice::new(None);
+    let mut blocks: HashMap<usize, (u64, u64)> = HashMap::new();
+    let mut events = Vec::new();
+    let (mut first, mut peak) = (None, 0u64);
+    for (k, &op) in warm_up.iter().chain(window).enumerate() {
+        let bytes = match op {
+            Op::Malloc(id, size) => {
+                let a = policy.malloc(&mut device, size, 0).unwrap().expect("unlimited");
+                blocks.insert(id, (a.addr, a.block_size));
+                Some((a.addr, a.block_size as i64))
+            }
+            Op::Free(id) => {
+                let (addr, block) = blocks.remove(&id).expect("a live block");
+                policy.free(&mut device, addr).unwrap();
+                Some((addr, -(block as i64)))
+            }
+            Op::EmptyCache => {
+                policy.empty_cache(&mut device).unwrap();
+                None
+            }
+        };
+        let (Some((addr, bytes)), true) = (bytes, k >= warm_up.len()) else { continue };
+        let (allocated, reserved) = (policy.allocated(), device.reserved());
+        first.get_or_insert(reserved);
+        peak = peak.max(reserved);
+        let ts = 1_000_000 + 3 * k;
+        events.push(format!(
+            r#"{{"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": {ts}, "args": {{"Device Type": 1, "Device Id": 0, "Addr": {addr}, "Bytes": {bytes}, "Total Allocated": {allocated}, "Total Reserved": {reserved}}}}}"#
+        ));
+    }
+    let text = format!("{{\"traceEvents\": [\n{}\n]}}\n", events.join(",\n"));
+    (text, first.expect("a profiled event"), peak)
+}
+
+/// Weights of 400 MiB, live throughout (ids 1000 on).
+fn weights() -> Vec<Op> {
+    (0..10).map(|k| Op::Malloc(1000 + k, 40 * MIB)).collect()
+}
+
+#[test]
+fn a_warm_cache_that_one_segment_held_is_split_and_merged_as_the_real_one_was() {
+    // The warm-up leaves one 600 MiB segment cached; the window splits it for 300 and 200 MiB,
+    // frees both, and takes 550 MiB from the merged block: the real run never reserves more.
+    let mut warm_up = weights();
+    warm_up.extend([Op::Malloc(0, 600 * MIB), Op::Free(0)]);
+    let mut window = Vec::new();
+    for k in 0..5 {
+        let (a, b, c) = (3 * k + 1, 3 * k + 2, 3 * k + 3);
+        window.extend([Op::Malloc(a, 300 * MIB), Op::Malloc(b, 200 * MIB), Op::Free(a)]);
+        window.extend([Op::Free(b), Op::Malloc(c, 550 * MIB), Op::Free(c)]);
+    }
+    let (text, start, peak) = scripted_kineto(&warm_up, &window);
+    assert_eq!((start, peak), (1000 * MIB, 1000 * MIB), "the generator never grows");
+    let (recorded, replayed, _) = replayed(&text);
+    assert_eq!((recorded, replayed), (peak, peak));
+}
+
+#[test]
+fn a_fall_in_the_recorded_reserve_is_an_empty_cache_call_the_replay_makes_again() {
+    // Three 400 MiB segments cached, reused, then released by `empty_cache()` (the reserve
+    // falls from 1600 to 400 MiB between two events); two 500 MiB requests then grow it to
+    // 1400 MiB, below the reserve the window started with.
+    let mut warm_up = weights();
+    warm_up.extend((0..3).map(|k| Op::Malloc(k, 400 * MIB)));
+    warm_up.extend((0..3).map(Op::Free));
+    let mut window: Vec<Op> = (10..13).map(|k| Op::Malloc(k, 400 * MIB)).collect();
+    window.extend((10..13).map(Op::Free));
+    window.push(Op::EmptyCache);
+    window.extend([Op::Malloc(20, 500 * MIB), Op::Malloc(21, 500 * MIB)]);
+    window.extend([Op::Free(20), Op::Free(21)]);
+    let (text, start, peak) = scripted_kineto(&warm_up, &window);
+    assert_eq!((start, peak), (1600 * MIB, 1600 * MIB));
+    let (recorded, replayed, _) = replayed(&text);
+    // Without the call made again, the two requests found only 400 MiB segments cached and
+    // reserved 1000 MiB more: 2600 MiB.
+    assert_eq!((recorded, replayed), (peak, peak));
+}

@@ -218,6 +218,7 @@ pub(super) fn is_plain(input: &ReplayInput, options: &ReplayOptions) -> bool {
         && input.pool_routes().is_none()
         && input.undecided_flushes().is_empty()
         && input.exact_addresses().is_empty()
+        && input.released_before().is_empty()
 }
 
 /// [`run`] with the block lookup `blocks`; `PLAIN`: the replay [`is_plain`]. Never inlined:
@@ -245,6 +246,11 @@ fn drive<P: Policy, B: Backend, K: Blocks, G: Guide<P, B>, const PLAIN: bool>(
         None => count,
     };
     let mut added_calls = options.empty_cache.added_calls();
+    // Where a profiler trace's reserve fell, the program released its cache: it does so again.
+    let mut released_before = match options.empty_cache.drop_recorded {
+        true => &[][..],
+        false => input.released_before(),
+    };
     // Read once: the policy's calls go through `backend` and could change what it points to, so
     // the compiler would otherwise reload these on every event.
     let logging = !PLAIN && d.backend.observer.log.is_some();
@@ -267,6 +273,12 @@ fn drive<P: Policy, B: Backend, K: Blocks, G: Guide<P, B>, const PLAIN: bool>(
             // What the backend calls this event makes are logged with.
             d.backend.observer.now = e.time_us;
             d.backend.observer.stream = e.stream;
+        }
+        if !PLAIN && released_before.first() == Some(&index) {
+            released_before = &released_before[1..];
+            d.policy.empty_cache(&mut d.backend).map_err(at)?;
+            let (reserved, allocated) = (d.backend.reserved(), d.policy.allocated());
+            d.meter.observe(index, e.time_us, reserved, allocated);
         }
         // `None`: nothing to measure; else what to measure after the event ([`Step`]).
         let step = match e.action {

@@ -31,6 +31,10 @@ pub struct ReplayInput<'a> {
     /// Where the recorded program called `empty_cache()`: the index of each call's first event,
     /// in order (see [`EmptyCacheRuns`]).
     empty_cache_at: Vec<u64>,
+    /// The events of a Kineto trace before which the recorded reserve fell: the program (or an
+    /// out-of-memory retry) released cached memory there, which no event records
+    /// ([`Trace::reserve_falls`]), in order. Empty for other formats.
+    released_before: Vec<u64>,
     /// The runs of releases the recording leaves undecided between an `empty_cache()` call and
     /// an out-of-memory fallback, in order ([`EmptyCacheRuns::finish_with_undecided`]): a
     /// policy that models the recorded allocator decides each
@@ -245,6 +249,7 @@ impl<'a> ReplayInput<'a> {
             source: Source::Loaded { events, slots },
             live_at_start,
             empty_cache_at,
+            released_before: trace.reserve_falls(device),
             undecided_flushes,
             ooms_without_release,
             exact_addresses,
@@ -327,6 +332,7 @@ impl<'a> ReplayInput<'a> {
             }),
             live_at_start,
             empty_cache_at,
+            released_before: Vec::new(),
             undecided_flushes,
             ooms_without_release: Vec::new(),
             exact_addresses: Vec::new(),
@@ -381,6 +387,12 @@ impl<'a> ReplayInput<'a> {
     /// The index of the first event of each `empty_cache()` call the recorded program made.
     pub fn empty_cache_at(&self) -> &[u64] {
         &self.empty_cache_at
+    }
+
+    /// The events before which a Kineto trace's recorded reserve fell (cached memory was
+    /// released there), in order.
+    pub fn released_before(&self) -> &[u64] {
+        &self.released_before
     }
 
     /// The release runs the recording leaves undecided between an `empty_cache()` call and an
@@ -463,6 +475,7 @@ impl<'a> ReplayInput<'a> {
             }),
             live_at_start: self.live_at_start.clone(),
             empty_cache_at: self.empty_cache_at.clone(),
+            released_before: self.released_before.clone(),
             undecided_flushes: self.undecided_flushes.clone(),
             ooms_without_release: self.ooms_without_release.clone(),
             exact_addresses: self.exact_addresses.clone(),

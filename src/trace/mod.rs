@@ -452,6 +452,19 @@ impl Trace {
             .map(|t| t.totals.as_slice())
     }
 
+    /// The events of `device` before which the recorded run gave memory back: its recorded
+    /// `Total Reserved` after the event is below the level after the one before. A caching
+    /// allocator's reserve falls only when it releases cached segments (`empty_cache()`, or the
+    /// release of an out-of-memory retry or of the garbage collector), and no Kineto event
+    /// records that: the fall is all that shows it. Empty without recorded totals.
+    pub fn reserve_falls(&self, device: i32) -> Vec<u64> {
+        let Some(totals) = self.totals_of(device) else { return Vec::new() };
+        let fell = |(i, w): (usize, &[RecordedTotals])| {
+            (w[1].reserved < w[0].reserved).then_some(i as u64 + 1)
+        };
+        totals.windows(2).enumerate().filter_map(fell).collect()
+    }
+
     /// The private pool event `e` names, where entries name one: `Some(None)` for the default
     /// pools, `None` where the file does not say (or names a pool it does not list).
     pub(crate) fn entry_pool(&self, e: &Event) -> Option<Option<PoolId>> {

@@ -12,28 +12,65 @@
 //! asked for) was in the cache. Where the recording grew, the request made its segment in the
 //! real run too. What is left of the reserve is cached memory no request of the window takes:
 //! large-pool segments each smaller than the least request that made the recording grow.
+//!
+//! Those sizes are one reading of the recording: a real cache may have held one larger segment
+//! that the window split for several requests, which the replay from live blocks made one by
+//! one, or segments that were busy when a request came. So the plan is checked against the
+//! recording: the window is replayed from a few [`Shape`]s of that cache, and from the closest
+//! the cache is mended where the replay first parts from the recorded `Total Reserved` (a
+//! request served from cache where the real run reserved more: the segment that served it is
+//! cut below the request; one that reserved more where the real run did not: a segment of that
+//! size is cached, in place of bytes no request used), as long as the replay comes closer.
 
 use super::config::{MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE};
 use super::PyTorch;
-use crate::backend::{BackendCall, Recording, SimDevice};
+use crate::backend::{Backend, BackendCall, Recording, SimDevice};
 use crate::policy::{Policy, PolicyContext};
 use crate::trace::{Action, Format};
 use std::collections::HashMap;
+
+/// A free segment to install: its size, stream, and whether it is the small pool's.
+pub(crate) type Segment = (u64, u64, bool);
 
 /// The cached segments a warm Kineto trace starts with, as `plan` assumes them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct WarmCache {
     /// The recorded `Total Reserved` at the first event, after it (the reserve to reach).
     pub(crate) reserved_bytes: u64,
-    /// The segments the trace's requests find cached, in the order a replay of the trace from
-    /// its live blocks makes them: (size, stream, small pool). The start takes as many as fit
-    /// in the reserve left by the live blocks' own segments.
-    pub(crate) segments: Vec<(u64, u64, bool)>,
-    /// The largest segment the rest of the reserve is cut into: below the least block whose
-    /// request made the recorded run reserve more (so no such request finds it cached, as the
-    /// real run did not); `None` when no request did (the rest is one segment).
-    pub(crate) piece_bytes: Option<u64>,
+    /// The free segments installed after the live blocks, in order: (size, stream, small
+    /// pool). They fill the reserve the live blocks' segments leave (see
+    /// [`WarmCache::to_install`]).
+    pub(crate) segments: Vec<Segment>,
 }
+
+/// How the first plan cuts the reserve left by the live blocks into free segments, before it is
+/// mended against the recording ([`plan`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Shape {
+    /// The segments the trace's requests made in a replay from the live blocks, in the order
+    /// made, then the rest in pieces smaller than the least request that made the recording
+    /// grow.
+    AsMade,
+    /// Those segments largest first, then the rest in pieces: where they do not all fit, the
+    /// larger ones (which smaller requests can split) are kept.
+    LargestFirst,
+    /// Those segments in order, then the rest as one segment.
+    RestWhole,
+    /// Their small-pool segments, then the rest as one large-pool segment: a cache that held
+    /// one large segment the window's large requests split among themselves.
+    OneLarge,
+}
+
+impl Shape {
+    /// Every shape, in the order they are preferred where their replays follow the recording
+    /// equally well.
+    const ALL: [Shape; 4] = [Shape::AsMade, Shape::LargestFirst, Shape::RestWhole, Shape::OneLarge];
+}
+
+/// The most times [`plan`] mends its cache, and the most events it replays doing so (all
+/// replays together), so a long trace costs a bounded multiple of one replay.
+const MAX_MENDS: usize = 64;
+const MAX_PLANNED_EVENTS: u64 = 1 << 26;
 
 /// The most segments the rest of the reserve is cut into.
 const MAX_PIECES: u64 = 1 << 16;
@@ -65,6 +102,7 @@ pub(crate) fn plan<const D: bool>(
     if policy.config.expandable_segments {
         return Some(WarmCache { reserved_bytes: first.reserved, ..WarmCache::default() });
     }
+    let releases = trace.reserve_falls(context.device);
     let mut cold: PyTorch = PyTorch::new(policy.config.clone());
     cold.exact_blocks = policy.exact_blocks;
     let mut device: Recording<SimDevice> = Recording::new(SimDevice::new(None));
@@ -74,10 +112,15 @@ pub(crate) fn plan<const D: bool>(
         let a = cold.malloc(&mut device, b.size.max(1), b.stream).ok()??;
         live.insert(b.addr, a.addr);
     }
-    let mut segments = Vec::new();
+    let live_reserved = device.reserved();
+    let mut made = Vec::new();
     let mut least_growing: Option<u64> = None;
     let mut reserved = first.reserved;
-    for (e, t) in context.events.iter().zip(totals) {
+    let mut released = releases.iter().peekable();
+    for (i, (e, t)) in context.events.iter().zip(totals).enumerate() {
+        if released.next_if_eq(&&(i as u64)).is_some() {
+            cold.empty_cache(&mut device).ok()?;
+        }
         let grew = t.reserved > reserved;
         reserved = t.reserved;
         match e.action {
@@ -91,7 +134,7 @@ pub(crate) fn plan<const D: bool>(
                     }
                     continue;
                 }
-                segments.extend(device.calls()[before..].iter().filter_map(|c| match *c {
+                made.extend(device.calls()[before..].iter().filter_map(|c| match *c {
                     BackendCall::SegmentAlloc { size, addr: Some(_) } => {
                         Some((size, e.stream, size == SMALL_BUFFER))
                     }
@@ -106,18 +149,226 @@ pub(crate) fn plan<const D: bool>(
             _ => {}
         }
     }
-    let piece_bytes =
+    let piece =
         least_growing.map(|l| (l - 1) & !(MIN_BLOCK_SIZE - 1)).filter(|&p| p >= MIN_BLOCK_SIZE);
-    Some(WarmCache { reserved_bytes: first.reserved, segments, piece_bytes })
+    let left = first.reserved.saturating_sub(live_reserved);
+    let window = Window { policy, context, totals, releases: &releases };
+    // The closest shape, then mended while that brings the replay closer.
+    let mut budget = MAX_PLANNED_EVENTS;
+    let mut best: Option<(Outcome, Vec<Segment>)> = None;
+    for shape in Shape::ALL {
+        let segments = cut(shape, &made, left, piece);
+        let Some(outcome) = window.replay(&segments, &mut budget) else { continue };
+        if best.as_ref().is_none_or(|(b, _)| outcome.deviation < b.deviation) {
+            best = Some((outcome, segments));
+        }
+    }
+    let (mut outcome, mut segments) = best?;
+    for _ in 0..MAX_MENDS {
+        let Some(mended) = mend(&segments, &outcome) else { break };
+        let Some(next) = window.replay(&mended, &mut budget) else { break };
+        if next.deviation >= outcome.deviation {
+            break;
+        }
+        (outcome, segments) = (next, mended);
+    }
+    Some(WarmCache { reserved_bytes: first.reserved, segments })
+}
+
+/// The free segments of `shape` that fill `left` bytes: of `made` (the segments a replay from
+/// the live blocks made for requests served from the real run's cache) those that fit, then
+/// the rest (in 512-byte units) in pieces of at most `piece` bytes (one piece when `None`).
+fn cut(shape: Shape, made: &[Segment], left: u64, piece: Option<u64>) -> Vec<Segment> {
+    let mut planned = made.to_vec();
+    match shape {
+        Shape::LargestFirst => planned.sort_by_key(|s| std::cmp::Reverse(s.0)),
+        Shape::OneLarge => planned.retain(|s| s.2),
+        Shape::AsMade | Shape::RestWhole => {}
+    }
+    let mut left = left;
+    let mut out = Vec::new();
+    for (size, stream, small) in planned {
+        if size <= left {
+            out.push((size, stream, small));
+            left -= size;
+        }
+    }
+    let piece = match shape {
+        Shape::AsMade | Shape::LargestFirst => piece,
+        Shape::RestWhole | Shape::OneLarge => None,
+    };
+    out.extend(pieces(left & !(MIN_BLOCK_SIZE - 1), piece, 0));
+    out
+}
+
+/// `bytes` (a multiple of 512) as free large-pool segments on `stream` of at most `piece`
+/// bytes each (one when `None`), never more than [`MAX_PIECES`] of them.
+fn pieces(bytes: u64, piece: Option<u64>, stream: u64) -> Vec<Segment> {
+    let piece = match piece {
+        Some(p) => p.max(bytes.div_ceil(MAX_PIECES).next_multiple_of(MIN_BLOCK_SIZE)),
+        None => bytes,
+    };
+    let mut rest = bytes;
+    let mut out = Vec::new();
+    while rest > 0 {
+        let size = piece.min(rest);
+        out.push((size, stream, false));
+        rest -= size;
+    }
+    out
+}
+
+/// What a warm trace's window is replayed against: the recorded totals after each event and
+/// the releases the recording shows.
+struct Window<'a, const D: bool> {
+    policy: &'a PyTorch<D>,
+    context: &'a PolicyContext<'a>,
+    totals: &'a [crate::trace::RecordedTotals],
+    releases: &'a [u64],
+}
+
+/// How a replay from a planned cache followed the recording.
+struct Outcome {
+    /// The sum over events of the difference between the replay's reserved bytes and the
+    /// recorded `Total Reserved` after each.
+    deviation: u128,
+    /// The first request where the replay reserved more, or less, than the recording did.
+    parted: Option<Parted>,
+    /// Which planned segments a request took memory from before that request.
+    used: Vec<bool>,
+}
+
+/// The first request at which a replay parts from the recording.
+enum Parted {
+    /// The replay served a request of `size` bytes from planned segment `segment` where the
+    /// recording reserved more: the real cache had no free block for it.
+    Served { size: u64, segment: usize },
+    /// The replay reserved `bytes` more for a request on `stream` where the recording did
+    /// not: the real cache held a segment for it.
+    Grew { bytes: u64, stream: u64, small: bool },
+}
+
+impl<const D: bool> Window<'_, D> {
+    /// The window replayed from the live blocks and `segments`, cached free; `None` where the
+    /// replay fails or `budget` (events left to replay) runs out.
+    fn replay(&self, segments: &[Segment], budget: &mut u64) -> Option<Outcome> {
+        let events = self.context.events;
+        *budget = budget.checked_sub(events.len() as u64)?;
+        let mut run: PyTorch = PyTorch::new(self.policy.config.clone());
+        run.exact_blocks = self.policy.exact_blocks;
+        let mut device = SimDevice::new(None);
+        let mut live: HashMap<u64, u64> = HashMap::new();
+        for b in self.context.live_at_start {
+            let a = run.malloc(&mut device, b.size.max(1), b.stream).ok()??;
+            live.insert(b.addr, a.addr);
+        }
+        // Each planned segment's base, in address order with its index.
+        let mut bases: Vec<(u64, u64, usize)> = Vec::with_capacity(segments.len());
+        for (k, &(size, stream, small)) in segments.iter().enumerate() {
+            let base = device.segment_alloc(size).ok()??;
+            run.install_segment(base, size, stream, small, None, &[(base, size, None)]).ok()?;
+            bases.push((base, size, k));
+        }
+        bases.sort_unstable();
+        let planned_at = |addr: u64| {
+            let i = bases.partition_point(|&(b, _, _)| b <= addr).checked_sub(1)?;
+            let (b, size, k) = bases[i];
+            (addr < b + size).then_some(k)
+        };
+        let mut outcome = Outcome { deviation: 0, parted: None, used: vec![false; segments.len()] };
+        let mut released = self.releases.iter().peekable();
+        let mut recorded = self.totals.first().map_or(0, |t| t.reserved);
+        for (i, (e, t)) in events.iter().zip(self.totals).enumerate() {
+            if released.next_if_eq(&&(i as u64)).is_some() {
+                run.empty_cache(&mut device).ok()?;
+            }
+            let recorded_grew = t.reserved > recorded;
+            recorded = t.reserved;
+            match e.action {
+                Action::Alloc if e.size > 0 => {
+                    let before = device.reserved();
+                    let a = run.malloc(&mut device, e.size, e.stream).ok()??;
+                    live.insert(e.addr, a.addr);
+                    let grew = device.reserved().saturating_sub(before);
+                    let from = planned_at(a.addr);
+                    if outcome.parted.is_none() {
+                        outcome.parted = match (recorded_grew, grew > 0, from) {
+                            (true, false, Some(segment)) => {
+                                Some(Parted::Served { size: e.size, segment })
+                            }
+                            (false, true, _) => Some(Parted::Grew {
+                                bytes: grew,
+                                stream: e.stream,
+                                small: e.size <= SMALL_SIZE,
+                            }),
+                            _ => None,
+                        };
+                        if let (None, Some(k)) = (&outcome.parted, from) {
+                            outcome.used[k] = true;
+                        }
+                    }
+                }
+                Action::FreeCompleted | Action::FreeRequested => {
+                    if let Some(a) = live.remove(&e.addr) {
+                        run.free(&mut device, a).ok()?;
+                    }
+                }
+                _ => {}
+            }
+            outcome.deviation += u128::from(device.reserved().abs_diff(t.reserved));
+        }
+        Some(outcome)
+    }
+}
+
+/// `segments` mended where `outcome`'s replay first parted from the recording, or `None` where
+/// it did not, or cannot be mended: a segment that served a request the real run reserved more
+/// for is cut into pieces smaller than the request (a small-pool one becomes a large-pool one);
+/// a request the real run found cached gets a segment of the size the replay reserved for it,
+/// its bytes taken from segments no request had used, last first.
+fn mend(segments: &[Segment], outcome: &Outcome) -> Option<Vec<Segment>> {
+    let mut out = segments.to_vec();
+    match *outcome.parted.as_ref()? {
+        Parted::Served { size, segment } => {
+            let (bytes, stream, small) = out[segment];
+            let below = (size - 1) & !(MIN_BLOCK_SIZE - 1);
+            let cut = match small {
+                true => vec![(bytes, stream, false)],
+                false if below >= MIN_BLOCK_SIZE && bytes / below < MAX_PIECES => {
+                    pieces(bytes, Some(below), stream)
+                }
+                false => return None,
+            };
+            out.splice(segment..=segment, cut);
+        }
+        Parted::Grew { bytes, stream, small } => {
+            let mut need = bytes;
+            for k in (0..out.len()).rev() {
+                if need == 0 {
+                    break;
+                }
+                if outcome.used.get(k).copied().unwrap_or(true) {
+                    continue;
+                }
+                let take = need.min(out[k].0);
+                out[k].0 -= take;
+                need -= take;
+            }
+            if need > 0 {
+                return None;
+            }
+            out.retain(|s| s.0 > 0);
+            out.insert(0, (bytes, stream, small && bytes == SMALL_BUFFER));
+        }
+    }
+    Some(out)
 }
 
 impl WarmCache {
     /// The segments to install when `reserved` bytes are already reserved (the live blocks'
     /// segments): the planned segments in order while they fit in what is left of the recorded
-    /// reserve, then the rest (in 512-byte units) as large-pool segments of at most
-    /// [`WarmCache::piece_bytes`] (one segment when that is `None`). Empty when the live
-    /// blocks already reserve the recorded total.
-    pub(crate) fn to_install(&self, reserved: u64) -> Vec<(u64, u64, bool)> {
+    /// reserve. Empty when the live blocks already reserve the recorded total.
+    pub(crate) fn to_install(&self, reserved: u64) -> Vec<Segment> {
         let mut left = self.reserved_bytes.saturating_sub(reserved);
         let mut out = Vec::new();
         for &(size, stream, small) in &self.segments {
@@ -125,16 +376,6 @@ impl WarmCache {
                 out.push((size, stream, small));
                 left -= size;
             }
-        }
-        let mut rest = left & !(MIN_BLOCK_SIZE - 1);
-        let piece = match self.piece_bytes {
-            Some(p) => p.max(rest.div_ceil(MAX_PIECES).next_multiple_of(MIN_BLOCK_SIZE)),
-            None => rest,
-        };
-        while rest > 0 {
-            let size = piece.min(rest);
-            out.push((size, 0, false));
-            rest -= size;
         }
         out
     }
@@ -181,8 +422,8 @@ impl<const D: bool> PyTorch<D> {
             reserved_bytes: warm.reserved_bytes,
             cached_bytes: self.total_allocated - before,
             assumed: "free cudaMalloc segments: those the trace's requests reuse without the \
-                      recorded reserve growing, the rest in large-pool segments smaller than \
-                      the least request that made it grow"
+                      recorded reserve growing, the rest, cut and mended so that a replay from \
+                      them follows the recorded Total Reserved most closely"
                 .into(),
         });
         Ok(out)
@@ -231,32 +472,65 @@ impl<const D: bool> PyTorch<D> {
 mod tests {
     use super::*;
 
+    const MIB: u64 = 1 << 20;
+
     #[test]
-    fn the_reserve_takes_planned_segments_in_order_then_one_segment_for_the_rest() {
-        const MIB: u64 = 1 << 20;
-        let mut w = WarmCache {
-            reserved_bytes: 100 * MIB,
-            segments: vec![(2 * MIB, 0, true), (20 * MIB, 0, false), (64 * MIB, 0, false)],
-            piece_bytes: None,
-        };
-        // 30 MiB already reserved: 70 MiB left; the 64 MiB segment does not fit after the
-        // first two (48 left), so the rest is one 48 MiB segment.
-        assert_eq!(
-            w.to_install(30 * MIB),
-            vec![(2 * MIB, 0, true), (20 * MIB, 0, false), (48 * MIB, 0, false)]
-        );
-        assert_eq!(w.to_install(100 * MIB), vec![]);
-        assert_eq!(w.to_install(0).iter().map(|s| s.0).sum::<u64>(), 100 * MIB);
+    fn each_shape_fills_the_reserve_with_the_made_segments_that_fit_then_the_rest() {
+        let made = [(2 * MIB, 0, true), (20 * MIB, 0, false), (64 * MIB, 0, false)];
+        let sizes = |v: Vec<Segment>| v.iter().map(|s| s.0 / MIB).collect::<Vec<_>>();
+        // 70 MiB left: the 64 MiB segment does not fit after the first two (48 left).
+        assert_eq!(sizes(cut(Shape::AsMade, &made, 70 * MIB, None)), [2, 20, 48]);
         // Where a 30 MiB request made the recorded run grow, the rest is cut below it.
-        w.piece_bytes = Some(30 * MIB - 512);
-        assert_eq!(
-            w.to_install(30 * MIB),
-            vec![
-                (2 * MIB, 0, true),
-                (20 * MIB, 0, false),
-                (30 * MIB - 512, 0, false),
-                (18 * MIB + 512, 0, false)
-            ]
-        );
+        let below_30 = Some(30 * MIB - 512);
+        let as_made = cut(Shape::AsMade, &made, 70 * MIB, below_30);
+        assert_eq!(as_made[2..], [(30 * MIB - 512, 0, false), (18 * MIB + 512, 0, false)]);
+        assert_eq!(sizes(cut(Shape::RestWhole, &made, 70 * MIB, below_30)), [2, 20, 48]);
+        // Largest first keeps the 64 MiB segment; one large keeps only the small pool's.
+        assert_eq!(sizes(cut(Shape::LargestFirst, &made, 70 * MIB, None)), [64, 2, 4]);
+        assert_eq!(sizes(cut(Shape::OneLarge, &made, 70 * MIB, below_30)), [2, 68]);
+        for shape in Shape::ALL {
+            let total: u64 = cut(shape, &made, 70 * MIB, below_30).iter().map(|s| s.0).sum();
+            assert_eq!(total, 70 * MIB, "{shape:?}");
+        }
+    }
+
+    #[test]
+    fn the_cache_installs_its_segments_while_they_fit_in_the_recorded_reserve() {
+        let w = WarmCache {
+            reserved_bytes: 100 * MIB,
+            segments: vec![(2 * MIB, 0, true), (20 * MIB, 0, false), (48 * MIB, 0, false)],
+        };
+        assert_eq!(w.to_install(30 * MIB), w.segments);
+        assert_eq!(w.to_install(40 * MIB), w.segments[..2]);
+        assert_eq!(w.to_install(100 * MIB), vec![]);
+    }
+
+    #[test]
+    fn a_cache_is_mended_where_its_replay_first_parts_from_the_recording() {
+        let segments = vec![(2 * MIB, 0, true), (64 * MIB, 0, false), (40 * MIB, 0, false)];
+        let outcome = |parted, used: [bool; 3]| Outcome {
+            deviation: 1,
+            parted: Some(parted),
+            used: used.to_vec(),
+        };
+        // A 30 MiB request served from the 64 MiB segment where the real run reserved more:
+        // that segment is cut below 30 MiB.
+        let served = outcome(Parted::Served { size: 30 * MIB, segment: 1 }, [false; 3]);
+        let mended = mend(&segments, &served).unwrap();
+        assert!(mended[1..4].iter().all(|s| s.0 < 30 * MIB && !s.2), "{mended:?}");
+        assert_eq!(mended.iter().map(|s| s.0).sum::<u64>(), 106 * MIB);
+        // A small request served from a small-pool segment: it becomes a large-pool one.
+        let small = outcome(Parted::Served { size: 512, segment: 0 }, [false; 3]);
+        assert_eq!(mend(&segments, &small).unwrap()[0], (2 * MIB, 0, false));
+        // A 50 MiB segment the replay made where the real run found one cached: taken from the
+        // segments no request used (the 40 MiB one, then 10 of the 64), put first.
+        let grew = Parted::Grew { bytes: 50 * MIB, stream: 7, small: false };
+        let mended = mend(&segments, &outcome(grew, [true, false, false])).unwrap();
+        assert_eq!(mended, vec![(50 * MIB, 7, false), (2 * MIB, 0, true), (54 * MIB, 0, false)]);
+        // Not enough unused bytes: nothing to mend.
+        let grew = Parted::Grew { bytes: 50 * MIB, stream: 7, small: false };
+        assert!(mend(&segments, &outcome(grew, [true, true, false])).is_none());
+        let none = Outcome { deviation: 0, parted: None, used: vec![] };
+        assert!(mend(&segments, &none).is_none());
     }
 }
