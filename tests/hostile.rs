@@ -463,6 +463,173 @@ fn frames_repeated_in_many_stacks_cannot_take_memory_quadratic_in_the_file() {
     assert_eq!(t.devices[0].events.len(), 140);
 }
 
+/// A snapshot whose `segments` list names one segment dict `copies` times, whose `blocks` list
+/// names one block dict `blocks` times (each again a 2-byte `BINGET`): a few kilobytes that
+/// would be `copies * blocks` blocks if every reference were built.
+fn shared_segments(copies: usize, blocks: usize) -> Vec<u8> {
+    let s = |d: &mut Vec<u8>, t: &[u8]| {
+        d.push(b'X');
+        d.extend_from_slice(&(t.len() as u32).to_le_bytes());
+        d.extend_from_slice(t);
+    };
+    let int = |d: &mut Vec<u8>, v: i32| {
+        d.push(b'J');
+        d.extend_from_slice(&v.to_le_bytes());
+    };
+    let mut d = b"\x80\x04}(".to_vec();
+    s(&mut d, b"segments");
+    d.extend_from_slice(b"](}\x94(");
+    s(&mut d, b"address");
+    int(&mut d, 0x1000_0000);
+    s(&mut d, b"total_size");
+    int(&mut d, 2 << 20);
+    s(&mut d, b"blocks");
+    d.extend_from_slice(b"](}\x94(");
+    s(&mut d, b"address");
+    int(&mut d, 0x1000_0000);
+    s(&mut d, b"size");
+    int(&mut d, 2 << 20);
+    s(&mut d, b"state");
+    s(&mut d, b"inactive");
+    d.push(b'u');
+    (1..blocks).for_each(|_| d.extend_from_slice(b"h\x01"));
+    d.extend_from_slice(b"eu");
+    (1..copies).for_each(|_| d.extend_from_slice(b"h\x00"));
+    d.push(b'e');
+    s(&mut d, b"device_traces");
+    d.extend_from_slice(b"]]au.");
+    d
+}
+
+#[test]
+fn a_segment_or_block_named_again_by_a_back_reference_is_refused_before_it_is_copied() {
+    // Found by an attack: 12 KB naming one segment 3,000 times, each with one block 3,000
+    // times, took 3.8 GB and aborted `explain`; 200 KB aborted `info`.
+    let read = |d: &[u8]| read_bytes(d, Format::PytorchSnapshot, &ReadOptions::default());
+    assert_eq!(read(&shared_segments(1, 1)).unwrap().segments.len(), 1);
+    let e = read(&shared_segments(3000, 3000)).unwrap_err().to_string();
+    assert!(e.contains("segment 0: block 1: is a block dict segment 0 listed before"), "{e}");
+    let e = read(&shared_segments(50_000, 1)).unwrap_err().to_string();
+    assert!(e.contains("segment 1: is the dict of segment 0 again"), "{e}");
+    assert!(e.contains("byte "), "the place is named: {e}");
+}
+
+#[test]
+fn segments_that_overlap_or_blocks_outside_their_segment_are_refused() {
+    let segment = |e: &mut Encoder, address: i128, size: i128, block: (i128, i128)| {
+        e.begin_dict();
+        for (k, v) in [("device", 0), ("address", address), ("total_size", size)] {
+            e.str(k);
+            e.int(v);
+        }
+        e.str("blocks");
+        e.begin_list();
+        e.begin_dict();
+        for (k, v) in [("address", block.0), ("size", block.1)] {
+            e.str(k);
+            e.int(v);
+        }
+        e.str("state");
+        e.str("inactive");
+        e.end_dict();
+        e.end_list();
+        e.end_dict();
+    };
+    let snapshot = |segments: &[(i128, i128, (i128, i128))]| {
+        let mut e = Encoder::new();
+        e.begin_dict();
+        e.str("segments");
+        e.begin_list();
+        for &(a, s, b) in segments {
+            segment(&mut e, a, s, b);
+        }
+        e.end_list();
+        e.str("device_traces");
+        e.begin_list();
+        e.end_list();
+        e.end_dict();
+        e.finish()
+    };
+    let read = |d: &[u8]| read_bytes(d, Format::PytorchSnapshot, &ReadOptions::default());
+    const MIB: i128 = 1 << 20;
+    let apart =
+        [(0x1000_0000, 2 * MIB, (0x1000_0000, 2 * MIB)), (0x1020_0000, MIB, (0x1020_0000, MIB))];
+    assert_eq!(read(&snapshot(&apart)).unwrap().segments.len(), 2);
+    let overlapping =
+        [(0x1000_0000, 2 * MIB, (0x1000_0000, 2 * MIB)), (0x1010_0000, MIB, (0x1010_0000, MIB))];
+    let e = read(&snapshot(&overlapping)).unwrap_err().to_string();
+    assert!(e.contains("segments 0 and 1 of device 0 overlap"), "{e}");
+    let outside = [(0x1000_0000, MIB, (0x1000_0000, 2 * MIB))];
+    let e = read(&snapshot(&outside)).unwrap_err().to_string();
+    assert!(e.contains("segment 0: block 0 at 0x10000000 (+2097152)"), "{e}");
+}
+
+/// A snapshot of `entries` allocs sharing one frame list of `frames` references to one frame
+/// dict.
+fn shared_frame_list(entries: usize, frames: usize) -> Vec<u8> {
+    let s = |d: &mut Vec<u8>, t: &[u8]| {
+        d.push(b'X');
+        d.extend_from_slice(&(t.len() as u32).to_le_bytes());
+        d.extend_from_slice(t);
+    };
+    let mut d = b"\x80\x04}(".to_vec();
+    s(&mut d, b"segments");
+    d.push(b']');
+    s(&mut d, b"device_traces");
+    d.extend_from_slice(b"]](");
+    for i in 0..entries {
+        d.extend_from_slice(b"}(");
+        s(&mut d, b"action");
+        s(&mut d, b"alloc");
+        s(&mut d, b"addr");
+        d.push(b'J');
+        d.extend_from_slice(&(4096 * (i as i32 + 1)).to_le_bytes());
+        for k in [&b"size"[..], b"stream"] {
+            s(&mut d, k);
+            d.extend_from_slice(b"M\x00\x02");
+        }
+        s(&mut d, b"frames");
+        if i == 0 {
+            // The list, memo entry 0, of one frame dict, memo entry 1, named `frames` times.
+            d.extend_from_slice(b"]\x94(}\x94(");
+            s(&mut d, b"name");
+            s(&mut d, b"f");
+            s(&mut d, b"filename");
+            s(&mut d, b"a.py");
+            s(&mut d, b"line");
+            d.extend_from_slice(b"K\x03u");
+            (1..frames).for_each(|_| d.extend_from_slice(b"h\x01"));
+            d.push(b'e');
+        } else {
+            d.extend_from_slice(b"h\x00");
+        }
+        d.push(b'u');
+    }
+    d.extend_from_slice(b"eau.");
+    d
+}
+
+#[test]
+fn a_frame_list_many_entries_share_is_looked_at_once() {
+    // Found by an attack: 11 MB whose 100,000 entries share one 2,000,000-frame list kept
+    // `info` busy for hours, each entry's frames walked again for torch_npu's file names.
+    let (_dir, path) = temp_file("shared.pickle", &shared_frame_list(20_000, 500_000));
+    let started = Instant::now();
+    let mut child = fragsim()
+        .args(["info", path.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > Duration::from_secs(120) {
+            child.kill().unwrap();
+            panic!("info walks a shared frame list once per entry");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(child.wait().unwrap().success());
+}
+
 // ---- Issue 46: one output rule for every command (docs/interface.md, "Outputs") ----
 
 /// A small trace that frees everything it allocates (text format).

@@ -154,6 +154,39 @@ pub(crate) fn check_segment(s: &Segment) -> Result<(), String> {
     Ok(())
 }
 
+/// Checks that `segments` are apart, as memory the device handed out is: no two segments of a
+/// device overlap, and a segment's blocks lie in it, in address order, apart from each other.
+/// A snapshot that breaks this was not written by an allocator, and every number read from it
+/// would count bytes twice.
+pub(crate) fn check_segments_apart(segments: &[Segment]) -> Result<(), String> {
+    for (i, s) in segments.iter().enumerate() {
+        let end = s.address.saturating_add(s.total_size);
+        let mut next = s.address;
+        for (j, b) in s.blocks.iter().enumerate() {
+            if b.address < next || b.address.saturating_add(b.size) > end {
+                return Err(format!(
+                    "segment {i}: block {j} at {:#x} (+{}) overlaps the block before it or \
+                     lies outside the segment [{:#x}, {end:#x})",
+                    b.address, b.size, s.address
+                ));
+            }
+            next = b.address + b.size;
+        }
+    }
+    let mut order: Vec<usize> = (0..segments.len()).collect();
+    order.sort_unstable_by_key(|&i| (segments[i].device, segments[i].address));
+    for w in order.windows(2) {
+        let (a, b) = (&segments[w[0]], &segments[w[1]]);
+        if a.device == b.device && a.address.saturating_add(a.total_size) > b.address {
+            return Err(format!(
+                "segments {} and {} of device {} overlap: [{:#x}, +{}) and [{:#x}, +{})",
+                w[0], w[1], a.device, a.address, a.total_size, b.address, b.total_size
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Checks a whole trace against the table: devices (each once), events, streams per device,
 /// segments and recorded totals. The error names the device and event index or the segment.
 pub fn check_trace(trace: &Trace) -> Result<()> {
@@ -189,6 +222,7 @@ pub fn check_trace(trace: &Trace) -> Result<()> {
     for (i, s) in trace.segments.iter().enumerate() {
         check_segment(s).map_err(|m| Error::input(format!("segment {i}: {m}")))?;
     }
+    check_segments_apart(&trace.segments).map_err(Error::input)?;
     for t in &trace.recorded_totals {
         for (i, r) in t.totals.iter().enumerate() {
             check_size("recorded allocated", r.allocated)

@@ -860,6 +860,9 @@ struct Reader {
     torch_npu: bool,
     /// Frame dicts already looked at for torch_npu, by dict id, while frames are not kept.
     npu_looked: Vec<bool>,
+    /// Frame lists already looked at for torch_npu, by sequence id: a list many entries share
+    /// is walked once, not once per entry.
+    npu_looked_lists: Vec<bool>,
     /// The bytes of the frames interned so far, each stack's counted in full (see
     /// [`FRAME_BYTES_PER_INPUT_BYTE`]).
     frame_bytes: u64,
@@ -968,6 +971,7 @@ impl Reader {
         self.frame_ids.truncate(seqs);
         self.frame_cache.truncate(dicts);
         self.npu_looked.truncate(dicts);
+        self.npu_looked_lists.truncate(seqs);
         self.stacks.retain(|key, _| key.iter().all(|&d| d >= HANDLE || d < dicts as u64));
     }
 
@@ -1152,8 +1156,18 @@ impl Reader {
     /// Looks at the filenames of frame list `v` for torch_npu ([`Trace::torch_npu`]), each frame
     /// dict once: frames that are not kept are not decoded, yet the recording's maker must be
     /// known. PyTorch shares one dict per distinct frame, so a long recording costs a look per
-    /// frame of each entry and a decode per distinct frame.
+    /// frame list and a decode per distinct frame.
     fn look_for_torch_npu(&mut self, p: &Pickle, v: Value) {
+        if let Value::List(i) | Value::Tuple(i) = v {
+            let i = i as usize;
+            if self.npu_looked_lists.get(i).copied().unwrap_or(false) {
+                return;
+            }
+            if self.npu_looked_lists.len() <= i {
+                self.npu_looked_lists.resize(i + 1, false);
+            }
+            self.npu_looked_lists[i] = true;
+        }
         let Some(items) = p.items(v) else { return };
         for &f in items {
             let Value::Dict(d) = f else { continue };
@@ -1287,12 +1301,17 @@ fn read_segments(p: &Pickle, v: Value, root: Value) -> Result<Vec<Segment>> {
         schema_err(format!("'segments' is {}, not a list", v.a_type_name()), byte_of(p, v, root))
     })?;
     let mut out = Vec::with_capacity(items.len().min(1 << 16));
+    // Every segment and block a snapshot lists is an object of its own. A pickle can name one
+    // object many times (a back-reference costs two bytes), which would make a few kilobytes
+    // into billions of blocks: a dict seen twice is refused before its copy is built.
+    let mut seen = DictsSeen::default();
     for (i, &s) in items.iter().enumerate() {
         let at = byte_of(p, s, v);
         let err = |m: String| schema_err(format!("segment {i}: {m}"), at);
         if p.entries(s).is_none() {
             return Err(err(format!("is {}, not a dict", s.a_type_name())));
         }
+        seen.first_time(s, i).map_err(|k| err(format!("is the dict of segment {k} again")))?;
         let address = bytes_field(p, "address", p.get(s, "address")).map_err(err)?;
         let device = match p.get(s, "device") {
             None => 0,
@@ -1326,6 +1345,8 @@ fn read_segments(p: &Pickle, v: Value, root: Value) -> Result<Vec<Segment>> {
                 if p.entries(b).is_none() {
                     return Err(berr(format!("is {}, not a dict", b.a_type_name())));
                 }
+                let again = |k| berr(format!("is a block dict segment {k} listed before"));
+                seen.first_time(b, i).map_err(again)?;
                 let size = bytes_field(p, "size", p.get(b, "size")).map_err(berr)?;
                 let address = match p.get(b, "address") {
                     Some(a) => bytes_field(p, "address", Some(a)).map_err(berr)?,
@@ -1383,7 +1404,27 @@ fn read_segments(p: &Pickle, v: Value, root: Value) -> Result<Vec<Segment>> {
         limits::check_segment(&segment).map_err(err)?;
         out.push(segment);
     }
+    limits::check_segments_apart(&out).map_err(|m| schema_err(m, byte_of(p, v, root)))?;
     Ok(out)
+}
+
+/// The segment and block dicts read so far, by their place in the pickle's dict arena, each
+/// with the segment that listed it.
+#[derive(Default)]
+struct DictsSeen {
+    by_id: HashMap<u32, usize>,
+}
+
+impl DictsSeen {
+    /// Notes `v` (a dict) as listed by segment `segment`; `Err` holds the segment that listed
+    /// it before.
+    fn first_time(&mut self, v: Value, segment: usize) -> std::result::Result<(), usize> {
+        let Value::Dict(id) = v else { return Ok(()) };
+        match self.by_id.insert(id, segment) {
+            Some(k) => Err(k),
+            None => Ok(()),
+        }
+    }
 }
 
 /// A 2.0-era block's request size: `history[0].real_size`.

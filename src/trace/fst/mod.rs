@@ -865,7 +865,7 @@ fn check_segments(segments: &[Segment]) -> Result<()> {
     for (i, s) in segments.iter().enumerate() {
         limits::check_segment(s).map_err(|m| Error::input(format!("segment {i}: {m}")))?;
     }
-    Ok(())
+    limits::check_segments_apart(segments).map_err(Error::input)
 }
 
 /// What writing `trace` as .fst leaves out: nothing, the format holds the whole model.
