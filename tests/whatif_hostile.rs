@@ -325,6 +325,16 @@ fn a_fifo_named_twice_is_read_once() {
     assert!(stdout(&o).contains(",bfc,"), "{}", stdout(&o));
 }
 
+#[cfg(unix)]
+#[test]
+fn a_diff_of_one_fifo_named_twice_reads_it_once() {
+    let o = run_on_a_fifo(&["diff", "{fifo}", "{fifo}", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("is named twice; it is read once"), "{}", stderr(&o));
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["a"]["peak_reserved_bytes"], v["b"]["peak_reserved_bytes"], "{v}");
+}
+
 /// With no `-p`, the built-in grid is chosen by a look at the first trace; the sweep replays the
 /// trace that look read (it opened the file again, and hung on a FIFO).
 #[cfg(unix)]

@@ -430,6 +430,11 @@ pub fn diff(
         let (spec_a, spec_b) = pair_specs(&policies, on_b.is_some())?;
         let options = BlameOptions { at: Moment::PeakLive, ..grouping(by.as_deref(), top, depth)? };
         let mut notes = Vec::new();
+        // B naming A's file again is read once, as the command line reads it.
+        let on_b = match on_b {
+            Some(on_b) => distinct(vec![asked.on.clone(), on_b], &mut notes).into_iter().nth(1),
+            None => None,
+        };
         let jobs = bounded_jobs(jobs, 1, &mut notes);
         let side = |session: &Session, spec: &PolicySpec| {
             jobs.install(|| session.diff_side(spec, &options))?

@@ -80,9 +80,20 @@ pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     // One trace at a time: A is summarised and dropped before B is read, so two large traces
     // are never held at once.
     let charts = args.out.is_some();
+    // B naming A's file again is read once (a FIFO's second open would wait forever).
+    let b = match &args.b {
+        Some(b) => {
+            let paths = [args.a.clone(), b.clone()];
+            let control = args.control.clone();
+            let distinct =
+                fragsim::report::output::distinct_inputs(&paths, |n| control.note(io, n));
+            (distinct.len() == 2).then(|| b.clone())
+        }
+        None => None,
+    };
     let session_a = args.control.session(io, &args.a, args.device, true)?;
     let (side_a, lines_a) = side(&args, io, &session_a, &spec_a, &options, charts)?;
-    let (side_b, lines_b) = match &args.b {
+    let (side_b, lines_b) = match &b {
         Some(path) => {
             drop(session_a);
             let session_b = args.control.session(io, path, args.device, true)?;
