@@ -625,13 +625,30 @@ impl RawEvent {
         let action = if bytes > 0 { Action::Alloc } else { Action::FreeCompleted };
         let event = Event::new(action, addr, bytes.unsigned_abs() as u64, 0, ts.round() as i64);
         limits::check_event(&event)?;
-        let total = |v: Scalar| v.integer("").ok().and_then(|n| u64::try_from(n).ok());
-        let totals = match (total(a.total_allocated), total(a.total_reserved)) {
+        let totals = match (
+            total("Total Allocated", a.total_allocated)?,
+            total("Total Reserved", a.total_reserved)?,
+        ) {
             (Some(allocated), Some(reserved)) => Some(RecordedTotals { allocated, reserved }),
             _ => None,
         };
         Ok(Some(Found { ts, device, event, totals }))
     }
+}
+
+/// A recorded total (`Total Allocated`, `Total Reserved`): `None` where the event lacks it (an
+/// older profiler), or why it is no byte count. A value that is there but wrong (negative, not
+/// an integer, 2^60 or more) is an error, not a total quietly dropped with the recorded row.
+fn total(key: &str, v: Scalar) -> std::result::Result<Option<u64>, String> {
+    if v == Scalar::Missing {
+        return Ok(None);
+    }
+    let n = v.integer(key)?;
+    u64::try_from(n)
+        .ok()
+        .filter(|&n| n < limits::SIZE_LIMIT)
+        .map(Some)
+        .ok_or_else(|| format!("'{key}' is {n}, not a byte count (0 to 2^60)"))
 }
 
 /// True for an event named `[memory]`; any other name or type is false (nothing is allocated).
@@ -747,6 +764,12 @@ impl<'de> Deserialize<'de> for RawArgs {
                             continue;
                         }
                     };
+                    if *slot != Scalar::Missing {
+                        return Err(de::Error::custom(format_args!(
+                            "'{}' appears twice in one event's args",
+                            key.0
+                        )));
+                    }
                     *slot = map.next_value()?;
                 }
                 Ok(args)
@@ -759,6 +782,45 @@ impl<'de> Deserialize<'de> for RawArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_total_that_is_there_but_no_byte_count_is_refused_naming_the_event() {
+        let event = |totals: &str| {
+            format!(
+                r#"{{"traceEvents": [{{"ph":"i","name":"[memory]","ts":1,"args":{{"Device Type":1,"Device Id":0,"Addr":4096,"Bytes":512{totals}}}}}]}}"#
+            )
+        };
+        let read_with = |totals: &str| read(event(totals).as_bytes(), &ReadOptions::default());
+        let t = read_with(r#","Total Allocated":512,"Total Reserved":2097152"#).unwrap();
+        assert_eq!(t.totals_of(0).unwrap()[0].reserved, 2097152);
+        // An older profiler without totals: read, with no recorded totals.
+        assert!(read_with("").unwrap().totals_of(0).is_none());
+        for (totals, why) in [
+            (
+                r#","Total Allocated":512,"Total Reserved":-1"#,
+                "'Total Reserved' is -1, not a byte count",
+            ),
+            (
+                r#","Total Allocated":-7,"Total Reserved":0"#,
+                "'Total Allocated' is -7, not a byte count",
+            ),
+            (r#","Total Allocated":512,"Total Reserved":1e30"#, "'Total Reserved' is"),
+            (
+                r#","Total Allocated":512,"Total Reserved":null"#,
+                "'Total Reserved' is not an integer",
+            ),
+            (
+                r#","Total Allocated":"512","Total Reserved":0"#,
+                "'Total Allocated' is not an integer",
+            ),
+            (r#","Bytes":1024"#, "'Bytes' appears twice in one event's args"),
+        ] {
+            let e = read_with(totals).unwrap_err().to_string();
+            assert!(e.contains(why), "{totals}: {e}");
+        }
+        let e = read_with(r#","Total Allocated":512,"Total Reserved":-1"#).unwrap_err();
+        assert!(e.to_string().contains("traceEvents[0]"), "{e}");
+    }
 
     fn mem(ts: &str, ty: u32, id: i32, addr: i64, bytes: i64) -> String {
         format!(
