@@ -328,6 +328,14 @@ pub fn read_part(data: &[u8], file: &Path) -> Result<SweepReport> {
         None => &grid_specs[..],
     };
     let results = read_rows(top, file, mine, &traces)?;
+    let capacity = match top.get("capacity") {
+        None => None,
+        Some(Value::String(c)) => {
+            capacity_agrees(c, &grid_settings).map_err(|m| bad(file, "capacity", m))?;
+            Some(c.clone())
+        }
+        Some(v) => return Err(expected(file, "capacity", "a string", v)),
+    };
     Ok(SweepReport {
         traces,
         objective,
@@ -344,12 +352,31 @@ pub fn read_part(data: &[u8], file: &Path) -> Result<SweepReport> {
             Some(Value::Bool(b)) => *b,
             Some(v) => return Err(expected(file, "host_memory", "true or false", v)),
         },
-        capacity: match top.get("capacity") {
-            None => None,
-            Some(Value::String(c)) => Some(c.clone()),
-            Some(v) => return Err(expected(file, "capacity", "a string", v)),
-        },
+        capacity,
     })
+}
+
+/// Checks a part's `capacity` (the text given to `--capacity`) against the capacity setting its
+/// grid id covers (`grid_settings`): `recorded` and `none` are settings of their own, and any
+/// other text is a size. A part whose text was edited to another kind is refused.
+fn capacity_agrees(text: &str, grid_settings: &[String]) -> std::result::Result<(), String> {
+    let setting = grid_settings.iter().find_map(|s| s.strip_prefix("capacity="));
+    let kind = |setting: &str| match setting {
+        "recorded" => "recorded",
+        "None" => "none",
+        _ => "a size",
+    };
+    let typed = match text.trim().to_ascii_lowercase().as_str() {
+        "recorded" => "recorded",
+        "none" => "none",
+        _ => "a size",
+    };
+    match setting.map(kind) {
+        Some(k) if k != typed => Err(format!(
+            "'{text}' is not the capacity the grid was swept under ({k}, grid_settings): the part was edited"
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// A part's `traces`: at least one, none twice.
@@ -605,6 +632,19 @@ mod tests {
     /// literal names every field (no `..Default::default()`), so a new field does not compile
     /// here until this test holds it: a key `replay --json` writes and `check` refuses is how
     /// `start_assumed` broke a warm profiler trace's baseline.
+    #[test]
+    fn a_parts_capacity_text_is_of_the_kind_its_grid_was_swept_under() {
+        let settings = |s: &str| vec![format!("capacity={s}")];
+        assert!(capacity_agrees("recorded", &settings("recorded")).is_ok());
+        assert!(capacity_agrees("none", &settings("None")).is_ok());
+        assert!(capacity_agrees("a100-40gb", &settings("Some(42949672960)")).is_ok());
+        assert!(capacity_agrees("40GiB", &[]).is_ok(), "older parts name no setting");
+        let e = capacity_agrees("40GiB", &settings("recorded")).unwrap_err();
+        assert!(e.contains("not the capacity the grid was swept under (recorded"), "{e}");
+        assert!(capacity_agrees("recorded", &settings("Some(1)")).is_err());
+        assert!(capacity_agrees("none", &settings("recorded")).is_err());
+    }
+
     #[test]
     fn every_key_a_result_is_written_with_reads_back() {
         use crate::metrics::{OomDetail, PolicyResult};

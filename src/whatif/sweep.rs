@@ -349,6 +349,15 @@ pub fn merge(mut parts: Vec<Part>) -> Result<SweepReport> {
                 "the parts come from different sweeps (another grid, --capacity or --device)",
             ));
         }
+        if r.capacity != f.capacity {
+            return Err(differs(
+                p,
+                "capacity",
+                show(&r.capacity),
+                show(&f.capacity),
+                "the parts come from sweeps under different capacities (or one was edited)",
+            ));
+        }
         let c = r.shard.map_or(1, |s| s.count);
         if c != count {
             return Err(differs(
@@ -397,7 +406,7 @@ pub fn merge(mut parts: Vec<Part>) -> Result<SweepReport> {
         )));
     }
     let host = parts.iter().any(|p| p.report.host_memory);
-    // The parts share one grid id, which covers the capacity setting.
+    // The parts share one grid id, which covers the capacity setting, and one capacity text.
     let capacity = parts.iter().find_map(|p| p.report.capacity.clone());
     let results = parts.into_iter().flat_map(|p| p.report.results).collect();
     let mut merged = report(traces, &objective, results, reference.as_deref())?;
@@ -587,6 +596,10 @@ mod tests {
         other[2].report.shard = Some(Shard { index: 2, count: 4 });
         let e = merge(other).unwrap_err().to_string();
         assert!(e.starts_with("p2.json: shard.count: 4 differs from 3 in p0.json"), "{e}");
+        let mut other = parts.clone();
+        other[2].report.capacity = Some("40GiB".into());
+        let e = merge(other).unwrap_err().to_string();
+        assert!(e.starts_with("p2.json: capacity: '40GiB' differs from none in p0.json"), "{e}");
         assert_eq!(grid_id(&["a", "b"]), grid_id(&["a".to_string(), "b".to_string()]));
         assert_ne!(grid_id(&["ab"]), grid_id(&["a", "b"]));
         let e = merge(parts[..2].to_vec()).unwrap_err().to_string();
