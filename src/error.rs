@@ -177,6 +177,13 @@ impl Error {
         self
     }
 
+    /// The same error with `prefix` before its message (`pytorch: ...`), where it was and
+    /// what caused it kept.
+    pub fn prefixed(mut self, prefix: &str) -> Error {
+        self.message = format!("{prefix}: {}", self.message);
+        self
+    }
+
     /// Names the format the file was read as, unless one is named already.
     pub fn in_format(mut self, format: &'static str) -> Error {
         if self.location.format.is_none() {

@@ -209,6 +209,31 @@ fn zero_byte_allocations_to_kineto_give_a_loss_note() {
 }
 
 #[test]
+fn an_answer_the_trace_cannot_give_names_the_trace() {
+    // An attack found `fit` and `blame --at oom` naming no file, which a sweep over many traces
+    // leaves to guess.
+    let (_d, path) =
+        temp_file("huge.txt", format!("alloc 0x100 {}\n", (1u64 << 60) - 1).as_bytes());
+    let o = run(&["fit", "-p", "pytorch", path.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("huge.txt: text: pytorch: the policy runs out of memory even with"),
+        "{}",
+        stderr(&o)
+    );
+    let trace = bundled("gpt-4l-512h.txt");
+    for command in ["blame", "explain"] {
+        let o = run(&[command, trace.to_str().unwrap(), "--at", "oom"]);
+        assert_eq!(o.status.code(), Some(2), "{command}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("gpt-4l-512h.txt: text: --at oom: pytorch never runs out"),
+            "{command}: {}",
+            stderr(&o)
+        );
+    }
+}
+
+#[test]
 fn errors_after_reading_name_the_file_format_and_event() {
     let (_d, path) = temp_file("big.txt", format!("alloc 0x100 {}\n", 1u64 << 52).as_bytes());
     let o = run(&["replay", "-p", "offline", path.to_str().unwrap()]);

@@ -415,7 +415,8 @@ pub fn moment_of(
                         Some(c) => format!(" under a capacity of {c} B"),
                         None => " (give --capacity)".to_string(),
                     }
-                ))),
+                ))
+                .in_format(input.trace().format.name())),
             }
         }
     }

@@ -384,7 +384,8 @@ fn moment_of(
                         Some(c) => format!(" under a capacity of {c} B"),
                         None => " (give --capacity)".to_string(),
                     }
-                )))
+                ))
+                .in_format(input.trace().format.name()))
             }
         },
         Moment::Peak | Moment::PeakLive => ("peak", full.detail.peak_reserved_during_trace_event),

@@ -401,8 +401,10 @@ pub fn fit_policy(
         let r = replay_at(spec, input, Some(c), cancel)?;
         Ok(Probe { oom: r.oom, peak_reserved: r.peak_reserved_bytes })
     };
-    let found = fit(probe, &options)
-        .map_err(|e| Error::new(e.kind(), format!("{}: {}", spec.display(), e.message())))?;
+    // Whatever ends the search is about this trace's run: the error names its file.
+    let found = fit(probe, &options).map_err(|e| {
+        e.prefixed(&spec.display().to_string()).in_format(input.trace().format.name())
+    })?;
     let cards = cards_fit(found.min_capacity_bytes, outside)
         .into_iter()
         .filter(|_| !host)
