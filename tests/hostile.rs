@@ -209,6 +209,44 @@ fn zero_byte_allocations_to_kineto_give_a_loss_note() {
 }
 
 #[test]
+fn running_totals_kineto_could_not_read_back_are_left_out_with_a_note() {
+    // A free of a block allocated before the trace takes the running live bytes below zero:
+    // written as totals, the file was one fragsim refuses to read.
+    let t = text("free_completed 0x100 512 @1\nalloc 0x200 1024 @2\n").unwrap();
+    let notes = (Format::Kineto.info().losses)(&t);
+    assert!(notes.iter().any(|n| n.contains("no Total Allocated or Total Reserved")), "{notes:?}");
+    let mut out = Vec::new();
+    write_to(&t, Format::Kineto, &mut out).unwrap();
+    let back = read_bytes(&out, Format::Kineto, &ReadOptions::default()).unwrap();
+    assert_eq!(back.devices[0].events.len(), 2);
+    assert!(back.totals_of(0).is_none());
+    // A trace whose sums stay byte counts keeps them.
+    let t = text("alloc 0x200 1024 @2\nfree_completed 0x200 1024 @3\n").unwrap();
+    assert!((Format::Kineto.info().losses)(&t).is_empty());
+}
+
+#[test]
+fn a_profiler_traces_totals_written_where_no_format_holds_them_are_said_lost() {
+    let kineto = crate::util::real_trace("kineto-ddp-v100-rank1.json.gz");
+    let dir = tempfile::tempdir().unwrap();
+    for out in ["k.pickle", "k.txt", "k.csv"] {
+        let out = dir.path().join(out);
+        let o = run(&["convert", kineto.to_str().unwrap(), out.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains(
+                "device 1: the recorded Total Allocated and Total Reserved are not part of"
+            ),
+            "{}",
+            stderr(&o)
+        );
+        // Host memory (device -1) is left out of a snapshot and an RMM log altogether.
+        let host_written = out.extension().is_some_and(|e| e == "txt");
+        assert_eq!(stderr(&o).contains("device -1: the recorded"), host_written, "{}", stderr(&o));
+    }
+}
+
+#[test]
 fn an_answer_the_trace_cannot_give_names_the_trace() {
     // An attack found `fit` and `blame --at oom` naming no file, which a sweep over many traces
     // leaves to guess.

@@ -124,6 +124,7 @@ pub(crate) fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
         let mut reserved: i128 = 0;
         let mut last_ts = i64::MIN;
         let recorded = trace.totals_of(d.device);
+        let totals = recorded.is_some() || running_totals_fit(d, frees);
         for (i, e) in d.events.iter().enumerate() {
             let bytes: i128 = match e.action {
                 Action::Alloc => e.size as i128,
@@ -148,18 +149,41 @@ pub(crate) fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
                 out.write_all(b",").map_err(io)?;
             }
             first = false;
+            let totals = match totals {
+                true => format!(
+                    ", \"Total Allocated\": {total_allocated}, \"Total Reserved\": {total_reserved}"
+                ),
+                false => String::new(),
+            };
             write!(
                 out,
                 "\n  {{\"ph\": \"i\", \"cat\": \"cpu_instant_event\", \"s\": \"t\", \"name\": \"[memory]\", \
                  \"pid\": 0, \"tid\": 0, \"ts\": {last_ts}, \"args\": {{\"Device Type\": {device_type}, \
-                 \"Device Id\": {device_id}, \"Addr\": {}, \"Bytes\": {bytes}, \
-                 \"Total Allocated\": {total_allocated}, \"Total Reserved\": {total_reserved}}}}}",
+                 \"Device Id\": {device_id}, \"Addr\": {}, \"Bytes\": {bytes}{totals}}}}}",
                 e.addr
             )
             .map_err(io)?;
         }
     }
     writeln!(out, "\n]}}").map_err(io)
+}
+
+/// Whether device `d`'s running sums (live bytes, and bytes of its segment events), which
+/// [`write`] gives as the totals of a trace that recorded none, stay byte counts a reader takes
+/// (0 to 2^60): a free of a block allocated before the trace takes them below zero.
+fn running_totals_fit(d: &crate::trace::DeviceTrace, frees: Action) -> bool {
+    let (mut allocated, mut reserved) = (0i128, 0i128);
+    let fits = |v: i128| (0..limits::SIZE_LIMIT as i128).contains(&v);
+    d.events.iter().all(|e| {
+        match e.action {
+            Action::Alloc => allocated += e.size as i128,
+            a if a == frees => allocated -= e.size as i128,
+            Action::SegmentAlloc | Action::SegmentMap => reserved += e.size as i128,
+            Action::SegmentFree | Action::SegmentUnmap => reserved -= e.size as i128,
+            _ => {}
+        }
+        fits(allocated) && fits(reserved)
+    })
 }
 
 /// What writing `trace` as Kineto JSON leaves out, one line each (empty when nothing is lost).
@@ -209,6 +233,13 @@ pub(crate) fn losses(trace: &Trace) -> Vec<String> {
         if d.events.iter().any(|e| e.stream != 0) {
             out.push(format!(
                 "device {}: Kineto records no streams; all become stream 0",
+                d.device
+            ));
+        }
+        if trace.totals_of(d.device).is_none() && !running_totals_fit(d, frees) {
+            out.push(format!(
+                "device {}: no Total Allocated or Total Reserved are written: the trace recorded \
+                 none, and its running sums go below zero (blocks allocated before it) or past 2^60",
                 d.device
             ));
         }

@@ -452,6 +452,23 @@ impl Trace {
             .map(|t| t.totals.as_slice())
     }
 
+    /// What a format without recorded totals (`format`) loses of this trace: one line per device
+    /// it `writes` whose events carry them (a profiler trace's `Total Allocated` and `Total
+    /// Reserved`, from which the memory live and reserved before the first event follow).
+    pub(crate) fn totals_loss(&self, format: &str, writes: impl Fn(i32) -> bool) -> Vec<String> {
+        (self.recorded_totals.iter())
+            .filter(|t| !t.totals.is_empty() && writes(t.device))
+            .map(|t| {
+                format!(
+                    "device {}: the recorded Total Allocated and Total Reserved are not part of \
+                     the {format} format: a replay of the output starts with nothing live or \
+                     reserved before its first event",
+                    t.device
+                )
+            })
+            .collect()
+    }
+
     /// The events of `device` before which the recorded run gave memory back: its recorded
     /// `Total Reserved` after the event is below the level after the one before. A caching
     /// allocator's reserve falls only when it releases cached segments (`empty_cache()`, or the

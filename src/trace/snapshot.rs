@@ -1580,9 +1580,10 @@ pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
 }
 
 /// What writing `trace` as a snapshot leaves out, one line each (empty when nothing is lost):
-/// devices below 0 (host memory) have no place in `device_traces`.
+/// devices below 0 (host memory) have no place in `device_traces`, and a profiler trace's
+/// recorded totals none in a snapshot.
 pub(crate) fn losses(trace: &Trace) -> Vec<String> {
-    trace
+    let mut out: Vec<String> = trace
         .devices
         .iter()
         .filter(|d| d.device < 0 && !d.events.is_empty())
@@ -1593,7 +1594,9 @@ pub(crate) fn losses(trace: &Trace) -> Vec<String> {
                 d.events.len()
             )
         })
-        .collect()
+        .collect();
+    out.extend(trace.totals_loss("snapshot", |d| d >= 0));
+    out
 }
 
 /// The most device indices a written snapshot may hold (a guard against absurd device numbers).
