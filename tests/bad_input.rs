@@ -318,6 +318,7 @@ fn gzip_bomb_is_refused_in_proportion_to_the_file() {
         stderr(&o)
     );
     assert!(stderr(&o).contains("decompression bomb"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("decompress it with gunzip -k"), "the way around: {}", stderr(&o));
 }
 
 /// A directory given as the trace names the traces in it, so the fix is one copy and paste,

@@ -80,7 +80,7 @@ pub struct Limit {
 }
 
 /// The table of limits, in the order `docs/interface.md` lists them (a test checks it does).
-pub const LIMITS: [Limit; 7] = [
+pub const LIMITS: [Limit; 8] = [
     Limit { what: "size", rule: "every size (request, segment, block) is below 2^60 bytes" },
     Limit { what: "address", rule: "every address range ends at or below 2^64 - 1: addr + size never wraps" },
     Limit { what: "time", rule: "event times are microseconds in 0..=2^53" },
@@ -90,6 +90,10 @@ pub const LIMITS: [Limit; 7] = [
     Limit {
         what: "input",
         rule: "a file holds at most 8 GiB, raw or decompressed (FRAGSIM_MAX_INPUT_SIZE, --max-input-size)",
+    },
+    Limit {
+        what: "gzip",
+        rule: "a `.gz` file expands to at most 200× its own size (and at least 64 MiB): real traces compress 5–20×, a bomb far more; decompress such a file yourself (`gunzip -k`) and give fragsim the result",
     },
 ];
 

@@ -439,7 +439,7 @@ impl<R: Read> Read for Inflate<R> {
                 self.produced += n as u64;
                 if self.produced > self.limit {
                     let e = Error::input(format!(
-                        "gzip stream expands to more than {} bytes ({}× its compressed size); refusing to read a likely decompression bomb",
+                        "gzip stream expands to more than {} bytes ({}× its compressed size); refusing to read a likely decompression bomb (if it is a real trace, decompress it with gunzip -k and give fragsim the result)",
                         self.limit,
                         self.limit / self.compressed.max(1)
                     ))
