@@ -132,6 +132,12 @@ fn a_snapshot_with_2_15_keys_validates_and_names_2_15() {
         "{info}"
     );
     assert!(info.contains("annotate entries: 1"), "{info}");
+    // A pinned block's `allocated` as a bool (allocated or not) counts its size, not one byte.
+    let mut by_flag = snapshot_2_15();
+    by_flag["host_segments"][0]["allocated"] = Value::Bool(true);
+    let (_d, flagged) = temp_file("b.pickle", &pickle(&by_flag));
+    let flagged = stdout(&run(&["info", flagged.to_str().unwrap()]));
+    assert!(flagged.contains("4.00 MiB reserved, 4.00 MiB allocated"), "{flagged}");
     assert!(
         info.contains("PyTorch release: 2.15 (trace entries carry internal_metadata)"),
         "{info}"

@@ -1467,8 +1467,14 @@ fn read_host_allocator(p: &Pickle, root: Value, extras: &mut SnapshotExtras) {
             let int = |key: &str| {
                 p.get(s, key).and_then(|v| p.int(v)).and_then(|x| u64::try_from(x).ok())
             };
-            h.reserved = h.reserved.saturating_add(int("size").unwrap_or(0));
-            h.allocated = h.allocated.saturating_add(int("allocated").unwrap_or(0));
+            let size = int("size").unwrap_or(0);
+            h.reserved = h.reserved.saturating_add(size);
+            // A pinned block is allocated or not (a bool); a count of bytes is read as one.
+            let allocated = match p.get(s, "allocated") {
+                Some(Value::Bool(b)) => u64::from(b) * size,
+                _ => int("allocated").unwrap_or(0),
+            };
+            h.allocated = h.allocated.saturating_add(allocated);
         }
         extras.host_segments = Some(h);
     }
