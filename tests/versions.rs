@@ -197,6 +197,9 @@ fn pytorch_versions_2_12_to_2_15_are_accepted_and_later_ones_refused() {
     for v in ["2.12", "2.13", "2.14", "2.15", "2.15.1"] {
         let (code, out, text) = validate(&snapshot_2_15(), &["--pytorch-version", v]);
         assert_eq!(code, 0, "{v}: {out} {text}");
+        // The notes name the release modelled, asked for or not.
+        let named = format!("modelled PyTorch {} (as asked)", &v[..4]);
+        assert!(text.contains(&named), "{v}: {text}");
     }
     let (code, _, text) = validate(&snapshot_2_15(), &["--pytorch-version", "2.16"]);
     assert_eq!(code, 2);

@@ -457,9 +457,8 @@ fn configure(
         let own_allocator = pool_memory.own_allocator.len() as u64;
         notes.push(Warning::PrivatePoolMemory { expandable, own_allocator });
     }
-    if options.version.is_none() {
-        notes.push(Warning::ModelledVersion { modelled });
-    }
+    // Named whether read from the recording or asked for (`modelled PyTorch 2.13 (as asked)`).
+    notes.push(Warning::ModelledVersion { modelled });
     Ok(config)
 }
 
