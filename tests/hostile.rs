@@ -460,40 +460,54 @@ fn property_a_damaged_fst_streams_as_it_loads_through_the_fuzz_body() {
     }
 }
 
+/// Appends a pickle `SHORT/BINUNICODE` string.
+fn pickle_str(d: &mut Vec<u8>, t: &[u8]) {
+    d.push(b'X');
+    d.extend_from_slice(&(t.len() as u32).to_le_bytes());
+    d.extend_from_slice(t);
+}
+
+/// The start of a snapshot pickle whose `segments` list is empty, open at its first device's
+/// entries.
+fn entries_start() -> Vec<u8> {
+    let mut d = b"\x80\x04}(".to_vec();
+    pickle_str(&mut d, b"segments");
+    d.push(b']');
+    pickle_str(&mut d, b"device_traces");
+    d.extend_from_slice(b"]](");
+    d
+}
+
+/// Appends entry `i`, an alloc of 512 bytes at its own address, open at its `frames` value.
+fn alloc_entry_to_frames(d: &mut Vec<u8>, i: usize) {
+    d.extend_from_slice(b"}(");
+    pickle_str(d, b"action");
+    pickle_str(d, b"alloc");
+    pickle_str(d, b"addr");
+    d.push(b'J');
+    d.extend_from_slice(&(4096 * (i as i32 + 1)).to_le_bytes());
+    for k in [&b"size"[..], b"stream"] {
+        pickle_str(d, k);
+        d.extend_from_slice(b"M\x00\x02");
+    }
+    pickle_str(d, b"frames");
+}
+
 /// A snapshot whose entries have ever longer distinct stacks of one frame dict with an
 /// 8000-byte filename, each frame a 2-byte `BINGET`: 36 KB of pickle, 80 MB of frames.
 fn repeated_long_frame(entries: usize) -> Vec<u8> {
-    let s = |d: &mut Vec<u8>, t: &[u8]| {
-        d.push(b'X');
-        d.extend_from_slice(&(t.len() as u32).to_le_bytes());
-        d.extend_from_slice(t);
-    };
-    let mut d = b"\x80\x04}(".to_vec();
-    s(&mut d, b"segments");
-    d.push(b']');
-    s(&mut d, b"device_traces");
-    d.extend_from_slice(b"]](");
+    let mut d = entries_start();
     for i in 0..entries {
-        d.extend_from_slice(b"}(");
-        s(&mut d, b"action");
-        s(&mut d, b"alloc");
-        s(&mut d, b"addr");
-        d.push(b'J');
-        d.extend_from_slice(&(4096 * (i as i32 + 1)).to_le_bytes());
-        for k in [&b"size"[..], b"stream"] {
-            s(&mut d, k);
-            d.extend_from_slice(b"M\x00\x02");
-        }
-        s(&mut d, b"frames");
+        alloc_entry_to_frames(&mut d, i);
         d.extend_from_slice(b"](");
         if i == 0 {
             // The frame dict, memo entry 0.
             d.extend_from_slice(b"}\x94(");
-            s(&mut d, b"name");
-            s(&mut d, b"f");
-            s(&mut d, b"filename");
-            s(&mut d, &[b'a'; 8000]);
-            s(&mut d, b"line");
+            pickle_str(&mut d, b"name");
+            pickle_str(&mut d, b"f");
+            pickle_str(&mut d, b"filename");
+            pickle_str(&mut d, &[b'a'; 8000]);
+            pickle_str(&mut d, b"line");
             d.extend_from_slice(b"K\x03u");
         } else {
             (0..=i).for_each(|_| d.extend_from_slice(b"h\x00"));
@@ -530,11 +544,7 @@ fn frames_repeated_in_many_stacks_cannot_take_memory_quadratic_in_the_file() {
 /// names one block dict `blocks` times (each again a 2-byte `BINGET`): a few kilobytes that
 /// would be `copies * blocks` blocks if every reference were built.
 fn shared_segments(copies: usize, blocks: usize) -> Vec<u8> {
-    let s = |d: &mut Vec<u8>, t: &[u8]| {
-        d.push(b'X');
-        d.extend_from_slice(&(t.len() as u32).to_le_bytes());
-        d.extend_from_slice(t);
-    };
+    let s = pickle_str;
     let int = |d: &mut Vec<u8>, v: i32| {
         d.push(b'J');
         d.extend_from_slice(&v.to_le_bytes());
@@ -630,36 +640,17 @@ fn segments_that_overlap_or_blocks_outside_their_segment_are_refused() {
 /// A snapshot of `entries` allocs sharing one frame list of `frames` references to one frame
 /// dict.
 fn shared_frame_list(entries: usize, frames: usize) -> Vec<u8> {
-    let s = |d: &mut Vec<u8>, t: &[u8]| {
-        d.push(b'X');
-        d.extend_from_slice(&(t.len() as u32).to_le_bytes());
-        d.extend_from_slice(t);
-    };
-    let mut d = b"\x80\x04}(".to_vec();
-    s(&mut d, b"segments");
-    d.push(b']');
-    s(&mut d, b"device_traces");
-    d.extend_from_slice(b"]](");
+    let mut d = entries_start();
     for i in 0..entries {
-        d.extend_from_slice(b"}(");
-        s(&mut d, b"action");
-        s(&mut d, b"alloc");
-        s(&mut d, b"addr");
-        d.push(b'J');
-        d.extend_from_slice(&(4096 * (i as i32 + 1)).to_le_bytes());
-        for k in [&b"size"[..], b"stream"] {
-            s(&mut d, k);
-            d.extend_from_slice(b"M\x00\x02");
-        }
-        s(&mut d, b"frames");
+        alloc_entry_to_frames(&mut d, i);
         if i == 0 {
             // The list, memo entry 0, of one frame dict, memo entry 1, named `frames` times.
             d.extend_from_slice(b"]\x94(}\x94(");
-            s(&mut d, b"name");
-            s(&mut d, b"f");
-            s(&mut d, b"filename");
-            s(&mut d, b"a.py");
-            s(&mut d, b"line");
+            pickle_str(&mut d, b"name");
+            pickle_str(&mut d, b"f");
+            pickle_str(&mut d, b"filename");
+            pickle_str(&mut d, b"a.py");
+            pickle_str(&mut d, b"line");
             d.extend_from_slice(b"K\x03u");
             (1..frames).for_each(|_| d.extend_from_slice(b"h\x01"));
             d.push(b'e');

@@ -1159,26 +1159,16 @@ impl Reader {
     /// frame list and a decode per distinct frame.
     fn look_for_torch_npu(&mut self, p: &Pickle, v: Value) {
         if let Value::List(i) | Value::Tuple(i) = v {
-            let i = i as usize;
-            if self.npu_looked_lists.get(i).copied().unwrap_or(false) {
+            if !first_look(&mut self.npu_looked_lists, i) {
                 return;
             }
-            if self.npu_looked_lists.len() <= i {
-                self.npu_looked_lists.resize(i + 1, false);
-            }
-            self.npu_looked_lists[i] = true;
         }
         let Some(items) = p.items(v) else { return };
         for &f in items {
             let Value::Dict(d) = f else { continue };
-            let d = d as usize;
-            if self.npu_looked.get(d).copied().unwrap_or(false) {
+            if !first_look(&mut self.npu_looked, d) {
                 continue;
             }
-            if self.npu_looked.len() <= d {
-                self.npu_looked.resize(d + 1, false);
-            }
-            self.npu_looked[d] = true;
             for &(k, x) in p.entries(f).unwrap_or(&[]) {
                 if p.str_bytes(k) == Some(b"filename".as_slice()) {
                     // A name longer than a path can be (PATH_MAX) names no torch_npu file, and
@@ -1250,6 +1240,19 @@ impl Reader {
         self.frame_cache[key] = Some(frame.clone());
         frame
     }
+}
+
+/// Marks container `i` (an arena index) as looked at in `looked`; true the first time.
+fn first_look(looked: &mut Vec<bool>, i: u32) -> bool {
+    let i = i as usize;
+    if looked.get(i).copied().unwrap_or(false) {
+        return false;
+    }
+    if looked.len() <= i {
+        looked.resize(i + 1, false);
+    }
+    looked[i] = true;
+    true
 }
 
 /// A size or address field: a present integer in `0..=2^60` (an address: `0..2^64`). The
