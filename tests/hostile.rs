@@ -949,7 +949,8 @@ fn assert_folder_well_formed(dir: &Path) -> usize {
 #[test]
 fn hostile_names_are_escaped_in_tables_and_csv_and_every_svg_and_html_is_well_formed() {
     let dir = tempfile::tempdir().unwrap();
-    let a = dir.path().join("a.pickle");
+    // The file's own name is hostile too: charts' titles and summary.md name it (D3).
+    let a = dir.path().join("a<b>&\"'\u{1b}]]>\u{7}z.pickle");
     let b = dir.path().join("b.pickle");
     std::fs::write(&a, hostile_snapshot(1)).unwrap();
     std::fs::write(&b, hostile_snapshot(2)).unwrap();
@@ -992,6 +993,14 @@ fn hostile_names_are_escaped_in_tables_and_csv_and_every_svg_and_html_is_well_fo
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(out.join("flame.svg").is_file() && out.join("sites.svg").is_file());
     assert!(assert_folder_well_formed(&out) >= 5, "index.html and the charts' SVGs");
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert_printable("summary.md", &summary);
+    assert!(summary.contains("\\x1b]]>\\x07z.pickle"), "{summary}");
+    let peaks = std::fs::read_to_string(out.join("peaks.svg")).unwrap();
+    assert!(peaks.contains("\\x1b]]&gt;\\x07z.pickle"), "{peaks}");
+    let o = run(&["info", a]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_printable("info", &stdout(&o));
 }
 
 /// A recorded `PYTORCH_CUDA_ALLOC_CONF` the `pytorch` policy cannot read is refused in every

@@ -7,6 +7,7 @@ use fragsim::error::Result;
 use fragsim::policy::PolicySpec;
 use fragsim::report::overlay::SideLines;
 use fragsim::session::Session;
+use fragsim::trace::sites::printable;
 use fragsim::units::format_bytes;
 use std::path::{Path, PathBuf};
 
@@ -237,7 +238,7 @@ fn signed_bytes(d: i64) -> String {
 /// The table for people.
 pub(crate) fn table(r: &DiffReport) -> String {
     let run = |name: &str, p: &diff::RunPeaks| {
-        format!("{name}: {} under {} ({})\n", p.trace, p.policy, p.config)
+        format!("{name}: {} under {} ({})\n", printable(&p.trace), p.policy, p.config)
     };
     let mut out = run("A", &r.a) + &run("B", &r.b) + &peak_lines(r);
     let w = 64;

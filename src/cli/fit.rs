@@ -4,6 +4,7 @@ use super::progress::Control;
 use fragsim::error::Result;
 use fragsim::policy::PolicySpec;
 use fragsim::replay::RunSettings;
+use fragsim::trace::sites::printable;
 use fragsim::units::format_bytes;
 use fragsim::whatif::fit::{self, FitReport};
 use std::path::PathBuf;
@@ -98,7 +99,8 @@ fn table(report: &FitReport) -> String {
     let _ = writeln!(
         s,
         "fit: {} (device {}): the least device memory each policy replays in without an OOM",
-        report.trace, report.device
+        printable(&report.trace),
+        report.device
     );
     if report.host_memory {
         let _ = writeln!(

@@ -1,6 +1,7 @@
 //! `fragsim info`: what is in a trace, before replaying it.
 
 use fragsim::error::Result;
+use fragsim::trace::sites::printable;
 use fragsim::trace::summary::{DeviceSummary, Summary};
 use fragsim::trace::Action;
 use fragsim::units::format_bytes;
@@ -189,7 +190,7 @@ fn newer_lines(trace: &fragsim::trace::Trace) -> String {
 fn render(path: &str, s: &Summary, extra: &dyn Fn(i32) -> Vec<String>) -> String {
     let mut o = String::new();
     let events: u64 = s.devices.iter().map(|d| d.events).sum();
-    let _ = writeln!(o, "{path}");
+    let _ = writeln!(o, "{}", printable(path));
     let _ = writeln!(
         o,
         "  format: {}{}, {} events on {} device{}, times {}",

@@ -4,11 +4,21 @@
 use super::bundle::ReportData;
 use super::columns::{self, Cell};
 use crate::error::{Error, Result};
+use crate::trace::sites::printable;
 use std::io::Write;
 
-/// Escapes text for a Markdown table cell.
+/// Escapes text for a Markdown table cell or heading: control characters written out
+/// ([`printable`]; a name from the trace must not put an ESC in the file), then Markdown's own
+/// backslash and bar escaped.
 fn cell(s: &str) -> String {
-    s.replace('\\', "\\\\").replace('|', "\\|").replace('\n', " ")
+    printable(s).replace('\\', "\\\\").replace('|', "\\|")
+}
+
+/// Text for a Markdown code span: control characters written out ([`printable`]; a span has no
+/// escapes of its own, so its backslashes stay as they are) and backticks, which would end it,
+/// made quotes.
+fn code(s: &str) -> String {
+    printable(s).replace('`', "'")
 }
 
 /// Writes the summary of `data` as Markdown.
@@ -20,7 +30,7 @@ pub(crate) fn write_summary(data: &ReportData, out: &mut impl Write) -> Result<(
     s += &format!(
         "Trace `{}` ({}), device {}, {} events, time span {}. fragsim {}.\n\n",
         // The file's name only: the path given may be this machine's absolute one.
-        t.file_name().replace('`', "'"),
+        code(&t.file_name()),
         t.format,
         t.device,
         t.events,
@@ -52,10 +62,10 @@ pub(crate) fn write_summary(data: &ReportData, out: &mut impl Write) -> Result<(
     for run in &data.runs {
         let config = &run.output.result.config;
         let config = if config.is_empty() { "(no options)" } else { config.as_str() };
-        s += &format!("- `{}`: `{}`\n", run.label, config.replace('`', "'"));
+        s += &format!("- `{}`: `{}`\n", code(&run.label), code(config));
     }
     for skip in &data.skipped {
-        s += &format!("- `{}`: skipped ({})\n", skip.label, skip.reason.replace('`', "'"));
+        s += &format!("- `{}`: skipped ({})\n", code(&skip.label), code(&skip.reason));
     }
     out.write_all(s.as_bytes()).map_err(io)
 }

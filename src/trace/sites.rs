@@ -105,8 +105,9 @@ pub fn xml_escape(s: &str) -> String {
 /// written out: `\n`, `\r`, `\t`, `\0`, other control characters as `\xHH` (C0, DEL, C1) and
 /// the non-characters U+FFFE/U+FFFF as `\u{fffe}`. Names from a trace are data: an ESC must not
 /// reach the terminal, a newline must not split a table row, and no byte XML forbids may reach an
-/// SVG. Text without such characters is returned as is.
-pub(crate) fn printable(s: &str) -> std::borrow::Cow<'_, str> {
+/// SVG. Text without such characters is returned as is. Public for the command line, which
+/// writes paths and names from the trace into its tables.
+pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
     let bad = |c: char| c.is_control() || c == '\u{fffe}' || c == '\u{ffff}';
     if !s.chars().any(bad) {
         return std::borrow::Cow::Borrowed(s);

@@ -5,6 +5,7 @@
 pub mod fragmentation;
 pub mod labels;
 pub mod peaks;
+mod printable;
 pub mod segments;
 pub mod sites;
 pub mod sizes;

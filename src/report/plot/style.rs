@@ -7,6 +7,7 @@
 //! `ab_glyph` backend once per process, so no system font is needed (plotters' default font path
 //! needs fontconfig).
 
+use super::printable::PrintableText;
 use crate::error::{Error, ErrorKind, Result};
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -61,13 +62,13 @@ pub(crate) fn write_chart(chart: &impl Chart, dir: &Path, stem: &str) -> Result<
         Error::new(ErrorKind::Io, format!("drawing chart: {e}")).in_file(path)
     };
     {
-        let root = BitMapBackend::new(&png, size).into_drawing_area();
+        let root = PrintableText(BitMapBackend::new(&png, size)).into_drawing_area();
         root.fill(&WHITE).or_draw_error().map_err(|e| fail(&png, e))?;
         chart.draw(&root).map_err(|e| fail(&png, e))?;
         root.present().or_draw_error().map_err(|e| fail(&png, e))?;
     }
     {
-        let root = SVGBackend::new(&svg, size).into_drawing_area();
+        let root = PrintableText(SVGBackend::new(&svg, size)).into_drawing_area();
         root.fill(&WHITE).or_draw_error().map_err(|e| fail(&svg, e))?;
         chart.draw(&root).map_err(|e| fail(&svg, e))?;
         root.present().or_draw_error().map_err(|e| fail(&svg, e))?;
