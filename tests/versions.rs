@@ -460,6 +460,36 @@ fn blame_by_annotation_groups_allocations_by_their_labels() {
     }
 }
 
+/// An `annotate` label is a name from the trace like a frame's: `blame --by annotation` and
+/// `diff --by annotation` write its control characters out in the table, the CSV and the JSON,
+/// and diff's site-delta chart stays well-formed XML (D4: an ESC and a NUL went out raw).
+#[test]
+fn annotation_labels_are_shown_with_control_characters_written_out() {
+    let mut v = snapshot_2_15();
+    v["device_traces"][0][2]["user_metadata"] = json!("<b>\u{1b}]]>\u{0}");
+    let (dir, path) = temp_file("s.pickle", &pickle(&v));
+    let p = path.to_str().unwrap();
+    let raw = |text: &str| text.chars().any(|c| c.is_control() && c != '\n');
+    let blame = ["blame", p, "--at", "2", "--by", "annotation", "--top", "0"];
+    let diff = ["diff", p, "-p", "pytorch", "-p", "bfc", "--by", "annotation", "--top", "0"];
+    for cmd in [&blame[..], &diff[..]] {
+        for format in ["table", "csv", "json"] {
+            let out = run(&[cmd, &["--format", format]].concat());
+            assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+            let text = stdout(&out);
+            assert!(!raw(&text), "{cmd:?} {format}: {text:?}");
+            let shown = if format == "json" { "<b>\\\\x1b]]>\\\\0" } else { "<b>\\x1b]]>\\0" };
+            assert!(text.contains(shown), "{cmd:?} {format}: {text}");
+        }
+    }
+    let out = dir.path().join("diff");
+    let o = fragsim().args(diff).arg("--out").arg(&out).output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let svg = std::fs::read_to_string(out.join("site-delta.svg")).unwrap();
+    assert!(svg.contains("&lt;b&gt;\\x1b]]&gt;\\0"), "{svg}");
+    roxmltree::Document::parse(&svg).unwrap_or_else(|e| panic!("site-delta.svg: {e}"));
+}
+
 /// `convert` to a snapshot keeps what 2.14 – 2.15 entries carry that fragsim uses: the
 /// `annotate` labels (so `blame --by annotation` groups alike), the `mallocWithAddress` tags
 /// (so `validate` still places and counts those allocs apart) and `internal_metadata` (the

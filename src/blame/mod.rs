@@ -713,7 +713,9 @@ impl Labels {
             }
             let n = index.len() as u32;
             let id = *index.entry(note.label.as_str()).or_insert_with(|| {
-                labels.names.push(note.label.clone());
+                // A label is a name from the trace, shown as sites are: control characters
+                // written out, so no table, CSV or chart gets an ESC or a NUL.
+                labels.names.push(sites::printable(&note.label).into_owned());
                 n
             });
             match last_alloc.get(&note.addr) {
