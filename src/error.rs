@@ -11,6 +11,28 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+/// The most characters of a value from an input that an error message quotes ([`quoted`]).
+pub const QUOTE_MAX: usize = 80;
+
+/// `s`, a value read from an input, quoted for an error message: in single quotes, its control
+/// characters written out (`\x1b`, `\0`: [`crate::trace::sites::printable`]) so that no message
+/// acts on the terminal, and cut to [`QUOTE_MAX`] characters, marked `…` and followed by the
+/// value's full length in bytes, so that a 10 MB field still makes a one-line message. Every
+/// reader quotes what it refuses through this one helper.
+pub fn quoted(s: &str) -> String {
+    // Only a prefix is escaped: the rest is never shown, however long.
+    let prefix = match s.char_indices().nth(QUOTE_MAX) {
+        Some((end, _)) => &s[..end],
+        None => s,
+    };
+    let shown = crate::trace::sites::printable(prefix);
+    match shown.char_indices().nth(QUOTE_MAX) {
+        None if prefix.len() == s.len() => format!("'{shown}'"),
+        None => format!("'{shown}…' ({} bytes)", s.len()),
+        Some((end, _)) => format!("'{}…' ({} bytes)", &shown[..end], s.len()),
+    }
+}
+
 /// What went wrong, coarsely: it decides the exit code (see `docs/interface.md`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -335,6 +357,20 @@ mod tests {
             !Error::writing("CSV", std::io::Error::new(Io::StorageFull, "full")).is_broken_pipe()
         );
         assert!(!Error::input("x").is_broken_pipe());
+    }
+
+    #[test]
+    fn quoted_writes_control_characters_out_and_cuts_long_values() {
+        assert_eq!(quoted("4096"), "'4096'");
+        assert_eq!(quoted("4096\0"), "'4096\\0'");
+        assert_eq!(quoted("x\u{1b}[2J\u{7}"), "'x\\x1b[2J\\x07'");
+        let long = "9".repeat(10_000_000);
+        assert_eq!(quoted(&long), format!("'{}…' (10000000 bytes)", "9".repeat(QUOTE_MAX)));
+        // Escapes count toward the limit: of 80 ESCs, the first 20 are shown.
+        let escs = quoted(&"\u{1b}".repeat(QUOTE_MAX));
+        assert_eq!(escs, format!("'{}…' (80 bytes)", "\\x1b".repeat(QUOTE_MAX / 4)));
+        // Exactly the limit is shown whole, without a mark.
+        assert_eq!(quoted(&"é".repeat(QUOTE_MAX)), format!("'{}'", "é".repeat(QUOTE_MAX)));
     }
 
     #[test]

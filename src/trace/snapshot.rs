@@ -53,7 +53,7 @@ use super::{
     Frame, FrameTable, FramesId, HostSegments, PoolId, PoolKind, PoolRef, ReadOptions, Segment,
     SnapshotExtras, Trace,
 };
-use crate::error::{Cancel, Error, Place, Result};
+use crate::error::{quoted, Cancel, Error, Place, Result};
 use std::collections::HashMap;
 use std::io::{BufRead, Write};
 
@@ -694,14 +694,14 @@ fn read_entry(
         Some(v) => p
             .int(v)
             .and_then(|s| u64::try_from(s).ok())
-            .ok_or_else(|| err(format!("'stream' is not a cudaStream_t value: {v:?}")))?,
+            .ok_or_else(|| err(not_int(p, "stream", v, "a cudaStream_t value")))?,
     };
     let time = match time {
         Some(v) => Some(
             p.int(v)
                 .and_then(|t| i64::try_from(t).ok())
                 .filter(|t| *t >= 0)
-                .ok_or_else(|| err(format!("'time_us' is not a time: {v:?}")))?,
+                .ok_or_else(|| err(not_int(p, "time_us", v, "a time in microseconds")))?,
         ),
         None => None,
     };
@@ -1321,14 +1321,14 @@ fn read_segments(p: &Pickle, v: Value, root: Value) -> Result<Vec<Segment>> {
             Some(d) => p
                 .int(d)
                 .and_then(|d| i32::try_from(d).ok())
-                .ok_or_else(|| err(format!("'device' is not a device index: {d:?}")))?,
+                .ok_or_else(|| err(not_int(p, "device", d, "a device index")))?,
         };
         let stream = match p.get(s, "stream") {
             None => 0,
             Some(x) => p
                 .int(x)
                 .and_then(|x| u64::try_from(x).ok())
-                .ok_or_else(|| err(format!("'stream' is not a cudaStream_t value: {x:?}")))?,
+                .ok_or_else(|| err(not_int(p, "stream", x, "a cudaStream_t value")))?,
         };
         let is_expandable = matches!(p.get(s, "is_expandable"), Some(Value::Bool(true)));
         let private_pool = match p.get(s, "segment_pool_id") {
@@ -1437,11 +1437,46 @@ fn legacy_requested(p: &Pickle, block: Value) -> Option<u64> {
     u64::try_from(real).ok()
 }
 
-/// A value for an error message: strings quoted, anything else by type.
+/// A value for an error message, as Python would write it: a number or `None`, `True`, `False`
+/// as itself, a string quoted ([`quoted`]: escaped and cut short), anything else by its type
+/// ("a list"). Never the reader's own form of the value (a string's index in its table).
 fn describe(p: &Pickle, v: Value) -> String {
-    match p.text(v) {
-        Some(t) => format!("'{t}'"),
-        None => format!("of type {}", v.type_name()),
+    match v {
+        Value::None => "None".into(),
+        Value::Bool(b) => if b { "True" } else { "False" }.into(),
+        Value::HugeInt => "an int wider than 128 bits".into(),
+        Value::Float(f) => python_float(f),
+        Value::Str(_) | Value::Bytes(_) => match p.str_bytes(v) {
+            Some(b) => quoted(&String::from_utf8_lossy(b)),
+            None => v.a_type_name().into(),
+        },
+        _ => match p.int(v) {
+            Some(n) => n.to_string(),
+            None => v.a_type_name().into(),
+        },
+    }
+}
+
+/// `f` as Python's `repr` writes it (`1.5`, `nan`, `inf`, `-inf`).
+fn python_float(f: f64) -> String {
+    match f {
+        f if f.is_nan() => "nan".into(),
+        f if f.is_infinite() => if f > 0.0 { "inf" } else { "-inf" }.into(),
+        f => format!("{f:?}"),
+    }
+}
+
+/// Why `v`, the value of `key`, is not `what` (an integer in some range, "a cudaStream_t
+/// value"): an int as its value (`'stream' is 18446744073709551616, not a cudaStream_t value`),
+/// anything else by its type and value (`'stream' is a str ('x'), not an integer`).
+fn not_int(p: &Pickle, key: &str, v: Value, what: &str) -> String {
+    let shown = describe(p, v);
+    if p.int(v).is_some() || v == Value::HugeInt {
+        return format!("'{key}' is {shown}, not {what}");
+    }
+    match v.a_type_name() {
+        ty if ty == shown => format!("'{key}' is {ty}, not an integer"),
+        ty => format!("'{key}' is {ty} ({shown}), not an integer"),
     }
 }
 
@@ -2052,6 +2087,50 @@ mod tests {
             // last EMPTY_DICT: no field value here has a 0x7d byte).
             let dict = data.iter().rposition(|&b| b == b'}').unwrap();
             assert!(e.to_string().ends_with(&format!(" (pickle byte {dict})")), "{e}");
+        }
+    }
+
+    /// A value of the wrong kind is shown as Python would write it, never as the reader's
+    /// own form of it (`BigInt(0)`, a string's index `Str(33)`, `Float(NaN)`) (D10).
+    #[test]
+    fn bad_values_are_shown_as_python_writes_them() {
+        let good = |e: &mut Encoder| {
+            for k in ["addr", "size"] {
+                e.str(k);
+                e.int(512);
+            }
+        };
+        type Write<'a> = &'a dyn Fn(&mut Encoder);
+        let cases: [(&str, Write, &str); 7] = [
+            (
+                "stream",
+                &|e| e.int(1 << 64),
+                "'stream' is 18446744073709551616, not a cudaStream_t value",
+            ),
+            ("stream", &|e| e.str("0x\u{1b}"), "'stream' is a str ('0x\\x1b'), not an integer"),
+            ("stream", &|e| e.float(1.5), "'stream' is a float (1.5), not an integer"),
+            ("stream", &|e| e.none(), "'stream' is None, not an integer"),
+            ("time_us", &|e| e.int(-5), "'time_us' is -5, not a time in microseconds"),
+            ("time_us", &|e| e.float(f64::NAN), "'time_us' is a float (nan), not an integer"),
+            (
+                "time_us",
+                &|e| e.float(f64::NEG_INFINITY),
+                "'time_us' is a float (-inf), not an integer",
+            ),
+        ];
+        for (key, value, want) in cases {
+            let data = entry_with("alloc", |e| {
+                good(e);
+                e.str(key);
+                value(e);
+            });
+            let err = read(&data, &opts(false)).unwrap_err().to_string();
+            assert!(
+                err.starts_with(&format!("event 1: device 0: trace entry 1: {want} (pickle byte ")),
+                "{err}"
+            );
+            let streamed = read_from(&mut &data[..], &opts(false)).unwrap_err().to_string();
+            assert_eq!(streamed, err);
         }
     }
 
