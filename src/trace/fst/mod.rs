@@ -337,10 +337,43 @@ impl Chunked<'_> {
     }
 }
 
-/// The error for a body bincode cannot decode, at byte `at`.
+/// The error for a body bincode cannot decode, at byte `at`, in fragsim's words
+/// ([`what_is_wrong`]): bincode's own text is its Debug form (`Utf8 { inner: ... }`).
 fn undecodable(e: bincode::error::DecodeError, at: u64) -> Error {
-    Error::input(format!("undecodable body ({e}): written by an incompatible build?"))
-        .at(Place::Byte(at))
+    let what = what_is_wrong(&e);
+    Error::input(format!(
+        "undecodable body ({what}): damaged, or written by an incompatible build?"
+    ))
+    .at(Place::Byte(at))
+}
+
+/// What bincode found wrong in a body, in plain terms: a file whose CRC holds but whose body
+/// does not decode was damaged before its CRC was made, or was written by another build, and
+/// the user can act on "a string that is not UTF-8", not on a decoder's variant names.
+fn what_is_wrong(e: &bincode::error::DecodeError) -> String {
+    use bincode::error::DecodeError as D;
+    match e {
+        D::UnexpectedEnd { .. } | D::Io { .. } => "it ends inside a value".into(),
+        D::LimitExceeded | D::OutsideUsizeRange(_) => "a length beyond the file".into(),
+        D::InvalidIntegerType { .. } => "a number of the wrong width".into(),
+        D::NonZeroTypeIsZero { .. } => "a zero where a number of at least 1 belongs".into(),
+        D::UnexpectedVariant { found, .. } => format!("an unknown kind code {found}"),
+        D::Utf8 { .. } | D::InvalidCharEncoding(_) => "a string that is not UTF-8".into(),
+        D::InvalidBooleanValue(b) => format!("a flag of {b}, neither 0 nor 1"),
+        D::ArrayLengthMismatch { required, found } => {
+            format!("a list of {found} values where {required} belong")
+        }
+        // serde's words for an enum tag out of range: "invalid value: integer `72`, expected
+        // variant index 0 <= i < 9".
+        D::OtherString(s) if s.contains("variant index") => {
+            let code = s.split('`').nth(1).filter(|c| c.bytes().all(|b| b.is_ascii_digit()));
+            code.map_or_else(
+                || "an unknown kind code".into(),
+                |c| format!("an unknown kind code {c}"),
+            )
+        }
+        _ => "a value this build does not know".into(),
+    }
 }
 
 /// The frame table of a head's frame lists, numbered as written (each list once, none empty).
@@ -1118,6 +1151,31 @@ mod tests {
         let data = framed(VERSION, &body);
         let err = read(&data, &ReadOptions::default()).unwrap_err();
         assert!(err.to_string().starts_with("byte 24: undecodable body"), "{err}");
+        assert!(err.to_string().contains("(it ends inside a value)"), "{err}");
+    }
+
+    /// A body damaged before its CRC was made says what is wrong in plain words at its byte,
+    /// never bincode's Debug text (`Utf8 { inner: Utf8Error {...} }`, `OtherString(...)`).
+    #[test]
+    fn an_undecodable_body_says_what_is_wrong_in_plain_words() {
+        let body = encode(&sample())[HEADER_LEN..].to_vec();
+        let refused = |body: &[u8]| read(&framed(VERSION, body), &ReadOptions::default());
+        // A frame's file name made invalid UTF-8.
+        let mut bad = body.clone();
+        let at = bad.windows(8).position(|w| w == b"train.py").expect("a frame's file name");
+        bad[at] = 0xff;
+        let err = refused(&bad).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "byte 24: undecodable body (a string that is not UTF-8): damaged, or written by an \
+             incompatible build?"
+        );
+        // The format's tag (the body's first byte) beyond the formats there are.
+        let mut bad = body.clone();
+        bad[0] = 72;
+        let err = refused(&bad).unwrap_err().to_string();
+        assert!(err.starts_with("byte 24: undecodable body (an unknown kind code 72)"), "{err}");
+        assert!(!err.contains("OtherString") && !err.contains("variant index"), "{err}");
     }
     /// `body` as the one record of a file of `version`: magic, version, length, CRC, body.
     fn framed(version: u32, body: &[u8]) -> Vec<u8> {
