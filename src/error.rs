@@ -15,22 +15,48 @@ use std::sync::Arc;
 pub const QUOTE_MAX: usize = 80;
 
 /// `s`, a value read from an input, quoted for an error message: in single quotes, its control
-/// characters written out (`\x1b`, `\0`: [`crate::trace::sites::printable`]) so that no message
-/// acts on the terminal, and cut to [`QUOTE_MAX`] characters, marked `…` and followed by the
-/// value's full length in bytes, so that a 10 MB field still makes a one-line message. Every
-/// reader quotes what it refuses through this one helper.
+/// characters written out (`\x1b`, `\0`: [`printable`]) so that no message acts on the
+/// terminal, and cut to [`QUOTE_MAX`] characters, marked `…` and followed by the value's full
+/// length in bytes, so that a 10 MB field still makes a one-line message. Every reader quotes
+/// what it refuses through this one helper.
 pub fn quoted(s: &str) -> String {
     // Only a prefix is escaped: the rest is never shown, however long.
     let prefix = match s.char_indices().nth(QUOTE_MAX) {
         Some((end, _)) => &s[..end],
         None => s,
     };
-    let shown = crate::trace::sites::printable(prefix);
+    let shown = printable(prefix);
     match shown.char_indices().nth(QUOTE_MAX) {
         None if prefix.len() == s.len() => format!("'{shown}'"),
         None => format!("'{shown}…' ({} bytes)", s.len()),
         Some((end, _)) => format!("'{}…' ({} bytes)", &shown[..end], s.len()),
     }
+}
+
+/// `s` with every character that a terminal, a CSV row or an XML document cannot show as itself
+/// written out: `\n`, `\r`, `\t`, `\0`, other control characters as `\xHH` (C0, DEL, C1) and
+/// the non-characters U+FFFE/U+FFFF as `\u{fffe}`. Names from a trace are data: an ESC must not
+/// reach the terminal, a newline must not split a table row, and no byte XML forbids may reach an
+/// SVG. Text without such characters is returned as is. Public for the command line, which
+/// writes paths and names from the trace into its tables; `trace::sites` re-exports it.
+pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
+    let bad = |c: char| c.is_control() || c == '\u{fffe}' || c == '\u{ffff}';
+    if !s.chars().any(bad) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\0' => out.push_str("\\0"),
+            c if (c as u32) < 0x100 && bad(c) => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c if bad(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// What went wrong, coarsely: it decides the exit code (see `docs/interface.md`).

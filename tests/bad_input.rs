@@ -346,3 +346,53 @@ fn a_directory_as_the_trace_lists_the_traces_in_it() {
     let out = crate::util::run(&["replay", empty.path().to_str().unwrap()]);
     assert!(crate::util::stderr(&out).contains("holds no file named like a trace"));
 }
+
+/// A value quoted in an error is data: its control characters are written out and a long one
+/// is cut to 80 characters, marked with its full length, so a 10 MB field makes one short line
+/// and an ESC in a file never reaches the terminal (D12). Every reader quotes the same way.
+#[test]
+fn errors_quote_values_escaped_and_cut_short() {
+    let long = "9".repeat(1_000_000);
+    let cut = format!("'{}…' (1000000 bytes)", "9".repeat(80));
+    let text = |line: &str| format!("alloc 0x1000 4096\n{line}\n").into_bytes();
+    let snapshot = |action: &str| {
+        let mut e = fragsim::trace::pickle::encode::Encoder::new();
+        e.begin_dict();
+        e.str("device_traces");
+        e.begin_list();
+        e.begin_list();
+        e.begin_dict();
+        e.str("action");
+        e.str(action);
+        e.end_dict();
+        e.end_list();
+        e.end_list();
+        e.end_dict();
+        e.finish()
+    };
+    let cases: Vec<(&str, Vec<u8>, &str, String)> = vec![
+        ("long.txt", text(&format!("alloc 0x2000 {long}")), "text", format!("bad size {cut}")),
+        ("nul.txt", text("alloc 0x2000 4096\0"), "text", "bad size '4096\\0'".into()),
+        ("esc.txt", text("explode\x1b[2J\x07 1 2"), "text", "'explode\\x1b[2J\\x07'".into()),
+        (
+            "long.csv",
+            RMM_OK.replacen(",0x1000,1024,", &format!(",0x1000,{long},"), 1).into_bytes(),
+            "rmm-csv",
+            format!("bad size {cut}"),
+        ),
+        (
+            "long.pickle",
+            snapshot(&format!("x\x1b[2J\x07{long}")),
+            "pytorch-snapshot",
+            format!("unknown action 'x\\x1b[2J\\x07{}…' (1000006 bytes)", "9".repeat(68)),
+        ),
+    ];
+    for (name, contents, format, why) in cases {
+        let (_d, path) = temp_file(name, &contents);
+        let o = info_limited(&path);
+        assert_rejected(&o, name, format, &why);
+        let err = stderr(&o);
+        assert!(err.len() < 600, "{name}: {} bytes: {err}", err.len());
+        assert!(!err.trim_end().chars().any(char::is_control), "{name}: {err:?}");
+    }
+}

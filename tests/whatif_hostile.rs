@@ -68,6 +68,7 @@ fn merge_refuses_parts_that_lie_and_sizes_nothing_by_them() {
         assert!(err.starts_with(&format!("fragsim: {}: ", bad.display())), "{want}: {err}");
         assert!(err.contains(want), "{want}: {err}");
         assert!(err.len() < 2000, "a short message: {} bytes", err.len());
+        assert!(!err.trim_end().chars().any(char::is_control), "written out: {err:?}");
         assert!(
             started.elapsed() < Duration::from_secs(20),
             "{want}: took {:?}",
@@ -111,6 +112,22 @@ fn merge_refuses_parts_that_lie_and_sizes_nothing_by_them() {
         &|v| v["results"][0]["config"] = "allow_growth=false,memory_limit=none".into(),
         "results[0].config: 'allow_growth=false,memory_limit=none' is not the configuration of 'bfc'",
     );
+    // A tampered config is quoted escaped and cut short, as is PyTorch's key in the reason (D12).
+    attack(
+        &|v| v["results"][1]["config"] = format!("\u{1b}[31m,{}", "y".repeat(100_000)).into(),
+        "results[1].config: '\\x1b[31m,yyy",
+    );
+    attack(&|v| v["results"][1]["config"] = "\u{1b}[31m,<script>".into(), "'\\x1b[31m,<script>'");
+    // The first part holds the reference, pytorch, whose reason quotes PyTorch's key.
+    let mut v = read_json(&parts[0]);
+    let rows = v["results"].as_array_mut().unwrap();
+    let row = rows.iter_mut().find(|r| r["spec"] == "pytorch").expect("the reference's row");
+    row["config"] = "\u{1b}[31m,<script>".into();
+    write_json(&bad, &v);
+    let (code, _, err) = merge(&[&bad, &parts[1]]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("Unrecognized key '\\x1b' in Accelerator allocator config"), "{err}");
+    assert!(!err.trim_end().chars().any(char::is_control), "{err:?}");
     attack(&|v| v["grid_specs"][2] = "buddy".into(), "grid: ");
     attack(&|v| v["results"][0]["peak_reserved_bytes"] = "5".into(), "found the string \"5\"");
     attack(&|v| v["objective"] = "peak".into(), "objective");

@@ -5,7 +5,7 @@
 //! drives the parser (`parse`), the help text (`help`) and the "unknown option" error, so a
 //! key cannot be accepted without being documented, or documented without being accepted.
 
-use crate::error::{Error, Result};
+use crate::error::{quoted, Error, Result};
 
 /// How a key's value is read and stored in the policy's options struct `O`: the kind decides the
 /// parser (and so the error a bad value gets), the function only stores the parsed value.
@@ -82,9 +82,16 @@ pub(crate) fn help<O>(keys: &[OptionKey<O>]) -> String {
 /// The error for an option key `policy` does not know, listing the ones it accepts.
 pub(crate) fn unknown_option<O>(policy: &str, key: &str, keys: &[OptionKey<O>]) -> Error {
     if keys.is_empty() {
-        return Error::usage(format!("unknown option '{key}' ({policy} takes no options)"));
+        return Error::usage(format!(
+            "unknown option {key} ({policy} takes no options)",
+            key = quoted(key)
+        ));
     }
-    Error::usage(format!("unknown option '{key}' for {policy} (accepted: {})", help(keys)))
+    Error::usage(format!(
+        "unknown option {key} for {policy} (accepted: {})",
+        help(keys),
+        key = quoted(key)
+    ))
 }
 
 /// Parses `key=value,key=value` options, calling `set(key, value)` for each.
@@ -94,14 +101,15 @@ pub(crate) fn parse_key_values(
 ) -> Result<()> {
     let mut seen: Vec<&str> = Vec::new();
     for item in options.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let (key, value) = item
-            .split_once('=')
-            .ok_or_else(|| Error::usage(format!("option '{item}' is not of the form key=value")))?;
+        let (key, value) = item.split_once('=').ok_or_else(|| {
+            Error::usage(format!("option {item} is not of the form key=value", item = quoted(item)))
+        })?;
         // The last value would win while the spec's label shows both.
         if seen.contains(&key.trim()) {
             return Err(Error::usage(format!(
-                "option '{}' is given twice in '{options}': give each option once",
-                key.trim()
+                "option '{}' is given twice in {options}: give each option once",
+                key.trim(),
+                options = quoted(options)
             )));
         }
         seen.push(key.trim());
@@ -115,15 +123,23 @@ pub(crate) fn parse_bool(key: &str, value: &str) -> Result<bool> {
     match value.to_ascii_lowercase().as_str() {
         "true" | "1" | "yes" | "on" => Ok(true),
         "false" | "0" | "no" | "off" => Ok(false),
-        _ => Err(Error::usage(format!("option '{key}': expected true or false, got '{value}'"))),
+        _ => Err(Error::usage(format!(
+            "option {key}: expected true or false, got {value}",
+            key = quoted(key),
+            value = quoted(value)
+        ))),
     }
 }
 
 /// Parses an integer option value, naming `key` on error.
 pub(crate) fn parse_int<T: std::str::FromStr>(key: &str, value: &str) -> Result<T> {
-    value
-        .parse()
-        .map_err(|_| Error::usage(format!("option '{key}': expected an integer, got '{value}'")))
+    value.parse().map_err(|_| {
+        Error::usage(format!(
+            "option {key}: expected an integer, got {value}",
+            key = quoted(key),
+            value = quoted(value)
+        ))
+    })
 }
 
 #[cfg(test)]

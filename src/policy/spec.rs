@@ -1,6 +1,6 @@
 //! Policy specs as users write them: `NAME` or `NAME:OPTIONS` (`docs/interface.md`).
 
-use crate::error::{Error, Result};
+use crate::error::{quoted, Error, Result};
 
 /// A parsed `--policy` value.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -27,7 +27,8 @@ impl PolicySpec {
         };
         if name.is_empty() {
             return Err(Error::usage(format!(
-                "invalid policy spec '{text}': expected NAME or NAME:OPTIONS"
+                "invalid policy spec {text}: expected NAME or NAME:OPTIONS",
+                text = quoted(text)
             )));
         }
         super::lookup(name)?;

@@ -25,7 +25,7 @@
 use super::lifetimes::free_action;
 use super::limits;
 use super::{Action, DeviceTrace, Event, Format, ReadOptions, Trace};
-use crate::error::{Error, Place, Result};
+use crate::error::{quoted, Error, Place, Result};
 use std::io::{BufRead, Write};
 
 /// The header RMM writes, exactly.
@@ -44,8 +44,11 @@ pub(crate) fn read_from(input: &mut dyn BufRead, _options: &ReadOptions) -> Resu
     match lines.next_nonblank()? {
         Some((_, h)) if normalise_header(h) == normalise_header(HEADER) => {}
         Some((n, h)) => {
-            return Err(Error::input(format!("expected the header '{HEADER}', found '{h}'"))
-                .at(Place::Line(n)))
+            return Err(Error::input(format!(
+                "expected the header '{HEADER}', found {}",
+                quoted(h)
+            ))
+            .at(Place::Line(n)))
         }
         None => return Err(Error::input(format!("empty file: expected the header '{HEADER}'"))),
     }
@@ -234,8 +237,9 @@ fn parse_row(line: &str, clock: &mut Clock) -> std::result::Result<Row, String> 
     let fields: Vec<&str> = line.split(',').map(str::trim).collect();
     let [_thread, time, action, pointer, size, stream] = fields[..] else {
         return Err(format!(
-            "expected 6 comma-separated fields (Thread,Time,Action,Pointer,Size,Stream), found {}: '{line}'",
-            fields.len()
+            "expected 6 comma-separated fields (Thread,Time,Action,Pointer,Size,Stream), found {}: {}",
+            fields.len(),
+            quoted(line)
         ));
     };
     let action = match action.to_ascii_lowercase().as_str() {
@@ -244,23 +248,24 @@ fn parse_row(line: &str, clock: &mut Clock) -> std::result::Result<Row, String> 
         "allocate failure" => Action::Oom,
         _ => {
             return Err(format!(
-                "unknown action '{action}' (accepted: allocate, free, deallocate, allocate failure)"
+                "unknown action {} (accepted: allocate, free, deallocate, allocate failure)",
+                quoted(action)
             ))
         }
     };
-    let addr = parse_pointer(pointer).ok_or_else(|| format!("bad pointer '{pointer}'"))?;
-    let size: u64 = size.parse().map_err(|_| format!("bad size '{size}'"))?;
+    let addr = parse_pointer(pointer).ok_or_else(|| format!("bad pointer {}", quoted(pointer)))?;
+    let size: u64 = size.parse().map_err(|_| format!("bad size {}", quoted(size)))?;
     limits::check_range(addr, size)?;
-    let stream = parse_stream(stream).ok_or_else(|| format!("bad stream '{stream}'"))?;
+    let stream = parse_stream(stream).ok_or_else(|| format!("bad stream {}", quoted(stream)))?;
     let time = if time.is_empty() {
         None
     } else if time.contains(':') {
         Some(clock.clock_time(parse_clock(time).ok_or_else(|| {
-            format!("bad time '{time}' (expected HH:MM:SS.ffffff or epoch seconds)")
+            format!("bad time {} (expected HH:MM:SS.ffffff or epoch seconds)", quoted(time))
         })?))
     } else {
         Some(parse_epoch(time).ok_or_else(|| {
-            format!("bad time '{time}' (expected HH:MM:SS.ffffff or epoch seconds)")
+            format!("bad time {} (expected HH:MM:SS.ffffff or epoch seconds)", quoted(time))
         })?)
     };
     Ok(Row { action, addr, size, stream, time })

@@ -101,31 +101,9 @@ pub fn xml_escape(s: &str) -> String {
     out
 }
 
-/// `s` with every character that a terminal, a CSV row or an XML document cannot show as itself
-/// written out: `\n`, `\r`, `\t`, `\0`, other control characters as `\xHH` (C0, DEL, C1) and
-/// the non-characters U+FFFE/U+FFFF as `\u{fffe}`. Names from a trace are data: an ESC must not
-/// reach the terminal, a newline must not split a table row, and no byte XML forbids may reach an
-/// SVG. Text without such characters is returned as is. Public for the command line, which
-/// writes paths and names from the trace into its tables.
-pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
-    let bad = |c: char| c.is_control() || c == '\u{fffe}' || c == '\u{ffff}';
-    if !s.chars().any(bad) {
-        return std::borrow::Cow::Borrowed(s);
-    }
-    let mut out = String::with_capacity(s.len() + 8);
-    for c in s.chars() {
-        match c {
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\0' => out.push_str("\\0"),
-            c if (c as u32) < 0x100 && bad(c) => out.push_str(&format!("\\x{:02x}", c as u32)),
-            c if bad(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    std::borrow::Cow::Owned(out)
-}
+/// Control characters written out, the one rule for names from a trace; it lives with the
+/// error type, the lowest layer, so every error that quotes a value uses it too.
+pub use crate::error::printable;
 
 /// The site of `frames` (innermost first); see the module docs.
 pub fn site_of(frames: &[Frame]) -> String {

@@ -672,8 +672,8 @@ fn read_entry(
         b"user_defined" => return Ok(None),
         other => {
             return Err(err(format!(
-                "unknown action '{}' (accepted: {}, free, annotate, user_defined)",
-                String::from_utf8_lossy(other),
+                "unknown action {} (accepted: {}, free, annotate, user_defined)",
+                quoted(&String::from_utf8_lossy(other)),
                 Action::ALL.map(Action::name).join(", ")
             ))
             .into())

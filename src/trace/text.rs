@@ -19,7 +19,7 @@
 //! - `device N` makes the following events belong to device N (default 0).
 
 use super::{limits, Action, DeviceTrace, Event, Format, ReadOptions, Trace};
-use crate::error::{Error, Place, Result};
+use crate::error::{quoted, Error, Place, Result};
 use std::io::{BufRead, Write};
 
 /// True when `head` (the start of a file) reads like a text trace.
@@ -95,9 +95,11 @@ pub(crate) fn read_from(input: &mut dyn BufRead, _options: &ReadOptions) -> Resu
                     limits::check_device(d).map_err(|m| Error::input(m).at(place))?
                 }
                 _ => {
-                    return Err(
-                        Error::input(format!("expected 'device N', found '{line}'")).at(place)
-                    )
+                    return Err(Error::input(format!(
+                        "expected 'device N', found {}",
+                        quoted(line)
+                    ))
+                    .at(place))
                 }
             };
             continue;
@@ -109,7 +111,8 @@ pub(crate) fn read_from(input: &mut dyn BufRead, _options: &ReadOptions) -> Resu
                 Some(a) => std::slice::from_ref(a),
                 None => {
                     return Err(Error::input(format!(
-                        "unknown action '{w}' (accepted: free, device, {})",
+                        "unknown action {} (accepted: free, device, {})",
+                        quoted(w),
                         Action::ALL.map(Action::name).join(", ")
                     ))
                     .at(place))
@@ -118,28 +121,30 @@ pub(crate) fn read_from(input: &mut dyn BufRead, _options: &ReadOptions) -> Resu
         };
         if rest.len() < 2 || rest.len() > 4 {
             return Err(Error::input(format!(
-                "expected 'ACTION ADDR SIZE [sSTREAM] [@TIME]', found '{line}'"
+                "expected 'ACTION ADDR SIZE [sSTREAM] [@TIME]', found {}",
+                quoted(line)
             ))
             .at(place));
         }
         let addr = parse_u64(rest[0])
-            .ok_or_else(|| Error::input(format!("bad address '{}'", rest[0])).at(place))?;
+            .ok_or_else(|| Error::input(format!("bad address {}", quoted(rest[0]))).at(place))?;
         let size = parse_u64(rest[1])
-            .ok_or_else(|| Error::input(format!("bad size '{}'", rest[1])).at(place))?;
+            .ok_or_else(|| Error::input(format!("bad size {}", quoted(rest[1]))).at(place))?;
         let mut stream = 0;
         let mut time = None;
         for w in &rest[2..] {
             if let Some(s) = w.strip_prefix('s') {
                 stream = parse_u64(s)
-                    .ok_or_else(|| Error::input(format!("bad stream '{w}'")).at(place))?;
+                    .ok_or_else(|| Error::input(format!("bad stream {}", quoted(w))).at(place))?;
             } else if let Some(t) = w.strip_prefix('@') {
                 time = Some(
                     t.parse::<i64>()
-                        .map_err(|_| Error::input(format!("bad time '{w}'")).at(place))?,
+                        .map_err(|_| Error::input(format!("bad time {}", quoted(w))).at(place))?,
                 );
             } else {
                 return Err(Error::input(format!(
-                    "unexpected field '{w}' (expected sSTREAM or @TIME)"
+                    "unexpected field {} (expected sSTREAM or @TIME)",
+                    quoted(w)
                 ))
                 .at(place));
             }

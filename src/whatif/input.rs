@@ -12,7 +12,7 @@
 
 use super::row::Row;
 use super::sweep::{grid_id, Shard, SweepReport, SweepRow};
-use crate::error::{Error, Result};
+use crate::error::{quoted, Error, Result};
 use serde_json::{Map, Value};
 use std::path::Path;
 
@@ -302,7 +302,11 @@ pub fn read_part(data: &[u8], file: &Path) -> Result<SweepReport> {
     if !KEYS.iter().any(|k| {
         k.0 == objective && matches!(k.1, Kind::Count | Kind::Fraction | Kind::Seconds | Kind::Flag)
     }) {
-        return Err(bad(file, "objective", format!("'{objective}' is not a numeric result key")));
+        return Err(bad(
+            file,
+            "objective",
+            format!("{objective} is not a numeric result key", objective = quoted(&objective)),
+        ));
     }
     let reference = text(top, "reference", file, "")?.map(str::to_string);
     let grid = required_text(top, "grid", file, "")?.to_string();
@@ -314,13 +318,17 @@ pub fn read_part(data: &[u8], file: &Path) -> Result<SweepReport> {
         return Err(bad(
             file,
             "grid",
-            format!("'{grid}' is not the hash of grid_specs and grid_settings ({hashed}): the part was edited"),
+            format!("{grid} is not the hash of grid_specs and grid_settings ({hashed}): the part was edited", grid = quoted(&grid)),
         ));
     }
     {
         let mut seen = std::collections::HashSet::new();
         if let Some((i, s)) = grid_specs.iter().enumerate().find(|(_, s)| !seen.insert(*s)) {
-            return Err(bad(file, &format!("grid_specs[{i}]"), format!("'{s}' is listed twice")));
+            return Err(bad(
+                file,
+                &format!("grid_specs[{i}]"),
+                format!("{s} is listed twice", s = quoted(s)),
+            ));
         }
     }
     let mine = match shard {
@@ -386,7 +394,11 @@ fn read_traces(top: &Map<String, Value>, file: &Path) -> Result<Vec<String>> {
     for (i, t) in traces_v.iter().enumerate() {
         let t = t.as_str().ok_or_else(|| expected(file, &format!("traces[{i}]"), "a path", t))?;
         if traces.iter().any(|x| x == t) {
-            return Err(bad(file, &format!("traces[{i}]"), format!("'{t}' is listed twice")));
+            return Err(bad(
+                file,
+                &format!("traces[{i}]"),
+                format!("{t} is listed twice", t = quoted(t)),
+            ));
         }
         traces.push(t.to_string());
     }
@@ -470,8 +482,7 @@ fn read_rows(
                 file,
                 &path,
                 format!(
-                    "holds '{spec}' on '{trace}' where its shard of the grid has '{want_spec}' on '{want_trace}' (a config dropped, added, repeated or renamed)"
-                ),
+                    "holds {spec} on {trace} where its shard of the grid has {want_spec} on {want_trace} (a config dropped, added, repeated or renamed)", spec = quoted(spec), trace = quoted(trace), want_spec = quoted(want_spec), want_trace = quoted(want_trace)),
             ));
         }
         check_labels(map, spec, file, &path)?;
@@ -492,7 +503,11 @@ fn check_labels(map: &Map<String, Value>, spec: &str, file: &Path, path: &str) -
         return Err(bad(
             file,
             &format!("{path}.policy"),
-            format!("'{policy}' is not the policy of its spec '{spec}'"),
+            format!(
+                "{policy} is not the policy of its spec {spec}",
+                policy = quoted(policy),
+                spec = quoted(spec)
+            ),
         ));
     }
     let config = map.get("config").and_then(Value::as_str).unwrap_or("");
@@ -522,23 +537,41 @@ pub(crate) fn config_mismatch(spec: &str, config: &str) -> Option<String> {
     if !info.has_allocator_settings() {
         let shown = match built_config(info, options) {
             Ok(shown) => shown,
-            Err(e) => return Some(format!("its spec '{spec}' does not build: {}", e.message())),
+            Err(e) => {
+                return Some(format!(
+                    "its spec {spec} does not build: {}",
+                    e.message(),
+                    spec = quoted(spec)
+                ))
+            }
         };
         return (shown != config).then(|| {
-            format!("'{config}' is not the configuration of '{spec}' ('{shown}'): the row was relabelled")
+            format!(
+                "{config} is not the configuration of {spec} ({shown}): the row was relabelled",
+                config = quoted(config),
+                spec = quoted(spec),
+                shown = quoted(&shown)
+            )
         });
     }
-    let relabelled = |why: String| Some(format!("'{config}' {why}: the row was relabelled"));
+    let relabelled = |why: String| {
+        Some(format!("{config} {why}: the row was relabelled", config = quoted(config)))
+    };
     let c = match Config::parse_shown(config) {
         Ok(c) => c,
         Err(e) => {
-            return relabelled(format!("is not a configuration '{name}' shows ({})", e.message()))
+            return relabelled(format!(
+                "is not a configuration {name} shows ({})",
+                e.message(),
+                name = quoted(name)
+            ))
         }
     };
     if c.to_conf_string() != config {
         return relabelled(format!(
-            "is not a configuration as '{name}' shows it (it would show '{}')",
-            c.to_conf_string()
+            "is not a configuration as {name} shows it (it would show '{}')",
+            c.to_conf_string(),
+            name = quoted(name)
         ));
     }
     match name {
@@ -557,7 +590,13 @@ pub(crate) fn config_mismatch(spec: &str, config: &str) -> Option<String> {
     }
     let options = match split_version(options) {
         Ok((o, _)) => o,
-        Err(e) => return Some(format!("its spec '{spec}' does not parse: {}", e.message())),
+        Err(e) => {
+            return Some(format!(
+                "its spec {spec} does not parse: {}",
+                e.message(),
+                spec = quoted(spec)
+            ))
+        }
     };
     let o = options.trim();
     if o.is_empty() || o == "recorded" {
@@ -565,14 +604,17 @@ pub(crate) fn config_mismatch(spec: &str, config: &str) -> Option<String> {
     }
     let mut with_spec = c.clone();
     if let Err(e) = with_spec.apply(o) {
-        return Some(format!("its spec '{spec}' does not parse: {}", e.message()));
+        return Some(format!(
+            "its spec {spec} does not parse: {}",
+            e.message(),
+            spec = quoted(spec)
+        ));
     }
     with_spec.expandable_segments |= name == "pytorch-expandable";
     (with_spec.to_conf_string() != config).then(|| {
         format!(
-            "'{config}' does not hold the options its spec '{spec}' sets (it would show '{}'): the row was relabelled",
-            with_spec.to_conf_string()
-        )
+            "{config} does not hold the options its spec {spec} sets (it would show '{}'): the row was relabelled",
+            with_spec.to_conf_string(), config = quoted(config), spec = quoted(spec))
     })
 }
 

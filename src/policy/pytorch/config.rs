@@ -20,7 +20,7 @@
 //! wraps). Options that change nothing a simulator sees (`release_lock_on_cudamalloc`, `pinned_*`,
 //! `graph_capture_record_stream_reuse`, ...) are accepted and kept only for display.
 
-use crate::error::{Error, Result};
+use crate::error::{quoted, Error, Result};
 use crate::trace::{AllocatorSettings, Trace};
 use crate::units::MIB;
 use std::borrow::Cow;
@@ -85,8 +85,9 @@ impl Flavour {
             "pytorch-cuda" => Ok(Some(Flavour::Cuda)),
             "pytorch-npu" => Ok(Some(Flavour::Npu)),
             other => Err(format!(
-                "validate replays PyTorch's allocator only: '{other}' is not one of pytorch, \
-                 pytorch-cuda, pytorch-npu"
+                "validate replays PyTorch's allocator only: {other} is not one of pytorch, \
+                 pytorch-cuda, pytorch-npu",
+                other = quoted(other)
             )),
         }
     }
@@ -165,8 +166,7 @@ impl Version {
         let mut parts = t.split('.');
         let bad = || {
             Error::usage(format!(
-                "invalid PyTorch version '{text}': expected MAJOR.MINOR, e.g. 2.8 (supported: 2.0 and newer)"
-            ))
+                "invalid PyTorch version {text}: expected MAJOR.MINOR, e.g. 2.8 (supported: 2.0 and newer)", text = quoted(text)))
         };
         let major: u32 = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
         let minor: u32 = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
@@ -316,7 +316,8 @@ pub fn split_version(options: &str) -> Result<(String, Option<Version>)> {
             Some(v) => {
                 if asked.is_some() {
                     return Err(Error::usage(format!(
-                        "version= is given twice in '{options}': give it once"
+                        "version= is given twice in {options}: give it once",
+                        options = quoted(options)
                     )));
                 }
                 asked = Some(Version::parse(v)?);
@@ -426,7 +427,8 @@ fn check_backend(v: &str) -> Result<()> {
     }
     if v != "native" {
         return Err(Error::usage(format!(
-            "unknown allocator backend '{v}' (accepted: native, cudaMallocAsync)"
+            "unknown allocator backend {v} (accepted: native, cudaMallocAsync)",
+            v = quoted(v)
         )));
     }
     Ok(())
@@ -438,8 +440,7 @@ fn check_backend(v: &str) -> Result<()> {
 fn parse_reserve(text: &str, key: &str) -> Result<ExpandableReserve> {
     let bad = || {
         Error::usage(format!(
-            "invalid value '{text}' for {key}: expected a fraction of device memory (e.g. 0.5) or a size (e.g. 8G)"
-        ))
+            "invalid value {text} for {key}: expected a fraction of device memory (e.g. 0.5) or a size (e.g. 8G)", text = quoted(text)))
     };
     let t = text.trim();
     let lower = t.to_ascii_lowercase();
@@ -624,13 +625,15 @@ fn stoull(text: &str, key: &str) -> Result<u64> {
     };
     let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
     if digits == 0 {
-        return Err(Error::usage(format!("invalid value '{text}' for {key}: expected an integer")));
+        return Err(Error::usage(format!(
+            "invalid value {text} for {key}: expected an integer",
+            text = quoted(text)
+        )));
     }
     // `stoull` throws `out_of_range` above 2^64 − 1 (either sign), and PyTorch with it.
     let v: u64 = rest[..digits].parse().map_err(|_| {
         Error::usage(format!(
-            "invalid value '{text}' for {key}: out of range (PyTorch reads it with stoull, which refuses a number above 18446744073709551615)"
-        ))
+            "invalid value {text} for {key}: out of range (PyTorch reads it with stoull, which refuses a number above 18446744073709551615)", text = quoted(text)))
     })?;
     Ok(if neg { v.wrapping_neg() } else { v })
 }
@@ -641,16 +644,18 @@ fn stod(text: &str, key: &str) -> Result<f64> {
         .rev()
         .find(|&n| text.is_char_boundary(n) && text[..n].parse::<f64>().is_ok())
         .ok_or_else(|| {
-            Error::usage(format!("invalid value '{text}' for {key}: expected a number"))
+            Error::usage(format!(
+                "invalid value {text} for {key}: expected a number",
+                text = quoted(text)
+            ))
         })?;
-    let v = text[..end]
-        .parse::<f64>()
-        .map_err(|_| Error::usage(format!("invalid value '{text}' for {key}")))?;
+    let v = text[..end].parse::<f64>().map_err(|_| {
+        Error::usage(format!("invalid value {text} for {key}", text = quoted(text)))
+    })?;
     // `stod` throws `out_of_range` where the number overflows a double.
     if !v.is_finite() {
         return Err(Error::usage(format!(
-            "invalid value '{text}' for {key}: out of range (PyTorch reads it with stod, which refuses a number beyond a double)"
-        )));
+            "invalid value {text} for {key}: out of range (PyTorch reads it with stod, which refuses a number beyond a double)", text = quoted(text))));
     }
     Ok(v)
 }
@@ -679,7 +684,10 @@ impl Tokens<'_> {
         match self.tokens.get(self.i) {
             Some(t) if t == sep => {}
             Some(t) if self.strict => {
-                return Err(Error::usage(format!("expected '{sep}' after {key}, found '{t}'")))
+                return Err(Error::usage(format!(
+                    "expected '{sep}' after {key}, found {t}",
+                    t = quoted(t)
+                )))
             }
             None if self.strict => {
                 return Err(Error::usage(format!("expected '{sep}' after {key}")))
@@ -709,7 +717,8 @@ impl Tokens<'_> {
             "True" => Ok(true),
             "False" => Ok(false),
             v => Err(Error::usage(format!(
-                "expected a single True/False argument for {key}, found '{v}'"
+                "expected a single True/False argument for {key}, found {v}",
+                v = quoted(v)
             ))),
         }
     }
@@ -742,7 +751,8 @@ impl Config {
                 key if depth == 0 && (i == 0 || tokens[i - 1] == ",") => {
                     if seen.contains(&key) {
                         return Err(Error::usage(format!(
-                            "option {key} is given twice in '{text}': give each option once"
+                            "option {key} is given twice in {text}: give each option once",
+                            text = quoted(text)
                         )));
                     }
                     seen.push(key);
@@ -955,11 +965,15 @@ impl Config {
         let digits = |v: &str, key: &str| -> Result<u64> {
             if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
                 return Err(Error::usage(format!(
-                    "CachingAllocator option {key} is invalid ('{v}')"
+                    "CachingAllocator option {key} is invalid ({v})",
+                    v = quoted(v)
                 )));
             }
             v.parse::<u64>().map_err(|_| {
-                Error::usage(format!("CachingAllocator option {key} is out of range ('{v}')"))
+                Error::usage(format!(
+                    "CachingAllocator option {key} is out of range ({v})",
+                    v = quoted(v)
+                ))
             })
         };
         while t.i < tokens.len() {
@@ -1117,7 +1131,8 @@ impl Config {
                 Some("]") => {}
                 Some(other) if t.strict => {
                     return Err(Error::usage(format!(
-                        "expected ',' or ']' in {KEY}, found '{other}'"
+                        "expected ',' or ']' in {KEY}, found {other}",
+                        other = quoted(other)
                     )))
                 }
                 _ => {}
@@ -1414,7 +1429,8 @@ fn unknown(key: &str, version: Version) -> Error {
         Error::usage(format!("Unrecognized CachingAllocator option: {key} (accepted: {KEYS})"))
     } else {
         Error::usage(format!(
-            "Unrecognized key '{key}' in Accelerator allocator config. (accepted: {KEYS})"
+            "Unrecognized key {key} in Accelerator allocator config. (accepted: {KEYS})",
+            key = quoted(key)
         ))
     }
 }
