@@ -59,6 +59,28 @@ pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// The reason of the I/O error `e` in fragsim's words: the common ones spelled out (`no space
+/// left on the device`, `permission denied`), any other the OS's words without Rust's
+/// `(os error N)` suffix. Reading and writing errors share it, so a full disk reads the same
+/// whichever command met it.
+pub fn os_reason(e: &std::io::Error) -> String {
+    use std::io::ErrorKind as K;
+    match e.kind() {
+        K::PermissionDenied => "permission denied".to_string(),
+        K::AlreadyExists => "something else already stands there".to_string(),
+        K::StorageFull => "no space left on the device".to_string(),
+        K::ReadOnlyFilesystem => "the file system is read-only".to_string(),
+        K::NotADirectory => "a part of the path is a file, not a folder".to_string(),
+        _ => {
+            let text = e.to_string();
+            match text.find(" (os error") {
+                Some(i) => text[..i].to_string(),
+                None => text,
+            }
+        }
+    }
+}
+
 /// What went wrong, coarsely: it decides the exit code (see `docs/interface.md`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -158,6 +180,17 @@ impl Error {
             source: Some(Box::new(err)),
         }
         .in_file(path)
+    }
+
+    /// An input `path` that cannot be opened or read: `cannot read the file: {reason}`, in
+    /// fragsim's words ([`os_reason`]: `no such file`, `permission denied`), naming the file,
+    /// as the outputs' errors do; `err` stays the source.
+    pub fn reading(path: &Path, err: std::io::Error) -> Error {
+        let reason = match err.kind() {
+            std::io::ErrorKind::NotFound => "no such file".to_string(),
+            _ => os_reason(&err),
+        };
+        Error::io_worded(format!("cannot read the file: {reason}"), err).in_file(path)
     }
 
     /// An I/O error worded by fragsim (`message`), keeping `err` as the source.

@@ -876,6 +876,51 @@ fn a_failed_command_leaves_its_old_output_as_it_was() {
     assert!(!stderr(&o).contains("os error"), "{}", stderr(&o));
 }
 
+/// A missing input and a full output are fragsim's words, never a bare OS error (D15): the
+/// input names itself and says `no such file`; every output on a full device says `cannot
+/// write 'PATH': no space left on the device`. The full device is made with `mknod` in a
+/// temporary folder where that is allowed (root), never by writing the real /dev.
+#[test]
+fn a_missing_input_and_a_full_output_are_worded_by_fragsim() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["nonexist.pickle", "nonexist.fst", "nonexist.txt"] {
+        let missing = dir.path().join(name);
+        let o = fragsim().arg("info").arg(&missing).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        let want = format!("fragsim: {}: cannot read the file: no such file\n", missing.display());
+        assert_eq!(stderr(&o), want);
+    }
+    let made = |name: &str| {
+        let path = dir.path().join(name);
+        let ok = std::process::Command::new("mknod").arg(&path).args(["c", "1", "7"]).output();
+        ok.is_ok_and(|o| o.status.success()).then_some(path)
+    };
+    let Some(probe) = made("probe") else {
+        eprintln!("mknod is not allowed here: the full-device outputs are checked by unit tests");
+        return;
+    };
+    std::fs::remove_file(probe).unwrap();
+    let trace = real_trace("cs336-lm-step-c.pickle");
+    let t = trace.to_str().unwrap();
+    for (name, args) in [
+        ("full.txt", vec!["convert", t]),
+        ("full.fst", vec!["convert", t]),
+        ("full2.fst", vec!["synth"]),
+        ("full.pickle", vec!["replay", t, "-p", "bfc", "--export-snapshot"]),
+        ("full.svg", vec!["blame", t, "--flamegraph"]),
+        ("full.json", vec!["sweep", t, "-p", "bfc", "--out"]),
+    ] {
+        let full = made(name).unwrap();
+        let o = fragsim().args(&args).arg(&full).stdout(std::process::Stdio::null()).output();
+        let o = o.unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        let want = format!("cannot write '{}': no space left on the device", full.display());
+        assert!(stderr(&o).contains(&want), "{args:?}: {}", stderr(&o));
+        assert!(!stderr(&o).contains("os error"), "{args:?}: {}", stderr(&o));
+        assert_eq!(kind(&full), "char device", "the device stands");
+    }
+}
+
 // ---- Issue 46: names from a trace are data ----
 
 /// Names no terminal, CSV row or XML document may get raw; `@@@` becomes an unpaired surrogate

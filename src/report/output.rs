@@ -18,7 +18,7 @@
 //! over a file it reads (`convert T T`, `sweep T --out T`, `diff A B --out DIR` with A in DIR):
 //! the same path, or the same file (device and inode) under another name.
 
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{os_reason, Error, ErrorKind, Result};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -70,26 +70,28 @@ fn follow_links(path: &Path) -> Result<PathBuf> {
     )))
 }
 
-/// An I/O failure on an output, worded by fragsim: `cannot {doing} '{path}': {reason}`.
+/// An I/O failure on an output, worded by fragsim: `cannot {doing} '{path}': {reason}`
+/// ([`os_reason`], but a missing folder is named as such).
 fn failed(path: &Path, doing: &str, e: std::io::Error) -> Error {
-    use std::io::ErrorKind as K;
     let reason = match e.kind() {
-        K::NotFound => "its folder does not exist".to_string(),
-        K::PermissionDenied => "permission denied".to_string(),
-        K::AlreadyExists => "something else already stands there".to_string(),
-        K::StorageFull => "no space left on the device".to_string(),
-        K::ReadOnlyFilesystem => "the file system is read-only".to_string(),
-        K::NotADirectory => "a part of the path is a file, not a folder".to_string(),
-        _ => {
-            // The OS's words without Rust's "(os error N)" suffix.
-            let text = e.to_string();
-            match text.find(" (os error") {
-                Some(i) => text[..i].to_string(),
-                None => text,
-            }
-        }
+        std::io::ErrorKind::NotFound => "its folder does not exist".to_string(),
+        _ => os_reason(&e),
     };
     Error::io_worded(format!("cannot {doing} '{}': {reason}", path.display()), e)
+}
+
+/// An error the writer of the output `path` returned. One that an I/O failure caused (a full
+/// disk under `convert`, `synth` or `--export-snapshot`) is worded as every output's is,
+/// `cannot write 'PATH': REASON`, not as the OS's bare text; a closed pipe stays as it is (the
+/// binary stops quietly on it), and any other (an encoding refused, a cancel) names the file.
+fn writer_failed(path: &Path, e: Error) -> Error {
+    let io = std::error::Error::source(&e).and_then(|s| s.downcast_ref::<std::io::Error>());
+    match io {
+        Some(io) if !e.is_broken_pipe() => {
+            failed(path, "write", std::io::Error::new(io.kind(), io.to_string()))
+        }
+        _ => e.in_file(path),
+    }
 }
 
 /// Where writing the file `path` (given with `flag`) leads: see [`Target`]. A folder or a block
@@ -186,7 +188,7 @@ pub fn write_output(
                 .open(&at)
                 .map_err(|e| failed(path, "open for writing", e))?;
             let mut w = std::io::BufWriter::new(file);
-            write(&mut w).map_err(|e| e.in_file(path))?;
+            write(&mut w).map_err(|e| writer_failed(path, e))?;
             w.flush().map_err(|e| failed(path, "write", e))
         }
         Target::File(at) | Target::Folder(at) => stage_file(path, &at, write),
@@ -212,7 +214,7 @@ fn stage_file(
         .map_err(|e| failed(path, "write", e))?;
     {
         let mut w = std::io::BufWriter::new(temp.as_file());
-        write(&mut w).map_err(|e| e.in_file(path))?;
+        write(&mut w).map_err(|e| writer_failed(path, e))?;
         w.flush().map_err(|e| failed(path, "write", e))?;
     }
     let permissions = match std::fs::metadata(at) {
@@ -390,6 +392,34 @@ pub fn refuse_input_in_folder(output: &Path, flag: &str, inputs: &[&Path]) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A writer that fails as a full disk does, for every output: the file and the device
+    /// alike say `cannot write 'PATH': no space left on the device`, never the OS's bare
+    /// `No space left on device (os error 28)` (D15); a closed pipe stays a closed pipe.
+    #[test]
+    fn a_writer_failing_on_a_full_disk_is_worded_as_every_output_is() {
+        let full = || std::io::Error::from(std::io::ErrorKind::StorageFull);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.txt");
+        for writer in [
+            Error::from_io(full()),
+            Error::writing("the file", full()),
+            Error::io(Path::new("elsewhere"), full()),
+        ] {
+            let mut writer = Some(writer);
+            let e = write_whole(&path, |_| Err(writer.take().unwrap())).unwrap_err();
+            let want = format!("cannot write '{}': no space left on the device", path.display());
+            assert_eq!(e.to_string(), want);
+            assert_eq!(e.kind(), ErrorKind::Io);
+        }
+        assert!(!path.exists(), "nothing is left behind");
+        let pipe = std::io::Error::from(std::io::ErrorKind::BrokenPipe);
+        let e = write_whole(&path, |_| Err(Error::from_io(pipe))).unwrap_err();
+        assert!(e.is_broken_pipe(), "{e}");
+        // An error that is no I/O failure (an encoding refused) keeps its words.
+        let e = write_whole(&path, |_| Err(Error::input("size beyond 2^60"))).unwrap_err();
+        assert_eq!(e.to_string(), format!("{}: size beyond 2^60", path.display()));
+    }
 
     #[test]
     fn a_failed_write_leaves_the_old_file_and_no_temporary() {

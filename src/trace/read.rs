@@ -244,7 +244,7 @@ fn read_path_as(path: &Path, options: &ReadOptions, whole_pickle: bool) -> Resul
     if path.is_dir() {
         return Err(directory_error(path));
     }
-    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let file = std::fs::File::open(path).map_err(|e| Error::reading(path, e))?;
     let length = file.metadata().ok().filter(|m| m.is_file()).map(|m| m.len());
     if let Some(len) = length.filter(|&len| len > cap) {
         return Err(too_big(len, cap).in_file(path));

@@ -474,7 +474,7 @@ impl FstStream {
         if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
             return Ok(None);
         }
-        let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        let file = std::fs::File::open(path).map_err(|e| Error::reading(path, e))?;
         let mut input = std::io::BufReader::new(file);
         let mut start = [0u8; 12];
         let got = read_up_to(&mut input, &mut start).map_err(|e| e.in_file(path))?;
