@@ -163,7 +163,11 @@ pub(crate) fn plan<const D: bool>(
             best = Some((outcome, segments));
         }
     }
-    let (mut outcome, mut segments) = best?;
+    // A window longer than the budget is not checked: the first cut stands.
+    let Some((mut outcome, mut segments)) = best else {
+        let segments = cut(Shape::AsMade, &made, left, piece);
+        return Some(WarmCache { reserved_bytes: first.reserved, segments });
+    };
     for _ in 0..MAX_MENDS {
         let Some(mended) = mend(&segments, &outcome) else { break };
         let Some(next) = window.replay(&mended, &mut budget) else { break };
