@@ -16,7 +16,7 @@
 //! Those sizes are one reading of the recording: a real cache may have held one larger segment
 //! that the window split for several requests, which the replay from live blocks made one by
 //! one, or segments that were busy when a request came. So the plan is checked against the
-//! recording: the window is replayed from a few [`Shape`]s of that cache, and from the closest
+//! recording: the window is replayed from a few shapes of that cache, and from the closest
 //! the cache is mended where the replay first parts from the recorded `Total Reserved` (a
 //! request served from cache where the real run reserved more: the segment that served it is
 //! cut below the request; one that reserved more where the real run did not: a segment of that
