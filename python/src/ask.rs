@@ -458,6 +458,17 @@ pub fn diff(
     })
 }
 
+/// The first of a question's `traces` (the one it is asked on), the others, and all of them, or
+/// `None` when there is none.
+fn first_and_others<'a, 'py>(
+    traces: &'a [Bound<'py, On>],
+) -> Option<(&'a Bound<'py, On>, Vec<On>, Vec<On>)> {
+    let (first, rest) = traces.split_first()?;
+    let others: Vec<On> = rest.iter().map(|o| o.get().clone()).collect();
+    let all = std::iter::once(first.get().clone()).chain(others.iter().cloned()).collect();
+    Some((first, others, all))
+}
+
 /// `fragsim sweep`'s answer: a grid of configs replayed on every trace, ranked by the worst case.
 #[pyfunction]
 #[pyo3(signature = (traces, *, policies, objective=None, capacity=None, jobs=None))]
@@ -469,11 +480,9 @@ pub fn sweep(
     capacity: Option<String>,
     jobs: Option<usize>,
 ) -> PyResult<Answer> {
-    let Some((first, rest)) = traces.split_first() else {
+    let Some((first, others, all)) = first_and_others(&traces) else {
         return Ok(usage_answer("sweep takes at least one trace"));
     };
-    let others: Vec<On> = rest.iter().map(|o| o.get().clone()).collect();
-    let all: Vec<On> = traces.iter().map(|o| o.get().clone()).collect();
     ask(py, first, &others, move |asked| {
         let mut notes = Vec::new();
         let capacity = capacity_of(capacity.as_deref())?;
@@ -511,11 +520,9 @@ pub fn check(
     capacity: Option<String>,
     jobs: Option<usize>,
 ) -> PyResult<Answer> {
-    let Some((first, rest)) = traces.split_first() else {
+    let Some((first, others, all)) = first_and_others(&traces) else {
         return Ok(usage_answer("check takes at least one trace"));
     };
-    let others: Vec<On> = rest.iter().map(|o| o.get().clone()).collect();
-    let all: Vec<On> = traces.iter().map(|o| o.get().clone()).collect();
     ask(py, first, &others, move |asked| {
         let specs = PolicySpec::parse_many(&policies)?;
         let tolerance = parse_tolerance(tolerance.as_deref().unwrap_or("1%"))?;
