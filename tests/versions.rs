@@ -539,3 +539,99 @@ fn a_snapshot_round_trip_keeps_annotations_and_exact_address_tags() {
         assert_eq!(replay(&out), replay(&path), "{name}");
     }
 }
+
+/// `--pytorch-version V` on every command that replays: `version=V` added to each PyTorch
+/// spec (shown in its configuration, so releases are told apart), the other policies left,
+/// and a flag that would change nothing, or says another release than a spec, refused.
+#[test]
+fn pytorch_version_is_a_what_if_flag_of_every_replaying_command() {
+    let fraction = "pytorch:per_process_memory_fraction:0.5,throw_on_cudamalloc_oom:True";
+    let v = replay_json(
+        CACHE_THEN_MORE,
+        &["--capacity", "100MiB", "-p", fraction, "-p", "bfc", "--pytorch-version", "2.15"],
+    );
+    let r = &v["results"];
+    let pytorch = r.as_array().unwrap().iter().find(|x| x["policy"] == "pytorch").unwrap();
+    assert_eq!(pytorch["oom"], true, "{v}");
+    assert!(pytorch["config"].as_str().unwrap().ends_with(",version=2.15"), "{v}");
+    let bfc = r.as_array().unwrap().iter().find(|x| x["policy"] == "bfc").unwrap();
+    assert!(!bfc["config"].as_str().unwrap().contains("version"), "{v}");
+
+    let (_d, path) = temp_file("t.txt", CACHE_THEN_MORE.as_bytes());
+    let p = path.to_str().unwrap();
+    // 2.11 has no throw_on_cudamalloc_oom: the flag is the release modelled, not a floor.
+    let out = run(&["replay", p, "-p", fraction, "--pytorch-version", "2.11"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("is an option of PyTorch 2.12 and later"), "{}", stderr(&out));
+    let out = run(&["replay", p, "-p", "bfc", "--pytorch-version", "2.15"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("none of the policies given (bfc) is PyTorch's"),
+        "{}",
+        stderr(&out)
+    );
+    let out = run(&["replay", p, "-p", "pytorch:version=2.12", "--pytorch-version", "2.15"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("give the version once"), "{}", stderr(&out));
+    for bad in ["2.16", "2.015", "two"] {
+        let out = run(&["replay", p, "--pytorch-version", bad]);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {}", stderr(&out));
+    }
+
+    // diff of one trace: the recording's release against the one asked, labelled apart.
+    let out = run(&["diff", p, "--pytorch-version", "2.15", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let d: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(!d["a"]["config"].as_str().unwrap().contains("version"), "{d}");
+    assert!(d["b"]["config"].as_str().unwrap().ends_with("version=2.15"), "{d}");
+
+    // sweep: every PyTorch config of the grid under the release, the reference as recorded,
+    // and one note for the lot.
+    let out = run(&[
+        "sweep",
+        p,
+        "-p",
+        "pytorch:max_split_size_mb:{64,128}",
+        "--pytorch-version",
+        "2.13",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let s: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let configs: Vec<&str> =
+        s["ranking"].as_array().unwrap().iter().map(|x| x["spec"].as_str().unwrap()).collect();
+    assert!(configs.contains(&"pytorch:max_split_size_mb:64,version=2.13"), "{s}");
+    assert!(configs.contains(&"pytorch"), "the reference: {s}");
+    let notes = stderr(&out);
+    assert_eq!(notes.matches("modelled PyTorch 2.13 (as asked)").count(), 1, "{notes}");
+
+    // fit, check, blame, explain and report take it too.
+    let dir = tempfile::tempdir().unwrap();
+    let report_dir = dir.path().join("r");
+    let baseline = dir.path().join("b.json");
+    for args in [
+        vec!["fit", p, "--pytorch-version", "2.15"],
+        vec![
+            "check",
+            p,
+            "--baseline",
+            baseline.to_str().unwrap(),
+            "--update",
+            "--pytorch-version",
+            "2.15",
+        ],
+        vec!["blame", p, "--pytorch-version", "2.15"],
+        vec!["explain", p, "--pytorch-version", "2.15"],
+        vec!["report", p, "--out", report_dir.to_str().unwrap(), "--pytorch-version", "2.15"],
+    ] {
+        let out = run(&args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("modelled PyTorch 2.15 (as asked)"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+    let written = std::fs::read_to_string(&baseline).unwrap();
+    assert!(written.contains("version=2.15"), "{written}");
+}

@@ -81,7 +81,7 @@ impl By {
 
 /// Runs the command on `io`; `Ok` carries the exit code.
 pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
-    let specs = PolicySpec::parse_many(&args.source.policies)?;
+    let specs = PolicySpec::parse_many(&args.source.policies(&["pytorch"])?)?;
     let at = Moment::parse(&args.at)?;
     fragsim::blame::check_depth(args.depth)?;
     let path = &args.source.trace;

@@ -51,6 +51,9 @@ pub struct Args {
     format: super::FormatArgs,
 
     #[command(flatten)]
+    version: super::VersionFlag,
+
+    #[command(flatten)]
     control: Control,
 }
 
@@ -63,7 +66,7 @@ impl Args {
 
 /// Runs the command on `io`; `Ok` carries the exit code.
 pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
-    let specs = PolicySpec::parse_many(&args.policies)?;
+    let specs = PolicySpec::parse_many(&args.version.apply(&args.policies, &["pytorch"])?)?;
     let tolerance = check::parse_tolerance(&args.tolerance)?;
     // A broken baseline fails before the replays, not after.
     let control = args.control.clone();

@@ -58,13 +58,28 @@ pub struct Args {
     #[command(flatten)]
     format: super::FormatArgs,
 
+    /// What-if: model PyTorch release V in the pytorch policies. With one trace and one policy
+    /// (or none: pytorch), A is that policy as the recording has it and B the same under V:
+    /// what upgrading PyTorch does to this run's memory.
+    #[command(flatten)]
+    version: super::VersionFlag,
+
     #[command(flatten)]
     control: super::progress::Control,
 }
 
 /// Runs the command on `io`; `Ok` carries the exit code.
 pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
-    let (spec_a, spec_b) = diff::pair_specs(&args.policies, args.b.is_some())?;
+    let policies = match (&args.b, args.policies.len()) {
+        // One trace, one policy: as recorded against the release asked.
+        (None, 0 | 1) if args.version.given() => {
+            let a = args.policies.first().cloned().unwrap_or_else(|| "pytorch".into());
+            let b = args.version.apply(std::slice::from_ref(&a), &[])?;
+            std::iter::once(a).chain(b).collect()
+        }
+        _ => args.version.apply(&args.policies, &["pytorch"])?,
+    };
+    let (spec_a, spec_b) = diff::pair_specs(&policies, args.b.is_some())?;
     fragsim::blame::check_depth(args.depth)?;
     if let Some(dir) = &args.out {
         let inputs: Vec<&Path> =

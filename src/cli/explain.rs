@@ -42,7 +42,7 @@ pub struct Args {
 
 /// Runs the command on `io`; `Ok` carries the exit code.
 pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
-    let spec = ExplainOptions::one_spec(&args.source.policies)?;
+    let spec = ExplainOptions::one_spec(&args.source.policies(&["pytorch"])?)?;
     let at = ExplainOptions::moment(args.at.as_deref())?;
     let path = &args.source.trace;
     let session = args.control.session(io, path, args.source.device, true)?;

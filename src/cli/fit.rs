@@ -39,6 +39,9 @@ pub struct Args {
     format: super::FormatArgs,
 
     #[command(flatten)]
+    version: super::VersionFlag,
+
+    #[command(flatten)]
     control: Control,
 }
 
@@ -49,7 +52,7 @@ pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     } else {
         args.policies.clone()
     };
-    let specs = PolicySpec::parse_many(&written)?;
+    let specs = PolicySpec::parse_many(&args.version.apply(&written, &[])?)?;
     // Loaded, not streamed: each policy's search replays the trace a score of times.
     let session = args.control.session(io, &args.trace, args.device, false)?;
     super::print_notes(&args.control, io, &session, &specs);

@@ -373,6 +373,39 @@ pub(crate) fn read_capped(io: &Io, path: &Path, what: &str) -> Result<Vec<u8>> {
     fragsim::whatif::own_json::read(path, what, io.max_input_bytes())
 }
 
+/// `--pytorch-version`, on every command that replays policies: the PyTorch release each
+/// `pytorch` policy models, as a what-if (docs/interface.md, "PyTorch versions").
+#[derive(Debug, Clone, clap::Args)]
+pub struct VersionFlag {
+    /// What-if: every pytorch policy models PyTorch release V (2.0 … 2.15), as `version=V` in
+    /// its spec does (default: the release the recording shows, else 2.11).
+    #[arg(long, value_name = "V", value_parser = version_text)]
+    pytorch_version: Option<String>,
+}
+
+impl VersionFlag {
+    /// `written` (`default` where empty) with the version asked added to each PyTorch spec;
+    /// `written` as it is where the flag is not given.
+    pub(crate) fn apply(&self, written: &[String], default: &[&str]) -> Result<Vec<String>> {
+        match &self.pytorch_version {
+            None => Ok(written.to_vec()),
+            Some(v) => fragsim::policy::PolicySpec::at_version(written, default, v),
+        }
+    }
+
+    /// Whether the flag was given.
+    pub(crate) fn given(&self) -> bool {
+        self.pytorch_version.is_some()
+    }
+}
+
+/// Checks `--pytorch-version`'s value for clap.
+fn version_text(text: &str) -> std::result::Result<String, String> {
+    fragsim::policy::pytorch::config::Version::parse(text)
+        .map(|v| v.to_string())
+        .map_err(|e| e.message().to_string())
+}
+
 /// The flags `replay` and `report` share: what to replay, against what, on which device.
 #[derive(Debug, clap::Args)]
 pub struct ReplaySource {
@@ -403,9 +436,18 @@ pub struct ReplaySource {
     /// What-if: drop the empty_cache() calls the recording holds.
     #[arg(long)]
     pub no_recorded_empty_cache: bool,
+
+    #[command(flatten)]
+    pub version: VersionFlag,
 }
 
 impl ReplaySource {
+    /// The `-p` values with `--pytorch-version` applied (`default`: the command's policies
+    /// where no `-p` is given).
+    pub(crate) fn policies(&self, default: &[&str]) -> Result<Vec<String>> {
+        self.version.apply(&self.policies, default)
+    }
+
     /// The `empty_cache` what-if the flags describe.
     pub(crate) fn empty_cache_plan(&self) -> Result<fragsim::replay::EmptyCachePlan> {
         fragsim::replay::EmptyCachePlan::new(

@@ -68,7 +68,7 @@ const EXPORTED: usize = 0;
 
 /// Runs the command on `io`; `Ok` carries the exit code.
 pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
-    let specs = PolicySpec::parse_many(&args.source.policies)?;
+    let specs = PolicySpec::parse_many(&args.source.policies(&["pytorch"])?)?;
     let empty_cache = args.source.empty_cache_plan()?;
     let path = &args.source.trace;
     if let Some(out) = &args.export_snapshot {

@@ -32,7 +32,15 @@ pub struct Args {
 
 /// Runs the command on `io`; `Ok` carries the exit code.
 pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
-    let policies = ReportPlan::policies_from(&args.source.policies)?;
+    let mut policies = ReportPlan::policies_from(&args.source.policies)?;
+    if args.source.version.given() {
+        // One spec per planned policy, so the default set stays optional.
+        let written: Vec<String> = policies.iter().map(|p| p.spec.display()).collect();
+        let versioned = args.source.version.apply(&written, &[])?;
+        for (planned, text) in policies.iter_mut().zip(versioned) {
+            planned.spec = PolicySpec::parse_list(&text)?.remove(0);
+        }
+    }
     let policies_count = policies.len();
     if let Some(name) = &args.segment_map_policy {
         PolicySpec::parse_list(name)?;
@@ -41,6 +49,8 @@ pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     fragsim::report::output::refuse_input_in_folder(&args.out, "--out", &[&args.source.trace])?;
     // Frames name the allocation sites of the "where the memory went" chart.
     let session = args.control.session(io, &args.source.trace, args.source.device, true)?;
+    let specs: Vec<PolicySpec> = policies.iter().map(|p| p.spec.clone()).collect();
+    super::print_notes(&args.control, io, &session, &specs);
     let resolved = session.capacity(args.source.capacity.get())?;
     if let Some(note) = resolved.inferred_note() {
         io.note(&note);

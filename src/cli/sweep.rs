@@ -58,6 +58,9 @@ pub struct Args {
     output: FormatArgs,
 
     #[command(flatten)]
+    version: super::VersionFlag,
+
+    #[command(flatten)]
     control: Control,
 }
 
@@ -89,6 +92,7 @@ fn written_grid(args: &Args, io: &mut super::Io) -> Result<(Vec<String>, Option<
 pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     // Everything the user typed is checked before the first replay.
     let (written, first) = written_grid(&args, io)?;
+    let written = args.version.apply(&written, &[])?;
     let capacity = args.capacity.get();
     let plan =
         SweepPlan::new(written, &args.objective, capacity, args.device, args.shard.as_deref())?;

@@ -47,6 +47,65 @@ impl PolicySpec {
         Ok(out)
     }
 
+    /// `written` (specs as typed, `{a,b}` alternatives and `all` allowed; empty: `default`) with
+    /// fragsim's `version=V` added to each PyTorch spec: what `--pytorch-version V` asks of every
+    /// command that replays (docs/interface.md, "PyTorch versions"). Other policies are left as
+    /// they are; a PyTorch spec that names another version, or a list with no PyTorch spec, is
+    /// a usage error (the flag would change nothing the user could see).
+    pub fn at_version(written: &[String], default: &[&str], version: &str) -> Result<Vec<String>> {
+        let asked = crate::policy::pytorch::config::Version::parse(version)?;
+        let given: Vec<String> = if written.is_empty() {
+            default.iter().map(|s| s.to_string()).collect()
+        } else {
+            written.to_vec()
+        };
+        let mut out = Vec::with_capacity(given.len());
+        let mut any = false;
+        for text in &given {
+            if text.trim() == "all" {
+                let all = Self::parse_list("all")?;
+                out.extend(all.iter().map(|s| s.display()));
+                continue;
+            }
+            out.push(text.trim().to_string());
+        }
+        for text in &mut out {
+            let (name, options) = match text.split_once(':') {
+                Some((n, o)) => (n.trim().to_string(), o.trim().to_string()),
+                None => (text.clone(), String::new()),
+            };
+            if !super::has_allocator_settings(&name) {
+                continue;
+            }
+            any = true;
+            if let Some(named) = top_level_parts(&options)
+                .into_iter()
+                .find_map(|part| part.trim().strip_prefix("version=").map(str::to_string))
+            {
+                if crate::policy::pytorch::config::Version::parse(&named).ok() == Some(asked) {
+                    continue;
+                }
+                return Err(Error::usage(format!(
+                    "--pytorch-version {version} and version={named} in {spec}: give the \
+                     version once",
+                    spec = quoted(text)
+                )));
+            }
+            *text = match options.is_empty() {
+                true => format!("{name}:version={asked}"),
+                false => format!("{name}:{options},version={asked}"),
+            };
+        }
+        if !any {
+            return Err(Error::usage(format!(
+                "--pytorch-version models a PyTorch release, and none of the policies given \
+                 ({}) is PyTorch's: add -p pytorch",
+                out.join(", ")
+            )));
+        }
+        Ok(out)
+    }
+
     /// The spec as a user would write it.
     pub fn display(&self) -> String {
         if self.options.is_empty() {
@@ -55,6 +114,25 @@ impl PolicySpec {
             format!("{}:{}", self.name, self.options)
         }
     }
+}
+
+/// `options` split at its top-level commas (not those inside `[...]` or `{...}`).
+fn top_level_parts(options: &str) -> Vec<&str> {
+    let (mut depth, mut start) = (0i32, 0usize);
+    let mut parts = Vec::new();
+    for (i, c) in options.char_indices() {
+        match c {
+            '[' | '{' => depth += 1,
+            ']' | '}' => depth -= 1,
+            ',' if depth <= 0 => {
+                parts.push(&options[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&options[start..]);
+    parts
 }
 
 #[cfg(test)]

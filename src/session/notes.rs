@@ -83,17 +83,29 @@ fn warm_start(trace: &Trace, out: &mut Vec<String>) {
     }
 }
 
-/// The PyTorch version each spec models, where the recording or the spec chose it.
+/// The PyTorch version each spec models, where the recording or the spec chose it: one line
+/// per release and reason, naming the first spec (a sweep's grid under one release is one line).
 fn versions(trace: &Trace, specs: &[PolicySpec], out: &mut Vec<String>) {
+    let mut seen: Vec<(String, String, usize)> = Vec::new();
     for spec in specs.iter().filter(|s| has_allocator_settings(&s.name)) {
         let Ok((options, asked)) = split_version(&spec.options) else { continue };
         let Ok(m) = modelled_version(&options, asked, trace) else { continue };
         if m.at_least.is_none() && !m.given {
             continue;
         }
-        let line = format!("note: {}: {m}", spec.display());
-        if !out.contains(&line) {
-            out.push(line);
+        let (why, display) = (m.to_string(), spec.display());
+        match seen.iter_mut().find(|(w, _, _)| *w == why) {
+            Some((_, first, others)) => *others += usize::from(*first != display),
+            None => seen.push((why, display, 0)),
         }
+    }
+    for (why, first, others) in seen {
+        out.push(match others {
+            0 => format!("note: {first}: {why}"),
+            n => format!(
+                "note: {first} and {n} other config{}: {why}",
+                if n == 1 { "" } else { "s" }
+            ),
+        });
     }
 }

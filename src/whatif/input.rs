@@ -557,6 +557,22 @@ pub(crate) fn config_mismatch(spec: &str, config: &str) -> Option<String> {
     let relabelled = |why: String| {
         Some(format!("{config} {why}: the row was relabelled", config = quoted(config)))
     };
+    // A release asked for (`version=X.Y`) is shown after the settings, and must be the spec's.
+    let (settings, shown_version) = match split_version(config) {
+        Ok(split) => split,
+        Err(e) => return relabelled(format!("names no release fragsim models ({})", e.message())),
+    };
+    let asked_version = split_version(options).ok().and_then(|(_, v)| v);
+    if shown_version != asked_version {
+        let shown = |v: Option<_>| v.map_or("the recording's".to_string(), |v| format!("{v}"));
+        return relabelled(format!(
+            "models PyTorch {}, and its spec {spec} asks for {}",
+            shown(shown_version),
+            shown(asked_version),
+            spec = quoted(spec)
+        ));
+    }
+    let config = settings.as_str();
     let c = match Config::parse_shown(config) {
         Ok(c) => c,
         Err(e) => {
@@ -773,7 +789,13 @@ mod tests {
             ),
             None
         );
+        let asked = "expandable_segments:False,max_split_size_mb:128,version=2.15";
+        assert_eq!(config_mismatch("pytorch:max_split_size_mb:128,version=2.15", asked), None);
         for (spec, config) in [
+            ("pytorch:max_split_size_mb:128", asked),
+            ("pytorch:max_split_size_mb:128,version=2.13", asked),
+            ("pytorch:version=2.15", "expandable_segments:False"),
+            ("pytorch", "expandable_segments:False,version=2.016"),
             ("bfc", "allow_growth=false,memory_limit=none,garbage_collection=true"),
             ("pytorch:max_split_size_mb:128", "expandable_segments:False,max_split_size_mb:256"),
             ("pytorch:max_split_size_mb:128", "expandable_segments:False"),

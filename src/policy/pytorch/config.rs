@@ -160,18 +160,31 @@ impl Version {
     /// 2.15: `expandable_segments_reserve`, `internal_metadata`.
     pub const V2_15: Version = Version { major: 2, minor: 15 };
 
-    /// Parses `2.8`, `2.8.1` or `v2.8`.
+    /// Parses `2.8`, `2.8.1`, `v2.8` or what `torch.__version__` says (`2.8.0+cu128`,
+    /// `2.9.0a0+git1234`). A number with a leading zero (`2.015`) is no release's name.
     pub fn parse(text: &str) -> Result<Version> {
         let t = text.trim().trim_start_matches('v');
+        let t = t.split_once('+').map_or(t, |(release, _local)| release);
         let mut parts = t.split('.');
         let bad = || {
             Error::usage(format!(
                 "invalid PyTorch version {text}: expected MAJOR.MINOR, e.g. 2.8 (supported: 2.0 and newer)", text = quoted(text)))
         };
-        let major: u32 = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
-        let minor: u32 = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
-        if parts.next().is_some_and(|p| p.parse::<u32>().is_err()) {
-            return Err(bad());
+        let number = |p: &str| -> Option<u32> {
+            let plain = !p.is_empty()
+                && p.bytes().all(|b| b.is_ascii_digit())
+                && (p == "0" || !p.starts_with('0'));
+            plain.then(|| p.parse().ok()).flatten()
+        };
+        let major = parts.next().and_then(number).ok_or_else(bad)?;
+        let minor = parts.next().and_then(number).ok_or_else(bad)?;
+        // A patch release, perhaps a pre-release of it (`0a0`, `1rc1`).
+        if let Some(patch) = parts.next() {
+            let digits = patch.bytes().take_while(u8::is_ascii_digit).count();
+            let suffix_ok = patch[digits..].bytes().all(|b| b.is_ascii_alphanumeric());
+            if digits == 0 || !suffix_ok || parts.next().is_some() {
+                return Err(bad());
+            }
         }
         let v = Version { major, minor };
         if v < (Version { major: 2, minor: 0 }) {
@@ -935,11 +948,13 @@ impl Config {
     /// Parses a configuration as [`Policy::config`](crate::policy::Policy::config) shows it:
     /// torch_npu's when it names an option only torch_npu has (its strings always do), else
     /// CUDA's on current main.
+    /// A `version=X.Y` the configuration shows (a release asked for) is the release parsed.
     pub(crate) fn parse_shown(text: &str) -> Result<Config> {
-        if names_npu_option(text) {
-            Config::parse_npu(text)
+        let (text, asked) = split_version(text)?;
+        if names_npu_option(&text) {
+            Config::parse_npu(&text)
         } else {
-            Config::parse(text, Version::CURRENT)
+            Config::parse(&text, asked.unwrap_or(Version::CURRENT))
         }
     }
 
@@ -1483,6 +1498,25 @@ mod tests {
     fn runs(r: &[(u64, usize)]) -> [u64; INTERVALS] {
         let v: Vec<u64> = r.iter().flat_map(|&(v, n)| std::iter::repeat_n(v, n)).collect();
         v.try_into().unwrap()
+    }
+
+    #[test]
+    fn versions_are_read_as_torch_names_them_and_nothing_else() {
+        let v = |t: &str| Version::parse(t).map(|v| v.to_string()).map_err(|e| e.to_string());
+        for (text, want) in [
+            ("2.8", "2.8"),
+            ("v2.8", "2.8"),
+            ("2.8.1", "2.8"),
+            ("2.15.0+cu128", "2.15"),
+            ("2.13.0a0+git1234", "2.13"),
+            ("2.12.1rc1", "2.12"),
+            ("2.0", "2.0"),
+        ] {
+            assert_eq!(v(text).as_deref(), Ok(want), "{text}");
+        }
+        for text in ["2.015", "02.8", "+2.8", "2.8.", "2.8.1.1", "2.8.x", "2", "2.-1", "", "2.16"] {
+            assert!(v(text).is_err(), "{text} read as {:?}", v(text));
+        }
     }
 
     #[test]

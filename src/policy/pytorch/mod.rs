@@ -274,6 +274,9 @@ pub struct PyTorch<const DEFAULT_RULES: bool = false> {
     place_at: Option<u64>,
     /// The warm cache [`Policy::start`] installed, as assumed ([`Policy::assumed_start`]).
     assumed_start: Option<crate::backend::AssumedStart>,
+    /// The release a spec asked for (`version=X.Y`), shown in [`Policy::config`]; `None` where
+    /// the release modelled is the recording's.
+    shown_version: Option<Version>,
 }
 
 /// The oversize rules of `get_free_block` (docs/pytorch-model.md#oversize): a request below
@@ -341,6 +344,7 @@ impl PyTorch {
             exact_blocks: false,
             place_at: None,
             assumed_start: None,
+            shown_version: None,
         }
     }
 
@@ -440,14 +444,22 @@ impl PyTorch {
         flavour: Option<Flavour>,
     ) -> Result<PyTorch> {
         let config = settings_for(options, context, false, flavour)?;
-        Ok(PyTorch::new(config).with_recorded_start(context).reading_kineto(context))
+        let shown = PyTorch::new(config).showing_version(options)?;
+        Ok(shown.with_recorded_start(context).reading_kineto(context))
     }
 
     /// Like [`PyTorch::from_spec`] with `expandable_segments:True` forced, from an empty cache
     /// (a recording's cudaMalloc segments cannot become mapped pages).
     pub(crate) fn expandable_from_spec(options: &str, context: &PolicyContext) -> Result<PyTorch> {
         let config = settings_for(options, context, true, None)?;
-        Ok(PyTorch::new(config).reading_kineto(context))
+        Ok(PyTorch::new(config).showing_version(options)?.reading_kineto(context))
+    }
+
+    /// The policy with the release `options` ask for (`version=X.Y`) shown in its
+    /// configuration, so that runs of several releases are told apart in every result.
+    fn showing_version(mut self, options: &str) -> Result<PyTorch> {
+        self.shown_version = config::split_version(options)?.1;
+        Ok(self)
     }
 }
 
@@ -518,6 +530,7 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
             config, blocks, spare, pools, private, private_pools, freeable, into, capture_underway,
             segments, expandable, streams, stream_index, allocated, total_allocated, alloc_retries, stats, gc_on,
             start, start_fit, warm, exact_blocks, plain_rounding, place_at, assumed_start,
+            shown_version,
         )
     }
 
@@ -1612,7 +1625,10 @@ fn at_least_recorded_gpu_memory(mut config: Config, context: &PolicyContext) -> 
 
 impl<const DEFAULT_RULES: bool> Policy for PyTorch<DEFAULT_RULES> {
     fn config(&self) -> String {
-        self.config.to_conf_string()
+        match self.shown_version {
+            Some(v) => format!("{},version={v}", self.config.to_conf_string()),
+            None => self.config.to_conf_string(),
+        }
     }
 
     /// Its own effective settings (not the input's: a `pytorch-expandable` what-if says
