@@ -35,12 +35,20 @@ pub fn quoted(s: &str) -> String {
 
 /// `s` with every character that a terminal, a CSV row or an XML document cannot show as itself
 /// written out: `\n`, `\r`, `\t`, `\0`, other control characters as `\xHH` (C0, DEL, C1) and
-/// the non-characters U+FFFE/U+FFFF as `\u{fffe}`. Names from a trace are data: an ESC must not
-/// reach the terminal, a newline must not split a table row, and no byte XML forbids may reach an
+/// the non-characters U+FFFE/U+FFFF, the bidirectional controls (U+202A–U+202E, U+2066–U+2069,
+/// U+200E, U+200F, U+061C) and the line and paragraph separators (U+2028, U+2029) as
+/// `\u{202e}`. Names from a trace are data: an ESC must not reach the terminal, a newline (or a
+/// separator some viewers break at) must not split a table row, a right-to-left override must not
+/// reorder what a terminal shows of a row ("Trojan Source"), and no byte XML forbids may reach an
 /// SVG. Text without such characters is returned as is. Public for the command line, which
 /// writes paths and names from the trace into its tables; `trace::sites` re-exports it.
 pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
-    let bad = |c: char| c.is_control() || c == '\u{fffe}' || c == '\u{ffff}';
+    let bad = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{fffe}' | '\u{ffff}' | '\u{2028}' | '\u{2029}')
+            || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{061c}')
+    };
     if !s.chars().any(bad) {
         return std::borrow::Cow::Borrowed(s);
     }

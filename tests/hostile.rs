@@ -925,7 +925,7 @@ fn a_missing_input_and_a_full_output_are_worded_by_fragsim() {
 
 /// Names no terminal, CSV row or XML document may get raw; `@@@` becomes an unpaired surrogate
 /// (Python's `surrogatepass` bytes) in the pickle.
-const HOSTILE: [&str; 9] = [
+const HOSTILE: [&str; 11] = [
     "\u{1b}[31mred\u{1b}[0m",
     "bell\u{7}",
     "back\u{8}space",
@@ -935,6 +935,8 @@ const HOSTILE: [&str; 9] = [
     "<script>alert(1)</script>",
     "a & b \"q\" 'r'",
     "surrogate@@@",
+    "evil\u{202e}txt.py",
+    "line\u{2028}separator\u{2029}",
 ];
 
 /// A snapshot whose allocations, live to the end, each come from a frame named by one of
@@ -966,7 +968,11 @@ fn hostile_snapshot(scale: u64) -> Vec<u8> {
 
 /// No byte a terminal would act on: control characters other than a line's end.
 fn assert_printable(what: &str, text: &str) {
-    let bad: Vec<char> = text.chars().filter(|c| c.is_control() && *c != '\n').collect();
+    let shown_raw = |c: &char| {
+        (c.is_control() && *c != '\n')
+            || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2028}' | '\u{2029}')
+    };
+    let bad: Vec<char> = text.chars().filter(shown_raw).collect();
     assert!(bad.is_empty(), "{what}: raw control characters {bad:?} in:\n{text}");
 }
 

@@ -138,6 +138,13 @@ fn a_snapshot_with_2_15_keys_validates_and_names_2_15() {
     let (_d, flagged) = temp_file("b.pickle", &pickle(&by_flag));
     let flagged = stdout(&run(&["info", flagged.to_str().unwrap()]));
     assert!(flagged.contains("4.00 MiB reserved, 4.00 MiB allocated"), "{flagged}");
+    // A size no host held (2^64 - 1) is read as not given, not summed into an impossible total.
+    let mut huge = snapshot_2_15();
+    let forged = json!({"address": 0x6000_0000u64, "size": u64::MAX, "allocated": u64::MAX});
+    huge["host_segments"].as_array_mut().unwrap().push(forged);
+    let (_d, huge) = temp_file("h.pickle", &pickle(&huge));
+    let huge = stdout(&run(&["info", huge.to_str().unwrap()]));
+    assert!(huge.contains("2 segments, 4.00 MiB reserved, 1.00 MiB allocated"), "{huge}");
     assert!(
         info.contains("PyTorch release: 2.15 (trace entries carry internal_metadata)"),
         "{info}"

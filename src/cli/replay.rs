@@ -82,6 +82,14 @@ pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         Some(_) => args.control.session(io, path, device, frames)?,
         None => args.control.replay_session(io, path, device, &specs, frames)?,
     };
+    if args.export_snapshot.is_some() && session.device() < 0 {
+        return Err(Error::usage(format!(
+            "--export-snapshot: device {} is host memory, which a CUDA memory snapshot cannot \
+             hold; pick a GPU with --device",
+            session.device()
+        ))
+        .in_file(path));
+    }
     super::print_notes(&args.control, io, &session, &specs);
     let request = request(&args, io, &specs, empty_cache);
     let bar = args.control.bar(io, specs.len(), "replaying");

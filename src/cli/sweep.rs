@@ -91,6 +91,12 @@ fn written_grid(args: &Args, io: &mut super::Io) -> Result<(Vec<String>, Option<
 /// Runs the command on `io`; `Ok` carries the exit code.
 pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     // Everything the user typed is checked before the first replay.
+    if args.out.is_some() && args.output.format() == OutputFormat::Csv {
+        return Err(Error::usage(
+            "sweep --out writes the sweep's JSON, which fragsim merge reads; --csv prints the \
+             ranking only without --out",
+        ));
+    }
     let (written, first) = written_grid(&args, io)?;
     let written = args.version.apply(&written, &[])?;
     let capacity = args.capacity.get();

@@ -440,6 +440,13 @@ impl Session {
     pub fn validate(&self, options: &ValidateOptions) -> Result<Validation> {
         let trace = self.loaded("validate")?;
         crate::validate::needs_decisions(&self.name, trace)?;
+        // As `--capacity`: a GPU with less than 1 MiB holds no segment PyTorch would make.
+        if let Some(g) = options.gpu_memory.filter(|&g| g < 1 << 20) {
+            return Err(Error::usage(format!(
+                "the GPU memory given, {g} bytes, is less than 1 MiB: give the card's total \
+                 (e.g. 80GiB), or leave it out to infer it from the recording"
+            )));
+        }
         let options = ValidateOptions { device: Some(self.device), ..options.clone() };
         let mut v = crate::validate::validate(trace, &options).map_err(|e| self.named(e))?;
         v.trace = self.name.display().to_string();

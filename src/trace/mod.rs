@@ -437,9 +437,10 @@ impl Trace {
         self.devices.iter().find(|d| d.device == device)
     }
 
-    /// The device with the most events: the default of `--device`.
+    /// The device with the most events: the default of `--device`. Ties go to a GPU before
+    /// host memory (device -1), then to the lowest number: fragsim answers for GPUs first.
     pub fn default_device(&self) -> Option<i32> {
-        self.devices.iter().max_by_key(|d| (d.events.len(), -(d.device as i64))).map(|d| d.device)
+        self.devices.iter().max_by_key(|d| device_rank(d.events.len(), d.device)).map(|d| d.device)
     }
 
     /// The recorded totals of `device`, one per event, if the file records them for every
@@ -533,10 +534,26 @@ mod tests {
     }
 
     #[test]
+    fn a_tie_for_the_default_device_goes_to_a_gpu() {
+        let pick = |devices: &[(i32, usize)]| {
+            devices.iter().max_by_key(|d| device_rank(d.1, d.0)).map(|d| d.0)
+        };
+        assert_eq!(pick(&[(-1, 15), (0, 15), (1, 15)]), Some(0));
+        assert_eq!(pick(&[(1, 15), (-1, 15)]), Some(1));
+        assert_eq!(pick(&[(-1, 16), (0, 15)]), Some(-1), "more events still win");
+    }
+
+    #[test]
     fn action_names_round_trip() {
         for a in Action::ALL {
             assert_eq!(Action::from_name(a.name()), Some(a));
         }
         assert_eq!(Action::from_name("free"), None);
     }
+}
+
+/// How [`Trace::default_device`] ranks a device with `events` events: most events, then a GPU
+/// before host memory, then the lowest number.
+pub(crate) fn device_rank(events: usize, device: i32) -> (usize, bool, i64) {
+    (events, device >= 0, -(device as i64))
 }

@@ -309,6 +309,7 @@ mod tests {
             printable("a\u{1b}[31m\u{7}\u{8}\r\n\t\0\u{9b}\u{fffe}z"),
             "a\\x1b[31m\\x07\\x08\\r\\n\\t\\0\\x9b\\u{fffe}z"
         );
+        assert_eq!(printable("x\u{202e}y\u{2028}z\u{2066}"), "x\\u{202e}y\\u{2028}z\\u{2066}");
         let frame = f("a\nb.py", 3, "g\u{1b}");
         assert_eq!(describe(&frame), "a\\nb.py:3:g\\x1b");
     }

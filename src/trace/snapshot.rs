@@ -1496,23 +1496,26 @@ fn newer_settings_keys(p: &Pickle, v: Value) -> Vec<String> {
 }
 
 /// The pinned host allocator's `host_segments` and `host_traces` (2.14+), read leniently: a
-/// shape this reader does not expect is counted as far as it can be, never an error.
+/// shape this reader does not expect is counted as far as it can be, never an error. A size
+/// at or past the limit on sizes (`limits::SIZE_LIMIT`) is no size a host held, and is read as
+/// not given, so that no total shown is one no machine had.
 fn read_host_allocator(p: &Pickle, root: Value, extras: &mut SnapshotExtras) {
     if let Some(segments) = p.get(root, "host_segments") {
         let mut h = HostSegments::default();
         for &s in p.items(segments).unwrap_or(&[]) {
             h.count += 1;
             let int = |key: &str| {
-                p.get(s, key).and_then(|v| p.int(v)).and_then(|x| u64::try_from(x).ok())
+                (p.get(s, key).and_then(|v| p.int(v)).and_then(|x| u64::try_from(x).ok()))
+                    .filter(|&x| x < super::limits::SIZE_LIMIT)
             };
             let size = int("size").unwrap_or(0);
-            h.reserved = h.reserved.saturating_add(size);
+            h.reserved = h.reserved.saturating_add(size).min(super::limits::SIZE_LIMIT - 1);
             // A pinned block is allocated or not (a bool); a count of bytes is read as one.
             let allocated = match p.get(s, "allocated") {
                 Some(Value::Bool(b)) => u64::from(b) * size,
                 _ => int("allocated").unwrap_or(0),
             };
-            h.allocated = h.allocated.saturating_add(allocated);
+            h.allocated = h.allocated.saturating_add(allocated).min(h.reserved);
         }
         extras.host_segments = Some(h);
     }

@@ -697,7 +697,11 @@ mod tests {
     fn malformed_baselines_name_the_file() {
         for (text, want) in [
             ("[1]", "expected a JSON object"),
-            ("{", "not JSON"),
+            ("{", "not JSON: the text ends inside a value (truncated?) (line 1, column 1)"),
+            ("", "the file is empty, not JSON"),
+            ("{\"a\":1}x", "not JSON: more text follows the JSON value (line 1, column 8)"),
+            ("{\"a\":\"\\ud800\"}", "not JSON: a string holds an invalid \\ escape"),
+            ("{\"a\":1e999}", "not JSON: a number beyond what JSON numbers hold here"),
             ("{\"results\": [{\"policy\": \"bfc\"}]}", "results[0] names no trace"),
             ("{\"format\": \"fragsim-baseline\", \"version\": 9, \"rows\": []}", "version 9"),
             ("{\"x\": 1}", "expected a baseline"),

@@ -145,6 +145,13 @@ fn alternatives(spec: &str, open: usize, close: usize) -> Result<Vec<String>> {
             _ => {}
         }
     }
+    // An unclosed list would swallow the commas after it, and with them every alternative.
+    if depth > 0 {
+        return Err(malformed(
+            spec,
+            format!("a '[' in the '{{' at column {} is never closed", column(spec, open)),
+        ));
+    }
     Ok(out)
 }
 
@@ -284,6 +291,8 @@ mod tests {
         assert!(e.contains("'}' at column 29 closes no '{'"), "{e}");
         let e = err("pytorch:max_split_size_mb:{64,,128}");
         assert!(e.contains("alternative 2 of the '{' at column 27 is empty"), "{e}");
+        let e = err("pytorch:max_split_size_mb:{[,300}");
+        assert!(e.contains("a '[' in the '{' at column 27 is never closed"), "{e}");
         let e = err("pytorch:max_split_size_mb:{}");
         assert!(e.contains("alternative 1 of the '{' at column 27 is empty"), "{e}");
         let e = err("pytorch:max_split_size_mb:{64,{128,256}}");

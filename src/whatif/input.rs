@@ -263,9 +263,39 @@ fn path_or_top(path: &str) -> &str {
 /// Parses JSON text, naming the line and column of a syntax error.
 pub(crate) fn parse_json(data: &[u8], file: &Path, hint: &str) -> Result<Value> {
     serde_json::from_slice(data).map_err(|e| {
-        Error::input(format!("not JSON: {e} (line {}, column {}); {hint}", e.line(), e.column()))
-            .in_file(file)
+        if data.iter().all(u8::is_ascii_whitespace) {
+            return Error::input(format!("the file is empty, not JSON; {hint}")).in_file(file);
+        }
+        let (line, column) = (e.line(), e.column());
+        Error::input(format!(
+            "not JSON: {} (line {line}, column {column}); {hint}",
+            json_reason(&e)
+        ))
+        .in_file(file)
     })
+}
+
+/// What is wrong with JSON text, in fragsim's words, for serde_json's error `e` (its own text,
+/// without its place, where no case below fits).
+fn json_reason(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    let text = text.rsplit_once(" at line ").map_or(text.as_str(), |(m, _)| m);
+    if e.is_eof() {
+        return "the text ends inside a value (truncated?)".to_string();
+    }
+    let words = [
+        ("trailing characters", "more text follows the JSON value"),
+        ("number out of range", "a number beyond what JSON numbers hold here"),
+        ("escape", "a string holds an invalid \\ escape (a lone surrogate or a cut \\u)"),
+        ("control character", "a string holds a raw control character"),
+        ("expected value", "a value was expected"),
+        ("key must be a string", "an object key is not a string"),
+        ("recursion limit exceeded", "values nest too deep"),
+    ];
+    match words.iter().find(|(serde, _)| text.contains(serde)) {
+        Some((_, ours)) => ours.to_string(),
+        None => text.to_string(),
+    }
 }
 
 /// The keys a sweep part's top level may hold.

@@ -20,6 +20,9 @@ pub struct Row {
     pub result: Map<String, Value>,
 }
 
+/// Result keys that time fragsim itself: no objective, no baseline metric.
+const TIMINGS: [&str; 1] = ["replay_seconds"];
+
 impl Row {
     /// The row of `result` replayed on `trace`.
     pub fn new(trace: impl Into<String>, result: &PolicyResult) -> Row {
@@ -53,6 +56,13 @@ impl Row {
     /// The numeric value of `key` (booleans count as 0 and 1), or an error naming the numeric
     /// keys this row has.
     pub fn number(&self, key: &str) -> Result<f64> {
+        if TIMINGS.contains(&key) {
+            return Err(Error::usage(format!(
+                "'{key}' is how long fragsim took, which changes from run to run, not a \
+                 property of the config: rank by a memory key (numeric keys: {})",
+                self.numeric_keys().join(", ")
+            )));
+        }
         match self.result.get(key) {
             Some(v) => as_number(v).ok_or_else(|| {
                 Error::usage(format!(
@@ -69,7 +79,10 @@ impl Row {
 
     /// The keys whose values are numbers, in the result's order.
     pub(crate) fn numeric_keys(&self) -> Vec<&str> {
-        self.result.iter().filter(|(_, v)| v.is_number()).map(|(k, _)| k.as_str()).collect()
+        (self.result.iter())
+            .filter(|(k, v)| v.is_number() && !TIMINGS.contains(&k.as_str()))
+            .map(|(k, _)| k.as_str())
+            .collect()
     }
 }
 
@@ -102,6 +115,9 @@ mod tests {
         let e = row.number("policy").unwrap_err().to_string();
         assert!(e.contains("not a numeric") && e.contains("device_malloc_count"), "{e}");
         assert!(row.number("peak").unwrap_err().to_string().contains("unknown result key 'peak'"));
+        let e = row.number("replay_seconds").unwrap_err().to_string();
+        assert!(e.contains("how long fragsim took") && !e.contains("replay_seconds,"), "{e}");
+        assert!(!row.numeric_keys().contains(&"replay_seconds"));
     }
 
     #[test]

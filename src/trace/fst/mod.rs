@@ -576,10 +576,10 @@ impl FstStream {
         self.devices.iter().find(|d| d.0 == device).map(|d| d.1)
     }
 
-    /// The device with the most events (ties: the lowest number), as [`Trace::default_device`]
-    /// picks it from a loaded trace.
+    /// The device with the most events, as [`Trace::default_device`] picks it from a loaded
+    /// trace.
     pub(crate) fn default_device(&self) -> Option<i32> {
-        self.devices.iter().max_by_key(|d| (d.1, -(d.0 as i64))).map(|d| d.0)
+        self.devices.iter().max_by_key(|d| super::device_rank(d.1 as usize, d.0)).map(|d| d.0)
     }
 
     /// Reads the file from its start and hands `f` the first `limit` events of `device` in
