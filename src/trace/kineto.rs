@@ -97,6 +97,19 @@ pub(crate) fn read_from(input: &mut dyn BufRead, _options: &ReadOptions) -> Resu
         .zip(totals)
         .filter_map(|(d, t)| Some(DeviceTotals { device: d.device, totals: t? }))
         .collect();
+    // Which requests were made into a pool of their own, as their addresses and the recorded
+    // reserve show it (docs/pytorch-model.md#kineto-addresses).
+    let mut groups = 0;
+    for t in &trace.recorded_totals {
+        let host = t.device == HOST_DEVICE;
+        if let Some(d) = trace.devices.iter_mut().find(|d| d.device == t.device && !host) {
+            groups =
+                groups.max(crate::trace::kineto_segments::infer_pools(&mut d.events, &t.totals));
+        }
+    }
+    if groups > 0 {
+        trace.entry_pools = Some(crate::trace::kineto_segments::inferred_pools(groups));
+    }
     Ok(trace)
 }
 
