@@ -20,6 +20,9 @@
 //! - `Total Allocated` and `Total Reserved` are the real allocator's own counters after the event
 //!   (PyTorch's `allocated_bytes` and `reserved_bytes`); they are kept in
 //!   [`Trace::recorded_totals`] when every event of a device has both as non-negative integers.
+//! - Where the addresses and those totals show that some requests were made into a pool of their
+//!   own (a CUDA graph's), the reader names it in those events, as an inferred private pool
+//!   ([`crate::trace::kineto_segments::infer_pools`]).
 //!
 //! The file is large (tens of MB unzipped, almost all of it kernels and operators), so the
 //! reader streams it and deserialises each event into a small struct that only looks at `name`,

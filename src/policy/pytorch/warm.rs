@@ -21,6 +21,12 @@
 //! request served from cache where the real run reserved more: the segment that served it is
 //! cut below the request; one that reserved more where the real run did not: a segment of that
 //! size is cached, in place of bytes no request used), as long as the replay comes closer.
+//!
+//! What the recorded addresses show is taken as given rather than planned
+//! (docs/pytorch-model.md#kineto-addresses): blocks live at the start that a request's range
+//! shows shared a segment are installed in one ([`SharedSegment`], from the trace layer), and
+//! every replay here routes each request to the pool the reader inferred for it, as the engine
+//! does, so that the plan is checked against the same replay the user gets.
 
 use super::config::{MIN_BLOCK_SIZE, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE};
 use super::PyTorch;
