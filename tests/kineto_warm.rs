@@ -192,6 +192,8 @@ fn an_expandable_replay_of_a_warm_trace_starts_warm_and_says_what_it_assumed() {
 #[derive(Clone, Copy)]
 enum Op {
     Malloc(usize, u64),
+    /// A request made into private pool `(1, n)` (a CUDA graph's, under capture).
+    MallocIn(usize, u64, u64),
     Free(usize),
     EmptyCache,
 }
@@ -209,6 +211,13 @@ fn scripted_kineto(warm_up: &[Op], window: &[Op]) -> (String, u64, u64) {
         let bytes = match op {
             Op::Malloc(id, size) => {
                 let a = policy.malloc(&mut device, size, 0).unwrap().expect("unlimited");
+                blocks.insert(id, (a.addr, a.block_size));
+                Some((a.addr, a.block_size as i64))
+            }
+            Op::MallocIn(id, size, pool) => {
+                policy.allocate_into(Some((1, pool))).unwrap();
+                let a = policy.malloc(&mut device, size, 0).unwrap().expect("unlimited");
+                policy.allocate_into(None).unwrap();
                 blocks.insert(id, (a.addr, a.block_size));
                 Some((a.addr, a.block_size as i64))
             }
@@ -277,4 +286,47 @@ fn a_fall_in_the_recorded_reserve_is_an_empty_cache_call_the_replay_makes_again(
     // Without the call made again, the two requests found only 400 MiB segments cached and
     // reserved 1000 MiB more: 2600 MiB.
     assert_eq!((recorded, replayed), (peak, peak));
+}
+
+#[test]
+fn blocks_live_before_the_trace_that_shared_a_segment_are_started_in_one() {
+    // A 200 MiB segment cached before the trace was split for two 100 MiB blocks, live at its
+    // first event. The window frees both (they merge) and takes 180 MiB from the merged block
+    // at the first one's address: the real run never reserves more. Started each in a segment
+    // of its own, the replay found no 180 MiB block and reserved 180 MiB more.
+    let mut warm_up = weights();
+    warm_up.extend([Op::Malloc(0, 200 * MIB), Op::Free(0)]);
+    warm_up.extend([Op::Malloc(1, 100 * MIB), Op::Malloc(2, 100 * MIB)]);
+    let window = [Op::Free(1), Op::Free(2), Op::Malloc(3, 180 * MIB), Op::Free(3)];
+    let (text, start, peak) = scripted_kineto(&warm_up, &window);
+    assert_eq!((start, peak), (600 * MIB, 600 * MIB), "the generator never grows");
+    let (recorded, replayed, _) = replayed(&text);
+    assert_eq!((recorded, replayed), (peak, peak));
+}
+
+#[test]
+fn requests_made_into_a_graph_pool_are_told_by_where_they_landed_and_the_recorded_growth() {
+    // Four CUDA graphs captured into one private pool: each takes 100 MiB of scratch it frees
+    // (into the pool) and keeps an 8 MiB output. After capture an eager 100 MiB request cannot
+    // use the pool's free block and reserves 100 MiB more; replayed in one pool, it took that
+    // block and the replay peaked 100 MiB below the recording.
+    let mut warm_up = weights();
+    warm_up.extend([Op::Malloc(0, 50 * MIB), Op::Free(0)]);
+    let mut window = Vec::new();
+    for g in 0..4 {
+        let (scratch, out) = (10 + 2 * g, 11 + 2 * g);
+        window.extend([Op::MallocIn(scratch, 100 * MIB, 7), Op::MallocIn(out, 8 * MIB, 7)]);
+        window.push(Op::Free(scratch));
+    }
+    window.extend([Op::Malloc(20, 100 * MIB), Op::Free(20)]);
+    for cold in [false, true] {
+        // Warm (the profiler starts after the warm-up) and cold (it sees every request).
+        let (warm_up, window) = match cold {
+            false => (warm_up.clone(), window.clone()),
+            true => (Vec::new(), [warm_up.clone(), window.clone()].concat()),
+        };
+        let (text, _, peak) = scripted_kineto(&warm_up, &window);
+        let (recorded, replayed, _) = replayed(&text);
+        assert_eq!((recorded, replayed), (peak, peak), "cold: {cold}");
+    }
 }

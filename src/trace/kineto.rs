@@ -20,6 +20,9 @@
 //! - `Total Allocated` and `Total Reserved` are the real allocator's own counters after the event
 //!   (PyTorch's `allocated_bytes` and `reserved_bytes`); they are kept in
 //!   [`Trace::recorded_totals`] when every event of a device has both as non-negative integers.
+//! - Where the addresses and those totals show that some requests were made into a pool of their
+//!   own (a CUDA graph's), the reader names it in those events, as an inferred private pool
+//!   ([`crate::trace::kineto_segments::infer_pools`]).
 //!
 //! The file is large (tens of MB unzipped, almost all of it kernels and operators), so the
 //! reader streams it and deserialises each event into a small struct that only looks at `name`,
@@ -97,6 +100,19 @@ pub(crate) fn read_from(input: &mut dyn BufRead, _options: &ReadOptions) -> Resu
         .zip(totals)
         .filter_map(|(d, t)| Some(DeviceTotals { device: d.device, totals: t? }))
         .collect();
+    // Which requests were made into a pool of their own, as their addresses and the recorded
+    // reserve show it (docs/pytorch-model.md#kineto-addresses).
+    let mut groups = 0;
+    for t in &trace.recorded_totals {
+        let host = t.device == HOST_DEVICE;
+        if let Some(d) = trace.devices.iter_mut().find(|d| d.device == t.device && !host) {
+            groups =
+                groups.max(crate::trace::kineto_segments::infer_pools(&mut d.events, &t.totals));
+        }
+    }
+    if groups > 0 {
+        trace.entry_pools = Some(crate::trace::kineto_segments::inferred_pools(groups));
+    }
     Ok(trace)
 }
 

@@ -14,6 +14,7 @@ pub mod detect;
 pub mod exact;
 pub mod fst;
 pub mod kineto;
+pub mod kineto_segments;
 pub mod lifetimes;
 pub mod limits;
 pub mod pickle;

@@ -21,12 +21,19 @@
 //! request served from cache where the real run reserved more: the segment that served it is
 //! cut below the request; one that reserved more where the real run did not: a segment of that
 //! size is cached, in place of bytes no request used), as long as the replay comes closer.
+//!
+//! What the recorded addresses show is taken as given rather than planned
+//! (docs/pytorch-model.md#kineto-addresses): blocks live at the start that a request's range
+//! shows shared a segment are installed in one ([`SharedSegment`], from the trace layer), and
+//! every replay here routes each request to the pool the reader inferred for it, as the engine
+//! does, so that the plan is checked against the same replay the user gets.
 
-use super::config::{MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE};
+use super::config::{MIN_BLOCK_SIZE, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE};
 use super::PyTorch;
 use crate::backend::{Backend, BackendCall, Recording, SimDevice};
-use crate::policy::{Policy, PolicyContext};
-use crate::trace::{Action, Format};
+use crate::policy::{Allocation, Policy, PolicyContext};
+use crate::trace::kineto_segments::{shared_segments, SharedSegment};
+use crate::trace::{Action, Event, Format, LiveBlock, Trace};
 use std::collections::HashMap;
 
 /// A free segment to install: its size, stream, and whether it is the small pool's.
@@ -41,6 +48,10 @@ pub struct WarmCache {
     /// pool). They fill the reserve the live blocks' segments leave (see
     /// [`WarmCache::to_install`]).
     pub(crate) segments: Vec<Segment>,
+    /// The segments blocks live at the start shared, as the recorded addresses show them
+    /// ([`shared_segments`]): installed with those blocks live in them, where the real cache
+    /// had them.
+    pub(crate) shared: Vec<SharedSegment>,
 }
 
 /// How the first plan cuts the reserve left by the live blocks into free segments, before it is
@@ -103,14 +114,15 @@ pub(crate) fn plan<const D: bool>(
         return Some(WarmCache { reserved_bytes: first.reserved, ..WarmCache::default() });
     }
     let releases = trace.reserve_falls(context.device);
+    let shared = shared_segments(context.live_at_start, context.events, totals);
     let mut cold: PyTorch = PyTorch::new(policy.config.clone());
     cold.exact_blocks = policy.exact_blocks;
     let mut device: Recording<SimDevice> = Recording::new(SimDevice::new(None));
     // Recorded address -> the cold run's address, for the blocks live now.
     let mut live: HashMap<u64, u64> = HashMap::new();
-    for b in context.live_at_start {
-        let a = cold.malloc(&mut device, b.size.max(1), b.stream).ok()??;
-        live.insert(b.addr, a.addr);
+    let started = cold.start_live(&mut device, context.live_at_start, &shared).ok()?;
+    for (b, a) in context.live_at_start.iter().zip(started) {
+        live.insert(b.addr, a?.addr);
     }
     let live_reserved = device.reserved();
     let mut made = Vec::new();
@@ -126,6 +138,7 @@ pub(crate) fn plan<const D: bool>(
         match e.action {
             Action::Alloc => {
                 let before = device.calls().len();
+                cold.route(trace, e).ok()?;
                 let a = cold.malloc(&mut device, e.size.max(1), e.stream).ok()??;
                 live.insert(e.addr, a.addr);
                 if grew {
@@ -152,7 +165,7 @@ pub(crate) fn plan<const D: bool>(
     let piece =
         least_growing.map(|l| (l - 1) & !(MIN_BLOCK_SIZE - 1)).filter(|&p| p >= MIN_BLOCK_SIZE);
     let left = first.reserved.saturating_sub(live_reserved);
-    let window = Window { policy, context, totals, releases: &releases };
+    let window = Window { policy, context, totals, releases: &releases, shared: &shared };
     // The closest shape, then mended while that brings the replay closer.
     let mut budget = MAX_PLANNED_EVENTS;
     let mut best: Option<(Outcome, Vec<Segment>)> = None;
@@ -166,7 +179,7 @@ pub(crate) fn plan<const D: bool>(
     // A window longer than the budget is not checked: the first cut stands.
     let Some((mut outcome, mut segments)) = best else {
         let segments = cut(Shape::AsMade, &made, left, piece);
-        return Some(WarmCache { reserved_bytes: first.reserved, segments });
+        return Some(WarmCache { reserved_bytes: first.reserved, segments, shared });
     };
     for _ in 0..MAX_MENDS {
         let Some(mended) = mend(&segments, &outcome) else { break };
@@ -176,7 +189,7 @@ pub(crate) fn plan<const D: bool>(
         }
         (outcome, segments) = (next, mended);
     }
-    Some(WarmCache { reserved_bytes: first.reserved, segments })
+    Some(WarmCache { reserved_bytes: first.reserved, segments, shared })
 }
 
 /// The free segments of `shape` that fill `left` bytes: of `made` (the segments a replay from
@@ -229,6 +242,7 @@ struct Window<'a, const D: bool> {
     context: &'a PolicyContext<'a>,
     totals: &'a [crate::trace::RecordedTotals],
     releases: &'a [u64],
+    shared: &'a [SharedSegment],
 }
 
 /// How a replay from a planned cache followed the recording.
@@ -262,9 +276,9 @@ impl<const D: bool> Window<'_, D> {
         run.exact_blocks = self.policy.exact_blocks;
         let mut device = SimDevice::new(None);
         let mut live: HashMap<u64, u64> = HashMap::new();
-        for b in self.context.live_at_start {
-            let a = run.malloc(&mut device, b.size.max(1), b.stream).ok()??;
-            live.insert(b.addr, a.addr);
+        let started = run.start_live(&mut device, self.context.live_at_start, self.shared).ok()?;
+        for (b, a) in self.context.live_at_start.iter().zip(started) {
+            live.insert(b.addr, a?.addr);
         }
         // Each planned segment's base, in address order with its index.
         let mut bases: Vec<(u64, u64, usize)> = Vec::with_capacity(segments.len());
@@ -291,6 +305,7 @@ impl<const D: bool> Window<'_, D> {
             match e.action {
                 Action::Alloc if e.size > 0 => {
                     let before = device.reserved();
+                    run.route(self.context.trace, e).ok()?;
                     let a = run.malloc(&mut device, e.size, e.stream).ok()??;
                     live.insert(e.addr, a.addr);
                     let grew = device.reserved().saturating_sub(before);
@@ -386,6 +401,101 @@ impl WarmCache {
 }
 
 impl<const D: bool> PyTorch<D> {
+    /// Makes the next malloc into the pool the trace says `e` was made into (the default pools
+    /// where it names none), as the replay engine does before each request.
+    fn route(&mut self, trace: &Trace, e: &Event) -> crate::error::Result<()> {
+        self.allocate_into(trace.entry_pool(e).flatten())
+    }
+
+    /// The blocks live at the start, in the default pools: each malloc'd in order (its
+    /// segment made as a cold start makes it), but those of a `shared` segment, installed
+    /// live in one segment at their recorded offsets after the others. A shared segment that
+    /// cannot be installed so (blocks that do not tile it, or memory refused) has its blocks
+    /// malloc'd too. Returns each block's allocation, in the order of `live`.
+    pub(super) fn start_live<B: Backend>(
+        &mut self,
+        backend: &mut B,
+        live: &[LiveBlock],
+        shared: &[SharedSegment],
+    ) -> crate::error::Result<Vec<Option<Allocation>>> {
+        self.allocate_into(None)?;
+        let mut in_shared = vec![false; live.len()];
+        for k in shared.iter().flat_map(|s| &s.blocks) {
+            if let Some(x) = in_shared.get_mut(*k) {
+                *x = true;
+            }
+        }
+        let mut out = vec![None; live.len()];
+        for (k, b) in live.iter().enumerate() {
+            if !in_shared[k] {
+                out[k] = self.malloc(backend, b.size.max(1), b.stream)?;
+            }
+        }
+        for s in shared {
+            match self.install_shared(backend, live, s)? {
+                Some(placed) => {
+                    for (&k, a) in s.blocks.iter().zip(placed) {
+                        out[k] = Some(a);
+                    }
+                }
+                None => {
+                    for &k in &s.blocks {
+                        let b = &live[k];
+                        out[k] = self.malloc(backend, b.size.max(1), b.stream)?;
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Installs shared segment `s` with its blocks live at their recorded offsets and free
+    /// blocks between and after them: a small-pool segment (2 MiB) where every block is a
+    /// small-pool one and they fit in one, else a large-pool one of their extent rounded up to
+    /// 2 MiB (the least the real one can have been). `None` where the blocks do not tile it (not
+    /// 512-byte aligned, on several streams), or the memory fraction or backend refuses it.
+    fn install_shared<B: Backend>(
+        &mut self,
+        backend: &mut B,
+        live: &[LiveBlock],
+        s: &SharedSegment,
+    ) -> crate::error::Result<Option<Vec<Allocation>>> {
+        let Some(&first) = s.blocks.first() else { return Ok(None) };
+        let stream = live.get(first).map_or(0, |b| b.stream);
+        let extent = s.end.saturating_sub(s.start);
+        let small = extent <= SMALL_BUFFER
+            && s.blocks.iter().all(|&k| live.get(k).is_some_and(|b| b.size <= SMALL_SIZE));
+        let size = if small { SMALL_BUFFER } else { extent.next_multiple_of(ROUND_LARGE) };
+        let mut tiles = Vec::with_capacity(2 * s.blocks.len() + 1);
+        let mut pos = 0u64;
+        for &k in &s.blocks {
+            let Some(b) = live.get(k) else { return Ok(None) };
+            let Some(off) = b.addr.checked_sub(s.start) else { return Ok(None) };
+            let aligned = off % MIN_BLOCK_SIZE == 0 && b.size % MIN_BLOCK_SIZE == 0;
+            if !aligned || b.size == 0 || off < pos || b.stream != stream {
+                return Ok(None);
+            }
+            if off > pos {
+                tiles.push((pos, off - pos, None));
+            }
+            tiles.push((off, b.size, Some(b.size)));
+            pos = off + b.size;
+        }
+        if pos > size {
+            return Ok(None);
+        }
+        if size > pos {
+            tiles.push((pos, size - pos, None));
+        }
+        let limit = self.config.allowed_memory_maximum();
+        if limit.is_some_and(|l| self.total_allocated.saturating_add(size) > l) {
+            return Ok(None);
+        }
+        let Some(base) = backend.segment_alloc(size)? else { return Ok(None) };
+        let tiles: Vec<_> = tiles.into_iter().map(|(o, n, r)| (base + o, n, r)).collect();
+        self.install_segment(base, size, stream, small, None, &tiles).map(Some)
+    }
+
     /// [`Policy::start`] for a warm Kineto trace: the blocks live at the start are malloc'd
     /// first (their segments made as a cold start makes them), then [`WarmCache::to_install`]'s
     /// segments are obtained from `backend` and installed free, up to the recorded reserve. A
@@ -397,10 +507,7 @@ impl<const D: bool> PyTorch<D> {
         live_at_start: &[crate::trace::LiveBlock],
         warm: &WarmCache,
     ) -> crate::error::Result<Vec<Option<crate::policy::Allocation>>> {
-        let mut out = Vec::with_capacity(live_at_start.len());
-        for b in live_at_start {
-            out.push(self.malloc(backend, b.size.max(1), b.stream)?);
-        }
+        let out = self.start_live(backend, live_at_start, &warm.shared)?;
         if self.config.expandable_segments {
             return self.start_warm_expandable(backend, warm, out);
         }
@@ -503,6 +610,7 @@ mod tests {
         let w = WarmCache {
             reserved_bytes: 100 * MIB,
             segments: vec![(2 * MIB, 0, true), (20 * MIB, 0, false), (48 * MIB, 0, false)],
+            shared: Vec::new(),
         };
         assert_eq!(w.to_install(30 * MIB), w.segments);
         assert_eq!(w.to_install(40 * MIB), w.segments[..2]);
