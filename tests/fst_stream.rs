@@ -384,3 +384,34 @@ fn replays_sharing_one_reader_match_the_loaded_replays() {
         }
     }
 }
+
+#[test]
+fn an_fst_of_a_snapshot_validates_as_the_snapshot_and_one_of_a_text_trace_is_refused() {
+    use crate::util::{run, stderr, stdout, temp_file};
+    // A warm snapshot: its window holds no segment event, yet it records the allocator's
+    // decisions (its final segments); its .fst says it came from a snapshot.
+    let pickle = crate::util::real_trace("cs336-medium-ctx512-infer.pickle");
+    let dir = tempfile::tempdir().unwrap();
+    let fst = dir.path().join("i.fst");
+    let (pickle_s, fst_s) = (pickle.to_str().unwrap(), fst.to_str().unwrap());
+    let o = run(&["convert", pickle_s, fst_s]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let validate = |path: &str| {
+        let o = run(&["validate", path, "--json"]);
+        assert_eq!(o.status.code(), Some(0), "{path}: {}", stderr(&o));
+        let mut v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        v.as_object_mut().unwrap().remove("trace");
+        v
+    };
+    let from_pickle = validate(pickle_s);
+    assert_eq!(from_pickle["segment_events_recorded"], 0);
+    assert_eq!(validate(fst_s), from_pickle);
+    // A text trace records no decisions, in .fst as in text.
+    let (tdir, text) = temp_file("t.txt", b"alloc 0x1000 4096\nfree_completed 0x1000 4096\n");
+    let tfst = tdir.path().join("t.fst");
+    let o = run(&["convert", text.to_str().unwrap(), tfst.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run(&["validate", tfst.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("validate needs a PyTorch memory snapshot"), "{}", stderr(&o));
+}

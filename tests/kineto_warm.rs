@@ -330,3 +330,58 @@ fn requests_made_into_a_graph_pool_are_told_by_where_they_landed_and_the_recorde
         assert_eq!((recorded, replayed), (peak, peak), "cold: {cold}");
     }
 }
+
+#[test]
+fn an_exported_run_of_a_warm_trace_with_a_fall_in_its_reserve_validates() {
+    // Bytes are the blocks the real allocator handed out: at event 5 it gave 3200 KiB of a free
+    // 4 MiB block, and at event 7 that block's 896 KiB tail merged with the 16 MiB freed beside
+    // it. PyTorch keeps a tail under 1 MiB unsplit, so the exported run must take each size as
+    // a request as its snapshot says, or `validate` finds the block at event 7 where PyTorch
+    // could not have put it. The trace starts warm (20 MiB cached before its first event) and
+    // its reserve falls at event 10 (`empty_cache()`), which the exported run replays.
+    let base: u64 = 0x7f00_0000_0000;
+    let events: [(u64, i64, u64, u64); 12] = [
+        (base, 20 * MIB as i64, 20 * MIB, 40 * MIB),
+        (base, -(20 * MIB as i64), 0, 40 * MIB),
+        (base, 4 * MIB as i64, 4 * MIB, 40 * MIB),
+        (base + 4 * MIB, 16 * MIB as i64, 20 * MIB, 40 * MIB),
+        (base, -(4 * MIB as i64), 16 * MIB, 40 * MIB),
+        (base, 3_276_800, 16 * MIB + 3_276_800, 40 * MIB),
+        (base + 4 * MIB, -(16 * MIB as i64), 3_276_800, 40 * MIB),
+        (base + 3_276_800, 17_694_720, 20 * MIB, 40 * MIB),
+        (base + 3_276_800, -17_694_720, 3_276_800, 40 * MIB),
+        (base, -3_276_800, 0, 40 * MIB),
+        (base + 64 * MIB, 512, 512, 2 * MIB),
+        (base + 64 * MIB, -512, 0, 2 * MIB),
+    ];
+    let lines: Vec<String> = events
+        .iter()
+        .enumerate()
+        .map(|(k, (addr, bytes, allocated, reserved))| {
+            format!(
+                r#"{{"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": {}, "args": {{"Device Type": 1, "Device Id": 0, "Addr": {addr}, "Bytes": {bytes}, "Total Allocated": {allocated}, "Total Reserved": {reserved}}}}}"#,
+                1000 + 10 * k
+            )
+        })
+        .collect();
+    let text = format!("{{\"traceEvents\": [\n{}\n]}}\n", lines.join(",\n"));
+    let (dir, path) = temp_file("warm-fall.json", text.as_bytes());
+    let out = dir.path().join("export.pickle");
+    let (path_s, out_s) = (path.to_str().unwrap(), out.to_str().unwrap());
+    let o = run(&["replay", path_s, "-p", "pytorch", "--export-snapshot", out_s, "-q"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let exported = fragsim::trace::read_trace(&out, &Default::default()).unwrap();
+    let actions: Vec<_> = exported.devices[0].events.iter().map(|e| e.action).collect();
+    use fragsim::trace::Action::{SegmentAlloc, SegmentFree};
+    // The fall: both cached segments released before event 10, as the recording shows.
+    assert_eq!(actions.iter().filter(|&&a| a == SegmentFree).count(), 2, "{actions:?}");
+    assert_eq!(actions.iter().filter(|&&a| a == SegmentAlloc).count(), 3, "{actions:?}");
+    let o = run(&["validate", out_s, "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["allocs_total"], 6, "{v}");
+    assert_eq!(v["allocs_addr_matched"], v["allocs_total"], "{v}");
+    assert_eq!(v["segment_events_recorded"], 5, "{v}");
+    assert_eq!(v["segment_events_matched"], v["segment_events_recorded"], "{v}");
+    assert_eq!(v["mismatches"], serde_json::json!([]), "{v}");
+}

@@ -293,6 +293,11 @@ pub struct PolicyContext<'a> {
     /// The replay's cancel flag (its options' `cancel`): a policy that plans in
     /// [`Policy::prepare`] looks at it while planning.
     pub cancel: &'a Cancel,
+    /// The run is `--export-snapshot`'s ([`crate::replay::ReplayOptions::record_events`]): it
+    /// starts cold and is written as a snapshot that `validate` replays from its own events, so
+    /// a policy follows only rules such a snapshot shows (a profiler trace's sizes are requests
+    /// there, not recorded blocks to split a larger one down to, and no warm cache is assumed).
+    pub exported: bool,
 }
 
 /// What a policy stands for when results are compared: a real allocator, or one of the two

@@ -540,6 +540,7 @@ impl<'a> ReplayInput<'a> {
             },
             recorded_peak_reserved: self.recorded_peak_reserved,
             cancel: &options.cancel,
+            exported: options.record_events,
         }
     }
 }

@@ -120,9 +120,11 @@ pub(crate) fn read_from(input: &mut dyn BufRead, _options: &ReadOptions) -> Resu
 ///
 /// Only allocations and frees (at the action where the trace's frees take effect, see
 /// [`free_action`]) exist in Kineto's vocabulary; segment, `oom` and `snapshot` events are left
-/// out (see [`losses`]). `Total Allocated` and `Total Reserved` are the recorded totals where the
-/// trace has them ([`Trace::totals_of`]); otherwise the running sum of live request sizes and the
-/// running sum of segment events (0 when the trace has none). Times that go
+/// out (see [`losses`]). `Total Allocated` and `Total Reserved` are written only where the trace
+/// records them for every event of the device ([`Trace::totals_of`]): they are the real
+/// allocator's figures, which a reader shows as the recorded run, so none are made up (a
+/// snapshot records its reserve but not the bytes of its blocks; a text trace neither); read
+/// back, such a device has no recorded totals. Times that go
 /// backwards within a device are written as the previous time, so that reading the file back
 /// (which sorts by `ts`) keeps the order of events.
 pub(crate) fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
@@ -136,40 +138,25 @@ pub(crate) fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
         } else {
             (DEVICE_TYPE_CUDA, d.device)
         };
-        let mut allocated: i128 = 0;
-        let mut reserved: i128 = 0;
         let mut last_ts = i64::MIN;
         let recorded = trace.totals_of(d.device);
-        let totals = recorded.is_some() || running_totals_fit(d, frees);
         for (i, e) in d.events.iter().enumerate() {
             let bytes: i128 = match e.action {
                 Action::Alloc => e.size as i128,
                 a if a == frees => -(e.size as i128),
-                Action::SegmentAlloc | Action::SegmentMap => {
-                    reserved += e.size as i128;
-                    continue;
-                }
-                Action::SegmentFree | Action::SegmentUnmap => {
-                    reserved -= e.size as i128;
-                    continue;
-                }
                 _ => continue,
-            };
-            allocated += bytes;
-            let (total_allocated, total_reserved) = match recorded.map(|r| r[i]) {
-                Some(t) => (t.allocated as i128, t.reserved as i128),
-                None => (allocated, reserved),
             };
             last_ts = last_ts.max(e.time_us);
             if !first {
                 out.write_all(b",").map_err(io)?;
             }
             first = false;
-            let totals = match totals {
-                true => format!(
-                    ", \"Total Allocated\": {total_allocated}, \"Total Reserved\": {total_reserved}"
+            let totals = match recorded.map(|r| r[i]) {
+                Some(t) => format!(
+                    ", \"Total Allocated\": {}, \"Total Reserved\": {}",
+                    t.allocated, t.reserved
                 ),
-                false => String::new(),
+                None => String::new(),
             };
             write!(
                 out,
@@ -182,24 +169,6 @@ pub(crate) fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
         }
     }
     writeln!(out, "\n]}}").map_err(io)
-}
-
-/// Whether device `d`'s running sums (live bytes, and bytes of its segment events), which
-/// [`write`] gives as the totals of a trace that recorded none, stay byte counts a reader takes
-/// (0 to 2^60): a free of a block allocated before the trace takes them below zero.
-fn running_totals_fit(d: &crate::trace::DeviceTrace, frees: Action) -> bool {
-    let (mut allocated, mut reserved) = (0i128, 0i128);
-    let fits = |v: i128| (0..limits::SIZE_LIMIT as i128).contains(&v);
-    d.events.iter().all(|e| {
-        match e.action {
-            Action::Alloc => allocated += e.size as i128,
-            a if a == frees => allocated -= e.size as i128,
-            Action::SegmentAlloc | Action::SegmentMap => reserved += e.size as i128,
-            Action::SegmentFree | Action::SegmentUnmap => reserved -= e.size as i128,
-            _ => {}
-        }
-        fits(allocated) && fits(reserved)
-    })
 }
 
 /// What writing `trace` as Kineto JSON leaves out, one line each (empty when nothing is lost).
@@ -252,10 +221,12 @@ pub(crate) fn losses(trace: &Trace) -> Vec<String> {
                 d.device
             ));
         }
-        if trace.totals_of(d.device).is_none() && !running_totals_fit(d, frees) {
+        let snapshot = trace.source_format() == super::Format::PytorchSnapshot;
+        if snapshot && trace.totals_of(d.device).is_none() && !d.events.is_empty() {
             out.push(format!(
-                "device {}: no Total Allocated or Total Reserved are written: the trace recorded \
-                 none, and its running sums go below zero (blocks allocated before it) or past 2^60",
+                "device {}: no Total Allocated or Total Reserved are written: the snapshot records \
+                 its reserved memory (segments) but not the bytes of its blocks, and made-up totals \
+                 would read back as the recorded run; a replay of the output shows no recorded row",
                 d.device
             ));
         }

@@ -347,14 +347,15 @@ fn recorded_peak(events: &[Event], start: u64) -> u64 {
 }
 
 /// Refuses a trace with no allocator decisions to check: a snapshot records them, and so does a
-/// text or .fst trace written from one (it keeps the segment events); anything else (Kineto,
+/// .fst written from one (whatever its events: a warm snapshot may hold no segment events) or a
+/// text trace written from one that keeps its segment events; anything else (Kineto,
 /// RMM, a bare alloc/free list) has nothing to validate against: a usage error naming `name`.
 pub fn needs_decisions(name: &std::path::Path, trace: &Trace) -> Result<()> {
     let segment_events = trace.devices.iter().flat_map(|d| &d.events).any(|e| {
         use Action::*;
         matches!(e.action, SegmentAlloc | SegmentFree | SegmentMap | SegmentUnmap)
     });
-    if trace.format != crate::trace::Format::PytorchSnapshot && !segment_events {
+    if trace.source_format() != crate::trace::Format::PytorchSnapshot && !segment_events {
         return Err(Error::usage(format!(
             "{}: validate needs a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot), \
              not a {} trace: only a snapshot records the allocator's own decisions",

@@ -685,6 +685,7 @@ fn built_config(info: &crate::policy::PolicyInfo, options: &str) -> Result<Strin
         capacity: None,
         gpu_memory: None,
         recorded_peak_reserved: None,
+        exported: false,
         cancel: &crate::error::Cancel::default(),
     };
     let spec = PolicySpec { name: info.name.into(), options: options.into() };

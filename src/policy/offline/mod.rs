@@ -710,6 +710,7 @@ mod tests {
                 capacity: None,
                 gpu_memory: None,
                 recorded_peak_reserved: None,
+                exported: false,
                 cancel: &crate::error::Cancel::default(),
             };
             // Every registered policy, built from its registration with default options.

@@ -361,7 +361,14 @@ impl PyTorch {
     /// A Kineto trace that starts warm (its first `Total Reserved` above what its live blocks'
     /// segments need) also starts with that memory cached, in free segments of assumed sizes
     /// ([`warm::plan`], docs/pytorch-model.md#kineto-warm-start).
+    ///
+    /// An exported run ([`PolicyContext::exported`]) does neither: its snapshot records each size
+    /// as a request, and `validate` replays it with PyTorch's own split rule from a cold cache,
+    /// which splits a large block only where more than 1 MiB is left.
     pub(crate) fn reading_kineto(mut self, context: &PolicyContext) -> PyTorch {
+        if context.exported {
+            return self;
+        }
         self.exact_blocks = context.trace.source_format() == crate::trace::Format::Kineto;
         self.warm = warm::plan(&self, context).map(Box::new);
         self
