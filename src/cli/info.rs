@@ -222,7 +222,18 @@ fn render(path: &str, s: &Summary, extra: &dyn Fn(i32) -> Vec<String>) -> String
             format_bytes(s.private_pool_reserved_at_dump_bytes)
         );
     }
-    if let (Some(pools), Some(allocs)) = (s.entry_private_pools, s.private_pool_allocs) {
+    if let (Some(pools), Some(allocs), true) =
+        (s.entry_private_pools, s.private_pool_allocs, s.pools_inferred)
+    {
+        let _ = writeln!(
+            o,
+            "pools inferred from recorded addresses: {} apart from the first, {} allocations in \
+             them (requests that could not share its blocks: a CUDA graph's pool or another \
+             stream; docs/pytorch-model.md#kineto-addresses)",
+            count(pools),
+            count(allocs)
+        );
+    } else if let (Some(pools), Some(allocs)) = (s.entry_private_pools, s.private_pool_allocs) {
         let _ = writeln!(
             o,
             "entries name their pool: {} private pools, {} allocations made into them",

@@ -494,12 +494,28 @@ impl Trace {
         }
     }
 
+    /// True when the trace's pools were inferred from a profiler trace's recorded addresses
+    /// (docs/pytorch-model.md#kineto-addresses), not named by its entries.
+    pub fn pools_inferred(&self) -> bool {
+        self.entry_pools.as_ref().is_some_and(|pools| {
+            !pools.is_empty() && pools.iter().all(|p| p.0 == kineto_segments::INFERRED_POOL)
+        })
+    }
+
     /// What a format that cannot name pools loses of this trace: one line where some entry
-    /// names a private pool.
+    /// names a private pool (or was put in one inferred from recorded addresses).
     pub(crate) fn entry_pools_loss(&self, format: &str) -> Option<String> {
         let named = self.devices.iter().flat_map(|d| &d.events).filter(|e| e.pool.0 != 0).count();
-        (named > 0).then(|| {
-            format!("{named} entries name a private pool (pool_id), which the {format} format does not hold")
+        (named > 0).then(|| match self.pools_inferred() {
+            true => format!(
+                "{named} entries lie in a pool apart inferred from their recorded addresses \
+                 (docs/pytorch-model.md#kineto-addresses), which the {format} format does not \
+                 hold: a replay of the output infers it again only from a profiler trace"
+            ),
+            false => format!(
+                "{named} entries name a private pool (pool_id), which the {format} format does \
+                 not hold"
+            ),
         })
     }
 

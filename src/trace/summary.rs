@@ -52,6 +52,10 @@ pub struct Summary {
     /// Where entries name their pool: the `alloc` entries made into a private pool, on every
     /// device.
     pub private_pool_allocs: Option<u64>,
+    /// True when those pools were inferred from a profiler trace's recorded addresses (requests
+    /// that could not share blocks: a CUDA graph's private pool, another stream), not named by
+    /// the entries (docs/pytorch-model.md#kineto-addresses).
+    pub pools_inferred: bool,
     /// True when the trace recorded its allocator settings (PyTorch ≈ 2.3+ snapshots).
     pub has_allocator_settings: bool,
     /// The recorded allocator settings, if any.
@@ -196,6 +200,7 @@ impl Summary {
                 private.map(|s| s.total_size as u128).sum(),
             ),
             entry_private_pools: trace.entry_pools.as_ref().map(|p| p.len() as u64),
+            pools_inferred: trace.pools_inferred(),
             private_pool_allocs: trace.entry_pools.as_ref().map(|_| {
                 let events = trace.devices.iter().flat_map(|d| &d.events);
                 events.filter(|e| e.action == Action::Alloc && e.pool.0 != 0).count() as u64
