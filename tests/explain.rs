@@ -480,3 +480,81 @@ fn peak_live_equals_bounds_peak_when_live_bytes_peak_before_the_first_event() {
         assert!(r["note"].as_str().unwrap().contains("before the first event"), "{r}");
     }
 }
+
+#[test]
+fn a_fix_the_allocator_would_refuse_is_not_offered_and_an_asked_release_is_kept() {
+    // Under large_segment_size_mb:200, PyTorch refuses a max_split_size_mb below 200: the
+    // 128 MiB fix is left out (it failed the whole command), the 512 MiB one offered. A
+    // release asked for stays in every fix's spec.
+    let mut t = stranding(0, 1 << 40, 2);
+    t += &format!("alloc {:#x} {} s0\n", 1u64 << 41, 30 * MIB);
+    let (_d, path) = temp_file("t.txt", t.as_bytes());
+    let p = path.to_str().unwrap();
+    let cap = (60 * MIB).to_string();
+    let spec = "pytorch:large_segment_size_mb:200";
+    let e = json_of(&[
+        "explain",
+        p,
+        "--capacity",
+        &cap,
+        "-p",
+        spec,
+        "--pytorch-version",
+        "2.15",
+        "--json",
+    ]);
+    let specs: Vec<&str> =
+        e["fixes"].as_array().unwrap().iter().map(|f| f["spec"].as_str().unwrap()).collect();
+    assert!(!specs.iter().any(|s| s.contains("max_split_size_mb:128")), "{specs:?}");
+    assert!(specs.iter().any(|s| s.contains("max_split_size_mb:512")), "{specs:?}");
+    for f in e["fixes"].as_array().unwrap().iter().filter(|f| f["card"].is_null()) {
+        assert!(f["spec"].as_str().unwrap().ends_with("version=2.15"), "{f}");
+    }
+}
+
+#[test]
+fn host_memory_gets_no_gpu_settings_and_no_cards() {
+    // A CPU profiler trace (device -1): no PYTORCH_CUDA_ALLOC_CONF and no card applies.
+    let events: Vec<String> = (0..8u64)
+        .map(|k| {
+            let (addr, bytes) = (0x5000_0000 + (k / 2) * 4 * MIB, if k % 2 == 0 { 4 * MIB as i64 } else { -(4 * MIB as i64) });
+            format!(
+                r#"{{"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": {}, "args": {{"Device Type": 0, "Device Id": -1, "Addr": {addr}, "Bytes": {bytes}}}}}"#,
+                1000 + k
+            )
+        })
+        .collect();
+    let text = format!("{{\"traceEvents\": [{}]}}", events.join(","));
+    let (_d, path) = temp_file("host.json", text.as_bytes());
+    let e = json_of(&[
+        "explain",
+        path.to_str().unwrap(),
+        "--device",
+        "-1",
+        "--capacity",
+        "2MiB",
+        "--json",
+    ]);
+    for f in e["fixes"].as_array().unwrap() {
+        assert!(f["env"].is_null() && f["card"].is_null(), "{f}");
+    }
+}
+
+#[test]
+fn a_capacity_verdict_says_where_the_bytes_it_needs_come_from() {
+    // The first OOM is a 30 MiB request with 30 MiB live (60 MiB); later the trace holds
+    // 100 MiB live: bound's peak, not this moment's 60 MiB, is what no allocator fits in 50 MiB.
+    let t = format!(
+        "# fragsim text trace v1\nalloc {a:#x} {thirty}\nalloc {b:#x} {thirty}\nfree {a:#x} {thirty}\nfree {b:#x} {thirty}\nalloc {c:#x} {big}\n",
+        a = 1u64 << 40, b = 1u64 << 41, c = 1u64 << 42, big = 100 * MIB, thirty = 30 * MIB
+    );
+    let (_d, path) = temp_file("t.txt", t.as_bytes());
+    let out = run(&["explain", path.to_str().unwrap(), "--capacity", "50MiB"]);
+    let text = stdout(&out);
+    let first = text.lines().next().unwrap_or_default();
+    assert!(
+        first.contains("it needs 100.00 MiB, the most the trace ever holds live"),
+        "{text}{}",
+        stderr(&out)
+    );
+}

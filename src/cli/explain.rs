@@ -122,7 +122,16 @@ pub(crate) fn table(e: &Explanation) -> String {
     let gb = format_bytes;
     let limit =
         e.capacity_bytes.map_or("no limit".to_string(), |c| format!("a limit of {}", gb(c)));
+    let at_moment = e.live_requested_bytes.saturating_add(e.moment.request_bytes.unwrap_or(0));
     let mut out = match (e.verdict, e.moment.request_bytes) {
+        // What the trace holds live elsewhere is more than this moment needs.
+        (Verdict::Capacity, r) if e.needs_bytes > at_moment => format!(
+            "verdict: capacity — no allocator could run this in {limit}: it needs {}, the most \
+             the trace ever holds live (bound's peak; at this OOM {} live + the {} request)\n",
+            gb(e.needs_bytes),
+            gb(e.live_requested_bytes),
+            gb(r.unwrap_or(0)),
+        ),
         (Verdict::Capacity, r) => format!(
             "verdict: capacity — no allocator could run this in {limit}: it needs {} ({} live + \
              the {} request at this OOM)\n",

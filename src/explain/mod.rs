@@ -23,7 +23,7 @@
 
 use crate::blame::{self, GroupBy, Keys, Moment};
 use crate::error::{Error, Result};
-use crate::policy::pytorch::config::{Config, SMALL_SIZE};
+use crate::policy::pytorch::config::{split_version, Config, SMALL_SIZE};
 use crate::policy::PolicySpec;
 use crate::replay::{run_spec, EmptyCachePlan, ReplayInput, ReplayOptions};
 use crate::trace::{Action, BlockState, PoolKind, Segment};
@@ -300,7 +300,9 @@ pub fn explain(input: &ReplayInput, trace: &str, options: &ExplainOptions) -> Re
     let keys = Keys::new(input, GroupBy::Site, 1);
     let a = blame::breakdown(&layout, &keys, options.top)?;
     let allocated = a.live_bytes + a.rounding_bytes;
-    let config = crate::policy::has_allocator_settings(&spec.name)
+    // Host memory (device -1) has no allocator settings to change and no card to move to.
+    let host = input.device() < 0;
+    let config = (crate::policy::has_allocator_settings(&spec.name) && !host)
         .then(|| Config::parse_shown(&out.result.config).ok())
         .flatten();
     // The request the free blocks are judged against: at a peak, the pool and stream of the
@@ -602,20 +604,25 @@ fn fixes(
     let capacity = options.replay.capacity;
     let bytes_of = |k: FreeKind| e.free.iter().find(|f| f.kind == k).map_or(0, |f| f.bytes);
     let mut candidates: Vec<Candidate> = Vec::new();
+    // A release asked for (`version=X.Y`) is kept in every fix's spec.
+    let asked = split_version(&options.spec.options).ok().and_then(|(_, v)| v);
     if let Some(base) = config {
         let env_of = |c: &Config| format!("{}={}", c.flavour.env_var(), c.to_conf_string());
         let mut variant = |why: &str, change: &dyn Fn(&mut Config)| {
             let mut c = base.clone();
             change(&mut c);
-            if &c != base {
+            let settings = match asked {
+                Some(v) => format!("{},version={v}", c.to_conf_string()),
+                None => c.to_conf_string(),
+            };
+            // A change the allocator would refuse with the other settings (max_split_size_mb
+            // below a large_segment_size_mb) is no fix to offer.
+            if &c != base && Config::parse_shown(&settings).is_ok() {
                 candidates.push(Candidate {
                     why: why.into(),
                     // The policy asked, with the changed settings: `pytorch-npu`'s or
                     // `pytorch-cuda`'s rules stay those of the fixes' replays.
-                    spec: PolicySpec {
-                        name: options.spec.name.clone(),
-                        options: c.to_conf_string(),
-                    },
+                    spec: PolicySpec { name: options.spec.name.clone(), options: settings },
                     flags: Vec::new(),
                     empty_cache: None,
                     capacity,
@@ -670,7 +677,7 @@ fn fixes(
     // Cards: each named card larger than the limit, up to the first one the unlimited peak fits
     // in; the smallest that replays with no OOM is offered.
     let mut cards: Vec<Candidate> = Vec::new();
-    for card in NAMED_CARDS.iter() {
+    for card in NAMED_CARDS.iter().filter(|_| input.device() >= 0) {
         let bytes = card.bytes();
         if capacity.is_some_and(|c| bytes <= c) || bytes < e.live_requested_bytes {
             continue;
