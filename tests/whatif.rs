@@ -35,7 +35,7 @@ fn fit_is_tight_on_a_real_snapshot() {
             Ok(Probe { oom: r.oom, peak_reserved: r.peak_reserved_bytes })
         };
         let f = fit(run, &options).unwrap();
-        let need = f.min_capacity_bytes;
+        let need = f.min_capacity_bytes.expect("a capacity is found");
         assert!(!replay(&input, spec, Some(need)).oom, "{spec}: OOM at its answer {need}");
         assert!(
             replay(&input, spec, Some(need - 2 * MIB)).oom,

@@ -19,6 +19,25 @@ fn replay_at(trace: &str, spec: &str, capacity: u64) -> Value {
 }
 
 #[test]
+fn a_policy_that_fits_on_no_device_is_a_row_and_the_others_keep_their_answers() {
+    // bfc under its own 1 MiB memory_limit serves no 4 MiB request at any capacity. fit used to
+    // exit 2 for it and drop the other policy's answer.
+    let (_d, path) = temp_file("t.txt", b"# fragsim text trace v1\nalloc 0x7f0000000000 4194304\n");
+    let t = path.to_str().unwrap();
+    let never = "bfc:memory_limit=1MiB";
+    let v = json(&run(&["fit", t, "-p", never, "-p", "bound", "--json"]));
+    let r = &v["results"];
+    assert!(r[0]["min_capacity_bytes"].is_null(), "{v}");
+    assert!(r[0]["no_fit"].as_str().unwrap().contains("runs out of memory even with"), "{v}");
+    assert_eq!(r[0]["cards"], serde_json::json!([]), "{v}");
+    assert!(r[1]["min_capacity_bytes"].as_u64().is_some() && r[1]["no_fit"].is_null(), "{v}");
+    let table = stdout(&run(&["fit", t, "-p", never, "-p", "bound"]));
+    assert!(table.contains("fits on no device: runs out of memory"), "{table}");
+    let csv = stdout(&run(&["fit", t, "-p", never, "--csv"]));
+    assert!(csv.lines().nth(1).unwrap().starts_with("bfc:memory_limit=1MiB,"), "{csv}");
+}
+
+#[test]
 fn fit_is_tight_for_the_default_policies() {
     let trace = real_trace("cs336-lm-step-c.pickle");
     let t = trace.to_str().unwrap();

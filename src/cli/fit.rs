@@ -78,7 +78,7 @@ fn csv(report: &FitReport) -> String {
             "{},{},{},{},{}",
             field(&r.policy),
             field(&r.config),
-            r.fit.min_capacity_bytes,
+            r.fit.min_capacity_bytes.map(|b| b.to_string()).unwrap_or_default(),
             r.fit.exact,
             report.outside_bytes
         );
@@ -141,16 +141,20 @@ fn policy_lines(report: &FitReport, r: &fragsim::whatif::fit::PolicyFit) -> Stri
     let f = &r.fit;
     let exact = if f.exact { "exact" } else { "to 2 MiB" };
     let config = if r.config.is_empty() { String::new() } else { format!("  ({})", r.config) };
+    let replays = format!("{} replay{}", f.probes, if f.probes == 1 { "" } else { "s" });
+    let Some(least) = f.min_capacity_bytes else {
+        let why = f.no_fit.as_deref().unwrap_or("no capacity found");
+        let _ = writeln!(s, "\n{}{config}\n  fits on no device: {why}, {replays}", r.policy);
+        return s;
+    };
     let _ = writeln!(
         s,
-        "\n{}{config}\n  needs {}, {exact}, {} replay{}",
+        "\n{}{config}\n  needs {}, {exact}, {replays}",
         r.policy,
-        fit::gib_and_gb(f.min_capacity_bytes),
-        f.probes,
-        if f.probes == 1 { "" } else { "s" }
+        fit::gib_and_gb(least)
     );
     if !report.host_memory {
-        let _ = writeln!(s, "  {}", fit::cards_line(f.min_capacity_bytes, report.outside_bytes));
+        let _ = writeln!(s, "  {}", fit::cards_line(least, report.outside_bytes));
     }
     // A size that holds the run while a card sold at that size does not: the trap of
     // nominal sizes, said per card.

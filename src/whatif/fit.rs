@@ -18,7 +18,7 @@
 //! pass is reported as [`NonMonotonic`], and the answer is raised to the smallest capacity above
 //! every failure seen, the one that is safe to buy.
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::metrics::PolicyResult;
 use crate::policy::PolicySpec;
 use crate::replay::{run_specs, Cancel, Jobs, ReplayInput, ReplayOptions, RunSettings};
@@ -77,7 +77,8 @@ pub struct NonMonotonic {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Fit {
     /// The smallest capacity with no OOM (above every failing capacity seen).
-    pub min_capacity_bytes: u64,
+    /// `None` (JSON `null`) where no capacity was found: see [`Fit::no_fit`].
+    pub min_capacity_bytes: Option<u64>,
     /// True when `min_capacity_bytes − 1` was replayed and ran out: the answer is exact to the
     /// byte, not only to the granularity.
     pub exact: bool,
@@ -86,6 +87,17 @@ pub struct Fit {
     /// Set when a capacity above a passing one ran out (see the module docs).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub non_monotonic: Option<NonMonotonic>,
+    /// Why no capacity was found (the policy runs out even with 1 PiB, or passes only below
+    /// a capacity that fails): a result, so that one such policy leaves the others' answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub no_fit: Option<String>,
+}
+
+impl Fit {
+    /// No capacity found, for `why`, after `probes` replays.
+    fn none(why: String, probes: usize, non_monotonic: Option<NonMonotonic>) -> Fit {
+        Fit { min_capacity_bytes: None, exact: false, probes, non_monotonic, no_fit: Some(why) }
+    }
 }
 
 /// The largest capacity tried before giving up: far beyond any GPU.
@@ -135,7 +147,7 @@ impl<F: FnMut(u64) -> Result<Probe>> Search<F> {
 
 /// Finds the smallest capacity at which `run` reports no OOM (see the module docs). `run` is
 /// called with capacities in bytes. An error from `run` ends the search; a policy that runs out
-/// even at 1 PiB is an error naming the last capacity tried.
+/// even at 1 PiB has no answer ([`Fit::no_fit`] names the last capacity tried).
 pub fn fit<F: FnMut(u64) -> Result<Probe>>(run: F, options: &FitOptions) -> Result<Fit> {
     let g = options.granularity.max(1);
     let mut s = Search { run, seen: Vec::new() };
@@ -144,10 +156,11 @@ pub fn fit<F: FnMut(u64) -> Result<Probe>>(run: F, options: &FitOptions) -> Resu
     let mut hi_probe = s.probe(hi)?;
     while hi_probe.oom {
         if hi >= GIVE_UP {
-            return Err(Error::usage(format!(
-                "the policy runs out of memory even with {} of device memory",
+            let why = format!(
+                "runs out of memory even with {} of device memory",
                 crate::units::format_bytes(hi)
-            )));
+            );
+            return Ok(Fit::none(why, s.seen.len(), None));
         }
         hi = hi.saturating_mul(2).min(GIVE_UP);
         hi_probe = s.probe(hi)?;
@@ -185,9 +198,10 @@ pub fn fit<F: FnMut(u64) -> Result<Probe>>(run: F, options: &FitOptions) -> Resu
                     .unwrap_or(answer);
                 non_monotonic.get_or_insert(NonMonotonic { passes_at, fails_at });
                 if fails_at >= hi {
-                    return Err(Error::usage(format!(
-                        "the policy passes at {hi} bytes but runs out at {fails_at}: no safe capacity found"
-                    )));
+                    let why = format!(
+                        "passes at {hi} bytes but runs out at {fails_at}: no safe capacity found"
+                    );
+                    return Ok(Fit::none(why, s.seen.len(), non_monotonic));
                 }
                 floor = fails_at;
             }
@@ -197,7 +211,13 @@ pub fn fit<F: FnMut(u64) -> Result<Probe>>(run: F, options: &FitOptions) -> Resu
             break; // a pathological policy; report what is known
         }
     }
-    Ok(Fit { min_capacity_bytes: answer, exact, probes: s.seen.len(), non_monotonic })
+    Ok(Fit {
+        min_capacity_bytes: Some(answer),
+        exact,
+        probes: s.seen.len(),
+        non_monotonic,
+        no_fit: None,
+    })
 }
 
 /// Refines a passing capacity to the byte: the run at `pass` reserved its peak, which also passes
@@ -405,8 +425,8 @@ pub fn fit_policy(
     let found = fit(probe, &options).map_err(|e| {
         e.prefixed(&spec.display().to_string()).in_format(input.trace().format.name())
     })?;
-    let cards = cards_fit(found.min_capacity_bytes, outside)
-        .into_iter()
+    let least = found.min_capacity_bytes;
+    let cards = (least.map(|least| cards_fit(least, outside)).unwrap_or_default().into_iter())
         .filter(|_| !host)
         .map(|(c, fits_size)| CardFit {
             card: c.label,
@@ -417,7 +437,7 @@ pub fn fit_policy(
                     card: n.name,
                     model: n.model,
                     bytes: n.bytes(),
-                    fits: fits(n.bytes(), found.min_capacity_bytes, outside),
+                    fits: least.is_some_and(|least| fits(n.bytes(), least, outside)),
                 })
                 .collect(),
         })
@@ -438,7 +458,7 @@ mod tests {
     fn finds_the_exact_need_in_few_probes() {
         for need in [1, 2 * MIB, 2 * MIB + 1, 37 * GIB + 12_345, 3 * GIB] {
             let f = fit(threshold(need), &FitOptions::default()).unwrap();
-            assert_eq!(f.min_capacity_bytes, need, "{need}");
+            assert_eq!(f.min_capacity_bytes, Some(need), "{need}");
             assert!(f.exact);
             assert!(f.non_monotonic.is_none());
             assert!(f.probes <= 40, "{need}: {} probes", f.probes);
@@ -449,7 +469,7 @@ mod tests {
     fn without_refinement_the_answer_is_on_the_grid() {
         let o = FitOptions { exact: false, checks_above: vec![], ..FitOptions::default() };
         let f = fit(threshold(5 * MIB + 7), &o).unwrap();
-        assert_eq!(f.min_capacity_bytes, 6 * MIB);
+        assert_eq!(f.min_capacity_bytes, Some(6 * MIB));
         assert!(!f.exact);
     }
 
@@ -459,13 +479,13 @@ mod tests {
         let need = 600 * MIB + 12_345;
         let run = move |c: u64| Ok(Probe { oom: c < need, peak_reserved: c });
         let f = fit(run, &FitOptions::default()).unwrap();
-        assert_eq!(f.min_capacity_bytes, need);
+        assert_eq!(f.min_capacity_bytes, Some(need));
         assert!(f.exact);
         // Reserves 1 GiB when it can, but lives in its need below that.
         let run = move |c: u64| {
             Ok(Probe { oom: c < need, peak_reserved: if c >= GIB { GIB } else { need } })
         };
-        assert_eq!(fit(run, &FitOptions::default()).unwrap().min_capacity_bytes, need);
+        assert_eq!(fit(run, &FitOptions::default()).unwrap().min_capacity_bytes, Some(need));
     }
 
     #[test]
@@ -480,21 +500,23 @@ mod tests {
         let nm = f.non_monotonic.expect("detected");
         assert!(nm.passes_at < nm.fails_at);
         assert!(nm.fails_at >= 104 * MIB && nm.fails_at < 150 * MIB, "{nm:?}");
-        assert_eq!(f.min_capacity_bytes, 150 * MIB);
+        assert_eq!(f.min_capacity_bytes, Some(150 * MIB));
     }
 
     #[test]
     fn grows_the_hint_and_gives_up_clearly() {
         let f = fit(threshold(10 * GIB), &FitOptions { upper_hint: MIB, ..Default::default() });
-        assert_eq!(f.unwrap().min_capacity_bytes, 10 * GIB);
+        assert_eq!(f.unwrap().min_capacity_bytes, Some(10 * GIB));
         let never = |_| Ok(Probe { oom: true, peak_reserved: 0 });
-        let e = fit(never, &FitOptions::default()).unwrap_err().to_string();
-        assert!(e.contains("runs out of memory even with"), "{e}");
+        let f = fit(never, &FitOptions::default()).unwrap();
+        assert_eq!(f.min_capacity_bytes, None);
+        let why = f.no_fit.unwrap();
+        assert!(why.contains("runs out of memory even with"), "{why}");
     }
 
     #[test]
     fn errors_from_the_replay_end_the_search() {
-        let fail = |_| Err(Error::usage("boom"));
+        let fail = |_| Err(crate::Error::usage("boom"));
         assert_eq!(fit(fail, &FitOptions::default()).unwrap_err().to_string(), "boom");
     }
 
