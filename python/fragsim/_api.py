@@ -32,7 +32,7 @@ from typing import (
     Union,
 )
 
-from . import _native
+from . import _native, _params
 from ._errors import UsageError, raise_for
 from ._result import Result
 
@@ -66,7 +66,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def _suggesting(function: F) -> F:
     """Makes a keyword the function does not take a ``TypeError`` that names it and the closest
-    one it takes (``did you mean 'policies'?``); the signature stays the function's own."""
+    one it takes (``did you mean 'policies'?``), and checks every value given by its parameter's
+    name (:mod:`fragsim._params`: a bad one is a :class:`UsageError` naming it); the signature
+    stays the function's own."""
     sig = inspect.signature(function)
     names = [
         n for n, p in sig.parameters.items()
@@ -79,7 +81,13 @@ def _suggesting(function: F) -> F:
         for key in kwargs:
             if key not in sig.parameters:
                 raise TypeError(_unknown_keyword(qualname, key, names))
-        return function(*args, **kwargs)
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError:
+            return function(*args, **kwargs)  # Python's own words for a missing argument
+        for name, value in bound.arguments.items():
+            bound.arguments[name] = _params.checked(name, value)
+        return function(*bound.args, **bound.kwargs)
 
     return checked  # type: ignore[return-value]
 
@@ -94,14 +102,15 @@ def _unknown_keyword(where: str, key: str, names: Sequence[str]) -> str:
     return message
 
 
-def _policy_text(policy: PolicyLike) -> str:
+def _policy_text(policy: PolicyLike, name: str = "policy") -> str:
     if isinstance(policy, str):
         return policy
     if isinstance(policy, Mapping):
         settings = ",".join(f"{k}:{_setting(v)}" for k, v in policy.items())
         return "pytorch:" + settings if settings else "pytorch"
-    raise TypeError(
-        f"a policy is a spec string or a dict of PyTorch settings, not {type(policy).__name__}"
+    raise UsageError(
+        f"{name}={policy!r}: expected a policy spec string or a dict of PyTorch settings, not "
+        f"{type(policy).__name__}"
     )
 
 
@@ -115,17 +124,14 @@ def _policy_list(policies: Optional[Policies]) -> Optional[List[str]]:
     if policies is None:
         return None
     if isinstance(policies, (str, Mapping)):
-        return [_policy_text(policies)]
-    return [_policy_text(p) for p in policies]
+        return [_policy_text(policies, "policies")]
+    if not hasattr(policies, "__iter__"):
+        return [_policy_text(policies, "policies")]  # type: ignore[arg-type]  # raises
+    return [_policy_text(p, f"policies[{i}]") for i, p in enumerate(policies)]
 
 
 def _size(name: str, value: Optional[Union[int, str]]) -> Optional[str]:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise TypeError(f"{name} is an int of bytes or a string such as '40GiB', not "
-                        f"{type(value).__name__}")
-    return str(value)
+    return None if value is None else _params.size(name, value)
 
 
 class _Call:
@@ -296,6 +302,8 @@ def _usage_words(message: str) -> str:
         and not ln.strip().startswith("tip:")
     ]
     text = " ".join(ln.strip() for ln in lines)
+    for cli_words, python_words in _BEFORE:
+        text = re.sub(cli_words, python_words, text)
 
     def param(m: "re.Match[str]") -> str:
         name = m.group(1).replace("-", "_")
@@ -311,6 +319,14 @@ def _usage_words(message: str) -> str:
         text = text.replace(cli_words, python_words)
     return text
 
+
+#: Messages that name a flag with its value and no colon, in the words of the functions (before
+#: the flags are renamed).
+_BEFORE = (
+    (r"--pytorch-version (\S+) and", r"pytorch_version=\1 and"),
+    (r"--pytorch-version models", "pytorch_version models"),
+    (r": add -p pytorch", ": add 'pytorch' to policies"),
+)
 
 #: What the command line's messages say in its own syntax, in the words of the functions.
 _PHRASES = (
@@ -389,6 +405,7 @@ def replay(
     export_snapshot: Optional[PathLike] = None,
     jobs: Optional[int] = None,
     max_input_size: Optional[Size] = None,
+    pytorch_version: Optional[str] = None,
     verbose: bool = False,
 ) -> Result:
     """``fragsim replay TRACE --json``: one device's events against each policy; one row per
@@ -409,6 +426,8 @@ def replay(
     :param export_snapshot: write the first policy's simulated run as a PyTorch snapshot here.
     :param jobs: policies replayed in parallel (default: the cores).
     :param max_input_size: the most bytes the trace may hold.
+    :param pytorch_version: a what-if: every PyTorch policy models this release (``"2.8"``),
+        as ``version=`` in its spec does (default: the release the recording shows).
     :param verbose: print the command's notes on stderr.
     """
     if backend in (None, "sim") and cuda_device is None and not touch and export_snapshot is None:
@@ -417,7 +436,7 @@ def replay(
             capacity=_size("capacity", capacity), empty_cache_every=empty_cache_every,
             empty_cache_at=list(empty_cache_at or []),
             no_recorded_empty_cache=no_recorded_empty_cache, outside=_size("outside", outside),
-            jobs=jobs,
+            jobs=jobs, pytorch_version=pytorch_version,
         )
         return _answer("replay", outcome, verbose)
     call = _Call("replay")
@@ -429,6 +448,7 @@ def replay(
         no_recorded_empty_cache=no_recorded_empty_cache, outside=_size("outside", outside),
         backend=backend, cuda_device=cuda_device, touch=touch, export_snapshot=export_snapshot,
         jobs=jobs, max_input_size=_size("max_input_size", max_input_size),
+        pytorch_version=pytorch_version,
     )
     return _json("replay", call, verbose)
 
@@ -482,6 +502,7 @@ def fit(
     outside: Optional[Size] = None,
     jobs: Optional[int] = None,
     max_input_size: Optional[Size] = None,
+    pytorch_version: Optional[str] = None,
     verbose: bool = False,
 ) -> Result:
     """``fragsim fit TRACE --json``: per policy, the least device memory with no OOM, and which
@@ -492,11 +513,13 @@ def fit(
     :param outside: device memory used outside the allocator.
     :param jobs: policies searched in parallel.
     :param max_input_size: the most bytes the trace may hold.
+    :param pytorch_version: a what-if: every PyTorch policy models this release (``"2.8"``),
+        as ``version=`` in its spec does (default: the release the recording shows).
     :param verbose: print the command's notes on stderr.
     """
     outcome = _native.fit(
         _on(trace, device, max_input_size), policies=_policy_list(policies) or [],
-        outside=_size("outside", outside), jobs=jobs,
+        outside=_size("outside", outside), jobs=jobs, pytorch_version=pytorch_version,
     )
     return _answer("fit", outcome, verbose)
 
@@ -513,6 +536,7 @@ def sweep(
     out: Optional[PathLike] = None,
     jobs: Optional[int] = None,
     max_input_size: Optional[Size] = None,
+    pytorch_version: Optional[str] = None,
     verbose: bool = False,
 ) -> Result:
     """``fragsim sweep TRACE... --json``: policy specs (brace-expanded:
@@ -526,23 +550,31 @@ def sweep(
     :param out: write the (part) result to this file and return an empty result.
     :param jobs: replays in parallel.
     :param max_input_size: the most bytes a trace may hold.
+    :param pytorch_version: a what-if: every PyTorch policy models this release (``"2.8"``),
+        as ``version=`` in its spec does (default: the release the recording shows).
     :param verbose: print the command's notes on stderr.
     """
-    if out is None and shard is None:
+    if shard is not None and out is None:
+        raise UsageError(
+            f"shard={shard!r} needs out=: a shard's result is a part of the sweep, not its "
+            f"ranking, and it is written to the file out= names for fragsim.merge() to join "
+            f"with the other parts (sweep(..., shard={shard!r}, out='part.json'))"
+        )
+    if out is None:
         outcome = _native.sweep(
             _ons(traces, device, max_input_size), policies=_policy_list(policies) or [],
             objective=objective, capacity=_size("capacity", capacity), jobs=jobs,
+            pytorch_version=pytorch_version,
         )
         return _answer("sweep", outcome, verbose)
     call = _Call("sweep")
     _sources(call, traces)
     call.flags(policy=_policy_list(policies), objective=objective, device=device,
                capacity=_size("capacity", capacity), shard=shard, out=out, jobs=jobs,
-               max_input_size=_size("max_input_size", max_input_size))
-    if out is not None:
-        code, _, notes = call.run(verbose)
-        return Result({}, "sweep", code, notes)
-    return _json("sweep", call, verbose)
+               max_input_size=_size("max_input_size", max_input_size),
+               pytorch_version=pytorch_version)
+    code, _, notes = call.run(verbose)
+    return Result({}, "sweep", code, notes)
 
 
 @_suggesting
@@ -567,6 +599,7 @@ def check(
     update: bool = False,
     jobs: Optional[int] = None,
     max_input_size: Optional[Size] = None,
+    pytorch_version: Optional[str] = None,
     verbose: bool = False,
 ) -> Result:
     """``fragsim check TRACE... --baseline FILE --json``: replays and compares with a baseline;
@@ -575,20 +608,23 @@ def check(
     :param baseline: the baseline file (JSON).
     :param tolerance: the percentage a peak may grow before it is a regression.
     :param update: (re)write the baseline and return an empty result.
+    :param pytorch_version: a what-if: every PyTorch policy models this release (``"2.8"``),
+        as ``version=`` in its spec does (default: the release the recording shows).
     """
     if not update:
         outcome = _native.check(
             _ons(traces, device, max_input_size), baseline=os.fspath(baseline),
             policies=_policy_list(policies) or [],
             tolerance=None if tolerance is None else _text(tolerance),
-            capacity=_size("capacity", capacity), jobs=jobs,
+            capacity=_size("capacity", capacity), jobs=jobs, pytorch_version=pytorch_version,
         )
         return _answer("check", outcome, verbose)
     call = _Call("check")
     _sources(call, traces)
     call.flags(baseline=baseline, tolerance=tolerance, policy=_policy_list(policies),
                device=device, capacity=_size("capacity", capacity), update=update, jobs=jobs,
-               max_input_size=_size("max_input_size", max_input_size))
+               max_input_size=_size("max_input_size", max_input_size),
+               pytorch_version=pytorch_version)
     if update:
         code, _, notes = call.run(verbose)
         return Result({}, "check", code, notes)
@@ -612,6 +648,7 @@ def blame(
     flamegraph: Optional[PathLike] = None,
     jobs: Optional[int] = None,
     max_input_size: Optional[Size] = None,
+    pytorch_version: Optional[str] = None,
     verbose: bool = False,
 ) -> Result:
     """``fragsim blame TRACE --format json``: who holds the memory at a moment, by site.
@@ -621,6 +658,8 @@ def blame(
     :param top: the sites shown (0: all).
     :param depth: frames shown per site.
     :param flamegraph: write a flame graph SVG here.
+    :param pytorch_version: a what-if: every PyTorch policy models this release (``"2.8"``),
+        as ``version=`` in its spec does (default: the release the recording shows).
     """
     if flamegraph is None:
         outcome = _native.blame(
@@ -629,6 +668,7 @@ def blame(
             top=top, depth=depth, empty_cache_every=empty_cache_every,
             empty_cache_at=list(empty_cache_at or []),
             no_recorded_empty_cache=no_recorded_empty_cache, jobs=jobs,
+            pytorch_version=pytorch_version,
         )
         return _answer("blame", outcome, verbose)
     call = _Call("blame")
@@ -639,6 +679,7 @@ def blame(
         empty_cache_at=None if empty_cache_at is None else ",".join(map(str, empty_cache_at)),
         no_recorded_empty_cache=no_recorded_empty_cache, at=at, by=by, top=top, depth=depth,
         flamegraph=flamegraph, jobs=jobs, max_input_size=_size("max_input_size", max_input_size),
+        pytorch_version=pytorch_version,
     )
     return _json("blame", call, verbose, "--format=json")
 
@@ -656,6 +697,7 @@ def diff(
     out: Optional[PathLike] = None,
     jobs: Optional[int] = None,
     max_input_size: Optional[Size] = None,
+    pytorch_version: Optional[str] = None,
     verbose: bool = False,
 ) -> Result:
     """``fragsim diff A [B] --format json``: two runs side by side, both peaks, the deltas and
@@ -665,13 +707,16 @@ def diff(
     :param by: how to group sites (as :func:`blame`).
     :param top: the sites shown (0: all).
     :param out: also write the charts and an HTML page in this folder.
+    :param pytorch_version: a what-if: every PyTorch policy models this release. With one trace
+        and one policy (or none: ``pytorch``), A is the policy as recorded and B the same under
+        this release: what upgrading PyTorch does to the run.
     """
     if out is None:
         on_a = _on(a, device, max_input_size)
         on_b = None if b is None else _on(b, device, max_input_size, taken=[on_a])
         outcome = _native.diff(
             on_a, on_b, policies=_policy_list(policies) or [], by=by, top=top, depth=depth,
-            jobs=jobs,
+            jobs=jobs, pytorch_version=pytorch_version,
         )
         return _answer("diff", outcome, verbose)
     call = _Call("diff")
@@ -679,7 +724,8 @@ def diff(
     if b is not None:
         call.source(b)
     call.flags(policy=_policy_list(policies), device=device, by=by, top=top, depth=depth,
-               out=out, jobs=jobs, max_input_size=_size("max_input_size", max_input_size))
+               out=out, jobs=jobs, max_input_size=_size("max_input_size", max_input_size),
+               pytorch_version=pytorch_version)
     return _json("diff", call, verbose, "--format=json")
 
 
@@ -691,19 +737,43 @@ def explain(
     capacity: Optional[Capacity] = None,
     policy: Optional[PolicyLike] = None,
     device: Optional[int] = None,
+    top: Optional[int] = None,
+    no_fixes: bool = False,
+    empty_cache_every: Optional[int] = None,
+    empty_cache_at: Optional[Sequence[int]] = None,
+    no_recorded_empty_cache: bool = False,
+    jobs: Optional[int] = None,
+    max_input_size: Optional[Size] = None,
+    pytorch_version: Optional[str] = None,
     verbose: bool = False,
 ) -> Result:
     """``fragsim explain TRACE --format json``: why the peak is what it is: the verdict, the
     kinds of free memory, the fixes.
 
-    :param at: the moment (as :func:`blame`).
+    :param at: ``"oom"`` (the first OOM), ``"peak"`` or an event index; default: the OOM where
+        there is one, else the peak.
     :param capacity: as for :func:`replay`.
     :param policy: the policy replayed (default ``pytorch``).
     :param device: the device to replay.
+    :param top: the live sites and stranded segments listed (default 10; 0: all).
+    :param no_fixes: skip the replays of the fixes (``result["fixes"]`` is empty).
+    :param empty_cache_every: as for :func:`replay`.
+    :param empty_cache_at: as for :func:`replay`.
+    :param no_recorded_empty_cache: as for :func:`replay`.
+    :param jobs: the fixes replayed in parallel.
+    :param max_input_size: the most bytes the trace may hold.
+    :param pytorch_version: a what-if: every PyTorch policy models this release (``"2.8"``),
+        as ``version=`` in its spec does (default: the release the recording shows).
+    :param verbose: print the command's notes on stderr.
     """
     outcome = _native.explain(
-        _on(trace, device), policy=None if policy is None else _policy_text(policy),
-        at=None if at is None else str(at), capacity=_size("capacity", capacity),
+        _on(trace, device, max_input_size),
+        policy=None if policy is None else _policy_text(policy),
+        at=None if at is None else str(at), capacity=_size("capacity", capacity), top=top,
+        fixes=not no_fixes, empty_cache_every=empty_cache_every,
+        empty_cache_at=list(empty_cache_at or []),
+        no_recorded_empty_cache=no_recorded_empty_cache, jobs=jobs,
+        pytorch_version=pytorch_version,
     )
     return _answer("explain", outcome, verbose)
 
@@ -763,17 +833,23 @@ def report(
     segment_map_policy: Optional[str] = None,
     jobs: Optional[int] = None,
     max_input_size: Optional[Size] = None,
+    pytorch_version: Optional[str] = None,
     verbose: bool = False,
 ) -> Dict[str, Path]:
     """``fragsim report TRACE --out DIR``: charts, tables and an index.html. Returns the files
-    it wrote, by name (``paths["index.html"]``, ``paths["peaks.svg"]``, ...)."""
+    it wrote, by name (``paths["index.html"]``, ``paths["peaks.svg"]``, ...).
+
+    :param segment_map_policy: the policy whose segment map is drawn.
+    :param pytorch_version: a what-if: every PyTorch policy models this release (``"2.8"``),
+        as ``version=`` in its spec does (default: the release the recording shows).
+    """
     started = time.time() - 1.0
     outcome = _native.report(
         _on(trace, device, max_input_size), out=os.fspath(out),
         policies=_policy_list(policies) or [], capacity=_size("capacity", capacity),
         empty_cache_every=empty_cache_every, empty_cache_at=list(empty_cache_at or []),
         no_recorded_empty_cache=no_recorded_empty_cache, segment_map_policy=segment_map_policy,
-        jobs=jobs,
+        jobs=jobs, pytorch_version=pytorch_version,
     )
     _answer("report", outcome, verbose)
     folder = Path(out)
@@ -833,6 +909,7 @@ class Trace:
         touch: bool = False,
         export_snapshot: Optional[PathLike] = None,
         jobs: Optional[int] = None,
+        pytorch_version: Optional[str] = None,
         verbose: bool = False,
     ) -> Result:
         """Replays the trace against each policy: :func:`fragsim.replay`'s parameters."""
@@ -841,7 +918,7 @@ class Trace:
             empty_cache_every=empty_cache_every, empty_cache_at=empty_cache_at,
             no_recorded_empty_cache=no_recorded_empty_cache, outside=outside, backend=backend,
             cuda_device=cuda_device, touch=touch, export_snapshot=export_snapshot, jobs=jobs,
-            verbose=verbose,
+            pytorch_version=pytorch_version, verbose=verbose,
         )
 
     @_suggesting
@@ -852,11 +929,22 @@ class Trace:
         capacity: Optional[Capacity] = None,
         policy: Optional[PolicyLike] = None,
         device: Optional[int] = None,
+        top: Optional[int] = None,
+        no_fixes: bool = False,
+        empty_cache_every: Optional[int] = None,
+        empty_cache_at: Optional[Sequence[int]] = None,
+        no_recorded_empty_cache: bool = False,
+        jobs: Optional[int] = None,
+        pytorch_version: Optional[str] = None,
         verbose: bool = False,
     ) -> Result:
         """Why the peak is what it is: :func:`fragsim.explain`'s parameters."""
-        return explain(self, at=at, capacity=capacity, policy=policy,
-                       device=self._device(device), verbose=verbose)
+        return explain(
+            self, at=at, capacity=capacity, policy=policy, device=self._device(device), top=top,
+            no_fixes=no_fixes, empty_cache_every=empty_cache_every,
+            empty_cache_at=empty_cache_at, no_recorded_empty_cache=no_recorded_empty_cache,
+            jobs=jobs, pytorch_version=pytorch_version, verbose=verbose,
+        )
 
     @_suggesting
     def blame(
@@ -874,6 +962,7 @@ class Trace:
         no_recorded_empty_cache: bool = False,
         flamegraph: Optional[PathLike] = None,
         jobs: Optional[int] = None,
+        pytorch_version: Optional[str] = None,
         verbose: bool = False,
     ) -> Result:
         """Who holds the memory at a moment: :func:`fragsim.blame`'s parameters."""
@@ -881,7 +970,7 @@ class Trace:
             self, policies=policies, device=self._device(device), capacity=capacity, at=at,
             by=by, top=top, depth=depth, empty_cache_every=empty_cache_every,
             empty_cache_at=empty_cache_at, no_recorded_empty_cache=no_recorded_empty_cache,
-            flamegraph=flamegraph, jobs=jobs, verbose=verbose,
+            flamegraph=flamegraph, jobs=jobs, pytorch_version=pytorch_version, verbose=verbose,
         )
 
     @_suggesting
@@ -896,12 +985,14 @@ class Trace:
         depth: Optional[int] = None,
         out: Optional[PathLike] = None,
         jobs: Optional[int] = None,
+        pytorch_version: Optional[str] = None,
         verbose: bool = False,
     ) -> Result:
         """This trace (A) against ``other`` (B), or under two policies without ``other``:
         :func:`fragsim.diff`'s parameters."""
         return diff(self, other, policies=policies, device=self._device(device), by=by,
-                    top=top, depth=depth, out=out, jobs=jobs, verbose=verbose)
+                    top=top, depth=depth, out=out, jobs=jobs, pytorch_version=pytorch_version,
+                    verbose=verbose)
 
     @_suggesting
     def fit(
@@ -911,11 +1002,12 @@ class Trace:
         device: Optional[int] = None,
         outside: Optional[Size] = None,
         jobs: Optional[int] = None,
+        pytorch_version: Optional[str] = None,
         verbose: bool = False,
     ) -> Result:
         """The least memory each policy needs: :func:`fragsim.fit`'s parameters."""
         return fit(self, policies=policies, device=self._device(device), outside=outside,
-                   jobs=jobs, verbose=verbose)
+                   jobs=jobs, pytorch_version=pytorch_version, verbose=verbose)
 
     @_suggesting
     def sweep(
@@ -925,14 +1017,17 @@ class Trace:
         objective: Optional[str] = None,
         device: Optional[int] = None,
         capacity: Optional[Capacity] = None,
+        shard: Optional[str] = None,
+        out: Optional[PathLike] = None,
         jobs: Optional[int] = None,
+        pytorch_version: Optional[str] = None,
         verbose: bool = False,
     ) -> Result:
         """The best setting of a grid (the built-in one by default): :func:`fragsim.sweep`'s
         parameters."""
         return sweep(self, policies=policies, objective=objective,
-                     device=self._device(device), capacity=capacity, jobs=jobs,
-                     verbose=verbose)
+                     device=self._device(device), capacity=capacity, shard=shard, out=out,
+                     jobs=jobs, pytorch_version=pytorch_version, verbose=verbose)
 
     @_suggesting
     def check(
@@ -945,12 +1040,13 @@ class Trace:
         capacity: Optional[Capacity] = None,
         update: bool = False,
         jobs: Optional[int] = None,
+        pytorch_version: Optional[str] = None,
         verbose: bool = False,
     ) -> Result:
         """Compares with a baseline: :func:`fragsim.check`'s parameters."""
         return check(self, baseline=baseline, tolerance=tolerance, policies=policies,
                      device=self._device(device), capacity=capacity, update=update, jobs=jobs,
-                     verbose=verbose)
+                     pytorch_version=pytorch_version, verbose=verbose)
 
     @_suggesting
     def validate(
@@ -981,6 +1077,7 @@ class Trace:
         no_recorded_empty_cache: bool = False,
         segment_map_policy: Optional[str] = None,
         jobs: Optional[int] = None,
+        pytorch_version: Optional[str] = None,
         verbose: bool = False,
     ) -> Dict[str, Path]:
         """Charts, tables and an index.html in ``out``: :func:`fragsim.report`'s parameters."""
@@ -988,7 +1085,8 @@ class Trace:
             self, out=out, policies=policies, device=self._device(device), capacity=capacity,
             empty_cache_every=empty_cache_every, empty_cache_at=empty_cache_at,
             no_recorded_empty_cache=no_recorded_empty_cache,
-            segment_map_policy=segment_map_policy, jobs=jobs, verbose=verbose,
+            segment_map_policy=segment_map_policy, jobs=jobs, pytorch_version=pytorch_version,
+            verbose=verbose,
         )
 
     @_suggesting

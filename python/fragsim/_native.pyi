@@ -34,20 +34,23 @@ def replay(
     on: On, *, policies: Sequence[str], capacity: Optional[str] = None,
     empty_cache_every: Optional[int] = None, empty_cache_at: Sequence[int] = (),
     no_recorded_empty_cache: bool = False, outside: Optional[str] = None,
-    jobs: Optional[int] = None,
+    jobs: Optional[int] = None, pytorch_version: Optional[str] = None,
 ) -> _Answer:
     """The session's replay of each policy: exit code, the JSON ``replay --json`` prints, the
     notes, the error."""
 
 def explain(
     on: On, *, policy: Optional[str] = None, at: Optional[str] = None,
-    capacity: Optional[str] = None, top: int = 10, fixes: bool = True,
+    capacity: Optional[str] = None, top: Optional[int] = None, fixes: bool = True,
+    empty_cache_every: Optional[int] = None, empty_cache_at: Sequence[int] = (),
+    no_recorded_empty_cache: bool = False, jobs: Optional[int] = None,
+    pytorch_version: Optional[str] = None,
 ) -> _Answer:
     """The session's explanation: the JSON ``explain --format json`` prints."""
 
 def fit(
     on: On, *, policies: Sequence[str], outside: Optional[str] = None,
-    jobs: Optional[int] = None,
+    jobs: Optional[int] = None, pytorch_version: Optional[str] = None,
 ) -> _Answer:
     """The session's fit of each policy: the JSON ``fit --json`` prints."""
 
@@ -56,7 +59,7 @@ def blame(
     at: Optional[str] = None, by: Optional[str] = None, top: Optional[int] = None,
     depth: Optional[int] = None, empty_cache_every: Optional[int] = None,
     empty_cache_at: Sequence[int] = (), no_recorded_empty_cache: bool = False,
-    jobs: Optional[int] = None,
+    jobs: Optional[int] = None, pytorch_version: Optional[str] = None,
 ) -> _Answer:
     """The session's blame at a moment of each policy's replay: the JSON ``blame --format
     json`` prints."""
@@ -64,18 +67,21 @@ def blame(
 def diff(
     a: On, b: Optional[On] = None, *, policies: Sequence[str], by: Optional[str] = None,
     top: Optional[int] = None, depth: Optional[int] = None, jobs: Optional[int] = None,
+    pytorch_version: Optional[str] = None,
 ) -> _Answer:
     """The session's diff of two runs: the JSON ``diff --format json`` prints."""
 
 def sweep(
     traces: Sequence[On], *, policies: Sequence[str], objective: Optional[str] = None,
     capacity: Optional[str] = None, jobs: Optional[int] = None,
+    pytorch_version: Optional[str] = None,
 ) -> _Answer:
     """The sessions' sweep of a grid of configs: the JSON ``sweep --json`` prints."""
 
 def check(
     traces: Sequence[On], *, baseline: str, policies: Sequence[str],
     tolerance: Optional[str] = None, capacity: Optional[str] = None, jobs: Optional[int] = None,
+    pytorch_version: Optional[str] = None,
 ) -> _Answer:
     """The sessions' check against a baseline: exit code 1 on a regression, the JSON ``check
     --json`` prints."""
@@ -84,7 +90,7 @@ def report(
     on: On, *, out: str, policies: Sequence[str], capacity: Optional[str] = None,
     empty_cache_every: Optional[int] = None, empty_cache_at: Sequence[int] = (),
     no_recorded_empty_cache: bool = False, segment_map_policy: Optional[str] = None,
-    jobs: Optional[int] = None,
+    jobs: Optional[int] = None, pytorch_version: Optional[str] = None,
 ) -> _Answer:
     """Writes the session's report into ``out``: the answer's JSON is ``{}``."""
 

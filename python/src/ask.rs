@@ -176,6 +176,7 @@ impl Asked {
 #[pyo3(signature = (
     on, *, policies, capacity=None, empty_cache_every=None,
     empty_cache_at=Vec::new(), no_recorded_empty_cache=false, outside=None, jobs=None,
+    pytorch_version=None,
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn replay(
@@ -188,9 +189,11 @@ pub fn replay(
     no_recorded_empty_cache: bool,
     outside: Option<String>,
     jobs: Option<usize>,
+    pytorch_version: Option<String>,
 ) -> PyResult<Answer> {
     ask(py, on, &[], move |asked| {
-        let specs = PolicySpec::parse_many(&policies)?;
+        let written = versioned(&policies, &["pytorch"], pytorch_version.as_deref())?;
+        let specs = PolicySpec::parse_many(&written)?;
         let capacity = capacity_of(capacity.as_deref())?;
         let outside = outside.as_deref().map(|o| size("outside", o)).transpose()?;
         let empty_cache =
@@ -221,29 +224,45 @@ pub fn replay(
 /// `fragsim explain`'s answer: the verdict at the moment, the free memory by kind, the fixes.
 #[pyfunction]
 #[pyo3(signature = (
-    on, *, policy=None, at=None, capacity=None, top=10, fixes=true,
+    on, *, policy=None, at=None, capacity=None, top=None, fixes=true, empty_cache_every=None,
+    empty_cache_at=Vec::new(), no_recorded_empty_cache=false, jobs=None, pytorch_version=None,
 ))]
+#[allow(clippy::too_many_arguments)]
 pub fn explain(
     py: Python<'_>,
     on: &Bound<'_, On>,
     policy: Option<String>,
     at: Option<String>,
     capacity: Option<String>,
-    top: usize,
+    top: Option<usize>,
     fixes: bool,
+    empty_cache_every: Option<u64>,
+    empty_cache_at: Vec<u64>,
+    no_recorded_empty_cache: bool,
+    jobs: Option<usize>,
+    pytorch_version: Option<String>,
 ) -> PyResult<Answer> {
     ask(py, on, &[], move |asked| {
-        let spec = ExplainOptions::one_spec(policy.as_slice())?;
+        let written = versioned(policy.as_slice(), &["pytorch"], pytorch_version.as_deref())?;
+        let spec = ExplainOptions::one_spec(&written)?;
         let at = ExplainOptions::moment(at.as_deref())?;
         let capacity = capacity_of(capacity.as_deref())?;
+        let empty_cache =
+            EmptyCachePlan::new(empty_cache_every, empty_cache_at, no_recorded_empty_cache)?;
         let session = asked.session(true, false)?;
-        let notes = asked.notes_of(&session, std::slice::from_ref(&spec));
-        let mut replay = session.replay_options(capacity.as_ref(), EmptyCachePlan::default())?;
+        let mut notes = asked.notes_of(&session, std::slice::from_ref(&spec));
+        let mut replay = session.replay_options(capacity.as_ref(), empty_cache)?;
         replay.cancel = asked.cancel.clone();
+        let top = top.unwrap_or(ExplainOptions::default().top);
         let options = ExplainOptions { at, spec, replay, top, fixes };
-        Answered::of(&session.explain(&options)?, notes)
+        // The fixes' replays, as many at once as the command line runs them.
+        let jobs = bounded_jobs(jobs, EXPLAIN_REPLAYS, &mut notes);
+        Answered::of(&jobs.install(|| session.explain(&options))??, notes)
     })
 }
+
+/// The replays `explain` runs at most (its fixes), as the command line bounds `--jobs` by.
+const EXPLAIN_REPLAYS: usize = 8;
 
 /// `fragsim info`'s answer: what the trace holds.
 #[pyfunction]
@@ -263,7 +282,7 @@ pub fn info(py: Python<'_>, on: &Bound<'_, On>) -> PyResult<Answer> {
 #[pyfunction]
 #[pyo3(signature = (
     on, *, out, policies, capacity=None, empty_cache_every=None, empty_cache_at=Vec::new(),
-    no_recorded_empty_cache=false, segment_map_policy=None, jobs=None,
+    no_recorded_empty_cache=false, segment_map_policy=None, jobs=None, pytorch_version=None,
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn report(
@@ -277,9 +296,18 @@ pub fn report(
     no_recorded_empty_cache: bool,
     segment_map_policy: Option<String>,
     jobs: Option<usize>,
+    pytorch_version: Option<String>,
 ) -> PyResult<Answer> {
     ask(py, on, &[], move |asked| {
-        let policies = ReportPlan::policies_from(&policies)?;
+        let mut policies = ReportPlan::policies_from(&policies)?;
+        if pytorch_version.is_some() {
+            // One spec per planned policy, so the default set stays optional.
+            let written: Vec<String> = policies.iter().map(|p| p.spec.display()).collect();
+            let versioned = versioned(&written, &[], pytorch_version.as_deref())?;
+            for (planned, text) in policies.iter_mut().zip(versioned) {
+                planned.spec = PolicySpec::parse_list(&text)?.remove(0);
+            }
+        }
         if let Some(name) = &segment_map_policy {
             PolicySpec::parse_list(name)?;
         }
@@ -340,13 +368,14 @@ pub fn convert(py: Python<'_>, on: &Bound<'_, On>, output: PathBuf) -> PyResult<
 
 /// `fragsim fit`'s answer: per policy, the least device memory with no OOM, and the cards.
 #[pyfunction]
-#[pyo3(signature = (on, *, policies, outside=None, jobs=None))]
+#[pyo3(signature = (on, *, policies, outside=None, jobs=None, pytorch_version=None))]
 pub fn fit(
     py: Python<'_>,
     on: &Bound<'_, On>,
     policies: Vec<String>,
     outside: Option<String>,
     jobs: Option<usize>,
+    pytorch_version: Option<String>,
 ) -> PyResult<Answer> {
     ask(py, on, &[], move |asked| {
         let policies = if policies.is_empty() {
@@ -354,7 +383,8 @@ pub fn fit(
         } else {
             policies
         };
-        let specs = PolicySpec::parse_many(&policies)?;
+        let specs =
+            PolicySpec::parse_many(&versioned(&policies, &[], pytorch_version.as_deref())?)?;
         let outside = outside.as_deref().map(|o| size("outside", o)).transpose()?;
         let session = asked.session(false, false)?;
         let mut notes = asked.notes_of(&session, &specs);
@@ -372,7 +402,7 @@ pub fn fit(
 #[pyo3(signature = (
     on, *, policies, capacity=None, at=None, by=None, top=None,
     depth=None, empty_cache_every=None, empty_cache_at=Vec::new(),
-    no_recorded_empty_cache=false, jobs=None,
+    no_recorded_empty_cache=false, jobs=None, pytorch_version=None,
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn blame(
@@ -388,9 +418,11 @@ pub fn blame(
     empty_cache_at: Vec<u64>,
     no_recorded_empty_cache: bool,
     jobs: Option<usize>,
+    pytorch_version: Option<String>,
 ) -> PyResult<Answer> {
     ask(py, on, &[], move |asked| {
-        let specs = PolicySpec::parse_many(&policies)?;
+        let written = versioned(&policies, &["pytorch"], pytorch_version.as_deref())?;
+        let specs = PolicySpec::parse_many(&written)?;
         let grouped = grouping(by.as_deref(), top, depth)?;
         let at = at.as_deref().map(Moment::parse).transpose()?.unwrap_or(grouped.at);
         let capacity = capacity_of(capacity.as_deref())?;
@@ -411,7 +443,7 @@ pub fn blame(
 /// each at its peak-live moment, and what changed by site.
 #[pyfunction]
 #[pyo3(signature = (
-    a, b=None, *, policies, by=None, top=None, depth=None, jobs=None,
+    a, b=None, *, policies, by=None, top=None, depth=None, jobs=None, pytorch_version=None,
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn diff(
@@ -423,10 +455,21 @@ pub fn diff(
     top: Option<usize>,
     depth: Option<usize>,
     jobs: Option<usize>,
+    pytorch_version: Option<String>,
 ) -> PyResult<Answer> {
     let on_b = b.map(|b| b.get().clone());
     let others: Vec<On> = on_b.iter().cloned().collect();
     ask(py, a, &others, move |asked| {
+        let version = pytorch_version.as_deref();
+        let policies = match (&on_b, policies.len(), version) {
+            // One trace, one policy: as recorded against the release asked.
+            (None, 0 | 1, Some(_)) => {
+                let a = policies.first().cloned().unwrap_or_else(|| "pytorch".into());
+                let b = versioned(std::slice::from_ref(&a), &[], version)?;
+                std::iter::once(a).chain(b).collect()
+            }
+            _ => versioned(&policies, &["pytorch"], version)?,
+        };
         let (spec_a, spec_b) = pair_specs(&policies, on_b.is_some())?;
         let options = BlameOptions { at: Moment::PeakLive, ..grouping(by.as_deref(), top, depth)? };
         let mut notes = Vec::new();
@@ -471,7 +514,9 @@ fn first_and_others<'a, 'py>(
 
 /// `fragsim sweep`'s answer: a grid of configs replayed on every trace, ranked by the worst case.
 #[pyfunction]
-#[pyo3(signature = (traces, *, policies, objective=None, capacity=None, jobs=None))]
+#[pyo3(signature = (
+    traces, *, policies, objective=None, capacity=None, jobs=None, pytorch_version=None,
+))]
 pub fn sweep(
     py: Python<'_>,
     traces: Vec<Bound<'_, On>>,
@@ -479,6 +524,7 @@ pub fn sweep(
     objective: Option<String>,
     capacity: Option<String>,
     jobs: Option<usize>,
+    pytorch_version: Option<String>,
 ) -> PyResult<Answer> {
     let Some((first, others, all)) = first_and_others(&traces) else {
         return Ok(usage_answer("sweep takes at least one trace"));
@@ -495,6 +541,7 @@ pub fn sweep(
         } else {
             (policies, None)
         };
+        let written = versioned(&written, &[], pytorch_version.as_deref())?;
         let objective = objective.as_deref().unwrap_or(DEFAULT_OBJECTIVE);
         let plan = SweepPlan::new(written, objective, capacity.as_ref(), asked.on.device, None)?;
         let traces = distinct(all, &mut notes);
@@ -510,7 +557,11 @@ pub fn sweep(
 /// `fragsim check`'s answer: the traces replayed and compared with a baseline; exit code 1 on a
 /// regression beyond the tolerance.
 #[pyfunction]
-#[pyo3(signature = (traces, *, baseline, policies, tolerance=None, capacity=None, jobs=None))]
+#[pyo3(signature = (
+    traces, *, baseline, policies, tolerance=None, capacity=None, jobs=None,
+    pytorch_version=None,
+))]
+#[allow(clippy::too_many_arguments)]
 pub fn check(
     py: Python<'_>,
     traces: Vec<Bound<'_, On>>,
@@ -519,12 +570,14 @@ pub fn check(
     tolerance: Option<String>,
     capacity: Option<String>,
     jobs: Option<usize>,
+    pytorch_version: Option<String>,
 ) -> PyResult<Answer> {
     let Some((first, others, all)) = first_and_others(&traces) else {
         return Ok(usage_answer("check takes at least one trace"));
     };
     ask(py, first, &others, move |asked| {
-        let specs = PolicySpec::parse_many(&policies)?;
+        let written = versioned(&policies, &["pytorch"], pytorch_version.as_deref())?;
+        let specs = PolicySpec::parse_many(&written)?;
         let tolerance = parse_tolerance(tolerance.as_deref().unwrap_or("1%"))?;
         let capacity = capacity_of(capacity.as_deref())?;
         let mut notes = Vec::new();
@@ -736,6 +789,15 @@ fn choice<T>(
     parse: impl FnOnce(&str) -> std::result::Result<T, String>,
 ) -> Result<T> {
     parse(text).map_err(|e| Error::usage(format!("{name}={text} is not valid: {e}")))
+}
+
+/// `written` (`default` where empty) with `pytorch_version=` applied to each PyTorch spec, as
+/// the command line's `--pytorch-version` applies it ([`PolicySpec::at_version`]); `written` as
+/// it is without one. A version fragsim does not model is an error naming the parameter.
+fn versioned(written: &[String], default: &[&str], version: Option<&str>) -> Result<Vec<String>> {
+    let Some(v) = version else { return Ok(written.to_vec()) };
+    param("pytorch_version", v, |t| Version::parse(t).map_err(|e| e.message().into()))?;
+    PolicySpec::at_version(written, default, v)
 }
 
 /// A size parameter (`"40GiB"`, or an int of bytes as text).
