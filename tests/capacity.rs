@@ -288,3 +288,25 @@ fn a_setting_that_pays_on_some_card_says_the_card() {
     let fit = stdout(&run(&["fit", t, "-p", gc]));
     assert!(fit.contains("each capacity tried is taken as the card's whole memory"), "{fit}");
 }
+
+/// A run that ran out under its own limit (here a memory fraction, with no `--capacity`) names
+/// its OOM's stack as one under `--capacity` does, though the replay read no frames.
+#[test]
+fn an_oom_under_the_policys_own_limit_names_its_stack() {
+    use crate::util::{real_trace, run};
+    let trace = real_trace("cs336-lm-step-c.pickle");
+    let t = trace.to_str().unwrap();
+    let stack = |extra: &[&str]| -> Vec<serde_json::Value> {
+        let mut args =
+            vec!["replay", t, "-p", "pytorch:per_process_memory_fraction:0.05", "--json"];
+        args.extend(extra);
+        let o = run(&args);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let oom = &v["results"][0]["first_oom"];
+        assert!(oom.is_object(), "{v}");
+        oom["stack"].as_array().unwrap().clone()
+    };
+    let own = stack(&[]);
+    assert!(!own.is_empty());
+    assert_eq!(own, stack(&["--capacity", "80GiB"]), "the same OOM names the same stack");
+}

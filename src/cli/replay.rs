@@ -99,8 +99,22 @@ pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
         progress: Some(&tick),
         ..RunSettings::default()
     };
-    let answer = session.replay(&request, &settings)?;
+    let mut answer = session.replay(&request, &settings)?;
     bar.finish();
+    // A run that ran out under its own limit (a memory fraction, bfc's memory_limit, the
+    // recorded limit) names its OOM's stack as one under --capacity does: the frames are read
+    // now, only where one is missing.
+    let stackless = |r: &fragsim::metrics::PolicyResult| {
+        r.first_oom.as_ref().is_some_and(|o| o.stack.is_empty() && !o.before_first_event)
+    };
+    if !frames && answer.results.iter().any(stackless) {
+        let with_frames = args.control.session(io, path, device, true)?;
+        for oom in answer.results.iter_mut().filter_map(|r| r.first_oom.as_mut()) {
+            if oom.stack.is_empty() && !oom.before_first_event {
+                oom.stack = with_frames.stack_of(oom.event);
+            }
+        }
+    }
     if let Some(note) = answer.capacity.inferred_note() {
         if args.output_format() == OutputFormat::Table {
             io.note(&note);

@@ -129,6 +129,10 @@ pub struct OomDetail {
     /// trace kept frames.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stack: Vec<String>,
+    /// True when the request was a block live before the first event (installed from the start
+    /// state), whose stack is no event's: `event` is 0 without being event 0.
+    #[serde(skip)]
+    pub before_first_event: bool,
 }
 
 impl OomDetail {

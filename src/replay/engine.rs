@@ -594,6 +594,7 @@ impl<'r, 'a, P: Policy, B: Backend> Driver<'r, 'a, P, B> {
                 .capacity
                 .map(|c| c.saturating_sub(options.outside_bytes).saturating_sub(reserved)),
             stack,
+            before_first_event: e.is_none(),
         }
     }
 

@@ -248,6 +248,16 @@ impl Session {
         })
     }
 
+    /// The stack of the session device's event `event` as an OOM shows it (memory_viz's order,
+    /// the user's frames first); empty where the trace was read without frames or has none.
+    /// A replay read without frames (they cost time on a large snapshot) fills its OOMs'
+    /// stacks from a session read with them, once one ran out.
+    pub fn stack_of(&self, event: u64) -> Vec<String> {
+        let trace = self.trace();
+        let found = trace.device(self.device).and_then(|d| d.events.get(event as usize));
+        found.map(|e| crate::trace::sites::display(trace.frames.get(e.frames))).unwrap_or_default()
+    }
+
     fn loaded(&self, question: &str) -> Result<&Trace> {
         match &self.data {
             Data::Loaded(t) => Ok(t),
