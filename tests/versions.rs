@@ -132,6 +132,18 @@ fn a_snapshot_with_2_15_keys_validates_and_names_2_15() {
         "{info}"
     );
     assert!(info.contains("annotate entries: 1"), "{info}");
+    // The same in info's JSON.
+    let out = run(&["info", path.to_str().unwrap(), "--json"]);
+    let j: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["pytorch_release"]["version"], "2.15", "{j}");
+    assert_eq!(
+        j["host_segments"],
+        json!({"segments": 1, "reserved_bytes": 4 * MIB, "allocated_bytes": MIB})
+    );
+    assert_eq!(
+        (j["host_trace_entries"].as_u64(), j["annotate_entries"].as_u64()),
+        (Some(1), Some(1))
+    );
     // A pinned block's `allocated` as a bool (allocated or not) counts its size, not one byte.
     let mut by_flag = snapshot_2_15();
     by_flag["host_segments"][0]["allocated"] = Value::Bool(true);

@@ -9,6 +9,12 @@ use crate::trace::Trace;
 pub fn info(trace: &Trace) -> Summary {
     let mut summary = Summary::of(trace);
     summary.set_start(|device| start_figures(trace, device));
+    let m = crate::policy::pytorch::config::ModelledVersion::of_trace(trace);
+    summary.pytorch_release = m.at_least.map(|least| crate::trace::summary::Release {
+        version: m.version.to_string(),
+        at_least: least.to_string(),
+        why: m.why.to_string(),
+    });
     summary
 }
 

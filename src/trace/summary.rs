@@ -16,6 +16,28 @@ use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 use std::collections::{BTreeSet, HashMap};
 
+/// The release a recording shows ([`Summary::pytorch_release`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Release {
+    /// The release modelled, e.g. `2.15`.
+    pub version: String,
+    /// The least release the recording proves.
+    pub at_least: String,
+    /// What shows it (a phrase).
+    pub why: String,
+}
+
+/// The pinned host allocator's memory ([`Summary::host_segments`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct HostMemory {
+    /// Segments listed.
+    pub segments: u64,
+    /// Bytes of pinned host memory they hold.
+    pub reserved_bytes: u64,
+    /// Bytes live in them, where recorded.
+    pub allocated_bytes: u64,
+}
+
 /// A whole trace's summary.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Summary {
@@ -56,6 +78,20 @@ pub struct Summary {
     /// that could not share blocks: a CUDA graph's private pool, another stream), not named by
     /// the entries (docs/pytorch-model.md#kineto-addresses).
     pub pools_inferred: bool,
+    /// The PyTorch release the recording shows, where it shows one (`null` otherwise): what
+    /// `info`'s "PyTorch release" line says (docs/pytorch-model.md#version-evidence).
+    pub pytorch_release: Option<Release>,
+    /// The pinned host allocator's segments at dump time (2.14+ `host_segments`), `null` where
+    /// the snapshot has none.
+    pub host_segments: Option<HostMemory>,
+    /// Entries of `host_traces` (2.14+), `null` where the snapshot has none.
+    pub host_trace_entries: Option<u64>,
+    /// `annotate` entries (labels on live allocations).
+    pub annotate_entries: u64,
+    /// Exact-address allocations (`internal_metadata` naming `mallocWithAddress`): prefix entries.
+    pub exact_address_entries: u64,
+    /// Entries carrying `user_metadata`.
+    pub user_metadata_entries: u64,
     /// True when the trace recorded its allocator settings (PyTorch ≈ 2.3+ snapshots).
     pub has_allocator_settings: bool,
     /// The recorded allocator settings, if any.
@@ -201,6 +237,16 @@ impl Summary {
             ),
             entry_private_pools: trace.entry_pools.as_ref().map(|p| p.len() as u64),
             pools_inferred: trace.pools_inferred(),
+            pytorch_release: None,
+            host_segments: trace.extras.host_segments.map(|h| HostMemory {
+                segments: h.count,
+                reserved_bytes: h.reserved,
+                allocated_bytes: h.allocated,
+            }),
+            host_trace_entries: trace.extras.host_trace_entries,
+            annotate_entries: trace.extras.annotate_entries,
+            exact_address_entries: trace.extras.malloc_with_address,
+            user_metadata_entries: trace.extras.user_metadata,
             private_pool_allocs: trace.entry_pools.as_ref().map(|_| {
                 let events = trace.devices.iter().flat_map(|d| &d.events);
                 events.filter(|e| e.action == Action::Alloc && e.pool.0 != 0).count() as u64
