@@ -80,7 +80,7 @@ fn kineto_negative_and_absurd_sizes() {
         "absurd.json",
         absurd.as_bytes(),
         "kineto",
-        "traceEvents[1] ([memory]): Bytes -2305843009213693952 is 2^60 or more",
+        "traceEvents[1] ([memory]): Bytes -2305843009213693952: a free of 2^60 bytes or more",
     );
     let fraction = KINETO_OK.replace("\"Bytes\": 512", "\"Bytes\": 1.5");
     reject("fraction.json", fraction.as_bytes(), "kineto", "'Bytes' is not an integer");

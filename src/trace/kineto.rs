@@ -604,8 +604,11 @@ impl RawEvent {
         let a = &self.args;
         let bytes = a.bytes.integer("Bytes")?;
         if bytes.unsigned_abs() >= limits::SIZE_LIMIT as u128 {
+            // A free is a negative count: its size is the magnitude.
+            let what = if bytes < 0 { "a free of" } else { "a request of" };
             return Err(format!(
-                "Bytes {bytes} is 2^60 or more, beyond what any allocator accepts (PyTorch rejects such requests)"
+                "Bytes {bytes}: {what} 2^60 bytes or more, beyond what any allocator accepts \
+                 (PyTorch rejects such requests)"
             ));
         }
         if bytes == 0 {
@@ -904,7 +907,7 @@ mod tests {
         let text = err.to_string();
         assert!(
             text.starts_with(
-                "line 3: traceEvents[1] ([memory]): Bytes 2305843009213693952 is 2^60 or more"
+                "line 3: traceEvents[1] ([memory]): Bytes 2305843009213693952: a request of 2^60 bytes or more"
             ),
             "{text}"
         );
