@@ -204,6 +204,7 @@ mod tests {
                 allocated_bytes: 4 << 20,
                 free_bytes: Some(2 << 20),
                 stack: vec!["train.py:12 step".into()],
+                before_first_event: false,
             }),
             ..Default::default()
         }];
