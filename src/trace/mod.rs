@@ -525,6 +525,12 @@ impl Trace {
     }
 }
 
+/// How [`Trace::default_device`] ranks a device with `events` events: most events, then a GPU
+/// before host memory, then the lowest number.
+pub(crate) fn device_rank(events: usize, device: i32) -> (usize, bool, i64) {
+    (events, device >= 0, -(device as i64))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -567,10 +573,4 @@ mod tests {
         }
         assert_eq!(Action::from_name("free"), None);
     }
-}
-
-/// How [`Trace::default_device`] ranks a device with `events` events: most events, then a GPU
-/// before host memory, then the lowest number.
-pub(crate) fn device_rank(events: usize, device: i32) -> (usize, bool, i64) {
-    (events, device >= 0, -(device as i64))
 }
