@@ -385,3 +385,16 @@ fn an_exported_run_of_a_warm_trace_with_a_fall_in_its_reserve_validates() {
     assert_eq!(v["segment_events_matched"], v["segment_events_recorded"], "{v}");
     assert_eq!(v["mismatches"], serde_json::json!([]), "{v}");
 }
+
+#[test]
+fn a_cold_trace_whose_first_request_made_its_segment_is_not_called_warm() {
+    // The profiler saw every request: the first one's 20 MiB segment is all its Total Reserved
+    // shows. The note says that request may have made it, not that the trace started warm.
+    let window = [Op::Malloc(0, 20 * MIB), Op::Malloc(1, 30 * MIB), Op::Free(0), Op::Free(1)];
+    let (text, start, peak) = scripted_kineto(&[], &window);
+    assert_eq!(start, 20 * MIB, "the first event's Total Reserved");
+    let (recorded, replayed, err) = replayed(&text);
+    assert_eq!((recorded, replayed), (peak, peak));
+    assert!(err.contains("may have made that segment (a cold start)"), "{err}");
+    assert!(!err.contains("starts warm"), "{err}");
+}

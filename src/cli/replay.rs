@@ -101,19 +101,8 @@ pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     };
     let mut answer = session.replay(&request, &settings)?;
     bar.finish();
-    // A run that ran out under its own limit (a memory fraction, bfc's memory_limit, the
-    // recorded limit) names its OOM's stack as one under --capacity does: the frames are read
-    // now, only where one is missing.
-    let stackless = |r: &fragsim::metrics::PolicyResult| {
-        r.first_oom.as_ref().is_some_and(|o| o.stack.is_empty() && !o.before_first_event)
-    };
-    if !frames && answer.results.iter().any(stackless) {
-        let with_frames = args.control.session(io, path, device, true)?;
-        for oom in answer.results.iter_mut().filter_map(|r| r.first_oom.as_mut()) {
-            if oom.stack.is_empty() && !oom.before_first_event {
-                oom.stack = with_frames.stack_of(oom.event);
-            }
-        }
+    if !frames {
+        name_stacks(&args, io, &mut answer)?;
     }
     if let Some(note) = answer.capacity.inferred_note() {
         if args.output_format() == OutputFormat::Table {
@@ -128,6 +117,24 @@ pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     }
     print(&args, &answer, io.out)?;
     Ok(0)
+}
+
+/// Names the stack of each OOM in `answer` that ran out under its own limit (a memory
+/// fraction, bfc's memory_limit, the recorded limit), as one under `--capacity` is named: the
+/// replay read no frames, so they are read now, only where an OOM needs them.
+fn name_stacks(args: &Args, io: &mut super::Io, answer: &mut ReplayAnswer) -> Result<()> {
+    let stackless = |o: &fragsim::metrics::OomDetail| o.stack.is_empty() && !o.before_first_event;
+    if !answer.results.iter().filter_map(|r| r.first_oom.as_ref()).any(stackless) {
+        return Ok(());
+    }
+    let (path, device) = (&args.source.trace, args.source.device);
+    let with_frames = args.control.session(io, path, device, true)?;
+    for oom in answer.results.iter_mut().filter_map(|r| r.first_oom.as_mut()) {
+        if stackless(oom) {
+            oom.stack = with_frames.stack_of(oom.event);
+        }
+    }
+    Ok(())
 }
 
 /// The replay `args` ask for, of `specs` under the `empty_cache` what-if.

@@ -68,7 +68,23 @@ fn warm_start(trace: &Trace, out: &mut Vec<String>) {
         let Some(k) = crate::recorded::kineto_start::start_state(trace, d.device) else {
             continue;
         };
-        if k.reserved_bytes > k.live_bytes {
+        // The first event's own request may have made the segment beyond the live bytes: a
+        // cold start whose Total Reserved, read after that event, looks warm.
+        let first = d.events.first().filter(|e| e.action == crate::trace::Action::Alloc);
+        let made = first.map_or(0, |e| e.size.div_ceil(2 << 20).max(1).saturating_mul(2 << 20));
+        if k.reserved_bytes > k.live_bytes && k.reserved_bytes - k.live_bytes <= made {
+            out.push(format!(
+                "note: device {}: this profiler trace's first event leaves {} reserved, {} live \
+                 before it: its first request ({}) may have made that segment (a cold start) or \
+                 found it cached; the pytorch replays start with the difference cached as free \
+                 segments whose sizes are assumed, which that request can take (each row's \
+                 start_assumed; docs/pytorch-model.md#kineto-warm-start)",
+                d.device,
+                format_bytes(k.reserved_bytes),
+                format_bytes(k.live_bytes),
+                format_bytes(first.map_or(0, |e| e.size))
+            ));
+        } else if k.reserved_bytes > k.live_bytes {
             out.push(format!(
                 "note: device {}: this profiler trace starts warm: {} reserved before its first \
                  event, {} of it live; the pytorch replays start with the rest cached as free \
