@@ -23,7 +23,7 @@
 
 use crate::blame::{self, GroupBy, Keys, Moment};
 use crate::error::{Error, Result};
-use crate::policy::pytorch::config::{split_version, Config, SMALL_SIZE};
+use crate::policy::pytorch::config::{shown_with_version, split_version, Config, SMALL_SIZE};
 use crate::policy::PolicySpec;
 use crate::replay::{run_spec, EmptyCachePlan, ReplayInput, ReplayOptions};
 use crate::trace::{Action, BlockState, PoolKind, Segment};
@@ -611,10 +611,7 @@ fn fixes(
         let mut variant = |why: &str, change: &dyn Fn(&mut Config)| {
             let mut c = base.clone();
             change(&mut c);
-            let settings = match asked {
-                Some(v) => format!("{},version={v}", c.to_conf_string()),
-                None => c.to_conf_string(),
-            };
+            let settings = shown_with_version(c.to_conf_string(), asked);
             // A change the allocator would refuse with the other settings (max_split_size_mb
             // below a large_segment_size_mb) is no fix to offer.
             if &c != base && Config::parse_shown(&settings).is_ok() {

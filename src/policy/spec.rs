@@ -78,7 +78,7 @@ impl PolicySpec {
                 continue;
             }
             any = true;
-            if let Some(named) = top_level_parts(&options)
+            if let Some(named) = crate::policy::pytorch::config::top_level_parts(&options)
                 .into_iter()
                 .find_map(|part| part.trim().strip_prefix("version=").map(str::to_string))
             {
@@ -114,25 +114,6 @@ impl PolicySpec {
             format!("{}:{}", self.name, self.options)
         }
     }
-}
-
-/// `options` split at its top-level commas (not those inside `[...]` or `{...}`).
-fn top_level_parts(options: &str) -> Vec<&str> {
-    let (mut depth, mut start) = (0i32, 0usize);
-    let mut parts = Vec::new();
-    for (i, c) in options.char_indices() {
-        match c {
-            '[' | '{' => depth += 1,
-            ']' | '}' => depth -= 1,
-            ',' if depth <= 0 => {
-                parts.push(&options[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    parts.push(&options[start..]);
-    parts
 }
 
 #[cfg(test)]

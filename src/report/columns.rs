@@ -444,22 +444,9 @@ pub(crate) fn labels(results: &[PolicyResult]) -> Vec<String> {
         .collect()
 }
 
-/// `config` split at commas outside `[...]`.
+/// `config` split at commas outside `[...]`, empty items left out.
 fn config_items(config: &str) -> Vec<&str> {
-    let mut items = Vec::new();
-    let (mut depth, mut start) = (0i32, 0);
-    for (i, c) in config.char_indices() {
-        match c {
-            '[' => depth += 1,
-            ']' => depth -= 1,
-            ',' if depth <= 0 => {
-                items.push(&config[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    items.push(&config[start..]);
+    let mut items = crate::policy::pytorch::config::top_level_parts(config);
     items.retain(|i| !i.is_empty());
     items
 }

@@ -71,7 +71,11 @@ fn warm_start(trace: &Trace, out: &mut Vec<String>) {
         // The first event's own request may have made the segment beyond the live bytes: a
         // cold start whose Total Reserved, read after that event, looks warm.
         let first = d.events.first().filter(|e| e.action == crate::trace::Action::Alloc);
-        let made = first.map_or(0, |e| e.size.div_ceil(2 << 20).max(1).saturating_mul(2 << 20));
+        // A small request makes a 2 MiB segment; a large one, its size in 2 MiB steps.
+        use crate::policy::pytorch::config::{ROUND_LARGE, SMALL_BUFFER};
+        let made = first.map_or(0, |e| {
+            e.size.div_ceil(ROUND_LARGE).saturating_mul(ROUND_LARGE).max(SMALL_BUFFER)
+        });
         if k.reserved_bytes > k.live_bytes && k.reserved_bytes - k.live_bytes <= made {
             out.push(format!(
                 "note: device {}: this profiler trace's first event leaves {} reserved, {} live \

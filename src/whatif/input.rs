@@ -592,7 +592,9 @@ pub(crate) fn config_mismatch(spec: &str, config: &str) -> Option<String> {
         Ok(split) => split,
         Err(e) => return relabelled(format!("names no release fragsim models ({})", e.message())),
     };
-    let asked_version = split_version(options).ok().and_then(|(_, v)| v);
+    // The spec's options read once: the release it asks for here, its other options below.
+    let spec_split = split_version(options);
+    let asked_version = spec_split.as_ref().ok().and_then(|(_, v)| *v);
     if shown_version != asked_version {
         let shown = |v: Option<_>| v.map_or("the recording's".to_string(), |v| format!("{v}"));
         return relabelled(format!(
@@ -634,7 +636,7 @@ pub(crate) fn config_mismatch(spec: &str, config: &str) -> Option<String> {
         }
         _ => {}
     }
-    let options = match split_version(options) {
+    let options = match spec_split {
         Ok((o, _)) => o,
         Err(e) => {
             return Some(format!(

@@ -304,12 +304,9 @@ impl ModelledVersion {
     }
 }
 
-/// Splits fragsim's own `version=X.Y` out of a `pytorch` policy's options (docs/interface.md,
-/// "PyTorch versions"): the rest of the options (empty: the recorded settings) and the version
-/// asked for, if any.
-pub fn split_version(options: &str) -> Result<(String, Option<Version>)> {
-    let mut rest = Vec::new();
-    let mut asked = None;
+/// `options` split at its top-level commas, not those inside a `[...]` list (a divisions list
+/// `[256:1,>:8]` is one option): how specs and shown configurations are read item by item.
+pub(crate) fn top_level_parts(options: &str) -> Vec<&str> {
     let (mut depth, mut start) = (0i32, 0usize);
     let mut parts = Vec::new();
     for (i, c) in options.char_indices() {
@@ -324,7 +321,25 @@ pub fn split_version(options: &str) -> Result<(String, Option<Version>)> {
         }
     }
     parts.push(&options[start..]);
-    for part in parts {
+    parts
+}
+
+/// A shown configuration: the allocator `settings`, with the release a spec asked for
+/// (`version=X.Y`) after them, so that runs of several releases are told apart.
+pub(crate) fn shown_with_version(settings: String, asked: Option<Version>) -> String {
+    match asked {
+        Some(v) => format!("{settings},version={v}"),
+        None => settings,
+    }
+}
+
+/// Splits fragsim's own `version=X.Y` out of a `pytorch` policy's options (docs/interface.md,
+/// "PyTorch versions"): the rest of the options (empty: the recorded settings) and the version
+/// asked for, if any.
+pub fn split_version(options: &str) -> Result<(String, Option<Version>)> {
+    let mut rest = Vec::new();
+    let mut asked = None;
+    for part in top_level_parts(options) {
         match part.trim().strip_prefix("version=") {
             Some(v) => {
                 if asked.is_some() {

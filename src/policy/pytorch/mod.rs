@@ -1632,10 +1632,7 @@ fn at_least_recorded_gpu_memory(mut config: Config, context: &PolicyContext) -> 
 
 impl<const DEFAULT_RULES: bool> Policy for PyTorch<DEFAULT_RULES> {
     fn config(&self) -> String {
-        match self.shown_version {
-            Some(v) => format!("{},version={v}", self.config.to_conf_string()),
-            None => self.config.to_conf_string(),
-        }
+        config::shown_with_version(self.config.to_conf_string(), self.shown_version)
     }
 
     /// Its own effective settings (not the input's: a `pytorch-expandable` what-if says
