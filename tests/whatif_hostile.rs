@@ -333,6 +333,57 @@ fn run_on_a_fifo(args: &[&str]) -> std::process::Output {
     child.wait_with_output().unwrap()
 }
 
+/// Runs fragsim with `args` (`{fifo}` as in [`run_on_a_fifo`]) and its standard input open on
+/// that FIFO, which a writer has filled with a short trace and left before fragsim starts (as in
+/// `cat t > f & fragsim replay f < f`): the data is in the pipe, and only the descriptor already
+/// open reaches it; opening the FIFO again by its name waits for a writer that never comes.
+#[cfg(unix)]
+fn run_with_a_fifo_as_stdin(args: &[&str]) -> std::process::Output {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("t.fifo");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let whole = std::fs::read_to_string(bundled("gpt-4l-512h.txt")).unwrap();
+    // Well under a pipe's 64 KiB, so the writer finishes without a reader draining it.
+    let short: String = whole.lines().take(600).map(|l| format!("{l}\n")).collect();
+    assert!(short.len() < 60_000);
+    let writer = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::write(fifo, short))
+    };
+    let reader = std::fs::File::open(&fifo).unwrap();
+    writer.join().unwrap().unwrap();
+    let f = fifo.to_str().unwrap();
+    let args: Vec<&str> = args.iter().map(|a| if *a == "{fifo}" { f } else { a }).collect();
+    let mut child = fragsim()
+        .args(&args)
+        .stdin(reader)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("{args:?} hangs on a FIFO that is its standard input");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[cfg(unix)]
+#[test]
+fn a_fifo_that_is_standard_input_is_read_through_it() {
+    let o = run_with_a_fifo_as_stdin(&["replay", "{fifo}", "-p", "bfc", "--csv"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).lines().any(|l| l.starts_with("bfc,")), "{}", stdout(&o));
+    let o = run_with_a_fifo_as_stdin(&["sweep", "{fifo}", "/dev/stdin", "-p", "bfc", "--csv"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("is named twice; it is read once"), "{}", stderr(&o));
+    assert!(stdout(&o).contains(",bfc,"), "{}", stdout(&o));
+}
+
 #[cfg(unix)]
 #[test]
 fn a_fifo_named_twice_is_read_once() {

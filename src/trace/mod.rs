@@ -30,6 +30,7 @@ mod read;
 
 pub use frames::{is_torch_npu_file, Frame, FrameTable, FramesId};
 pub use lifetimes::{AddrHasher, AddrMap, LiveBlock};
+pub(crate) use read::open_input;
 pub use read::{
     read_bytes, read_memory, read_trace, write_to, write_trace, write_trace_cancellable,
     write_trace_into, Format, FormatInfo, ReadOptions, FORMATS, MAX_DECOMPRESSED_BYTES,

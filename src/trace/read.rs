@@ -237,6 +237,28 @@ fn directory_error(path: &Path) -> Error {
     Error::usage(format!("is a directory, not a trace: {listing}")).in_file(path)
 }
 
+/// Opens an input file. A FIFO that is also this process's standard input (`f < f`, or
+/// `/dev/stdin` naming a FIFO) is read through the descriptor already open: the writer may have
+/// filled the pipe and gone, and opening the FIFO again by its name would wait for another
+/// writer forever.
+pub(crate) fn open_input(path: &Path) -> std::io::Result<std::fs::File> {
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsFd;
+        use std::os::unix::fs::FileTypeExt;
+        let fifo = std::fs::metadata(path).ok().filter(|m| m.file_type().is_fifo());
+        let stdin = std::io::stdin();
+        let held = stdin.as_fd().try_clone_to_owned().ok().map(std::fs::File::from);
+        if let (Some(named), Some(held)) = (fifo, held) {
+            let same = held.metadata().ok().and_then(|m| crate::report::output::identity(&m));
+            if same.is_some() && same == crate::report::output::identity(&named) {
+                return Ok(held);
+            }
+        }
+    }
+    std::fs::File::open(path)
+}
+
 /// [`read_path`]; `whole_pickle` reads a snapshot pickle whole instead of streamed, for the
 /// files whose stream refers back to what streaming discarded.
 fn read_path_as(path: &Path, options: &ReadOptions, whole_pickle: bool) -> Result<Trace> {
@@ -244,7 +266,7 @@ fn read_path_as(path: &Path, options: &ReadOptions, whole_pickle: bool) -> Resul
     if path.is_dir() {
         return Err(directory_error(path));
     }
-    let file = std::fs::File::open(path).map_err(|e| Error::reading(path, e))?;
+    let file = open_input(path).map_err(|e| Error::reading(path, e))?;
     let length = file.metadata().ok().filter(|m| m.is_file()).map(|m| m.len());
     if let Some(len) = length.filter(|&len| len > cap) {
         return Err(too_big(len, cap).in_file(path));

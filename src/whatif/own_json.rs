@@ -31,7 +31,7 @@ pub fn read(path: &Path, what: &str, max_input_bytes: Option<u64>) -> Result<Vec
         .in_file(path)
         .at(crate::error::Place::Byte(cap))
     };
-    let file = std::fs::File::open(path).map_err(cannot)?;
+    let file = crate::trace::open_input(path).map_err(cannot)?;
     if file.metadata().is_ok_and(|m| m.is_dir()) {
         return Err(Error::input(format!("cannot read the {what}: it is a folder")).in_file(path));
     }
