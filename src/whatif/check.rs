@@ -705,6 +705,11 @@ mod tests {
             ("{\"results\": [{\"policy\": \"bfc\"}]}", "results[0] names no trace"),
             ("{\"format\": \"fragsim-baseline\", \"version\": 9, \"rows\": []}", "version 9"),
             ("{\"x\": 1}", "expected a baseline"),
+            (
+                "{\"rows\": [],\n \"rows\": [1]}",
+                "not JSON: an object names the key 'rows' twice (line 2, column 7)",
+            ),
+            ("[{\"a\": {\"b\": 1, \"b\": 1}}]", "names the key 'b' twice"),
         ] {
             let e = Baseline::parse(text, path()).unwrap_err().to_string();
             assert!(e.starts_with("base.json: ") && e.contains(want), "{text}: {e}");

@@ -261,18 +261,92 @@ fn path_or_top(path: &str) -> &str {
 }
 
 /// Parses JSON text, naming the line and column of a syntax error.
+/// An object that names a key twice is refused: which of the two a reader keeps is up to the reader,
+/// and a baseline or a part must not mean one thing to fragsim and another to the tool that made it.
 pub(crate) fn parse_json(data: &[u8], file: &Path, hint: &str) -> Result<Value> {
-    serde_json::from_slice(data).map_err(|e| {
-        if data.iter().all(u8::is_ascii_whitespace) {
-            return Error::input(format!("the file is empty, not JSON; {hint}")).in_file(file);
+    let mut reader = serde_json::Deserializer::from_slice(data);
+    serde::de::DeserializeSeed::deserialize(KeysOnce, &mut reader)
+        .and_then(|v| reader.end().map(|()| v))
+        .map_err(|e| {
+            if data.iter().all(u8::is_ascii_whitespace) {
+                return Error::input(format!("the file is empty, not JSON; {hint}")).in_file(file);
+            }
+            let (line, column) = (e.line(), e.column());
+            Error::input(format!(
+                "not JSON: {} (line {line}, column {column}); {hint}",
+                json_reason(&e)
+            ))
+            .in_file(file)
+        })
+}
+
+/// Reads a JSON value as `serde_json::Value` does, refusing an object that names a key twice
+/// (serde_json's own keeps the last).
+struct KeysOnce;
+
+impl<'de> serde::de::DeserializeSeed<'de> for KeysOnce {
+    type Value = Value;
+    fn deserialize<D: serde::Deserializer<'de>>(
+        self,
+        d: D,
+    ) -> std::result::Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for KeysOnce {
+    type Value = Value;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> std::result::Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> std::result::Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> std::result::Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E>(self, v: f64) -> std::result::Result<Value, E> {
+        Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
+    }
+    fn visit_str<E>(self, v: &str) -> std::result::Result<Value, E> {
+        Ok(Value::String(v.to_string()))
+    }
+    fn visit_string<E>(self, v: String) -> std::result::Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> std::result::Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> std::result::Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(v) = seq.next_element_seed(KeysOnce)? {
+            items.push(v);
         }
-        let (line, column) = (e.line(), e.column());
-        Error::input(format!(
-            "not JSON: {} (line {line}, column {column}); {hint}",
-            json_reason(&e)
-        ))
-        .in_file(file)
-    })
+        Ok(Value::Array(items))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> std::result::Result<Value, A::Error> {
+        let mut object = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if object.contains_key(&key) {
+                return Err(serde::de::Error::custom(format!(
+                    "an object names the key {} twice",
+                    quoted(&key)
+                )));
+            }
+            let value = map.next_value_seed(KeysOnce)?;
+            object.insert(key, value);
+        }
+        Ok(Value::Object(object))
+    }
 }
 
 /// What is wrong with JSON text, in fragsim's words, for serde_json's error `e` (its own text,
