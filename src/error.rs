@@ -294,7 +294,7 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let loc = &self.location;
         if let Some(file) = &loc.file {
-            write!(f, "{}: ", file.display())?;
+            write!(f, "{}: ", printable(&file.display().to_string()))?;
         }
         if let Some(format) = loc.format {
             write!(f, "{format}: ")?;
@@ -409,6 +409,9 @@ mod tests {
         assert_eq!(e.to_string(), "a.pickle: pytorch-snapshot: byte 42: truncated pickle");
         assert_eq!(e.kind().exit_code(), 2);
         assert_eq!(Error::backend("no driver").kind().exit_code(), 3);
+        // A file's name is shown as text: a newline or an ESC in it cannot forge a line.
+        let e = Error::input("x").in_file(Path::new("a\nfragsim: ok\u{1b}[2J.pickle"));
+        assert_eq!(e.to_string(), "a\\nfragsim: ok\\x1b[2J.pickle: x");
     }
 
     #[test]

@@ -1048,11 +1048,22 @@ fn hostile_names_are_escaped_in_tables_and_csv_and_every_svg_and_html_is_well_fo
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
     assert_printable("summary.md", &summary);
     assert!(summary.contains("\\x1b]]>\\x07z.pickle"), "{summary}");
+    let title = summary.lines().next().unwrap();
+    assert!(title.contains("a\\<b\\>\\&") && !title.contains("<b>"), "{title}");
     let peaks = std::fs::read_to_string(out.join("peaks.svg")).unwrap();
     assert!(peaks.contains("\\x1b]]&gt;\\x07z.pickle"), "{peaks}");
     let o = run(&["info", a]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_printable("info", &stdout(&o));
+    // Notes and errors name the file as text too.
+    let o = run(&["sweep", a, a, "-p", "bfc"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("\\x1b]]>\\x07z.pickle is named twice"), "{}", stderr(&o));
+    assert_printable("sweep's notes", &stderr(&o));
+    let o = run(&["replay", a, "--max-input-size", "1KiB"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("\\x1b]]>\\x07z.pickle: "), "{}", stderr(&o));
+    assert_printable("an error naming the file", &stderr(&o));
 }
 
 /// A recorded `PYTORCH_CUDA_ALLOC_CONF` the `pytorch` policy cannot read is refused in every

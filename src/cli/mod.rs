@@ -217,7 +217,10 @@ impl<'a> Io<'a> {
     /// A note for the user on `err` (`fragsim: {text}`); a note that cannot be written is lost,
     /// as an `eprintln!` to a closed stderr would be.
     pub(crate) fn note(&mut self, text: &str) {
-        let _ = writeln!(self.err, "fragsim: {text}");
+        // A path or a name in a note is shown as text, line by line: it cannot forge a line or
+        // send the terminal an escape.
+        let lines: Vec<_> = text.split('\n').map(fragsim::error::printable).collect();
+        let _ = writeln!(self.err, "fragsim: {}", lines.join("\n"));
     }
 
     /// The global `--max-input-size`, if given (else the library's default and its environment

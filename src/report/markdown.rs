@@ -7,11 +7,30 @@ use crate::error::{Error, Result};
 use crate::trace::sites::printable;
 use std::io::Write;
 
-/// Escapes text for a Markdown table cell or heading: control characters written out
-/// ([`printable`]; a name from the trace must not put an ESC in the file), then Markdown's own
-/// backslash and bar escaped.
+/// Escapes text for a Markdown table cell: control characters written out ([`printable`]; a name
+/// from the trace must not put an ESC in the file), then the characters that would end the cell
+/// or start HTML (`\\`, `|`, `<`, `>`, `&`) backslash-escaped.
 fn cell(s: &str) -> String {
-    printable(s).replace('\\', "\\\\").replace('|', "\\|")
+    escaped(s, |c| matches!(c, '\\' | '|' | '<' | '>' | '&'))
+}
+
+/// Escapes text for a Markdown heading: as [`cell`], and every other character Markdown reads as
+/// markup too (CommonMark lets a backslash escape any ASCII punctuation), so a trace named
+/// `*x* #1.pickle` is a heading that shows that name.
+fn heading(s: &str) -> String {
+    escaped(s, |c| "\\`*_[]<>&#|!~(){}\"".contains(c))
+}
+
+/// `s` with control characters written out and a backslash before each character `markup` names.
+fn escaped(s: &str, markup: impl Fn(char) -> bool) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in printable(s).chars() {
+        if markup(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// Text for a Markdown code span: control characters written out ([`printable`]; a span has no
@@ -26,7 +45,7 @@ pub(crate) fn write_summary(data: &ReportData, out: &mut impl Write) -> Result<(
     let io = |e: std::io::Error| Error::writing("Markdown", e);
     let t = &data.trace;
     let mut s = String::new();
-    s += &format!("# fragsim report: {}\n\n", cell(&t.file_name()));
+    s += &format!("# fragsim report: {}\n\n", heading(&t.file_name()));
     s += &format!(
         "Trace `{}` ({}), device {}, {} events, time span {}. fragsim {}.\n\n",
         // The file's name only: the path given may be this machine's absolute one.
@@ -68,4 +87,17 @@ pub(crate) fn write_summary(data: &ReportData, out: &mut impl Write) -> Result<(
         s += &format!("- `{}`: skipped ({})\n", code(&skip.label), code(&skip.reason));
     }
     out.write_all(s.as_bytes()).map_err(io)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_from_a_trace_are_text_in_cells_and_headings() {
+        assert_eq!(cell("a|b\\c<img>&x"), "a\\|b\\\\c\\<img\\>\\&x");
+        assert_eq!(cell("max_split_size_mb:128"), "max_split_size_mb:128");
+        assert_eq!(heading("*x* #1 [a](b).pickle"), "\\*x\\* \\#1 \\[a\\]\\(b\\).pickle");
+        assert_eq!(heading("esc\u{1b}"), "esc\\\\x1b");
+    }
 }

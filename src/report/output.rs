@@ -325,7 +325,10 @@ pub fn distinct_inputs(paths: &[PathBuf], mut note: impl FnMut(&str)) -> Vec<Pat
         if seen.insert(key) {
             out.push(p.clone());
         } else {
-            note(&format!("note: {} is named twice; it is read once", p.display()));
+            note(&format!(
+                "note: {} is named twice; it is read once",
+                crate::error::printable(&p.display().to_string())
+            ));
         }
     }
     out
