@@ -220,6 +220,8 @@ def _on(trace: Any, device: Optional[int] = None, max_input_size: Optional[Size]
     once = False
     if isinstance(trace, Trace):
         native, name = trace._native, trace.name
+        if max_input_size is None:
+            max_input_size = trace.max_input_size
     elif isinstance(trace, (str, os.PathLike)):
         name = os.fspath(trace)
         native, once = _native.Loaded(name), True
@@ -869,14 +871,17 @@ class Trace:
     loaded trace, and returns what the function of the same name returns.
 
     ``name`` is what results call it (the path, or ``<dict>``/``<bytes>``/``<file>``);
-    ``device`` the device its methods replay unless told otherwise.
+    ``device`` the device its methods replay unless told otherwise; ``max_input_size`` the most
+    bytes it may hold when it is read (``None``: the default, 4 GiB).
     """
 
-    def __init__(self, native: Any, name: str, kind: str, device: Optional[int]) -> None:
+    def __init__(self, native: Any, name: str, kind: str, device: Optional[int],
+                 max_input_size: Optional[Size] = None) -> None:
         self._native = native
         self.name = name
         self.kind = kind
         self.device = device
+        self.max_input_size = max_input_size
         self._info: Optional[Result] = None
 
     def __repr__(self) -> str:
@@ -1097,18 +1102,25 @@ class Trace:
 
 
 @_suggesting
-def load(trace: TraceLike, *, device: Optional[int] = None) -> Trace:
+def load(trace: TraceLike, *, device: Optional[int] = None,
+         max_input_size: Optional[Size] = None) -> Trace:
     """Loads a trace once for several questions: a path, ``bytes``, a binary file object, or
     the dict ``torch.cuda.memory._snapshot()`` returns. Nothing is read until the first
     question; each later one reuses what the first read (a snapshot dict is converted once).
 
     :param device: the device every method replays unless told otherwise.
+    :param max_input_size: the most bytes the trace may hold (default 4 GiB; ``"8GiB"`` or an
+        int), for every question asked of it.
     """
+    _size("max_input_size", max_input_size)
     if isinstance(trace, Trace):
-        return trace if device is None else Trace(trace._native, trace.name, trace.kind, device)
+        if device is None and max_input_size is None:
+            return trace
+        return Trace(trace._native, trace.name, trace.kind, trace._device(device),
+                     trace.max_input_size if max_input_size is None else max_input_size)
     if isinstance(trace, (str, os.PathLike)):
         path = os.fspath(trace)
-        return Trace(_native.Loaded(path), path, "path", device)
+        return Trace(_native.Loaded(path), path, "path", device, max_input_size)
     kind, held = _held(trace)
-    return Trace(_native.Loaded(held), f"<{kind}>", kind, device)
+    return Trace(_native.Loaded(held), f"<{kind}>", kind, device, max_input_size)
 

@@ -136,6 +136,23 @@ def test_the_device_of_load_is_every_method_s_default():
         fragsim.load(str(SNAPSHOTS[0]), device=7).replay()
 
 
+def test_the_input_limit_of_load_binds_its_first_read():
+    t = fragsim.load(str(TEXT_TRACE), max_input_size="1KiB")
+    assert t.max_input_size == "1KiB"
+    with pytest.raises(fragsim.TraceError) as e:
+        t.replay(policies=["bfc"])
+    assert "input limit of 1024" in str(e.value)
+    with pytest.raises(fragsim.TraceError):
+        fragsim.info(t)
+    big = fragsim.load(str(TEXT_TRACE), max_input_size=1 << 20)
+    assert big.replay(policies=["bfc"])["results"][0]["policy"] == "bfc"
+    assert fragsim.load(big, device=0).max_input_size == big.max_input_size
+    with pytest.raises(fragsim.UsageError, match="max_input_size"):
+        fragsim.load(str(TEXT_TRACE), max_input_size=[1])
+    with pytest.raises(fragsim.UsageError, match="max_input_size"):
+        fragsim.load(str(TEXT_TRACE), max_input_size="lots").replay()
+
+
 def _callables():
     t = fragsim.load(str(TEXT_TRACE))
     for name in ("info", "replay", "validate", "fit", "sweep", "merge", "check", "blame",
