@@ -463,3 +463,30 @@ fn diff_csv_lists_the_site_deltas_and_the_moved_blocks() {
     let delta: i64 = rows.iter().map(|r| r[3].parse::<i64>().unwrap()).sum();
     assert_eq!(delta, d["delta"]["peak_live_bytes"].as_i64().unwrap(), "rows add up as the JSON's");
 }
+
+/// `--flamegraph` draws the run the user asked about: with no `-p`, the first run (the recorded
+/// one, where the snapshot records its layout); with `-p bfc` or `--pytorch-version`, that
+/// policy's replay, whose peak and live bytes the graph's title and root then show.
+#[test]
+fn the_flame_graph_draws_the_policy_asked_for() {
+    let t = real_trace("cs336-lm-step-c.pickle");
+    let t = t.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let drawn = |args: &[&str]| {
+        let svg = dir.path().join("f.svg");
+        let mut all = vec!["blame", t, "-q", "--flamegraph", svg.to_str().unwrap()];
+        all.extend(args);
+        let o = run(&all);
+        assert!(o.status.success(), "{all:?}: {}", stderr(&o));
+        let text = std::fs::read_to_string(&svg).unwrap();
+        let at = text.find("live bytes at ").unwrap_or_else(|| panic!("no title: {text}"));
+        text[at..].split(':').next().unwrap().to_string()
+    };
+    let bfc = json_of(&["blame", t, "-p", "bfc", "--json"]);
+    let results = bfc["results"].as_array().unwrap();
+    assert_eq!(results[0]["policy"], "recorded", "the recorded run comes first");
+    let event = &results[1]["moment"]["event"];
+    assert_eq!(drawn(&["-p", "bfc"]), format!("live bytes at peak (event {event}), bfc"));
+    assert!(drawn(&[]).ends_with(", recorded"));
+    assert!(drawn(&["--pytorch-version", "2.15"]).ends_with(", pytorch"));
+}

@@ -102,7 +102,8 @@ pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     if let Some(out) = &args.flamegraph {
         // Drawn whole before the file is touched: a graph that cannot be drawn leaves an
         // existing file as it was.
-        if let Some(svg) = session.flame_graph(&report)? {
+        let named = !args.source.policies.is_empty() || args.source.version.given();
+        if let Some(svg) = session.flame_graph(&report, named)? {
             fragsim::report::output::write_output(out, "--flamegraph", |w| {
                 w.write_all(svg.as_bytes()).map_err(|e| Error::writing("the flame graph", e))
             })?;

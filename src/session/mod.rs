@@ -387,9 +387,16 @@ impl Session {
         })
     }
 
-    /// The live bytes of `blame`'s first run by full stack as a flame graph (SVG), titled.
-    pub fn flame_graph(&self, report: &BlameReport) -> Result<Option<String>> {
-        let Some(first) = report.results.first() else { return Ok(None) };
+    /// The live bytes of one of `blame`'s runs by full stack as a flame graph (SVG), titled: the
+    /// first run, or with `replayed` the first policy's replay (the recorded run, which comes
+    /// first, is drawn only where it is the one run: a user who named policies asked about them).
+    pub fn flame_graph(&self, report: &BlameReport, replayed: bool) -> Result<Option<String>> {
+        let is_recorded = |r: &&blame::Attribution| r.policy == crate::recorded::POLICY_NAME;
+        let drawn = match replayed {
+            true => report.results.iter().find(|r| !is_recorded(r)),
+            false => None,
+        };
+        let Some(first) = drawn.or(report.results.first()) else { return Ok(None) };
         let title = format!(
             "live bytes at {} (event {}), {}: {}",
             first.moment.kind,
