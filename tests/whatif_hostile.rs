@@ -310,7 +310,7 @@ fn run_on_a_fifo(args: &[&str]) -> std::process::Output {
     assert!(made.success());
     let f = fifo.to_str().unwrap();
     let args: Vec<&str> = args.iter().map(|a| if *a == "{fifo}" { f } else { a }).collect();
-    let mut child = fragsim()
+    let child = fragsim()
         .args(&args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -321,15 +321,22 @@ fn run_on_a_fifo(args: &[&str]) -> std::process::Output {
         let fifo = fifo.clone();
         std::thread::spawn(move || std::fs::write(fifo, text))
     };
+    let o = finish_within_a_minute(child, &format!("{args:?} on a FIFO written once"));
+    writer.join().unwrap().unwrap();
+    o
+}
+
+/// Waits for `child`'s output, killing it and failing the test (`what` hangs) after a minute.
+#[cfg(unix)]
+fn finish_within_a_minute(mut child: std::process::Child, what: &str) -> std::process::Output {
     let deadline = Instant::now() + Duration::from_secs(60);
     while child.try_wait().unwrap().is_none() {
         if Instant::now() > deadline {
             child.kill().unwrap();
-            panic!("{args:?} hangs on a FIFO written once");
+            panic!("{what} hangs");
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    writer.join().unwrap().unwrap();
     child.wait_with_output().unwrap()
 }
 
@@ -354,22 +361,14 @@ fn run_with_a_fifo_as_stdin(args: &[&str]) -> std::process::Output {
     writer.join().unwrap().unwrap();
     let f = fifo.to_str().unwrap();
     let args: Vec<&str> = args.iter().map(|a| if *a == "{fifo}" { f } else { a }).collect();
-    let mut child = fragsim()
+    let child = fragsim()
         .args(&args)
         .stdin(reader)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            child.kill().unwrap();
-            panic!("{args:?} hangs on a FIFO that is its standard input");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child.wait_with_output().unwrap()
+    finish_within_a_minute(child, &format!("{args:?} on a FIFO that is its standard input"))
 }
 
 #[cfg(unix)]
