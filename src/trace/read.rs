@@ -245,13 +245,14 @@ pub(crate) fn open_input(path: &Path) -> std::io::Result<std::fs::File> {
     #[cfg(unix)]
     {
         use std::os::fd::AsFd;
-        use std::os::unix::fs::FileTypeExt;
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
         let fifo = std::fs::metadata(path).ok().filter(|m| m.file_type().is_fifo());
         let stdin = std::io::stdin();
         let held = stdin.as_fd().try_clone_to_owned().ok().map(std::fs::File::from);
         if let (Some(named), Some(held)) = (fifo, held) {
-            let same = held.metadata().ok().and_then(|m| crate::report::output::identity(&m));
-            if same.is_some() && same == crate::report::output::identity(&named) {
+            let same =
+                held.metadata().is_ok_and(|m| (m.dev(), m.ino()) == (named.dev(), named.ino()));
+            if same {
                 return Ok(held);
             }
         }
