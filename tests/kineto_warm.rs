@@ -194,6 +194,8 @@ enum Op {
     Malloc(usize, u64),
     /// A request made into private pool `(1, n)` (a CUDA graph's, under capture).
     MallocIn(usize, u64, u64),
+    /// A request on another stream (of the default pools).
+    MallocOn(usize, u64, u64),
     Free(usize),
     EmptyCache,
 }
@@ -218,6 +220,11 @@ fn scripted_kineto(warm_up: &[Op], window: &[Op]) -> (String, u64, u64) {
                 policy.allocate_into(Some((1, pool))).unwrap();
                 let a = policy.malloc(&mut device, size, 0).unwrap().expect("unlimited");
                 policy.allocate_into(None).unwrap();
+                blocks.insert(id, (a.addr, a.block_size));
+                Some((a.addr, a.block_size as i64))
+            }
+            Op::MallocOn(id, size, stream) => {
+                let a = policy.malloc(&mut device, size, stream).unwrap().expect("unlimited");
                 blocks.insert(id, (a.addr, a.block_size));
                 Some((a.addr, a.block_size as i64))
             }
@@ -397,4 +404,46 @@ fn a_cold_trace_whose_first_request_made_its_segment_is_not_called_warm() {
     assert_eq!((recorded, replayed), (peak, peak));
     assert!(err.contains("may have made that segment (a cold start)"), "{err}");
     assert!(!err.contains("starts warm"), "{err}");
+}
+
+#[test]
+fn a_pool_inferred_from_the_addresses_is_released_by_a_flush_as_a_stream_s() {
+    // A 100 MiB request on stream 1 grows the reserve beside stream 0's free 100 MiB block: the
+    // reader infers a pool of its own (a graph's or another stream's; here a stream's). Both
+    // blocks are then free and `empty_cache()` releases both segments (the reserve falls to
+    // 420 MiB at the next request, 2 MiB in a 20 MiB segment); a 180 MiB request then grows it
+    // back to where it was. Replayed as a private pool whose graph lives, the stream's free
+    // segment was kept and the replay reserved 100 MiB more.
+    let window = [
+        Op::Malloc(0, 100 * MIB),
+        Op::Free(0),
+        Op::MallocOn(1, 100 * MIB, 1),
+        Op::Free(1),
+        Op::EmptyCache,
+        Op::Malloc(2, 2 * MIB),
+        Op::Malloc(3, 180 * MIB),
+        Op::Free(2),
+        Op::Free(3),
+    ];
+    let (text, start, peak) = scripted_kineto(&weights(), &window);
+    assert_eq!((start, peak), (500 * MIB, 600 * MIB));
+    let (_dir, path) = temp_file("stream.json", text.as_bytes());
+    let p = path.to_str().unwrap();
+    let info = stdout(&run(&["info", p]));
+    assert!(info.contains("pools inferred from recorded addresses: 1 apart"), "{info}");
+    let (recorded, replayed, _) = replayed(&text);
+    assert_eq!((recorded, replayed), (peak, peak));
+    // Without the recorded call (the 2 MiB request then splits stream 0's cached block, and
+    // the recording peaks at 780 MiB), a call added after the stream's free (event 3) releases
+    // both segments too.
+    let without: Vec<Op> =
+        window.iter().copied().filter(|o| !matches!(o, Op::EmptyCache)).collect();
+    let (text, _, _) = scripted_kineto(&weights(), &without);
+    let (_dir, path) = temp_file("stream.json", text.as_bytes());
+    let p = path.to_str().unwrap();
+    let o = run(&["replay", p, "-p", "pytorch", "--empty-cache-at", "3", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let row = v["results"].as_array().unwrap().iter().find(|r| r["policy"] == "pytorch").unwrap();
+    assert_eq!(row["peak_reserved_bytes"], 600 * MIB, "{row}");
 }

@@ -329,10 +329,10 @@ fn recording(seed: u64, run: Run) -> fragsim::trace::Trace {
 /// cudaMallocs and releases.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Truth {
-    /// The retries (`num_alloc_retries`) a recording shows: the malloc's fallback released
-    /// memory. (A fallback with nothing cached to release records only the `oom`, which reads
-    /// as a failure during a graph capture: no retry.)
-    shown_retries: u64,
+    /// The retries (`num_alloc_retries`) the recorded allocator made. A fallback that found
+    /// nothing cached to release records only its `oom`, which shows no graph capture (the
+    /// cache held nothing to release): a replay reads it as the fallback it was, one retry.
+    retries: u64,
     /// Segments released (`segment_free`).
     releases: u64,
     mallocs: u64,
@@ -341,6 +341,11 @@ struct Truth {
     /// device had left then, so without the call its malloc would have failed, released the
     /// same segments and retried. The releases carry no stack that tells.
     ambiguous: u64,
+    /// Mallocs into the graph's pool that failed with nothing cached to release, where no
+    /// recording shows the capture: the entry names no pool and the default pools could not
+    /// have served it (so nothing routes it to the graph's pool). A replay reads each as a
+    /// plain failure, whose fallback released nothing and retried once.
+    unshown_captures: u64,
 }
 
 /// [`recording`] and the recorded allocator's own counts.
@@ -408,7 +413,8 @@ fn recording_with_truth(seed: u64, run: Run) -> (fragsim::trace::Trace, Truth) {
     // Before a call: reserved bytes, and whether the next request would have hit the cache.
     let mut before_call: Option<(u64, bool, bool)> = None;
     let mut ambiguous = 0;
-    let mut shown_retries = 0;
+    let mut retries = 0;
+    let mut unshown_captures = 0;
     let steps = workload(seed, 700);
     for (k, step) in steps.iter().cloned().enumerate() {
         let called = before_call.take();
@@ -471,16 +477,17 @@ fn recording_with_truth(seed: u64, run: Run) -> (fragsim::trace::Trace, Truth) {
             Step::Alloc { id, size, stream } => {
                 let in_mem_pool = run.mem_pool && (k / 50) % 4 == 2 && stream == 1;
                 let pool = if capture && stream == 0 { 1 } else { 2 * u16::from(in_mem_pool) };
+                // Whether the default pools could serve it, as a replay asks of a failed
+                // request that names no pool.
+                p.allocate_into(None).unwrap();
+                let unroutable = pool == 1 && !run.names_pools && !p.would_hit_cache(size, stream);
                 p.allocate_into(POOLS[pool as usize]).unwrap();
                 let calls_before = d.calls().len();
                 let retries_before = p.alloc_retries();
                 let got = p.malloc(&mut d, size, stream).unwrap();
-                let released = d.calls()[calls_before..].iter().any(|c| {
-                    matches!(c, BackendCall::SegmentFree { .. } | BackendCall::Unmap { .. })
-                });
-                if released {
-                    shown_retries += p.alloc_retries() - retries_before;
-                }
+                retries += p.alloc_retries() - retries_before;
+                let unshown = got.is_none() && unroutable && !releasable(&p);
+                unshown_captures += u64::from(unshown);
                 if let (Some((reserved, hit, told)), Some(cap)) = (called, run.capacity) {
                     let new: u64 = d.calls()[calls_before..]
                         .iter()
@@ -542,7 +549,7 @@ fn recording_with_truth(seed: u64, run: Run) -> (fragsim::trace::Trace, Truth) {
     let mallocs = d.segment_sizes().len() as u64;
     let releases =
         d.calls().iter().filter(|c| matches!(c, BackendCall::SegmentFree { .. })).count() as u64;
-    let truth = Truth { shown_retries, releases, mallocs, ambiguous };
+    let truth = Truth { retries, releases, mallocs, ambiguous, unshown_captures };
     let trace = Trace {
         format: Format::PytorchSnapshot,
         devices: vec![DeviceTrace {
@@ -559,6 +566,24 @@ fn recording_with_truth(seed: u64, run: Run) -> (fragsim::trace::Trace, Truth) {
         ..Trace::default()
     };
     (trace, truth)
+}
+
+/// Whether `release_cached_blocks` would return anything of `p`'s cache now: a whole free
+/// cudaMalloc segment, or a whole free page of an expandable segment, of the default pools.
+fn releasable(p: &fragsim::policy::pytorch::PyTorch) -> bool {
+    use fragsim::policy::Policy;
+    use fragsim::trace::{BlockState, PoolKind};
+    p.segments().iter().filter(|s| s.private_pool.is_none()).any(|s| {
+        let mut free = s.blocks.iter().filter(|b| b.state == BlockState::Inactive);
+        if !s.is_expandable {
+            return free.count() == s.blocks.len();
+        }
+        let page: u64 = if s.pool == PoolKind::Small { 2 << 20 } else { 20 << 20 };
+        free.any(|b| {
+            let first = s.address + (b.address - s.address).div_ceil(page) * page;
+            first + page <= b.address + b.size
+        })
+    })
 }
 
 /// `t` as a snapshot older than PyTorch ≈ 2.7 records it: no entry names its pool.
@@ -647,7 +672,7 @@ fn wherever_validate_is_exact_the_free_replay_reproduces_the_recorded_decisions(
                         continue;
                     }
                     exact += 1;
-                    retries += truth.shown_retries;
+                    retries += truth.retries;
                     let recorded = fragsim::recorded::recorded(&t, 0).expect("segment events");
                     let r = replayed_as_recorded(&t);
                     let got = (
@@ -658,7 +683,7 @@ fn wherever_validate_is_exact_the_free_replay_reproduces_the_recorded_decisions(
                     );
                     let want = (
                         recorded.peak_reserved_bytes,
-                        truth.shown_retries,
+                        truth.retries + truth.unshown_captures,
                         truth.mallocs,
                         truth.releases,
                     );
@@ -1538,4 +1563,93 @@ fn validate_and_replay_take_the_same_flushes_for_empty_cache_calls() {
         traces > 100 && calls > 100 && fallbacks > 5,
         "{traces} traces, {calls} calls, {fallbacks} releases in a fallback: the check reads little"
     );
+}
+
+/// The events of `text` (fragsim's text format) as a PyTorch snapshot records them, its dump
+/// one large-pool segment of the default pools at `segment` of 20 MiB tiled by `blocks`
+/// (address, size, allocated), and no recorded settings.
+fn snapshot_of_text(
+    text: &str,
+    segment: u64,
+    blocks: &[(u64, u64, bool)],
+) -> fragsim::trace::Trace {
+    use fragsim::trace::{Block, BlockState, PoolKind, Segment};
+    let mut t = fragsim::trace::text::read(text.as_bytes(), &Default::default()).unwrap();
+    t.format = fragsim::trace::Format::PytorchSnapshot;
+    let block = |&(address, size, allocated): &(u64, u64, bool)| Block {
+        address,
+        size,
+        requested_size: if allocated { size } else { 0 },
+        state: if allocated { BlockState::ActiveAllocated } else { BlockState::Inactive },
+    };
+    t.segments = vec![Segment {
+        device: 0,
+        address: segment,
+        total_size: 20 << 20,
+        stream: 0,
+        pool: PoolKind::Large,
+        is_expandable: false,
+        private_pool: None,
+        blocks: blocks.iter().map(block).collect(),
+    }];
+    t
+}
+
+/// Issue 45: a recorded `oom` that no release of its malloc precedes, where the recorded cache
+/// held a wholly free segment of the default pool, shows a graph capture: outside one, PyTorch's
+/// last fallback would have released that segment (and then found room for the request). Read
+/// as a capture, `validate` reproduces the recording and the replay its peak; read as none, the
+/// model would release the segment and serve the request.
+#[test]
+fn an_oom_with_a_free_segment_cached_and_no_release_is_read_as_a_capture() {
+    use fragsim::validate::{validate, ValidateOptions};
+    // A 20 MiB segment, its one block freed: wholly free. The 40 MiB request fails with 30 MiB
+    // free on a 50 MiB device, and no release precedes its entry.
+    let text = "segment_alloc 0x10000000 20971520\nalloc 0x10000000 9437184\n\
+                free 0x10000000 9437184\noom 31457280 41943040\n";
+    let t = snapshot_of_text(text, 0x1000_0000, &[(0x1000_0000, 20 << 20, false)]);
+    let options = ValidateOptions { check_invariants: true, ..ValidateOptions::default() };
+    let v = validate(&t, &options).unwrap();
+    assert!(v.mismatches.is_empty(), "{:?}", v.mismatches);
+    assert_eq!(v.segment_events_matched, v.segment_events_recorded);
+    let r = replayed_as_recorded(&t);
+    assert_eq!(r.peak_reserved_bytes, 20 << 20, "the replay keeps the free segment");
+    assert!(r.oom, "and the request fails, as recorded");
+    assert_eq!(r.alloc_retries, 0, "no fallback ran during the capture");
+}
+
+/// Issue 45: a recorded `oom` that no release of its malloc precedes, where the recorded cache
+/// had nothing to release (its one segment holds a live block), shows no capture: the fallback
+/// ran and found nothing. A what-if whose cache does hold a free segment there releases it, as
+/// the real allocator would, and the request then fits. Here the what-if rounds by
+/// `roundup_power2_divisions:2`: each 9 MiB request takes a 12 MiB segment of its own, the
+/// first is wholly free when the 30 MiB request (32 MiB) comes, and on the recorded 48 MiB
+/// device only its release makes room.
+#[test]
+fn an_oom_with_nothing_releasable_recorded_lets_a_what_if_release_its_free_segment() {
+    use fragsim::replay::{ReplayInput, ReplayOptions};
+    use fragsim::validate::{validate, ValidateOptions};
+    let text = "segment_alloc 0x10000000 20971520\nalloc 0x10000000 9437184\n\
+                alloc 0x10900000 9437184\nfree 0x10000000 9437184\noom 29360128 31457280\n";
+    let blocks = [(0x1000_0000, 9 << 20, false), (0x1090_0000, 9 << 20, true)];
+    let t =
+        snapshot_of_text(text, 0x1000_0000, &[blocks[0], blocks[1], (0x1120_0000, 2 << 20, false)]);
+    // As recorded: the fallback releases nothing, retries once and fails.
+    let options = ValidateOptions { check_invariants: true, ..ValidateOptions::default() };
+    let v = validate(&t, &options).unwrap();
+    assert!(v.mismatches.is_empty(), "{:?}", v.mismatches);
+    let r = replayed_as_recorded(&t);
+    assert_eq!((r.peak_reserved_bytes, r.oom, r.alloc_retries), (20 << 20, true, 1));
+    // The what-if, on the same device.
+    let input = ReplayInput::new(&t, None).unwrap();
+    let spec = fragsim::policy::PolicySpec::parse_list("pytorch:roundup_power2_divisions:2")
+        .unwrap()
+        .remove(0);
+    let options =
+        ReplayOptions { capacity: Some(48 << 20), check_invariants: true, ..Default::default() };
+    let out = fragsim::policy::lookup("pytorch").unwrap().run(&spec, &input, &options);
+    let r = out.unwrap().result;
+    assert!(!r.oom, "the what-if released its free segment and served the request: {r:?}");
+    assert_eq!((r.alloc_retries, r.device_free_count), (1, 1));
+    assert_eq!(r.peak_reserved_bytes, (12 + 32) << 20);
 }

@@ -137,9 +137,9 @@ pub trait Policy {
     ) -> Result<Option<Allocation>>;
 
     /// Says whether a CUDA graph capture is underway while the next mallocs are served (the
-    /// replay tells it from a recorded `oom` that no release preceded,
-    /// `ooms_without_release`): a policy
-    /// modelling PyTorch then skips its release-everything fallback. Ignored by default.
+    /// replay tells it from a recorded `oom` that no release preceded though the recorded cache
+    /// held memory to release, `trace::captures`): a policy modelling PyTorch then skips its
+    /// release-everything fallback. Ignored by default.
     fn set_capture_underway(&mut self, _underway: bool) {}
 
     /// Asks that the next malloc place its block at `addr`: one part of an exact-address
@@ -475,13 +475,15 @@ pub fn planners(specs: &[PolicySpec]) -> Vec<&'static str> {
 
 /// What the allocator that recorded `trace` did that a replay of it must know, read by the
 /// policy that models that allocator.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RecordedAllocator {
     /// The bytes it added to each request before rounding (torch_npu's padding): an `oom`
     /// entry's recorded size is that much more than the request.
     pub(crate) request_pad: u64,
     /// Its recorded settings set a per-process memory fraction.
     pub(crate) memory_fraction: bool,
+    /// The pages its expandable segments map and unmap, in the small and the large pool.
+    pub(crate) pages: crate::trace::captures::Pages,
 }
 
 impl RecordedAllocator {
@@ -491,8 +493,20 @@ impl RecordedAllocator {
             pytorch::Config::from_recorded(settings, pytorch::Version::CURRENT)
                 .is_ok_and(|c| c.per_process_memory_fraction.is_some())
         });
-        let request_pad = pytorch::Flavour::of_trace(trace).pad();
-        RecordedAllocator { request_pad, memory_fraction }
+        let flavour = pytorch::Flavour::of_trace(trace);
+        let request_pad = flavour.pad();
+        let version = pytorch::config::ModelledVersion::of_trace(trace).version;
+        let config = (trace.allocator_settings.as_ref())
+            .and_then(|s| pytorch::Config::from_recorded_as(s, version, flavour).ok())
+            .unwrap_or_else(|| pytorch::Config {
+                version,
+                ..pytorch::Config::default_for(flavour)
+            });
+        let pages = crate::trace::captures::Pages {
+            small: config.page_size(true),
+            large: config.page_size(false),
+        };
+        RecordedAllocator { request_pad, memory_fraction, pages }
     }
 }
 
@@ -541,7 +555,7 @@ mod tests {
     }
 
     #[test]
-    fn the_recorded_allocator_says_whether_a_memory_fraction_was_set() {
+    fn the_recorded_allocator_says_whether_a_memory_fraction_was_set_and_its_pages() {
         let read = |conf: Option<&str>| {
             let src = b"alloc 0x0 512\n";
             let mut t = crate::trace::text::read(&src[..], &Default::default()).unwrap();
@@ -549,7 +563,13 @@ mod tests {
             t.allocator_settings = conf.map(|c| config(c).to_recorded());
             RecordedAllocator::of(&t)
         };
-        assert_eq!(read(None), RecordedAllocator { request_pad: 0, memory_fraction: false });
+        let plain = read(None);
+        assert_eq!((plain.request_pad, plain.memory_fraction), (0, false));
+        // Expandable segments' pages, as the recorded settings size them.
+        let mib = crate::units::MIB;
+        assert_eq!((plain.pages.small, plain.pages.large), (2 * mib, 20 * mib));
+        let larger = read(Some("expandable_segments:True,large_segment_size_mb:64")).pages;
+        assert_eq!((larger.small, larger.large), (2 * mib, 64 * mib));
         assert!(!read(Some("max_split_size_mb:128")).memory_fraction);
         assert!(read(Some("per_process_memory_fraction:0.5")).memory_fraction);
     }

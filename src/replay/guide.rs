@@ -107,7 +107,7 @@ impl<'r> Recorded<'r> {
             drop_recorded: options.empty_cache.drop_recorded,
             routes: input.pool_routes().cloned(),
             flush_run_to: u64::MAX - 1,
-            captured_ooms: input.ooms_without_release(),
+            captured_ooms: input.captured_ooms(),
             exact: ExactPlacer::new(input.exact_addresses()),
         }
     }
@@ -128,8 +128,9 @@ impl<P: Policy, B: Backend> Guide<P, B> for Recorded<'_> {
         policy: &mut P,
         backend: &mut Observed<B, O>,
     ) -> Result<()> {
-        // A recorded `oom` that no release preceded failed during a graph capture, which skips
-        // the release-everything fallback: as `validate` reads it (until `after_request`).
+        // A recorded `oom` that no release preceded, though the recorded cache held memory to
+        // release, failed during a graph capture, which skips the release-everything fallback:
+        // as `validate` reads it (until `after_request`).
         if e.action == Action::Oom && self.captured_ooms.binary_search(&index).is_ok() {
             policy.set_capture_underway(true);
         }

@@ -40,9 +40,10 @@ pub struct ReplayInput<'a> {
     /// policy that models the recorded allocator decides each
     /// ([`Policy::would_serve_from_cache`](crate::policy::Policy::would_serve_from_cache)).
     undecided_flushes: Vec<Retried>,
-    /// The recorded `oom` entries no release of their malloc precedes: a graph capture was
-    /// underway ([`crate::trace::lifetimes::ooms_without_release`]). Empty for a streamed replay.
-    ooms_without_release: Vec<u64>,
+    /// The recorded `oom` entries that show a graph capture underway: no release of their
+    /// malloc precedes them, though the recorded cache held memory its fallback would have
+    /// released ([`crate::trace::captures`]). Empty for a streamed replay.
+    captured_ooms: Vec<u64>,
     /// The recording's exact-address allocations (`mallocWithAddress`,
     /// [`crate::trace::exact::pairs`]), placed where recorded. Empty for a streamed replay.
     exact_addresses: Vec<crate::trace::exact::ExactAddress>,
@@ -237,6 +238,15 @@ impl<'a> ReplayInput<'a> {
             &FlushCauses::of(&trace.frames),
             &empty_cache_at,
         );
+        let captured_ooms = crate::trace::captures::captures_proven(
+            trace,
+            device,
+            events,
+            &lifetimes,
+            &live_at_start,
+            &ooms_without_release,
+            crate::policy::RecordedAllocator::of(trace).pages,
+        );
         let pool_routes = PoolRoutes::new(trace, device, events, &lifetimes);
         let marked: Vec<u64> = (trace.extras.malloc_with_address_events.iter())
             .filter(|&&(d, _)| d == device)
@@ -251,7 +261,7 @@ impl<'a> ReplayInput<'a> {
             empty_cache_at,
             released_before: trace.reserve_falls(device),
             undecided_flushes,
-            ooms_without_release,
+            captured_ooms,
             exact_addresses,
             pool_routes,
             frees_at,
@@ -334,7 +344,7 @@ impl<'a> ReplayInput<'a> {
             empty_cache_at,
             released_before: Vec::new(),
             undecided_flushes,
-            ooms_without_release: Vec::new(),
+            captured_ooms: Vec::new(),
             exact_addresses: Vec::new(),
             pool_routes,
             frees_at,
@@ -401,10 +411,11 @@ impl<'a> ReplayInput<'a> {
         &self.undecided_flushes
     }
 
-    /// The recorded `oom` entries no release of their malloc precedes, in order: a graph capture
-    /// was underway when they failed ([`crate::trace::lifetimes::ooms_without_release`]).
-    pub(crate) fn ooms_without_release(&self) -> &[u64] {
-        &self.ooms_without_release
+    /// The recorded `oom` entries made while a graph capture was underway, in order: no release
+    /// of their malloc precedes them, where the recorded cache held memory to release
+    /// ([`crate::trace::captures`]).
+    pub(crate) fn captured_ooms(&self) -> &[u64] {
+        &self.captured_ooms
     }
 
     /// The recording's exact-address allocations, in order of their prefixes.
@@ -477,7 +488,7 @@ impl<'a> ReplayInput<'a> {
             empty_cache_at: self.empty_cache_at.clone(),
             released_before: self.released_before.clone(),
             undecided_flushes: self.undecided_flushes.clone(),
-            ooms_without_release: self.ooms_without_release.clone(),
+            captured_ooms: self.captured_ooms.clone(),
             exact_addresses: self.exact_addresses.clone(),
             pool_routes: self.pool_routes.clone(),
             frees_at: self.frees_at,

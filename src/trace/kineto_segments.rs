@@ -15,6 +15,8 @@
 //!   gap large enough for it: that segment was in a pool (or on a stream) the request could not
 //!   take from, such as a CUDA graph's private pool. [`infer_pools`] groups segments so and
 //!   names each group but the first a private pool of its own, in every request made into it.
+//!   (The `pytorch` policy places such a pool's blocks apart but releases its free segments as a
+//!   stream's: the addresses cannot tell a live graph's pool from another stream.)
 //!
 //! Both are inferences from untrusted numbers: hostile addresses, overlapping ranges and huge
 //! counts are bounded (segments tracked, groups, and the work of looking for free gaps), and a
@@ -85,14 +87,16 @@ impl Known {
         }
     }
 
-    /// A release: the default pools' segments with nothing live went back, and any free block
-    /// outside the made segments may have gone with its segment.
+    /// A release: the segments with nothing live went back, those of every group (a group may
+    /// be another stream of the default pools, whose free segments a flush releases; a graph's
+    /// pool is read so too, docs/pytorch-model.md#kineto-addresses), and any free block outside
+    /// the made segments may have gone with its segment.
     /// Past the budget of work, every segment is forgotten instead.
     fn release(&mut self) {
         match self.work.checked_sub(self.made.len() as u64) {
             Some(left) => {
                 self.work = left;
-                self.made.retain(|_, m| m.group != 0 || !m.live.is_empty());
+                self.made.retain(|_, m| !m.live.is_empty());
             }
             None => self.made.clear(),
         }
@@ -344,6 +348,30 @@ mod tests {
         let pools: Vec<u16> = events.iter().map(|e| e.pool.0).collect();
         assert_eq!(pools, [0, 0, 0, 1, 0, 0, 1]);
         assert_eq!(inferred_pools(2), [(INFERRED_POOL, 1), (INFERRED_POOL, 2)]);
+    }
+
+    #[test]
+    fn a_release_forgets_every_group_s_segments_with_nothing_live() {
+        // The second group's segment is free at the fall of the reserve: a flush releases it
+        // as another stream's, so a request that later grows beside the first group's free
+        // block joins the second group again rather than starting a third.
+        let (a, b, c, d, x) =
+            (0x1000 * MIB, 0x2000 * MIB, 0x3000 * MIB, 0x4000 * MIB, 0x5000 * MIB);
+        let mut events = vec![
+            alloc(0x10 * MIB, 4 * MIB),
+            alloc(a, 100 * MIB), // grows: the first group
+            free(a, 100 * MIB),
+            alloc(b, 100 * MIB), // grows beside it: the second group
+            free(b, 100 * MIB),
+            alloc(x, 512), // the reserve fell (both released), then grew by a small segment
+            alloc(c, 100 * MIB), // grows: the first group
+            free(c, 100 * MIB),
+            alloc(d, 100 * MIB), // grows beside it: the second group
+        ];
+        let totals = reserves(&[500, 600, 600, 700, 700, 502, 602, 602, 702].map(|m| m * MIB));
+        assert_eq!(infer_pools(&mut events, &totals), 1);
+        let pools: Vec<u16> = events.iter().map(|e| e.pool.0).collect();
+        assert_eq!(pools, [0, 0, 0, 1, 0, 0, 0, 0, 1]);
     }
 
     #[test]

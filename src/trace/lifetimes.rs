@@ -541,12 +541,14 @@ impl EmptyCacheRuns {
 
 /// The recorded `oom` entries (event indices, in order) that no release of their own malloc
 /// precedes. PyTorch skips its release-everything fallback before an out-of-memory error only
-/// while a graph capture is underway, so such an entry shows one (or a cache with nothing left
-/// to release, which skipping the release reproduces as well). A malloc's releases are those in
-/// the run of segment events and completed frees right before its entry, where that run is not
-/// the program's `empty_cache()` call (`calls`: the first index of each, whose run takes the
-/// releases `causes` does not give another cause, and the completed frees among them). The one
-/// reading of capture that `replay` and `validate` both follow.
+/// while a graph capture is underway, or finds nothing to release: such an entry shows a
+/// capture only where the recorded cache held memory that fallback would have released, which
+/// [`captures_proven`](super::captures::captures_proven) asks of each; the others are ambiguous
+/// and read as no capture. A malloc's releases are those in the run of segment events and
+/// completed frees right before its entry, where that run is not the program's `empty_cache()`
+/// call (`calls`: the first index of each, whose run takes the releases `causes` does not give
+/// another cause, and the completed frees among them). The candidates of the one reading of
+/// capture that `replay` and `validate` both follow.
 pub(crate) fn ooms_without_release(
     events: &[Event],
     causes: &FlushCauses,

@@ -10,6 +10,7 @@
 //! frame list in a [`FrameTable`] and referenced by [`FramesId`], and they are kept only when the
 //! reader is asked to, because most replays never look at them.
 
+pub(crate) mod captures;
 pub mod detect;
 pub mod exact;
 pub mod fst;

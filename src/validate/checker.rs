@@ -233,7 +233,7 @@ pub(super) struct Checker<'a> {
     pub(super) events: &'a [Event],
     pub(super) ops: &'a [Op],
     /// The recorded `oom` entries made during a graph capture
-    /// ([`ReplayInput::ooms_without_release`]).
+    /// ([`ReplayInput::captured_ooms`]).
     pub(super) captured_ooms: &'a [u64],
     pub(super) routes: Option<crate::trace::pool_routes::PoolRoutes>,
     /// The recording's exact-address allocations, placed where recorded.
@@ -286,15 +286,16 @@ impl<'a> Guide<PyTorch, Guided<'a>> for Checker<'a> {
             }
         }
         backend.inner.pool = into;
-        // An OOM that no release preceded: PyTorch releases every cached segment before giving
-        // up unless a graph capture is underway, so one was (or there was nothing to release,
-        // which skipping the release reproduces as well). Read as a replay reads it.
+        // An OOM that no release preceded though the recorded cache held memory to release:
+        // PyTorch releases every cached segment before giving up unless a graph capture is
+        // underway, so one was. Where nothing was releasable, no capture is read (the model then
+        // releases nothing either, or `validate` says where it would). Read as a replay reads it.
         let events = self.events;
         let released =
             |j: &usize| matches!(events[*j].action, Action::SegmentFree | Action::SegmentUnmap);
-        let captured = self.captured_ooms.binary_search(&index).is_ok();
-        debug_assert_eq!(!oom || captured, !oom || !script.iter().any(released), "event {i}");
-        policy.set_capture_underway(oom && captured);
+        let captured = oom && self.captured_ooms.binary_search(&index).is_ok();
+        debug_assert!(!captured || !script.iter().any(released), "event {i}");
+        policy.set_capture_underway(captured);
         release_gone_pools(policy, self.routes.as_ref(), events, script, into)?;
         // A release run right before a malloc's new segment is either the malloc's own fallback
         // or an empty_cache() just before it: decided as a replay decides it.

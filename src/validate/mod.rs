@@ -208,7 +208,7 @@ fn replay(
     let mut checker = Checker {
         events: recording.events,
         ops: &recording.ops,
-        captured_ooms: recording.input.ooms_without_release(),
+        captured_ooms: recording.input.captured_ooms(),
         routes: start.routes.clone(),
         exact: crate::replay::ExactPlacer::new(recording.input.exact_addresses()),
         undecided: crate::replay::Undecided::new(&recording.input),

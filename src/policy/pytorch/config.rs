@@ -1427,9 +1427,14 @@ impl Config {
 
     /// Whether a malloc into private pool `pool` (`None`: the default pools) runs as during a
     /// CUDA graph capture for the three capture gates (docs/pytorch-model.md#capture-not-pool):
-    /// before 2.13 any private pool; from 2.13 only a graph capture's.
+    /// before 2.13 any private pool; from 2.13 only a graph capture's. Never a pool a profiler
+    /// trace's addresses inferred, which is replayed as another stream of the default pools
+    /// (docs/pytorch-model.md#kineto-addresses).
     pub(crate) fn pool_is_capture(&self, pool: Option<(u64, u64)>) -> bool {
         let Some(id) = pool else { return false };
+        if id.0 == crate::trace::kineto_segments::INFERRED_POOL {
+            return false;
+        }
         self.version < Version::V2_13 || id.0 != 0 || !self.mem_pools.contains(&id)
     }
 

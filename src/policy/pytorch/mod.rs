@@ -226,7 +226,8 @@ pub struct PyTorch<const DEFAULT_RULES: bool = false> {
     /// releases them until their graph or pool is gone ([`PyTorch::freeable`]), as in PyTorch.
     private_pools: Vec<(u64, u64)>,
     /// The private pools (numbers as in [`Block::pool`]) whose graph or pool is gone
-    /// ([`Policy::release_pool`]), in the order they went: every flush releases them too.
+    /// ([`Policy::release_pool`]), in the order they went, and the pools a profiler trace's
+    /// addresses inferred ([`PyTorch::pool_number`]): every flush releases them too.
     freeable: Vec<u16>,
     /// The pool mallocs allocate into: 0, the default pools; `k`, private pool `k`
     /// ([`PyTorch::allocate_into`], what `begin_allocate_to_pool` does during graph capture).
@@ -812,10 +813,18 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
     /// Whether new memory of pool `owner` (0: the default pools) is pages of its expandable
     /// segments rather than a cudaMalloc segment (`alloc_block`,
     /// docs/pytorch-model.md#new-segment): expandable segments are active for it, and a private
-    /// pool has them in this PyTorch.
+    /// pool has them in this PyTorch (a pool a profiler trace's addresses inferred is replayed
+    /// as another stream of the default pools, which has them).
     fn maps_pages(&self, owner: u16, small: bool) -> bool {
         self.expandable_active(owner, small)
-            && (owner == 0 || self.config.expandable_in_private_pools())
+            && (owner == 0 || self.config.expandable_in_private_pools() || self.inferred(owner))
+    }
+
+    /// Whether pool `owner` is one a profiler trace's addresses inferred
+    /// (docs/pytorch-model.md#kineto-addresses).
+    fn inferred(&self, owner: u16) -> bool {
+        let id = owner.checked_sub(1).and_then(|k| self.private_pools.get(k as usize));
+        id.is_some_and(|p| p.0 == crate::trace::kineto_segments::INFERRED_POOL)
     }
 
     /// `is_expandable_segments_active` for pool `owner`: expandable segments are on and the
@@ -1417,13 +1426,16 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
     /// Says whether a CUDA graph capture is underway while the next mallocs are served, on any
     /// stream: PyTorch then skips the release-every-cached-segment fallback for every malloc,
     /// not only for those made into the capture's pool. The trace does not mark capture;
-    /// `validate` tells it from an `oom` that no release preceded.
+    /// `validate` tells it from an `oom` that no release preceded, where the recorded cache held
+    /// memory to release.
     pub(crate) fn set_capture_underway(&mut self, underway: bool) {
         self.capture_underway = underway;
     }
 
     /// The `pool` number ([`Block::pool`]) of private pool `pool`, given on first sight; 0 for
-    /// `None`, the default pools.
+    /// `None`, the default pools. A pool a profiler trace's addresses inferred (a graph's pool or
+    /// another stream of the default pools, docs/pytorch-model.md#kineto-addresses) is freeable
+    /// from the start: every flush releases its free segments, as a stream's.
     fn pool_number(&mut self, pool: Option<(u64, u64)>) -> Result<u16> {
         let Some(id) = pool else { return Ok(0) };
         let k = match self.private_pools.iter().position(|&p| p == id) {
@@ -1436,6 +1448,9 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
                 let own_allocator = self.config.own_allocator_pools.contains(&id);
                 let pool = || Pool { own_allocator, ..Pool::default() };
                 self.private.extend([pool(), pool()]);
+                if self.inferred(self.private_pools.len() as u16) {
+                    self.freeable.push(self.private_pools.len() as u16);
+                }
                 self.private_pools.len() - 1
             }
         };

@@ -867,6 +867,44 @@ fn a_mem_pool_malloc_releases_cached_blocks_from_2_13_and_a_capture_never() {
     assert_eq!(run(Version::NEWEST, (0, 2)), (false, 60 * MIB));
 }
 
+/// A pool a profiler trace's addresses inferred (docs/pytorch-model.md#kineto-addresses) is
+/// replayed as another stream of the default pools wherever it is not a matter of placement:
+/// `empty_cache()` releases its wholly free segments, and a malloc into it that the device
+/// cannot hold falls back to releasing every cached segment, in every release. Its free
+/// blocks still serve only its own requests.
+#[test]
+fn an_inferred_pool_is_released_by_flushes_and_falls_back_as_a_stream() {
+    use crate::trace::kineto_segments::INFERRED_POOL;
+    let inferred = Some((INFERRED_POOL, 1));
+    for version in [Version::V2_12, Version::NEWEST] {
+        // Its free segment, released by a flush; a graph's pool keeps its own.
+        for (pool, kept) in [(inferred, 0), (Some((1, 0)), 60 * MIB)] {
+            let mut p = PyTorch::new(Config::parse("", version).unwrap());
+            let mut d = device(None);
+            p.allocate_into(pool).unwrap();
+            let a = malloc(&mut p, &mut d, 60 * MIB);
+            free(&mut p, &mut d, a);
+            // Its free block is not for a default-pool request.
+            p.allocate_into(None).unwrap();
+            let b = malloc(&mut p, &mut d, 4 * MIB);
+            assert!(b.addr < a.addr || b.addr >= a.addr + 60 * MIB, "{version:?}, {pool:?}");
+            free(&mut p, &mut d, b);
+            p.empty_cache(&mut d).unwrap();
+            p.check().unwrap();
+            assert_eq!(p.reserved(), kept, "{version:?}, {pool:?}");
+        }
+        // A malloc into it that the device cannot hold releases the default pools' cache.
+        let mut p = PyTorch::new(Config::parse("", version).unwrap());
+        let mut d = device(Some(100 * MIB));
+        let a = malloc(&mut p, &mut d, 60 * MIB);
+        free(&mut p, &mut d, a);
+        p.allocate_into(inferred).unwrap();
+        let got = p.malloc(&mut d, 50 * MIB, 0).unwrap();
+        p.check().unwrap();
+        assert_eq!((got.is_some(), p.reserved()), (true, 50 * MIB), "{version:?}");
+    }
+}
+
 /// 2.15's `expandable_segments_reserve` (docs/pytorch-model.md#expandable-reserve) on a 1 GiB
 /// GPU: reservations of 64 MiB, rounded up to whole 20 MiB pages (80 MiB). Two 50 MiB requests
 /// map 60 MiB each: the second does not fit in the first reservation's remaining 30 MiB and
