@@ -70,6 +70,7 @@ fn simulated_trace(trace: &Trace, device: i32, output: &ReplayOutput) -> Result<
         entry_pools: None,
         torch_npu: false,
         extras: Default::default(),
+        platform: None,
     })
 }
 
