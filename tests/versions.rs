@@ -654,3 +654,129 @@ fn pytorch_version_is_a_what_if_flag_of_every_replaying_command() {
     let written = std::fs::read_to_string(&baseline).unwrap();
     assert!(written.contains("version=2.15"), "{written}");
 }
+
+/// A Kineto trace recorded on ROCm (`Device Type` 6, c10's HIP): 30 MiB allocated and freed,
+/// then 40 MiB (`ty` the memory events' device type).
+fn kineto_30_then_40(ty: u32) -> Vec<u8> {
+    let e = |ts: u64, addr: u64, bytes: i64| {
+        json!({"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 1,
+               "tid": 1, "ts": ts, "args": {"Device Type": ty, "Device Id": 0, "Addr": addr,
+               "Bytes": bytes}})
+    };
+    let v = json!({"schemaVersion": 1, "traceEvents": [
+        e(1, A, 30 * MIB as i64), e(2, A, -(30 * MIB as i64)), e(3, A + 0x1000_0000, 40 * MIB as i64)
+    ]});
+    serde_json::to_vec(&v).unwrap()
+}
+
+/// The peaks of `-p` each of `specs` on the Kineto trace at `path` (plus `extra` arguments), and
+/// stderr.
+fn peaks(path: &str, specs: &[&str], extra: &[&str]) -> (Vec<(String, u64)>, String) {
+    let mut args = vec!["replay", path, "--json"];
+    for s in specs {
+        args.extend(["-p", s]);
+    }
+    args.extend(extra);
+    let out = run(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v["results"].as_array().unwrap().iter().filter(|r| r["policy"] != "recorded");
+    let peaks = rows
+        .map(|r| {
+            (r["config"].as_str().unwrap().to_string(), r["peak_reserved_bytes"].as_u64().unwrap())
+        })
+        .collect();
+    (peaks, stderr(&out))
+}
+
+/// PyTorch before 2.12 has no expandable segments on ROCm: `expandable_segments:True` warns and
+/// the allocator runs without them (`CUDAAllocatorConfig::expandable_segments()`). A ROCm
+/// trace (which shows no release: 2.11 is modelled) replays `pytorch-expandable` without them —
+/// the 40 MiB request gets a segment of its own beside the cached 30 MiB — and says so; from
+/// 2.12 they are in effect (with ROCm 7+, which the trace does not say, so a note says that);
+/// `pytorch-cuda` is CUDA's allocator whatever made the recording; the same trace recorded on
+/// CUDA replays them.
+#[test]
+fn rocm_replays_expandable_segments_only_from_2_12() {
+    let (_d, rocm) = temp_file("rocm.json", &kineto_30_then_40(6));
+    let rocm = rocm.to_str().unwrap();
+    let info = stdout(&run(&["info", rocm]));
+    assert!(info.contains("platform: ROCm (its memory events record Device Type 6"), "{info}");
+    let j: Value = serde_json::from_slice(&run(&["info", rocm, "--json"]).stdout).unwrap();
+    assert_eq!(j["platform"]["name"], "rocm", "{j}");
+
+    let specs = ["pytorch", "pytorch-expandable", "pytorch:expandable_segments:True"];
+    let (p, notes) = peaks(rocm, &specs, &[]);
+    assert_eq!(p.iter().map(|x| x.1).collect::<Vec<_>>(), [70 * MIB; 3], "{p:?}");
+    // The settings as set, as PyTorch's own allocator_settings string keeps them.
+    assert!(p[1].0.starts_with("expandable_segments:True"), "{p:?}");
+    assert!(
+        notes.contains(
+            "note: pytorch-expandable and 1 other config: recorded on ROCm (its memory events \
+             record Device Type 6"
+        ) && notes.contains("PyTorch 2.11 on ROCm does not have expandable segments")
+            && notes.contains("--pytorch-version 2.12 models that"),
+        "{notes}"
+    );
+    let (p, notes) = peaks(rocm, &specs[1..2], &["--pytorch-version", "2.12"]);
+    assert_eq!(p[0].1, 40 * MIB, "{p:?}");
+    assert!(
+        notes.contains("only when built with ROCm 7 or later (ROCM_VERSION >= 70000)"),
+        "{notes}"
+    );
+    let (p, notes) = peaks(rocm, &["pytorch-cuda:expandable_segments:True"], &[]);
+    assert_eq!(p[0].1, 40 * MIB, "{p:?}");
+    assert!(!notes.contains("ROCm"), "{notes}");
+    let (_d, cuda) = temp_file("cuda.json", &kineto_30_then_40(1));
+    let (p, notes) = peaks(cuda.to_str().unwrap(), &specs[1..2], &[]);
+    assert_eq!(p[0].1, 40 * MIB, "{p:?}");
+    assert!(!notes.contains("ROCm"), "{notes}");
+}
+
+/// The platform goes where the trace goes: `.fst` keeps it (the replay is the same), a Kineto
+/// file writes Device Type 6 again, and a format without a place for it says it is lost. The
+/// exported run of an ignored setting records it as PyTorch on ROCm does: asked in the string,
+/// off in effect, so `validate` of the file replays it without expandable segments.
+#[test]
+fn a_rocm_trace_keeps_its_platform_where_its_format_can_hold_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("rocm.json");
+    std::fs::write(&src, kineto_30_then_40(6)).unwrap();
+    let src = src.to_str().unwrap();
+    for name in ["rocm.fst", "again.json"] {
+        let out = dir.path().join(name);
+        let o = run(&["convert", src, out.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let (p, _) = peaks(out.to_str().unwrap(), &["pytorch-expandable"], &[]);
+        assert_eq!(p[0].1, 70 * MIB, "{name}: {p:?}");
+        assert!(
+            stdout(&run(&["info", out.to_str().unwrap()])).contains("platform: ROCm"),
+            "{name}"
+        );
+    }
+    let out = dir.path().join("rocm.pickle");
+    let o = run(&["convert", src, out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("the recording shows it was made on ROCm"), "{}", stderr(&o));
+
+    let exported = dir.path().join("exported.pickle");
+    let o = run(&[
+        "replay",
+        src,
+        "-p",
+        "pytorch-expandable",
+        "--export-snapshot",
+        exported.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let j: Value =
+        serde_json::from_slice(&run(&["info", exported.to_str().unwrap(), "--json"]).stdout)
+            .unwrap();
+    let s = &j["allocator_settings"];
+    assert_eq!(s["expandable_segments"], false, "{j}");
+    assert!(s["conf"].as_str().unwrap().starts_with("expandable_segments:True"), "{j}");
+    let o = run(&["validate", exported.to_str().unwrap(), "--json"]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(o.status.code(), Some(0), "{v}");
+    assert_eq!(v["peak_reserved_simulated_bytes"], 70 * MIB, "{v}");
+}

@@ -63,7 +63,7 @@ fn simulated_trace(trace: &Trace, device: i32, output: &ReplayOutput) -> Result<
         devices,
         frames: Default::default(),
         segments,
-        allocator_settings: settings_of(output),
+        allocator_settings: settings_of(trace, output),
         has_times: true,
         recorded_totals: Vec::new(),
         // The simulated run's segment events do not say their pool; its segments do.
@@ -76,10 +76,25 @@ fn simulated_trace(trace: &Trace, device: i32, output: &ReplayOutput) -> Result<
 
 /// The `allocator_settings` of the simulated run, as its policy declares them
 /// ([`crate::policy::Policy::recorded_settings`]: the PyTorch policy's own effective settings,
-/// not the input's), and none for policies that have no such settings.
-fn settings_of(output: &ReplayOutput) -> Option<crate::trace::AllocatorSettings> {
-    let policy = crate::policy::lookup(&output.result.policy).ok()?;
-    policy.recorded_settings(&output.result.config)
+/// not the input's), and none for policies that have no such settings. Expandable segments that
+/// the recording's platform did not have under the release modelled are recorded as PyTorch
+/// records them there: asked in the settings string, off in effect.
+fn settings_of(trace: &Trace, output: &ReplayOutput) -> Option<crate::trace::AllocatorSettings> {
+    use crate::policy::pytorch::config::{modelled_version, split_version, PlatformExpandable};
+    let r = &output.result;
+    let policy = crate::policy::lookup(&r.policy).ok()?;
+    let mut settings = policy.recorded_settings(&r.config)?;
+    let own = matches!(r.policy.as_str(), "pytorch" | "pytorch-expandable");
+    let version = split_version(&r.config)
+        .and_then(|(options, asked)| modelled_version(&options, asked, trace))
+        .map(|m| m.version);
+    if own
+        && version
+            .is_ok_and(|v| PlatformExpandable::of(trace, v) == Some(PlatformExpandable::Ignored))
+    {
+        settings.expandable_segments = false;
+    }
+    Some(settings)
 }
 
 #[cfg(test)]
