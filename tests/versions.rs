@@ -655,6 +655,122 @@ fn pytorch_version_is_a_what_if_flag_of_every_replaying_command() {
     assert!(written.contains("version=2.15"), "{written}");
 }
 
+/// `replay --export-snapshot` of `snapshot`'s `pytorch` run: the file's path (in `dir`) and
+/// stderr.
+fn exported(dir: &tempfile::TempDir, snapshot: &Value, name: &str) -> (String, String) {
+    let input = dir.path().join(format!("{name}.in.pickle"));
+    std::fs::write(&input, pickle(snapshot)).unwrap();
+    let out = dir.path().join(format!("{name}.pickle"));
+    let o = run(&[
+        "replay",
+        input.to_str().unwrap(),
+        "-p",
+        "pytorch",
+        "--export-snapshot",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    (out.to_str().unwrap().to_string(), stderr(&o))
+}
+
+/// The exported run of a 2.15 recording of `mallocWithAddress` keeps the prefix's tags on its
+/// simulated entries: `validate` of the file places the prefix and the request where the run
+/// did and counts them apart, as it does for the recording (the export used to drop the tags,
+/// and the prefix became a best-fit decision that validate called a mismatch); the tags are the
+/// 2.15 evidence, so `info` of the file names 2.15 as it does for the recording.
+#[test]
+fn an_exported_run_keeps_its_exact_address_allocations_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (file, _) = exported(&dir, &malloc_with_address_snapshot(), "m");
+    let o = run(&["validate", &file, "--json"]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(o.status.code(), Some(0), "{v}");
+    assert_eq!(v["allocs_exact_address"], 2, "the prefix and the request: {v}");
+    assert_eq!(v["allocs_addr_matched"], 3, "{v}");
+    assert_eq!(v["mismatches"], json!([]), "{v}");
+    let info = stdout(&run(&["info", &file]));
+    assert!(
+        info.contains("PyTorch release: 2.15 (trace entries carry internal_metadata)"),
+        "{info}"
+    );
+    assert!(info.contains("mallocWithAddress): 2 prefix entries"), "its free pair: {info}");
+}
+
+/// The exported run keeps the recording's `annotate` labels, each on the simulated allocation
+/// it labels: `blame --by annotation` of the file groups its run's memory as it groups the
+/// recording's replay, and `info` names the same release (2.15, from `internal_metadata`).
+#[test]
+fn an_exported_run_keeps_its_labels_for_blame_by_annotation() {
+    let dir = tempfile::tempdir().unwrap();
+    let (file, _) = exported(&dir, &snapshot_2_15(), "s");
+    let (_d, recording) = temp_file("s.pickle", &pickle(&snapshot_2_15()));
+    let groups = |p: &str| {
+        let o = run(&["blame", p, "--by", "annotation", "--at", "peak-live", "--format", "json"]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        let row = v["results"].as_array().unwrap().iter().find(|r| r["policy"] == "pytorch");
+        let sites = row.unwrap()["sites"].as_array().unwrap().clone();
+        let pairs: Vec<(String, u64)> = sites
+            .iter()
+            .map(|s| (s["site"].as_str().unwrap().to_string(), s["live_bytes"].as_u64().unwrap()))
+            .collect();
+        pairs
+    };
+    let want = groups(recording.to_str().unwrap());
+    assert!(want.iter().any(|(s, b)| s.contains("mlp.0") && *b == 2 * MIB), "{want:?}");
+    assert_eq!(groups(&file), want);
+    let info = stdout(&run(&["info", &file]));
+    assert!(info.contains("annotate entries: 1"), "{info}");
+    assert!(info.contains("PyTorch release: 2.15"), "{info}");
+}
+
+/// Where the recording shows its release only by what the simulated run does not hold (the
+/// pinned host allocator's `host_segments`), the export cannot show it: the command says so,
+/// and how to model that release when replaying the file.
+#[test]
+fn an_export_that_cannot_show_the_recordings_release_says_so() {
+    let mut v = snapshot_2_15();
+    v["device_traces"][0].as_array_mut().unwrap().retain(|e| e["action"] != "annotate");
+    for e in v["device_traces"][0].as_array_mut().unwrap() {
+        e.as_object_mut().unwrap().remove("internal_metadata");
+    }
+    v["allocator_settings"]["PYTORCH_CUDA_ALLOC_CONF"] = json!("");
+    let s = v["allocator_settings"].as_object_mut().unwrap();
+    s.remove("max_round_threshold");
+    s.remove("max_cached_size");
+    let dir = tempfile::tempdir().unwrap();
+    let (file, notes) = exported(&dir, &v, "h");
+    assert!(
+        notes.contains(&format!(
+            "note: {file} shows no PyTorch release past 2.11: the recording's evidence of 2.15 \
+             (the snapshot has the pinned host allocator's host_segments)"
+        )),
+        "{notes}"
+    );
+    assert!(notes.contains("give --pytorch-version 2.15"), "{notes}");
+    // Nothing to say where the export shows the recording's release.
+    let (_, notes) = exported(&dir, &snapshot_2_15(), "s");
+    assert!(!notes.contains("shows no PyTorch release"), "{notes}");
+}
+
+/// The exported run's entries name their pools as the recording's did (`pool_id`), so a
+/// replay of the file routes each request into the pool its entry names.
+#[test]
+fn an_exported_run_keeps_the_pools_its_entries_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let (file, _) = exported(&dir, &pool_snapshot([1, 0], "capture_begin"), "p");
+    let o = run(&["info", &file, "--json"]);
+    let j: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (j["entry_private_pools"].as_u64(), j["private_pool_allocs"].as_u64()),
+        (Some(1), Some(1)),
+        "{j}"
+    );
+    let o = run(&["validate", &file, "--json"]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(o.status.code(), Some(0), "{v}");
+}
+
 /// A Kineto trace recorded on ROCm (`Device Type` 6, c10's HIP): 30 MiB allocated and freed,
 /// then 40 MiB (`ty` the memory events' device type).
 fn kineto_30_then_40(ty: u32) -> Vec<u8> {
