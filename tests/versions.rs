@@ -885,6 +885,8 @@ fn a_rocm_trace_keeps_its_platform_where_its_format_can_hold_it() {
         exported.to_str().unwrap(),
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // The file is a snapshot: it records no platform, and says so.
+    assert!(stderr(&o).contains("the recording shows it was made on ROCm"), "{}", stderr(&o));
     let j: Value =
         serde_json::from_slice(&run(&["info", exported.to_str().unwrap(), "--json"]).stdout)
             .unwrap();

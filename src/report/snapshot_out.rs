@@ -23,7 +23,9 @@ use std::ops::Range;
 use std::path::Path;
 
 /// Writes `output`'s simulated events and segments for `device` as a snapshot pickle at `path`;
-/// returns what the file cannot show of the recording, one line each (notes for the user).
+/// returns what the file cannot show of the recording, one line each (notes for the user): a
+/// release its evidence does not reach ([`lost_release`]), a ROCm platform (a snapshot records
+/// none).
 ///
 /// Device numbering follows the input: `device_traces` has an (empty) entry for every other
 /// device of `trace`. Event times are the input's, or event indices when the input has none (the
@@ -38,7 +40,9 @@ pub fn write_simulated(
     let mut bytes = Vec::new();
     snapshot::write(&sim, &mut bytes).map_err(|e| e.in_file(path))?;
     super::output::write_bytes(path, &bytes)?;
-    Ok(lost_release(trace, &sim, path).into_iter().collect())
+    let platform =
+        trace.platform_loss("snapshot").map(|l| format!("note: {}: {l}", path.display()));
+    Ok(lost_release(trace, &sim, path).into_iter().chain(platform).collect())
 }
 
 /// Where the recording shows a later PyTorch release than the export can (its evidence is in
