@@ -654,3 +654,247 @@ fn pytorch_version_is_a_what_if_flag_of_every_replaying_command() {
     let written = std::fs::read_to_string(&baseline).unwrap();
     assert!(written.contains("version=2.15"), "{written}");
 }
+
+/// `replay --export-snapshot` of `snapshot`'s `pytorch` run: the file's path (in `dir`) and
+/// stderr.
+fn exported(dir: &tempfile::TempDir, snapshot: &Value, name: &str) -> (String, String) {
+    let input = dir.path().join(format!("{name}.in.pickle"));
+    std::fs::write(&input, pickle(snapshot)).unwrap();
+    let out = dir.path().join(format!("{name}.pickle"));
+    let o = run(&[
+        "replay",
+        input.to_str().unwrap(),
+        "-p",
+        "pytorch",
+        "--export-snapshot",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    (out.to_str().unwrap().to_string(), stderr(&o))
+}
+
+/// The exported run of a 2.15 recording of `mallocWithAddress` keeps the prefix's tags on its
+/// simulated entries: `validate` of the file places the prefix and the request where the run
+/// did and counts them apart, as it does for the recording (the export used to drop the tags,
+/// and the prefix became a best-fit decision that validate called a mismatch); the tags are the
+/// 2.15 evidence, so `info` of the file names 2.15 as it does for the recording.
+#[test]
+fn an_exported_run_keeps_its_exact_address_allocations_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (file, _) = exported(&dir, &malloc_with_address_snapshot(), "m");
+    let o = run(&["validate", &file, "--json"]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(o.status.code(), Some(0), "{v}");
+    assert_eq!(v["allocs_exact_address"], 2, "the prefix and the request: {v}");
+    assert_eq!(v["allocs_addr_matched"], 3, "{v}");
+    assert_eq!(v["mismatches"], json!([]), "{v}");
+    let info = stdout(&run(&["info", &file]));
+    assert!(
+        info.contains("PyTorch release: 2.15 (trace entries carry internal_metadata)"),
+        "{info}"
+    );
+    assert!(info.contains("mallocWithAddress): 2 prefix entries"), "its free pair: {info}");
+}
+
+/// The exported run keeps the recording's `annotate` labels, each on the simulated allocation
+/// it labels: `blame --by annotation` of the file groups its run's memory as it groups the
+/// recording's replay, and `info` names the same release (2.15, from `internal_metadata`).
+#[test]
+fn an_exported_run_keeps_its_labels_for_blame_by_annotation() {
+    let dir = tempfile::tempdir().unwrap();
+    let (file, _) = exported(&dir, &snapshot_2_15(), "s");
+    let (_d, recording) = temp_file("s.pickle", &pickle(&snapshot_2_15()));
+    let groups = |p: &str| {
+        let o = run(&["blame", p, "--by", "annotation", "--at", "peak-live", "--format", "json"]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        let row = v["results"].as_array().unwrap().iter().find(|r| r["policy"] == "pytorch");
+        let sites = row.unwrap()["sites"].as_array().unwrap().clone();
+        let pairs: Vec<(String, u64)> = sites
+            .iter()
+            .map(|s| (s["site"].as_str().unwrap().to_string(), s["live_bytes"].as_u64().unwrap()))
+            .collect();
+        pairs
+    };
+    let want = groups(recording.to_str().unwrap());
+    assert!(want.iter().any(|(s, b)| s.contains("mlp.0") && *b == 2 * MIB), "{want:?}");
+    assert_eq!(groups(&file), want);
+    let info = stdout(&run(&["info", &file]));
+    assert!(info.contains("annotate entries: 1"), "{info}");
+    assert!(info.contains("PyTorch release: 2.15"), "{info}");
+}
+
+/// Where the recording shows its release only by what the simulated run does not hold (the
+/// pinned host allocator's `host_segments`), the export cannot show it: the command says so,
+/// and how to model that release when replaying the file.
+#[test]
+fn an_export_that_cannot_show_the_recordings_release_says_so() {
+    let mut v = snapshot_2_15();
+    v["device_traces"][0].as_array_mut().unwrap().retain(|e| e["action"] != "annotate");
+    for e in v["device_traces"][0].as_array_mut().unwrap() {
+        e.as_object_mut().unwrap().remove("internal_metadata");
+    }
+    v["allocator_settings"]["PYTORCH_CUDA_ALLOC_CONF"] = json!("");
+    let s = v["allocator_settings"].as_object_mut().unwrap();
+    s.remove("max_round_threshold");
+    s.remove("max_cached_size");
+    let dir = tempfile::tempdir().unwrap();
+    let (file, notes) = exported(&dir, &v, "h");
+    assert!(
+        notes.contains(&format!(
+            "note: {file} shows no PyTorch release past 2.11: the recording's evidence of 2.15 \
+             (the snapshot has the pinned host allocator's host_segments)"
+        )),
+        "{notes}"
+    );
+    assert!(notes.contains("give --pytorch-version 2.15"), "{notes}");
+    // Nothing to say where the export shows the recording's release.
+    let (_, notes) = exported(&dir, &snapshot_2_15(), "s");
+    assert!(!notes.contains("shows no PyTorch release"), "{notes}");
+}
+
+/// The exported run's entries name their pools as the recording's did (`pool_id`), so a
+/// replay of the file routes each request into the pool its entry names.
+#[test]
+fn an_exported_run_keeps_the_pools_its_entries_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let (file, _) = exported(&dir, &pool_snapshot([1, 0], "capture_begin"), "p");
+    let o = run(&["info", &file, "--json"]);
+    let j: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (j["entry_private_pools"].as_u64(), j["private_pool_allocs"].as_u64()),
+        (Some(1), Some(1)),
+        "{j}"
+    );
+    let o = run(&["validate", &file, "--json"]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(o.status.code(), Some(0), "{v}");
+}
+
+/// A Kineto trace recorded on ROCm (`Device Type` 6, c10's HIP): 30 MiB allocated and freed,
+/// then 40 MiB (`ty` the memory events' device type).
+fn kineto_30_then_40(ty: u32) -> Vec<u8> {
+    let e = |ts: u64, addr: u64, bytes: i64| {
+        json!({"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 1,
+               "tid": 1, "ts": ts, "args": {"Device Type": ty, "Device Id": 0, "Addr": addr,
+               "Bytes": bytes}})
+    };
+    let v = json!({"schemaVersion": 1, "traceEvents": [
+        e(1, A, 30 * MIB as i64), e(2, A, -(30 * MIB as i64)), e(3, A + 0x1000_0000, 40 * MIB as i64)
+    ]});
+    serde_json::to_vec(&v).unwrap()
+}
+
+/// The peaks of `-p` each of `specs` on the Kineto trace at `path` (plus `extra` arguments), and
+/// stderr.
+fn peaks(path: &str, specs: &[&str], extra: &[&str]) -> (Vec<(String, u64)>, String) {
+    let mut args = vec!["replay", path, "--json"];
+    for s in specs {
+        args.extend(["-p", s]);
+    }
+    args.extend(extra);
+    let out = run(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v["results"].as_array().unwrap().iter().filter(|r| r["policy"] != "recorded");
+    let peaks = rows
+        .map(|r| {
+            (r["config"].as_str().unwrap().to_string(), r["peak_reserved_bytes"].as_u64().unwrap())
+        })
+        .collect();
+    (peaks, stderr(&out))
+}
+
+/// PyTorch before 2.12 has no expandable segments on ROCm: `expandable_segments:True` warns and
+/// the allocator runs without them (`CUDAAllocatorConfig::expandable_segments()`). A ROCm
+/// trace (which shows no release: 2.11 is modelled) replays `pytorch-expandable` without them —
+/// the 40 MiB request gets a segment of its own beside the cached 30 MiB — and says so; from
+/// 2.12 they are in effect (with ROCm 7+, which the trace does not say, so a note says that);
+/// `pytorch-cuda` is CUDA's allocator whatever made the recording; the same trace recorded on
+/// CUDA replays them.
+#[test]
+fn rocm_replays_expandable_segments_only_from_2_12() {
+    let (_d, rocm) = temp_file("rocm.json", &kineto_30_then_40(6));
+    let rocm = rocm.to_str().unwrap();
+    let info = stdout(&run(&["info", rocm]));
+    assert!(info.contains("platform: ROCm (its memory events record Device Type 6"), "{info}");
+    let j: Value = serde_json::from_slice(&run(&["info", rocm, "--json"]).stdout).unwrap();
+    assert_eq!(j["platform"]["name"], "rocm", "{j}");
+
+    let specs = ["pytorch", "pytorch-expandable", "pytorch:expandable_segments:True"];
+    let (p, notes) = peaks(rocm, &specs, &[]);
+    assert_eq!(p.iter().map(|x| x.1).collect::<Vec<_>>(), [70 * MIB; 3], "{p:?}");
+    // The settings as set, as PyTorch's own allocator_settings string keeps them.
+    assert!(p[1].0.starts_with("expandable_segments:True"), "{p:?}");
+    assert!(
+        notes.contains(
+            "note: pytorch-expandable and 1 other config: recorded on ROCm (its memory events \
+             record Device Type 6"
+        ) && notes.contains("PyTorch 2.11 on ROCm does not have expandable segments")
+            && notes.contains("--pytorch-version 2.12 models that"),
+        "{notes}"
+    );
+    let (p, notes) = peaks(rocm, &specs[1..2], &["--pytorch-version", "2.12"]);
+    assert_eq!(p[0].1, 40 * MIB, "{p:?}");
+    assert!(
+        notes.contains("only when built with ROCm 7 or later (ROCM_VERSION >= 70000)"),
+        "{notes}"
+    );
+    let (p, notes) = peaks(rocm, &["pytorch-cuda:expandable_segments:True"], &[]);
+    assert_eq!(p[0].1, 40 * MIB, "{p:?}");
+    assert!(!notes.contains("ROCm"), "{notes}");
+    let (_d, cuda) = temp_file("cuda.json", &kineto_30_then_40(1));
+    let (p, notes) = peaks(cuda.to_str().unwrap(), &specs[1..2], &[]);
+    assert_eq!(p[0].1, 40 * MIB, "{p:?}");
+    assert!(!notes.contains("ROCm"), "{notes}");
+}
+
+/// The platform goes where the trace goes: `.fst` keeps it (the replay is the same), a Kineto
+/// file writes Device Type 6 again, and a format without a place for it says it is lost. The
+/// exported run of an ignored setting records it as PyTorch on ROCm does: asked in the string,
+/// off in effect, so `validate` of the file replays it without expandable segments.
+#[test]
+fn a_rocm_trace_keeps_its_platform_where_its_format_can_hold_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("rocm.json");
+    std::fs::write(&src, kineto_30_then_40(6)).unwrap();
+    let src = src.to_str().unwrap();
+    for name in ["rocm.fst", "again.json"] {
+        let out = dir.path().join(name);
+        let o = run(&["convert", src, out.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let (p, _) = peaks(out.to_str().unwrap(), &["pytorch-expandable"], &[]);
+        assert_eq!(p[0].1, 70 * MIB, "{name}: {p:?}");
+        assert!(
+            stdout(&run(&["info", out.to_str().unwrap()])).contains("platform: ROCm"),
+            "{name}"
+        );
+    }
+    let out = dir.path().join("rocm.pickle");
+    let o = run(&["convert", src, out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("the recording shows it was made on ROCm"), "{}", stderr(&o));
+
+    let exported = dir.path().join("exported.pickle");
+    let o = run(&[
+        "replay",
+        src,
+        "-p",
+        "pytorch-expandable",
+        "--export-snapshot",
+        exported.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // The file is a snapshot: it records no platform, and says so.
+    assert!(stderr(&o).contains("the recording shows it was made on ROCm"), "{}", stderr(&o));
+    let j: Value =
+        serde_json::from_slice(&run(&["info", exported.to_str().unwrap(), "--json"]).stdout)
+            .unwrap();
+    let s = &j["allocator_settings"];
+    assert_eq!(s["expandable_segments"], false, "{j}");
+    assert!(s["conf"].as_str().unwrap().starts_with("expandable_segments:True"), "{j}");
+    let o = run(&["validate", exported.to_str().unwrap(), "--json"]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(o.status.code(), Some(0), "{v}");
+    assert_eq!(v["peak_reserved_simulated_bytes"], 70 * MIB, "{v}");
+}

@@ -188,19 +188,7 @@ fn newer_lines(trace: &fragsim::trace::Trace) -> String {
 
 /// The human summary.
 fn render(path: &str, s: &Summary, extra: &dyn Fn(i32) -> Vec<String>) -> String {
-    let mut o = String::new();
-    let events: u64 = s.devices.iter().map(|d| d.events).sum();
-    let _ = writeln!(o, "{}", printable(path));
-    let _ = writeln!(
-        o,
-        "  format: {}{}, {} events on {} device{}, times {}",
-        s.format,
-        s.converted_from.map_or(String::new(), |f| format!(" (converted from {f})")),
-        count(events),
-        s.devices.len(),
-        if s.devices.len() == 1 { "" } else { "s" },
-        if s.has_times { "recorded" } else { "not recorded (event indices)" }
-    );
+    let mut o = render_head(path, s);
     for d in &s.devices {
         o.push('\n');
         render_device(&mut o, d, s.device == Some(d.device), &extra(d.device));
@@ -242,6 +230,28 @@ fn render(path: &str, s: &Summary, extra: &dyn Fn(i32) -> Vec<String>) -> String
         );
     }
     render_settings(&mut o, s);
+    o
+}
+
+/// The summary's first lines: the file, its format and size, and the platform it shows.
+fn render_head(path: &str, s: &Summary) -> String {
+    let mut o = String::new();
+    let events: u64 = s.devices.iter().map(|d| d.events).sum();
+    let _ = writeln!(o, "{}", printable(path));
+    let _ = writeln!(
+        o,
+        "  format: {}{}, {} events on {} device{}, times {}",
+        s.format,
+        s.converted_from.map_or(String::new(), |f| format!(" (converted from {f})")),
+        count(events),
+        s.devices.len(),
+        if s.devices.len() == 1 { "" } else { "s" },
+        if s.has_times { "recorded" } else { "not recorded (event indices)" }
+    );
+    if let Some(p) = &s.platform {
+        let shown = if p.name == "rocm" { "ROCm" } else { "CUDA" };
+        let _ = writeln!(o, "  platform: {shown} ({})", p.why);
+    }
     o
 }
 

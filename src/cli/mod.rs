@@ -619,7 +619,7 @@ pub(crate) fn read_trace(
 
 /// Says, unless `--quiet`, what the session's recording changes about a replay of `specs`
 /// ([`fragsim::session::Session::notes`]): torch_npu's rules, a warm start, the PyTorch version
-/// modelled, and recorded options this fragsim leaves out (a newer PyTorch's: the replay goes on
+/// modelled, ROCm's expandable segments, and recorded options this fragsim leaves out (a newer PyTorch's: the replay goes on
 /// without them rather than refusing a recording PyTorch made).
 pub(crate) fn print_notes(
     control: &progress::Control,

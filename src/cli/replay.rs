@@ -217,7 +217,7 @@ fn export(
         ..request.options.clone()
     };
     let run = session.replay_recorded(spec, &options)?;
-    session.write_snapshot(&run, out)?;
+    let notes = session.write_snapshot(&run, out)?;
     let printed = answer.comparison.run_of(EXPORTED).map(|r| r.output.result.peak_reserved_bytes);
     let peak = run.output.result.peak_reserved_bytes;
     let cold = if printed == Some(peak) {
@@ -236,5 +236,8 @@ fn export(
         run.spec.display(),
         run.output.result.config
     ));
+    for n in notes {
+        io.note(&n);
+    }
     Ok(())
 }

@@ -82,7 +82,10 @@ pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     };
     let v = session.validate(&options)?;
     if let Some(path) = &args.export_snapshot {
-        fragsim::report::snapshot_out::write_simulated(session.trace(), v.device, &v.output, path)?;
+        let trace = session.trace();
+        for n in fragsim::report::snapshot_out::write_simulated(trace, v.device, &v.output, path)? {
+            io.note(&n);
+        }
     }
     let out = &mut *io.out;
     let io = |e: std::io::Error| Error::writing("to stdout", e);

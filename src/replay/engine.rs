@@ -10,7 +10,7 @@ use crate::error::Cancel;
 use crate::error::{Error, Result};
 use crate::metrics::{OomDetail, PeakDetail, PolicyResult, Series};
 use crate::policy::{Allocation, Handle, Policy};
-use crate::trace::{Action, Event, Segment};
+use crate::trace::{Action, Event, PoolRef, Segment};
 use std::time::Instant;
 
 /// Everything one policy's replay produced.
@@ -24,8 +24,25 @@ pub struct ReplayOutput {
     pub series: Option<Series>,
     /// The simulated run as events (policy addresses), if asked for.
     pub events: Option<Vec<Event>>,
+    /// With [`ReplayOutput::events`]: where each part of them came from, as (origin, index in
+    /// `events` of its first event), in order. The events from one origin's index up to the next
+    /// one's are what the policy did for it (an input event's `alloc`, its free pair, the
+    /// segments obtained or released meanwhile); events before the first are none's.
+    pub log_origins: Option<Vec<(LogOrigin, usize)>>,
     /// The policy's segments when the replay ended (or stopped).
     pub segments: Vec<Segment>,
+}
+
+/// What a part of a simulated run's log was recorded for ([`ReplayOutput::log_origins`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogOrigin {
+    /// A block live at the first event, which the recording knows by this address.
+    Start {
+        /// The recorded address.
+        addr: u64,
+    },
+    /// The input's event of this index (on the replayed device).
+    Event(u64),
 }
 
 /// Replays `input` through `policy` on the backend `options` names.
@@ -102,7 +119,9 @@ fn log_alloc(logging: bool, log: &mut Option<Vec<Event>>, addr: u64, at: &Event)
         return;
     }
     if let Some(log) = log {
-        log.push(Event::new(Action::Alloc, addr, at.size, at.stream, at.time_us));
+        let mut e = Event::new(Action::Alloc, addr, at.size, at.stream, at.time_us);
+        e.pool = at.pool;
+        log.push(e);
     }
 }
 
@@ -114,9 +133,21 @@ fn log_free(logging: bool, log: &mut Option<Vec<Event>>, addr: u64, request: u64
         return;
     }
     if let Some(log) = log {
-        log.push(Event::new(Action::FreeRequested, addr, request, at.stream, at.time_us));
-        log.push(Event::new(Action::FreeCompleted, addr, request, at.stream, at.time_us));
+        for action in [Action::FreeRequested, Action::FreeCompleted] {
+            let mut e = Event::new(action, addr, request, at.stream, at.time_us);
+            e.pool = at.pool;
+            log.push(e);
+        }
     }
+}
+
+/// The pool of the block live at the start at recorded address `addr`, as the trace's entries
+/// number pools ([`crate::trace::PoolRef`]): the pool its address lies in, where it lies in one.
+fn start_pool(input: &ReplayInput, addr: u64) -> PoolRef {
+    let pools = input.trace().entry_pools.as_deref().unwrap_or_default();
+    let pool = input.pool_routes().and_then(|r| r.pool_of(addr));
+    let at = pool.and_then(|p| pools.iter().position(|&q| q == p));
+    at.map_or(PoolRef::DEFAULT, |i| PoolRef(i as u16 + 1))
 }
 
 /// [`Policy::malloc`] out of line, for the engine's rare calls (blocks live at the start, a
@@ -273,6 +304,8 @@ fn drive<P: Policy, B: Backend, K: Blocks, G: Guide<P, B>, const PLAIN: bool>(
             // What the backend calls this event makes are logged with.
             d.backend.observer.now = e.time_us;
             d.backend.observer.stream = e.stream;
+            d.backend.observer.pool = e.pool;
+            d.backend.observer.origin(LogOrigin::Event(index));
         }
         if !PLAIN && released_before.first() == Some(&index) {
             released_before = &released_before[1..];
@@ -349,8 +382,10 @@ impl<'r, 'a, P: Policy, B: Backend> Driver<'r, 'a, P, B> {
             maps: 0,
             unmaps: 0,
             log: options.record_events.then(Vec::new),
+            origins: Vec::new(),
             now: 0,
             stream: 0,
+            pool: PoolRef::DEFAULT,
         };
         // Only a planner uses the events up front, and it is always handed loaded ones
         // ([`PolicyInfo::run`](crate::policy::PolicyInfo::run)).
@@ -383,14 +418,20 @@ impl<'r, 'a, P: Policy, B: Backend> Driver<'r, 'a, P, B> {
             // The log is of the run from the state installed: it holds no call that installed it.
             if let Some(log) = &mut self.backend.observer.log {
                 log.clear();
+                self.backend.observer.origins.clear();
             }
             installed
         };
         // A guide that follows a recorded start state leaves out the blocks it did not hold.
         let leaves_unheld = !cold && !G::MALLOCS_UNHELD_START;
+        let logging = self.backend.observer.log.is_some();
         for (k, b) in input.live_at_start().iter().enumerate() {
             self.backend.observer.now = start_time;
             self.backend.observer.stream = b.stream;
+            if logging {
+                self.backend.observer.pool = start_pool(input, b.addr);
+                self.backend.observer.origin(LogOrigin::Start { addr: b.addr });
+            }
             let placed = match installed.get(k).copied().flatten() {
                 Some(a) => Some(a),
                 None if leaves_unheld => None,
@@ -405,8 +446,11 @@ impl<'r, 'a, P: Policy, B: Backend> Driver<'r, 'a, P, B> {
             match placed {
                 Some(a) => {
                     self.meter.requested += b.size;
+                    let pool = self.backend.observer.pool;
                     if let Some(log) = self.backend.observer.log.as_mut().filter(|_| cold) {
-                        log.push(Event::new(Action::Alloc, a.addr, b.size, b.stream, start_time));
+                        let mut e = Event::new(Action::Alloc, a.addr, b.size, b.stream, start_time);
+                        e.pool = pool;
+                        log.push(e);
                     }
                     self.meter.detail.live_at_start += 1;
                 }
@@ -638,6 +682,7 @@ impl<'r, 'a, P: Policy, B: Backend> Driver<'r, 'a, P, B> {
             result,
             detail: meter.detail,
             series: meter.series,
+            log_origins: backend.observer.log.is_some().then_some(backend.observer.origins),
             events: backend.observer.log,
             segments: policy.segments(),
         }

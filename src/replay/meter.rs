@@ -1,8 +1,9 @@
 //! What one replay measures as it goes: the peaks, the series, and the backend calls.
 
+use super::engine::LogOrigin;
 use crate::backend::{BackendCall, Observer};
 use crate::metrics::{PeakDetail, Point, Series};
-use crate::trace::{Action, Event};
+use crate::trace::{Action, Event, PoolRef};
 
 /// Counts what the policy asks of the backend and, when asked, records it as trace events: the
 /// [`Observer`] of the backend a replay runs on.
@@ -12,14 +13,27 @@ pub(super) struct Metered {
     pub(super) maps: u64,
     pub(super) unmaps: u64,
     pub(super) log: Option<Vec<Event>>,
+    /// Where each part of `log` came from, kept with it ([`super::ReplayOutput::log_origins`]).
+    pub(super) origins: Vec<(LogOrigin, usize)>,
     pub(super) now: i64,
     pub(super) stream: u64,
+    /// The pool the request being served names: the segments it obtains are that pool's.
+    pub(super) pool: PoolRef,
 }
 
 impl Metered {
     pub(super) fn note(&mut self, action: Action, addr: u64, size: u64) {
         if let Some(log) = &mut self.log {
-            log.push(Event::new(action, addr, size, self.stream, self.now));
+            let mut e = Event::new(action, addr, size, self.stream, self.now);
+            e.pool = self.pool;
+            log.push(e);
+        }
+    }
+
+    /// Notes that what the log records from here on comes from `origin`, if the log is kept.
+    pub(super) fn origin(&mut self, origin: LogOrigin) {
+        if let Some(log) = &self.log {
+            self.origins.push((origin, log.len()));
         }
     }
 }

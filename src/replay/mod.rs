@@ -46,7 +46,7 @@ pub use compare::{
     max_jobs, run_specs, Comparison, Jobs, RunSettings, SpecFailure, SpecRun, JOBS_PER_CORE,
 };
 pub(crate) use engine::run_guided;
-pub use engine::{run_policy, ReplayOutput};
+pub use engine::{run_policy, LogOrigin, ReplayOutput};
 
 pub(crate) use guide::Undecided;
 pub(crate) use guide::{ExactPlacer, Guide};

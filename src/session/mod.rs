@@ -325,8 +325,10 @@ impl Session {
         runs.runs.pop().ok_or_else(|| Error::usage(format!("{} did not run", spec.display())))
     }
 
-    /// Writes the simulated run `run` of this session's device as a PyTorch snapshot.
-    pub fn write_snapshot(&self, run: &SpecRun, out: &Path) -> Result<()> {
+    /// Writes the simulated run `run` of this session's device as a PyTorch snapshot; returns
+    /// what the file cannot show of the recording, one note each
+    /// ([`crate::report::snapshot_out::write_simulated`]).
+    pub fn write_snapshot(&self, run: &SpecRun, out: &Path) -> Result<Vec<String>> {
         crate::report::snapshot_out::write_simulated(self.trace(), self.device, &run.output, out)
     }
 

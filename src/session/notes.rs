@@ -1,12 +1,13 @@
 //! What a session tells its user before replaying some specs: the facts about the recording that
 //! change how its replays read (recorded by torch_npu, a profiler trace that starts warm, the
-//! PyTorch version modelled, recorded allocator options this fragsim leaves out). The command
+//! PyTorch version modelled, what a ROCm recording's platform does to expandable segments,
+//! recorded allocator options this fragsim leaves out). The command
 //! line prints them on stderr as `fragsim: note: ...`; the Python package hands them back as a
 //! result's `notes`.
 
 use super::Session;
 use crate::policy::pytorch::config::{modelled_version, split_version};
-use crate::policy::pytorch::{Config, Flavour};
+use crate::policy::pytorch::{Config, Flavour, PlatformExpandable, Version};
 use crate::policy::{has_allocator_settings, PolicySpec};
 use crate::trace::Trace;
 use crate::units::format_bytes;
@@ -49,6 +50,7 @@ fn notes(trace: &Trace, specs: &[PolicySpec]) -> Vec<String> {
         warm_start(trace, &mut out);
     }
     versions(trace, specs, &mut out);
+    platform(trace, specs, &mut out);
     let Some(settings) = &trace.allocator_settings else { return out };
     let names = Config::unmodelled_options_as(settings, flavour);
     if !names.is_empty() {
@@ -100,6 +102,54 @@ fn warm_start(trace: &Trace, out: &mut Vec<String>) {
                 format_bytes(k.live_bytes)
             ));
         }
+    }
+}
+
+/// What the platform the recording shows does to the expandable segments a spec of its own
+/// allocator asks for (docs/pytorch-model.md#rocm): one line per release and reading, naming the
+/// first spec, as [`versions`] groups them.
+fn platform(trace: &Trace, specs: &[PolicySpec], out: &mut Vec<String>) {
+    let Some(p) = trace.platform else { return };
+    let mut seen: Vec<(String, String, usize)> = Vec::new();
+    for spec in specs.iter().filter(|s| PlatformExpandable::asked(&s.name, &s.options, trace)) {
+        let Ok((options, asked)) = split_version(&spec.options) else { continue };
+        let Ok(m) = modelled_version(&options, asked, trace) else { continue };
+        let Some(rule) = PlatformExpandable::of(trace, m.version) else { continue };
+        let why = platform_line(rule, m.version, p);
+        let display = spec.display();
+        match seen.iter_mut().find(|(w, _, _)| *w == why) {
+            Some((_, first, others)) => *others += usize::from(*first != display),
+            None => seen.push((why, display, 0)),
+        }
+    }
+    for (why, first, others) in seen {
+        out.push(match others {
+            0 => format!("note: {first}: {why}"),
+            n => format!(
+                "note: {first} and {n} other config{}: {why}",
+                if n == 1 { "" } else { "s" }
+            ),
+        });
+    }
+}
+
+/// The note on expandable segments asked for under release `v` on ROCm (`p` shows it).
+fn platform_line(rule: PlatformExpandable, v: Version, p: crate::trace::Platform) -> String {
+    match rule {
+        PlatformExpandable::Ignored => format!(
+            "recorded on ROCm ({}); PyTorch {v} on ROCm does not have expandable segments: it \
+             warns \"expandable_segments not supported on this platform\" and allocates without \
+             them, so this replays without them (2.12 added them for ROCm 7 and later: \
+             --pytorch-version 2.12 models that)",
+            p.why()
+        ),
+        PlatformExpandable::NeedsRocm7 => format!(
+            "recorded on ROCm ({}); PyTorch {v} has expandable segments on ROCm only when built \
+             with ROCm 7 or later (ROCM_VERSION >= 70000), which the recording does not say: \
+             replayed with them; with an older ROCm, PyTorch ignores the setting (as -p pytorch \
+             without it replays)",
+            p.why()
+        ),
     }
 }
 

@@ -12,7 +12,11 @@
 //!
 //! - `Bytes` > 0 is an allocation, < 0 a free of `|Bytes|`; `Device Type` 0 is host (CPU)
 //!   memory, which fragsim files as device -1; other types (CUDA's 1, ROCm's 6: c10's `HIP`)
-//!   are GPUs and keep their `Device Id`.
+//!   are GPUs and keep their `Device Id`. Type 6 shows the recording was made on ROCm
+//!   ([`Platform::RocmDeviceType`]); so do ROCm's `deviceProperties` (Kineto writes
+//!   `maxSharedMemoryPerMultiProcessor` for a ROCm GPU, `regsPerMultiprocessor` and
+//!   `sharedMemPer*` for a CUDA one: [`Platform`]). Type 1 alone shows nothing: a ROCm build
+//!   that reports its memory as CUDA's would write it too.
 //! - `ts` is in microseconds (an integer or a float). Events come from several threads and are
 //!   written per thread, so the reader sorts them by `ts` (stable: ties keep file order).
 //! - Kineto records no streams (stream 0 here), no segment events and no `free_requested`: a free
@@ -30,7 +34,9 @@
 
 use super::lifetimes::free_action;
 use super::limits;
-use super::{Action, DeviceTotals, DeviceTrace, Event, Format, ReadOptions, RecordedTotals, Trace};
+use super::{
+    Action, DeviceTotals, DeviceTrace, Event, Format, Platform, ReadOptions, RecordedTotals, Trace,
+};
 use crate::error::{Error, Place, Result};
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
@@ -41,6 +47,8 @@ use std::io::{BufRead, Write};
 const DEVICE_TYPE_CPU: u64 = 0;
 /// Kineto's `Device Type` for CUDA memory (c10::DeviceType::CUDA).
 const DEVICE_TYPE_CUDA: u64 = 1;
+/// Kineto's `Device Type` for memory of a ROCm build's GPU (c10::DeviceType::HIP).
+const DEVICE_TYPE_HIP: u64 = 6;
 /// Why a `[memory]` event without `Addr` cannot be replayed: 2021-era traces (PyTorch before
 /// 1.10, whose Kineto memory events carry only `Bytes`, `Device Type` and `Device Id`; `Addr`
 /// and the totals came with pytorch/pytorch#61282).
@@ -66,7 +74,8 @@ pub(crate) fn read_from(input: &mut dyn BufRead, _options: &ReadOptions) -> Resu
         input.consume(3);
     }
     let mut found = Vec::new();
-    let saw_events = parse_stream(input, &mut found)?;
+    let mut props = PropsSeen::default();
+    let saw_events = parse_stream(input, &mut found, &mut props)?;
     if !saw_events {
         return Err(Error::input(
             "no 'traceEvents' list: not a Chrome trace (expected {\"traceEvents\": [...]} or a bare array)",
@@ -76,7 +85,8 @@ pub(crate) fn read_from(input: &mut dyn BufRead, _options: &ReadOptions) -> Resu
     // Events from several threads interleave: order by time; a stable sort keeps file order
     // among equal times.
     found.sort_by(|a, b| a.ts.total_cmp(&b.ts));
-    let mut trace = Trace { format: Format::Kineto, has_times: true, ..Trace::default() };
+    let platform = props.platform(found.iter().any(|f| f.hip));
+    let mut trace = Trace { format: Format::Kineto, has_times: true, platform, ..Trace::default() };
     // Per device (parallel to `trace.devices`): the totals, or `None` once an event lacks them.
     let mut totals: Vec<Option<Vec<RecordedTotals>>> = Vec::new();
     for m in found {
@@ -133,11 +143,14 @@ pub(crate) fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
     let mut first = true;
     for d in &trace.devices {
         let frees = free_action(&d.events);
-        let (device_type, device_id) = if d.device == HOST_DEVICE {
-            (DEVICE_TYPE_CPU, -1)
-        } else {
-            (DEVICE_TYPE_CUDA, d.device)
+        // A ROCm recording's GPU memory is written as ROCm builds write it (Device Type 6), so
+        // that reading the file back shows the platform again.
+        let gpu_type = match trace.platform {
+            Some(p) if p.is_rocm() => DEVICE_TYPE_HIP,
+            _ => DEVICE_TYPE_CUDA,
         };
+        let (device_type, device_id) =
+            if d.device == HOST_DEVICE { (DEVICE_TYPE_CPU, -1) } else { (gpu_type, d.device) };
         let mut last_ts = i64::MIN;
         let recorded = trace.totals_of(d.device);
         for (i, e) in d.events.iter().enumerate() {
@@ -253,6 +266,35 @@ struct Found {
     event: Event,
     /// `Total Allocated` and `Total Reserved`, when both are non-negative integers.
     totals: Option<RecordedTotals>,
+    /// The event's `Device Type` is 6 (c10's `HIP`): a ROCm build's GPU memory.
+    hip: bool,
+}
+
+/// What the trace's `deviceProperties` show of the platform: Kineto writes one object per GPU,
+/// with fields of its own for a ROCm build and for a CUDA one (`libkineto/src/DeviceProperties.cpp`).
+#[derive(Default)]
+struct PropsSeen {
+    /// Some GPU has `maxSharedMemoryPerMultiProcessor` (written with roctracer only).
+    rocm: bool,
+    /// Some GPU has `regsPerMultiprocessor`, `sharedMemPerBlockOptin` or
+    /// `sharedMemPerMultiprocessor` (written with CUPTI only).
+    cuda: bool,
+}
+
+impl PropsSeen {
+    /// The platform the trace shows: ROCm where a memory event records HIP's device type
+    /// (`hip`), else what the device properties show, ROCm's first.
+    fn platform(&self, hip: bool) -> Option<Platform> {
+        if hip {
+            Some(Platform::RocmDeviceType)
+        } else if self.rocm {
+            Some(Platform::RocmDeviceProperties)
+        } else if self.cuda {
+            Some(Platform::CudaDeviceProperties)
+        } else {
+            None
+        }
+    }
 }
 
 /// Runs the deserializer over the whole input, keeping the `[memory]` events in `found`.
@@ -260,15 +302,20 @@ struct Found {
 fn parse<'de, R: serde_json::de::Read<'de>>(
     mut de: serde_json::Deserializer<R>,
     found: &mut Vec<Found>,
+    props: &mut PropsSeen,
 ) -> serde_json::Result<bool> {
-    (&mut de).deserialize_any(RootSeed { out: found }).and_then(|saw| de.end().map(|_| saw))
+    (&mut de).deserialize_any(RootSeed { out: found, props }).and_then(|saw| de.end().map(|_| saw))
 }
 
 /// [`parse`] over a stream, its errors placed where parsing the stream held in memory places them.
-fn parse_stream(input: &mut dyn BufRead, found: &mut Vec<Found>) -> Result<bool> {
+fn parse_stream(
+    input: &mut dyn BufRead,
+    found: &mut Vec<Found>,
+    props: &mut PropsSeen,
+) -> Result<bool> {
     let mut tracked = Tracked::new(input);
     SKIPPING.with(|s| s.set(false));
-    let parsed = parse(serde_json::Deserializer::from_reader(&mut tracked), found);
+    let parsed = parse(serde_json::Deserializer::from_reader(&mut tracked), found, props);
     parsed.map_err(|e| {
         let at = tracked.place_in_memory(&e);
         json_error(e, at)
@@ -418,6 +465,7 @@ const LIST_EXPECTED: &str = "a list of trace events";
 /// deserializer's `deserialize_any`. Yields whether a list of events was found.
 struct RootSeed<'o> {
     out: &'o mut Vec<Found>,
+    props: &'o mut PropsSeen,
 }
 
 impl<'de> Visitor<'de> for RootSeed<'_> {
@@ -436,6 +484,8 @@ impl<'de> Visitor<'de> for RootSeed<'_> {
         while let Some(key) = map.next_key::<Key>()? {
             if key.0 == "traceEvents" && !saw {
                 saw = map.next_value_seed(EventsSeed { out: &mut *self.out })?;
+            } else if key.0 == "deviceProperties" {
+                map.next_value_seed(PropsSeed { seen: &mut *self.props })?;
             } else {
                 skipping(|| map.next_value::<IgnoredAny>())?;
             }
@@ -445,7 +495,7 @@ impl<'de> Visitor<'de> for RootSeed<'_> {
 }
 
 /// The map keys the reader looks at; any other key is read as "" (skipped).
-const KEYS: [&str; 10] = [
+const KEYS: [&str; 15] = [
     "traceEvents",
     "name",
     "ts",
@@ -456,6 +506,12 @@ const KEYS: [&str; 10] = [
     "Device Id",
     "Total Allocated",
     "Total Reserved",
+    // The device properties' keys last: they are looked at once a trace, the others per event.
+    "deviceProperties",
+    "maxSharedMemoryPerMultiProcessor",
+    "regsPerMultiprocessor",
+    "sharedMemPerBlockOptin",
+    "sharedMemPerMultiprocessor",
 ];
 
 /// A map key: one of [`KEYS`], or "" for any other, so reading keys allocates nothing.
@@ -543,6 +599,71 @@ macro_rules! accept_other_values {
             skipping(|| IgnoredAny.visit_map(map)).map(|_| $value)
         }
     };
+}
+
+/// `deviceProperties`: a list of one object per GPU, whose keys show the platform
+/// ([`PropsSeen`]). Any other value, or element, is skipped: the properties are a hint the
+/// reader takes where Kineto wrote them, never a reason to refuse a trace.
+struct PropsSeed<'o> {
+    seen: &'o mut PropsSeen,
+}
+
+impl<'de> DeserializeSeed<'de> for PropsSeed<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for PropsSeed<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("device properties")
+    }
+    accept_other_values!((); str, u64, i64, f64, bool, unit, map);
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(PropSeed { seen: &mut *self.seen })?.is_some() {}
+        Ok(())
+    }
+}
+
+/// One GPU's properties in `deviceProperties`: notes the keys that show the platform.
+struct PropSeed<'o> {
+    seen: &'o mut PropsSeen,
+}
+
+impl<'de> DeserializeSeed<'de> for PropSeed<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for PropSeed<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a device's properties")
+    }
+    accept_other_values!((); str, u64, i64, f64, bool, unit, seq);
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(key) = map.next_key::<Key>()? {
+            match key.0 {
+                "maxSharedMemoryPerMultiProcessor" => self.seen.rocm = true,
+                "regsPerMultiprocessor"
+                | "sharedMemPerBlockOptin"
+                | "sharedMemPerMultiprocessor" => self.seen.cuda = true,
+                _ => {}
+            }
+            skipping(|| map.next_value::<IgnoredAny>())?;
+        }
+        Ok(())
+    }
 }
 
 /// One element of `traceEvents`: a `[memory]` event becomes a [`Found`], anything else `None`.
@@ -653,7 +774,8 @@ impl RawEvent {
             (Some(allocated), Some(reserved)) => Some(RecordedTotals { allocated, reserved }),
             _ => None,
         };
-        Ok(Some(Found { ts, device, event, totals }))
+        let hip = device_type == DEVICE_TYPE_HIP as i128;
+        Ok(Some(Found { ts, device, event, totals, hip }))
     }
 }
 
@@ -896,6 +1018,73 @@ mod tests {
         assert!(losses(&t).is_empty());
     }
 
+    /// ROCm builds report GPU memory with c10's HIP device type (6): the trace shows ROCm, and
+    /// writing it keeps type 6, so reading it back shows ROCm again. CUDA's type (1) alone
+    /// shows no platform: a ROCm build that reports CUDA's type would write it too.
+    #[test]
+    fn device_type_6_shows_rocm_and_survives_a_round_trip() {
+        let json = format!(
+            "[{},{},{}]",
+            mem("1", 6, 3, 4096, 8),
+            mem("2", 0, -1, 8, 100),
+            mem("3", 6, 3, 4096, -8)
+        );
+        let t = read(json.as_bytes(), &ReadOptions::default()).unwrap();
+        assert_eq!(t.platform, Some(Platform::RocmDeviceType));
+        assert_eq!(t.devices.iter().map(|d| d.device).collect::<Vec<_>>(), [-1, 3]);
+        let mut out = Vec::new();
+        write(&t, &mut out).unwrap();
+        let text = String::from_utf8(out.clone()).unwrap();
+        assert!(text.contains("\"Device Type\": 6, \"Device Id\": 3"), "{text}");
+        assert!(
+            text.contains("\"Device Type\": 0, \"Device Id\": -1"),
+            "host memory stays host: {text}"
+        );
+        assert_eq!(read(&out, &ReadOptions::default()).unwrap(), t);
+        let cuda = format!("[{}]", mem("1", 1, 0, 4096, 8));
+        assert_eq!(read(cuda.as_bytes(), &ReadOptions::default()).unwrap().platform, None);
+        // One event of type 6 among CUDA's type is enough.
+        let mixed = format!("[{},{}]", mem("1", 1, 0, 4096, 8), mem("2", 6, 0, 8192, 8));
+        let t = read(mixed.as_bytes(), &ReadOptions::default()).unwrap();
+        assert_eq!(t.platform, Some(Platform::RocmDeviceType));
+    }
+
+    /// Kineto's `deviceProperties` show the platform by the fields it writes for each
+    /// (`libkineto/src/DeviceProperties.cpp`); anything else there is skipped, never an error,
+    /// and a memory event's type 6 wins over them.
+    #[test]
+    fn device_properties_show_the_platform_by_their_fields() {
+        let with = |props: &str, ty: u32| {
+            let json = format!(
+                "{{\"schemaVersion\":1,\"deviceProperties\":{props},\"traceEvents\":[{}]}}",
+                mem("1", ty, 0, 4096, 8)
+            );
+            read(json.as_bytes(), &ReadOptions::default()).unwrap().platform
+        };
+        let rocm = r#"[{"id":0,"name":"AMD Instinct MI300X","totalGlobalMem":206141652992,"numSms":304,"maxSharedMemoryPerMultiProcessor":65536}]"#;
+        let cuda = r#"[{"id":0,"name":"Tesla V100-SXM2-32GB","regsPerMultiprocessor":65536,"sharedMemPerMultiprocessor":98304,"sharedMemPerBlockOptin":98304}]"#;
+        assert_eq!(with(rocm, 1), Some(Platform::RocmDeviceProperties));
+        assert_eq!(with(cuda, 1), Some(Platform::CudaDeviceProperties));
+        assert_eq!(with(cuda, 6), Some(Platform::RocmDeviceType));
+        // Fields both write, a name that reads like a vendor's, and values of any shape: nothing.
+        for other in [
+            r#"[{"id":0,"name":"AMD Instinct MI300X","totalGlobalMem":1,"numSms":304}]"#,
+            r#"[]"#,
+            r#"{"maxSharedMemoryPerMultiProcessor":1}"#,
+            r#"[1,"x",null,[{"regsPerMultiprocessor":1}],{"a":{"regsPerMultiprocessor":1}}]"#,
+            r#""rocm""#,
+        ] {
+            assert_eq!(with(other, 1), None, "{other}");
+        }
+        // After the events, too.
+        let json = format!(
+            "{{\"traceEvents\":[{}],\"deviceProperties\":{rocm}}}",
+            mem("1", 1, 0, 4096, 8)
+        );
+        let t = read(json.as_bytes(), &ReadOptions::default()).unwrap();
+        assert_eq!(t.platform, Some(Platform::RocmDeviceProperties));
+    }
+
     #[test]
     fn rejects_bad_memory_events_with_their_index_and_line() {
         let json = format!(
@@ -927,7 +1116,11 @@ mod tests {
     /// before it streamed (`Ok` with the count of `[memory]` events found).
     fn parsed_whole(data: &[u8]) -> std::result::Result<(bool, usize), String> {
         let mut found = Vec::new();
-        match parse(serde_json::Deserializer::from_slice(data), &mut found) {
+        match parse(
+            serde_json::Deserializer::from_slice(data),
+            &mut found,
+            &mut PropsSeen::default(),
+        ) {
             Ok(saw) => Ok((saw, found.len())),
             Err(e) => {
                 let at = (e.line(), e.column());
@@ -950,7 +1143,7 @@ mod tests {
         let mut check = |bytes: &[u8]| {
             let whole = parsed_whole(bytes);
             let mut found = Vec::new();
-            let streamed = parse_stream(&mut &bytes[..], &mut found);
+            let streamed = parse_stream(&mut &bytes[..], &mut found, &mut PropsSeen::default());
             let streamed = streamed.map(|saw| (saw, found.len())).map_err(|e| e.to_string());
             assert_eq!(streamed, whole, "{}", String::from_utf8_lossy(bytes));
             checked += 1;

@@ -340,6 +340,66 @@ impl SnapshotExtras {
     pub const MAX_ANNOTATIONS: usize = 1 << 16;
 }
 
+/// The GPU platform a recording shows it was made on, and what shows it: a reader sets it only
+/// from a field its format defines for the platform, never from a guess (a device name, an
+/// address range). Each variant's number is its tag in an `.fst` file
+/// (docs/interface.md#fst-wire-layout): fixed, never reordered.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Platform {
+    /// ROCm: a Kineto `[memory]` event records `Device Type` 6, c10's `HIP`, with which
+    /// PyTorch's caching allocator reports its memory on ROCm builds (pytorch/pytorch#168721).
+    RocmDeviceType = 0,
+    /// ROCm: Kineto's `deviceProperties` carry `maxSharedMemoryPerMultiProcessor`, which Kineto
+    /// writes only when built with roctracer (`libkineto/src/DeviceProperties.cpp`).
+    RocmDeviceProperties = 1,
+    /// CUDA: Kineto's `deviceProperties` carry `regsPerMultiprocessor` /
+    /// `sharedMemPerBlockOptin` / `sharedMemPerMultiprocessor`, which Kineto writes only when
+    /// built with CUPTI.
+    CudaDeviceProperties = 2,
+}
+
+impl Platform {
+    /// True for ROCm (AMD GPUs, PyTorch's HIP build).
+    pub fn is_rocm(self) -> bool {
+        matches!(self, Platform::RocmDeviceType | Platform::RocmDeviceProperties)
+    }
+
+    /// The platform's name in `info --json` (`rocm`, `cuda`).
+    pub fn name(self) -> &'static str {
+        if self.is_rocm() {
+            "rocm"
+        } else {
+            "cuda"
+        }
+    }
+
+    /// The platform as people write it (`ROCm`, `CUDA`).
+    pub fn display(self) -> &'static str {
+        if self.is_rocm() {
+            "ROCm"
+        } else {
+            "CUDA"
+        }
+    }
+
+    /// What in the recording shows it (a phrase).
+    pub fn why(self) -> &'static str {
+        match self {
+            Platform::RocmDeviceType => {
+                "its memory events record Device Type 6, c10's HIP, which ROCm builds report"
+            }
+            Platform::RocmDeviceProperties => {
+                "its deviceProperties carry maxSharedMemoryPerMultiProcessor, which Kineto \
+                 writes on ROCm"
+            }
+            Platform::CudaDeviceProperties => {
+                "its deviceProperties carry regsPerMultiprocessor, which Kineto writes on CUDA"
+            }
+        }
+    }
+}
+
 /// The pinned host allocator's segments at dump time (`host_segments`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostSegments {
@@ -390,6 +450,10 @@ pub struct Trace {
     /// formats and for `.fst` files (which do not keep it).
     #[serde(default)]
     pub extras: SnapshotExtras,
+    /// The GPU platform the recording shows it was made on ([`Platform`]), `None` where it
+    /// shows none (a PyTorch snapshot records no platform; absence proves nothing).
+    #[serde(default)]
+    pub platform: Option<Platform>,
 }
 
 /// The real allocator's totals right after one event, as the file records them.
@@ -502,6 +566,18 @@ impl Trace {
         self.entry_pools.as_ref().is_some_and(|pools| {
             !pools.is_empty() && pools.iter().all(|p| p.0 == kineto_segments::INFERRED_POOL)
         })
+    }
+
+    /// What a format that records no platform (`format`) loses of this trace: one line where
+    /// the trace shows ROCm, whose rules a replay follows ([`Platform`]).
+    pub(crate) fn platform_loss(&self, format: &str) -> Option<String> {
+        let p = self.platform.filter(|p| p.is_rocm())?;
+        Some(format!(
+            "the recording shows it was made on ROCm ({}), which the {format} format does not \
+             hold: a replay of the output follows CUDA's rules (expandable segments before \
+             PyTorch 2.12)",
+            p.why()
+        ))
     }
 
     /// What a format that cannot name pools loses of this trace: one line where some entry

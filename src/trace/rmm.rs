@@ -196,6 +196,7 @@ pub(crate) fn losses(trace: &Trace) -> Vec<String> {
         out.push("final segments and allocator settings are not part of an RMM log".into());
     }
     out.extend(trace.entry_pools_loss("RMM log"));
+    out.extend(trace.platform_loss("RMM log"));
     out.extend(trace.totals_loss("RMM log", |d| Some(d) == chosen));
     out
 }

@@ -1643,6 +1643,7 @@ pub(crate) fn losses(trace: &Trace) -> Vec<String> {
         })
         .collect();
     out.extend(trace.totals_loss("snapshot", |d| d >= 0));
+    out.extend(trace.platform_loss("snapshot"));
     out
 }
 

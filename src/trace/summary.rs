@@ -27,6 +27,15 @@ pub struct Release {
     pub why: String,
 }
 
+/// The GPU platform a recording shows ([`Summary::platform`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PlatformShown {
+    /// `rocm` or `cuda`.
+    pub name: &'static str,
+    /// What shows it (a phrase).
+    pub why: &'static str,
+}
+
 /// The pinned host allocator's memory ([`Summary::host_segments`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct HostMemory {
@@ -57,6 +66,9 @@ pub struct Summary {
     pub start: StartFigures,
     /// True when event times are real microseconds, false when they are event indices.
     pub has_times: bool,
+    /// The GPU platform the recording shows it was made on ([`super::Platform`]), `null` where
+    /// it shows none.
+    pub platform: Option<PlatformShown>,
     /// Per device, by device index.
     pub devices: Vec<DeviceSummary>,
     /// Segments in the snapshot's final state (0 for formats without one).
@@ -226,6 +238,7 @@ impl Summary {
             peak_live_bytes: chosen.map_or(0, |d| d.peak_live_bytes),
             start: StartFigures::default(),
             has_times: trace.has_times,
+            platform: trace.platform.map(|p| PlatformShown { name: p.name(), why: p.why() }),
             devices,
             segments_at_dump: trace.segments.len() as u64,
             reserved_at_dump_bytes: saturate(

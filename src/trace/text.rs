@@ -49,6 +49,7 @@ pub(crate) fn losses(trace: &Trace) -> Vec<String> {
         out.push("final segments and allocator settings are not part of the text format".into());
     }
     out.extend(trace.entry_pools_loss("text"));
+    out.extend(trace.platform_loss("text"));
     out.extend(trace.totals_loss("text", |_| true));
     out
 }

@@ -432,6 +432,7 @@ fn generate_with(config: Config, conf: &str, seed: u64, capacity: Option<u64>) -
         recorded_totals: Vec::new(),
         entry_pools: None,
         torch_npu: false,
+        platform: None,
         extras: Default::default(),
     }
 }

@@ -388,6 +388,55 @@ pub fn modelled_version(
     Ok(m)
 }
 
+/// What a PyTorch release does with `expandable_segments:True` on the platform a recording
+/// shows, where that is not what it does on CUDA (docs/pytorch-model.md#rocm).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlatformExpandable {
+    /// ROCm before 2.12: `CUDAAllocatorConfig::expandable_segments()` warns once
+    /// ("expandable_segments not supported on this platform") and answers false, so the
+    /// allocator runs without expandable segments; the setting is no error.
+    Ignored,
+    /// ROCm from 2.12: expandable segments where PyTorch was built with ROCm 7 or later
+    /// (`ROCM_VERSION >= 70000`; with an older ROCm, ignored as before), which a recording does
+    /// not say.
+    NeedsRocm7,
+}
+
+impl PlatformExpandable {
+    /// How release `version` treats expandable segments on the platform `trace` shows; `None`
+    /// where it treats them as on CUDA (CUDA, or no platform shown).
+    pub fn of(trace: &Trace, version: Version) -> Option<PlatformExpandable> {
+        trace.platform.filter(|p| p.is_rocm())?;
+        Some(if version < Version::V2_12 {
+            PlatformExpandable::Ignored
+        } else {
+            PlatformExpandable::NeedsRocm7
+        })
+    }
+
+    /// Whether the spec `name:options` of the recording's own allocator (`pytorch`,
+    /// `pytorch-expandable`) asks for expandable segments on `trace`: `pytorch-expandable`
+    /// always, `pytorch` where its options, or the recorded settings it replays, set them.
+    pub fn asked(name: &str, options: &str, trace: &Trace) -> bool {
+        match name {
+            "pytorch-expandable" => true,
+            "pytorch" => {
+                let Ok((rest, _)) = split_version(options) else { return false };
+                let o = rest.trim();
+                if o.is_empty() || o == "recorded" {
+                    return trace
+                        .allocator_settings
+                        .as_ref()
+                        .is_some_and(|s| s.expandable_segments);
+                }
+                let mut c = Config::default_for(Flavour::of_trace(trace));
+                c.apply(o).is_ok() && c.expandable_segments
+            }
+            _ => false,
+        }
+    }
+}
+
 impl std::fmt::Display for ModelledVersion {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let v = self.version;
@@ -507,8 +556,14 @@ pub struct Config {
     pub roundup_power2_divisions: [u64; INTERVALS],
     /// `garbage_collection_threshold` (0 = off; needs a memory fraction).
     pub garbage_collection_threshold: f64,
-    /// `expandable_segments`.
+    /// `expandable_segments`, as in effect.
     pub expandable_segments: bool,
+    /// `expandable_segments:True` was set, but the recording's platform has no expandable
+    /// segments under the release modelled (ROCm before 2.12: PyTorch warns "expandable_segments
+    /// not supported on this platform" and allocates without them; docs/pytorch-model.md#rocm):
+    /// [`Config::expandable_segments`] is off, and the settings string still says `True`, as the
+    /// user set it and as PyTorch's own `allocator_settings` record it beside the flag in effect.
+    pub expandable_unsupported: bool,
     /// Segment size for 1–10 MiB requests and large expandable page size (`large_segment_size_mb`).
     pub large_segment_size: u64,
     /// `per_process_memory_fraction` (`None`: not set).
@@ -567,6 +622,7 @@ impl Default for Config {
             roundup_power2_divisions: [0; INTERVALS],
             garbage_collection_threshold: 0.0,
             expandable_segments: false,
+            expandable_unsupported: false,
             large_segment_size: LARGE_BUFFER,
             per_process_memory_fraction: None,
             gpu_memory: 80 << 30,
@@ -1229,12 +1285,13 @@ impl Config {
         }
     }
 
-    /// The effective settings in `PYTORCH_CUDA_ALLOC_CONF` syntax (parsing it gives this config).
+    /// The effective settings in `PYTORCH_CUDA_ALLOC_CONF` syntax (parsing it gives this config,
+    /// but for `expandable_segments:True` set where the platform ignores it, which it writes as
+    /// set: [`Config::expandable_unsupported`]).
     pub(crate) fn to_conf_string(&self) -> String {
-        let mut parts = vec![format!(
-            "expandable_segments:{}",
-            if self.expandable_segments { "True" } else { "False" }
-        )];
+        let asked = self.expandable_segments || self.expandable_unsupported;
+        let mut parts =
+            vec![format!("expandable_segments:{}", if asked { "True" } else { "False" })];
         if self.flavour == Flavour::Npu {
             // Always written: it is torch_npu's alone, so the string says whose settings it holds.
             parts.push(format!("base_addr_aligned_kb:{}", self.base_addr_aligned / 1024));
@@ -1500,6 +1557,43 @@ pub(crate) fn va_size_on(gpu_memory: u64, page: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// ROCm has expandable segments from 2.12 (with ROCm 7+); before, PyTorch ignores the
+    /// setting. A config whose expandable segments the platform ignores shows them as asked and
+    /// records them as PyTorch does there: asked in the string, off in effect.
+    #[test]
+    fn rocm_has_expandable_segments_from_2_12_and_an_ignored_setting_shows_as_asked() {
+        use crate::trace::Platform;
+        let v2_11 = Version { major: 2, minor: 11 };
+        let mut t = Trace::default();
+        assert_eq!(PlatformExpandable::of(&t, v2_11), None, "no platform shown: CUDA's rules");
+        t.platform = Some(Platform::CudaDeviceProperties);
+        assert_eq!(PlatformExpandable::of(&t, v2_11), None);
+        for p in [Platform::RocmDeviceType, Platform::RocmDeviceProperties] {
+            t.platform = Some(p);
+            assert_eq!(PlatformExpandable::of(&t, v2_11), Some(PlatformExpandable::Ignored));
+            assert_eq!(
+                PlatformExpandable::of(&t, Version::V2_12),
+                Some(PlatformExpandable::NeedsRocm7)
+            );
+            assert_eq!(
+                PlatformExpandable::of(&t, Version::NEWEST),
+                Some(PlatformExpandable::NeedsRocm7)
+            );
+        }
+        assert!(PlatformExpandable::asked("pytorch-expandable", "", &t));
+        assert!(PlatformExpandable::asked("pytorch", "expandable_segments:True,version=2.11", &t));
+        assert!(!PlatformExpandable::asked("pytorch", "", &t), "no recorded settings");
+        assert!(!PlatformExpandable::asked("pytorch", "expandable_segments:False", &t));
+        assert!(!PlatformExpandable::asked("pytorch-cuda", "expandable_segments:True", &t));
+        let c = Config { expandable_unsupported: true, ..Config::default() };
+        assert_eq!(c.to_conf_string(), "expandable_segments:True");
+        let r = c.to_recorded();
+        assert_eq!(
+            (r.conf.as_deref(), r.expandable_segments),
+            (Some("expandable_segments:True"), false)
+        );
+    }
 
     fn divisions(s: &str) -> [u64; INTERVALS] {
         Config::parse(&format!("roundup_power2_divisions:{s}"), Version::CURRENT)

@@ -36,7 +36,7 @@ pub(crate) mod expandable;
 pub mod start;
 pub mod warm;
 
-pub use config::{Config, Flavour, Version};
+pub use config::{Config, Flavour, PlatformExpandable, Version};
 
 use super::chunks::unknown_block;
 use super::{Allocation, Handle, Policy};
@@ -477,18 +477,27 @@ impl PyTorch {
 /// `per_process_memory_fraction` and of expandable reservations), else at least what the
 /// recording proves. Every other rule the policy follows (the recorded start state, Kineto's
 /// exact blocks) is derived from the trace by the constructors, never dropped by a later step.
+/// The recording's own allocator (`flavour` `None`) keeps its platform's rules: on ROCm before
+/// 2.12, expandable segments asked for are not in effect ([`PlatformExpandable::Ignored`]).
 fn settings_for(
     options: &str,
     context: &PolicyContext,
     force_expandable: bool,
     flavour: Option<Flavour>,
 ) -> Result<Config> {
+    let own_platform = flavour.is_none();
     let flavour = flavour.unwrap_or_else(|| Flavour::of_trace(context.trace));
     let (options, asked) = config::split_version(options)?;
     let version = config::modelled_version(&options, asked, context.trace)?.version;
     let mut config = config_for(&options, context, version, flavour)?;
     if force_expandable {
         config.expandable_segments = true;
+    }
+    let ignored =
+        PlatformExpandable::of(context.trace, version) == Some(PlatformExpandable::Ignored);
+    if own_platform && ignored && config.expandable_segments {
+        config.expandable_segments = false;
+        config.expandable_unsupported = true;
     }
     Ok(match context.gpu_memory {
         Some(total) => Config { gpu_memory: total, ..config },

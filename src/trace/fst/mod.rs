@@ -5,7 +5,7 @@
 //! settings, the format of origin, whether times are real) and decodes at memory speed.
 //!
 //! The layout is defined in docs/interface.md#fst-wire-layout (every enum by a fixed tag, so a
-//! file means what that page says whatever the order of a Rust enum); version 6, in short:
+//! file means what that page says whatever the order of a Rust enum); version 7, in short:
 //!
 //! | bytes | content |
 //! |---|---|
@@ -17,14 +17,16 @@
 //! record's body is the head (the format of origin, whether times are real, each device with its
 //! event count, the interned frames, final segments, allocator settings, each device's count
 //! of recorded totals, the private pools the entries name, and what a snapshot records beside
-//! its memory events: [`SnapshotExtras`]) followed by a chunk; every later body is a chunk alone. A chunk is the next
+//! its memory events: [`SnapshotExtras`], and the platform the recording shows: [`Platform`])
+//! followed by a chunk; every later body is a chunk alone. A chunk is the next
 //! at most [`CHUNK`] events of the flat sequence "device 0's events, device 1's, ..." and the next
 //! at most [`CHUNK`] recorded totals of the same kind of sequence. So a small trace is one record,
 //! and a reader holds one record at a time: memory while reading is the events plus one chunk.
 //! A replay consumes the events record by record without loading them ([`FstStream`]): it reads
 //! the head once, then the file from its start for each pass, holding one record at a time.
 //!
-//! Version 5 is version 6 without the extras (a file of it reads as a trace that has none).
+//! Version 6 is version 7 without the platform (a file of it reads as a trace that shows none),
+//! version 5 version 6 without the extras (a file of it reads as a trace that has none).
 //! A file of another version is refused: versions 1 to 4 were written by development builds
 //! before this layout was fixed, and the message says to re-convert such a file from its source
 //! trace. The CRC catches corruption that would otherwise decode into wrong numbers (bincode is
@@ -35,7 +37,7 @@
 use super::limits;
 use super::{
     AllocatorSettings, DeviceTotals, DeviceTrace, Event, Format, Frame, FrameTable, FramesId,
-    PoolId, PoolRef, ReadOptions, RecordedTotals, Segment, SnapshotExtras, Trace,
+    Platform, PoolId, PoolRef, ReadOptions, RecordedTotals, Segment, SnapshotExtras, Trace,
 };
 use crate::error::{Error, ErrorKind, Place, Result};
 use serde::{Deserialize, Serialize};
@@ -48,7 +50,7 @@ mod chunk;
 pub const MAGIC: &[u8] = b"FRAGSIM\0";
 
 /// The version of the layout this build writes.
-pub const VERSION: u32 = 6;
+pub const VERSION: u32 = 7;
 
 /// The oldest version this build reads: version 5, which has no [`SnapshotExtras`] in its head.
 pub const OLDEST_READ: u32 = 5;
@@ -74,7 +76,7 @@ fn config() -> impl bincode::config::Config {
     bincode::config::standard().with_limit::<DECODE_LIMIT>()
 }
 
-/// The head of a version 6 file, as written (borrowing the trace).
+/// The head of a version 7 file, as written (borrowing the trace).
 #[derive(Serialize)]
 struct HeadOut<'a> {
     format: Format,
@@ -86,12 +88,22 @@ struct HeadOut<'a> {
     totals: Vec<(i32, u64)>,
     entry_pools: &'a Option<Vec<PoolId>>,
     extras: &'a SnapshotExtras,
+    platform: Option<Platform>,
 }
 
-/// The head of a version 6 file, as read: bincode writes a nested struct's fields in place,
+/// The head of a version 7 file, as read: bincode writes a nested struct's fields in place,
 /// so this reads what [`HeadOut`] writes.
 #[derive(Deserialize)]
 struct HeadIn {
+    base: HeadBase,
+    entry_pools: Option<Vec<PoolId>>,
+    extras: SnapshotExtras,
+    platform: Option<Platform>,
+}
+
+/// The head of a version 6 file: a version 7 head without the platform.
+#[derive(Deserialize)]
+struct HeadIn6 {
     base: HeadBase,
     entry_pools: Option<Vec<PoolId>>,
     extras: SnapshotExtras,
@@ -236,12 +248,19 @@ impl Chunked<'_> {
         }
         let at = self.body_start();
         let undecodable = |e| undecodable(e, at);
-        let (head, used): (HeadIn, usize) = if version == OLDEST_READ {
-            let (HeadIn5 { base, entry_pools }, used): (HeadIn5, usize) =
-                bincode::serde::decode_from_slice(&self.body, config()).map_err(undecodable)?;
-            (HeadIn { base, entry_pools, extras: SnapshotExtras::default() }, used)
-        } else {
-            bincode::serde::decode_from_slice(&self.body, config()).map_err(undecodable)?
+        let (head, used): (HeadIn, usize) = match version {
+            5 => {
+                let (HeadIn5 { base, entry_pools }, used): (HeadIn5, usize) =
+                    bincode::serde::decode_from_slice(&self.body, config()).map_err(undecodable)?;
+                let extras = SnapshotExtras::default();
+                (HeadIn { base, entry_pools, extras, platform: None }, used)
+            }
+            6 => {
+                let (HeadIn6 { base, entry_pools, extras }, used): (HeadIn6, usize) =
+                    bincode::serde::decode_from_slice(&self.body, config()).map_err(undecodable)?;
+                (HeadIn { base, entry_pools, extras, platform: None }, used)
+            }
+            _ => bincode::serde::decode_from_slice(&self.body, config()).map_err(undecodable)?,
         };
         check_entry_pools(&head.entry_pools).map_err(|e| e.at(Place::Byte(at)))?;
         check_extras(&head.extras).map_err(|e| e.at(Place::Byte(at)))?;
@@ -302,7 +321,8 @@ impl Chunked<'_> {
 
     /// Reads the records of a file of `version` into a trace.
     fn read(mut self, version: u32) -> Result<Trace> {
-        let (HeadIn { base: head, entry_pools, extras }, mut offset) = self.head(version)?;
+        let (HeadIn { base: head, entry_pools, extras, platform }, mut offset) =
+            self.head(version)?;
         let frames = intern_frames(head.frames).map_err(at_head)?;
         let refs = Refs { frames: &frames, pools: pool_count(&entry_pools) };
         let mut fill = Fill::new(&head.devices, &head.totals);
@@ -333,6 +353,7 @@ impl Chunked<'_> {
             entry_pools,
             torch_npu,
             extras,
+            platform,
         })
     }
 }
@@ -484,7 +505,7 @@ impl FstStream {
         }
         let mut records = Chunked { input: &mut input, at: 12, body: Vec::new(), crc: 0 };
         let in_file = |e: Error| at_head(e).in_format(Format::Fst.name()).in_file(path);
-        let (HeadIn { base: head, entry_pools, extras }, first_chunk) =
+        let (HeadIn { base: head, entry_pools, extras, platform }, first_chunk) =
             records.head(version).map_err(in_file)?;
         // Exact-address allocations are found among the events near each mark before a replay
         // starts: a trace with them is loaded.
@@ -519,6 +540,7 @@ impl FstStream {
             entry_pools,
             torch_npu,
             extras,
+            platform,
         };
         let file = input.into_inner();
         let identity = Identity::of(&file.metadata().map_err(|e| Error::io(path, e))?);
@@ -919,10 +941,11 @@ fn head_of(trace: &Trace) -> HeadOut<'_> {
         totals: trace.recorded_totals.iter().map(|t| (t.device, t.totals.len() as u64)).collect(),
         entry_pools: &trace.entry_pools,
         extras: &trace.extras,
+        platform: trace.platform,
     }
 }
 
-/// Writes `trace` as .fst version 6 (nothing is lost: the format holds the whole model), one
+/// Writes `trace` as .fst version 7 (nothing is lost: the format holds the whole model), one
 /// record of at most [`CHUNK`] events and totals at a time.
 pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
     let head = head_of(trace);
@@ -1020,6 +1043,7 @@ mod tests {
             }],
             entry_pools: Some(vec![(0, 3), (1, u64::MAX)]),
             torch_npu: false,
+            platform: Some(Platform::RocmDeviceProperties),
             extras: crate::trace::SnapshotExtras {
                 internal_metadata: 2,
                 malloc_with_address: 2,
@@ -1062,29 +1086,41 @@ mod tests {
         assert_eq!(again, back, "an .fst of an .fst keeps the format of origin");
     }
 
+    /// `t` as a file of an earlier `version`: a version 7 body less the head's last fields
+    /// (the platform, and for version 5 the extras before it, encoded last in the head).
+    fn earlier(t: &Trace, version: u32) -> Vec<u8> {
+        let v7 = encode(t);
+        let head = bincode::serde::encode_to_vec(head_of(t), config()).unwrap();
+        let mut tail = bincode::serde::encode_to_vec(t.platform, config()).unwrap().len();
+        if version == 5 {
+            tail += bincode::serde::encode_to_vec(&t.extras, config()).unwrap().len();
+        }
+        let body = &v7[HEADER_LEN..];
+        let body = [&body[..head.len() - tail], &body[head.len()..]].concat();
+        framed(version, &body)
+    }
+
     /// A version 5 file (written before the head held the extras) reads as the same trace
-    /// without them, loaded and streamed.
+    /// without them, loaded and streamed; a version 6 file (before the platform) as the same
+    /// trace showing no platform.
     #[test]
-    fn a_version_5_file_reads_as_the_trace_without_its_extras() {
+    fn earlier_versions_read_as_the_trace_without_what_they_lack() {
         let t = Trace { recorded_totals: Vec::new(), ..sample() };
-        // A version 6 body less the head's last field (the extras, encoded last in the head).
-        let v6 = encode(&t);
-        let head = bincode::serde::encode_to_vec(head_of(&t), config()).unwrap();
-        let extras = bincode::serde::encode_to_vec(&t.extras, config()).unwrap();
-        let body = &v6[HEADER_LEN..];
-        let cut = head.len() - extras.len();
-        let body = [&body[..cut], &body[head.len()..]].concat();
-        let data = framed(5, &body);
-        let back = read(&data, &ReadOptions::default()).unwrap();
-        let want = Trace { extras: Default::default(), ..t.clone() };
-        assert_eq!(Trace { format: t.format, converted_from: None, ..back }, want);
-        // Written again, it is a version 6 file.
-        assert_eq!(encode(&want)[8..12], VERSION.to_le_bytes());
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("v5.fst");
-        std::fs::write(&path, &data).unwrap();
-        let stream = FstStream::open(&path).unwrap().expect("a version 5 file streams");
-        assert_eq!(stream.head.extras, Default::default());
+        for (version, want) in [
+            (5, Trace { extras: Default::default(), platform: None, ..t.clone() }),
+            (6, Trace { platform: None, ..t.clone() }),
+        ] {
+            let data = earlier(&t, version);
+            let back = read(&data, &ReadOptions::default()).unwrap();
+            assert_eq!(Trace { format: t.format, converted_from: None, ..back }, want, "{version}");
+            // Written again, it is a file of this build's version.
+            assert_eq!(encode(&want)[8..12], VERSION.to_le_bytes());
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("old.fst");
+            std::fs::write(&path, &data).unwrap();
+            let stream = FstStream::open(&path).unwrap().expect("an earlier version streams");
+            assert_eq!((&stream.head.extras, stream.head.platform), (&want.extras, None));
+        }
     }
 
     /// A file whose head marks exact-address allocations is loaded, not streamed: they are
@@ -1131,10 +1167,10 @@ mod tests {
         bad[40] ^= 0x55;
         assert!(read(&bad, &opts).unwrap_err().to_string().contains("checksum mismatch"));
         let mut other = data.clone();
-        other[8] = 7;
+        other[8] = 8;
         assert_eq!(
             read(&other, &opts).unwrap_err().to_string(),
-            "byte 8: unsupported .fst version 7 (this build reads versions 5 to 6); re-create the file from the original trace with 'fragsim convert'"
+            "byte 8: unsupported .fst version 8 (this build reads versions 5 to 7); re-create the file from the original trace with 'fragsim convert'"
         );
         let mut longer = data.clone();
         longer.push(0);
@@ -1199,7 +1235,7 @@ mod tests {
             data[8..12].copy_from_slice(&version.to_le_bytes());
             let expected = format!(
                 "byte 8: written by an earlier build of fragsim: .fst version {version}, and this \
-                 build reads versions 5 to 6; re-convert the file from its source trace with \
+                 build reads versions 5 to 7; re-convert the file from its source trace with \
                  'fragsim convert SOURCE FILE.fst'"
             );
             let err = read(&data, &ReadOptions::default()).unwrap_err();
