@@ -24,7 +24,7 @@ use std::path::Path;
 
 /// Writes `output`'s simulated events and segments for `device` as a snapshot pickle at `path`;
 /// returns what the file cannot show of the recording, one line each (notes for the user): a
-/// release its evidence does not reach ([`lost_release`]), a ROCm platform (a snapshot records
+/// release its evidence does not reach (`lost_release`), a ROCm platform (a snapshot records
 /// none).
 ///
 /// Device numbering follows the input: `device_traces` has an (empty) entry for every other

@@ -110,13 +110,21 @@ fn warm_start(trace: &Trace, out: &mut Vec<String>) {
 /// first spec, as [`versions`] groups them.
 fn platform(trace: &Trace, specs: &[PolicySpec], out: &mut Vec<String>) {
     let Some(p) = trace.platform else { return };
+    let lines = specs.iter().filter(|s| PlatformExpandable::asked(&s.name, &s.options, trace));
+    let lines = lines.filter_map(|spec| {
+        let (options, asked) = split_version(&spec.options).ok()?;
+        let m = modelled_version(&options, asked, trace).ok()?;
+        let rule = PlatformExpandable::of(trace, m.version)?;
+        Some((platform_line(rule, m.version, p), spec.display()))
+    });
+    grouped(lines, out);
+}
+
+/// One note per reason (`(why, spec)` pairs, in order), naming the first spec it is given for
+/// and counting the other specs.
+fn grouped(lines: impl Iterator<Item = (String, String)>, out: &mut Vec<String>) {
     let mut seen: Vec<(String, String, usize)> = Vec::new();
-    for spec in specs.iter().filter(|s| PlatformExpandable::asked(&s.name, &s.options, trace)) {
-        let Ok((options, asked)) = split_version(&spec.options) else { continue };
-        let Ok(m) = modelled_version(&options, asked, trace) else { continue };
-        let Some(rule) = PlatformExpandable::of(trace, m.version) else { continue };
-        let why = platform_line(rule, m.version, p);
-        let display = spec.display();
+    for (why, display) in lines {
         match seen.iter_mut().find(|(w, _, _)| *w == why) {
             Some((_, first, others)) => *others += usize::from(*first != display),
             None => seen.push((why, display, 0)),
@@ -156,26 +164,10 @@ fn platform_line(rule: PlatformExpandable, v: Version, p: crate::trace::Platform
 /// The PyTorch version each spec models, where the recording or the spec chose it: one line
 /// per release and reason, naming the first spec (a sweep's grid under one release is one line).
 fn versions(trace: &Trace, specs: &[PolicySpec], out: &mut Vec<String>) {
-    let mut seen: Vec<(String, String, usize)> = Vec::new();
-    for spec in specs.iter().filter(|s| has_allocator_settings(&s.name)) {
-        let Ok((options, asked)) = split_version(&spec.options) else { continue };
-        let Ok(m) = modelled_version(&options, asked, trace) else { continue };
-        if m.at_least.is_none() && !m.given {
-            continue;
-        }
-        let (why, display) = (m.to_string(), spec.display());
-        match seen.iter_mut().find(|(w, _, _)| *w == why) {
-            Some((_, first, others)) => *others += usize::from(*first != display),
-            None => seen.push((why, display, 0)),
-        }
-    }
-    for (why, first, others) in seen {
-        out.push(match others {
-            0 => format!("note: {first}: {why}"),
-            n => format!(
-                "note: {first} and {n} other config{}: {why}",
-                if n == 1 { "" } else { "s" }
-            ),
-        });
-    }
+    let lines = specs.iter().filter(|s| has_allocator_settings(&s.name)).filter_map(|spec| {
+        let (options, asked) = split_version(&spec.options).ok()?;
+        let m = modelled_version(&options, asked, trace).ok()?;
+        (m.at_least.is_some() || m.given).then(|| (m.to_string(), spec.display()))
+    });
+    grouped(lines, out);
 }
