@@ -312,6 +312,114 @@ pub fn shared_segments(
         .collect()
 }
 
+/// For each of one device's `events`, whether it is a request the recorded addresses show was
+/// served from a segment made in the window rather than from the cache the trace started with:
+/// its range lies in `[addr, addr + Δ)` of an earlier request that grew the recorded reserve by
+/// `Δ` (a new segment's first block starts at its base). Only requests before the first fall
+/// of the reserve are told (a release may have given back made segments, and later ones may lie
+/// where they were); every other event is `false`, as are all where the totals do not match.
+pub fn served_from_made(events: &[Event], totals: &[RecordedTotals]) -> Vec<bool> {
+    let mut out = vec![false; events.len()];
+    if events.len() != totals.len() {
+        return out;
+    }
+    // base -> end of the segments made so far.
+    let mut made: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut before = totals.first().map_or(0, |t| t.reserved);
+    for ((e, t), told) in events.iter().zip(totals).zip(&mut out) {
+        let prev = std::mem::replace(&mut before, t.reserved);
+        if t.reserved < prev {
+            break;
+        }
+        if e.action != Action::Alloc || e.size == 0 {
+            continue;
+        }
+        let Some(end) = e.addr.checked_add(e.size) else { continue };
+        let grew = t.reserved - prev;
+        if grew >= e.size {
+            if let Some(seg_end) = e.addr.checked_add(grew) {
+                made.insert(e.addr, seg_end);
+            }
+            continue;
+        }
+        *told = made.range(..=e.addr).next_back().is_some_and(|(_, &seg_end)| end <= seg_end);
+    }
+    out
+}
+
+/// Address ranges of the cache a warm trace started with that its large requests took, each
+/// within one free segment of that cache: the window's requests for more than 1 MiB that did
+/// not make the recorded reserve grow, before its first fall, whose ranges neither meet a block
+/// live at the start (those are [`shared_segments`]' business) nor a segment made in the window
+/// (a request that grew by `Δ` made `[addr, addr + Δ)`). Requests whose ranges overlap lie in
+/// one segment, so each range returned (start, end, the stream of its first request) is the
+/// least extent of a segment the cache held free, or held with blocks live throughout that the
+/// trace does not show. Distinct ranges may still have lain in one segment: only overlap proves
+/// sharing. Empty where the totals do not match the events or the recording contradicts
+/// itself (blocks live at once that overlap).
+pub fn cached_spans(
+    live: &[LiveBlock],
+    events: &[Event],
+    totals: &[RecordedTotals],
+) -> Vec<(u64, u64, u64)> {
+    /// What a range of addresses is known to hold.
+    #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+    enum Held {
+        /// Only requests served from the cache the trace started with.
+        Cache,
+        /// A block live at the start, or a segment made in the window, or a small request.
+        Other,
+    }
+    if events.len() != totals.len() {
+        return Vec::new();
+    }
+    // start -> (end, what it holds, stream of its first request).
+    let mut spans: BTreeMap<u64, (u64, Held, u64)> = BTreeMap::new();
+    for b in live.iter().filter(|b| b.freed_in_trace) {
+        let Some(end) = b.addr.checked_add(b.size.max(1)) else { continue };
+        if spans.range(..end).next_back().is_some_and(|(_, &(e, _, _))| e > b.addr) {
+            return Vec::new();
+        }
+        spans.insert(b.addr, (end, Held::Other, b.stream));
+    }
+    let mut before = totals.first().map_or(0, |t| t.reserved);
+    for (e, t) in events.iter().zip(totals) {
+        let prev = std::mem::replace(&mut before, t.reserved);
+        if t.reserved < prev {
+            break;
+        }
+        if e.action != Action::Alloc || e.size == 0 {
+            continue;
+        }
+        let grew = t.reserved - prev;
+        let (end, held) = match grew {
+            0 => (e.addr.checked_add(e.size), Held::Cache),
+            g => (e.addr.checked_add(g.max(e.size)), Held::Other),
+        };
+        let Some(end) = end else { continue };
+        let held = if e.size <= SMALL_SIZE { Held::Other } else { held };
+        let touched: Vec<u64> = spans
+            .range(..end)
+            .rev()
+            .take_while(|(_, &(s_end, _, _))| s_end > e.addr)
+            .map(|(&s, _)| s)
+            .collect();
+        let mut merged = (end, held, e.stream);
+        let mut start = e.addr;
+        for s in touched {
+            let Some((s_end, s_held, stream)) = spans.remove(&s) else { continue };
+            merged = (merged.0.max(s_end), merged.1.max(s_held), stream);
+            start = start.min(s);
+        }
+        spans.insert(start, merged);
+    }
+    spans
+        .into_iter()
+        .filter(|(_, (_, held, _))| *held == Held::Cache)
+        .map(|(start, (end, _, stream))| (start, end, stream))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -441,5 +549,44 @@ mod tests {
         assert_eq!(shared_segments(&blocks, &events, &released), []);
         // Blocks live at once whose ranges overlap: the recording contradicts itself.
         assert_eq!(shared_segments(&[live(0, 2 * MIB), live(MIB, 2 * MIB)], &events, &totals), []);
+    }
+
+    #[test]
+    fn requests_the_cache_served_show_its_segments_by_where_they_landed() {
+        let live = [LiveBlock { addr: 0, size: 40 * MIB, stream: 0, freed_in_trace: true }];
+        let events = [
+            alloc(100 * MIB, 86 * MIB), // from the cache: a segment of 86 MiB at least
+            free(100 * MIB, 86 * MIB),
+            alloc(100 * MIB, 54 * MIB), // the same segment, split
+            alloc(190 * MIB, 20 * MIB), // overlaps nothing cached yet: its own range...
+            alloc(184 * MIB, 8 * MIB),  // ...until this one joins the two
+            alloc(300 * MIB, 30 * MIB), // grew: a segment the window made (300..330)
+            alloc(310 * MIB, 12 * MIB), // within it: not the cache's
+            alloc(10 * MIB, 20 * MIB),  // over a block live at the start: shared_segments'
+            alloc(500 * MIB, 4 * KIB),  // small pool: left alone
+            alloc(600 * MIB, 24 * MIB), // on stream 3
+        ];
+        let mut events = events.to_vec();
+        events[9].stream = 3;
+        let mut reserved = [900 * MIB; 10];
+        for r in &mut reserved[5..] {
+            *r += 30 * MIB;
+        }
+        let spans = cached_spans(&live, &events, &reserves(&reserved));
+        assert_eq!(spans, [(100 * MIB, 210 * MIB, 0), (600 * MIB, 624 * MIB, 3)]);
+        // A request after the first fall of the reserve is not read (a release may have made
+        // room for a new segment where a cached one was); totals that do not match, nothing.
+        let mut fell = reserved;
+        fell[9] = 800 * MIB;
+        assert_eq!(cached_spans(&live, &events, &reserves(&fell)), [(100 * MIB, 210 * MIB, 0)]);
+        assert_eq!(cached_spans(&live, &events, &reserves(&reserved[1..])), []);
+        // Made segments' requests are told apart from the cache's, until the first fall.
+        let told = served_from_made(&events, &reserves(&reserved));
+        assert_eq!(told, [false, false, false, false, false, false, true, false, false, false]);
+        let mut past = events.clone();
+        past.push(alloc(305 * MIB, 4 * MIB));
+        let mut totals = reserved.to_vec();
+        totals.push(100 * MIB);
+        assert!(!served_from_made(&past, &reserves(&totals))[10]);
     }
 }

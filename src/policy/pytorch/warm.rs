@@ -16,11 +16,13 @@
 //! Those sizes are one reading of the recording: a real cache may have held one larger segment
 //! that the window split for several requests, which the replay from live blocks made one by
 //! one, or segments that were busy when a request came. So the plan is checked against the
-//! recording: the window is replayed from a few shapes of that cache, and from the closest
-//! the cache is mended where the replay first parts from the recorded `Total Reserved` (a
-//! request served from cache where the real run reserved more: the segment that served it is
-//! cut below the request; one that reserved more where the real run did not: a segment of that
-//! size is cached, in place of bytes no request used), as long as the replay comes closer.
+//! recording: the window is replayed from a few shapes of that cache (one of them the segments
+//! the recorded addresses show the cache's requests shared), and each is mended where the replay
+//! parts from the recorded `Total Reserved` (a request served from cache where the real run
+//! reserved more, or where its address shows a segment the window made: the segment that served
+//! it is cut below the request; one that reserved more where the real run did not: a segment of
+//! that size is cached, in place of bytes no request used), as long as the replay comes closer;
+//! the closest is kept, a miss of the recorded peak weighing as a miss at every event.
 //!
 //! What the recorded addresses show is taken as given rather than planned
 //! (docs/pytorch-model.md#kineto-addresses): blocks live at the start that a request's range
@@ -32,7 +34,9 @@ use super::config::{MIN_BLOCK_SIZE, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE};
 use super::PyTorch;
 use crate::backend::{Backend, BackendCall, Recording, SimDevice};
 use crate::policy::{Allocation, Policy, PolicyContext};
-use crate::trace::kineto_segments::{shared_segments, SharedSegment};
+use crate::trace::kineto_segments::{
+    cached_spans, served_from_made, shared_segments, SharedSegment,
+};
 use crate::trace::{Action, Event, Format, LiveBlock, Trace};
 use std::collections::HashMap;
 
@@ -70,18 +74,28 @@ enum Shape {
     /// Their small-pool segments, then the rest as one large-pool segment: a cache that held
     /// one large segment the window's large requests split among themselves.
     OneLarge,
+    /// A large-pool segment for each range of the cache the recorded addresses show requests
+    /// shared ([`cached_spans`]), its extent rounded up to 2 MiB (what the addresses prove
+    /// comes first), then their small-pool segments, then the rest in pieces as
+    /// [`Shape::AsMade`] cuts it.
+    Addressed,
 }
 
 impl Shape {
     /// Every shape, in the order they are preferred where their replays follow the recording
     /// equally well.
-    const ALL: [Shape; 4] = [Shape::AsMade, Shape::LargestFirst, Shape::RestWhole, Shape::OneLarge];
+    const ALL: [Shape; 5] =
+        [Shape::AsMade, Shape::LargestFirst, Shape::RestWhole, Shape::OneLarge, Shape::Addressed];
 }
 
-/// The most times [`plan`] mends its cache, and the most events it replays doing so (all
-/// replays together), so a long trace costs a bounded multiple of one replay.
+/// The most mends [`plan`] tries on each cut of the cache, and the most events it replays
+/// doing so (all replays together), so a long trace costs a bounded multiple of one replay.
 const MAX_MENDS: usize = 64;
 const MAX_PLANNED_EVENTS: u64 = 1 << 26;
+
+/// The most places where a replay parts from the recording that [`plan`] tries to mend, first
+/// first, before it keeps the cache it has.
+const MAX_PARTINGS: usize = 8;
 
 /// The most segments the rest of the reserve is cut into.
 const MAX_PIECES: u64 = 1 << 16;
@@ -115,6 +129,10 @@ pub(crate) fn plan<const D: bool>(
     }
     let releases = trace.reserve_falls(context.device);
     let shared = shared_segments(context.live_at_start, context.events, totals);
+    let spans: Vec<Segment> = cached_spans(context.live_at_start, context.events, totals)
+        .into_iter()
+        .map(|(start, end, stream)| ((end - start).next_multiple_of(ROUND_LARGE), stream, false))
+        .collect();
     let mut cold: PyTorch = PyTorch::new(policy.config.clone());
     cold.exact_blocks = policy.exact_blocks;
     let mut device: Recording<SimDevice> = Recording::new(SimDevice::new(None));
@@ -165,41 +183,74 @@ pub(crate) fn plan<const D: bool>(
     let piece =
         least_growing.map(|l| (l - 1) & !(MIN_BLOCK_SIZE - 1)).filter(|&p| p >= MIN_BLOCK_SIZE);
     let left = first.reserved.saturating_sub(live_reserved);
-    let window = Window { policy, context, totals, releases: &releases, shared: &shared };
-    // The closest shape, then mended while that brings the replay closer.
+    let from_made = served_from_made(context.events, totals);
+    let window = Window {
+        policy,
+        context,
+        totals,
+        releases: &releases,
+        shared: &shared,
+        from_made: &from_made,
+    };
+    // Every shape replayed first (so a short budget still compares them), then each mended,
+    // closest first, while that brings its replay closer; the closest kept.
     let mut budget = MAX_PLANNED_EVENTS;
-    let mut best: Option<(Outcome, Vec<Segment>)> = None;
+    let mut cuts: Vec<(Outcome, Vec<Segment>)> = Vec::new();
     for shape in Shape::ALL {
-        let segments = cut(shape, &made, left, piece);
-        let Some(outcome) = window.replay(&segments, &mut budget) else { continue };
+        let segments = cut(shape, &made, &spans, left, piece);
+        if let Some(outcome) = window.replay(&segments, &mut budget) {
+            cuts.push((outcome, segments));
+        }
+    }
+    cuts.sort_by_key(|(o, _)| o.deviation);
+    let mut best: Option<(Outcome, Vec<Segment>)> = None;
+    for (mut outcome, mut segments) in cuts {
+        let mut tried = 0;
+        'mending: while tried < MAX_MENDS {
+            let candidates = (0..outcome.parted.len()).flat_map(|p| mends(&segments, &outcome, p));
+            for mended in candidates.collect::<Vec<_>>() {
+                tried += 1;
+                let Some(next) = window.replay(&mended, &mut budget) else { break 'mending };
+                if next.deviation < outcome.deviation {
+                    (outcome, segments) = (next, mended);
+                    continue 'mending;
+                }
+                if tried >= MAX_MENDS {
+                    break 'mending;
+                }
+            }
+            break;
+        }
         if best.as_ref().is_none_or(|(b, _)| outcome.deviation < b.deviation) {
             best = Some((outcome, segments));
         }
     }
     // A window longer than the budget is not checked: the first cut stands.
-    let Some((mut outcome, mut segments)) = best else {
-        let segments = cut(Shape::AsMade, &made, left, piece);
+    let Some((_, segments)) = best else {
+        let segments = cut(Shape::AsMade, &made, &spans, left, piece);
         return Some(WarmCache { reserved_bytes: first.reserved, segments, shared });
     };
-    for _ in 0..MAX_MENDS {
-        let Some(mended) = mend(&segments, &outcome) else { break };
-        let Some(next) = window.replay(&mended, &mut budget) else { break };
-        if next.deviation >= outcome.deviation {
-            break;
-        }
-        (outcome, segments) = (next, mended);
-    }
     Some(WarmCache { reserved_bytes: first.reserved, segments, shared })
 }
 
 /// The free segments of `shape` that fill `left` bytes: of `made` (the segments a replay from
 /// the live blocks made for requests served from the real run's cache) those that fit, then
 /// the rest (in 512-byte units) in pieces of at most `piece` bytes (one piece when `None`).
-fn cut(shape: Shape, made: &[Segment], left: u64, piece: Option<u64>) -> Vec<Segment> {
+fn cut(
+    shape: Shape,
+    made: &[Segment],
+    spans: &[Segment],
+    left: u64,
+    piece: Option<u64>,
+) -> Vec<Segment> {
     let mut planned = made.to_vec();
     match shape {
         Shape::LargestFirst => planned.sort_by_key(|s| std::cmp::Reverse(s.0)),
         Shape::OneLarge => planned.retain(|s| s.2),
+        Shape::Addressed => {
+            planned.retain(|s| s.2);
+            planned.splice(0..0, spans.iter().copied());
+        }
         Shape::AsMade | Shape::RestWhole => {}
     }
     let mut left = left;
@@ -211,7 +262,7 @@ fn cut(shape: Shape, made: &[Segment], left: u64, piece: Option<u64>) -> Vec<Seg
         }
     }
     let piece = match shape {
-        Shape::AsMade | Shape::LargestFirst => piece,
+        Shape::AsMade | Shape::LargestFirst | Shape::Addressed => piece,
         Shape::RestWhole | Shape::OneLarge => None,
     };
     out.extend(pieces(left & !(MIN_BLOCK_SIZE - 1), piece, 0));
@@ -243,6 +294,9 @@ struct Window<'a, const D: bool> {
     totals: &'a [crate::trace::RecordedTotals],
     releases: &'a [u64],
     shared: &'a [SharedSegment],
+    /// For each event, whether the recorded addresses show it was served from a segment made
+    /// in the window ([`served_from_made`]).
+    from_made: &'a [bool],
 }
 
 /// How a replay from a planned cache followed the recording.
@@ -250,16 +304,26 @@ struct Outcome {
     /// The sum over events of the difference between the replay's reserved bytes and the
     /// recorded `Total Reserved` after each.
     deviation: u128,
-    /// The first request where the replay reserved more, or less, than the recording did.
-    parted: Option<Parted>,
-    /// Which planned segments a request took memory from before that request.
-    used: Vec<bool>,
+    /// The first requests (at most [`MAX_PARTINGS`]) where the replay reserved more, or less,
+    /// than the recording did, each with its event index.
+    parted: Vec<(usize, Parted)>,
+    /// For each planned segment, the index of the first event that took memory from it
+    /// (`usize::MAX` where none did).
+    first_use: Vec<usize>,
+}
+
+impl Outcome {
+    /// Whether a request before event `at` took memory from planned segment `k`.
+    fn used_before(&self, k: usize, at: usize) -> bool {
+        self.first_use.get(k).is_none_or(|&u| u < at)
+    }
 }
 
 /// The first request at which a replay parts from the recording.
 enum Parted {
     /// The replay served a request of `size` bytes from planned segment `segment` where the
-    /// recording reserved more: the real cache had no free block for it.
+    /// recording reserved more, or where its address shows it served from a segment made in
+    /// the window: the real cache had no free block for it.
     Served { size: u64, segment: usize },
     /// The replay reserved `bytes` more for a request on `stream` where the recording did
     /// not: the real cache held a segment for it.
@@ -293,7 +357,13 @@ impl<const D: bool> Window<'_, D> {
             let (b, size, k) = bases[i];
             (addr < b + size).then_some(k)
         };
-        let mut outcome = Outcome { deviation: 0, parted: None, used: vec![false; segments.len()] };
+        let mut outcome = Outcome {
+            deviation: 0,
+            parted: Vec::new(),
+            first_use: vec![usize::MAX; segments.len()],
+        };
+        // The replay's peak reserved bytes and the recording's.
+        let mut peaks = (0u64, 0u64);
         let mut released = self.releases.iter().peekable();
         let mut recorded = self.totals.first().map_or(0, |t| t.reserved);
         for (i, (e, t)) in events.iter().zip(self.totals).enumerate() {
@@ -310,21 +380,26 @@ impl<const D: bool> Window<'_, D> {
                     live.insert(e.addr, a.addr);
                     let grew = device.reserved().saturating_sub(before);
                     let from = planned_at(a.addr);
-                    if outcome.parted.is_none() {
-                        outcome.parted = match (recorded_grew, grew > 0, from) {
-                            (true, false, Some(segment)) => {
-                                Some(Parted::Served { size: e.size, segment })
-                            }
-                            (false, true, _) => Some(Parted::Grew {
-                                bytes: grew,
-                                stream: e.stream,
-                                small: e.size <= SMALL_SIZE,
-                            }),
-                            _ => None,
-                        };
-                        if let (None, Some(k)) = (&outcome.parted, from) {
-                            outcome.used[k] = true;
+                    let made = self.from_made.get(i).copied().unwrap_or(false);
+                    let parted = match (recorded_grew || made, grew > 0, from) {
+                        (true, false, Some(segment)) => {
+                            Some(Parted::Served { size: e.size, segment })
                         }
+                        (false, true, _) => Some(Parted::Grew {
+                            bytes: grew,
+                            stream: e.stream,
+                            small: e.size <= SMALL_SIZE,
+                        }),
+                        _ => None,
+                    };
+                    match parted {
+                        Some(p) if outcome.parted.len() < MAX_PARTINGS => {
+                            outcome.parted.push((i, p))
+                        }
+                        _ => {}
+                    }
+                    if let Some(u) = from.and_then(|k| outcome.first_use.get_mut(k)) {
+                        *u = (*u).min(i);
                     }
                 }
                 Action::FreeCompleted | Action::FreeRequested => {
@@ -335,52 +410,92 @@ impl<const D: bool> Window<'_, D> {
                 _ => {}
             }
             outcome.deviation += u128::from(device.reserved().abs_diff(t.reserved));
+            peaks = (peaks.0.max(device.reserved()), peaks.1.max(t.reserved));
         }
+        // The peak is the answer read from a replay: missing it by Δ counts as missing every
+        // event by Δ.
+        outcome.deviation += u128::from(peaks.0.abs_diff(peaks.1)) * events.len() as u128;
         Some(outcome)
     }
 }
 
-/// `segments` mended where `outcome`'s replay first parted from the recording, or `None` where
-/// it did not, or cannot be mended: a segment that served a request the real run reserved more
-/// for is cut into pieces smaller than the request (a small-pool one becomes a large-pool one);
-/// a request the real run found cached gets a segment of the size the replay reserved for it,
-/// its bytes taken from segments no request had used, last first.
-fn mend(segments: &[Segment], outcome: &Outcome) -> Option<Vec<Segment>> {
+/// `segment` cut so that no piece holds a request of `size` bytes: a small-pool segment
+/// becomes a large-pool one of the same bytes (small requests never reach it), a large-pool one
+/// pieces below `size`; `None` where that takes too many pieces.
+fn cut_below(segment: Segment, size: u64) -> Option<Vec<Segment>> {
+    let (bytes, stream, small) = segment;
+    let below = (size - 1) & !(MIN_BLOCK_SIZE - 1);
+    match small {
+        true => Some(vec![(bytes, stream, false)]),
+        false if below >= MIN_BLOCK_SIZE && bytes / below < MAX_PIECES => {
+            Some(pieces(bytes, Some(below), stream))
+        }
+        false => None,
+    }
+}
+
+/// The ways to mend `segments` where `outcome`'s replay parted from the recording at its
+/// `parting`-th place (none where it cannot be mended), each to be tried in turn:
+///
+/// - a request served from a planned segment where the real run reserved more, or took a
+///   segment made in the window: the real cache had no free block for it. That segment is cut
+///   below the request ([`cut_below`]); then, as a second way, so is every large-pool segment
+///   of at least that size no request had used yet (each was wholly free then, so the real
+///   cache held none of them either, unless a larger block was the best fit);
+/// - a request the real run found cached gets a segment of the size the replay reserved for
+///   it, its bytes taken from segments no request had used, last first, then from those first
+///   used latest.
+fn mends(segments: &[Segment], outcome: &Outcome, parting: usize) -> Vec<Vec<Segment>> {
+    let Some(&(at, ref parted)) = outcome.parted.get(parting) else { return Vec::new() };
     let mut out = segments.to_vec();
-    match *outcome.parted.as_ref()? {
+    match *parted {
         Parted::Served { size, segment } => {
-            let (bytes, stream, small) = out[segment];
-            let below = (size - 1) & !(MIN_BLOCK_SIZE - 1);
-            let cut = match small {
-                true => vec![(bytes, stream, false)],
-                false if below >= MIN_BLOCK_SIZE && bytes / below < MAX_PIECES => {
-                    pieces(bytes, Some(below), stream)
-                }
-                false => return None,
+            let Some(cut) = out.get(segment).and_then(|&s| cut_below(s, size)) else {
+                return Vec::new();
             };
             out.splice(segment..=segment, cut);
+            let mut every = Vec::with_capacity(segments.len());
+            let mut more = false;
+            for (k, &s) in segments.iter().enumerate() {
+                let unused_fit = !s.2 && s.0 >= size && !outcome.used_before(k, at);
+                match (k == segment || unused_fit).then(|| cut_below(s, size)).flatten() {
+                    Some(cut) => {
+                        more |= k != segment;
+                        every.extend(cut);
+                    }
+                    None => every.push(s),
+                }
+            }
+            return if more { vec![out, every] } else { vec![out] };
         }
         Parted::Grew { bytes, stream, small } => {
+            // Segments no request had used, last first; then those first used latest.
+            let mut order: Vec<usize> = (0..out.len()).rev().collect();
+            order.sort_by_key(|&k| match outcome.used_before(k, at) {
+                false => (0, 0),
+                true => (1, usize::MAX - outcome.first_use.get(k).copied().unwrap_or(0)),
+            });
             let mut need = bytes;
-            for k in (0..out.len()).rev() {
+            for k in order {
                 if need == 0 {
                     break;
-                }
-                if outcome.used.get(k).copied().unwrap_or(true) {
-                    continue;
                 }
                 let take = need.min(out[k].0);
                 out[k].0 -= take;
                 need -= take;
             }
             if need > 0 {
-                return None;
+                return Vec::new();
             }
             out.retain(|s| s.0 > 0);
+            // A small-pool segment is 2 MiB: one that gave bytes away is a large-pool one now.
+            for s in &mut out {
+                s.2 &= s.0 == SMALL_BUFFER;
+            }
             out.insert(0, (bytes, stream, small && bytes == SMALL_BUFFER));
         }
     }
-    Some(out)
+    vec![out]
 }
 
 impl WarmCache {
@@ -589,18 +704,29 @@ mod tests {
     fn each_shape_fills_the_reserve_with_the_made_segments_that_fit_then_the_rest() {
         let made = [(2 * MIB, 0, true), (20 * MIB, 0, false), (64 * MIB, 0, false)];
         let sizes = |v: Vec<Segment>| v.iter().map(|s| s.0 / MIB).collect::<Vec<_>>();
+        let spans = [(30 * MIB, 0, false), (12 * MIB, 0, false)];
         // 70 MiB left: the 64 MiB segment does not fit after the first two (48 left).
-        assert_eq!(sizes(cut(Shape::AsMade, &made, 70 * MIB, None)), [2, 20, 48]);
+        assert_eq!(sizes(cut(Shape::AsMade, &made, &spans, 70 * MIB, None)), [2, 20, 48]);
         // Where a 30 MiB request made the recorded run grow, the rest is cut below it.
         let below_30 = Some(30 * MIB - 512);
-        let as_made = cut(Shape::AsMade, &made, 70 * MIB, below_30);
+        let as_made = cut(Shape::AsMade, &made, &spans, 70 * MIB, below_30);
         assert_eq!(as_made[2..], [(30 * MIB - 512, 0, false), (18 * MIB + 512, 0, false)]);
-        assert_eq!(sizes(cut(Shape::RestWhole, &made, 70 * MIB, below_30)), [2, 20, 48]);
+        let rest_whole = cut(Shape::RestWhole, &made, &spans, 70 * MIB, below_30);
+        assert_eq!(sizes(rest_whole), [2, 20, 48]);
         // Largest first keeps the 64 MiB segment; one large keeps only the small pool's.
-        assert_eq!(sizes(cut(Shape::LargestFirst, &made, 70 * MIB, None)), [64, 2, 4]);
-        assert_eq!(sizes(cut(Shape::OneLarge, &made, 70 * MIB, below_30)), [2, 68]);
+        let largest = cut(Shape::LargestFirst, &made, &spans, 70 * MIB, None);
+        assert_eq!(sizes(largest), [64, 2, 4]);
+        assert_eq!(sizes(cut(Shape::OneLarge, &made, &spans, 70 * MIB, below_30)), [2, 68]);
+        // The addresses' segments first, then the small pool's, then the rest below 30 MiB.
+        let addressed = cut(Shape::Addressed, &made, &spans, 70 * MIB, below_30);
+        assert_eq!(
+            addressed[..3],
+            [(30 * MIB, 0, false), (12 * MIB, 0, false), (2 * MIB, 0, true)]
+        );
+        assert_eq!(sizes(addressed[3..].to_vec()), [26]);
         for shape in Shape::ALL {
-            let total: u64 = cut(shape, &made, 70 * MIB, below_30).iter().map(|s| s.0).sum();
+            let total: u64 =
+                cut(shape, &made, &spans, 70 * MIB, below_30).iter().map(|s| s.0).sum();
             assert_eq!(total, 70 * MIB, "{shape:?}");
         }
     }
@@ -618,31 +744,50 @@ mod tests {
     }
 
     #[test]
-    fn a_cache_is_mended_where_its_replay_first_parts_from_the_recording() {
+    fn a_cache_is_mended_where_its_replay_parts_from_the_recording() {
         let segments = vec![(2 * MIB, 0, true), (64 * MIB, 0, false), (40 * MIB, 0, false)];
-        let outcome = |parted, used: [bool; 3]| Outcome {
+        // Parted at event 10; `first_use` gives the event each segment was first used at.
+        let outcome = |parted, first_use: [usize; 3]| Outcome {
             deviation: 1,
-            parted: Some(parted),
-            used: used.to_vec(),
+            parted: vec![(10, parted)],
+            first_use: first_use.to_vec(),
         };
+        const NEVER: usize = usize::MAX;
         // A 30 MiB request served from the 64 MiB segment where the real run reserved more:
-        // that segment is cut below 30 MiB.
-        let served = outcome(Parted::Served { size: 30 * MIB, segment: 1 }, [false; 3]);
-        let mended = mend(&segments, &served).unwrap();
-        assert!(mended[1..4].iter().all(|s| s.0 < 30 * MIB && !s.2), "{mended:?}");
-        assert_eq!(mended.iter().map(|s| s.0).sum::<u64>(), 106 * MIB);
+        // that segment is cut below 30 MiB. As a second way, the 40 MiB segment no request had
+        // used (wholly free then, so not in the real cache either) is cut too.
+        let served = outcome(Parted::Served { size: 30 * MIB, segment: 1 }, [NEVER; 3]);
+        let ways = mends(&segments, &served, 0);
+        assert_eq!(ways.len(), 2);
+        assert!(ways[0][1..4].iter().all(|s| s.0 < 30 * MIB && !s.2), "{ways:?}");
+        assert_eq!(ways[0].last(), Some(&(40 * MIB, 0, false)));
+        assert!(ways[1].iter().all(|s| s.0 < 30 * MIB), "{ways:?}");
+        for way in &ways {
+            assert_eq!(way.iter().map(|s| s.0).sum::<u64>(), 106 * MIB);
+        }
+        // Used before the parting, the 40 MiB segment may have been busy: one way only.
+        let served = outcome(Parted::Served { size: 30 * MIB, segment: 1 }, [NEVER, NEVER, 3]);
+        assert_eq!(mends(&segments, &served, 0).len(), 1);
         // A small request served from a small-pool segment: it becomes a large-pool one.
-        let small = outcome(Parted::Served { size: 512, segment: 0 }, [false; 3]);
-        assert_eq!(mend(&segments, &small).unwrap()[0], (2 * MIB, 0, false));
+        let small = outcome(Parted::Served { size: 512, segment: 0 }, [NEVER; 3]);
+        assert_eq!(mends(&segments, &small, 0)[0][0], (2 * MIB, 0, false));
         // A 50 MiB segment the replay made where the real run found one cached: taken from the
         // segments no request used (the 40 MiB one, then 10 of the 64), put first.
-        let grew = Parted::Grew { bytes: 50 * MIB, stream: 7, small: false };
-        let mended = mend(&segments, &outcome(grew, [true, false, false])).unwrap();
-        assert_eq!(mended, vec![(50 * MIB, 7, false), (2 * MIB, 0, true), (54 * MIB, 0, false)]);
-        // Not enough unused bytes: nothing to mend.
-        let grew = Parted::Grew { bytes: 50 * MIB, stream: 7, small: false };
-        assert!(mend(&segments, &outcome(grew, [true, true, false])).is_none());
-        let none = Outcome { deviation: 0, parted: None, used: vec![] };
-        assert!(mend(&segments, &none).is_none());
+        let grew = || Parted::Grew { bytes: 50 * MIB, stream: 7, small: false };
+        let mended = mends(&segments, &outcome(grew(), [3, NEVER, NEVER]), 0);
+        assert_eq!(mended, [vec![(50 * MIB, 7, false), (2 * MIB, 0, true), (54 * MIB, 0, false)]]);
+        // Not enough unused bytes: then from those first used latest (the 64 MiB segment, used
+        // at event 5, before the small one, used at 3); a small one that gives bytes away is a
+        // large-pool one.
+        let mended = mends(&segments, &outcome(grew(), [3, 5, NEVER]), 0);
+        assert_eq!(mended, [vec![(50 * MIB, 7, false), (2 * MIB, 0, true), (54 * MIB, 0, false)]]);
+        let grew = Parted::Grew { bytes: 105 * MIB, stream: 7, small: false };
+        let mended = mends(&segments, &outcome(grew, [3, 5, NEVER]), 0);
+        assert_eq!(mended, [vec![(105 * MIB, 7, false), (MIB, 0, false)]]);
+        // More bytes than the plan holds: nothing to mend; nor where it did not part.
+        let grew = Parted::Grew { bytes: 200 * MIB, stream: 7, small: false };
+        assert!(mends(&segments, &outcome(grew, [NEVER; 3]), 0).is_empty());
+        let none = Outcome { deviation: 0, parted: vec![], first_use: vec![] };
+        assert!(mends(&segments, &none, 0).is_empty());
     }
 }
