@@ -263,6 +263,11 @@ pub struct PyTorch<const DEFAULT_RULES: bool = false> {
     /// A warm Kineto trace's cache before its first event ([`warm::plan`]), installed by
     /// [`Policy::start`] after the live blocks; taken when installed.
     warm: Option<Box<warm::WarmCache>>,
+    /// Bases of free segments a warm profiler trace's plan keeps through every release: memory
+    /// the real cache held in segments with blocks the trace does not show (live throughout, or
+    /// a live CUDA graph's), which serves requests but no release gives back
+    /// (docs/pytorch-model.md#kineto-warm-start). Empty everywhere else.
+    pub(crate) unreleasable: std::collections::HashSet<u64>,
     /// Requests are recorded block sizes (a Kineto trace, see [`PyTorch::reading_kineto`]): a
     /// block found larger is split down to the request whenever the rest can be a block.
     exact_blocks: bool,
@@ -342,6 +347,7 @@ impl PyTorch {
             start: None,
             start_fit: None,
             warm: None,
+            unreleasable: Default::default(),
             exact_blocks: false,
             place_at: None,
             assumed_start: None,
@@ -547,7 +553,7 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
             config, blocks, spare, pools, private, private_pools, freeable, into, capture_underway,
             segments, expandable, streams, stream_index, allocated, total_allocated, alloc_retries, stats, gc_on,
             start, start_fit, warm, exact_blocks, plain_rounding, place_at, assumed_start,
-            shown_version,
+            shown_version, unreleasable,
         )
     }
 
@@ -1128,6 +1134,13 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
         self.config.pool_is_capture(pool)
     }
 
+    /// Whether a release may give back block `id`'s segment: not one a warm trace's plan keeps
+    /// ([`PyTorch::unreleasable`]).
+    #[inline]
+    fn releasable(&self, id: u32) -> bool {
+        self.unreleasable.is_empty() || !self.unreleasable.contains(&self.b(id).ptr)
+    }
+
     /// `release_block` (docs/pytorch-model.md#release-segment): cudaFree one whole cudaMalloc
     /// segment.
     fn release_block<B: Backend>(&mut self, backend: &mut B, id: u32) -> Result<()> {
@@ -1224,7 +1237,7 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
         // recorded start state can find such a block split: it is skipped, not freed.
         let whole = |b: &Block| b.expandable == NIL && b.prev == NIL && b.next == NIL;
         if let Some((_, _, id)) = self.owner(p, small).blocks.first_from(sid, target, 0) {
-            if whole(self.b(id)) {
+            if whole(self.b(id)) && self.releasable(id) {
                 self.release_block(backend, id)?;
                 return Ok(true);
             }
@@ -1241,7 +1254,7 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
                 break;
             }
             cursor = (size, ptr);
-            if whole(self.b(id)) {
+            if whole(self.b(id)) && self.releasable(id) {
                 released += size;
                 self.release_block(backend, id)?;
             }
@@ -1277,7 +1290,7 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
             let b = self.b(id);
             if b.expandable != NIL {
                 expandable.push(id);
-            } else if b.prev == NIL && b.next == NIL {
+            } else if b.prev == NIL && b.next == NIL && self.releasable(id) {
                 self.release_block(backend, id)?;
             }
         }
@@ -1318,7 +1331,8 @@ impl<const DEFAULT_RULES: bool> PyTorch<DEFAULT_RULES> {
             let ids = self.free_blocks_in_order(&self.pools[p]);
             for id in ids {
                 let b = self.b(id);
-                if b.prev == NIL && b.next == NIL && b.expandable == NIL && age(b) >= avg {
+                let whole = b.prev == NIL && b.next == NIL && b.expandable == NIL;
+                if whole && age(b) >= avg && self.releasable(id) {
                     let (a, s) = (age(b), b.size);
                     reclaimed += s;
                     total_age -= a;

@@ -40,8 +40,24 @@ use crate::trace::kineto_segments::{
 use crate::trace::{Action, Event, Format, LiveBlock, Trace};
 use std::collections::HashMap;
 
-/// A free segment to install: its size, stream, and whether it is the small pool's.
-pub(crate) type Segment = (u64, u64, bool);
+/// A free segment to install.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Segment {
+    pub(crate) size: u64,
+    pub(crate) stream: u64,
+    /// A small-pool segment (2 MiB, for requests of 1 MiB or less).
+    pub(crate) small: bool,
+    /// Kept through every release ([`PyTorch::unreleasable`]): the real cache held that memory
+    /// in segments with blocks the trace does not show.
+    pub(crate) kept: bool,
+}
+
+impl Segment {
+    /// A free segment that releases give back.
+    pub(crate) const fn new(size: u64, stream: u64, small: bool) -> Segment {
+        Segment { size, stream, small, kept: false }
+    }
+}
 
 /// The cached segments a warm Kineto trace starts with, as `plan` assumes them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -131,7 +147,9 @@ pub(crate) fn plan<const D: bool>(
     let shared = shared_segments(context.live_at_start, context.events, totals);
     let spans: Vec<Segment> = cached_spans(context.live_at_start, context.events, totals)
         .into_iter()
-        .map(|(start, end, stream)| ((end - start).next_multiple_of(ROUND_LARGE), stream, false))
+        .map(|(start, end, stream)| {
+            Segment::new((end - start).next_multiple_of(ROUND_LARGE), stream, false)
+        })
         .collect();
     let mut cold: PyTorch = PyTorch::new(policy.config.clone());
     cold.exact_blocks = policy.exact_blocks;
@@ -167,7 +185,7 @@ pub(crate) fn plan<const D: bool>(
                 }
                 made.extend(device.calls()[before..].iter().filter_map(|c| match *c {
                     BackendCall::SegmentAlloc { size, addr: Some(_) } => {
-                        Some((size, e.stream, size == SMALL_BUFFER))
+                        Some(Segment::new(size, e.stream, size == SMALL_BUFFER))
                     }
                     _ => None,
                 }));
@@ -245,20 +263,20 @@ fn cut(
 ) -> Vec<Segment> {
     let mut planned = made.to_vec();
     match shape {
-        Shape::LargestFirst => planned.sort_by_key(|s| std::cmp::Reverse(s.0)),
-        Shape::OneLarge => planned.retain(|s| s.2),
+        Shape::LargestFirst => planned.sort_by_key(|s| std::cmp::Reverse(s.size)),
+        Shape::OneLarge => planned.retain(|s| s.small),
         Shape::Addressed => {
-            planned.retain(|s| s.2);
+            planned.retain(|s| s.small);
             planned.splice(0..0, spans.iter().copied());
         }
         Shape::AsMade | Shape::RestWhole => {}
     }
     let mut left = left;
     let mut out = Vec::new();
-    for (size, stream, small) in planned {
-        if size <= left {
-            out.push((size, stream, small));
-            left -= size;
+    for segment in planned {
+        if segment.size <= left {
+            out.push(segment);
+            left -= segment.size;
         }
     }
     let piece = match shape {
@@ -280,7 +298,7 @@ fn pieces(bytes: u64, piece: Option<u64>, stream: u64) -> Vec<Segment> {
     let mut out = Vec::new();
     while rest > 0 {
         let size = piece.min(rest);
-        out.push((size, stream, false));
+        out.push(Segment::new(size, stream, false));
         rest -= size;
     }
     out
@@ -328,6 +346,9 @@ enum Parted {
     /// The replay reserved `bytes` more for a request on `stream` where the recording did
     /// not: the real cache held a segment for it.
     Grew { bytes: u64, stream: u64, small: bool },
+    /// After a release the replay reserved `short` bytes less than the recording: the real
+    /// cache kept that much free memory a release does not give back.
+    Released { short: u64 },
 }
 
 impl<const D: bool> Window<'_, D> {
@@ -346,10 +367,10 @@ impl<const D: bool> Window<'_, D> {
         }
         // Each planned segment's base, in address order with its index.
         let mut bases: Vec<(u64, u64, usize)> = Vec::with_capacity(segments.len());
-        for (k, &(size, stream, small)) in segments.iter().enumerate() {
-            let base = device.segment_alloc(size).ok()??;
-            run.install_segment(base, size, stream, small, None, &[(base, size, None)]).ok()?;
-            bases.push((base, size, k));
+        for (k, s) in segments.iter().enumerate() {
+            let base = device.segment_alloc(s.size).ok()??;
+            run.install_free(base, s).ok()?;
+            bases.push((base, s.size, k));
         }
         bases.sort_unstable();
         let planned_at = |addr: u64| {
@@ -367,7 +388,8 @@ impl<const D: bool> Window<'_, D> {
         let mut released = self.releases.iter().peekable();
         let mut recorded = self.totals.first().map_or(0, |t| t.reserved);
         for (i, (e, t)) in events.iter().zip(self.totals).enumerate() {
-            if released.next_if_eq(&&(i as u64)).is_some() {
+            let releasing = released.next_if_eq(&&(i as u64)).is_some();
+            if releasing {
                 run.empty_cache(&mut device).ok()?;
             }
             let recorded_grew = t.reserved > recorded;
@@ -409,6 +431,10 @@ impl<const D: bool> Window<'_, D> {
                 }
                 _ => {}
             }
+            let short = t.reserved.saturating_sub(device.reserved());
+            if releasing && short > 0 && outcome.parted.len() < MAX_PARTINGS {
+                outcome.parted.push((i, Parted::Released { short }));
+            }
             outcome.deviation += u128::from(device.reserved().abs_diff(t.reserved));
             peaks = (peaks.0.max(device.reserved()), peaks.1.max(t.reserved));
         }
@@ -423,15 +449,18 @@ impl<const D: bool> Window<'_, D> {
 /// becomes a large-pool one of the same bytes (small requests never reach it), a large-pool one
 /// pieces below `size`; `None` where that takes too many pieces.
 fn cut_below(segment: Segment, size: u64) -> Option<Vec<Segment>> {
-    let (bytes, stream, small) = segment;
     let below = (size - 1) & !(MIN_BLOCK_SIZE - 1);
-    match small {
-        true => Some(vec![(bytes, stream, false)]),
-        false if below >= MIN_BLOCK_SIZE && bytes / below < MAX_PIECES => {
-            Some(pieces(bytes, Some(below), stream))
+    let mut out = match segment.small {
+        true => vec![Segment { small: false, ..segment }],
+        false if below >= MIN_BLOCK_SIZE && segment.size / below < MAX_PIECES => {
+            pieces(segment.size, Some(below), segment.stream)
         }
-        false => None,
+        false => return None,
+    };
+    for piece in &mut out {
+        piece.kept = segment.kept;
     }
+    Some(out)
 }
 
 /// The ways to mend `segments` where `outcome`'s replay parted from the recording at its
@@ -457,7 +486,7 @@ fn mends(segments: &[Segment], outcome: &Outcome, parting: usize) -> Vec<Vec<Seg
             let mut every = Vec::with_capacity(segments.len());
             let mut more = false;
             for (k, &s) in segments.iter().enumerate() {
-                let unused_fit = !s.2 && s.0 >= size && !outcome.used_before(k, at);
+                let unused_fit = !s.small && s.size >= size && !outcome.used_before(k, at);
                 match (k == segment || unused_fit).then(|| cut_below(s, size)).flatten() {
                     Some(cut) => {
                         more |= k != segment;
@@ -467,6 +496,31 @@ fn mends(segments: &[Segment], outcome: &Outcome, parting: usize) -> Vec<Vec<Seg
                 }
             }
             return if more { vec![out, every] } else { vec![out] };
+        }
+        Parted::Released { short } => {
+            // That many bytes of the plan, last first, kept through releases.
+            let mut need = short;
+            for k in (0..out.len()).rev() {
+                if need == 0 {
+                    break;
+                }
+                if out[k].kept {
+                    continue;
+                }
+                let take = need.min(out[k].size);
+                need -= take;
+                if take == out[k].size {
+                    out[k].kept = true;
+                    continue;
+                }
+                out[k].size -= take;
+                let kept = Segment { size: take, small: false, kept: true, ..out[k] };
+                out[k].small = false;
+                out.insert(k + 1, kept);
+            }
+            if need > 0 {
+                return Vec::new();
+            }
         }
         Parted::Grew { bytes, stream, small } => {
             // Segments no request had used, last first; then those first used latest.
@@ -480,19 +534,19 @@ fn mends(segments: &[Segment], outcome: &Outcome, parting: usize) -> Vec<Vec<Seg
                 if need == 0 {
                     break;
                 }
-                let take = need.min(out[k].0);
-                out[k].0 -= take;
+                let take = need.min(out[k].size);
+                out[k].size -= take;
                 need -= take;
             }
             if need > 0 {
                 return Vec::new();
             }
-            out.retain(|s| s.0 > 0);
+            out.retain(|s| s.size > 0);
             // A small-pool segment is 2 MiB: one that gave bytes away is a large-pool one now.
             for s in &mut out {
-                s.2 &= s.0 == SMALL_BUFFER;
+                s.small &= s.size == SMALL_BUFFER;
             }
-            out.insert(0, (bytes, stream, small && bytes == SMALL_BUFFER));
+            out.insert(0, Segment::new(bytes, stream, small && bytes == SMALL_BUFFER));
         }
     }
     vec![out]
@@ -505,10 +559,10 @@ impl WarmCache {
     pub(crate) fn to_install(&self, reserved: u64) -> Vec<Segment> {
         let mut left = self.reserved_bytes.saturating_sub(reserved);
         let mut out = Vec::new();
-        for &(size, stream, small) in &self.segments {
-            if size <= left {
-                out.push((size, stream, small));
-                left -= size;
+        for &segment in &self.segments {
+            if segment.size <= left {
+                out.push(segment);
+                left -= segment.size;
             }
         }
         out
@@ -520,6 +574,17 @@ impl<const D: bool> PyTorch<D> {
     /// where it names none), as the replay engine does before each request.
     fn route(&mut self, trace: &Trace, e: &Event) -> crate::error::Result<()> {
         self.allocate_into(trace.entry_pool(e).flatten())
+    }
+
+    /// Installs planned `segment` free at `base`, in the default pools; one kept through
+    /// releases is marked so ([`PyTorch::unreleasable`]).
+    fn install_free(&mut self, base: u64, segment: &Segment) -> crate::error::Result<()> {
+        let Segment { size, stream, small, kept } = *segment;
+        self.install_segment(base, size, stream, small, None, &[(base, size, None)])?;
+        if kept {
+            self.unreleasable.insert(base);
+        }
+        Ok(())
     }
 
     /// The blocks live at the start, in the default pools: each malloc'd in order (its
@@ -629,14 +694,15 @@ impl<const D: bool> PyTorch<D> {
         let before = self.total_allocated;
         let limit = self.config.allowed_memory_maximum();
         let mut fit = crate::backend::StartFit::default();
-        for (size, stream, small) in warm.to_install(self.total_allocated) {
+        for segment in warm.to_install(self.total_allocated) {
+            let size = segment.size;
             fit.segments += 1;
             fit.bytes += size;
             if limit.is_some_and(|l| self.total_allocated.saturating_add(size) > l) {
                 continue;
             }
             let Some(base) = backend.segment_alloc(size)? else { continue };
-            self.install_segment(base, size, stream, small, None, &[(base, size, None)])?;
+            self.install_free(base, &segment)?;
             fit.installed_segments += 1;
             fit.installed_bytes += size;
         }
@@ -700,17 +766,21 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
+    fn seg(size: u64, stream: u64, small: bool) -> Segment {
+        Segment::new(size, stream, small)
+    }
+
     #[test]
     fn each_shape_fills_the_reserve_with_the_made_segments_that_fit_then_the_rest() {
-        let made = [(2 * MIB, 0, true), (20 * MIB, 0, false), (64 * MIB, 0, false)];
-        let sizes = |v: Vec<Segment>| v.iter().map(|s| s.0 / MIB).collect::<Vec<_>>();
-        let spans = [(30 * MIB, 0, false), (12 * MIB, 0, false)];
+        let made = [seg(2 * MIB, 0, true), seg(20 * MIB, 0, false), seg(64 * MIB, 0, false)];
+        let sizes = |v: Vec<Segment>| v.iter().map(|s| s.size / MIB).collect::<Vec<_>>();
+        let spans = [seg(30 * MIB, 0, false), seg(12 * MIB, 0, false)];
         // 70 MiB left: the 64 MiB segment does not fit after the first two (48 left).
         assert_eq!(sizes(cut(Shape::AsMade, &made, &spans, 70 * MIB, None)), [2, 20, 48]);
         // Where a 30 MiB request made the recorded run grow, the rest is cut below it.
         let below_30 = Some(30 * MIB - 512);
         let as_made = cut(Shape::AsMade, &made, &spans, 70 * MIB, below_30);
-        assert_eq!(as_made[2..], [(30 * MIB - 512, 0, false), (18 * MIB + 512, 0, false)]);
+        assert_eq!(as_made[2..], [seg(30 * MIB - 512, 0, false), seg(18 * MIB + 512, 0, false)]);
         let rest_whole = cut(Shape::RestWhole, &made, &spans, 70 * MIB, below_30);
         assert_eq!(sizes(rest_whole), [2, 20, 48]);
         // Largest first keeps the 64 MiB segment; one large keeps only the small pool's.
@@ -721,12 +791,12 @@ mod tests {
         let addressed = cut(Shape::Addressed, &made, &spans, 70 * MIB, below_30);
         assert_eq!(
             addressed[..3],
-            [(30 * MIB, 0, false), (12 * MIB, 0, false), (2 * MIB, 0, true)]
+            [seg(30 * MIB, 0, false), seg(12 * MIB, 0, false), seg(2 * MIB, 0, true)]
         );
         assert_eq!(sizes(addressed[3..].to_vec()), [26]);
         for shape in Shape::ALL {
             let total: u64 =
-                cut(shape, &made, &spans, 70 * MIB, below_30).iter().map(|s| s.0).sum();
+                cut(shape, &made, &spans, 70 * MIB, below_30).iter().map(|s| s.size).sum();
             assert_eq!(total, 70 * MIB, "{shape:?}");
         }
     }
@@ -735,7 +805,7 @@ mod tests {
     fn the_cache_installs_its_segments_while_they_fit_in_the_recorded_reserve() {
         let w = WarmCache {
             reserved_bytes: 100 * MIB,
-            segments: vec![(2 * MIB, 0, true), (20 * MIB, 0, false), (48 * MIB, 0, false)],
+            segments: vec![seg(2 * MIB, 0, true), seg(20 * MIB, 0, false), seg(48 * MIB, 0, false)],
             shared: Vec::new(),
         };
         assert_eq!(w.to_install(30 * MIB), w.segments);
@@ -745,7 +815,8 @@ mod tests {
 
     #[test]
     fn a_cache_is_mended_where_its_replay_parts_from_the_recording() {
-        let segments = vec![(2 * MIB, 0, true), (64 * MIB, 0, false), (40 * MIB, 0, false)];
+        let segments =
+            vec![seg(2 * MIB, 0, true), seg(64 * MIB, 0, false), seg(40 * MIB, 0, false)];
         // Parted at event 10; `first_use` gives the event each segment was first used at.
         let outcome = |parted, first_use: [usize; 3]| Outcome {
             deviation: 1,
@@ -759,35 +830,73 @@ mod tests {
         let served = outcome(Parted::Served { size: 30 * MIB, segment: 1 }, [NEVER; 3]);
         let ways = mends(&segments, &served, 0);
         assert_eq!(ways.len(), 2);
-        assert!(ways[0][1..4].iter().all(|s| s.0 < 30 * MIB && !s.2), "{ways:?}");
-        assert_eq!(ways[0].last(), Some(&(40 * MIB, 0, false)));
-        assert!(ways[1].iter().all(|s| s.0 < 30 * MIB), "{ways:?}");
+        assert!(ways[0][1..4].iter().all(|s| s.size < 30 * MIB && !s.small), "{ways:?}");
+        assert_eq!(ways[0].last(), Some(&seg(40 * MIB, 0, false)));
+        assert!(ways[1].iter().all(|s| s.size < 30 * MIB), "{ways:?}");
         for way in &ways {
-            assert_eq!(way.iter().map(|s| s.0).sum::<u64>(), 106 * MIB);
+            assert_eq!(way.iter().map(|s| s.size).sum::<u64>(), 106 * MIB);
         }
         // Used before the parting, the 40 MiB segment may have been busy: one way only.
         let served = outcome(Parted::Served { size: 30 * MIB, segment: 1 }, [NEVER, NEVER, 3]);
         assert_eq!(mends(&segments, &served, 0).len(), 1);
         // A small request served from a small-pool segment: it becomes a large-pool one.
         let small = outcome(Parted::Served { size: 512, segment: 0 }, [NEVER; 3]);
-        assert_eq!(mends(&segments, &small, 0)[0][0], (2 * MIB, 0, false));
+        assert_eq!(mends(&segments, &small, 0)[0][0], seg(2 * MIB, 0, false));
         // A 50 MiB segment the replay made where the real run found one cached: taken from the
         // segments no request used (the 40 MiB one, then 10 of the 64), put first.
         let grew = || Parted::Grew { bytes: 50 * MIB, stream: 7, small: false };
         let mended = mends(&segments, &outcome(grew(), [3, NEVER, NEVER]), 0);
-        assert_eq!(mended, [vec![(50 * MIB, 7, false), (2 * MIB, 0, true), (54 * MIB, 0, false)]]);
+        assert_eq!(
+            mended,
+            [vec![seg(50 * MIB, 7, false), seg(2 * MIB, 0, true), seg(54 * MIB, 0, false)]]
+        );
         // Not enough unused bytes: then from those first used latest (the 64 MiB segment, used
         // at event 5, before the small one, used at 3); a small one that gives bytes away is a
         // large-pool one.
         let mended = mends(&segments, &outcome(grew(), [3, 5, NEVER]), 0);
-        assert_eq!(mended, [vec![(50 * MIB, 7, false), (2 * MIB, 0, true), (54 * MIB, 0, false)]]);
+        assert_eq!(
+            mended,
+            [vec![seg(50 * MIB, 7, false), seg(2 * MIB, 0, true), seg(54 * MIB, 0, false)]]
+        );
         let grew = Parted::Grew { bytes: 105 * MIB, stream: 7, small: false };
         let mended = mends(&segments, &outcome(grew, [3, 5, NEVER]), 0);
-        assert_eq!(mended, [vec![(105 * MIB, 7, false), (MIB, 0, false)]]);
+        assert_eq!(mended, [vec![seg(105 * MIB, 7, false), seg(MIB, 0, false)]]);
         // More bytes than the plan holds: nothing to mend; nor where it did not part.
         let grew = Parted::Grew { bytes: 200 * MIB, stream: 7, small: false };
         assert!(mends(&segments, &outcome(grew, [NEVER; 3]), 0).is_empty());
         let none = Outcome { deviation: 0, parted: vec![], first_use: vec![] };
         assert!(mends(&segments, &none, 0).is_empty());
+    }
+
+    #[test]
+    fn memory_a_release_kept_is_taken_from_the_plan_s_last_segments_and_kept() {
+        let segments =
+            vec![seg(2 * MIB, 0, true), seg(64 * MIB, 0, false), seg(40 * MIB, 0, false)];
+        let outcome = Outcome {
+            deviation: 1,
+            parted: vec![(10, Parted::Released { short: 50 * MIB })],
+            first_use: vec![0; 3],
+        };
+        // The 40 MiB segment, then 10 MiB of the 64 (split off beside it), kept through
+        // releases; the bytes the plan holds stay the same.
+        let kept = |size| Segment { kept: true, ..seg(size, 0, false) };
+        let want =
+            vec![seg(2 * MIB, 0, true), seg(54 * MIB, 0, false), kept(10 * MIB), kept(40 * MIB)];
+        assert_eq!(mends(&segments, &outcome, 0), std::slice::from_ref(&want));
+        // Cut below a request, a kept segment's pieces stay kept.
+        assert!(cut_below(kept(40 * MIB), 30 * MIB).unwrap().iter().all(|s| s.kept));
+        // More than the plan holds apart: nothing to mend.
+        let outcome =
+            Outcome { parted: vec![(10, Parted::Released { short: 200 * MIB })], ..outcome };
+        assert!(mends(&segments, &outcome, 0).is_empty());
+        // Installed, a kept segment survives `empty_cache()`; the others go.
+        let mut policy: PyTorch = PyTorch::new(super::super::Config::default());
+        let mut device = SimDevice::new(None);
+        for s in &want {
+            let base = device.segment_alloc(s.size).unwrap().unwrap();
+            policy.install_free(base, s).unwrap();
+        }
+        policy.empty_cache(&mut device).unwrap();
+        assert_eq!(device.reserved(), 50 * MIB);
     }
 }
