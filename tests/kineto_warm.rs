@@ -107,6 +107,19 @@ fn replayed(text: &str) -> (u64, u64, String) {
     (peak("recorded"), peak("pytorch"), stderr(&o))
 }
 
+/// Replays warm trace `text` (its reserve at the first event `start`, its recorded peak `peak`)
+/// and checks the replay against the bar: the recorded row reads `Total Reserved`, the
+/// replay starts at or above the starting reserve and peaks within 0.5% of the recorded peak.
+/// Returns stderr.
+fn assert_reproduces_peak(case: &str, text: &str, start: u64, peak: u64) -> String {
+    let (recorded, replayed, err) = replayed(text);
+    assert_eq!(recorded, peak, "{case}: the recorded row reads Total Reserved");
+    assert!(replayed >= start, "{case}: replay {replayed} below the starting reserve {start}");
+    let off = (replayed as f64 - peak as f64).abs() / peak as f64;
+    assert!(off <= 0.005, "{case}: replay {replayed} vs recorded peak {peak}: {off:.4}");
+    err
+}
+
 #[test]
 fn a_warm_profiler_trace_replays_from_its_reserve_to_its_recorded_peak() {
     // (seed, warm-up scale, window scale): the same load (the reserve is the peak), a window
@@ -115,13 +128,9 @@ fn a_warm_profiler_trace_replays_from_its_reserve_to_its_recorded_peak() {
     let cases = [(1, 4, 4, 1), (2, 4, 6, 1), (3, 6, 4, 1), (4, 4, 5, 6), (5, 3, 3, 6)];
     for (seed, warm_scale, window_scale, device_type) in cases {
         let (text, start, peak) = warm_kineto(seed, warm_scale, window_scale, (8, 4), device_type);
-        let (recorded, replayed, err) = replayed(&text);
         let case = format!("seed {seed}, scales {warm_scale}->{window_scale}, type {device_type}");
-        assert_eq!(recorded, peak, "{case}: the recorded row reads Total Reserved");
         assert!(start > 0 && peak >= start, "{case}: the generator starts warm");
-        assert!(replayed >= start, "{case}: replay {replayed} below the starting reserve {start}");
-        let off = (replayed as f64 - peak as f64).abs() / peak as f64;
-        assert!(off <= 0.005, "{case}: replay {replayed} vs recorded peak {peak}: {off:.4}");
+        let err = assert_reproduces_peak(&case, &text, start, peak);
         assert!(err.contains("starts warm"), "{case}: the assumption is named: {err}");
     }
 }
@@ -524,12 +533,8 @@ fn a_warm_server_whose_cache_the_addresses_show_replays_to_its_recorded_peak() {
     for (seed, iterations, empty_cache_at) in cases {
         let (warm_up, window) = server(seed, iterations, empty_cache_at);
         let (text, start, peak) = scripted_kineto(&warm_up, &window);
-        let (recorded, replayed, _) = replayed(&text);
         let case = format!("seed {seed}, empty_cache() at {empty_cache_at:?}");
-        assert_eq!(recorded, peak, "{case}");
-        assert!(replayed >= start, "{case}: replay {replayed} below the starting reserve {start}");
-        let off = (replayed as f64 - peak as f64).abs() / peak as f64;
-        assert!(off <= 0.005, "{case}: replay {replayed} vs recorded peak {peak}: {off:.4}");
+        assert_reproduces_peak(&case, &text, start, peak);
     }
 }
 
@@ -542,11 +547,7 @@ fn a_request_whose_address_shows_a_segment_the_window_made_was_not_served_from_t
     // reserved 68 MiB for, and peaked 10 to 12% below the recording.
     for (seed, warm_scale, window_scale, iterations) in [(116, 3, 5, (6, 2)), (198, 5, 6, (4, 4))] {
         let (text, start, peak) = warm_kineto(seed, warm_scale, window_scale, iterations, 1);
-        let (recorded, replayed, _) = replayed(&text);
-        assert_eq!(recorded, peak, "seed {seed}");
-        assert!(replayed >= start, "seed {seed}: {replayed} below the starting reserve {start}");
-        let off = (replayed as f64 - peak as f64).abs() / peak as f64;
-        assert!(off <= 0.005, "seed {seed}: replay {replayed} vs recorded peak {peak}: {off:.4}");
+        assert_reproduces_peak(&format!("seed {seed}"), &text, start, peak);
     }
 }
 
