@@ -363,6 +363,53 @@ fn a_mem_pool_malloc_is_no_capture_from_2_13_in_a_replay() {
     assert!(oom(&pool_snapshot([0, 1], "capture_begin"), "2.15"), "a graph's stack");
 }
 
+/// [`pool_snapshot`] as a 2.13+ file under a 100 MiB card whose entries name no pool: only the
+/// dump's segment, which the private pool owns (`segment_pool_id`), holds the 50 MiB block the
+/// request made, after the default pool's 60 MiB segment was released for it.
+fn unnamed_pool_snapshot(pool: [u64; 2], frame: &str) -> Value {
+    let stack = json!([{"filename": "torch/cuda/memory.py", "line": 1, "name": frame}]);
+    let b = A + 0x1000_0000;
+    json!({
+        "segments": [{
+            "device": 0, "address": b, "total_size": 50 * MIB, "stream": 0,
+            "segment_type": "large", "segment_pool_id": pool,
+            "allocated_size": 50 * MIB, "active_size": 50 * MIB, "requested_size": 50 * MIB,
+            "blocks": [{"address": b, "size": 50 * MIB, "requested_size": 50 * MIB,
+                        "state": "active_allocated", "frames": stack}],
+        }],
+        "device_traces": [[
+            entry("segment_alloc", A, 60 * MIB, 0),
+            entry("alloc", A, 60 * MIB, 1),
+            entry("free_requested", A, 60 * MIB, 2),
+            entry("free_completed", A, 60 * MIB, 3),
+            entry("segment_free", A, 60 * MIB, 4),
+            entry("segment_alloc", b, 50 * MIB, 4),
+            with(entry("alloc", b, 50 * MIB, 5), "frames", stack),
+        ]]
+    })
+}
+
+/// Where the entries name no pool, the pool a request was made into is the one whose segment
+/// at the dump it lies in, and its stacks tell a `use_mem_pool` pool from a graph's as they do
+/// where entries name pools: the 2.13 rule holds for such files too (before, every private pool
+/// of a file without `pool_id` entries was read as a graph capture's).
+#[test]
+fn a_mem_pool_is_told_by_its_segment_where_entries_name_no_pool() {
+    let oom = |snapshot: &Value, version: &str| {
+        let (_d, path) = temp_file("pools.pickle", &pickle(snapshot));
+        let spec = format!("pytorch:version={version}");
+        let out =
+            run(&["replay", path.to_str().unwrap(), "--capacity", "100MiB", "-p", &spec, "--json"]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["results"][0]["oom"].as_bool().unwrap()
+    };
+    let mem_pool = unnamed_pool_snapshot([0, 1], "use_mem_pool");
+    assert!(!oom(&mem_pool, "2.15"), "cache released for a MemPool malloc");
+    assert!(oom(&mem_pool, "2.12"), "before 2.13 a pool was a capture");
+    assert!(oom(&unnamed_pool_snapshot([0, 1], "capture_begin"), "2.15"), "a graph's stack");
+}
+
 /// A 2.15 recording of `mallocWithAddress` (2.13+): 4 MiB freed at the segment's start and a
 /// 14 MiB block freed after a live 2 MiB one; then a 2 MiB request asked at 10 MiB into the
 /// segment. The allocator allocates the 4 MiB prefix from the free block's start (6 MiB in),

@@ -453,7 +453,7 @@ fn configure(
     }
     let pool_memory = start::PrivatePoolMemory::recorded(trace, device, events);
     pool_memory.apply_to(&mut config);
-    config.mem_pools = start::mem_pools_by_stacks(trace, events);
+    config.mem_pools = start::mem_pools_by_stacks(trace, device, events);
     if let Some(expandable) = pool_memory.expandable {
         let own_allocator = pool_memory.own_allocator.len() as u64;
         notes.push(Warning::PrivatePoolMemory { expandable, own_allocator });

@@ -1647,7 +1647,7 @@ pub(crate) fn config_for(
     };
     start::PrivatePoolMemory::recorded(context.trace, context.device, context.events)
         .apply_to(&mut config);
-    config.mem_pools = start::mem_pools_by_stacks(context.trace, context.events);
+    config.mem_pools = start::mem_pools_by_stacks(context.trace, context.device, context.events);
     Ok(config)
 }
 

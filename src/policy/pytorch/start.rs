@@ -695,23 +695,42 @@ fn infer_orphan_sizes(s: &mut StartSegment, config: &Config) {
 /// The `(0, n)` private pools whose allocations' stacks show a
 /// `torch.cuda.use_mem_pool` pool, not a graph capture ([`Config::mem_pools`],
 /// docs/pytorch-model.md#capture-not-pool): a stack through `use_mem_pool` and none through
-/// `torch/cuda/graphs.py` (`capture_begin`, `make_graphed_callables`). Only where entries
-/// name their pool and stacks were kept; elsewhere none (every private pool is taken to be a
-/// graph capture's).
-pub(crate) fn mem_pools_by_stacks(trace: &Trace, events: &[Event]) -> Vec<(u64, u64)> {
-    if trace.entry_pools.is_none() || trace.frames.is_empty() {
+/// `torch/cuda/graphs.py` (`capture_begin`, `make_graphed_callables`). An allocation's pool is
+/// the one its entry names, or in a file whose entries name none, the one whose segment at the
+/// dump it lies in (`segment_pool_id`; the pool routes, `src/trace/pool_routes.rs`, tell it so
+/// too). Only where stacks were kept; elsewhere none (every private pool is taken to be a graph
+/// capture's).
+pub(crate) fn mem_pools_by_stacks(trace: &Trace, device: i32, events: &[Event]) -> Vec<(u64, u64)> {
+    if trace.frames.is_empty() {
         return Vec::new();
     }
+    // Without names: the dump's `(0, n)` segments by address.
+    let mut segments: Vec<(u64, u64, (u64, u64))> = Vec::new();
+    if trace.entry_pools.is_none() {
+        segments = trace
+            .segments_of(device)
+            .filter_map(|s| {
+                let pool = s.private_pool.filter(|p| p.0 == 0)?;
+                Some((s.address, s.address.checked_add(s.total_size)?, pool))
+            })
+            .collect();
+        segments.sort_unstable();
+        if segments.is_empty() {
+            return Vec::new();
+        }
+    }
+    let in_segment = |addr: u64| {
+        let k = segments.partition_point(|s| s.0 <= addr).checked_sub(1)?;
+        (addr < segments[k].1).then_some(segments[k].2)
+    };
     // Per pool: (a stack names use_mem_pool, a stack names graph capture).
     let mut seen: BTreeMap<(u64, u64), (bool, bool)> = BTreeMap::new();
-    for e in events {
-        if e.action != Action::Alloc || e.pool.0 == 0 {
-            continue;
-        }
-        let Some(Some(id)) = trace.entry_pool(e) else { continue };
-        if id.0 != 0 {
-            continue;
-        }
+    for e in events.iter().filter(|e| e.action == Action::Alloc) {
+        let pool = match trace.entry_pools {
+            Some(_) => trace.entry_pool(e).flatten(),
+            None => in_segment(e.addr),
+        };
+        let Some(id) = pool.filter(|id| id.0 == 0) else { continue };
         let frames = trace.frames.get(e.frames);
         let mem_pool = frames.iter().any(|f| f.name == "use_mem_pool");
         let graph = frames
