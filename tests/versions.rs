@@ -408,6 +408,11 @@ fn a_mem_pool_is_told_by_its_segment_where_entries_name_no_pool() {
     assert!(!oom(&mem_pool, "2.15"), "cache released for a MemPool malloc");
     assert!(oom(&mem_pool, "2.12"), "before 2.13 a pool was a capture");
     assert!(oom(&unnamed_pool_snapshot([0, 1], "capture_begin"), "2.15"), "a graph's stack");
+    // validate reads the stacks of a file with a `(0, n)` pool, and reproduces the recording:
+    // the release, the segment the request made, its block's address.
+    let (_d, path) = temp_file("pools.pickle", &pickle(&mem_pool));
+    let out = run(&["validate", path.to_str().unwrap(), "--pytorch-version", "2.15"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
 }
 
 /// A 2.15 recording of `mallocWithAddress` (2.13+): 4 MiB freed at the segment's start and a
