@@ -340,21 +340,23 @@ fn pool_snapshot(pool: [u64; 2], frame: &str) -> Value {
     })
 }
 
+/// Whether `replay -p pytorch:version=VERSION --capacity 100MiB` of `snapshot` runs out.
+fn oom(snapshot: &Value, version: &str) -> bool {
+    let (_d, path) = temp_file("pools.pickle", &pickle(snapshot));
+    let spec = format!("pytorch:version={version}");
+    let out =
+        run(&["replay", path.to_str().unwrap(), "--capacity", "100MiB", "-p", &spec, "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["results"][0]["oom"].as_bool().unwrap()
+}
+
 /// 2.13's "a capture is not a pool" end to end: under a 100 MiB card, the 50 MiB malloc into a
 /// `use_mem_pool` pool `(0, 1)` needs the 60 MiB default-pool cache released. 2.13+ do that
 /// fallback, 2.12 did not (the pool counted as a capture); a graph capture's pool `(1, 0)`, or a
 /// `(0, n)` pool whose stacks do not show `use_mem_pool`, never does.
 #[test]
 fn a_mem_pool_malloc_is_no_capture_from_2_13_in_a_replay() {
-    let oom = |snapshot: &Value, version: &str| {
-        let (_d, path) = temp_file("pools.pickle", &pickle(snapshot));
-        let spec = format!("pytorch:version={version}");
-        let out =
-            run(&["replay", path.to_str().unwrap(), "--capacity", "100MiB", "-p", &spec, "--json"]);
-        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-        v["results"][0]["oom"].as_bool().unwrap()
-    };
     let mem_pool = pool_snapshot([0, 1], "use_mem_pool");
     assert!(!oom(&mem_pool, "2.13"), "cache released for a MemPool malloc");
     assert!(!oom(&mem_pool, "2.15"));
@@ -395,15 +397,6 @@ fn unnamed_pool_snapshot(pool: [u64; 2], frame: &str) -> Value {
 /// of a file without `pool_id` entries was read as a graph capture's).
 #[test]
 fn a_mem_pool_is_told_by_its_segment_where_entries_name_no_pool() {
-    let oom = |snapshot: &Value, version: &str| {
-        let (_d, path) = temp_file("pools.pickle", &pickle(snapshot));
-        let spec = format!("pytorch:version={version}");
-        let out =
-            run(&["replay", path.to_str().unwrap(), "--capacity", "100MiB", "-p", &spec, "--json"]);
-        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-        v["results"][0]["oom"].as_bool().unwrap()
-    };
     let mem_pool = unnamed_pool_snapshot([0, 1], "use_mem_pool");
     assert!(!oom(&mem_pool, "2.15"), "cache released for a MemPool malloc");
     assert!(oom(&mem_pool, "2.12"), "before 2.13 a pool was a capture");

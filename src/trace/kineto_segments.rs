@@ -41,6 +41,17 @@ const MAX_GAP_WORK: u64 = 1 << 26;
 /// id PyTorch hands out (graph pools are `(0, n)` or `(1, n)`).
 pub const INFERRED_POOL: u64 = u64::MAX;
 
+/// The starts of the ranges in `map` (keyed by start, `end_of` giving each one's end, none
+/// overlapping another) that overlap `[start, end)`, highest first.
+fn overlapping<V>(
+    map: &BTreeMap<u64, V>,
+    start: u64,
+    end: u64,
+    end_of: impl Fn(&V) -> u64,
+) -> Vec<u64> {
+    map.range(..end).rev().take_while(|(_, v)| end_of(v) > start).map(|(&s, _)| s).collect()
+}
+
 /// A segment made in the window, as the recording shows it.
 struct Made {
     end: u64,
@@ -70,11 +81,7 @@ struct Known {
 impl Known {
     /// Forgets the free blocks outside made segments that overlap `[start, end)`.
     fn occupy(&mut self, start: u64, end: u64) {
-        let hit: Vec<u64> = (self.free.range(..end).rev())
-            .take_while(|(_, &(e, _))| e > start)
-            .map(|(&s, _)| s)
-            .collect();
-        for s in hit {
+        for s in overlapping(&self.free, start, end, |&(e, _)| e) {
             if let Some((e, small)) = self.free.remove(&s) {
                 let sizes = &mut self.free_sizes[usize::from(small)];
                 if let Some(n) = sizes.get_mut(&(e - s)) {
@@ -192,11 +199,7 @@ pub fn infer_pools(events: &mut [Event], totals: &[RecordedTotals]) -> u16 {
                 groups = groups.max(group);
                 // A new segment over an old one's addresses shows the old one was released.
                 known.occupy(e.addr, seg_end);
-                let gone: Vec<u64> = (known.made.range(..seg_end).rev())
-                    .take_while(|(_, m)| m.end > e.addr)
-                    .map(|(&b, _)| b)
-                    .collect();
-                for b in gone {
+                for b in overlapping(&known.made, e.addr, seg_end, |m| m.end) {
                     known.made.remove(&b);
                 }
                 let live = BTreeMap::new();
@@ -282,12 +285,7 @@ pub fn shared_segments(
             continue;
         }
         let Some(end) = e.addr.checked_add(e.size) else { continue };
-        let touched: Vec<u64> = spans
-            .range(..end)
-            .rev()
-            .take_while(|(_, (s_end, _))| *s_end > e.addr)
-            .map(|(&s, _)| s)
-            .collect();
+        let touched = overlapping(&spans, e.addr, end, |(s_end, _)| *s_end);
         let Some(&lowest) = touched.last() else { continue };
         let mut merged = (end, Vec::new());
         for s in &touched {
@@ -398,12 +396,7 @@ pub fn cached_spans(
         };
         let Some(end) = end else { continue };
         let held = if e.size <= SMALL_SIZE { Held::Other } else { held };
-        let touched: Vec<u64> = spans
-            .range(..end)
-            .rev()
-            .take_while(|(_, &(s_end, _, _))| s_end > e.addr)
-            .map(|(&s, _)| s)
-            .collect();
+        let touched = overlapping(&spans, e.addr, end, |&(s_end, _, _)| s_end);
         let mut merged = (end, held, e.stream);
         let mut start = e.addr;
         for s in touched {
