@@ -321,6 +321,11 @@ fn expandable_segments_reserve_changes_a_replay() {
 /// A snapshot whose entries name their pools: 60 MiB allocated and freed in the default pools,
 /// then 50 MiB allocated into private pool `pool`, its stack through `frame`.
 fn pool_snapshot(pool: [u64; 2], frame: &str) -> Value {
+    pool_snapshot_of(pool, frame, 50 * MIB)
+}
+
+/// [`pool_snapshot`] whose private-pool request is `request` bytes.
+fn pool_snapshot_of(pool: [u64; 2], frame: &str, request: u64) -> Value {
     let stack = json!([{"filename": "torch/cuda/memory.py", "line": 1, "name": frame}]);
     let e = |action: &str, addr: u64, size: u64, t: u64, pool: Value, frames: &Value| {
         let mut v = entry(action, addr, size, t);
@@ -335,17 +340,22 @@ fn pool_snapshot(pool: [u64; 2], frame: &str) -> Value {
             e("alloc", A, 60 * MIB, 1, json!([0, 0]), &none),
             e("free_requested", A, 60 * MIB, 2, json!([0, 0]), &none),
             e("free_completed", A, 60 * MIB, 3, json!([0, 0]), &none),
-            e("alloc", A + 0x1000_0000, 50 * MIB, 4, json!(pool), &stack),
+            e("alloc", A + 0x1000_0000, request, 4, json!(pool), &stack),
         ]]
     })
 }
 
 /// Whether `replay -p pytorch:version=VERSION --capacity 100MiB` of `snapshot` runs out.
 fn oom(snapshot: &Value, version: &str) -> bool {
+    oom_under(snapshot, version, "100MiB")
+}
+
+/// Whether `replay -p pytorch:version=VERSION --capacity CAPACITY` of `snapshot` runs out.
+fn oom_under(snapshot: &Value, version: &str, capacity: &str) -> bool {
     let (_d, path) = temp_file("pools.pickle", &pickle(snapshot));
     let spec = format!("pytorch:version={version}");
     let out =
-        run(&["replay", path.to_str().unwrap(), "--capacity", "100MiB", "-p", &spec, "--json"]);
+        run(&["replay", path.to_str().unwrap(), "--capacity", capacity, "-p", &spec, "--json"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     v["results"][0]["oom"].as_bool().unwrap()
@@ -363,6 +373,20 @@ fn a_mem_pool_malloc_is_no_capture_from_2_13_in_a_replay() {
     assert!(oom(&mem_pool, "2.12"), "before 2.13 a pool was a capture");
     assert!(oom(&pool_snapshot([1, 0], "use_mem_pool"), "2.15"), "a graph's pool id");
     assert!(oom(&pool_snapshot([0, 1], "capture_begin"), "2.15"), "a graph's stack");
+}
+
+/// torch_npu's `test_mempool_release_cached_blocks_during_diversion` (its allocator took the same
+/// fix), with that test's budget: 80 MiB allowed, 60 MiB cached in the default pool, then 60 MiB
+/// into a `MemPool`. From 2.13 the malloc releases the default pool's cache and fits; before, the
+/// pool counted as a capture, nothing was released and it ran out. 60 MiB cached and 20 MiB
+/// asked fit under either rule.
+#[test]
+fn torch_npu_s_mem_pool_budget_holds_from_2_13() {
+    let mem_pool = pool_snapshot_of([0, 1], "use_mem_pool", 60 * MIB);
+    assert!(!oom_under(&mem_pool, "2.13", "80MiB"), "the default pool's 60 MiB released");
+    assert!(oom_under(&mem_pool, "2.12", "80MiB"), "120 MiB asked of 80");
+    let small = pool_snapshot_of([0, 1], "use_mem_pool", 20 * MIB);
+    assert!(!oom_under(&small, "2.12", "80MiB"), "80 MiB asked of 80");
 }
 
 /// [`pool_snapshot`] as a 2.13+ file under a 100 MiB card whose entries name no pool: only the
@@ -406,6 +430,31 @@ fn a_mem_pool_is_told_by_its_segment_where_entries_name_no_pool() {
     let (_d, path) = temp_file("pools.pickle", &pickle(&mem_pool));
     let out = run(&["validate", path.to_str().unwrap(), "--pytorch-version", "2.15"]);
     assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+}
+
+/// The stacks that tell a pool's kind are read by every command, frames asked for or not: a
+/// replay under the recording's own limit (no `--capacity`, which reads no frames) releases the
+/// cache for the `use_mem_pool` malloc as the recording did and peaks at its recorded 60 MiB,
+/// where it took the pool for a capture's, released nothing and ran out; a graph's stack still
+/// releases nothing.
+#[test]
+fn a_mem_pool_is_told_by_its_stacks_without_frames_asked() {
+    let replay = |snapshot: &Value| {
+        let (_d, path) = temp_file("pools.pickle", &pickle(snapshot));
+        let args = ["replay", path.to_str().unwrap(), "-p", "pytorch:version=2.15", "--json"];
+        let out = run(&args);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let rows = v["results"].as_array().unwrap().clone();
+        let row = |p: &str| rows.iter().find(|r| r["policy"] == p).unwrap().clone();
+        (row("pytorch"), row("recorded"), v)
+    };
+    let (pytorch, recorded, v) = replay(&unnamed_pool_snapshot([0, 1], "use_mem_pool"));
+    assert_eq!(recorded["peak_reserved_bytes"], 60 * MIB, "{v}");
+    assert_eq!(pytorch["peak_reserved_bytes"], recorded["peak_reserved_bytes"], "{v}");
+    assert_eq!(pytorch["oom"], false, "{v}");
+    let (pytorch, _, v) = replay(&unnamed_pool_snapshot([0, 1], "capture_begin"));
+    assert_eq!(pytorch["oom"], true, "a graph's pool releases nothing: {v}");
 }
 
 /// A 2.15 recording of `mallocWithAddress` (2.13+): 4 MiB freed at the segment's start and a

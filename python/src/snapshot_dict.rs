@@ -15,7 +15,8 @@
 //! `segments[3].blocks[0]`.
 //!
 //! Where the command keeps no stack frames, `frames` values are left out unwalked, except those
-//! the reader reads anyway ([`Walk::frames_read`]: a release's, and a torch_npu one): the
+//! the reader reads anyway ([`Walk::frames_read`]: a release's, one telling a private pool's kind,
+//! and a torch_npu one): the
 //! reader would not look at the others (a file's are decoded, then ignored), and they are most
 //! of the objects (each entry's list of shared frame dicts).
 //!
@@ -190,17 +191,18 @@ struct Walk<'py> {
     cap: u64,
     /// Leave out the `frames` values the reader, not keeping frames, would not look at.
     skip_frames: bool,
-    /// Frame dicts already looked at for a torch_npu file name, by address.
-    npu_looked: std::collections::HashSet<usize, BuildHasherDefault<AddrHasher>>,
-    /// The frame dicts looked at last, by address bits: PyTorch shares each frame dict between
-    /// the stacks that hold it, so most items of an entry's `frames` are found here, with no
-    /// hashing.
-    npu_recent: Box<[usize]>,
+    /// What each frame dict looked at tells ([`FrameMarks`]), by address.
+    looked: HashMap<usize, FrameMarks, BuildHasherDefault<AddrHasher>>,
+    /// The frame dicts looked at last and what they tell, by address bits: PyTorch shares each
+    /// frame dict between the stacks that hold it, so most items of an entry's `frames` are
+    /// found here, with no hashing.
+    recent_frames: Box<[(usize, FrameMarks)]>,
     /// A stack naming a torch_npu file was kept: no other needs looking at.
     npu_found: bool,
-    /// The keys `'action'` and `'filename'`, as Python strings.
+    /// The keys `'action'`, `'filename'` and `'name'`, as Python strings.
     action_key: Py<PyString>,
     filename_key: Py<PyString>,
+    name_key: Py<PyString>,
     /// Converted items and entries of the containers on the stack, innermost last.
     items: Vec<Value>,
     entries: Vec<(Value, Value)>,
@@ -219,10 +221,10 @@ struct Walk<'py> {
     refused: bool,
 }
 
-/// The slots of [`Walk::hot`] and [`Walk::npu_recent`] (a power of two).
+/// The slots of [`Walk::hot`] and [`Walk::recent_frames`] (a power of two).
 const RECENT: usize = 1 << 12;
 
-/// The slot of `p` in [`Walk::hot`] or [`Walk::npu_recent`]: Python objects are 16-byte aligned.
+/// The slot of `p` in [`Walk::hot`] or [`Walk::recent_frames`]: Python objects are 16-byte aligned.
 #[inline(always)]
 fn slot(p: usize) -> usize {
     (p >> 4) & (RECENT - 1)
@@ -544,11 +546,12 @@ impl<'py> Walk<'py> {
             held: 0,
             cap,
             skip_frames: !keep_frames,
-            npu_looked: Default::default(),
-            npu_recent: vec![0; RECENT].into(),
+            looked: Default::default(),
+            recent_frames: vec![(0, FrameMarks::default()); RECENT].into(),
             npu_found: false,
             action_key: PyString::intern(obj.py(), "action").unbind(),
             filename_key: PyString::intern(obj.py(), "filename").unbind(),
+            name_key: PyString::intern(obj.py(), "name").unbind(),
             items: Vec::new(),
             entries: Vec::new(),
             stream: None,
@@ -793,9 +796,10 @@ impl<'py> Walk<'py> {
     /// Whether the snapshot reader looks at the `frames` value `frames` of the dict `owner`
     /// even when it keeps no stack frames, as it does for a file: a release of cached memory
     /// (`segment_free`, `segment_unmap`), whose stack tells an `empty_cache()` call from a
-    /// malloc's out-of-memory flush, and the first stack naming a torch_npu file (the recording's
-    /// allocator). Leaving these out made a dict's flush counts and `frame_lists` differ from
-    /// its file's.
+    /// malloc's out-of-memory flush, a stack telling a private pool's kind
+    /// ([`fragsim::trace::tells_pool_kind`]), and the first stack naming a torch_npu file (the
+    /// recording's allocator). Leaving these out made a dict's flush counts, pools and
+    /// `frame_lists` differ from its file's.
     ///
     /// # Safety
     /// `owner` and `frames` are live objects and the GIL is held.
@@ -827,48 +831,58 @@ impl<'py> Walk<'py> {
         if release {
             return true;
         }
-        if self.npu_found {
-            return false;
-        }
         let ty = ffi::Py_TYPE(frames);
         let len = if ty == std::ptr::addr_of_mut!(ffi::PyList_Type) {
             ffi::PyList_Size(frames)
         } else {
             return false;
         };
-        if len <= 0 {
-            return false;
+        let mut marks = FrameMarks::default();
+        for i in 0..len.max(0) {
+            marks.0 |= self.frame_marks(ffi::PyList_GetItem(frames, i)).0;
         }
-        let found = (0..len).any(|i| self.names_torch_npu(ffi::PyList_GetItem(frames, i)));
         ffi::PyErr_Clear();
-        if found {
-            self.npu_found = true;
+        if marks.has(FrameMarks::POOL_KIND) {
+            return true;
         }
-        found
+        let first_npu = marks.has(FrameMarks::TORCH_NPU) && !self.npu_found;
+        self.npu_found |= first_npu;
+        first_npu
     }
 
-    /// Whether the frame dict `f`, not looked at before, names a torch_npu file.
+    /// What the frame dict `f` tells, looked at once.
     ///
     /// # Safety
     /// `f` is a live object (or null) and the GIL is held.
     #[inline(always)]
-    unsafe fn names_torch_npu(&mut self, f: *mut ffi::PyObject) -> bool {
-        // Each frame dict is looked at once: most are found among the recent ones.
+    unsafe fn frame_marks(&mut self, f: *mut ffi::PyObject) -> FrameMarks {
+        // Most are found among the recent ones.
         let recent = slot(f as usize);
-        if self.npu_recent[recent] == f as usize {
-            return false;
+        if self.recent_frames[recent].0 == f as usize {
+            return self.recent_frames[recent].1;
         }
-        self.npu_recent[recent] = f as usize;
-        if f.is_null() || ffi::PyDict_Check(f) == 0 || !self.npu_looked.insert(f as usize) {
-            return false;
+        if f.is_null() || ffi::PyDict_Check(f) == 0 {
+            return FrameMarks::default();
         }
-        let name = ffi::PyDict_GetItem(f, self.filename_key.as_ptr());
-        if name.is_null() || ffi::PyUnicode_Check(name) == 0 {
-            return false;
-        }
-        let name = Bound::from_borrowed_ptr(self.py, name);
-        name.downcast::<PyString>()
-            .is_ok_and(|s| fragsim::trace::is_torch_npu_file(&s.to_string_lossy()))
+        let marks = match self.looked.get(&(f as usize)) {
+            Some(&m) => m,
+            None => {
+                let text = |key: &Py<PyString>| {
+                    let v = ffi::PyDict_GetItem(f, key.as_ptr());
+                    if v.is_null() || ffi::PyUnicode_Check(v) == 0 {
+                        return String::new();
+                    }
+                    let v = Bound::from_borrowed_ptr(self.py, v);
+                    v.downcast::<PyString>().map_or(String::new(), |s| s.to_string_lossy().into())
+                };
+                let (name, filename) = (text(&self.name_key), text(&self.filename_key));
+                let marks = FrameMarks::of(&name, &filename);
+                self.looked.insert(f as usize, marks);
+                marks
+            }
+        };
+        self.recent_frames[recent] = (f as usize, marks);
+        marks
     }
 
     /// Converts item `i` of container `number` and pushes its value.
@@ -1052,4 +1066,30 @@ pub fn convert_only(py: Python<'_>, obj: &Bound<'_, PyAny>, keep_frames: bool) -
     };
     let seconds = start.elapsed().as_secs_f64();
     read.map(|_| seconds).map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))
+}
+
+/// What a frame dict tells the snapshot reader that keeps no frames ([`Walk::frames_read`]).
+#[derive(Clone, Copy, Debug, Default)]
+struct FrameMarks(u8);
+
+impl FrameMarks {
+    /// Names a file of torch_npu.
+    const TORCH_NPU: u8 = 1;
+    /// Tells a private pool's kind.
+    const POOL_KIND: u8 = 2;
+
+    fn of(name: &str, filename: &str) -> FrameMarks {
+        let mut marks = 0;
+        if fragsim::trace::is_torch_npu_file(filename) {
+            marks |= Self::TORCH_NPU;
+        }
+        if fragsim::trace::tells_pool_kind(name, filename) {
+            marks |= Self::POOL_KIND;
+        }
+        FrameMarks(marks)
+    }
+
+    fn has(self, bit: u8) -> bool {
+        self.0 & bit != 0
+    }
 }

@@ -363,3 +363,52 @@ def test_a_release_s_stack_is_read_from_a_dict_as_from_its_file(tmp_path):
     assert from_file.info["frame_lists"] == from_dict.info["frame_lists"] == 1
     want = renamed(without_timings(from_file.replay(policies=POLICIES)), path, "<dict>")
     assert without_timings(from_dict.replay(policies=POLICIES)) == want
+
+
+def _mem_pool_recording(frame: str) -> dict:
+    """A 2.13+ recording under a 100 MiB card whose entries name no pool: 60 MiB cached in the
+    default pool, released by the malloc of 50 MiB into private pool (0, 1), whose stack goes
+    through ``frame`` and whose segment the dump names."""
+    mib, a = 1 << 20, 0x7F0000000000
+    b = a + 0x1000_0000
+    stack = [{"filename": "torch/cuda/memory.py", "line": 1, "name": frame}]
+
+    def entry(action, addr, size, t, frames=()):
+        return {"action": action, "addr": addr, "size": size, "stream": 0, "time_us": t,
+                "frames": list(frames)}
+
+    block = {"address": b, "size": 50 * mib, "requested_size": 50 * mib,
+             "state": "active_allocated", "frames": stack}
+    return {
+        "segments": [{"device": 0, "address": b, "total_size": 50 * mib, "stream": 0,
+                      "segment_type": "large", "segment_pool_id": [0, 1],
+                      "allocated_size": 50 * mib, "active_size": 50 * mib,
+                      "requested_size": 50 * mib, "blocks": [block]}],
+        "device_traces": [[
+            entry("segment_alloc", a, 60 * mib, 0), entry("alloc", a, 60 * mib, 1),
+            entry("free_requested", a, 60 * mib, 2), entry("free_completed", a, 60 * mib, 3),
+            entry("segment_free", a, 60 * mib, 4), entry("segment_alloc", b, 50 * mib, 4),
+            entry("alloc", b, 50 * mib, 5, stack),
+        ]],
+    }
+
+
+def test_a_mem_pool_s_stacks_are_read_from_a_dict_as_from_its_file(tmp_path):
+    """Without stack frames asked for, the stack through use_mem_pool is still read: under
+    2.15's rules the malloc into that pool releases the cache, as the recording did, so a
+    validate of the dict, of its bytes and of its file reproduces it, and a replay under the
+    recorded limit does not run out; a graph capture's stack releases nothing."""
+    d = _mem_pool_recording("use_mem_pool")
+    path = tmp_path / "pool.pickle"
+    path.write_bytes(pickle.dumps(d))
+    loaded = [fragsim.load(d), fragsim.load(path.read_bytes()), fragsim.load(str(path))]
+    for t in loaded:
+        v = t.validate(pytorch_version="2.15")
+        assert v.exit_code == 0 and v["mismatches"] == [], v
+        assert v["segment_events_matched"] == v["segment_events_recorded"] == 3, v
+        (row,) = [r for r in t.replay(policies="pytorch:version=2.15")["results"]
+                  if r["policy"] == "pytorch"]
+        assert row["oom"] is False and row["peak_reserved_bytes"] == 60 << 20, row
+    assert len({t.info["frame_lists"] for t in loaded}) == 1
+    graph = fragsim.load(_mem_pool_recording("capture_begin"))
+    assert graph.validate(pytorch_version="2.15").exit_code == 1

@@ -63,30 +63,12 @@ fn version_arg(text: &str) -> std::result::Result<Version, String> {
     Version::parse(text).map_err(|e| e.message().to_string())
 }
 
-/// Reads the snapshot at `path` without its frames, then again with them where it has a
-/// `(0, n)` pool: such a pool is a MemPool's or a graph's by its allocations' stacks, which
-/// decide whether 2.13+ mallocs into it may release the cache
-/// (docs/pytorch-model.md#capture-not-pool). Only a file that can be read twice is.
-fn read_with_pool_stacks(
-    io: &mut super::Io,
-    path: &std::path::Path,
-) -> Result<std::sync::Arc<fragsim::trace::Trace>> {
-    let trace = super::read_trace(io, path, false)?;
-    let zero_n = |p: &fragsim::trace::PoolId| p.0 == 0;
-    let named = trace.entry_pools.iter().flatten().any(zero_n);
-    let pools = named || trace.segments.iter().any(|s| s.private_pool.as_ref().is_some_and(zero_n));
-    if pools && std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
-        return super::read_trace(io, path, true);
-    }
-    Ok(trace)
-}
-
 /// Runs the command on `io`; `Ok` carries the exit code.
 pub(crate) fn run(args: Args, io: &mut super::Io) -> Result<u8> {
     if let Some(out) = &args.export_snapshot {
         fragsim::report::output::refuse_input(out, "--export-snapshot", &[&args.snapshot])?;
     }
-    let trace = read_with_pool_stacks(io, &args.snapshot)?;
+    let trace = super::read_trace(io, &args.snapshot, false)?;
     fragsim::validate::needs_decisions(&args.snapshot, &trace)?;
     let session = Session::of_trace(trace, &args.snapshot, args.device)?;
     let options = ValidateOptions {

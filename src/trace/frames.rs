@@ -14,6 +14,28 @@ pub fn is_torch_npu_file(filename: &str) -> bool {
     filename.starts_with("torch_npu/") || filename.contains("/torch_npu/")
 }
 
+/// True when a frame named `name` in file `filename` tells which kind of private pool an allocation
+/// under it went to (docs/pytorch-model.md#capture-not-pool): `torch.cuda.use_mem_pool` (a
+/// `MemPool`), or a graph capture (`capture_begin`, anything in `torch/cuda/graphs.py`). Such a
+/// stack is read even where frames are not kept, since it decides whether a 2.13+ malloc into the
+/// pool may release the cache.
+pub fn tells_pool_kind(name: &str, filename: &str) -> bool {
+    is_mem_pool_frame(name) || is_graph_capture_frame(name, filename)
+}
+
+/// A frame of `torch.cuda.use_mem_pool`: the allocation went to a `MemPool`.
+pub(crate) fn is_mem_pool_frame(name: &str) -> bool {
+    name == "use_mem_pool"
+}
+
+/// A frame of a CUDA graph capture: `capture_begin`, or any frame in `torch/cuda/graphs.py`
+/// (`torch.cuda.graph`, `make_graphed_callables`), written with either path separator.
+pub(crate) fn is_graph_capture_frame(name: &str, filename: &str) -> bool {
+    name == "capture_begin"
+        || filename.ends_with("torch/cuda/graphs.py")
+        || filename.ends_with("torch\\cuda\\graphs.py")
+}
+
 /// One Python or C++ stack frame.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Frame {

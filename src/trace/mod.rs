@@ -29,7 +29,8 @@ pub mod text;
 mod frames;
 mod read;
 
-pub use frames::{is_torch_npu_file, Frame, FrameTable, FramesId};
+pub(crate) use frames::{is_graph_capture_frame, is_mem_pool_frame};
+pub use frames::{is_torch_npu_file, tells_pool_kind, Frame, FrameTable, FramesId};
 pub use lifetimes::{AddrHasher, AddrMap, LiveBlock};
 pub(crate) use read::open_input;
 pub use read::{

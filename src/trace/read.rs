@@ -154,7 +154,9 @@ fn or_list(items: &[String]) -> String {
 /// What a reader should keep, and how far it may read.
 #[derive(Clone, Debug, Default)]
 pub struct ReadOptions {
-    /// Keep stack frames (costs memory and time; off unless a command needs them).
+    /// Keep stack frames (costs memory and time; off unless a command needs them). Without it
+    /// a snapshot still keeps the few stacks that decide a replay: a release's, and those
+    /// telling a private pool's kind ([`super::tells_pool_kind`]).
     pub keep_frames: bool,
     /// Show a progress bar on stderr for slow reads (only when stderr is a terminal).
     pub progress: bool,

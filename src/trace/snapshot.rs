@@ -20,7 +20,9 @@
 //! - A pickled bare list is the legacy `torch.cuda.memory_snapshot()` (segments only).
 //! - Frames (`[{filename, line, name}, ...]`) are interned once per list object and once per
 //!   sequence of frame dict objects (PyTorch shares both), and only when
-//!   [`ReadOptions::keep_frames`] asks for them. While streaming, container indices are handed
+//!   [`ReadOptions::keep_frames`] asks for them, but for the stacks that decide something: a
+//!   release's (an `empty_cache()` call or an out-of-memory flush) and one telling a private
+//!   pool's kind ([`super::tells_pool_kind`]), read always. While streaming, container indices are handed
 //!   out again after a batch is dropped, so these caches forget the dropped ones
 //!   (`Reader::forget`) and know the kept ones by handle instead.
 //!
@@ -858,11 +860,11 @@ struct Reader {
     handle_of: HashMap<Frame, u32>,
     /// A frame seen so far names a file of torch_npu ([`Trace::torch_npu`]).
     torch_npu: bool,
-    /// Frame dicts already looked at for torch_npu, by dict id, while frames are not kept.
-    npu_looked: Vec<bool>,
-    /// Frame lists already looked at for torch_npu, by sequence id: a list many entries share
-    /// is walked once, not once per entry.
-    npu_looked_lists: Vec<bool>,
+    /// What each frame dict tells ([`StackMarks`]), by dict id, while frames are not kept.
+    dict_marks: Vec<StackMarks>,
+    /// What each frame list tells, by sequence id: a list many entries share is walked once,
+    /// not once per entry.
+    list_marks: Vec<StackMarks>,
     /// The bytes of the frames interned so far, each stack's counted in full (see
     /// [`FRAME_BYTES_PER_INPUT_BYTE`]).
     frame_bytes: u64,
@@ -970,8 +972,8 @@ impl Reader {
     fn forget(&mut self, seqs: usize, dicts: usize) {
         self.frame_ids.truncate(seqs);
         self.frame_cache.truncate(dicts);
-        self.npu_looked.truncate(dicts);
-        self.npu_looked_lists.truncate(seqs);
+        self.dict_marks.truncate(dicts);
+        self.list_marks.truncate(seqs);
         self.stacks.retain(|key, _| key.iter().all(|&d| d >= HANDLE || d < dicts as u64));
     }
 
@@ -1022,12 +1024,12 @@ impl Reader {
         (device, index, at): (i32, usize, Option<u64>),
         release: bool,
     ) -> std::result::Result<FramesId, Stop> {
-        if !self.keep_frames && !self.torch_npu {
-            self.look_for_torch_npu(p, v);
-        }
         if !self.keep_frames {
-            // Only a release's frames are read then, and only when all of them are at hand:
-            // the other entries cost no look at their frames.
+            let marks = self.stack_marks(p, v);
+            self.torch_npu |= marks.has(StackMarks::TORCH_NPU);
+            // Only the frames of a release and of a stack telling a private pool's kind are read
+            // then, and only when all of them are at hand: the other entries cost a look at
+            // their frame dicts, each once, and no decoding of their stacks.
             // A frame handle is a frame dict streaming dropped ([`Reader::keep_frame_dict`]).
             let dropped = |f: &Value| match f {
                 Value::Handle(h) => h & FRAME_HANDLE == 0,
@@ -1037,7 +1039,7 @@ impl Reader {
                 matches!(v, Value::List(_) | Value::Tuple(_))
                     && !p.items(v).unwrap_or(&[]).iter().any(dropped)
             };
-            if !release || !whole() {
+            if !(release || marks.has(StackMarks::POOL_KIND)) || !whole() {
                 return Ok(FramesId::NONE);
             }
         }
@@ -1153,35 +1155,58 @@ impl Reader {
 
     /// One frame dict (or frame handle) as a [`Frame`], decoded once per dict object; the
     /// caller has checked that `f` is one.
-    /// Looks at the filenames of frame list `v` for torch_npu ([`Trace::torch_npu`]), each frame
-    /// dict once: frames that are not kept are not decoded, yet the recording's maker must be
-    /// known. PyTorch shares one dict per distinct frame, so a long recording costs a look per
-    /// frame list and a decode per distinct frame.
-    fn look_for_torch_npu(&mut self, p: &Pickle, v: Value) {
-        if let Value::List(i) | Value::Tuple(i) = v {
-            if !first_look(&mut self.npu_looked_lists, i) {
-                return;
+    /// What frame list `v` tells ([`StackMarks`]) while frames are not kept: frames that are not kept
+    /// are not decoded, yet the recording's maker must be known, and a stack that tells a private
+    /// pool's kind is kept. PyTorch shares one dict per distinct frame, so a long recording costs
+    /// a look per frame list and a decode of the two names per distinct frame.
+    fn stack_marks(&mut self, p: &Pickle, v: Value) -> StackMarks {
+        let list = match v {
+            Value::List(i) | Value::Tuple(i) => Some(i as usize),
+            _ => None,
+        };
+        if let Some(&m) = list.and_then(|i| self.list_marks.get(i)) {
+            if m.has(StackMarks::LOOKED) {
+                return m;
             }
         }
-        let Some(items) = p.items(v) else { return };
+        let Some(items) = p.items(v) else { return StackMarks::default() };
+        let mut marks = StackMarks(StackMarks::LOOKED);
         for &f in items {
-            let Value::Dict(d) = f else { continue };
-            if !first_look(&mut self.npu_looked, d) {
-                continue;
-            }
-            for &(k, x) in p.entries(f).unwrap_or(&[]) {
-                if p.str_bytes(k) == Some(b"filename".as_slice()) {
-                    // A name longer than a path can be (PATH_MAX) names no torch_npu file, and
-                    // is not scanned: one long name shared by every frame would cost its
-                    // length once per frame.
-                    let Some(name) = p.str_bytes(x).filter(|n| n.len() <= 4096) else { continue };
-                    if crate::trace::frames::is_torch_npu_file(&String::from_utf8_lossy(name)) {
-                        self.torch_npu = true;
-                        return;
-                    }
+            marks.0 |= match f {
+                Value::Dict(d) => self.dict_marks(p, f, d as usize),
+                Value::Handle(h) if h & FRAME_HANDLE != 0 => {
+                    let frame = self.handles.get((h & !FRAME_HANDLE) as usize);
+                    frame.map_or(StackMarks::default(), |f| StackMarks::of(&f.name, &f.filename))
                 }
+                _ => StackMarks::default(),
+            }
+            .0;
+        }
+        if let Some(i) = list {
+            set_mark(&mut self.list_marks, i, marks);
+        }
+        marks
+    }
+
+    /// What frame dict `f` (dict id `d`) tells, looked at once.
+    fn dict_marks(&mut self, p: &Pickle, f: Value, d: usize) -> StackMarks {
+        if let Some(&m) = self.dict_marks.get(d) {
+            if m.has(StackMarks::LOOKED) {
+                return m;
             }
         }
+        // A name longer than a path can be (PATH_MAX) names no file or function looked for, and
+        // is not decoded: one long name shared by every frame would cost its length per frame.
+        let text = |key: &[u8]| {
+            let (_, x) = p.entries(f)?.iter().find(|&&(k, _)| p.str_bytes(k) == Some(key))?;
+            let bytes = p.str_bytes(*x).filter(|n| n.len() <= 4096)?;
+            Some(String::from_utf8_lossy(bytes))
+        };
+        let (name, filename) = (text(b"name"), text(b"filename"));
+        let marks =
+            StackMarks::of(name.as_deref().unwrap_or(""), filename.as_deref().unwrap_or(""));
+        set_mark(&mut self.dict_marks, d, marks);
+        marks
     }
 
     /// The bytes of the strings of frame `f` ([`Self::frame`]) without building it.
@@ -1243,16 +1268,42 @@ impl Reader {
 }
 
 /// Marks container `i` (an arena index) as looked at in `looked`; true the first time.
-fn first_look(looked: &mut Vec<bool>, i: u32) -> bool {
-    let i = i as usize;
-    if looked.get(i).copied().unwrap_or(false) {
-        return false;
+/// What a frame, or a frame list, tells the reader that keeps no frames
+/// ([`Reader::stack_marks`]): bits, [`StackMarks::LOOKED`] set once it has been looked at.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct StackMarks(u8);
+
+impl StackMarks {
+    /// Looked at (an unset cache slot is not).
+    const LOOKED: u8 = 1;
+    /// Names a file of torch_npu ([`Trace::torch_npu`]).
+    const TORCH_NPU: u8 = 2;
+    /// Tells a private pool's kind ([`super::tells_pool_kind`]).
+    const POOL_KIND: u8 = 4;
+
+    /// What a frame named `name` in `filename` tells.
+    fn of(name: &str, filename: &str) -> StackMarks {
+        let mut marks = Self::LOOKED;
+        if crate::trace::frames::is_torch_npu_file(filename) {
+            marks |= Self::TORCH_NPU;
+        }
+        if super::tells_pool_kind(name, filename) {
+            marks |= Self::POOL_KIND;
+        }
+        StackMarks(marks)
     }
-    if looked.len() <= i {
-        looked.resize(i + 1, false);
+
+    fn has(self, bit: u8) -> bool {
+        self.0 & bit != 0
     }
-    looked[i] = true;
-    true
+}
+
+/// Caches `marks` at container id `i` (ids are dense and bounded by the input).
+fn set_mark(cache: &mut Vec<StackMarks>, i: usize, marks: StackMarks) {
+    if cache.len() <= i {
+        cache.resize(i + 1, StackMarks::default());
+    }
+    cache[i] = marks;
 }
 
 /// A size or address field: a present integer in `0..=2^60` (an address: `0..2^64`). The
@@ -1998,7 +2049,8 @@ mod tests {
     #[test]
     fn entries_that_name_their_pool_read_back_as_written() {
         let mb = 1u64 << 20;
-        let graph = (0, 1); // a CUDA graph's pool; MemPool ids are (n, 0)
+        // A `graph_pool_handle()`'s or a MemPool's pool; a capture without a handle makes (n, 0).
+        let graph = (0, 1);
         let named = |action, addr, size, pool| Event {
             pool: PoolRef(pool),
             ..Event::new(action, addr, size, 7, 0)
@@ -2034,6 +2086,45 @@ mod tests {
         let mut data = Vec::new();
         write(&t, &mut data).unwrap();
         assert_eq!(read(&data, &opts(false)).unwrap().entry_pools, None);
+    }
+
+    /// Without frames kept, the only stacks read are those that decide something: one through
+    /// `use_mem_pool` or a graph capture tells a private pool's kind (and a release's says why
+    /// it released); an ordinary allocation's is left unread. Whole and streamed alike.
+    #[test]
+    fn a_stack_telling_a_pool_s_kind_is_read_without_frames() {
+        let frame = |filename: &str, name: &str| Frame {
+            filename: filename.into(),
+            line: 1,
+            name: name.into(),
+        };
+        let mut t = Trace { format: Format::PytorchSnapshot, has_times: true, ..Trace::default() };
+        let user = frame("train.py", "step");
+        let stacks = [
+            vec![user.clone()],
+            vec![frame("torch/cuda/memory.py", "use_mem_pool"), user.clone()],
+            vec![frame("/usr/lib/torch/cuda/graphs.py", "__enter__"), user.clone()],
+            vec![frame("torch/cuda/graphs.py", "capture_begin")],
+        ];
+        let events = (stacks.iter().enumerate())
+            .map(|(i, s)| Event {
+                frames: t.frames.intern(s.clone()),
+                ..Event::new(Action::Alloc, 0x20_0000 * (i as u64 + 1), 512, 0, i as i64)
+            })
+            .collect();
+        t.devices = vec![DeviceTrace { device: 0, events }];
+        let mut data = Vec::new();
+        write(&t, &mut data).unwrap();
+        let whole = read(&data, &opts(false)).unwrap();
+        let streamed = read_from(&mut &data[..], &opts(false)).unwrap();
+        for back in [whole, streamed] {
+            let read: Vec<&[Frame]> =
+                back.devices[0].events.iter().map(|e| back.frames.get(e.frames)).collect();
+            assert_eq!(read, [&[][..], &stacks[1][..], &stacks[2][..], &stacks[3][..]]);
+            assert_eq!(back.frames.len(), 3);
+            assert!(!back.torch_npu);
+        }
+        assert_eq!(read(&data, &opts(true)).unwrap().frames.len(), 4, "all, where kept");
     }
 
     #[test]

@@ -27,7 +27,7 @@ use super::config::{Config, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE};
 use super::Tiling;
 use crate::trace::lifetimes::{self, Lifetimes};
 use crate::trace::pool_routes::PoolRoutes;
-use crate::trace::{Action, BlockState, Event, Trace};
+use crate::trace::{is_graph_capture_frame, is_mem_pool_frame, Action, BlockState, Event, Trace};
 use std::collections::BTreeMap;
 
 /// An expandable reservation at the first event.
@@ -698,8 +698,9 @@ fn infer_orphan_sizes(s: &mut StartSegment, config: &Config) {
 /// `torch/cuda/graphs.py` (`capture_begin`, `make_graphed_callables`). An allocation's pool is
 /// the one its entry names, or in a file whose entries name none, the one whose segment at the
 /// dump it lies in (`segment_pool_id`; the pool routes, `src/trace/pool_routes.rs`, tell it so
-/// too). Only where stacks were kept; elsewhere none (every private pool is taken to be a graph
-/// capture's).
+/// too). The reader keeps these stacks even where it keeps no other frames; a trace with none
+/// (a format without stacks) has no `MemPool` here, every private pool taken to be a graph
+/// capture's.
 pub(crate) fn mem_pools_by_stacks(trace: &Trace, device: i32, events: &[Event]) -> Vec<(u64, u64)> {
     if trace.frames.is_empty() {
         return Vec::new();
@@ -732,10 +733,8 @@ pub(crate) fn mem_pools_by_stacks(trace: &Trace, device: i32, events: &[Event]) 
         };
         let Some(id) = pool.filter(|id| id.0 == 0) else { continue };
         let frames = trace.frames.get(e.frames);
-        let mem_pool = frames.iter().any(|f| f.name == "use_mem_pool");
-        let graph = frames
-            .iter()
-            .any(|f| f.name == "capture_begin" || f.filename.ends_with("torch/cuda/graphs.py"));
+        let mem_pool = frames.iter().any(|f| is_mem_pool_frame(&f.name));
+        let graph = frames.iter().any(|f| is_graph_capture_frame(&f.name, &f.filename));
         let s = seen.entry(id).or_default();
         s.0 |= mem_pool;
         s.1 |= graph;
