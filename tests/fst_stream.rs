@@ -44,6 +44,7 @@ fn same_both_ways(path: &Path, options: &[ReplayOptions]) -> Vec<Vec<ReplayOutpu
         assert_eq!(streamed.event_count(), loaded.event_count());
         assert_eq!(streamed.live_at_start(), loaded.live_at_start(), "{}", path.display());
         assert_eq!(streamed.empty_cache_at(), loaded.empty_cache_at());
+        assert_eq!(streamed.captured_ooms(), loaded.captured_ooms());
         assert_eq!(streamed.frees_at(), loaded.frees_at());
         for o in options {
             let (a, b) = (outputs(&loaded, o), outputs(&streamed, o));

@@ -625,12 +625,20 @@ fn replayed_peak(t: &fragsim::trace::Trace) -> u64 {
 
 /// `replay -p pytorch`'s result on `t` as the command runs it ([`replayed_peak`]).
 fn replayed_as_recorded(t: &fragsim::trace::Trace) -> fragsim::metrics::PolicyResult {
+    replayed_input_as_recorded(&fragsim::replay::ReplayInput::new(t, None).unwrap(), t)
+}
+
+/// [`replayed_as_recorded`] of a replay input, loaded or streamed, under the limit the loaded
+/// trace `t` shows.
+fn replayed_input_as_recorded(
+    input: &fragsim::replay::ReplayInput,
+    t: &fragsim::trace::Trace,
+) -> fragsim::metrics::PolicyResult {
     use fragsim::recorded::CapacityKind;
-    use fragsim::replay::{ReplayInput, ReplayOptions};
-    let limit = fragsim::recorded::row_and_limit(t, 0).1;
+    use fragsim::replay::ReplayOptions;
+    let limit = fragsim::recorded::row_and_limit(t, input.device()).1;
     let capacity = limit.as_ref().and_then(|l| l.limit_bytes);
     let capacity_kind = limit.map_or(CapacityKind::GpuMemory, |l| l.capacity_kind());
-    let input = ReplayInput::new(t, None).unwrap();
     let spec = fragsim::policy::PolicySpec::parse_list("pytorch").unwrap().remove(0);
     let options = ReplayOptions {
         capacity,
@@ -638,7 +646,7 @@ fn replayed_as_recorded(t: &fragsim::trace::Trace) -> fragsim::metrics::PolicyRe
         check_invariants: true,
         ..ReplayOptions::default()
     };
-    let out = fragsim::policy::lookup("pytorch").unwrap().run(&spec, &input, &options);
+    let out = fragsim::policy::lookup("pytorch").unwrap().run(&spec, input, &options);
     out.unwrap().result
 }
 
@@ -1616,6 +1624,47 @@ fn an_oom_with_a_free_segment_cached_and_no_release_is_read_as_a_capture() {
     assert_eq!(r.peak_reserved_bytes, 20 << 20, "the replay keeps the free segment");
     assert!(r.oom, "and the request fails, as recorded");
     assert_eq!(r.alloc_retries, 0, "no fallback ran during the capture");
+}
+
+/// A `.fst` of a recording whose `oom` entries show graph captures (no release before them while
+/// the cache held a free segment) replays streamed, as `replay` of a `.fst` runs, exactly as it
+/// does loaded: the same captured OOMs, and the same result under the recorded limit. Before, a
+/// streamed replay found no capture, released the cache where the recording could not, and
+/// served a request the recording failed.
+#[test]
+fn a_streamed_fst_finds_the_captured_ooms_the_loaded_trace_does() {
+    use fragsim::replay::ReplayInput;
+    use fragsim::trace::fst::FstStream;
+    let text = "segment_alloc 0x10000000 20971520\nalloc 0x10000000 9437184\n\
+                free 0x10000000 9437184\noom 31457280 41943040\n";
+    let mut cases = vec![snapshot_of_text(text, 0x1000_0000, &[(0x1000_0000, 20 << 20, false)])];
+    for capacity in [200u64 << 20, 150 << 20, 120 << 20] {
+        for seed in 0..4 {
+            let run = Run { capacity: Some(capacity), captures: true, ..Run::PLAIN };
+            cases.push(recording(seed, run));
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut captured = 0;
+    for (k, t) in cases.iter().enumerate() {
+        let path = dir.path().join(format!("{k}.fst"));
+        fragsim::trace::write_trace(t, &path).unwrap();
+        let back = fragsim::trace::read_trace(&path, &Default::default()).unwrap();
+        let file = FstStream::open(&path).unwrap().expect("a .fst that streams");
+        let loaded = ReplayInput::new(&back, Some(0)).unwrap();
+        let streamed = ReplayInput::streamed(&file, Some(0)).unwrap();
+        assert_eq!(streamed.captured_ooms(), loaded.captured_ooms(), "case {k}");
+        captured += !loaded.captured_ooms().is_empty() as u32;
+        let a = replayed_input_as_recorded(&loaded, &back);
+        let b = replayed_input_as_recorded(&streamed, &back);
+        assert_eq!(
+            (a.peak_reserved_bytes, a.oom, a.alloc_retries),
+            (b.peak_reserved_bytes, b.oom, b.alloc_retries),
+            "case {k}"
+        );
+        assert_eq!(a.first_oom_event, b.first_oom_event, "case {k}");
+    }
+    assert!(captured >= 4, "only {captured} of {} cases show a capture", cases.len());
 }
 
 /// Issue 45: a recorded `oom` that no release of its malloc precedes, where the recorded cache

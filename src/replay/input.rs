@@ -284,12 +284,13 @@ impl<'a> ReplayInput<'a> {
         let have = || file.devices().into_iter().map(|d| d.0).collect::<Vec<_>>();
         let device = pick_device(device, file.default_device(), have)?;
         let trace = file.head();
-        let mut completes = false;
+        let (mut completes, mut ooms) = (false, false);
         let mut runs = EmptyCacheRuns::new(FlushCauses::of(&trace.frames));
         let mut first_time_us = None;
         let mut streams = AddrSet::default();
         file.each_event(device, u64::MAX, true, |i, e| {
             completes |= e.action == Action::FreeCompleted;
+            ooms |= e.action == Action::Oom;
             runs.push(i, e);
             first_time_us.get_or_insert(e.time_us);
             if streams.len() >= STREAMS_PER_DEVICE && !streams.contains(&e.stream) {
@@ -314,6 +315,12 @@ impl<'a> ReplayInput<'a> {
         // The digest keeps each address's first segment event, all the routes need.
         let pool_routes = PoolRoutes::new(trace, device, &digest, &lifetimes);
         let live_at_start = live_at_start_of(trace, device, &lifetimes);
+        let captured_ooms = match ooms {
+            true => {
+                captured_ooms_streamed(file, device, &empty_cache_at, &live_at_start, frees_at)?
+            }
+            false => Vec::new(),
+        };
         // One more pass, only where a memory fraction is recorded.
         let recorded_peak_reserved = if records_fraction(trace) {
             let walk = |f: &mut dyn FnMut(u64, &Event) -> Result<()>| {
@@ -344,7 +351,7 @@ impl<'a> ReplayInput<'a> {
             empty_cache_at,
             released_before: Vec::new(),
             undecided_flushes,
-            captured_ooms: Vec::new(),
+            captured_ooms,
             exact_addresses: Vec::new(),
             pool_routes,
             frees_at,
@@ -414,7 +421,7 @@ impl<'a> ReplayInput<'a> {
     /// The recorded `oom` entries made while a graph capture was underway, in order: no release
     /// of their malloc precedes them, where the recorded cache held memory to release
     /// ([`crate::trace::captures`]).
-    pub(crate) fn captured_ooms(&self) -> &[u64] {
+    pub fn captured_ooms(&self) -> &[u64] {
         &self.captured_ooms
     }
 
@@ -497,6 +504,41 @@ impl<'a> ReplayInput<'a> {
             oom_pad: self.oom_pad,
         }
     }
+}
+
+/// The recorded `oom` entries of `device` in a streamed file that prove a graph capture
+/// ([`crate::trace::captures`]), as a loaded replay finds them: one pass finds the candidates
+/// (those no release of their own malloc precedes) and keeps the segment events, a second
+/// follows the recorded cache up to the last candidate. Only a file with an `oom` entry pays.
+fn captured_ooms_streamed(
+    file: &FstStream,
+    device: i32,
+    empty_cache_at: &[u64],
+    live_at_start: &[LiveBlock],
+    frees_at: Action,
+) -> Result<Vec<u64>> {
+    use crate::trace::captures::{CaptureProof, Start};
+    let trace = file.head();
+    let causes = FlushCauses::of(&trace.frames);
+    let mut candidates = crate::trace::lifetimes::OomsWithoutRelease::new(&causes, empty_cache_at);
+    let mut segment_events = Vec::new();
+    file.each_event(device, u64::MAX, false, |i, e| {
+        candidates.push(i, e);
+        if e.action.is_segment_event() {
+            segment_events.push(*e);
+        }
+        Ok(())
+    })?;
+    let candidates = candidates.finish();
+    let Some(&last) = candidates.last() else { return Ok(Vec::new()) };
+    let pages = crate::policy::RecordedAllocator::of(trace).pages;
+    let start = Start { live_at_start, segment_events: segment_events.iter(), pages, frees_at };
+    let mut proof = CaptureProof::new(trace, device, start, &candidates);
+    file.each_event(device, last + 1, false, |i, e| {
+        proof.push(i, e);
+        Ok(())
+    })?;
+    Ok(proof.finish())
 }
 
 /// What the allocator that recorded `trace` added to each request before rounding it.

@@ -83,41 +83,82 @@ pub(crate) fn captures_proven(
     pages: Pages,
 ) -> Vec<u64> {
     let Some(&last) = candidates.last() else { return Vec::new() };
-    let mut cache = Cache::at_start(trace, device, events, lifetimes, live_at_start, pages);
-    let mut out = Vec::new();
-    let mut next = candidates.iter().peekable();
+    let segment_events = lifetimes.segment_events.iter().filter_map(|&i| events.get(i));
+    let start = Start { live_at_start, segment_events, pages, frees_at: lifetimes.frees_at };
+    let mut proof = CaptureProof::new(trace, device, start, candidates);
     for (i, e) in events.iter().enumerate().take(last as usize + 1) {
-        if next.peek() == Some(&&(i as u64)) {
-            next.next();
-            if cache.releasable() {
-                out.push(i as u64);
+        proof.push(i as u64, e);
+    }
+    proof.finish()
+}
+
+/// What [`CaptureProof`] starts from: the blocks live at the first event, the trace's segment
+/// events in order (undone from the dump back to the first event), the recorded allocator's
+/// pages, and the action at which frees take effect.
+pub(crate) struct Start<'a, I> {
+    pub(crate) live_at_start: &'a [LiveBlock],
+    pub(crate) segment_events: I,
+    pub(crate) pages: Pages,
+    pub(crate) frees_at: Action,
+}
+
+/// [`captures_proven`] told one event at a time, in order, up to the last candidate (a replay
+/// streamed from a file has no slice of events).
+pub(crate) struct CaptureProof<'t, 'c> {
+    cache: Cache<'t>,
+    frees_at: Action,
+    next: std::iter::Peekable<std::slice::Iter<'c, u64>>,
+    out: Vec<u64>,
+}
+
+impl<'t, 'c> CaptureProof<'t, 'c> {
+    pub(crate) fn new<'e, I>(
+        trace: &'t Trace,
+        device: i32,
+        start: Start<'_, I>,
+        candidates: &'c [u64],
+    ) -> Self
+    where
+        I: DoubleEndedIterator<Item = &'e Event>,
+    {
+        let frees_at = start.frees_at;
+        let cache = Cache::at_start(trace, device, start);
+        CaptureProof { cache, frees_at, next: candidates.iter().peekable(), out: Vec::new() }
+    }
+
+    /// Event `i`, `e`.
+    pub(crate) fn push(&mut self, i: u64, e: &Event) {
+        if self.next.peek() == Some(&&i) {
+            self.next.next();
+            if self.cache.releasable() {
+                self.out.push(i);
             }
         }
-        cache.follow(e, lifetimes.frees_at);
+        self.cache.follow(e, self.frees_at);
     }
-    out
+
+    /// The candidates proven, in order.
+    pub(crate) fn finish(self) -> Vec<u64> {
+        self.out
+    }
 }
 
 impl<'t> Cache<'t> {
-    /// The cache at the first of `events`: the dump's segments and mapped ranges with the
-    /// trace's segment events undone, and the blocks live then.
-    fn at_start(
-        trace: &'t Trace,
-        device: i32,
-        events: &[Event],
-        lifetimes: &Lifetimes,
-        live_at_start: &[LiveBlock],
-        pages: Pages,
-    ) -> Cache<'t> {
+    /// The cache at the first event: the dump's segments and mapped ranges with the trace's
+    /// segment events undone, and the blocks live then.
+    fn at_start<'e, I>(trace: &'t Trace, device: i32, start: Start<'_, I>) -> Cache<'t>
+    where
+        I: DoubleEndedIterator<Item = &'e Event>,
+    {
         let mut private = Vec::new();
         let mut cache = Cache {
             trace,
             private: Vec::new(),
             segments: BTreeMap::new(),
             mapped: BTreeMap::new(),
-            live: live_at_start.iter().map(|b| (b.addr, (b.size, false))).collect(),
+            live: start.live_at_start.iter().map(|b| (b.addr, (b.size, false))).collect(),
             gone: Vec::new(),
-            pages,
+            pages: start.pages,
         };
         for s in trace.segments_of(device) {
             let small = s.pool == super::PoolKind::Small;
@@ -132,7 +173,7 @@ impl<'t> Cache<'t> {
         }
         private.sort_unstable();
         cache.private = private;
-        for e in lifetimes.segment_events.iter().rev().filter_map(|&i| events.get(i)) {
+        for e in start.segment_events.rev() {
             match e.action {
                 Action::SegmentAlloc => {
                     cache.segments.remove(&e.addr);

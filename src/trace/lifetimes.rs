@@ -554,44 +554,72 @@ pub(crate) fn ooms_without_release(
     causes: &FlushCauses,
     calls: &[u64],
 ) -> Vec<u64> {
-    let release = |a: Action| matches!(a, Action::SegmentFree | Action::SegmentUnmap);
-    let mut out = Vec::new();
-    let mut i = 0;
-    while let Some(e) = events.get(i) {
-        if release(e.action) && calls.binary_search(&(i as u64)).is_ok() {
-            // The call's run: its releases and the frees completed among them.
-            while let Some(x) = events.get(i) {
-                if !causes.made_by_call(x) && x.action != Action::FreeCompleted {
-                    break;
-                }
-                i += 1;
-            }
-            continue;
-        }
-        if e.action.is_segment_event() {
-            // A malloc's segment events (and frees completed among them), then its entry.
-            let mut released = false;
-            while let Some(x) = events.get(i) {
-                if !x.action.is_segment_event() && x.action != Action::FreeCompleted {
-                    break;
-                }
-                released |= release(x.action);
-                i += 1;
-            }
-            if events.get(i).is_some_and(|x| x.action == Action::Oom) {
-                if !released {
-                    out.push(i as u64);
-                }
-                i += 1;
-            }
-            continue;
-        }
-        if e.action == Action::Oom {
-            out.push(i as u64);
-        }
-        i += 1;
+    let mut ooms = OomsWithoutRelease::new(causes, calls);
+    for (i, e) in events.iter().enumerate() {
+        ooms.push(i as u64, e);
     }
-    out
+    ooms.finish()
+}
+
+/// [`ooms_without_release`] told one event at a time, in order (a replay streamed from a file
+/// has no slice of events).
+pub(crate) struct OomsWithoutRelease<'c> {
+    causes: &'c FlushCauses,
+    calls: &'c [u64],
+    run: ReleaseRun,
+    out: Vec<u64>,
+}
+
+/// The run of events [`OomsWithoutRelease`] is in.
+#[derive(Clone, Copy)]
+enum ReleaseRun {
+    None,
+    /// The program's `empty_cache()` call: its releases and the frees completed among them.
+    Call,
+    /// A malloc's segment events and the frees completed among them; whether one released.
+    Malloc {
+        released: bool,
+    },
+}
+
+impl<'c> OomsWithoutRelease<'c> {
+    pub(crate) fn new(causes: &'c FlushCauses, calls: &'c [u64]) -> Self {
+        OomsWithoutRelease { causes, calls, run: ReleaseRun::None, out: Vec::new() }
+    }
+
+    /// Event `i`, `e`.
+    pub(crate) fn push(&mut self, i: u64, e: &Event) {
+        let release = matches!(e.action, Action::SegmentFree | Action::SegmentUnmap);
+        let completed = e.action == Action::FreeCompleted;
+        match self.run {
+            ReleaseRun::Call if self.causes.made_by_call(e) || completed => return,
+            ReleaseRun::Malloc { released } if e.action.is_segment_event() || completed => {
+                self.run = ReleaseRun::Malloc { released: released || release };
+                return;
+            }
+            ReleaseRun::Malloc { released } if e.action == Action::Oom => {
+                // The malloc's own entry.
+                self.run = ReleaseRun::None;
+                if !released {
+                    self.out.push(i);
+                }
+                return;
+            }
+            _ => self.run = ReleaseRun::None,
+        }
+        if release && self.causes.made_by_call(e) && self.calls.binary_search(&i).is_ok() {
+            self.run = ReleaseRun::Call;
+        } else if e.action.is_segment_event() {
+            self.run = ReleaseRun::Malloc { released: release };
+        } else if e.action == Action::Oom {
+            self.out.push(i);
+        }
+    }
+
+    /// The `oom` entries found, in order.
+    pub(crate) fn finish(self) -> Vec<u64> {
+        self.out
+    }
 }
 
 /// A run of recorded releases followed by a retried allocation that the levels cannot classify
