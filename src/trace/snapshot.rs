@@ -289,7 +289,14 @@ fn build(
                 indices.push(d.index);
             }
             trace.has_times = any && all_timed;
+            let mixed = pools.named && pools.unnamed;
             trace.entry_pools = pools.finish();
+            if mixed {
+                // Where only some entries name their pool, none is trusted (`entry_pools` is
+                // `None`): no event may keep a reference into a table the trace does not hold.
+                let events = trace.devices.iter_mut().flat_map(|d| &mut d.events);
+                events.for_each(|e| e.pool = PoolRef::DEFAULT);
+            }
             if !trace.has_times {
                 // Some entries lack `time_us`: times are entry indices throughout, so that events
                 // stay ordered and comparable.
@@ -2125,6 +2132,31 @@ mod tests {
             assert!(!back.torch_npu);
         }
         assert_eq!(read(&data, &opts(true)).unwrap().frames.len(), 4, "all, where kept");
+    }
+
+    /// A file where only some entries name their pool names none the model trusts, and no
+    /// event keeps a reference into the table it then does not hold: such a trace converts to
+    /// `.fst` and reads back (before, the `.fst` was refused: "private pool 1 does not exist").
+    #[test]
+    fn a_file_where_some_entries_name_their_pool_names_none() {
+        let data = entry_with("alloc", |e| {
+            for k in ["addr", "size", "stream"] {
+                e.str(k);
+                e.int(1024);
+            }
+            e.str("pool_id");
+            e.pair(0, 1);
+        });
+        for t in
+            [read(&data, &opts(false)).unwrap(), read_from(&mut &data[..], &opts(false)).unwrap()]
+        {
+            assert_eq!(t.entry_pools, None);
+            assert!(t.devices[0].events.iter().all(|e| e.pool == PoolRef::DEFAULT));
+            let mut fst = Vec::new();
+            crate::trace::fst::write(&t, &mut fst).unwrap();
+            let back = crate::trace::fst::read(&fst, &opts(false)).unwrap();
+            assert_eq!(back.devices[0].events, t.devices[0].events);
+        }
     }
 
     #[test]
