@@ -153,5 +153,16 @@ fn an_expandable_recording_whose_settings_say_false_is_replayed_and_validated_as
         assert_eq!(peak("pytorch"), peak("recorded"), "{spec}: {v}");
         let mallocs = rows.iter().find(|r| r["policy"] == "pytorch").unwrap()["map_count"].clone();
         assert!(mallocs.as_u64().unwrap() > 0, "{spec}: replayed with pages: {v}");
+
+        // Converted to `.fst`, it stays torch_npu's (the file's head keeps the mark; before,
+        // only a `torch_npu/` frame did) and validates as the snapshot does.
+        let fst = dir.path().join(format!("recorded-{npu}.fst"));
+        let o = run(&["convert", path, fst.to_str().unwrap()]);
+        assert!(o.status.success(), "{spec}: {}", stderr(&o));
+        let o = run(&["validate", fst.to_str().unwrap(), "--json"]);
+        assert_eq!(o.status.code(), Some(0), "{spec}: {}{}", stdout(&o), stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        assert_eq!(v["allocs_addr_matched"], v["allocs_total"], "{spec}: .fst: {v}");
+        assert_eq!(v["segment_events_matched"], v["segment_events_recorded"], "{spec}: .fst");
     }
 }

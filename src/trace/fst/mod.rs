@@ -5,7 +5,7 @@
 //! settings, the format of origin, whether times are real) and decodes at memory speed.
 //!
 //! The layout is defined in docs/interface.md#fst-wire-layout (every enum by a fixed tag, so a
-//! file means what that page says whatever the order of a Rust enum); version 7, in short:
+//! file means what that page says whatever the order of a Rust enum); version 8, in short:
 //!
 //! | bytes | content |
 //! |---|---|
@@ -17,16 +17,18 @@
 //! record's body is the head (the format of origin, whether times are real, each device with its
 //! event count, the interned frames, final segments, allocator settings, each device's count
 //! of recorded totals, the private pools the entries name, and what a snapshot records beside
-//! its memory events: [`SnapshotExtras`], and the platform the recording shows: [`Platform`])
-//! followed by a chunk; every later body is a chunk alone. A chunk is the next
+//! its memory events: [`SnapshotExtras`], the platform the recording shows: [`Platform`], and
+//! whether torch_npu made it: [`Trace::torch_npu`]) followed by a chunk; every later body is a chunk alone. A chunk is the next
 //! at most [`CHUNK`] events of the flat sequence "device 0's events, device 1's, ..." and the next
 //! at most [`CHUNK`] recorded totals of the same kind of sequence. So a small trace is one record,
 //! and a reader holds one record at a time: memory while reading is the events plus one chunk.
 //! A replay consumes the events record by record without loading them ([`FstStream`]): it reads
 //! the head once, then the file from its start for each pass, holding one record at a time.
 //!
-//! Version 6 is version 7 without the platform (a file of it reads as a trace that shows none),
-//! version 5 version 6 without the extras (a file of it reads as a trace that has none).
+//! Version 7 is version 8 without the torch_npu mark (a file of it reads as a trace whose frames
+//! alone tell), version 6 version 7 without the platform (a file of it reads as a trace that
+//! shows none), version 5 version 6 without the extras (a file of it reads as a trace that has
+//! none).
 //! A file of another version is refused: versions 1 to 4 were written by development builds
 //! before this layout was fixed, and the message says to re-convert such a file from its source
 //! trace. The CRC catches corruption that would otherwise decode into wrong numbers (bincode is
@@ -50,7 +52,7 @@ mod chunk;
 pub const MAGIC: &[u8] = b"FRAGSIM\0";
 
 /// The version of the layout this build writes.
-pub const VERSION: u32 = 7;
+pub const VERSION: u32 = 8;
 
 /// The oldest version this build reads: version 5, which has no [`SnapshotExtras`] in its head.
 pub const OLDEST_READ: u32 = 5;
@@ -76,7 +78,7 @@ fn config() -> impl bincode::config::Config {
     bincode::config::standard().with_limit::<DECODE_LIMIT>()
 }
 
-/// The head of a version 7 file, as written (borrowing the trace).
+/// The head of a version 8 file, as written (borrowing the trace).
 #[derive(Serialize)]
 struct HeadOut<'a> {
     format: Format,
@@ -89,12 +91,23 @@ struct HeadOut<'a> {
     entry_pools: &'a Option<Vec<PoolId>>,
     extras: &'a SnapshotExtras,
     platform: Option<Platform>,
+    torch_npu: bool,
 }
 
-/// The head of a version 7 file, as read: bincode writes a nested struct's fields in place,
+/// The head of a version 8 file, as read: bincode writes a nested struct's fields in place,
 /// so this reads what [`HeadOut`] writes.
 #[derive(Deserialize)]
 struct HeadIn {
+    base: HeadBase,
+    entry_pools: Option<Vec<PoolId>>,
+    extras: SnapshotExtras,
+    platform: Option<Platform>,
+    torch_npu: bool,
+}
+
+/// The head of a version 7 file: a version 8 head without the torch_npu mark.
+#[derive(Deserialize)]
+struct HeadIn7 {
     base: HeadBase,
     entry_pools: Option<Vec<PoolId>>,
     extras: SnapshotExtras,
@@ -253,12 +266,17 @@ impl Chunked<'_> {
                 let (HeadIn5 { base, entry_pools }, used): (HeadIn5, usize) =
                     bincode::serde::decode_from_slice(&self.body, config()).map_err(undecodable)?;
                 let extras = SnapshotExtras::default();
-                (HeadIn { base, entry_pools, extras, platform: None }, used)
+                (HeadIn { base, entry_pools, extras, platform: None, torch_npu: false }, used)
             }
             6 => {
                 let (HeadIn6 { base, entry_pools, extras }, used): (HeadIn6, usize) =
                     bincode::serde::decode_from_slice(&self.body, config()).map_err(undecodable)?;
-                (HeadIn { base, entry_pools, extras, platform: None }, used)
+                (HeadIn { base, entry_pools, extras, platform: None, torch_npu: false }, used)
+            }
+            7 => {
+                let (HeadIn7 { base, entry_pools, extras, platform }, used): (HeadIn7, usize) =
+                    bincode::serde::decode_from_slice(&self.body, config()).map_err(undecodable)?;
+                (HeadIn { base, entry_pools, extras, platform, torch_npu: false }, used)
             }
             _ => bincode::serde::decode_from_slice(&self.body, config()).map_err(undecodable)?,
         };
@@ -321,7 +339,7 @@ impl Chunked<'_> {
 
     /// Reads the records of a file of `version` into a trace.
     fn read(mut self, version: u32) -> Result<Trace> {
-        let (HeadIn { base: head, entry_pools, extras, platform }, mut offset) =
+        let (HeadIn { base: head, entry_pools, extras, platform, torch_npu }, mut offset) =
             self.head(version)?;
         let frames = intern_frames(head.frames).map_err(at_head)?;
         let refs = Refs { frames: &frames, pools: pool_count(&entry_pools) };
@@ -340,7 +358,7 @@ impl Chunked<'_> {
         devices.sort_by_key(|d| d.device);
         check_devices(devices.iter().map(|d| d.device)).map_err(at_head)?;
         check_segments(&head.segments).map_err(at_head)?;
-        let torch_npu = frames.names_torch_npu();
+        let torch_npu = torch_npu || frames.names_torch_npu();
         Ok(Trace {
             format: Format::Fst,
             converted_from: Some(head.format),
@@ -505,7 +523,7 @@ impl FstStream {
         }
         let mut records = Chunked { input: &mut input, at: 12, body: Vec::new(), crc: 0 };
         let in_file = |e: Error| at_head(e).in_format(Format::Fst.name()).in_file(path);
-        let (HeadIn { base: head, entry_pools, extras, platform }, first_chunk) =
+        let (HeadIn { base: head, entry_pools, extras, platform, torch_npu }, first_chunk) =
             records.head(version).map_err(in_file)?;
         // Exact-address allocations are found among the events near each mark before a replay
         // starts: a trace with them is loaded.
@@ -527,7 +545,7 @@ impl FstStream {
             }
         }
         check_segments(&head.segments).map_err(in_file)?;
-        let torch_npu = frames.names_torch_npu();
+        let torch_npu = torch_npu || frames.names_torch_npu();
         let trace = Trace {
             format: Format::Fst,
             converted_from: Some(head.format),
@@ -942,10 +960,11 @@ fn head_of(trace: &Trace) -> HeadOut<'_> {
         entry_pools: &trace.entry_pools,
         extras: &trace.extras,
         platform: trace.platform,
+        torch_npu: trace.torch_npu,
     }
 }
 
-/// Writes `trace` as .fst version 7 (nothing is lost: the format holds the whole model), one
+/// Writes `trace` as .fst version 8 (nothing is lost: the format holds the whole model), one
 /// record of at most [`CHUNK`] events and totals at a time.
 pub fn write(trace: &Trace, out: &mut impl Write) -> Result<()> {
     let head = head_of(trace);
@@ -1079,6 +1098,8 @@ mod tests {
     fn round_trips_the_whole_model() {
         let mut t = sample();
         t.extras.malloc_with_address_events = vec![(0, 1)];
+        // A torch_npu recording told by its blocks, not its frames, stays one.
+        t.torch_npu = true;
         let back = read(&encode(&t), &ReadOptions::default()).unwrap();
         assert_eq!((back.format, back.converted_from), (Format::Fst, Some(t.format)));
         assert_eq!(Trace { format: t.format, converted_from: None, ..back.clone() }, t);
@@ -1086,29 +1107,36 @@ mod tests {
         assert_eq!(again, back, "an .fst of an .fst keeps the format of origin");
     }
 
-    /// `t` as a file of an earlier `version`: a version 7 body less the head's last fields
-    /// (the platform, and for version 5 the extras before it, encoded last in the head).
+    /// `t` as a file of an earlier `version`: a version 8 body less the head's last fields
+    /// (the torch_npu mark; for version 6 the platform before it; for version 5 the extras
+    /// before that, encoded last in the head).
     fn earlier(t: &Trace, version: u32) -> Vec<u8> {
-        let v7 = encode(t);
+        let v8 = encode(t);
         let head = bincode::serde::encode_to_vec(head_of(t), config()).unwrap();
-        let mut tail = bincode::serde::encode_to_vec(t.platform, config()).unwrap().len();
+        let mut tail = bincode::serde::encode_to_vec(t.torch_npu, config()).unwrap().len();
+        if version <= 6 {
+            tail += bincode::serde::encode_to_vec(t.platform, config()).unwrap().len();
+        }
         if version == 5 {
             tail += bincode::serde::encode_to_vec(&t.extras, config()).unwrap().len();
         }
-        let body = &v7[HEADER_LEN..];
+        let body = &v8[HEADER_LEN..];
         let body = [&body[..head.len() - tail], &body[head.len()..]].concat();
         framed(version, &body)
     }
 
     /// A version 5 file (written before the head held the extras) reads as the same trace
     /// without them, loaded and streamed; a version 6 file (before the platform) as the same
-    /// trace showing no platform.
+    /// trace showing no platform; a version 7 file (before the torch_npu mark) as one whose
+    /// frames alone tell its maker.
     #[test]
     fn earlier_versions_read_as_the_trace_without_what_they_lack() {
-        let t = Trace { recorded_totals: Vec::new(), ..sample() };
+        let t = Trace { recorded_totals: Vec::new(), torch_npu: true, ..sample() };
+        let plain = Trace { torch_npu: false, ..t.clone() };
         for (version, want) in [
-            (5, Trace { extras: Default::default(), platform: None, ..t.clone() }),
-            (6, Trace { platform: None, ..t.clone() }),
+            (5, Trace { extras: Default::default(), platform: None, ..plain.clone() }),
+            (6, Trace { platform: None, ..plain.clone() }),
+            (7, plain.clone()),
         ] {
             let data = earlier(&t, version);
             let back = read(&data, &ReadOptions::default()).unwrap();
@@ -1119,7 +1147,9 @@ mod tests {
             let path = dir.path().join("old.fst");
             std::fs::write(&path, &data).unwrap();
             let stream = FstStream::open(&path).unwrap().expect("an earlier version streams");
-            assert_eq!((&stream.head.extras, stream.head.platform), (&want.extras, None));
+            let head = &stream.head;
+            assert_eq!((&head.extras, head.platform), (&want.extras, want.platform));
+            assert!(!head.torch_npu, "{version}");
         }
     }
 
@@ -1167,10 +1197,10 @@ mod tests {
         bad[40] ^= 0x55;
         assert!(read(&bad, &opts).unwrap_err().to_string().contains("checksum mismatch"));
         let mut other = data.clone();
-        other[8] = 8;
+        other[8] = 9;
         assert_eq!(
             read(&other, &opts).unwrap_err().to_string(),
-            "byte 8: unsupported .fst version 8 (this build reads versions 5 to 7); re-create the file from the original trace with 'fragsim convert'"
+            "byte 8: unsupported .fst version 9 (this build reads versions 5 to 8); re-create the file from the original trace with 'fragsim convert'"
         );
         let mut longer = data.clone();
         longer.push(0);
@@ -1235,7 +1265,7 @@ mod tests {
             data[8..12].copy_from_slice(&version.to_le_bytes());
             let expected = format!(
                 "byte 8: written by an earlier build of fragsim: .fst version {version}, and this \
-                 build reads versions 5 to 7; re-convert the file from its source trace with \
+                 build reads versions 5 to 8; re-convert the file from its source trace with \
                  'fragsim convert SOURCE FILE.fst'"
             );
             let err = read(&data, &ReadOptions::default()).unwrap_err();
