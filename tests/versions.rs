@@ -208,6 +208,15 @@ fn the_modelled_release_follows_the_recordings_evidence() {
         let (code, _, text) = validate(&v, &[]);
         assert_eq!(code, 0, "{text}");
         assert!(text.contains(says), "{says}: {text}");
+        // Converted to a snapshot, it shows the same release (before, the 2.13 keys of the
+        // settings were dropped, and with them the evidence).
+        let (dir, path) = temp_file("e.pickle", &pickle(&v));
+        let out = dir.path().join("converted.pickle");
+        let c = run(&["convert", path.to_str().unwrap(), out.to_str().unwrap()]);
+        assert_eq!(c.status.code(), Some(0), "{}", stderr(&c));
+        let o = run(&["validate", out.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        assert!(stdout(&o).contains(says), "converted: {says}: {}", stdout(&o));
     }
 }
 

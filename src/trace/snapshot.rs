@@ -1764,7 +1764,7 @@ fn encode(trace: &Trace) -> Result<Vec<u8>> {
 
     if let Some(s) = &trace.allocator_settings {
         e.str("allocator_settings");
-        write_settings(&mut e, s);
+        write_settings(&mut e, s, &trace.extras.settings_keys);
     }
     e.end_dict();
     Ok(e.finish())
@@ -1905,7 +1905,11 @@ fn write_event(
     e.end_dict();
 }
 
-fn write_settings(e: &mut Encoder, s: &AllocatorSettings) {
+/// Writes the allocator settings `s`, and the newer keys the recording's settings named
+/// (`newer`: `max_round_threshold`, `max_cached_size`, 2.13+) with `None` for their values,
+/// which fragsim does not keep: the keys are evidence of the release that recorded it
+/// (docs/pytorch-model.md#version-evidence), which a written snapshot must not lose.
+fn write_settings(e: &mut Encoder, s: &AllocatorSettings, newer: &[String]) {
     e.begin_dict();
     e.str("PYTORCH_CUDA_ALLOC_CONF");
     e.str(s.conf.as_deref().unwrap_or(""));
@@ -1928,6 +1932,10 @@ fn write_settings(e: &mut Encoder, s: &AllocatorSettings) {
         e.int(d as i128);
     }
     e.end_dict();
+    for key in newer {
+        e.str(key);
+        e.none();
+    }
     e.end_dict();
 }
 
