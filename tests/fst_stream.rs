@@ -205,6 +205,35 @@ fn workloads_replay_the_same_streamed() {
     }
 }
 
+/// A snapshot recorded with expandable segments (a replay of the bundled trace exported as a
+/// snapshot: 31 `segment_map` entries at several addresses) replays streamed as it does loaded.
+/// Before, the streamed digest kept only the first mapping, so every range mapped later in the
+/// trace was taken as mapped before it (2 ranges at the start and 3 mappings, not 0 and 31).
+#[test]
+fn an_expandable_snapshot_replays_the_same_streamed() {
+    let dir = tempfile::tempdir().unwrap();
+    let exported = dir.path().join("expandable.pickle");
+    let trace = crate::util::bundled("gpt-4l-512h.txt");
+    let o = crate::util::run(&[
+        "replay",
+        trace.to_str().unwrap(),
+        "-p",
+        "pytorch-expandable",
+        "--export-snapshot",
+        exported.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", crate::util::stderr(&o));
+    let snapshot = read_trace(&exported, &ReadOptions::default()).unwrap();
+    let maps = snapshot.devices[0].events.iter().filter(|e| e.action == Action::SegmentMap);
+    let addresses: std::collections::BTreeSet<u64> = maps.map(|e| e.addr).collect();
+    assert!(addresses.len() > 2, "mappings at several addresses: {addresses:?}");
+    let fst = dir.path().join("expandable.fst");
+    write_trace(&snapshot, &fst).unwrap();
+    let runs = same_both_ways(&fst, &option_sets(1 << 30));
+    let pytorch = runs[0].iter().find(|o| o.result.policy == "pytorch").unwrap();
+    assert_eq!(pytorch.result.start_map_count, 0, "nothing mapped before the first event");
+}
+
 #[test]
 fn only_a_plain_fst_file_of_this_version_streams() {
     let dir = tempfile::tempdir().unwrap();

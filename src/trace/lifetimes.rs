@@ -646,22 +646,24 @@ pub struct Retried {
 /// The few events of a device that decide what lifetimes and start states are derived from it:
 /// each orphan free (the first free of an address no earlier event allocated), the first `alloc`
 /// of each address the final segments show live, the first segment event (`segment_alloc` or
-/// `segment_free`, within the address space) of each segment address, the first
-/// `segment_map` or `segment_unmap`, and what can bound an orphan's size before the last
+/// `segment_free`, within the address space) of each segment address, every `segment_map` and
+/// `segment_unmap` (within the address space), and what can bound an orphan's size before the last
 /// orphan's free: each orphan's first `alloc` within its [reach](orphan_reach) before its free,
 /// and, where no request went to a private pool, the cache misses (each `segment_alloc` with the
 /// `alloc` placed at its start, and each `oom`), in trace order. [`live_at_start`] and [`scan`]'s orphans
-/// on the digest equal those on the whole events, and so does the cudaMalloc-segment start state
-/// the `pytorch` policy recovers (of mapped memory the digest keeps only the fact that the trace
-/// maps, which is all that policy uses). It is what a replay streamed from a file hands the
-/// policies in place of the events.
+/// on the digest equal those on the whole events, and so does the start state the `pytorch`
+/// policy recovers, cudaMalloc segments and mapped pages alike (the pages mapped at the first
+/// event are the dump's with every later mapping undone, so every mapping is kept). It is what a
+/// replay streamed from a file hands the policies in place of the events.
 ///
 /// `walk(limit, f)` must hand `f` the device's first `limit` events in order, from the start,
 /// each time it is called: it is called once, and again for the orphan candidates only when an
 /// earlier alloc of one cannot be ruled out, and for the proving allocs only when there are
 /// some or orphans to bound. Memory: the blocks live at a time, the final segments' live
-/// blocks, the segment addresses, the candidate orphans, each allocated address's first index and
-/// the cache misses before the last orphan's free; not the other events.
+/// blocks, the segment addresses, the mappings (an expandable segment maps as it grows and
+/// unmaps when the cache is released: a handful per step at most), the candidate orphans, each
+/// allocated address's first index and the cache misses before the last orphan's free; not the
+/// other events.
 pub(crate) fn digest<W>(
     trace: &Trace,
     device: i32,
@@ -689,8 +691,8 @@ struct FirstWalk {
     final_live: AddrMap<Option<(u64, Event)>>,
     /// The first segment event of each segment address.
     segments: AddrMap<(u64, Event)>,
-    /// The first `segment_map` or `segment_unmap`.
-    mapping: Option<(u64, Event)>,
+    /// Every `segment_map` and `segment_unmap`.
+    mappings: Vec<(u64, Event)>,
 }
 
 /// What [`digest`]'s second walk, up to the last candidate, finds.
@@ -704,7 +706,7 @@ struct SecondWalk {
 }
 
 /// [`digest`]'s first walk: the orphan candidates, the final blocks' first allocs, the first
-/// event of each segment and the first mapping.
+/// event of each segment and every mapping.
 fn first_walk<W>(trace: &Trace, device: i32, frees_at: Action, walk: &mut W) -> Result<FirstWalk>
 where
     W: FnMut(u64, &mut dyn FnMut(u64, &Event) -> Result<()>) -> Result<()>,
@@ -731,7 +733,7 @@ where
     let mut candidates: Vec<(u64, Event, bool)> = Vec::new();
     let mut orphaned = AddrSet::default();
     let mut segments: AddrMap<(u64, Event)> = AddrMap::default();
-    let mut mapping: Option<(u64, Event)> = None;
+    let mut mappings: Vec<(u64, Event)> = Vec::new();
     walk(u64::MAX, &mut |i, e| {
         match e.action {
             Action::Alloc => {
@@ -751,14 +753,12 @@ where
             Action::SegmentAlloc | Action::SegmentFree if fits(e) => {
                 segments.entry(e.addr).or_insert((i, *e));
             }
-            Action::SegmentMap | Action::SegmentUnmap if fits(e) && mapping.is_none() => {
-                mapping = Some((i, *e));
-            }
+            Action::SegmentMap | Action::SegmentUnmap if fits(e) => mappings.push((i, *e)),
             _ => {}
         }
         Ok(())
     })?;
-    Ok(FirstWalk { candidates, final_live, segments, mapping })
+    Ok(FirstWalk { candidates, final_live, segments, mappings })
 }
 
 /// [`digest`]'s second walk, when there are candidates, does two jobs. A candidate the bit set
@@ -836,7 +836,7 @@ where
 impl FirstWalk {
     /// The digest: the candidates no alloc came before, their proving allocs, the misses before
     /// the last orphan's free, the final blocks' first allocs, the segments' first events and
-    /// the first mapping, in trace order.
+    /// every mapping, in trace order.
     fn keep(self, second: SecondWalk) -> Vec<Event> {
         let SecondWalk { allocated_first, proofs, mut misses } = second;
         let keep: Vec<bool> =
@@ -854,7 +854,7 @@ impl FirstWalk {
             .chain(misses)
             .chain(self.final_live.into_values().flatten())
             .chain(self.segments.into_values())
-            .chain(self.mapping)
+            .chain(self.mappings)
             .collect();
         out.sort_by_key(|p| p.0);
         out.dedup_by_key(|p| p.0); // a proving alloc may be a final block's first alloc too
