@@ -737,3 +737,20 @@ fn a_recorded_option_this_fragsim_does_not_know_is_left_out_and_said() {
     let out = run(&["replay", p, "-p", "pytorch:max_split_size_mb:256,future_knob:3"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 }
+
+/// A snapshot taken without memory history (segments, no trace entries) says how to record
+/// it, and so does its `.fst` (before, only the snapshot itself did).
+#[test]
+fn a_snapshot_without_history_says_so_converted_too() {
+    let real = real_snapshots();
+    let mut t = read_file(&real[0], false);
+    t.devices.iter_mut().for_each(|d| d.events.clear());
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["nohistory.pickle", "nohistory.fst"] {
+        let path = dir.path().join(name);
+        trace::write_trace(&t, &path).unwrap();
+        let o = run(&["replay", path.to_str().unwrap(), "-p", "pytorch"]);
+        let err = stderr(&o);
+        assert!(err.contains("torch.cuda.memory._record_memory_history()"), "{name}: {err}");
+    }
+}

@@ -244,11 +244,16 @@ impl<'a> Io<'a> {
             cancel: self.cancel.clone(),
         };
         let trace = self.read_held_or_file(path, &options)?;
-        if let Some(note) = trace.no_history_note(path).filter(|_| !self.history_noted) {
+        self.note_no_history(trace.no_history_note(path));
+        Ok(trace)
+    }
+
+    /// Says once that a snapshot holds no memory history, where `note` says so.
+    pub(crate) fn note_no_history(&mut self, note: Option<String>) {
+        if let Some(note) = note.filter(|_| !self.history_noted) {
             self.history_noted = true;
             self.note(&note);
         }
-        Ok(trace)
     }
 
     /// Reads `path` from the in-memory trace of that name (taken, unless its holder keeps it),

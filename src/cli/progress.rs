@@ -104,7 +104,9 @@ impl Control {
         let file = if io.holds(path) { None } else { FstStream::open(path)? };
         match file {
             Some(file) if planners.is_empty() => {
-                return fragsim::session::Session::streamed(file, path, device)
+                let session = fragsim::session::Session::streamed(file, path, device)?;
+                io.note_no_history(session.no_history_note());
+                return Ok(session);
             }
             Some(_) => {
                 self.note(io, &fragsim::session::loaded_for_planners(&planners, path));

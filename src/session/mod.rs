@@ -164,6 +164,20 @@ impl Session {
         }
     }
 
+    /// [`Trace::no_history_note`] of the session's trace under its name, a streamed file's too
+    /// (whose events stay in the file: it has none where the file counts none).
+    pub fn no_history_note(&self) -> Option<String> {
+        match &self.data {
+            Data::Loaded(t) => t.no_history_note(&self.name),
+            Data::Streamed(f) => f
+                .devices()
+                .iter()
+                .all(|&(_, events)| events == 0)
+                .then(|| f.head().no_history_note(&self.name))
+                .flatten(),
+        }
+    }
+
     /// Whether the events stay in a file, read again for each pass.
     pub fn is_streamed(&self) -> bool {
         matches!(self.data, Data::Streamed(_))

@@ -480,7 +480,7 @@ impl Trace {
     /// events (taken without `torch.cuda.memory._record_memory_history()`), what to tell the
     /// user who asked about it under `name`: every replay of it has nothing to replay.
     pub fn no_history_note(&self, name: &std::path::Path) -> Option<String> {
-        let no_history = self.format == Format::PytorchSnapshot
+        let no_history = self.source_format() == Format::PytorchSnapshot
             && !self.segments.is_empty()
             && self.devices.iter().all(|d| d.events.is_empty());
         no_history.then(|| {
