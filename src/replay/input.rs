@@ -420,7 +420,7 @@ impl<'a> ReplayInput<'a> {
 
     /// The recorded `oom` entries made while a graph capture was underway, in order: no release
     /// of their malloc precedes them, where the recorded cache held memory to release
-    /// ([`crate::trace::captures`]).
+    /// (docs/pytorch-model.md#capture-oom).
     pub fn captured_ooms(&self) -> &[u64] {
         &self.captured_ooms
     }
