@@ -114,7 +114,7 @@ impl Asked {
             notes.push(loaded_for_planners(&planners, Path::new(&on.name)));
         }
         let session = self.session_on(on, frames, planners.is_empty())?;
-        self.note_history(session.trace(), session.name(), notes);
+        self.note_session_history(&session, notes);
         Ok(session)
     }
 
@@ -122,15 +122,26 @@ impl Asked {
     /// session's own ([`Session::notes`]), each as `fragsim: ...` would end.
     fn notes_of(&self, session: &Session, specs: &[PolicySpec]) -> Vec<String> {
         let mut notes = Vec::new();
-        self.note_history(session.trace(), session.name(), &mut notes);
+        self.note_session_history(session, &mut notes);
         notes.extend(session.notes(specs));
         notes
     }
 
-    /// Notes, once per question, that `trace` (called `name`) is a snapshot taken without
-    /// memory history.
+    /// Notes, once per question, that the session's trace is a snapshot taken without memory
+    /// history ([`Session::no_history_note`]: a streamed file's events are counted in the file).
+    fn note_session_history(&self, session: &Session, notes: &mut Vec<String>) {
+        self.note_once(session.no_history_note(), notes);
+    }
+
+    /// Notes, once per question, that `trace` (loaded, called `name`) is a snapshot taken
+    /// without memory history.
     fn note_history(&self, trace: &fragsim::trace::Trace, name: &Path, notes: &mut Vec<String>) {
-        if let Some(note) = trace.no_history_note(name).filter(|_| !self.history_noted.get()) {
+        self.note_once(trace.no_history_note(name), notes);
+    }
+
+    /// Adds `note` to `notes`, where there is one, the first time a question has one.
+    fn note_once(&self, note: Option<String>, notes: &mut Vec<String>) {
+        if let Some(note) = note.filter(|_| !self.history_noted.get()) {
             self.history_noted.set(true);
             notes.push(note);
         }
@@ -319,7 +330,7 @@ pub fn report(
         // Frames name the allocation sites of the "where the memory went" chart.
         let session = asked.session(true, false)?;
         let mut notes = Vec::new();
-        asked.note_history(session.trace(), session.name(), &mut notes);
+        asked.note_session_history(&session, &mut notes);
         let resolved = session.capacity(capacity.as_ref())?;
         notes.extend(resolved.inferred_note());
         let jobs = bounded_jobs(jobs, policies.len(), &mut notes);
@@ -485,13 +496,13 @@ pub fn diff(
         // One trace at a time: A is summarised and dropped before B is read, as the command
         // line does, so two large traces are never held at once.
         let session_a = asked.session(true, false)?;
-        asked.note_history(session_a.trace(), session_a.name(), &mut notes);
+        asked.note_session_history(&session_a, &mut notes);
         let side_a = side(&session_a, &spec_a)?;
         let side_b = match on_b {
             Some(on_b) => {
                 drop(session_a);
                 let session_b = asked.session_on(&on_b, true, false)?;
-                asked.note_history(session_b.trace(), session_b.name(), &mut notes);
+                asked.note_session_history(&session_b, &mut notes);
                 side(&session_b, &spec_b)?
             }
             None => side(&session_a, &spec_b)?,
@@ -536,7 +547,7 @@ pub fn sweep(
         // not read again.
         let (written, first) = if policies.is_empty() {
             let session = asked.session(false, true)?;
-            asked.note_history(session.trace(), session.name(), &mut notes);
+            asked.note_session_history(&session, &mut notes);
             (several::builtin_grid(Some(&session)), Some(session))
         } else {
             (policies, None)

@@ -244,6 +244,12 @@ def test_a_snapshot_without_memory_history_says_how_to_record_it(tmp_path):
     assert "torch.cuda.memory._record_memory_history()" in done.stderr
     # Said once, however often the command reads the trace.
     assert sum("memory history" in n for n in fragsim.sweep(d).notes) == 1
+    # A .fst of it, streamed, says so too; a .fst of a snapshot with history does not.
+    for source, says in ((path, True), (SNAPSHOTS[0], False)):
+        fst = tmp_path / f"{says}.fst"
+        cli("convert", str(source), str(fst))
+        notes = fragsim.replay(str(fst), policies=["pytorch"]).notes
+        assert any("memory history was not recorded" in n for n in notes) == says, notes
 
 
 def test_each_view_shows_what_its_command_answers(tmp_path):
