@@ -15,10 +15,9 @@
 //! `segments[3].blocks[0]`.
 //!
 //! Where the command keeps no stack frames, `frames` values are left out unwalked, except those
-//! the reader reads anyway ([`Walk::frames_read`]: a release's, one telling a private pool's kind,
-//! and a torch_npu one): the
-//! reader would not look at the others (a file's are decoded, then ignored), and they are most
-//! of the objects (each entry's list of shared frame dicts).
+//! the reader reads anyway ([`Walk::frames_read`]: a release's, one telling a private pool's
+//! kind, and a torch_npu one): the reader would not look at the others (a file's are decoded,
+//! then ignored), and they are most of the objects (each entry's list of shared frame dicts).
 //!
 //! Memos keep the walk as fast as reading the snapshot's pickle file (`scripts/dict-speed.py`
 //! and the test suite print both): where PyTorch gives each entry a new `frames` list holding

@@ -22,8 +22,8 @@
 //!   sequence of frame dict objects (PyTorch shares both), and only when
 //!   [`ReadOptions::keep_frames`] asks for them, but for the stacks that decide something: a
 //!   release's (an `empty_cache()` call or an out-of-memory flush) and one telling a private
-//!   pool's kind ([`super::tells_pool_kind`]), read always. While streaming, container indices are handed
-//!   out again after a batch is dropped, so these caches forget the dropped ones
+//!   pool's kind ([`super::tells_pool_kind`]), read always. While streaming, container indices
+//!   are handed out again after a batch is dropped, so these caches forget the dropped ones
 //!   (`Reader::forget`) and know the kept ones by handle instead.
 //!
 //! Reading streams ([`stream`]): each batch of `device_traces` entries becomes events as soon as
@@ -1160,12 +1160,10 @@ impl Reader {
         Ok(id)
     }
 
-    /// One frame dict (or frame handle) as a [`Frame`], decoded once per dict object; the
-    /// caller has checked that `f` is one.
-    /// What frame list `v` tells ([`StackMarks`]) while frames are not kept: frames that are not kept
-    /// are not decoded, yet the recording's maker must be known, and a stack that tells a private
-    /// pool's kind is kept. PyTorch shares one dict per distinct frame, so a long recording costs
-    /// a look per frame list and a decode of the two names per distinct frame.
+    /// What frame list `v` tells ([`StackMarks`]) while frames are not kept: frames that are
+    /// not kept are not decoded, yet the recording's maker must be known, and a stack that tells
+    /// a private pool's kind is kept. PyTorch shares one dict per distinct frame, so a long
+    /// recording costs a look per frame list and a decode of the two names per distinct frame.
     fn stack_marks(&mut self, p: &Pickle, v: Value) -> StackMarks {
         let list = match v {
             Value::List(i) | Value::Tuple(i) => Some(i as usize),
@@ -1234,6 +1232,8 @@ impl Reader {
         }
     }
 
+    /// One frame dict (or frame handle) as a [`Frame`], decoded once per dict object; the
+    /// caller has checked that `f` is one.
     fn frame(&mut self, p: &Pickle, f: Value) -> Frame {
         let empty = || Frame { filename: String::new(), line: 0, name: String::new() };
         let key = match f {
@@ -1274,7 +1274,6 @@ impl Reader {
     }
 }
 
-/// Marks container `i` (an arena index) as looked at in `looked`; true the first time.
 /// What a frame, or a frame list, tells the reader that keeps no frames
 /// ([`Reader::stack_marks`]): bits, [`StackMarks::LOOKED`] set once it has been looked at.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

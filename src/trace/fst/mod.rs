@@ -18,10 +18,11 @@
 //! event count, the interned frames, final segments, allocator settings, each device's count
 //! of recorded totals, the private pools the entries name, and what a snapshot records beside
 //! its memory events: [`SnapshotExtras`], the platform the recording shows: [`Platform`], and
-//! whether torch_npu made it: [`Trace::torch_npu`]) followed by a chunk; every later body is a chunk alone. A chunk is the next
-//! at most [`CHUNK`] events of the flat sequence "device 0's events, device 1's, ..." and the next
-//! at most [`CHUNK`] recorded totals of the same kind of sequence. So a small trace is one record,
-//! and a reader holds one record at a time: memory while reading is the events plus one chunk.
+//! whether torch_npu made it: [`Trace::torch_npu`]) followed by a chunk; every later body is a
+//! chunk alone. A chunk is the next at most [`CHUNK`] events of the flat sequence "device 0's
+//! events, device 1's, ..." and the next at most [`CHUNK`] recorded totals of the same kind of
+//! sequence. So a small trace is one record, and a reader holds one record at a time: memory
+//! while reading is the events plus one chunk.
 //! A replay consumes the events record by record without loading them ([`FstStream`]): it reads
 //! the head once, then the file from its start for each pass, holding one record at a time.
 //!
