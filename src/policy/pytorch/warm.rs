@@ -271,20 +271,27 @@ fn cut(
         }
         Shape::AsMade | Shape::RestWhole => {}
     }
-    let mut left = left;
-    let mut out = Vec::new();
-    for segment in planned {
-        if segment.size <= left {
-            out.push(segment);
-            left -= segment.size;
-        }
-    }
+    let (mut out, left) = fitting(planned, left);
     let piece = match shape {
         Shape::AsMade | Shape::LargestFirst | Shape::Addressed => piece,
         Shape::RestWhole | Shape::OneLarge => None,
     };
     out.extend(pieces(left & !(MIN_BLOCK_SIZE - 1), piece, 0));
     out
+}
+
+/// Of `segments`, in order, each that fits in what `left` bytes leave after those taken before
+/// it (one that does not fit is passed over, a smaller one after it may still fit), and the bytes
+/// left then.
+fn fitting(segments: impl IntoIterator<Item = Segment>, mut left: u64) -> (Vec<Segment>, u64) {
+    let mut out = Vec::new();
+    for segment in segments {
+        if segment.size <= left {
+            out.push(segment);
+            left -= segment.size;
+        }
+    }
+    (out, left)
 }
 
 /// `bytes` (a multiple of 512) as free large-pool segments on `stream` of at most `piece`
@@ -557,15 +564,7 @@ impl WarmCache {
     /// segments): the planned segments in order while they fit in what is left of the recorded
     /// reserve. Empty when the live blocks already reserve the recorded total.
     pub(crate) fn to_install(&self, reserved: u64) -> Vec<Segment> {
-        let mut left = self.reserved_bytes.saturating_sub(reserved);
-        let mut out = Vec::new();
-        for &segment in &self.segments {
-            if segment.size <= left {
-                out.push(segment);
-                left -= segment.size;
-            }
-        }
-        out
+        fitting(self.segments.iter().copied(), self.reserved_bytes.saturating_sub(reserved)).0
     }
 }
 
