@@ -227,17 +227,15 @@ impl<'a> ReplayInput<'a> {
         }
         let frees_at = lifetimes.frees_at;
         let slots = Slots::assign(events, &live_at_start, frees_at)?;
-        let mut runs = EmptyCacheRuns::new(FlushCauses::of(&trace.frames));
+        let causes = FlushCauses::of(&trace.frames);
+        let mut runs = EmptyCacheRuns::new(causes.clone());
         for (i, e) in events.iter().enumerate() {
             runs.push(i as u64, e);
         }
         let (empty_cache_at, undecided_flushes) =
             runs.finish_with_undecided(!crate::trace::lifetimes::may_collect_garbage(trace));
-        let ooms_without_release = crate::trace::lifetimes::ooms_without_release(
-            events,
-            &FlushCauses::of(&trace.frames),
-            &empty_cache_at,
-        );
+        let ooms_without_release =
+            crate::trace::lifetimes::ooms_without_release(events, &causes, &empty_cache_at);
         let captured_ooms = crate::trace::captures::captures_proven(
             trace,
             device,
@@ -285,7 +283,8 @@ impl<'a> ReplayInput<'a> {
         let device = pick_device(device, file.default_device(), have)?;
         let trace = file.head();
         let (mut completes, mut ooms) = (false, false);
-        let mut runs = EmptyCacheRuns::new(FlushCauses::of(&trace.frames));
+        let causes = FlushCauses::of(&trace.frames);
+        let mut runs = EmptyCacheRuns::new(causes.clone());
         let mut first_time_us = None;
         let mut streams = AddrSet::default();
         file.each_event(device, u64::MAX, true, |i, e| {
@@ -317,7 +316,8 @@ impl<'a> ReplayInput<'a> {
         let live_at_start = live_at_start_of(trace, device, &lifetimes);
         let captured_ooms = match ooms {
             true => {
-                captured_ooms_streamed(file, device, &empty_cache_at, &live_at_start, frees_at)?
+                let calls = (&causes, &empty_cache_at[..]);
+                captured_ooms_streamed(file, device, calls, &live_at_start, frees_at)?
             }
             false => Vec::new(),
         };
@@ -508,19 +508,19 @@ impl<'a> ReplayInput<'a> {
 
 /// The recorded `oom` entries of `device` in a streamed file that prove a graph capture
 /// ([`crate::trace::captures`]), as a loaded replay finds them: one pass finds the candidates
-/// (those no release of their own malloc precedes) and keeps the segment events, a second
-/// follows the recorded cache up to the last candidate. Only a file with an `oom` entry pays.
+/// (those no release of their own malloc precedes, `calls` being the releases' causes and the
+/// program's `empty_cache()` calls) and keeps the segment events, a second follows the recorded
+/// cache up to the last candidate. Only a file with an `oom` entry pays.
 fn captured_ooms_streamed(
     file: &FstStream,
     device: i32,
-    empty_cache_at: &[u64],
+    (causes, empty_cache_at): (&FlushCauses, &[u64]),
     live_at_start: &[LiveBlock],
     frees_at: Action,
 ) -> Result<Vec<u64>> {
     use crate::trace::captures::{CaptureProof, Start};
     let trace = file.head();
-    let causes = FlushCauses::of(&trace.frames);
-    let mut candidates = crate::trace::lifetimes::OomsWithoutRelease::new(&causes, empty_cache_at);
+    let mut candidates = crate::trace::lifetimes::OomsWithoutRelease::new(causes, empty_cache_at);
     let mut segment_events = Vec::new();
     file.each_event(device, u64::MAX, false, |i, e| {
         candidates.push(i, e);
